@@ -1,0 +1,132 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace apus {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream o;
+  o << '[';
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << ']';
+  return o.str();
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Tensor Tensor::reshape(Shape s) const {
+  APUS_CHECK(contiguous(), "reshape of a strided view ", shape_str(shape));
+  APUS_CHECK(shape_numel(s) == numel(), "reshape ", shape_str(shape), " -> ", shape_str(s),
+             ": element counts differ");
+  Tensor t = *this;
+  t.shape = std::move(s);
+  return t;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  APUS_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= shape[0], "rows [", begin, ", ",
+             end, ") out of range for ", shape_str(shape));
+  Tensor t = *this;
+  t.shape[0] = end - begin;
+  const int64_t row_elems = rank() == 2 ? row_stride() : (shape[0] ? numel() / shape[0] : 0);
+  if (data) t.data = static_cast<char*>(data) + size_t(begin * row_elems) * dtype_size(dtype);
+  return t;
+}
+
+Tensor Tensor::cols(int64_t begin, int64_t end) const {
+  APUS_CHECK(rank() == 2 && 0 <= begin && begin <= end && end <= shape[1], "cols [", begin, ", ",
+             end, ") out of range for ", shape_str(shape));
+  Tensor t = *this;
+  t.stride0 = row_stride();
+  t.shape[1] = end - begin;
+  if (data) t.data = static_cast<char*>(data) + size_t(begin) * dtype_size(dtype);
+  return t;
+}
+
+Tensor Tensor::heap(Shape s, DType t) {
+  Tensor x;
+  x.dtype = t;
+  x.shape = std::move(s);
+  const size_t bytes = (x.nbytes() + 63) & ~size_t(63);
+  void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+  APUS_CHECK(p, "out of memory allocating ", bytes, " bytes for a ", shape_str(x.shape), " tensor");
+  x.owner = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
+  x.data = p;
+  return x;
+}
+
+Tensor Tensor::in(Arena& a, Shape s, DType t) {
+  Tensor x;
+  x.dtype = t;
+  x.shape = std::move(s);
+  x.data = a.alloc(x.nbytes());
+  return x;
+}
+
+float load_f32(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::f32: return t.ptr<float>()[i];
+    case DType::bf16: return bf16_to_f32(t.ptr<uint16_t>()[i]);
+    case DType::f16: return f16_to_f32(t.ptr<uint16_t>()[i]);
+    case DType::u8: return t.ptr<uint8_t>()[i];
+    case DType::i8: return t.ptr<int8_t>()[i];
+    case DType::i32: return float(t.ptr<int32_t>()[i]);
+    case DType::i64: return float(t.ptr<int64_t>()[i]);
+    default: fail("load_f32: unsupported dtype ", dtype_name(t.dtype));
+  }
+}
+
+std::vector<float> to_f32_vector(const Tensor& t) {
+  std::vector<float> v(size_t(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[size_t(i)] = load_f32(t, i);
+  return v;
+}
+
+Tensor to_dtype(const Tensor& t, DType dt) {
+  Tensor out = Tensor::heap(t.shape, dt);
+  const int64_t n = t.numel();
+  if (dt == DType::f32) {
+    for (int64_t i = 0; i < n; ++i) out.ptr<float>()[i] = load_f32(t, i);
+  } else if (dt == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) out.ptr<uint16_t>()[i] = f32_to_bf16(load_f32(t, i));
+  } else {
+    fail("to_dtype: cannot convert to ", dtype_name(dt));
+  }
+  return out;
+}
+
+Arena::Arena(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {}
+
+Arena::~Arena() {
+  for (auto& c : chunks_) std::free(c.base);
+}
+
+void* Arena::alloc(size_t bytes) {
+  bytes = (bytes + 63) & ~size_t(63);
+  while (current_ < chunks_.size() && offset_ + bytes > chunks_[current_].size) {
+    ++current_;
+    offset_ = 0;
+  }
+  if (current_ == chunks_.size()) {
+    const size_t size = std::max(bytes, chunk_bytes_);
+    void* p = std::aligned_alloc(64, size);
+    APUS_CHECK(p, "out of memory: arena could not grow by ", size, " bytes");
+    chunks_.push_back({p, size});
+    offset_ = 0;
+  }
+  void* p = static_cast<char*>(chunks_[current_].base) + offset_;
+  offset_ += bytes;
+  size_t used = offset_;
+  for (size_t i = 0; i < current_; ++i) used += chunks_[i].size;
+  high_water_ = std::max(high_water_, used);
+  return p;
+}
+
+}  // namespace apus

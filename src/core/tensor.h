@@ -1,0 +1,95 @@
+#pragma once
+// A tensor is a typed, shaped view of contiguous memory that lives on one device.
+// Memory comes from one of three owners: a mapped weight file, an Arena, or the heap;
+// `owner` keeps a file mapping or heap block alive, arena memory lives until the arena is reset.
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace apus {
+
+enum class Device : uint8_t { cpu, cuda };
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);
+int64_t shape_numel(const Shape& s);
+
+class Arena;
+
+struct Tensor {
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  Shape shape;
+  void* data = nullptr;  // null in counting mode: the shape is all that exists
+  std::shared_ptr<const void> owner;
+  // Elements between consecutive rows of a rank-2 column view; 0 means contiguous. Column views
+  // let one GEMM output feed several consumers (q, k, v, gate, up) without copies.
+  int64_t stride0 = 0;
+
+  int64_t numel() const { return shape_numel(shape); }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
+  int rank() const { return int(shape.size()); }
+  bool defined() const { return !shape.empty() || data; }
+
+  template <typename T> T* ptr() { return static_cast<T*>(data); }
+  template <typename T> const T* ptr() const { return static_cast<const T*>(data); }
+
+  // Same memory, new shape with the same element count.
+  Tensor reshape(Shape s) const;
+  // Rows [begin, end) along dim 0 without a copy.
+  Tensor rows(int64_t begin, int64_t end) const;
+  // Columns [begin, end) of a rank-2 tensor without a copy (sets stride0).
+  Tensor cols(int64_t begin, int64_t end) const;
+  int64_t row_stride() const { return stride0 ? stride0 : shape.back(); }
+  bool contiguous() const { return stride0 == 0 || stride0 == shape.back(); }
+  void* row(int64_t i) const {
+    return static_cast<char*>(data) + size_t(i * row_stride()) * dtype_size(dtype);
+  }
+
+  static Tensor heap(Shape s, DType t);
+  static Tensor in(Arena& a, Shape s, DType t);
+};
+
+// Element access for tests and host-side glue (not for hot loops).
+float load_f32(const Tensor& t, int64_t i);
+std::vector<float> to_f32_vector(const Tensor& t);
+Tensor to_dtype(const Tensor& t, DType dt);  // heap copy
+
+// Bump allocator: the hot loop takes scratch and activations from here, never from malloc.
+// Regions are grown in chunks; `mark`/`release` give stack-like scoping per block.
+class Arena {
+ public:
+  explicit Arena(size_t chunk_bytes = size_t(64) << 20);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  void* alloc(size_t bytes);
+  struct Mark { size_t chunk, offset; };
+  Mark mark() const { return {current_, offset_}; }
+  void release(Mark m) { current_ = m.chunk; offset_ = m.offset; }
+  void reset() { current_ = 0; offset_ = 0; }
+  size_t high_water() const { return high_water_; }
+
+ private:
+  struct Chunk { void* base; size_t size; };
+  std::vector<Chunk> chunks_;
+  size_t chunk_bytes_, current_ = 0, offset_ = 0, high_water_ = 0;
+};
+
+// Releases everything allocated after construction when it leaves scope.
+class ArenaScope {
+ public:
+  explicit ArenaScope(Arena& a) : arena_(a), mark_(a.mark()) {}
+  ~ArenaScope() { arena_.release(mark_); }
+ private:
+  Arena& arena_;
+  Arena::Mark mark_;
+};
+
+}  // namespace apus

@@ -1,0 +1,161 @@
+#include "io/model_dir.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace apus {
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+Json read_json(const std::string& path) {
+  std::ifstream f(path);
+  APUS_CHECK(f, path, ": cannot open");
+  std::stringstream s;
+  s << f.rdbuf();
+  try {
+    return Json::parse(s.str());
+  } catch (const Json::parse_error& e) {
+    fail(path, ": malformed JSON at byte ", e.byte);
+  }
+}
+
+Config read_config(const std::string& path) { return Config{path, read_json(path)}; }
+
+int64_t Config::get_int(const std::string& key) const {
+  APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
+  APUS_CHECK(json[key].is_number_integer(), path, ": '", key, "' is ", json[key].dump(),
+             ", expected an integer");
+  return json[key].get<int64_t>();
+}
+
+int64_t Config::get_int(const std::string& key, int64_t fallback) const {
+  return json.contains(key) && !json[key].is_null() ? get_int(key) : fallback;
+}
+
+double Config::get_double(const std::string& key) const {
+  APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
+  APUS_CHECK(json[key].is_number(), path, ": '", key, "' is ", json[key].dump(),
+             ", expected a number");
+  return json[key].get<double>();
+}
+
+double Config::get_double(const std::string& key, double fallback) const {
+  return json.contains(key) && !json[key].is_null() ? get_double(key) : fallback;
+}
+
+bool Config::get_bool(const std::string& key, bool fallback) const {
+  if (!json.contains(key) || json[key].is_null()) return fallback;
+  APUS_CHECK(json[key].is_boolean(), path, ": '", key, "' is ", json[key].dump(),
+             ", expected true or false");
+  return json[key].get<bool>();
+}
+
+std::vector<int64_t> Config::get_ints(const std::string& key) const {
+  APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
+  const Json& a = json[key];
+  APUS_CHECK(a.is_array(), path, ": '", key, "' is ", a.dump(), ", expected a list of integers");
+  std::vector<int64_t> v;
+  for (const Json& x : a) {
+    APUS_CHECK(x.is_number_integer(), path, ": '", key, "' holds ", x.dump(),
+               ", expected integers");
+    v.push_back(x.get<int64_t>());
+  }
+  return v;
+}
+
+WeightSet WeightSet::open_dir(const std::string& dir) {
+  WeightSet w;
+  std::vector<std::string> files;
+  // diffusers names its files diffusion_pytorch_model*, transformers model*; either may be sharded.
+  for (const char* stem : {"diffusion_pytorch_model", "model"}) {
+    const std::string index = dir + "/" + stem + ".safetensors.index.json";
+    const std::string single = dir + "/" + stem + ".safetensors";
+    if (path_exists(index)) {
+      const Json j = read_json(index);
+      APUS_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index,
+                 ": missing object 'weight_map'");
+      std::map<std::string, std::string> shard_of;
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        APUS_CHECK(it.value().is_string(), index, ": weight_map['", it.key(),
+                   "'] is not a file name");
+        const std::string shard = it.value().get<std::string>();
+        APUS_CHECK(shard.find('/') == std::string::npos, index, ": shard name '", shard,
+                   "' must be a plain file name");
+        shard_of[it.key()] = shard;
+      }
+      std::map<std::string, const SafetensorsFile*> opened;
+      for (const auto& [name, shard] : shard_of) {
+        if (!opened.count(shard)) {
+          w.shards_.push_back(std::make_shared<SafetensorsFile>(
+              SafetensorsFile::open(dir + "/" + shard)));
+          opened[shard] = w.shards_.back().get();
+        }
+        const SafetensorsFile* f = opened[shard];
+        APUS_CHECK(f->contains(name), f->path(), ": index ", index, " lists tensor '", name,
+                   "' but the shard does not hold it");
+        w.where_[name] = f;
+      }
+      return w;
+    }
+    if (path_exists(single)) files.push_back(single);
+  }
+  APUS_CHECK(!files.empty(), dir,
+             ": no weights found (expected diffusion_pytorch_model.safetensors, model.safetensors "
+             "or a *.safetensors.index.json)");
+  w.shards_.push_back(std::make_shared<SafetensorsFile>(SafetensorsFile::open(files[0])));
+  for (const auto& n : w.shards_[0]->names()) w.where_[n] = w.shards_[0].get();
+  return w;
+}
+
+const Tensor& WeightSet::get(const std::string& name) const {
+  auto it = where_.find(name);
+  APUS_CHECK(it != where_.end(), "missing tensor '", name, "' in ",
+             shards_.empty() ? std::string("(no files)") : shards_[0]->path());
+  return it->second->get(name);
+}
+
+const Tensor& WeightSet::get(const std::string& name, const Shape& expected) const {
+  const Tensor& t = get(name);
+  APUS_CHECK(t.shape == expected, where_.at(name)->path(), ": tensor '", name, "' has shape ",
+             shape_str(t.shape), ", expected ", shape_str(expected));
+  APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32 || t.dtype == DType::f16,
+             where_.at(name)->path(), ": tensor '", name, "' has dtype ", dtype_name(t.dtype),
+             ", expected bf16, f16 or f32");
+  return t;
+}
+
+bool WeightSet::contains(const std::string& name) const { return where_.count(name) > 0; }
+size_t WeightSet::count() const { return where_.size(); }
+
+ModelDir ModelDir::open(const std::string& root) {
+  APUS_CHECK(is_directory(root), root, ": model directory does not exist");
+  ModelDir m;
+  m.root_ = root;
+  m.index_ = read_json(root + "/model_index.json");
+  return m;
+}
+
+std::string ModelDir::component(const std::string& name) const {
+  const std::string p = root_ + "/" + name;
+  APUS_CHECK(is_directory(p), p, ": component folder missing (model_index.json lists '", name,
+             "')");
+  return p;
+}
+
+Config ModelDir::config(const std::string& name, const std::string& file) const {
+  return read_config(component(name) + "/" + file);
+}
+
+}  // namespace apus

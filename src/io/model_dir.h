@@ -1,0 +1,62 @@
+#pragma once
+// A diffusers-layout model directory: model_index.json plus one folder per component.
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+
+namespace apus {
+
+using Json = nlohmann::json;
+
+// Parses a JSON file; errors name the file and the parse position.
+Json read_json(const std::string& path);
+
+// Typed config access whose errors name the file and key.
+struct Config {
+  std::string path;
+  Json json;
+  int64_t get_int(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t fallback) const;
+  double get_double(const std::string& key) const;
+  double get_double(const std::string& key, double fallback) const;
+  bool get_bool(const std::string& key, bool fallback) const;
+  std::vector<int64_t> get_ints(const std::string& key) const;
+};
+Config read_config(const std::string& path);
+
+// Weights of one component, possibly sharded through `*.index.json`; tensors are mmap views.
+class WeightSet {
+ public:
+  static WeightSet open_dir(const std::string& component_dir);
+  // Checks the stored shape; the error names the file holding the tensor.
+  const Tensor& get(const std::string& name, const Shape& expected) const;
+  const Tensor& get(const std::string& name) const;
+  bool contains(const std::string& name) const;
+  size_t count() const;
+
+ private:
+  std::vector<std::shared_ptr<SafetensorsFile>> shards_;
+  std::map<std::string, const SafetensorsFile*> where_;
+};
+
+class ModelDir {
+ public:
+  static ModelDir open(const std::string& root);
+  const std::string& root() const { return root_; }
+  std::string component(const std::string& name) const;  // path of the folder, checked to exist
+  Config config(const std::string& name, const std::string& file = "config.json") const;
+  WeightSet weights(const std::string& name) const { return WeightSet::open_dir(component(name)); }
+  const Json& index() const { return index_; }
+
+ private:
+  std::string root_;
+  Json index_;
+};
+
+bool path_exists(const std::string& path);
+bool is_directory(const std::string& path);
+
+}  // namespace apus

@@ -1,0 +1,172 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace apus {
+
+using nlohmann::json;
+
+MappedFile::~MappedFile() {
+  if (data && size) munmap(const_cast<uint8_t*>(data), size);
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  APUS_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail(path, ": cannot stat: ", std::strerror(errno));
+  }
+  auto file = std::make_shared<MappedFile>();
+  file->path = path;
+  file->size = size_t(st.st_size);
+  if (file->size > 0) {
+    void* p = mmap(nullptr, file->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    APUS_CHECK(p != MAP_FAILED, path, ": mmap failed: ", std::strerror(errno));
+    file->data = static_cast<const uint8_t*>(p);
+  } else {
+    ::close(fd);
+  }
+  return parse(std::move(file));
+}
+
+SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file) {
+  const std::string& path = file->path;
+  APUS_CHECK(file->size >= 8, path, ": truncated safetensors file (", file->size,
+             " bytes, expected at least an 8-byte header length)");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, file->data, 8);  // little-endian by format; x86 and ARM hosts are LE
+  APUS_CHECK(header_len <= file->size - 8, path, ": header length ", header_len,
+             " runs past the end of the file (", file->size, " bytes)");
+  APUS_CHECK(header_len <= (size_t(100) << 20), path, ": header length ", header_len,
+             " exceeds the 100 MB the format allows");
+  const char* hdr = reinterpret_cast<const char*>(file->data + 8);
+  json header = json::parse(hdr, hdr + header_len, nullptr, /*allow_exceptions=*/false);
+  APUS_CHECK(!header.is_discarded() && header.is_object(), path,
+             ": header is not a valid JSON object");
+
+  SafetensorsFile out;
+  out.file_ = file;
+  const uint8_t* base = file->data + 8 + header_len;
+  const uint64_t data_size = file->size - 8 - header_len;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& e = it.value();
+    if (name == "__metadata__") {
+      APUS_CHECK(e.is_object(), path, ": __metadata__ must be an object");
+      for (auto m = e.begin(); m != e.end(); ++m) {
+        APUS_CHECK(m.value().is_string(), path, ": __metadata__.", m.key(), " must be a string");
+        out.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    APUS_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") &&
+                   e.contains("data_offsets"),
+               path, ": tensor '", name, "' needs dtype, shape and data_offsets");
+    const json& jd = e["dtype"];
+    const json& js = e["shape"];
+    const json& jo = e["data_offsets"];
+    APUS_CHECK(jd.is_string(), path, ": tensor '", name, "': dtype is not a string");
+    Tensor t;
+    APUS_CHECK(dtype_from_safetensors(jd.get<std::string>(), t.dtype), path, ": tensor '", name,
+               "': unsupported dtype ", jd.get<std::string>());
+    APUS_CHECK(js.is_array(), path, ": tensor '", name, "': shape is not an array");
+    uint64_t numel = 1;
+    for (const json& d : js) {
+      APUS_CHECK(d.is_number_unsigned(), path, ": tensor '", name, "': shape entry ", d.dump(),
+                 " is not a non-negative integer");
+      const uint64_t v = d.get<uint64_t>();
+      APUS_CHECK(v == 0 || numel <= (uint64_t(1) << 62) / v, path, ": tensor '", name,
+                 "': shape ", js.dump(), " overflows");
+      numel *= v;
+      t.shape.push_back(int64_t(v));
+    }
+    APUS_CHECK(jo.is_array() && jo.size() == 2 && jo[0].is_number_unsigned() &&
+                   jo[1].is_number_unsigned(),
+               path, ": tensor '", name, "': data_offsets must be two non-negative integers");
+    const uint64_t begin = jo[0].get<uint64_t>(), end = jo[1].get<uint64_t>();
+    APUS_CHECK(begin <= end && end <= data_size, path, ": tensor '", name, "': data_offsets [",
+               begin, ", ", end, "] lie outside the ", data_size, "-byte data section");
+    APUS_CHECK(end - begin == numel * dtype_size(t.dtype), path, ": tensor '", name, "': ",
+               end - begin, " bytes for shape ", js.dump(), " of ", jd.get<std::string>(),
+               " (expected ", numel * dtype_size(t.dtype), ")");
+    t.data = const_cast<uint8_t*>(base + begin);
+    t.owner = file;
+    if (end > begin) ranges.push_back({begin, end});
+    out.entries_.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    APUS_CHECK(ranges[i].first >= ranges[i - 1].second, path,
+               ": tensor data ranges overlap at byte ", ranges[i].first);
+  return out;
+}
+
+const Tensor& SafetensorsFile::get(const std::string& name) const {
+  auto it = entries_.find(name);
+  APUS_CHECK(it != entries_.end(), path(), ": missing tensor '", name, "'");
+  return it->second;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> v;
+  for (const auto& [k, _] : entries_) v.push_back(k);
+  return v;
+}
+
+static const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+    case DType::i8: return "I8";
+    case DType::fp8_e4m3: return "F8_E4M3";
+    case DType::u8: return "U8";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::boolean: return "BOOL";
+  }
+  return "?";
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", safetensors_dtype(t.dtype)},
+                    {"shape", t.shape},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
+  std::ofstream f(path, std::ios::binary);
+  APUS_CHECK(f, path, ": cannot open for writing");
+  const uint64_t len = h.size();
+  f.write(reinterpret_cast<const char*>(&len), 8);
+  f.write(h.data(), std::streamsize(h.size()));
+  for (const auto& [name, t] : tensors) {
+    APUS_CHECK(t.data || t.nbytes() == 0, path, ": tensor '", name, "' has no data to write");
+    f.write(static_cast<const char*>(t.data), std::streamsize(t.nbytes()));
+  }
+  APUS_CHECK(f.good(), path, ": write failed");
+}
+
+}  // namespace apus

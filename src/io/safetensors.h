@@ -1,0 +1,47 @@
+#pragma once
+// Safetensors over mmap: tensors are views into the mapping, never copied at load.
+// Every header field is validated against the file before a view is handed out.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace apus {
+
+struct MappedFile {
+  std::string path;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  ~MappedFile();
+};
+
+class SafetensorsFile {
+ public:
+  // Throws apus::Error naming the file and the offending entry for any inconsistency.
+  static SafetensorsFile open(const std::string& path);
+  // Parses a header already in memory (the fuzz target and `open` share this path).
+  static SafetensorsFile parse(std::shared_ptr<MappedFile> file);
+
+  bool contains(const std::string& name) const { return entries_.count(name) > 0; }
+  const Tensor& get(const std::string& name) const;
+  std::vector<std::string> names() const;
+  const std::string& path() const { return file_->path; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::shared_ptr<MappedFile> file_;
+  std::map<std::string, Tensor> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes tensors (CPU, contiguous) as one safetensors file; used by `apus synth` and tests.
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace apus

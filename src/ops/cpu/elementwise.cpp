@@ -1,0 +1,143 @@
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/rows.h"
+#include "ops/ops.h"
+
+namespace apus::ops {
+
+using cpu::load_row;
+using cpu::store_row;
+
+static inline float silu_f(float v) { return v / (1.0f + std::exp(-v)); }
+
+void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y) {
+  const int64_t m = a.shape[0], f = a.shape[1];
+  APUS_CHECK(b.shape == a.shape && y.shape == a.shape, "silu_mul: a ", shape_str(a.shape), ", b ",
+             shape_str(b.shape), ", y ", shape_str(y.shape));
+#pragma omp parallel
+  {
+    std::vector<float> va(static_cast<size_t>(f)), vb(static_cast<size_t>(f));
+#pragma omp for
+    for (int64_t r = 0; r < m; ++r) {
+      load_row(a, r, va.data(), f);
+      load_row(b, r, vb.data(), f);
+      for (int64_t i = 0; i < f; ++i) va[i] = silu_f(va[i]);
+      cpu::round_to(y.dtype, va.data(), f);  // silu(a) is its own rounded op in the reference
+      for (int64_t i = 0; i < f; ++i) va[i] *= vb[i];
+      store_row(y, r, va.data(), f);
+    }
+  }
+}
+
+void silu(Context& c, const Tensor& x, Tensor& y) {
+  const Tensor xv = x.rank() == 2 ? x : x.reshape({1, x.numel()});
+  Tensor yv = y.rank() == 2 ? y : y.reshape({1, y.numel()});
+  const int64_t m = xv.shape[0], f = xv.shape[1];
+  APUS_CHECK(yv.shape == xv.shape, "silu: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+#pragma omp parallel
+  {
+    std::vector<float> v(static_cast<size_t>(f));
+#pragma omp for
+    for (int64_t r = 0; r < m; ++r) {
+      load_row(xv, r, v.data(), f);
+      for (auto& e : v) e = silu_f(e);
+      store_row(yv, r, v.data(), f);
+    }
+  }
+}
+
+void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate) {
+  const int64_t m = x.shape[0], d = x.shape[1];
+  APUS_CHECK(y.shape == x.shape && (!gate || gate->numel() == d), "add_gated: x ",
+             shape_str(x.shape), ", y ", shape_str(y.shape));
+  std::vector<float> g(size_t(d), 1.0f);
+  if (gate) cpu::load_vec(*gate, g.data());
+#pragma omp parallel
+  {
+    std::vector<float> vx(static_cast<size_t>(d)), vy(static_cast<size_t>(d));
+#pragma omp for
+    for (int64_t r = 0; r < m; ++r) {
+      load_row(x, r, vx.data(), d);
+      load_row(y, r, vy.data(), d);
+      if (gate) {
+        for (int64_t i = 0; i < d; ++i) vy[i] *= g[i];
+        cpu::round_to(x.dtype, vy.data(), d);  // gate * y is rounded before the residual add
+      }
+      for (int64_t i = 0; i < d; ++i) vx[i] += vy[i];
+      store_row(x, r, vx.data(), d);
+    }
+  }
+}
+
+void copy(Context& c, const Tensor& x, Tensor& y) {
+  const Tensor xv = x.rank() == 2 ? x : x.reshape({1, x.numel()});
+  Tensor yv = y.rank() == 2 ? y : y.reshape({1, y.numel()});
+  APUS_CHECK(xv.shape == yv.shape, "copy: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+  const int64_t m = xv.shape[0], f = xv.shape[1];
+#pragma omp parallel
+  {
+    std::vector<float> v(static_cast<size_t>(f));
+#pragma omp for
+    for (int64_t r = 0; r < m; ++r) {
+      load_row(xv, r, v.data(), f);
+      store_row(yv, r, v.data(), f);
+    }
+  }
+}
+
+void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
+          RopeStyle style) {
+  const int64_t s = x.shape[0], d = x.shape[1], half = head_dim / 2;
+  APUS_CHECK(d % head_dim == 0 && cos.shape == Shape({s, half}) && sin.shape == cos.shape &&
+                 cos.dtype == DType::f32,
+             "rope: x ", shape_str(x.shape), ", cos ", shape_str(cos.shape), ", head_dim ",
+             head_dim);
+  const bool rounded = x.dtype != DType::f32;
+#pragma omp parallel
+  {
+    std::vector<float> v(static_cast<size_t>(d));
+#pragma omp for
+    for (int64_t r = 0; r < s; ++r) {
+      load_row(x, r, v.data(), d);
+      const float* cr = cos.ptr<float>() + r * half;
+      const float* sr = sin.ptr<float>() + r * half;
+      for (int64_t h = 0; h < d; h += head_dim) {
+        float* p = v.data() + h;
+        for (int64_t j = 0; j < half; ++j) {
+          const int64_t i0 = style == RopeStyle::interleaved ? 2 * j : j;
+          const int64_t i1 = style == RopeStyle::interleaved ? 2 * j + 1 : j + half;
+          const float x0 = p[i0], x1 = p[i1];
+          if (style == RopeStyle::half && rounded) {
+            // Qwen applies q*cos + rotate_half(q)*sin in the activation dtype, with cos/sin
+            // themselves cast to it: four rounded ops.
+            const float cb = round_bf16(cr[j]), sb = round_bf16(sr[j]);
+            p[i0] = round_bf16(round_bf16(x0 * cb) + round_bf16(-x1 * sb));
+            p[i1] = round_bf16(round_bf16(x1 * cb) + round_bf16(x0 * sb));
+          } else {
+            p[i0] = x0 * cr[j] - x1 * sr[j];
+            p[i1] = x1 * cr[j] + x0 * sr[j];
+          }
+        }
+      }
+      store_row(x, r, v.data(), d);
+    }
+  }
+}
+
+void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
+  const int64_t ch = x.shape[1], h = x.shape[2], w = x.shape[3];
+  APUS_CHECK(y.shape == Shape({1, ch, 2 * h, 2 * w}) && x.dtype == y.dtype,
+             "upsample_nearest2x: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+  const size_t es = dtype_size(x.dtype);
+#pragma omp parallel for
+  for (int64_t ci = 0; ci < ch; ++ci) {
+    const char* src = static_cast<const char*>(x.data) + size_t(ci * h * w) * es;
+    char* dst = static_cast<char*>(y.data) + size_t(ci * 4 * h * w) * es;
+    for (int64_t i = 0; i < 2 * h; ++i)
+      for (int64_t j = 0; j < 2 * w; ++j)
+        std::memcpy(dst + size_t(i * 2 * w + j) * es, src + size_t((i / 2) * w + j / 2) * es, es);
+  }
+}
+
+}  // namespace apus::ops

@@ -1,0 +1,97 @@
+#include <omp.h>
+
+#include "core/error.h"
+#include "ops/cpu/dnnl_util.h"
+#include "ops/cpu/rows.h"
+#include "ops/ops.h"
+
+namespace apus::cpu {
+
+dnnl::engine& dnnl_engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& dnnl_stream() {
+  static dnnl::stream s(dnnl_engine());
+  return s;
+}
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::f32: return dnnl::memory::data_type::f32;
+    case DType::bf16: return dnnl::memory::data_type::bf16;
+    case DType::f16: return dnnl::memory::data_type::f16;
+    default: fail("oneDNN: unsupported dtype ", dtype_name(t));
+  }
+}
+
+// Runs C[M,N] = A[M,K] · B + bias where B is given by its strides (row-major [K,N] or a
+// transposed [N,K] weight), on any mix the library supports; all strides in elements.
+void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
+          const Tensor* bias, Tensor& c, int64_t k, int64_t n) {
+  using namespace dnnl;
+  using dims = memory::dims;
+  const int64_t m = a.shape[0];
+  const std::string key = std::to_string(m) + "," + std::to_string(k) + "," + std::to_string(n) +
+                          "," + std::to_string(int(a.dtype)) + std::to_string(int(b_type)) +
+                          std::to_string(int(c.dtype)) + "," + std::to_string(a.row_stride()) +
+                          "," + std::to_string(c.row_stride()) + "," +
+                          std::to_string(b_stride_k) + "," + std::to_string(b_stride_n) + "," +
+                          (bias ? std::to_string(int(bias->dtype)) : "-");
+  const memory::desc a_md(dims{m, k}, dnnl_type(a.dtype), dims{a.row_stride(), 1});
+  const memory::desc b_md(dims{k, n}, dnnl_type(b_type), dims{b_stride_k, b_stride_n});
+  const memory::desc c_md(dims{m, n}, dnnl_type(c.dtype), dims{c.row_stride(), 1});
+  memory::desc bias_md;
+  if (bias) bias_md = memory::desc(dims{1, n}, dnnl_type(bias->dtype), dims{n, 1});
+  auto& prim = cached_primitive<matmul>(key, [&] {
+    auto d = bias ? matmul::desc(a_md, b_md, bias_md, c_md) : matmul::desc(a_md, b_md, c_md);
+    return matmul(matmul::primitive_desc(d, dnnl_engine()));
+  });
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(a_md, dnnl_engine(), a.data)},
+      {DNNL_ARG_WEIGHTS, memory(b_md, dnnl_engine(), const_cast<void*>(b))},
+      {DNNL_ARG_DST, memory(c_md, dnnl_engine(), c.data)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(bias_md, dnnl_engine(), bias->data));
+  prim.execute(dnnl_stream(), args);
+  dnnl_stream().wait();
+}
+
+Tensor as_dtype(Arena& arena, const Tensor& t, DType dt) {
+  if (t.dtype == dt) return t;
+  const Tensor src = t.reshape({t.numel() / t.shape.back(), t.shape.back()});
+  Tensor out = Tensor::in(arena, src.shape, dt);
+  const int64_t cols = src.shape[1];
+#pragma omp parallel
+  {
+    std::vector<float> buf(static_cast<size_t>(cols));
+#pragma omp for
+    for (int64_t r = 0; r < src.shape[0]; ++r) {
+      load_row(src, r, buf.data(), cols);
+      store_row(out, r, buf.data(), cols);
+    }
+  }
+  return out.reshape(t.shape);
+}
+
+}  // namespace apus::cpu
+
+namespace apus::ops {
+
+void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  APUS_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.shape[1] == w.shape[1] &&
+                 y.shape[0] == x.shape[0] && y.shape[1] == w.shape[0],
+             "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ",
+             shape_str(y.shape), " do not agree");
+  const int64_t k = w.shape[1], n = w.shape[0];
+  if (x.dtype == w.dtype && (!bias || bias->dtype == w.dtype)) {
+    cpu::gemm(x, w.data, w.dtype, 1, k, bias, y, k, n);
+    return;
+  }
+  ArenaScope scope(*c.arena);
+  const Tensor wx = cpu::as_dtype(*c.arena, w, x.dtype);
+  const Tensor bx = bias ? cpu::as_dtype(*c.arena, *bias, x.dtype) : Tensor{};
+  cpu::gemm(x, wx.data, wx.dtype, 1, k, bias ? &bx : nullptr, y, k, n);
+}
+
+}  // namespace apus::ops

@@ -1,0 +1,42 @@
+#pragma once
+// Byte-level BPE tokenizer (GPT-2 / Qwen2 family) read from a Hugging Face tokenizer.json.
+// Output matches HF `tokenizers` encode(text, add_special_tokens=False) for the configurations
+// load() accepts; anything else is rejected at load time rather than tokenized differently.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace apus {
+
+class BpeTokenizer {
+ public:
+  // Throws apus::Error naming the file for a missing or malformed file and for any
+  // normalizer / pre_tokenizer / model / decoder setting this implementation does not reproduce.
+  static BpeTokenizer load(const std::string& tokenizer_json_path);
+
+  BpeTokenizer(BpeTokenizer&&) noexcept;
+  BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
+  ~BpeTokenizer();
+
+  // Added tokens (special or not) found literally in `text` become their own ids; the rest is
+  // NFC-normalized, split by the pre-tokenizer regex, byte-mapped and merged by rank.
+  // Throws apus::Error if `text` is not valid UTF-8.
+  std::vector<int32_t> encode(std::string_view text) const;
+
+  // Special tokens are kept; byte sequences that are not valid UTF-8 become U+FFFD.
+  // Throws apus::Error for an id outside the vocabulary.
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+  // Added tokens take precedence over the model vocabulary, as in HF. Throws apus::Error naming
+  // the token when it is absent.
+  int32_t token_id(std::string_view token) const;
+
+ private:
+  struct Impl;
+  explicit BpeTokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace apus
