@@ -29,9 +29,10 @@ void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const
                          Tensor& y, float eps);
 
 // RMSNorm over each contiguous group of `group` features, times weight[group]; x, y may alias.
-// Like the reference, the normalised value is rounded to the activation dtype before the weight.
+// Where a reference rounds the normalised value to the activation dtype before applying the
+// weight (transformers' Qwen3RMSNorm) pass round_before_weight; torch.nn.RMSNorm does not.
 void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps,
-              int64_t group);
+              int64_t group, bool round_before_weight);
 
 enum class RopeStyle { interleaved, half };  // FLUX pairs (2j, 2j+1); Qwen pairs (j, j + D/2)
 // Rotates every head of the view x[S, H*D] in place; cos/sin are f32 [S, D/2].

@@ -46,7 +46,7 @@ void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const
 }
 
 void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps,
-              int64_t group) {
+              int64_t group, bool round_before_weight) {
   const int64_t m = x.shape[0], d = x.shape[1];
   APUS_CHECK(y.shape == x.shape && d % group == 0 && weight.numel() == group,
              "rms_norm: x ", shape_str(x.shape), ", weight ", shape_str(weight.shape),
@@ -65,7 +65,7 @@ void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, floa
         for (int64_t i = 0; i < group; ++i) ss += v[i] * v[i];
         const float rs = 1.0f / std::sqrt(ss / float(group) + eps);
         for (int64_t i = 0; i < group; ++i) v[i] *= rs;
-        cpu::round_to(y.dtype, v, group);
+        if (round_before_weight) cpu::round_to(y.dtype, v, group);
         for (int64_t i = 0; i < group; ++i) v[i] *= w[i];
       }
       store_row(y, r, row.data(), d);

@@ -1,0 +1,134 @@
+#include "models/flux2/text_encoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace apus::flux2 {
+
+TextEncoderConfig TextEncoderConfig::read(const Config& c) {
+  TextEncoderConfig t{};
+  t.hidden = c.get_int("hidden_size");
+  t.layers = c.get_int("num_hidden_layers");
+  t.heads = c.get_int("num_attention_heads");
+  t.kv_heads = c.get_int("num_key_value_heads", t.heads);
+  t.head_dim = c.get_int("head_dim", t.hidden / t.heads);
+  t.intermediate = c.get_int("intermediate_size");
+  t.vocab = c.get_int("vocab_size");
+  t.eps = float(c.get_double("rms_norm_eps", 1e-6));
+  // transformers 5 moved rope_theta into rope_parameters; older configs keep it at the top.
+  if (c.json.contains("rope_parameters") && c.json["rope_parameters"].is_object()) {
+    const Config rope{c.path + " (rope_parameters)", c.json["rope_parameters"]};
+    t.rope_theta = rope.get_double("rope_theta");
+    const std::string type = rope.json.value("rope_type", "default");
+    APUS_CHECK(type == "default", c.path, ": rope_type '", type, "' is not supported");
+  } else {
+    t.rope_theta = c.get_double("rope_theta");
+  }
+  APUS_CHECK(!c.get_bool("attention_bias", false), c.path, ": attention_bias is not supported");
+  APUS_CHECK(t.heads % t.kv_heads == 0, c.path, ": num_attention_heads ", t.heads,
+             " is not a multiple of num_key_value_heads ", t.kv_heads);
+  return t;
+}
+
+TextEncoder TextEncoder::load(const ModelDir& dir, const std::vector<int>& taps) {
+  TextEncoder m;
+  m.cfg_ = TextEncoderConfig::read(dir.config("text_encoder"));
+  m.taps_ = taps;
+  m.weights_ = dir.weights("text_encoder");
+  const auto& c = m.cfg_;
+  const int deepest = *std::max_element(taps.begin(), taps.end());
+  APUS_CHECK(deepest >= 1 && deepest < c.layers, dir.root(), "/text_encoder: hidden-state tap ",
+             deepest, " needs more than the ", c.layers, " layers the config has");
+  const WeightSet& w = m.weights_;
+  const std::string root = w.contains("model.embed_tokens.weight") ? "model." : "";
+  const int64_t h = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  m.embed_ = w.get(root + "embed_tokens.weight", {c.vocab, h});
+  for (int i = 0; i < deepest; ++i) {
+    const std::string p = root + "layers." + std::to_string(i) + ".";
+    Layer l;
+    l.in_norm = w.get(p + "input_layernorm.weight", {h});
+    l.q = w.get(p + "self_attn.q_proj.weight", {qd, h});
+    l.k = w.get(p + "self_attn.k_proj.weight", {kvd, h});
+    l.v = w.get(p + "self_attn.v_proj.weight", {kvd, h});
+    l.o = w.get(p + "self_attn.o_proj.weight", {h, qd});
+    l.q_norm = w.get(p + "self_attn.q_norm.weight", {c.head_dim});
+    l.k_norm = w.get(p + "self_attn.k_norm.weight", {c.head_dim});
+    l.post_norm = w.get(p + "post_attention_layernorm.weight", {h});
+    l.gate = w.get(p + "mlp.gate_proj.weight", {c.intermediate, h});
+    l.up = w.get(p + "mlp.up_proj.weight", {c.intermediate, h});
+    l.down = w.get(p + "mlp.down_proj.weight", {h, c.intermediate});
+    m.layers_.push_back(l);
+  }
+  return m;
+}
+
+Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
+                           const std::vector<int64_t>& attention_mask) const {
+  ArenaScope scope(*c.arena);
+  const auto& cf = cfg_;
+  const int64_t t = int64_t(ids.size()), h = cf.hidden, d = cf.head_dim;
+  const int64_t qd = cf.heads * d, kvd = cf.kv_heads * d;
+  APUS_CHECK(attention_mask.size() == ids.size(), "text encoder: ", ids.size(), " ids but ",
+             attention_mask.size(), " mask entries");
+
+  Tensor x = Tensor::in(*c.arena, {t, h}, c.act);
+  for (int64_t r = 0; r < t; ++r) {
+    APUS_CHECK(ids[r] >= 0 && ids[r] < cf.vocab, "text encoder: token id ", ids[r],
+               " outside the vocabulary of ", cf.vocab);
+    Tensor dst = x.rows(r, r + 1);
+    ops::copy(c, embed_.rows(ids[r], ids[r] + 1), dst);
+  }
+
+  // Rotary tables in fp32 from the position index, as transformers' default rope computes them.
+  const int64_t half = d / 2;
+  Tensor cos = Tensor::in(*c.arena, {t, half}, DType::f32), sin = Tensor::in(*c.arena, {t, half}, DType::f32);
+  for (int64_t j = 0; j < half; ++j) {
+    const float inv_freq = 1.0f / std::pow(float(cf.rope_theta), float(2 * j) / float(d));
+    for (int64_t r = 0; r < t; ++r) {
+      const float angle = float(r) * inv_freq;
+      cos.ptr<float>()[r * half + j] = std::cos(angle);
+      sin.ptr<float>()[r * half + j] = std::sin(angle);
+    }
+  }
+
+  Tensor out = Tensor::heap({t, int64_t(taps_.size()) * h}, c.act);
+  Tensor normed = Tensor::in(*c.arena, {t, h}, c.act);
+  Tensor q = Tensor::in(*c.arena, {t, qd}, c.act), k = Tensor::in(*c.arena, {t, kvd}, c.act),
+         v = Tensor::in(*c.arena, {t, kvd}, c.act), attn = Tensor::in(*c.arena, {t, qd}, c.act),
+         proj = Tensor::in(*c.arena, {t, h}, c.act);
+  Tensor gate = Tensor::in(*c.arena, {t, cf.intermediate}, c.act),
+         up = Tensor::in(*c.arena, {t, cf.intermediate}, c.act);
+  const ops::AttentionMask mask{true, attention_mask.data()};
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    ops::rms_norm(c, x, l.in_norm, normed, cf.eps, h, true);
+    ops::linear(c, normed, l.q, nullptr, q);
+    ops::linear(c, normed, l.k, nullptr, k);
+    ops::linear(c, normed, l.v, nullptr, v);
+    ops::rms_norm(c, q, l.q_norm, q, cf.eps, d, true);
+    ops::rms_norm(c, k, l.k_norm, k, cf.eps, d, true);
+    ops::rope(c, q, cos, sin, d, ops::RopeStyle::half);
+    ops::rope(c, k, cos, sin, d, ops::RopeStyle::half);
+    ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), mask);
+    ops::linear(c, attn, l.o, nullptr, proj);
+    ops::add_gated(c, x, proj, nullptr);
+    ops::rms_norm(c, x, l.post_norm, normed, cf.eps, h, true);
+    ops::linear(c, normed, l.gate, nullptr, gate);
+    ops::linear(c, normed, l.up, nullptr, up);
+    ops::silu_mul(c, gate, up, gate);
+    ops::linear(c, gate, l.down, nullptr, proj);
+    ops::add_gated(c, x, proj, nullptr);
+    // hidden_states[k] of the reference is the output of layer k - 1.
+    for (size_t j = 0; j < taps_.size(); ++j)
+      if (taps_[j] == int(i) + 1) {
+        Tensor dst = out.cols(int64_t(j) * h, int64_t(j + 1) * h);
+        ops::copy(c, x, dst);
+      }
+  }
+  return out;
+}
+
+}  // namespace apus::flux2

@@ -1,0 +1,38 @@
+#pragma once
+// Qwen3 as FLUX.2 klein uses it: a causal decoder run only as deep as the deepest hidden-state
+// tap, whose taps are concatenated per token into the transformer's text embedding.
+#include <vector>
+
+#include "io/model_dir.h"
+#include "ops/ops.h"
+
+namespace apus::flux2 {
+
+struct TextEncoderConfig {
+  int64_t hidden, layers, heads, kv_heads, head_dim, intermediate, vocab;
+  float eps;
+  double rope_theta;
+  static TextEncoderConfig read(const Config& c);
+};
+
+class TextEncoder {
+ public:
+  // Loads only the layers the taps need; deeper layers' weights are never touched.
+  static TextEncoder load(const ModelDir& dir, const std::vector<int>& taps);
+  const TextEncoderConfig& config() const { return cfg_; }
+  // ids and mask [T]; returns [T, taps * hidden] in the activation dtype (heap).
+  Tensor encode(Context& c, const std::vector<int32_t>& ids,
+                const std::vector<int64_t>& attention_mask) const;
+
+ private:
+  struct Layer {
+    Tensor in_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
+  };
+  TextEncoderConfig cfg_;
+  std::vector<int> taps_;
+  WeightSet weights_;
+  Tensor embed_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace apus::flux2

@@ -1,0 +1,254 @@
+#include "models/flux2/transformer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace apus::flux2 {
+
+TransformerConfig TransformerConfig::read(const Config& c) {
+  TransformerConfig t{};
+  t.in_channels = c.get_int("in_channels");
+  t.out_channels = c.get_int("out_channels", t.in_channels);
+  t.heads = c.get_int("num_attention_heads");
+  t.head_dim = c.get_int("attention_head_dim");
+  t.hidden = t.heads * t.head_dim;
+  t.num_double = c.get_int("num_layers");
+  t.num_single = c.get_int("num_single_layers");
+  t.joint_dim = c.get_int("joint_attention_dim");
+  t.mlp_hidden = int64_t(double(t.hidden) * c.get_double("mlp_ratio", 3.0));
+  t.timestep_channels = c.get_int("timestep_guidance_channels", 256);
+  t.axes_dims = c.get_ints("axes_dims_rope");
+  t.rope_theta = c.get_double("rope_theta", 2000);
+  t.eps = float(c.get_double("eps", 1e-6));
+  APUS_CHECK(c.get_int("patch_size", 1) == 1, c.path, ": patch_size ", c.get_int("patch_size", 1),
+             " is not supported (expected 1)");
+  APUS_CHECK(!c.get_bool("guidance_embeds", false), c.path,
+             ": guidance_embeds true is not supported (klein is guidance-distilled without it)");
+  int64_t rope_sum = 0;
+  for (int64_t d : t.axes_dims) rope_sum += d;
+  APUS_CHECK(rope_sum == t.head_dim && t.axes_dims.size() == 4, c.path, ": axes_dims_rope must be",
+             " four axes summing to attention_head_dim ", t.head_dim);
+  return t;
+}
+
+Transformer Transformer::load(const ModelDir& dir) {
+  Transformer m;
+  m.cfg_ = TransformerConfig::read(dir.config("transformer"));
+  m.weights_ = dir.weights("transformer");
+  const auto& c = m.cfg_;
+  const WeightSet& w = m.weights_;
+  const int64_t h = c.hidden, d = c.head_dim, f = c.mlp_hidden;
+  m.x_embedder_ = w.get("x_embedder.weight", {h, c.in_channels});
+  m.context_embedder_ = w.get("context_embedder.weight", {h, c.joint_dim});
+  m.time_1_ = w.get("time_guidance_embed.timestep_embedder.linear_1.weight", {h, c.timestep_channels});
+  m.time_2_ = w.get("time_guidance_embed.timestep_embedder.linear_2.weight", {h, h});
+  m.mod_img_ = w.get("double_stream_modulation_img.linear.weight", {6 * h, h});
+  m.mod_txt_ = w.get("double_stream_modulation_txt.linear.weight", {6 * h, h});
+  m.mod_single_ = w.get("single_stream_modulation.linear.weight", {3 * h, h});
+  m.norm_out_ = w.get("norm_out.linear.weight", {2 * h, h});
+  m.proj_out_ = w.get("proj_out.weight", {c.out_channels, h});
+  for (int64_t i = 0; i < c.num_double; ++i) {
+    const std::string p = "transformer_blocks." + std::to_string(i) + ".";
+    Double b;
+    b.to_q = w.get(p + "attn.to_q.weight", {h, h});
+    b.to_k = w.get(p + "attn.to_k.weight", {h, h});
+    b.to_v = w.get(p + "attn.to_v.weight", {h, h});
+    b.add_q = w.get(p + "attn.add_q_proj.weight", {h, h});
+    b.add_k = w.get(p + "attn.add_k_proj.weight", {h, h});
+    b.add_v = w.get(p + "attn.add_v_proj.weight", {h, h});
+    b.to_out = w.get(p + "attn.to_out.0.weight", {h, h});
+    b.to_add_out = w.get(p + "attn.to_add_out.weight", {h, h});
+    b.norm_q = w.get(p + "attn.norm_q.weight", {d});
+    b.norm_k = w.get(p + "attn.norm_k.weight", {d});
+    b.norm_added_q = w.get(p + "attn.norm_added_q.weight", {d});
+    b.norm_added_k = w.get(p + "attn.norm_added_k.weight", {d});
+    b.ff_in = w.get(p + "ff.linear_in.weight", {2 * f, h});
+    b.ff_out = w.get(p + "ff.linear_out.weight", {h, f});
+    b.ff_ctx_in = w.get(p + "ff_context.linear_in.weight", {2 * f, h});
+    b.ff_ctx_out = w.get(p + "ff_context.linear_out.weight", {h, f});
+    m.double_.push_back(b);
+  }
+  for (int64_t i = 0; i < c.num_single; ++i) {
+    const std::string p = "single_transformer_blocks." + std::to_string(i) + ".attn.";
+    Single b;
+    b.qkv_mlp = w.get(p + "to_qkv_mlp_proj.weight", {3 * h + 2 * f, h});
+    b.out = w.get(p + "to_out.weight", {h, h + f});
+    b.norm_q = w.get(p + "norm_q.weight", {d});
+    b.norm_k = w.get(p + "norm_k.weight", {d});
+    m.single_.push_back(b);
+  }
+  return m;
+}
+
+TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embeds,
+                                          const std::vector<int64_t>& txt_ids,
+                                          const std::vector<int64_t>& img_ids) const {
+  const int64_t t = prompt_embeds.shape[0], l = int64_t(img_ids.size()) / 4;
+  APUS_CHECK(prompt_embeds.rank() == 2 && prompt_embeds.shape[1] == cfg_.joint_dim &&
+                 int64_t(txt_ids.size()) == 4 * t,
+             "transformer: prompt embeddings ", shape_str(prompt_embeds.shape),
+             " do not match joint_attention_dim ", cfg_.joint_dim);
+  TransformerPrologue p;
+  p.txt = Tensor::heap({t, cfg_.hidden}, c.act);
+  ops::linear(c, prompt_embeds, context_embedder_, nullptr, p.txt);
+  // Tables in float64 then rounded to f32, as the reference's Flux2PosEmbed computes them.
+  const int64_t half = cfg_.head_dim / 2, s = t + l;
+  p.cos = Tensor::heap({s, half}, DType::f32);
+  p.sin = Tensor::heap({s, half}, DType::f32);
+  for (int64_t r = 0; r < s; ++r) {
+    const int64_t* ids = r < t ? &txt_ids[size_t(4 * r)] : &img_ids[size_t(4 * (r - t))];
+    int64_t j = 0;
+    for (size_t axis = 0; axis < 4; ++axis) {
+      const int64_t dim = cfg_.axes_dims[axis];
+      for (int64_t i = 0; i < dim / 2; ++i, ++j) {
+        const double freq = 1.0 / std::pow(cfg_.rope_theta, double(2 * i) / double(dim));
+        const double angle = double(float(ids[axis])) * freq;
+        p.cos.ptr<float>()[r * half + j] = float(std::cos(angle));
+        p.sin.ptr<float>()[r * half + j] = float(std::sin(angle));
+      }
+    }
+  }
+  return p;
+}
+
+void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int64_t t,
+                               const Tensor& mod_img, const Tensor& mod_txt,
+                               const TransformerPrologue& pro) const {
+  ArenaScope scope(*c.arena);
+  const int64_t s = hidden.shape[0], h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
+  Tensor img = hidden.rows(t, s), txt = hidden.rows(0, t);
+  auto mod = [h](const Tensor& m, int i) { return m.cols(i * h, (i + 1) * h); };
+  Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
+  Tensor n_img = normed.rows(t, s), n_txt = normed.rows(0, t);
+  ops::layer_norm_modulate(c, img, mod(mod_img, 0), mod(mod_img, 1), n_img, cfg_.eps);
+  ops::layer_norm_modulate(c, txt, mod(mod_txt, 0), mod(mod_txt, 1), n_txt, cfg_.eps);
+
+  // q, k, v of both streams land in one joint [txt; img] buffer: the concat costs nothing.
+  Tensor q = Tensor::in(*c.arena, {s, h}, c.act), k = Tensor::in(*c.arena, {s, h}, c.act),
+         v = Tensor::in(*c.arena, {s, h}, c.act);
+  struct Proj { const Tensor& w; Tensor out; };
+  for (const auto& [w, out] : {Proj{b.to_q, q.rows(t, s)}, Proj{b.to_k, k.rows(t, s)},
+                               Proj{b.to_v, v.rows(t, s)}}) {
+    Tensor o = out;
+    ops::linear(c, n_img, w, nullptr, o);
+  }
+  for (const auto& [w, out] : {Proj{b.add_q, q.rows(0, t)}, Proj{b.add_k, k.rows(0, t)},
+                               Proj{b.add_v, v.rows(0, t)}}) {
+    Tensor o = out;
+    ops::linear(c, n_txt, w, nullptr, o);
+  }
+  Tensor q_img = q.rows(t, s), k_img = k.rows(t, s), q_txt = q.rows(0, t), k_txt = k.rows(0, t);
+  ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, false);
+  ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, false);
+  ops::rms_norm(c, q_txt, b.norm_added_q, q_txt, cfg_.eps, d, false);
+  ops::rms_norm(c, k_txt, b.norm_added_k, k_txt, cfg_.eps, d, false);
+  ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
+  ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
+  Tensor attn = Tensor::in(*c.arena, {s, h}, c.act);
+  ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {});
+
+  Tensor proj = Tensor::in(*c.arena, {s, h}, c.act);
+  Tensor p_img = proj.rows(t, s), p_txt = proj.rows(0, t);
+  ops::linear(c, attn.rows(t, s), b.to_out, nullptr, p_img);
+  ops::linear(c, attn.rows(0, t), b.to_add_out, nullptr, p_txt);
+  Tensor g_img = mod(mod_img, 2), g_txt = mod(mod_txt, 2);
+  ops::add_gated(c, img, p_img, &g_img);
+  ops::add_gated(c, txt, p_txt, &g_txt);
+
+  // Feed-forward: SwiGLU over the two halves of one fused projection.
+  ops::layer_norm_modulate(c, img, mod(mod_img, 3), mod(mod_img, 4), n_img, cfg_.eps);
+  ops::layer_norm_modulate(c, txt, mod(mod_txt, 3), mod(mod_txt, 4), n_txt, cfg_.eps);
+  Tensor up = Tensor::in(*c.arena, {s, 2 * f}, c.act);
+  Tensor act = Tensor::in(*c.arena, {s, f}, c.act);
+  struct Stream { const Tensor& n; const Tensor& w_in; const Tensor& w_out; Tensor x; Tensor gate;
+                  int64_t r0, r1; };
+  for (const Stream& st : {Stream{n_img, b.ff_in, b.ff_out, img, mod(mod_img, 5), t, s},
+                           Stream{n_txt, b.ff_ctx_in, b.ff_ctx_out, txt, mod(mod_txt, 5), 0, t}}) {
+    Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
+    ops::linear(c, st.n, st.w_in, nullptr, u);
+    ops::silu_mul(c, u.cols(0, f), u.cols(f, 2 * f), a);
+    ops::linear(c, a, st.w_out, nullptr, o);
+    Tensor x = st.x;
+    ops::add_gated(c, x, o, &st.gate);
+  }
+}
+
+void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod,
+                               const TransformerPrologue& pro) const {
+  ArenaScope scope(*c.arena);
+  const int64_t s = hidden.shape[0], h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
+  Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
+  ops::layer_norm_modulate(c, hidden, mod.cols(0, h), mod.cols(h, 2 * h), normed, cfg_.eps);
+  Tensor proj = Tensor::in(*c.arena, {s, 3 * h + 2 * f}, c.act);
+  ops::linear(c, normed, b.qkv_mlp, nullptr, proj);
+  Tensor q = proj.cols(0, h), k = proj.cols(h, 2 * h), v = proj.cols(2 * h, 3 * h);
+  ops::rms_norm(c, q, b.norm_q, q, cfg_.eps, d, false);
+  ops::rms_norm(c, k, b.norm_k, k, cfg_.eps, d, false);
+  ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
+  ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
+  // Attention output and the MLP activation fill the two halves of to_out's input directly.
+  Tensor joint = Tensor::in(*c.arena, {s, h + f}, c.act);
+  Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
+  ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {});
+  ops::silu_mul(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp);
+  Tensor out = Tensor::in(*c.arena, {s, h}, c.act);
+  ops::linear(c, joint, b.out, nullptr, out);
+  const Tensor gate = mod.cols(2 * h, 3 * h);
+  ops::add_gated(c, hidden, out, &gate);
+}
+
+void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tensor& latents,
+                          float timestep, Tensor& velocity) const {
+  ArenaScope scope(*c.arena);
+  const int64_t t = pro.txt.shape[0], l = latents.shape[0], s = t + l, h = cfg_.hidden;
+  APUS_CHECK(latents.rank() == 2 && latents.shape[1] == cfg_.in_channels &&
+                 pro.cos.shape[0] == s && velocity.shape == Shape({l, cfg_.out_channels}),
+             "transformer: latents ", shape_str(latents.shape), " / velocity ",
+             shape_str(velocity.shape), " do not match the prologue (", s, " tokens)");
+
+  // The pipeline casts t to the model dtype, divides by 1000 and the model multiplies by 1000
+  // again, each in the model dtype; the sinusoid (cos first) is fp32, cast back.
+  const bool bf16 = c.act == DType::bf16;
+  const auto act_round = [bf16](float v) { return bf16 ? round_bf16(v) : v; };
+  const float tau = act_round(act_round(act_round(timestep) / 1000.0f) * 1000.0f);
+  const int64_t half = cfg_.timestep_channels / 2;
+  Tensor sinus = Tensor::in(*c.arena, {1, 2 * half}, DType::f32);
+  for (int64_t i = 0; i < half; ++i) {
+    const float freq = std::exp(-std::log(10000.0f) * float(i) / float(half));
+    const float arg = tau * freq;
+    sinus.ptr<float>()[i] = act_round(std::cos(arg));
+    sinus.ptr<float>()[half + i] = act_round(std::sin(arg));
+  }
+  Tensor sinus_act = Tensor::in(*c.arena, {1, 2 * half}, c.act);
+  ops::copy(c, sinus, sinus_act);
+  Tensor t1 = Tensor::in(*c.arena, {1, h}, c.act), temb = Tensor::in(*c.arena, {1, h}, c.act);
+  ops::linear(c, sinus_act, time_1_, nullptr, t1);
+  ops::silu(c, t1, t1);
+  ops::linear(c, t1, time_2_, nullptr, temb);
+  Tensor temb_silu = Tensor::in(*c.arena, {1, h}, c.act);
+  ops::silu(c, temb, temb_silu);
+  Tensor mod_img = Tensor::in(*c.arena, {1, 6 * h}, c.act),
+         mod_txt = Tensor::in(*c.arena, {1, 6 * h}, c.act),
+         mod_single = Tensor::in(*c.arena, {1, 3 * h}, c.act),
+         mod_out = Tensor::in(*c.arena, {1, 2 * h}, c.act);
+  ops::linear(c, temb_silu, mod_img_, nullptr, mod_img);
+  ops::linear(c, temb_silu, mod_txt_, nullptr, mod_txt);
+  ops::linear(c, temb_silu, mod_single_, nullptr, mod_single);
+  ops::linear(c, temb_silu, norm_out_, nullptr, mod_out);
+
+  // One [txt; img] residual stream for the whole forward.
+  Tensor hidden = Tensor::in(*c.arena, {s, h}, c.act);
+  Tensor img = hidden.rows(t, s), txt = hidden.rows(0, t);
+  ops::linear(c, latents, x_embedder_, nullptr, img);
+  ops::copy(c, pro.txt, txt);
+  for (const Double& b : double_) double_block(c, b, hidden, t, mod_img, mod_txt, pro);
+  for (const Single& b : single_) single_block(c, b, hidden, mod_single, pro);
+
+  // norm_out stores [scale; shift] (the reverse of the blocks' order).
+  Tensor normed = Tensor::in(*c.arena, {l, h}, c.act);
+  ops::layer_norm_modulate(c, img, mod_out.cols(h, 2 * h), mod_out.cols(0, h), normed, cfg_.eps);
+  ops::linear(c, normed, proj_out_, nullptr, velocity);
+}
+
+}  // namespace apus::flux2

@@ -1,0 +1,63 @@
+#pragma once
+// FLUX.2 transformer (diffusers Flux2Transformer2DModel): double-stream blocks over separate
+// text and image weights, single-stream blocks over the joint sequence, shared modulation.
+#include <vector>
+
+#include "io/model_dir.h"
+#include "ops/ops.h"
+
+namespace apus::flux2 {
+
+struct TransformerConfig {
+  int64_t in_channels, out_channels, heads, head_dim, hidden, num_double, num_single;
+  int64_t joint_dim, mlp_hidden, timestep_channels;
+  std::vector<int64_t> axes_dims;
+  double rope_theta;
+  float eps;
+  static TransformerConfig read(const Config& c);
+};
+
+// Work that does not change between sampler steps: the text projection and RoPE tables.
+struct TransformerPrologue {
+  Tensor txt;       // [T, hidden] context_embedder(prompt embeddings), activation dtype
+  Tensor cos, sin;  // [T + L, head_dim / 2] f32
+};
+
+class Transformer {
+ public:
+  static Transformer load(const ModelDir& dir);
+  const TransformerConfig& config() const { return cfg_; }
+
+  // prompt_embeds [T, joint_dim]; txt_ids [T, 4], img_ids [L, 4] position ids (T, H, W, L axes).
+  TransformerPrologue prologue(Context& c, const Tensor& prompt_embeds,
+                               const std::vector<int64_t>& txt_ids,
+                               const std::vector<int64_t>& img_ids) const;
+  // latents [L, in_channels] (activation dtype); timestep is the scheduler's t = 1000 sigma.
+  // Writes velocity [L, out_channels].
+  void forward(Context& c, const TransformerPrologue& pro, const Tensor& latents, float timestep,
+               Tensor& velocity) const;
+
+ private:
+  struct Double {
+    Tensor to_q, to_k, to_v, add_q, add_k, add_v, to_out, to_add_out;
+    Tensor norm_q, norm_k, norm_added_q, norm_added_k;
+    Tensor ff_in, ff_out, ff_ctx_in, ff_ctx_out;
+  };
+  struct Single {
+    Tensor qkv_mlp, out, norm_q, norm_k;
+  };
+  TransformerConfig cfg_;
+  WeightSet weights_;
+  Tensor x_embedder_, context_embedder_, time_1_, time_2_, mod_img_, mod_txt_, mod_single_;
+  Tensor norm_out_, proj_out_;
+  std::vector<Double> double_;
+  std::vector<Single> single_;
+
+  void double_block(Context& c, const Double& b, Tensor& hidden, int64_t txt_len,
+                    const Tensor& mod_img, const Tensor& mod_txt,
+                    const TransformerPrologue& pro) const;
+  void single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod,
+                    const TransformerPrologue& pro) const;
+};
+
+}  // namespace apus::flux2

@@ -1,0 +1,65 @@
+#include "sampling/flow_match.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/cpu/rows.h"
+
+namespace apus {
+
+double flux2_empirical_mu(int64_t image_tokens, int steps) {
+  const double a1 = 8.73809524e-05, b1 = 1.89833333, a2 = 0.00016927, b2 = 0.45666666;
+  const double seq = double(image_tokens);
+  if (image_tokens > 4300) return a2 * seq + b2;
+  const double m200 = a2 * seq + b2, m10 = a1 * seq + b1;
+  const double a = (m200 - m10) / 190.0, b = m200 - 200.0 * a;
+  return a * steps + b;
+}
+
+FlowSchedule flow_match_schedule(const Config& cfg, int steps, double mu) {
+  APUS_CHECK(steps >= 1 && steps <= 1000, "steps ", steps, " out of range (expected 1..1000)");
+  APUS_CHECK(cfg.get_bool("use_dynamic_shifting", false), cfg.path,
+             ": only use_dynamic_shifting true (FLUX.2) is supported");
+  const std::string shift_type = cfg.json.value("time_shift_type", "exponential");
+  APUS_CHECK(shift_type == "exponential", cfg.path, ": time_shift_type '", shift_type,
+             "' is not supported (expected exponential)");
+  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
+                          "invert_sigmas"})
+    APUS_CHECK(!cfg.get_bool(key, false), cfg.path, ": ", key, " is not supported");
+  APUS_CHECK(cfg.json.value("shift_terminal", nlohmann::json()).is_null(), cfg.path,
+             ": shift_terminal is not supported");
+  const float train_steps = float(cfg.get_int("num_train_timesteps", 1000));
+  FlowSchedule s;
+  // np.linspace in float64, stored as float32; the shift then runs in float32 with exp(mu)
+  // a weakly typed Python float.
+  const float e = float(std::exp(mu));
+  for (int i = 0; i < steps; ++i) {
+    const double lin = steps == 1 ? 1.0 : 1.0 + (1.0 / steps - 1.0) * double(i) / double(steps - 1);
+    const float sigma = float(lin);
+    const float shifted = e / (e + (1.0f / sigma - 1.0f));
+    s.sigmas.push_back(shifted);
+    s.timesteps.push_back(shifted * train_steps);
+  }
+  s.sigmas.push_back(0.0f);
+  return s;
+}
+
+void euler_step(Context& c, Tensor& x, const Tensor& velocity, float sigma, float sigma_next) {
+  APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape),
+             ", velocity ", shape_str(velocity.shape));
+  const float dt = sigma_next - sigma;
+  const int64_t m = x.shape[0], n = x.shape[1];
+#pragma omp parallel
+  {
+    std::vector<float> vx(static_cast<size_t>(n)), vv(static_cast<size_t>(n));
+#pragma omp for
+    for (int64_t r = 0; r < m; ++r) {
+      cpu::load_row(x, r, vx.data(), n);
+      cpu::load_row(velocity, r, vv.data(), n);
+      for (int64_t i = 0; i < n; ++i) vx[i] += dt * vv[i];
+      cpu::store_row(x, r, vx.data(), n);
+    }
+  }
+}
+
+}  // namespace apus

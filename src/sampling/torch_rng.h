@@ -1,0 +1,46 @@
+#pragma once
+// Bit-exact replica of torch's CPU normal sampler, so that `--seed S` reproduces the initial
+// noise of `torch.randn(shape, generator=torch.Generator("cpu").manual_seed(S), dtype=D)`,
+// which is how diffusers' randn_tensor draws FLUX.2 latents (D = the pipeline's dtype,
+// bf16 for the usual bf16 checkpoints).  Verified against torch 2.9.1 with
+// tests/fixtures/torch_randn.* (tools/oracle/make_rng_fixtures.py).
+#include <cstdint>
+#include <random>
+
+namespace apus {
+
+// torch picks the float32 Box-Muller kernel at build time of its CPU-capability variant:
+// x86 builds for AVX2 and AVX-512 both use the 8-lane Cephes-style kernel (avx_mathfun),
+// everything else (ATEN_CPU_CAPABILITY=default, non-x86 wheels) uses libm logf/cosf/sinf.
+// The two disagree in the low bits of about 39% of float32 values (at most ~2e-6 absolute,
+// measured over 1e5 samples); bf16 and the under-16-element path are the same on all of them.
+enum class TorchFloatKernel { avx2, scalar };
+
+class TorchGenerator {
+ public:
+  explicit TorchGenerator(uint64_t seed, TorchFloatKernel kernel = TorchFloatKernel::avx2);
+
+  // torch.randn(n, dtype=torch.float32); consumes generator state exactly as torch does.
+  void randn(float* out, int64_t n);
+  // torch.randn(n, dtype=torch.bfloat16); `out` receives bf16 bit patterns.
+  void randn_bf16(uint16_t* out, int64_t n);
+
+  uint64_t initial_seed() const { return seed_; }
+
+ private:
+  uint32_t random32();
+  uint64_t random64();
+  // One N(0,1) sample of torch's double Box-Muller, which yields pairs and parks the
+  // second value in the generator for the next call (across randn calls and dtypes).
+  double normal_double();
+
+  uint64_t seed_;
+  TorchFloatKernel kernel_;
+  // torch seeds its mt19937 with the low 32 bits of the seed using the standard
+  // initialisation, so std::mt19937 produces the identical stream.
+  std::mt19937 engine_;
+  bool has_cached_normal_ = false;
+  double cached_normal_ = 0.0;
+};
+
+}  // namespace apus

@@ -1,0 +1,679 @@
+#include "text/bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/uniset.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace apus {
+namespace {
+
+using nlohmann::json;
+
+// --- UTF-8 -----------------------------------------------------------------------------------
+
+struct Utf8Step {
+  size_t length;  // a whole sequence when valid, else the maximal invalid subpart
+  bool valid;
+};
+
+// Follows the Unicode "maximal subpart" rule, which is what Rust's String::from_utf8_lossy uses
+// when HF's ByteLevel decoder replaces broken sequences, so decode() emits the same U+FFFDs.
+Utf8Step utf8_step(std::string_view s, size_t i) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) return {1, true};
+  size_t trailing;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the first continuation byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    trailing = 1;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    trailing = 2;
+    if (b0 == 0xE0) lo = 0xA0;  // overlong
+    if (b0 == 0xED) hi = 0x9F;  // surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    trailing = 3;
+    if (b0 == 0xF0) lo = 0x90;  // overlong
+    if (b0 == 0xF4) hi = 0x8F;  // beyond U+10FFFF
+  } else {
+    return {1, false};
+  }
+  for (size_t k = 1; k <= trailing; ++k) {
+    if (i + k >= s.size()) return {k, false};
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if (b < lo || b > hi) return {k, false};
+    lo = 0x80;
+    hi = 0xBF;
+  }
+  return {trailing + 1, true};
+}
+
+// Only called on strings already known to be valid UTF-8 (JSON strings, validated text).
+char32_t decode_code_point(std::string_view s, size_t i, size_t length) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (length == 1) return b0;
+  char32_t cp = b0 & (0x7F >> length);
+  for (size_t k = 1; k < length; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return cp;
+}
+
+void append_utf8(std::string& out, char32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// --- GPT-2 byte <-> unicode mapping ------------------------------------------------------------
+
+// Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to U+0100.. so that
+// every byte has a visible, non-whitespace symbol in the vocabulary.
+struct ByteLevelAlphabet {
+  std::array<std::string, 256> symbol;  // UTF-8 of the code point standing for each byte
+  std::array<int16_t, 256 + 68> byte_of;  // inverse, indexed by code point; -1 where none
+
+  ByteLevelAlphabet() {
+    byte_of.fill(-1);
+    int shifted = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+      const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + shifted++);
+      append_utf8(symbol[b], cp);
+      byte_of[cp] = static_cast<int16_t>(b);
+    }
+  }
+};
+
+const ByteLevelAlphabet& alphabet() {
+  static const ByteLevelAlphabet instance;
+  return instance;
+}
+
+// --- added tokens ------------------------------------------------------------------------------
+
+// Leftmost-longest literal matching, the semantics of HF's Aho-Corasick added-token split.
+// Bucketing by first byte keeps the scan near one comparison per byte for ordinary text.
+class AddedMatcher {
+ public:
+  void add(std::string content, int32_t id) {
+    auto& bucket = by_first_byte_[static_cast<unsigned char>(content[0])];
+    bucket.push_back({std::move(content), id});
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [](const Entry& a, const Entry& b) { return a.content.size() > b.content.size(); });
+    empty_ = false;
+  }
+
+  bool empty() const { return empty_; }
+
+  // Pushes the id of each match into `ids` and hands the text between matches to `on_text`,
+  // in order.
+  template <typename OnText>
+  void split(std::string_view text, std::vector<int32_t>& ids, OnText&& on_text) const {
+    size_t plain_start = 0;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      const Entry* hit = longest_at(text, pos);
+      if (!hit) {
+        ++pos;
+        continue;
+      }
+      if (pos > plain_start) on_text(text.substr(plain_start, pos - plain_start));
+      ids.push_back(hit->id);
+      pos += hit->content.size();
+      plain_start = pos;
+    }
+    if (plain_start < text.size()) on_text(text.substr(plain_start));
+  }
+
+ private:
+  struct Entry {
+    std::string content;
+    int32_t id;
+  };
+
+  const Entry* longest_at(std::string_view text, size_t pos) const {
+    for (const Entry& e : by_first_byte_[static_cast<unsigned char>(text[pos])]) {
+      if (text.compare(pos, e.content.size(), e.content) == 0) return &e;
+    }
+    return nullptr;
+  }
+
+  std::array<std::vector<Entry>, 256> by_first_byte_;
+  bool empty_ = true;
+};
+
+// --- JSON helpers --------------------------------------------------------------------------------
+
+bool is_true(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it != obj.end() && it->is_boolean() && it->get<bool>();
+}
+
+bool is_null_or_empty(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it == obj.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty());
+}
+
+bool is_null_or_missing(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it == obj.end() || it->is_null();
+}
+
+std::string type_name(const json& node) {
+  if (node.is_null()) return "null";
+  if (node.is_object() && node.contains("type") && node["type"].is_string()) return node["type"].get<std::string>();
+  return "<no type>";
+}
+
+const json& member(const json& obj, const char* key) {
+  static const json null_node;
+  const auto it = obj.find(key);
+  return it == obj.end() ? null_node : *it;
+}
+
+struct Pcre2CodeDeleter {
+  void operator()(pcre2_code* code) const { pcre2_code_free(code); }
+};
+struct Pcre2MatchDataDeleter {
+  void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
+};
+
+std::string pcre2_message(int code) {
+  PCRE2_UCHAR buffer[256];
+  pcre2_get_error_message(code, buffer, sizeof(buffer));
+  return reinterpret_cast<const char*>(buffer);
+}
+
+// HF compiles the pattern with Oniguruma, whose \s is exactly Unicode White_Space. PCRE2's \s
+// (UCP mode) also matches U+180E MONGOLIAN VOWEL SEPARATOR, which changes how text around that
+// character splits, so \s and \S are spelled out as the White_Space set before compiling.
+// Returns false for \S inside a character class, which a PCRE2 class cannot express.
+bool spell_out_whitespace(std::string_view pattern, std::string& out) {
+  constexpr std::string_view kWhiteSpace =
+      "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char escaped = pattern[++i];
+      if (escaped == 's') {
+        if (!in_class) out += '[';
+        out += kWhiteSpace;
+        if (!in_class) out += ']';
+      } else if (escaped == 'S') {
+        if (in_class) return false;
+        out += "[^";
+        out += kWhiteSpace;
+        out += ']';
+      } else {
+        out += c;
+        out += escaped;
+      }
+      continue;
+    }
+    out += c;
+    if (!in_class && c == '[') {
+      in_class = true;
+      // A ']' right after '[' or '[^' is a literal, not the end of the class.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return true;
+}
+
+uint64_t pair_key(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  APUS_CHECK(in, path, ": cannot open tokenizer file");
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  APUS_CHECK(!in.bad(), path, ": failed while reading tokenizer file");
+  return std::move(contents).str();
+}
+
+void check_pipeline_ends(const json& root, const std::string& path) {
+  const json& decoder = member(root, "decoder");
+  APUS_CHECK(type_name(decoder) == "ByteLevel", path, ": unsupported decoder.type '", type_name(decoder),
+             "' (supported: ByteLevel)");
+  // encode_klein_prompt relies on the post-processor adding no tokens, as ByteLevel does.
+  const json& post = member(root, "post_processor");
+  APUS_CHECK(post.is_null() || type_name(post) == "ByteLevel", path, ": unsupported post_processor.type '",
+             type_name(post), "' (supported: ByteLevel or null)");
+  APUS_CHECK(is_null_or_missing(root, "truncation"), path, ": unsupported truncation ",
+             member(root, "truncation").dump(), " (only null is supported)");
+  APUS_CHECK(is_null_or_missing(root, "padding"), path, ": unsupported padding ", member(root, "padding").dump(),
+             " (only null is supported)");
+}
+
+}  // namespace
+
+struct BpeTokenizer::Impl {
+  struct Merge {
+    uint32_t rank;
+    int32_t merged;
+  };
+  // Per-encode scratch so the BPE loop does not allocate per word.
+  struct Workspace {
+    struct Symbol {
+      int32_t id;  // -1 once merged into its left neighbour
+      int32_t prev;
+      int32_t next;
+    };
+    struct Candidate {
+      uint32_t rank;
+      int32_t pos;
+      int32_t merged;
+    };
+    std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter> match;
+    std::vector<Symbol> symbols;
+    std::vector<Candidate> heap;
+  };
+
+  std::unordered_map<std::string, int32_t> vocab;
+  std::unordered_map<std::string, int32_t> added_ids;
+  std::vector<std::string> id_to_token;  // empty string = no token with that id
+  std::unordered_map<uint64_t, Merge> merges;
+  std::array<int32_t, 256> byte_ids{};  // -1: byte absent from the vocabulary, dropped like HF
+  bool ignore_merges = false;
+  // HF's NFC (crate unicode-normalization-alignments) uses Unicode 9.0 tables. Restricting ICU's NFC
+  // to characters assigned by 9.0 reproduces that: later characters were unassigned then, hence
+  // ccc=0 starters that nothing composes with, which is how the filter treats them.
+  std::unique_ptr<icu::UnicodeSet> unicode9;
+  std::unique_ptr<icu::FilteredNormalizer2> nfc;  // declared after its set, destroyed before it
+  std::unique_ptr<pcre2_code, Pcre2CodeDeleter> split_regex;
+  AddedMatcher raw_added;
+  AddedMatcher normalized_added;  // matched after normalization, against normalized content
+
+  void configure_normalizer(const json& root, const std::string& path);
+  void configure_pre_tokenizer(const json& root, const std::string& path);
+  void configure_model(const json& root, const std::string& path);
+  void configure_added_tokens(const json& root, const std::string& path);
+  void build_reverse_vocab();
+
+  const Merge* find_merge(int32_t left, int32_t right) const {
+    const auto it = merges.find(pair_key(left, right));
+    return it == merges.end() ? nullptr : &it->second;
+  }
+
+  std::string normalize(std::string_view text) const {
+    if (!nfc) return std::string(text);
+    APUS_CHECK(text.size() <= INT32_MAX, "text to encode is too long for NFC normalization (", text.size(),
+               " bytes)");
+    UErrorCode status = U_ZERO_ERROR;
+    const icu::StringPiece piece(text.data(), static_cast<int32_t>(text.size()));
+    if (nfc->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) return std::string(text);
+    std::string out;
+    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(text.size()));
+    status = U_ZERO_ERROR;
+    nfc->normalizeUTF8(0, piece, sink, nullptr, status);
+    APUS_CHECK(U_SUCCESS(status), "NFC normalization failed: ", u_errorName(status));
+    return out;
+  }
+
+  // HF's Split(behavior=Isolated): both the regex matches and the gaps between them become words.
+  void encode_segment(std::string_view text, Workspace& ws, std::vector<int32_t>& ids) const {
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    size_t emitted = 0;
+    size_t search = 0;
+    while (search < text.size()) {
+      const int rc =
+          pcre2_match(split_regex.get(), subject, text.size(), search, PCRE2_NO_UTF_CHECK, ws.match.get(), nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      APUS_CHECK(rc >= 0, "pre-tokenizer regex failed: ", pcre2_message(rc));
+      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(ws.match.get());
+      const size_t begin = ovector[0], end = ovector[1];
+      if (begin > emitted) encode_word(text.substr(emitted, begin - emitted), ws, ids);
+      if (end > begin) {
+        encode_word(text.substr(begin, end - begin), ws, ids);
+        emitted = search = end;
+      } else {
+        // Empty matches produce no word; step one character on, as Oniguruma's find_iter does.
+        if (begin >= text.size()) break;
+        emitted = begin;
+        search = begin + utf8_step(text, begin).length;
+      }
+    }
+    if (emitted < text.size()) encode_word(text.substr(emitted), ws, ids);
+  }
+
+  // Merges the lowest-ranked adjacent pair first, leftmost on ties, with the same stale-entry rule
+  // as HF's Word::merge_all, so the result is identical even for vocabularies where two different
+  // pairs produce the same token.
+  void encode_word(std::string_view word, Workspace& ws, std::vector<int32_t>& ids) const {
+    if (ignore_merges) {
+      std::string mapped;
+      for (const unsigned char b : word) mapped += alphabet().symbol[b];
+      if (const auto it = vocab.find(mapped); it != vocab.end()) {
+        ids.push_back(it->second);
+        return;
+      }
+    }
+    auto& symbols = ws.symbols;
+    symbols.clear();
+    for (const unsigned char b : word) {
+      if (byte_ids[b] < 0) continue;
+      const auto n = static_cast<int32_t>(symbols.size());
+      symbols.push_back({byte_ids[b], n - 1, n + 1});
+    }
+    if (symbols.empty()) return;
+    symbols.back().next = -1;
+
+    using Candidate = Workspace::Candidate;
+    auto& heap = ws.heap;
+    heap.clear();
+    // std heap functions build a max-heap; "later" means lower priority.
+    const auto later = [](const Candidate& a, const Candidate& b) {
+      return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+    };
+    const auto push = [&](int32_t pos, int32_t left, int32_t right) {
+      if (const Merge* m = find_merge(left, right)) {
+        heap.push_back({m->rank, pos, m->merged});
+        std::push_heap(heap.begin(), heap.end(), later);
+      }
+    };
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) push(static_cast<int32_t>(i), symbols[i].id, symbols[i + 1].id);
+
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), later);
+      const Candidate top = heap.back();
+      heap.pop_back();
+      auto& left = symbols[top.pos];
+      if (left.id < 0 || left.next < 0) continue;
+      auto& right = symbols[left.next];
+      const Merge* current = find_merge(left.id, right.id);
+      if (!current || current->merged != top.merged) continue;
+      left.id = top.merged;
+      right.id = -1;
+      left.next = right.next;
+      if (left.next >= 0) symbols[left.next].prev = top.pos;
+      if (left.prev >= 0) push(left.prev, symbols[left.prev].id, left.id);
+      if (left.next >= 0) push(top.pos, left.id, symbols[left.next].id);
+    }
+    for (int32_t i = 0; i >= 0; i = symbols[i].next) ids.push_back(symbols[i].id);
+  }
+};
+
+void BpeTokenizer::Impl::configure_normalizer(const json& root, const std::string& path) {
+  const json& normalizer = member(root, "normalizer");
+  if (normalizer.is_null()) return;
+  const std::string type = type_name(normalizer);
+  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type, "' (supported: NFC or null)");
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* full_nfc = icu::Normalizer2::getNFCInstance(status);
+  unicode9 = std::make_unique<icu::UnicodeSet>(icu::UnicodeString("[:age=9.0:]", ""), status);
+  APUS_CHECK(U_SUCCESS(status), path, ": ICU NFC normalizer unavailable: ", u_errorName(status));
+  unicode9->freeze();
+  nfc = std::make_unique<icu::FilteredNormalizer2>(*full_nfc, *unicode9);
+}
+
+// Accepts exactly the Qwen2/GPT-4-style layout: Sequence[Split(Regex, Isolated), ByteLevel(no regex)].
+void BpeTokenizer::Impl::configure_pre_tokenizer(const json& root, const std::string& path) {
+  const char* expected = " (supported: Sequence[Split(Regex, Isolated), ByteLevel(add_prefix_space=false, "
+                         "use_regex=false)])";
+  const json& pre = member(root, "pre_tokenizer");
+  APUS_CHECK(type_name(pre) == "Sequence", path, ": unsupported pre_tokenizer.type '", type_name(pre), "'",
+             expected);
+  const json& steps = member(pre, "pretokenizers");
+  APUS_CHECK(steps.is_array() && steps.size() == 2, path,
+             ": unsupported pre_tokenizer.pretokenizers (need exactly Split then ByteLevel)", expected);
+
+  const json& split = steps[0];
+  APUS_CHECK(type_name(split) == "Split", path, ": unsupported pre_tokenizer.pretokenizers[0].type '",
+             type_name(split), "'", expected);
+  const json& pattern = member(member(split, "pattern"), "Regex");
+  APUS_CHECK(pattern.is_string(), path,
+             ": unsupported pre_tokenizer.pretokenizers[0].pattern (only {\"Regex\": ...} is supported)");
+  APUS_CHECK(member(split, "behavior") == "Isolated", path,
+             ": unsupported pre_tokenizer.pretokenizers[0].behavior ", member(split, "behavior").dump(),
+             " (supported: Isolated)");
+  APUS_CHECK(!is_true(split, "invert"), path, ": unsupported pre_tokenizer.pretokenizers[0].invert=true");
+
+  const json& byte_level = steps[1];
+  APUS_CHECK(type_name(byte_level) == "ByteLevel", path, ": unsupported pre_tokenizer.pretokenizers[1].type '",
+             type_name(byte_level), "'", expected);
+  APUS_CHECK(!is_true(byte_level, "add_prefix_space"), path,
+             ": unsupported pre_tokenizer.pretokenizers[1].add_prefix_space=true");
+  APUS_CHECK(!is_true(byte_level, "use_regex"), path,
+             ": unsupported pre_tokenizer.pretokenizers[1].use_regex=true");
+
+  std::string regex;
+  APUS_CHECK(spell_out_whitespace(pattern.get<std::string>(), regex), path,
+             ": unsupported pre_tokenizer.pretokenizers[0].pattern (\\S inside a character class)");
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  split_regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(regex.data()), regex.size(), PCRE2_UTF | PCRE2_UCP,
+                                    &error, &offset, nullptr));
+  APUS_CHECK(split_regex, path, ": pre_tokenizer.pretokenizers[0].pattern does not compile at offset ", offset,
+             ": ", pcre2_message(error));
+  // JIT is only a speed-up; without it (e.g. unsupported CPU) matching falls back to the interpreter.
+  pcre2_jit_compile(split_regex.get(), PCRE2_JIT_COMPLETE);
+}
+
+void BpeTokenizer::Impl::configure_model(const json& root, const std::string& path) {
+  const json& model = member(root, "model");
+  APUS_CHECK(type_name(model) == "BPE", path, ": unsupported model.type '", type_name(model),
+             "' (supported: BPE)");
+  APUS_CHECK(is_null_or_missing(model, "dropout"), path, ": unsupported model.dropout ",
+             member(model, "dropout").dump(), " (only null is supported)");
+  APUS_CHECK(!is_true(model, "byte_fallback"), path, ": unsupported model.byte_fallback=true");
+  APUS_CHECK(is_null_or_empty(model, "continuing_subword_prefix"), path,
+             ": unsupported model.continuing_subword_prefix ", member(model, "continuing_subword_prefix").dump());
+  APUS_CHECK(is_null_or_empty(model, "end_of_word_suffix"), path, ": unsupported model.end_of_word_suffix ",
+             member(model, "end_of_word_suffix").dump());
+  ignore_merges = is_true(model, "ignore_merges");
+
+  const json& vocab_json = member(model, "vocab");
+  APUS_CHECK(vocab_json.is_object(), path, ": model.vocab must be an object of token -> id");
+  vocab.reserve(vocab_json.size());
+  for (const auto& [token, id] : vocab_json.items()) {
+    const auto value = id.get<int64_t>();
+    APUS_CHECK(value >= 0 && value <= INT32_MAX, path, ": model.vocab id ", value, " of '", token,
+               "' is out of range");
+    vocab.emplace(token, static_cast<int32_t>(value));
+  }
+
+  for (int b = 0; b < 256; ++b) {
+    const auto it = vocab.find(alphabet().symbol[b]);
+    byte_ids[b] = it == vocab.end() ? -1 : it->second;
+  }
+  // With an unk token HF would emit it for bytes missing from the vocabulary; without one they are
+  // silently dropped, which byte_ids = -1 reproduces.
+  if (!is_null_or_missing(model, "unk_token")) {
+    for (int b = 0; b < 256; ++b) {
+      APUS_CHECK(byte_ids[b] >= 0, path, ": model.unk_token is set but byte ", b, " (symbol '",
+                 alphabet().symbol[b], "') has no model.vocab entry (unknown-token fallback is not supported)");
+    }
+  }
+
+  const json& merges_json = member(model, "merges");
+  APUS_CHECK(merges_json.is_array(), path, ": model.merges must be an array");
+  merges.reserve(merges_json.size());
+  const auto lookup = [&](const std::string& token, size_t rank) {
+    const auto it = vocab.find(token);
+    APUS_CHECK(it != vocab.end(), path, ": model.merges[", rank, "] uses '", token,
+               "', which is not in model.vocab");
+    return it->second;
+  };
+  for (size_t rank = 0; rank < merges_json.size(); ++rank) {
+    const json& entry = merges_json[rank];
+    std::string left, right;
+    if (entry.is_string()) {
+      // Legacy "left right" form; byte-level symbols never contain a space.
+      const auto text = entry.get<std::string>();
+      const auto space = text.find(' ');
+      APUS_CHECK(space != std::string::npos && text.find(' ', space + 1) == std::string::npos, path,
+                 ": model.merges[", rank, "] '", text, "' is not two space-separated tokens");
+      left = text.substr(0, space);
+      right = text.substr(space + 1);
+    } else {
+      APUS_CHECK(entry.is_array() && entry.size() == 2, path, ": model.merges[", rank,
+                 "] is neither \"a b\" nor [\"a\", \"b\"]");
+      left = entry[0].get<std::string>();
+      right = entry[1].get<std::string>();
+    }
+    const int32_t merged = lookup(left + right, rank);
+    // A repeated pair keeps its last rank, as HF's HashMap collection does.
+    merges.insert_or_assign(pair_key(lookup(left, rank), lookup(right, rank)),
+                              Merge{static_cast<uint32_t>(rank), merged});
+  }
+}
+
+void BpeTokenizer::Impl::configure_added_tokens(const json& root, const std::string& path) {
+  const json& added = member(root, "added_tokens");
+  if (added.is_null()) return;
+  APUS_CHECK(added.is_array(), path, ": added_tokens must be an array");
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& token = added[i];
+    auto content = token.at("content").get<std::string>();
+    const auto id = token.at("id").get<int64_t>();
+    APUS_CHECK(id >= 0 && id <= INT32_MAX, path, ": added_tokens[", i, "].id ", id, " is out of range");
+    for (const char* option : {"lstrip", "rstrip", "single_word"}) {
+      APUS_CHECK(!is_true(token, option), path, ": unsupported added_tokens[", i, "].", option, "=true (token '",
+                 content, "')");
+    }
+    if (content.empty()) continue;  // HF ignores empty added tokens
+    added_ids[content] = static_cast<int32_t>(id);
+    if (is_true(token, "normalized")) {
+      normalized_added.add(normalize(content), static_cast<int32_t>(id));
+    } else {
+      raw_added.add(std::move(content), static_cast<int32_t>(id));
+    }
+  }
+}
+
+void BpeTokenizer::Impl::build_reverse_vocab() {
+  int32_t max_id = -1;
+  for (const auto& [token, id] : vocab) max_id = std::max(max_id, id);
+  for (const auto& [token, id] : added_ids) max_id = std::max(max_id, id);
+  id_to_token.assign(static_cast<size_t>(max_id) + 1, std::string());
+  for (const auto& [token, id] : vocab) id_to_token[id] = token;
+  for (const auto& [token, id] : added_ids) id_to_token[id] = token;
+}
+
+BpeTokenizer::BpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
+BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
+BpeTokenizer::~BpeTokenizer() = default;
+
+BpeTokenizer BpeTokenizer::load(const std::string& tokenizer_json_path) {
+  const std::string& path = tokenizer_json_path;
+  const std::string text = read_file(path);
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail(path, ": malformed tokenizer JSON: ", e.what());
+  }
+  APUS_CHECK(root.is_object(), path, ": tokenizer JSON must be an object");
+
+  auto impl = std::make_unique<Impl>();
+  try {
+    // The normalizer goes first: normalized added tokens are stored in normalized form.
+    impl->configure_normalizer(root, path);
+    impl->configure_pre_tokenizer(root, path);
+    impl->configure_model(root, path);
+    impl->configure_added_tokens(root, path);
+    check_pipeline_ends(root, path);
+  } catch (const json::exception& e) {
+    fail(path, ": unexpected tokenizer JSON structure: ", e.what());
+  }
+  impl->build_reverse_vocab();
+  return BpeTokenizer(std::move(impl));
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
+  for (size_t i = 0; i < text.size();) {
+    const Utf8Step step = utf8_step(text, i);
+    APUS_CHECK(step.valid, "text to encode is not valid UTF-8 (byte offset ", i, ")");
+    i += step.length;
+  }
+  const Impl& t = *impl_;
+  Impl::Workspace ws;
+  ws.match.reset(pcre2_match_data_create_from_pattern(t.split_regex.get(), nullptr));
+  APUS_CHECK(ws.match, "out of memory allocating regex match data");
+
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 8);
+  // HF order: split out raw added tokens, normalize what is left, split out normalized added
+  // tokens, then pre-tokenize and merge each remaining piece independently.
+  t.raw_added.split(text, ids, [&](std::string_view segment) {
+    const std::string normalized = t.normalize(segment);
+    t.normalized_added.split(normalized, ids,
+                             [&](std::string_view piece) { t.encode_segment(piece, ws, ids); });
+  });
+  return ids;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  const Impl& t = *impl_;
+  const auto& byte_of = alphabet().byte_of;
+  std::string bytes;
+  for (const int32_t id : ids) {
+    APUS_CHECK(id >= 0 && static_cast<size_t>(id) < t.id_to_token.size() && !t.id_to_token[id].empty(),
+               "cannot decode token id ", id, ": not in the vocabulary");
+    const std::string& token = t.id_to_token[id];
+    // HF's ByteLevel decoder maps a token back to bytes only if every character is in the byte
+    // alphabet; otherwise (e.g. an added token containing a newline) the token's own UTF-8 is used.
+    const size_t start = bytes.size();
+    bool mapped = true;
+    for (size_t i = 0; i < token.size() && mapped;) {
+      const size_t length = utf8_step(token, i).length;
+      const char32_t cp = decode_code_point(token, i, length);
+      mapped = cp < byte_of.size() && byte_of[cp] >= 0;
+      if (mapped) bytes += static_cast<char>(byte_of[cp]);
+      i += length;
+    }
+    if (!mapped) {
+      bytes.resize(start);
+      bytes += token;
+    }
+  }
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    const Utf8Step step = utf8_step(bytes, i);
+    if (step.valid) {
+      out.append(bytes, i, step.length);
+    } else {
+      out += "\xEF\xBF\xBD";
+    }
+    i += step.length;
+  }
+  return out;
+}
+
+int32_t BpeTokenizer::token_id(std::string_view token) const {
+  const std::string key(token);
+  if (const auto it = impl_->added_ids.find(key); it != impl_->added_ids.end()) return it->second;
+  if (const auto it = impl_->vocab.find(key); it != impl_->vocab.end()) return it->second;
+  fail("token '", token, "' is not in the tokenizer vocabulary");
+}
+
+}  // namespace apus

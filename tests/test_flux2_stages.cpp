@@ -1,0 +1,107 @@
+// Each FLUX.2 stage against the official diffusers pipeline's tensors (tools/oracle), fed the
+// reference's own inputs for that stage.
+#include <algorithm>
+
+#include "models/flux2/text_encoder.h"
+#include "models/flux2/transformer.h"
+#include "sampling/flow_match.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+using test::Reference;
+
+struct Case {
+  std::string variant, precision;
+};
+
+class Flux2Stages : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    ctx.arena = &arena;
+    ctx.act = test::precision_dtype(GetParam().precision);
+  }
+  Arena arena;
+  Context ctx;
+};
+
+std::vector<int> taps_of(const Reference& ref) {
+  return ref.meta["text_encoder_out_layers"].get<std::vector<int>>();
+}
+
+TEST_P(Flux2Stages, TextEncoderMatchesReference) {
+  const auto& [variant, p] = GetParam();
+  const Reference ref(variant);
+  const ModelDir dir = ModelDir::open(test::fixture(variant));
+  const auto enc = flux2::TextEncoder::load(dir, taps_of(ref));
+  const auto ids64 = ref.i64("input_ids");
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  const Tensor out = enc.encode(ctx, ids, ref.i64("attention_mask"));
+  test::expect_matches("text encoder", p, to_f32_vector(out), ref.f32("fp32.prompt_embeds"),
+                       ref.f32("bf16.prompt_embeds"));
+}
+
+TEST_P(Flux2Stages, TransformerMatchesReferenceEveryStep) {
+  const auto& [variant, p] = GetParam();
+  const Reference ref(variant);
+  const ModelDir dir = ModelDir::open(test::fixture(variant));
+  const auto dit = flux2::Transformer::load(dir);
+  const auto& cfg = dit.config();
+  const Tensor& embeds = ref.file.get(p + ".prompt_embeds");
+  const int64_t t = embeds.shape[1], l = ref.file.get(p + ".latent_ids").shape[1];
+  const auto pro = dit.prologue(ctx, ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim}),
+                                ref.i64(p + ".text_ids"), ref.i64(p + ".latent_ids"));
+  for (int step = 0; step < 4; ++step) {
+    const std::string s = ".dit.step" + std::to_string(step);
+    const Tensor latents = ref.as(p + s + ".latents_in", ctx.act, {l, cfg.in_channels});
+    Tensor velocity = Tensor::heap({l, cfg.out_channels}, ctx.act);
+    std::fill_n(velocity.ptr<uint8_t>(), velocity.nbytes(), 0xff);  // poison: NaN in both dtypes
+    const float timestep = ref.f32(p + ".scheduler.step" + std::to_string(step) + ".t")[0];
+    dit.forward(ctx, pro, latents, timestep, velocity);
+    test::expect_matches("transformer" + s, p, to_f32_vector(velocity),
+                         ref.f32("fp32" + s + ".velocity"), ref.f32("bf16" + s + ".velocity"));
+  }
+}
+
+TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
+  const auto& [variant, p] = GetParam();
+  const Reference ref(variant);
+  const ModelDir dir = ModelDir::open(test::fixture(variant));
+  const auto dit = flux2::Transformer::load(dir);
+  const auto& cfg = dit.config();
+  const int64_t t = ref.file.get(p + ".prompt_embeds").shape[1];
+  const int64_t l = ref.file.get(p + ".latent_ids").shape[1];
+  const int steps = ref.meta["steps"].get<int>();
+  const double mu = flux2_empirical_mu(l, steps);
+  EXPECT_NEAR(mu, ref.meta["mu"].get<double>(), 1e-12);
+  const FlowSchedule sched = flow_match_schedule(dir.config("scheduler", "scheduler_config.json"),
+                                                 steps, mu);
+  const auto ref_sigmas = ref.meta["sigmas"].get<std::vector<float>>();
+  ASSERT_EQ(sched.sigmas.size(), ref_sigmas.size());
+  for (size_t i = 0; i < ref_sigmas.size(); ++i) EXPECT_EQ(sched.sigmas[i], ref_sigmas[i]) << i;
+  for (int i = 0; i < steps; ++i)
+    EXPECT_EQ(sched.timesteps[size_t(i)], ref.f32(p + ".scheduler.step" + std::to_string(i) + ".t")[0]);
+
+  const auto pro = dit.prologue(ctx, ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim}),
+                                ref.i64(p + ".text_ids"), ref.i64(p + ".latent_ids"));
+  Tensor x = ref.as(p + ".dit.step0.latents_in", ctx.act, {l, cfg.in_channels});
+  Tensor v = Tensor::heap({l, cfg.out_channels}, ctx.act);
+  for (int i = 0; i < steps; ++i) {
+    dit.forward(ctx, pro, x, sched.timesteps[size_t(i)], v);
+    euler_step(ctx, x, v, sched.sigmas[size_t(i)], sched.sigmas[size_t(i) + 1]);
+  }
+  const std::string last = ".step" + std::to_string(steps - 1) + ".latents";
+  test::expect_matches("sampler", p, to_f32_vector(x), ref.f32("fp32" + last),
+                       ref.f32("bf16" + last));
+}
+
+INSTANTIATE_TEST_SUITE_P(Klein, Flux2Stages,
+                         ::testing::Values(Case{"klein_tiny_a", "fp32"}, Case{"klein_tiny_a", "bf16"},
+                                           Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"}),
+                         [](const auto& info) {
+                           return info.param.variant.substr(11) + "_" + info.param.precision;
+                         });
+
+}  // namespace
+}  // namespace apus

@@ -1,0 +1,69 @@
+#pragma once
+// Shared helpers for the fixture-driven tests.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/model_dir.h"
+#include "io/safetensors.h"
+
+namespace apus::test {
+
+inline std::string fixture(const std::string& rel) { return std::string(APUS_FIXTURES) + "/" + rel; }
+
+// ||a - b|| / ||b||
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// The official code disagreeing with itself (bf16 run against fp32 run) sets the bf16 bound:
+// our bf16 result may sit at most this many times as far from the fp32 reference.
+constexpr double kBf16Factor = 2.0;
+// fp32 parity: relative L2 against the fp32 reference.
+constexpr double kFp32Tolerance = 1e-4;
+
+struct Reference {
+  SafetensorsFile file;
+  Json meta;
+  explicit Reference(const std::string& variant)
+      : file(SafetensorsFile::open(fixture(variant + "_ref.safetensors"))),
+        meta(read_json(fixture(variant + "_ref.json"))) {}
+  std::vector<float> f32(const std::string& key) const { return to_f32_vector(file.get(key)); }
+  std::vector<int64_t> i64(const std::string& key) const {
+    const Tensor& t = file.get(key);
+    return std::vector<int64_t>(t.ptr<int64_t>(), t.ptr<int64_t>() + t.numel());
+  }
+  // A fixture tensor as a heap tensor of `dt` with a 2-D shape.
+  Tensor as(const std::string& key, DType dt, Shape shape) const {
+    return to_dtype(file.get(key), dt).reshape(std::move(shape));
+  }
+};
+
+inline DType precision_dtype(const std::string& p) { return p == "fp32" ? DType::f32 : DType::bf16; }
+
+// Asserts the bound for one stage output; returns the measured error for the log.
+inline void expect_matches(const std::string& what, const std::string& p,
+                           const std::vector<float>& ours, const std::vector<float>& ref_fp32,
+                           const std::vector<float>& ref_bf16) {
+  const double err = rel_l2(ours, ref_fp32);
+  if (p == "fp32") {
+    EXPECT_LT(err, kFp32Tolerance) << what << " fp32 rel L2 " << err;
+  } else {
+    const double ref_disagreement = rel_l2(ref_bf16, ref_fp32);
+    EXPECT_LT(err, kBf16Factor * ref_disagreement)
+        << what << " bf16 rel L2 to fp32 ref " << err << ", reference bf16-vs-fp32 "
+        << ref_disagreement;
+  }
+  std::printf("[ measure ] %s %s rel L2 vs fp32 ref: %.3e\n", what.c_str(), p.c_str(), err);
+}
+
+}  // namespace apus::test
