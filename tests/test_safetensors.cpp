@@ -1,1 +1,138 @@
+// The safetensors reader and model-directory loader on good and hostile input.
 #include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <filesystem>
+#include <random>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "io/model_dir.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "apus_" + std::to_string(::getpid()) + "_" + name;
+}
+
+void write_raw(const std::string& path, const std::string& header, size_t data_bytes) {
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t n = header.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << header;
+  f << std::string(data_bytes, '\0');
+}
+
+// Expects apus::Error whose message contains every fragment.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<std::string> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error raised";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "error spans lines: " << msg;
+    for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << msg;
+  }
+}
+
+TEST(Safetensors, RoundTripsEveryDtype) {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<NamedTensor> tensors;
+  for (DType t : {DType::f32, DType::bf16, DType::i64, DType::u8}) {
+    Tensor x = Tensor::heap({3, 5}, t);
+    for (size_t i = 0; i < x.nbytes(); ++i) x.ptr<uint8_t>()[i] = uint8_t(rng());
+    tensors.push_back({"t_" + std::string(dtype_name(t)), x});
+  }
+  const std::string path = temp_path("roundtrip.safetensors");
+  write_safetensors(path, tensors, {{"format", "pt"}});
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  for (const auto& [name, t] : tensors) {
+    const Tensor& r = f.get(name);
+    EXPECT_EQ(r.dtype, t.dtype);
+    EXPECT_EQ(r.shape, t.shape);
+    EXPECT_EQ(0, std::memcmp(r.data, t.data, t.nbytes())) << name;
+  }
+  std::remove(path.c_str());
+}
+
+TEST(Safetensors, RejectsHostileHeaders) {
+  const std::string p = temp_path("bad.safetensors");
+  struct Bad { std::string header; size_t data; std::string expect; };
+  const std::vector<Bad> cases = {
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, "outside"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12, "overlap"},
+      {R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, "expected 12"},
+      {R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8, "unsupported dtype"},
+      {R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8, "non-negative"},
+      {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8, "overflow"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8, "outside"},
+      {R"({"a":{"dtype":"F32","shape":[2]}})", 8, "data_offsets"},
+      {R"({"a":)", 8, "not a valid JSON"},
+      {R"([1,2])", 8, "not a valid JSON object"},
+  };
+  for (const auto& c : cases) {
+    write_raw(p, c.header, c.data);
+    expect_error([&] { SafetensorsFile::open(p); }, {p, c.expect});
+  }
+  std::remove(p.c_str());
+}
+
+TEST(Safetensors, RejectsTruncatedFiles) {
+  const std::string p = temp_path("trunc.safetensors");
+  { std::ofstream f(p, std::ios::binary); f << "abc"; }
+  expect_error([&] { SafetensorsFile::open(p); }, {p, "truncated"});
+  {
+    std::ofstream f(p, std::ios::binary);
+    const uint64_t n = 1000;
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << "{}";
+  }
+  expect_error([&] { SafetensorsFile::open(p); }, {p, "past the end"});
+  // A valid file cut short inside its data section.
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 16);
+  std::filesystem::resize_file(p, std::filesystem::file_size(p) - 5);
+  expect_error([&] { SafetensorsFile::open(p); }, {p, "outside"});
+  std::remove(p.c_str());
+  expect_error([&] { SafetensorsFile::open(p); }, {p, "cannot open"});
+}
+
+TEST(Safetensors, MissingTensorAndWrongShapeNameTheFile) {
+  const WeightSet w = WeightSet::open_dir(test::fixture("klein_tiny_a/transformer"));
+  expect_error([&] { w.get("no.such.weight"); }, {"no.such.weight", "diffusion_pytorch_model"});
+  expect_error([&] { w.get("proj_out.weight", {1, 2}); }, {"proj_out.weight", "expected [1, 2]"});
+}
+
+TEST(ModelDir, ShardedIndexResolvesEveryTensor) {
+  const WeightSet w = WeightSet::open_dir(test::fixture("klein_tiny_a/text_encoder"));
+  const Json index = read_json(test::fixture("klein_tiny_a/text_encoder/model.safetensors.index.json"));
+  EXPECT_EQ(w.count(), index["weight_map"].size());
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it)
+    EXPECT_TRUE(w.get(it.key()).data) << it.key();
+}
+
+TEST(ModelDir, BadDirectoriesGiveOneLineErrors) {
+  expect_error([] { ModelDir::open("/nonexistent/model"); }, {"/nonexistent/model", "does not exist"});
+  const std::string d = temp_path("model");
+  std::filesystem::create_directories(d);
+  expect_error([&] { ModelDir::open(d); }, {d + "/model_index.json", "cannot open"});
+  { std::ofstream(d + "/model_index.json") << "{\"a\": "; }
+  expect_error([&] { ModelDir::open(d); }, {"model_index.json", "malformed JSON"});
+  { std::ofstream(d + "/model_index.json") << "{}"; }
+  const ModelDir m = ModelDir::open(d);
+  expect_error([&] { m.component("transformer"); }, {"transformer", "missing"});
+  std::filesystem::create_directories(d + "/vae");
+  expect_error([&] { m.weights("vae"); }, {"vae", "no weights found"});
+  { std::ofstream(d + "/vae/config.json") << R"({"latent_channels": "many"})"; }
+  expect_error([&] { m.config("vae").get_int("latent_channels"); },
+               {"vae/config.json", "latent_channels", "expected an integer"});
+  std::filesystem::remove_all(d);
+}
+
+}  // namespace
+}  // namespace apus

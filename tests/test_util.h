@@ -57,13 +57,19 @@ inline void expect_matches(const std::string& what, const std::string& p,
   const double err = rel_l2(ours, ref_fp32);
   if (p == "fp32") {
     EXPECT_LT(err, kFp32Tolerance) << what << " fp32 rel L2 " << err;
+    std::printf("[ measure ] %s fp32: rel L2 to fp32 ref %.3e\n", what.c_str(), err);
   } else {
     const double ref_disagreement = rel_l2(ref_bf16, ref_fp32);
+    const double to_bf16_ref = rel_l2(ours, ref_bf16);
     EXPECT_LT(err, kBf16Factor * ref_disagreement)
         << what << " bf16 rel L2 to fp32 ref " << err << ", reference bf16-vs-fp32 "
         << ref_disagreement;
+    EXPECT_LT(to_bf16_ref, kBf16Factor * ref_disagreement)
+        << what << " bf16 rel L2 to bf16 ref " << to_bf16_ref << ", reference bf16-vs-fp32 "
+        << ref_disagreement;
+    std::printf("[ measure ] %s bf16: rel L2 to fp32 ref %.3e, to bf16 ref %.3e, ref bf16-vs-fp32 %.3e\n",
+                what.c_str(), err, to_bf16_ref, ref_disagreement);
   }
-  std::printf("[ measure ] %s %s rel L2 vs fp32 ref: %.3e\n", what.c_str(), p.c_str(), err);
 }
 
 }  // namespace apus::test

@@ -18,7 +18,7 @@ namespace apus {
 using nlohmann::json;
 
 MappedFile::~MappedFile() {
-  if (data && size) munmap(const_cast<uint8_t*>(data), size);
+  if (mapped && data && size) munmap(const_cast<uint8_t*>(data), size);
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {

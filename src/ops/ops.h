@@ -55,6 +55,8 @@ void silu(Context& c, const Tensor& x, Tensor& y);
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate);
 // y = x converted to y's dtype (copy between views).
 void copy(Context& c, const Tensor& x, Tensor& y);
+// y[N, M] = x[M, N]^T, both contiguous and of one dtype: channel planes <-> token rows.
+void transpose(Context& c, const Tensor& x, Tensor& y);
 
 // Image ops on NCHW (N = 1).
 void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,

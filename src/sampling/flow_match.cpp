@@ -47,7 +47,10 @@ FlowSchedule flow_match_schedule(const Config& cfg, int steps, double mu) {
 void euler_step(Context& c, Tensor& x, const Tensor& velocity, float sigma, float sigma_next) {
   APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape),
              ", velocity ", shape_str(velocity.shape));
-  const float dt = sigma_next - sigma;
+  // The reference multiplies the 0-d fp32 step size into the velocity in the velocity's dtype
+  // (0-d tensors do not promote), then adds in fp32: bf16(x + bf16(bf16(dt) * v)).
+  const bool bf16 = velocity.dtype == DType::bf16;
+  const float dt = bf16 ? round_bf16(sigma_next - sigma) : sigma_next - sigma;
   const int64_t m = x.shape[0], n = x.shape[1];
 #pragma omp parallel
   {
@@ -56,7 +59,7 @@ void euler_step(Context& c, Tensor& x, const Tensor& velocity, float sigma, floa
     for (int64_t r = 0; r < m; ++r) {
       cpu::load_row(x, r, vx.data(), n);
       cpu::load_row(velocity, r, vv.data(), n);
-      for (int64_t i = 0; i < n; ++i) vx[i] += dt * vv[i];
+      for (int64_t i = 0; i < n; ++i) vx[i] += bf16 ? round_bf16(dt * vv[i]) : dt * vv[i];
       cpu::store_row(x, r, vx.data(), n);
     }
   }

@@ -19,7 +19,7 @@ struct FlowSchedule {
 // Reads scheduler_config.json for the shift type and training timesteps; rejects what it lacks.
 FlowSchedule flow_match_schedule(const Config& scheduler_config, int steps, double mu);
 
-// x <- x + (sigma_next - sigma) v, in fp32, rounded back to x's dtype.
+// x <- x + (sigma_next - sigma) v, with the reference's roundings, back in x's dtype.
 void euler_step(Context& c, Tensor& x, const Tensor& velocity, float sigma, float sigma_next);
 
 }  // namespace apus

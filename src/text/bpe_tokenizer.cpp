@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -116,9 +117,9 @@ const ByteLevelAlphabet& alphabet() {
 // Bucketing by first byte keeps the scan near one comparison per byte for ordinary text.
 class AddedMatcher {
  public:
-  void add(std::string content, int32_t id) {
+  void add(std::string_view content, int32_t id) {
     auto& bucket = by_first_byte_[static_cast<unsigned char>(content[0])];
-    bucket.push_back({std::move(content), id});
+    bucket.push_back({std::string(content), id});
     std::stable_sort(bucket.begin(), bucket.end(),
                      [](const Entry& a, const Entry& b) { return a.content.size() > b.content.size(); });
     empty_ = false;
@@ -250,6 +251,7 @@ uint64_t pair_key(int32_t left, int32_t right) {
 }
 
 std::string read_file(const std::string& path) {
+  APUS_CHECK(!std::filesystem::is_directory(path), path, ": is a directory, expected a tokenizer.json file");
   std::ifstream in(path, std::ios::binary);
   APUS_CHECK(in, path, ": cannot open tokenizer file");
   std::ostringstream contents;
@@ -470,8 +472,7 @@ void BpeTokenizer::Impl::configure_pre_tokenizer(const json& root, const std::st
   PCRE2_SIZE offset = 0;
   split_regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(regex.data()), regex.size(), PCRE2_UTF | PCRE2_UCP,
                                     &error, &offset, nullptr));
-  APUS_CHECK(split_regex, path, ": pre_tokenizer.pretokenizers[0].pattern does not compile at offset ", offset,
-             ": ", pcre2_message(error));
+  APUS_CHECK(split_regex, path, ": pre_tokenizer.pretokenizers[0].pattern does not compile: ", pcre2_message(error));
   // JIT is only a speed-up; without it (e.g. unsupported CPU) matching falls back to the interpreter.
   pcre2_jit_compile(split_regex.get(), PCRE2_JIT_COMPLETE);
 }
@@ -563,7 +564,7 @@ void BpeTokenizer::Impl::configure_added_tokens(const json& root, const std::str
     if (is_true(token, "normalized")) {
       normalized_added.add(normalize(content), static_cast<int32_t>(id));
     } else {
-      raw_added.add(std::move(content), static_cast<int32_t>(id));
+      raw_added.add(content, static_cast<int32_t>(id));
     }
   }
 }

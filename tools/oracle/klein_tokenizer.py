@@ -155,8 +155,7 @@ def _corpus():
         if rng.random() < 0.1:
             s += " " + rng.choice(_EMOJI.split())
         lines.append(s)
-    for _ in range(3):
-        lines.extend(_CJK)
+    lines.extend(_CJK)
     for sent in _CJK:
         chars = [c for c in sent if not c.isspace()]
         for _ in range(40):

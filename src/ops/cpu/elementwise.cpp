@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -83,6 +84,30 @@ void copy(Context& c, const Tensor& x, Tensor& y) {
       load_row(xv, r, v.data(), f);
       store_row(yv, r, v.data(), f);
     }
+  }
+}
+
+namespace {
+template <typename T>
+void transpose_tiles(const T* x, T* y, int64_t m, int64_t n) {
+  constexpr int64_t tile = 32;  // both sides stay in cache lines while a tile is moved
+#pragma omp parallel for collapse(2)
+  for (int64_t i0 = 0; i0 < m; i0 += tile)
+    for (int64_t j0 = 0; j0 < n; j0 += tile)
+      for (int64_t i = i0; i < std::min(i0 + tile, m); ++i)
+        for (int64_t j = j0; j < std::min(j0 + tile, n); ++j) y[j * m + i] = x[i * n + j];
+}
+}  // namespace
+
+void transpose(Context& c, const Tensor& x, Tensor& y) {
+  APUS_CHECK(x.rank() == 2 && y.shape == Shape({x.shape[1], x.shape[0]}) && x.dtype == y.dtype &&
+                 x.contiguous() && y.contiguous(),
+             "transpose: x ", shape_str(x.shape), " ", dtype_name(x.dtype), ", y ",
+             shape_str(y.shape), " ", dtype_name(y.dtype));
+  switch (dtype_size(x.dtype)) {
+    case 2: transpose_tiles(x.ptr<uint16_t>(), y.ptr<uint16_t>(), x.shape[0], x.shape[1]); return;
+    case 4: transpose_tiles(x.ptr<uint32_t>(), y.ptr<uint32_t>(), x.shape[0], x.shape[1]); return;
+    default: fail("transpose: unsupported dtype ", dtype_name(x.dtype));
   }
 }
 

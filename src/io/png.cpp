@@ -1,0 +1,81 @@
+#include "io/png.h"
+
+#include <png.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "core/error.h"
+
+namespace apus {
+
+namespace {
+struct File {
+  FILE* f;
+  ~File() { if (f) std::fclose(f); }
+};
+[[noreturn]] void png_error_fn(png_structp png, png_const_charp msg) {
+  throw Error(std::string(static_cast<const char*>(png_get_error_ptr(png))) + ": " + msg);
+}
+void png_warning_fn(png_structp, png_const_charp) {}
+}  // namespace
+
+void write_png(const std::string& path, int width, int height, const std::vector<uint8_t>& rgb,
+               const std::vector<std::pair<std::string, std::string>>& text) {
+  APUS_CHECK(size_t(width) * size_t(height) * 3 == rgb.size(), path, ": ", rgb.size(),
+             " bytes of pixels for a ", width, "x", height, " RGB image");
+  File file{std::fopen(path.c_str(), "wb")};
+  APUS_CHECK(file.f, path, ": cannot open for writing");
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING,
+                                            const_cast<char*>(path.c_str()), png_error_fn,
+                                            png_warning_fn);
+  png_infop info = png_create_info_struct(png);
+  std::unique_ptr<png_structp, void (*)(png_structp*)> guard(&png, [](png_structp* p) {
+    png_destroy_write_struct(p, nullptr);
+  });
+  png_init_io(png, file.f);
+  png_set_IHDR(png, info, png_uint_32(width), png_uint_32(height), 8, PNG_COLOR_TYPE_RGB,
+               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  std::vector<png_text> chunks(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    chunks[i].compression = PNG_TEXT_COMPRESSION_NONE;
+    chunks[i].key = const_cast<char*>(text[i].first.c_str());
+    chunks[i].text = const_cast<char*>(text[i].second.c_str());
+    chunks[i].text_length = text[i].second.size();
+  }
+  if (!chunks.empty()) png_set_text(png, info, chunks.data(), int(chunks.size()));
+  png_write_info(png, info);
+  for (int y = 0; y < height; ++y)
+    png_write_row(png, const_cast<uint8_t*>(rgb.data() + size_t(y) * size_t(width) * 3));
+  png_write_end(png, info);
+  png_destroy_info_struct(png, &info);
+}
+
+PngImage read_png(const std::string& path) {
+  File file{std::fopen(path.c_str(), "rb")};
+  APUS_CHECK(file.f, path, ": cannot open");
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(path.c_str()),
+                                           png_error_fn, png_warning_fn);
+  png_infop info = png_create_info_struct(png);
+  std::unique_ptr<png_structp, void (*)(png_structp*)> guard(&png, [](png_structp* p) {
+    png_destroy_read_struct(p, nullptr, nullptr);
+  });
+  png_init_io(png, file.f);
+  png_read_info(png, info);
+  PngImage img;
+  img.width = int(png_get_image_width(png, info));
+  img.height = int(png_get_image_height(png, info));
+  APUS_CHECK(png_get_bit_depth(png, info) == 8 && png_get_color_type(png, info) == PNG_COLOR_TYPE_RGB,
+             path, ": expected 8-bit RGB");
+  img.rgb.resize(size_t(img.width) * size_t(img.height) * 3);
+  for (int y = 0; y < img.height; ++y)
+    png_read_row(png, img.rgb.data() + size_t(y) * size_t(img.width) * 3, nullptr);
+  png_read_end(png, info);
+  png_textp chunks = nullptr;
+  const int n = png_get_text(png, info, &chunks, nullptr);
+  for (int i = 0; i < n; ++i) img.text.emplace_back(chunks[i].key, chunks[i].text);
+  png_destroy_info_struct(png, &info);
+  return img;
+}
+
+}  // namespace apus

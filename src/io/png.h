@@ -1,0 +1,20 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace apus {
+
+// 8-bit RGB, rows top to bottom; `text` becomes tEXt chunks (A1111 reads "parameters").
+void write_png(const std::string& path, int width, int height, const std::vector<uint8_t>& rgb,
+               const std::vector<std::pair<std::string, std::string>>& text);
+
+struct PngImage {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;
+  std::vector<std::pair<std::string, std::string>> text;
+};
+PngImage read_png(const std::string& path);
+
+}  // namespace apus

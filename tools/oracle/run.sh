@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Regenerate the committed oracle fixtures under tests/fixtures/ with the official
+# diffusers/transformers implementation of FLUX.2 [klein].
+#
+#   tools/oracle/run.sh                 # venv in build/oracle-venv (created/reused)
+#   APUS_ORACLE_VENV=/path tools/oracle/run.sh
+#   tools/oracle/run.sh --only-tokenizer
+#
+# Needs python3 (3.11 was used) and PyPI access for the first install (torch pulls its
+# CUDA runtime wheels from PyPI, ~3 GB; nothing runs on a GPU). CPU only, single thread,
+# takes ~10 s once the venv exists. Output is byte-for-byte deterministic.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+VENV="${APUS_ORACLE_VENV:-$REPO/build/oracle-venv}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "oracle: creating venv $VENV" >&2
+    "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$HERE/requirements.txt"
+
+export PYTHONHASHSEED=0 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+"$VENV/bin/python" "$HERE/make_klein_fixtures.py" --out "$REPO/tests/fixtures" "$@"
+# torch CPU randn fixtures (tests/fixtures/torch_randn.*), when that generator is present
+if [ -f "$HERE/make_rng_fixtures.py" ] && [ "$*" != "--only-tokenizer" ]; then
+    "$VENV/bin/python" "$HERE/make_rng_fixtures.py"
+fi
+# safetensors writes files 0600; make them readable like every other fixture
+find "$REPO/tests/fixtures" -type f -exec chmod 644 {} +
