@@ -1,0 +1,243 @@
+// Every CPU op against a plain double-precision reference, in both activation dtypes, on
+// fresh random inputs with poisoned outputs (in the spirit of ggml's test-backend-ops).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+// Per-op bound on relative L2 error. fp32: accumulation-order noise only. bf16: the output is
+// rounded once (2^-9 relative) plus the reference's own intermediate roundings, a few ulps.
+double bound(DType dt) { return dt == DType::f32 ? 2e-6 : 8.0 / 256.0; }
+
+class Ops : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { ctx = Context{&arena, GetParam()}; }
+  // Fresh random values, stored in `dt`; returns the tensor and the values it really holds.
+  Tensor random(Shape s, std::vector<double>* held, float scale = 1.0f, DType dt = DType(255)) {
+    if (dt == DType(255)) dt = ctx.act;
+    Tensor t = Tensor::heap(std::move(s), dt);
+    std::normal_distribution<float> dist(0.0f, scale);
+    held->resize(size_t(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const float v = dist(rng);
+      if (dt == DType::bf16) t.ptr<uint16_t>()[i] = f32_to_bf16(v);
+      else t.ptr<float>()[i] = v;
+      (*held)[size_t(i)] = load_f32(t, i);
+    }
+    return t;
+  }
+  Tensor poisoned(Shape s) {
+    Tensor t = Tensor::heap(std::move(s), ctx.act);
+    std::memset(t.data, 0xff, t.nbytes());  // NaN in f32 and bf16
+    return t;
+  }
+  void check(const Tensor& out, const std::vector<double>& want, const char* op) {
+    const auto got = to_f32_vector(out);
+    std::vector<float> w(want.begin(), want.end());
+    for (float g : got) ASSERT_TRUE(std::isfinite(g)) << op << ": output left unwritten or NaN";
+    const double err = test::rel_l2(got, w);
+    EXPECT_LT(err, bound(ctx.act)) << op << " rel L2 " << err;
+  }
+  std::mt19937 rng{std::random_device{}()};
+  Arena arena;
+  Context ctx;
+};
+
+TEST_P(Ops, LinearWithBiasAndViews) {
+  std::vector<double> x, w, b;
+  const int64_t m = 37, k = 70, n = 45;
+  Tensor xt = random({m, k + 9}, &x);  // x is a column view of a wider tensor
+  Tensor wt = random({n, k}, &w, 0.1f, DType::bf16);
+  Tensor bt = random({n}, &b, 1.0f, DType::bf16);
+  Tensor yt = poisoned({m, n + 5});
+  Tensor xv = xt.cols(9, 9 + k), yv = yt.cols(5, 5 + n);
+  ops::linear(ctx, xv, wt, &bt, yv);
+  std::vector<double> want(size_t(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = b[size_t(j)];
+      for (int64_t q = 0; q < k; ++q) s += x[size_t(i * (k + 9) + 9 + q)] * w[size_t(j * k + q)];
+      want[size_t(i * n + j)] = s;
+    }
+  Tensor packed = Tensor::heap({m, n}, ctx.act);
+  ops::copy(ctx, yv, packed);
+  check(packed, want, "linear");
+}
+
+TEST_P(Ops, LayerNormModulate) {
+  std::vector<double> x, sh, sc;
+  const int64_t m = 9, d = 96;
+  Tensor xt = random({m, d}, &x, 3.0f), sht = random({1, d}, &sh), sct = random({1, d}, &sc, 0.5f);
+  Tensor yt = poisoned({m, d});
+  ops::layer_norm_modulate(ctx, xt, sht, sct, yt, 1e-6f);
+  std::vector<double> want(x.size());
+  for (int64_t i = 0; i < m; ++i) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < d; ++j) mean += x[size_t(i * d + j)] / d;
+    for (int64_t j = 0; j < d; ++j) var += std::pow(x[size_t(i * d + j)] - mean, 2) / d;
+    for (int64_t j = 0; j < d; ++j)
+      want[size_t(i * d + j)] = (x[size_t(i * d + j)] - mean) / std::sqrt(var + 1e-6) * (1 + sc[j]) + sh[j];
+  }
+  check(yt, want, "layer_norm_modulate");
+}
+
+TEST_P(Ops, RmsNormPerHeadBothRoundingModes) {
+  for (bool round_first : {false, true}) {
+    std::vector<double> x, w;
+    const int64_t m = 11, g = 16, d = 4 * g;
+    Tensor xt = random({m, d}, &x, 2.0f), wt = random({g}, &w, 1.0f, DType::bf16);
+    Tensor yt = poisoned({m, d});
+    ops::rms_norm(ctx, xt, wt, yt, 1e-6f, g, round_first);
+    std::vector<double> want(x.size());
+    for (int64_t i = 0; i < m * d; i += g) {
+      double ss = 0;
+      for (int64_t j = 0; j < g; ++j) ss += x[size_t(i + j)] * x[size_t(i + j)] / g;
+      for (int64_t j = 0; j < g; ++j) want[size_t(i + j)] = x[size_t(i + j)] / std::sqrt(ss + 1e-6) * w[j];
+    }
+    check(yt, want, "rms_norm");
+  }
+}
+
+TEST_P(Ops, RopeBothStyles) {
+  for (auto style : {ops::RopeStyle::interleaved, ops::RopeStyle::half}) {
+    std::vector<double> x, dummy;
+    const int64_t s = 7, hd = 16, half = hd / 2, d = 3 * hd;
+    Tensor xt = random({s, d}, &x);
+    Tensor cos = Tensor::heap({s, half}, DType::f32), sin = Tensor::heap({s, half}, DType::f32);
+    for (int64_t i = 0; i < s * half; ++i) {
+      const double a = double(rng() % 1000) / 100.0;
+      cos.ptr<float>()[i] = float(std::cos(a));
+      sin.ptr<float>()[i] = float(std::sin(a));
+    }
+    std::vector<double> want(x.size());
+    for (int64_t r = 0; r < s; ++r)
+      for (int64_t h = 0; h < d; h += hd)
+        for (int64_t j = 0; j < half; ++j) {
+          const int64_t i0 = style == ops::RopeStyle::interleaved ? 2 * j : j;
+          const int64_t i1 = style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half;
+          const double c = cos.ptr<float>()[r * half + j], sn = sin.ptr<float>()[r * half + j];
+          const double x0 = x[size_t(r * d + h + i0)], x1 = x[size_t(r * d + h + i1)];
+          want[size_t(r * d + h + i0)] = x0 * c - x1 * sn;
+          want[size_t(r * d + h + i1)] = x1 * c + x0 * sn;
+        }
+    ops::rope(ctx, xt, cos, sin, hd, style);
+    check(xt, want, "rope");
+  }
+}
+
+TEST_P(Ops, AttentionCausalPaddedGrouped) {
+  std::vector<double> q, k, v;
+  const int64_t s = 300, d = 16, hq = 4, hk = 2;  // 300 rows cross the 256-row query block
+  Tensor qt = random({s, hq * d}, &q), kt = random({s, hk * d}, &k), vt = random({s, hk * d}, &v);
+  std::vector<int64_t> valid(size_t(s), 1);
+  for (int64_t j = 250; j < s; ++j) valid[size_t(j)] = 0;
+  Tensor ot = poisoned({s, hq * d});
+  const float scale = 0.25f;
+  ops::attention(ctx, qt, kt, vt, ot, d, scale, {true, valid.data()});
+  std::vector<double> want(size_t(s * hq * d));
+  for (int64_t h = 0; h < hq; ++h) {
+    const int64_t g = h / (hq / hk);
+    for (int64_t i = 0; i < s; ++i) {
+      std::vector<double> p(size_t(s), 0.0);
+      double mx = -1e300, sum = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        if (!valid[size_t(j)]) continue;
+        double dot = 0;
+        for (int64_t e = 0; e < d; ++e) dot += q[size_t(i * hq * d + h * d + e)] * k[size_t(j * hk * d + g * d + e)];
+        p[size_t(j)] = dot * scale;
+        mx = std::max(mx, p[size_t(j)]);
+      }
+      for (int64_t j = 0; j <= i; ++j)
+        if (valid[size_t(j)]) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+      for (int64_t e = 0; e < d; ++e) {
+        double o = 0;
+        for (int64_t j = 0; j <= i; ++j)
+          if (valid[size_t(j)]) o += p[size_t(j)] / sum * v[size_t(j * hk * d + g * d + e)];
+        want[size_t(i * hq * d + h * d + e)] = o;
+      }
+    }
+  }
+  check(ot, want, "attention");
+}
+
+TEST_P(Ops, SiluMulAndGatedAdd) {
+  std::vector<double> a, b, x, y, g;
+  const int64_t m = 13, f = 40;
+  Tensor at = random({m, f}, &a, 2.0f), bt = random({m, f}, &b);
+  Tensor out = poisoned({m, f});
+  ops::silu_mul(ctx, at, bt, out);
+  std::vector<double> want(a.size());
+  for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] / (1 + std::exp(-a[i])) * b[i];
+  check(out, want, "silu_mul");
+
+  Tensor xt = random({m, f}, &x), yt = random({m, f}, &y), gt = random({1, f}, &g);
+  ops::add_gated(ctx, xt, yt, &gt);
+  for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] + g[i % size_t(f)] * y[i];
+  check(xt, want, "add_gated");
+}
+
+TEST_P(Ops, Conv2dGroupNormUpsample) {
+  std::vector<double> x, w, b, gw, gb;
+  const int64_t ci = 8, co = 6, h = 9, wd = 7;
+  Tensor xt = random({1, ci, h, wd}, &x);
+  Tensor wt = random({co, ci, 3, 3}, &w, 0.2f, DType::bf16), bt = random({co}, &b, 1.0f, DType::bf16);
+  for (int64_t stride : {1, 2}) {
+    const int64_t ho = (h + 2 - 3) / stride + 1, wo = (wd + 2 - 3) / stride + 1;
+    Tensor yt = poisoned({1, co, ho, wo});
+    ops::conv2d(ctx, xt, wt, &bt, yt, stride, 1);
+    std::vector<double> want(size_t(co * ho * wo));
+    for (int64_t o = 0; o < co; ++o)
+      for (int64_t r = 0; r < ho; ++r)
+        for (int64_t c = 0; c < wo; ++c) {
+          double s = b[size_t(o)];
+          for (int64_t i = 0; i < ci; ++i)
+            for (int64_t kr = 0; kr < 3; ++kr)
+              for (int64_t kc = 0; kc < 3; ++kc) {
+                const int64_t rr = r * stride + kr - 1, cc = c * stride + kc - 1;
+                if (rr < 0 || rr >= h || cc < 0 || cc >= wd) continue;
+                s += x[size_t((i * h + rr) * wd + cc)] * w[size_t(((o * ci + i) * 3 + kr) * 3 + kc)];
+              }
+          want[size_t((o * ho + r) * wo + c)] = s;
+        }
+    check(yt, want, "conv2d");
+  }
+
+  const int64_t groups = 4, per = ci / groups;
+  Tensor gwt = random({ci}, &gw, 1.0f, DType::bf16), gbt = random({ci}, &gb, 1.0f, DType::bf16);
+  Tensor gn = poisoned({1, ci, h, wd});
+  ops::group_norm(ctx, xt, gwt, gbt, gn, groups, 1e-6f, true);
+  std::vector<double> want(x.size());
+  for (int64_t g = 0; g < groups; ++g) {
+    const size_t begin = size_t(g * per * h * wd), n = size_t(per * h * wd);
+    double mean = 0, var = 0;
+    for (size_t i = 0; i < n; ++i) mean += x[begin + i] / double(n);
+    for (size_t i = 0; i < n; ++i) var += std::pow(x[begin + i] - mean, 2) / double(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t ch = size_t(g * per) + i / size_t(h * wd);
+      const double y = (x[begin + i] - mean) / std::sqrt(var + 1e-6) * gw[ch] + gb[ch];
+      want[begin + i] = y / (1 + std::exp(-y));
+    }
+  }
+  check(gn, want, "group_norm+silu");
+
+  Tensor up = poisoned({1, ci, 2 * h, 2 * wd});
+  ops::upsample_nearest2x(ctx, xt, up);
+  std::vector<double> upw(size_t(up.numel()));
+  for (int64_t c = 0; c < ci; ++c)
+    for (int64_t r = 0; r < 2 * h; ++r)
+      for (int64_t q = 0; q < 2 * wd; ++q)
+        upw[size_t((c * 2 * h + r) * 2 * wd + q)] = x[size_t((c * h + r / 2) * wd + q / 2)];
+  check(up, upw, "upsample_nearest2x");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, Ops, ::testing::Values(DType::f32, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace apus
