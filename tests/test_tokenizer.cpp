@@ -33,7 +33,8 @@ const json& cases() {
 }
 
 const BpeTokenizer& tokenizer() {
-  static const BpeTokenizer tok = BpeTokenizer::load(fixture(cases()["tokenizer"].get<std::string>()));
+  static const BpeTokenizer tok =
+      BpeTokenizer::load(fixture(cases()["tokenizer"].get<std::string>()));
   return tok;
 }
 
@@ -64,7 +65,8 @@ TEST(Tokenizer, EncodeMatchesHuggingFace) {
   ASSERT_FALSE(cases()["cases"].empty());
   for (const json& c : cases()["cases"]) {
     const auto text = c["text"].get<std::string>();
-    EXPECT_EQ(tokenizer().encode(text), c["ids"].get<std::vector<int32_t>>()) << "text: " << json(text).dump();
+    EXPECT_EQ(tokenizer().encode(text), c["ids"].get<std::vector<int32_t>>())
+        << "text: " << json(text).dump();
   }
 }
 
@@ -91,7 +93,8 @@ TEST(Tokenizer, DecodeRoundTrip) {
     const std::string decoded = tokenizer().decode(ids);
     // Decoding yields the NFC form, which re-encodes to the same ids.
     EXPECT_EQ(tokenizer().encode(decoded), ids) << "text: " << json(text).dump();
-    const bool ascii = std::all_of(text.begin(), text.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x80; });
+    const bool ascii = std::all_of(text.begin(), text.end(),
+                                   [](char ch) { return static_cast<unsigned char>(ch) < 0x80; });
     if (ascii) {
       EXPECT_EQ(decoded, text);
     }
@@ -127,7 +130,8 @@ TEST(KleinPrompt, MatchesPipeline) {
     std::vector<int32_t> mask;
     const std::vector<int32_t> ids = encode_klein_prompt(tokenizer(), prompt, max_length, &mask);
     EXPECT_EQ(ids, c["input_ids"].get<std::vector<int32_t>>()) << "prompt: " << json(prompt).dump();
-    EXPECT_EQ(mask, c["attention_mask"].get<std::vector<int32_t>>()) << "prompt: " << json(prompt).dump();
+    EXPECT_EQ(mask, c["attention_mask"].get<std::vector<int32_t>>())
+        << "prompt: " << json(prompt).dump();
     EXPECT_EQ(encode_klein_prompt(tokenizer(), prompt, max_length, nullptr), ids);
   }
 }
@@ -136,13 +140,32 @@ TEST(KleinPrompt, RejectsNonPositiveLength) {
   EXPECT_THROW(encode_klein_prompt(tokenizer(), "a cat", 0, nullptr), Error);
 }
 
+TEST(TokenizerLoad, NormalizedAddedTokenMatchesAfterNfc) {
+  // Qwen's added tokens are all normalized=false; this covers the HF path where a token is matched
+  // against the normalized text, so both spellings of "café" hit it.
+  json doc = read_json_file(fixture(cases()["tokenizer"].get<std::string>()));
+  const int32_t id = 100000;
+  doc["added_tokens"].push_back({{"id", id},
+                                 {"content", "cafe\u0301"},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", true},
+                                 {"special", false}});
+  const BpeTokenizer tok = BpeTokenizer::load(write_temp("apus_normalized_added.json", doc.dump()));
+  EXPECT_EQ(tok.encode("caf\u00e9"), std::vector<int32_t>{id});
+  EXPECT_EQ(tok.encode("cafe\u0301"), std::vector<int32_t>{id});
+  EXPECT_EQ(tok.token_id("cafe\u0301"), id);
+}
+
 TEST(TokenizerLoad, MissingFileNamesTheFile) {
   const std::string path = fixture("no_such_dir/tokenizer.json");
   EXPECT_NE(load_error(path).find(path), std::string::npos) << load_error(path);
 }
 
 TEST(TokenizerLoad, MalformedJsonNamesTheFile) {
-  const std::string path = write_temp("apus_malformed_tokenizer.json", "{\"model\": {\"type\": \"BPE\", ");
+  const std::string path =
+      write_temp("apus_malformed_tokenizer.json", "{\"model\": {\"type\": \"BPE\", ");
   const std::string message = load_error(path);
   EXPECT_NE(message.find(path), std::string::npos) << message;
 }
@@ -159,7 +182,8 @@ TEST(TokenizerLoad, UnsupportedSettingsNameFileAndField) {
       {"/decoder", json{{"type", "WordPiece"}}, "decoder.type"},
   };
   for (const auto& [pointer, value, field] : variants) {
-    const std::string path = write_temp("apus_unsupported_tokenizer.json", with_field(pointer, value));
+    const std::string path =
+        write_temp("apus_unsupported_tokenizer.json", with_field(pointer, value));
     const std::string message = load_error(path);
     EXPECT_NE(message.find(path), std::string::npos) << pointer << ": " << message;
     EXPECT_NE(message.find(field), std::string::npos) << pointer << ": " << message;

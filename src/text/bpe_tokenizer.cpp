@@ -64,7 +64,8 @@ char32_t decode_code_point(std::string_view s, size_t i, size_t length) {
   const auto b0 = static_cast<unsigned char>(s[i]);
   if (length == 1) return b0;
   char32_t cp = b0 & (0x7F >> length);
-  for (size_t k = 1; k < length; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  for (size_t k = 1; k < length; ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
   return cp;
 }
 
@@ -91,7 +92,7 @@ void append_utf8(std::string& out, char32_t cp) {
 // Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to U+0100.. so that
 // every byte has a visible, non-whitespace symbol in the vocabulary.
 struct ByteLevelAlphabet {
-  std::array<std::string, 256> symbol;  // UTF-8 of the code point standing for each byte
+  std::array<std::string, 256> symbol;    // UTF-8 of the code point standing for each byte
   std::array<int16_t, 256 + 68> byte_of;  // inverse, indexed by code point; -1 where none
 
   ByteLevelAlphabet() {
@@ -99,7 +100,8 @@ struct ByteLevelAlphabet {
     int shifted = 0;
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-      const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + shifted++);
+      const char32_t cp =
+          printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + shifted++);
       append_utf8(symbol[b], cp);
       byte_of[cp] = static_cast<int16_t>(b);
     }
@@ -120,12 +122,10 @@ class AddedMatcher {
   void add(std::string_view content, int32_t id) {
     auto& bucket = by_first_byte_[static_cast<unsigned char>(content[0])];
     bucket.push_back({std::string(content), id});
-    std::stable_sort(bucket.begin(), bucket.end(),
-                     [](const Entry& a, const Entry& b) { return a.content.size() > b.content.size(); });
-    empty_ = false;
+    std::stable_sort(bucket.begin(), bucket.end(), [](const Entry& a, const Entry& b) {
+      return a.content.size() > b.content.size();
+    });
   }
-
-  bool empty() const { return empty_; }
 
   // Pushes the id of each match into `ids` and hands the text between matches to `on_text`,
   // in order.
@@ -161,7 +161,6 @@ class AddedMatcher {
   }
 
   std::array<std::vector<Entry>, 256> by_first_byte_;
-  bool empty_ = true;
 };
 
 // --- JSON helpers --------------------------------------------------------------------------------
@@ -183,7 +182,8 @@ bool is_null_or_missing(const json& obj, const char* key) {
 
 std::string type_name(const json& node) {
   if (node.is_null()) return "null";
-  if (node.is_object() && node.contains("type") && node["type"].is_string()) return node["type"].get<std::string>();
+  if (node.is_object() && node.contains("type") && node["type"].is_string())
+    return node["type"].get<std::string>();
   return "<no type>";
 }
 
@@ -206,24 +206,31 @@ std::string pcre2_message(int code) {
   return reinterpret_cast<const char*>(buffer);
 }
 
-// HF compiles the pattern with Oniguruma, whose \s is exactly Unicode White_Space. PCRE2's \s
-// (UCP mode) also matches U+180E MONGOLIAN VOWEL SEPARATOR, which changes how text around that
-// character splits, so \s and \S are spelled out as the White_Space set before compiling.
-// Returns false for \S inside a character class, which a PCRE2 class cannot express.
-bool spell_out_whitespace(std::string_view pattern, std::string& out) {
+// HF compiles the pattern with Oniguruma; PCRE2 reads the same syntax except for a few escapes.
+// Oniguruma's \s is exactly Unicode White_Space, while PCRE2's (UCP mode) also matches U+180E
+// MONGOLIAN VOWEL SEPARATOR, which changes how text around that character splits, so \s and \S
+// are spelled out as the White_Space set. Escapes whose meanings differ in ways a rewrite cannot
+// fix
+// (\w and \b follow different "word" sets; \h is a hex digit in Oniguruma) are refused, and so
+// are the ^ and $ anchors, whose line semantics differ between the two engines' defaults.
+// Returns "" on success, else what is unsupported.
+std::string onig_to_pcre2(std::string_view pattern, std::string& out) {
   constexpr std::string_view kWhiteSpace =
-      "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
+      "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}"
+      "\\x{3000}";
+  constexpr std::string_view kRefused = "wWbBhH";
   bool in_class = false;
   for (size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '\\' && i + 1 < pattern.size()) {
       const char escaped = pattern[++i];
+      if (kRefused.find(escaped) != std::string_view::npos) return std::string("\\") + escaped;
       if (escaped == 's') {
         if (!in_class) out += '[';
         out += kWhiteSpace;
         if (!in_class) out += ']';
       } else if (escaped == 'S') {
-        if (in_class) return false;
+        if (in_class) return "\\S inside a character class";
         out += "[^";
         out += kWhiteSpace;
         out += ']';
@@ -233,6 +240,7 @@ bool spell_out_whitespace(std::string_view pattern, std::string& out) {
       }
       continue;
     }
+    if (!in_class && (c == '^' || c == '$')) return std::string("the ") + c + " anchor";
     out += c;
     if (!in_class && c == '[') {
       in_class = true;
@@ -243,7 +251,7 @@ bool spell_out_whitespace(std::string_view pattern, std::string& out) {
       in_class = false;
     }
   }
-  return true;
+  return "";
 }
 
 uint64_t pair_key(int32_t left, int32_t right) {
@@ -251,7 +259,8 @@ uint64_t pair_key(int32_t left, int32_t right) {
 }
 
 std::string read_file(const std::string& path) {
-  APUS_CHECK(!std::filesystem::is_directory(path), path, ": is a directory, expected a tokenizer.json file");
+  APUS_CHECK(!std::filesystem::is_directory(path), path,
+             ": is a directory, expected a tokenizer.json file");
   std::ifstream in(path, std::ios::binary);
   APUS_CHECK(in, path, ": cannot open tokenizer file");
   std::ostringstream contents;
@@ -262,16 +271,17 @@ std::string read_file(const std::string& path) {
 
 void check_pipeline_ends(const json& root, const std::string& path) {
   const json& decoder = member(root, "decoder");
-  APUS_CHECK(type_name(decoder) == "ByteLevel", path, ": unsupported decoder.type '", type_name(decoder),
-             "' (supported: ByteLevel)");
+  APUS_CHECK(type_name(decoder) == "ByteLevel", path, ": unsupported decoder.type '",
+             type_name(decoder), "' (supported: ByteLevel)");
   // encode_klein_prompt relies on the post-processor adding no tokens, as ByteLevel does.
   const json& post = member(root, "post_processor");
-  APUS_CHECK(post.is_null() || type_name(post) == "ByteLevel", path, ": unsupported post_processor.type '",
-             type_name(post), "' (supported: ByteLevel or null)");
+  APUS_CHECK(post.is_null() || type_name(post) == "ByteLevel", path,
+             ": unsupported post_processor.type '", type_name(post),
+             "' (supported: ByteLevel or null)");
   APUS_CHECK(is_null_or_missing(root, "truncation"), path, ": unsupported truncation ",
              member(root, "truncation").dump(), " (only null is supported)");
-  APUS_CHECK(is_null_or_missing(root, "padding"), path, ": unsupported padding ", member(root, "padding").dump(),
-             " (only null is supported)");
+  APUS_CHECK(is_null_or_missing(root, "padding"), path, ": unsupported padding ",
+             member(root, "padding").dump(), " (only null is supported)");
 }
 
 }  // namespace
@@ -304,8 +314,8 @@ struct BpeTokenizer::Impl {
   std::unordered_map<uint64_t, Merge> merges;
   std::array<int32_t, 256> byte_ids{};  // -1: byte absent from the vocabulary, dropped like HF
   bool ignore_merges = false;
-  // HF's NFC (crate unicode-normalization-alignments) uses Unicode 9.0 tables. Restricting ICU's NFC
-  // to characters assigned by 9.0 reproduces that: later characters were unassigned then, hence
+  // HF's NFC (crate unicode-normalization-alignments) uses Unicode 9.0 tables. Restricting ICU's
+  // NFC to characters assigned by 9.0 reproduces that: later characters were unassigned then, hence
   // ccc=0 starters that nothing composes with, which is how the filter treats them.
   std::unique_ptr<icu::UnicodeSet> unicode9;
   std::unique_ptr<icu::FilteredNormalizer2> nfc;  // declared after its set, destroyed before it
@@ -317,7 +327,7 @@ struct BpeTokenizer::Impl {
   void configure_pre_tokenizer(const json& root, const std::string& path);
   void configure_model(const json& root, const std::string& path);
   void configure_added_tokens(const json& root, const std::string& path);
-  void build_reverse_vocab();
+  void set_token_text(int32_t id, const std::string& text);
 
   const Merge* find_merge(int32_t left, int32_t right) const {
     const auto it = merges.find(pair_key(left, right));
@@ -326,8 +336,8 @@ struct BpeTokenizer::Impl {
 
   std::string normalize(std::string_view text) const {
     if (!nfc) return std::string(text);
-    APUS_CHECK(text.size() <= INT32_MAX, "text to encode is too long for NFC normalization (", text.size(),
-               " bytes)");
+    APUS_CHECK(text.size() <= INT32_MAX, "text to encode is too long for NFC normalization (",
+               text.size(), " bytes)");
     UErrorCode status = U_ZERO_ERROR;
     const icu::StringPiece piece(text.data(), static_cast<int32_t>(text.size()));
     if (nfc->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) return std::string(text);
@@ -345,8 +355,8 @@ struct BpeTokenizer::Impl {
     size_t emitted = 0;
     size_t search = 0;
     while (search < text.size()) {
-      const int rc =
-          pcre2_match(split_regex.get(), subject, text.size(), search, PCRE2_NO_UTF_CHECK, ws.match.get(), nullptr);
+      const int rc = pcre2_match(split_regex.get(), subject, text.size(), search,
+                                 PCRE2_NO_UTF_CHECK, ws.match.get(), nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       APUS_CHECK(rc >= 0, "pre-tokenizer regex failed: ", pcre2_message(rc));
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(ws.match.get());
@@ -400,7 +410,8 @@ struct BpeTokenizer::Impl {
         std::push_heap(heap.begin(), heap.end(), later);
       }
     };
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) push(static_cast<int32_t>(i), symbols[i].id, symbols[i + 1].id);
+    for (size_t i = 0; i + 1 < symbols.size(); ++i)
+      push(static_cast<int32_t>(i), symbols[i].id, symbols[i + 1].id);
 
     while (!heap.empty()) {
       std::pop_heap(heap.begin(), heap.end(), later);
@@ -426,7 +437,8 @@ void BpeTokenizer::Impl::configure_normalizer(const json& root, const std::strin
   const json& normalizer = member(root, "normalizer");
   if (normalizer.is_null()) return;
   const std::string type = type_name(normalizer);
-  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type, "' (supported: NFC or null)");
+  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type,
+             "' (supported: NFC or null)");
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* full_nfc = icu::Normalizer2::getNFCInstance(status);
   unicode9 = std::make_unique<icu::UnicodeSet>(icu::UnicodeString("[:age=9.0:]", ""), status);
@@ -435,45 +447,55 @@ void BpeTokenizer::Impl::configure_normalizer(const json& root, const std::strin
   nfc = std::make_unique<icu::FilteredNormalizer2>(*full_nfc, *unicode9);
 }
 
-// Accepts exactly the Qwen2/GPT-4-style layout: Sequence[Split(Regex, Isolated), ByteLevel(no regex)].
+// Accepts exactly the Qwen2/GPT-4-style layout: Sequence[Split(Regex, Isolated), ByteLevel(no
+// regex)].
 void BpeTokenizer::Impl::configure_pre_tokenizer(const json& root, const std::string& path) {
-  const char* expected = " (supported: Sequence[Split(Regex, Isolated), ByteLevel(add_prefix_space=false, "
-                         "use_regex=false)])";
+  const char* expected =
+      " (supported: Sequence[Split(Regex, Isolated), ByteLevel(add_prefix_space=false, "
+      "use_regex=false)])";
   const json& pre = member(root, "pre_tokenizer");
-  APUS_CHECK(type_name(pre) == "Sequence", path, ": unsupported pre_tokenizer.type '", type_name(pre), "'",
-             expected);
+  APUS_CHECK(type_name(pre) == "Sequence", path, ": unsupported pre_tokenizer.type '",
+             type_name(pre), "'", expected);
   const json& steps = member(pre, "pretokenizers");
   APUS_CHECK(steps.is_array() && steps.size() == 2, path,
-             ": unsupported pre_tokenizer.pretokenizers (need exactly Split then ByteLevel)", expected);
+             ": unsupported pre_tokenizer.pretokenizers (need exactly Split then ByteLevel)",
+             expected);
 
   const json& split = steps[0];
-  APUS_CHECK(type_name(split) == "Split", path, ": unsupported pre_tokenizer.pretokenizers[0].type '",
-             type_name(split), "'", expected);
+  APUS_CHECK(type_name(split) == "Split", path,
+             ": unsupported pre_tokenizer.pretokenizers[0].type '", type_name(split), "'",
+             expected);
   const json& pattern = member(member(split, "pattern"), "Regex");
-  APUS_CHECK(pattern.is_string(), path,
-             ": unsupported pre_tokenizer.pretokenizers[0].pattern (only {\"Regex\": ...} is supported)");
+  APUS_CHECK(
+      pattern.is_string(), path,
+      ": unsupported pre_tokenizer.pretokenizers[0].pattern (only {\"Regex\": ...} is supported)");
   APUS_CHECK(member(split, "behavior") == "Isolated", path,
-             ": unsupported pre_tokenizer.pretokenizers[0].behavior ", member(split, "behavior").dump(),
-             " (supported: Isolated)");
-  APUS_CHECK(!is_true(split, "invert"), path, ": unsupported pre_tokenizer.pretokenizers[0].invert=true");
+             ": unsupported pre_tokenizer.pretokenizers[0].behavior ",
+             member(split, "behavior").dump(), " (supported: Isolated)");
+  APUS_CHECK(!is_true(split, "invert"), path,
+             ": unsupported pre_tokenizer.pretokenizers[0].invert=true");
 
   const json& byte_level = steps[1];
-  APUS_CHECK(type_name(byte_level) == "ByteLevel", path, ": unsupported pre_tokenizer.pretokenizers[1].type '",
-             type_name(byte_level), "'", expected);
+  APUS_CHECK(type_name(byte_level) == "ByteLevel", path,
+             ": unsupported pre_tokenizer.pretokenizers[1].type '", type_name(byte_level), "'",
+             expected);
   APUS_CHECK(!is_true(byte_level, "add_prefix_space"), path,
              ": unsupported pre_tokenizer.pretokenizers[1].add_prefix_space=true");
   APUS_CHECK(!is_true(byte_level, "use_regex"), path,
              ": unsupported pre_tokenizer.pretokenizers[1].use_regex=true");
 
   std::string regex;
-  APUS_CHECK(spell_out_whitespace(pattern.get<std::string>(), regex), path,
-             ": unsupported pre_tokenizer.pretokenizers[0].pattern (\\S inside a character class)");
+  const std::string unsupported = onig_to_pcre2(pattern.get<std::string>(), regex);
+  APUS_CHECK(unsupported.empty(), path,
+             ": unsupported pre_tokenizer.pretokenizers[0].pattern (uses ", unsupported, ")");
   int error = 0;
   PCRE2_SIZE offset = 0;
-  split_regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(regex.data()), regex.size(), PCRE2_UTF | PCRE2_UCP,
-                                    &error, &offset, nullptr));
-  APUS_CHECK(split_regex, path, ": pre_tokenizer.pretokenizers[0].pattern does not compile: ", pcre2_message(error));
-  // JIT is only a speed-up; without it (e.g. unsupported CPU) matching falls back to the interpreter.
+  split_regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(regex.data()), regex.size(),
+                                  PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr));
+  APUS_CHECK(split_regex, path,
+             ": pre_tokenizer.pretokenizers[0].pattern does not compile: ", pcre2_message(error));
+  // JIT is only a speed-up; without it (e.g. unsupported CPU) matching falls back to the
+  // interpreter.
   pcre2_jit_compile(split_regex.get(), PCRE2_JIT_COMPLETE);
 }
 
@@ -485,9 +507,10 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
              member(model, "dropout").dump(), " (only null is supported)");
   APUS_CHECK(!is_true(model, "byte_fallback"), path, ": unsupported model.byte_fallback=true");
   APUS_CHECK(is_null_or_empty(model, "continuing_subword_prefix"), path,
-             ": unsupported model.continuing_subword_prefix ", member(model, "continuing_subword_prefix").dump());
-  APUS_CHECK(is_null_or_empty(model, "end_of_word_suffix"), path, ": unsupported model.end_of_word_suffix ",
-             member(model, "end_of_word_suffix").dump());
+             ": unsupported model.continuing_subword_prefix ",
+             member(model, "continuing_subword_prefix").dump());
+  APUS_CHECK(is_null_or_empty(model, "end_of_word_suffix"), path,
+             ": unsupported model.end_of_word_suffix ", member(model, "end_of_word_suffix").dump());
   ignore_merges = is_true(model, "ignore_merges");
 
   const json& vocab_json = member(model, "vocab");
@@ -498,6 +521,7 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
     APUS_CHECK(value >= 0 && value <= INT32_MAX, path, ": model.vocab id ", value, " of '", token,
                "' is out of range");
     vocab.emplace(token, static_cast<int32_t>(value));
+    set_token_text(static_cast<int32_t>(value), token);
   }
 
   for (int b = 0; b < 256; ++b) {
@@ -509,7 +533,8 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
   if (!is_null_or_missing(model, "unk_token")) {
     for (int b = 0; b < 256; ++b) {
       APUS_CHECK(byte_ids[b] >= 0, path, ": model.unk_token is set but byte ", b, " (symbol '",
-                 alphabet().symbol[b], "') has no model.vocab entry (unknown-token fallback is not supported)");
+                 alphabet().symbol[b],
+                 "') has no model.vocab entry (unknown-token fallback is not supported)");
     }
   }
 
@@ -542,7 +567,7 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
     const int32_t merged = lookup(left + right, rank);
     // A repeated pair keeps its last rank, as HF's HashMap collection does.
     merges.insert_or_assign(pair_key(lookup(left, rank), lookup(right, rank)),
-                              Merge{static_cast<uint32_t>(rank), merged});
+                            Merge{static_cast<uint32_t>(rank), merged});
   }
 }
 
@@ -554,28 +579,30 @@ void BpeTokenizer::Impl::configure_added_tokens(const json& root, const std::str
     const json& token = added[i];
     auto content = token.at("content").get<std::string>();
     const auto id = token.at("id").get<int64_t>();
-    APUS_CHECK(id >= 0 && id <= INT32_MAX, path, ": added_tokens[", i, "].id ", id, " is out of range");
+    APUS_CHECK(id >= 0 && id <= INT32_MAX, path, ": added_tokens[", i, "].id ", id,
+               " is out of range");
     for (const char* option : {"lstrip", "rstrip", "single_word"}) {
-      APUS_CHECK(!is_true(token, option), path, ": unsupported added_tokens[", i, "].", option, "=true (token '",
-                 content, "')");
+      APUS_CHECK(!is_true(token, option), path, ": unsupported added_tokens[", i, "].", option,
+                 "=true (token '", content, "')");
     }
     if (content.empty()) continue;  // HF ignores empty added tokens
     added_ids[content] = static_cast<int32_t>(id);
     if (is_true(token, "normalized")) {
-      normalized_added.add(normalize(content), static_cast<int32_t>(id));
+      // HF decodes such a token from its normalized spelling too.
+      const std::string normalized = normalize(content);
+      normalized_added.add(normalized, static_cast<int32_t>(id));
+      set_token_text(static_cast<int32_t>(id), normalized);
     } else {
       raw_added.add(content, static_cast<int32_t>(id));
+      set_token_text(static_cast<int32_t>(id), content);
     }
   }
 }
 
-void BpeTokenizer::Impl::build_reverse_vocab() {
-  int32_t max_id = -1;
-  for (const auto& [token, id] : vocab) max_id = std::max(max_id, id);
-  for (const auto& [token, id] : added_ids) max_id = std::max(max_id, id);
-  id_to_token.assign(static_cast<size_t>(max_id) + 1, std::string());
-  for (const auto& [token, id] : vocab) id_to_token[id] = token;
-  for (const auto& [token, id] : added_ids) id_to_token[id] = token;
+void BpeTokenizer::Impl::set_token_text(int32_t id, const std::string& text) {
+  const auto index = static_cast<size_t>(id);
+  if (index >= id_to_token.size()) id_to_token.resize(index + 1);
+  id_to_token[index] = text;
 }
 
 BpeTokenizer::BpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -605,7 +632,6 @@ BpeTokenizer BpeTokenizer::load(const std::string& tokenizer_json_path) {
   } catch (const json::exception& e) {
     fail(path, ": unexpected tokenizer JSON structure: ", e.what());
   }
-  impl->build_reverse_vocab();
   return BpeTokenizer(std::move(impl));
 }
 
@@ -637,8 +663,9 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   const auto& byte_of = alphabet().byte_of;
   std::string bytes;
   for (const int32_t id : ids) {
-    APUS_CHECK(id >= 0 && static_cast<size_t>(id) < t.id_to_token.size() && !t.id_to_token[id].empty(),
-               "cannot decode token id ", id, ": not in the vocabulary");
+    APUS_CHECK(
+        id >= 0 && static_cast<size_t>(id) < t.id_to_token.size() && !t.id_to_token[id].empty(),
+        "cannot decode token id ", id, ": not in the vocabulary");
     const std::string& token = t.id_to_token[id];
     // HF's ByteLevel decoder maps a token back to bytes only if every character is in the byte
     // alphabet; otherwise (e.g. an added token containing a newline) the token's own UTF-8 is used.

@@ -17,8 +17,10 @@ constexpr float kNormEps = 1e-6f;
 float rounded(DType dt, float v) { return dt == DType::bf16 ? round_bf16(v) : v; }
 
 void store(Tensor& t, int64_t i, float v) {
-  if (t.dtype == DType::bf16) t.ptr<uint16_t>()[i] = f32_to_bf16(v);
-  else t.ptr<float>()[i] = v;
+  if (t.dtype == DType::bf16)
+    t.ptr<uint16_t>()[i] = f32_to_bf16(v);
+  else
+    t.ptr<float>()[i] = v;
 }
 
 // Leading part of a ping-pong buffer viewed with a smaller shape.
@@ -72,8 +74,7 @@ VaeDecoder VaeDecoder::load(const ModelDir& dir) {
   auto norm = [&](const std::string& p, int64_t ch) {
     return Norm{w.get(p + ".weight", {ch}), w.get(p + ".bias", {ch})};
   };
-  auto conv = [&](const std::string& p, int64_t out, int64_t in, int64_t k, Tensor& wt,
-                  Tensor& b) {
+  auto conv = [&](const std::string& p, int64_t out, int64_t in, int64_t k, Tensor& wt, Tensor& b) {
     wt = w.get(p + ".weight", {out, in, k, k});
     b = w.get(p + ".bias", {out});
   };
@@ -96,9 +97,14 @@ VaeDecoder VaeDecoder::load(const ModelDir& dir) {
     const std::string p = "decoder.mid_block.attentions.0.";
     Attention& a = m.mid_attn_;
     a.norm = norm(p + "group_norm", mid);
-    struct Linear { const char* name; Tensor* weight; Tensor* bias; };
-    for (const Linear& l : {Linear{"to_q", &a.q_w, &a.q_b}, Linear{"to_k", &a.k_w, &a.k_b},
-                            Linear{"to_v", &a.v_w, &a.v_b}, Linear{"to_out.0", &a.out_w, &a.out_b}}) {
+    struct Linear {
+      const char* name;
+      Tensor* weight;
+      Tensor* bias;
+    };
+    for (const Linear& l :
+         {Linear{"to_q", &a.q_w, &a.q_b}, Linear{"to_k", &a.k_w, &a.k_b},
+          Linear{"to_v", &a.v_w, &a.v_b}, Linear{"to_out.0", &a.out_w, &a.out_b}}) {
       *l.weight = w.get(p + l.name + ".weight", {mid, mid});
       *l.bias = w.get(p + l.name + ".bias", {mid});
     }
@@ -143,8 +149,8 @@ void VaeDecoder::unpack_latents(Context& c, const Tensor& packed, int64_t h, int
   for (int64_t t = 0; t < h * w; ++t) {
     const int64_t ty = t / w, tx = t % w;
     for (int64_t f = 0; f < pc; ++f) {
-      const float v = rounded(dt, rounded(dt, x[size_t(t * pc + f)] * std_dev[size_t(f)]) +
-                                      mean[size_t(f)]);
+      const float v =
+          rounded(dt, rounded(dt, x[size_t(t * pc + f)] * std_dev[size_t(f)]) + mean[size_t(f)]);
       const int64_t ch = f / (p * p), pi = (f / p) % p, pj = f % p;
       store(latents, (ch * lh + p * ty + pi) * lw + p * tx + pj, v);
     }
@@ -211,9 +217,9 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
                         Tensor& image) const {
   const int64_t s = cfg_.pixels_per_token();
   APUS_CHECK(image.shape == Shape({1, cfg_.out_channels, h * s, w * s}) && image.dtype == c.act,
-             "vae: image ", shape_str(image.shape), " ", dtype_name(image.dtype), " for a ", h,
-             "x", w, " token grid; expected [1, ", cfg_.out_channels, ", ", h * s, ", ", w * s,
-             "] ", dtype_name(c.act));
+             "vae: image ", shape_str(image.shape), " ", dtype_name(image.dtype), " for a ", h, "x",
+             w, " token grid; expected [1, ", cfg_.out_channels, ", ", h * s, ", ", w * s, "] ",
+             dtype_name(c.act));
   ArenaScope scope(*c.arena);
   const int64_t lh = cfg_.patch * h, lw = cfg_.patch * w, n = int64_t(cfg_.block_out.size());
   // Each stage reads one buffer and writes the other; stage scratch sits above both and is
@@ -280,8 +286,8 @@ void image_to_rgb8(const Tensor& image, std::vector<uint8_t>& rgb) {
     for (int64_t i = 0; i < hw; ++i) {
       // denormalize runs in the image's dtype: x * 0.5 + 0.5 as two rounded ops, then clamp.
       const float x = v[size_t(ch * hw + i)];
-      const float unit = std::clamp(rounded(image.dtype, rounded(image.dtype, x * 0.5f) + 0.5f),
-                                    0.0f, 1.0f);
+      const float unit =
+          std::clamp(rounded(image.dtype, rounded(image.dtype, x * 0.5f) + 0.5f), 0.0f, 1.0f);
       // Then numpy in float32: (x * 255).round() rounds halves to even, as nearbyint does.
       rgb[size_t(i * 3 + ch)] = uint8_t(std::nearbyint(unit * 255.0f));
     }

@@ -35,10 +35,13 @@ class VaeDecoder {
   void decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image) const;
 
  private:
-  struct Norm { Tensor weight, bias; };
+  struct Norm {
+    Tensor weight, bias;
+  };
   struct Resnet {
     Norm norm1, norm2;
-    Tensor conv1_w, conv1_b, conv2_w, conv2_b, shortcut_w, shortcut_b;  // shortcut: if channels change
+    Tensor conv1_w, conv1_b, conv2_w, conv2_b;
+    Tensor shortcut_w, shortcut_b;  // a 1x1 conv, only where the block changes the channel count
   };
   struct Attention {
     Norm norm;

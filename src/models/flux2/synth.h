@@ -1,0 +1,28 @@
+#pragma once
+// `apus synth`: checkpoints with the exact file layout of a published model (every file, tensor
+// name, dtype, shape and on-disk order) filled with seeded random weights, so the full-size
+// pipeline can be run and measured without a download.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace apus::flux2 {
+
+using SynthProgress = std::function<void(const std::string&)>;
+
+// Layout of black-forest-labs/FLUX.2-klein-4B: $APUS_DATA_DIR/flux2-klein-4b when that variable is
+// set, else data/flux2-klein-4b of the source tree this library was built from.
+std::string klein_4b_template_dir();
+
+// template_dir is either a layout folder (configs plus manifest.json, as under data/) or an existing
+// checkpoint, whose *.safetensors files are re-created with the same tensors in the same order.
+// Every other file is copied. Weights stream to disk in chunks; values are a pure function of
+// (seed, file, tensor, element), so a rerun reproduces the same bytes.
+// layout_only writes the headers and sizes each file without writing data (sparse on disk, reads
+// as zeros): the full-size layout for loader checks, costing no disk space.
+void synth_checkpoint(const std::string& template_dir, const std::string& out_dir, uint64_t seed,
+                      const SynthProgress& progress, bool layout_only = false);
+
+void synth_klein_4b(const std::string& out_dir, uint64_t seed, const SynthProgress& progress);
+
+}  // namespace apus::flux2

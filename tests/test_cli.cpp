@@ -1,0 +1,138 @@
+// The apus CLI end to end on the fixture models: the PNG, its metadata and its pixels, and
+// one-line errors with a non-zero exit for bad input.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "io/png.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+struct CliRun {
+  int status;
+  std::string output;  // stdout and stderr
+};
+
+CliRun run_cli(const std::string& args) {
+  const std::string cmd = std::string(APUS_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CliRun r{-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  return r;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+double mean_abs_diff(const std::vector<uint8_t>& a, const Tensor& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += std::abs(double(a[i]) - double(b.ptr<uint8_t>()[i]));
+  return s / double(a.size());
+}
+
+class CliImage : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CliImage, SeededRunReproducesTheOfficialImage) {
+  const std::string variant = GetParam();
+  const test::Reference ref(variant);
+  const std::string out = ::testing::TempDir() + variant + "_cli.png";
+  const int w = ref.meta["width"], h = ref.meta["height"], seed = ref.meta["seed"];
+  const CliRun r = run_cli("image --model " + test::fixture(variant) + " --prompt " +
+                        shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
+                        std::to_string(w) + " --height " + std::to_string(h) + " --seed " +
+                        std::to_string(seed) + " -v -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("seed " + std::to_string(seed)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("peak memory"), std::string::npos) << r.output;
+
+  const PngImage png = read_png(out);
+  ASSERT_EQ(png.width, w);
+  ASSERT_EQ(png.height, h);
+  std::string params;
+  for (const auto& [k, v] : png.text)
+    if (k == "parameters") params = v;
+  EXPECT_NE(params.find(ref.meta["prompt"].get<std::string>()), std::string::npos) << params;
+  EXPECT_NE(params.find("Seed: " + std::to_string(seed)), std::string::npos) << params;
+  EXPECT_NE(params.find("Steps: 4"), std::string::npos) << params;
+  EXPECT_NE(params.find("Size: " + std::to_string(w) + "x" + std::to_string(h)), std::string::npos);
+
+  // The seeded bf16 draw is the noise the bf16 reference ran from, so the bound is the
+  // reference's own bf16-vs-fp32 disagreement on the final bytes.
+  const Tensor& ref_bf16 = ref.file.get("bf16.image_u8");
+  const Tensor& ref_fp32 = ref.file.get("fp32.image_u8");
+  std::vector<uint8_t> bf16_bytes(ref_bf16.ptr<uint8_t>(), ref_bf16.ptr<uint8_t>() + ref_bf16.numel());
+  const double ref_disagreement = mean_abs_diff(bf16_bytes, ref_fp32);
+  const double ours_to_fp32 = mean_abs_diff(png.rgb, ref_fp32);
+  const double ours_to_bf16 = mean_abs_diff(png.rgb, ref_bf16);
+  std::printf("[ measure ] cli %s mean |d| to fp32 ref %.3f, to bf16 ref %.3f, ref disagreement %.3f\n",
+              variant.c_str(), ours_to_fp32, ours_to_bf16, ref_disagreement);
+  EXPECT_LT(ours_to_fp32, test::kBf16Factor * ref_disagreement);
+  EXPECT_LT(ours_to_bf16, test::kBf16Factor * ref_disagreement);
+  std::filesystem::remove(out);
+}
+
+TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
+  const std::string variant = GetParam();
+  const test::Reference ref(variant);
+  // The fp32 reference ran from the bf16 draw; hand the same noise over as a file.
+  const std::string noise = ::testing::TempDir() + variant + "_noise.safetensors";
+  write_safetensors(noise, {{"noise", ref.file.get("fp32.noise")}});
+  const std::string out = ::testing::TempDir() + variant + "_fp32.png";
+  const CliRun r = run_cli("image --model " + test::fixture(variant) + " --prompt " +
+                        shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
+                        std::to_string(int(ref.meta["width"])) + " --height " +
+                        std::to_string(int(ref.meta["height"])) + " --noise " + noise +
+                        " --precision fp32 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const PngImage png = read_png(out);
+  const Tensor& want = ref.file.get("fp32.image_u8");
+  ASSERT_EQ(png.rgb.size(), size_t(want.numel()));
+  int worst = 0;
+  for (size_t i = 0; i < png.rgb.size(); ++i)
+    worst = std::max(worst, std::abs(int(png.rgb[i]) - int(want.ptr<uint8_t>()[i])));
+  EXPECT_LE(worst, 1) << "fp32 pixels differ from the fp32 reference by up to " << worst;
+  std::filesystem::remove(out);
+  std::filesystem::remove(noise);
+}
+
+INSTANTIATE_TEST_SUITE_P(Klein, CliImage, ::testing::Values("klein_tiny_a", "klein_tiny_b"));
+
+TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
+  const std::string model = test::fixture("klein_tiny_a");
+  std::string long_prompt;  // digits tokenise one by one: well over 512 tokens
+  for (int i = 0; i < 300; ++i) long_prompt += "lighthouse 12345 ";
+  struct Case { std::string args, expect; };
+  const std::vector<Case> cases = {
+      {"image --model /nonexistent --prompt hi", "/nonexistent"},
+      {"image --model " + model + " --prompt hi --width 100", "multiples of 16"},
+      {"image --model " + model + " --prompt hi --width 65536 --height 65536", "outside"},
+      {"image --model " + model + " --prompt ''", "prompt is empty"},
+      {"image --model " + model + " --prompt " + shell_quote(long_prompt), "over the 512"},
+      {"image --model " + model + " --prompt hi --noise /nonexistent.safetensors", "/nonexistent.safetensors"},
+      {"image --model " + model + " --prompt hi --steps 0", "steps"},
+  };
+  for (const auto& c : cases) {
+    const CliRun r = run_cli(c.args);
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
+    size_t lines = 0;
+    for (char ch : r.output) lines += ch == '\n';
+    EXPECT_LE(lines, 1u) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace apus

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Layout of black-forest-labs/FLUX.2-klein-4B for `apus synth`, taken from the official classes.
+
+Instantiates Flux2Transformer2DModel, AutoencoderKLFlux2 and transformers' Qwen3ForCausalLM at full
+published size on the meta device (no memory, no weights) and writes data/flux2-klein-4b/:
+
+  model_index.json, scheduler/, tokenizer/        copied from tests/fixtures/klein_tiny_a (see README.md)
+  transformer/config.json, vae/config.json        each class's own save_config
+  text_encoder/config.json, generation_config.json, model.safetensors.index.json
+  manifest.json                                   every weight file: its tensors (name, dtype, shape)
+                                                  in on-disk order, and its safetensors metadata
+
+Usage: make_klein_manifest.py [--out DIR]
+       make_klein_manifest.py --verify CHECKPOINT_DIR   (headers of a synthesized or downloaded
+                                                         checkpoint against the meta models)
+"""
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+FIXTURE = os.path.join(REPO, "tests", "fixtures", "klein_tiny_a")
+
+TRANSFORMER = dict(
+    patch_size=1,
+    in_channels=128,
+    out_channels=None,
+    num_layers=5,
+    num_single_layers=20,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=7680,
+    timestep_guidance_channels=256,
+    mlp_ratio=3.0,
+    axes_dims_rope=(32, 32, 32, 32),
+    rope_theta=2000,
+    eps=1e-6,
+    guidance_embeds=False,
+)
+
+# Qwen/Qwen3-4B as published (klein ships it unchanged as its text encoder).
+QWEN3_4B = dict(
+    vocab_size=151936,
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    hidden_act="silu",
+    max_position_embeddings=40960,
+    initializer_range=0.02,
+    rms_norm_eps=1e-6,
+    use_cache=True,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    attention_bias=False,
+    attention_dropout=0.0,
+    use_sliding_window=False,
+    sliding_window=None,
+    max_window_layers=36,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    torch_dtype="bfloat16",
+)
+
+QWEN3_4B_GENERATION = dict(
+    bos_token_id=151643,
+    do_sample=True,
+    eos_token_id=[151645, 151643],
+    pad_token_id=151643,
+    temperature=0.6,
+    top_k=20,
+    top_p=0.95,
+)
+
+# transformers <= 4.x saved with 5 GB shards; that is why the ~8 GB encoder ships as two files.
+TEXT_ENCODER_SHARD_SIZE = "5GB"
+
+README = """\
+Layout of black-forest-labs/FLUX.2-klein-4B (diffusers) for `apus synth`, written by
+tools/oracle/make_klein_manifest.py from the official classes on the meta device: configs, the text encoder's
+shard index, and manifest.json (every tensor's name, dtype and shape per file, in on-disk order).
+The tokenizer here is NOT Qwen's published 151k-entry one: it is the small fixture tokenizer from
+tests/fixtures/klein_tiny_a/tokenizer (same format and special tokens), a stand-in that synth copies as is.
+"""
+
+
+def meta_models():
+    import torch
+    from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        transformer = Flux2Transformer2DModel(**TRANSFORMER).to(torch.bfloat16)
+        vae = AutoencoderKLFlux2().to(torch.bfloat16)
+        text_encoder = Qwen3ForCausalLM(Qwen3Config(**QWEN3_4B)).to(torch.bfloat16)
+    v = vae.config
+    assert tuple(v.block_out_channels) == (128, 256, 512, 512) and v.latent_channels == 32, v
+    assert v.layers_per_block == 2 and v.norm_num_groups == 32 and v.batch_norm_eps == 1e-4, v
+    assert tuple(v.patch_size) == (2, 2), v
+    return transformer, vae, text_encoder
+
+
+def safetensors_order(tensors):
+    """Names in the order safetensors lays them out on disk (it sorts by dtype, then name): serialise
+    one-element stand-ins with the library itself and read its header back."""
+    import torch
+    from safetensors.torch import save
+
+    blob = save({k: torch.zeros((), dtype=t.dtype) for k, t in tensors.items()})
+    (n,) = struct.unpack("<Q", blob[:8])
+    return [k for k in json.loads(blob[8 : 8 + n]) if k != "__metadata__"]
+
+
+def dtype_name(dtype):
+    from safetensors.torch import _TYPES
+
+    return next(k for k, v in _TYPES.items() if v == dtype)
+
+
+def file_entry(path, tensors):
+    return {
+        "path": path,
+        "metadata": {"format": "pt"},  # what both diffusers and transformers pass to safetensors
+        "tensors": [
+            {"name": k, "dtype": dtype_name(tensors[k].dtype), "shape": list(tensors[k].shape)}
+            for k in safetensors_order(tensors)
+        ],
+    }
+
+
+def text_encoder_split(model):
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    sd = remove_tied_weights_from_state_dict(model.state_dict(), model)
+    split = split_torch_state_dict_into_shards(
+        sd, filename_pattern="model{suffix}.safetensors", max_shard_size=TEXT_ENCODER_SHARD_SIZE
+    )
+    assert list(split.filename_to_tensors) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    # transformers' own index format (modeling_utils.PreTrainedModel.save_pretrained)
+    index = {
+        "metadata": {"total_parameters": model.num_parameters(), **split.metadata},
+        "weight_map": split.tensor_to_filename,
+    }
+    return sd, split, index
+
+
+def expected_files():
+    """{relative path: {name: (dtype, shape)}} of every weight file, from the meta models."""
+    transformer, vae, text_encoder = meta_models()
+    sd, split, _ = text_encoder_split(text_encoder)
+    files = {
+        "transformer/diffusion_pytorch_model.safetensors": transformer.state_dict(),
+        "vae/diffusion_pytorch_model.safetensors": vae.state_dict(),
+    }
+    for fname, names in split.filename_to_tensors.items():
+        files["text_encoder/" + fname] = {k: sd[k] for k in names}
+    return {p: {k: (dtype_name(t.dtype), list(t.shape)) for k, t in sd_.items()} for p, sd_ in files.items()}
+
+
+def write_json(obj, path, indent=2, sort_keys=False):
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False) + "\n")
+
+
+def write_manifest(files, params, path):
+    # one tensor per line: the file stays reviewable in a diff
+    import diffusers
+    import torch
+    import transformers
+
+    lines = ["{", '  "model": "black-forest-labs/FLUX.2-klein-4B",',
+             '  "generator": "tools/oracle/make_klein_manifest.py",',
+             '  "versions": ' + json.dumps({"torch": torch.__version__, "diffusers": diffusers.__version__,
+                                           "transformers": transformers.__version__}) + ",",
+             '  "parameters": ' + json.dumps(params) + ",", '  "files": [']
+    for i, f in enumerate(files):
+        lines.append('    {"path": %s, "metadata": %s, "tensors": [' % (json.dumps(f["path"]), json.dumps(f["metadata"])))
+        for j, t in enumerate(f["tensors"]):
+            lines.append("      " + json.dumps(t) + ("," if j + 1 < len(f["tensors"]) else ""))
+        lines.append("    ]}" + ("," if i + 1 < len(files) else ""))
+    lines += ["  ]", "}"]
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write("\n".join(lines) + "\n")
+    json.load(open(path, encoding="utf-8"))
+
+
+def build(out):
+    import diffusers
+    from transformers import GenerationConfig
+
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+    transformer, vae, text_encoder = meta_models()
+
+    for name, model in (("transformer", transformer), ("vae", vae)):
+        model.save_config(os.path.join(out, name))
+    te_dir = os.path.join(out, "text_encoder")
+    text_encoder.config.architectures = [type(text_encoder).__name__]  # as PreTrainedModel.save_pretrained sets it
+    text_encoder.config.save_pretrained(te_dir)
+    gen = GenerationConfig(**QWEN3_4B_GENERATION)
+    gen.save_pretrained(te_dir)
+    sd, split, index = text_encoder_split(text_encoder)
+    with open(os.path.join(te_dir, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+    with open(os.path.join(FIXTURE, "model_index.json"), encoding="utf-8") as f:
+        model_index = json.load(f)
+    model_index["_diffusers_version"] = diffusers.__version__
+    write_json(model_index, os.path.join(out, "model_index.json"))
+    os.makedirs(os.path.join(out, "scheduler"))
+    shutil.copy(os.path.join(FIXTURE, "scheduler", "scheduler_config.json"), os.path.join(out, "scheduler"))
+    shutil.copytree(os.path.join(FIXTURE, "tokenizer"), os.path.join(out, "tokenizer"))
+    with open(os.path.join(out, "README.md"), "w", encoding="utf-8", newline="\n") as f:
+        f.write(README)
+
+    files = [
+        file_entry("transformer/diffusion_pytorch_model.safetensors", transformer.state_dict()),
+        file_entry("vae/diffusion_pytorch_model.safetensors", vae.state_dict()),
+    ]
+    for fname, names in split.filename_to_tensors.items():
+        files.append(file_entry("text_encoder/" + fname, {k: sd[k] for k in names}))
+    params = {
+        "transformer": sum(p.numel() for p in transformer.parameters()),
+        "vae": sum(p.numel() for p in vae.parameters()),
+        "text_encoder": text_encoder.num_parameters(),
+    }
+    write_manifest(files, params, os.path.join(out, "manifest.json"))
+    for f in files:
+        nbytes = sum(_numel(t["shape"]) * _itemsize(t["dtype"]) for t in f["tensors"])
+        print(f"{f['path']}: {len(f['tensors'])} tensors, {nbytes} bytes of data")
+    print("parameters", params)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _itemsize(dtype):
+    return {"BF16": 2, "F16": 2, "F32": 4, "I64": 8}[dtype]
+
+
+def verify(root):
+    """Compares the headers (not the data) of every weight file under root with the meta models."""
+    from safetensors import safe_open
+
+    bad = 0
+    for path, want in expected_files().items():
+        full = os.path.join(root, path)
+        with safe_open(full, framework="pt") as f:
+            got = {}
+            for k in f.keys():
+                s = f.get_slice(k)
+                got[k] = (s.get_dtype(), list(s.get_shape()))
+        if got != want:
+            bad += 1
+            print(f"MISMATCH {path}: missing {sorted(set(want) - set(got))[:5]} extra {sorted(set(got) - set(want))[:5]}"
+                  f" differing {[k for k in want if k in got and got[k] != want[k]][:5]}")
+        else:
+            print(f"ok {path}: {len(got)} tensors, {os.path.getsize(full)} bytes")
+    with open(os.path.join(root, "text_encoder", "model.safetensors.index.json"), encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    te = {k: p.split("/")[-1] for p, ts in expected_files().items() if p.startswith("text_encoder/") for k in ts}
+    if weight_map != te:
+        bad += 1
+        print("MISMATCH text_encoder/model.safetensors.index.json weight_map")
+    return bad == 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(REPO, "data", "flux2-klein-4b"))
+    ap.add_argument("--verify", metavar="CHECKPOINT_DIR")
+    args = ap.parse_args()
+    if args.verify:
+        sys.exit(0 if verify(args.verify) else 1)
+    build(args.out)
+
+
+if __name__ == "__main__":
+    main()
