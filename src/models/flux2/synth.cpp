@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -335,29 +336,39 @@ void write_weights(const FileSpec& f, const std::string& path, uint64_t seed, bo
     out.commit();
     return;
   }
-  // Tensors are generated straight into one buffer that is flushed whenever it fills, so small
-  // tensors share a write and large ones stream through it; memory stays at the buffer size.
-  std::vector<uint8_t> buf(size_t(8) << 20);
+  // Tensors are generated straight into a buffer that is handed to a writer thread when full,
+  // while generation goes on in the other one: small tensors share a write, large ones stream
+  // through, memory stays at two buffers, and generating costs no wall time next to the disk.
+  std::vector<uint8_t> bufs[2] = {std::vector<uint8_t>(size_t(8) << 20),
+                                  std::vector<uint8_t>(size_t(8) << 20)};
+  std::future<void> writing;  // declared after bufs: its destructor waits before they go
+  int cur = 0;
   size_t used = 0;
+  const auto flush = [&] {
+    if (writing.valid()) writing.get();
+    writing = std::async(std::launch::async, [&out, p = bufs[cur].data(), n = used] { out.write(p, n); });
+    cur ^= 1;
+    used = 0;
+  };
   for (const TensorSpec& t : f.tensors) {
     const Init in = init_for(t, tensor_key(seed, f.rel, t.name));
     const size_t es = dtype_size(t.dtype);
     const int64_t n = shape_numel(t.shape);
     for (int64_t first = 0; first < n;) {
-      const int64_t room = int64_t((buf.size() - used) / es);
+      const int64_t room = int64_t((bufs[cur].size() - used) / es);
       int64_t count = std::min(n - first, room);
       if (count < n - first) count &= ~int64_t(3);  // later chunks must start on a word boundary
       if (count == 0) {
-        out.write(buf.data(), used);
-        used = 0;
+        flush();
         continue;
       }
-      generate(t, in, first, count, buf.data() + used);
+      generate(t, in, first, count, bufs[cur].data() + used);
       used += size_t(count) * es;
       first += count;
     }
   }
-  out.write(buf.data(), used);
+  flush();
+  writing.get();
   out.commit();
 }
 

@@ -1,5 +1,8 @@
-// Attention as the reference's CPU kernels do it: scores and P·V through the GEMM library
+// Attention as the reference's CPU kernels compute it: Q·K^T and P·V through the GEMM library
 // with fp32 accumulation, softmax in fp32, P rounded to the activation dtype before P·V.
+// Heads and query blocks are spread over threads; each thread runs its GEMMs single-threaded.
+#include <omp.h>
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -10,18 +13,71 @@
 namespace apus::cpu {
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
           const Tensor* bias, Tensor& c, int64_t k, int64_t n);
-}
-
-namespace apus::ops {
 
 namespace {
-// Copies head h of a [S, H*D] view into a contiguous [S, D] tensor.
-void gather_head(const Tensor& x, int64_t h, int64_t d, Tensor& out) {
-  const size_t es = dtype_size(x.dtype);
-  for (int64_t r = 0; r < x.shape[0]; ++r)
-    std::memcpy(out.row(r), static_cast<const char*>(x.row(r)) + size_t(h * d) * es, size_t(d) * es);
+
+// exp(x) for x <= 0 by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial
+// (about 1 ulp); written so the compiler vectorises it, which libm's expf does not allow.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = std::fma(n, -0.693145751953125f, std::fma(n, -1.428606765330187045e-06f, x));
+  float p = 1.0f / 720;
+  p = std::fma(p, r, 1.0f / 120);
+  p = std::fma(p, r, 1.0f / 24);
+  p = std::fma(p, r, 1.0f / 6);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
 }
+
+// One score row to probabilities in `dt` (bf16 bits or f32). Keys past `valid_end` and keys
+// with key_valid 0 get probability 0.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void softmax_row(float* s, int64_t n, float scale, int64_t valid_end, const int64_t* key_valid,
+                 void* out, DType dt) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float mx = neg_inf;
+  for (int64_t j = 0; j < n; ++j) {
+    const bool keep = j < valid_end && (!key_valid || key_valid[j]);
+    s[j] = keep ? s[j] * scale : neg_inf;
+    mx = std::max(mx, s[j]);
+  }
+  if (mx == neg_inf) mx = 0.0f;  // a fully masked row yields zeros, not NaN
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = s[j] == neg_inf ? 0.0f : exp_nonpositive(s[j] - mx);
+    sum += s[j];
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  if (dt == DType::bf16) {
+    uint16_t* o = static_cast<uint16_t*>(out);
+    for (int64_t j = 0; j < n; ++j) o[j] = f32_to_bf16(s[j] * inv);
+  } else {
+    float* o = static_cast<float*>(out);
+    for (int64_t j = 0; j < n; ++j) o[j] = s[j] * inv;
+  }
+}
+
+// Copies every head of a [S, H*D] view into head-major [H, S, D].
+void split_heads(const Tensor& x, int64_t d, Tensor& out) {
+  const int64_t s = x.shape[0], h = x.shape[1] / d;
+  const size_t es = dtype_size(x.dtype), row = size_t(d) * es;
+#pragma omp parallel for
+  for (int64_t r = 0; r < s; ++r)
+    for (int64_t i = 0; i < h; ++i)
+      std::memcpy(static_cast<char*>(out.data) + size_t(i * s + r) * row,
+                  static_cast<const char*>(x.row(r)) + size_t(i) * row, row);
+}
+
 }  // namespace
+}  // namespace apus::cpu
+
+namespace apus::ops {
 
 void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
                int64_t head_dim, float scale, const AttentionMask& mask) {
@@ -29,59 +85,42 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   const int64_t hq = q.shape[1] / d, hk = k.shape[1] / d;
   APUS_CHECK(q.shape[1] % d == 0 && k.shape[1] % d == 0 && v.shape == k.shape &&
                  o.shape == q.shape && hk > 0 && hq % hk == 0 && q.dtype == k.dtype &&
-                 k.dtype == v.dtype,
+                 k.dtype == v.dtype && o.dtype == q.dtype,
              "attention: q ", shape_str(q.shape), ", k ", shape_str(k.shape), ", v ",
              shape_str(v.shape), ", o ", shape_str(o.shape), ", head_dim ", d);
   ArenaScope scope(*c.arena);
   const DType dt = q.dtype;
-  const int64_t block = std::min<int64_t>(sq, 256);
-  Tensor qh = Tensor::in(*c.arena, {sq, d}, dt);
-  Tensor kh = Tensor::in(*c.arena, {sk, d}, dt);
-  Tensor vh = Tensor::in(*c.arena, {sk, d}, dt);
-  Tensor scores = Tensor::in(*c.arena, {block, sk}, DType::f32);
-  Tensor probs = Tensor::in(*c.arena, {block, sk}, dt);
-  Tensor out = Tensor::in(*c.arena, {block, d}, DType::f32);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int64_t h = 0; h < hq; ++h) {
+  const int64_t block = std::min<int64_t>(sq, 128);
+  const int64_t blocks = (sq + block - 1) / block;
+  Tensor qh = Tensor::in(*c.arena, {hq, sq, d}, dt);
+  Tensor kh = Tensor::in(*c.arena, {hk, sk, d}, dt);
+  Tensor vh = Tensor::in(*c.arena, {hk, sk, d}, dt);
+  cpu::split_heads(q, d, qh);
+  cpu::split_heads(k, d, kh);
+  cpu::split_heads(v, d, vh);
+  const int threads = omp_get_max_threads();
+  Tensor scores = Tensor::in(*c.arena, {threads * block, sk}, DType::f32);
+  Tensor probs = Tensor::in(*c.arena, {threads * block, sk}, dt);
+  const size_t es = dtype_size(dt);
+
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t task = 0; task < hq * blocks; ++task) {
+    const int64_t h = task / blocks, r0 = (task % blocks) * block, nb = std::min(block, sq - r0);
     const int64_t g = h / (hq / hk);
-    gather_head(q, h, d, qh);
-    if (h % (hq / hk) == 0) {
-      gather_head(k, g, d, kh);
-      gather_head(v, g, d, vh);
-    }
-    for (int64_t r0 = 0; r0 < sq; r0 += block) {
-      const int64_t nb = std::min(block, sq - r0);
-      Tensor qb = qh.rows(r0, r0 + nb), sb = scores.rows(0, nb), pb = probs.rows(0, nb),
-             ob = out.rows(0, nb);
-      cpu::gemm(qb, kh.data, dt, 1, d, nullptr, sb, d, sk);  // Q · K^T
-#pragma omp parallel for
-      for (int64_t i = 0; i < nb; ++i) {
-        float* srow = sb.ptr<float>() + i * sk;
-        const int64_t qpos = r0 + i;
-        float mx = neg_inf;
-        for (int64_t j = 0; j < sk; ++j) {
-          const bool masked = (mask.causal && j > qpos) || (mask.key_valid && !mask.key_valid[j]);
-          srow[j] = masked ? neg_inf : srow[j] * scale;
-          mx = std::max(mx, srow[j]);
-        }
-        float sum = 0;
-        for (int64_t j = 0; j < sk; ++j) {
-          srow[j] = mx == neg_inf ? 0.0f : std::exp(srow[j] - mx);
-          sum += srow[j];
-        }
-        const float inv = sum > 0 ? 1.0f / sum : 0.0f;
-        for (int64_t j = 0; j < sk; ++j) srow[j] *= inv;
-        cpu::store_row(pb, i, srow, sk);
-      }
-      cpu::gemm(pb, vh.data, dt, d, 1, nullptr, ob, sk, d);  // P · V
-      const size_t es = dtype_size(o.dtype);
-      for (int64_t i = 0; i < nb; ++i) {
-        Tensor orow = o.rows(r0 + i, r0 + i + 1);
-        orow.data = static_cast<char*>(orow.data) + size_t(h * d) * es;
-        orow.shape = {1, d};
-        cpu::store_row(orow, 0, ob.ptr<float>() + i * d, d);
-      }
-    }
+    const int64_t t = omp_get_thread_num();
+    Tensor qb = qh.reshape({hq * sq, d}).rows(h * sq + r0, h * sq + r0 + nb);
+    Tensor sb = scores.rows(t * block, t * block + nb), pb = probs.rows(t * block, t * block + nb);
+    // Causal rows only need keys up to their own position.
+    const int64_t key_end = mask.causal ? std::min(sk, r0 + nb) : sk;
+    const void* kptr = static_cast<const char*>(kh.data) + size_t(g * sk * d) * es;
+    const void* vptr = static_cast<const char*>(vh.data) + size_t(g * sk * d) * es;
+    Tensor sbn = sb.cols(0, key_end), pbn = pb.cols(0, key_end);
+    cpu::gemm(qb, kptr, dt, 1, d, nullptr, sbn, d, key_end);  // Q · K^T
+    for (int64_t i = 0; i < nb; ++i)
+      cpu::softmax_row(static_cast<float*>(sbn.row(i)), key_end, scale,
+                       mask.causal ? r0 + i + 1 : sk, mask.key_valid, pbn.row(i), dt);
+    Tensor ob = o.rows(r0, r0 + nb).cols(h * d, (h + 1) * d);
+    cpu::gemm(pbn, vptr, dt, d, 1, nullptr, ob, key_end, d);  // P · V
   }
 }
 

@@ -1,9 +1,9 @@
 #pragma once
-// Shared oneDNN state: one CPU engine and stream, and a cache of primitives by shape key,
-// so the hot loop reuses compiled kernels instead of re-creating them every call.
+// Shared oneDNN state: one CPU engine, and per thread a stream and a cache of primitives by
+// shape key, so the hot loop reuses compiled kernels and threads that run primitives side by
+// side (attention heads) never share one primitive's scratchpad.
 #include <dnnl.hpp>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -17,9 +17,7 @@ dnnl::memory::data_type dnnl_type(DType t);
 
 template <typename Prim>
 Prim& cached_primitive(const std::string& key, const std::function<Prim()>& make) {
-  static std::unordered_map<std::string, Prim> cache;
-  static std::mutex m;
-  std::lock_guard<std::mutex> lock(m);
+  thread_local std::unordered_map<std::string, Prim> cache;
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make()).first;
   return it->second;

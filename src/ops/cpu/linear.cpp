@@ -13,7 +13,7 @@ dnnl::engine& dnnl_engine() {
 }
 
 dnnl::stream& dnnl_stream() {
-  static dnnl::stream s(dnnl_engine());
+  thread_local dnnl::stream s(dnnl_engine());
   return s;
 }
 

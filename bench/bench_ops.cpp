@@ -1,0 +1,77 @@
+// Op throughput at FLUX.2 klein sizes, reported as FLOP/s against the machine's bf16 GEMM
+// ceiling. Run: build/bench_ops [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+
+#include "ops/ops.h"
+
+namespace apus {
+namespace {
+
+Tensor filled(Shape s, DType dt) {
+  Tensor t = Tensor::heap(std::move(s), dt);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (dt == DType::bf16) t.ptr<uint16_t>()[i] = f32_to_bf16(d(rng));
+    else t.ptr<float>()[i] = d(rng);
+  }
+  return t;
+}
+
+// args: tokens, in features, out features
+void BM_Linear(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
+  Tensor x = filled({m, k}, DType::bf16), w = filled({n, k}, DType::bf16), y = Tensor::heap({m, n}, DType::bf16);
+  for (auto _ : st) ops::linear(c, x, w, nullptr, y);
+  st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+// single block linear1 / linear2, double block qkv, the text encoder MLP, at 512^2 (1536 tokens)
+BENCHMARK(BM_Linear)->Args({1536, 3072, 27648})->Args({1536, 12288, 3072})->Args({1024, 3072, 3072})
+    ->Args({512, 2560, 9728})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// args: tokens, heads
+void BM_Attention(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t s = st.range(0), h = st.range(1), d = 128;
+  Tensor q = filled({s, h * d}, DType::bf16), k = filled({s, h * d}, DType::bf16),
+         v = filled({s, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16);
+  for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.088f, {});
+  st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Attention)->Args({1536, 24})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// args: channels in, channels out, spatial side
+void BM_Conv3x3(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t ci = st.range(0), co = st.range(1), hw = st.range(2);
+  Tensor x = filled({1, ci, hw, hw}, DType::bf16), w = filled({co, ci, 3, 3}, DType::bf16),
+         b = filled({co}, DType::bf16), y = Tensor::heap({1, co, hw, hw}, DType::bf16);
+  for (auto _ : st) ops::conv2d(c, x, w, &b, y, 1, 1);
+  st.counters["FLOP/s"] = benchmark::Counter(2.0 * ci * co * 9 * hw * hw, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Conv3x3)->Args({512, 512, 64})->Args({256, 256, 256})->Args({128, 128, 512})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// args: rows, features
+void BM_LayerNormModulate(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t m = st.range(0), d = st.range(1);
+  Tensor x = filled({m, d}, DType::bf16), sh = filled({1, d}, DType::bf16), sc = filled({1, d}, DType::bf16),
+         y = Tensor::heap({m, d}, DType::bf16);
+  for (auto _ : st) ops::layer_norm_modulate(c, x, sh, sc, y, 1e-6f);
+  st.counters["B/s"] = benchmark::Counter(4.0 * m * d, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_LayerNormModulate)->Args({1536, 3072})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace apus
+
+BENCHMARK_MAIN();
