@@ -261,7 +261,8 @@ def verify(root):
     from safetensors import safe_open
 
     bad = 0
-    for path, want in expected_files().items():
+    expected = expected_files()
+    for path, want in expected.items():
         full = os.path.join(root, path)
         with safe_open(full, framework="pt") as f:
             got = {}
@@ -276,7 +277,7 @@ def verify(root):
             print(f"ok {path}: {len(got)} tensors, {os.path.getsize(full)} bytes")
     with open(os.path.join(root, "text_encoder", "model.safetensors.index.json"), encoding="utf-8") as f:
         weight_map = json.load(f)["weight_map"]
-    te = {k: p.split("/")[-1] for p, ts in expected_files().items() if p.startswith("text_encoder/") for k in ts}
+    te = {k: p.split("/")[-1] for p, ts in expected.items() if p.startswith("text_encoder/") for k in ts}
     if weight_map != te:
         bad += 1
         print("MISMATCH text_encoder/model.safetensors.index.json weight_map")

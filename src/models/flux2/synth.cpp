@@ -230,6 +230,7 @@ Init init_for(const TensorSpec& t, uint64_t key) {
     const double fan_in = double(shape_numel(t.shape)) / double(t.shape[0]);
     return {Init::uniform, float(std::sqrt(3.0 / std::max(fan_in, 1.0))), key};
   }
+  // A bias's fan-in is not in its shape; std 0.02 keeps it small next to the activations.
   if (ends_with(t.name, "bias")) return {Init::uniform, float(std::sqrt(3.0) * 0.02), key};
   return {Init::ones, 0, key};  // norm scales
 }
