@@ -6,6 +6,7 @@
 
 #include "apus/apus.h"
 #include "core/error.h"
+#include "cost/roofline.h"
 #include "io/png.h"
 #include "models/flux2/synth.h"
 
@@ -69,12 +70,36 @@ int main(int argc, char** argv) {
   synth->add_option("--out", synth_out, "output directory")->required();
   synth->add_option("--seed", synth_seed, "weight seed");
 
+  std::string roof_model = "flux2-klein-4b", chip_name = "h200";
+  int roof_w = 1024, roof_h = 1024, roof_steps = 4, chips = 1;
+  double peak_tflops = 0, gbps = 0;
+  bool as_json = false;
+  auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
+  roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
+  roofline->add_option("--width,-W", roof_w, "image width");
+  roofline->add_option("--height,-H", roof_h, "image height");
+  roofline->add_option("--steps", roof_steps, "sampling steps");
+  roofline->add_option("--chip", chip_name, "v6e, h200, h100, l4, rtx-pro-6000 or cpu");
+  roofline->add_option("--chips", chips, "chips for the collective comparison")->check(CLI::PositiveNumber);
+  roofline->add_option("--peak-tflops", peak_tflops, "override the chip's dense bf16 TFLOP/s");
+  roofline->add_option("--gbps", gbps, "override the chip's memory GB/s");
+  roofline->add_flag("--json", as_json, "print the JSON interface instead of the table");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*image) {
       if (*seed_opt) o.seed = seed;
       o.fp32 = precision == "fp32";
       return run_image(o, out, verbose);
+    }
+    if (*roofline) {
+      apus::Roofline r{apus::find_chip(chip_name), chips};
+      if (peak_tflops > 0) r.chip.bf16_flops = peak_tflops * 1e12;
+      if (gbps > 0) r.chip.memory_bps = gbps * 1e9;
+      const apus::PipelineCost cost = apus::count_klein(roof_model, roof_w, roof_h, roof_steps);
+      if (as_json) std::printf("%s\n", apus::roofline_json(cost, r).dump(2).c_str());
+      else std::printf("%s", apus::roofline_table(cost, r).c_str());
+      return 0;
     }
     const auto progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
     if (*synth_like_opt)

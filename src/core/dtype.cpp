@@ -29,15 +29,24 @@ std::string_view dtype_name(DType t) {
   return "?";
 }
 
+namespace {
+struct SafetensorsName { std::string_view name; DType t; };
+constexpr SafetensorsName kSafetensorsNames[] = {
+    {"F32", DType::f32}, {"BF16", DType::bf16}, {"F16", DType::f16}, {"I8", DType::i8},
+    {"F8_E4M3", DType::fp8_e4m3}, {"U8", DType::u8}, {"I32", DType::i32}, {"I64", DType::i64},
+    {"BOOL", DType::boolean}};
+}  // namespace
+
 bool dtype_from_safetensors(std::string_view s, DType& out) {
-  struct Entry { std::string_view name; DType t; };
-  static constexpr Entry table[] = {
-      {"F32", DType::f32}, {"BF16", DType::bf16}, {"F16", DType::f16}, {"I8", DType::i8},
-      {"F8_E4M3", DType::fp8_e4m3}, {"U8", DType::u8}, {"I32", DType::i32}, {"I64", DType::i64},
-      {"BOOL", DType::boolean}};
-  for (const auto& e : table)
+  for (const auto& e : kSafetensorsNames)
     if (e.name == s) { out = e.t; return true; }
   return false;
+}
+
+std::string_view dtype_safetensors_name(DType t) {
+  for (const auto& e : kSafetensorsNames)
+    if (e.t == t) return e.name;
+  return "?";
 }
 
 float f16_to_f32(uint16_t h) {

@@ -12,6 +12,7 @@ size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);
 // Parses a safetensors dtype string ("F32", "BF16", ...); returns false for unknown ones.
 bool dtype_from_safetensors(std::string_view s, DType& out);
+std::string_view dtype_safetensors_name(DType t);  // "F32", "BF16", ...
 
 inline float bf16_to_f32(uint16_t b) {
   uint32_t u = uint32_t(b) << 16;

@@ -126,7 +126,20 @@ const Tensor& WeightSet::get(const std::string& name) const {
   return it->second->get(name);
 }
 
+WeightSet WeightSet::shapes_only() {
+  WeightSet w;
+  w.shapes_only_ = true;
+  return w;
+}
+
 const Tensor& WeightSet::get(const std::string& name, const Shape& expected) const {
+  fetched_[name] = shape_numel(expected);
+  if (shapes_only_) {
+    Tensor& t = placeholders_[name];
+    t.dtype = DType::bf16;
+    t.shape = expected;
+    return t;
+  }
   const Tensor& t = get(name);
   APUS_CHECK(t.shape == expected, where_.at(name)->path(), ": tensor '", name, "' has shape ",
              shape_str(t.shape), ", expected ", shape_str(expected));
@@ -136,13 +149,22 @@ const Tensor& WeightSet::get(const std::string& name, const Shape& expected) con
   return t;
 }
 
-bool WeightSet::contains(const std::string& name) const { return where_.count(name) > 0; }
+bool WeightSet::contains(const std::string& name) const {
+  return shapes_only_ || where_.count(name) > 0;
+}
 size_t WeightSet::count() const { return where_.size(); }
 
-ModelDir ModelDir::open(const std::string& root) {
+int64_t WeightSet::fetched_elements() const {
+  int64_t n = 0;
+  for (const auto& [name, elements] : fetched_) n += elements;
+  return n;
+}
+
+ModelDir ModelDir::open(const std::string& root, bool load_weights) {
   APUS_CHECK(is_directory(root), root, ": model directory does not exist");
   ModelDir m;
   m.root_ = root;
+  m.load_weights_ = load_weights;
   m.index_ = read_json(root + "/model_index.json");
   return m;
 }

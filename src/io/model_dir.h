@@ -31,29 +31,42 @@ Config read_config(const std::string& path);
 class WeightSet {
  public:
   static WeightSet open_dir(const std::string& component_dir);
+  // No files: every shape-checked get() yields a bf16 tensor of the expected shape without data.
+  // The cost model runs the model code over these.
+  static WeightSet shapes_only();
   // Checks the stored shape; the error names the file holding the tensor.
   const Tensor& get(const std::string& name, const Shape& expected) const;
   const Tensor& get(const std::string& name) const;
   bool contains(const std::string& name) const;
   size_t count() const;
+  // Elements of the distinct tensors fetched through get(name, shape): the parameters a model
+  // actually uses, in both modes.
+  int64_t fetched_elements() const;
 
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> shards_;
   std::map<std::string, const SafetensorsFile*> where_;
+  bool shapes_only_ = false;
+  mutable std::map<std::string, Tensor> placeholders_;
+  mutable std::map<std::string, int64_t> fetched_;
 };
 
 class ModelDir {
  public:
-  static ModelDir open(const std::string& root);
+  // With load_weights false, weights() never opens a file (configs only, for cost counting).
+  static ModelDir open(const std::string& root, bool load_weights = true);
   const std::string& root() const { return root_; }
   std::string component(const std::string& name) const;  // path of the folder, checked to exist
   Config config(const std::string& name, const std::string& file = "config.json") const;
-  WeightSet weights(const std::string& name) const { return WeightSet::open_dir(component(name)); }
+  WeightSet weights(const std::string& name) const {
+    return load_weights_ ? WeightSet::open_dir(component(name)) : WeightSet::shapes_only();
+  }
   const Json& index() const { return index_; }
 
  private:
   std::string root_;
   Json index_;
+  bool load_weights_ = true;
 };
 
 bool path_exists(const std::string& path);

@@ -129,28 +129,13 @@ std::vector<std::string> SafetensorsFile::names() const {
   return v;
 }
 
-static const char* safetensors_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i8: return "I8";
-    case DType::fp8_e4m3: return "F8_E4M3";
-    case DType::u8: return "U8";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::boolean: return "BOOL";
-  }
-  return "?";
-}
-
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", safetensors_dtype(t.dtype)},
+    header[name] = {{"dtype", dtype_safetensors_name(t.dtype)},
                     {"shape", t.shape},
                     {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();

@@ -9,7 +9,9 @@
 // (column views via Tensor::cols are accepted wherever the argument is called a "view");
 // images are NCHW with N = 1; attention heads are packed head-major inside the feature axis.
 #include <cstdint>
+#include <string>
 
+#include "core/cost.h"
 #include "core/tensor.h"
 
 namespace apus {
@@ -17,6 +19,24 @@ namespace apus {
 struct Context {
   Arena* arena = nullptr;
   DType act = DType::bf16;  // activation dtype: bf16 (as the official pipeline) or f32 (parity)
+  CostLog* cost = nullptr;  // when set, every op reports its cost under the current scope
+  bool count_only = false;  // shapes only: ops report and return; tensors may hold no data
+};
+
+// Names a module for the cost log for as long as it lives.
+class CostScope {
+ public:
+  CostScope(Context& c, const std::string& name) : log_(c.cost) {
+    if (log_) log_->push(name);
+  }
+  ~CostScope() {
+    if (log_) log_->pop();
+  }
+  CostScope(const CostScope&) = delete;
+  CostScope& operator=(const CostScope&) = delete;
+
+ private:
+  CostLog* log_;
 };
 
 namespace ops {
@@ -53,6 +73,8 @@ void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y);
 void silu(Context& c, const Tensor& x, Tensor& y);
 // x += gate[D] * y  (gate null: x += y); x, y [M, D] views.
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate);
+// x <- x + step * velocity with the reference scheduler's roundings (flow-match Euler).
+void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step);
 // y = x converted to y's dtype (copy between views).
 void copy(Context& c, const Tensor& x, Tensor& y);
 // y[N, M] = x[M, N]^T, both contiguous and of one dtype: channel planes <-> token rows.

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "ops/cpu/rows.h"
 
 namespace apus {
 
@@ -45,24 +44,7 @@ FlowSchedule flow_match_schedule(const Config& cfg, int steps, double mu) {
 }
 
 void euler_step(Context& c, Tensor& x, const Tensor& velocity, float sigma, float sigma_next) {
-  APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape),
-             ", velocity ", shape_str(velocity.shape));
-  // The reference multiplies the 0-d fp32 step size into the velocity in the velocity's dtype
-  // (0-d tensors do not promote), then adds in fp32: bf16(x + bf16(bf16(dt) * v)).
-  const bool bf16 = velocity.dtype == DType::bf16;
-  const float dt = bf16 ? round_bf16(sigma_next - sigma) : sigma_next - sigma;
-  const int64_t m = x.shape[0], n = x.shape[1];
-#pragma omp parallel
-  {
-    std::vector<float> vx(static_cast<size_t>(n)), vv(static_cast<size_t>(n));
-#pragma omp for
-    for (int64_t r = 0; r < m; ++r) {
-      cpu::load_row(x, r, vx.data(), n);
-      cpu::load_row(velocity, r, vv.data(), n);
-      for (int64_t i = 0; i < n; ++i) vx[i] += bf16 ? round_bf16(dt * vv[i]) : dt * vv[i];
-      cpu::store_row(x, r, vx.data(), n);
-    }
-  }
+  ops::euler_update(c, x, velocity, sigma_next - sigma);
 }
 
 }  // namespace apus

@@ -42,20 +42,6 @@ struct Plan {
   std::vector<std::string> copies;  // relative paths copied byte for byte
 };
 
-const char* safetensors_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i8: return "I8";
-    case DType::fp8_e4m3: return "F8_E4M3";
-    case DType::u8: return "U8";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::boolean: return "BOOL";
-  }
-  return "?";
-}
 
 std::string gb(uint64_t bytes) {
   char s[32];
@@ -165,7 +151,7 @@ std::string header_for(const FileSpec& f, const std::string& where) {
   for (const TensorSpec& t : f.tensors) {
     APUS_CHECK(!h.contains(t.name), where, ": tensor '", t.name, "' is listed twice");
     nlohmann::ordered_json e = nlohmann::ordered_json::object();
-    e["dtype"] = safetensors_dtype(t.dtype);
+    e["dtype"] = dtype_safetensors_name(t.dtype);
     e["shape"] = t.shape;
     e["data_offsets"] = {offset, offset + t.nbytes()};
     h[t.name] = std::move(e);
@@ -276,7 +262,7 @@ void generate(const TensorSpec& t, const Init& in, int64_t first, int64_t count,
       run([p](int64_t i, float v) { p[i] = v; });
       break;
     }
-    default: fail(safetensors_dtype(t.dtype), " tensor '", t.name, "' cannot hold random values");
+    default: fail(dtype_safetensors_name(t.dtype), " tensor '", t.name, "' cannot hold random values");
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "core/error.h"
 
@@ -68,6 +69,7 @@ TextEncoder TextEncoder::load(const ModelDir& dir, const std::vector<int>& taps)
 Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
                            const std::vector<int64_t>& attention_mask) const {
   ArenaScope scope(*c.arena);
+  CostScope text_scope(c, "text");
   const auto& cf = cfg_;
   const int64_t t = int64_t(ids.size()), h = cf.hidden, d = cf.head_dim;
   const int64_t qd = cf.heads * d, kvd = cf.kv_heads * d;
@@ -85,7 +87,7 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
   // Rotary tables in fp32 from the position index, as transformers' default rope computes them.
   const int64_t half = d / 2;
   Tensor cos = Tensor::in(*c.arena, {t, half}, DType::f32), sin = Tensor::in(*c.arena, {t, half}, DType::f32);
-  for (int64_t j = 0; j < half; ++j) {
+  for (int64_t j = 0; j < half && !c.count_only; ++j) {
     const float inv_freq = 1.0f / std::pow(float(cf.rope_theta), float(2 * j) / float(d));
     for (int64_t r = 0; r < t; ++r) {
       const float angle = float(r) * inv_freq;
@@ -104,6 +106,8 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
   const ops::AttentionMask mask{true, attention_mask.data()};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
+    CostScope layer_scope(c, "layer." + std::to_string(i));
+    std::optional<CostScope> part(std::in_place, c, "attn");
     ops::rms_norm(c, x, l.in_norm, normed, cf.eps, h, true);
     ops::linear(c, normed, l.q, nullptr, q);
     ops::linear(c, normed, l.k, nullptr, k);
@@ -115,6 +119,7 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
     ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), mask);
     ops::linear(c, attn, l.o, nullptr, proj);
     ops::add_gated(c, x, proj, nullptr);
+    part.emplace(c, "mlp");
     ops::rms_norm(c, x, l.post_norm, normed, cf.eps, h, true);
     ops::linear(c, normed, l.gate, nullptr, gate);
     ops::linear(c, normed, l.up, nullptr, up);

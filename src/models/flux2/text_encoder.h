@@ -20,6 +20,7 @@ class TextEncoder {
   // Loads only the layers the taps need; deeper layers' weights are never touched.
   static TextEncoder load(const ModelDir& dir, const std::vector<int>& taps);
   const TextEncoderConfig& config() const { return cfg_; }
+  int64_t parameter_count() const { return weights_.fetched_elements(); }
   // ids and mask [T]; returns [T, taps * hidden] in the activation dtype (heap).
   Tensor encode(Context& c, const std::vector<int32_t>& ids,
                 const std::vector<int64_t>& attention_mask) const;

@@ -1,6 +1,7 @@
 #include "models/flux2/transformer.h"
 
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 
@@ -90,13 +91,14 @@ TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embed
              "transformer: prompt embeddings ", shape_str(prompt_embeds.shape),
              " do not match joint_attention_dim ", cfg_.joint_dim);
   TransformerPrologue p;
+  CostScope scope(c, "dit/prologue");
   p.txt = Tensor::heap({t, cfg_.hidden}, c.act);
   ops::linear(c, prompt_embeds, context_embedder_, nullptr, p.txt);
   // Tables in float64 then rounded to f32, as the reference's Flux2PosEmbed computes them.
   const int64_t half = cfg_.head_dim / 2, s = t + l;
   p.cos = Tensor::heap({s, half}, DType::f32);
   p.sin = Tensor::heap({s, half}, DType::f32);
-  for (int64_t r = 0; r < s; ++r) {
+  for (int64_t r = 0; r < s && !c.count_only; ++r) {
     const int64_t* ids = r < t ? &txt_ids[size_t(4 * r)] : &img_ids[size_t(4 * (r - t))];
     int64_t j = 0;
     for (size_t axis = 0; axis < 4; ++axis) {
@@ -121,6 +123,7 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   auto mod = [h](const Tensor& m, int i) { return m.cols(i * h, (i + 1) * h); };
   Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
   Tensor n_img = normed.rows(t, s), n_txt = normed.rows(0, t);
+  std::optional<CostScope> part(std::in_place, c, "attn");
   ops::layer_norm_modulate(c, img, mod(mod_img, 0), mod(mod_img, 1), n_img, cfg_.eps);
   ops::layer_norm_modulate(c, txt, mod(mod_txt, 0), mod(mod_txt, 1), n_txt, cfg_.eps);
 
@@ -157,6 +160,7 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   ops::add_gated(c, txt, p_txt, &g_txt);
 
   // Feed-forward: SwiGLU over the two halves of one fused projection.
+  part.emplace(c, "ff");
   ops::layer_norm_modulate(c, img, mod(mod_img, 3), mod(mod_img, 4), n_img, cfg_.eps);
   ops::layer_norm_modulate(c, txt, mod(mod_txt, 3), mod(mod_txt, 4), n_txt, cfg_.eps);
   Tensor up = Tensor::in(*c.arena, {s, 2 * f}, c.act);
@@ -179,10 +183,12 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   ArenaScope scope(*c.arena);
   const int64_t s = hidden.shape[0], h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
   Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
+  std::optional<CostScope> part(std::in_place, c, "linear1");
   ops::layer_norm_modulate(c, hidden, mod.cols(0, h), mod.cols(h, 2 * h), normed, cfg_.eps);
   Tensor proj = Tensor::in(*c.arena, {s, 3 * h + 2 * f}, c.act);
   ops::linear(c, normed, b.qkv_mlp, nullptr, proj);
   Tensor q = proj.cols(0, h), k = proj.cols(h, 2 * h), v = proj.cols(2 * h, 3 * h);
+  part.emplace(c, "attn");
   ops::rms_norm(c, q, b.norm_q, q, cfg_.eps, d, false);
   ops::rms_norm(c, k, b.norm_k, k, cfg_.eps, d, false);
   ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
@@ -191,6 +197,7 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   Tensor joint = Tensor::in(*c.arena, {s, h + f}, c.act);
   Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
   ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {});
+  part.emplace(c, "linear2");
   ops::silu_mul(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp);
   Tensor out = Tensor::in(*c.arena, {s, h}, c.act);
   ops::linear(c, joint, b.out, nullptr, out);
@@ -213,8 +220,10 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   const auto act_round = [bf16](float v) { return bf16 ? round_bf16(v) : v; };
   const float tau = act_round(act_round(act_round(timestep) / 1000.0f) * 1000.0f);
   const int64_t half = cfg_.timestep_channels / 2;
+  CostScope dit_scope(c, "dit");
+  std::optional<CostScope> embed_scope(std::in_place, c, "embed");
   Tensor sinus = Tensor::in(*c.arena, {1, 2 * half}, DType::f32);
-  for (int64_t i = 0; i < half; ++i) {
+  for (int64_t i = 0; i < half && !c.count_only; ++i) {
     const float freq = std::exp(-std::log(10000.0f) * float(i) / float(half));
     const float arg = tau * freq;
     sinus.ptr<float>()[i] = act_round(std::cos(arg));
@@ -242,8 +251,16 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   Tensor img = hidden.rows(t, s), txt = hidden.rows(0, t);
   ops::linear(c, latents, x_embedder_, nullptr, img);
   ops::copy(c, pro.txt, txt);
-  for (const Double& b : double_) double_block(c, b, hidden, t, mod_img, mod_txt, pro);
-  for (const Single& b : single_) single_block(c, b, hidden, mod_single, pro);
+  embed_scope.reset();
+  for (size_t i = 0; i < double_.size(); ++i) {
+    CostScope block(c, "double." + std::to_string(i));
+    double_block(c, double_[i], hidden, t, mod_img, mod_txt, pro);
+  }
+  for (size_t i = 0; i < single_.size(); ++i) {
+    CostScope block(c, "single." + std::to_string(i));
+    single_block(c, single_[i], hidden, mod_single, pro);
+  }
+  CostScope final_scope(c, "final");
 
   // norm_out stores [scale; shift] (the reverse of the blocks' order).
   Tensor normed = Tensor::in(*c.arena, {l, h}, c.act);

@@ -1,5 +1,7 @@
 #include "models/flux2/vae_decoder.h"
 
+#include <optional>
+
 #include <algorithm>
 #include <cmath>
 
@@ -136,6 +138,7 @@ void VaeDecoder::unpack_latents(Context& c, const Tensor& packed, int64_t h, int
                  latents.device == Device::cpu,
              "vae: packed latents ", shape_str(packed.shape), " for a ", h, "x", w,
              " grid, latents ", shape_str(latents.shape), "; expected [", h * w, ", ", pc, "]");
+  if (c.count_only) return;
   // The pipeline casts the batch-norm statistics to the latents' dtype and evaluates
   // sqrt(var + eps) there, the scalar eps itself cast to that dtype first.
   const DType dt = c.act;
@@ -221,6 +224,8 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
              w, " token grid; expected [1, ", cfg_.out_channels, ", ", h * s, ", ", w * s, "] ",
              dtype_name(c.act));
   ArenaScope scope(*c.arena);
+  CostScope vae_scope(c, "vae");
+  std::optional<CostScope> part(std::in_place, c, "mid");
   const int64_t lh = cfg_.patch * h, lw = cfg_.patch * w, n = int64_t(cfg_.block_out.size());
   // Each stage reads one buffer and writes the other; stage scratch sits above both and is
   // released at the end of the stage.
@@ -254,6 +259,7 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
   resnet(c, mid_out_, x, y);
   x = y;
   for (int64_t i = 0; i < n; ++i) {
+    part.emplace(c, "up." + std::to_string(i));
     const int64_t out = cfg_.block_out[size_t(n - 1 - i)], hh = x.shape[2], ww = x.shape[3];
     for (const Resnet& r : up_[size_t(i)].resnets) {
       y = next(out, hh, ww);
@@ -269,6 +275,7 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
       x = y;
     }
   }
+  part.emplace(c, "out");
   Tensor normed = Tensor::in(*c.arena, x.shape, c.act);
   ops::group_norm(c, x, norm_out_.weight, norm_out_.bias, normed, cfg_.groups, kNormEps, true);
   ops::conv2d(c, normed, conv_out_w_, &conv_out_b_, image, 1, 1);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/cpu/rows.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 namespace apus::cpu {
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
@@ -77,10 +77,10 @@ void split_heads(const Tensor& x, int64_t d, Tensor& out) {
 }  // namespace
 }  // namespace apus::cpu
 
-namespace apus::ops {
+namespace apus::cpu {
 
 void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
-               int64_t head_dim, float scale, const AttentionMask& mask) {
+               int64_t head_dim, float scale, const ops::AttentionMask& mask) {
   const int64_t sq = q.shape[0], sk = k.shape[0], d = head_dim;
   const int64_t hq = q.shape[1] / d, hk = k.shape[1] / d;
   APUS_CHECK(q.shape[1] % d == 0 && k.shape[1] % d == 0 && v.shape == k.shape &&
@@ -124,4 +124,4 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   }
 }
 
-}  // namespace apus::ops
+}  // namespace apus::cpu

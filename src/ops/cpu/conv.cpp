@@ -1,9 +1,9 @@
 #include "core/error.h"
 #include "ops/cpu/dnnl_util.h"
 #include "ops/cpu/rows.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace apus::ops {
+namespace apus::cpu {
 
 void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
             int64_t stride, int64_t pad) {
@@ -48,4 +48,4 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   cpu::dnnl_stream().wait();
 }
 
-}  // namespace apus::ops
+}  // namespace apus::cpu

@@ -3,12 +3,10 @@
 #include <vector>
 
 #include "ops/cpu/rows.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace apus::ops {
+namespace apus::cpu {
 
-using cpu::load_row;
-using cpu::store_row;
 
 static inline float silu_f(float v) { return v / (1.0f + std::exp(-v)); }
 
@@ -112,7 +110,7 @@ void transpose(Context& c, const Tensor& x, Tensor& y) {
 }
 
 void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
-          RopeStyle style) {
+          ops::RopeStyle style) {
   const int64_t s = x.shape[0], d = x.shape[1], half = head_dim / 2;
   APUS_CHECK(d % head_dim == 0 && cos.shape == Shape({s, half}) && sin.shape == cos.shape &&
                  cos.dtype == DType::f32,
@@ -130,10 +128,10 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
       for (int64_t h = 0; h < d; h += head_dim) {
         float* p = v.data() + h;
         for (int64_t j = 0; j < half; ++j) {
-          const int64_t i0 = style == RopeStyle::interleaved ? 2 * j : j;
-          const int64_t i1 = style == RopeStyle::interleaved ? 2 * j + 1 : j + half;
+          const int64_t i0 = style == ops::RopeStyle::interleaved ? 2 * j : j;
+          const int64_t i1 = style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half;
           const float x0 = p[i0], x1 = p[i1];
-          if (style == RopeStyle::half && rounded) {
+          if (style == ops::RopeStyle::half && rounded) {
             // Qwen applies q*cos + rotate_half(q)*sin in the activation dtype, with cos/sin
             // themselves cast to it: four rounded ops.
             const float cb = round_bf16(cr[j]), sb = round_bf16(sr[j]);
@@ -165,4 +163,25 @@ void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
   }
 }
 
-}  // namespace apus::ops
+void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
+  APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape),
+             ", velocity ", shape_str(velocity.shape));
+  // The reference multiplies the 0-d fp32 step size into the velocity in the velocity's dtype
+  // (0-d tensors do not promote), then adds in fp32: bf16(x + bf16(bf16(dt) * v)).
+  const bool bf16 = velocity.dtype == DType::bf16;
+  const float dt = bf16 ? round_bf16(step) : step;
+  const int64_t m = x.shape[0], n = x.shape[1];
+#pragma omp parallel
+  {
+    std::vector<float> vx(static_cast<size_t>(n)), vv(static_cast<size_t>(n));
+#pragma omp for
+    for (int64_t r = 0; r < m; ++r) {
+      load_row(x, r, vx.data(), n);
+      load_row(velocity, r, vv.data(), n);
+      for (int64_t i = 0; i < n; ++i) vx[i] += bf16 ? round_bf16(dt * vv[i]) : dt * vv[i];
+      store_row(x, r, vx.data(), n);
+    }
+  }
+}
+
+}  // namespace apus::cpu

@@ -3,7 +3,7 @@
 #include "core/error.h"
 #include "ops/cpu/dnnl_util.h"
 #include "ops/cpu/rows.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 namespace apus::cpu {
 
@@ -76,7 +76,7 @@ Tensor as_dtype(Arena& arena, const Tensor& t, DType dt) {
 
 }  // namespace apus::cpu
 
-namespace apus::ops {
+namespace apus::cpu {
 
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   APUS_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.shape[1] == w.shape[1] &&
@@ -94,4 +94,4 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   cpu::gemm(x, wx.data, wx.dtype, 1, k, bias ? &bx : nullptr, y, k, n);
 }
 
-}  // namespace apus::ops
+}  // namespace apus::cpu

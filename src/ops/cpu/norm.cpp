@@ -2,12 +2,10 @@
 #include <vector>
 
 #include "ops/cpu/rows.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace apus::ops {
+namespace apus::cpu {
 
-using cpu::load_row;
-using cpu::store_row;
 
 void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale,
                          Tensor& y, float eps) {
@@ -109,4 +107,4 @@ void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor&
   }
 }
 
-}  // namespace apus::ops
+}  // namespace apus::cpu

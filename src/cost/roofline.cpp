@@ -1,0 +1,272 @@
+#include "cost/roofline.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <regex>
+
+#include "core/error.h"
+#include "io/model_dir.h"
+#include "models/flux2/synth.h"
+#include "models/flux2/text_encoder.h"
+#include "models/flux2/transformer.h"
+#include "models/flux2/vae_decoder.h"
+
+namespace apus {
+
+namespace {
+
+const std::vector<int> kTextTaps = {9, 18, 27};
+constexpr int kTextTokens = 512;
+
+std::string resolve_model(const std::string& model) {
+  if (is_directory(model)) return model;
+  APUS_CHECK(model == "flux2-klein-4b", "unknown model '", model,
+             "': give a model directory or the published name flux2-klein-4b");
+  return flux2::klein_4b_template_dir();
+}
+
+// Runs `body` in counting mode and files what it cost as one stage.
+template <typename Body>
+StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
+  CostLog log;
+  Arena arena;
+  Context c{&arena, DType::bf16, &log, true};
+  body(c);
+  StageCost s;
+  s.name = name;
+  s.calls = calls;
+  s.per_call = log.total();
+  s.modules = log.entries();
+  return s;
+}
+
+double floor_seconds(const OpCost& c, double peak, double bandwidth) {
+  const double compute = c.flops / peak;
+  const double memory = bandwidth > 0 ? (c.weight_bytes + c.bytes_fused) / bandwidth : 0;
+  return std::max(compute, memory);
+}
+
+nlohmann::json cost_json(const OpCost& c, double peak, double bw) {
+  return {{"flops", c.flops},
+          {"weight_bytes", c.weight_bytes},
+          {"bytes_fused", c.bytes_fused},
+          {"bytes_unfused", c.bytes_unfused},
+          {"floor_s", floor_seconds(c, peak, bw)}};
+}
+
+// Modules run one after another, so a stage's floor is the sum of its modules' floors.
+double stage_floor_per_call(const StageCost& s, double peak, double bw) {
+  double f = 0;
+  for (const auto& m : s.modules) f += floor_seconds(m.cost, peak, bw);
+  return f;
+}
+
+OpCost times(OpCost c, double n) {
+  c.flops *= n;
+  c.weight_bytes *= n;
+  c.bytes_fused *= n;
+  c.bytes_unfused *= n;
+  return c;
+}
+
+}  // namespace
+
+double allreduce_wire_bytes(double s, int n) { return 2.0 * (n - 1) / n * s; }
+double allgather_wire_bytes(double s, int n) { return double(n - 1) / n * s; }
+double all_to_all_wire_bytes(double s, int n) { return double(n - 1) / (double(n) * n) * s; }
+
+PipelineCost count_klein(const std::string& model, int width, int height, int steps) {
+  APUS_CHECK(width % 16 == 0 && height % 16 == 0 && width > 0 && height > 0, "width ", width,
+             " and height ", height, " must be positive multiples of 16");
+  APUS_CHECK(steps >= 1, "steps ", steps, " must be at least 1");
+  const ModelDir dir = ModelDir::open(resolve_model(model), /*load_weights=*/false);
+  PipelineCost p;
+  p.model = model;
+  p.width = width;
+  p.height = height;
+  p.steps = steps;
+  const int64_t h = height / 16, w = width / 16, l = h * w, t = kTextTokens;
+  const double bf16 = 2;
+
+  const auto text = flux2::TextEncoder::load(dir, kTextTaps);
+  const auto& tc = text.config();
+  StageCost text_stage = count_stage("text_encoder", 1, [&](Context& c) {
+    text.encode(c, std::vector<int32_t>(size_t(t), 0), std::vector<int64_t>(size_t(t), 1));
+  });
+  const double text_layers = *std::max_element(kTextTaps.begin(), kTextTaps.end());
+  text_stage.tp_allreduce_bytes = text_layers * 2 * double(t * tc.hidden) * bf16;
+  text_stage.ulysses_bytes = text_layers * 4 * double(t * tc.heads * tc.head_dim) * bf16;
+  text_stage.boundary_bytes = double(t * tc.hidden) * bf16;
+
+  const auto dit = flux2::Transformer::load(dir);
+  const auto& dc = dit.config();
+  Tensor embeds = Tensor::heap({t, dc.joint_dim}, DType::bf16);
+  std::vector<int64_t> txt_ids(size_t(4 * t), 0), img_ids(size_t(4 * l), 0);
+  std::optional<flux2::TransformerPrologue> pro;
+  StageCost prologue_stage = count_stage("dit_prologue", 1, [&](Context& c) {
+    pro = dit.prologue(c, embeds, txt_ids, img_ids);
+  });
+  StageCost dit_stage = count_stage("dit_step", steps, [&](Context& c) {
+    Tensor x = Tensor::heap({l, dc.in_channels}, DType::bf16);
+    Tensor v = Tensor::heap({l, dc.out_channels}, DType::bf16);
+    dit.forward(c, *pro, x, 1000.0f, v);
+    CostScope scope(c, "sampler");
+    ops::euler_update(c, x, v, -0.25f);
+  });
+  const double s = double(t + l), blocks = double(dc.num_double + dc.num_single);
+  dit_stage.tp_allreduce_bytes = double(2 * dc.num_double + dc.num_single) * s * dc.hidden * bf16;
+  dit_stage.ulysses_bytes = blocks * 4 * s * dc.hidden * bf16;
+  dit_stage.boundary_bytes = s * dc.hidden * bf16;
+
+  const auto vae = flux2::VaeDecoder::load(dir);
+  StageCost vae_stage = count_stage("vae_decode", 1, [&](Context& c) {
+    Tensor x = Tensor::heap({l, vae.config().packed_channels()}, DType::bf16);
+    Tensor image = Tensor::heap({1, vae.config().out_channels, height, width}, DType::bf16);
+    vae.decode(c, x, h, w, image);
+  });
+
+  p.parameters = double(text.parameter_count() + dit.parameter_count() + vae.parameter_count());
+  p.stages = {text_stage, prologue_stage, dit_stage, vae_stage};
+  return p;
+}
+
+nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
+  const double peak = r.chip.bf16_flops, bw = r.chip.memory_bps, ridge = bw > 0 ? peak / bw : 0;
+  nlohmann::json out;
+  out["chip"] = {{"name", r.chip.name}, {"bf16_flops", peak}, {"memory_bps", bw},
+                 {"link_bps", r.chip.link_bps}, {"ridge_flops_per_byte", ridge}};
+  out["request"] = {{"model", p.model}, {"width", p.width}, {"height", p.height},
+                    {"steps", p.steps}, {"parameters", p.parameters}};
+  out["conventions"] =
+      "MAC = 2 FLOPs; GEMM 2mkn; attention score 4*head_dim+5 FLOPs over heads*queries*keys "
+      "(causal at the full square); per element: rmsnorm 4, layernorm 6, rope 4, gated "
+      "activation 5, modulate 2, residual add 1, silu 4; bf16 bytes; floor = max(FLOPs/peak, "
+      "(weight + fused bytes)/bandwidth) per module, summed over modules; bound classified on "
+      "the unfused bytes";
+  OpCost total;
+  double floor_total = 0;
+  out["stages"] = nlohmann::json::array();
+  for (const StageCost& s : p.stages) {
+    const double per_call_floor = stage_floor_per_call(s, peak, bw);
+    const double stage_floor = double(s.calls) * per_call_floor;
+    nlohmann::json js = {{"name", s.name}, {"calls", s.calls},
+                         {"per_call", cost_json(s.per_call, peak, bw)},
+                         {"total", cost_json(times(s.per_call, double(s.calls)), peak, bw)}};
+    js["per_call"]["floor_s"] = per_call_floor;
+    js["total"]["floor_s"] = stage_floor;
+    js["floor_s"] = stage_floor;
+    floor_total += stage_floor;
+    total += times(s.per_call, double(s.calls));
+    js["modules"] = nlohmann::json::array();
+    for (const auto& m : s.modules) {
+      nlohmann::json jm = cost_json(m.cost, peak, bw);
+      jm["name"] = m.path;
+      const double fused = m.cost.weight_bytes + m.cost.bytes_fused;
+      const double unfused = m.cost.weight_bytes + m.cost.bytes_unfused;
+      jm["intensity_fused"] = fused > 0 ? m.cost.flops / fused : 0;
+      jm["intensity_unfused"] = unfused > 0 ? m.cost.flops / unfused : 0;
+      jm["bound"] = unfused > 0 && m.cost.flops / unfused < ridge ? "memory" : "compute";
+      js["modules"].push_back(jm);
+    }
+    out["stages"].push_back(js);
+  }
+  out["total"] = cost_json(total, peak, bw);
+  out["total"]["floor_s"] = floor_total;
+
+  // Collectives. At batch 1 only tensor and sequence (Ulysses) parallelism split the work of
+  // one request; FSDP shards memory but every chip still runs the whole request, and depth
+  // sharding leaves N-1 chips idle (its (N-1)/N bubble). The VAE runs replicated.
+  const int n = r.chips;
+  const double link = r.chip.link_bps;
+  auto seconds = [&](double bytes) { return link > 0 ? bytes / link : (bytes > 0 ? INFINITY : 0.0); };
+  double split = 0, replicated = 0;  // floors of the shardable stages and the rest
+  double fsdp = 0, tp = 0, ulysses = 0, depth = 0;
+  for (const StageCost& s : p.stages) {
+    const double f = double(s.calls) * stage_floor_per_call(s, peak, bw);
+    (s.name == "vae_decode" ? replicated : split) += f;
+    fsdp += double(s.calls) * allgather_wire_bytes(s.per_call.weight_bytes, n);
+    tp += double(s.calls) * allreduce_wire_bytes(s.tp_allreduce_bytes, n);
+    ulysses += double(s.calls) * all_to_all_wire_bytes(s.ulysses_bytes, n);
+    depth += double(s.calls) * (n - 1) * s.boundary_bytes;
+  }
+  const double ideal = total.flops / (double(n) * peak);
+  auto strategy = [&](double wire, double compute_floor) {
+    const double sec = seconds(wire);
+    const double fl = compute_floor + sec;
+    return nlohmann::json{{"wire_bytes_per_chip", wire}, {"seconds", sec}, {"floor_s", fl},
+                          {"peak_share", fl > 0 ? ideal / fl : 0}};
+  };
+  out["collectives"] = {{"chips", n},
+                        {"fsdp", strategy(fsdp, split + replicated)},
+                        {"tensor_parallel", strategy(tp, split / n + replicated)},
+                        {"ulysses", strategy(ulysses, split / n + replicated)},
+                        {"depth", strategy(depth, split + replicated)}};
+  return out;
+}
+
+std::string roofline_table(const PipelineCost& p, const Roofline& r) {
+  const nlohmann::json j = roofline_json(p, r);
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "%s %dx%d, %d steps on %s (%.1f TFLOP/s bf16, %.0f GB/s, ridge %.0f FLOP/B)\n",
+                p.model.c_str(), p.width, p.height, p.steps, r.chip.name.c_str(),
+                r.chip.bf16_flops / 1e12, r.chip.memory_bps / 1e9,
+                j["chip"]["ridge_flops_per_byte"].get<double>());
+  out += line;
+  const double total_floor = j["total"]["floor_s"];
+  for (const auto& s : j["stages"]) {
+    std::snprintf(line, sizeof line, "\n%s x%lld: %.3f TFLOP, floor %.4f s (%.1f%% of request)\n",
+                  s["name"].get<std::string>().c_str(), (long long)s["calls"].get<int64_t>(),
+                  s["total"]["flops"].get<double>() / 1e12, s["floor_s"].get<double>(),
+                  100.0 * s["floor_s"].get<double>() / total_floor);
+    out += line;
+    out += "  module                       n   GFLOP  weight MB  fused MB unfused MB  AI(f) AI(u)  bound    floor ms\n";
+    // Blocks of one kind collapse into one row (indices become *), summed.
+    struct Row { int n = 0; double flops = 0, w = 0, f = 0, u = 0, floor = 0; };
+    std::vector<std::string> order;
+    std::map<std::string, Row> rows;
+    for (const auto& m : s["modules"]) {
+      std::string key = std::regex_replace(m["name"].get<std::string>(), std::regex("\\.[0-9]+"), ".*");
+      key = key.substr(key.find('/') == std::string::npos ? 0 : key.find('/') + 1);
+      if (!rows.count(key)) order.push_back(key);
+      Row& row = rows[key];
+      ++row.n;
+      row.flops += m["flops"].get<double>();
+      row.w += m["weight_bytes"].get<double>();
+      row.f += m["bytes_fused"].get<double>();
+      row.u += m["bytes_unfused"].get<double>();
+      row.floor += m["floor_s"].get<double>();
+    }
+    for (const auto& key : order) {
+      const Row& row = rows[key];
+      const double aif = row.flops / std::max(row.w + row.f, 1.0);
+      const double aiu = row.flops / std::max(row.w + row.u, 1.0);
+      std::snprintf(line, sizeof line, "  %-26s %3d %8.1f %10.1f %9.1f %10.1f %6.0f %5.0f  %-7s %9.3f\n",
+                    key.c_str(), row.n, row.flops / 1e9, row.w / 1e6, row.f / 1e6, row.u / 1e6, aif,
+                    aiu, aiu < j["chip"]["ridge_flops_per_byte"].get<double>() ? "memory" : "compute",
+                    row.floor * 1e3);
+      out += line;
+    }
+  }
+  std::snprintf(line, sizeof line, "\nrequest: %.2f TFLOP, %.2f GB weights read, floor %.3f s\n",
+                j["total"]["flops"].get<double>() / 1e12,
+                j["total"]["weight_bytes"].get<double>() / 1e9, total_floor);
+  out += line;
+  const auto& col = j["collectives"];
+  std::snprintf(line, sizeof line, "\n%d chips, %.0f GB/s per link each way:\n", col["chips"].get<int>(),
+                r.chip.link_bps / 1e9);
+  out += line;
+  out += "  strategy          wire MB/chip  collective s   floor s  share of N-chip peak\n";
+  for (const char* k : {"fsdp", "tensor_parallel", "ulysses", "depth"}) {
+    std::snprintf(line, sizeof line, "  %-16s %13.1f %13.4f %9.4f %8.1f%%\n", k,
+                  col[k]["wire_bytes_per_chip"].get<double>() / 1e6, col[k]["seconds"].get<double>(),
+                  col[k]["floor_s"].get<double>(), 100.0 * col[k]["peak_share"].get<double>());
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace apus

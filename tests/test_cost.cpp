@@ -1,0 +1,155 @@
+// The cost model: op counts against hand-computed numbers, the klein pipeline's counted
+// parameters against the published layout, scaling with resolution, collective formulas,
+// and counting without weight files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "cost/roofline.h"
+#include "io/model_dir.h"
+#include "models/flux2/synth.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+struct Counter {
+  CostLog log;
+  Arena arena;
+  Context c{&arena, DType::bf16, &log, true};
+  Tensor t(Shape s) {
+    Tensor x;
+    x.dtype = DType::bf16;
+    x.shape = std::move(s);
+    return x;  // no data: counting mode never touches it
+  }
+};
+
+TEST(Cost, GemmCountedByHand) {
+  Counter k;
+  Tensor x = k.t({7, 5}), w = k.t({3, 5}), y = k.t({7, 3});
+  ops::linear(k.c, x, w, nullptr, y);
+  const OpCost c = k.log.total();
+  EXPECT_EQ(c.flops, 2.0 * 7 * 5 * 3);
+  EXPECT_EQ(c.weight_bytes, 3 * 5 * 2);
+  EXPECT_EQ(c.bytes_fused, (7 * 5 + 7 * 3) * 2);
+  EXPECT_EQ(c.bytes_unfused, c.bytes_fused);
+}
+
+TEST(Cost, AttentionCountedByHand) {
+  Counter k;
+  const int64_t s = 10, heads = 3, d = 8;
+  Tensor q = k.t({s, heads * d}), kk = k.t({s, heads * d}), v = k.t({s, heads * d}), o = k.t({s, heads * d});
+  ops::attention(k.c, q, kk, v, o, d, 0.1f, {true, nullptr});  // causal: still the full square
+  const OpCost c = k.log.total();
+  EXPECT_EQ(c.flops, (4.0 * d + 5) * heads * s * s);
+  EXPECT_EQ(c.bytes_fused, 4.0 * s * heads * d * 2);
+  EXPECT_EQ(c.bytes_unfused, c.bytes_fused + 2.0 * heads * s * s * (4 + 2));
+}
+
+TEST(Cost, ConvAndNormsCountedByHand) {
+  Counter k;
+  Tensor x = k.t({1, 4, 6, 6}), w = k.t({8, 4, 3, 3}), b = k.t({8}), y = k.t({1, 8, 6, 6});
+  ops::conv2d(k.c, x, w, &b, y, 1, 1);
+  EXPECT_EQ(k.log.total().flops, 2.0 * 4 * 9 * 8 * 36 + 8 * 36);
+  EXPECT_EQ(k.log.total().weight_bytes, (8 * 4 * 9 + 8) * 2);
+
+  Counter n;
+  Tensor a = n.t({5, 16}), sh = n.t({1, 16}), sc = n.t({1, 16}), out = n.t({5, 16}), g = n.t({16});
+  ops::layer_norm_modulate(n.c, a, sh, sc, out, 1e-6f);
+  EXPECT_EQ(n.log.total().flops, (6.0 + 2) * 80);
+  EXPECT_EQ(n.log.total().bytes_unfused, n.log.total().bytes_fused + 2 * 80 * 2);
+  ops::rms_norm(n.c, a, g, out, 1e-6f, 16, false);
+  EXPECT_EQ(n.log.total().flops, (6.0 + 2) * 80 + 4 * 80);
+}
+
+TEST(Cost, CollectiveFormulas) {
+  EXPECT_DOUBLE_EQ(allreduce_wire_bytes(100, 4), 150);
+  EXPECT_DOUBLE_EQ(allgather_wire_bytes(100, 4), 75);
+  EXPECT_DOUBLE_EQ(all_to_all_wire_bytes(100, 4), 18.75);
+  EXPECT_DOUBLE_EQ(allreduce_wire_bytes(100, 1), 0);
+}
+
+// The parameters the pipeline's loaders fetch, summed from the published manifest.
+double manifest_parameters(const std::function<bool(const std::string&, const std::string&)>& used) {
+  const Json m = read_json(flux2::klein_4b_template_dir() + "/manifest.json");
+  double n = 0;
+  for (const auto& f : m["files"])
+    for (const auto& t : f["tensors"])
+      if (used(f["path"].get<std::string>(), t["name"].get<std::string>())) {
+        double e = 1;
+        for (const auto& d : t["shape"]) e *= d.get<double>();
+        n += e;
+      }
+  return n;
+}
+
+TEST(Cost, KleinParametersMatchThePublishedLayout) {
+  const PipelineCost p = count_klein("flux2-klein-4b", 512, 512, 4);
+  const double want = manifest_parameters([](const std::string& file, const std::string& name) {
+    if (file.rfind("transformer/", 0) == 0) return true;
+    if (file.rfind("vae/", 0) == 0)
+      return name.rfind("decoder.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0 ||
+             name == "bn.running_mean" || name == "bn.running_var";
+    // The text encoder runs 27 of its 36 layers; the final norm is never read.
+    if (name == "model.embed_tokens.weight") return true;
+    const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) != 0) return false;
+    return std::stoi(name.substr(prefix.size())) < 27;
+  });
+  EXPECT_EQ(p.parameters, want);
+  // The transformer alone: the published 3.8755e9.
+  const double dit = manifest_parameters([](const std::string& file, const std::string&) {
+    return file.rfind("transformer/", 0) == 0;
+  });
+  EXPECT_EQ(dit, 3875544576.0);
+}
+
+double module_flops(const PipelineCost& p, const std::string& stage, const std::string& path) {
+  for (const auto& s : p.stages)
+    if (s.name == stage)
+      for (const auto& m : s.modules)
+        if (m.path == path) return m.cost.flops;
+  ADD_FAILURE() << "no module " << path;
+  return 0;
+}
+
+TEST(Cost, LinearsScaleWithTokensAttentionWithTheirSquare) {
+  const PipelineCost small = count_klein("flux2-klein-4b", 512, 512, 4);
+  const PipelineCost large = count_klein("flux2-klein-4b", 1024, 1024, 4);
+  const double tokens_ratio = double(512 + 4096) / double(512 + 1024);
+  EXPECT_DOUBLE_EQ(module_flops(large, "dit_step", "dit/single.3/linear1") /
+                       module_flops(small, "dit_step", "dit/single.3/linear1"),
+                   tokens_ratio);
+  const double attn = module_flops(large, "dit_step", "dit/single.3/attn") /
+                      module_flops(small, "dit_step", "dit/single.3/attn");
+  EXPECT_GT(attn, 0.99 * tokens_ratio * tokens_ratio);  // norms and rope are linear: slightly under
+  EXPECT_LE(attn, tokens_ratio * tokens_ratio);
+  // The text encoder does not depend on the image size.
+  EXPECT_EQ(small.stages[0].per_call.flops, large.stages[0].per_call.flops);
+}
+
+TEST(Cost, CountingReadsConfigsOnly) {
+  // A copy of a fixture model with every weight file removed still counts.
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "apus_configs_only";
+  fs::remove_all(dir);
+  fs::copy(test::fixture("klein_tiny_b"), dir, fs::copy_options::recursive);
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") fs::remove(e.path());
+  const PipelineCost p = count_klein(dir, 48, 80, 4);
+  EXPECT_GT(p.stages[2].per_call.flops, 0);
+  const auto j = roofline_json(p, {find_chip("h200"), 8});
+  EXPECT_EQ(j["stages"].size(), 4u);
+  EXPECT_EQ(j["collectives"]["chips"], 8);
+  for (const char* k : {"fsdp", "tensor_parallel", "ulysses", "depth"})
+    EXPECT_TRUE(j["collectives"][k].contains("wire_bytes_per_chip")) << k;
+  // ...and the same directory cannot render: the weights really are gone.
+  EXPECT_THROW(WeightSet::open_dir(dir + "/transformer"), Error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace apus
