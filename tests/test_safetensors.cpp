@@ -15,6 +15,8 @@
 namespace apus {
 namespace {
 
+using test::expect_error;
+
 std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "apus_" + std::to_string(::getpid()) + "_" + name;
 }
@@ -25,19 +27,6 @@ void write_raw(const std::string& path, const std::string& header, size_t data_b
   f.write(reinterpret_cast<const char*>(&n), 8);
   f << header;
   f << std::string(data_bytes, '\0');
-}
-
-// Expects apus::Error whose message contains every fragment.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error raised";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << "error spans lines: " << msg;
-    for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << msg;
-  }
 }
 
 TEST(Safetensors, RoundTripsEveryDtype) {
@@ -106,6 +95,17 @@ TEST(Safetensors, MissingTensorAndWrongShapeNameTheFile) {
   const WeightSet w = WeightSet::open_dir(test::fixture("klein_tiny_a/transformer"));
   expect_error([&] { w.get("no.such.weight"); }, {"no.such.weight", "diffusion_pytorch_model"});
   expect_error([&] { w.get("proj_out.weight", {1, 2}); }, {"proj_out.weight", "expected [1, 2]"});
+}
+
+TEST(Safetensors, WeightWithTheWrongDtypeIsRejected) {
+  const std::string d = temp_path("dtype_lie");
+  std::filesystem::create_directories(d);
+  Tensor ids = Tensor::heap({4, 2}, DType::i64);
+  std::memset(ids.data, 0, ids.nbytes());
+  write_safetensors(d + "/diffusion_pytorch_model.safetensors", {{"proj_out.weight", ids}});
+  const WeightSet w = WeightSet::open_dir(d);
+  expect_error([&] { w.get("proj_out.weight", {4, 2}); }, {"proj_out.weight", "dtype i64"});
+  std::filesystem::remove_all(d);
 }
 
 TEST(ModelDir, ShardedIndexResolvesEveryTensor) {

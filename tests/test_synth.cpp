@@ -21,6 +21,8 @@
 namespace apus {
 namespace {
 
+using test::expect_error;
+
 namespace fs = std::filesystem;
 
 // A fresh folder removed with everything in it when the test ends.
@@ -55,18 +57,6 @@ std::vector<std::string> files_under(const std::string& dir) {
     if (e.is_regular_file()) out.push_back(fs::relative(e.path(), dir).generic_string());
   std::sort(out.begin(), out.end());
   return out;
-}
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error raised";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << "error spans lines: " << msg;
-    for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << msg;
-  }
 }
 
 int run(const std::string& cmd) {

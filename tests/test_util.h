@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "io/model_dir.h"
 #include "io/safetensors.h"
@@ -47,6 +48,19 @@ struct Reference {
     return to_dtype(file.get(key), dt).reshape(std::move(shape));
   }
 };
+
+// Expects apus::Error on one line whose message contains every fragment.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<std::string> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error raised";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "error spans lines: " << msg;
+    for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << msg;
+  }
+}
 
 inline DType precision_dtype(const std::string& p) { return p == "fp32" ? DType::f32 : DType::bf16; }
 
