@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 
 namespace apus {
@@ -46,8 +47,9 @@ void BM_Attention(benchmark::State& st) {
 }
 BENCHMARK(BM_Attention)->Args({1536, 24})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// args: channels in, channels out, spatial side
+// args: channels in, channels out, spatial side, layout (0 plain, 1 blocked)
 void BM_Conv3x3(benchmark::State& st) {
+  cpu::conv_layout = st.range(3) ? cpu::ConvLayout::blocked : cpu::ConvLayout::plain;
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t ci = st.range(0), co = st.range(1), hw = st.range(2);
@@ -56,7 +58,8 @@ void BM_Conv3x3(benchmark::State& st) {
   for (auto _ : st) ops::conv2d(c, x, w, &b, y, 1, 1);
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * ci * co * 9 * hw * hw, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Conv3x3)->Args({512, 512, 64})->Args({256, 256, 256})->Args({128, 128, 512})
+BENCHMARK(BM_Conv3x3)->ArgsProduct({{512}, {512}, {64}, {0, 1}})->ArgsProduct({{256}, {256}, {256}, {0, 1}})
+    ->ArgsProduct({{128}, {128}, {512}, {0, 1}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: rows, features

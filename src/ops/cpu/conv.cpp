@@ -1,9 +1,27 @@
+// 2-D convolution through oneDNN. Two layouts (a static knob, A/B-able in one process):
+// plain runs on our NCHW tensors directly (oneDNN picks im2col + GEMM); blocked lets oneDNN
+// choose its native layout (direct AVX512-BF16 kernels), reorders the activation in and out per
+// call and keeps each weight reordered once.
+#include <unordered_map>
+
 #include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/dnnl_util.h"
 #include "ops/cpu/rows.h"
-#include "ops/cpu/cpu_ops.h"
 
 namespace apus::cpu {
+
+ConvLayout conv_layout = ConvLayout::blocked;
+
+namespace {
+
+dnnl::memory reorder_into(const dnnl::memory& from, const dnnl::memory::desc& to_desc, void* to_data) {
+  dnnl::memory to(to_desc, dnnl_engine(), to_data);
+  dnnl::reorder(from, to).execute(dnnl_stream(), const_cast<dnnl::memory&>(from), to);
+  return to;
+}
+
+}  // namespace
 
 void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
             int64_t stride, int64_t pad) {
@@ -18,34 +36,72 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
                  y.shape[3] == (x.shape[3] + 2 * pad - kw) / stride + 1,
              "conv2d: output ", shape_str(y.shape), " does not match input ", shape_str(x.shape));
   ArenaScope scope(*c.arena);
-  const Tensor wx = cpu::as_dtype(*c.arena, w, x.dtype);
-  const Tensor bx = bias ? cpu::as_dtype(*c.arena, *bias, DType::f32) : Tensor{};
-  const auto dt = cpu::dnnl_type(x.dtype);
+  const Tensor wx = as_dtype(*c.arena, w, x.dtype);
+  const Tensor bx = bias ? as_dtype(*c.arena, *bias, DType::f32) : Tensor{};
+  const auto dt = dnnl_type(x.dtype);
+  const bool blocked = conv_layout == ConvLayout::blocked;
   const memory::desc x_md(dims(x.shape.begin(), x.shape.end()), dt, memory::format_tag::nchw);
   const memory::desc w_md(dims(w.shape.begin(), w.shape.end()), dt, memory::format_tag::oihw);
-  const memory::desc y_md(dims(y.shape.begin(), y.shape.end()), cpu::dnnl_type(y.dtype),
+  const memory::desc y_md(dims(y.shape.begin(), y.shape.end()), dnnl_type(y.dtype),
                           memory::format_tag::nchw);
   const memory::desc b_md(dims{w.shape[0]}, memory::data_type::f32, memory::format_tag::x);
-  std::string key = "conv" + shape_str(x.shape) + shape_str(w.shape) + shape_str(y.shape) +
-                    std::to_string(int(x.dtype)) + std::to_string(int(y.dtype)) +
-                    std::to_string(stride) + std::to_string(pad) + (bias ? "b" : "");
-  auto& prim = cpu::cached_primitive<convolution_forward>(key, [&] {
+  auto any = [](const memory::desc& d) {
+    return memory::desc(d.dims(), d.data_type(), memory::format_tag::any);
+  };
+  const std::string key = "conv" + shape_str(x.shape) + shape_str(w.shape) + shape_str(y.shape) +
+                          std::to_string(int(x.dtype)) + std::to_string(int(y.dtype)) +
+                          std::to_string(stride) + std::to_string(pad) + (bias ? "b" : "") +
+                          (blocked ? "B" : "P");
+  struct Conv {
+    convolution_forward prim;
+    convolution_forward::primitive_desc pd;
+  };
+  auto& conv = cached_primitive<Conv>(key, [&] {
     const dims strides{stride, stride}, padding{pad, pad};
+    const auto xs = blocked ? any(x_md) : x_md, ws = blocked ? any(w_md) : w_md,
+               ys = blocked ? any(y_md) : y_md;
     auto d = bias ? convolution_forward::desc(prop_kind::forward_inference,
-                                              algorithm::convolution_direct, x_md, w_md, b_md,
-                                              y_md, strides, padding, padding)
+                                              algorithm::convolution_direct, xs, ws, b_md, ys,
+                                              strides, padding, padding)
                   : convolution_forward::desc(prop_kind::forward_inference,
-                                              algorithm::convolution_direct, x_md, w_md, y_md,
-                                              strides, padding, padding);
-    return convolution_forward(convolution_forward::primitive_desc(d, cpu::dnnl_engine()));
+                                              algorithm::convolution_direct, xs, ws, ys, strides,
+                                              padding, padding);
+    auto pd = convolution_forward::primitive_desc(d, dnnl_engine());
+    return Conv{convolution_forward(pd), pd};
   });
+
+  memory x_mem(x_md, dnnl_engine(), x.data);
+  if (conv.pd.src_desc() != x_md)
+    x_mem = reorder_into(x_mem, conv.pd.src_desc(), c.arena->alloc(conv.pd.src_desc().get_size()));
+  // Reordered weights are kept per weight buffer; widened (parity-mode) weights live in the
+  // arena and are reordered every call.
+  memory w_mem(w_md, dnnl_engine(), wx.data);
+  if (conv.pd.weights_desc() != w_md) {
+    if (wx.data == w.data) {
+      thread_local std::unordered_map<std::string, std::pair<std::shared_ptr<void>, memory>> packed;
+      const std::string wkey = std::to_string(reinterpret_cast<uintptr_t>(w.data)) + key;
+      auto it = packed.find(wkey);
+      if (it == packed.end()) {
+        std::shared_ptr<void> buf(std::aligned_alloc(64, (conv.pd.weights_desc().get_size() + 63) & ~size_t(63)),
+                                  std::free);
+        it = packed.emplace(wkey, std::make_pair(buf, reorder_into(w_mem, conv.pd.weights_desc(), buf.get())))
+                 .first;
+      }
+      w_mem = it->second.second;
+    } else {
+      w_mem = reorder_into(w_mem, conv.pd.weights_desc(), c.arena->alloc(conv.pd.weights_desc().get_size()));
+    }
+  }
+  memory y_user(y_md, dnnl_engine(), y.data);
+  memory y_mem = conv.pd.dst_desc() == y_md
+                     ? y_user
+                     : memory(conv.pd.dst_desc(), dnnl_engine(), c.arena->alloc(conv.pd.dst_desc().get_size()));
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, memory(x_md, cpu::dnnl_engine(), x.data)},
-      {DNNL_ARG_WEIGHTS, memory(w_md, cpu::dnnl_engine(), wx.data)},
-      {DNNL_ARG_DST, memory(y_md, cpu::dnnl_engine(), y.data)}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, memory(b_md, cpu::dnnl_engine(), bx.data));
-  prim.execute(cpu::dnnl_stream(), args);
-  cpu::dnnl_stream().wait();
+      {DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, y_mem}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(b_md, dnnl_engine(), bx.data));
+  conv.prim.execute(dnnl_stream(), args);
+  if (conv.pd.dst_desc() != y_md) dnnl::reorder(y_mem, y_user).execute(dnnl_stream(), y_mem, y_user);
+  dnnl_stream().wait();
 }
 
 }  // namespace apus::cpu

@@ -9,6 +9,10 @@ namespace apus::cpu {
 using ops::AttentionMask;
 using ops::RopeStyle;
 
+// Kernel variant knobs, read at each call so a benchmark can A/B them in one process.
+enum class ConvLayout { plain, blocked };
+extern ConvLayout conv_layout;
+
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale,
                          Tensor& y, float eps);
