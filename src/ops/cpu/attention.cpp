@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/cpu/rows.h"
+#include "ops/cpu/vec.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace apus::cpu {
@@ -15,25 +16,6 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
           const Tensor* bias, Tensor& c, int64_t k, int64_t n);
 
 namespace {
-
-// exp(x) for x <= 0 by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial
-// (about 1 ulp); written so the compiler vectorises it, which libm's expf does not allow.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = std::fma(n, -0.693145751953125f, std::fma(n, -1.428606765330187045e-06f, x));
-  float p = 1.0f / 720;
-  p = std::fma(p, r, 1.0f / 120);
-  p = std::fma(p, r, 1.0f / 24);
-  p = std::fma(p, r, 1.0f / 6);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  const int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return p * scale;
-}
 
 // One score row to probabilities in `dt` (bf16 bits or f32). Keys past `valid_end` and keys
 // with key_valid 0 get probability 0.
@@ -48,19 +30,13 @@ void softmax_row(float* s, int64_t n, float scale, int64_t valid_end, const int6
     mx = std::max(mx, s[j]);
   }
   if (mx == neg_inf) mx = 0.0f;  // a fully masked row yields zeros, not NaN
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = s[j] == neg_inf ? 0.0f : exp_nonpositive(s[j] - mx);
-    sum += s[j];
-  }
+  for (int64_t j = 0; j < n; ++j) s[j] -= mx;  // masked keys stay -inf, exp gives 0
+  exp_nonpositive_row(s, n);
+  const float sum = sum_row(s, n);
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  if (dt == DType::bf16) {
-    uint16_t* o = static_cast<uint16_t*>(out);
-    for (int64_t j = 0; j < n; ++j) o[j] = f32_to_bf16(s[j] * inv);
-  } else {
-    float* o = static_cast<float*>(out);
-    for (int64_t j = 0; j < n; ++j) o[j] = s[j] * inv;
-  }
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+  if (dt == DType::bf16) f32_to_bf16_row(s, static_cast<uint16_t*>(out), n);
+  else std::memcpy(out, s, size_t(n) * sizeof(float));
 }
 
 // Copies every head of a [S, H*D] view into head-major [H, S, D].

@@ -26,12 +26,9 @@ void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const
 #pragma omp for
     for (int64_t r = 0; r < m; ++r) {
       load_row(x, r, row.data(), d);
-      double mean = 0, var = 0;
-      for (int64_t i = 0; i < d; ++i) mean += row[i];
-      mean /= double(d);
-      for (int64_t i = 0; i < d; ++i) var += (row[i] - mean) * (row[i] - mean);
-      const float rstd = float(1.0 / std::sqrt(var / double(d) + eps));
-      const float mu = float(mean);
+      const float mu = sum_row(row.data(), d) / float(d);
+      const float var = squared_deviation_row(row.data(), d, mu) / float(d);
+      const float rstd = 1.0f / std::sqrt(var + eps);
       for (int64_t i = 0; i < d; ++i) {
         float v = (row[i] - mu) * rstd;
         if (rounded) v = round_bf16(round_bf16(round_bf16(v) * sc[i]) + sh[i]);
@@ -88,18 +85,21 @@ void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor&
 #pragma omp for
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t j = 0; j < per; ++j) load_row(xr, g * per + j, buf.data() + j * hw, hw);
-      double mean = 0, var = 0;
-      for (float v : buf) mean += v;
-      mean /= double(buf.size());
-      for (float v : buf) var += (v - mean) * (v - mean);
-      const float rstd = float(1.0 / std::sqrt(var / double(buf.size()) + eps));
+      // Per-channel partial sums in float (vectorised), combined in double.
+      double total = 0;
+      for (int64_t j = 0; j < per; ++j) total += sum_row(buf.data() + j * hw, hw);
+      const float mean = float(total / double(buf.size()));
+      double dev = 0;
+      for (int64_t j = 0; j < per; ++j) dev += squared_deviation_row(buf.data() + j * hw, hw, mean);
+      const float rstd = float(1.0 / std::sqrt(dev / double(buf.size()) + eps));
       for (int64_t j = 0; j < per; ++j) {
         float* v = buf.data() + j * hw;
         const int64_t cidx = g * per + j;
-        for (int64_t i = 0; i < hw; ++i) v[i] = (v[i] - float(mean)) * rstd * w[cidx] + b[cidx];
+        const float a = rstd * w[cidx], b0 = b[cidx] - mean * a;
+        for (int64_t i = 0; i < hw; ++i) v[i] = v[i] * a + b0;
         if (fuse_silu) {
           cpu::round_to(y.dtype, v, hw);  // the reference rounds between GroupNorm and SiLU
-          for (int64_t i = 0; i < hw; ++i) v[i] = v[i] / (1.0f + std::exp(-v[i]));
+          silu_row(v, hw);
         }
         store_row(yr, cidx, v, hw);
       }

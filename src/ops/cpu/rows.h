@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops/cpu/vec.h"
 
 namespace apus::cpu {
 
@@ -15,11 +16,7 @@ inline void load_row(const Tensor& t, int64_t r, float* out, int64_t n) {
       for (int64_t i = 0; i < n; ++i) out[i] = s[i];
       return;
     }
-    case DType::bf16: {
-      const uint16_t* s = static_cast<const uint16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(s[i]);
-      return;
-    }
+    case DType::bf16: bf16_to_f32_row(static_cast<const uint16_t*>(p), out, n); return;
     default: fail("load_row: unsupported dtype ", dtype_name(t.dtype));
   }
 }
@@ -32,11 +29,7 @@ inline void store_row(Tensor& t, int64_t r, const float* in, int64_t n) {
       for (int64_t i = 0; i < n; ++i) d[i] = in[i];
       return;
     }
-    case DType::bf16: {
-      uint16_t* d = static_cast<uint16_t*>(p);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(in[i]);
-      return;
-    }
+    case DType::bf16: f32_to_bf16_row(in, static_cast<uint16_t*>(p), n); return;
     default: fail("store_row: unsupported dtype ", dtype_name(t.dtype));
   }
 }

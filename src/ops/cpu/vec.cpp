@@ -1,0 +1,76 @@
+#include "ops/cpu/vec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace apus::cpu {
+
+namespace {
+
+// exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (about 1 ulp over the
+// clamped range); unlike libm's expf the compiler vectorises it.
+inline float exp_poly(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = std::fma(n, -0.693145751953125f, std::fma(n, -1.428606765330187045e-06f, x));
+  float p = 1.0f / 720;
+  p = std::fma(p, r, 1.0f / 120);
+  p = std::fma(p, r, 1.0f / 24);
+  p = std::fma(p, r, 1.0f / 6);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+}  // namespace
+
+#define APUS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+APUS_CLONES void bf16_to_f32_row(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(in[i]) << 16;
+    std::memcpy(&out[i], &u, 4);
+  }
+}
+
+APUS_CLONES void f32_to_bf16_row(const float* in, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &in[i], 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    out[i] = uint16_t(nan ? ((u >> 16) | 0x40u) : rounded);
+  }
+}
+
+APUS_CLONES void silu_row(float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = v[i] / (1.0f + exp_poly(-v[i]));
+}
+
+APUS_CLONES float sum_row(const float* v, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += v[i];
+  return s;
+}
+
+APUS_CLONES float squared_deviation_row(const float* v, int64_t n, float mean) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += (v[i] - mean) * (v[i] - mean);
+  return s;
+}
+
+APUS_CLONES void exp_nonpositive_row(float* v, int64_t n) {
+  // Below -87 (and at -inf, a masked key) the result is 0, as softmax needs.
+  for (int64_t i = 0; i < n; ++i) v[i] = v[i] < -87.0f ? 0.0f : exp_poly(v[i]);
+}
+
+}  // namespace apus::cpu
