@@ -42,6 +42,9 @@ class WeightSet {
   // Elements of the distinct tensors fetched through get(name, shape): the parameters a model
   // actually uses, in both modes.
   int64_t fetched_elements() const;
+  // Reads every fetched tensor's pages into memory now, so that loading (disk or page cache)
+  // is timed as loading and not inside the first forward. Returns the bytes made resident.
+  size_t make_resident() const;
 
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> shards_;

@@ -107,11 +107,14 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   {
     // The encoder's weights are unmapped when it leaves scope, before the transformer loads.
     const auto encoder = flux2::TextEncoder::load(dir, kTextTaps);
+    encoder.make_resident();
+    clock.stop("text encoder load");
     prompt_embeds = encoder.encode(ctx, ids, mask);
   }
   clock.stop("text encoder");
 
   const auto dit = flux2::Transformer::load(dir);
+  dit.make_resident();
   const auto& cfg = dit.config();
   const int64_t h = o.height / 16, w = o.width / 16, l = h * w;
   std::vector<int64_t> txt_ids, img_ids;
@@ -138,6 +141,8 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   }
 
   const auto vae = flux2::VaeDecoder::load(dir);
+  vae.make_resident();
+  clock.stop("vae load");
   Tensor image = Tensor::heap({1, 3, o.height, o.width}, ctx.act);
   vae.decode(ctx, latents, h, w, image);
   flux2::image_to_rgb8(image, result.rgb);

@@ -21,6 +21,7 @@ class TextEncoder {
   static TextEncoder load(const ModelDir& dir, const std::vector<int>& taps);
   const TextEncoderConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
   // ids and mask [T]; returns [T, taps * hidden] in the activation dtype (heap).
   Tensor encode(Context& c, const std::vector<int32_t>& ids,
                 const std::vector<int64_t>& attention_mask) const;

@@ -28,6 +28,7 @@ class Transformer {
   static Transformer load(const ModelDir& dir);
   const TransformerConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
 
   // prompt_embeds [T, joint_dim]; txt_ids [T, 4], img_ids [L, 4] position ids (T, H, W, L axes).
   TransformerPrologue prologue(Context& c, const Tensor& prompt_embeds,

@@ -25,6 +25,7 @@ class VaeDecoder {
   static VaeDecoder load(const ModelDir& dir);
   const VaeConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
 
   // packed [h*w, packed_channels] tokens in row-major grid order (activation dtype) ->
   // latents [1, latent_channels, patch*h, patch*w]: the batch-norm de-normalisation and the
