@@ -26,7 +26,26 @@ int run_image(const apus::ImageOptions& o, const std::string& out, bool verbose)
   apus::write_png(out, r.width, r.height, r.rgb, {{"parameters", params}, {"Software", "apus"}});
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) {
-    for (const auto& s : r.stages) std::fprintf(stderr, "%-20s %8.3f s\n", s.name.c_str(), s.seconds);
+    // Each stage against its floor on this machine, counted from the same model code.
+    const apus::PipelineCost cost = apus::count_klein(o.model_dir, o.width, o.height, o.steps);
+    const nlohmann::json roof = apus::roofline_json(cost, {apus::find_chip("cpu"), 1});
+    auto floor_of = [&](const std::string& stage) -> double {
+      const std::string key = stage == "text encoder"                  ? "text_encoder"
+                              : stage.rfind("transformer step", 0) == 0 ? "dit_step"
+                              : stage == "vae decode"                  ? "vae_decode"
+                                                                       : "";
+      for (const auto& s : roof["stages"])
+        if (s["name"] == key) return s["per_call"]["floor_s"].get<double>();
+      return 0;
+    };
+    std::fprintf(stderr, "%-20s %10s %10s %6s\n", "stage", "measured", "floor", "ratio");
+    for (const auto& s : r.stages) {
+      const double f = floor_of(s.name);
+      if (f > 0)
+        std::fprintf(stderr, "%-20s %8.3f s %8.3f s %5.2fx\n", s.name.c_str(), s.seconds, f, s.seconds / f);
+      else
+        std::fprintf(stderr, "%-20s %8.3f s\n", s.name.c_str(), s.seconds);
+    }
     std::fprintf(stderr, "%-20s %8.3f s\n", "write png", write_s);
     std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
   }

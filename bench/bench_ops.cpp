@@ -2,9 +2,11 @@
 // ceiling. Run: build/bench_ops [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
+#include "models/flux2/vae_decoder.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 
@@ -73,6 +75,25 @@ void BM_LayerNormModulate(benchmark::State& st) {
   st.counters["B/s"] = benchmark::Counter(4.0 * m * d, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LayerNormModulate)->Args({1536, 3072})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// A whole VAE decode on a real-size checkpoint named by $APUS_MODEL (e.g. an `apus synth` one).
+// args: image side
+void BM_VaeDecode(benchmark::State& st) {
+  const char* model = std::getenv("APUS_MODEL");
+  if (!model) {
+    st.SkipWithError("set APUS_MODEL to a klein checkpoint directory");
+    return;
+  }
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const auto vae = flux2::VaeDecoder::load(ModelDir::open(model));
+  vae.make_resident();
+  const int64_t side = st.range(0), tokens = side / 16;
+  Tensor x = filled({tokens * tokens, vae.config().packed_channels()}, DType::bf16);
+  Tensor image = Tensor::heap({1, 3, side, side}, DType::bf16);
+  for (auto _ : st) vae.decode(c, x, tokens, tokens, image);
+}
+BENCHMARK(BM_VaeDecode)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 
 }  // namespace
 }  // namespace apus

@@ -251,6 +251,7 @@ std::string roofline_table(const PipelineCost& p, const Roofline& r) {
       out += line;
     }
   }
+  out += "\nconventions: " + j["conventions"].get<std::string>() + "\n";
   std::snprintf(line, sizeof line, "\nrequest: %.2f TFLOP, %.2f GB weights read, floor %.3f s\n",
                 j["total"]["flops"].get<double>() / 1e12,
                 j["total"]["weight_bytes"].get<double>() / 1e9, total_floor);
