@@ -37,8 +37,9 @@ void BM_Linear(benchmark::State& st) {
 BENCHMARK(BM_Linear)->Args({1536, 3072, 27648})->Args({1536, 12288, 3072})->Args({1024, 3072, 3072})
     ->Args({512, 2560, 9728})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// args: tokens, heads
+// args: tokens, heads, query rows per task
 void BM_Attention(benchmark::State& st) {
+  cpu::attention_query_block = st.range(2);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = st.range(1), d = 128;
@@ -47,7 +48,7 @@ void BM_Attention(benchmark::State& st) {
   for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.088f, {});
   st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Attention)->Args({1536, 24})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Attention)->ArgsProduct({{1536, 4608}, {24}, {128, 512}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: channels in, channels out, spatial side, layout (0 plain, 1 blocked)
 void BM_Conv3x3(benchmark::State& st) {

@@ -3,41 +3,21 @@
 // Heads and query blocks are spread over threads; each thread runs its GEMMs single-threaded.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
+#include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/rows.h"
 #include "ops/cpu/vec.h"
-#include "ops/cpu/cpu_ops.h"
 
 namespace apus::cpu {
-void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
-          const Tensor* bias, Tensor& c, int64_t k, int64_t n);
+
+int64_t attention_query_block = 128;
 
 namespace {
 
-// One score row to probabilities in `dt` (bf16 bits or f32). Keys past `valid_end` and keys
-// with key_valid 0 get probability 0.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void softmax_row(float* s, int64_t n, float scale, int64_t valid_end, const int64_t* key_valid,
-                 void* out, DType dt) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  float mx = neg_inf;
-  for (int64_t j = 0; j < n; ++j) {
-    const bool keep = j < valid_end && (!key_valid || key_valid[j]);
-    s[j] = keep ? s[j] * scale : neg_inf;
-    mx = std::max(mx, s[j]);
-  }
-  if (mx == neg_inf) mx = 0.0f;  // a fully masked row yields zeros, not NaN
-  for (int64_t j = 0; j < n; ++j) s[j] -= mx;  // masked keys stay -inf, exp gives 0
-  exp_nonpositive_row(s, n);
-  const float sum = sum_row(s, n);
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-  if (dt == DType::bf16) f32_to_bf16_row(s, static_cast<uint16_t*>(out), n);
-  else std::memcpy(out, s, size_t(n) * sizeof(float));
-}
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Copies every head of a [S, H*D] view into head-major [H, S, D].
 void split_heads(const Tensor& x, int64_t d, Tensor& out) {
@@ -50,10 +30,16 @@ void split_heads(const Tensor& x, int64_t d, Tensor& out) {
                   static_cast<const char*>(x.row(r)) + size_t(i) * row, row);
 }
 
-}  // namespace
-}  // namespace apus::cpu
+// Sets the scores of keys a query may not see to -inf: those at or past `visible` (causal),
+// and those whose key_valid entry is 0 (padding).
+void mask_row(float* s, int64_t n, int64_t visible, const int64_t* key_valid) {
+  for (int64_t j = visible; j < n; ++j) s[j] = kNegInf;
+  if (key_valid)
+    for (int64_t j = 0; j < std::min(visible, n); ++j)
+      if (!key_valid[j]) s[j] = kNegInf;
+}
 
-namespace apus::cpu {
+}  // namespace
 
 void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
                int64_t head_dim, float scale, const ops::AttentionMask& mask) {
@@ -66,14 +52,14 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
              shape_str(v.shape), ", o ", shape_str(o.shape), ", head_dim ", d);
   ArenaScope scope(*c.arena);
   const DType dt = q.dtype;
-  const int64_t block = std::min<int64_t>(sq, 128);
+  const int64_t block = std::min<int64_t>(sq, attention_query_block);
   const int64_t blocks = (sq + block - 1) / block;
   Tensor qh = Tensor::in(*c.arena, {hq, sq, d}, dt);
   Tensor kh = Tensor::in(*c.arena, {hk, sk, d}, dt);
   Tensor vh = Tensor::in(*c.arena, {hk, sk, d}, dt);
-  cpu::split_heads(q, d, qh);
-  cpu::split_heads(k, d, kh);
-  cpu::split_heads(v, d, vh);
+  split_heads(q, d, qh);
+  split_heads(k, d, kh);
+  split_heads(v, d, vh);
   const int threads = omp_get_max_threads();
   Tensor scores = Tensor::in(*c.arena, {threads * block, sk}, DType::f32);
   Tensor probs = Tensor::in(*c.arena, {threads * block, sk}, dt);
@@ -88,15 +74,18 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
     Tensor sb = scores.rows(t * block, t * block + nb), pb = probs.rows(t * block, t * block + nb);
     // Causal rows only need keys up to their own position.
     const int64_t key_end = mask.causal ? std::min(sk, r0 + nb) : sk;
-    const void* kptr = static_cast<const char*>(kh.data) + size_t(g * sk * d) * es;
-    const void* vptr = static_cast<const char*>(vh.data) + size_t(g * sk * d) * es;
-    Tensor sbn = sb.cols(0, key_end), pbn = pb.cols(0, key_end);
-    cpu::gemm(qb, kptr, dt, 1, d, nullptr, sbn, d, key_end);  // Q · K^T
-    for (int64_t i = 0; i < nb; ++i)
-      cpu::softmax_row(static_cast<float*>(sbn.row(i)), key_end, scale,
-                       mask.causal ? r0 + i + 1 : sk, mask.key_valid, pbn.row(i), dt);
+    const char* kbase = static_cast<const char*>(kh.data) + size_t(g * sk * d) * es;
+    const char* vbase = static_cast<const char*>(vh.data) + size_t(g * sk * d) * es;
     Tensor ob = o.rows(r0, r0 + nb).cols(h * d, (h + 1) * d);
-    cpu::gemm(pbn, vptr, dt, d, 1, nullptr, ob, key_end, d);  // P · V
+    Tensor sbn = sb.cols(0, key_end), pbn = pb.cols(0, key_end);
+    gemm(qb, kbase, dt, 1, d, nullptr, sbn, d, key_end);  // Q · K^T
+    for (int64_t i = 0; i < nb; ++i) {
+      float* srow = static_cast<float*>(sbn.row(i));
+      mask_row(srow, key_end, mask.causal ? r0 + i + 1 : sk, mask.key_valid);
+      if (dt == DType::bf16) softmax_row_bf16(srow, key_end, scale, static_cast<uint16_t*>(pbn.row(i)));
+      else softmax_row_f32(srow, key_end, scale, static_cast<float*>(pbn.row(i)));
+    }
+    gemm(pbn, vbase, dt, d, 1, nullptr, ob, key_end, d);  // P · V
   }
 }
 

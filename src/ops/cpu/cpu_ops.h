@@ -9,9 +9,15 @@ namespace apus::cpu {
 using ops::AttentionMask;
 using ops::RopeStyle;
 
+// C[M,N] = A[M,K] · B (+ bias) through oneDNN; B is given by its strides (row-major [K,N] or a
+// transposed [N,K] weight); all strides in elements; fp32 accumulation.
+void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
+          const Tensor* bias, Tensor& c, int64_t k, int64_t n);
+
 // Kernel variant knobs, read at each call so a benchmark can A/B them in one process.
 enum class ConvLayout { plain, blocked };
 extern ConvLayout conv_layout;
+extern int64_t attention_query_block;  // query rows per attention task
 
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale,

@@ -26,8 +26,6 @@ dnnl::memory::data_type dnnl_type(DType t) {
   }
 }
 
-// Runs C[M,N] = A[M,K] · B + bias where B is given by its strides (row-major [K,N] or a
-// transposed [N,K] weight), on any mix the library supports; all strides in elements.
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
           const Tensor* bias, Tensor& c, int64_t k, int64_t n) {
   using namespace dnnl;

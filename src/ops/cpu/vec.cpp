@@ -11,8 +11,10 @@ namespace apus::cpu {
 namespace {
 
 // exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (about 1 ulp over the
-// clamped range); unlike libm's expf the compiler vectorises it.
-inline float exp_poly(float x) {
+// clamped range); unlike libm's expf the compiler vectorises it. Helpers are forced inline so
+// each target clone compiles them for its own ISA (an outlined copy would be baseline x86-64,
+// with fma as a libm call).
+__attribute__((always_inline)) inline float exp_poly(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);
   const float n = std::nearbyint(x * 1.44269504088896341f);
   const float r = std::fma(n, -0.693145751953125f, std::fma(n, -1.428606765330187045e-06f, x));
@@ -68,9 +70,43 @@ APUS_CLONES float squared_deviation_row(const float* v, int64_t n, float mean) {
   return s;
 }
 
-APUS_CLONES void exp_nonpositive_row(float* v, int64_t n) {
-  // Below -87 (and at -inf, a masked key) the result is 0, as softmax needs.
-  for (int64_t i = 0; i < n; ++i) v[i] = v[i] < -87.0f ? 0.0f : exp_poly(v[i]);
+namespace {
+
+// Returns the normaliser; leaves exp(scale * (s - max)) in s.
+__attribute__((always_inline)) inline float exp_and_sum(float* s, int64_t n, float scale) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, s[i]);
+  if (mx == -INFINITY) {
+    std::fill(s, s + n, 0.0f);
+    return 0.0f;
+  }
+  const float shift = mx * scale;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::fma(s[i], scale, -shift);  // -inf for masked keys
+    s[i] = x < -87.0f ? 0.0f : exp_poly(x);
+    sum += s[i];
+  }
+  return sum > 0.0f ? 1.0f / sum : 0.0f;
+}
+
+}  // namespace
+
+APUS_CLONES void softmax_row_f32(float* s, int64_t n, float scale, float* out) {
+  const float inv = exp_and_sum(s, n, scale);
+  for (int64_t i = 0; i < n; ++i) out[i] = s[i] * inv;
+}
+
+APUS_CLONES void softmax_row_bf16(float* s, int64_t n, float scale, uint16_t* out) {
+  const float inv = exp_and_sum(s, n, scale);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    const float v = s[i] * inv;
+    std::memcpy(&u, &v, 4);
+    out[i] = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // probabilities are finite
+  }
 }
 
 }  // namespace apus::cpu

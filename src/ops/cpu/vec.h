@@ -12,7 +12,9 @@ void silu_row(float* v, int64_t n);
 float sum_row(const float* v, int64_t n);
 // sum of (v - mean)^2
 float squared_deviation_row(const float* v, int64_t n, float mean);
-// exp(x) for x <= 0 (softmax after subtracting the row maximum); 0 below -87 and at -inf
-void exp_nonpositive_row(float* v, int64_t n);
+// out = softmax(scale * s) over a row whose masked entries hold -inf (a fully masked row gives
+// zeros); s is scratch. Three passes: max, exp and sum, normalise and store.
+void softmax_row_f32(float* s, int64_t n, float scale, float* out);
+void softmax_row_bf16(float* s, int64_t n, float scale, uint16_t* out);
 
 }  // namespace apus::cpu
