@@ -29,6 +29,9 @@ TextEncoderConfig TextEncoderConfig::read(const Config& c) {
     t.rope_theta = c.get_double("rope_theta");
   }
   APUS_CHECK(!c.get_bool("attention_bias", false), c.path, ": attention_bias is not supported");
+  APUS_CHECK(!c.json.contains("rope_scaling") || c.json["rope_scaling"].is_null(), c.path,
+             ": rope_scaling ", c.json.value("rope_scaling", Json()).dump(),
+             " is not supported (plain RoPE only)");
   APUS_CHECK(t.heads % t.kv_heads == 0, c.path, ": num_attention_heads ", t.heads,
              " is not a multiple of num_key_value_heads ", t.kv_heads);
   return t;
