@@ -1,6 +1,8 @@
 // Each FLUX.2 stage against the official diffusers pipeline's tensors (tools/oracle), fed the
 // reference's own inputs for that stage.
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
@@ -102,6 +104,36 @@ INSTANTIATE_TEST_SUITE_P(Klein, Flux2Stages,
                          [](const auto& info) {
                            return info.param.variant.substr(11) + "_" + info.param.precision;
                          });
+
+}  // namespace
+}  // namespace apus
+
+namespace apus {
+namespace {
+
+// Config values the models do not implement are refused with the file and key named.
+TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "apus_bad_configs";
+  fs::remove_all(dir);
+  fs::copy(test::fixture("klein_tiny_a"), dir, fs::copy_options::recursive);
+  auto patch = [&](const std::string& file, const std::string& key, const Json& value) {
+    Json j = read_json(dir + "/" + file);
+    j[key] = value;
+    std::ofstream(dir + "/" + file) << j.dump();
+  };
+  patch("text_encoder/config.json", "rope_scaling", Json{{"rope_type", "yarn"}, {"factor", 4.0}});
+  test::expect_error([&] { flux2::TextEncoder::load(ModelDir::open(dir), {9, 18, 27}); },
+                     {"text_encoder/config.json", "rope_scaling"});
+  patch("transformer/config.json", "guidance_embeds", true);
+  test::expect_error([&] { flux2::Transformer::load(ModelDir::open(dir)); },
+                     {"transformer/config.json", "guidance_embeds"});
+  patch("transformer/config.json", "guidance_embeds", false);
+  patch("transformer/config.json", "axes_dims_rope", Json::array({8, 8, 8}));
+  test::expect_error([&] { flux2::Transformer::load(ModelDir::open(dir)); },
+                     {"transformer/config.json", "axes_dims_rope"});
+  fs::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace apus
