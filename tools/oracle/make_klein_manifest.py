@@ -22,14 +22,10 @@ import shutil
 import struct
 import sys
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_env import FIXTURES, REPO  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-FIXTURE = os.path.join(REPO, "tests", "fixtures", "klein_tiny_a")
+FIXTURE = os.path.join(FIXTURES, "klein_tiny_a")
 
 TRANSFORMER = dict(
     patch_size=1,
