@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -15,9 +16,14 @@ namespace {
 // rounded once (2^-9 relative) plus the reference's own intermediate roundings, a few ulps.
 double bound(DType dt) { return dt == DType::f32 ? 2e-6 : 8.0 / 256.0; }
 
-class Ops : public ::testing::TestWithParam<DType> {
+// (activation dtype, native bf16 kernels): the second runs the f32 path AVX2-only CPUs take.
+class Ops : public ::testing::TestWithParam<std::tuple<DType, bool>> {
  protected:
-  void SetUp() override { ctx = Context{&arena, GetParam()}; }
+  void SetUp() override {
+    ctx = Context{&arena, std::get<0>(GetParam())};
+    cpu::allow_native_bf16 = std::get<1>(GetParam());
+  }
+  void TearDown() override { cpu::allow_native_bf16 = true; }
   // Fresh random values, stored in `dt`; returns the tensor and the values it really holds.
   Tensor random(Shape s, std::vector<double>* held, float scale = 1.0f, DType dt = DType(255)) {
     if (dt == DType(255)) dt = ctx.act;
@@ -236,8 +242,14 @@ TEST_P(Ops, Conv2dGroupNormUpsample) {
   check(up, upw, "upsample_nearest2x");
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, Ops, ::testing::Values(DType::f32, DType::bf16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Cpu, Ops,
+                         ::testing::Values(std::make_tuple(DType::f32, true),
+                                           std::make_tuple(DType::bf16, true),
+                                           std::make_tuple(DType::bf16, false)),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "" : "_widened");
+                         });
 
 }  // namespace
 }  // namespace apus

@@ -36,6 +36,16 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
                  y.shape[3] == (x.shape[3] + 2 * pad - kw) / stride + 1,
              "conv2d: output ", shape_str(y.shape), " does not match input ", shape_str(x.shape));
   ArenaScope scope(*c.arena);
+  if (x.dtype == DType::bf16 && !native_bf16()) {
+    // No bf16 convolution on this CPU: run it in f32 and round the result.
+    const Tensor xf = as_dtype(*c.arena, x, DType::f32);
+    Tensor yf = Tensor::in(*c.arena, y.shape, DType::f32);
+    conv2d(c, xf, w, bias, yf, stride, pad);
+    const Tensor from = yf.reshape({y.numel() / y.shape.back(), y.shape.back()});
+    Tensor to = y.reshape(from.shape);
+    for (int64_t r = 0; r < from.shape[0]; ++r) store_row(to, r, from.ptr<float>() + r * from.shape[1], from.shape[1]);
+    return;
+  }
   const Tensor wx = as_dtype(*c.arena, w, x.dtype);
   const Tensor bx = bias ? as_dtype(*c.arena, *bias, DType::f32) : Tensor{};
   const auto dt = dnnl_type(x.dtype);

@@ -16,6 +16,7 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
 
 // Kernel variant knobs, read at each call so a benchmark can A/B them in one process.
 enum class ConvLayout { plain, blocked };
+extern bool allow_native_bf16;  // off: take the f32 path an AVX2-only CPU takes
 extern ConvLayout conv_layout;
 extern int64_t attention_query_block;  // query rows per attention task
 

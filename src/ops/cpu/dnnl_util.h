@@ -14,6 +14,9 @@ namespace apus::cpu {
 dnnl::engine& dnnl_engine();
 dnnl::stream& dnnl_stream();
 dnnl::memory::data_type dnnl_type(DType t);
+// Whether the CPU runs oneDNN's bf16 GEMM and convolution natively (AVX512-BF16 or AVX-512 core).
+// Without it (AVX2 machines, or the knob off) bf16 operands are widened to f32 per call.
+bool native_bf16();
 
 template <typename Prim>
 Prim& cached_primitive(const std::string& key, const std::function<Prim()>& make) {

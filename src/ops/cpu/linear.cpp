@@ -26,11 +26,64 @@ dnnl::memory::data_type dnnl_type(DType t) {
   }
 }
 
+bool allow_native_bf16 = true;
+
+bool native_bf16() {
+  static const bool supported = [] {
+    try {
+      using namespace dnnl;
+      const memory::desc md(memory::dims{16, 16}, memory::data_type::bf16, memory::format_tag::ab);
+      matmul::primitive_desc(matmul::desc(md, md, md), dnnl_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return supported && allow_native_bf16;
+}
+
+namespace {
+
+// A [rows, cols] view as contiguous f32 in `buf` (strides in elements).
+Tensor widened(const void* data, DType dt, int64_t rows, int64_t cols, int64_t stride_r,
+               int64_t stride_c, std::vector<float>& buf) {
+  buf.resize(size_t(rows * cols));
+  const size_t es = dtype_size(dt);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t q = 0; q < cols; ++q) {
+      const void* p = static_cast<const char*>(data) + size_t(r * stride_r + q * stride_c) * es;
+      buf[size_t(r * cols + q)] = dt == DType::bf16 ? bf16_to_f32(*static_cast<const uint16_t*>(p))
+                                                    : *static_cast<const float*>(p);
+    }
+  Tensor t;
+  t.dtype = DType::f32;
+  t.shape = {rows, cols};
+  t.data = buf.data();
+  return t;
+}
+
+}  // namespace
+
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
           const Tensor* bias, Tensor& c, int64_t k, int64_t n) {
   using namespace dnnl;
   using dims = memory::dims;
   const int64_t m = a.shape[0];
+  const bool any_bf16 = a.dtype == DType::bf16 || b_type == DType::bf16 || c.dtype == DType::bf16 ||
+                        (bias && bias->dtype == DType::bf16);
+  if (any_bf16 && !native_bf16()) {
+    thread_local std::vector<float> wa, wb, wc, wbias;
+    const Tensor af = widened(a.data, a.dtype, m, k, a.row_stride(), 1, wa);
+    const Tensor bf = widened(b, b_type, k, n, b_stride_k, b_stride_n, wb);
+    const Tensor biasf = bias ? widened(bias->data, bias->dtype, 1, n, n, 1, wbias) : Tensor{};
+    wc.resize(size_t(m * n));
+    Tensor cf = bf;
+    cf.shape = {m, n};
+    cf.data = wc.data();
+    gemm(af, bf.data, DType::f32, n, 1, bias ? &biasf : nullptr, cf, k, n);
+    for (int64_t r = 0; r < m; ++r) store_row(c, r, wc.data() + r * n, n);
+    return;
+  }
   const std::string key = std::to_string(m) + "," + std::to_string(k) + "," + std::to_string(n) +
                           "," + std::to_string(int(a.dtype)) + std::to_string(int(b_type)) +
                           std::to_string(int(c.dtype)) + "," + std::to_string(a.row_stride()) +
