@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "io/png.h"
@@ -114,6 +115,10 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
   std::string long_prompt;  // digits tokenise one by one: well over 512 tokens
   for (int i = 0; i < 300; ++i) long_prompt += "lighthouse 12345 ";
   struct Case { std::string args, expect; };
+  const std::string wrong_noise = ::testing::TempDir() + "apus_wrong_noise.safetensors";
+  Tensor small = Tensor::heap({1, 128, 2, 2}, DType::f32);
+  std::memset(small.data, 0, small.nbytes());
+  write_safetensors(wrong_noise, {{"noise", small}});
   const std::vector<Case> cases = {
       {"image --model /nonexistent --prompt hi", "/nonexistent"},
       {"image --model " + model + " --prompt hi --width 100", "multiples of 16"},
@@ -122,6 +127,8 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"image --model " + model + " --prompt " + shell_quote(long_prompt), "over the 512"},
       {"image --model " + model + " --prompt hi --noise /nonexistent.safetensors", "/nonexistent.safetensors"},
       {"image --model " + model + " --prompt hi --steps 0", "steps"},
+      {"image --model " + model + " --prompt hi -W 64 -H 48 --noise " + wrong_noise,
+       "expected [1, 128, 3, 4]"},
   };
   for (const auto& c : cases) {
     const CliRun r = run_cli(c.args);

@@ -93,7 +93,8 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   Arena arena;
   Context ctx{&arena, o.fp32 ? DType::f32 : DType::bf16};
   const ModelDir dir = ModelDir::open(o.model_dir);
-
+  // Everything that can reject the request (prompt, configs, schedule, noise file) comes before
+  // any weight loads.
   const BpeTokenizer tokenizer = BpeTokenizer::load(dir.component("tokenizer") + "/tokenizer.json");
   const int n_tokens = klein_prompt_length(tokenizer, o.prompt);
   APUS_CHECK(n_tokens <= kMaxSequence, "the prompt is ", n_tokens, " tokens with the chat template, over the ",
@@ -102,6 +103,12 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   const std::vector<int32_t> ids = encode_klein_prompt(tokenizer, o.prompt, kMaxSequence, &mask32);
   const std::vector<int64_t> mask(mask32.begin(), mask32.end());
   clock.stop("tokenize");
+  const auto dit_cfg = flux2::TransformerConfig::read(dir.config("transformer"));
+  const int64_t h = o.height / 16, w = o.width / 16, l = h * w;
+  const FlowSchedule sched = flow_match_schedule(dir.config("scheduler", "scheduler_config.json"),
+                                                 o.steps, flux2_empirical_mu(l, o.steps));
+  Tensor latents = initial_noise(o, result.seed, dit_cfg.in_channels, h, w, ctx.act);
+  say("seed " + std::to_string(result.seed));
 
   Tensor prompt_embeds;
   {
@@ -115,18 +122,12 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
 
   const auto dit = flux2::Transformer::load(dir);
   dit.make_resident();
-  const auto& cfg = dit.config();
-  const int64_t h = o.height / 16, w = o.width / 16, l = h * w;
   std::vector<int64_t> txt_ids, img_ids;
   for (int64_t i = 0; i < kMaxSequence; ++i) txt_ids.insert(txt_ids.end(), {0, 0, 0, i});
   for (int64_t r = 0; r < h; ++r)
     for (int64_t c = 0; c < w; ++c) img_ids.insert(img_ids.end(), {0, r, c, 0});
   const auto prologue = dit.prologue(ctx, prompt_embeds, txt_ids, img_ids);
-  Tensor latents = initial_noise(o, result.seed, cfg.in_channels, h, w, ctx.act);
-  say("seed " + std::to_string(result.seed));
-  const FlowSchedule sched = flow_match_schedule(dir.config("scheduler", "scheduler_config.json"),
-                                                 o.steps, flux2_empirical_mu(l, o.steps));
-  Tensor velocity = Tensor::heap({l, cfg.out_channels}, ctx.act);
+  Tensor velocity = Tensor::heap({l, dit.config().out_channels}, ctx.act);
   clock.stop("transformer load");
   for (int i = 0; i < o.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
