@@ -6,6 +6,7 @@
 
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
+#include "models/flux2/vae_decoder.h"
 #include "sampling/flow_match.h"
 #include "test_util.h"
 
@@ -132,6 +133,20 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
   patch("transformer/config.json", "axes_dims_rope", Json::array({8, 8, 8}));
   test::expect_error([&] { flux2::Transformer::load(ModelDir::open(dir)); },
                      {"transformer/config.json", "axes_dims_rope"});
+  // Sizes that would divide by zero, go negative or overflow are refused, not trusted.
+  patch("transformer/config.json", "num_attention_heads", 0);
+  test::expect_error([&] { flux2::Transformer::load(ModelDir::open(dir)); },
+                     {"transformer/config.json", "num_attention_heads", "is 0"});
+  patch("text_encoder/config.json", "rope_scaling", nullptr);
+  patch("text_encoder/config.json", "num_key_value_heads", -3);
+  test::expect_error([&] { flux2::TextEncoder::load(ModelDir::open(dir), {9, 18, 27}); },
+                     {"text_encoder/config.json", "num_key_value_heads"});
+  patch("vae/config.json", "norm_num_groups", 0);
+  test::expect_error([&] { flux2::VaeDecoder::load(ModelDir::open(dir)); },
+                     {"vae/config.json", "norm_num_groups"});
+  patch("vae/config.json", "norm_num_groups", 7);
+  test::expect_error([&] { flux2::VaeDecoder::load(ModelDir::open(dir)); },
+                     {"vae/config.json", "norm_num_groups 7"});
   fs::remove_all(dir);
 }
 

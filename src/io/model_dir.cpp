@@ -46,6 +46,28 @@ int64_t Config::get_int(const std::string& key, int64_t fallback) const {
   return json.contains(key) && !json[key].is_null() ? get_int(key) : fallback;
 }
 
+namespace {
+constexpr int64_t kMaxSize = int64_t(1) << 24;
+}
+
+int64_t Config::get_size(const std::string& key, int64_t lo) const {
+  const int64_t v = get_int(key);
+  APUS_CHECK(v >= lo && v <= kMaxSize, path, ": '", key, "' is ", v, ", expected ", lo, "..",
+             kMaxSize);
+  return v;
+}
+
+int64_t Config::get_size(const std::string& key, int64_t fallback, int64_t lo) const {
+  return json.contains(key) && !json[key].is_null() ? get_size(key, lo) : fallback;
+}
+
+std::vector<int64_t> Config::get_sizes(const std::string& key) const {
+  std::vector<int64_t> v = get_ints(key);
+  for (int64_t x : v)
+    APUS_CHECK(x >= 1 && x <= kMaxSize, path, ": '", key, "' holds ", x, ", expected 1..", kMaxSize);
+  return v;
+}
+
 double Config::get_double(const std::string& key) const {
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
   APUS_CHECK(json[key].is_number(), path, ": '", key, "' is ", json[key].dump(),

@@ -20,10 +20,15 @@ struct Config {
   Json json;
   int64_t get_int(const std::string& key) const;
   int64_t get_int(const std::string& key, int64_t fallback) const;
+  // A size or count: an integer in [lo, 2^24], so a hostile config cannot reach a zero divisor,
+  // a negative shape or an allocation overflow.
+  int64_t get_size(const std::string& key, int64_t lo = 1) const;
+  int64_t get_size(const std::string& key, int64_t fallback, int64_t lo) const;
   double get_double(const std::string& key) const;
   double get_double(const std::string& key, double fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
   std::vector<int64_t> get_ints(const std::string& key) const;
+  std::vector<int64_t> get_sizes(const std::string& key) const;  // each in [1, 2^24]
 };
 Config read_config(const std::string& path);
 

@@ -27,7 +27,7 @@ FlowSchedule flow_match_schedule(const Config& cfg, int steps, double mu) {
     APUS_CHECK(!cfg.get_bool(key, false), cfg.path, ": ", key, " is not supported");
   APUS_CHECK(cfg.json.value("shift_terminal", nlohmann::json()).is_null(), cfg.path,
              ": shift_terminal is not supported");
-  const float train_steps = float(cfg.get_int("num_train_timesteps", 1000));
+  const float train_steps = float(cfg.get_size("num_train_timesteps", 1000, 1));
   FlowSchedule s;
   // np.linspace in float64, stored as float32; the shift then runs in float32 with exp(mu)
   // a weakly typed Python float.

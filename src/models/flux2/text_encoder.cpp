@@ -11,13 +11,14 @@ namespace apus::flux2 {
 
 TextEncoderConfig TextEncoderConfig::read(const Config& c) {
   TextEncoderConfig t{};
-  t.hidden = c.get_int("hidden_size");
-  t.layers = c.get_int("num_hidden_layers");
-  t.heads = c.get_int("num_attention_heads");
-  t.kv_heads = c.get_int("num_key_value_heads", t.heads);
-  t.head_dim = c.get_int("head_dim", t.hidden / t.heads);
-  t.intermediate = c.get_int("intermediate_size");
-  t.vocab = c.get_int("vocab_size");
+  t.hidden = c.get_size("hidden_size");
+  t.layers = c.get_size("num_hidden_layers");
+  t.heads = c.get_size("num_attention_heads");
+  t.kv_heads = c.get_size("num_key_value_heads", t.heads, 1);
+  t.head_dim = c.get_size("head_dim", t.hidden / t.heads, 2);
+  t.intermediate = c.get_size("intermediate_size");
+  t.vocab = c.get_size("vocab_size");
+  APUS_CHECK(t.head_dim % 2 == 0, c.path, ": head_dim ", t.head_dim, " must be even for RoPE");
   t.eps = float(c.get_double("rms_norm_eps", 1e-6));
   // transformers 5 moved rope_theta into rope_parameters; older configs keep it at the top.
   if (c.json.contains("rope_parameters") && c.json["rope_parameters"].is_object()) {

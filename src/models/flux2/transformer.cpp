@@ -9,17 +9,19 @@ namespace apus::flux2 {
 
 TransformerConfig TransformerConfig::read(const Config& c) {
   TransformerConfig t{};
-  t.in_channels = c.get_int("in_channels");
-  t.out_channels = c.get_int("out_channels", t.in_channels);
-  t.heads = c.get_int("num_attention_heads");
-  t.head_dim = c.get_int("attention_head_dim");
+  t.in_channels = c.get_size("in_channels");
+  t.out_channels = c.get_size("out_channels", t.in_channels, 1);
+  t.heads = c.get_size("num_attention_heads");
+  t.head_dim = c.get_size("attention_head_dim");
   t.hidden = t.heads * t.head_dim;
-  t.num_double = c.get_int("num_layers");
-  t.num_single = c.get_int("num_single_layers");
-  t.joint_dim = c.get_int("joint_attention_dim");
-  t.mlp_hidden = int64_t(double(t.hidden) * c.get_double("mlp_ratio", 3.0));
-  t.timestep_channels = c.get_int("timestep_guidance_channels", 256);
-  t.axes_dims = c.get_ints("axes_dims_rope");
+  t.num_double = c.get_size("num_layers", 0);
+  t.num_single = c.get_size("num_single_layers", 0);
+  t.joint_dim = c.get_size("joint_attention_dim");
+  const double mlp_ratio = c.get_double("mlp_ratio", 3.0);
+  APUS_CHECK(mlp_ratio > 0 && mlp_ratio <= 64, c.path, ": mlp_ratio ", mlp_ratio, " out of range");
+  t.mlp_hidden = int64_t(double(t.hidden) * mlp_ratio);
+  t.timestep_channels = c.get_size("timestep_guidance_channels", 256, 2);
+  t.axes_dims = c.get_sizes("axes_dims_rope");
   t.rope_theta = c.get_double("rope_theta", 2000);
   t.eps = float(c.get_double("eps", 1e-6));
   APUS_CHECK(c.get_int("patch_size", 1) == 1, c.path, ": patch_size ", c.get_int("patch_size", 1),
@@ -27,7 +29,10 @@ TransformerConfig TransformerConfig::read(const Config& c) {
   APUS_CHECK(!c.get_bool("guidance_embeds", false), c.path,
              ": guidance_embeds true is not supported (klein is guidance-distilled without it)");
   int64_t rope_sum = 0;
-  for (int64_t d : t.axes_dims) rope_sum += d;
+  for (int64_t d : t.axes_dims) {
+    APUS_CHECK(d % 2 == 0, c.path, ": axes_dims_rope entry ", d, " must be even (rotated pairs)");
+    rope_sum += d;
+  }
   APUS_CHECK(rope_sum == t.head_dim && t.axes_dims.size() == 4, c.path, ": axes_dims_rope must be",
              " four axes summing to attention_head_dim ", t.head_dim);
   return t;

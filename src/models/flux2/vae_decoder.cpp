@@ -38,13 +38,16 @@ Tensor slot(const Tensor& buffer, Shape s) {
 
 VaeConfig VaeConfig::read(const Config& c) {
   VaeConfig v{};
-  v.latent_channels = c.get_int("latent_channels");
-  v.out_channels = c.get_int("out_channels", 3);
-  v.layers_per_block = c.get_int("layers_per_block", 2);
-  v.groups = c.get_int("norm_num_groups", 32);
+  v.latent_channels = c.get_size("latent_channels");
+  v.out_channels = c.get_size("out_channels", 3, 1);
+  v.layers_per_block = c.get_size("layers_per_block", 2, 1);
+  v.groups = c.get_size("norm_num_groups", 32, 1);
   const bool own = c.json.contains("decoder_block_out_channels") &&
                    !c.json["decoder_block_out_channels"].is_null();
-  v.block_out = c.get_ints(own ? "decoder_block_out_channels" : "block_out_channels");
+  v.block_out = c.get_sizes(own ? "decoder_block_out_channels" : "block_out_channels");
+  for (int64_t ch : v.block_out)
+    APUS_CHECK(ch % v.groups == 0, c.path, ": ", ch, " channels do not split into norm_num_groups ",
+               v.groups);
   v.mid_attention = c.get_bool("mid_block_add_attention", true);
   v.post_quant_conv = c.get_bool("use_post_quant_conv", true);
   v.bn_eps = c.get_double("batch_norm_eps", 1e-4);
