@@ -1,6 +1,7 @@
 // The apus CLI end to end on the fixture models: the PNG, its metadata and its pixels, and
 // one-line errors with a non-zero exit for bad input.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -139,6 +140,18 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
     for (char ch : r.output) lines += ch == '\n';
     EXPECT_LE(lines, 1u) << r.output;
   }
+}
+
+TEST(CliErrors, RequestTooLargeForThisMachineIsRefusedBeforeLoading) {
+  // The engine's own published-layout configs (no weights): the memory check runs before any
+  // weight file would be opened.
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (ram > 64e9) GTEST_SKIP() << "this machine could hold a 4096x4096 decode";
+  const std::string published = std::string(APUS_FIXTURES) + "/../../data/flux2-klein-4b";
+  const CliRun r = run_cli("image --model " + published + " --prompt hi -W 4096 -H 4096");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("needs about"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("vae_decode"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -102,7 +102,8 @@ Tensor to_dtype(const Tensor& t, DType dt) {
   return out;
 }
 
-Arena::Arena(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {}
+Arena::Arena(size_t chunk_bytes, bool measure_only)
+    : chunk_bytes_(chunk_bytes), measure_only_(measure_only) {}
 
 Arena::~Arena() {
   for (auto& c : chunks_) std::free(c.base);
@@ -110,6 +111,11 @@ Arena::~Arena() {
 
 void* Arena::alloc(size_t bytes) {
   bytes = (bytes + 63) & ~size_t(63);
+  if (measure_only_) {
+    offset_ += bytes;
+    high_water_ = std::max(high_water_, offset_);
+    return nullptr;
+  }
   while (current_ < chunks_.size() && offset_ + bytes > chunks_[current_].size) {
     ++current_;
     offset_ = 0;

@@ -64,7 +64,9 @@ Tensor to_dtype(const Tensor& t, DType dt);  // heap copy
 // Regions are grown in chunks; `mark`/`release` give stack-like scoping per block.
 class Arena {
  public:
-  explicit Arena(size_t chunk_bytes = size_t(64) << 20);
+  // measure_only: allocations only move the counters and return null (the cost model's
+  // counting mode measures peak activation memory without reserving it).
+  explicit Arena(size_t chunk_bytes = size_t(64) << 20, bool measure_only = false);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -80,6 +82,7 @@ class Arena {
   struct Chunk { void* base; size_t size; };
   std::vector<Chunk> chunks_;
   size_t chunk_bytes_, current_ = 0, offset_ = 0, high_water_ = 0;
+  bool measure_only_;
 };
 
 // Releases everything allocated after construction when it leaves scope.

@@ -31,12 +31,13 @@ std::string resolve_model(const std::string& model) {
 template <typename Body>
 StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
   CostLog log;
-  Arena arena;
+  Arena arena(size_t(64) << 20, /*measure_only=*/true);
   Context c{&arena, DType::bf16, &log, true};
   body(c);
   StageCost s;
   s.name = name;
   s.calls = calls;
+  s.activation_bytes = double(arena.high_water());
   s.per_call = log.total();
   s.modules = log.entries();
   return s;
@@ -155,6 +156,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
                          {"per_call", cost_json(s.per_call, peak, bw)},
                          {"total", cost_json(times(s.per_call, double(s.calls)), peak, bw)}};
     js["per_call"]["floor_s"] = per_call_floor;
+    js["activation_bytes"] = s.activation_bytes;
     js["total"]["floor_s"] = stage_floor;
     js["floor_s"] = stage_floor;
     floor_total += stage_floor;
@@ -218,10 +220,14 @@ std::string roofline_table(const PipelineCost& p, const Roofline& r) {
   out += line;
   const double total_floor = j["total"]["floor_s"];
   for (const auto& s : j["stages"]) {
-    std::snprintf(line, sizeof line, "\n%s x%lld: %.3f TFLOP, floor %.4f s (%.1f%% of request)\n",
+    std::snprintf(line, sizeof line,
+                  "\n%s x%lld: %.3f TFLOP (%.3f per call), floor %.4f s (%.1f%% of request), "
+                  "activations %.2f GB\n",
                   s["name"].get<std::string>().c_str(), (long long)s["calls"].get<int64_t>(),
-                  s["total"]["flops"].get<double>() / 1e12, s["floor_s"].get<double>(),
-                  100.0 * s["floor_s"].get<double>() / total_floor);
+                  s["total"]["flops"].get<double>() / 1e12,
+                  s["per_call"]["flops"].get<double>() / 1e12, s["floor_s"].get<double>(),
+                  100.0 * s["floor_s"].get<double>() / total_floor,
+                  s["activation_bytes"].get<double>() / 1e9);
     out += line;
     out += "  module                       n   GFLOP  weight MB  fused MB unfused MB  AI(f) AI(u)  bound    floor ms\n";
     // Blocks of one kind collapse into one row (indices become *), summed.

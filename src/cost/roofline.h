@@ -18,6 +18,7 @@ struct StageCost {
   // What the collectives need, per call: tensor-parallel all-reduce payload, Ulysses
   // all_to_all payload and the activation handed across a depth-shard boundary, in bytes.
   double tp_allreduce_bytes = 0, ulysses_bytes = 0, boundary_bytes = 0;
+  double activation_bytes = 0;  // peak arena use of one call: activations and scratch
 };
 
 struct PipelineCost {

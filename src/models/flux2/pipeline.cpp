@@ -5,8 +5,11 @@
 #include <fstream>
 #include <random>
 
+#include <unistd.h>
+
 #include "apus/apus.h"
 #include "core/error.h"
+#include "cost/roofline.h"
 #include "io/model_dir.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
@@ -71,6 +74,19 @@ Tensor initial_noise(const ImageOptions& o, uint64_t seed, int64_t channels, int
   return packed;
 }
 
+// Refuses a request whose largest stage would not fit in this machine's memory (weights it reads
+// plus twice its counted activations, for the backend's own scratch) instead of letting the
+// kernel's OOM killer end the process halfway.
+void check_memory(const ImageOptions& o) {
+  const PipelineCost cost = count_klein(o.model_dir, o.width, o.height, o.steps);
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  for (const StageCost& s : cost.stages) {
+    const double need = s.per_call.weight_bytes + 2 * s.activation_bytes;
+    APUS_CHECK(need <= ram, o.width, "x", o.height, " needs about ", int(need / 1e9 + 0.5),
+               " GB in its ", s.name, " stage, more than this machine's ", int(ram / 1e9), " GB");
+  }
+}
+
 }  // namespace
 
 uint64_t peak_rss_bytes() {
@@ -93,6 +109,7 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   Arena arena;
   Context ctx{&arena, o.fp32 ? DType::f32 : DType::bf16};
   const ModelDir dir = ModelDir::open(o.model_dir);
+  check_memory(o);
   // Everything that can reject the request (prompt, configs, schedule, noise file) comes before
   // any weight loads.
   const BpeTokenizer tokenizer = BpeTokenizer::load(dir.component("tokenizer") + "/tokenizer.json");
@@ -120,25 +137,28 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   }
   clock.stop("text encoder");
 
-  const auto dit = flux2::Transformer::load(dir);
-  dit.make_resident();
-  std::vector<int64_t> txt_ids, img_ids;
-  for (int64_t i = 0; i < kMaxSequence; ++i) txt_ids.insert(txt_ids.end(), {0, 0, 0, i});
-  for (int64_t r = 0; r < h; ++r)
-    for (int64_t c = 0; c < w; ++c) img_ids.insert(img_ids.end(), {0, r, c, 0});
-  const auto prologue = dit.prologue(ctx, prompt_embeds, txt_ids, img_ids);
-  Tensor velocity = Tensor::heap({l, dit.config().out_channels}, ctx.act);
-  clock.stop("transformer load");
-  for (int i = 0; i < o.steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    dit.forward(ctx, prologue, latents, sched.timesteps[size_t(i)], velocity);
-    euler_step(ctx, latents, velocity, sched.sigmas[size_t(i)], sched.sigmas[size_t(i) + 1]);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    char line[96];
-    std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, o.steps,
-                  double(sched.sigmas[size_t(i)]), s);
-    say(line);
-    clock.stop("transformer step " + std::to_string(i + 1));
+  {
+    // The transformer is unmapped before the decoder runs, like the text encoder before it.
+    const auto dit = flux2::Transformer::load(dir);
+    dit.make_resident();
+    std::vector<int64_t> txt_ids, img_ids;
+    for (int64_t i = 0; i < kMaxSequence; ++i) txt_ids.insert(txt_ids.end(), {0, 0, 0, i});
+    for (int64_t r = 0; r < h; ++r)
+      for (int64_t c = 0; c < w; ++c) img_ids.insert(img_ids.end(), {0, r, c, 0});
+    const auto prologue = dit.prologue(ctx, prompt_embeds, txt_ids, img_ids);
+    Tensor velocity = Tensor::heap({l, dit.config().out_channels}, ctx.act);
+    clock.stop("transformer load");
+    for (int i = 0; i < o.steps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      dit.forward(ctx, prologue, latents, sched.timesteps[size_t(i)], velocity);
+      euler_step(ctx, latents, velocity, sched.sigmas[size_t(i)], sched.sigmas[size_t(i) + 1]);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      char line[96];
+      std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, o.steps,
+                    double(sched.sigmas[size_t(i)]), s);
+      say(line);
+      clock.stop("transformer step " + std::to_string(i + 1));
+    }
   }
 
   const auto vae = flux2::VaeDecoder::load(dir);
