@@ -32,6 +32,9 @@ inline uint16_t f32_to_bf16(float f) {
 
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+// A float as the reference holds it after one op in dtype `dt` (only bf16 rounds here).
+inline float round_as(DType dt, float f) { return dt == DType::bf16 ? round_bf16(f) : f; }
+
 float f16_to_f32(uint16_t h);
 
 }  // namespace apus

@@ -221,8 +221,7 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
 
   // The pipeline casts t to the model dtype, divides by 1000 and the model multiplies by 1000
   // again, each in the model dtype; the sinusoid (cos first) is fp32, cast back.
-  const bool bf16 = c.act == DType::bf16;
-  const auto act_round = [bf16](float v) { return bf16 ? round_bf16(v) : v; };
+  const auto act_round = [&c](float v) { return round_as(c.act, v); };
   const float tau = act_round(act_round(act_round(timestep) / 1000.0f) * 1000.0f);
   const int64_t half = cfg_.timestep_channels / 2;
   CostScope dit_scope(c, "dit");

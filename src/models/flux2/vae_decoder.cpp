@@ -15,9 +15,6 @@ namespace {
 // 1e-6 in code; the config has no key for it.
 constexpr float kNormEps = 1e-6f;
 
-// A float as the reference holds it after one op in dtype `dt`.
-float rounded(DType dt, float v) { return dt == DType::bf16 ? round_bf16(v) : v; }
-
 void store(Tensor& t, int64_t i, float v) {
   if (t.dtype == DType::bf16)
     t.ptr<uint16_t>()[i] = f32_to_bf16(v);
@@ -146,17 +143,17 @@ void VaeDecoder::unpack_latents(Context& c, const Tensor& packed, int64_t h, int
   // sqrt(var + eps) there, the scalar eps itself cast to that dtype first.
   const DType dt = c.act;
   const std::vector<float> mean = to_f32_vector(bn_mean_), var = to_f32_vector(bn_var_);
-  const float eps = rounded(dt, float(cfg_.bn_eps));
+  const float eps = round_as(dt, float(cfg_.bn_eps));
   std::vector<float> std_dev(size_t(pc), 0.0f);
   for (int64_t f = 0; f < pc; ++f)
-    std_dev[size_t(f)] = rounded(dt, std::sqrt(rounded(dt, var[size_t(f)] + eps)));
+    std_dev[size_t(f)] = round_as(dt, std::sqrt(round_as(dt, var[size_t(f)] + eps)));
   const std::vector<float> x = to_f32_vector(packed);
   // Token (y, x) feature f = ch*p*p + pi*p + pj lands on latent pixel (ch, p*y + pi, p*x + pj).
   for (int64_t t = 0; t < h * w; ++t) {
     const int64_t ty = t / w, tx = t % w;
     for (int64_t f = 0; f < pc; ++f) {
       const float v =
-          rounded(dt, rounded(dt, x[size_t(t * pc + f)] * std_dev[size_t(f)]) + mean[size_t(f)]);
+          round_as(dt, round_as(dt, x[size_t(t * pc + f)] * std_dev[size_t(f)]) + mean[size_t(f)]);
       const int64_t ch = f / (p * p), pi = (f / p) % p, pj = f % p;
       store(latents, (ch * lh + p * ty + pi) * lw + p * tx + pj, v);
     }
@@ -297,7 +294,7 @@ void image_to_rgb8(const Tensor& image, std::vector<uint8_t>& rgb) {
       // denormalize runs in the image's dtype: x * 0.5 + 0.5 as two rounded ops, then clamp.
       const float x = v[size_t(ch * hw + i)];
       const float unit =
-          std::clamp(rounded(image.dtype, rounded(image.dtype, x * 0.5f) + 0.5f), 0.0f, 1.0f);
+          std::clamp(round_as(image.dtype, round_as(image.dtype, x * 0.5f) + 0.5f), 0.0f, 1.0f);
       // Then numpy in float32: (x * 255).round() rounds halves to even, as nearbyint does.
       rgb[size_t(i * 3 + ch)] = uint8_t(std::nearbyint(unit * 255.0f));
     }
