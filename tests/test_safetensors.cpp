@@ -124,6 +124,10 @@ TEST(ModelDir, BadDirectoriesGiveOneLineErrors) {
   { std::ofstream(d + "/model_index.json") << "{\"a\": "; }
   expect_error([&] { ModelDir::open(d); }, {"model_index.json", "malformed JSON"});
   { std::ofstream(d + "/model_index.json") << "{}"; }
+  expect_error([&] { ModelDir::open(d); }, {"model_index.json", "_class_name"});
+  { std::ofstream(d + "/model_index.json") << "[1, 2]"; }
+  expect_error([&] { ModelDir::open(d); }, {"model_index.json", "expected an object", "array"});
+  { std::ofstream(d + "/model_index.json") << R"({"_class_name": "SomePipeline"})"; }
   const ModelDir m = ModelDir::open(d);
   expect_error([&] { m.component("transformer"); }, {"transformer", "missing"});
   std::filesystem::create_directories(d + "/vae");

@@ -4,10 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <cmath>
 
 #include "core/error.h"
+#include "io/files.h"
 
 namespace apus {
 
@@ -21,19 +21,25 @@ bool is_directory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-Json read_json(const std::string& path) {
-  std::ifstream f(path);
-  APUS_CHECK(f, path, ": cannot open");
-  std::stringstream s;
-  s << f.rdbuf();
+Json parse_json(const std::string& text, const std::string& path) {
   try {
-    return Json::parse(s.str());
+    return Json::parse(text);
   } catch (const Json::parse_error& e) {
     fail(path, ": malformed JSON at byte ", e.byte);
+  } catch (const Json::exception& e) {
+    // e.g. a number beyond double's range (1e999)
+    fail(path, ": unreadable JSON: ", e.what());
   }
 }
 
-Config read_config(const std::string& path) { return Config{path, read_json(path)}; }
+Json read_json(const std::string& path) { return parse_json(read_file(path), path); }
+
+Config read_config(const std::string& path) {
+  Config c{path, read_json(path)};
+  APUS_CHECK(c.json.is_object(), path, ": expected a JSON object of settings, found ",
+             c.json.type_name());
+  return c;
+}
 
 int64_t Config::get_int(const std::string& key) const {
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
@@ -77,6 +83,24 @@ double Config::get_double(const std::string& key) const {
 
 double Config::get_double(const std::string& key, double fallback) const {
   return json.contains(key) && !json[key].is_null() ? get_double(key) : fallback;
+}
+
+double Config::get_positive(const std::string& key) const {
+  const double v = get_double(key);
+  APUS_CHECK(std::isfinite(v) && v > 0, path, ": '", key, "' is ", json[key].dump(),
+             ", expected a positive number");
+  return v;
+}
+
+double Config::get_positive(const std::string& key, double fallback) const {
+  return json.contains(key) && !json[key].is_null() ? get_positive(key) : fallback;
+}
+
+std::string Config::get_string(const std::string& key, const std::string& fallback) const {
+  if (!json.contains(key) || json[key].is_null()) return fallback;
+  APUS_CHECK(json[key].is_string(), path, ": '", key, "' is ", json[key].dump(),
+             ", expected a string");
+  return json[key].get<std::string>();
 }
 
 bool Config::get_bool(const std::string& key, bool fallback) const {
@@ -214,8 +238,22 @@ ModelDir ModelDir::open(const std::string& root, bool load_weights) {
   ModelDir m;
   m.root_ = root;
   m.load_weights_ = load_weights;
-  m.index_ = read_json(root + "/model_index.json");
+  const std::string index = root + "/model_index.json";
+  m.index_ = read_json(index);
+  APUS_CHECK(m.index_.is_object(), index, ": expected an object naming the pipeline class and its ",
+             "components, found ", m.index_.type_name());
+  APUS_CHECK(m.index_.contains("_class_name") && m.index_["_class_name"].is_string(), index,
+             ": missing the pipeline class '_class_name'");
   return m;
+}
+
+std::string ModelDir::pipeline_class() const { return index_["_class_name"].get<std::string>(); }
+
+std::string ModelDir::component_class(const std::string& name) const {
+  const Json* entry = index_.contains(name) ? &index_[name] : nullptr;
+  APUS_CHECK(entry && entry->is_array() && entry->size() == 2 && (*entry)[1].is_string(), root_,
+             "/model_index.json: '", name, "' must be [library, class]");
+  return (*entry)[1].get<std::string>();
 }
 
 std::string ModelDir::component(const std::string& name) const {

@@ -11,7 +11,9 @@ namespace apus {
 
 using Json = nlohmann::json;
 
-// Parses a JSON file; errors name the file and the parse position.
+// Every JSON the engine reads goes through these: any library exception (syntax, a number
+// beyond double's range) becomes apus::Error naming the file.
+Json parse_json(const std::string& text, const std::string& path);
 Json read_json(const std::string& path);
 
 // Typed config access whose errors name the file and key.
@@ -26,6 +28,10 @@ struct Config {
   int64_t get_size(const std::string& key, int64_t fallback, int64_t lo) const;
   double get_double(const std::string& key) const;
   double get_double(const std::string& key, double fallback) const;
+  // Finite and > 0 (an eps, a RoPE base): zero or negative values make the arithmetic meaningless.
+  double get_positive(const std::string& key) const;
+  double get_positive(const std::string& key, double fallback) const;
+  std::string get_string(const std::string& key, const std::string& fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
   std::vector<int64_t> get_ints(const std::string& key) const;
   std::vector<int64_t> get_sizes(const std::string& key) const;  // each in [1, 2^24]
@@ -70,6 +76,10 @@ class ModelDir {
     return load_weights_ ? WeightSet::open_dir(component(name)) : WeightSet::shapes_only();
   }
   const Json& index() const { return index_; }
+  // model_index.json's `_class_name` ("Flux2KleinPipeline"), checked to be present at open().
+  std::string pipeline_class() const;
+  // The class model_index.json gives a component ("Flux2Transformer2DModel").
+  std::string component_class(const std::string& name) const;
 
  private:
   std::string root_;

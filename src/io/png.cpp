@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "io/files.h"
 
 namespace apus {
 
@@ -24,16 +25,20 @@ void write_png(const std::string& path, int width, int height, const std::vector
                const std::vector<std::pair<std::string, std::string>>& text) {
   APUS_CHECK(size_t(width) * size_t(height) * 3 == rgb.size(), path, ": ", rgb.size(),
              " bytes of pixels for a ", width, "x", height, " RGB image");
-  File file{std::fopen(path.c_str(), "wb")};
-  APUS_CHECK(file.f, path, ": cannot open for writing");
+  AtomicFile file(path);
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING,
                                             const_cast<char*>(path.c_str()), png_error_fn,
                                             png_warning_fn);
+  APUS_CHECK(png, path, ": out of memory creating the PNG writer");
   png_infop info = png_create_info_struct(png);
-  std::unique_ptr<png_structp, void (*)(png_structp*)> guard(&png, [](png_structp* p) {
-    png_destroy_write_struct(p, nullptr);
-  });
-  png_init_io(png, file.f);
+  // Frees both structs on every path out, the error path (a libpng error is thrown) included.
+  struct Guard {
+    png_structp* png;
+    png_infop* info;
+    ~Guard() { png_destroy_write_struct(png, info); }
+  } guard{&png, &info};
+  APUS_CHECK(info, path, ": out of memory creating the PNG writer");
+  png_init_io(png, file.stream());
   png_set_IHDR(png, info, png_uint_32(width), png_uint_32(height), 8, PNG_COLOR_TYPE_RGB,
                PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   std::vector<png_text> chunks(text.size());
@@ -48,7 +53,7 @@ void write_png(const std::string& path, int width, int height, const std::vector
   for (int y = 0; y < height; ++y)
     png_write_row(png, const_cast<uint8_t*>(rgb.data() + size_t(y) * size_t(width) * 3));
   png_write_end(png, info);
-  png_destroy_info_struct(png, &info);
+  file.commit();
 }
 
 PngImage read_png(const std::string& path) {
@@ -56,10 +61,14 @@ PngImage read_png(const std::string& path) {
   APUS_CHECK(file.f, path, ": cannot open");
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(path.c_str()),
                                            png_error_fn, png_warning_fn);
+  APUS_CHECK(png, path, ": out of memory creating the PNG reader");
   png_infop info = png_create_info_struct(png);
-  std::unique_ptr<png_structp, void (*)(png_structp*)> guard(&png, [](png_structp* p) {
-    png_destroy_read_struct(p, nullptr, nullptr);
-  });
+  struct Guard {
+    png_structp* png;
+    png_infop* info;
+    ~Guard() { png_destroy_read_struct(png, info, nullptr); }
+  } guard{&png, &info};
+  APUS_CHECK(info, path, ": out of memory creating the PNG reader");
   png_init_io(png, file.f);
   png_read_info(png, info);
   PngImage img;
@@ -74,7 +83,6 @@ PngImage read_png(const std::string& path) {
   png_textp chunks = nullptr;
   const int n = png_get_text(png, info, &chunks, nullptr);
   for (int i = 0; i < n; ++i) img.text.emplace_back(chunks[i].key, chunks[i].text);
-  png_destroy_info_struct(png, &info);
   return img;
 }
 

@@ -1,17 +1,15 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/files.h"
 
 namespace apus {
 
@@ -22,20 +20,16 @@ MappedFile::~MappedFile() {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  APUS_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    ::close(fd);
-    fail(path, ": cannot stat: ", std::strerror(errno));
-  }
+  size_t size = 0;
+  const int fd = open_regular(path, size);
   auto file = std::make_shared<MappedFile>();
   file->path = path;
-  file->size = size_t(st.st_size);
+  file->size = size;
   if (file->size > 0) {
     void* p = mmap(nullptr, file->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int err = errno;
     ::close(fd);
-    APUS_CHECK(p != MAP_FAILED, path, ": mmap failed: ", std::strerror(errno));
+    APUS_CHECK(p != MAP_FAILED, path, ": mmap failed: ", std::strerror(err));
     file->data = static_cast<const uint8_t*>(p);
   } else {
     ::close(fd);
@@ -142,16 +136,15 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
-  std::ofstream f(path, std::ios::binary);
-  APUS_CHECK(f, path, ": cannot open for writing");
+  AtomicFile f(path);
   const uint64_t len = h.size();
-  f.write(reinterpret_cast<const char*>(&len), 8);
-  f.write(h.data(), std::streamsize(h.size()));
+  f.write(&len, 8);
+  f.write(h.data(), h.size());
   for (const auto& [name, t] : tensors) {
     APUS_CHECK(t.data || t.nbytes() == 0, path, ": tensor '", name, "' has no data to write");
-    f.write(static_cast<const char*>(t.data), std::streamsize(t.nbytes()));
+    f.write(t.data, t.nbytes());
   }
-  APUS_CHECK(f.good(), path, ": write failed");
+  f.commit();
 }
 
 }  // namespace apus

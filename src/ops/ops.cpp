@@ -105,6 +105,12 @@ void copy(Context& c, const Tensor& x, Tensor& y) {
   cpu::copy(c, x, y);
 }
 
+bool all_finite(Context& c, const Tensor& x) {
+  if (!account(c, {elems(x), 0, bytes(x), bytes(x)})) return true;
+  require_cpu(x, "all_finite");
+  return cpu::all_finite(c, x);
+}
+
 void transpose(Context& c, const Tensor& x, Tensor& y) {
   const double act = bytes(x) + bytes(y);
   if (!account(c, {0, 0, act, act})) return;

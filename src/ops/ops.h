@@ -75,6 +75,9 @@ void silu(Context& c, const Tensor& x, Tensor& y);
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate);
 // x <- x + step * velocity with the reference scheduler's roundings (flow-match Euler).
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step);
+// Whether every element of x is finite: the guard a pipeline runs on each stage's output.
+// Counting mode reports true.
+bool all_finite(Context& c, const Tensor& x);
 // y = x converted to y's dtype (copy between views).
 void copy(Context& c, const Tensor& x, Tensor& y);
 // y[N, M] = x[M, N]^T, both contiguous and of one dtype: channel planes <-> token rows.

@@ -19,7 +19,7 @@ FlowSchedule flow_match_schedule(const Config& cfg, int steps, double mu) {
   APUS_CHECK(steps >= 1 && steps <= 1000, "steps ", steps, " out of range (expected 1..1000)");
   APUS_CHECK(cfg.get_bool("use_dynamic_shifting", false), cfg.path,
              ": only use_dynamic_shifting true (FLUX.2) is supported");
-  const std::string shift_type = cfg.json.value("time_shift_type", "exponential");
+  const std::string shift_type = cfg.get_string("time_shift_type", "exponential");
   APUS_CHECK(shift_type == "exponential", cfg.path, ": time_shift_type '", shift_type,
              "' is not supported (expected exponential)");
   for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",

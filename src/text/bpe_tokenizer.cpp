@@ -9,13 +9,11 @@
 #include <algorithm>
 #include <array>
 #include <climits>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "io/model_dir.h"
 
 namespace apus {
 namespace {
@@ -258,17 +256,6 @@ uint64_t pair_key(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
-std::string read_file(const std::string& path) {
-  APUS_CHECK(!std::filesystem::is_directory(path), path,
-             ": is a directory, expected a tokenizer.json file");
-  std::ifstream in(path, std::ios::binary);
-  APUS_CHECK(in, path, ": cannot open tokenizer file");
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  APUS_CHECK(!in.bad(), path, ": failed while reading tokenizer file");
-  return std::move(contents).str();
-}
-
 void check_pipeline_ends(const json& root, const std::string& path) {
   const json& decoder = member(root, "decoder");
   APUS_CHECK(type_name(decoder) == "ByteLevel", path, ": unsupported decoder.type '",
@@ -310,7 +297,9 @@ struct BpeTokenizer::Impl {
 
   std::unordered_map<std::string, int32_t> vocab;
   std::unordered_map<std::string, int32_t> added_ids;
-  std::vector<std::string> id_to_token;  // empty string = no token with that id
+  // By id; a map, not a table sized by the largest id, which an untrusted file chooses.
+  std::unordered_map<int32_t, std::string> id_to_token;
+  int32_t max_id = -1;
   std::unordered_map<uint64_t, Merge> merges;
   std::array<int32_t, 256> byte_ids{};  // -1: byte absent from the vocabulary, dropped like HF
   bool ignore_merges = false;
@@ -600,9 +589,8 @@ void BpeTokenizer::Impl::configure_added_tokens(const json& root, const std::str
 }
 
 void BpeTokenizer::Impl::set_token_text(int32_t id, const std::string& text) {
-  const auto index = static_cast<size_t>(id);
-  if (index >= id_to_token.size()) id_to_token.resize(index + 1);
-  id_to_token[index] = text;
+  id_to_token[id] = text;
+  max_id = std::max(max_id, id);
 }
 
 BpeTokenizer::BpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -612,13 +600,7 @@ BpeTokenizer::~BpeTokenizer() = default;
 
 BpeTokenizer BpeTokenizer::load(const std::string& tokenizer_json_path) {
   const std::string& path = tokenizer_json_path;
-  const std::string text = read_file(path);
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail(path, ": malformed tokenizer JSON: ", e.what());
-  }
+  const json root = read_json(path);
   APUS_CHECK(root.is_object(), path, ": tokenizer JSON must be an object");
 
   auto impl = std::make_unique<Impl>();
@@ -663,10 +645,10 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   const auto& byte_of = alphabet().byte_of;
   std::string bytes;
   for (const int32_t id : ids) {
-    APUS_CHECK(
-        id >= 0 && static_cast<size_t>(id) < t.id_to_token.size() && !t.id_to_token[id].empty(),
-        "cannot decode token id ", id, ": not in the vocabulary");
-    const std::string& token = t.id_to_token[id];
+    const auto found = t.id_to_token.find(id);
+    APUS_CHECK(found != t.id_to_token.end() && !found->second.empty(), "cannot decode token id ",
+               id, ": not in the vocabulary");
+    const std::string& token = found->second;
     // HF's ByteLevel decoder maps a token back to bytes only if every character is in the byte
     // alphabet; otherwise (e.g. an added token containing a newline) the token's own UTF-8 is used.
     const size_t start = bytes.size();
@@ -696,6 +678,8 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   }
   return out;
 }
+
+int32_t BpeTokenizer::max_id() const { return impl_->max_id; }
 
 int32_t BpeTokenizer::token_id(std::string_view token) const {
   const std::string key(token);

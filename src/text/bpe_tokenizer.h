@@ -32,6 +32,8 @@ class BpeTokenizer {
   // Added tokens take precedence over the model vocabulary, as in HF. Throws apus::Error naming
   // the token when it is absent.
   int32_t token_id(std::string_view token) const;
+  // The largest id any token has: a model must have an embedding row for each.
+  int32_t max_id() const;
 
  private:
   struct Impl;

@@ -1,20 +1,24 @@
 // Prompt to pixels for FLUX.2 [klein]: tokenise, encode, sample, decode, in the order and
 // precision of diffusers' Flux2KleinPipeline.
-#include <chrono>
-#include <cstdio>
-#include <fstream>
-#include <random>
+#include <omp.h>
 
-#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
 
 #include "apus/apus.h"
 #include "core/error.h"
 #include "cost/roofline.h"
+#include "core/memory.h"
 #include "io/model_dir.h"
+#include "models/flux2/klein.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
 #include "sampling/flow_match.h"
+#include "sampling/noise.h"
 #include "sampling/torch_rng.h"
 #include "text/klein_prompt.h"
 
@@ -22,9 +26,12 @@ namespace apus {
 
 namespace {
 
-constexpr int kMaxSequence = 512;                   // the pipeline's max_sequence_length
-const std::vector<int> kTextTaps = {9, 18, 27};      // the pipeline's text_encoder_out_layers
+using flux2::kMaxSequence;
+using flux2::kTextTaps;
 constexpr int kMaxSide = 4096;
+// Address space each pool thread takes beyond the counted stage: its malloc arena (glibc reserves
+// 64 MiB per thread), its stack and oneDNN's per-thread scratch and kernels.
+constexpr double kThreadAddressAllowance = 128.0 * (1 << 20);
 
 class StageClock {
  public:
@@ -53,11 +60,7 @@ Tensor initial_noise(const ImageOptions& o, uint64_t seed, int64_t channels, int
                      DType act) {
   Tensor nchw;
   if (!o.noise_file.empty()) {
-    const SafetensorsFile f = SafetensorsFile::open(o.noise_file);
-    const Tensor& n = f.get("noise");
-    APUS_CHECK(n.shape == Shape({1, channels, h, w}), o.noise_file, ": tensor 'noise' has shape ",
-               shape_str(n.shape), ", expected ", shape_str({1, channels, h, w}));
-    nchw = to_dtype(n, act);
+    nchw = read_noise(o.noise_file, {1, channels, h, w}, act);
   } else {
     // The official pipeline draws the latents in the model dtype with torch's CPU generator.
     nchw = Tensor::heap({1, channels, h, w}, act);
@@ -74,28 +77,35 @@ Tensor initial_noise(const ImageOptions& o, uint64_t seed, int64_t channels, int
   return packed;
 }
 
-// Refuses a request whose largest stage would not fit in this machine's memory (weights it reads
-// plus twice its counted activations, for the backend's own scratch) instead of letting the
-// kernel's OOM killer end the process halfway.
+// Refuses a request whose largest stage would not fit in the memory this process may use
+// (weights it reads plus twice its counted activations, for the backend's own scratch) instead of
+// letting the OOM killer or an allocation failure end it halfway.
 void check_memory(const ImageOptions& o) {
   const PipelineCost cost = count_klein(o.model_dir, o.width, o.height, o.steps);
-  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  const MemoryBudget budget = memory_budget();
   for (const StageCost& s : cost.stages) {
     const double need = s.per_call.weight_bytes + 2 * s.activation_bytes;
-    APUS_CHECK(need <= ram, o.width, "x", o.height, " needs about ", int(need / 1e9 + 0.5),
-               " GB in its ", s.name, " stage, more than this machine's ", int(ram / 1e9), " GB");
+    APUS_CHECK(need <= budget.resident_bytes, o.width, "x", o.height, " needs about ",
+               int(need / 1e9 + 0.5), " GB in its ", s.name, " stage, more than the ",
+               int(budget.resident_bytes / 1e9), " GB of ", budget.resident_source);
+    // Weights are mapped and scratch is reserved per thread, so the address space must hold the
+    // stage plus the thread pool's allowance.
+    const double address_need = need + kThreadAddressAllowance * double(omp_get_max_threads());
+    APUS_CHECK(address_need <= budget.address_bytes, o.width, "x", o.height, " needs about ",
+               int(address_need / 1e6 + 0.5), " MB of address space in its ", s.name,
+               " stage, more than the ", int(std::max(budget.address_bytes, 0.0) / 1e6),
+               " MB the address-space limit (ulimit -v) leaves");
   }
 }
 
-}  // namespace
-
-uint64_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  return 0;
+// Stops the request when a stage's output holds NaN or Inf: an image from it would be black or
+// garbage, and its cast to bytes undefined.
+void require_finite(Context& c, const Tensor& t, const std::string& stage) {
+  APUS_CHECK(ops::all_finite(c, t), stage, " produced NaN or Inf (from a non-finite weight, ",
+             "noise value or setting upstream)");
 }
+
+}  // namespace
 
 ImageResult generate_image(const ImageOptions& o, const std::function<void(const std::string&)>& progress) {
   check_options(o);
@@ -109,6 +119,7 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   Arena arena;
   Context ctx{&arena, o.fp32 ? DType::f32 : DType::bf16};
   const ModelDir dir = ModelDir::open(o.model_dir);
+  flux2::check_klein_index(dir);
   check_memory(o);
   // Everything that can reject the request (prompt, configs, schedule, noise file) comes before
   // any weight loads.
@@ -120,6 +131,10 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   const std::vector<int32_t> ids = encode_klein_prompt(tokenizer, o.prompt, kMaxSequence, &mask32);
   const std::vector<int64_t> mask(mask32.begin(), mask32.end());
   clock.stop("tokenize");
+  const auto text_cfg = flux2::TextEncoderConfig::read(dir.config("text_encoder"));
+  APUS_CHECK(tokenizer.max_id() < text_cfg.vocab, dir.component("tokenizer"),
+             "/tokenizer.json: token id ", tokenizer.max_id(), " has no row in the text encoder's ",
+             text_cfg.vocab, "-entry embedding (text_encoder/config.json vocab_size)");
   const auto dit_cfg = flux2::TransformerConfig::read(dir.config("transformer"));
   const int64_t h = o.height / 16, w = o.width / 16, l = h * w;
   const FlowSchedule sched = flow_match_schedule(dir.config("scheduler", "scheduler_config.json"),
@@ -134,6 +149,7 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
     encoder.make_resident();
     clock.stop("text encoder load");
     prompt_embeds = encoder.encode(ctx, ids, mask);
+    require_finite(ctx, prompt_embeds, "the text encoder");
   }
   clock.stop("text encoder");
 
@@ -152,6 +168,8 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
       const auto t0 = std::chrono::steady_clock::now();
       dit.forward(ctx, prologue, latents, sched.timesteps[size_t(i)], velocity);
       euler_step(ctx, latents, velocity, sched.sigmas[size_t(i)], sched.sigmas[size_t(i) + 1]);
+      require_finite(ctx, latents, "transformer step " + std::to_string(i + 1) + "/" +
+                                       std::to_string(o.steps));
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char line[96];
       std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, o.steps,
@@ -166,9 +184,31 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   clock.stop("vae load");
   Tensor image = Tensor::heap({1, 3, o.height, o.width}, ctx.act);
   vae.decode(ctx, latents, h, w, image);
+  require_finite(ctx, image, "the VAE decoder");
   flux2::image_to_rgb8(image, result.rgb);
   clock.stop("vae decode");
   return result;
+}
+
+void flux2::check_klein_index(const ModelDir& dir) {
+  const std::string index = dir.root() + "/model_index.json";
+  APUS_CHECK(dir.pipeline_class() == "Flux2KleinPipeline", index, ": _class_name '",
+             dir.pipeline_class(), "' is not supported (this build runs Flux2KleinPipeline)");
+  const std::pair<const char*, std::vector<std::string>> components[] = {
+      {"transformer", {"Flux2Transformer2DModel"}},
+      {"vae", {"AutoencoderKLFlux2"}},
+      {"text_encoder", {"Qwen3ForCausalLM", "Qwen3Model"}},
+      {"tokenizer", {"Qwen2TokenizerFast", "Qwen2Tokenizer"}},
+      {"scheduler", {"FlowMatchEulerDiscreteScheduler"}}};
+  for (const auto& [name, classes] : components) {
+    const std::string cls = dir.component_class(name);
+    APUS_CHECK(std::find(classes.begin(), classes.end(), cls) != classes.end(), index, ": ", name,
+               " class '", cls, "' is not supported (expected ", classes[0], ")");
+  }
+  const Json& distilled = dir.index().contains("is_distilled") ? dir.index()["is_distilled"] : Json();
+  // The pipeline's default is false: a base model, sampled with classifier-free guidance.
+  APUS_CHECK(distilled.is_boolean() && distilled.get<bool>(), index, ": is_distilled is ",
+             distilled.dump(), "; only the guidance-distilled klein models (true) are supported yet");
 }
 
 }  // namespace apus

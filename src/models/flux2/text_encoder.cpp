@@ -19,15 +19,15 @@ TextEncoderConfig TextEncoderConfig::read(const Config& c) {
   t.intermediate = c.get_size("intermediate_size");
   t.vocab = c.get_size("vocab_size");
   APUS_CHECK(t.head_dim % 2 == 0, c.path, ": head_dim ", t.head_dim, " must be even for RoPE");
-  t.eps = float(c.get_double("rms_norm_eps", 1e-6));
+  t.eps = float(c.get_positive("rms_norm_eps", 1e-6));
   // transformers 5 moved rope_theta into rope_parameters; older configs keep it at the top.
   if (c.json.contains("rope_parameters") && c.json["rope_parameters"].is_object()) {
     const Config rope{c.path + " (rope_parameters)", c.json["rope_parameters"]};
-    t.rope_theta = rope.get_double("rope_theta");
-    const std::string type = rope.json.value("rope_type", "default");
+    t.rope_theta = rope.get_positive("rope_theta");
+    const std::string type = rope.get_string("rope_type", "default");
     APUS_CHECK(type == "default", c.path, ": rope_type '", type, "' is not supported");
   } else {
-    t.rope_theta = c.get_double("rope_theta");
+    t.rope_theta = c.get_positive("rope_theta");
   }
   APUS_CHECK(!c.get_bool("attention_bias", false), c.path, ": attention_bias is not supported");
   APUS_CHECK(!c.json.contains("rope_scaling") || c.json["rope_scaling"].is_null(), c.path,

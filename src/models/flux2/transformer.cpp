@@ -14,16 +14,16 @@ TransformerConfig TransformerConfig::read(const Config& c) {
   t.heads = c.get_size("num_attention_heads");
   t.head_dim = c.get_size("attention_head_dim");
   t.hidden = t.heads * t.head_dim;
-  t.num_double = c.get_size("num_layers", 0);
-  t.num_single = c.get_size("num_single_layers", 0);
+  t.num_double = c.get_size("num_layers");
+  t.num_single = c.get_size("num_single_layers");
   t.joint_dim = c.get_size("joint_attention_dim");
   const double mlp_ratio = c.get_double("mlp_ratio", 3.0);
   APUS_CHECK(mlp_ratio > 0 && mlp_ratio <= 64, c.path, ": mlp_ratio ", mlp_ratio, " out of range");
   t.mlp_hidden = int64_t(double(t.hidden) * mlp_ratio);
   t.timestep_channels = c.get_size("timestep_guidance_channels", 256, 2);
   t.axes_dims = c.get_sizes("axes_dims_rope");
-  t.rope_theta = c.get_double("rope_theta", 2000);
-  t.eps = float(c.get_double("eps", 1e-6));
+  t.rope_theta = c.get_positive("rope_theta", 2000);
+  t.eps = float(c.get_positive("eps", 1e-6));
   APUS_CHECK(c.get_int("patch_size", 1) == 1, c.path, ": patch_size ", c.get_int("patch_size", 1),
              " is not supported (expected 1)");
   APUS_CHECK(!c.get_bool("guidance_embeds", false), c.path,

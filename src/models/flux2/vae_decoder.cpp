@@ -47,14 +47,14 @@ VaeConfig VaeConfig::read(const Config& c) {
                v.groups);
   v.mid_attention = c.get_bool("mid_block_add_attention", true);
   v.post_quant_conv = c.get_bool("use_post_quant_conv", true);
-  v.bn_eps = c.get_double("batch_norm_eps", 1e-4);
+  v.bn_eps = c.get_positive("batch_norm_eps", 1e-4);
   const std::vector<int64_t> patch =
       c.json.contains("patch_size") ? c.get_ints("patch_size") : std::vector<int64_t>{2, 2};
   // The pipeline's _unpatchify_latents hard-codes 2x2 whatever the config says.
   APUS_CHECK(patch == std::vector<int64_t>({2, 2}), c.path, ": patch_size must be [2, 2]");
   v.patch = 2;
   APUS_CHECK(!v.block_out.empty(), c.path, ": block_out_channels is empty");
-  const std::string act = c.json.value("act_fn", std::string("silu"));
+  const std::string act = c.get_string("act_fn", "silu");
   APUS_CHECK(act == "silu", c.path, ": act_fn '", act, "' is not supported (expected silu)");
   if (c.json.contains("up_block_types")) {
     const Json& types = c.json["up_block_types"];
@@ -293,6 +293,8 @@ void image_to_rgb8(const Tensor& image, std::vector<uint8_t>& rgb) {
     for (int64_t i = 0; i < hw; ++i) {
       // denormalize runs in the image's dtype: x * 0.5 + 0.5 as two rounded ops, then clamp.
       const float x = v[size_t(ch * hw + i)];
+      APUS_CHECK(std::isfinite(x), "image_to_rgb8: pixel ", i, " of channel ", ch, " is ", x,
+                 ", expected a finite value");
       const float unit =
           std::clamp(round_as(image.dtype, round_as(image.dtype, x * 0.5f) + 0.5f), 0.0f, 1.0f);
       // Then numpy in float32: (x * 255).round() rounds halves to even, as nearbyint does.

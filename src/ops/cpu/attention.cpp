@@ -23,11 +23,11 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 void split_heads(const Tensor& x, int64_t d, Tensor& out) {
   const int64_t s = x.shape[0], h = x.shape[1] / d;
   const size_t es = dtype_size(x.dtype), row = size_t(d) * es;
-#pragma omp parallel for
-  for (int64_t r = 0; r < s; ++r)
+  parallel_for(s, [&](int64_t r) {
     for (int64_t i = 0; i < h; ++i)
       std::memcpy(static_cast<char*>(out.data) + size_t(i * s + r) * row,
                   static_cast<const char*>(x.row(r)) + size_t(i) * row, row);
+  });
 }
 
 // Sets the scores of keys a query may not see to -inf: those at or past `visible` (causal),
@@ -65,8 +65,7 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   Tensor probs = Tensor::in(*c.arena, {threads * block, sk}, dt);
   const size_t es = dtype_size(dt);
 
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t task = 0; task < hq * blocks; ++task) {
+  parallel_for(hq * blocks, [&](int64_t task) {
     const int64_t h = task / blocks, r0 = (task % blocks) * block, nb = std::min(block, sq - r0);
     const int64_t g = h / (hq / hk);
     const int64_t t = omp_get_thread_num();
@@ -86,7 +85,7 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
       else softmax_row_f32(srow, key_end, scale, static_cast<float*>(pbn.row(i)));
     }
     gemm(pbn, vbase, dt, d, 1, nullptr, ob, key_end, d);  // P · V
-  }
+  }, Schedule::dynamic);
 }
 
 }  // namespace apus::cpu

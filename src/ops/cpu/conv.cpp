@@ -17,7 +17,9 @@ namespace {
 
 dnnl::memory reorder_into(const dnnl::memory& from, const dnnl::memory::desc& to_desc, void* to_data) {
   dnnl::memory to(to_desc, dnnl_engine(), to_data);
-  dnnl::reorder(from, to).execute(dnnl_stream(), const_cast<dnnl::memory&>(from), to);
+  run_primitive("a layout reorder", [&] {
+    dnnl::reorder(from, to).execute(dnnl_stream(), const_cast<dnnl::memory&>(from), to);
+  });
   return to;
 }
 
@@ -109,9 +111,10 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, y_mem}};
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(b_md, dnnl_engine(), bx.data));
-  conv.prim.execute(dnnl_stream(), args);
-  if (conv.pd.dst_desc() != y_md) dnnl::reorder(y_mem, y_user).execute(dnnl_stream(), y_mem, y_user);
-  dnnl_stream().wait();
+  run_primitive(key, [&] {
+    conv.prim.execute(dnnl_stream(), args);
+    if (conv.pd.dst_desc() != y_md) dnnl::reorder(y_mem, y_user).execute(dnnl_stream(), y_mem, y_user);
+  });
 }
 
 }  // namespace apus::cpu

@@ -34,6 +34,7 @@ void silu(Context& c, const Tensor& x, Tensor& y);
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate);
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step);
 void copy(Context& c, const Tensor& x, Tensor& y);
+bool all_finite(Context& c, const Tensor& x);
 void transpose(Context& c, const Tensor& x, Tensor& y);
 void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
             int64_t stride, int64_t pad);

@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace apus::cpu {
@@ -18,12 +19,32 @@ dnnl::memory::data_type dnnl_type(DType t);
 // Without it (AVX2 machines, or the knob off) bf16 operands are widened to f32 per call.
 bool native_bf16();
 
+// oneDNN reports failures (out of memory creating a kernel or its scratchpad, an unsupported
+// shape) as dnnl::error; these turn them into apus::Error naming the kernel.
 template <typename Prim>
 Prim& cached_primitive(const std::string& key, const std::function<Prim()>& make) {
   thread_local std::unordered_map<std::string, Prim> cache;
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, make()).first;
+  if (it == cache.end()) {
+    try {
+      it = cache.emplace(key, make()).first;
+    } catch (const dnnl::error& e) {
+      fail("oneDNN could not create the kernel for ", key, ": ", e.what(),
+           e.status == dnnl_out_of_memory ? " (out of memory)" : "");
+    }
+  }
   return it->second;
+}
+
+template <typename Run>
+void run_primitive(const std::string& key, Run&& run) {
+  try {
+    run();
+    dnnl_stream().wait();
+  } catch (const dnnl::error& e) {
+    fail("oneDNN failed running the kernel for ", key, ": ", e.what(),
+         e.status == dnnl_out_of_memory ? " (out of memory)" : "");
+  }
 }
 
 }  // namespace apus::cpu

@@ -1,97 +1,93 @@
 #include <algorithm>
+#include <atomic>
 #include <cmath>
-#include <vector>
 
-#include "ops/cpu/rows.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/rows.h"
 
 namespace apus::cpu {
-
 
 void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y) {
   const int64_t m = a.shape[0], f = a.shape[1];
   APUS_CHECK(b.shape == a.shape && y.shape == a.shape, "silu_mul: a ", shape_str(a.shape), ", b ",
              shape_str(b.shape), ", y ", shape_str(y.shape));
-#pragma omp parallel
-  {
-    std::vector<float> va(static_cast<size_t>(f)), vb(static_cast<size_t>(f));
-#pragma omp for
-    for (int64_t r = 0; r < m; ++r) {
-      load_row(a, r, va.data(), f);
-      load_row(b, r, vb.data(), f);
-      silu_row(va.data(), f);
-      cpu::round_to(y.dtype, va.data(), f);  // silu(a) is its own rounded op in the reference
-      for (int64_t i = 0; i < f; ++i) va[i] *= vb[i];
-      store_row(y, r, va.data(), f);
-    }
-  }
+  parallel_for(m, [&](int64_t r) {
+    float* va = thread_scratch(0, f);
+    float* vb = thread_scratch(1, f);
+    load_row(a, r, va, f);
+    load_row(b, r, vb, f);
+    silu_row(va, f);
+    round_to(y.dtype, va, f);  // silu(a) is its own rounded op in the reference
+    for (int64_t i = 0; i < f; ++i) va[i] *= vb[i];
+    store_row(y, r, va, f);
+  });
 }
 
 void silu(Context& c, const Tensor& x, Tensor& y) {
-  const Tensor xv = x.rank() == 2 ? x : x.reshape({1, x.numel()});
-  Tensor yv = y.rank() == 2 ? y : y.reshape({1, y.numel()});
-  const int64_t m = xv.shape[0], f = xv.shape[1];
-  APUS_CHECK(yv.shape == xv.shape, "silu: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
-#pragma omp parallel
-  {
-    std::vector<float> v(static_cast<size_t>(f));
-#pragma omp for
-    for (int64_t r = 0; r < m; ++r) {
-      load_row(xv, r, v.data(), f);
-      silu_row(v.data(), f);
-      store_row(yv, r, v.data(), f);
-    }
-  }
+  const Tensor xv = as_rows(x);
+  Tensor yv = same_rows(y, xv);
+  const int64_t f = xv.shape[1];
+  parallel_for(xv.shape[0], [&](int64_t r) {
+    float* v = thread_scratch(0, f);
+    load_row(xv, r, v, f);
+    silu_row(v, f);
+    store_row(yv, r, v, f);
+  });
 }
 
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate) {
   const int64_t m = x.shape[0], d = x.shape[1];
   APUS_CHECK(y.shape == x.shape && (!gate || gate->numel() == d), "add_gated: x ",
              shape_str(x.shape), ", y ", shape_str(y.shape));
-  std::vector<float> g(size_t(d), 1.0f);
-  if (gate) cpu::load_vec(*gate, g.data());
-#pragma omp parallel
-  {
-    std::vector<float> vx(static_cast<size_t>(d)), vy(static_cast<size_t>(d));
-#pragma omp for
-    for (int64_t r = 0; r < m; ++r) {
-      load_row(x, r, vx.data(), d);
-      load_row(y, r, vy.data(), d);
-      if (gate) {
-        for (int64_t i = 0; i < d; ++i) vy[i] *= g[i];
-        cpu::round_to(x.dtype, vy.data(), d);  // gate * y is rounded before the residual add
-      }
-      for (int64_t i = 0; i < d; ++i) vx[i] += vy[i];
-      store_row(x, r, vx.data(), d);
+  ArenaScope scope(*c.arena);
+  const Tensor g = gate ? as_dtype(*c.arena, vector_row(*gate), DType::f32) : Tensor{};
+  parallel_for(m, [&](int64_t r) {
+    float* vx = thread_scratch(0, d);
+    float* vy = thread_scratch(1, d);
+    load_row(x, r, vx, d);
+    load_row(y, r, vy, d);
+    if (gate) {
+      for (int64_t i = 0; i < d; ++i) vy[i] *= g.ptr<float>()[i];
+      round_to(x.dtype, vy, d);  // gate * y is rounded before the residual add
     }
-  }
+    for (int64_t i = 0; i < d; ++i) vx[i] += vy[i];
+    store_row(x, r, vx, d);
+  });
 }
 
 void copy(Context& c, const Tensor& x, Tensor& y) {
-  const Tensor xv = x.rank() == 2 ? x : x.reshape({1, x.numel()});
-  Tensor yv = y.rank() == 2 ? y : y.reshape({1, y.numel()});
-  APUS_CHECK(xv.shape == yv.shape, "copy: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
-  const int64_t m = xv.shape[0], f = xv.shape[1];
-#pragma omp parallel
-  {
-    std::vector<float> v(static_cast<size_t>(f));
-#pragma omp for
-    for (int64_t r = 0; r < m; ++r) {
-      load_row(xv, r, v.data(), f);
-      store_row(yv, r, v.data(), f);
-    }
-  }
+  const Tensor xv = as_rows(x);
+  Tensor yv = same_rows(y, xv);
+  const int64_t f = xv.shape[1];
+  parallel_for(xv.shape[0], [&](int64_t r) {
+    float* v = thread_scratch(0, f);
+    load_row(xv, r, v, f);
+    store_row(yv, r, v, f);
+  });
+}
+
+bool all_finite(Context& c, const Tensor& x) {
+  const Tensor xv = as_rows(x);
+  const int64_t f = xv.shape[1];
+  std::atomic<bool> finite{true};
+  parallel_for(xv.shape[0], [&](int64_t r) {
+    float* v = thread_scratch(0, f);
+    load_row(xv, r, v, f);
+    if (!finite_row(v, f)) finite.store(false, std::memory_order_relaxed);
+  });
+  return finite.load();
 }
 
 namespace {
 template <typename T>
 void transpose_tiles(const T* x, T* y, int64_t m, int64_t n) {
   constexpr int64_t tile = 32;  // both sides stay in cache lines while a tile is moved
-#pragma omp parallel for collapse(2)
-  for (int64_t i0 = 0; i0 < m; i0 += tile)
-    for (int64_t j0 = 0; j0 < n; j0 += tile)
-      for (int64_t i = i0; i < std::min(i0 + tile, m); ++i)
-        for (int64_t j = j0; j < std::min(j0 + tile, n); ++j) y[j * m + i] = x[i * n + j];
+  const int64_t tiles_n = (n + tile - 1) / tile;
+  parallel_for(((m + tile - 1) / tile) * tiles_n, [&](int64_t t) {
+    const int64_t i0 = (t / tiles_n) * tile, j0 = (t % tiles_n) * tile;
+    for (int64_t i = i0; i < std::min(i0 + tile, m); ++i)
+      for (int64_t j = j0; j < std::min(j0 + tile, n); ++j) y[j * m + i] = x[i * n + j];
+  });
 }
 }  // namespace
 
@@ -115,35 +111,31 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
              "rope: x ", shape_str(x.shape), ", cos ", shape_str(cos.shape), ", head_dim ",
              head_dim);
   const bool rounded = x.dtype != DType::f32;
-#pragma omp parallel
-  {
-    std::vector<float> v(static_cast<size_t>(d));
-#pragma omp for
-    for (int64_t r = 0; r < s; ++r) {
-      load_row(x, r, v.data(), d);
-      const float* cr = cos.ptr<float>() + r * half;
-      const float* sr = sin.ptr<float>() + r * half;
-      for (int64_t h = 0; h < d; h += head_dim) {
-        float* p = v.data() + h;
-        for (int64_t j = 0; j < half; ++j) {
-          const int64_t i0 = style == ops::RopeStyle::interleaved ? 2 * j : j;
-          const int64_t i1 = style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half;
-          const float x0 = p[i0], x1 = p[i1];
-          if (style == ops::RopeStyle::half && rounded) {
-            // Qwen applies q*cos + rotate_half(q)*sin in the activation dtype, with cos/sin
-            // themselves cast to it: four rounded ops.
-            const float cb = round_bf16(cr[j]), sb = round_bf16(sr[j]);
-            p[i0] = round_bf16(round_bf16(x0 * cb) + round_bf16(-x1 * sb));
-            p[i1] = round_bf16(round_bf16(x1 * cb) + round_bf16(x0 * sb));
-          } else {
-            p[i0] = x0 * cr[j] - x1 * sr[j];
-            p[i1] = x1 * cr[j] + x0 * sr[j];
-          }
+  parallel_for(s, [&](int64_t r) {
+    float* v = thread_scratch(0, d);
+    load_row(x, r, v, d);
+    const float* cr = cos.ptr<float>() + r * half;
+    const float* sr = sin.ptr<float>() + r * half;
+    for (int64_t h = 0; h < d; h += head_dim) {
+      float* p = v + h;
+      for (int64_t j = 0; j < half; ++j) {
+        const int64_t i0 = style == ops::RopeStyle::interleaved ? 2 * j : j;
+        const int64_t i1 = style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half;
+        const float x0 = p[i0], x1 = p[i1];
+        if (style == ops::RopeStyle::half && rounded) {
+          // Qwen applies q*cos + rotate_half(q)*sin in the activation dtype, with cos/sin
+          // themselves cast to it: four rounded ops.
+          const float cb = round_bf16(cr[j]), sb = round_bf16(sr[j]);
+          p[i0] = round_bf16(round_bf16(x0 * cb) + round_bf16(-x1 * sb));
+          p[i1] = round_bf16(round_bf16(x1 * cb) + round_bf16(x0 * sb));
+        } else {
+          p[i0] = x0 * cr[j] - x1 * sr[j];
+          p[i1] = x1 * cr[j] + x0 * sr[j];
         }
       }
-      store_row(x, r, v.data(), d);
     }
-  }
+    store_row(x, r, v, d);
+  });
 }
 
 void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
@@ -151,14 +143,13 @@ void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
   APUS_CHECK(y.shape == Shape({1, ch, 2 * h, 2 * w}) && x.dtype == y.dtype,
              "upsample_nearest2x: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
   const size_t es = dtype_size(x.dtype);
-#pragma omp parallel for
-  for (int64_t ci = 0; ci < ch; ++ci) {
+  parallel_for(ch, [&](int64_t ci) {
     const char* src = static_cast<const char*>(x.data) + size_t(ci * h * w) * es;
     char* dst = static_cast<char*>(y.data) + size_t(ci * 4 * h * w) * es;
     for (int64_t i = 0; i < 2 * h; ++i)
       for (int64_t j = 0; j < 2 * w; ++j)
         std::memcpy(dst + size_t(i * 2 * w + j) * es, src + size_t((i / 2) * w + j / 2) * es, es);
-  }
+  });
 }
 
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
@@ -168,18 +159,15 @@ void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
   // (0-d tensors do not promote), then adds in fp32: bf16(x + bf16(bf16(dt) * v)).
   const bool bf16 = velocity.dtype == DType::bf16;
   const float dt = bf16 ? round_bf16(step) : step;
-  const int64_t m = x.shape[0], n = x.shape[1];
-#pragma omp parallel
-  {
-    std::vector<float> vx(static_cast<size_t>(n)), vv(static_cast<size_t>(n));
-#pragma omp for
-    for (int64_t r = 0; r < m; ++r) {
-      load_row(x, r, vx.data(), n);
-      load_row(velocity, r, vv.data(), n);
-      for (int64_t i = 0; i < n; ++i) vx[i] += bf16 ? round_bf16(dt * vv[i]) : dt * vv[i];
-      store_row(x, r, vx.data(), n);
-    }
-  }
+  const int64_t n = x.shape[1];
+  parallel_for(x.shape[0], [&](int64_t r) {
+    float* vx = thread_scratch(0, n);
+    float* vv = thread_scratch(1, n);
+    load_row(x, r, vx, n);
+    load_row(velocity, r, vv, n);
+    for (int64_t i = 0; i < n; ++i) vx[i] += bf16 ? round_bf16(dt * vv[i]) : dt * vv[i];
+    store_row(x, r, vx, n);
+  });
 }
 
 }  // namespace apus::cpu

@@ -52,8 +52,9 @@ Tensor widened(const void* data, DType dt, int64_t rows, int64_t cols, int64_t s
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t q = 0; q < cols; ++q) {
       const void* p = static_cast<const char*>(data) + size_t(r * stride_r + q * stride_c) * es;
-      buf[size_t(r * cols + q)] = dt == DType::bf16 ? bf16_to_f32(*static_cast<const uint16_t*>(p))
-                                                    : *static_cast<const float*>(p);
+      buf[size_t(r * cols + q)] = dt == DType::bf16  ? bf16_to_f32(*static_cast<const uint16_t*>(p))
+                                  : dt == DType::f16 ? f16_to_f32(*static_cast<const uint16_t*>(p))
+                                                     : *static_cast<const float*>(p);
     }
   Tensor t;
   t.dtype = DType::f32;
@@ -104,8 +105,7 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
       {DNNL_ARG_WEIGHTS, memory(b_md, dnnl_engine(), const_cast<void*>(b))},
       {DNNL_ARG_DST, memory(c_md, dnnl_engine(), c.data)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(bias_md, dnnl_engine(), bias->data));
-  prim.execute(dnnl_stream(), args);
-  dnnl_stream().wait();
+  run_primitive(key, [&] { prim.execute(dnnl_stream(), args); });
 }
 
 Tensor as_dtype(Arena& arena, const Tensor& t, DType dt) {
@@ -113,15 +113,11 @@ Tensor as_dtype(Arena& arena, const Tensor& t, DType dt) {
   const Tensor src = t.reshape({t.numel() / t.shape.back(), t.shape.back()});
   Tensor out = Tensor::in(arena, src.shape, dt);
   const int64_t cols = src.shape[1];
-#pragma omp parallel
-  {
-    std::vector<float> buf(static_cast<size_t>(cols));
-#pragma omp for
-    for (int64_t r = 0; r < src.shape[0]; ++r) {
-      load_row(src, r, buf.data(), cols);
-      store_row(out, r, buf.data(), cols);
-    }
-  }
+  parallel_for(src.shape[0], [&](int64_t r) {
+    float* buf = thread_scratch(0, cols);
+    load_row(src, r, buf, cols);
+    store_row(out, r, buf, cols);
+  });
   return out.reshape(t.shape);
 }
 

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/tensor.h"
 #include "ops/cpu/vec.h"
 
@@ -17,6 +18,7 @@ inline void load_row(const Tensor& t, int64_t r, float* out, int64_t n) {
       return;
     }
     case DType::bf16: bf16_to_f32_row(static_cast<const uint16_t*>(p), out, n); return;
+    case DType::f16: f16_to_f32_row(static_cast<const uint16_t*>(p), out, n); return;
     default: fail("load_row: unsupported dtype ", dtype_name(t.dtype));
   }
 }
@@ -40,15 +42,28 @@ inline void round_to(DType dt, float* v, int64_t n) {
     for (int64_t i = 0; i < n; ++i) v[i] = round_bf16(v[i]);
 }
 
-// A whole (small) vector as fp32, for modulation, gates and norm weights.
-inline void load_vec(const Tensor& t, float* out) {
-  Tensor flat = t;
-  flat.shape = {1, t.numel()};
-  flat.stride0 = 0;
-  load_row(flat, 0, out, t.numel());
+// A small vector (norm weights, modulation, gates) as one [1, n] row; a one-row column view counts.
+inline Tensor vector_row(const Tensor& t) {
+  APUS_CHECK(t.contiguous() || (t.rank() == 2 && t.shape[0] == 1), "expected a vector, got a ",
+             shape_str(t.shape), " view");
+  Tensor v = t;
+  v.shape = {1, t.numel()};
+  v.stride0 = 0;
+  return v;
 }
 
-inline int64_t rows_of(const Tensor& t) { return t.rank() == 2 ? t.shape[0] : t.numel() / t.shape.back(); }
+// Any contiguous tensor as [rows, last dim], so row kernels spread over its rows.
+inline Tensor as_rows(const Tensor& t) {
+  return t.rank() == 2 ? t : t.reshape({t.numel() / t.shape.back(), t.shape.back()});
+}
+// An output viewed with the rows of its input: the same shape, or the same element count when
+// both are contiguous.
+inline Tensor same_rows(const Tensor& y, const Tensor& x_rows) {
+  if (y.shape == x_rows.shape) return y;
+  APUS_CHECK(y.numel() == x_rows.numel() && y.contiguous() && x_rows.contiguous(), "output ",
+             shape_str(y.shape), " does not match input ", shape_str(x_rows.shape));
+  return y.reshape(x_rows.shape);
+}
 
 }  // namespace apus::cpu
 

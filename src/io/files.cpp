@@ -1,0 +1,106 @@
+#include "io/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace apus {
+
+namespace {
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+}  // namespace
+
+int open_regular(const std::string& path, size_t& size) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  APUS_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(path, ": cannot stat: ", std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, ": is ", kind_of(st.st_mode), ", expected a regular file");
+  }
+  size = size_t(st.st_size);
+  return fd;
+}
+
+std::string read_file(const std::string& path) {
+  size_t size = 0;
+  const int fd = open_regular(path, size);
+  std::string out(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, out.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(path, ": read failed after ", done, " of ", size, " bytes: ",
+           n == 0 ? "unexpected end of file" : std::strerror(err));
+    }
+    done += size_t(n);
+  }
+  ::close(fd);
+  return out;
+}
+
+AtomicFile::AtomicFile(const std::string& path) : path_(path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  tmp_ = (slash == std::string::npos ? "" : dir) + "." + name + ".XXXXXX";
+  const int fd = ::mkstemp(tmp_.data());
+  APUS_CHECK(fd >= 0, path, ": cannot create a file in ", dir, ": ", std::strerror(errno));
+  ::fchmod(fd, 0644);
+  stream_ = ::fdopen(fd, "wb");
+  if (!stream_) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp_.c_str());
+    fail(path, ": cannot open for writing: ", std::strerror(err));
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  if (stream_) {
+    std::fclose(stream_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  APUS_CHECK(std::fwrite(data, 1, bytes, stream_) == bytes, path_, ": write failed: ",
+             std::strerror(errno));
+}
+
+void AtomicFile::commit() {
+  FILE* s = stream_;
+  stream_ = nullptr;
+  const bool ok = std::fflush(s) == 0 && ::fsync(::fileno(s)) == 0;
+  const int err = errno;
+  const bool closed = std::fclose(s) == 0;
+  if (!ok || !closed || ::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int e = ok && closed ? errno : err;
+    ::unlink(tmp_.c_str());
+    fail(path_, ": write failed: ", std::strerror(e));
+  }
+}
+
+}  // namespace apus

@@ -1,0 +1,34 @@
+#pragma once
+// Files the engine reads and writes, with the guarantees a long-lived process needs: inputs must
+// be regular files (a FIFO or device in place of a weight file must not block or be mapped) and
+// outputs appear whole or not at all.
+#include <cstdio>
+#include <string>
+
+namespace apus {
+
+// Opens a regular file read-only without blocking on FIFOs; refuses directories, FIFOs, sockets
+// and devices naming the path. Returns the descriptor and sets `size`.
+int open_regular(const std::string& path, size_t& size);
+// A whole regular file's bytes.
+std::string read_file(const std::string& path);
+
+// Writes `path` through a temporary file in the same folder that is flushed, fsync'd and renamed
+// over `path` by commit(): a reader never sees a partial file, two writers never interleave, and
+// a failed or interrupted write leaves no file behind (the destructor removes the temporary).
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  FILE* stream() { return stream_; }
+  void write(const void* data, size_t bytes);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  FILE* stream_ = nullptr;
+};
+
+}  // namespace apus
