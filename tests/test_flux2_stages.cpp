@@ -54,7 +54,8 @@ TEST_P(Flux2Stages, TransformerMatchesReferenceEveryStep) {
   const Tensor& embeds = ref.file.get(p + ".prompt_embeds");
   const int64_t t = embeds.shape[1], l = ref.file.get(p + ".latent_ids").shape[1];
   const auto pro = dit.prologue(ctx, ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim}),
-                                ref.i64(p + ".text_ids"), ref.i64(p + ".latent_ids"));
+                                ref.file.get(p + ".text_ids").reshape({t, 4}),
+                                ref.file.get(p + ".latent_ids").reshape({l, 4}));
   for (int step = 0; step < 4; ++step) {
     const std::string s = ".dit.step" + std::to_string(step);
     const Tensor latents = ref.as(p + s + ".latents_in", ctx.act, {l, cfg.in_channels});
@@ -87,7 +88,8 @@ TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
     EXPECT_EQ(sched.timesteps[size_t(i)], ref.f32(p + ".scheduler.step" + std::to_string(i) + ".t")[0]);
 
   const auto pro = dit.prologue(ctx, ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim}),
-                                ref.i64(p + ".text_ids"), ref.i64(p + ".latent_ids"));
+                                ref.file.get(p + ".text_ids").reshape({t, 4}),
+                                ref.file.get(p + ".latent_ids").reshape({l, 4}));
   Tensor x = ref.as(p + ".dit.step0.latents_in", ctx.act, {l, cfg.in_channels});
   Tensor v = Tensor::heap({l, cfg.out_channels}, ctx.act);
   for (int i = 0; i < steps; ++i) {

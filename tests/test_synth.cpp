@@ -10,8 +10,10 @@
 #include <random>
 
 #include "core/error.h"
+#include "models/flux2/klein.h"
 #include "models/flux2/synth.h"
 #include "models/flux2/text_encoder.h"
+#include "models/flux2/klein.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
 #include "sampling/flow_match.h"
@@ -94,10 +96,7 @@ void expect_finite_run(const std::string& model_dir, int width, int height) {
   const auto dit = flux2::Transformer::load(dir);
   const auto& cfg = dit.config();
   const int64_t h = height / 16, w = width / 16, l = h * w;
-  std::vector<int64_t> txt_ids, img_ids;
-  for (int64_t i = 0; i < 512; ++i) txt_ids.insert(txt_ids.end(), {0, 0, 0, i});
-  for (int64_t r = 0; r < h; ++r)
-    for (int64_t c = 0; c < w; ++c) img_ids.insert(img_ids.end(), {0, r, c, 0});
+  const Tensor txt_ids = flux2::text_position_ids(512), img_ids = flux2::image_position_ids(h, w);
   const auto pro = dit.prologue(ctx, embeds, txt_ids, img_ids);
   Tensor x = Tensor::heap({l, cfg.in_channels}, DType::bf16);
   std::mt19937 rng(3);

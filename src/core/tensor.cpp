@@ -62,6 +62,13 @@ Tensor Tensor::heap(Shape s, DType t) {
   return x;
 }
 
+Tensor Tensor::shape_only(Shape s, DType t) {
+  Tensor x;
+  x.dtype = t;
+  x.shape = std::move(s);
+  return x;
+}
+
 Tensor Tensor::in(Arena& a, Shape s, DType t) {
   Tensor x;
   x.dtype = t;

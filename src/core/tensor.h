@@ -52,6 +52,8 @@ struct Tensor {
   }
 
   static Tensor heap(Shape s, DType t);
+  // Shape and dtype without memory: what counting mode hands around.
+  static Tensor shape_only(Shape s, DType t);
   static Tensor in(Arena& a, Shape s, DType t);
 };
 

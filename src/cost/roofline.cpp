@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "io/model_dir.h"
+#include "models/flux2/klein.h"
 #include "models/flux2/synth.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
@@ -17,8 +18,7 @@ namespace apus {
 
 namespace {
 
-const std::vector<int> kTextTaps = {9, 18, 27};
-constexpr int kTextTokens = 512;
+using flux2::kTextTaps;
 
 std::string resolve_model(const std::string& model) {
   if (is_directory(model)) return model;
@@ -83,12 +83,13 @@ PipelineCost count_klein(const std::string& model, int width, int height, int st
              " and height ", height, " must be positive multiples of 16");
   APUS_CHECK(steps >= 1, "steps ", steps, " must be at least 1");
   const ModelDir dir = ModelDir::open(resolve_model(model), /*load_weights=*/false);
+  flux2::check_klein_index(dir);
   PipelineCost p;
   p.model = model;
   p.width = width;
   p.height = height;
   p.steps = steps;
-  const int64_t h = height / 16, w = width / 16, l = h * w, t = kTextTokens;
+  const int64_t h = height / 16, w = width / 16, l = h * w, t = flux2::kMaxSequence;
   const double bf16 = 2;
 
   const auto text = flux2::TextEncoder::load(dir, kTextTaps);
@@ -103,15 +104,16 @@ PipelineCost count_klein(const std::string& model, int width, int height, int st
 
   const auto dit = flux2::Transformer::load(dir);
   const auto& dc = dit.config();
-  Tensor embeds = Tensor::heap({t, dc.joint_dim}, DType::bf16);
-  std::vector<int64_t> txt_ids(size_t(4 * t), 0), img_ids(size_t(4 * l), 0);
+  const Tensor embeds = Tensor::shape_only({t, dc.joint_dim}, DType::bf16);
+  const Tensor txt_ids = Tensor::shape_only({t, 4}, DType::i64);
+  const Tensor img_ids = Tensor::shape_only({l, 4}, DType::i64);
   std::optional<flux2::TransformerPrologue> pro;
   StageCost prologue_stage = count_stage("dit_prologue", 1, [&](Context& c) {
     pro = dit.prologue(c, embeds, txt_ids, img_ids);
   });
   StageCost dit_stage = count_stage("dit_step", steps, [&](Context& c) {
-    Tensor x = Tensor::heap({l, dc.in_channels}, DType::bf16);
-    Tensor v = Tensor::heap({l, dc.out_channels}, DType::bf16);
+    Tensor x = Tensor::shape_only({l, dc.in_channels}, DType::bf16);
+    Tensor v = Tensor::shape_only({l, dc.out_channels}, DType::bf16);
     dit.forward(c, *pro, x, 1000.0f, v);
     CostScope scope(c, "sampler");
     ops::euler_update(c, x, v, -0.25f);
@@ -123,8 +125,8 @@ PipelineCost count_klein(const std::string& model, int width, int height, int st
 
   const auto vae = flux2::VaeDecoder::load(dir);
   StageCost vae_stage = count_stage("vae_decode", 1, [&](Context& c) {
-    Tensor x = Tensor::heap({l, vae.config().packed_channels()}, DType::bf16);
-    Tensor image = Tensor::heap({1, vae.config().out_channels, height, width}, DType::bf16);
+    const Tensor x = Tensor::shape_only({l, vae.config().packed_channels()}, DType::bf16);
+    Tensor image = Tensor::shape_only({1, vae.config().out_channels, height, width}, DType::bf16);
     vae.decode(c, x, h, w, image);
   });
 

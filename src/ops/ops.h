@@ -41,6 +41,10 @@ class CostScope {
 
 namespace ops {
 
+// A tensor that outlives the arena (a stage's output, a table kept across steps); in counting
+// mode its shape alone, so counting never allocates activation memory.
+Tensor empty(Context& c, Shape shape, DType dtype);
+
 // y[M,N] = x[M,K] · w[N,K]^T (+ bias[N]). x and y may be views. fp32 accumulation.
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 

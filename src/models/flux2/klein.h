@@ -13,4 +13,9 @@ inline const std::vector<int> kTextTaps = {9, 18, 27};  // the pipeline's text_e
 // classes this implementation reproduces, naming model_index.json and the key.
 void check_klein_index(const ModelDir& dir);
 
+// Position ids (T, H, W, L axes) of the text tokens, (0, 0, 0, i), and of the image tokens of an
+// h x w latent grid, (0, row, col, 0): i64 [n, 4].
+Tensor text_position_ids(int64_t tokens);
+Tensor image_position_ids(int64_t h, int64_t w);
+
 }  // namespace apus::flux2

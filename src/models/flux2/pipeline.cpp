@@ -157,11 +157,8 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
     // The transformer is unmapped before the decoder runs, like the text encoder before it.
     const auto dit = flux2::Transformer::load(dir);
     dit.make_resident();
-    std::vector<int64_t> txt_ids, img_ids;
-    for (int64_t i = 0; i < kMaxSequence; ++i) txt_ids.insert(txt_ids.end(), {0, 0, 0, i});
-    for (int64_t r = 0; r < h; ++r)
-      for (int64_t c = 0; c < w; ++c) img_ids.insert(img_ids.end(), {0, r, c, 0});
-    const auto prologue = dit.prologue(ctx, prompt_embeds, txt_ids, img_ids);
+    const auto prologue = dit.prologue(ctx, prompt_embeds, flux2::text_position_ids(kMaxSequence),
+                                       flux2::image_position_ids(h, w));
     Tensor velocity = Tensor::heap({l, dit.config().out_channels}, ctx.act);
     clock.stop("transformer load");
     for (int i = 0; i < o.steps; ++i) {
@@ -188,6 +185,26 @@ ImageResult generate_image(const ImageOptions& o, const std::function<void(const
   flux2::image_to_rgb8(image, result.rgb);
   clock.stop("vae decode");
   return result;
+}
+
+Tensor flux2::text_position_ids(int64_t tokens) {
+  Tensor ids = Tensor::heap({tokens, 4}, DType::i64);
+  for (int64_t i = 0; i < tokens; ++i)
+    for (int64_t a = 0; a < 4; ++a) ids.ptr<int64_t>()[4 * i + a] = a == 3 ? i : 0;
+  return ids;
+}
+
+Tensor flux2::image_position_ids(int64_t h, int64_t w) {
+  Tensor ids = Tensor::heap({h * w, 4}, DType::i64);
+  int64_t* p = ids.ptr<int64_t>();
+  for (int64_t r = 0; r < h; ++r)
+    for (int64_t c = 0; c < w; ++c, p += 4) {
+      p[0] = 0;
+      p[1] = r;
+      p[2] = c;
+      p[3] = 0;
+    }
+  return ids;
 }
 
 void flux2::check_klein_index(const ModelDir& dir) {

@@ -100,7 +100,7 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
     }
   }
 
-  Tensor out = Tensor::heap({t, int64_t(taps_.size()) * h}, c.act);
+  Tensor out = ops::empty(c, {t, int64_t(taps_.size()) * h}, c.act);
   Tensor normed = Tensor::in(*c.arena, {t, h}, c.act);
   Tensor q = Tensor::in(*c.arena, {t, qd}, c.act), k = Tensor::in(*c.arena, {t, kvd}, c.act),
          v = Tensor::in(*c.arena, {t, kvd}, c.act), attn = Tensor::in(*c.arena, {t, qd}, c.act),

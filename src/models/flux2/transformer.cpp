@@ -88,23 +88,25 @@ Transformer Transformer::load(const ModelDir& dir) {
 }
 
 TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embeds,
-                                          const std::vector<int64_t>& txt_ids,
-                                          const std::vector<int64_t>& img_ids) const {
-  const int64_t t = prompt_embeds.shape[0], l = int64_t(img_ids.size()) / 4;
-  APUS_CHECK(prompt_embeds.rank() == 2 && prompt_embeds.shape[1] == cfg_.joint_dim &&
-                 int64_t(txt_ids.size()) == 4 * t,
+                                          const Tensor& txt_ids, const Tensor& img_ids) const {
+  const int64_t t = prompt_embeds.shape[0], l = img_ids.shape[0];
+  APUS_CHECK(txt_ids.shape == Shape({t, 4}) && img_ids.rank() == 2 && img_ids.shape[1] == 4 &&
+                 txt_ids.dtype == DType::i64 && img_ids.dtype == DType::i64,
+             "transformer: position ids ", shape_str(txt_ids.shape), " and ",
+             shape_str(img_ids.shape), ", expected i64 [", t, ", 4] and [L, 4]");
+  APUS_CHECK(prompt_embeds.rank() == 2 && prompt_embeds.shape[1] == cfg_.joint_dim,
              "transformer: prompt embeddings ", shape_str(prompt_embeds.shape),
              " do not match joint_attention_dim ", cfg_.joint_dim);
   TransformerPrologue p;
   CostScope scope(c, "dit/prologue");
-  p.txt = Tensor::heap({t, cfg_.hidden}, c.act);
+  p.txt = ops::empty(c, {t, cfg_.hidden}, c.act);
   ops::linear(c, prompt_embeds, context_embedder_, nullptr, p.txt);
   // Tables in float64 then rounded to f32, as the reference's Flux2PosEmbed computes them.
   const int64_t half = cfg_.head_dim / 2, s = t + l;
-  p.cos = Tensor::heap({s, half}, DType::f32);
-  p.sin = Tensor::heap({s, half}, DType::f32);
+  p.cos = ops::empty(c, {s, half}, DType::f32);
+  p.sin = ops::empty(c, {s, half}, DType::f32);
   for (int64_t r = 0; r < s && !c.count_only; ++r) {
-    const int64_t* ids = r < t ? &txt_ids[size_t(4 * r)] : &img_ids[size_t(4 * (r - t))];
+    const int64_t* ids = r < t ? txt_ids.ptr<int64_t>() + 4 * r : img_ids.ptr<int64_t>() + 4 * (r - t);
     int64_t j = 0;
     for (size_t axis = 0; axis < 4; ++axis) {
       const int64_t dim = cfg_.axes_dims[axis];

@@ -30,10 +30,10 @@ class Transformer {
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
 
-  // prompt_embeds [T, joint_dim]; txt_ids [T, 4], img_ids [L, 4] position ids (T, H, W, L axes).
-  TransformerPrologue prologue(Context& c, const Tensor& prompt_embeds,
-                               const std::vector<int64_t>& txt_ids,
-                               const std::vector<int64_t>& img_ids) const;
+  // prompt_embeds [T, joint_dim]; txt_ids [T, 4], img_ids [L, 4] i64 position ids (T, H, W, L
+  // axes), shape-only in counting mode.
+  TransformerPrologue prologue(Context& c, const Tensor& prompt_embeds, const Tensor& txt_ids,
+                               const Tensor& img_ids) const;
   // latents [L, in_channels] (activation dtype); timestep is the scheduler's t = 1000 sigma.
   // Writes velocity [L, out_channels].
   void forward(Context& c, const TransformerPrologue& pro, const Tensor& latents, float timestep,
