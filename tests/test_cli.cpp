@@ -14,29 +14,6 @@
 namespace apus {
 namespace {
 
-struct CliRun {
-  int status;
-  std::string output;  // stdout and stderr
-};
-
-CliRun run_cli(const std::string& args) {
-  const std::string cmd = std::string(APUS_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CliRun r{-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  return r;
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 double mean_abs_diff(const std::vector<uint8_t>& a, const Tensor& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += std::abs(double(a[i]) - double(b.ptr<uint8_t>()[i]));
@@ -50,8 +27,8 @@ TEST_P(CliImage, SeededRunReproducesTheOfficialImage) {
   const test::Reference ref(variant);
   const std::string out = ::testing::TempDir() + variant + "_cli.png";
   const int w = ref.meta["width"], h = ref.meta["height"], seed = ref.meta["seed"];
-  const CliRun r = run_cli("image --model " + test::fixture(variant) + " --prompt " +
-                        shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
+  const test::CliRun r = test::run_cli("image --model " + test::fixture(variant) + " --prompt " +
+                        test::shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
                         std::to_string(w) + " --height " + std::to_string(h) + " --seed " +
                         std::to_string(seed) + " -v -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -92,8 +69,8 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
   const std::string noise = ::testing::TempDir() + variant + "_noise.safetensors";
   write_safetensors(noise, {{"noise", ref.file.get("fp32.noise")}});
   const std::string out = ::testing::TempDir() + variant + "_fp32.png";
-  const CliRun r = run_cli("image --model " + test::fixture(variant) + " --prompt " +
-                        shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
+  const test::CliRun r = test::run_cli("image --model " + test::fixture(variant) + " --prompt " +
+                        test::shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
                         std::to_string(int(ref.meta["width"])) + " --height " +
                         std::to_string(int(ref.meta["height"])) + " --noise " + noise +
                         " --precision fp32 -o " + out);
@@ -125,14 +102,14 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"image --model " + model + " --prompt hi --width 100", "multiples of 16"},
       {"image --model " + model + " --prompt hi --width 65536 --height 65536", "outside"},
       {"image --model " + model + " --prompt ''", "prompt is empty"},
-      {"image --model " + model + " --prompt " + shell_quote(long_prompt), "over the 512"},
+      {"image --model " + model + " --prompt " + test::shell_quote(long_prompt), "over the 512"},
       {"image --model " + model + " --prompt hi --noise /nonexistent.safetensors", "/nonexistent.safetensors"},
       {"image --model " + model + " --prompt hi --steps 0", "steps"},
       {"image --model " + model + " --prompt hi -W 64 -H 48 --noise " + wrong_noise,
        "expected [1, 128, 3, 4]"},
   };
   for (const auto& c : cases) {
-    const CliRun r = run_cli(c.args);
+    const test::CliRun r = test::run_cli(c.args);
     EXPECT_NE(r.status, 0) << c.args;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
@@ -148,7 +125,7 @@ TEST(CliErrors, RequestTooLargeForThisMachineIsRefusedBeforeLoading) {
   const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (ram > 64e9) GTEST_SKIP() << "this machine could hold a 4096x4096 decode";
   const std::string published = std::string(APUS_FIXTURES) + "/../../data/flux2-klein-4b";
-  const CliRun r = run_cli("image --model " + published + " --prompt hi -W 4096 -H 4096");
+  const test::CliRun r = test::run_cli("image --model " + published + " --prompt hi -W 4096 -H 4096");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("needs about"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("vae_decode"), std::string::npos) << r.output;

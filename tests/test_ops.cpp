@@ -6,6 +6,7 @@
 #include <random>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/vec.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -50,7 +51,7 @@ class Ops : public ::testing::TestWithParam<std::tuple<DType, bool>> {
     const double err = test::rel_l2(got, w);
     EXPECT_LT(err, bound(ctx.act)) << op << " rel L2 " << err;
   }
-  std::mt19937 rng{std::random_device{}()};
+  std::mt19937 rng{test::test_seed()};
   Arena arena;
   Context ctx;
 };
@@ -240,6 +241,64 @@ TEST_P(Ops, Conv2dGroupNormUpsample) {
       for (int64_t q = 0; q < 2 * wd; ++q)
         upw[size_t((c * 2 * h + r) * 2 * wd + q)] = x[size_t((c * h + r / 2) * wd + q / 2)];
   check(up, upw, "upsample_nearest2x");
+}
+
+TEST_P(Ops, AllFiniteFindsEveryNonFiniteValue) {
+  std::vector<double> x;
+  Tensor t = random({29, 70}, &x);
+  EXPECT_TRUE(ops::all_finite(ctx, t));
+  EXPECT_TRUE(ops::all_finite(ctx, t.cols(3, 50)));
+  std::uniform_int_distribution<int64_t> pick(0, t.numel() - 1);
+  for (const float bad : {NAN, INFINITY, -INFINITY}) {
+    Tensor u = Tensor::heap(t.shape, t.dtype);
+    std::memcpy(u.data, t.data, t.nbytes());
+    const int64_t at = pick(rng);
+    if (u.dtype == DType::bf16) u.ptr<uint16_t>()[at] = f32_to_bf16(bad);
+    else u.ptr<float>()[at] = bad;
+    EXPECT_FALSE(ops::all_finite(ctx, u)) << bad << " at " << at;
+    // A column view sees it only when the column is inside the view.
+    const int64_t col = at % 70;
+    EXPECT_EQ(ops::all_finite(ctx, u.cols(3, 50)), col < 3 || col >= 50) << at;
+    EXPECT_FALSE(ops::all_finite(ctx, u.reshape({1, 29, 70})));  // any rank
+  }
+}
+
+// f16 weights are read by every kernel: a linear and an RMSNorm over f16 weights equal the same
+// ops over those weights widened to f32 exactly, in each activation dtype.
+TEST_P(Ops, F16WeightsReadExactly) {
+  std::vector<double> x;
+  const int64_t m = 9, k = 48, n = 20;
+  Tensor xt = random({m, k}, &x);
+  std::uniform_int_distribution<int> bits(0, 0xffff);
+  Tensor w16 = Tensor::heap({n, k}, DType::f16);
+  for (int64_t i = 0; i < w16.numel(); ++i) {
+    // Exponents 8..17 (values ~2^-7..2^2) and subnormal-free, random mantissa and sign.
+    const int b = bits(rng);
+    w16.ptr<uint16_t>()[i] = uint16_t((b & 0x83ff) | ((8 + (b >> 10) % 10) << 10));
+  }
+  Tensor w32 = to_dtype(w16, DType::f32);
+  Tensor y16 = poisoned({m, n}), y32 = poisoned({m, n});
+  ops::linear(ctx, xt, w16, nullptr, y16);
+  ops::linear(ctx, xt, w32.dtype == ctx.act ? w32 : to_dtype(w32, ctx.act), nullptr, y32);
+  EXPECT_EQ(to_f32_vector(y16), to_f32_vector(y32));
+  Tensor g16 = Tensor::heap({k}, DType::f16);
+  std::memcpy(g16.data, w16.data, g16.nbytes());
+  Tensor r16 = poisoned({m, k}), r32 = poisoned({m, k});
+  ops::rms_norm(ctx, xt, g16, r16, 1e-6f, k, false);
+  ops::rms_norm(ctx, xt, to_dtype(g16, DType::f32), r32, 1e-6f, k, false);
+  EXPECT_EQ(to_f32_vector(r16), to_f32_vector(r32));
+}
+
+TEST(OpsRows, F16ConversionIsExactForEveryHalf) {
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i);
+  std::vector<float> out(all.size(), 0.0f);
+  cpu::f16_to_f32_row(all.data(), out.data(), int64_t(all.size()));
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float want = f16_to_f32(uint16_t(i));
+    if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[i])) << i;
+    else EXPECT_EQ(std::memcmp(&out[i], &want, 4), 0) << std::hex << i << " " << out[i] << " " << want;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Ops,

@@ -30,7 +30,7 @@ void write_raw(const std::string& path, const std::string& header, size_t data_b
 }
 
 TEST(Safetensors, RoundTripsEveryDtype) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(test::test_seed());
   std::vector<NamedTensor> tensors;
   for (DType t : {DType::f32, DType::bf16, DType::i64, DType::u8}) {
     Tensor x = Tensor::heap({3, 5}, t);

@@ -1,6 +1,11 @@
 #pragma once
 // Shared helpers for the fixture-driven tests.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
 
 #include <cmath>
 #include <string>
@@ -60,6 +65,40 @@ void expect_error(F&& f, std::initializer_list<std::string> fragments) {
     EXPECT_EQ(msg.find('\n'), std::string::npos) << "error spans lines: " << msg;
     for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << msg;
   }
+}
+
+// A fresh random seed per test, printed so a failure can be replayed with APUS_TEST_SEED=N.
+inline uint32_t test_seed() {
+  const char* forced = std::getenv("APUS_TEST_SEED");
+  const uint32_t seed = forced ? uint32_t(std::strtoul(forced, nullptr, 10)) : std::random_device{}();
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::printf("[ seed    ] %s.%s: APUS_TEST_SEED=%u\n", info ? info->test_suite_name() : "?",
+              info ? info->name() : "?", seed);
+  return seed;
+}
+
+// The apus CLI run through the shell (`prefix` runs first in the same shell, e.g. a ulimit).
+struct CliRun {
+  int status;          // exit status, or 128 + signal number when a signal ended it
+  std::string output;  // stdout and stderr
+};
+
+inline CliRun run_cli(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + std::string(APUS_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CliRun r{-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  return r;
+}
+
+inline std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
 inline DType precision_dtype(const std::string& p) { return p == "fp32" ? DType::f32 : DType::bf16; }
