@@ -140,7 +140,7 @@ TEST_P(Ops, RopeBothStyles) {
 
 TEST_P(Ops, AttentionCausalPaddedGrouped) {
   std::vector<double> q, k, v;
-  const int64_t s = 300, d = 16, hq = 4, hk = 2;  // 300 rows cross the 256-row query block
+  const int64_t s = 300, d = 16, hq = 4, hk = 2;  // 300 rows: two full 128-row query blocks and a partial one
   Tensor qt = random({s, hq * d}, &q), kt = random({s, hk * d}, &k), vt = random({s, hk * d}, &v);
   std::vector<int64_t> valid(size_t(s), 1);
   for (int64_t j = 250; j < s; ++j) valid[size_t(j)] = 0;
@@ -287,6 +287,26 @@ TEST_P(Ops, F16WeightsReadExactly) {
   ops::rms_norm(ctx, xt, g16, r16, 1e-6f, k, false);
   ops::rms_norm(ctx, xt, to_dtype(g16, DType::f32), r32, 1e-6f, k, false);
   EXPECT_EQ(to_f32_vector(r16), to_f32_vector(r32));
+}
+
+// silu(x) = x / (1 + exp(-x)) inherits the exp's relative error where exp(-x) dominates (x < 0),
+// so this bounds the vectorised exp over the whole clamped range. With ln2's low part applied
+// before its high part the worst case is ~60 ulp; in the right order a few.
+TEST(OpsRows, SiluAndItsExpStayWithinAFewUlp) {
+  const int64_t n = 200001;
+  std::vector<float> x(static_cast<size_t>(n)), y;
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = -86.0f + 172.0f * float(i) / float(n - 1);
+  y = x;
+  cpu::silu_row(y.data(), n);
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[size_t(i)], want = xi / (1.0 + std::exp(-xi));
+    if (want == 0) continue;
+    const double ulp = std::ldexp(1.0, std::ilogb(float(want)) - 23);  // float ulp at want
+    worst = std::max(worst, std::fabs(double(y[size_t(i)]) - want) / ulp);
+  }
+  std::printf("[ measure ] silu worst error %.2f ulp\n", worst);
+  EXPECT_LT(worst, 8.0);
 }
 
 TEST(OpsRows, F16ConversionIsExactForEveryHalf) {

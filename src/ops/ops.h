@@ -1,7 +1,7 @@
 #pragma once
 // The op layer: every model stage is written only in terms of these calls, so a backend
-// (src/ops/cpu today, src/ops/cuda next) plugs in below them and the cost counter
-// (issue 3) hooks into them. Ops never allocate: callers pass outputs taken from the
+// (src/ops/cpu today, src/ops/cuda next) plugs in below them and the cost counter hooks into
+// them. Ops never allocate: callers pass outputs taken from the
 // Context's arena. Inputs are read in their stored dtype, arithmetic is fp32, outputs are
 // rounded once to their dtype: the activation dtype of the run (bf16, or f32 in parity mode).
 //

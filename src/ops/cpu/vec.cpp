@@ -10,14 +10,18 @@ namespace apus::cpu {
 
 namespace {
 
-// exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (about 1 ulp over the
-// clamped range); unlike libm's expf the compiler vectorises it. Helpers are forced inline so
+// exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (a few ulp over the
+// clamped range, tests/test_ops.cpp bounds it); unlike libm's expf the compiler vectorises it.
+// ln2 is split in two (Cody-Waite): n * high is exact, so it must be subtracted first and the
+// low part after; the other order loses the low bits of r for large |n|. Helpers are forced inline so
 // each target clone compiles them for its own ISA (an outlined copy would be baseline x86-64,
 // with fma as a libm call).
-__attribute__((always_inline)) inline float exp_poly(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+__attribute__((always_inline)) inline float exp_poly(float in) {
+  // Clamped so the exponent bits below stay in range; NaN is clamped too (a NaN to int conversion
+  // is undefined) and handed back unchanged at the end, so it still propagates.
+  const float x = in > 88.0f ? 88.0f : (in >= -87.0f ? in : -87.0f);
   const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = std::fma(n, -0.693145751953125f, std::fma(n, -1.428606765330187045e-06f, x));
+  const float r = std::fma(n, -1.428606765330187045e-06f, std::fma(n, -0.693145751953125f, x));
   float p = 1.0f / 720;
   p = std::fma(p, r, 1.0f / 120);
   p = std::fma(p, r, 1.0f / 24);
@@ -28,7 +32,7 @@ __attribute__((always_inline)) inline float exp_poly(float x) {
   const int32_t bits = (int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return p * scale;
+  return in == in ? p * scale : in;
 }
 
 }  // namespace
