@@ -243,6 +243,40 @@ TEST_P(Ops, Conv2dGroupNormUpsample) {
   check(up, upw, "upsample_nearest2x");
 }
 
+// The blocked-layout conv keeps re-laid weights per weight buffer. Weights freed and replaced by
+// others at the very same address (a model unloaded, the next one mapped there) must not meet
+// the stale copy.
+TEST_P(Ops, ConvReLaidWeightsDieWithTheirOwner) {
+  const int64_t ci = 16, co = 16;
+  std::vector<double> x, w1, w2;
+  Tensor xt = random({1, ci, 8, 8}, &x);
+  const Tensor a = random({co, ci, 3, 3}, &w1, 0.2f, DType::bf16);
+  const Tensor b = random({co, ci, 3, 3}, &w2, 0.2f, DType::bf16);
+  std::shared_ptr<void> buffer(std::aligned_alloc(64, a.nbytes() + 64), std::free);
+  auto weight_at_buffer = [&](const Tensor& values) {
+    std::memcpy(buffer.get(), values.data, values.nbytes());
+    Tensor t = values;
+    t.data = buffer.get();
+    t.owner = std::make_shared<int>(0);  // a fresh owner: a new mapping of the same address
+    return t;
+  };
+  auto conv = [&](const Tensor& w, cpu::ConvLayout layout) {
+    cpu::conv_layout = layout;
+    Tensor y = poisoned({1, co, 8, 8});
+    ops::conv2d(ctx, xt, w, nullptr, y, 1, 1);
+    cpu::conv_layout = cpu::ConvLayout::blocked;
+    return to_f32_vector(y);
+  };
+  {
+    const Tensor first = weight_at_buffer(a);
+    conv(first, cpu::ConvLayout::blocked);
+  }
+  const Tensor second = weight_at_buffer(b);
+  const auto want = conv(second, cpu::ConvLayout::plain);
+  const double err = test::rel_l2(conv(second, cpu::ConvLayout::blocked), want);
+  EXPECT_LT(err, bound(ctx.act)) << "blocked conv used weights of a released buffer";
+}
+
 TEST_P(Ops, AllFiniteFindsEveryNonFiniteValue) {
   std::vector<double> x;
   Tensor t = random({29, 70}, &x);

@@ -2,6 +2,9 @@
 // plain runs on our NCHW tensors directly (oneDNN picks im2col + GEMM); blocked lets oneDNN
 // choose its native layout (direct AVX512-BF16 kernels), reorders the activation in and out per
 // call and keeps each weight reordered once.
+#include <map>
+#include <memory>
+#include <mutex>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -21,6 +24,34 @@ dnnl::memory reorder_into(const dnnl::memory& from, const dnnl::memory::desc& to
     dnnl::reorder(from, to).execute(dnnl_stream(), const_cast<dnnl::memory&>(from), to);
   });
   return to;
+}
+
+// Weights re-laid into oneDNN's blocked layout, one copy per (weight, kernel) shared by all
+// threads. An entry remembers the weight's owner (its file mapping or heap block): once that is
+// gone the entry is dropped, so a model mapped later at the same address never meets stale
+// weights, and the cache never outlives what it was made from.
+struct PackedEntry {
+  std::weak_ptr<const void> owner;
+  std::shared_ptr<void> buffer;
+  dnnl::memory memory;
+};
+
+template <typename Reorder>
+dnnl::memory packed_weights(const Tensor& w, const std::string& key, Reorder&& reorder, size_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, std::string>, PackedEntry> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = cache.begin(); it != cache.end();)
+    it = it->second.owner.expired() ? cache.erase(it) : std::next(it);
+  const auto id = std::make_pair(static_cast<const void*>(w.data), key);
+  auto it = cache.find(id);
+  if (it == cache.end() || it->second.owner.owner_before(w.owner) ||
+      w.owner.owner_before(it->second.owner)) {
+    std::shared_ptr<void> buf(std::aligned_alloc(64, (bytes + 63) & ~size_t(63)), std::free);
+    APUS_CHECK(buf, "conv2d: out of memory re-laying a ", shape_str(w.shape), " weight");
+    it = cache.insert_or_assign(id, PackedEntry{w.owner, buf, reorder(buf.get())}).first;
+  }
+  return it->second.memory;
 }
 
 }  // namespace
@@ -85,21 +116,14 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   memory x_mem(x_md, dnnl_engine(), x.data);
   if (conv.pd.src_desc() != x_md)
     x_mem = reorder_into(x_mem, conv.pd.src_desc(), c.arena->alloc(conv.pd.src_desc().get_size()));
-  // Reordered weights are kept per weight buffer; widened (parity-mode) weights live in the
-  // arena and are reordered every call.
+  // Reordered weights are kept per weight buffer while that buffer lives; widened (parity-mode)
+  // weights live in the arena and are reordered every call.
   memory w_mem(w_md, dnnl_engine(), wx.data);
   if (conv.pd.weights_desc() != w_md) {
-    if (wx.data == w.data) {
-      thread_local std::unordered_map<std::string, std::pair<std::shared_ptr<void>, memory>> packed;
-      const std::string wkey = std::to_string(reinterpret_cast<uintptr_t>(w.data)) + key;
-      auto it = packed.find(wkey);
-      if (it == packed.end()) {
-        std::shared_ptr<void> buf(std::aligned_alloc(64, (conv.pd.weights_desc().get_size() + 63) & ~size_t(63)),
-                                  std::free);
-        it = packed.emplace(wkey, std::make_pair(buf, reorder_into(w_mem, conv.pd.weights_desc(), buf.get())))
-                 .first;
-      }
-      w_mem = it->second.second;
+    if (wx.data == w.data && w.owner) {
+      w_mem = packed_weights(w, key, [&](void* to) {
+        return reorder_into(w_mem, conv.pd.weights_desc(), to);
+      }, conv.pd.weights_desc().get_size());
     } else {
       w_mem = reorder_into(w_mem, conv.pd.weights_desc(), c.arena->alloc(conv.pd.weights_desc().get_size()));
     }
