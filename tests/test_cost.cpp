@@ -58,10 +58,10 @@ TEST(Cost, ConvAndNormsCountedByHand) {
 
   Counter n;
   Tensor a = n.t({5, 16}), sh = n.t({1, 16}), sc = n.t({1, 16}), out = n.t({5, 16}), g = n.t({16});
-  ops::layer_norm_modulate(n.c, a, sh, sc, out, 1e-6f);
+  ops::layer_norm_modulate(n.c, a, sh, sc, out, 1e-6f, ops::Rounding::each_step);
   EXPECT_EQ(n.log.total().flops, (6.0 + 2) * 80);
   EXPECT_EQ(n.log.total().bytes_unfused, n.log.total().bytes_fused + 2 * 80 * 2);
-  ops::rms_norm(n.c, a, g, out, 1e-6f, 16, false);
+  ops::rms_norm(n.c, a, g, out, 1e-6f, 16, ops::Rounding::once);
   EXPECT_EQ(n.log.total().flops, (6.0 + 2) * 80 + 4 * 80);
 }
 

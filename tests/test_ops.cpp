@@ -1,10 +1,19 @@
-// Every CPU op against a plain double-precision reference, in both activation dtypes, on
-// fresh random inputs with poisoned outputs (in the spirit of ggml's test-backend-ops).
+// Every op of the CPU backend against the reference backend (src/ops/ref: plain f64 loops with
+// the op contract's roundings), in each activation dtype and on the f32 path AVX2-only CPUs take,
+// on fresh random inputs (seed printed) with poisoned outputs, as ggml's test-backend-ops checks
+// every backend against the CPU.
+//
+// The bound is what the arithmetic allows. f32: relative L2 2e-6 (fp32 accumulation against
+// f64). bf16: both backends round the same values at the same places, so they may differ only
+// where fp32 and f64 land on opposite sides of a bf16 rounding boundary: every element within
+// one bf16 ulp and at most 1 % of elements differing at all. An op that drops a rounding rule
+// differs in a third of its elements, which the RoundingRules test shows for each rule.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
+#include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/vec.h"
 #include "ops/ops.h"
@@ -13,234 +22,259 @@
 namespace apus {
 namespace {
 
-// Per-op bound on relative L2 error. fp32: accumulation-order noise only. bf16: the output is
-// rounded once (2^-9 relative) plus the reference's own intermediate roundings, a few ulps.
-double bound(DType dt) { return dt == DType::f32 ? 2e-6 : 8.0 / 256.0; }
+using ops::Rounding;
+
+struct Agreement {
+  double rel_l2 = 0;          // ||cpu - ref|| / ||ref||
+  double differing = 0;       // share of elements that are not bit-equal
+  double worst_ulps = 0;      // largest difference in bf16 ulps of the reference value
+};
+
+Agreement agreement(const Tensor& cpu_out, const Tensor& ref_out) {
+  const auto a = to_f32_vector(cpu_out), b = to_f32_vector(ref_out);
+  Agreement g;
+  g.rel_l2 = test::rel_l2(a, b);
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    ++differ;
+    const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(b[i]), 1e-30f)) - 7);
+    g.worst_ulps = std::max(g.worst_ulps, std::fabs(double(a[i]) - b[i]) / ulp);
+  }
+  g.differing = double(differ) / double(std::max<size_t>(a.size(), 1));
+  return g;
+}
+
+// inner_rounding: the op rounds an intermediate that a sum then reads (attention's probabilities
+// before P·V). A flip there moves an output by one ulp of that intermediate, which can be several
+// ulps of an output that cancels to near zero; such outputs are held to a relative L2 far below
+// one bf16 rounding (2^-9) instead of the per-element ulp count.
+bool within_bound(const Agreement& g, DType dt, bool inner_rounding = false) {
+  if (dt == DType::f32) return g.rel_l2 < 2e-6;
+  if (g.differing > 0.01) return false;
+  return inner_rounding ? g.rel_l2 < 5e-4 : g.worst_ulps <= 1.0;
+}
 
 // (activation dtype, native bf16 kernels): the second runs the f32 path AVX2-only CPUs take.
 class Ops : public ::testing::TestWithParam<std::tuple<DType, bool>> {
  protected:
   void SetUp() override {
-    ctx = Context{&arena, std::get<0>(GetParam())};
+    act = std::get<0>(GetParam());
+    ctx = Context{&arena, act};
+    ref = Context{&arena, act, nullptr, false, &reference_backend()};
     cpu::allow_native_bf16 = std::get<1>(GetParam());
   }
   void TearDown() override { cpu::allow_native_bf16 = true; }
-  // Fresh random values, stored in `dt`; returns the tensor and the values it really holds.
-  Tensor random(Shape s, std::vector<double>* held, float scale = 1.0f, DType dt = DType(255)) {
-    if (dt == DType(255)) dt = ctx.act;
+  // Fresh random values stored in `dt` (the activation dtype by default).
+  Tensor random(Shape s, float scale = 1.0f, DType dt = DType(255)) {
+    if (dt == DType(255)) dt = act;
     Tensor t = Tensor::heap(std::move(s), dt);
     std::normal_distribution<float> dist(0.0f, scale);
-    held->resize(size_t(t.numel()));
     for (int64_t i = 0; i < t.numel(); ++i) {
       const float v = dist(rng);
       if (dt == DType::bf16) t.ptr<uint16_t>()[i] = f32_to_bf16(v);
       else t.ptr<float>()[i] = v;
-      (*held)[size_t(i)] = load_f32(t, i);
     }
     return t;
   }
   Tensor poisoned(Shape s) {
-    Tensor t = Tensor::heap(std::move(s), ctx.act);
+    Tensor t = Tensor::heap(std::move(s), act);
     std::memset(t.data, 0xff, t.nbytes());  // NaN in f32 and bf16
     return t;
   }
-  void check(const Tensor& out, const std::vector<double>& want, const char* op) {
-    const auto got = to_f32_vector(out);
-    std::vector<float> w(want.begin(), want.end());
-    for (float g : got) ASSERT_TRUE(std::isfinite(g)) << op << ": output left unwritten or NaN";
-    const double err = test::rel_l2(got, w);
-    EXPECT_LT(err, bound(ctx.act)) << op << " rel L2 " << err;
+  static Tensor clone(const Tensor& t) {
+    Tensor c = Tensor::heap(t.shape, t.dtype);
+    std::memcpy(c.data, t.data, t.nbytes());
+    return c;
   }
+  // Runs `op(context, out)` on the CPU and on the reference backend, each into its own poisoned
+  // (or given) output, and holds the two to the bound.
+  template <typename Op>
+  Agreement run_both(const char* name, const Tensor& out, Op&& op, bool inner_rounding = false) {
+    Tensor mine = clone(out), theirs = clone(out);
+    op(ctx, mine);
+    op(ref, theirs);
+    for (float v : to_f32_vector(mine)) {
+      EXPECT_TRUE(std::isfinite(v)) << name << ": output left unwritten or NaN";
+      if (!std::isfinite(v)) break;
+    }
+    const Agreement g = agreement(mine, theirs);
+    std::printf("[ measure ] %s %s: rel L2 %.2e, %.3f%% differ, worst %.2f ulp\n", name,
+                dtype_name(act).data(), g.rel_l2, 100 * g.differing, g.worst_ulps);
+    EXPECT_TRUE(within_bound(g, act, inner_rounding)) << name << ": rel L2 " << g.rel_l2 << ", " << g.differing
+                                        << " differ, worst " << g.worst_ulps << " ulp";
+    return g;
+  }
+  DType act = DType::f32;
   std::mt19937 rng{test::test_seed()};
   Arena arena;
-  Context ctx;
+  Context ctx, ref;
 };
 
 TEST_P(Ops, LinearWithBiasAndViews) {
-  std::vector<double> x, w, b;
   const int64_t m = 37, k = 70, n = 45;
-  Tensor xt = random({m, k + 9}, &x);  // x is a column view of a wider tensor
-  Tensor wt = random({n, k}, &w, 0.1f, DType::bf16);
-  Tensor bt = random({n}, &b, 1.0f, DType::bf16);
-  Tensor yt = poisoned({m, n + 5});
-  Tensor xv = xt.cols(9, 9 + k), yv = yt.cols(5, 5 + n);
-  ops::linear(ctx, xv, wt, &bt, yv);
-  std::vector<double> want(size_t(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = b[size_t(j)];
-      for (int64_t q = 0; q < k; ++q) s += x[size_t(i * (k + 9) + 9 + q)] * w[size_t(j * k + q)];
-      want[size_t(i * n + j)] = s;
-    }
-  Tensor packed = Tensor::heap({m, n}, ctx.act);
-  ops::copy(ctx, yv, packed);
-  check(packed, want, "linear");
+  const Tensor xt = random({m, k + 9});  // x is a column view of a wider tensor
+  const Tensor wt = random({n, k}, 0.1f, DType::bf16), bt = random({n}, 1.0f, DType::bf16);
+  // y is a column view too: the 5 columns left of it must stay as they are (zeros).
+  Tensor out = poisoned({m, n + 5});
+  for (int64_t r = 0; r < m; ++r) std::memset(out.row(r), 0, 5 * dtype_size(act));
+  run_both("linear", out, [&](Context& c, Tensor& y) {
+    Tensor yv = y.cols(5, 5 + n);
+    ops::linear(c, xt.cols(9, 9 + k), wt, &bt, yv);
+  });
 }
 
 TEST_P(Ops, LayerNormModulate) {
-  std::vector<double> x, sh, sc;
   const int64_t m = 9, d = 96;
-  Tensor xt = random({m, d}, &x, 3.0f), sht = random({1, d}, &sh), sct = random({1, d}, &sc, 0.5f);
-  Tensor yt = poisoned({m, d});
-  ops::layer_norm_modulate(ctx, xt, sht, sct, yt, 1e-6f);
-  std::vector<double> want(x.size());
-  for (int64_t i = 0; i < m; ++i) {
-    double mean = 0, var = 0;
-    for (int64_t j = 0; j < d; ++j) mean += x[size_t(i * d + j)] / d;
-    for (int64_t j = 0; j < d; ++j) var += std::pow(x[size_t(i * d + j)] - mean, 2) / d;
-    for (int64_t j = 0; j < d; ++j)
-      want[size_t(i * d + j)] = (x[size_t(i * d + j)] - mean) / std::sqrt(var + 1e-6) * (1 + sc[j]) + sh[j];
-  }
-  check(yt, want, "layer_norm_modulate");
+  const Tensor xt = random({m, d}, 3.0f), sht = random({1, d}), sct = random({1, d}, 0.5f);
+  for (Rounding r : {Rounding::once, Rounding::each_step})
+    run_both("layer_norm_modulate", poisoned({m, d}), [&](Context& c, Tensor& y) {
+      ops::layer_norm_modulate(c, xt, sht, sct, y, 1e-6f, r);
+    });
 }
 
-TEST_P(Ops, RmsNormPerHeadBothRoundingModes) {
-  for (bool round_first : {false, true}) {
-    std::vector<double> x, w;
-    const int64_t m = 11, g = 16, d = 4 * g;
-    Tensor xt = random({m, d}, &x, 2.0f), wt = random({g}, &w, 1.0f, DType::bf16);
-    Tensor yt = poisoned({m, d});
-    ops::rms_norm(ctx, xt, wt, yt, 1e-6f, g, round_first);
-    std::vector<double> want(x.size());
-    for (int64_t i = 0; i < m * d; i += g) {
-      double ss = 0;
-      for (int64_t j = 0; j < g; ++j) ss += x[size_t(i + j)] * x[size_t(i + j)] / g;
-      for (int64_t j = 0; j < g; ++j) want[size_t(i + j)] = x[size_t(i + j)] / std::sqrt(ss + 1e-6) * w[j];
-    }
-    check(yt, want, "rms_norm");
-  }
+TEST_P(Ops, RmsNormPerHead) {
+  const int64_t m = 11, g = 16, d = 4 * g;
+  const Tensor xt = random({m, d}, 2.0f), wt = random({g}, 1.0f, DType::bf16);
+  for (Rounding r : {Rounding::once, Rounding::each_step})
+    run_both("rms_norm", poisoned({m, d}), [&](Context& c, Tensor& y) {
+      ops::rms_norm(c, xt, wt, y, 1e-6f, g, r);
+    });
 }
 
 TEST_P(Ops, RopeBothStyles) {
-  for (auto style : {ops::RopeStyle::interleaved, ops::RopeStyle::half}) {
-    std::vector<double> x, dummy;
-    const int64_t s = 7, hd = 16, half = hd / 2, d = 3 * hd;
-    Tensor xt = random({s, d}, &x);
-    Tensor cos = Tensor::heap({s, half}, DType::f32), sin = Tensor::heap({s, half}, DType::f32);
-    for (int64_t i = 0; i < s * half; ++i) {
-      const double a = double(rng() % 1000) / 100.0;
-      cos.ptr<float>()[i] = float(std::cos(a));
-      sin.ptr<float>()[i] = float(std::sin(a));
-    }
-    std::vector<double> want(x.size());
-    for (int64_t r = 0; r < s; ++r)
-      for (int64_t h = 0; h < d; h += hd)
-        for (int64_t j = 0; j < half; ++j) {
-          const int64_t i0 = style == ops::RopeStyle::interleaved ? 2 * j : j;
-          const int64_t i1 = style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half;
-          const double c = cos.ptr<float>()[r * half + j], sn = sin.ptr<float>()[r * half + j];
-          const double x0 = x[size_t(r * d + h + i0)], x1 = x[size_t(r * d + h + i1)];
-          want[size_t(r * d + h + i0)] = x0 * c - x1 * sn;
-          want[size_t(r * d + h + i1)] = x1 * c + x0 * sn;
-        }
-    ops::rope(ctx, xt, cos, sin, hd, style);
-    check(xt, want, "rope");
+  const int64_t s = 7, hd = 16, half = hd / 2, d = 3 * hd;
+  const Tensor xt = random({s, d});
+  Tensor cos = Tensor::heap({s, half}, DType::f32), sin = Tensor::heap({s, half}, DType::f32);
+  for (int64_t i = 0; i < s * half; ++i) {
+    const double a = double(rng() % 1000) / 100.0;
+    cos.ptr<float>()[i] = float(std::cos(a));
+    sin.ptr<float>()[i] = float(std::sin(a));
   }
+  for (auto style : {ops::RopeStyle::interleaved, ops::RopeStyle::half})
+    for (Rounding r : {Rounding::once, Rounding::each_step})
+      run_both("rope", xt, [&](Context& c, Tensor& x) { ops::rope(c, x, cos, sin, hd, style, r); });
 }
 
 TEST_P(Ops, AttentionCausalPaddedGrouped) {
-  std::vector<double> q, k, v;
-  const int64_t s = 300, d = 16, hq = 4, hk = 2;  // 300 rows: two full 128-row query blocks and a partial one
-  Tensor qt = random({s, hq * d}, &q), kt = random({s, hk * d}, &k), vt = random({s, hk * d}, &v);
+  // 300 rows: two full 128-row query blocks and a partial one.
+  const int64_t s = 300, d = 16, hq = 4, hk = 2;
+  const Tensor qt = random({s, hq * d}), kt = random({s, hk * d}), vt = random({s, hk * d});
   std::vector<int64_t> valid(size_t(s), 1);
   for (int64_t j = 250; j < s; ++j) valid[size_t(j)] = 0;
-  Tensor ot = poisoned({s, hq * d});
-  const float scale = 0.25f;
-  ops::attention(ctx, qt, kt, vt, ot, d, scale, {true, valid.data()});
-  std::vector<double> want(size_t(s * hq * d));
-  for (int64_t h = 0; h < hq; ++h) {
-    const int64_t g = h / (hq / hk);
-    for (int64_t i = 0; i < s; ++i) {
-      std::vector<double> p(size_t(s), 0.0);
-      double mx = -1e300, sum = 0;
-      for (int64_t j = 0; j <= i; ++j) {
-        if (!valid[size_t(j)]) continue;
-        double dot = 0;
-        for (int64_t e = 0; e < d; ++e) dot += q[size_t(i * hq * d + h * d + e)] * k[size_t(j * hk * d + g * d + e)];
-        p[size_t(j)] = dot * scale;
-        mx = std::max(mx, p[size_t(j)]);
-      }
-      for (int64_t j = 0; j <= i; ++j)
-        if (valid[size_t(j)]) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
-      for (int64_t e = 0; e < d; ++e) {
-        double o = 0;
-        for (int64_t j = 0; j <= i; ++j)
-          if (valid[size_t(j)]) o += p[size_t(j)] / sum * v[size_t(j * hk * d + g * d + e)];
-        want[size_t(i * hq * d + h * d + e)] = o;
-      }
-    }
-  }
-  check(ot, want, "attention");
+  for (bool causal : {false, true})
+    run_both("attention", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
+      ops::attention(c, qt, kt, vt, o, d, 0.25f, {causal, valid.data()});
+    }, /*inner_rounding=*/true);
 }
 
-TEST_P(Ops, SiluMulAndGatedAdd) {
-  std::vector<double> a, b, x, y, g;
+TEST_P(Ops, SiluMulSiluAndGatedAdd) {
   const int64_t m = 13, f = 40;
-  Tensor at = random({m, f}, &a, 2.0f), bt = random({m, f}, &b);
-  Tensor out = poisoned({m, f});
-  ops::silu_mul(ctx, at, bt, out);
-  std::vector<double> want(a.size());
-  for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] / (1 + std::exp(-a[i])) * b[i];
-  check(out, want, "silu_mul");
+  const Tensor at = random({m, f}, 2.0f), bt = random({m, f});
+  for (Rounding r : {Rounding::once, Rounding::each_step})
+    run_both("silu_mul", poisoned({m, f}), [&](Context& c, Tensor& y) {
+      ops::silu_mul(c, at, bt, y, r);
+    });
+  run_both("silu", poisoned({m, f}), [&](Context& c, Tensor& y) { ops::silu(c, at, y); });
+  const Tensor xt = random({m, f}), yt = random({m, f}), gt = random({1, f});
+  for (Rounding r : {Rounding::once, Rounding::each_step}) {
+    run_both("add_gated", xt, [&](Context& c, Tensor& x) { ops::add_gated(c, x, yt, &gt, r); });
+    run_both("add", xt, [&](Context& c, Tensor& x) { ops::add_gated(c, x, yt, nullptr, r); });
+  }
+}
 
-  Tensor xt = random({m, f}, &x), yt = random({m, f}, &y), gt = random({1, f}, &g);
-  ops::add_gated(ctx, xt, yt, &gt);
-  for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] + g[i % size_t(f)] * y[i];
-  check(xt, want, "add_gated");
+TEST_P(Ops, EulerCopyTranspose) {
+  const int64_t m = 21, n = 33;
+  const Tensor xt = random({m, n}), vt = random({m, n});
+  run_both("euler_update", xt, [&](Context& c, Tensor& x) { ops::euler_update(c, x, vt, -0.2871f); });
+  run_both("copy", poisoned({m, n}), [&](Context& c, Tensor& y) { ops::copy(c, xt, y); });
+  run_both("transpose", poisoned({n, m}), [&](Context& c, Tensor& y) { ops::transpose(c, xt, y); });
+  // copy converts: f32 values into the activation dtype and back.
+  const Tensor wide = random({m, n}, 1.0f, DType::f32);
+  run_both("copy (convert)", poisoned({m, n}), [&](Context& c, Tensor& y) { ops::copy(c, wide, y); });
 }
 
 TEST_P(Ops, Conv2dGroupNormUpsample) {
-  std::vector<double> x, w, b, gw, gb;
   const int64_t ci = 8, co = 6, h = 9, wd = 7;
-  Tensor xt = random({1, ci, h, wd}, &x);
-  Tensor wt = random({co, ci, 3, 3}, &w, 0.2f, DType::bf16), bt = random({co}, &b, 1.0f, DType::bf16);
+  const Tensor xt = random({1, ci, h, wd});
+  const Tensor wt = random({co, ci, 3, 3}, 0.2f, DType::bf16), bt = random({co}, 1.0f, DType::bf16);
   for (int64_t stride : {1, 2}) {
     const int64_t ho = (h + 2 - 3) / stride + 1, wo = (wd + 2 - 3) / stride + 1;
-    Tensor yt = poisoned({1, co, ho, wo});
-    ops::conv2d(ctx, xt, wt, &bt, yt, stride, 1);
-    std::vector<double> want(size_t(co * ho * wo));
-    for (int64_t o = 0; o < co; ++o)
-      for (int64_t r = 0; r < ho; ++r)
-        for (int64_t c = 0; c < wo; ++c) {
-          double s = b[size_t(o)];
-          for (int64_t i = 0; i < ci; ++i)
-            for (int64_t kr = 0; kr < 3; ++kr)
-              for (int64_t kc = 0; kc < 3; ++kc) {
-                const int64_t rr = r * stride + kr - 1, cc = c * stride + kc - 1;
-                if (rr < 0 || rr >= h || cc < 0 || cc >= wd) continue;
-                s += x[size_t((i * h + rr) * wd + cc)] * w[size_t(((o * ci + i) * 3 + kr) * 3 + kc)];
-              }
-          want[size_t((o * ho + r) * wo + c)] = s;
-        }
-    check(yt, want, "conv2d");
+    run_both("conv2d", poisoned({1, co, ho, wo}), [&](Context& c, Tensor& y) {
+      ops::conv2d(c, xt, wt, &bt, y, stride, 1);
+    });
   }
+  const Tensor w1 = random({co, ci, 1, 1}, 0.3f, DType::bf16);
+  run_both("conv2d 1x1", poisoned({1, co, h, wd}), [&](Context& c, Tensor& y) {
+    ops::conv2d(c, xt, w1, nullptr, y, 1, 0);
+  });
+  const Tensor gw = random({ci}, 1.0f, DType::bf16), gb = random({ci}, 1.0f, DType::bf16);
+  const Tensor big = random({1, ci, h, wd}, 3.0f);
+  for (bool fuse : {false, true})
+    for (Rounding r : {Rounding::once, Rounding::each_step})
+      run_both("group_norm", poisoned({1, ci, h, wd}), [&](Context& c, Tensor& y) {
+        ops::group_norm(c, big, gw, gb, y, 4, 1e-6f, fuse, r);
+      });
+  run_both("upsample_nearest2x", poisoned({1, ci, 2 * h, 2 * wd}), [&](Context& c, Tensor& y) {
+    ops::upsample_nearest2x(c, xt, y);
+  });
+}
 
-  const int64_t groups = 4, per = ci / groups;
-  Tensor gwt = random({ci}, &gw, 1.0f, DType::bf16), gbt = random({ci}, &gb, 1.0f, DType::bf16);
-  Tensor gn = poisoned({1, ci, h, wd});
-  ops::group_norm(ctx, xt, gwt, gbt, gn, groups, 1e-6f, true);
-  std::vector<double> want(x.size());
-  for (int64_t g = 0; g < groups; ++g) {
-    const size_t begin = size_t(g * per * h * wd), n = size_t(per * h * wd);
-    double mean = 0, var = 0;
-    for (size_t i = 0; i < n; ++i) mean += x[begin + i] / double(n);
-    for (size_t i = 0; i < n; ++i) var += std::pow(x[begin + i] - mean, 2) / double(n);
-    for (size_t i = 0; i < n; ++i) {
-      const size_t ch = size_t(g * per) + i / size_t(h * wd);
-      const double y = (x[begin + i] - mean) / std::sqrt(var + 1e-6) * gw[ch] + gb[ch];
-      want[begin + i] = y / (1 + std::exp(-y));
+// Each rounding rule matters: the CPU run with one rule against the reference run with the
+// other falls outside the bf16 bound. This is what makes the bound able to catch a backend that
+// drops a rule.
+TEST_P(Ops, RoundingRulesAreVisibleToTheBound) {
+  if (act != DType::bf16) GTEST_SKIP() << "roundings to f32 change nothing";
+  const int64_t m = 16, d = 64;
+  const Tensor x = random({m, d}, 2.0f), y = random({m, d}), g = random({1, d}, 0.7f);
+  Tensor cos = Tensor::heap({m, d / 4}, DType::f32), sin = Tensor::heap({m, d / 4}, DType::f32);
+  for (int64_t i = 0; i < cos.numel(); ++i) {
+    cos.ptr<float>()[i] = float(std::cos(0.37 * double(i)));
+    sin.ptr<float>()[i] = float(std::sin(0.37 * double(i)));
+  }
+  const Tensor img = random({1, 8, 6, 5}, 2.0f), gw = random({8}), gb = random({8});
+  struct Rule {
+    const char* name;
+    std::function<void(Context&, Tensor&, Rounding)> run;
+    Tensor out;
+  };
+  const std::vector<Rule> rules = {
+      {"layer_norm_modulate", [&](Context& c, Tensor& o, Rounding r) {
+         ops::layer_norm_modulate(c, x, g, g, o, 1e-6f, r); }, poisoned({m, d})},
+      {"rms_norm", [&](Context& c, Tensor& o, Rounding r) {
+         ops::rms_norm(c, x, g.reshape({d}), o, 1e-6f, d, r); }, poisoned({m, d})},
+      {"rope", [&](Context& c, Tensor& o, Rounding r) {
+         ops::rope(c, o, cos, sin, d / 2, ops::RopeStyle::half, r); }, x},
+      {"silu_mul", [&](Context& c, Tensor& o, Rounding r) { ops::silu_mul(c, x, y, o, r); },
+       poisoned({m, d})},
+      {"add_gated", [&](Context& c, Tensor& o, Rounding r) { ops::add_gated(c, o, y, &g, r); }, x},
+      {"group_norm", [&](Context& c, Tensor& o, Rounding r) {
+         ops::group_norm(c, img, gw, gb, o, 4, 1e-6f, true, r); }, poisoned({1, 8, 6, 5})},
+  };
+  for (const Rule& rule : rules)
+    for (Rounding mine : {Rounding::once, Rounding::each_step}) {
+      const Rounding theirs = mine == Rounding::once ? Rounding::each_step : Rounding::once;
+      Tensor a = clone(rule.out), b = clone(rule.out);
+      rule.run(ctx, a, mine);
+      rule.run(ref, b, theirs);
+      const Agreement gap = agreement(a, b);
+      std::printf("[ measure ] %s with the other rule: %.1f%% differ\n", rule.name, 100 * gap.differing);
+      EXPECT_FALSE(within_bound(gap, act)) << rule.name << ": dropping the rule goes unnoticed";
     }
-  }
-  check(gn, want, "group_norm+silu");
+}
 
-  Tensor up = poisoned({1, ci, 2 * h, 2 * wd});
-  ops::upsample_nearest2x(ctx, xt, up);
-  std::vector<double> upw(size_t(up.numel()));
-  for (int64_t c = 0; c < ci; ++c)
-    for (int64_t r = 0; r < 2 * h; ++r)
-      for (int64_t q = 0; q < 2 * wd; ++q)
-        upw[size_t((c * 2 * h + r) * 2 * wd + q)] = x[size_t((c * h + r / 2) * wd + q / 2)];
-  check(up, upw, "upsample_nearest2x");
+TEST_P(Ops, OperandOnAnotherDeviceIsRefused) {
+  Tensor x = random({4, 8}), y = poisoned({4, 8});
+  Tensor foreign = x;
+  foreign.device = Device::cuda;
+  test::expect_error([&] { ops::copy(ctx, foreign, y); }, {"copy", "cuda:0", "cpu backend"});
+  foreign.device = Device::cpu;
+  foreign.ordinal = 1;
+  test::expect_error([&] { ops::silu(ctx, x, foreign); }, {"silu", "cpu:1"});
+  const Tensor w = random({8, 8}, 1.0f, DType::bf16);
+  Tensor wf = w;
+  wf.device = Device::cuda;
+  test::expect_error([&] { ops::linear(ctx, x, wf, nullptr, y); }, {"linear", "cuda"});
 }
 
 // The blocked-layout conv keeps re-laid weights per weight buffer. Weights freed and replaced by
@@ -248,10 +282,9 @@ TEST_P(Ops, Conv2dGroupNormUpsample) {
 // the stale copy.
 TEST_P(Ops, ConvReLaidWeightsDieWithTheirOwner) {
   const int64_t ci = 16, co = 16;
-  std::vector<double> x, w1, w2;
-  Tensor xt = random({1, ci, 8, 8}, &x);
-  const Tensor a = random({co, ci, 3, 3}, &w1, 0.2f, DType::bf16);
-  const Tensor b = random({co, ci, 3, 3}, &w2, 0.2f, DType::bf16);
+    Tensor xt = random({1, ci, 8, 8});
+  const Tensor a = random({co, ci, 3, 3}, 0.2f, DType::bf16);
+  const Tensor b = random({co, ci, 3, 3}, 0.2f, DType::bf16);
   std::shared_ptr<void> buffer(std::aligned_alloc(64, a.nbytes() + 64), std::free);
   auto weight_at_buffer = [&](const Tensor& values) {
     std::memcpy(buffer.get(), values.data, values.nbytes());
@@ -274,12 +307,11 @@ TEST_P(Ops, ConvReLaidWeightsDieWithTheirOwner) {
   const Tensor second = weight_at_buffer(b);
   const auto want = conv(second, cpu::ConvLayout::plain);
   const double err = test::rel_l2(conv(second, cpu::ConvLayout::blocked), want);
-  EXPECT_LT(err, bound(ctx.act)) << "blocked conv used weights of a released buffer";
+  EXPECT_LT(err, act == DType::f32 ? 2e-6 : 8.0 / 256) << "blocked conv used weights of a released buffer";
 }
 
 TEST_P(Ops, AllFiniteFindsEveryNonFiniteValue) {
-  std::vector<double> x;
-  Tensor t = random({29, 70}, &x);
+  Tensor t = random({29, 70});
   EXPECT_TRUE(ops::all_finite(ctx, t));
   EXPECT_TRUE(ops::all_finite(ctx, t.cols(3, 50)));
   std::uniform_int_distribution<int64_t> pick(0, t.numel() - 1);
@@ -300,9 +332,8 @@ TEST_P(Ops, AllFiniteFindsEveryNonFiniteValue) {
 // f16 weights are read by every kernel: a linear and an RMSNorm over f16 weights equal the same
 // ops over those weights widened to f32 exactly, in each activation dtype.
 TEST_P(Ops, F16WeightsReadExactly) {
-  std::vector<double> x;
-  const int64_t m = 9, k = 48, n = 20;
-  Tensor xt = random({m, k}, &x);
+    const int64_t m = 9, k = 48, n = 20;
+  Tensor xt = random({m, k});
   std::uniform_int_distribution<int> bits(0, 0xffff);
   Tensor w16 = Tensor::heap({n, k}, DType::f16);
   for (int64_t i = 0; i < w16.numel(); ++i) {
@@ -318,8 +349,8 @@ TEST_P(Ops, F16WeightsReadExactly) {
   Tensor g16 = Tensor::heap({k}, DType::f16);
   std::memcpy(g16.data, w16.data, g16.nbytes());
   Tensor r16 = poisoned({m, k}), r32 = poisoned({m, k});
-  ops::rms_norm(ctx, xt, g16, r16, 1e-6f, k, false);
-  ops::rms_norm(ctx, xt, to_dtype(g16, DType::f32), r32, 1e-6f, k, false);
+  ops::rms_norm(ctx, xt, g16, r16, 1e-6f, k, Rounding::once);
+  ops::rms_norm(ctx, xt, to_dtype(g16, DType::f32), r32, 1e-6f, k, Rounding::once);
   EXPECT_EQ(to_f32_vector(r16), to_f32_vector(r32));
 }
 

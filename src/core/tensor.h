@@ -23,6 +23,7 @@ class Arena;
 struct Tensor {
   DType dtype = DType::f32;
   Device device = Device::cpu;
+  int ordinal = 0;  // which device of its kind (GPU 0, 1, ...)
   Shape shape;
   void* data = nullptr;  // null in counting mode: the shape is all that exists
   std::shared_ptr<const void> owner;

@@ -131,8 +131,10 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
   Tensor n_img = normed.rows(t, s), n_txt = normed.rows(0, t);
   std::optional<CostScope> part(std::in_place, c, "attn");
-  ops::layer_norm_modulate(c, img, mod(mod_img, 0), mod(mod_img, 1), n_img, cfg_.eps);
-  ops::layer_norm_modulate(c, txt, mod(mod_txt, 0), mod(mod_txt, 1), n_txt, cfg_.eps);
+  ops::layer_norm_modulate(c, img, mod(mod_img, 0), mod(mod_img, 1), n_img, cfg_.eps,
+                           ops::Rounding::each_step);
+  ops::layer_norm_modulate(c, txt, mod(mod_txt, 0), mod(mod_txt, 1), n_txt, cfg_.eps,
+                           ops::Rounding::each_step);
 
   // q, k, v of both streams land in one joint [txt; img] buffer: the concat costs nothing.
   Tensor q = Tensor::in(*c.arena, {s, h}, c.act), k = Tensor::in(*c.arena, {s, h}, c.act),
@@ -149,12 +151,12 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
     ops::linear(c, n_txt, w, nullptr, o);
   }
   Tensor q_img = q.rows(t, s), k_img = k.rows(t, s), q_txt = q.rows(0, t), k_txt = k.rows(0, t);
-  ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, false);
-  ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, false);
-  ops::rms_norm(c, q_txt, b.norm_added_q, q_txt, cfg_.eps, d, false);
-  ops::rms_norm(c, k_txt, b.norm_added_k, k_txt, cfg_.eps, d, false);
-  ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
-  ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
+  ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, ops::Rounding::once);
+  ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, ops::Rounding::once);
+  ops::rms_norm(c, q_txt, b.norm_added_q, q_txt, cfg_.eps, d, ops::Rounding::once);
+  ops::rms_norm(c, k_txt, b.norm_added_k, k_txt, cfg_.eps, d, ops::Rounding::once);
+  ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
+  ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   Tensor attn = Tensor::in(*c.arena, {s, h}, c.act);
   ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {});
 
@@ -163,13 +165,15 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   ops::linear(c, attn.rows(t, s), b.to_out, nullptr, p_img);
   ops::linear(c, attn.rows(0, t), b.to_add_out, nullptr, p_txt);
   Tensor g_img = mod(mod_img, 2), g_txt = mod(mod_txt, 2);
-  ops::add_gated(c, img, p_img, &g_img);
-  ops::add_gated(c, txt, p_txt, &g_txt);
+  ops::add_gated(c, img, p_img, &g_img, ops::Rounding::each_step);
+  ops::add_gated(c, txt, p_txt, &g_txt, ops::Rounding::each_step);
 
   // Feed-forward: SwiGLU over the two halves of one fused projection.
   part.emplace(c, "ff");
-  ops::layer_norm_modulate(c, img, mod(mod_img, 3), mod(mod_img, 4), n_img, cfg_.eps);
-  ops::layer_norm_modulate(c, txt, mod(mod_txt, 3), mod(mod_txt, 4), n_txt, cfg_.eps);
+  ops::layer_norm_modulate(c, img, mod(mod_img, 3), mod(mod_img, 4), n_img, cfg_.eps,
+                           ops::Rounding::each_step);
+  ops::layer_norm_modulate(c, txt, mod(mod_txt, 3), mod(mod_txt, 4), n_txt, cfg_.eps,
+                           ops::Rounding::each_step);
   Tensor up = Tensor::in(*c.arena, {s, 2 * f}, c.act);
   Tensor act = Tensor::in(*c.arena, {s, f}, c.act);
   struct Stream { const Tensor& n; const Tensor& w_in; const Tensor& w_out; Tensor x; Tensor gate;
@@ -178,10 +182,10 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
                            Stream{n_txt, b.ff_ctx_in, b.ff_ctx_out, txt, mod(mod_txt, 5), 0, t}}) {
     Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
     ops::linear(c, st.n, st.w_in, nullptr, u);
-    ops::silu_mul(c, u.cols(0, f), u.cols(f, 2 * f), a);
+    ops::silu_mul(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Rounding::each_step);
     ops::linear(c, a, st.w_out, nullptr, o);
     Tensor x = st.x;
-    ops::add_gated(c, x, o, &st.gate);
+    ops::add_gated(c, x, o, &st.gate, ops::Rounding::each_step);
   }
 }
 
@@ -191,25 +195,27 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   const int64_t s = hidden.shape[0], h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
   Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
   std::optional<CostScope> part(std::in_place, c, "linear1");
-  ops::layer_norm_modulate(c, hidden, mod.cols(0, h), mod.cols(h, 2 * h), normed, cfg_.eps);
+  ops::layer_norm_modulate(c, hidden, mod.cols(0, h), mod.cols(h, 2 * h), normed, cfg_.eps,
+                           ops::Rounding::each_step);
   Tensor proj = Tensor::in(*c.arena, {s, 3 * h + 2 * f}, c.act);
   ops::linear(c, normed, b.qkv_mlp, nullptr, proj);
   Tensor q = proj.cols(0, h), k = proj.cols(h, 2 * h), v = proj.cols(2 * h, 3 * h);
   part.emplace(c, "attn");
-  ops::rms_norm(c, q, b.norm_q, q, cfg_.eps, d, false);
-  ops::rms_norm(c, k, b.norm_k, k, cfg_.eps, d, false);
-  ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
-  ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved);
+  ops::rms_norm(c, q, b.norm_q, q, cfg_.eps, d, ops::Rounding::once);
+  ops::rms_norm(c, k, b.norm_k, k, cfg_.eps, d, ops::Rounding::once);
+  ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
+  ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   // Attention output and the MLP activation fill the two halves of to_out's input directly.
   Tensor joint = Tensor::in(*c.arena, {s, h + f}, c.act);
   Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
   ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {});
   part.emplace(c, "linear2");
-  ops::silu_mul(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp);
+  ops::silu_mul(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp,
+                ops::Rounding::each_step);
   Tensor out = Tensor::in(*c.arena, {s, h}, c.act);
   ops::linear(c, joint, b.out, nullptr, out);
   const Tensor gate = mod.cols(2 * h, 3 * h);
-  ops::add_gated(c, hidden, out, &gate);
+  ops::add_gated(c, hidden, out, &gate, ops::Rounding::each_step);
 }
 
 void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tensor& latents,
@@ -270,7 +276,8 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
 
   // norm_out stores [scale; shift] (the reverse of the blocks' order).
   Tensor normed = Tensor::in(*c.arena, {l, h}, c.act);
-  ops::layer_norm_modulate(c, img, mod_out.cols(h, 2 * h), mod_out.cols(0, h), normed, cfg_.eps);
+  ops::layer_norm_modulate(c, img, mod_out.cols(h, 2 * h), mod_out.cols(0, h), normed, cfg_.eps,
+                           ops::Rounding::each_step);
   ops::linear(c, normed, proj_out_, nullptr, velocity);
 }
 

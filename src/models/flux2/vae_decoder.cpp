@@ -176,19 +176,21 @@ void VaeDecoder::resnet(Context& c, const Resnet& r, const Tensor& x, Tensor& y)
   ArenaScope scope(*c.arena);
   const int64_t hw = x.shape[2] * x.shape[3], out = y.shape[1];
   Tensor n1 = Tensor::in(*c.arena, x.shape, c.act);
-  ops::group_norm(c, x, r.norm1.weight, r.norm1.bias, n1, cfg_.groups, kNormEps, true);
+  ops::group_norm(c, x, r.norm1.weight, r.norm1.bias, n1, cfg_.groups, kNormEps, true,
+                  ops::Rounding::each_step);
   Tensor h1 = Tensor::in(*c.arena, y.shape, c.act);
   ops::conv2d(c, n1, r.conv1_w, &r.conv1_b, h1, 1, 1);
   Tensor n2 = Tensor::in(*c.arena, y.shape, c.act);
-  ops::group_norm(c, h1, r.norm2.weight, r.norm2.bias, n2, cfg_.groups, kNormEps, true);
+  ops::group_norm(c, h1, r.norm2.weight, r.norm2.bias, n2, cfg_.groups, kNormEps, true,
+                  ops::Rounding::each_step);
   ops::conv2d(c, n2, r.conv2_w, &r.conv2_b, y, 1, 1);
   Tensor sum = y.reshape({out, hw});
   if (r.shortcut_w.defined()) {
     Tensor s = Tensor::in(*c.arena, y.shape, c.act);
     ops::conv2d(c, x, r.shortcut_w, &r.shortcut_b, s, 1, 0);
-    ops::add_gated(c, sum, s.reshape({out, hw}), nullptr);
+    ops::add_gated(c, sum, s.reshape({out, hw}), nullptr, ops::Rounding::each_step);
   } else {
-    ops::add_gated(c, sum, x.reshape({out, hw}), nullptr);
+    ops::add_gated(c, sum, x.reshape({out, hw}), nullptr, ops::Rounding::each_step);
   }
 }
 
@@ -198,7 +200,8 @@ void VaeDecoder::attention(Context& c, const Attention& a, const Tensor& x, Tens
   ArenaScope scope(*c.arena);
   const int64_t ch = x.shape[1], hw = x.shape[2] * x.shape[3];
   Tensor normed = Tensor::in(*c.arena, x.shape, c.act);
-  ops::group_norm(c, x, a.norm.weight, a.norm.bias, normed, cfg_.groups, kNormEps, false);
+  ops::group_norm(c, x, a.norm.weight, a.norm.bias, normed, cfg_.groups, kNormEps, false,
+                  ops::Rounding::each_step);
   Tensor tokens = Tensor::in(*c.arena, {hw, ch}, c.act);
   ops::transpose(c, normed.reshape({ch, hw}), tokens);
   Tensor q = Tensor::in(*c.arena, {hw, ch}, c.act), k = Tensor::in(*c.arena, {hw, ch}, c.act),
@@ -213,7 +216,7 @@ void VaeDecoder::attention(Context& c, const Attention& a, const Tensor& x, Tens
   ops::linear(c, attn, a.out_w, &a.out_b, proj);
   Tensor planes = y.reshape({ch, hw});
   ops::transpose(c, proj, planes);
-  ops::add_gated(c, planes, x.reshape({ch, hw}), nullptr);
+  ops::add_gated(c, planes, x.reshape({ch, hw}), nullptr, ops::Rounding::each_step);
 }
 
 void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
@@ -277,7 +280,8 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
   }
   part.emplace(c, "out");
   Tensor normed = Tensor::in(*c.arena, x.shape, c.act);
-  ops::group_norm(c, x, norm_out_.weight, norm_out_.bias, normed, cfg_.groups, kNormEps, true);
+  ops::group_norm(c, x, norm_out_.weight, norm_out_.bias, normed, cfg_.groups, kNormEps, true,
+                  ops::Rounding::each_step);
   ops::conv2d(c, normed, conv_out_w_, &conv_out_b_, image, 1, 1);
 }
 

@@ -7,7 +7,7 @@
 
 namespace apus::cpu {
 
-void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y) {
+void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Rounding rounding) {
   const int64_t m = a.shape[0], f = a.shape[1];
   APUS_CHECK(b.shape == a.shape && y.shape == a.shape, "silu_mul: a ", shape_str(a.shape), ", b ",
              shape_str(b.shape), ", y ", shape_str(y.shape));
@@ -17,7 +17,7 @@ void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y) {
     load_row(a, r, va, f);
     load_row(b, r, vb, f);
     silu_row(va, f);
-    round_to(y.dtype, va, f);  // silu(a) is its own rounded op in the reference
+    if (rounding == ops::Rounding::each_step) round_to(y.dtype, va, f);
     for (int64_t i = 0; i < f; ++i) va[i] *= vb[i];
     store_row(y, r, va, f);
   });
@@ -35,7 +35,8 @@ void silu(Context& c, const Tensor& x, Tensor& y) {
   });
 }
 
-void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate) {
+void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
+               ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
   APUS_CHECK(y.shape == x.shape && (!gate || gate->numel() == d), "add_gated: x ",
              shape_str(x.shape), ", y ", shape_str(y.shape));
@@ -48,7 +49,7 @@ void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate) {
     load_row(y, r, vy, d);
     if (gate) {
       for (int64_t i = 0; i < d; ++i) vy[i] *= g.ptr<float>()[i];
-      round_to(x.dtype, vy, d);  // gate * y is rounded before the residual add
+      if (rounding == ops::Rounding::each_step) round_to(x.dtype, vy, d);
     }
     for (int64_t i = 0; i < d; ++i) vx[i] += vy[i];
     store_row(x, r, vx, d);
@@ -104,13 +105,13 @@ void transpose(Context& c, const Tensor& x, Tensor& y) {
 }
 
 void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
-          ops::RopeStyle style) {
+          ops::RopeStyle style, ops::Rounding rounding) {
   const int64_t s = x.shape[0], d = x.shape[1], half = head_dim / 2;
   APUS_CHECK(d % head_dim == 0 && cos.shape == Shape({s, half}) && sin.shape == cos.shape &&
                  cos.dtype == DType::f32,
              "rope: x ", shape_str(x.shape), ", cos ", shape_str(cos.shape), ", head_dim ",
              head_dim);
-  const bool rounded = x.dtype != DType::f32;
+  const bool rounded = rounding == ops::Rounding::each_step && x.dtype == DType::bf16;
   parallel_for(s, [&](int64_t r) {
     float* v = thread_scratch(0, d);
     load_row(x, r, v, d);
@@ -122,9 +123,7 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
         const int64_t i0 = style == ops::RopeStyle::interleaved ? 2 * j : j;
         const int64_t i1 = style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half;
         const float x0 = p[i0], x1 = p[i1];
-        if (style == ops::RopeStyle::half && rounded) {
-          // Qwen applies q*cos + rotate_half(q)*sin in the activation dtype, with cos/sin
-          // themselves cast to it: four rounded ops.
+        if (rounded) {
           const float cb = round_bf16(cr[j]), sb = round_bf16(sr[j]);
           p[i0] = round_bf16(round_bf16(x0 * cb) + round_bf16(-x1 * sb));
           p[i1] = round_bf16(round_bf16(x1 * cb) + round_bf16(x0 * sb));

@@ -6,7 +6,7 @@
 namespace apus::cpu {
 
 void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale,
-                         Tensor& y, float eps) {
+                         Tensor& y, float eps, ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
   APUS_CHECK(y.shape == x.shape && shift.numel() == d && scale.numel() == d,
              "layer_norm_modulate: x ", shape_str(x.shape), ", shift ", shape_str(shift.shape),
@@ -15,12 +15,11 @@ void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const
   const Tensor sh = as_dtype(*c.arena, vector_row(shift), DType::f32);
   Tensor sc = Tensor::in(*c.arena, {1, d}, DType::f32);
   load_row(vector_row(scale), 0, sc.ptr<float>(), d);
-  // The reference computes (1 + scale) * LN(x) + shift as three rounded ops.
+  const bool rounded = rounding == ops::Rounding::each_step && y.dtype != DType::f32;
   for (int64_t i = 0; i < d; ++i) sc.ptr<float>()[i] += 1.0f;
-  round_to(y.dtype, sc.ptr<float>(), d);
+  if (rounded) round_to(y.dtype, sc.ptr<float>(), d);
   const float* shp = sh.ptr<float>();
   const float* scp = sc.ptr<float>();
-  const bool rounded = y.dtype != DType::f32;
   parallel_for(m, [&](int64_t r) {
     float* row = thread_scratch(0, d);
     load_row(x, r, row, d);
@@ -38,7 +37,7 @@ void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const
 }
 
 void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps,
-              int64_t group, bool round_before_weight) {
+              int64_t group, ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
   APUS_CHECK(y.shape == x.shape && d % group == 0 && weight.numel() == group,
              "rms_norm: x ", shape_str(x.shape), ", weight ", shape_str(weight.shape),
@@ -55,7 +54,7 @@ void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, floa
       for (int64_t i = 0; i < group; ++i) ss += v[i] * v[i];
       const float rs = 1.0f / std::sqrt(ss / float(group) + eps);
       for (int64_t i = 0; i < group; ++i) v[i] *= rs;
-      if (round_before_weight) round_to(y.dtype, v, group);
+      if (rounding == ops::Rounding::each_step) round_to(y.dtype, v, group);
       for (int64_t i = 0; i < group; ++i) v[i] *= w[i];
     }
     store_row(y, r, row, d);
@@ -63,7 +62,7 @@ void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, floa
 }
 
 void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
-                int64_t groups, float eps, bool fuse_silu) {
+                int64_t groups, float eps, bool fuse_silu, ops::Rounding rounding) {
   const int64_t ch = x.shape[1], hw = x.shape[2] * x.shape[3];
   APUS_CHECK(x.rank() == 4 && x.shape[0] == 1 && ch % groups == 0 && y.shape == x.shape,
              "group_norm: x ", shape_str(x.shape), " with ", groups, " groups");
@@ -91,7 +90,7 @@ void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor&
       const float a = rstd * w[cidx], b0 = b[cidx] - mean * a;
       for (int64_t i = 0; i < hw; ++i) v[i] = v[i] * a + b0;
       if (fuse_silu) {
-        round_to(y.dtype, v, hw);  // the reference rounds between GroupNorm and SiLU
+        if (rounding == ops::Rounding::each_step) round_to(y.dtype, v, hw);
         silu_row(v, hw);
       }
       store_row(yr, cidx, v, hw);

@@ -1,0 +1,40 @@
+#pragma once
+// A backend runs every op of the list (ops/op_list.h) on one device. The Context names the
+// backend its ops run on; the front end (ops.cpp) checks that every operand lives on that
+// backend's device before dispatching. A new backend is a folder src/ops/<name>/ implementing the
+// list plus one entry in backend.cpp; model code does not change.
+#include <string>
+
+#include "ops/op_list.h"
+
+namespace apus {
+
+class Backend {
+ public:
+  Backend(std::string name, Device device, int ordinal)
+      : name_(std::move(name)), device_(device), ordinal_(ordinal) {}
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  const std::string& name() const { return name_; }
+  Device device() const { return device_; }
+  int ordinal() const { return ordinal_; }
+
+#define APUS_BACKEND_OP(ret, name, params, args) virtual ret name params = 0;
+  APUS_OPS(APUS_BACKEND_OP)
+#undef APUS_BACKEND_OP
+
+ private:
+  std::string name_;
+  Device device_;
+  int ordinal_;
+};
+
+// The optimised CPU backend: oneDNN GEMMs and convolutions, vectorised row kernels.
+Backend& cpu_backend();
+// Plain loops in f64 with the op contract's roundings and no library calls: the oracle the op
+// tests check every other backend against, op by op.
+Backend& reference_backend();
+
+}  // namespace apus

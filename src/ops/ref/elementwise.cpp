@@ -1,0 +1,104 @@
+// The element-wise and data-movement ops.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ops/ref/ref_ops.h"
+
+namespace apus::ref {
+
+void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Rounding rounding) {
+  for (int64_t r = 0; r < a.shape[0]; ++r)
+    for (int64_t i = 0; i < a.shape[1]; ++i) {
+      double s = silu(get(a, r, i));
+      if (rounding == ops::Rounding::each_step) s = as(y.dtype, s);
+      put(y, r, i, s * get(b, r, i));
+    }
+}
+
+void silu(Context& c, const Tensor& x, Tensor& y) {
+  const Tensor xr = rows2d(x);
+  Tensor yr = y.shape == xr.shape ? y : y.reshape(xr.shape);
+  for (int64_t r = 0; r < xr.shape[0]; ++r)
+    for (int64_t i = 0; i < xr.shape[1]; ++i) put(yr, r, i, silu(get(xr, r, i)));
+}
+
+void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
+               ops::Rounding rounding) {
+  const Tensor g = gate ? rows2d(*gate) : Tensor{};
+  for (int64_t r = 0; r < x.shape[0]; ++r)
+    for (int64_t i = 0; i < x.shape[1]; ++i) {
+      double t = get(y, r, i);
+      if (gate) {
+        t *= get(g, 0, i);
+        if (rounding == ops::Rounding::each_step) t = as(x.dtype, t);
+      }
+      put(x, r, i, get(x, r, i) + t);
+    }
+}
+
+void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
+  const bool bf16 = velocity.dtype == DType::bf16;
+  const double dt = bf16 ? as(DType::bf16, step) : double(step);
+  for (int64_t r = 0; r < x.shape[0]; ++r)
+    for (int64_t i = 0; i < x.shape[1]; ++i) {
+      const double d = dt * get(velocity, r, i);
+      put(x, r, i, get(x, r, i) + (bf16 ? as(DType::bf16, d) : d));
+    }
+}
+
+void copy(Context& c, const Tensor& x, Tensor& y) {
+  const Tensor xr = rows2d(x);
+  Tensor yr = y.shape == xr.shape ? y : y.reshape(xr.shape);
+  for (int64_t r = 0; r < xr.shape[0]; ++r)
+    for (int64_t i = 0; i < xr.shape[1]; ++i) put(yr, r, i, get(xr, r, i));
+}
+
+bool all_finite(Context& c, const Tensor& x) {
+  const Tensor xr = rows2d(x);
+  for (int64_t r = 0; r < xr.shape[0]; ++r)
+    for (int64_t i = 0; i < xr.shape[1]; ++i)
+      if (!std::isfinite(get(xr, r, i))) return false;
+  return true;
+}
+
+void transpose(Context& c, const Tensor& x, Tensor& y) {
+  const int64_t m = x.shape[0], n = x.shape[1];
+  const size_t es = dtype_size(x.dtype);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(static_cast<char*>(y.data) + size_t(j * m + i) * es,
+                  static_cast<const char*>(x.data) + size_t(i * n + j) * es, es);
+}
+
+void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
+          ops::RopeStyle style, ops::Rounding rounding) {
+  const int64_t s = x.shape[0], d = x.shape[1], half = head_dim / 2;
+  const bool each = rounding == ops::Rounding::each_step;
+  const DType dt = x.dtype;
+  std::vector<double> row(static_cast<size_t>(d));
+  for (int64_t r = 0; r < s; ++r) {
+    for (int64_t i = 0; i < d; ++i) row[size_t(i)] = get(x, r, i);
+    for (int64_t h = 0; h < d; h += head_dim)
+      for (int64_t j = 0; j < half; ++j) {
+        const int64_t i0 = h + (style == ops::RopeStyle::interleaved ? 2 * j : j);
+        const int64_t i1 = h + (style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half);
+        const double x0 = row[size_t(i0)], x1 = row[size_t(i1)];
+        const double cs = each ? as(dt, get(cos, r, j)) : get(cos, r, j);
+        const double sn = each ? as(dt, get(sin, r, j)) : get(sin, r, j);
+        put(x, r, i0, each ? as(dt, x0 * cs) + as(dt, -x1 * sn) : x0 * cs - x1 * sn);
+        put(x, r, i1, each ? as(dt, x1 * cs) + as(dt, x0 * sn) : x1 * cs + x0 * sn);
+      }
+  }
+}
+
+void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
+  const int64_t ch = x.shape[1], h = x.shape[2], w = x.shape[3];
+  const Tensor xr = x.reshape({ch * h, w});
+  Tensor yr = y.reshape({ch * 2 * h, 2 * w});
+  for (int64_t ci = 0; ci < ch; ++ci)
+    for (int64_t i = 0; i < 2 * h; ++i)
+      for (int64_t j = 0; j < 2 * w; ++j) put(yr, ci * 2 * h + i, j, get(xr, ci * h + i / 2, j / 2));
+}
+
+}  // namespace apus::ref
