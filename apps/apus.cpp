@@ -1,10 +1,12 @@
-// apus command line: `apus image` renders a prompt, `apus synth` writes a random-weight
-// checkpoint in the published layout.
+// apus command line: `apus image` renders a prompt, `apus roofline` counts a request's cost,
+// `apus synth` writes a random-weight checkpoint in the published layout.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
 #include "apus/apus.h"
+#include "core/cost.h"
 #include "core/error.h"
 #include "cost/roofline.h"
 #include "io/png.h"
@@ -12,35 +14,33 @@
 
 namespace {
 
-int run_image(const apus::ImageOptions& o, const std::string& out, bool verbose) {
-  const apus::ImageResult r = apus::generate_image(o, [](const std::string& line) {
+int run_image(const std::string& model_dir, const apus::ImageRequest& req, const std::string& out,
+              bool verbose) {
+  // One request per process: each stage's weights are mapped for that stage only.
+  const auto model = apus::ImageModel::open(model_dir, apus::Weights::per_stage);
+  const apus::ImageResult r = model->generate(req, [](const std::string& line) {
     std::fprintf(stderr, "%s\n", line.c_str());
   });
-  const std::string params = o.prompt + "\nSteps: " + std::to_string(o.steps) +
-                             ", Sampler: Euler (flow match), CFG scale: 1, Seed: " +
-                             std::to_string(r.seed) + ", Size: " + std::to_string(r.width) + "x" +
-                             std::to_string(r.height) + ", Model: FLUX.2-klein-4B" +
-                             (o.fp32 ? ", Precision: fp32" : ", Precision: bf16") +
-                             (o.noise_file.empty() ? "" : ", Noise: " + o.noise_file);
+  const std::string params = req.prompt + "\nSteps: " + std::to_string(req.steps) + ", Sampler: " +
+                             model->sampler() + ", CFG scale: 1, Seed: " + std::to_string(r.seed) +
+                             ", Size: " + std::to_string(r.width) + "x" + std::to_string(r.height) +
+                             ", Model: " + model->label() +
+                             (req.fp32 ? ", Precision: fp32" : ", Precision: bf16") +
+                             (req.noise_file.empty() ? "" : ", Noise: " + req.noise_file);
   const auto t0 = std::chrono::steady_clock::now();
   apus::write_png(out, r.width, r.height, r.rgb, {{"parameters", params}, {"Software", "apus"}});
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) {
-    // Each stage against its floor on this machine, counted from the same model code.
-    const apus::PipelineCost cost = apus::count_klein(o.model_dir, o.width, o.height, o.steps);
-    const nlohmann::json roof = apus::roofline_json(cost, {apus::find_chip("cpu"), 1});
+    // Each stage against its floor on this machine, counted from the same stage code.
+    const nlohmann::json roof = apus::roofline_json(model->count(req), {apus::find_chip("cpu"), 1});
     auto floor_of = [&](const std::string& stage) -> double {
-      const std::string key = stage == "text encoder"                  ? "text_encoder"
-                              : stage.rfind("transformer step", 0) == 0 ? "dit_step"
-                              : stage == "vae decode"                  ? "vae_decode"
-                                                                       : "";
       for (const auto& s : roof["stages"])
-        if (s["name"] == key) return s["per_call"]["floor_s"].get<double>();
+        if (s["name"] == stage) return s["per_call"]["floor_s"].get<double>();
       return 0;
     };
     std::fprintf(stderr, "%-20s %10s %10s %6s\n", "stage", "measured", "floor", "ratio");
     for (const auto& s : r.stages) {
-      const double f = floor_of(s.name);
+      const double f = s.stage.empty() ? 0 : floor_of(s.stage);
       if (f > 0)
         std::fprintf(stderr, "%-20s %8.3f s %8.3f s %5.2fx\n", s.name.c_str(), s.seconds, f, s.seconds / f);
       else
@@ -56,22 +56,22 @@ int run_image(const apus::ImageOptions& o, const std::string& out, bool verbose)
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"apus: FLUX.2 [klein] text-to-image on one device"};
+  CLI::App app{"apus: diffusion transformers on one device"};
   app.require_subcommand(1);
 
-  apus::ImageOptions o;
-  std::string out = "out.png";
+  apus::ImageRequest req;
+  std::string model_dir, out = "out.png";
   bool verbose = false;
   std::string precision = "bf16";
   uint64_t seed = 0;
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
-  image->add_option("--model", o.model_dir, "FLUX.2-klein-4B directory (diffusers layout)")->required();
-  image->add_option("--prompt,-p", o.prompt, "text prompt")->required();
-  image->add_option("--width,-W", o.width, "image width, a multiple of 16");
-  image->add_option("--height,-H", o.height, "image height, a multiple of 16");
-  image->add_option("--steps", o.steps, "sampling steps (4 for the distilled model)");
+  image->add_option("--model", model_dir, "model directory (diffusers layout)")->required();
+  image->add_option("--prompt,-p", req.prompt, "text prompt")->required();
+  image->add_option("--width,-W", req.width, "image width, a multiple of 16");
+  image->add_option("--height,-H", req.height, "image height, a multiple of 16");
+  image->add_option("--steps", req.steps, "sampling steps (4 for the distilled model)");
   auto* seed_opt = image->add_option("--seed,-s", seed, "seed of torch's CPU generator");
-  image->add_option("--noise", o.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
+  image->add_option("--noise", req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
   image->add_option("--precision", precision, "bf16 (as the official pipeline) or fp32 (parity)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   image->add_option("-o,--output", out, "output PNG");
@@ -90,32 +90,37 @@ int main(int argc, char** argv) {
   synth->add_option("--seed", synth_seed, "weight seed");
 
   std::string roof_model = "flux2-klein-4b", chip_name = "h200";
-  int roof_w = 1024, roof_h = 1024, roof_steps = 4, chips = 1;
-  double peak_tflops = 0, gbps = 0;
+  apus::ImageRequest roof_req;
+  int chips = 1;
+  double peak_tflops = 0, gbps = 0, link_gbps = 0;
   bool as_json = false;
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
   roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
-  roofline->add_option("--width,-W", roof_w, "image width");
-  roofline->add_option("--height,-H", roof_h, "image height");
-  roofline->add_option("--steps", roof_steps, "sampling steps");
+  roofline->add_option("--width,-W", roof_req.width, "image width");
+  roofline->add_option("--height,-H", roof_req.height, "image height");
+  roofline->add_option("--steps", roof_req.steps, "sampling steps");
   roofline->add_option("--chip", chip_name, "v6e, h200, h100, l4, rtx-pro-6000 or cpu");
   roofline->add_option("--chips", chips, "chips for the collective comparison")->check(CLI::PositiveNumber);
   roofline->add_option("--peak-tflops", peak_tflops, "override the chip's dense bf16 TFLOP/s");
   roofline->add_option("--gbps", gbps, "override the chip's memory GB/s");
+  roofline->add_option("--link-gbps", link_gbps, "override the chip's link GB/s (each way)");
   roofline->add_flag("--json", as_json, "print the JSON interface instead of the table");
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*image) {
-      if (*seed_opt) o.seed = seed;
-      o.fp32 = precision == "fp32";
-      return run_image(o, out, verbose);
+      if (*seed_opt) req.seed = seed;
+      req.fp32 = precision == "fp32";
+      return run_image(model_dir, req, out, verbose);
     }
     if (*roofline) {
       apus::Roofline r{apus::find_chip(chip_name), chips};
       if (peak_tflops > 0) r.chip.bf16_flops = peak_tflops * 1e12;
       if (gbps > 0) r.chip.memory_bps = gbps * 1e9;
-      const apus::PipelineCost cost = apus::count_klein(roof_model, roof_w, roof_h, roof_steps);
+      if (link_gbps > 0) r.chip.link_bps = link_gbps * 1e9;
+      const auto model = apus::ImageModel::open(roof_model, apus::Weights::none);
+      apus::PipelineCost cost = model->count(roof_req);
+      cost.model = roof_model;
       if (as_json) std::printf("%s\n", apus::roofline_json(cost, r).dump(2).c_str());
       else std::printf("%s", apus::roofline_table(cost, r).c_str());
       return 0;

@@ -5,6 +5,8 @@
 
 #include <filesystem>
 
+#include "apus/apus.h"
+
 #include "core/error.h"
 #include "cost/roofline.h"
 #include "io/model_dir.h"
@@ -14,6 +16,14 @@
 
 namespace apus {
 namespace {
+
+PipelineCost count_request(const std::string& model, int width, int height, int steps) {
+  ImageRequest r;
+  r.width = width;
+  r.height = height;
+  r.steps = steps;
+  return ImageModel::open(model, Weights::none)->count(r);
+}
 
 struct Counter {
   CostLog log;
@@ -87,7 +97,7 @@ double manifest_parameters(const std::function<bool(const std::string&, const st
 }
 
 TEST(Cost, KleinParametersMatchThePublishedLayout) {
-  const PipelineCost p = count_klein("flux2-klein-4b", 512, 512, 4);
+  const PipelineCost p = count_request("flux2-klein-4b", 512, 512, 4);
   const double want = manifest_parameters([](const std::string& file, const std::string& name) {
     if (file.rfind("transformer/", 0) == 0) return true;
     if (file.rfind("vae/", 0) == 0)
@@ -117,8 +127,8 @@ double module_flops(const PipelineCost& p, const std::string& stage, const std::
 }
 
 TEST(Cost, LinearsScaleWithTokensAttentionWithTheirSquare) {
-  const PipelineCost small = count_klein("flux2-klein-4b", 512, 512, 4);
-  const PipelineCost large = count_klein("flux2-klein-4b", 1024, 1024, 4);
+  const PipelineCost small = count_request("flux2-klein-4b", 512, 512, 4);
+  const PipelineCost large = count_request("flux2-klein-4b", 1024, 1024, 4);
   const double tokens_ratio = double(512 + 4096) / double(512 + 1024);
   EXPECT_DOUBLE_EQ(module_flops(large, "dit_step", "dit/single.3/linear1") /
                        module_flops(small, "dit_step", "dit/single.3/linear1"),
@@ -139,7 +149,7 @@ TEST(Cost, CountingReadsConfigsOnly) {
   fs::copy(test::fixture("klein_tiny_b"), dir, fs::copy_options::recursive);
   for (const auto& e : fs::recursive_directory_iterator(dir))
     if (e.path().extension() == ".safetensors") fs::remove(e.path());
-  const PipelineCost p = count_klein(dir, 48, 80, 4);
+  const PipelineCost p = count_request(dir, 48, 80, 4);
   EXPECT_GT(p.stages[2].per_call.flops, 0);
   const auto j = roofline_json(p, {find_chip("h200"), 8});
   EXPECT_EQ(j["stages"].size(), 4u);

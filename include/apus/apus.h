@@ -1,25 +1,34 @@
 #pragma once
-// apus public API: prompt in, image out.
+// apus public API: open a model directory once, then render requests from it.
+//
+//   auto model = apus::ImageModel::open("FLUX.2-klein-4B", apus::Weights::resident);
+//   apus::ImageResult r = model->generate({.prompt = "a lighthouse", .width = 512, .height = 512});
+//
+// A resident model keeps its weights (and what is derived from them) for its lifetime and serves
+// generate() from several threads at once, each request with its own scratch memory.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace apus {
 
-struct ImageOptions {
-  std::string model_dir;          // diffusers layout of black-forest-labs/FLUX.2-klein-4B
+struct PipelineCost;  // the counted cost of one request (src/core/cost.h)
+
+struct ImageRequest {
   std::string prompt;
   int width = 1024, height = 1024;
   int steps = 4;
   std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
-  std::string noise_file;         // safetensors holding "noise" [1, 128, H/16, W/16]; overrides seed
+  std::string noise_file;         // safetensors holding "noise" [1, C, H/16, W/16]; overrides seed
   bool fp32 = false;              // parity mode: fp32 activations (weights stay as stored)
 };
 
 struct StageTime {
-  std::string name;
+  std::string name;   // what ran: "text encoder load", "transformer step 2", ...
+  std::string stage;  // the counted stage it belongs to ("dit_step"), empty for loading and glue
   double seconds;
 };
 
@@ -30,9 +39,32 @@ struct ImageResult {
   std::vector<StageTime> stages;
 };
 
-// Progress lines ("step 2/4 ...") go to `progress` as they happen.
-ImageResult generate_image(const ImageOptions& options,
-                           const std::function<void(const std::string&)>& progress = {});
+using Progress = std::function<void(const std::string&)>;
+
+// How a model holds its weights.
+enum class Weights {
+  per_stage,  // mapped for one stage of one request and released after it: the one-shot CLI
+  resident,   // mapped and made resident at open, kept across requests: servers
+  none,       // configs only: counting (roofline, admission checks); generate() refuses
+};
+
+class ImageModel {
+ public:
+  // Recognises the directory from model_index.json's `_class_name` (or a published name the
+  // engine carries the layout of, for Weights::none) and refuses anything else naming the class.
+  static std::unique_ptr<ImageModel> open(const std::string& dir, Weights weights);
+  virtual ~ImageModel() = default;
+
+  // Validates everything a request can get wrong before any weight is read, then renders it.
+  // Progress lines ("step 2/4 ...") go to `progress` as they happen. Thread-safe.
+  virtual ImageResult generate(const ImageRequest& request, const Progress& progress = {}) const = 0;
+  // The request's FLOPs, bytes and peak activations per stage, counted by walking the same stage
+  // code in counting mode.
+  virtual PipelineCost count(const ImageRequest& request) const = 0;
+
+  virtual const std::string& label() const = 0;    // e.g. "black-forest-labs/FLUX.2-klein-4B"
+  virtual const std::string& sampler() const = 0;  // e.g. "Euler (flow match)"
+};
 
 // Peak resident memory of this process so far, in bytes (VmHWM).
 uint64_t peak_rss_bytes();

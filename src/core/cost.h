@@ -40,4 +40,25 @@ class CostLog {
   std::vector<Entry> entries_;
 };
 
+// One stage of a request as counted: its modules' cost per call, how often it runs, and the peak
+// activation memory one call needs.
+struct StageCost {
+  std::string name;
+  int64_t calls = 1;  // e.g. 4 transformer forwards
+  OpCost per_call;
+  std::vector<CostLog::Entry> modules;  // per call
+  // What the collectives need, per call: tensor-parallel all-reduce payload, Ulysses
+  // all_to_all payload and the activation handed across a depth-shard boundary, in bytes.
+  double tp_allreduce_bytes = 0, ulysses_bytes = 0, boundary_bytes = 0;
+  double activation_bytes = 0;  // peak arena use of one call: activations and scratch
+  bool replicated = false;      // not split by tensor or sequence parallelism (a VAE decode)
+};
+
+struct PipelineCost {
+  std::string model;
+  int width = 0, height = 0, steps = 0;
+  std::vector<StageCost> stages;
+  double parameters = 0;  // distinct weight elements the stages read
+};
+
 }  // namespace apus

@@ -3,45 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <optional>
 #include <regex>
 
 #include "core/error.h"
-#include "io/model_dir.h"
-#include "models/flux2/klein.h"
-#include "models/flux2/synth.h"
-#include "models/flux2/text_encoder.h"
-#include "models/flux2/transformer.h"
-#include "models/flux2/vae_decoder.h"
 
 namespace apus {
 
 namespace {
-
-using flux2::kTextTaps;
-
-std::string resolve_model(const std::string& model) {
-  if (is_directory(model)) return model;
-  APUS_CHECK(model == "flux2-klein-4b", "unknown model '", model,
-             "': give a model directory or the published name flux2-klein-4b");
-  return flux2::klein_4b_template_dir();
-}
-
-// Runs `body` in counting mode and files what it cost as one stage.
-template <typename Body>
-StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
-  CostLog log;
-  Arena arena(size_t(64) << 20, /*measure_only=*/true);
-  Context c{&arena, DType::bf16, &log, true};
-  body(c);
-  StageCost s;
-  s.name = name;
-  s.calls = calls;
-  s.activation_bytes = double(arena.high_water());
-  s.per_call = log.total();
-  s.modules = log.entries();
-  return s;
-}
 
 double floor_seconds(const OpCost& c, double peak, double bandwidth) {
   const double compute = c.flops / peak;
@@ -77,63 +45,6 @@ OpCost times(OpCost c, double n) {
 double allreduce_wire_bytes(double s, int n) { return 2.0 * (n - 1) / n * s; }
 double allgather_wire_bytes(double s, int n) { return double(n - 1) / n * s; }
 double all_to_all_wire_bytes(double s, int n) { return double(n - 1) / (double(n) * n) * s; }
-
-PipelineCost count_klein(const std::string& model, int width, int height, int steps) {
-  APUS_CHECK(width % 16 == 0 && height % 16 == 0 && width > 0 && height > 0, "width ", width,
-             " and height ", height, " must be positive multiples of 16");
-  APUS_CHECK(steps >= 1, "steps ", steps, " must be at least 1");
-  const ModelDir dir = ModelDir::open(resolve_model(model), /*load_weights=*/false);
-  flux2::check_klein_index(dir);
-  PipelineCost p;
-  p.model = model;
-  p.width = width;
-  p.height = height;
-  p.steps = steps;
-  const int64_t h = height / 16, w = width / 16, l = h * w, t = flux2::kMaxSequence;
-  const double bf16 = 2;
-
-  const auto text = flux2::TextEncoder::load(dir, kTextTaps);
-  const auto& tc = text.config();
-  StageCost text_stage = count_stage("text_encoder", 1, [&](Context& c) {
-    text.encode(c, std::vector<int32_t>(size_t(t), 0), std::vector<int64_t>(size_t(t), 1));
-  });
-  const double text_layers = *std::max_element(kTextTaps.begin(), kTextTaps.end());
-  text_stage.tp_allreduce_bytes = text_layers * 2 * double(t * tc.hidden) * bf16;
-  text_stage.ulysses_bytes = text_layers * 4 * double(t * tc.heads * tc.head_dim) * bf16;
-  text_stage.boundary_bytes = double(t * tc.hidden) * bf16;
-
-  const auto dit = flux2::Transformer::load(dir);
-  const auto& dc = dit.config();
-  const Tensor embeds = Tensor::shape_only({t, dc.joint_dim}, DType::bf16);
-  const Tensor txt_ids = Tensor::shape_only({t, 4}, DType::i64);
-  const Tensor img_ids = Tensor::shape_only({l, 4}, DType::i64);
-  std::optional<flux2::TransformerPrologue> pro;
-  StageCost prologue_stage = count_stage("dit_prologue", 1, [&](Context& c) {
-    pro = dit.prologue(c, embeds, txt_ids, img_ids);
-  });
-  StageCost dit_stage = count_stage("dit_step", steps, [&](Context& c) {
-    Tensor x = Tensor::shape_only({l, dc.in_channels}, DType::bf16);
-    Tensor v = Tensor::shape_only({l, dc.out_channels}, DType::bf16);
-    dit.forward(c, *pro, x, 1000.0f, v);
-    CostScope scope(c, "sampler");
-    ops::euler_update(c, x, v, -0.25f);
-  });
-  const double s = double(t + l), blocks = double(dc.num_double + dc.num_single);
-  dit_stage.tp_allreduce_bytes = double(2 * dc.num_double + dc.num_single) * s * dc.hidden * bf16;
-  dit_stage.ulysses_bytes = blocks * 4 * s * dc.hidden * bf16;
-  dit_stage.boundary_bytes = s * dc.hidden * bf16;
-
-  const auto vae = flux2::VaeDecoder::load(dir);
-  StageCost vae_stage = count_stage("vae_decode", 1, [&](Context& c) {
-    const Tensor x = Tensor::shape_only({l, vae.config().packed_channels()}, DType::bf16);
-    Tensor image = Tensor::shape_only({1, vae.config().out_channels, height, width}, DType::bf16);
-    vae.decode(c, x, h, w, image);
-  });
-
-  p.parameters = double(text.parameter_count() + dit.parameter_count() + vae.parameter_count());
-  p.stages = {text_stage, prologue_stage, dit_stage, vae_stage};
-  return p;
-}
 
 nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   const double peak = r.chip.bf16_flops, bw = r.chip.memory_bps, ridge = bw > 0 ? peak / bw : 0;
@@ -189,7 +100,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   double fsdp = 0, tp = 0, ulysses = 0, depth = 0;
   for (const StageCost& s : p.stages) {
     const double f = double(s.calls) * stage_floor_per_call(s, peak, bw);
-    (s.name == "vae_decode" ? replicated : split) += f;
+    (s.replicated ? replicated : split) += f;
     fsdp += double(s.calls) * allgather_wire_bytes(s.per_call.weight_bytes, n);
     tp += double(s.calls) * allreduce_wire_bytes(s.tp_allreduce_bytes, n);
     ulysses += double(s.calls) * all_to_all_wire_bytes(s.ulysses_bytes, n);

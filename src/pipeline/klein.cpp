@@ -1,0 +1,330 @@
+// FLUX.2 [klein] text-to-image: tokenise, encode, sample, decode, in the order and precision of
+// diffusers' Flux2KleinPipeline. The stages are written once (encode_text, prologue, step,
+// decode); generate() runs them on weights, count() walks the same functions in counting mode.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <random>
+
+#include "core/error.h"
+#include "models/flux2/klein.h"
+#include "models/flux2/text_encoder.h"
+#include "models/flux2/transformer.h"
+#include "models/flux2/vae_decoder.h"
+#include "pipeline/registry.h"
+#include "pipeline/stage.h"
+#include "sampling/flow_match.h"
+#include "sampling/noise.h"
+#include "sampling/torch_rng.h"
+#include "text/bpe_tokenizer.h"
+#include "text/klein_prompt.h"
+
+namespace apus {
+
+namespace {
+
+using flux2::kMaxSequence;
+using flux2::kTextTaps;
+constexpr int kMaxSide = 4096;
+
+// The stages of one request, as the cost model and -v name them.
+constexpr const char* kTextStage = "text_encoder";
+constexpr const char* kPrologueStage = "dit_prologue";
+constexpr const char* kStepStage = "dit_step";
+constexpr const char* kDecodeStage = "vae_decode";
+
+// What one request carries from stage to stage (shape-only tensors in counting mode).
+struct Work {
+  int64_t h = 0, w = 0;  // latent grid
+  std::vector<int32_t> ids;
+  std::vector<int64_t> mask;
+  FlowSchedule schedule;
+  Tensor prompt_embeds, latents, velocity, image;
+  std::optional<flux2::TransformerPrologue> prologue;
+};
+
+// Stops the request when a stage's output holds NaN or Inf: an image from it would be black or
+// garbage, and its cast to bytes undefined.
+void require_finite(Context& c, const Tensor& t, const std::string& stage) {
+  APUS_CHECK(ops::all_finite(c, t), stage, " produced NaN or Inf (from a non-finite weight, ",
+             "noise value or setting upstream)");
+}
+
+// Runs body on the resident model, or loads one for this stage and releases it after.
+template <typename Model, typename Load, typename Body>
+void with_model(const std::optional<Model>& resident, Load&& load, Body&& body) {
+  if (resident) return body(*resident);
+  const Model m = load();
+  m.make_resident();
+  body(m);
+}
+
+class KleinModel final : public ImageModel {
+ public:
+  KleinModel(const ModelDir& dir, Weights weights);
+  ImageResult generate(const ImageRequest& request, const Progress& progress) const override;
+  PipelineCost count(const ImageRequest& request) const override;
+  const std::string& label() const override { return label_; }
+  const std::string& sampler() const override { return sampler_; }
+
+ private:
+  void encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const;
+  void prologue(Context& c, const flux2::Transformer& dit, Work& w) const;
+  void step(Context& c, const flux2::Transformer& dit, Work& w, int i) const;
+  void decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const;
+
+  Work plan(const ImageRequest& r) const;  // grid and schedule
+  Tensor initial_noise(const ImageRequest& r, uint64_t seed, const Work& w, DType act) const;
+
+  ModelDir dir_;
+  ModelDir configs_;  // the same directory without weights: what counting loads
+  Weights weights_;
+  std::string label_, sampler_ = "Euler (flow match)";
+  std::optional<BpeTokenizer> tokenizer_;
+  flux2::TransformerConfig dit_cfg_;
+  Config scheduler_cfg_;
+  std::optional<flux2::TextEncoder> text_;
+  std::optional<flux2::Transformer> dit_;
+  std::optional<flux2::VaeDecoder> vae_;
+};
+
+KleinModel::KleinModel(const ModelDir& dir, Weights weights)
+    : dir_(dir),
+      configs_(ModelDir::open(dir.root(), false)),
+      weights_(weights),
+      label_(model_label(dir.root())) {
+  flux2::check_klein_index(dir_);
+  // Everything a directory can get wrong in its configs is found here, before any request.
+  const auto text_cfg = flux2::TextEncoderConfig::read(dir_.config("text_encoder"));
+  dit_cfg_ = flux2::TransformerConfig::read(dir_.config("transformer"));
+  flux2::VaeConfig::read(dir_.config("vae"));
+  scheduler_cfg_ = dir_.config("scheduler", "scheduler_config.json");
+  if (weights_ == Weights::none) return;
+  tokenizer_.emplace(BpeTokenizer::load(dir_.component("tokenizer") + "/tokenizer.json"));
+  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, dir_.component("tokenizer"),
+             "/tokenizer.json: token id ", tokenizer_->max_id(), " has no row in the text encoder's ",
+             text_cfg.vocab, "-entry embedding (text_encoder/config.json vocab_size)");
+  if (weights_ == Weights::resident) {
+    text_.emplace(flux2::TextEncoder::load(dir_, kTextTaps));
+    dit_.emplace(flux2::Transformer::load(dir_));
+    vae_.emplace(flux2::VaeDecoder::load(dir_));
+    text_->make_resident();
+    dit_->make_resident();
+    vae_->make_resident();
+  }
+}
+
+Work KleinModel::plan(const ImageRequest& r) const {
+  APUS_CHECK(r.width % 16 == 0 && r.height % 16 == 0 && r.width > 0 && r.height > 0, "width ",
+             r.width, " and height ", r.height, " must be positive multiples of 16");
+  APUS_CHECK(r.steps >= 1 && r.steps <= 1000, "steps ", r.steps, " outside 1..1000");
+  Work w;
+  w.h = r.height / 16;
+  w.w = r.width / 16;
+  w.schedule = flow_match_schedule(scheduler_cfg_, r.steps, flux2_empirical_mu(w.h * w.w, r.steps));
+  return w;
+}
+
+void KleinModel::encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const {
+  w.prompt_embeds = encoder.encode(c, w.ids, w.mask);
+}
+
+void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) const {
+  const int64_t l = w.h * w.w;
+  const Tensor txt_ids = c.count_only ? Tensor::shape_only({kMaxSequence, 4}, DType::i64)
+                                      : flux2::text_position_ids(kMaxSequence);
+  const Tensor img_ids = c.count_only ? Tensor::shape_only({l, 4}, DType::i64)
+                                      : flux2::image_position_ids(w.h, w.w);
+  w.prologue = dit.prologue(c, w.prompt_embeds, txt_ids, img_ids);
+  w.velocity = ops::empty(c, {l, dit.config().out_channels}, c.act);
+}
+
+void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i) const {
+  const size_t s = size_t(i);
+  dit.forward(c, *w.prologue, w.latents, w.schedule.timesteps[s], w.velocity);
+  CostScope scope(c, "sampler");
+  euler_step(c, w.latents, w.velocity, w.schedule.sigmas[s], w.schedule.sigmas[s + 1]);
+}
+
+void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const {
+  const int64_t s = 16;  // pixels per latent token side: the VAE's 8x and the 2x2 patches
+  w.image = ops::empty(c, {1, vae.config().out_channels, w.h * s, w.w * s}, c.act);
+  vae.decode(c, w.latents, w.h, w.w, w.image);
+}
+
+PipelineCost KleinModel::count(const ImageRequest& r) const {
+  Work w = plan(r);
+  PipelineCost p;
+  p.model = label_;
+  p.width = r.width;
+  p.height = r.height;
+  p.steps = r.steps;
+  w.ids.assign(size_t(kMaxSequence), 0);
+  w.mask.assign(size_t(kMaxSequence), 1);
+  w.latents = Tensor::shape_only({w.h * w.w, dit_cfg_.in_channels}, DType::bf16);
+
+  const auto text = flux2::TextEncoder::load(configs_, kTextTaps);
+  const auto dit = flux2::Transformer::load(configs_);
+  const auto vae = flux2::VaeDecoder::load(configs_);
+  StageCost text_stage = count_stage(kTextStage, 1, [&](Context& c) { encode_text(c, text, w); });
+  StageCost prologue_stage = count_stage(kPrologueStage, 1, [&](Context& c) { prologue(c, dit, w); });
+  StageCost step_stage = count_stage(kStepStage, r.steps, [&](Context& c) { step(c, dit, w, 0); });
+  StageCost decode_stage = count_stage(kDecodeStage, 1, [&](Context& c) { decode(c, vae, w); });
+
+  // Collective payloads per call (docs/ROOFLINE.md), bf16.
+  const double bf16 = 2, t = kMaxSequence;
+  const auto& tc = text.config();
+  const double text_layers = *std::max_element(kTextTaps.begin(), kTextTaps.end());
+  text_stage.tp_allreduce_bytes = text_layers * 2 * t * double(tc.hidden) * bf16;
+  text_stage.ulysses_bytes = text_layers * 4 * t * double(tc.heads * tc.head_dim) * bf16;
+  text_stage.boundary_bytes = t * double(tc.hidden) * bf16;
+  const auto& dc = dit.config();
+  const double s = t + double(w.h * w.w), blocks = double(dc.num_double + dc.num_single);
+  step_stage.tp_allreduce_bytes = double(2 * dc.num_double + dc.num_single) * s * double(dc.hidden) * bf16;
+  step_stage.ulysses_bytes = blocks * 4 * s * double(dc.hidden) * bf16;
+  step_stage.boundary_bytes = s * double(dc.hidden) * bf16;
+
+  decode_stage.replicated = true;
+  p.parameters = double(text.parameter_count() + dit.parameter_count() + vae.parameter_count());
+  p.stages = {text_stage, prologue_stage, step_stage, decode_stage};
+  return p;
+}
+
+// Initial noise [1, C, h, w] packed to tokens [h*w, C] (token = row * w + col).
+Tensor KleinModel::initial_noise(const ImageRequest& r, uint64_t seed, const Work& w, DType act) const {
+  const int64_t channels = dit_cfg_.in_channels, h = w.h, wd = w.w;
+  Tensor nchw;
+  if (!r.noise_file.empty()) {
+    nchw = read_noise(r.noise_file, {1, channels, h, wd}, act);
+  } else {
+    // The official pipeline draws the latents in the model dtype with torch's CPU generator.
+    nchw = Tensor::heap({1, channels, h, wd}, act);
+    TorchGenerator gen(seed);
+    if (act == DType::bf16) gen.randn_bf16(nchw.ptr<uint16_t>(), nchw.numel());
+    else gen.randn(nchw.ptr<float>(), nchw.numel());
+  }
+  Tensor packed = Tensor::heap({h * wd, channels}, act);
+  const size_t es = dtype_size(act);
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t p = 0; p < h * wd; ++p)
+      std::memcpy(static_cast<char*>(packed.data) + size_t(p * channels + c) * es,
+                  static_cast<const char*>(nchw.data) + size_t(c * h * wd + p) * es, es);
+  return packed;
+}
+
+ImageResult KleinModel::generate(const ImageRequest& r, const Progress& progress) const {
+  APUS_CHECK(weights_ != Weights::none, dir_.root(), ": opened for counting only");
+  APUS_CHECK(r.width % 16 == 0 && r.height % 16 == 0, "width ", r.width, " and height ", r.height,
+             " must be multiples of 16");
+  APUS_CHECK(r.width >= 16 && r.height >= 16 && r.width <= kMaxSide && r.height <= kMaxSide,
+             "width ", r.width, " x height ", r.height, " outside 16..", kMaxSide);
+  APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");
+  APUS_CHECK(!r.prompt.empty(), "the prompt is empty");
+  check_memory(count(r), weights_ == Weights::resident,
+               std::to_string(r.width) + "x" + std::to_string(r.height));
+  auto say = [&](const std::string& s) { if (progress) progress(s); };
+  ImageResult result;
+  result.width = r.width;
+  result.height = r.height;
+  result.seed = r.seed ? *r.seed : std::random_device{}();
+  StageClock clock(result.stages);
+  Arena arena;
+  Context ctx{&arena, r.fp32 ? DType::f32 : DType::bf16};
+
+  // Everything that can reject the request (prompt, schedule, noise file) comes before any weight
+  // loads.
+  Work w = plan(r);
+  const int n_tokens = klein_prompt_length(*tokenizer_, r.prompt);
+  APUS_CHECK(n_tokens <= kMaxSequence, "the prompt is ", n_tokens, " tokens with the chat template, over the ",
+             kMaxSequence, " the text encoder takes");
+  std::vector<int32_t> mask32;
+  w.ids = encode_klein_prompt(*tokenizer_, r.prompt, kMaxSequence, &mask32);
+  w.mask.assign(mask32.begin(), mask32.end());
+  clock.stop("tokenize");
+  w.latents = initial_noise(r, result.seed, w, ctx.act);
+  say("seed " + std::to_string(result.seed));
+
+  with_model(text_, [&] { return flux2::TextEncoder::load(dir_, kTextTaps); },
+             [&](const flux2::TextEncoder& encoder) {
+               clock.stop("text encoder load");
+               encode_text(ctx, encoder, w);
+               require_finite(ctx, w.prompt_embeds, "the text encoder");
+               clock.stop("text encoder", kTextStage);
+             });
+  with_model(dit_, [&] { return flux2::Transformer::load(dir_); },
+             [&](const flux2::Transformer& dit) {
+               prologue(ctx, dit, w);
+               clock.stop("transformer load");
+               for (int i = 0; i < r.steps; ++i) {
+                 const auto t0 = std::chrono::steady_clock::now();
+                 step(ctx, dit, w, i);
+                 require_finite(ctx, w.latents, "transformer step " + std::to_string(i + 1) + "/" +
+                                                    std::to_string(r.steps));
+                 const double s =
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                 char line[96];
+                 std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, r.steps,
+                               double(w.schedule.sigmas[size_t(i)]), s);
+                 say(line);
+                 clock.stop("transformer step " + std::to_string(i + 1), kStepStage);
+               }
+             });
+  with_model(vae_, [&] { return flux2::VaeDecoder::load(dir_); },
+             [&](const flux2::VaeDecoder& vae) {
+               clock.stop("vae load");
+               decode(ctx, vae, w);
+               require_finite(ctx, w.image, "the VAE decoder");
+               flux2::image_to_rgb8(w.image, result.rgb);
+               clock.stop("vae decode", kDecodeStage);
+             });
+  return result;
+}
+
+}  // namespace
+
+std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights) {
+  return std::make_unique<KleinModel>(dir, weights);
+}
+
+Tensor flux2::text_position_ids(int64_t tokens) {
+  Tensor ids = Tensor::heap({tokens, 4}, DType::i64);
+  for (int64_t i = 0; i < tokens; ++i)
+    for (int64_t a = 0; a < 4; ++a) ids.ptr<int64_t>()[4 * i + a] = a == 3 ? i : 0;
+  return ids;
+}
+
+Tensor flux2::image_position_ids(int64_t h, int64_t w) {
+  Tensor ids = Tensor::heap({h * w, 4}, DType::i64);
+  int64_t* p = ids.ptr<int64_t>();
+  for (int64_t r = 0; r < h; ++r)
+    for (int64_t c = 0; c < w; ++c, p += 4) {
+      p[0] = 0;
+      p[1] = r;
+      p[2] = c;
+      p[3] = 0;
+    }
+  return ids;
+}
+
+void flux2::check_klein_index(const ModelDir& dir) {
+  const std::string index = dir.root() + "/model_index.json";
+  APUS_CHECK(dir.pipeline_class() == "Flux2KleinPipeline", index, ": _class_name '",
+             dir.pipeline_class(), "' is not supported (this build runs Flux2KleinPipeline)");
+  const std::pair<const char*, std::vector<std::string>> components[] = {
+      {"transformer", {"Flux2Transformer2DModel"}},
+      {"vae", {"AutoencoderKLFlux2"}},
+      {"text_encoder", {"Qwen3ForCausalLM", "Qwen3Model"}},
+      {"tokenizer", {"Qwen2TokenizerFast", "Qwen2Tokenizer"}},
+      {"scheduler", {"FlowMatchEulerDiscreteScheduler"}}};
+  for (const auto& [name, classes] : components) {
+    const std::string cls = dir.component_class(name);
+    APUS_CHECK(std::find(classes.begin(), classes.end(), cls) != classes.end(), index, ": ", name,
+               " class '", cls, "' is not supported (expected ", classes[0], ")");
+  }
+  const Json& distilled = dir.index().contains("is_distilled") ? dir.index()["is_distilled"] : Json();
+  // The pipeline's default is false: a base model, sampled with classifier-free guidance.
+  APUS_CHECK(distilled.is_boolean() && distilled.get<bool>(), index, ": is_distilled is ",
+             distilled.dump(), "; only the guidance-distilled klein models (true) are supported yet");
+}
+
+}  // namespace apus

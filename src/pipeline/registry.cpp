@@ -1,0 +1,60 @@
+#include "pipeline/registry.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "models/flux2/synth.h"
+
+namespace apus {
+
+namespace {
+
+struct Family {
+  const char* pipeline_class;
+  std::unique_ptr<ImageModel> (*open)(const ModelDir&, Weights);
+};
+
+const Family kFamilies[] = {
+    {"Flux2KleinPipeline", open_klein},
+};
+
+}  // namespace
+
+std::string resolve_model_dir(const std::string& model, Weights weights) {
+  if (is_directory(model)) return model;
+  APUS_CHECK(weights == Weights::none && model == "flux2-klein-4b", model,
+             ": model directory does not exist",
+             weights == Weights::none ? " (nor is it the published name flux2-klein-4b)" : "");
+  return flux2::klein_4b_template_dir();
+}
+
+std::string model_label(const std::string& dir) {
+  const std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  for (const auto& part : p) {
+    const std::string s = part.string();
+    if (s.rfind("models--", 0) == 0) {
+      std::string id = s.substr(8);
+      const size_t sep = id.find("--");
+      if (sep != std::string::npos) id.replace(sep, 2, "/");
+      return id;
+    }
+  }
+  const std::string name = (p.has_filename() ? p : p.parent_path()).filename().string();
+  return name.empty() ? dir : name;
+}
+
+std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights) {
+  const std::string root = resolve_model_dir(model, weights);
+  APUS_CHECK(path_exists(root + "/model_index.json") || !path_exists(root + "/model_config.json"),
+             root, "/model_config.json: a single-checkpoint model (Stable Audio 3's layout); this ",
+             "build runs diffusers pipelines (model_index.json) only");
+  const ModelDir dir = ModelDir::open(root, weights != Weights::none);
+  for (const Family& f : kFamilies)
+    if (dir.pipeline_class() == f.pipeline_class) return f.open(dir, weights);
+  std::string known;
+  for (const Family& f : kFamilies) known += std::string(known.empty() ? "" : ", ") + f.pipeline_class;
+  fail(root, "/model_index.json: _class_name '", dir.pipeline_class(),
+       "' is not supported (supported: ", known, ")");
+}
+
+}  // namespace apus

@@ -1,0 +1,22 @@
+#pragma once
+// Which model family serves a directory. A family registers one line in registry.cpp: the
+// pipeline class its model_index.json names and the function that opens it.
+#include <memory>
+#include <string>
+
+#include "apus/apus.h"
+#include "io/model_dir.h"
+
+namespace apus {
+
+std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
+
+// A directory, or for counting a published name whose layout (configs, no weights) ships in
+// data/ ("flux2-klein-4b").
+std::string resolve_model_dir(const std::string& model, Weights weights);
+
+// "org/name" for a Hugging Face cache snapshot (models--org--name/snapshots/<rev>), else the
+// folder's own name: what a PNG's metadata calls the model.
+std::string model_label(const std::string& dir);
+
+}  // namespace apus

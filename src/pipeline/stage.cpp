@@ -1,0 +1,36 @@
+#include "pipeline/stage.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/memory.h"
+
+namespace apus {
+
+namespace {
+// Address space each pool thread takes beyond the counted stage: its malloc arena (glibc reserves
+// 64 MiB per thread), its stack and oneDNN's per-thread scratch and kernels.
+constexpr double kThreadAddressAllowance = 128.0 * (1 << 20);
+}  // namespace
+
+void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what) {
+  const MemoryBudget budget = memory_budget();
+  double all_weights = 0;
+  for (const StageCost& s : cost.stages) all_weights += s.per_call.weight_bytes;
+  for (const StageCost& s : cost.stages) {
+    const double weights = weights_resident ? all_weights : s.per_call.weight_bytes;
+    const double need = weights + 2 * s.activation_bytes;
+    APUS_CHECK(need <= budget.resident_bytes, what, " needs about ", int(need / 1e9 + 0.5),
+               " GB in its ", s.name, " stage, more than the ", int(budget.resident_bytes / 1e9),
+               " GB of ", budget.resident_source);
+    const double address_need = need + kThreadAddressAllowance * double(omp_get_max_threads());
+    APUS_CHECK(address_need <= budget.address_bytes, what, " needs about ",
+               int(address_need / 1e6 + 0.5), " MB of address space in its ", s.name,
+               " stage, more than the ", int(std::max(budget.address_bytes, 0.0) / 1e6),
+               " MB the address-space limit (ulimit -v) leaves");
+  }
+}
+
+}  // namespace apus

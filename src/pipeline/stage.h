@@ -1,0 +1,52 @@
+#pragma once
+// What every model family's pipeline shares: counting a stage, timing stages, admitting a request
+// against the memory this process may use.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "apus/apus.h"
+#include "core/cost.h"
+#include "ops/ops.h"
+
+namespace apus {
+
+// Runs `body` once in counting mode (shape-only tensors, a measuring arena) and files what it cost
+// as one stage run `calls` times per request.
+template <typename Body>
+StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
+  CostLog log;
+  Arena arena(size_t(64) << 20, /*measure_only=*/true);
+  Context c{&arena, DType::bf16, &log, true};
+  body(c);
+  StageCost s;
+  s.name = name;
+  s.calls = calls;
+  s.activation_bytes = double(arena.high_water());
+  s.per_call = log.total();
+  s.modules = log.entries();
+  return s;
+}
+
+// Appends the wall time since the previous stop to a result's stage list.
+class StageClock {
+ public:
+  explicit StageClock(std::vector<StageTime>& out) : out_(out) {}
+  void stop(const std::string& name, const std::string& stage = "") {
+    const auto now = std::chrono::steady_clock::now();
+    out_.push_back({name, stage, std::chrono::duration<double>(now - start_).count()});
+    start_ = now;
+  }
+
+ private:
+  std::vector<StageTime>& out_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// Refuses a request whose largest stage would not fit in the memory this process may use: the
+// weights the stage needs mapped (all of them when the model is resident) plus twice its counted
+// activations (for the backend's own scratch), against RAM, a cgroup limit and the address space
+// `ulimit -v` leaves. A clear error instead of the OOM killer or a failed allocation halfway.
+void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what);
+
+}  // namespace apus
