@@ -1,0 +1,97 @@
+// The engine's public shape: a model opened once serves requests from several threads with the
+// bytes one-shot runs give; directories are recognised by their pipeline class and anything else
+// is refused naming it.
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "apus/apus.h"
+#include "core/cost.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+namespace fs = std::filesystem;
+
+ImageRequest request(const std::string& prompt, int width, int height, uint64_t seed) {
+  ImageRequest r;
+  r.prompt = prompt;
+  r.width = width;
+  r.height = height;
+  r.seed = seed;
+  return r;
+}
+
+TEST(ImageModel, TwoThreadsOnOneResidentModelGiveTheOneShotBytes) {
+  const std::string dir = test::fixture("klein_tiny_a");
+  const ImageRequest a = request("a red fox in tall grass", 64, 48, 7);
+  const ImageRequest b = request("a lighthouse at dawn, oil painting", 48, 80, 11);
+  const auto one_shot = ImageModel::open(dir, Weights::per_stage);
+  const ImageResult want_a = one_shot->generate(a), want_b = one_shot->generate(b);
+  ASSERT_NE(want_a.rgb, want_b.rgb);
+
+  const auto resident = ImageModel::open(dir, Weights::resident);
+  for (int round = 0; round < 3; ++round) {
+    ImageResult got_a, got_b;
+    std::string error_a, error_b;
+    auto run = [&](const ImageRequest& r, ImageResult& out, std::string& error) {
+      try {
+        out = resident->generate(r);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    };
+    std::thread ta(run, std::cref(a), std::ref(got_a), std::ref(error_a));
+    std::thread tb(run, std::cref(b), std::ref(got_b), std::ref(error_b));
+    ta.join();
+    tb.join();
+    ASSERT_EQ(error_a, "");
+    ASSERT_EQ(error_b, "");
+    EXPECT_EQ(got_a.rgb, want_a.rgb) << "round " << round;
+    EXPECT_EQ(got_b.rgb, want_b.rgb) << "round " << round;
+    EXPECT_EQ(got_a.seed, 7u);
+    EXPECT_EQ(got_b.seed, 11u);
+  }
+}
+
+TEST(ImageModel, CountingOnlyModelCountsButDoesNotRender) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_b"), Weights::none);
+  const PipelineCost cost = model->count(request("x", 48, 80, 4));
+  ASSERT_EQ(cost.stages.size(), 4u);
+  EXPECT_EQ(cost.stages[2].name, "dit_step");
+  EXPECT_EQ(cost.stages[2].calls, 4);
+  test::expect_error([&] { model->generate(request("x", 48, 80, 4)); }, {"counting only"});
+}
+
+TEST(ImageModel, DirectoriesOfUnknownClassesAreRefusedNamingTheClass) {
+  const std::string dir = ::testing::TempDir() + "apus_engine_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/model_index.json") << R"({"_class_name": "StableAudio3Pipeline"})"; }
+  for (Weights w : {Weights::per_stage, Weights::none})
+    test::expect_error([&] { ImageModel::open(dir, w); },
+                       {dir + "/model_index.json", "'StableAudio3Pipeline'", "not supported",
+                        "Flux2KleinPipeline"});
+  fs::remove(dir + "/model_index.json");
+  { std::ofstream(dir + "/model_config.json") << R"({"model_type": "diffusion_cond"})"; }
+  test::expect_error([&] { ImageModel::open(dir, Weights::per_stage); },
+                     {dir + "/model_config.json", "single-checkpoint"});
+  fs::remove_all(dir);
+  test::expect_error([&] { ImageModel::open("/nonexistent/model", Weights::per_stage); },
+                     {"/nonexistent/model", "does not exist"});
+}
+
+TEST(ImageModel, LabelsNameTheRepository) {
+  // A Hugging Face cache snapshot is labelled with its repository id.
+  const std::string cache = ::testing::TempDir() + "apus_hub/models--black-forest-labs--FLUX.2-klein-4B/snapshots/0123abc";
+  fs::create_directories(cache);
+  fs::copy(test::fixture("klein_tiny_a"), cache,
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  EXPECT_EQ(ImageModel::open(cache, Weights::none)->label(), "black-forest-labs/FLUX.2-klein-4B");
+  EXPECT_EQ(ImageModel::open(test::fixture("klein_tiny_a") + "/", Weights::none)->label(), "klein_tiny_a");
+  fs::remove_all(::testing::TempDir() + "apus_hub");
+}
+
+}  // namespace
+}  // namespace apus
