@@ -20,7 +20,7 @@ namespace {
 
 dnnl::memory reorder_into(const dnnl::memory& from, const dnnl::memory::desc& to_desc, void* to_data) {
   dnnl::memory to(to_desc, dnnl_engine(), to_data);
-  run_primitive("a layout reorder", [&] {
+  run_primitive(KernelKey("reorder", {}), [&] {
     dnnl::reorder(from, to).execute(dnnl_stream(), const_cast<dnnl::memory&>(from), to);
   });
   return to;
@@ -37,9 +37,9 @@ struct PackedEntry {
 };
 
 template <typename Reorder>
-dnnl::memory packed_weights(const Tensor& w, const std::string& key, Reorder&& reorder, size_t bytes) {
+dnnl::memory packed_weights(const Tensor& w, const KernelKey& key, Reorder&& reorder, size_t bytes) {
   static std::mutex mutex;
-  static std::map<std::pair<const void*, std::string>, PackedEntry> cache;
+  static std::map<std::pair<const void*, KernelKey>, PackedEntry> cache;
   std::lock_guard<std::mutex> lock(mutex);
   for (auto it = cache.begin(); it != cache.end();)
     it = it->second.owner.expired() ? cache.erase(it) : std::next(it);
@@ -91,10 +91,9 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   auto any = [](const memory::desc& d) {
     return memory::desc(d.dims(), d.data_type(), memory::format_tag::any);
   };
-  const std::string key = "conv" + shape_str(x.shape) + shape_str(w.shape) + shape_str(y.shape) +
-                          std::to_string(int(x.dtype)) + std::to_string(int(y.dtype)) +
-                          std::to_string(stride) + std::to_string(pad) + (bias ? "b" : "") +
-                          (blocked ? "B" : "P");
+  const KernelKey key("conv", {x.shape[1], x.shape[2], x.shape[3], w.shape[0], w.shape[2],
+                               w.shape[3], int64_t(x.dtype), int64_t(y.dtype), stride, pad,
+                               bias ? 1 : 0, blocked ? 1 : 0});
   struct Conv {
     convolution_forward prim;
     convolution_forward::primitive_desc pd;

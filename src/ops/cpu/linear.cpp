@@ -85,12 +85,9 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
     for (int64_t r = 0; r < m; ++r) store_row(c, r, wc.data() + r * n, n);
     return;
   }
-  const std::string key = std::to_string(m) + "," + std::to_string(k) + "," + std::to_string(n) +
-                          "," + std::to_string(int(a.dtype)) + std::to_string(int(b_type)) +
-                          std::to_string(int(c.dtype)) + "," + std::to_string(a.row_stride()) +
-                          "," + std::to_string(c.row_stride()) + "," +
-                          std::to_string(b_stride_k) + "," + std::to_string(b_stride_n) + "," +
-                          (bias ? std::to_string(int(bias->dtype)) : "-");
+  const KernelKey key("matmul", {m, k, n, int64_t(a.dtype), int64_t(b_type), int64_t(c.dtype),
+                                 a.row_stride(), c.row_stride(), b_stride_k, b_stride_n,
+                                 bias ? int64_t(bias->dtype) : -1});
   const memory::desc a_md(dims{m, k}, dnnl_type(a.dtype), dims{a.row_stride(), 1});
   const memory::desc b_md(dims{k, n}, dnnl_type(b_type), dims{b_stride_k, b_stride_n});
   const memory::desc c_md(dims{m, n}, dnnl_type(c.dtype), dims{c.row_stride(), 1});
