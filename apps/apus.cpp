@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "cost/roofline.h"
 #include "io/png.h"
-#include "models/flux2/synth.h"
+#include "io/synth.h"
 
 namespace {
 
@@ -127,9 +127,9 @@ int main(int argc, char** argv) {
     }
     const auto progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
     if (*synth_like_opt)
-      apus::flux2::synth_checkpoint(synth_like, synth_out, synth_seed, progress);
+      apus::synth_checkpoint(synth_like, synth_out, synth_seed, progress);
     else
-      apus::flux2::synth_klein_4b(synth_out, synth_seed, progress);
+      apus::synth_published(synth_model, synth_out, synth_seed, progress);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "cost/roofline.h"
 #include "io/model_dir.h"
-#include "models/flux2/synth.h"
+#include "io/synth.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -84,7 +84,7 @@ TEST(Cost, CollectiveFormulas) {
 
 // The parameters the pipeline's loaders fetch, summed from the published manifest.
 double manifest_parameters(const std::function<bool(const std::string&, const std::string&)>& used) {
-  const Json m = read_json(flux2::klein_4b_template_dir() + "/manifest.json");
+  const Json m = read_json(published_layout_dir("flux2-klein-4b") + "/manifest.json");
   double n = 0;
   for (const auto& f : m["files"])
     for (const auto& t : f["tensors"])

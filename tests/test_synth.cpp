@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "models/flux2/klein.h"
-#include "models/flux2/synth.h"
+#include "io/synth.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/transformer.h"
@@ -121,7 +121,7 @@ void expect_finite_run(const std::string& model_dir, int width, int height) {
 }
 
 TEST(Synth, KleinLayoutSatisfiesEveryLoader) {
-  const std::string tpl = flux2::klein_4b_template_dir();
+  const std::string tpl = published_layout_dir("flux2-klein-4b");
   const Json manifest = read_json(tpl + "/manifest.json");
   std::map<std::string, int64_t> params;
   for (const Json& f : manifest["files"]) {
@@ -135,7 +135,7 @@ TEST(Synth, KleinLayoutSatisfiesEveryLoader) {
 
   // Full size, but only headers: the data is a hole in a sparse file.
   TempDir out("layout");
-  flux2::synth_checkpoint(tpl, out.path, 0, {}, /*layout_only=*/true);
+  synth_checkpoint(tpl, out.path, 0, {}, /*layout_only=*/true);
   const ModelDir dir = ModelDir::open(out.path);
   const auto dit = flux2::Transformer::load(dir);
   EXPECT_EQ(dit.config().hidden, 3072);
@@ -176,7 +176,7 @@ TEST(Synth, LikeKeepsTheLayoutAndDrawsNewValues) {
   const std::string src = test::fixture("klein_tiny_a");
   TempDir a("like_a"), b("like_b"), c("like_c");
   std::vector<std::string> lines;
-  flux2::synth_checkpoint(src, a.path, 7, [&](const std::string& s) { lines.push_back(s); });
+  synth_checkpoint(src, a.path, 7, [&](const std::string& s) { lines.push_back(s); });
   EXPECT_GE(lines.size(), 2u);
   ASSERT_EQ(files_under(a.path), files_under(src));
   int weight_files = 0;
@@ -221,8 +221,8 @@ TEST(Synth, LikeKeepsTheLayoutAndDrawsNewValues) {
   EXPECT_EQ(weight_files, 5);
 
   // Values depend on the seed alone.
-  flux2::synth_checkpoint(src, b.path, 7, {});
-  flux2::synth_checkpoint(src, c.path, 8, {});
+  synth_checkpoint(src, b.path, 7, {});
+  synth_checkpoint(src, c.path, 8, {});
   const std::string t = "/transformer/diffusion_pytorch_model.safetensors";
   EXPECT_EQ(read_bytes(b.path + t), read_bytes(a.path + t));
   EXPECT_NE(read_bytes(c.path + t), read_bytes(a.path + t));
@@ -241,7 +241,7 @@ TEST(Synth, LikeFillsF16AndF32AtTheInitScale) {
   std::memset(steps.data, 0x7f, steps.nbytes());
   tensors.push_back({"steps", steps});
   write_safetensors(src.path + "/weights.safetensors", tensors, {{"format", "pt"}});
-  flux2::synth_checkpoint(src.path, out.path, 1, {});
+  synth_checkpoint(src.path, out.path, 1, {});
   const SafetensorsFile f = SafetensorsFile::open(out.path + "/weights.safetensors");
   EXPECT_EQ(f.metadata().at("format"), "pt");
   EXPECT_EQ(f.get("steps").ptr<int64_t>()[0], 0);
@@ -263,23 +263,23 @@ TEST(Synth, LikeFillsF16AndF32AtTheInitScale) {
 TEST(Synth, ErrorsNameThePath) {
   TempDir empty("empty"), out("err_out");
   fs::create_directories(empty.path);
-  expect_error([&] { flux2::synth_checkpoint(empty.path, out.path, 0, {}); },
+  expect_error([&] { synth_checkpoint(empty.path, out.path, 0, {}); },
                {empty.path, "manifest.json", "safetensors"});
-  expect_error([&] { flux2::synth_checkpoint(empty.path + "/nope", out.path, 0, {}); },
+  expect_error([&] { synth_checkpoint(empty.path + "/nope", out.path, 0, {}); },
                {empty.path + "/nope", "not a directory"});
 
   const std::string file = empty.path + "/plain_file";
   std::ofstream(file) << "x";
-  expect_error([&] { flux2::synth_checkpoint(test::fixture("klein_tiny_a"), file + "/sub", 0, {}); },
+  expect_error([&] { synth_checkpoint(test::fixture("klein_tiny_a"), file + "/sub", 0, {}); },
                {file + "/sub"});
   expect_error([&] {
-    flux2::synth_checkpoint(test::fixture("klein_tiny_a"), test::fixture("klein_tiny_a/out"), 0, {});
+    synth_checkpoint(test::fixture("klein_tiny_a"), test::fixture("klein_tiny_a/out"), 0, {});
   }, {"inside the template"});
 
   const char* old = std::getenv("APUS_DATA_DIR");
   const std::string saved = old ? old : "";
   ::setenv("APUS_DATA_DIR", empty.path.c_str(), 1);
-  expect_error([&] { flux2::synth_klein_4b(out.path, 0, {}); },
+  expect_error([&] { synth_published("flux2-klein-4b", out.path, 0, {}); },
                {empty.path + "/flux2-klein-4b/manifest.json", "APUS_DATA_DIR"});
   if (old) ::setenv("APUS_DATA_DIR", saved.c_str(), 1);
   else ::unsetenv("APUS_DATA_DIR");
@@ -288,7 +288,7 @@ TEST(Synth, ErrorsNameThePath) {
 
 TEST(Synth, StagesStayFiniteOnSynthesizedTinyWeights) {
   TempDir out("finite");
-  flux2::synth_checkpoint(test::fixture("klein_tiny_a"), out.path, 5, {});
+  synth_checkpoint(test::fixture("klein_tiny_a"), out.path, 5, {});
   expect_finite_run(out.path, 64, 48);
 }
 

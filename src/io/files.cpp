@@ -90,6 +90,11 @@ void AtomicFile::write(const void* data, size_t bytes) {
              std::strerror(errno));
 }
 
+void AtomicFile::resize(uint64_t bytes) {
+  APUS_CHECK(std::fflush(stream_) == 0 && ::ftruncate(::fileno(stream_), off_t(bytes)) == 0, path_,
+             ": cannot size to ", bytes, " bytes: ", std::strerror(errno));
+}
+
 void AtomicFile::commit() {
   FILE* s = stream_;
   stream_ = nullptr;

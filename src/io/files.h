@@ -24,6 +24,8 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
   FILE* stream() { return stream_; }
   void write(const void* data, size_t bytes);
+  // Sets the file's size (a sparse tail reads as zeros).
+  void resize(uint64_t bytes);
   void commit();
 
  private:

@@ -123,19 +123,37 @@ std::vector<std::string> SafetensorsFile::names() const {
   return v;
 }
 
+std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
+                               const std::vector<std::pair<std::string, std::string>>& metadata,
+                               const std::string& where) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h["__metadata__"] = m;
+  }
+  uint64_t offset = 0;
+  for (const SafetensorsEntry& t : entries) {
+    APUS_CHECK(!h.contains(t.name), where, ": tensor '", t.name, "' is listed twice");
+    const uint64_t bytes = uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
+    nlohmann::ordered_json e = nlohmann::ordered_json::object();
+    e["dtype"] = dtype_safetensors_name(t.dtype);
+    e["shape"] = t.shape;
+    e["data_offsets"] = {offset, offset + bytes};
+    h[t.name] = std::move(e);
+    offset += bytes;
+  }
+  std::string s = h.dump();
+  s.append((8 - s.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
+  return s;
+}
+
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", dtype_safetensors_name(t.dtype)},
-                    {"shape", t.shape},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-  }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : tensors) entries.push_back({name, t.dtype, t.shape});
+  const std::string h =
+      safetensors_header(entries, {metadata.begin(), metadata.end()}, path);
   AtomicFile f(path);
   const uint64_t len = h.size();
   f.write(&len, 8);

@@ -19,6 +19,19 @@ struct MappedFile {
   ~MappedFile();
 };
 
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+
+// The header exactly as the Python safetensors writer lays it out: metadata first, then tensors in
+// data order with keys dtype, shape, data_offsets; compact JSON padded with spaces to 8 bytes.
+// `where` names the file when a tensor is listed twice.
+std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
+                               const std::vector<std::pair<std::string, std::string>>& metadata,
+                               const std::string& where);
+
 class SafetensorsFile {
  public:
   // Throws apus::Error naming the file and the offending entry for any inconsistency.

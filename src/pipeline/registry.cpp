@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "models/flux2/synth.h"
+#include "io/synth.h"
 
 namespace apus {
 
@@ -25,7 +25,7 @@ std::string resolve_model_dir(const std::string& model, Weights weights) {
   APUS_CHECK(weights == Weights::none && model == "flux2-klein-4b", model,
              ": model directory does not exist",
              weights == Weights::none ? " (nor is it the published name flux2-klein-4b)" : "");
-  return flux2::klein_4b_template_dir();
+  return published_layout_dir("flux2-klein-4b");
 }
 
 std::string model_label(const std::string& dir) {

@@ -6,13 +6,14 @@
 #include <functional>
 #include <string>
 
-namespace apus::flux2 {
+namespace apus {
 
 using SynthProgress = std::function<void(const std::string&)>;
 
-// Layout of black-forest-labs/FLUX.2-klein-4B: $APUS_DATA_DIR/flux2-klein-4b when that variable is
-// set, else data/flux2-klein-4b of the source tree this library was built from.
-std::string klein_4b_template_dir();
+// The published layout (configs and manifest.json, no weights) the engine carries for `name`
+// ("flux2-klein-4b" is black-forest-labs/FLUX.2-klein-4B): $APUS_DATA_DIR/<name> when that
+// variable is set, else data/<name> of the source tree this library was built from.
+std::string published_layout_dir(const std::string& name);
 
 // template_dir is either a layout folder (configs plus manifest.json, as under data/) or an existing
 // checkpoint, whose *.safetensors files are re-created with the same tensors in the same order.
@@ -23,6 +24,8 @@ std::string klein_4b_template_dir();
 void synth_checkpoint(const std::string& template_dir, const std::string& out_dir, uint64_t seed,
                       const SynthProgress& progress, bool layout_only = false);
 
-void synth_klein_4b(const std::string& out_dir, uint64_t seed, const SynthProgress& progress);
+// synth_checkpoint from published_layout_dir(name).
+void synth_published(const std::string& name, const std::string& out_dir, uint64_t seed,
+                     const SynthProgress& progress);
 
-}  // namespace apus::flux2
+}  // namespace apus

@@ -1,4 +1,4 @@
-#include "models/flux2/synth.h"
+#include "io/synth.h"
 
 #include <fcntl.h>
 #include <sys/statvfs.h>
@@ -17,9 +17,10 @@
 
 #include "core/error.h"
 #include "io/model_dir.h"
+#include "io/files.h"
 #include "io/safetensors.h"
 
-namespace apus::flux2 {
+namespace apus {
 namespace {
 
 namespace fs = std::filesystem;
@@ -138,28 +139,10 @@ Plan plan_from_checkpoint(const std::string& dir) {
   return plan;
 }
 
-// The header exactly as the Python safetensors writer lays it out: metadata first, then tensors
-// in data order with keys dtype, shape, data_offsets; compact JSON padded with spaces to 8 bytes.
 std::string header_for(const FileSpec& f, const std::string& where) {
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!f.metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : f.metadata) m[k] = v;
-    h["__metadata__"] = m;
-  }
-  uint64_t offset = 0;
-  for (const TensorSpec& t : f.tensors) {
-    APUS_CHECK(!h.contains(t.name), where, ": tensor '", t.name, "' is listed twice");
-    nlohmann::ordered_json e = nlohmann::ordered_json::object();
-    e["dtype"] = dtype_safetensors_name(t.dtype);
-    e["shape"] = t.shape;
-    e["data_offsets"] = {offset, offset + t.nbytes()};
-    h[t.name] = std::move(e);
-    offset += t.nbytes();
-  }
-  std::string s = h.dump();
-  s.append((8 - s.size() % 8) % 8, ' ');
-  return s;
+  std::vector<SafetensorsEntry> entries;
+  for (const TensorSpec& t : f.tensors) entries.push_back({t.name, t.dtype, t.shape});
+  return safetensors_header(entries, f.metadata, where);
 }
 
 uint64_t file_bytes(const FileSpec& f, const std::string& where) {
@@ -266,53 +249,11 @@ void generate(const TensorSpec& t, const Init& in, int64_t first, int64_t count,
   }
 }
 
-// A weight file under construction: written as NAME.partial and renamed when complete, so an
-// interrupted run never leaves a plausible-looking truncated checkpoint behind.
-class PartialFile {
- public:
-  explicit PartialFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".partial") {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    APUS_CHECK(fd_ >= 0, tmp_, ": cannot create: ", std::strerror(errno));
-  }
-  ~PartialFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!done_) ::unlink(tmp_.c_str());
-  }
-  PartialFile(const PartialFile&) = delete;
-  PartialFile& operator=(const PartialFile&) = delete;
-
-  void write(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, std::min(n, size_t(1) << 30));
-      if (w < 0 && errno == EINTR) continue;
-      APUS_CHECK(w > 0, tmp_, ": write failed: ", std::strerror(errno));
-      p += w;
-      n -= size_t(w);
-    }
-  }
-  void resize(uint64_t bytes) {
-    APUS_CHECK(::ftruncate(fd_, off_t(bytes)) == 0, tmp_, ": cannot size to ", bytes,
-               " bytes: ", std::strerror(errno));
-  }
-  void commit() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    APUS_CHECK(rc == 0, tmp_, ": write failed: ", std::strerror(errno));
-    APUS_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, path_, ": cannot rename from ", tmp_,
-               ": ", std::strerror(errno));
-    done_ = true;
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool done_ = false;
-};
-
 void write_weights(const FileSpec& f, const std::string& path, uint64_t seed, bool layout_only) {
   const std::string header = header_for(f, path);
-  PartialFile out(path);
+  // Written beside its final name and renamed when complete, so an interrupted run never leaves a
+  // plausible-looking truncated checkpoint behind.
+  AtomicFile out(path);
   const uint64_t len = header.size();
   out.write(&len, 8);
   out.write(header.data(), header.size());
@@ -367,9 +308,9 @@ void make_dirs(const fs::path& p) {
 
 }  // namespace
 
-std::string klein_4b_template_dir() {
+std::string published_layout_dir(const std::string& name) {
   const char* env = std::getenv("APUS_DATA_DIR");
-  return std::string(env && *env ? env : APUS_DATA_DIR) + "/flux2-klein-4b";
+  return std::string(env && *env ? env : APUS_DATA_DIR) + "/" + name;
 }
 
 void synth_checkpoint(const std::string& template_dir, const std::string& out_dir, uint64_t seed,
@@ -438,11 +379,12 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
   say(line);
 }
 
-void synth_klein_4b(const std::string& out_dir, uint64_t seed, const SynthProgress& progress) {
-  const std::string dir = klein_4b_template_dir();
+void synth_published(const std::string& name, const std::string& out_dir, uint64_t seed,
+                     const SynthProgress& progress) {
+  const std::string dir = published_layout_dir(name);
   APUS_CHECK(path_exists(dir + "/manifest.json"), dir,
              "/manifest.json: missing; set APUS_DATA_DIR to the data/ folder of the apus sources");
   synth_checkpoint(dir, out_dir, seed, progress);
 }
 
-}  // namespace apus::flux2
+}  // namespace apus
