@@ -220,6 +220,74 @@ TEST_P(Ops, Conv2dGroupNormUpsample) {
   });
 }
 
+TEST_P(Ops, TablesEmbeddingAffinePermute) {
+  // RoPE tables: Qwen's one axis in f32, FLUX's four axes in f64, from 2-D positions.
+  const int64_t s = 37;
+  Tensor pos1 = Tensor::heap({s, 1}, DType::i64), pos4 = Tensor::heap({s, 4}, DType::i64);
+  for (int64_t i = 0; i < s; ++i) pos1.ptr<int64_t>()[i] = i * 13;
+  for (int64_t i = 0; i < 4 * s; ++i) pos4.ptr<int64_t>()[i] = int64_t(rng() % 4096);
+  auto tables = [&](const char* name, const Tensor& pos, std::vector<int64_t> axes, double theta,
+                    ops::RopeMath math) {
+    int64_t d = 0;
+    for (int64_t a : axes) d += a;
+    Tensor cos = Tensor::heap({s, d / 2}, DType::f32), sin = Tensor::heap({s, d / 2}, DType::f32);
+    Tensor cr = clone(cos), sr = clone(sin);
+    std::memset(cos.data, 0xff, cos.nbytes());
+    std::memset(sin.data, 0xff, sin.nbytes());
+    ops::rope_tables(ctx, pos, axes, theta, math, cos, sin);
+    ops::rope_tables(ref, pos, axes, theta, math, cr, sr);
+    // Transcendentals of the same float angle: libm's float and double results agree to an ulp.
+    EXPECT_LT(test::rel_l2(to_f32_vector(cos), to_f32_vector(cr)), 2e-7) << name;
+    EXPECT_LT(test::rel_l2(to_f32_vector(sin), to_f32_vector(sr)), 2e-7) << name;
+  };
+  tables("qwen", pos1, {128}, 1e6, ops::RopeMath::f32);
+  tables("flux", pos4, {32, 32, 32, 32}, 2000, ops::RopeMath::f64);
+
+  run_both("timestep_embedding", poisoned({1, 256}), [&](Context& c, Tensor& y) {
+    ops::timestep_embedding(c, 738.5f, y);
+  });
+
+  const Tensor table = random({50, 24}, 1.0f, DType::bf16);
+  Tensor ids = Tensor::heap({9}, DType::i32);
+  for (int64_t i = 0; i < 9; ++i) ids.ptr<int32_t>()[i] = int32_t(rng() % 50);
+  run_both("embedding", poisoned({9, 24}), [&](Context& c, Tensor& y) { ops::embedding(c, table, ids, y); });
+  ids.ptr<int32_t>()[4] = 50;
+  Tensor y = poisoned({9, 24});
+  test::expect_error([&] { ops::embedding(ctx, table, ids, y); }, {"token id 50", "50 rows"});
+
+  const Tensor x = random({12, 16}, 2.0f), scale = random({16}), shift = random({16});
+  for (Rounding r : {Rounding::once, Rounding::each_step})
+    run_both("affine", poisoned({12, 16}), [&](Context& c, Tensor& out) {
+      ops::affine(c, x, scale, shift, out, r);
+    });
+
+  const Tensor g = random({3, 4, 5, 2, 2});
+  run_both("permute", poisoned({5, 3, 2, 4, 2}), [&](Context& c, Tensor& out) {
+    ops::permute(c, g, out, {2, 0, 3, 1, 4});
+  });
+  // The permutation is the one it claims: spot-check elements against the index map.
+  Tensor out = poisoned({5, 3, 2, 4, 2});
+  ops::permute(ctx, g, out, {2, 0, 3, 1, 4});
+  for (int k = 0; k < 50; ++k) {
+    const int64_t a = rng() % 3, b = rng() % 4, cc = rng() % 5, d = rng() % 2, e = rng() % 2;
+    EXPECT_EQ(load_f32(out, (((cc * 3 + a) * 2 + d) * 4 + b) * 2 + e),
+              load_f32(g, (((a * 4 + b) * 5 + cc) * 2 + d) * 2 + e));
+  }
+}
+
+TEST_P(Ops, ImageToRgb8) {
+  const Tensor image = random({1, 3, 5, 7}, 0.8f);
+  Tensor mine = Tensor::heap({5, 7, 3}, DType::u8), theirs = Tensor::heap({5, 7, 3}, DType::u8);
+  std::memset(mine.data, 0xab, mine.nbytes());
+  ops::image_to_rgb8(ctx, image, mine);
+  ops::image_to_rgb8(ref, image, theirs);
+  EXPECT_EQ(std::memcmp(mine.data, theirs.data, mine.nbytes()), 0);
+  Tensor bad = clone(image);
+  if (act == DType::bf16) bad.ptr<uint16_t>()[17] = f32_to_bf16(NAN);
+  else bad.ptr<float>()[17] = NAN;
+  test::expect_error([&] { ops::image_to_rgb8(ctx, bad, mine); }, {"image_to_rgb8", "finite"});
+}
+
 // Each rounding rule matters: the CPU run with one rule against the reference run with the
 // other falls outside the bf16 bound. This is what makes the bound able to catch a backend that
 // drops a rule.
@@ -250,6 +318,8 @@ TEST_P(Ops, RoundingRulesAreVisibleToTheBound) {
       {"add_gated", [&](Context& c, Tensor& o, Rounding r) { ops::add_gated(c, o, y, &g, r); }, x},
       {"group_norm", [&](Context& c, Tensor& o, Rounding r) {
          ops::group_norm(c, img, gw, gb, o, 4, 1e-6f, true, r); }, poisoned({1, 8, 6, 5})},
+      {"affine", [&](Context& c, Tensor& o, Rounding r) {
+         ops::affine(c, x, g, g, o, r); }, poisoned({m, d})},
   };
   for (const Rule& rule : rules)
     for (Rounding mine : {Rounding::once, Rounding::each_step}) {

@@ -29,6 +29,12 @@ class Flux2Vae : public ::testing::TestWithParam<Case> {
   Tensor packed(const Reference& ref, const flux2::VaeDecoder& vae, int64_t h, int64_t w) const {
     return ref.as(final_latents(ref), ctx.act, {h * w, vae.config().packed_channels()});
   }
+  // The pipeline's postprocess: image [1, 3, H, W] -> H*W*3 interleaved bytes.
+  std::vector<uint8_t> to_rgb8(const Tensor& image) {
+    Tensor rgb = Tensor::heap({image.shape[2], image.shape[3], 3}, DType::u8);
+    ops::image_to_rgb8(ctx, image, rgb);
+    return {rgb.ptr<uint8_t>(), rgb.ptr<uint8_t>() + rgb.numel()};
+  }
   Arena arena;
   Context ctx;
 };
@@ -91,8 +97,7 @@ TEST_P(Flux2Vae, DecodeMatchesReference) {
         ref_err);
   }
 
-  std::vector<uint8_t> rgb;
-  flux2::image_to_rgb8(image, rgb);
+  const std::vector<uint8_t> rgb = to_rgb8(image);
   const int diff = max_abs_diff(rgb, ref.file.get(p + ".image_u8"));
   // Only fp32 has a byte bound: two bf16 decodes differ by bf16 noise (~1e-2 relative), which
   // moves some pixels by several levels.
@@ -106,8 +111,7 @@ TEST_P(Flux2Vae, PostprocessMatchesPipelineBytes) {
   const auto& [variant, p] = GetParam();
   const Reference ref(variant);
   const Tensor& ref_image = ref.file.get(p + ".vae.image");
-  std::vector<uint8_t> rgb;
-  flux2::image_to_rgb8(to_dtype(ref_image, ctx.act), rgb);
+  const std::vector<uint8_t> rgb = to_rgb8(to_dtype(ref_image, ctx.act));
   EXPECT_EQ(max_abs_diff(rgb, ref.file.get(p + ".image_u8")), 0) << variant << " " << p;
 }
 

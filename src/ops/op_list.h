@@ -11,6 +11,7 @@
 // (column views via Tensor::cols are accepted wherever an argument is called a view); images are
 // NCHW with N = 1; attention heads are packed head-major inside the feature axis.
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -26,6 +27,10 @@ namespace ops {
 enum class Rounding { once, each_step };
 
 enum class RopeStyle { interleaved, half };  // FLUX pairs (2j, 2j+1); Qwen pairs (j, j + D/2)
+
+// How a RoPE table computes its angles: f32 as transformers' default rope (inverse frequencies
+// and products in float32), f64 as diffusers' FLUX pos-embed (float64, cast to float32 at the end).
+enum class RopeMath { f32, f64 };
 
 struct AttentionMask {
   bool causal = false;
@@ -62,6 +67,18 @@ struct AttentionMask {
 // group_norm: GroupNorm with affine; fuse_silu applies SiLU after it; each_step rounds the
 //   normalised value before the SiLU (two eager ops in the reference).
 // upsample_nearest2x: NCHW, N = 1.
+// embedding: y[S, D] = table[ids[s]] for i32 ids [S], converted to y's dtype; ids outside the
+//   table are refused.
+// rope_tables: cos, sin [S, D/2] f32 of positions [S, A] i64, axis a covering axes[a] of the head
+//   dimension D (pairs j of an axis of size d turn at theta^(-2j/d)), angles from float(position).
+// timestep_embedding: y [1, 2H] = [cos(t f_i), sin(t f_i)] with f_i = exp(-ln(10000) i / H),
+//   in fp32, rounded once to y's dtype.
+// affine: y[M, D] = x * scale[D] + shift[D]; each_step rounds the product first.
+// permute: y = x with its axes reordered (y's axis i is x's axis perm[i]), both contiguous, rank
+//   <= 6, one dtype; shapes give the view (y.numel() == x.numel()).
+// image_to_rgb8: image [1, 3, H, W] in [-1, 1] to u8 [H, W, 3] as the pipeline's postprocess
+//   does: x * 0.5 + 0.5 as two ops rounded to the image's dtype, clamped to [0, 1], then
+//   (v * 255) rounded half to even in fp32; a non-finite pixel is refused.
 #define APUS_OPS(X)                                                                              \
   X(void, linear, (Context & c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y), \
     (c, x, w, bias, y))                                                                          \
@@ -101,7 +118,21 @@ struct AttentionMask {
     (Context & c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,          \
      int64_t groups, float eps, bool fuse_silu, ops::Rounding rounding),                         \
     (c, x, weight, bias, y, groups, eps, fuse_silu, rounding))                                   \
-  X(void, upsample_nearest2x, (Context & c, const Tensor& x, Tensor& y), (c, x, y))
+  X(void, upsample_nearest2x, (Context & c, const Tensor& x, Tensor& y), (c, x, y))           \
+  X(void, embedding, (Context & c, const Tensor& table, const Tensor& ids, Tensor& y),           \
+    (c, table, ids, y))                                                                          \
+  X(void, rope_tables,                                                                           \
+    (Context & c, const Tensor& positions, const std::vector<int64_t>& axes, double theta,       \
+     ops::RopeMath math, Tensor& cos, Tensor& sin),                                              \
+    (c, positions, axes, theta, math, cos, sin))                                                 \
+  X(void, timestep_embedding, (Context & c, float t, Tensor& y), (c, t, y))                      \
+  X(void, affine,                                                                                \
+    (Context & c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,          \
+     ops::Rounding rounding),                                                                    \
+    (c, x, scale, shift, y, rounding))                                                           \
+  X(void, permute, (Context & c, const Tensor& x, Tensor& y, const std::vector<int>& perm),      \
+    (c, x, y, perm))                                                                             \
+  X(void, image_to_rgb8, (Context & c, const Tensor& image, Tensor& rgb), (c, image, rgb))
 
 // Declares every op of the list in the current namespace (a backend's own namespace).
 #define APUS_DECLARE_OP(ret, name, params, args) ret name params;

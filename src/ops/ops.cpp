@@ -101,6 +101,35 @@ OpCost upsample_nearest2x_cost(Context&, const Tensor& x, Tensor& y) {
   return {0, 0, act, act};
 }
 
+OpCost embedding_cost(Context&, const Tensor& table, const Tensor& ids, Tensor& y) {
+  // The rows read count as weights: each id reads one row of the table.
+  return {0, elems(y) * double(dtype_size(table.dtype)), bytes(ids) + bytes(y), bytes(ids) + bytes(y)};
+}
+
+OpCost rope_tables_cost(Context&, const Tensor& positions, const std::vector<int64_t>&, double,
+                        RopeMath, Tensor& cos, Tensor& sin) {
+  const double act = bytes(positions) + bytes(cos) + bytes(sin);
+  return {0, 0, act, act};
+}
+
+OpCost timestep_embedding_cost(Context&, float, Tensor& y) { return {0, 0, bytes(y), bytes(y)}; }
+
+OpCost affine_cost(Context&, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
+                   Rounding rounding) {
+  const double act = bytes(x) + bytes(y) + bytes(scale) + bytes(shift);
+  return {2 * elems(x), 0, act, act + (rounding == Rounding::each_step ? 2 * bytes(y) : 0)};
+}
+
+OpCost permute_cost(Context&, const Tensor& x, Tensor& y, const std::vector<int>&) {
+  const double act = bytes(x) + bytes(y);
+  return {0, 0, act, act};
+}
+
+OpCost image_to_rgb8_cost(Context&, const Tensor& image, Tensor& rgb) {
+  const double act = bytes(image) + bytes(rgb);
+  return {3 * elems(image), 0, act, act};
+}
+
 // Records the cost; true when the op must also run.
 bool account(Context& c, const OpCost& cost) {
   if (c.cost) c.cost->add(cost);

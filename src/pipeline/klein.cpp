@@ -74,7 +74,7 @@ class KleinModel final : public ImageModel {
   void decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const;
 
   Work plan(const ImageRequest& r) const;  // grid and schedule
-  Tensor initial_noise(const ImageRequest& r, uint64_t seed, const Work& w, DType act) const;
+  Tensor initial_noise(Context& c, const ImageRequest& r, uint64_t seed, const Work& w) const;
 
   ModelDir dir_;
   ModelDir configs_;  // the same directory without weights: what counting loads
@@ -191,8 +191,9 @@ PipelineCost KleinModel::count(const ImageRequest& r) const {
 }
 
 // Initial noise [1, C, h, w] packed to tokens [h*w, C] (token = row * w + col).
-Tensor KleinModel::initial_noise(const ImageRequest& r, uint64_t seed, const Work& w, DType act) const {
+Tensor KleinModel::initial_noise(Context& c, const ImageRequest& r, uint64_t seed, const Work& w) const {
   const int64_t channels = dit_cfg_.in_channels, h = w.h, wd = w.w;
+  const DType act = c.act;
   Tensor nchw;
   if (!r.noise_file.empty()) {
     nchw = read_noise(r.noise_file, {1, channels, h, wd}, act);
@@ -203,12 +204,8 @@ Tensor KleinModel::initial_noise(const ImageRequest& r, uint64_t seed, const Wor
     if (act == DType::bf16) gen.randn_bf16(nchw.ptr<uint16_t>(), nchw.numel());
     else gen.randn(nchw.ptr<float>(), nchw.numel());
   }
-  Tensor packed = Tensor::heap({h * wd, channels}, act);
-  const size_t es = dtype_size(act);
-  for (int64_t c = 0; c < channels; ++c)
-    for (int64_t p = 0; p < h * wd; ++p)
-      std::memcpy(static_cast<char*>(packed.data) + size_t(p * channels + c) * es,
-                  static_cast<const char*>(nchw.data) + size_t(c * h * wd + p) * es, es);
+  Tensor packed = ops::empty(c, {h * wd, channels}, act);
+  ops::transpose(c, nchw.reshape({channels, h * wd}), packed);
   return packed;
 }
 
@@ -241,7 +238,7 @@ ImageResult KleinModel::generate(const ImageRequest& r, const Progress& progress
   w.ids = encode_klein_prompt(*tokenizer_, r.prompt, kMaxSequence, &mask32);
   w.mask.assign(mask32.begin(), mask32.end());
   clock.stop("tokenize");
-  w.latents = initial_noise(r, result.seed, w, ctx.act);
+  w.latents = initial_noise(ctx, r, result.seed, w);
   say("seed " + std::to_string(result.seed));
 
   with_model(text_, [&] { return flux2::TextEncoder::load(dir_, kTextTaps); },
@@ -274,7 +271,9 @@ ImageResult KleinModel::generate(const ImageRequest& r, const Progress& progress
                clock.stop("vae load");
                decode(ctx, vae, w);
                require_finite(ctx, w.image, "the VAE decoder");
-               flux2::image_to_rgb8(w.image, result.rgb);
+               Tensor rgb = Tensor::heap({r.height, r.width, 3}, DType::u8);
+               ops::image_to_rgb8(ctx, w.image, rgb);
+               result.rgb.assign(rgb.ptr<uint8_t>(), rgb.ptr<uint8_t>() + rgb.numel());
                clock.stop("vae decode", kDecodeStage);
              });
   return result;

@@ -80,25 +80,19 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
   APUS_CHECK(attention_mask.size() == ids.size(), "text encoder: ", ids.size(), " ids but ",
              attention_mask.size(), " mask entries");
 
-  Tensor x = Tensor::in(*c.arena, {t, h}, c.act);
-  for (int64_t r = 0; r < t; ++r) {
-    APUS_CHECK(ids[r] >= 0 && ids[r] < cf.vocab, "text encoder: token id ", ids[r],
-               " outside the vocabulary of ", cf.vocab);
-    Tensor dst = x.rows(r, r + 1);
-    ops::copy(c, embed_.rows(ids[r], ids[r] + 1), dst);
+  // The request's inputs staged as tensors: token ids, and positions 0..t-1 for the rotary tables.
+  Tensor id_tensor = Tensor::in(*c.arena, {t}, DType::i32);
+  Tensor positions = Tensor::in(*c.arena, {t, 1}, DType::i64);
+  if (!c.count_only) {
+    std::memcpy(id_tensor.data, ids.data(), ids.size() * sizeof(int32_t));
+    for (int64_t r = 0; r < t; ++r) positions.ptr<int64_t>()[r] = r;
   }
-
+  Tensor x = Tensor::in(*c.arena, {t, h}, c.act);
+  ops::embedding(c, embed_, id_tensor, x);
   // Rotary tables in fp32 from the position index, as transformers' default rope computes them.
   const int64_t half = d / 2;
   Tensor cos = Tensor::in(*c.arena, {t, half}, DType::f32), sin = Tensor::in(*c.arena, {t, half}, DType::f32);
-  for (int64_t j = 0; j < half && !c.count_only; ++j) {
-    const float inv_freq = 1.0f / std::pow(float(cf.rope_theta), float(2 * j) / float(d));
-    for (int64_t r = 0; r < t; ++r) {
-      const float angle = float(r) * inv_freq;
-      cos.ptr<float>()[r * half + j] = std::cos(angle);
-      sin.ptr<float>()[r * half + j] = std::sin(angle);
-    }
-  }
+  ops::rope_tables(c, positions, {d}, cf.rope_theta, ops::RopeMath::f32, cos, sin);
 
   Tensor out = ops::empty(c, {t, int64_t(taps_.size()) * h}, c.act);
   Tensor normed = Tensor::in(*c.arena, {t, h}, c.act);

@@ -101,23 +101,15 @@ TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embed
   CostScope scope(c, "dit/prologue");
   p.txt = ops::empty(c, {t, cfg_.hidden}, c.act);
   ops::linear(c, prompt_embeds, context_embedder_, nullptr, p.txt);
-  // Tables in float64 then rounded to f32, as the reference's Flux2PosEmbed computes them.
+  // Tables in float64 then rounded to f32, as the reference's Flux2PosEmbed computes them; text
+  // rows first, then image rows, as the joint sequence runs.
   const int64_t half = cfg_.head_dim / 2, s = t + l;
   p.cos = ops::empty(c, {s, half}, DType::f32);
   p.sin = ops::empty(c, {s, half}, DType::f32);
-  for (int64_t r = 0; r < s && !c.count_only; ++r) {
-    const int64_t* ids = r < t ? txt_ids.ptr<int64_t>() + 4 * r : img_ids.ptr<int64_t>() + 4 * (r - t);
-    int64_t j = 0;
-    for (size_t axis = 0; axis < 4; ++axis) {
-      const int64_t dim = cfg_.axes_dims[axis];
-      for (int64_t i = 0; i < dim / 2; ++i, ++j) {
-        const double freq = 1.0 / std::pow(cfg_.rope_theta, double(2 * i) / double(dim));
-        const double angle = double(float(ids[axis])) * freq;
-        p.cos.ptr<float>()[r * half + j] = float(std::cos(angle));
-        p.sin.ptr<float>()[r * half + j] = float(std::sin(angle));
-      }
-    }
-  }
+  Tensor txt_cos = p.cos.rows(0, t), txt_sin = p.sin.rows(0, t);
+  Tensor img_cos = p.cos.rows(t, s), img_sin = p.sin.rows(t, s);
+  ops::rope_tables(c, txt_ids, cfg_.axes_dims, cfg_.rope_theta, ops::RopeMath::f64, txt_cos, txt_sin);
+  ops::rope_tables(c, img_ids, cfg_.axes_dims, cfg_.rope_theta, ops::RopeMath::f64, img_cos, img_sin);
   return p;
 }
 
@@ -231,18 +223,10 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   // again, each in the model dtype; the sinusoid (cos first) is fp32, cast back.
   const auto act_round = [&c](float v) { return round_as(c.act, v); };
   const float tau = act_round(act_round(act_round(timestep) / 1000.0f) * 1000.0f);
-  const int64_t half = cfg_.timestep_channels / 2;
   CostScope dit_scope(c, "dit");
   std::optional<CostScope> embed_scope(std::in_place, c, "embed");
-  Tensor sinus = Tensor::in(*c.arena, {1, 2 * half}, DType::f32);
-  for (int64_t i = 0; i < half && !c.count_only; ++i) {
-    const float freq = std::exp(-std::log(10000.0f) * float(i) / float(half));
-    const float arg = tau * freq;
-    sinus.ptr<float>()[i] = act_round(std::cos(arg));
-    sinus.ptr<float>()[half + i] = act_round(std::sin(arg));
-  }
-  Tensor sinus_act = Tensor::in(*c.arena, {1, 2 * half}, c.act);
-  ops::copy(c, sinus, sinus_act);
+  Tensor sinus_act = Tensor::in(*c.arena, {1, cfg_.timestep_channels}, c.act);
+  ops::timestep_embedding(c, tau, sinus_act);
   Tensor t1 = Tensor::in(*c.arena, {1, h}, c.act), temb = Tensor::in(*c.arena, {1, h}, c.act);
   ops::linear(c, sinus_act, time_1_, nullptr, t1);
   ops::silu(c, t1, t1);

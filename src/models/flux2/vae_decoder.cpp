@@ -15,13 +15,6 @@ namespace {
 // 1e-6 in code; the config has no key for it.
 constexpr float kNormEps = 1e-6f;
 
-void store(Tensor& t, int64_t i, float v) {
-  if (t.dtype == DType::bf16)
-    t.ptr<uint16_t>()[i] = f32_to_bf16(v);
-  else
-    t.ptr<float>()[i] = v;
-}
-
 // Leading part of a ping-pong buffer viewed with a smaller shape.
 Tensor slot(const Tensor& buffer, Shape s) {
   APUS_CHECK(shape_numel(s) <= buffer.numel(), "vae: activation ", shape_str(s),
@@ -90,8 +83,23 @@ VaeDecoder VaeDecoder::load(const ModelDir& dir) {
     return r;
   };
   const int64_t lat = c.latent_channels, mid = c.block_out.back();
-  m.bn_mean_ = w.get("bn.running_mean", {c.packed_channels()});
-  m.bn_var_ = w.get("bn.running_var", {c.packed_channels()});
+  const Tensor& mean = w.get("bn.running_mean", {c.packed_channels()});
+  const Tensor& var = w.get("bn.running_var", {c.packed_channels()});
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    Denorm& d = dt == DType::f32 ? m.denorm_f32_ : m.denorm_bf16_;
+    const int64_t pc = c.packed_channels();
+    if (!mean.data) {  // counting mode: shapes only
+      d.mean = d.std = Tensor::shape_only({pc}, DType::f32);
+      continue;
+    }
+    d.mean = Tensor::heap({pc}, DType::f32);
+    d.std = Tensor::heap({pc}, DType::f32);
+    const float eps = round_as(dt, float(c.bn_eps));
+    for (int64_t f = 0; f < pc; ++f) {
+      d.mean.ptr<float>()[f] = round_as(dt, load_f32(mean, f));
+      d.std.ptr<float>()[f] = round_as(dt, std::sqrt(round_as(dt, load_f32(var, f) + eps)));
+    }
+  }
   if (c.post_quant_conv) conv("post_quant_conv", lat, lat, 1, m.post_quant_w_, m.post_quant_b_);
   conv("decoder.conv_in", mid, lat, 3, m.conv_in_w_, m.conv_in_b_);
   m.mid_in_ = resnet("decoder.mid_block.resnets.0", mid, mid);
@@ -134,30 +142,20 @@ void VaeDecoder::unpack_latents(Context& c, const Tensor& packed, int64_t h, int
   const int64_t pc = cfg_.packed_channels(), p = cfg_.patch, lh = p * h, lw = p * w;
   APUS_CHECK(packed.shape == Shape({h * w, pc}) && packed.contiguous() &&
                  latents.shape == Shape({1, cfg_.latent_channels, lh, lw}) &&
-                 latents.dtype == c.act && packed.device == Device::cpu &&
-                 latents.device == Device::cpu,
+                 latents.dtype == c.act,
              "vae: packed latents ", shape_str(packed.shape), " for a ", h, "x", w,
              " grid, latents ", shape_str(latents.shape), "; expected [", h * w, ", ", pc, "]");
-  if (c.count_only) return;
+  const Denorm& d = c.act == DType::bf16 ? denorm_bf16_ : denorm_f32_;
+  ArenaScope scope(*c.arena);
   // The pipeline casts the batch-norm statistics to the latents' dtype and evaluates
-  // sqrt(var + eps) there, the scalar eps itself cast to that dtype first.
-  const DType dt = c.act;
-  const std::vector<float> mean = to_f32_vector(bn_mean_), var = to_f32_vector(bn_var_);
-  const float eps = round_as(dt, float(cfg_.bn_eps));
-  std::vector<float> std_dev(size_t(pc), 0.0f);
-  for (int64_t f = 0; f < pc; ++f)
-    std_dev[size_t(f)] = round_as(dt, std::sqrt(round_as(dt, var[size_t(f)] + eps)));
-  const std::vector<float> x = to_f32_vector(packed);
-  // Token (y, x) feature f = ch*p*p + pi*p + pj lands on latent pixel (ch, p*y + pi, p*x + pj).
-  for (int64_t t = 0; t < h * w; ++t) {
-    const int64_t ty = t / w, tx = t % w;
-    for (int64_t f = 0; f < pc; ++f) {
-      const float v =
-          round_as(dt, round_as(dt, x[size_t(t * pc + f)] * std_dev[size_t(f)]) + mean[size_t(f)]);
-      const int64_t ch = f / (p * p), pi = (f / p) % p, pj = f % p;
-      store(latents, (ch * lh + p * ty + pi) * lw + p * tx + pj, v);
-    }
-  }
+  // x * std + mean there, two rounded ops.
+  Tensor x = Tensor::in(*c.arena, packed.shape, c.act);
+  ops::affine(c, packed, d.std, d.mean, x, ops::Rounding::each_step);
+  // Token (y, x) feature f = ch*p*p + pi*p + pj lands on latent pixel (ch, p*y + pi, p*x + pj):
+  // [h, w, C, p, p] -> [C, h, p, w, p].
+  const int64_t ch = cfg_.latent_channels;
+  Tensor grid = latents.reshape({ch, h, p, w, p});
+  ops::permute(c, x.reshape({h, w, ch, p, p}), grid, {2, 0, 3, 1, 4});
 }
 
 int64_t VaeDecoder::max_activation(int64_t lh, int64_t lw) const {
@@ -283,28 +281,6 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
   ops::group_norm(c, x, norm_out_.weight, norm_out_.bias, normed, cfg_.groups, kNormEps, true,
                   ops::Rounding::each_step);
   ops::conv2d(c, normed, conv_out_w_, &conv_out_b_, image, 1, 1);
-}
-
-void image_to_rgb8(const Tensor& image, std::vector<uint8_t>& rgb) {
-  APUS_CHECK(image.rank() == 4 && image.shape[0] == 1 && image.shape[1] == 3 &&
-                 (image.dtype == DType::f32 || image.dtype == DType::bf16),
-             "image_to_rgb8: image ", shape_str(image.shape), " ", dtype_name(image.dtype),
-             "; expected [1, 3, H, W] f32 or bf16");
-  const int64_t hw = image.shape[2] * image.shape[3];
-  const std::vector<float> v = to_f32_vector(image);
-  rgb.resize(size_t(3 * hw));
-  for (int64_t ch = 0; ch < 3; ++ch) {
-    for (int64_t i = 0; i < hw; ++i) {
-      // denormalize runs in the image's dtype: x * 0.5 + 0.5 as two rounded ops, then clamp.
-      const float x = v[size_t(ch * hw + i)];
-      APUS_CHECK(std::isfinite(x), "image_to_rgb8: pixel ", i, " of channel ", ch, " is ", x,
-                 ", expected a finite value");
-      const float unit =
-          std::clamp(round_as(image.dtype, round_as(image.dtype, x * 0.5f) + 0.5f), 0.0f, 1.0f);
-      // Then numpy in float32: (x * 255).round() rounds halves to even, as nearbyint does.
-      rgb[size_t(i * 3 + ch)] = uint8_t(std::nearbyint(unit * 255.0f));
-    }
-  }
 }
 
 }  // namespace apus::flux2

@@ -53,9 +53,15 @@ class VaeDecoder {
     std::vector<Resnet> resnets;
     Tensor up_w, up_b;  // absent in the last block
   };
+  // The batch-norm statistics as the pipeline applies them in the latents' dtype: the mean cast
+  // to it and sqrt(var + eps) evaluated in it, for f32 and bf16 activations; computed at load.
+  struct Denorm {
+    Tensor mean, std;
+  };
   VaeConfig cfg_;
   WeightSet weights_;
-  Tensor bn_mean_, bn_var_, post_quant_w_, post_quant_b_, conv_in_w_, conv_in_b_;
+  Denorm denorm_f32_, denorm_bf16_;
+  Tensor post_quant_w_, post_quant_b_, conv_in_w_, conv_in_b_;
   Resnet mid_in_, mid_out_;
   Attention mid_attn_;
   std::vector<UpBlock> up_;
@@ -66,9 +72,5 @@ class VaeDecoder {
   void resnet(Context& c, const Resnet& r, const Tensor& x, Tensor& y) const;
   void attention(Context& c, const Attention& a, const Tensor& x, Tensor& y) const;
 };
-
-// image [1, 3, H, W] (f32 or bf16, as decode returns it) -> H*W*3 interleaved RGB bytes, as
-// the pipeline's VaeImageProcessor.postprocess(output_type="pil") produces them.
-void image_to_rgb8(const Tensor& image, std::vector<uint8_t>& rgb);
 
 }  // namespace apus::flux2

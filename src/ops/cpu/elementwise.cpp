@@ -56,6 +56,27 @@ void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
   });
 }
 
+void affine(Context& c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
+            ops::Rounding rounding) {
+  const int64_t d = x.shape[1];
+  APUS_CHECK(x.rank() == 2 && y.shape == x.shape && scale.numel() == d && shift.numel() == d,
+             "affine: x ", shape_str(x.shape), ", scale ", shape_str(scale.shape), ", shift ",
+             shape_str(shift.shape), ", y ", shape_str(y.shape));
+  ArenaScope scope(*c.arena);
+  const Tensor sc = as_dtype(*c.arena, vector_row(scale), DType::f32);
+  const Tensor sh = as_dtype(*c.arena, vector_row(shift), DType::f32);
+  const bool each = rounding == ops::Rounding::each_step;
+  parallel_for(x.shape[0], [&](int64_t r) {
+    float* v = thread_scratch(0, d);
+    load_row(x, r, v, d);
+    for (int64_t i = 0; i < d; ++i) {
+      const float p = v[i] * sc.ptr<float>()[i];
+      v[i] = (each ? round_as(y.dtype, p) : p) + sh.ptr<float>()[i];
+    }
+    store_row(y, r, v, d);
+  });
+}
+
 void copy(Context& c, const Tensor& x, Tensor& y) {
   const Tensor xv = as_rows(x);
   Tensor yv = same_rows(y, xv);
