@@ -1,6 +1,7 @@
 #pragma once
 // Cost accounting: every op reports what it costs under the current module scope, so the cost
 // model is counted from the same model code that runs inference (docs/ROOFLINE.md).
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,11 +13,18 @@ struct OpCost {
   double weight_bytes = 0;   // parameters read
   double bytes_fused = 0;    // activations: inputs read once, outputs written once
   double bytes_unfused = 0;  // plus every interior tensor written and read back
+  // What a multi-chip strategy would move for this op, tagged where it communicates: the output
+  // of a row-parallel GEMM (tensor parallelism all-reduces it) and attention's q, k, v and o
+  // (sequence parallelism, Ulysses, all_to_all's them).
+  double tp_bytes = 0;
+  double ulysses_bytes = 0;
   OpCost& operator+=(const OpCost& o) {
     flops += o.flops;
     weight_bytes += o.weight_bytes;
     bytes_fused += o.bytes_fused;
     bytes_unfused += o.bytes_unfused;
+    tp_bytes += o.tp_bytes;
+    ulysses_bytes += o.ulysses_bytes;
     return *this;
   }
 };
@@ -30,6 +38,13 @@ class CostLog {
   };
   void push(const std::string& name) { stack_.push_back(name); }
   void pop() { stack_.pop_back(); }
+  // Inside a row-parallel scope GEMM outputs are tensor parallelism's all-reduce payload.
+  void set_row_parallel(bool on) { row_parallel_ = on; }
+  bool row_parallel() const { return row_parallel_; }
+  // A point where a depth (pipeline) split would hand `bytes` of activations to the next chip;
+  // the largest one per call is what the strategy moves.
+  void mark_boundary(double bytes) { boundary_ = std::max(boundary_, bytes); }
+  double boundary() const { return boundary_; }
   void add(const OpCost& c);
   // Module totals in first-seen order.
   const std::vector<Entry>& entries() const { return entries_; }
@@ -38,6 +53,8 @@ class CostLog {
  private:
   std::vector<std::string> stack_;
   std::vector<Entry> entries_;
+  bool row_parallel_ = false;
+  double boundary_ = 0;
 };
 
 // One stage of a request as counted: its modules' cost per call, how often it runs, and the peak
@@ -47,9 +64,9 @@ struct StageCost {
   int64_t calls = 1;  // e.g. 4 transformer forwards
   OpCost per_call;
   std::vector<CostLog::Entry> modules;  // per call
-  // What the collectives need, per call: tensor-parallel all-reduce payload, Ulysses
-  // all_to_all payload and the activation handed across a depth-shard boundary, in bytes.
-  double tp_allreduce_bytes = 0, ulysses_bytes = 0, boundary_bytes = 0;
+  // The activation a depth split hands across a shard boundary per call (the tensor-parallel and
+  // Ulysses payloads are in per_call).
+  double boundary_bytes = 0;
   double activation_bytes = 0;  // peak arena use of one call: activations and scratch
   bool replicated = false;      // not split by tensor or sequence parallelism (a VAE decode)
 };

@@ -102,8 +102,11 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
     const double f = double(s.calls) * stage_floor_per_call(s, peak, bw);
     (s.replicated ? replicated : split) += f;
     fsdp += double(s.calls) * allgather_wire_bytes(s.per_call.weight_bytes, n);
-    tp += double(s.calls) * allreduce_wire_bytes(s.tp_allreduce_bytes, n);
-    ulysses += double(s.calls) * all_to_all_wire_bytes(s.ulysses_bytes, n);
+    // A replicated stage runs whole on every chip: nothing of it is split or exchanged.
+    if (!s.replicated) {
+      tp += double(s.calls) * allreduce_wire_bytes(s.per_call.tp_bytes, n);
+      ulysses += double(s.calls) * all_to_all_wire_bytes(s.per_call.ulysses_bytes, n);
+    }
     depth += double(s.calls) * (n - 1) * s.boundary_bytes;
   }
   const double ideal = total.flops / (double(n) * peak);

@@ -15,10 +15,12 @@ double elems(const Tensor& t) { return double(t.numel()); }
 
 // FLOPs, weight bytes, fused and unfused activation bytes of each op, with the op's parameters.
 
-OpCost linear_cost(Context&, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+OpCost linear_cost(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const double m = double(x.shape[0]), k = double(w.shape[1]), n = double(w.shape[0]);
   const double act = bytes(x) + bytes(y);
-  return {2 * m * k * n + (bias ? m * n : 0), bytes(w) + (bias ? bytes(*bias) : 0), act, act};
+  OpCost cost{2 * m * k * n + (bias ? m * n : 0), bytes(w) + (bias ? bytes(*bias) : 0), act, act};
+  if (c.cost && c.cost->row_parallel()) cost.tp_bytes = bytes(y);
+  return cost;
 }
 
 OpCost layer_norm_modulate_cost(Context&, const Tensor& x, const Tensor& shift,
@@ -46,7 +48,9 @@ OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& 
   const double scores = heads * sq * sk;
   const double act = bytes(q) + bytes(k) + bytes(v) + bytes(o);
   const double interior = 2 * scores * (4 + double(dtype_size(q.dtype)));  // S in f32, P in act
-  return {(4 * double(head_dim) + 5) * scores, 0, act, act + interior};
+  OpCost cost{(4 * double(head_dim) + 5) * scores, 0, act, act + interior};
+  cost.ulysses_bytes = act;  // q, k, v scattered by head, o gathered back
+  return cost;
 }
 
 OpCost silu_mul_cost(Context&, const Tensor& a, const Tensor& b, Tensor& y, Rounding) {

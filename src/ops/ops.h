@@ -38,6 +38,28 @@ class CostScope {
   CostLog* log_;
 };
 
+// Marks the GEMMs inside as the row-parallel half of a tensor-parallel pair (attention's output
+// projection, the MLP's down projection): their outputs are what tensor parallelism all-reduces.
+class RowParallel {
+ public:
+  explicit RowParallel(Context& c) : log_(c.cost) {
+    if (log_) log_->set_row_parallel(true);
+  }
+  ~RowParallel() {
+    if (log_) log_->set_row_parallel(false);
+  }
+  RowParallel(const RowParallel&) = delete;
+  RowParallel& operator=(const RowParallel&) = delete;
+
+ private:
+  CostLog* log_;
+};
+
+// Records the residual stream between two blocks: where a depth split would cut.
+inline void mark_depth_boundary(Context& c, const Tensor& residual) {
+  if (c.cost) c.cost->mark_boundary(double(residual.nbytes()));
+}
+
 namespace ops {
 
 APUS_DECLARE_OPS

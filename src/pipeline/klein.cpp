@@ -171,19 +171,6 @@ PipelineCost KleinModel::count(const ImageRequest& r) const {
   StageCost step_stage = count_stage(kStepStage, r.steps, [&](Context& c) { step(c, dit, w, 0); });
   StageCost decode_stage = count_stage(kDecodeStage, 1, [&](Context& c) { decode(c, vae, w); });
 
-  // Collective payloads per call (docs/ROOFLINE.md), bf16.
-  const double bf16 = 2, t = kMaxSequence;
-  const auto& tc = text.config();
-  const double text_layers = *std::max_element(kTextTaps.begin(), kTextTaps.end());
-  text_stage.tp_allreduce_bytes = text_layers * 2 * t * double(tc.hidden) * bf16;
-  text_stage.ulysses_bytes = text_layers * 4 * t * double(tc.heads * tc.head_dim) * bf16;
-  text_stage.boundary_bytes = t * double(tc.hidden) * bf16;
-  const auto& dc = dit.config();
-  const double s = t + double(w.h * w.w), blocks = double(dc.num_double + dc.num_single);
-  step_stage.tp_allreduce_bytes = double(2 * dc.num_double + dc.num_single) * s * double(dc.hidden) * bf16;
-  step_stage.ulysses_bytes = blocks * 4 * s * double(dc.hidden) * bf16;
-  step_stage.boundary_bytes = s * double(dc.hidden) * bf16;
-
   decode_stage.replicated = true;
   p.parameters = double(text.parameter_count() + dit.parameter_count() + vae.parameter_count());
   p.stages = {text_stage, prologue_stage, step_stage, decode_stage};

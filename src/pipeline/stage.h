@@ -25,6 +25,7 @@ StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
   s.activation_bytes = double(arena.high_water());
   s.per_call = log.total();
   s.modules = log.entries();
+  s.boundary_bytes = log.boundary();
   return s;
 }
 

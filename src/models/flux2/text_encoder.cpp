@@ -105,6 +105,7 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));
+    mark_depth_boundary(c, x);
     std::optional<CostScope> part(std::in_place, c, "attn");
     ops::rms_norm(c, x, l.in_norm, normed, cf.eps, h, ops::Rounding::each_step);
     ops::linear(c, normed, l.q, nullptr, q);
@@ -117,14 +118,20 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
     ops::rope(c, k, cos, sin, d, ops::RopeStyle::half,
               ops::Rounding::each_step);
     ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), mask);
-    ops::linear(c, attn, l.o, nullptr, proj);
+    {
+      RowParallel row(c);
+      ops::linear(c, attn, l.o, nullptr, proj);
+    }
     ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
     part.emplace(c, "mlp");
     ops::rms_norm(c, x, l.post_norm, normed, cf.eps, h, ops::Rounding::each_step);
     ops::linear(c, normed, l.gate, nullptr, gate);
     ops::linear(c, normed, l.up, nullptr, up);
     ops::silu_mul(c, gate, up, gate, ops::Rounding::each_step);
-    ops::linear(c, gate, l.down, nullptr, proj);
+    {
+      RowParallel row(c);
+      ops::linear(c, gate, l.down, nullptr, proj);
+    }
     ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
     // hidden_states[k] of the reference is the output of layer k - 1.
     for (size_t j = 0; j < taps_.size(); ++j)

@@ -154,8 +154,11 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
 
   Tensor proj = Tensor::in(*c.arena, {s, h}, c.act);
   Tensor p_img = proj.rows(t, s), p_txt = proj.rows(0, t);
-  ops::linear(c, attn.rows(t, s), b.to_out, nullptr, p_img);
-  ops::linear(c, attn.rows(0, t), b.to_add_out, nullptr, p_txt);
+  {
+    RowParallel row(c);
+    ops::linear(c, attn.rows(t, s), b.to_out, nullptr, p_img);
+    ops::linear(c, attn.rows(0, t), b.to_add_out, nullptr, p_txt);
+  }
   Tensor g_img = mod(mod_img, 2), g_txt = mod(mod_txt, 2);
   ops::add_gated(c, img, p_img, &g_img, ops::Rounding::each_step);
   ops::add_gated(c, txt, p_txt, &g_txt, ops::Rounding::each_step);
@@ -175,7 +178,10 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
     Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
     ops::linear(c, st.n, st.w_in, nullptr, u);
     ops::silu_mul(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Rounding::each_step);
-    ops::linear(c, a, st.w_out, nullptr, o);
+    {
+      RowParallel row(c);
+      ops::linear(c, a, st.w_out, nullptr, o);
+    }
     Tensor x = st.x;
     ops::add_gated(c, x, o, &st.gate, ops::Rounding::each_step);
   }
@@ -205,7 +211,10 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   ops::silu_mul(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp,
                 ops::Rounding::each_step);
   Tensor out = Tensor::in(*c.arena, {s, h}, c.act);
-  ops::linear(c, joint, b.out, nullptr, out);
+  {
+    RowParallel row(c);
+    ops::linear(c, joint, b.out, nullptr, out);
+  }
   const Tensor gate = mod.cols(2 * h, 3 * h);
   ops::add_gated(c, hidden, out, &gate, ops::Rounding::each_step);
 }
@@ -250,10 +259,12 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   embed_scope.reset();
   for (size_t i = 0; i < double_.size(); ++i) {
     CostScope block(c, "double." + std::to_string(i));
+    mark_depth_boundary(c, hidden);
     double_block(c, double_[i], hidden, t, mod_img, mod_txt, pro);
   }
   for (size_t i = 0; i < single_.size(); ++i) {
     CostScope block(c, "single." + std::to_string(i));
+    mark_depth_boundary(c, hidden);
     single_block(c, single_[i], hidden, mod_single, pro);
   }
   CostScope final_scope(c, "final");
