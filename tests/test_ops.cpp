@@ -288,6 +288,91 @@ TEST_P(Ops, ImageToRgb8) {
   test::expect_error([&] { ops::image_to_rgb8(ctx, bad, mine); }, {"image_to_rgb8", "finite"});
 }
 
+// A batch lies sample after sample along the rows (or N): the ops that see samples (attention,
+// per-sample modulation and gates, RoPE tables shared by the samples, NCHW ops) give each sample
+// of a B = 2 call exactly what a B = 1 call on that sample gives, and agree with the reference.
+TEST_P(Ops, BatchOfTwoEqualsTwoSingleSamples) {
+  auto rows = [](const Tensor& t, int64_t b, int64_t n) {
+    return to_f32_vector(clone(t.rows(b * n, (b + 1) * n)));
+  };
+  // Attention with a different key mask per sample, causal and not.
+  const int64_t s = 70, d = 16, hq = 4, hk = 2;
+  const Tensor q = random({2 * s, hq * d}), k = random({2 * s, hk * d}), v = random({2 * s, hk * d});
+  std::vector<int64_t> valid(size_t(2 * s), 1);
+  for (int64_t j = 50; j < s; ++j) valid[size_t(j)] = 0;          // sample 0: 50 real keys
+  for (int64_t j = s + 61; j < 2 * s; ++j) valid[size_t(j)] = 0;  // sample 1: 61
+  for (bool causal : {false, true}) {
+    const ops::AttentionMask both{causal, valid.data(), 2};
+    run_both("attention batch 2", poisoned({2 * s, hq * d}), [&](Context& c, Tensor& o) {
+      ops::attention(c, q, k, v, o, d, 0.25f, both);
+    }, /*inner_rounding=*/true);
+    Tensor o2 = poisoned({2 * s, hq * d});
+    ops::attention(ctx, q, k, v, o2, d, 0.25f, both);
+    for (int64_t b = 0; b < 2; ++b) {
+      Tensor o1 = poisoned({s, hq * d});
+      ops::attention(ctx, q.rows(b * s, (b + 1) * s), k.rows(b * s, (b + 1) * s),
+                     v.rows(b * s, (b + 1) * s), o1, d, 0.25f, {causal, valid.data() + b * s, 1});
+      EXPECT_EQ(rows(o2, b, s), to_f32_vector(o1)) << "attention sample " << b;
+    }
+  }
+  // Per-sample modulation and gates ([2, D] as a column view of a wider tensor), RoPE shared.
+  const int64_t n = 9, dm = 32;
+  const Tensor x = random({2 * n, dm}, 2.0f), mod = random({2, 3 * dm}, 0.5f), y = random({2 * n, dm});
+  const Tensor shift = mod.cols(0, dm), scale = mod.cols(dm, 2 * dm), gate = mod.cols(2 * dm, 3 * dm);
+  run_both("layer_norm_modulate batch 2", poisoned({2 * n, dm}), [&](Context& c, Tensor& out) {
+    ops::layer_norm_modulate(c, x, shift, scale, out, 1e-6f, Rounding::each_step);
+  });
+  run_both("add_gated batch 2", x, [&](Context& c, Tensor& out) {
+    ops::add_gated(c, out, y, &gate, Rounding::each_step);
+  });
+  Tensor cos = Tensor::heap({n, dm / 4}, DType::f32), sin = Tensor::heap({n, dm / 4}, DType::f32);
+  for (int64_t i = 0; i < cos.numel(); ++i) {
+    cos.ptr<float>()[i] = float(std::cos(0.1 * double(i)));
+    sin.ptr<float>()[i] = float(std::sin(0.1 * double(i)));
+  }
+  run_both("rope batch 2", x, [&](Context& c, Tensor& out) {
+    ops::rope(c, out, cos, sin, dm / 2, ops::RopeStyle::half, Rounding::each_step);
+  });
+  Tensor ln2 = poisoned({2 * n, dm}), xg = clone(x), xr = clone(x);
+  ops::layer_norm_modulate(ctx, x, shift, scale, ln2, 1e-6f, Rounding::each_step);
+  ops::add_gated(ctx, xg, y, &gate, Rounding::each_step);
+  ops::rope(ctx, xr, cos, sin, dm / 2, ops::RopeStyle::half, Rounding::each_step);
+  for (int64_t b = 0; b < 2; ++b) {
+    Tensor ln1 = poisoned({n, dm});
+    ops::layer_norm_modulate(ctx, x.rows(b * n, (b + 1) * n), shift.rows(b, b + 1),
+                             scale.rows(b, b + 1), ln1, 1e-6f, Rounding::each_step);
+    EXPECT_EQ(rows(ln2, b, n), to_f32_vector(ln1)) << "layer_norm_modulate sample " << b;
+    Tensor g1 = clone(x.rows(b * n, (b + 1) * n));
+    const Tensor gate1 = gate.rows(b, b + 1);
+    ops::add_gated(ctx, g1, y.rows(b * n, (b + 1) * n), &gate1, Rounding::each_step);
+    EXPECT_EQ(rows(xg, b, n), to_f32_vector(g1)) << "add_gated sample " << b;
+    Tensor r1 = clone(x.rows(b * n, (b + 1) * n));
+    ops::rope(ctx, r1, cos, sin, dm / 2, ops::RopeStyle::half, Rounding::each_step);
+    EXPECT_EQ(rows(xr, b, n), to_f32_vector(r1)) << "rope sample " << b;
+  }
+  // NCHW with N = 2.
+  const Tensor img = random({2, 8, 6, 5}, 2.0f), w = random({4, 8, 3, 3}, 0.2f, DType::bf16);
+  const Tensor gw = random({8}, 1.0f, DType::bf16), gb = random({8}, 1.0f, DType::bf16);
+  run_both("conv2d N=2", poisoned({2, 4, 6, 5}), [&](Context& c, Tensor& out) {
+    ops::conv2d(c, img, w, nullptr, out, 1, 1);
+  });
+  run_both("group_norm N=2", poisoned({2, 8, 6, 5}), [&](Context& c, Tensor& out) {
+    ops::group_norm(c, img, gw, gb, out, 4, 1e-6f, true, Rounding::each_step);
+  });
+  run_both("upsample N=2", poisoned({2, 8, 12, 10}), [&](Context& c, Tensor& out) {
+    ops::upsample_nearest2x(c, img, out);
+  });
+  Tensor gn2 = poisoned({2, 8, 6, 5});
+  ops::group_norm(ctx, img, gw, gb, gn2, 4, 1e-6f, true, Rounding::each_step);
+  const int64_t plane = 8 * 6 * 5;
+  for (int64_t b = 0; b < 2; ++b) {
+    Tensor one = clone(img.reshape({2, plane}).rows(b, b + 1)).reshape({1, 8, 6, 5});
+    Tensor gn1 = poisoned({1, 8, 6, 5});
+    ops::group_norm(ctx, one, gw, gb, gn1, 4, 1e-6f, true, Rounding::each_step);
+    EXPECT_EQ(rows(gn2.reshape({2, plane}), b, 1), to_f32_vector(gn1)) << "group_norm sample " << b;
+  }
+}
+
 // Each rounding rule matters: the CPU run with one rule against the reference run with the
 // other falls outside the bf16 bound. This is what makes the bound able to catch a backend that
 // drops a rule.

@@ -9,7 +9,9 @@
 // Rounding argument says the reference rounds sub-steps too. Ops never allocate their outputs:
 // callers pass them. Layout: 2-D activations are [rows, features] with features contiguous
 // (column views via Tensor::cols are accepted wherever an argument is called a view); images are
-// NCHW with N = 1; attention heads are packed head-major inside the feature axis.
+// NCHW; attention heads are packed head-major inside the feature axis. A batch of B samples lies
+// sample after sample along the rows (or along N): row-wise ops need nothing more, the others say
+// how they see samples.
 #include <cstdint>
 #include <vector>
 
@@ -32,9 +34,12 @@ enum class RopeStyle { interleaved, half };  // FLUX pairs (2j, 2j+1); Qwen pair
 // and products in float32), f64 as diffusers' FLUX pos-embed (float64, cast to float32 at the end).
 enum class RopeMath { f32, f64 };
 
+// q, k, v and o hold `batch` samples one after another (sample b is rows b*S .. (b+1)*S of each);
+// every sample attends only within itself.
 struct AttentionMask {
   bool causal = false;
-  const int64_t* key_valid = nullptr;  // [Sk], 0 masks the key out; null: all keys valid
+  const int64_t* key_valid = nullptr;  // [batch * Sk], 0 masks the key out; null: all keys valid
+  int64_t batch = 1;
 };
 
 }  // namespace ops
@@ -43,19 +48,22 @@ struct AttentionMask {
 //
 // linear: y[M,N] = x[M,K] · w[N,K]^T (+ bias[N]); x and y may be views; w and bias are converted
 //   to x's dtype first (as torch_dtype converts weights), fp32 accumulation.
-// layer_norm_modulate: y = LN(x) * (1 + scale) + shift, LN without affine; scale, shift [D].
+// layer_norm_modulate: y = LN(x) * (1 + scale) + shift, LN without affine; scale and shift are
+//   [D] for every row or [B, D] per sample (sample b covers rows b*M/B .. (b+1)*M/B).
 //   each_step rounds LN(x), (1 + scale), the product and the sum.
 // rms_norm: RMSNorm over each contiguous group of `group` features, times weight[group]; x and y
 //   may alias. each_step rounds the normalised value before the weight (transformers'
 //   Qwen3RMSNorm); once is torch.nn.RMSNorm.
-// rope: rotates every head of the view x[S, H*D] in place; cos/sin are f32 [S, D/2]. each_step
+// rope: rotates every head of the view x[B*S, H*D] in place; cos/sin are f32 [S, D/2], one
+//   sample's positions serving every sample (row r uses table row r mod S). each_step
 //   rounds cos and sin and each of the four products and two sums (Qwen's rotate_half in the
 //   activation dtype); once computes in fp32 (FLUX).
 // attention: o[Sq, Hq*D] = softmax(q k^T * scale + mask) v per head, kv heads shared by Hq/Hk
 //   query heads; the probabilities are rounded to q's dtype before P·V, as SDPA's math does.
 // silu_mul: y = silu(a) * b, all [M, F] views; each_step rounds silu(a) first.
 // silu: y = silu(x), any shape (contiguous) or view.
-// add_gated: x += gate[D] * y (gate null: x += y), x and y [M, D] views; each_step rounds
+// add_gated: x += gate * y (gate null: x += y), x and y [M, D] views, gate [D] or [B, D] per
+//   sample as layer_norm_modulate's; each_step rounds
 //   gate * y before the add.
 // euler_update: x <- x + step * velocity with the flow-match scheduler's roundings: the step is
 //   cast to the velocity's dtype and the product rounded to it, the sum rounded to x's dtype.
@@ -63,10 +71,11 @@ struct AttentionMask {
 // all_finite: whether x holds no NaN or Inf (a pipeline's guard between stages); counting mode
 //   reports true.
 // transpose: y[N, M] = x[M, N]^T, both contiguous and of one dtype.
-// conv2d: NCHW, N = 1, square stride and padding; w converted to x's dtype, bias added in fp32.
-// group_norm: GroupNorm with affine; fuse_silu applies SiLU after it; each_step rounds the
+// conv2d: NCHW, square stride and padding; w converted to x's dtype, bias added in fp32.
+// group_norm: GroupNorm with affine over NCHW, each sample on its own; fuse_silu applies SiLU
+//   after it; each_step rounds the
 //   normalised value before the SiLU (two eager ops in the reference).
-// upsample_nearest2x: NCHW, N = 1.
+// upsample_nearest2x: NCHW.
 // embedding: y[S, D] = table[ids[s]] for i32 ids [S], converted to y's dtype; ids outside the
 //   table are refused.
 // rope_tables: cos, sin [S, D/2] f32 of positions [S, A] i64, axis a covering axes[a] of the head

@@ -42,10 +42,10 @@ OpCost rope_cost(Context&, Tensor& x, const Tensor& cos, const Tensor& sin, int6
 }
 
 OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
-                      int64_t head_dim, float, const AttentionMask&) {
+                      int64_t head_dim, float, const AttentionMask& mask) {
   // Causal attention is counted at the full square, as the convention fixes.
   const double heads = double(q.shape[1] / head_dim), sq = double(q.shape[0]), sk = double(k.shape[0]);
-  const double scores = heads * sq * sk;
+  const double scores = heads * sq * sk / double(mask.batch);  // each sample attends within itself
   const double act = bytes(q) + bytes(k) + bytes(v) + bytes(o);
   const double interior = 2 * scores * (4 + double(dtype_size(q.dtype)));  // S in f32, P in act
   OpCost cost{(4 * double(head_dim) + 5) * scores, 0, act, act + interior};

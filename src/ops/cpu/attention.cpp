@@ -43,20 +43,22 @@ void mask_row(float* s, int64_t n, int64_t visible, const int64_t* key_valid) {
 
 void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
                int64_t head_dim, float scale, const ops::AttentionMask& mask) {
-  const int64_t sq = q.shape[0], sk = k.shape[0], d = head_dim;
+  const int64_t batch = mask.batch, rows_q = q.shape[0], rows_k = k.shape[0], d = head_dim;
+  const int64_t sq = rows_q / batch, sk = rows_k / batch;
   const int64_t hq = q.shape[1] / d, hk = k.shape[1] / d;
-  APUS_CHECK(q.shape[1] % d == 0 && k.shape[1] % d == 0 && v.shape == k.shape &&
+  APUS_CHECK(batch >= 1 && rows_q % batch == 0 && rows_k % batch == 0 && q.shape[1] % d == 0 &&
+                 k.shape[1] % d == 0 && v.shape == k.shape &&
                  o.shape == q.shape && hk > 0 && hq % hk == 0 && q.dtype == k.dtype &&
                  k.dtype == v.dtype && o.dtype == q.dtype,
              "attention: q ", shape_str(q.shape), ", k ", shape_str(k.shape), ", v ",
-             shape_str(v.shape), ", o ", shape_str(o.shape), ", head_dim ", d);
+             shape_str(v.shape), ", o ", shape_str(o.shape), ", head_dim ", d, ", batch ", batch);
   ArenaScope scope(*c.arena);
   const DType dt = q.dtype;
   const int64_t block = std::min<int64_t>(sq, attention_query_block);
   const int64_t blocks = (sq + block - 1) / block;
-  Tensor qh = Tensor::in(*c.arena, {hq, sq, d}, dt);
-  Tensor kh = Tensor::in(*c.arena, {hk, sk, d}, dt);
-  Tensor vh = Tensor::in(*c.arena, {hk, sk, d}, dt);
+  Tensor qh = Tensor::in(*c.arena, {hq, rows_q, d}, dt);
+  Tensor kh = Tensor::in(*c.arena, {hk, rows_k, d}, dt);
+  Tensor vh = Tensor::in(*c.arena, {hk, rows_k, d}, dt);
   split_heads(q, d, qh);
   split_heads(k, d, kh);
   split_heads(v, d, vh);
@@ -65,22 +67,26 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   Tensor probs = Tensor::in(*c.arena, {threads * block, sk}, dt);
   const size_t es = dtype_size(dt);
 
-  parallel_for(hq * blocks, [&](int64_t task) {
-    const int64_t h = task / blocks, r0 = (task % blocks) * block, nb = std::min(block, sq - r0);
+  // Sample b's rows of head h sit at h * rows + b * s + r in the head-major copies.
+  parallel_for(batch * hq * blocks, [&](int64_t task) {
+    const int64_t b = task / (hq * blocks), h = (task / blocks) % hq;
+    const int64_t r0 = (task % blocks) * block, nb = std::min(block, sq - r0);
     const int64_t g = h / (hq / hk);
     const int64_t t = omp_get_thread_num();
-    Tensor qb = qh.reshape({hq * sq, d}).rows(h * sq + r0, h * sq + r0 + nb);
+    const int64_t q0 = h * rows_q + b * sq + r0;
+    Tensor qb = qh.reshape({hq * rows_q, d}).rows(q0, q0 + nb);
     Tensor sb = scores.rows(t * block, t * block + nb), pb = probs.rows(t * block, t * block + nb);
     // Causal rows only need keys up to their own position.
     const int64_t key_end = mask.causal ? std::min(sk, r0 + nb) : sk;
-    const char* kbase = static_cast<const char*>(kh.data) + size_t(g * sk * d) * es;
-    const char* vbase = static_cast<const char*>(vh.data) + size_t(g * sk * d) * es;
-    Tensor ob = o.rows(r0, r0 + nb).cols(h * d, (h + 1) * d);
+    const char* kbase = static_cast<const char*>(kh.data) + size_t((g * rows_k + b * sk) * d) * es;
+    const char* vbase = static_cast<const char*>(vh.data) + size_t((g * rows_k + b * sk) * d) * es;
+    Tensor ob = o.rows(b * sq + r0, b * sq + r0 + nb).cols(h * d, (h + 1) * d);
+    const int64_t* valid = mask.key_valid ? mask.key_valid + b * sk : nullptr;
     Tensor sbn = sb.cols(0, key_end), pbn = pb.cols(0, key_end);
     gemm(qb, kbase, dt, 1, d, nullptr, sbn, d, key_end);  // Q · K^T
     for (int64_t i = 0; i < nb; ++i) {
       float* srow = static_cast<float*>(sbn.row(i));
-      mask_row(srow, key_end, mask.causal ? r0 + i + 1 : sk, mask.key_valid);
+      mask_row(srow, key_end, mask.causal ? r0 + i + 1 : sk, valid);
       if (dt == DType::bf16) softmax_row_bf16(srow, key_end, scale, static_cast<uint16_t*>(pbn.row(i)));
       else softmax_row_f32(srow, key_end, scale, static_cast<float*>(pbn.row(i)));
     }

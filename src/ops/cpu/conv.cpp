@@ -60,7 +60,7 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
             int64_t stride, int64_t pad) {
   using namespace dnnl;
   using dims = memory::dims;
-  APUS_CHECK(x.rank() == 4 && w.rank() == 4 && y.rank() == 4 && x.shape[0] == 1 &&
+  APUS_CHECK(x.rank() == 4 && w.rank() == 4 && y.rank() == 4 && y.shape[0] == x.shape[0] &&
                  w.shape[1] == x.shape[1] && y.shape[1] == w.shape[0],
              "conv2d: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ",
              shape_str(y.shape));
@@ -91,7 +91,7 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   auto any = [](const memory::desc& d) {
     return memory::desc(d.dims(), d.data_type(), memory::format_tag::any);
   };
-  const KernelKey key("conv", {x.shape[1], x.shape[2], x.shape[3], w.shape[0], w.shape[2],
+  const KernelKey key("conv", {x.shape[0], x.shape[1], x.shape[2], x.shape[3], w.shape[0], w.shape[2],
                                w.shape[3], int64_t(x.dtype), int64_t(y.dtype), stride, pad,
                                bias ? 1 : 0, blocked ? 1 : 0});
   struct Conv {

@@ -38,17 +38,18 @@ void silu(Context& c, const Tensor& x, Tensor& y) {
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
                ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
-  APUS_CHECK(y.shape == x.shape && (!gate || gate->numel() == d), "add_gated: x ",
-             shape_str(x.shape), ", y ", shape_str(y.shape));
+  APUS_CHECK(y.shape == x.shape, "add_gated: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
   ArenaScope scope(*c.arena);
-  const Tensor g = gate ? as_dtype(*c.arena, vector_row(*gate), DType::f32) : Tensor{};
+  const Tensor g = gate ? sample_vectors(*c.arena, *gate, d, m) : Tensor{};
+  const int64_t per_sample = gate ? m / g.shape[0] : m;
   parallel_for(m, [&](int64_t r) {
     float* vx = thread_scratch(0, d);
     float* vy = thread_scratch(1, d);
     load_row(x, r, vx, d);
     load_row(y, r, vy, d);
     if (gate) {
-      for (int64_t i = 0; i < d; ++i) vy[i] *= g.ptr<float>()[i];
+      const float* gr = g.ptr<float>() + (r / per_sample) * d;
+      for (int64_t i = 0; i < d; ++i) vy[i] *= gr[i];
       if (rounding == ops::Rounding::each_step) round_to(x.dtype, vy, d);
     }
     for (int64_t i = 0; i < d; ++i) vx[i] += vy[i];
@@ -127,17 +128,18 @@ void transpose(Context& c, const Tensor& x, Tensor& y) {
 
 void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
           ops::RopeStyle style, ops::Rounding rounding) {
-  const int64_t s = x.shape[0], d = x.shape[1], half = head_dim / 2;
-  APUS_CHECK(d % head_dim == 0 && cos.shape == Shape({s, half}) && sin.shape == cos.shape &&
-                 cos.dtype == DType::f32,
+  const int64_t s = x.shape[0], d = x.shape[1], half = head_dim / 2, table = cos.shape[0];
+  APUS_CHECK(d % head_dim == 0 && cos.rank() == 2 && cos.shape[1] == half && table > 0 &&
+                 s % table == 0 && sin.shape == cos.shape && cos.dtype == DType::f32,
              "rope: x ", shape_str(x.shape), ", cos ", shape_str(cos.shape), ", head_dim ",
              head_dim);
   const bool rounded = rounding == ops::Rounding::each_step && x.dtype == DType::bf16;
   parallel_for(s, [&](int64_t r) {
     float* v = thread_scratch(0, d);
     load_row(x, r, v, d);
-    const float* cr = cos.ptr<float>() + r * half;
-    const float* sr = sin.ptr<float>() + r * half;
+    // A table of one sample's positions serves every sample of a batch.
+    const float* cr = cos.ptr<float>() + (r % table) * half;
+    const float* sr = sin.ptr<float>() + (r % table) * half;
     for (int64_t h = 0; h < d; h += head_dim) {
       float* p = v + h;
       for (int64_t j = 0; j < half; ++j) {
@@ -159,8 +161,8 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
 }
 
 void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
-  const int64_t ch = x.shape[1], h = x.shape[2], w = x.shape[3];
-  APUS_CHECK(y.shape == Shape({1, ch, 2 * h, 2 * w}) && x.dtype == y.dtype,
+  const int64_t ch = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3];
+  APUS_CHECK(y.shape == Shape({x.shape[0], x.shape[1], 2 * h, 2 * w}) && x.dtype == y.dtype,
              "upsample_nearest2x: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
   const size_t es = dtype_size(x.dtype);
   parallel_for(ch, [&](int64_t ci) {

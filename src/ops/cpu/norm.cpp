@@ -8,19 +8,19 @@ namespace apus::cpu {
 void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale,
                          Tensor& y, float eps, ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
-  APUS_CHECK(y.shape == x.shape && shift.numel() == d && scale.numel() == d,
-             "layer_norm_modulate: x ", shape_str(x.shape), ", shift ", shape_str(shift.shape),
-             ", scale ", shape_str(scale.shape), ", y ", shape_str(y.shape));
+  APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "layer_norm_modulate: x ",
+             shape_str(x.shape), ", shift ", shape_str(shift.shape), ", scale ",
+             shape_str(scale.shape), ", y ", shape_str(y.shape));
   ArenaScope scope(*c.arena);
-  const Tensor sh = as_dtype(*c.arena, vector_row(shift), DType::f32);
-  Tensor sc = Tensor::in(*c.arena, {1, d}, DType::f32);
-  load_row(vector_row(scale), 0, sc.ptr<float>(), d);
+  const Tensor sh = sample_vectors(*c.arena, shift, d, m);
+  Tensor sc = sample_vectors(*c.arena, scale, d, m);
+  const int64_t per_sample = m / sh.shape[0];
   const bool rounded = rounding == ops::Rounding::each_step && y.dtype != DType::f32;
-  for (int64_t i = 0; i < d; ++i) sc.ptr<float>()[i] += 1.0f;
-  if (rounded) round_to(y.dtype, sc.ptr<float>(), d);
-  const float* shp = sh.ptr<float>();
-  const float* scp = sc.ptr<float>();
+  for (int64_t i = 0; i < sc.numel(); ++i) sc.ptr<float>()[i] += 1.0f;
+  if (rounded) round_to(y.dtype, sc.ptr<float>(), sc.numel());
   parallel_for(m, [&](int64_t r) {
+    const float* shp = sh.ptr<float>() + (r / per_sample) * d;
+    const float* scp = sc.ptr<float>() + (r / per_sample) * d;
     float* row = thread_scratch(0, d);
     load_row(x, r, row, d);
     const float mu = sum_row(row, d) / float(d);
@@ -63,19 +63,21 @@ void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, floa
 
 void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                 int64_t groups, float eps, bool fuse_silu, ops::Rounding rounding) {
-  const int64_t ch = x.shape[1], hw = x.shape[2] * x.shape[3];
-  APUS_CHECK(x.rank() == 4 && x.shape[0] == 1 && ch % groups == 0 && y.shape == x.shape,
+  const int64_t n = x.shape[0], ch = x.shape[1], hw = x.shape[2] * x.shape[3];
+  APUS_CHECK(x.rank() == 4 && ch % groups == 0 && y.shape == x.shape,
              "group_norm: x ", shape_str(x.shape), " with ", groups, " groups");
   ArenaScope scope(*c.arena);
   const Tensor wf = as_dtype(*c.arena, vector_row(weight), DType::f32);
   const Tensor bf = as_dtype(*c.arena, vector_row(bias), DType::f32);
   const float *w = wf.ptr<float>(), *b = bf.ptr<float>();
   const int64_t per = ch / groups;
-  const Tensor xr = x.reshape({ch, hw});
-  Tensor yr = y.reshape({ch, hw});
-  parallel_for(groups, [&](int64_t g) {
+  const Tensor xr = x.reshape({n * ch, hw});
+  Tensor yr = y.reshape({n * ch, hw});
+  // Each sample's groups are normalised on their own: task = sample * groups + group.
+  parallel_for(n * groups, [&](int64_t task) {
+    const int64_t g = task % groups, plane0 = (task / groups) * ch;
     float* buf = thread_scratch(0, per * hw);
-    for (int64_t j = 0; j < per; ++j) load_row(xr, g * per + j, buf + j * hw, hw);
+    for (int64_t j = 0; j < per; ++j) load_row(xr, plane0 + g * per + j, buf + j * hw, hw);
     // Per-channel partial sums in float (vectorised), combined in double.
     const double count = double(per * hw);
     double total = 0;
@@ -93,7 +95,7 @@ void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor&
         if (rounding == ops::Rounding::each_step) round_to(y.dtype, v, hw);
         silu_row(v, hw);
       }
-      store_row(yr, cidx, v, hw);
+      store_row(yr, plane0 + cidx, v, hw);
     }
   });
 }

@@ -52,6 +52,19 @@ inline Tensor vector_row(const Tensor& t) {
   return v;
 }
 
+// Per-sample vectors (modulation, gates) for `rows` rows of D features: [D] serves every row;
+// [B, D] (rows of a tensor or a column view) gives sample b the rows b*rows/B .. (b+1)*rows/B.
+// Returned as contiguous f32 [B, D] in the arena.
+inline Tensor sample_vectors(Arena& arena, const Tensor& v, int64_t d, int64_t rows) {
+  const int64_t b = v.rank() == 2 ? v.shape[0] : 1;
+  APUS_CHECK(v.numel() == b * d && rows % b == 0, "per-sample vector ", shape_str(v.shape),
+             " for ", rows, " rows of ", d);
+  Tensor out = Tensor::in(arena, {b, d}, DType::f32);
+  const Tensor src = b == 1 ? vector_row(v) : v;
+  for (int64_t i = 0; i < b; ++i) load_row(src, i, out.ptr<float>() + i * d, d);
+  return out;
+}
+
 // Any contiguous tensor as [rows, last dim], so row kernels spread over its rows.
 inline Tensor as_rows(const Tensor& t) {
   return t.rank() == 2 ? t : t.reshape({t.numel() / t.shape.back(), t.shape.back()});

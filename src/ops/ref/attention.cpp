@@ -9,21 +9,24 @@ namespace apus::ref {
 
 void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
                int64_t head_dim, float scale, const ops::AttentionMask& mask) {
-  const int64_t sq = q.shape[0], sk = k.shape[0], d = head_dim;
+  const int64_t batch = mask.batch, sq = q.shape[0] / batch, sk = k.shape[0] / batch, d = head_dim;
   const int64_t hq = q.shape[1] / d, hk = k.shape[1] / d;
-  APUS_CHECK(hk > 0 && hq % hk == 0 && v.shape == k.shape && o.shape == q.shape,
+  APUS_CHECK(hk > 0 && hq % hk == 0 && v.shape == k.shape && o.shape == q.shape &&
+                 q.shape[0] % batch == 0 && k.shape[0] % batch == 0,
              "attention: shapes do not agree");
   std::vector<double> p(static_cast<size_t>(sk));
-  for (int64_t h = 0; h < hq; ++h) {
-    const int64_t g = h / (hq / hk);
+  for (int64_t task = 0; task < batch * hq; ++task) {
+    const int64_t b = task / hq, h = task % hq, g = h / (hq / hk);
     for (int64_t i = 0; i < sq; ++i) {
       double mx = -INFINITY;
       for (int64_t j = 0; j < sk; ++j) {
-        const bool visible = (!mask.causal || j <= i) && (!mask.key_valid || mask.key_valid[j]);
+        const bool visible =
+            (!mask.causal || j <= i) && (!mask.key_valid || mask.key_valid[b * sk + j]);
         double s = -INFINITY;
         if (visible) {
           s = 0;
-          for (int64_t e = 0; e < d; ++e) s += get(q, i, h * d + e) * get(k, j, g * d + e);
+          for (int64_t e = 0; e < d; ++e)
+            s += get(q, b * sq + i, h * d + e) * get(k, b * sk + j, g * d + e);
           s *= double(scale);
         }
         p[size_t(j)] = s;
@@ -37,8 +40,8 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
       for (int64_t j = 0; j < sk; ++j) p[size_t(j)] = sum > 0 ? as(q.dtype, p[size_t(j)] / sum) : 0.0;
       for (int64_t e = 0; e < d; ++e) {
         double acc = 0;
-        for (int64_t j = 0; j < sk; ++j) acc += p[size_t(j)] * get(v, j, g * d + e);
-        put(o, i, h * d + e, acc);
+        for (int64_t j = 0; j < sk; ++j) acc += p[size_t(j)] * get(v, b * sk + j, g * d + e);
+        put(o, b * sq + i, h * d + e, acc);
       }
     }
   }

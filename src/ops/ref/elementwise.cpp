@@ -25,12 +25,13 @@ void silu(Context& c, const Tensor& x, Tensor& y) {
 
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
                ops::Rounding rounding) {
-  const Tensor g = gate ? rows2d(*gate) : Tensor{};
+  const Tensor g = gate ? (gate->rank() == 2 ? *gate : rows2d(*gate)) : Tensor{};
+  const int64_t per_sample = gate ? x.shape[0] / g.shape[0] : 1;
   for (int64_t r = 0; r < x.shape[0]; ++r)
     for (int64_t i = 0; i < x.shape[1]; ++i) {
       double t = get(y, r, i);
       if (gate) {
-        t *= get(g, 0, i);
+        t *= get(g, r / per_sample, i);
         if (rounding == ops::Rounding::each_step) t = as(x.dtype, t);
       }
       put(x, r, i, get(x, r, i) + t);
@@ -84,8 +85,9 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
         const int64_t i0 = h + (style == ops::RopeStyle::interleaved ? 2 * j : j);
         const int64_t i1 = h + (style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half);
         const double x0 = row[size_t(i0)], x1 = row[size_t(i1)];
-        const double cs = each ? as(dt, get(cos, r, j)) : get(cos, r, j);
-        const double sn = each ? as(dt, get(sin, r, j)) : get(sin, r, j);
+        const int64_t tr = r % cos.shape[0];
+        const double cs = each ? as(dt, get(cos, tr, j)) : get(cos, tr, j);
+        const double sn = each ? as(dt, get(sin, tr, j)) : get(sin, tr, j);
         put(x, r, i0, each ? as(dt, x0 * cs) + as(dt, -x1 * sn) : x0 * cs - x1 * sn);
         put(x, r, i1, each ? as(dt, x1 * cs) + as(dt, x0 * sn) : x1 * cs + x0 * sn);
       }
@@ -93,7 +95,7 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
 }
 
 void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
-  const int64_t ch = x.shape[1], h = x.shape[2], w = x.shape[3];
+  const int64_t ch = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3];
   const Tensor xr = x.reshape({ch * h, w});
   Tensor yr = y.reshape({ch * 2 * h, 2 * w});
   for (int64_t ci = 0; ci < ch; ++ci)
