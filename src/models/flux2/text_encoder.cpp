@@ -71,37 +71,40 @@ TextEncoder TextEncoder::load(const ModelDir& dir, const std::vector<int>& taps)
 }
 
 Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
-                           const std::vector<int64_t>& attention_mask) const {
+                           const std::vector<int64_t>& attention_mask, int64_t batch) const {
   ArenaScope scope(*c.arena);
   CostScope text_scope(c, "text");
   const auto& cf = cfg_;
-  const int64_t t = int64_t(ids.size()), h = cf.hidden, d = cf.head_dim;
+  APUS_CHECK(batch >= 1 && ids.size() % size_t(batch) == 0 &&
+                 attention_mask.size() == ids.size(),
+             "text encoder: ", ids.size(), " ids and ", attention_mask.size(),
+             " mask entries for ", batch, " samples");
+  const int64_t rows = int64_t(ids.size()), t = rows / batch, h = cf.hidden, d = cf.head_dim;
   const int64_t qd = cf.heads * d, kvd = cf.kv_heads * d;
-  APUS_CHECK(attention_mask.size() == ids.size(), "text encoder: ", ids.size(), " ids but ",
-             attention_mask.size(), " mask entries");
 
-  // The request's inputs staged as tensors: token ids, and positions 0..t-1 for the rotary tables.
-  Tensor id_tensor = Tensor::in(*c.arena, {t}, DType::i32);
+  // The request's inputs staged as tensors: token ids, and positions 0..t-1 for the rotary tables
+  // (one sample's, shared by the batch).
+  Tensor id_tensor = Tensor::in(*c.arena, {rows}, DType::i32);
   Tensor positions = Tensor::in(*c.arena, {t, 1}, DType::i64);
   if (!c.count_only) {
     std::memcpy(id_tensor.data, ids.data(), ids.size() * sizeof(int32_t));
     for (int64_t r = 0; r < t; ++r) positions.ptr<int64_t>()[r] = r;
   }
-  Tensor x = Tensor::in(*c.arena, {t, h}, c.act);
+  Tensor x = Tensor::in(*c.arena, {rows, h}, c.act);
   ops::embedding(c, embed_, id_tensor, x);
   // Rotary tables in fp32 from the position index, as transformers' default rope computes them.
   const int64_t half = d / 2;
   Tensor cos = Tensor::in(*c.arena, {t, half}, DType::f32), sin = Tensor::in(*c.arena, {t, half}, DType::f32);
   ops::rope_tables(c, positions, {d}, cf.rope_theta, ops::RopeMath::f32, cos, sin);
 
-  Tensor out = ops::empty(c, {t, int64_t(taps_.size()) * h}, c.act);
-  Tensor normed = Tensor::in(*c.arena, {t, h}, c.act);
-  Tensor q = Tensor::in(*c.arena, {t, qd}, c.act), k = Tensor::in(*c.arena, {t, kvd}, c.act),
-         v = Tensor::in(*c.arena, {t, kvd}, c.act), attn = Tensor::in(*c.arena, {t, qd}, c.act),
-         proj = Tensor::in(*c.arena, {t, h}, c.act);
-  Tensor gate = Tensor::in(*c.arena, {t, cf.intermediate}, c.act),
-         up = Tensor::in(*c.arena, {t, cf.intermediate}, c.act);
-  const ops::AttentionMask mask{true, attention_mask.data()};
+  Tensor out = ops::empty(c, {rows, int64_t(taps_.size()) * h}, c.act);
+  Tensor normed = Tensor::in(*c.arena, {rows, h}, c.act);
+  Tensor q = Tensor::in(*c.arena, {rows, qd}, c.act), k = Tensor::in(*c.arena, {rows, kvd}, c.act),
+         v = Tensor::in(*c.arena, {rows, kvd}, c.act), attn = Tensor::in(*c.arena, {rows, qd}, c.act),
+         proj = Tensor::in(*c.arena, {rows, h}, c.act);
+  Tensor gate = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act),
+         up = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act);
+  const ops::AttentionMask mask{true, attention_mask.data(), batch};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));

@@ -22,9 +22,10 @@ class TextEncoder {
   const TextEncoderConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
-  // ids and mask [T]; returns [T, taps * hidden] in the activation dtype (heap).
+  // ids and mask [B*T], B prompts one after another; returns [B*T, taps * hidden] in the
+  // activation dtype (heap).
   Tensor encode(Context& c, const std::vector<int32_t>& ids,
-                const std::vector<int64_t>& attention_mask) const;
+                const std::vector<int64_t>& attention_mask, int64_t batch = 1) const;
 
  private:
   struct Layer {

@@ -89,17 +89,19 @@ Transformer Transformer::load(const ModelDir& dir) {
 
 TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embeds,
                                           const Tensor& txt_ids, const Tensor& img_ids) const {
-  const int64_t t = prompt_embeds.shape[0], l = img_ids.shape[0];
-  APUS_CHECK(txt_ids.shape == Shape({t, 4}) && img_ids.rank() == 2 && img_ids.shape[1] == 4 &&
-                 txt_ids.dtype == DType::i64 && img_ids.dtype == DType::i64,
+  const int64_t t = txt_ids.shape[0], l = img_ids.shape[0];
+  APUS_CHECK(txt_ids.rank() == 2 && txt_ids.shape[1] == 4 && img_ids.rank() == 2 &&
+                 img_ids.shape[1] == 4 && txt_ids.dtype == DType::i64 && img_ids.dtype == DType::i64,
              "transformer: position ids ", shape_str(txt_ids.shape), " and ",
-             shape_str(img_ids.shape), ", expected i64 [", t, ", 4] and [L, 4]");
-  APUS_CHECK(prompt_embeds.rank() == 2 && prompt_embeds.shape[1] == cfg_.joint_dim,
+             shape_str(img_ids.shape), ", expected i64 [T, 4] and [L, 4]");
+  APUS_CHECK(prompt_embeds.rank() == 2 && prompt_embeds.shape[1] == cfg_.joint_dim && t > 0 &&
+                 prompt_embeds.shape[0] % t == 0,
              "transformer: prompt embeddings ", shape_str(prompt_embeds.shape),
-             " do not match joint_attention_dim ", cfg_.joint_dim);
+             " are not B x ", t, " tokens of joint_attention_dim ", cfg_.joint_dim);
   TransformerPrologue p;
+  p.batch = prompt_embeds.shape[0] / t;
   CostScope scope(c, "dit/prologue");
-  p.txt = ops::empty(c, {t, cfg_.hidden}, c.act);
+  p.txt = ops::empty(c, {p.batch * t, cfg_.hidden}, c.act);
   ops::linear(c, prompt_embeds, context_embedder_, nullptr, p.txt);
   // Tables in float64 then rounded to f32, as the reference's Flux2PosEmbed computes them; text
   // rows first, then image rows, as the joint sequence runs.
@@ -114,76 +116,90 @@ TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embed
 }
 
 void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int64_t t,
-                               const Tensor& mod_img, const Tensor& mod_txt,
+                               int64_t batch, const Tensor& mod_img, const Tensor& mod_txt,
                                const TransformerPrologue& pro) const {
   ArenaScope scope(*c.arena);
-  const int64_t s = hidden.shape[0], h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
-  Tensor img = hidden.rows(t, s), txt = hidden.rows(0, t);
-  auto mod = [h](const Tensor& m, int i) { return m.cols(i * h, (i + 1) * h); };
-  Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
-  Tensor n_img = normed.rows(t, s), n_txt = normed.rows(0, t);
+  const int64_t rows = hidden.shape[0], s = rows / batch, h = cfg_.hidden, d = cfg_.head_dim,
+                f = cfg_.mlp_hidden;
+  // Sample i holds rows [i*s, (i+1)*s): its text, then its image. The streams have their own
+  // weights, so stream ops run per sample; the joint ops (rope, attention) run on all rows.
+  auto txt_of = [&](const Tensor& x, int64_t i) { return x.rows(i * s, i * s + t); };
+  auto img_of = [&](const Tensor& x, int64_t i) { return x.rows(i * s + t, (i + 1) * s); };
+  auto mod = [h](const Tensor& m, int j) { return m.cols(j * h, (j + 1) * h); };
+  Tensor normed = Tensor::in(*c.arena, {rows, h}, c.act);
   std::optional<CostScope> part(std::in_place, c, "attn");
-  ops::layer_norm_modulate(c, img, mod(mod_img, 0), mod(mod_img, 1), n_img, cfg_.eps,
-                           ops::Rounding::each_step);
-  ops::layer_norm_modulate(c, txt, mod(mod_txt, 0), mod(mod_txt, 1), n_txt, cfg_.eps,
-                           ops::Rounding::each_step);
-
-  // q, k, v of both streams land in one joint [txt; img] buffer: the concat costs nothing.
-  Tensor q = Tensor::in(*c.arena, {s, h}, c.act), k = Tensor::in(*c.arena, {s, h}, c.act),
-         v = Tensor::in(*c.arena, {s, h}, c.act);
-  struct Proj { const Tensor& w; Tensor out; };
-  for (const auto& [w, out] : {Proj{b.to_q, q.rows(t, s)}, Proj{b.to_k, k.rows(t, s)},
-                               Proj{b.to_v, v.rows(t, s)}}) {
-    Tensor o = out;
-    ops::linear(c, n_img, w, nullptr, o);
+  // q, k, v of both streams land in one joint [txt; img] buffer per sample: the concat costs
+  // nothing.
+  Tensor q = Tensor::in(*c.arena, {rows, h}, c.act), k = Tensor::in(*c.arena, {rows, h}, c.act),
+         v = Tensor::in(*c.arena, {rows, h}, c.act);
+  for (int64_t i = 0; i < batch; ++i) {
+    Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
+    ops::layer_norm_modulate(c, img_of(hidden, i), mod(mod_img, 0), mod(mod_img, 1), n_img,
+                             cfg_.eps, ops::Rounding::each_step);
+    ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, 0), mod(mod_txt, 1), n_txt,
+                             cfg_.eps, ops::Rounding::each_step);
+    struct Proj { const Tensor& w; Tensor out; };
+    for (const auto& [w, out] : {Proj{b.to_q, img_of(q, i)}, Proj{b.to_k, img_of(k, i)},
+                                 Proj{b.to_v, img_of(v, i)}}) {
+      Tensor o = out;
+      ops::linear(c, n_img, w, nullptr, o);
+    }
+    for (const auto& [w, out] : {Proj{b.add_q, txt_of(q, i)}, Proj{b.add_k, txt_of(k, i)},
+                                 Proj{b.add_v, txt_of(v, i)}}) {
+      Tensor o = out;
+      ops::linear(c, n_txt, w, nullptr, o);
+    }
+    Tensor q_img = img_of(q, i), k_img = img_of(k, i), q_txt = txt_of(q, i), k_txt = txt_of(k, i);
+    ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, ops::Rounding::once);
+    ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, ops::Rounding::once);
+    ops::rms_norm(c, q_txt, b.norm_added_q, q_txt, cfg_.eps, d, ops::Rounding::once);
+    ops::rms_norm(c, k_txt, b.norm_added_k, k_txt, cfg_.eps, d, ops::Rounding::once);
   }
-  for (const auto& [w, out] : {Proj{b.add_q, q.rows(0, t)}, Proj{b.add_k, k.rows(0, t)},
-                               Proj{b.add_v, v.rows(0, t)}}) {
-    Tensor o = out;
-    ops::linear(c, n_txt, w, nullptr, o);
-  }
-  Tensor q_img = q.rows(t, s), k_img = k.rows(t, s), q_txt = q.rows(0, t), k_txt = k.rows(0, t);
-  ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, ops::Rounding::once);
-  ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, ops::Rounding::once);
-  ops::rms_norm(c, q_txt, b.norm_added_q, q_txt, cfg_.eps, d, ops::Rounding::once);
-  ops::rms_norm(c, k_txt, b.norm_added_k, k_txt, cfg_.eps, d, ops::Rounding::once);
   ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
-  Tensor attn = Tensor::in(*c.arena, {s, h}, c.act);
-  ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {});
+  Tensor attn = Tensor::in(*c.arena, {rows, h}, c.act);
+  ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {false, nullptr, batch});
 
-  Tensor proj = Tensor::in(*c.arena, {s, h}, c.act);
-  Tensor p_img = proj.rows(t, s), p_txt = proj.rows(0, t);
-  {
-    RowParallel row(c);
-    ops::linear(c, attn.rows(t, s), b.to_out, nullptr, p_img);
-    ops::linear(c, attn.rows(0, t), b.to_add_out, nullptr, p_txt);
+  Tensor proj = Tensor::in(*c.arena, {rows, h}, c.act);
+  for (int64_t i = 0; i < batch; ++i) {
+    Tensor p_img = img_of(proj, i), p_txt = txt_of(proj, i);
+    {
+      RowParallel row(c);
+      ops::linear(c, img_of(attn, i), b.to_out, nullptr, p_img);
+      ops::linear(c, txt_of(attn, i), b.to_add_out, nullptr, p_txt);
+    }
+    Tensor img = img_of(hidden, i), txt = txt_of(hidden, i);
+    const Tensor g_img = mod(mod_img, 2), g_txt = mod(mod_txt, 2);
+    ops::add_gated(c, img, p_img, &g_img, ops::Rounding::each_step);
+    ops::add_gated(c, txt, p_txt, &g_txt, ops::Rounding::each_step);
   }
-  Tensor g_img = mod(mod_img, 2), g_txt = mod(mod_txt, 2);
-  ops::add_gated(c, img, p_img, &g_img, ops::Rounding::each_step);
-  ops::add_gated(c, txt, p_txt, &g_txt, ops::Rounding::each_step);
 
   // Feed-forward: SwiGLU over the two halves of one fused projection.
   part.emplace(c, "ff");
-  ops::layer_norm_modulate(c, img, mod(mod_img, 3), mod(mod_img, 4), n_img, cfg_.eps,
-                           ops::Rounding::each_step);
-  ops::layer_norm_modulate(c, txt, mod(mod_txt, 3), mod(mod_txt, 4), n_txt, cfg_.eps,
-                           ops::Rounding::each_step);
-  Tensor up = Tensor::in(*c.arena, {s, 2 * f}, c.act);
-  Tensor act = Tensor::in(*c.arena, {s, f}, c.act);
-  struct Stream { const Tensor& n; const Tensor& w_in; const Tensor& w_out; Tensor x; Tensor gate;
-                  int64_t r0, r1; };
-  for (const Stream& st : {Stream{n_img, b.ff_in, b.ff_out, img, mod(mod_img, 5), t, s},
-                           Stream{n_txt, b.ff_ctx_in, b.ff_ctx_out, txt, mod(mod_txt, 5), 0, t}}) {
-    Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
-    ops::linear(c, st.n, st.w_in, nullptr, u);
-    ops::silu_mul(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Rounding::each_step);
-    {
-      RowParallel row(c);
-      ops::linear(c, a, st.w_out, nullptr, o);
+  Tensor up = Tensor::in(*c.arena, {rows, 2 * f}, c.act);
+  Tensor act = Tensor::in(*c.arena, {rows, f}, c.act);
+  for (int64_t i = 0; i < batch; ++i) {
+    Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
+    ops::layer_norm_modulate(c, img_of(hidden, i), mod(mod_img, 3), mod(mod_img, 4), n_img,
+                             cfg_.eps, ops::Rounding::each_step);
+    ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, 3), mod(mod_txt, 4), n_txt,
+                             cfg_.eps, ops::Rounding::each_step);
+    struct Stream { const Tensor& n; const Tensor& w_in; const Tensor& w_out; Tensor x; Tensor gate;
+                    int64_t r0, r1; };
+    for (const Stream& st :
+         {Stream{n_img, b.ff_in, b.ff_out, img_of(hidden, i), mod(mod_img, 5), i * s + t, (i + 1) * s},
+          Stream{n_txt, b.ff_ctx_in, b.ff_ctx_out, txt_of(hidden, i), mod(mod_txt, 5), i * s,
+                 i * s + t}}) {
+      Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
+      ops::linear(c, st.n, st.w_in, nullptr, u);
+      ops::silu_mul(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Rounding::each_step);
+      {
+        RowParallel row(c);
+        ops::linear(c, a, st.w_out, nullptr, o);
+      }
+      Tensor x = st.x;
+      ops::add_gated(c, x, o, &st.gate, ops::Rounding::each_step);
     }
-    Tensor x = st.x;
-    ops::add_gated(c, x, o, &st.gate, ops::Rounding::each_step);
   }
 }
 
@@ -206,7 +222,7 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   // Attention output and the MLP activation fill the two halves of to_out's input directly.
   Tensor joint = Tensor::in(*c.arena, {s, h + f}, c.act);
   Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
-  ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {});
+  ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {false, nullptr, pro.batch});
   part.emplace(c, "linear2");
   ops::silu_mul(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp,
                 ops::Rounding::each_step);
@@ -222,11 +238,14 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
 void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tensor& latents,
                           float timestep, Tensor& velocity) const {
   ArenaScope scope(*c.arena);
-  const int64_t t = pro.txt.shape[0], l = latents.shape[0], s = t + l, h = cfg_.hidden;
+  const int64_t batch = pro.batch, t = pro.txt.shape[0] / batch, l = latents.shape[0] / batch;
+  const int64_t s = t + l, h = cfg_.hidden;
   APUS_CHECK(latents.rank() == 2 && latents.shape[1] == cfg_.in_channels &&
-                 pro.cos.shape[0] == s && velocity.shape == Shape({l, cfg_.out_channels}),
+                 latents.shape[0] == batch * l && pro.cos.shape[0] == s &&
+                 velocity.shape == Shape({batch * l, cfg_.out_channels}),
              "transformer: latents ", shape_str(latents.shape), " / velocity ",
-             shape_str(velocity.shape), " do not match the prologue (", s, " tokens)");
+             shape_str(velocity.shape), " do not match the prologue (", batch, " x ", s,
+             " tokens)");
 
   // The pipeline casts t to the model dtype, divides by 1000 and the model multiplies by 1000
   // again, each in the model dtype; the sinusoid (cos first) is fp32, cast back.
@@ -251,16 +270,18 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   ops::linear(c, temb_silu, mod_single_, nullptr, mod_single);
   ops::linear(c, temb_silu, norm_out_, nullptr, mod_out);
 
-  // One [txt; img] residual stream for the whole forward.
-  Tensor hidden = Tensor::in(*c.arena, {s, h}, c.act);
-  Tensor img = hidden.rows(t, s), txt = hidden.rows(0, t);
-  ops::linear(c, latents, x_embedder_, nullptr, img);
-  ops::copy(c, pro.txt, txt);
+  // One [txt; img] residual stream per sample for the whole forward, sample after sample.
+  Tensor hidden = Tensor::in(*c.arena, {batch * s, h}, c.act);
+  for (int64_t i = 0; i < batch; ++i) {
+    Tensor img = hidden.rows(i * s + t, (i + 1) * s), txt = hidden.rows(i * s, i * s + t);
+    ops::linear(c, latents.rows(i * l, (i + 1) * l), x_embedder_, nullptr, img);
+    ops::copy(c, pro.txt.rows(i * t, (i + 1) * t), txt);
+  }
   embed_scope.reset();
   for (size_t i = 0; i < double_.size(); ++i) {
     CostScope block(c, "double." + std::to_string(i));
     mark_depth_boundary(c, hidden);
-    double_block(c, double_[i], hidden, t, mod_img, mod_txt, pro);
+    double_block(c, double_[i], hidden, t, batch, mod_img, mod_txt, pro);
   }
   for (size_t i = 0; i < single_.size(); ++i) {
     CostScope block(c, "single." + std::to_string(i));
@@ -270,9 +291,12 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   CostScope final_scope(c, "final");
 
   // norm_out stores [scale; shift] (the reverse of the blocks' order).
-  Tensor normed = Tensor::in(*c.arena, {l, h}, c.act);
-  ops::layer_norm_modulate(c, img, mod_out.cols(h, 2 * h), mod_out.cols(0, h), normed, cfg_.eps,
-                           ops::Rounding::each_step);
+  Tensor normed = Tensor::in(*c.arena, {batch * l, h}, c.act);
+  for (int64_t i = 0; i < batch; ++i) {
+    Tensor n = normed.rows(i * l, (i + 1) * l);
+    ops::layer_norm_modulate(c, hidden.rows(i * s + t, (i + 1) * s), mod_out.cols(h, 2 * h),
+                             mod_out.cols(0, h), n, cfg_.eps, ops::Rounding::each_step);
+  }
   ops::linear(c, normed, proj_out_, nullptr, velocity);
 }
 

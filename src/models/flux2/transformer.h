@@ -18,9 +18,11 @@ struct TransformerConfig {
 };
 
 // Work that does not change between sampler steps: the text projection and RoPE tables.
+// What does not change across steps. A batch of B samples shares the position tables.
 struct TransformerPrologue {
-  Tensor txt;       // [T, hidden] context_embedder(prompt embeddings), activation dtype
-  Tensor cos, sin;  // [T + L, head_dim / 2] f32
+  int64_t batch = 1;
+  Tensor txt;       // [B*T, hidden] context_embedder(prompt embeddings), activation dtype
+  Tensor cos, sin;  // [T + L, head_dim / 2] f32: one sample's joint sequence, text first
 };
 
 class Transformer {
@@ -30,12 +32,12 @@ class Transformer {
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
 
-  // prompt_embeds [T, joint_dim]; txt_ids [T, 4], img_ids [L, 4] i64 position ids (T, H, W, L
-  // axes), shape-only in counting mode.
+  // prompt_embeds [B*T, joint_dim], B samples one after another; txt_ids [T, 4], img_ids [L, 4]
+  // i64 position ids (T, H, W, L axes) shared by the samples, shape-only in counting mode.
   TransformerPrologue prologue(Context& c, const Tensor& prompt_embeds, const Tensor& txt_ids,
                                const Tensor& img_ids) const;
-  // latents [L, in_channels] (activation dtype); timestep is the scheduler's t = 1000 sigma.
-  // Writes velocity [L, out_channels].
+  // latents [B*L, in_channels] (activation dtype); timestep is the scheduler's t = 1000 sigma,
+  // the same for every sample. Writes velocity [B*L, out_channels].
   void forward(Context& c, const TransformerPrologue& pro, const Tensor& latents, float timestep,
                Tensor& velocity) const;
 
@@ -55,7 +57,7 @@ class Transformer {
   std::vector<Double> double_;
   std::vector<Single> single_;
 
-  void double_block(Context& c, const Double& b, Tensor& hidden, int64_t txt_len,
+  void double_block(Context& c, const Double& b, Tensor& hidden, int64_t txt_len, int64_t batch,
                     const Tensor& mod_img, const Tensor& mod_txt,
                     const TransformerPrologue& pro) const;
   void single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod,

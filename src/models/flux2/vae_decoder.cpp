@@ -140,11 +140,13 @@ VaeDecoder VaeDecoder::load(const ModelDir& dir) {
 void VaeDecoder::unpack_latents(Context& c, const Tensor& packed, int64_t h, int64_t w,
                                 Tensor& latents) const {
   const int64_t pc = cfg_.packed_channels(), p = cfg_.patch, lh = p * h, lw = p * w;
-  APUS_CHECK(packed.shape == Shape({h * w, pc}) && packed.contiguous() &&
-                 latents.shape == Shape({1, cfg_.latent_channels, lh, lw}) &&
+  const int64_t n = latents.shape[0];
+  APUS_CHECK(packed.shape == Shape({n * h * w, pc}) && packed.contiguous() &&
+                 latents.shape == Shape({n, cfg_.latent_channels, lh, lw}) &&
                  latents.dtype == c.act,
-             "vae: packed latents ", shape_str(packed.shape), " for a ", h, "x", w,
-             " grid, latents ", shape_str(latents.shape), "; expected [", h * w, ", ", pc, "]");
+             "vae: packed latents ", shape_str(packed.shape), " for ", n, " samples of a ", h,
+             "x", w, " grid, latents ", shape_str(latents.shape), "; expected [", n * h * w, ", ",
+             pc, "]");
   const Denorm& d = c.act == DType::bf16 ? denorm_bf16_ : denorm_f32_;
   ArenaScope scope(*c.arena);
   // The pipeline casts the batch-norm statistics to the latents' dtype and evaluates
@@ -152,10 +154,10 @@ void VaeDecoder::unpack_latents(Context& c, const Tensor& packed, int64_t h, int
   Tensor x = Tensor::in(*c.arena, packed.shape, c.act);
   ops::affine(c, packed, d.std, d.mean, x, ops::Rounding::each_step);
   // Token (y, x) feature f = ch*p*p + pi*p + pj lands on latent pixel (ch, p*y + pi, p*x + pj):
-  // [h, w, C, p, p] -> [C, h, p, w, p].
+  // [N, h, w, C, p, p] -> [N, C, h, p, w, p].
   const int64_t ch = cfg_.latent_channels;
-  Tensor grid = latents.reshape({ch, h, p, w, p});
-  ops::permute(c, x.reshape({h, w, ch, p, p}), grid, {2, 0, 3, 1, 4});
+  Tensor grid = latents.reshape({n, ch, h, p, w, p});
+  ops::permute(c, x.reshape({n, h, w, ch, p, p}), grid, {0, 3, 1, 4, 2, 5});
 }
 
 int64_t VaeDecoder::max_activation(int64_t lh, int64_t lw) const {
@@ -182,13 +184,14 @@ void VaeDecoder::resnet(Context& c, const Resnet& r, const Tensor& x, Tensor& y)
   ops::group_norm(c, h1, r.norm2.weight, r.norm2.bias, n2, cfg_.groups, kNormEps, true,
                   ops::Rounding::each_step);
   ops::conv2d(c, n2, r.conv2_w, &r.conv2_b, y, 1, 1);
-  Tensor sum = y.reshape({out, hw});
+  const int64_t planes = y.shape[0] * out;  // every sample's channels
+  Tensor sum = y.reshape({planes, hw});
   if (r.shortcut_w.defined()) {
     Tensor s = Tensor::in(*c.arena, y.shape, c.act);
     ops::conv2d(c, x, r.shortcut_w, &r.shortcut_b, s, 1, 0);
-    ops::add_gated(c, sum, s.reshape({out, hw}), nullptr, ops::Rounding::each_step);
+    ops::add_gated(c, sum, s.reshape({planes, hw}), nullptr, ops::Rounding::each_step);
   } else {
-    ops::add_gated(c, sum, x.reshape({out, hw}), nullptr, ops::Rounding::each_step);
+    ops::add_gated(c, sum, x.reshape({planes, hw}), nullptr, ops::Rounding::each_step);
   }
 }
 
@@ -196,33 +199,36 @@ void VaeDecoder::resnet(Context& c, const Resnet& r, const Tensor& x, Tensor& y)
 // residual connection; rescale_output_factor is 1 in the Decoder).
 void VaeDecoder::attention(Context& c, const Attention& a, const Tensor& x, Tensor& y) const {
   ArenaScope scope(*c.arena);
-  const int64_t ch = x.shape[1], hw = x.shape[2] * x.shape[3];
+  const int64_t n = x.shape[0], ch = x.shape[1], hw = x.shape[2] * x.shape[3];
   Tensor normed = Tensor::in(*c.arena, x.shape, c.act);
   ops::group_norm(c, x, a.norm.weight, a.norm.bias, normed, cfg_.groups, kNormEps, false,
                   ops::Rounding::each_step);
-  Tensor tokens = Tensor::in(*c.arena, {hw, ch}, c.act);
-  ops::transpose(c, normed.reshape({ch, hw}), tokens);
-  Tensor q = Tensor::in(*c.arena, {hw, ch}, c.act), k = Tensor::in(*c.arena, {hw, ch}, c.act),
-         v = Tensor::in(*c.arena, {hw, ch}, c.act);
+  // Channel planes to token rows, sample by sample: [N, C, HW] -> [N, HW, C].
+  Tensor tokens = Tensor::in(*c.arena, {n * hw, ch}, c.act);
+  Tensor token_view = tokens.reshape({n, hw, ch});
+  ops::permute(c, normed.reshape({n, ch, hw}), token_view, {0, 2, 1});
+  Tensor q = Tensor::in(*c.arena, {n * hw, ch}, c.act), k = Tensor::in(*c.arena, {n * hw, ch}, c.act),
+         v = Tensor::in(*c.arena, {n * hw, ch}, c.act);
   ops::linear(c, tokens, a.q_w, &a.q_b, q);
   ops::linear(c, tokens, a.k_w, &a.k_b, k);
   ops::linear(c, tokens, a.v_w, &a.v_b, v);
-  Tensor attn = Tensor::in(*c.arena, {hw, ch}, c.act);
+  Tensor attn = Tensor::in(*c.arena, {n * hw, ch}, c.act);
   // SDPA's default scale, computed in double as torch does before narrowing it.
-  ops::attention(c, q, k, v, attn, ch, float(1.0 / std::sqrt(double(ch))), {});
-  Tensor proj = Tensor::in(*c.arena, {hw, ch}, c.act);
+  ops::attention(c, q, k, v, attn, ch, float(1.0 / std::sqrt(double(ch))), {false, nullptr, n});
+  Tensor proj = Tensor::in(*c.arena, {n * hw, ch}, c.act);
   ops::linear(c, attn, a.out_w, &a.out_b, proj);
-  Tensor planes = y.reshape({ch, hw});
-  ops::transpose(c, proj, planes);
-  ops::add_gated(c, planes, x.reshape({ch, hw}), nullptr, ops::Rounding::each_step);
+  Tensor plane_view = y.reshape({n, ch, hw});
+  ops::permute(c, proj.reshape({n, hw, ch}), plane_view, {0, 2, 1});
+  Tensor planes = y.reshape({n * ch, hw});
+  ops::add_gated(c, planes, x.reshape({n * ch, hw}), nullptr, ops::Rounding::each_step);
 }
 
 void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
                         Tensor& image) const {
-  const int64_t s = cfg_.pixels_per_token();
-  APUS_CHECK(image.shape == Shape({1, cfg_.out_channels, h * s, w * s}) && image.dtype == c.act,
+  const int64_t s = cfg_.pixels_per_token(), batch = image.shape[0];
+  APUS_CHECK(image.shape == Shape({batch, cfg_.out_channels, h * s, w * s}) && image.dtype == c.act,
              "vae: image ", shape_str(image.shape), " ", dtype_name(image.dtype), " for a ", h, "x",
-             w, " token grid; expected [1, ", cfg_.out_channels, ", ", h * s, ", ", w * s, "] ",
+             w, " token grid; expected [N, ", cfg_.out_channels, ", ", h * s, ", ", w * s, "] ",
              dtype_name(c.act));
   ArenaScope scope(*c.arena);
   CostScope vae_scope(c, "vae");
@@ -230,13 +236,13 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
   const int64_t lh = cfg_.patch * h, lw = cfg_.patch * w, n = int64_t(cfg_.block_out.size());
   // Each stage reads one buffer and writes the other; stage scratch sits above both and is
   // released at the end of the stage.
-  const int64_t cap = max_activation(lh, lw);
+  const int64_t cap = batch * max_activation(lh, lw);
   const Tensor bufs[2] = {Tensor::in(*c.arena, {cap}, c.act), Tensor::in(*c.arena, {cap}, c.act)};
   int at = 0;
-  Tensor x = slot(bufs[at], {1, cfg_.latent_channels, lh, lw});
+  Tensor x = slot(bufs[at], {batch, cfg_.latent_channels, lh, lw});
   auto next = [&](int64_t ch, int64_t hh, int64_t ww) {
     at ^= 1;
-    return slot(bufs[at], {1, ch, hh, ww});
+    return slot(bufs[at], {batch, ch, hh, ww});
   };
   unpack_latents(c, packed, h, w, x);
   if (cfg_.post_quant_conv) {
@@ -269,7 +275,7 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
     }
     if (up_[size_t(i)].up_w.defined()) {
       ArenaScope stage(*c.arena);
-      Tensor wide = Tensor::in(*c.arena, {1, out, 2 * hh, 2 * ww}, c.act);
+      Tensor wide = Tensor::in(*c.arena, {batch, out, 2 * hh, 2 * ww}, c.act);
       ops::upsample_nearest2x(c, x, wide);
       y = next(out, 2 * hh, 2 * ww);
       ops::conv2d(c, wide, up_[size_t(i)].up_w, &up_[size_t(i)].up_b, y, 1, 1);

@@ -27,12 +27,12 @@ class VaeDecoder {
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
 
-  // packed [h*w, packed_channels] tokens in row-major grid order (activation dtype) ->
-  // latents [1, latent_channels, patch*h, patch*w]: the batch-norm de-normalisation and the
-  // unpatchify the pipeline applies before vae.decode.
+  // packed [N*h*w, packed_channels] tokens in row-major grid order, N samples one after another
+  // (activation dtype) -> latents [N, latent_channels, patch*h, patch*w]: the batch-norm
+  // de-normalisation and the unpatchify the pipeline applies before vae.decode.
   void unpack_latents(Context& c, const Tensor& packed, int64_t h, int64_t w,
                       Tensor& latents) const;
-  // packed tokens as above -> image [1, out_channels, h*pixels_per_token, w*pixels_per_token]
+  // packed tokens as above -> image [N, out_channels, h*pixels_per_token, w*pixels_per_token]
   // in the activation dtype, in [-1, 1] before postprocessing.
   void decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image) const;
 
