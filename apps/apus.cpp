@@ -14,25 +14,42 @@
 
 namespace {
 
-int run_image(const std::string& model_dir, const apus::ImageRequest& req, const std::string& out,
-              bool verbose) {
+// out.png for one image; out-1.png, out-2.png, ... for a batch.
+std::string output_name(const std::string& out, int i, int n) {
+  if (n == 1) return out;
+  const size_t dot = out.rfind('.'), slash = out.rfind('/');
+  const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  return (has_ext ? out.substr(0, dot) : out) + "-" + std::to_string(i + 1) + (has_ext ? out.substr(dot) : "");
+}
+
+int run_image(const std::string& model_dir, const apus::ImageRequest& req, int batch,
+              const std::string& out, bool verbose) {
   // One request per process: each stage's weights are mapped for that stage only.
   const auto model = apus::ImageModel::open(model_dir, apus::Weights::per_stage);
-  const apus::ImageResult r = model->generate(req, [](const std::string& line) {
-    std::fprintf(stderr, "%s\n", line.c_str());
-  });
-  const std::string params = req.prompt + "\nSteps: " + std::to_string(req.steps) + ", Sampler: " +
-                             model->sampler() + ", CFG scale: 1, Seed: " + std::to_string(r.seed) +
-                             ", Size: " + std::to_string(r.width) + "x" + std::to_string(r.height) +
-                             ", Model: " + model->label() +
-                             (req.fp32 ? ", Precision: fp32" : ", Precision: bf16") +
-                             (req.noise_file.empty() ? "" : ", Noise: " + req.noise_file);
+  // A batch renders seeds seed, seed + 1, ... together through every stage.
+  std::vector<apus::ImageRequest> requests(size_t(batch), req);
+  for (int i = 1; i < batch; ++i)
+    requests[size_t(i)].seed = req.seed ? std::optional<uint64_t>(*req.seed + uint64_t(i)) : std::nullopt;
+  const std::vector<apus::ImageResult> results =
+      model->generate_batch(requests, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   const auto t0 = std::chrono::steady_clock::now();
-  apus::write_png(out, r.width, r.height, r.rgb, {{"parameters", params}, {"Software", "apus"}});
+  for (int i = 0; i < batch; ++i) {
+    const apus::ImageResult& r = results[size_t(i)];
+    const std::string params = req.prompt + "\nSteps: " + std::to_string(req.steps) + ", Sampler: " +
+                               model->sampler() + ", CFG scale: 1, Seed: " + std::to_string(r.seed) +
+                               ", Size: " + std::to_string(r.width) + "x" + std::to_string(r.height) +
+                               ", Model: " + model->label() +
+                               (req.fp32 ? ", Precision: fp32" : ", Precision: bf16") +
+                               (req.noise_file.empty() ? "" : ", Noise: " + req.noise_file);
+    apus::write_png(output_name(out, i, batch), r.width, r.height, r.rgb,
+                    {{"parameters", params}, {"Software", "apus"}});
+  }
+  const apus::ImageResult& r = results.front();
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) {
     // Each stage against its floor on this machine, counted from the same stage code.
-    const nlohmann::json roof = apus::roofline_json(model->count(req), {apus::find_chip("cpu"), 1});
+    const nlohmann::json roof =
+        apus::roofline_json(model->count(req, batch), {apus::find_chip("cpu"), 1});
     auto floor_of = [&](const std::string& stage) -> double {
       for (const auto& s : roof["stages"])
         if (s["name"] == stage) return s["per_call"]["floor_s"].get<double>();
@@ -49,7 +66,7 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, const
     std::fprintf(stderr, "%-20s %8.3f s\n", "write png", write_s);
     std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
   }
-  std::fprintf(stderr, "wrote %s\n", out.c_str());
+  for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
 }
 
@@ -74,6 +91,9 @@ int main(int argc, char** argv) {
   image->add_option("--noise", req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
   image->add_option("--precision", precision, "bf16 (as the official pipeline) or fp32 (parity)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
+  int batch = 1;
+  image->add_option("--batch,-n", batch, "images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)")
+      ->check(CLI::Range(1, 64));
   image->add_option("-o,--output", out, "output PNG");
   image->add_flag("-v,--verbose", verbose, "print per-stage times and peak memory");
 
@@ -111,7 +131,7 @@ int main(int argc, char** argv) {
     if (*image) {
       if (*seed_opt) req.seed = seed;
       req.fp32 = precision == "fp32";
-      return run_image(model_dir, req, out, verbose);
+      return run_image(model_dir, req, batch, out, verbose);
     }
     if (*roofline) {
       apus::Roofline r{apus::find_chip(chip_name), chips};

@@ -88,6 +88,26 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Klein, CliImage, ::testing::Values("klein_tiny_a", "klein_tiny_b"));
 
+TEST(Cli, BatchWritesOneFilePerSeedEachAsItsOwnRun) {
+  const std::string model = test::fixture("klein_tiny_a"), dir = ::testing::TempDir();
+  const test::CliRun batch = test::run_cli("image --model " + model +
+                                           " --prompt 'a red fox' -W 64 -H 48 --seed 5 -n 2 -o " +
+                                           dir + "apus_batch.png");
+  ASSERT_EQ(batch.status, 0) << batch.output;
+  const test::CliRun single = test::run_cli("image --model " + model +
+                                            " --prompt 'a red fox' -W 64 -H 48 --seed 6 -o " + dir +
+                                            "apus_single.png");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const PngImage second = read_png(dir + "apus_batch-2.png");
+  EXPECT_EQ(second.rgb, read_png(dir + "apus_single.png").rgb);
+  EXPECT_NE(second.rgb, read_png(dir + "apus_batch-1.png").rgb);
+  bool seed6 = false;
+  for (const auto& [k, v] : second.text) seed6 |= k == "parameters" && v.find("Seed: 6") != std::string::npos;
+  EXPECT_TRUE(seed6);
+  for (const char* f : {"apus_batch-1.png", "apus_batch-2.png", "apus_single.png"})
+    std::filesystem::remove(dir + f);
+}
+
 TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
   const std::string model = test::fixture("klein_tiny_a");
   std::string long_prompt;  // digits tokenise one by one: well over 512 tokens

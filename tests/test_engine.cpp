@@ -55,6 +55,40 @@ TEST(ImageModel, TwoThreadsOnOneResidentModelGiveTheOneShotBytes) {
   }
 }
 
+// Two requests with different prompts (so different key masks) and seeds, rendered as one batch
+// of two through every stage, give each request's own image.
+TEST(ImageModel, BatchOfTwoEqualsTwoSingleRequests) {
+  for (const bool fp32 : {false, true}) {
+    ImageRequest a = request("a red fox in tall grass", 64, 48, 7);
+    ImageRequest b = request("a lighthouse at dawn, oil painting, dramatic sky", 64, 48, 11);
+    a.fp32 = b.fp32 = fp32;
+    const auto model = ImageModel::open(test::fixture("klein_tiny_b"), Weights::resident);
+    const std::vector<ImageResult> both = model->generate_batch({a, b});
+    ASSERT_EQ(both.size(), 2u);
+    const ImageResult alone_a = model->generate(a), alone_b = model->generate(b);
+    EXPECT_EQ(both[0].rgb, alone_a.rgb) << (fp32 ? "fp32" : "bf16");
+    EXPECT_EQ(both[1].rgb, alone_b.rgb) << (fp32 ? "fp32" : "bf16");
+    EXPECT_NE(both[0].rgb, both[1].rgb);
+    EXPECT_EQ(both[1].seed, 11u);
+  }
+  // A batch must agree on what it shares.
+  const auto model = ImageModel::open(test::fixture("klein_tiny_b"), Weights::none);
+  ImageRequest wide = request("x", 64, 48, 1), tall = request("y", 48, 64, 2);
+  const auto rendering = ImageModel::open(test::fixture("klein_tiny_b"), Weights::per_stage);
+  test::expect_error([&] { rendering->generate_batch({wide, tall}); }, {"a batch shares width"});
+  // Counting a batch: twice the FLOPs of one request, but for the DiT step's timestep embedding
+  // and modulation, computed once for the batch (one timestep).
+  const PipelineCost one = model->count(wide), two = model->count(wide, 2);
+  for (size_t s = 0; s < one.stages.size(); ++s) {
+    if (one.stages[s].name == "dit_step") {
+      EXPECT_LT(two.stages[s].per_call.flops, 2 * one.stages[s].per_call.flops);
+      EXPECT_GT(two.stages[s].per_call.flops, 1.99 * one.stages[s].per_call.flops);
+    } else {
+      EXPECT_DOUBLE_EQ(two.stages[s].per_call.flops, 2 * one.stages[s].per_call.flops) << s;
+    }
+  }
+}
+
 TEST(ImageModel, CountingOnlyModelCountsButDoesNotRender) {
   const auto model = ImageModel::open(test::fixture("klein_tiny_b"), Weights::none);
   const PipelineCost cost = model->count(request("x", 48, 80, 4));

@@ -57,10 +57,17 @@ class ImageModel {
 
   // Validates everything a request can get wrong before any weight is read, then renders it.
   // Progress lines ("step 2/4 ...") go to `progress` as they happen. Thread-safe.
-  virtual ImageResult generate(const ImageRequest& request, const Progress& progress = {}) const = 0;
-  // The request's FLOPs, bytes and peak activations per stage, counted by walking the same stage
-  // code in counting mode.
-  virtual PipelineCost count(const ImageRequest& request) const = 0;
+  ImageResult generate(const ImageRequest& request, const Progress& progress = {}) const {
+    return generate_batch({request}, progress).front();
+  }
+  // Renders several requests as one batch through every stage: they must agree on size, steps
+  // and precision; prompts, seeds and noise are their own. Each result equals its request
+  // rendered alone.
+  virtual std::vector<ImageResult> generate_batch(const std::vector<ImageRequest>& requests,
+                                                  const Progress& progress = {}) const = 0;
+  // The FLOPs, bytes and peak activations per stage of `batch` such requests, counted by walking
+  // the same stage code in counting mode.
+  virtual PipelineCost count(const ImageRequest& request, int batch = 1) const = 0;
 
   virtual const std::string& label() const = 0;    // e.g. "black-forest-labs/FLUX.2-klein-4B"
   virtual const std::string& sampler() const = 0;  // e.g. "Euler (flow match)"

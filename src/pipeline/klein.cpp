@@ -33,8 +33,10 @@ constexpr const char* kPrologueStage = "dit_prologue";
 constexpr const char* kStepStage = "dit_step";
 constexpr const char* kDecodeStage = "vae_decode";
 
-// What one request carries from stage to stage (shape-only tensors in counting mode).
+// What a batch of requests carries from stage to stage (shape-only tensors in counting mode),
+// sample after sample along the rows.
 struct Work {
+  int64_t batch = 1;
   int64_t h = 0, w = 0;  // latent grid
   std::vector<int32_t> ids;
   std::vector<int64_t> mask;
@@ -62,8 +64,9 @@ void with_model(const std::optional<Model>& resident, Load&& load, Body&& body) 
 class KleinModel final : public ImageModel {
  public:
   KleinModel(const ModelDir& dir, Weights weights);
-  ImageResult generate(const ImageRequest& request, const Progress& progress) const override;
-  PipelineCost count(const ImageRequest& request) const override;
+  std::vector<ImageResult> generate_batch(const std::vector<ImageRequest>& requests,
+                                          const Progress& progress) const override;
+  PipelineCost count(const ImageRequest& request, int batch) const override;
   const std::string& label() const override { return label_; }
   const std::string& sampler() const override { return sampler_; }
 
@@ -73,8 +76,10 @@ class KleinModel final : public ImageModel {
   void step(Context& c, const flux2::Transformer& dit, Work& w, int i) const;
   void decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const;
 
-  Work plan(const ImageRequest& r) const;  // grid and schedule
-  Tensor initial_noise(Context& c, const ImageRequest& r, uint64_t seed, const Work& w) const;
+  Work plan(const ImageRequest& r, int64_t batch) const;  // grid and schedule
+  // Each request's initial noise [1, C, h, w] packed to tokens into its rows of w.latents.
+  void initial_noise(Context& c, const std::vector<ImageRequest>& requests,
+                     const std::vector<uint64_t>& seeds, Work& w) const;
 
   ModelDir dir_;
   ModelDir configs_;  // the same directory without weights: what counting loads
@@ -114,11 +119,13 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   }
 }
 
-Work KleinModel::plan(const ImageRequest& r) const {
+Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   APUS_CHECK(r.width % 16 == 0 && r.height % 16 == 0 && r.width > 0 && r.height > 0, "width ",
              r.width, " and height ", r.height, " must be positive multiples of 16");
   APUS_CHECK(r.steps >= 1 && r.steps <= 1000, "steps ", r.steps, " outside 1..1000");
+  APUS_CHECK(batch >= 1 && batch <= 64, "batch ", batch, " outside 1..64");
   Work w;
+  w.batch = batch;
   w.h = r.height / 16;
   w.w = r.width / 16;
   w.schedule = flow_match_schedule(scheduler_cfg_, r.steps, flux2_empirical_mu(w.h * w.w, r.steps));
@@ -126,7 +133,7 @@ Work KleinModel::plan(const ImageRequest& r) const {
 }
 
 void KleinModel::encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const {
-  w.prompt_embeds = encoder.encode(c, w.ids, w.mask);
+  w.prompt_embeds = encoder.encode(c, w.ids, w.mask, w.batch);
 }
 
 void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) const {
@@ -136,7 +143,7 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
   const Tensor img_ids = c.count_only ? Tensor::shape_only({l, 4}, DType::i64)
                                       : flux2::image_position_ids(w.h, w.w);
   w.prologue = dit.prologue(c, w.prompt_embeds, txt_ids, img_ids);
-  w.velocity = ops::empty(c, {l, dit.config().out_channels}, c.act);
+  w.velocity = ops::empty(c, {w.batch * l, dit.config().out_channels}, c.act);
 }
 
 void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i) const {
@@ -148,20 +155,20 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
 
 void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const {
   const int64_t s = 16;  // pixels per latent token side: the VAE's 8x and the 2x2 patches
-  w.image = ops::empty(c, {1, vae.config().out_channels, w.h * s, w.w * s}, c.act);
+  w.image = ops::empty(c, {w.batch, vae.config().out_channels, w.h * s, w.w * s}, c.act);
   vae.decode(c, w.latents, w.h, w.w, w.image);
 }
 
-PipelineCost KleinModel::count(const ImageRequest& r) const {
-  Work w = plan(r);
+PipelineCost KleinModel::count(const ImageRequest& r, int batch) const {
+  Work w = plan(r, batch);
   PipelineCost p;
   p.model = label_;
   p.width = r.width;
   p.height = r.height;
   p.steps = r.steps;
-  w.ids.assign(size_t(kMaxSequence), 0);
-  w.mask.assign(size_t(kMaxSequence), 1);
-  w.latents = Tensor::shape_only({w.h * w.w, dit_cfg_.in_channels}, DType::bf16);
+  w.ids.assign(size_t(batch * kMaxSequence), 0);
+  w.mask.assign(size_t(batch * kMaxSequence), 1);
+  w.latents = Tensor::shape_only({batch * w.h * w.w, dit_cfg_.in_channels}, DType::bf16);
 
   const auto text = flux2::TextEncoder::load(configs_, kTextTaps);
   const auto dit = flux2::Transformer::load(configs_);
@@ -177,56 +184,71 @@ PipelineCost KleinModel::count(const ImageRequest& r) const {
   return p;
 }
 
-// Initial noise [1, C, h, w] packed to tokens [h*w, C] (token = row * w + col).
-Tensor KleinModel::initial_noise(Context& c, const ImageRequest& r, uint64_t seed, const Work& w) const {
-  const int64_t channels = dit_cfg_.in_channels, h = w.h, wd = w.w;
+void KleinModel::initial_noise(Context& c, const std::vector<ImageRequest>& requests,
+                               const std::vector<uint64_t>& seeds, Work& w) const {
+  const int64_t channels = dit_cfg_.in_channels, l = w.h * w.w;
   const DType act = c.act;
-  Tensor nchw;
-  if (!r.noise_file.empty()) {
-    nchw = read_noise(r.noise_file, {1, channels, h, wd}, act);
-  } else {
-    // The official pipeline draws the latents in the model dtype with torch's CPU generator.
-    nchw = Tensor::heap({1, channels, h, wd}, act);
-    TorchGenerator gen(seed);
-    if (act == DType::bf16) gen.randn_bf16(nchw.ptr<uint16_t>(), nchw.numel());
-    else gen.randn(nchw.ptr<float>(), nchw.numel());
+  w.latents = ops::empty(c, {w.batch * l, channels}, act);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Tensor nchw;
+    if (!requests[i].noise_file.empty()) {
+      nchw = read_noise(requests[i].noise_file, {1, channels, w.h, w.w}, act);
+    } else {
+      // The official pipeline draws the latents in the model dtype with torch's CPU generator.
+      nchw = Tensor::heap({1, channels, w.h, w.w}, act);
+      TorchGenerator gen(seeds[i]);
+      if (act == DType::bf16) gen.randn_bf16(nchw.ptr<uint16_t>(), nchw.numel());
+      else gen.randn(nchw.ptr<float>(), nchw.numel());
+    }
+    // Channel planes to tokens (token = row * w + col).
+    Tensor rows = w.latents.rows(int64_t(i) * l, int64_t(i + 1) * l);
+    ops::transpose(c, nchw.reshape({channels, l}), rows);
   }
-  Tensor packed = ops::empty(c, {h * wd, channels}, act);
-  ops::transpose(c, nchw.reshape({channels, h * wd}), packed);
-  return packed;
 }
 
-ImageResult KleinModel::generate(const ImageRequest& r, const Progress& progress) const {
+std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageRequest>& requests,
+                                                    const Progress& progress) const {
   APUS_CHECK(weights_ != Weights::none, dir_.root(), ": opened for counting only");
+  APUS_CHECK(!requests.empty(), "no request to render");
+  const ImageRequest& r = requests.front();
+  for (const ImageRequest& o : requests)
+    APUS_CHECK(o.width == r.width && o.height == r.height && o.steps == r.steps && o.fp32 == r.fp32,
+               "a batch shares width, height, steps and precision: ", o.width, "x", o.height, ", ",
+               o.steps, " steps differs from ", r.width, "x", r.height, ", ", r.steps, " steps");
   APUS_CHECK(r.width % 16 == 0 && r.height % 16 == 0, "width ", r.width, " and height ", r.height,
              " must be multiples of 16");
   APUS_CHECK(r.width >= 16 && r.height >= 16 && r.width <= kMaxSide && r.height <= kMaxSide,
              "width ", r.width, " x height ", r.height, " outside 16..", kMaxSide);
   APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");
-  APUS_CHECK(!r.prompt.empty(), "the prompt is empty");
-  check_memory(count(r), weights_ == Weights::resident,
-               std::to_string(r.width) + "x" + std::to_string(r.height));
+  const int64_t batch = int64_t(requests.size());
+  check_memory(count(r, int(batch)), weights_ == Weights::resident,
+               std::to_string(r.width) + "x" + std::to_string(r.height) +
+                   (batch > 1 ? " x" + std::to_string(batch) : ""));
   auto say = [&](const std::string& s) { if (progress) progress(s); };
-  ImageResult result;
-  result.width = r.width;
-  result.height = r.height;
-  result.seed = r.seed ? *r.seed : std::random_device{}();
-  StageClock clock(result.stages);
+  std::vector<ImageResult> results(requests.size());
+  std::vector<uint64_t> seeds;
+  for (const ImageRequest& o : requests) seeds.push_back(o.seed ? *o.seed : std::random_device{}());
+  std::vector<StageTime> stages;
+  StageClock clock(stages);
   Arena arena;
   Context ctx{&arena, r.fp32 ? DType::f32 : DType::bf16};
 
   // Everything that can reject the request (prompt, schedule, noise file) comes before any weight
   // loads.
-  Work w = plan(r);
-  const int n_tokens = klein_prompt_length(*tokenizer_, r.prompt);
-  APUS_CHECK(n_tokens <= kMaxSequence, "the prompt is ", n_tokens, " tokens with the chat template, over the ",
-             kMaxSequence, " the text encoder takes");
-  std::vector<int32_t> mask32;
-  w.ids = encode_klein_prompt(*tokenizer_, r.prompt, kMaxSequence, &mask32);
-  w.mask.assign(mask32.begin(), mask32.end());
+  Work w = plan(r, batch);
+  for (const ImageRequest& o : requests) {
+    APUS_CHECK(!o.prompt.empty(), "the prompt is empty");
+    const int n_tokens = klein_prompt_length(*tokenizer_, o.prompt);
+    APUS_CHECK(n_tokens <= kMaxSequence, "the prompt is ", n_tokens,
+               " tokens with the chat template, over the ", kMaxSequence, " the text encoder takes");
+    std::vector<int32_t> mask32;
+    const std::vector<int32_t> ids = encode_klein_prompt(*tokenizer_, o.prompt, kMaxSequence, &mask32);
+    w.ids.insert(w.ids.end(), ids.begin(), ids.end());
+    w.mask.insert(w.mask.end(), mask32.begin(), mask32.end());
+  }
   clock.stop("tokenize");
-  w.latents = initial_noise(ctx, r, result.seed, w);
-  say("seed " + std::to_string(result.seed));
+  initial_noise(ctx, requests, seeds, w);
+  for (const uint64_t seed : seeds) say("seed " + std::to_string(seed));
 
   with_model(text_, [&] { return flux2::TextEncoder::load(dir_, kTextTaps); },
              [&](const flux2::TextEncoder& encoder) {
@@ -258,12 +280,23 @@ ImageResult KleinModel::generate(const ImageRequest& r, const Progress& progress
                clock.stop("vae load");
                decode(ctx, vae, w);
                require_finite(ctx, w.image, "the VAE decoder");
-               Tensor rgb = Tensor::heap({r.height, r.width, 3}, DType::u8);
-               ops::image_to_rgb8(ctx, w.image, rgb);
-               result.rgb.assign(rgb.ptr<uint8_t>(), rgb.ptr<uint8_t>() + rgb.numel());
+               const int64_t plane = w.image.numel() / batch;
+               for (int64_t i = 0; i < batch; ++i) {
+                 const Tensor image = w.image.reshape({batch, plane}).rows(i, i + 1).reshape(
+                     {1, w.image.shape[1], w.image.shape[2], w.image.shape[3]});
+                 Tensor rgb = Tensor::heap({r.height, r.width, 3}, DType::u8);
+                 ops::image_to_rgb8(ctx, image, rgb);
+                 results[size_t(i)].rgb.assign(rgb.ptr<uint8_t>(), rgb.ptr<uint8_t>() + rgb.numel());
+               }
                clock.stop("vae decode", kDecodeStage);
              });
-  return result;
+  for (size_t i = 0; i < results.size(); ++i) {
+    results[i].width = r.width;
+    results[i].height = r.height;
+    results[i].seed = seeds[i];
+    results[i].stages = stages;
+  }
+  return results;
 }
 
 }  // namespace
