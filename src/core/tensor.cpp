@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 
@@ -50,17 +51,38 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
   return t;
 }
 
-Tensor Tensor::heap(Shape s, DType t) {
+namespace {
+class HostAllocator final : public Allocator {
+ public:
+  HostAllocator() : Allocator(Device::cpu, 0) {}
+  void* allocate(size_t bytes) override {
+    const size_t size = std::max<size_t>((bytes + 63) & ~size_t(63), 64);
+    void* p = std::aligned_alloc(64, size);
+    APUS_CHECK(p, "out of memory allocating ", bytes, " bytes");
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+};
+}  // namespace
+
+Allocator& host_allocator() {
+  static HostAllocator a;
+  return a;
+}
+
+Tensor Tensor::allocate(Allocator& a, Shape s, DType t) {
   Tensor x;
   x.dtype = t;
   x.shape = std::move(s);
-  const size_t bytes = (x.nbytes() + 63) & ~size_t(63);
-  void* p = std::aligned_alloc(64, bytes ? bytes : 64);
-  APUS_CHECK(p, "out of memory allocating ", bytes, " bytes for a ", shape_str(x.shape), " tensor");
-  x.owner = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
+  x.device = a.device();
+  x.ordinal = a.ordinal();
+  void* p = a.allocate(x.nbytes());
+  x.owner = std::shared_ptr<const void>(p, [&a](const void* q) { a.release(const_cast<void*>(q)); });
   x.data = p;
   return x;
 }
+
+Tensor Tensor::heap(Shape s, DType t) { return allocate(host_allocator(), std::move(s), t); }
 
 Tensor Tensor::shape_only(Shape s, DType t) {
   Tensor x;
@@ -73,6 +95,8 @@ Tensor Tensor::in(Arena& a, Shape s, DType t) {
   Tensor x;
   x.dtype = t;
   x.shape = std::move(s);
+  x.device = a.allocator().device();
+  x.ordinal = a.allocator().ordinal();
   x.data = a.alloc(x.nbytes());
   return x;
 }
@@ -109,11 +133,11 @@ Tensor to_dtype(const Tensor& t, DType dt) {
   return out;
 }
 
-Arena::Arena(size_t chunk_bytes, bool measure_only)
-    : chunk_bytes_(chunk_bytes), measure_only_(measure_only) {}
+Arena::Arena(size_t chunk_bytes, bool measure_only, Allocator& allocator)
+    : chunk_bytes_(chunk_bytes), measure_only_(measure_only), allocator_(allocator) {}
 
 Arena::~Arena() {
-  for (auto& c : chunks_) std::free(c.base);
+  for (auto& c : chunks_) allocator_.release(c.base);
 }
 
 void* Arena::alloc(size_t bytes) {
@@ -129,8 +153,7 @@ void* Arena::alloc(size_t bytes) {
   }
   if (current_ == chunks_.size()) {
     const size_t size = std::max(bytes, chunk_bytes_);
-    void* p = std::aligned_alloc(64, size);
-    APUS_CHECK(p, "out of memory: arena could not grow by ", size, " bytes");
+    void* p = allocator_.allocate(size);
     chunks_.push_back({p, size});
     offset_ = 0;
   }

@@ -20,6 +20,23 @@ int64_t shape_numel(const Shape& s);
 
 class Arena;
 
+// Where the memory of one device comes from. Every backend is one (a GPU backend hands out device
+// memory); the host allocator serves host-side staging and the CPU backends.
+class Allocator {
+ public:
+  Allocator(Device device, int ordinal) : device_(device), ordinal_(ordinal) {}
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t bytes) = 0;  // 64-byte aligned; throws apus::Error when out of memory
+  virtual void release(void* p) = 0;
+  Device device() const { return device_; }
+  int ordinal() const { return ordinal_; }
+
+ private:
+  Device device_;
+  int ordinal_;
+};
+Allocator& host_allocator();
+
 struct Tensor {
   DType dtype = DType::f32;
   Device device = Device::cpu;
@@ -53,6 +70,8 @@ struct Tensor {
   }
 
   static Tensor heap(Shape s, DType t);
+  // Memory from `a`, released through it when the last copy of the tensor goes.
+  static Tensor allocate(Allocator& a, Shape s, DType t);
   // Shape and dtype without memory: what counting mode hands around.
   static Tensor shape_only(Shape s, DType t);
   static Tensor in(Arena& a, Shape s, DType t);
@@ -69,7 +88,8 @@ class Arena {
  public:
   // measure_only: allocations only move the counters and return null (the cost model's
   // counting mode measures peak activation memory without reserving it).
-  explicit Arena(size_t chunk_bytes = size_t(64) << 20, bool measure_only = false);
+  explicit Arena(size_t chunk_bytes = size_t(64) << 20, bool measure_only = false,
+                 Allocator& allocator = host_allocator());
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -80,12 +100,14 @@ class Arena {
   void release(Mark m) { current_ = m.chunk; offset_ = m.offset; }
   void reset() { current_ = 0; offset_ = 0; }
   size_t high_water() const { return high_water_; }
+  const Allocator& allocator() const { return allocator_; }
 
  private:
   struct Chunk { void* base; size_t size; };
   std::vector<Chunk> chunks_;
   size_t chunk_bytes_, current_ = 0, offset_ = 0, high_water_ = 0;
   bool measure_only_;
+  Allocator& allocator_;
 };
 
 // Releases everything allocated after construction when it leaves scope.

@@ -9,17 +9,16 @@
 
 namespace apus {
 
-class Backend {
+// A backend is also the allocator of its device: the arena, ops::empty and (on a GPU) weight
+// upload take memory through it.
+class Backend : public Allocator {
  public:
   Backend(std::string name, Device device, int ordinal)
-      : name_(std::move(name)), device_(device), ordinal_(ordinal) {}
-  virtual ~Backend() = default;
+      : Allocator(device, ordinal), name_(std::move(name)) {}
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
   const std::string& name() const { return name_; }
-  Device device() const { return device_; }
-  int ordinal() const { return ordinal_; }
 
 #define APUS_BACKEND_OP(ret, name, params, args) virtual ret name params = 0;
   APUS_OPS(APUS_BACKEND_OP)
@@ -27,8 +26,6 @@ class Backend {
 
  private:
   std::string name_;
-  Device device_;
-  int ordinal_;
 };
 
 // The optimised CPU backend: oneDNN GEMMs and convolutions, vectorised row kernels.

@@ -175,7 +175,8 @@ APUS_OPS(APUS_FRONT_END)
 #undef APUS_FRONT_END
 
 Tensor empty(Context& c, Shape shape, DType dtype) {
-  return c.count_only ? Tensor::shape_only(std::move(shape), dtype) : Tensor::heap(std::move(shape), dtype);
+  if (c.count_only) return Tensor::shape_only(std::move(shape), dtype);
+  return Tensor::allocate(backend_of(c), std::move(shape), dtype);
 }
 
 }  // namespace apus::ops

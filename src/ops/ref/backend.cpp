@@ -45,6 +45,8 @@ class ReferenceBackend final : public Backend {
 #define APUS_REF_OP(ret, name, params, args) \
   ret name params override { return ref::name args; }
   APUS_OPS(APUS_REF_OP)
+  void* allocate(size_t bytes) override { return host_allocator().allocate(bytes); }
+  void release(void* p) override { host_allocator().release(p); }
 #undef APUS_REF_OP
 };
 
