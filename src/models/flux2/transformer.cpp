@@ -127,17 +127,23 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   auto img_of = [&](const Tensor& x, int64_t i) { return x.rows(i * s + t, (i + 1) * s); };
   auto mod = [h](const Tensor& m, int j) { return m.cols(j * h, (j + 1) * h); };
   Tensor normed = Tensor::in(*c.arena, {rows, h}, c.act);
+  // normed <- LN(x) * (1 + scale) + shift for both streams of sample i, shift and scale being
+  // chunks j and j + 1 of each stream's modulation.
+  auto modulate = [&](int64_t i, int j) {
+    Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
+    ops::layer_norm_modulate(c, img_of(hidden, i), mod(mod_img, j), mod(mod_img, j + 1), n_img,
+                             cfg_.eps, ops::Rounding::each_step);
+    ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, j), mod(mod_txt, j + 1), n_txt,
+                             cfg_.eps, ops::Rounding::each_step);
+  };
   std::optional<CostScope> part(std::in_place, c, "attn");
   // q, k, v of both streams land in one joint [txt; img] buffer per sample: the concat costs
   // nothing.
   Tensor q = Tensor::in(*c.arena, {rows, h}, c.act), k = Tensor::in(*c.arena, {rows, h}, c.act),
          v = Tensor::in(*c.arena, {rows, h}, c.act);
   for (int64_t i = 0; i < batch; ++i) {
-    Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
-    ops::layer_norm_modulate(c, img_of(hidden, i), mod(mod_img, 0), mod(mod_img, 1), n_img,
-                             cfg_.eps, ops::Rounding::each_step);
-    ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, 0), mod(mod_txt, 1), n_txt,
-                             cfg_.eps, ops::Rounding::each_step);
+    modulate(i, 0);
+    const Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
     struct Proj { const Tensor& w; Tensor out; };
     for (const auto& [w, out] : {Proj{b.to_q, img_of(q, i)}, Proj{b.to_k, img_of(k, i)},
                                  Proj{b.to_v, img_of(v, i)}}) {
@@ -179,11 +185,8 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   Tensor up = Tensor::in(*c.arena, {rows, 2 * f}, c.act);
   Tensor act = Tensor::in(*c.arena, {rows, f}, c.act);
   for (int64_t i = 0; i < batch; ++i) {
-    Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
-    ops::layer_norm_modulate(c, img_of(hidden, i), mod(mod_img, 3), mod(mod_img, 4), n_img,
-                             cfg_.eps, ops::Rounding::each_step);
-    ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, 3), mod(mod_txt, 4), n_txt,
-                             cfg_.eps, ops::Rounding::each_step);
+    modulate(i, 3);
+    const Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
     struct Stream { const Tensor& n; const Tensor& w_in; const Tensor& w_out; Tensor x; Tensor gate;
                     int64_t r0, r1; };
     for (const Stream& st :

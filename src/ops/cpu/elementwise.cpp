@@ -23,17 +23,23 @@ void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Roun
   });
 }
 
-void silu(Context& c, const Tensor& x, Tensor& y) {
+namespace {
+// y = fn(x) row by row in fp32, for the unary ops over any two tensors of one element count.
+template <typename RowFn>
+void unary_rows(const Tensor& x, Tensor& y, RowFn&& fn) {
   const Tensor xv = as_rows(x);
   Tensor yv = same_rows(y, xv);
   const int64_t f = xv.shape[1];
   parallel_for(xv.shape[0], [&](int64_t r) {
     float* v = thread_scratch(0, f);
     load_row(xv, r, v, f);
-    silu_row(v, f);
+    fn(v, f);
     store_row(yv, r, v, f);
   });
 }
+}  // namespace
+
+void silu(Context& c, const Tensor& x, Tensor& y) { unary_rows(x, y, silu_row); }
 
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
                ops::Rounding rounding) {
@@ -79,14 +85,7 @@ void affine(Context& c, const Tensor& x, const Tensor& scale, const Tensor& shif
 }
 
 void copy(Context& c, const Tensor& x, Tensor& y) {
-  const Tensor xv = as_rows(x);
-  Tensor yv = same_rows(y, xv);
-  const int64_t f = xv.shape[1];
-  parallel_for(xv.shape[0], [&](int64_t r) {
-    float* v = thread_scratch(0, f);
-    load_row(xv, r, v, f);
-    store_row(yv, r, v, f);
-  });
+  unary_rows(x, y, [](float*, int64_t) {});  // the conversion is the load and the store
 }
 
 bool all_finite(Context& c, const Tensor& x) {
