@@ -1,0 +1,90 @@
+#include "text/sentencepiece_tokenizer.h"
+
+#include <sentencepiece_processor.h>
+
+#include "core/error.h"
+#include "io/files.h"
+#include "io/model_dir.h"
+
+namespace apus {
+
+namespace {
+
+// The same check klein's tokenizer makes: HF takes Python strings, which cannot hold invalid
+// UTF-8, so such bytes have no reference behaviour to match.
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are invalid too.
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+      return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+SentencePieceTokenizer::SentencePieceTokenizer() : sp_(new sentencepiece::SentencePieceProcessor) {}
+SentencePieceTokenizer::SentencePieceTokenizer(SentencePieceTokenizer&&) noexcept = default;
+SentencePieceTokenizer& SentencePieceTokenizer::operator=(SentencePieceTokenizer&&) noexcept = default;
+SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+
+SentencePieceTokenizer SentencePieceTokenizer::load(const std::string& path) {
+  return parse(read_file(path), path);
+}
+
+SentencePieceTokenizer SentencePieceTokenizer::parse(const std::string& bytes, const std::string& path) {
+  SentencePieceTokenizer t;
+  t.path_ = path;
+  const auto status = t.sp_->LoadFromSerializedProto(bytes);
+  APUS_CHECK(status.ok(), path, ": not a SentencePiece model: ", status.ToString());
+  APUS_CHECK(t.sp_->GetPieceSize() > 0, path, ": the SentencePiece model has no pieces");
+  return t;
+}
+
+std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text) const {
+  APUS_CHECK(valid_utf8(text), "text to encode is not valid UTF-8");
+  std::vector<int> ids;
+  const auto status = sp_->Encode(text, &ids);
+  APUS_CHECK(status.ok(), path_, ": cannot encode the prompt: ", status.ToString());
+  return {ids.begin(), ids.end()};
+}
+
+int32_t SentencePieceTokenizer::pad_id() const { return sp_->pad_id(); }
+int32_t SentencePieceTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+
+PaddingSide read_padding_side(const std::string& tokenizer_config_path) {
+  const Config c = read_config(tokenizer_config_path);
+  const std::string side = c.get_string("padding_side", "left");
+  APUS_CHECK(side == "left" || side == "right", tokenizer_config_path, ": padding_side '", side,
+             "', expected left or right");
+  return side == "left" ? PaddingSide::left : PaddingSide::right;
+}
+
+PaddedIds pad_ids(std::vector<int32_t> ids, int max_length, int32_t pad_id, PaddingSide side) {
+  APUS_CHECK(max_length >= 1, "max_length ", max_length, " must be at least 1");
+  PaddedIds p;
+  p.truncated = ids.size() > size_t(max_length);
+  if (p.truncated) ids.resize(size_t(max_length));
+  const size_t pad = size_t(max_length) - ids.size();
+  p.ids.assign(size_t(max_length), pad_id);
+  p.mask.assign(size_t(max_length), 0);
+  const size_t at = side == PaddingSide::left ? pad : 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    p.ids[at + i] = ids[i];
+    p.mask[at + i] = 1;
+  }
+  return p;
+}
+
+}  // namespace apus
