@@ -72,6 +72,11 @@ TEST(SentencePiece, BadFilesAndTextAreRefused) {
   test::expect_error([&] { SentencePieceTokenizer::load(junk); }, {junk, "not a SentencePiece model"});
   std::remove(junk.c_str());
   test::expect_error([] { SentencePieceTokenizer::load(::testing::TempDir()); }, {"directory"});
+  // Found by fuzz_sentencepiece: a model with an empty piece made the library throw from its trie
+  // builder, past the documented error type.
+  const std::string empty_piece = std::string(APUS_FIXTURES) + "/../fuzz/sentencepiece_corpus/empty_piece_crash";
+  test::expect_error([&] { SentencePieceTokenizer::load(empty_piece); },
+                     {empty_piece, "not a SentencePiece model", "zero-length key"});
   test::expect_error([] { tokenizer().encode("bad \xff byte"); }, {"not valid UTF-8"});
   test::expect_error([] { tokenizer().encode("overlong \xc0\xaf"); }, {"not valid UTF-8"});
 }

@@ -46,7 +46,14 @@ SentencePieceTokenizer SentencePieceTokenizer::load(const std::string& path) {
 SentencePieceTokenizer SentencePieceTokenizer::parse(const std::string& bytes, const std::string& path) {
   SentencePieceTokenizer t;
   t.path_ = path;
-  const auto status = t.sp_->LoadFromSerializedProto(bytes);
+  // The library reports most bad models through its status, some by throwing (its trie builder
+  // throws on an empty piece, found by fuzzing): both become one error naming the file.
+  sentencepiece::util::Status status;
+  try {
+    status = t.sp_->LoadFromSerializedProto(bytes);
+  } catch (const std::exception& e) {
+    fail(path, ": not a SentencePiece model: ", e.what());
+  }
   APUS_CHECK(status.ok(), path, ": not a SentencePiece model: ", status.ToString());
   APUS_CHECK(t.sp_->GetPieceSize() > 0, path, ": the SentencePiece model has no pieces");
   return t;
@@ -55,7 +62,12 @@ SentencePieceTokenizer SentencePieceTokenizer::parse(const std::string& bytes, c
 std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text) const {
   APUS_CHECK(valid_utf8(text), "text to encode is not valid UTF-8");
   std::vector<int> ids;
-  const auto status = sp_->Encode(text, &ids);
+  sentencepiece::util::Status status;
+  try {
+    status = sp_->Encode(text, &ids);
+  } catch (const std::exception& e) {
+    fail(path_, ": cannot encode the prompt: ", e.what());
+  }
   APUS_CHECK(status.ok(), path_, ": cannot encode the prompt: ", status.ToString());
   return {ids.begin(), ids.end()};
 }
