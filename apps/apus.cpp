@@ -8,6 +8,7 @@
 #include "apus/apus.h"
 #include "core/cost.h"
 #include "core/error.h"
+#include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "io/png.h"
 #include "io/synth.h"
@@ -47,14 +48,19 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
   const apus::ImageResult& r = results.front();
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) {
-    // Each stage against its floor on this machine, counted from the same stage code.
-    const nlohmann::json roof =
-        apus::roofline_json(model->count(req, batch), {apus::find_chip("cpu"), 1});
+    // Each stage against its floor on this machine: counted from the same stage code, priced at
+    // the GEMM rate and bandwidth measured here, now.
+    apus::Arena arena;
+    apus::Context ctx{&arena};
+    const apus::Chip here = apus::measure_ceiling(ctx);
+    const nlohmann::json roof = apus::roofline_json(model->count(req, batch), {here, 1});
     auto floor_of = [&](const std::string& stage) -> double {
       for (const auto& s : roof["stages"])
         if (s["name"] == stage) return s["per_call"]["floor_s"].get<double>();
       return 0;
     };
+    std::fprintf(stderr, "floors at %.0f GFLOP/s bf16 and %.1f GB/s, measured in this process\n",
+                 here.bf16_flops / 1e9, here.memory_bps / 1e9);
     std::fprintf(stderr, "%-20s %10s %10s %6s\n", "stage", "measured", "floor", "ratio");
     for (const auto& s : r.stages) {
       const double f = s.stage.empty() ? 0 : floor_of(s.stage);
