@@ -166,15 +166,21 @@ TEST_P(Ops, AttentionCausalPaddedGrouped) {
     run_both("attention", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
       ops::attention(c, qt, kt, vt, o, d, 0.25f, {causal, valid.data()});
     }, /*inner_rounding=*/true);
+  // Gemma's scores: capped at 5 (small enough that tanh bends these scores), formed in fp32 or
+  // rounded step by step as eager PyTorch does in bf16.
+  for (Rounding r : {Rounding::once, Rounding::each_step})
+    run_both("attention softcap", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
+      ops::attention(c, qt, kt, vt, o, d, 0.25f, {false, valid.data(), 1, 5.0f, r});
+    }, /*inner_rounding=*/true);
 }
 
 TEST_P(Ops, SiluMulSiluAndGatedAdd) {
   const int64_t m = 13, f = 40;
   const Tensor at = random({m, f}, 2.0f), bt = random({m, f});
   for (Rounding r : {Rounding::once, Rounding::each_step})
-    run_both("silu_mul", poisoned({m, f}), [&](Context& c, Tensor& y) {
-      ops::silu_mul(c, at, bt, y, r);
-    });
+    for (auto act : {ops::Activation::silu, ops::Activation::gelu_tanh})
+      run_both(act == ops::Activation::silu ? "glu silu" : "glu gelu_tanh", poisoned({m, f}),
+               [&](Context& c, Tensor& y) { ops::glu(c, at, bt, y, act, r); });
   run_both("silu", poisoned({m, f}), [&](Context& c, Tensor& y) { ops::silu(c, at, y); });
   const Tensor xt = random({m, f}), yt = random({m, f}), gt = random({1, f});
   for (Rounding r : {Rounding::once, Rounding::each_step}) {
@@ -302,7 +308,7 @@ TEST_P(Ops, BatchOfTwoEqualsTwoSingleSamples) {
   for (int64_t j = 50; j < s; ++j) valid[size_t(j)] = 0;          // sample 0: 50 real keys
   for (int64_t j = s + 61; j < 2 * s; ++j) valid[size_t(j)] = 0;  // sample 1: 61
   for (bool causal : {false, true}) {
-    const ops::AttentionMask both{causal, valid.data(), 2};
+    const ops::AttentionOptions both{causal, valid.data(), 2};
     run_both("attention batch 2", poisoned({2 * s, hq * d}), [&](Context& c, Tensor& o) {
       ops::attention(c, q, k, v, o, d, 0.25f, both);
     }, /*inner_rounding=*/true);
@@ -398,13 +404,16 @@ TEST_P(Ops, RoundingRulesAreVisibleToTheBound) {
          ops::rms_norm(c, x, g.reshape({d}), o, 1e-6f, d, r); }, poisoned({m, d})},
       {"rope", [&](Context& c, Tensor& o, Rounding r) {
          ops::rope(c, o, cos, sin, d / 2, ops::RopeStyle::half, r); }, x},
-      {"silu_mul", [&](Context& c, Tensor& o, Rounding r) { ops::silu_mul(c, x, y, o, r); },
-       poisoned({m, d})},
+      {"glu", [&](Context& c, Tensor& o, Rounding r) {
+         ops::glu(c, x, y, o, ops::Activation::gelu_tanh, r); }, poisoned({m, d})},
       {"add_gated", [&](Context& c, Tensor& o, Rounding r) { ops::add_gated(c, o, y, &g, r); }, x},
       {"group_norm", [&](Context& c, Tensor& o, Rounding r) {
          ops::group_norm(c, img, gw, gb, o, 4, 1e-6f, true, r); }, poisoned({1, 8, 6, 5})},
       {"affine", [&](Context& c, Tensor& o, Rounding r) {
          ops::affine(c, x, g, g, o, r); }, poisoned({m, d})},
+      {"attention scores", [&](Context& c, Tensor& o, Rounding r) {
+         ops::attention(c, x, y, y, o, d / 4, 0.5f, {false, nullptr, 1, 5.0f, r}); },
+       poisoned({m, d})},
   };
   for (const Rule& rule : rules)
     for (Rounding mine : {Rounding::once, Rounding::each_step}) {

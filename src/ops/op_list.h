@@ -30,16 +30,25 @@ enum class Rounding { once, each_step };
 
 enum class RopeStyle { interleaved, half };  // FLUX pairs (2j, 2j+1); Qwen pairs (j, j + D/2)
 
+// The activation of a gated linear unit: SiLU (SwiGLU) or GELU's tanh approximation (GeGLU,
+// torch's gelu(approximate="tanh")).
+enum class Activation { silu, gelu_tanh };
+
 // How a RoPE table computes its angles: f32 as transformers' default rope (inverse frequencies
 // and products in float32), f64 as diffusers' FLUX pos-embed (float64, cast to float32 at the end).
 enum class RopeMath { f32, f64 };
 
-// q, k, v and o hold `batch` samples one after another (sample b is rows b*S .. (b+1)*S of each);
-// every sample attends only within itself.
-struct AttentionMask {
+// What an attention op masks and how it forms its scores. q, k, v and o hold `batch` samples one
+// after another (sample b is rows b*S .. (b+1)*S of each); every sample attends only within
+// itself. softcap > 0 bends the scaled scores to softcap * tanh(s / softcap) before the mask
+// (Gemma). rounding each_step rounds the scores as eager PyTorch does in the activation dtype:
+// after Q·K^T, after the scale, and after each of the softcap's three steps.
+struct AttentionOptions {
   bool causal = false;
   const int64_t* key_valid = nullptr;  // [batch * Sk], 0 masks the key out; null: all keys valid
   int64_t batch = 1;
+  float softcap = 0;
+  Rounding rounding = Rounding::once;
 };
 
 }  // namespace ops
@@ -60,7 +69,7 @@ struct AttentionMask {
 //   activation dtype); once computes in fp32 (FLUX).
 // attention: o[Sq, Hq*D] = softmax(q k^T * scale + mask) v per head, kv heads shared by Hq/Hk
 //   query heads; the probabilities are rounded to q's dtype before P·V, as SDPA's math does.
-// silu_mul: y = silu(a) * b, all [M, F] views; each_step rounds silu(a) first.
+// glu: y = act(a) * b, all [M, F] views; each_step rounds act(a) first.
 // silu: y = silu(x), any shape (contiguous) or view.
 // add_gated: x += gate * y (gate null: x += y), x and y [M, D] views, gate [D] or [B, D] per
 //   sample as layer_norm_modulate's; each_step rounds
@@ -105,11 +114,12 @@ struct AttentionMask {
     (c, x, cos, sin, head_dim, style, rounding))                                                 \
   X(void, attention,                                                                             \
     (Context & c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,                  \
-     int64_t head_dim, float scale, const ops::AttentionMask& mask),                             \
+     int64_t head_dim, float scale, const ops::AttentionOptions& mask),                             \
     (c, q, k, v, o, head_dim, scale, mask))                                                      \
-  X(void, silu_mul,                                                                              \
-    (Context & c, const Tensor& a, const Tensor& b, Tensor& y, ops::Rounding rounding),          \
-    (c, a, b, y, rounding))                                                                      \
+  X(void, glu,                                                                                   \
+    (Context & c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act,              \
+     ops::Rounding rounding),                                                                    \
+    (c, a, b, y, act, rounding))                                                                 \
   X(void, silu, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                            \
   X(void, add_gated,                                                                             \
     (Context & c, Tensor& x, const Tensor& y, const Tensor* gate, ops::Rounding rounding),       \

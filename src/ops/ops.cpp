@@ -42,7 +42,7 @@ OpCost rope_cost(Context&, Tensor& x, const Tensor& cos, const Tensor& sin, int6
 }
 
 OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
-                      int64_t head_dim, float, const AttentionMask& mask) {
+                      int64_t head_dim, float, const AttentionOptions& mask) {
   // Causal attention is counted at the full square, as the convention fixes.
   const double heads = double(q.shape[1] / head_dim), sq = double(q.shape[0]), sk = double(k.shape[0]);
   const double scores = heads * sq * sk / double(mask.batch);  // each sample attends within itself
@@ -53,7 +53,7 @@ OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& 
   return cost;
 }
 
-OpCost silu_mul_cost(Context&, const Tensor& a, const Tensor& b, Tensor& y, Rounding) {
+OpCost glu_cost(Context&, const Tensor& a, const Tensor& b, Tensor& y, Activation, Rounding) {
   const double act = bytes(a) + bytes(b) + bytes(y);
   return {5 * elems(y), 0, act, act + 2 * bytes(y)};
 }

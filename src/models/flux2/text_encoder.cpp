@@ -104,7 +104,7 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
          proj = Tensor::in(*c.arena, {rows, h}, c.act);
   Tensor gate = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act),
          up = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act);
-  const ops::AttentionMask mask{true, attention_mask.data(), batch};
+  const ops::AttentionOptions mask{true, attention_mask.data(), batch};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));
@@ -130,7 +130,7 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
     ops::rms_norm(c, x, l.post_norm, normed, cf.eps, h, ops::Rounding::each_step);
     ops::linear(c, normed, l.gate, nullptr, gate);
     ops::linear(c, normed, l.up, nullptr, up);
-    ops::silu_mul(c, gate, up, gate, ops::Rounding::each_step);
+    ops::glu(c, gate, up, gate, ops::Activation::silu, ops::Rounding::each_step);
     {
       RowParallel row(c);
       ops::linear(c, gate, l.down, nullptr, proj);

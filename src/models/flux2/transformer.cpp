@@ -195,7 +195,8 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
                  i * s + t}}) {
       Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
       ops::linear(c, st.n, st.w_in, nullptr, u);
-      ops::silu_mul(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Rounding::each_step);
+      ops::glu(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Activation::silu,
+               ops::Rounding::each_step);
       {
         RowParallel row(c);
         ops::linear(c, a, st.w_out, nullptr, o);
@@ -227,8 +228,8 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
   ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {false, nullptr, pro.batch});
   part.emplace(c, "linear2");
-  ops::silu_mul(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp,
-                ops::Rounding::each_step);
+  ops::glu(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp,
+                ops::Activation::silu, ops::Rounding::each_step);
   Tensor out = Tensor::in(*c.arena, {s, h}, c.act);
   {
     RowParallel row(c);

@@ -39,10 +39,29 @@ void mask_row(float* s, int64_t n, int64_t visible, const int64_t* key_valid) {
       if (!key_valid[j]) s[j] = kNegInf;
 }
 
+void round_row_bf16(float* s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) s[j] = round_bf16(s[j]);
+}
+
+// s <- softcap * tanh(scale * s / softcap) (or scale * s without a cap), rounded to bf16 after
+// each step when round_steps: eager PyTorch's Q·K^T, * scale, / softcap, tanh, * softcap.
+void shape_scores(float* s, int64_t n, float scale, float softcap, bool round_steps) {
+  if (round_steps) round_row_bf16(s, n);
+  for (int64_t j = 0; j < n; ++j) s[j] *= scale;
+  if (round_steps) round_row_bf16(s, n);
+  if (softcap <= 0) return;
+  for (int64_t j = 0; j < n; ++j) s[j] /= softcap;
+  if (round_steps) round_row_bf16(s, n);
+  tanh_row(s, n);
+  if (round_steps) round_row_bf16(s, n);
+  for (int64_t j = 0; j < n; ++j) s[j] *= softcap;
+  if (round_steps) round_row_bf16(s, n);
+}
+
 }  // namespace
 
 void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
-               int64_t head_dim, float scale, const ops::AttentionMask& mask) {
+               int64_t head_dim, float scale, const ops::AttentionOptions& mask) {
   const int64_t batch = mask.batch, rows_q = q.shape[0], rows_k = k.shape[0], d = head_dim;
   const int64_t sq = rows_q / batch, sk = rows_k / batch;
   const int64_t hq = q.shape[1] / d, hk = k.shape[1] / d;
@@ -62,6 +81,8 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   split_heads(q, d, qh);
   split_heads(k, d, kh);
   split_heads(v, d, vh);
+  const bool round_steps = mask.rounding == ops::Rounding::each_step && dt == DType::bf16;
+  const bool transformed = mask.softcap > 0 || round_steps;
   const int threads = omp_get_max_threads();
   Tensor scores = Tensor::in(*c.arena, {threads * block, sk}, DType::f32);
   Tensor probs = Tensor::in(*c.arena, {threads * block, sk}, dt);
@@ -86,9 +107,13 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
     gemm(qb, kbase, dt, 1, d, nullptr, sbn, d, key_end);  // Q · K^T
     for (int64_t i = 0; i < nb; ++i) {
       float* srow = static_cast<float*>(sbn.row(i));
+      // Scores formed outside the softmax when they are capped or rounded step by step; the plain
+      // case leaves the scale to the softmax's fused exp.
+      const float softmax_scale = transformed ? 1.0f : scale;
+      if (transformed) shape_scores(srow, key_end, scale, mask.softcap, round_steps);
       mask_row(srow, key_end, mask.causal ? r0 + i + 1 : sk, valid);
-      if (dt == DType::bf16) softmax_row_bf16(srow, key_end, scale, static_cast<uint16_t*>(pbn.row(i)));
-      else softmax_row_f32(srow, key_end, scale, static_cast<float*>(pbn.row(i)));
+      if (dt == DType::bf16) softmax_row_bf16(srow, key_end, softmax_scale, static_cast<uint16_t*>(pbn.row(i)));
+      else softmax_row_f32(srow, key_end, softmax_scale, static_cast<float*>(pbn.row(i)));
     }
     gemm(pbn, vbase, dt, d, 1, nullptr, ob, key_end, d);  // P · V
   }, Schedule::dynamic);

@@ -7,16 +7,18 @@
 
 namespace apus::cpu {
 
-void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Rounding rounding) {
+void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act,
+         ops::Rounding rounding) {
   const int64_t m = a.shape[0], f = a.shape[1];
-  APUS_CHECK(b.shape == a.shape && y.shape == a.shape, "silu_mul: a ", shape_str(a.shape), ", b ",
+  APUS_CHECK(b.shape == a.shape && y.shape == a.shape, "glu: a ", shape_str(a.shape), ", b ",
              shape_str(b.shape), ", y ", shape_str(y.shape));
   parallel_for(m, [&](int64_t r) {
     float* va = thread_scratch(0, f);
     float* vb = thread_scratch(1, f);
     load_row(a, r, va, f);
     load_row(b, r, vb, f);
-    silu_row(va, f);
+    if (act == ops::Activation::silu) silu_row(va, f);
+    else gelu_tanh_row(va, f);
     if (rounding == ops::Rounding::each_step) round_to(y.dtype, va, f);
     for (int64_t i = 0; i < f; ++i) va[i] *= vb[i];
     store_row(y, r, va, f);

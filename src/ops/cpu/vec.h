@@ -13,6 +13,11 @@ void f16_to_f32_row(const uint16_t* in, float* out, int64_t n);
 bool finite_row(const float* v, int64_t n);
 // v <- silu(v) = v / (1 + exp(-v))
 void silu_row(float* v, int64_t n);
+// v <- gelu_tanh(v) = v/2 (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), torch's approximate="tanh"
+// (computed as v / (1 + exp(-2 sqrt(2/pi) (v + 0.044715 v^3))), the same function)
+void gelu_tanh_row(float* v, int64_t n);
+// v <- tanh(v)
+void tanh_row(float* v, int64_t n);
 float sum_row(const float* v, int64_t n);
 // sum of (v - mean)^2
 float squared_deviation_row(const float* v, int64_t n, float mean);

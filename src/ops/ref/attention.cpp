@@ -8,7 +8,7 @@
 namespace apus::ref {
 
 void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
-               int64_t head_dim, float scale, const ops::AttentionMask& mask) {
+               int64_t head_dim, float scale, const ops::AttentionOptions& mask) {
   const int64_t batch = mask.batch, sq = q.shape[0] / batch, sk = k.shape[0] / batch, d = head_dim;
   const int64_t hq = q.shape[1] / d, hk = k.shape[1] / d;
   APUS_CHECK(hk > 0 && hq % hk == 0 && v.shape == k.shape && o.shape == q.shape &&
@@ -27,7 +27,15 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
           s = 0;
           for (int64_t e = 0; e < d; ++e)
             s += get(q, b * sq + i, h * d + e) * get(k, b * sk + j, g * d + e);
-          s *= double(scale);
+          const bool each = mask.rounding == ops::Rounding::each_step;
+          const DType dt = q.dtype;
+          if (each) s = as(dt, s);
+          s = s * double(scale);
+          if (each) s = as(dt, s);
+          if (mask.softcap > 0) {
+            const double cap = double(mask.softcap);
+            s = each ? as(dt, as(dt, std::tanh(as(dt, s / cap))) * cap) : cap * std::tanh(s / cap);
+          }
         }
         p[size_t(j)] = s;
         mx = std::max(mx, s);

@@ -35,6 +35,11 @@ Tensor rows2d(const Tensor& t) {
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
+double gelu_tanh(double v) {
+  const double u = std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v);
+  return 2.0 * u < -18.0 ? 0.0 * v : 0.5 * v * (1.0 + std::tanh(u));
+}
+
 }  // namespace ref
 
 namespace {

@@ -7,10 +7,12 @@
 
 namespace apus::ref {
 
-void silu_mul(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Rounding rounding) {
+void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act,
+         ops::Rounding rounding) {
   for (int64_t r = 0; r < a.shape[0]; ++r)
     for (int64_t i = 0; i < a.shape[1]; ++i) {
-      double s = silu(get(a, r, i));
+      const double x = get(a, r, i);
+      double s = act == ops::Activation::silu ? silu(x) : gelu_tanh(x);
       if (rounding == ops::Rounding::each_step) s = as(y.dtype, s);
       put(y, r, i, s * get(b, r, i));
     }

@@ -18,5 +18,7 @@ double as(DType dt, double v);
 // Any contiguous tensor as [rows, last dim].
 Tensor rows2d(const Tensor& t);
 double silu(double v);
+// torch's gelu(approximate="tanh"), exactly 0 where its float tanh saturates to -1 (2u < -18).
+double gelu_tanh(double v);
 
 }  // namespace apus::ref
