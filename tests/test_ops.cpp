@@ -5,9 +5,10 @@
 //
 // The bound is what the arithmetic allows. f32: relative L2 2e-6 (fp32 accumulation against
 // f64). bf16: both backends round the same values at the same places, so they may differ only
-// where fp32 and f64 land on opposite sides of a bf16 rounding boundary: every element within
-// one bf16 ulp and at most 1 % of elements differing at all. An op that drops a rounding rule
-// differs in a third of its elements, which the RoundingRules test shows for each rule.
+// where fp32 and f64 land on opposite sides of a bf16 rounding boundary: at most 1 % of elements
+// differing at all, each by at most two bf16 ulps (a flipped intermediate rounding reaches the
+// output through the next step: 1.5 ulp measured through GroupNorm's SiLU). An op that drops a
+// rounding rule differs in 12-70 % of its elements, which the RoundingRules test shows for each.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,7 +53,7 @@ Agreement agreement(const Tensor& cpu_out, const Tensor& ref_out) {
 bool within_bound(const Agreement& g, DType dt, bool inner_rounding = false) {
   if (dt == DType::f32) return g.rel_l2 < 2e-6;
   if (g.differing > 0.01) return false;
-  return inner_rounding ? g.rel_l2 < 5e-4 : g.worst_ulps <= 1.0;
+  return inner_rounding ? g.rel_l2 < 5e-4 : g.worst_ulps <= 2.0;
 }
 
 // (activation dtype, native bf16 kernels): the second runs the f32 path AVX2-only CPUs take.

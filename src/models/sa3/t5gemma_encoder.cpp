@@ -1,0 +1,186 @@
+#include "models/sa3/t5gemma_encoder.h"
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "core/error.h"
+
+namespace apus::sa3 {
+
+namespace {
+int dtype_slot(DType dt) { return dt == DType::bf16 ? 1 : 0; }
+}  // namespace
+
+T5GemmaConfig T5GemmaConfig::read(const Config& file) {
+  const bool nested = file.json.contains("encoder") && file.json["encoder"].is_object();
+  const Config c = nested ? Config{file.path + " (encoder)", file.json["encoder"]} : file;
+  T5GemmaConfig t{};
+  t.vocab = c.get_size("vocab_size");
+  t.hidden = c.get_size("hidden_size");
+  t.intermediate = c.get_size("intermediate_size");
+  t.layers = c.get_size("num_hidden_layers");
+  t.heads = c.get_size("num_attention_heads");
+  t.kv_heads = c.get_size("num_key_value_heads", t.heads, 1);
+  t.head_dim = c.get_size("head_dim", t.hidden / t.heads, 2);
+  APUS_CHECK(t.head_dim % 2 == 0 && t.heads % t.kv_heads == 0, c.path, ": head_dim ", t.head_dim,
+             " must be even and num_attention_heads ", t.heads, " a multiple of num_key_value_heads ",
+             t.kv_heads);
+  t.eps = float(c.get_positive("rms_norm_eps", 1e-6));
+  const std::string act = c.get_string("hidden_activation", "gelu_pytorch_tanh");
+  APUS_CHECK(act == "gelu_pytorch_tanh", c.path, ": hidden_activation '", act,
+             "' is not supported (expected gelu_pytorch_tanh)");
+  APUS_CHECK(!c.get_bool("attention_bias", false), c.path, ": attention_bias is not supported");
+  APUS_CHECK(c.json.contains("rope_parameters") && c.json["rope_parameters"].is_object(), c.path,
+             ": missing object 'rope_parameters'");
+  const Config rope{c.path + " (rope_parameters)", c.json["rope_parameters"]};
+  APUS_CHECK(rope.get_string("rope_type", "default") == "default", c.path,
+             ": rope_type is not supported (expected default)");
+  t.rope_theta = rope.get_positive("rope_theta");
+  t.attention_scale = float(std::pow(c.get_positive("query_pre_attn_scalar"), -0.5));
+  t.softcap = float(c.json.contains("attn_logit_softcapping") && !c.json["attn_logit_softcapping"].is_null()
+                        ? c.get_positive("attn_logit_softcapping")
+                        : 0.0);
+  t.sliding_window = c.get_size("sliding_window", 0, 0);
+  t.sliding.assign(size_t(t.layers), false);
+  if (c.json.contains("layer_types") && !c.json["layer_types"].is_null()) {
+    const Json& types = c.json["layer_types"];
+    APUS_CHECK(types.is_array() && types.size() >= size_t(t.layers), c.path,
+               ": layer_types must name every layer");
+    for (int64_t i = 0; i < t.layers; ++i) {
+      const Json& ty = types[size_t(i)];
+      APUS_CHECK(ty == "sliding_attention" || ty == "full_attention", c.path, ": layer_types[", i,
+                 "] is ", ty.dump(), ", expected sliding_attention or full_attention");
+      t.sliding[size_t(i)] = ty == "sliding_attention";
+    }
+  }
+  return t;
+}
+
+T5GemmaEncoder::Norm T5GemmaEncoder::norm(const std::string& name) const {
+  const Tensor& w = weights_.get(name, {cfg_.hidden});
+  Norm n;
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    Tensor& s = n.scale[dtype_slot(dt)];
+    if (!w.data) {  // counting mode
+      s = Tensor::shape_only({cfg_.hidden}, DType::f32);
+      continue;
+    }
+    s = Tensor::heap({cfg_.hidden}, DType::f32);
+    for (int64_t i = 0; i < cfg_.hidden; ++i) s.ptr<float>()[i] = 1.0f + round_as(dt, load_f32(w, i));
+  }
+  return n;
+}
+
+T5GemmaEncoder T5GemmaEncoder::load(const std::string& dir, bool load_weights) {
+  T5GemmaEncoder m;
+  m.cfg_ = T5GemmaConfig::read(read_config(dir + "/config.json"));
+  m.weights_ = load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only();
+  const auto& c = m.cfg_;
+  const WeightSet& w = m.weights_;
+  const std::string p = w.contains("encoder.embed_tokens.weight") ? "encoder." : "model.encoder.";
+  m.embed_ = w.get(p + "embed_tokens.weight", {c.vocab, c.hidden});
+  const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string l = p + "layers." + std::to_string(i) + ".";
+    Layer L;
+    L.pre_attn = m.norm(l + "pre_self_attn_layernorm.weight");
+    L.post_attn = m.norm(l + "post_self_attn_layernorm.weight");
+    L.pre_ff = m.norm(l + "pre_feedforward_layernorm.weight");
+    L.post_ff = m.norm(l + "post_feedforward_layernorm.weight");
+    L.q = w.get(l + "self_attn.q_proj.weight", {qd, c.hidden});
+    L.k = w.get(l + "self_attn.k_proj.weight", {kvd, c.hidden});
+    L.v = w.get(l + "self_attn.v_proj.weight", {kvd, c.hidden});
+    L.o = w.get(l + "self_attn.o_proj.weight", {c.hidden, qd});
+    L.gate = w.get(l + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
+    L.up = w.get(l + "mlp.up_proj.weight", {c.intermediate, c.hidden});
+    L.down = w.get(l + "mlp.down_proj.weight", {c.hidden, c.intermediate});
+    m.layers_.push_back(L);
+  }
+  m.final_norm_ = m.norm(p + "norm.weight");
+  // The embeddings are scaled by sqrt(hidden) held in the activation dtype.
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    Tensor& s = m.embed_scale_[dtype_slot(dt)];
+    s = Tensor::heap({c.hidden}, DType::f32);
+    std::fill_n(s.ptr<float>(), c.hidden, round_as(dt, float(std::sqrt(double(c.hidden)))));
+  }
+  m.zeros_ = Tensor::heap({c.hidden}, DType::f32);
+  std::fill_n(m.zeros_.ptr<float>(), c.hidden, 0.0f);
+  return m;
+}
+
+Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids,
+                              const std::vector<int64_t>& mask, int64_t batch) const {
+  ArenaScope scope(*c.arena);
+  CostScope text_scope(c, "t5gemma");
+  const auto& cf = cfg_;
+  APUS_CHECK(batch >= 1 && ids.size() % size_t(batch) == 0 && mask.size() == ids.size(),
+             "t5gemma: ", ids.size(), " ids and ", mask.size(), " mask entries for ", batch,
+             " samples");
+  const int64_t rows = int64_t(ids.size()), t = rows / batch, h = cf.hidden, d = cf.head_dim;
+  const int64_t qd = cf.heads * d, kvd = cf.kv_heads * d;
+  for (int64_t i = 0; i < cf.layers; ++i)
+    APUS_CHECK(!cf.sliding[size_t(i)] || cf.sliding_window >= t, "t5gemma: layer ", i,
+               " slides a window of ", cf.sliding_window, " over ", t,
+               " tokens; windows shorter than the sequence are not supported");
+  const int slot = dtype_slot(c.act);
+  const auto once = ops::Rounding::once, each = ops::Rounding::each_step;
+
+  // The request's inputs staged as tensors: ids, and positions 0..t-1 (whatever the padding).
+  Tensor id_tensor = Tensor::in(*c.arena, {rows}, DType::i32);
+  Tensor positions = Tensor::in(*c.arena, {t, 1}, DType::i64);
+  if (!c.count_only) {
+    std::memcpy(id_tensor.data, ids.data(), ids.size() * sizeof(int32_t));
+    for (int64_t r = 0; r < t; ++r) positions.ptr<int64_t>()[r] = r;
+  }
+  Tensor x = Tensor::in(*c.arena, {rows, h}, c.act);
+  ops::embedding(c, embed_, id_tensor, x);
+  ops::affine(c, x, embed_scale_[slot], zeros_, x, each);
+  Tensor cos = Tensor::in(*c.arena, {t, d / 2}, DType::f32), sin = Tensor::in(*c.arena, {t, d / 2}, DType::f32);
+  ops::rope_tables(c, positions, {d}, cf.rope_theta, ops::RopeMath::f32, cos, sin);
+
+  Tensor normed = Tensor::in(*c.arena, {rows, h}, c.act);
+  Tensor q = Tensor::in(*c.arena, {rows, qd}, c.act), k = Tensor::in(*c.arena, {rows, kvd}, c.act),
+         v = Tensor::in(*c.arena, {rows, kvd}, c.act), attn = Tensor::in(*c.arena, {rows, qd}, c.act),
+         proj = Tensor::in(*c.arena, {rows, h}, c.act);
+  Tensor gate = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act),
+         up = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act);
+  // Eager attention in the activation dtype: scores rounded step by step, capped, key-padding mask.
+  const ops::AttentionOptions options{false, mask.data(), batch, cf.softcap, each};
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    CostScope layer_scope(c, "layer." + std::to_string(i));
+    mark_depth_boundary(c, x);
+    std::optional<CostScope> part(std::in_place, c, "attn");
+    ops::rms_norm(c, x, l.pre_attn.scale[slot], normed, cf.eps, h, once);
+    ops::linear(c, normed, l.q, nullptr, q);
+    ops::linear(c, normed, l.k, nullptr, k);
+    ops::linear(c, normed, l.v, nullptr, v);
+    ops::rope(c, q, cos, sin, d, ops::RopeStyle::half, each);
+    ops::rope(c, k, cos, sin, d, ops::RopeStyle::half, each);
+    ops::attention(c, q, k, v, attn, d, cf.attention_scale, options);
+    {
+      RowParallel row(c);
+      ops::linear(c, attn, l.o, nullptr, proj);
+    }
+    ops::rms_norm(c, proj, l.post_attn.scale[slot], proj, cf.eps, h, once);
+    ops::add_gated(c, x, proj, nullptr, each);
+    part.emplace(c, "mlp");
+    ops::rms_norm(c, x, l.pre_ff.scale[slot], normed, cf.eps, h, once);
+    ops::linear(c, normed, l.gate, nullptr, gate);
+    ops::linear(c, normed, l.up, nullptr, up);
+    ops::glu(c, gate, up, gate, ops::Activation::gelu_tanh, each);
+    {
+      RowParallel row(c);
+      ops::linear(c, gate, l.down, nullptr, proj);
+    }
+    ops::rms_norm(c, proj, l.post_ff.scale[slot], proj, cf.eps, h, once);
+    ops::add_gated(c, x, proj, nullptr, each);
+  }
+  CostScope final_scope(c, "final");
+  Tensor out = ops::empty(c, {rows, h}, c.act);
+  ops::rms_norm(c, x, final_norm_.scale[slot], out, cf.eps, h, once);
+  return out;
+}
+
+}  // namespace apus::sa3
