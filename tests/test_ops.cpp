@@ -253,6 +253,13 @@ TEST_P(Ops, TablesEmbeddingAffinePermute) {
   run_both("timestep_embedding", poisoned({1, 256}), [&](Context& c, Tensor& y) {
     ops::timestep_embedding(c, 738.5f, y);
   });
+  Tensor freqs = Tensor::heap({64}, DType::f32);
+  for (int64_t i = 0; i < 64; ++i)
+    freqs.ptr<float>()[i] = float(std::exp(std::log(0.5) + double(i) / 63 * (std::log(1e4) - std::log(0.5))));
+  for (const float t : {0.0f, 0.078125f, 0.6937f, 1.0f})
+    run_both("fourier_features", poisoned({1, 128}), [&](Context& c, Tensor& y) {
+      ops::fourier_features(c, t, freqs, y);
+    });
 
   const Tensor table = random({50, 24}, 1.0f, DType::bf16);
   Tensor ids = Tensor::heap({9}, DType::i32);

@@ -1,5 +1,6 @@
 // Stable Audio 3's stages against the official Python code on tiny random-weight models
 // (tools/oracle): the T5Gemma text encoder, two prompts as one padded batch.
+#include "models/sa3/duration_embedder.h"
 #include "models/sa3/t5gemma_encoder.h"
 #include "test_util.h"
 
@@ -34,6 +35,26 @@ TEST_P(T5Gemma, EncoderMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, T5Gemma, ::testing::Values("fp32", "bf16"));
+
+class Duration : public ::testing::TestWithParam<std::string> {};
+
+// Durations inside and beyond the clamp; the bf16 reference keeps the Fourier features fp32 with
+// fp32 frequencies, as the official code does (tools/oracle/make_sa3_fixtures.py).
+TEST_P(Duration, EmbedderMatchesDiffusers) {
+  const std::string p = GetParam();
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_tiny_ref.safetensors"));
+  const std::vector<float> seconds = to_f32_vector(ref.get("seconds"));
+  const auto embedder = sa3::DurationEmbedder::load(test::fixture("sa3_tiny/duration_embedder"));
+  Arena arena;
+  Context ctx{&arena, test::precision_dtype(p)};
+  const Tensor out = embedder.embed(ctx, seconds);
+  ASSERT_EQ(out.shape, Shape({int64_t(seconds.size()), embedder.config().output_dim}));
+  test::expect_matches("duration embedder", p, to_f32_vector(out),
+                       to_f32_vector(ref.get("fp32.duration_embeds")),
+                       to_f32_vector(ref.get("bf16.duration_embeds")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Duration, ::testing::Values("fp32", "bf16"));
 
 TEST(T5GemmaConfig, UnsupportedSettingsAreRefusedNamingFileAndKey) {
   const Config base = read_config(test::fixture("t5gemma_tiny/config.json"));

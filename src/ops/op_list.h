@@ -91,6 +91,8 @@ struct AttentionOptions {
 //   dimension D (pairs j of an axis of size d turn at theta^(-2j/d)), angles from float(position).
 // timestep_embedding: y [1, 2H] = [cos(t f_i), sin(t f_i)] with f_i = exp(-ln(10000) i / H),
 //   in fp32, rounded once to y's dtype.
+// fourier_features: y [1, 2H] = [cos(a_i), sin(a_i)] with a_i = ((t f_i) 2) pi in fp32 as torch
+//   evaluates `t * freqs * 2.0 * math.pi`, freqs [H] (any float dtype); rounded once to y's dtype.
 // affine: y[M, D] = x * scale[D] + shift[D]; each_step rounds the product first.
 // permute: y = x with its axes reordered (y's axis i is x's axis perm[i]), both contiguous, rank
 //   <= 6, one dtype; shapes give the view (y.numel() == x.numel()).
@@ -145,6 +147,8 @@ struct AttentionOptions {
      ops::RopeMath math, Tensor& cos, Tensor& sin),                                              \
     (c, positions, axes, theta, math, cos, sin))                                                 \
   X(void, timestep_embedding, (Context & c, float t, Tensor& y), (c, t, y))                      \
+  X(void, fourier_features, (Context & c, float t, const Tensor& freqs, Tensor& y),             \
+    (c, t, freqs, y))                                                                            \
   X(void, affine,                                                                                \
     (Context & c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,          \
      ops::Rounding rounding),                                                                    \

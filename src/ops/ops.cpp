@@ -118,6 +118,10 @@ OpCost rope_tables_cost(Context&, const Tensor& positions, const std::vector<int
 
 OpCost timestep_embedding_cost(Context&, float, Tensor& y) { return {0, 0, bytes(y), bytes(y)}; }
 
+OpCost fourier_features_cost(Context&, float, const Tensor& freqs, Tensor& y) {
+  return {0, 0, bytes(freqs) + bytes(y), bytes(freqs) + bytes(y)};
+}
+
 OpCost affine_cost(Context&, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
                    Rounding rounding) {
   const double act = bytes(x) + bytes(y) + bytes(scale) + bytes(shift);

@@ -29,6 +29,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 "$VENV/bin/python" "$HERE/make_t5gemma_tokenizer.py" --out "$REPO/tests/fixtures"
 # ... and its encoder (tests/fixtures/t5gemma_tiny, t5gemma_tiny_ref.*), fed by that tokenizer
 "$VENV/bin/python" "$HERE/make_t5gemma_fixtures.py" --out "$REPO/tests/fixtures"
+# Stable Audio 3 stages with diffusers' classes (tests/fixtures/sa3_tiny, sa3_tiny_ref.safetensors)
+"$VENV/bin/python" "$HERE/make_sa3_fixtures.py" --out "$REPO/tests/fixtures"
 # torch CPU randn fixtures (tests/fixtures/torch_randn.*), when that generator is present
 if [ -f "$HERE/make_rng_fixtures.py" ] && [ "$*" != "--only-tokenizer" ]; then
     "$VENV/bin/python" "$HERE/make_rng_fixtures.py"

@@ -52,4 +52,19 @@ void timestep_embedding(Context& c, float t, Tensor& y) {
   store_row(y, 0, v, 2 * half);
 }
 
+void fourier_features(Context& c, float t, const Tensor& freqs, Tensor& y) {
+  const int64_t half = freqs.numel();
+  APUS_CHECK(y.shape == Shape({1, 2 * half}), "fourier_features: freqs ", shape_str(freqs.shape),
+             ", y ", shape_str(y.shape), "; expected y [1, ", 2 * half, "]");
+  float* f = thread_scratch(0, half);
+  load_row(vector_row(freqs), 0, f, half);
+  float* v = thread_scratch(1, 2 * half);
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = t * f[i] * 2.0f * 3.14159265358979323846f;
+    v[i] = std::cos(a);
+    v[half + i] = std::sin(a);
+  }
+  store_row(y, 0, v, 2 * half);
+}
+
 }  // namespace apus::cpu

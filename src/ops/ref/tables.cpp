@@ -38,6 +38,17 @@ void timestep_embedding(Context& c, float t, Tensor& y) {
   }
 }
 
+void fourier_features(Context& c, float t, const Tensor& freqs, Tensor& y) {
+  const Tensor f = rows2d(freqs);
+  const int64_t half = f.shape[1];
+  for (int64_t i = 0; i < half; ++i) {
+    // The angle is float32 arithmetic by definition (`t * freqs * 2.0 * math.pi` on fp32 tensors).
+    const float a = t * float(get(f, 0, i)) * 2.0f * 3.14159265358979323846f;
+    put(y, 0, i, std::cos(double(a)));
+    put(y, 0, half + i, std::sin(double(a)));
+  }
+}
+
 void embedding(Context& c, const Tensor& table, const Tensor& ids, Tensor& y) {
   for (int64_t r = 0; r < ids.numel(); ++r) {
     const int32_t id = ids.ptr<int32_t>()[r];

@@ -1,0 +1,35 @@
+#pragma once
+// Stable Audio 3's duration conditioner (diffusers' StableAudio3DurationEmbedder, the reference's
+// NumberConditioner with expo Fourier features): seconds -> clamp, normalise -> fp32 Fourier
+// features -> Linear. Its vector is both the DiT's global condition and the last cross token.
+#include <string>
+#include <vector>
+
+#include "io/model_dir.h"
+#include "ops/ops.h"
+
+namespace apus::sa3 {
+
+struct DurationConfig {
+  int64_t output_dim, fourier_dim;
+  double min_val, max_val;
+  static DurationConfig read(const Config& c);
+};
+
+class DurationEmbedder {
+ public:
+  // dir holds config.json and diffusion_pytorch_model.safetensors (freqs, linear.weight/bias).
+  static DurationEmbedder load(const std::string& dir, bool load_weights = true);
+  const DurationConfig& config() const { return cfg_; }
+  // One [B, output_dim] row per duration, in the activation dtype (heap). The Fourier features
+  // stay fp32 with fp32 frequencies in a bf16 run too, as the official code keeps them (diffusers'
+  // bf16 load rounds the frequencies to bf16, which moves the high angles by radians).
+  Tensor embed(Context& c, const std::vector<float>& seconds) const;
+
+ private:
+  DurationConfig cfg_;
+  WeightSet weights_;
+  Tensor freqs_, weight_, bias_;
+};
+
+}  // namespace apus::sa3

@@ -1,0 +1,53 @@
+"""Tiny random-weight Stable Audio 3 stage fixtures with diffusers' own classes.
+
+So far the duration conditioner: a small StableAudio3DurationEmbedder (expo-Fourier features,
+then a linear layer) saved in the diffusers layout, run on durations that cover the clamp, in fp32
+and in bf16. diffusers' from_pretrained(torch_dtype=bf16) also casts the `freqs` buffer to bf16,
+which moves the high-frequency angles by radians (its bf16 output is 0.8 relative L2 from fp32);
+the official code keeps the Fourier features in fp32, so the bf16 reference here is the bf16
+model with its fp32 freqs restored (diffusers' own bf16 output is kept for the record). Writes
+tests/fixtures/sa3_tiny/ and sa3_tiny_ref.safetensors. Deterministic.
+"""
+
+import argparse
+import os
+
+import oracle_env  # noqa: F401  (environment before torch/diffusers load)
+import torch
+from diffusers.pipelines.stable_audio_3.modeling_stable_audio_3 import StableAudio3DurationEmbedder
+from safetensors.torch import save_file
+
+DURATIONS = [0.0, 7.5, 30.0, 47.25, 383.9, 500.0]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=oracle_env.FIXTURES)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model = StableAudio3DurationEmbedder(output_dim=32, fourier_dim=16).eval()
+    with torch.no_grad():
+        model.linear.weight.normal_(0.0, 0.5)
+        model.linear.bias.normal_(0.0, 0.5)
+    out_dir = os.path.join(args.out, "sa3_tiny", "duration_embedder")
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for f in os.listdir(out_dir):
+        os.chmod(os.path.join(out_dir, f), 0o644)
+    seconds = torch.tensor(DURATIONS, dtype=torch.float32)
+    ref = {"seconds": seconds}
+    with torch.no_grad():
+        ref["fp32.duration_embeds"] = model(seconds).float().contiguous()
+        bf16 = StableAudio3DurationEmbedder.from_pretrained(out_dir, torch_dtype=torch.bfloat16).eval()
+        ref["diffusers_bf16.duration_embeds"] = bf16(seconds).float().contiguous()
+        bf16.register_buffer("freqs", model.freqs.detach().clone().float())
+        ref["bf16.duration_embeds"] = bf16(seconds).float().contiguous()
+    save_file(ref, os.path.join(args.out, "sa3_tiny_ref.safetensors"))
+    d = (ref["bf16.duration_embeds"] - ref["fp32.duration_embeds"]).norm() / ref["fp32.duration_embeds"].norm()
+    dd = (ref["diffusers_bf16.duration_embeds"] - ref["fp32.duration_embeds"]).norm() / ref[
+        "fp32.duration_embeds"].norm()
+    print(f"sa3 tiny: duration embedder bf16 (fp32 freqs) vs fp32 rel L2 {d:.3e}; "
+          f"diffusers' bf16 (bf16 freqs) {dd:.3e}")
+
+
+if __name__ == "__main__":
+    main()
