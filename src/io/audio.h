@@ -1,0 +1,31 @@
+#pragma once
+// Audio files through libsndfile: 16-bit PCM WAV (the default), 32-bit float WAV and FLAC out,
+// with the request in the file's metadata; any format libsndfile reads, in.
+#include <string>
+#include <vector>
+
+namespace apus {
+
+enum class AudioFormat { wav16, wav_float, flac };
+// "wav" (16-bit), "wav-float" or "flac"; anything else is refused naming the value.
+AudioFormat parse_audio_format(const std::string& name);
+
+struct AudioMetadata {
+  std::string title, comment, software;  // what players show; the comment carries the request
+};
+
+struct Audio {
+  int rate = 0;
+  int channels = 0;
+  std::vector<float> samples;  // interleaved, frames * channels, nominally in [-1, 1]
+  int64_t frames() const { return channels ? int64_t(samples.size()) / channels : 0; }
+};
+
+// Writes through a temporary file renamed into place (a reader never sees a partial file).
+// Samples outside [-1, 1] are clipped, not wrapped, in the integer formats; a non-finite sample
+// is refused.
+void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
+                 const AudioMetadata& metadata);
+Audio read_audio(const std::string& path);
+
+}  // namespace apus
