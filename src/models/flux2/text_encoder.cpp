@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "models/common/text_inputs.h"
 
 namespace apus::flux2 {
 
@@ -79,31 +80,16 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
                  attention_mask.size() == ids.size(),
              "text encoder: ", ids.size(), " ids and ", attention_mask.size(),
              " mask entries for ", batch, " samples");
-  const int64_t rows = int64_t(ids.size()), t = rows / batch, h = cf.hidden, d = cf.head_dim;
+  const int64_t rows = int64_t(ids.size()), h = cf.hidden, d = cf.head_dim;
   const int64_t qd = cf.heads * d, kvd = cf.kv_heads * d;
 
-  // The request's inputs staged as tensors: token ids, and positions 0..t-1 for the rotary tables
-  // (one sample's, shared by the batch).
-  Tensor id_tensor = Tensor::in(*c.arena, {rows}, DType::i32);
-  Tensor positions = Tensor::in(*c.arena, {t, 1}, DType::i64);
-  if (!c.count_only) {
-    std::memcpy(id_tensor.data, ids.data(), ids.size() * sizeof(int32_t));
-    for (int64_t r = 0; r < t; ++r) positions.ptr<int64_t>()[r] = r;
-  }
-  Tensor x = Tensor::in(*c.arena, {rows, h}, c.act);
-  ops::embedding(c, embed_, id_tensor, x);
-  // Rotary tables in fp32 from the position index, as transformers' default rope computes them.
-  const int64_t half = d / 2;
-  Tensor cos = Tensor::in(*c.arena, {t, half}, DType::f32), sin = Tensor::in(*c.arena, {t, half}, DType::f32);
-  ops::rope_tables(c, positions, {d}, cf.rope_theta, ops::RopeMath::f32, cos, sin);
+  TextInputs in = embed_text(c, embed_, ids, batch, d, cf.rope_theta);
+  Tensor& x = in.x;
+  const Tensor &cos = in.cos, &sin = in.sin;
 
   Tensor out = ops::empty(c, {rows, int64_t(taps_.size()) * h}, c.act);
-  Tensor normed = Tensor::in(*c.arena, {rows, h}, c.act);
-  Tensor q = Tensor::in(*c.arena, {rows, qd}, c.act), k = Tensor::in(*c.arena, {rows, kvd}, c.act),
-         v = Tensor::in(*c.arena, {rows, kvd}, c.act), attn = Tensor::in(*c.arena, {rows, qd}, c.act),
-         proj = Tensor::in(*c.arena, {rows, h}, c.act);
-  Tensor gate = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act),
-         up = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act);
+  LayerBuffers buffers = layer_buffers(c, rows, h, qd, kvd, cf.intermediate);
+  auto& [normed, q, k, v, attn, proj, gate, up] = buffers;
   const ops::AttentionOptions mask{true, attention_mask.data(), batch};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "models/common/text_inputs.h"
 
 namespace apus::sa3 {
 
@@ -126,25 +127,13 @@ Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids,
   const int slot = dtype_slot(c.act);
   const auto once = ops::Rounding::once, each = ops::Rounding::each_step;
 
-  // The request's inputs staged as tensors: ids, and positions 0..t-1 (whatever the padding).
-  Tensor id_tensor = Tensor::in(*c.arena, {rows}, DType::i32);
-  Tensor positions = Tensor::in(*c.arena, {t, 1}, DType::i64);
-  if (!c.count_only) {
-    std::memcpy(id_tensor.data, ids.data(), ids.size() * sizeof(int32_t));
-    for (int64_t r = 0; r < t; ++r) positions.ptr<int64_t>()[r] = r;
-  }
-  Tensor x = Tensor::in(*c.arena, {rows, h}, c.act);
-  ops::embedding(c, embed_, id_tensor, x);
-  ops::affine(c, x, embed_scale_[slot], zeros_, x, each);
-  Tensor cos = Tensor::in(*c.arena, {t, d / 2}, DType::f32), sin = Tensor::in(*c.arena, {t, d / 2}, DType::f32);
-  ops::rope_tables(c, positions, {d}, cf.rope_theta, ops::RopeMath::f32, cos, sin);
+  TextInputs in = embed_text(c, embed_, ids, batch, d, cf.rope_theta);
+  Tensor& x = in.x;
+  const Tensor &cos = in.cos, &sin = in.sin;
+  ops::affine(c, x, embed_scale_[slot], zeros_, x, each);  // Gemma scales embeddings by sqrt(h)
 
-  Tensor normed = Tensor::in(*c.arena, {rows, h}, c.act);
-  Tensor q = Tensor::in(*c.arena, {rows, qd}, c.act), k = Tensor::in(*c.arena, {rows, kvd}, c.act),
-         v = Tensor::in(*c.arena, {rows, kvd}, c.act), attn = Tensor::in(*c.arena, {rows, qd}, c.act),
-         proj = Tensor::in(*c.arena, {rows, h}, c.act);
-  Tensor gate = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act),
-         up = Tensor::in(*c.arena, {rows, cf.intermediate}, c.act);
+  LayerBuffers buffers = layer_buffers(c, rows, h, qd, kvd, cf.intermediate);
+  auto& [normed, q, k, v, attn, proj, gate, up] = buffers;
   // Eager attention in the activation dtype: scores rounded step by step, capped, key-padding mask.
   const ops::AttentionOptions options{false, mask.data(), batch, cf.softcap, each};
   for (size_t i = 0; i < layers_.size(); ++i) {
