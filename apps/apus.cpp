@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <new>
 
 #include "apus/apus.h"
 #include "core/cost.h"
@@ -157,6 +158,11 @@ int main(int argc, char** argv) {
     else
       apus::synth_published(synth_model, synth_out, synth_seed, progress);
     return 0;
+  } catch (const std::bad_alloc&) {
+    // Engine allocations name their size (apus::Error); this is a library's or the STL's.
+    std::fprintf(stderr, "error: out of memory (an allocation failed; the request needs more memory "
+                         "than this process may use)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -28,6 +28,14 @@ class Backend : public Allocator {
   std::string name_;
 };
 
+// A backend whose memory is host memory (the CPU and reference backends).
+class HostBackend : public Backend {
+ public:
+  explicit HostBackend(std::string name) : Backend(std::move(name), Device::cpu, 0) {}
+  void* allocate(size_t bytes) override { return host_allocator().allocate(bytes); }
+  void release(void* p) override { host_allocator().release(p); }
+};
+
 // The optimised CPU backend: oneDNN GEMMs and convolutions, vectorised row kernels.
 Backend& cpu_backend();
 // Plain loops in f64 with the op contract's roundings and no library calls: the oracle the op

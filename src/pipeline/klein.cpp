@@ -215,8 +215,6 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
     APUS_CHECK(o.width == r.width && o.height == r.height && o.steps == r.steps && o.fp32 == r.fp32,
                "a batch shares width, height, steps and precision: ", o.width, "x", o.height, ", ",
                o.steps, " steps differs from ", r.width, "x", r.height, ", ", r.steps, " steps");
-  APUS_CHECK(r.width % 16 == 0 && r.height % 16 == 0, "width ", r.width, " and height ", r.height,
-             " must be multiples of 16");
   APUS_CHECK(r.width >= 16 && r.height >= 16 && r.width <= kMaxSide && r.height <= kMaxSide,
              "width ", r.width, " x height ", r.height, " outside 16..", kMaxSide);
   APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/model_dir.h"
+#include "text/utf8.h"
 
 namespace apus {
 namespace {
@@ -21,41 +22,6 @@ namespace {
 using nlohmann::json;
 
 // --- UTF-8 -----------------------------------------------------------------------------------
-
-struct Utf8Step {
-  size_t length;  // a whole sequence when valid, else the maximal invalid subpart
-  bool valid;
-};
-
-// Follows the Unicode "maximal subpart" rule, which is what Rust's String::from_utf8_lossy uses
-// when HF's ByteLevel decoder replaces broken sequences, so decode() emits the same U+FFFDs.
-Utf8Step utf8_step(std::string_view s, size_t i) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (b0 < 0x80) return {1, true};
-  size_t trailing;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the first continuation byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    trailing = 1;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    trailing = 2;
-    if (b0 == 0xE0) lo = 0xA0;  // overlong
-    if (b0 == 0xED) hi = 0x9F;  // surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    trailing = 3;
-    if (b0 == 0xF0) lo = 0x90;  // overlong
-    if (b0 == 0xF4) hi = 0x8F;  // beyond U+10FFFF
-  } else {
-    return {1, false};
-  }
-  for (size_t k = 1; k <= trailing; ++k) {
-    if (i + k >= s.size()) return {k, false};
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if (b < lo || b > hi) return {k, false};
-    lo = 0x80;
-    hi = 0xBF;
-  }
-  return {trailing + 1, true};
-}
 
 // Only called on strings already known to be valid UTF-8 (JSON strings, validated text).
 char32_t decode_code_point(std::string_view s, size_t i, size_t length) {
@@ -618,11 +584,7 @@ BpeTokenizer BpeTokenizer::load(const std::string& tokenizer_json_path) {
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
-  for (size_t i = 0; i < text.size();) {
-    const Utf8Step step = utf8_step(text, i);
-    APUS_CHECK(step.valid, "text to encode is not valid UTF-8 (byte offset ", i, ")");
-    i += step.length;
-  }
+  require_utf8(text);
   const Impl& t = *impl_;
   Impl::Workspace ws;
   ws.match.reset(pcre2_match_data_create_from_pattern(t.split_regex.get(), nullptr));

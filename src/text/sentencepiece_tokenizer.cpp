@@ -5,34 +5,9 @@
 #include "core/error.h"
 #include "io/files.h"
 #include "io/model_dir.h"
+#include "text/utf8.h"
 
 namespace apus {
-
-namespace {
-
-// The same check klein's tokenizer makes: HF takes Python strings, which cannot hold invalid
-// UTF-8, so such bytes have no reference behaviour to match.
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc >> 6) != 0x2) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF are invalid too.
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-      return false;
-    i += n;
-  }
-  return true;
-}
-
-}  // namespace
 
 SentencePieceTokenizer::SentencePieceTokenizer() : sp_(new sentencepiece::SentencePieceProcessor) {}
 SentencePieceTokenizer::SentencePieceTokenizer(SentencePieceTokenizer&&) noexcept = default;
@@ -60,7 +35,7 @@ SentencePieceTokenizer SentencePieceTokenizer::parse(const std::string& bytes, c
 }
 
 std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text) const {
-  APUS_CHECK(valid_utf8(text), "text to encode is not valid UTF-8");
+  require_utf8(text);
   std::vector<int> ids;
   sentencepiece::util::Status status;
   try {

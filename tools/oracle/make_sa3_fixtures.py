@@ -30,9 +30,7 @@ def main():
         model.linear.weight.normal_(0.0, 0.5)
         model.linear.bias.normal_(0.0, 0.5)
     out_dir = os.path.join(args.out, "sa3_tiny", "duration_embedder")
-    model.save_pretrained(out_dir, safe_serialization=True)
-    for f in os.listdir(out_dir):
-        os.chmod(os.path.join(out_dir, f), 0o644)
+    oracle_env.save_pretrained_readable(model, out_dir)
     seconds = torch.tensor(DURATIONS, dtype=torch.float32)
     ref = {"seconds": seconds}
     with torch.no_grad():

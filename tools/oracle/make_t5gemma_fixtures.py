@@ -49,9 +49,7 @@ def main():
             else:
                 p.normal_(0.0, 0.35)
     out_dir = os.path.join(args.out, "t5gemma_tiny")
-    model.save_pretrained(out_dir, safe_serialization=True)
-    for f in os.listdir(out_dir):
-        os.chmod(os.path.join(out_dir, f), 0o644)
+    oracle_env.save_pretrained_readable(model, out_dir)
 
     batch = tok(PROMPTS, padding="max_length", max_length=MAX_LENGTH, truncation=True,
                 add_special_tokens=False, return_tensors="pt")

@@ -6,15 +6,12 @@ namespace apus {
 
 namespace {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public HostBackend {
  public:
-  CpuBackend() : Backend("cpu", Device::cpu, 0) {}
+  CpuBackend() : HostBackend("cpu") {}
 #define APUS_CPU_OP(ret, name, params, args) \
   ret name params override { return cpu::name args; }
   APUS_OPS(APUS_CPU_OP)
-  // Host memory: the same allocator host-side staging uses.
-  void* allocate(size_t bytes) override { return host_allocator().allocate(bytes); }
-  void release(void* p) override { host_allocator().release(p); }
 #undef APUS_CPU_OP
 };
 

@@ -41,12 +41,13 @@ dnnl::memory packed_weights(const Tensor& w, const KernelKey& key, Reorder&& reo
   static std::mutex mutex;
   static std::map<std::pair<const void*, KernelKey>, PackedEntry> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  for (auto it = cache.begin(); it != cache.end();)
-    it = it->second.owner.expired() ? cache.erase(it) : std::next(it);
   const auto id = std::make_pair(static_cast<const void*>(w.data), key);
   auto it = cache.find(id);
   if (it == cache.end() || it->second.owner.owner_before(w.owner) ||
       w.owner.owner_before(it->second.owner)) {
+    // Entries of weights that are gone are dropped when the cache grows, not on every hit.
+    for (auto e = cache.begin(); e != cache.end();)
+      e = e->second.owner.expired() ? cache.erase(e) : std::next(e);
     std::shared_ptr<void> buf(std::aligned_alloc(64, (bytes + 63) & ~size_t(63)), std::free);
     APUS_CHECK(buf, "conv2d: out of memory re-laying a ", shape_str(w.shape), " weight");
     it = cache.insert_or_assign(id, PackedEntry{w.owner, buf, reorder(buf.get())}).first;

@@ -44,14 +44,12 @@ double gelu_tanh(double v) {
 
 namespace {
 
-class ReferenceBackend final : public Backend {
+class ReferenceBackend final : public HostBackend {
  public:
-  ReferenceBackend() : Backend("reference", Device::cpu, 0) {}
+  ReferenceBackend() : HostBackend("reference") {}
 #define APUS_REF_OP(ret, name, params, args) \
   ret name params override { return ref::name args; }
   APUS_OPS(APUS_REF_OP)
-  void* allocate(size_t bytes) override { return host_allocator().allocate(bytes); }
-  void release(void* p) override { host_allocator().release(p); }
 #undef APUS_REF_OP
 };
 
