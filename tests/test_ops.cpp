@@ -134,6 +134,19 @@ TEST_P(Ops, LayerNormModulate) {
     });
 }
 
+TEST_P(Ops, ModulatePerSampleAndGateSigmoid) {
+  const int64_t m = 10, d = 96;  // two samples of five rows, each with its own vectors
+  const Tensor xt = random({m, d + 7}, 2.0f), sht = random({2, d}), sct = random({2, d}, 0.5f);
+  for (Rounding r : {Rounding::once, Rounding::each_step}) {
+    run_both("modulate", poisoned({m, d}), [&](Context& c, Tensor& y) {
+      ops::modulate(c, xt.cols(7, 7 + d), sht, sct, y, r);
+    });
+    run_both("gate_sigmoid", poisoned({2, d}), [&](Context& c, Tensor& y) {
+      ops::gate_sigmoid(c, xt.rows(0, 2).cols(3, 3 + d), y, r);
+    });
+  }
+}
+
 TEST_P(Ops, RmsNormPerHead) {
   const int64_t m = 11, g = 16, d = 4 * g;
   const Tensor xt = random({m, d}, 2.0f), wt = random({g}, 1.0f, DType::bf16);
@@ -155,6 +168,28 @@ TEST_P(Ops, RopeBothStyles) {
   for (auto style : {ops::RopeStyle::interleaved, ops::RopeStyle::half})
     for (Rounding r : {Rounding::once, Rounding::each_step})
       run_both("rope", xt, [&](Context& c, Tensor& x) { ops::rope(c, x, cos, sin, hd, style, r); });
+  // Partial RoPE (Stable Audio): a table half as wide turns the first half of each head; the
+  // rest must come out as it went in.
+  Tensor pcos = Tensor::heap({s, half / 2}, DType::f32), psin = Tensor::heap({s, half / 2}, DType::f32);
+  for (int64_t r = 0; r < s; ++r)
+    for (int64_t j = 0; j < half / 2; ++j) {
+      pcos.ptr<float>()[r * half / 2 + j] = cos.ptr<float>()[r * half + j];
+      psin.ptr<float>()[r * half / 2 + j] = sin.ptr<float>()[r * half + j];
+    }
+  const Tensor before = clone(xt);
+  Tensor turned = clone(xt);
+  ops::rope(ctx, turned, pcos, psin, hd, ops::RopeStyle::half, Rounding::once);
+  for (int64_t r = 0; r < s; ++r)
+    for (int64_t h = 0; h < d; h += hd)
+      for (int64_t i = half; i < hd; ++i)
+        ASSERT_EQ(std::memcmp(static_cast<const char*>(turned.row(r)) + (h + i) * dtype_size(act),
+                              static_cast<const char*>(before.row(r)) + (h + i) * dtype_size(act),
+                              dtype_size(act)), 0) << "partial rope touched channel " << i;
+  EXPECT_NE(to_f32_vector(turned), to_f32_vector(before));
+  for (Rounding r : {Rounding::once, Rounding::each_step})
+    run_both("rope partial", xt, [&](Context& c, Tensor& x) {
+      ops::rope(c, x, pcos, psin, hd, ops::RopeStyle::half, r);
+    });
 }
 
 TEST_P(Ops, AttentionCausalPaddedGrouped) {
@@ -173,6 +208,23 @@ TEST_P(Ops, AttentionCausalPaddedGrouped) {
     run_both("attention softcap", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
       ops::attention(c, qt, kt, vt, o, d, 0.25f, {false, valid.data(), 1, 5.0f, r});
     }, /*inner_rounding=*/true);
+}
+
+TEST_P(Ops, DifferentialAttentionIsTheDifferenceOfTwo) {
+  const int64_t s = 150, d = 64, h = 2;  // two samples of 75 rows
+  const Tensor qt = random({s, h * d}), kt = random({s, h * d}), q2 = random({s, h * d}),
+               k2 = random({s, h * d}), vt = random({s, h * d});
+  run_both("differential_attention", poisoned({s, h * d}), [&](Context& c, Tensor& o) {
+    ops::differential_attention(c, qt, kt, q2, k2, vt, o, d, 0.125f, {false, nullptr, 2});
+  }, /*inner_rounding=*/true);
+  // The same from two attention ops and a subtraction in the activation dtype.
+  Tensor a = poisoned({s, h * d}), b = poisoned({s, h * d}), diff = poisoned({s, h * d});
+  ops::attention(ctx, qt, kt, vt, a, d, 0.125f, {false, nullptr, 2});
+  ops::attention(ctx, q2, k2, vt, b, d, 0.125f, {false, nullptr, 2});
+  ops::differential_attention(ctx, qt, kt, q2, k2, vt, diff, d, 0.125f, {false, nullptr, 2});
+  const auto av = to_f32_vector(a), bv = to_f32_vector(b), dv = to_f32_vector(diff);
+  for (size_t i = 0; i < dv.size(); ++i)
+    ASSERT_EQ(dv[i], round_as(act, av[i] - bv[i])) << "element " << i;
 }
 
 TEST_P(Ops, SiluMulSiluAndGatedAdd) {
@@ -417,6 +469,10 @@ TEST_P(Ops, RoundingRulesAreVisibleToTheBound) {
       {"add_gated", [&](Context& c, Tensor& o, Rounding r) { ops::add_gated(c, o, y, &g, r); }, x},
       {"group_norm", [&](Context& c, Tensor& o, Rounding r) {
          ops::group_norm(c, img, gw, gb, o, 4, 1e-6f, true, r); }, poisoned({1, 8, 6, 5})},
+      {"modulate", [&](Context& c, Tensor& o, Rounding r) {
+         ops::modulate(c, x, g, g, o, r); }, poisoned({m, d})},
+      {"gate_sigmoid", [&](Context& c, Tensor& o, Rounding r) {
+         ops::gate_sigmoid(c, x, o, r); }, poisoned({m, d})},
       {"affine", [&](Context& c, Tensor& o, Rounding r) {
          ops::affine(c, x, g, g, o, r); }, poisoned({m, d})},
       {"attention scores", [&](Context& c, Tensor& o, Rounding r) {

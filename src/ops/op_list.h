@@ -63,17 +63,24 @@ struct AttentionOptions {
 // rms_norm: RMSNorm over each contiguous group of `group` features, times weight[group]; x and y
 //   may alias. each_step rounds the normalised value before the weight (transformers'
 //   Qwen3RMSNorm); once is torch.nn.RMSNorm.
-// rope: rotates every head of the view x[B*S, H*D] in place; cos/sin are f32 [S, D/2], one
-//   sample's positions serving every sample (row r uses table row r mod S). each_step
+// modulate: y = x * (1 + scale) + shift, x and y [M, D] views, scale and shift as
+//   layer_norm_modulate's; each_step rounds (1 + scale), the product and the sum.
+// rope: rotates every head of the view x[B*S, H*D] in place; cos/sin are f32 [S, R/2], one
+//   sample's positions serving every sample (row r uses table row r mod S). Only the first R
+//   channels of each head turn (R <= D: partial RoPE), pairs (j, j + R/2) or (2j, 2j + 1). each_step
 //   rounds cos and sin and each of the four products and two sums (Qwen's rotate_half in the
 //   activation dtype); once computes in fp32 (FLUX).
 // attention: o[Sq, Hq*D] = softmax(q k^T * scale + mask) v per head, kv heads shared by Hq/Hk
 //   query heads; the probabilities are rounded to q's dtype before P·V, as SDPA's math does.
+// differential_attention: o = attention(q, k, v) - attention(q2, k2, v), each term rounded to
+//   o's dtype before the difference (two eager attentions subtracted), same options for both.
 // glu: y = act(a) * b, all [M, F] views; each_step rounds act(a) first.
 // silu: y = silu(x), any shape (contiguous) or view.
 // add_gated: x += gate * y (gate null: x += y), x and y [M, D] views, gate [D] or [B, D] per
 //   sample as layer_norm_modulate's; each_step rounds
 //   gate * y before the add.
+// gate_sigmoid: y = sigmoid(1 - x) (Stable Audio's branch gate), x and y [B, D] or [D];
+//   each_step rounds 1 - x first.
 // euler_update: x <- x + step * velocity with the flow-match scheduler's roundings: the step is
 //   cast to the velocity's dtype and the product rounded to it, the sum rounded to x's dtype.
 // copy: y = x converted to y's dtype (views, or any two contiguous tensors of one size).
@@ -110,6 +117,10 @@ struct AttentionOptions {
     (Context & c, const Tensor& x, const Tensor& weight, Tensor& y, float eps, int64_t group,    \
      ops::Rounding rounding),                                                                    \
     (c, x, weight, y, eps, group, rounding))                                                     \
+  X(void, modulate,                                                                              \
+    (Context & c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y,          \
+     ops::Rounding rounding),                                                                    \
+    (c, x, shift, scale, y, rounding))                                                           \
   X(void, rope,                                                                                  \
     (Context & c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,             \
      ops::RopeStyle style, ops::Rounding rounding),                                              \
@@ -118,6 +129,11 @@ struct AttentionOptions {
     (Context & c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,                  \
      int64_t head_dim, float scale, const ops::AttentionOptions& mask),                             \
     (c, q, k, v, o, head_dim, scale, mask))                                                      \
+  X(void, differential_attention,                                                                \
+    (Context & c, const Tensor& q, const Tensor& k, const Tensor& q2, const Tensor& k2,           \
+     const Tensor& v, Tensor& o, int64_t head_dim, float scale,                                  \
+     const ops::AttentionOptions& mask),                                                         \
+    (c, q, k, q2, k2, v, o, head_dim, scale, mask))                                              \
   X(void, glu,                                                                                   \
     (Context & c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act,              \
      ops::Rounding rounding),                                                                    \
@@ -126,6 +142,8 @@ struct AttentionOptions {
   X(void, add_gated,                                                                             \
     (Context & c, Tensor& x, const Tensor& y, const Tensor* gate, ops::Rounding rounding),       \
     (c, x, y, gate, rounding))                                                                   \
+  X(void, gate_sigmoid, (Context & c, const Tensor& x, Tensor& y, ops::Rounding rounding),       \
+    (c, x, y, rounding))                                                                         \
   X(void, euler_update, (Context & c, Tensor& x, const Tensor& velocity, float step),            \
     (c, x, velocity, step))                                                                      \
   X(void, copy, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                            \

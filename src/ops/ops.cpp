@@ -35,6 +35,12 @@ OpCost rms_norm_cost(Context&, const Tensor& x, const Tensor& weight, Tensor& y,
   return {4 * elems(x), bytes(weight), act, act};
 }
 
+OpCost modulate_cost(Context&, const Tensor& x, const Tensor& shift, const Tensor& scale,
+                     Tensor& y, Rounding) {
+  const double act = bytes(x) + bytes(y) + bytes(shift) + bytes(scale);
+  return {2 * elems(x), 0, act, act + 2 * bytes(y)};
+}
+
 OpCost rope_cost(Context&, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t, RopeStyle,
                  Rounding) {
   const double act = 2 * bytes(x) + bytes(cos) + bytes(sin);
@@ -53,6 +59,19 @@ OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& 
   return cost;
 }
 
+OpCost differential_attention_cost(Context& c, const Tensor& q, const Tensor& k,
+                                   const Tensor& q2, const Tensor& k2, const Tensor& v, Tensor& o,
+                                   int64_t head_dim, float scale, const AttentionOptions& mask) {
+  // Two attentions over one V; the second's output and the subtraction are interior traffic.
+  OpCost cost = attention_cost(c, q, k, v, o, head_dim, scale, mask);
+  const OpCost second = attention_cost(c, q2, k2, v, o, head_dim, scale, mask);
+  cost.flops += second.flops + elems(o);
+  cost.bytes_fused += bytes(q2) + bytes(k2);
+  cost.bytes_unfused += second.bytes_unfused - bytes(v) + 2 * bytes(o);
+  cost.ulysses_bytes += bytes(q2) + bytes(k2);
+  return cost;
+}
+
 OpCost glu_cost(Context&, const Tensor& a, const Tensor& b, Tensor& y, Activation, Rounding) {
   const double act = bytes(a) + bytes(b) + bytes(y);
   return {5 * elems(y), 0, act, act + 2 * bytes(y)};
@@ -66,6 +85,11 @@ OpCost silu_cost(Context&, const Tensor& x, Tensor& y) {
 OpCost add_gated_cost(Context&, Tensor& x, const Tensor& y, const Tensor* gate, Rounding) {
   const double act = 2 * bytes(x) + bytes(y) + (gate ? bytes(*gate) : 0);
   return {(gate ? 2 : 1) * elems(x), 0, act, act + (gate ? 2 * bytes(y) : 0)};
+}
+
+OpCost gate_sigmoid_cost(Context&, const Tensor& x, Tensor& y, Rounding) {
+  const double act = bytes(x) + bytes(y);
+  return {5 * elems(x), 0, act, act};
 }
 
 OpCost euler_update_cost(Context&, Tensor& x, const Tensor& velocity, float) {

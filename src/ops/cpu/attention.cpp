@@ -119,4 +119,22 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   }, Schedule::dynamic);
 }
 
+void differential_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& q2,
+                            const Tensor& k2, const Tensor& v, Tensor& o, int64_t head_dim,
+                            float scale, const ops::AttentionOptions& mask) {
+  cpu::attention(c, q, k, v, o, head_dim, scale, mask);
+  ArenaScope scope(*c.arena);
+  Tensor second = Tensor::in(*c.arena, o.shape, o.dtype);
+  cpu::attention(c, q2, k2, v, second, head_dim, scale, mask);
+  const int64_t n = o.shape[1];
+  parallel_for(o.shape[0], [&](int64_t r) {
+    float* a = thread_scratch(0, n);
+    float* b = thread_scratch(1, n);
+    load_row(o, r, a, n);
+    load_row(second, r, b, n);
+    for (int64_t i = 0; i < n; ++i) a[i] -= b[i];
+    store_row(o, r, a, n);
+  });
+}
+
 }  // namespace apus::cpu

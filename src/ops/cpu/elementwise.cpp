@@ -43,6 +43,15 @@ void unary_rows(const Tensor& x, Tensor& y, RowFn&& fn) {
 
 void silu(Context& c, const Tensor& x, Tensor& y) { unary_rows(x, y, silu_row); }
 
+void gate_sigmoid(Context& c, const Tensor& x, Tensor& y, ops::Rounding rounding) {
+  const bool rounded = rounding == ops::Rounding::each_step;
+  unary_rows(x, y, [&](float* v, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) v[i] = 1.0f - v[i];
+    if (rounded) round_to(y.dtype, v, n);
+    for (int64_t i = 0; i < n; ++i) v[i] = 1.0f / (1.0f + std::exp(-v[i]));
+  });
+}
+
 void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
                ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
@@ -129,9 +138,9 @@ void transpose(Context& c, const Tensor& x, Tensor& y) {
 
 void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
           ops::RopeStyle style, ops::Rounding rounding) {
-  const int64_t s = x.shape[0], d = x.shape[1], half = head_dim / 2, table = cos.shape[0];
-  APUS_CHECK(d % head_dim == 0 && cos.rank() == 2 && cos.shape[1] == half && table > 0 &&
-                 s % table == 0 && sin.shape == cos.shape && cos.dtype == DType::f32,
+  const int64_t s = x.shape[0], d = x.shape[1], half = cos.shape[1], table = cos.shape[0];
+  APUS_CHECK(d % head_dim == 0 && cos.rank() == 2 && half > 0 && 2 * half <= head_dim &&
+                 table > 0 && s % table == 0 && sin.shape == cos.shape && cos.dtype == DType::f32,
              "rope: x ", shape_str(x.shape), ", cos ", shape_str(cos.shape), ", head_dim ",
              head_dim);
   const bool rounded = rounding == ops::Rounding::each_step && x.dtype == DType::bf16;

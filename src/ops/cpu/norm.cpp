@@ -5,6 +5,37 @@
 
 namespace apus::cpu {
 
+namespace {
+
+// The per-sample shift and (1 + scale) of a modulation as f32 [B, D], (1 + scale) rounded to the
+// output dtype when the reference rounds step by step.
+struct Modulation {
+  Tensor shift, scale;
+  int64_t per_sample;
+  bool rounded;
+  Modulation(Arena& arena, const Tensor& sh, const Tensor& sc, const Tensor& y,
+             ops::Rounding rounding) {
+    const int64_t m = y.shape[0], d = y.shape[1];
+    shift = sample_vectors(arena, sh, d, m);
+    scale = sample_vectors(arena, sc, d, m);
+    per_sample = m / shift.shape[0];
+    rounded = rounding == ops::Rounding::each_step && y.dtype != DType::f32;
+    for (int64_t i = 0; i < scale.numel(); ++i) scale.ptr<float>()[i] += 1.0f;
+    if (rounded) round_to(y.dtype, scale.ptr<float>(), scale.numel());
+  }
+  // row <- row * (1 + scale) + shift for output row r, rounded as the reference rounds.
+  void apply(float* row, int64_t r, int64_t d) const {
+    const float* shp = shift.ptr<float>() + (r / per_sample) * d;
+    const float* scp = scale.ptr<float>() + (r / per_sample) * d;
+    if (rounded)
+      for (int64_t i = 0; i < d; ++i) row[i] = round_bf16(round_bf16(round_bf16(row[i]) * scp[i]) + shp[i]);
+    else
+      for (int64_t i = 0; i < d; ++i) row[i] = row[i] * scp[i] + shp[i];
+  }
+};
+
+}  // namespace
+
 void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale,
                          Tensor& y, float eps, ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
@@ -12,26 +43,31 @@ void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const
              shape_str(x.shape), ", shift ", shape_str(shift.shape), ", scale ",
              shape_str(scale.shape), ", y ", shape_str(y.shape));
   ArenaScope scope(*c.arena);
-  const Tensor sh = sample_vectors(*c.arena, shift, d, m);
-  Tensor sc = sample_vectors(*c.arena, scale, d, m);
-  const int64_t per_sample = m / sh.shape[0];
-  const bool rounded = rounding == ops::Rounding::each_step && y.dtype != DType::f32;
-  for (int64_t i = 0; i < sc.numel(); ++i) sc.ptr<float>()[i] += 1.0f;
-  if (rounded) round_to(y.dtype, sc.ptr<float>(), sc.numel());
+  const Modulation mod(*c.arena, shift, scale, y, rounding);
   parallel_for(m, [&](int64_t r) {
-    const float* shp = sh.ptr<float>() + (r / per_sample) * d;
-    const float* scp = sc.ptr<float>() + (r / per_sample) * d;
     float* row = thread_scratch(0, d);
     load_row(x, r, row, d);
     const float mu = sum_row(row, d) / float(d);
     const float var = squared_deviation_row(row, d, mu) / float(d);
     const float rstd = 1.0f / std::sqrt(var + eps);
-    for (int64_t i = 0; i < d; ++i) {
-      float v = (row[i] - mu) * rstd;
-      if (rounded) v = round_bf16(round_bf16(round_bf16(v) * scp[i]) + shp[i]);
-      else v = v * scp[i] + shp[i];
-      row[i] = v;
-    }
+    for (int64_t i = 0; i < d; ++i) row[i] = (row[i] - mu) * rstd;
+    mod.apply(row, r, d);
+    store_row(y, r, row, d);
+  });
+}
+
+void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y,
+              ops::Rounding rounding) {
+  const int64_t m = x.shape[0], d = x.shape[1];
+  APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "modulate: x ", shape_str(x.shape),
+             ", shift ", shape_str(shift.shape), ", scale ", shape_str(scale.shape), ", y ",
+             shape_str(y.shape));
+  ArenaScope scope(*c.arena);
+  const Modulation mod(*c.arena, shift, scale, y, rounding);
+  parallel_for(m, [&](int64_t r) {
+    float* row = thread_scratch(0, d);
+    load_row(x, r, row, d);
+    mod.apply(row, r, d);
     store_row(y, r, row, d);
   });
 }

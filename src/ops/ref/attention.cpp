@@ -55,4 +55,14 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   }
 }
 
+void differential_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& q2,
+                            const Tensor& k2, const Tensor& v, Tensor& o, int64_t head_dim,
+                            float scale, const ops::AttentionOptions& mask) {
+  ref::attention(c, q, k, v, o, head_dim, scale, mask);
+  Tensor second = Tensor::heap(o.shape, o.dtype);
+  ref::attention(c, q2, k2, v, second, head_dim, scale, mask);
+  for (int64_t r = 0; r < o.shape[0]; ++r)
+    for (int64_t i = 0; i < o.shape[1]; ++i) put(o, r, i, get(o, r, i) - get(second, r, i));
+}
+
 }  // namespace apus::ref

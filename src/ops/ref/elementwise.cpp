@@ -40,6 +40,17 @@ void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
     }
 }
 
+void gate_sigmoid(Context& c, const Tensor& x, Tensor& y, ops::Rounding rounding) {
+  const Tensor xr = x.rank() == 2 ? x : rows2d(x);
+  Tensor yr = y.rank() == 2 ? y : rows2d(y);
+  for (int64_t r = 0; r < xr.shape[0]; ++r)
+    for (int64_t i = 0; i < xr.shape[1]; ++i) {
+      double t = 1.0 - get(xr, r, i);
+      if (rounding == ops::Rounding::each_step) t = as(y.dtype, t);
+      put(yr, r, i, 1.0 / (1.0 + std::exp(-t)));
+    }
+}
+
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
   const bool bf16 = velocity.dtype == DType::bf16;
   const double dt = bf16 ? as(DType::bf16, step) : double(step);
@@ -76,7 +87,8 @@ void transpose(Context& c, const Tensor& x, Tensor& y) {
 
 void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
           ops::RopeStyle style, ops::Rounding rounding) {
-  const int64_t s = x.shape[0], d = x.shape[1], half = head_dim / 2;
+  const int64_t s = x.shape[0], d = x.shape[1], half = cos.shape[1];
+  APUS_CHECK(2 * half <= head_dim && d % head_dim == 0, "rope: table wider than a head");
   const bool each = rounding == ops::Rounding::each_step;
   const DType dt = x.dtype;
   std::vector<double> row(static_cast<size_t>(d));

@@ -28,6 +28,21 @@ void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const
   }
 }
 
+void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y,
+              ops::Rounding rounding) {
+  const int64_t m = x.shape[0], d = x.shape[1];
+  const bool each = rounding == ops::Rounding::each_step;
+  const Tensor sh = shift.rank() == 2 ? shift : rows2d(shift);
+  const Tensor sc = scale.rank() == 2 ? scale : rows2d(scale);
+  const int64_t per_sample = m / sh.shape[0];
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < d; ++i) {
+      const double v = get(x, r, i), s = 1.0 + get(sc, r / per_sample, i);
+      const double t = get(sh, r / per_sample, i);
+      put(y, r, i, each ? as(y.dtype, as(y.dtype, v * as(y.dtype, s)) + t) : v * s + t);
+    }
+}
+
 void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps,
               int64_t group, ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
