@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace apus {
 
@@ -121,15 +122,17 @@ std::vector<float> to_f32_vector(const Tensor& t) {
 }
 
 Tensor to_dtype(const Tensor& t, DType dt) {
+  APUS_CHECK(dt == DType::f32 || dt == DType::bf16, "to_dtype: cannot convert to ", dtype_name(dt));
   Tensor out = Tensor::heap(t.shape, dt);
-  const int64_t n = t.numel();
-  if (dt == DType::f32) {
-    for (int64_t i = 0; i < n; ++i) out.ptr<float>()[i] = load_f32(t, i);
-  } else if (dt == DType::bf16) {
-    for (int64_t i = 0; i < n; ++i) out.ptr<uint16_t>()[i] = f32_to_bf16(load_f32(t, i));
-  } else {
-    fail("to_dtype: cannot convert to ", dtype_name(dt));
-  }
+  const int64_t n = t.numel(), block = int64_t(1) << 16;
+  // Whole weight matrices go through here at load: spread over the cores.
+  parallel_for((n + block - 1) / block, [&](int64_t b) {
+    const int64_t end = std::min(n, (b + 1) * block);
+    for (int64_t i = b * block; i < end; ++i) {
+      if (dt == DType::f32) out.ptr<float>()[i] = load_f32(t, i);
+      else out.ptr<uint16_t>()[i] = f32_to_bf16(load_f32(t, i));
+    }
+  });
   return out;
 }
 

@@ -1,0 +1,347 @@
+#include "models/sa3/dit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "core/error.h"
+
+namespace apus::sa3 {
+
+DitConfig DitConfig::read(const Config& c) {
+  DitConfig d{};
+  d.io_channels = c.get_size("io_channels", 256, 1);
+  APUS_CHECK(c.get_int("patch_size", 1) == 1, c.path, ": patch_size ", c.get_int("patch_size", 1),
+             " is not supported (every published model uses 1)");
+  d.dim = c.get_size("embed_dim", 1536, 1);
+  d.depth = c.get_size("depth", 24, 1);
+  d.heads = c.get_size("num_heads", 24, 1);
+  APUS_CHECK(d.dim % d.heads == 0, c.path, ": embed_dim ", d.dim, " is not a multiple of num_heads ",
+             d.heads);
+  d.head_dim = d.dim / d.heads;
+  // The official ContinuousTransformer turns max(head_dim / 2, 32) channels of each head.
+  d.rope_dim = std::max<int64_t>(d.head_dim / 2, 32);
+  APUS_CHECK(d.rope_dim <= d.head_dim && d.rope_dim % 2 == 0, c.path, ": head dimension ",
+             d.head_dim, " is too small for the official RoPE width ", d.rope_dim);
+  d.cond_dim = c.get_size("cond_token_dim", 768, 1);
+  d.global_dim = c.get_size("global_cond_dim", 768, 1);
+  d.local_dim = c.get_size("local_add_cond_dim", 257, 1);
+  d.timestep_features = c.get_size("timestep_features_dim", 256, 2);
+  APUS_CHECK(d.timestep_features % 2 == 0, c.path, ": timestep_features_dim ", d.timestep_features,
+             " must be even (cos and sin halves)");
+  const double mult = c.get_double("ff_mult", 4.0);
+  APUS_CHECK(mult > 0 && mult <= 64, c.path, ": ff_mult ", mult, " out of range");
+  d.ff_inner = int64_t(double(d.dim) * mult);
+  d.memory_tokens = c.get_size("num_memory_tokens", 64, 0);
+  d.differential = c.get_bool("use_differential_attention", true);
+  return d;
+}
+
+namespace {
+
+// ExpoFourierFeatures' frequencies as torch computes them in fp32:
+// exp(linspace(0, 1, n) * (ln max - ln min) + ln min), the span a double rounded once, product
+// and sum rounded each, linspace fused-multiply-added from the nearer end (its CPU kernel). The
+// 10 kHz feature turns by t f 2 pi ~ 5e4 radians, so one ulp of a frequency moves it visibly.
+Tensor expo_frequencies(int64_t n, double min_freq, double max_freq) {
+  Tensor f = Tensor::heap({n}, DType::f32);
+  const float step = n > 1 ? 1.0f / float(n - 1) : 0.0f;
+  const float lo = float(std::log(min_freq)), span = float(std::log(max_freq) - std::log(min_freq));
+  for (int64_t i = 0; i < n; ++i) {
+    const float ramp = i < n / 2 ? std::fma(step, float(i), 0.0f) : std::fma(-step, float(n - 1 - i), 1.0f);
+    const float product = ramp * span;
+    f.ptr<float>()[i] = float(std::exp(double(product + lo)));
+  }
+  return f;
+}
+
+}  // namespace
+
+Dit Dit::load(const std::string& dir, DType compute, bool load_weights) {
+  Dit m;
+  m.cfg_ = DitConfig::read(read_config(dir + "/config.json"));
+  m.weights_ = load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only();
+  const DitConfig& c = m.cfg_;
+  const WeightSet& w = m.weights_;
+  const int64_t d = c.dim, hd = c.head_dim, f = c.ff_inner;
+  // Every parameter in the compute dtype, converted once, as the official model.to(dtype) does.
+  auto param = [&](const std::string& name, const Shape& shape) -> Tensor {
+    const Tensor& t = w.get(name, shape);
+    if (!t.data || t.dtype == compute) return t;
+    m.owned_.push_back(to_dtype(t, compute));
+    return m.owned_.back();
+  };
+  auto& gemm = param;
+  auto& vec = param;
+  m.time_1_ = gemm("to_timestep_embed.0.weight", {d, c.timestep_features});
+  m.time_1_bias_ = vec("to_timestep_embed.0.bias", {d});
+  m.time_2_ = gemm("to_timestep_embed.2.weight", {d, d});
+  m.time_2_bias_ = vec("to_timestep_embed.2.bias", {d});
+  m.cond_1_ = gemm("to_cond_embed.0.weight", {d, c.cond_dim});
+  m.cond_2_ = gemm("to_cond_embed.2.weight", {d, d});
+  m.global_1_ = gemm("to_global_embed.0.weight", {d, c.global_dim});
+  m.global_2_ = gemm("to_global_embed.2.weight", {d, d});
+  m.mod_1_ = gemm("global_cond_embedder.0.weight", {d, d});
+  m.mod_1_bias_ = vec("global_cond_embedder.0.bias", {d});
+  m.mod_2_ = gemm("global_cond_embedder.2.weight", {6 * d, d});
+  m.mod_2_bias_ = vec("global_cond_embedder.2.bias", {6 * d});
+  m.pre_conv_ = gemm("preprocess_conv.weight", {c.io_channels, c.io_channels, 1}).reshape({c.io_channels, c.io_channels});
+  m.post_conv_ = gemm("postprocess_conv.weight", {c.io_channels, c.io_channels, 1}).reshape({c.io_channels, c.io_channels});
+  m.proj_in_ = gemm("proj_in.weight", {d, c.io_channels});
+  m.proj_out_ = gemm("proj_out.weight", {c.io_channels, d});
+  if (c.memory_tokens > 0) m.memory_ = vec("memory_tokens", {c.memory_tokens, d});
+  m.padding_ = vec("prompt_padding_embedding", {c.cond_dim});
+  // The checkpoint stores the RoPE inverse frequencies the official module loads; apus computes
+  // them (10000^(-2j/rope_dim) in fp32) and refuses a checkpoint whose buffer says otherwise.
+  const Tensor& inv_freq = w.get("rotary_pos_emb.inv_freq", {c.rope_dim / 2});
+  if (inv_freq.data)
+    for (int64_t j = 0; j < c.rope_dim / 2; ++j) {
+      const float expected = 1.0f / std::pow(10000.0f, float(2 * j) / float(c.rope_dim));
+      APUS_CHECK(std::fabs(load_f32(inv_freq, j) - expected) <= 1e-6f * expected, dir,
+                 ": rotary_pos_emb.inv_freq[", j, "] is ", load_f32(inv_freq, j), ", expected ",
+                 expected, " (RoPE base 10000 over ", c.rope_dim, " channels)");
+    }
+  m.time_freqs_ = expo_frequencies(c.timestep_features / 2, 0.5, 10000.0);
+  m.ones_ = Tensor::heap({6 * d}, DType::f32);
+  std::fill(m.ones_.ptr<float>(), m.ones_.ptr<float>() + 6 * d, 1.0f);
+  const int64_t qkv = (c.differential ? 5 : 3) * d, nq = c.differential ? 2 : 1;
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const std::string p = "transformer_blocks." + std::to_string(i) + ".";
+    Block b;
+    b.pre_norm = vec(p + "pre_norm.gamma", {d});
+    b.cross_norm = vec(p + "cross_attend_norm.gamma", {d});
+    b.ff_norm = vec(p + "ff_norm.gamma", {d});
+    b.scale_shift_gate = vec(p + "to_scale_shift_gate", {6 * d});
+    b.to_qkv = gemm(p + "self_attn.to_qkv.weight", {qkv, d});
+    b.to_out = gemm(p + "self_attn.to_out.weight", {d, d});
+    b.q_norm = vec(p + "self_attn.q_norm.gamma", {hd});
+    b.k_norm = vec(p + "self_attn.k_norm.gamma", {hd});
+    b.cross_q = gemm(p + "cross_attn.to_q.weight", {nq * d, d});
+    b.cross_kv = gemm(p + "cross_attn.to_kv.weight", {(nq + 1) * d, d});
+    b.cross_out = gemm(p + "cross_attn.to_out.weight", {d, d});
+    b.cross_q_norm = vec(p + "cross_attn.q_norm.gamma", {hd});
+    b.cross_k_norm = vec(p + "cross_attn.k_norm.gamma", {hd});
+    b.ff_in = gemm(p + "ff.proj_in.weight", {2 * f, d});
+    b.ff_in_bias = vec(p + "ff.proj_in.bias", {2 * f});
+    b.ff_out = gemm(p + "ff.proj_out.weight", {d, f});
+    b.ff_out_bias = vec(p + "ff.proj_out.bias", {d});
+    b.local_1 = gemm(p + "to_local_embed.0.weight", {d, c.local_dim});
+    b.local_1_bias = vec(p + "to_local_embed.0.bias", {d});
+    b.local_2 = gemm(p + "to_local_embed.2.weight", {d, d});
+    b.local_2_bias = vec(p + "to_local_embed.2.bias", {d});
+    m.blocks_.push_back(b);
+  }
+  return m;
+}
+
+void Dit::mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2,
+              const Tensor* b2, Tensor& y) const {
+  ArenaScope scope(*c.arena);
+  Tensor hidden = Tensor::in(*c.arena, {x.shape[0], w1.shape[0]}, c.act);
+  ops::linear(c, x, w1, b1, hidden);
+  ops::silu(c, hidden, hidden);
+  ops::linear(c, hidden, w2, b2, y);
+}
+
+DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int64_t>& cross_valid,
+                          const Tensor& global, const Tensor& local) const {
+  const DitConfig& g = cfg_;
+  const int64_t batch = global.shape[0], d = g.dim, hd = g.head_dim;
+  APUS_CHECK(global.rank() == 2 && global.shape[1] == g.global_dim && batch >= 1,
+             "dit: global condition ", shape_str(global.shape), " is not B x global_cond_dim ",
+             g.global_dim);
+  APUS_CHECK(cross.rank() == 2 && cross.shape[1] == g.cond_dim && cross.shape[0] % batch == 0 &&
+                 int64_t(cross_valid.size()) == cross.shape[0],
+             "dit: cross tokens ", shape_str(cross.shape), " (", cross_valid.size(),
+             " mask entries) are not ", batch, " x tokens of cond_token_dim ", g.cond_dim);
+  APUS_CHECK(local.rank() == 2 && local.shape[1] == g.local_dim && local.shape[0] % batch == 0,
+             "dit: local conditioning ", shape_str(local.shape), " is not B x frames x ", g.local_dim);
+  const int64_t ctx = cross.shape[0] / batch;
+  DitPrologue p;
+  p.batch = batch;
+  p.frames = local.shape[0] / batch;
+  CostScope scope(c, "dit/prologue");
+  ArenaScope arena(*c.arena);
+
+  // Padded text positions take the learned padding embedding, then to_cond_embed projects.
+  Tensor tokens = Tensor::in(*c.arena, {batch * ctx, g.cond_dim}, c.act);
+  ops::copy(c, cross, tokens);
+  const Tensor padding = padding_.reshape({1, g.cond_dim});
+  for (int64_t r = 0; r < batch * ctx; ++r)
+    if (!cross_valid[size_t(r)]) {
+      Tensor row = tokens.rows(r, r + 1);
+      ops::copy(c, padding, row);
+    }
+  Tensor context = Tensor::in(*c.arena, {batch * ctx, d}, c.act);
+  mlp(c, tokens, cond_1_, nullptr, cond_2_, nullptr, context);
+  p.global = ops::empty(c, {batch, d}, c.act);
+  mlp(c, global, global_1_, nullptr, global_2_, nullptr, p.global);
+
+  // Cross-attention keys (normed) and values, and the local conditioning: fixed for the request.
+  const int64_t nq = g.differential ? 2 : 1;
+  for (const Block& b : blocks_) {
+    Tensor kv = Tensor::in(*c.arena, {batch * ctx, (nq + 1) * d}, c.act);
+    ops::linear(c, context, b.cross_kv, nullptr, kv);
+    Tensor k = ops::empty(c, {batch * ctx, nq * d}, c.act), v = ops::empty(c, {batch * ctx, d}, c.act);
+    ops::rms_norm(c, kv.cols(0, nq * d), b.cross_k_norm, k, g.qk_norm_eps, hd, ops::Rounding::once);
+    ops::copy(c, kv.cols(nq * d, (nq + 1) * d), v);
+    p.cross_k.push_back(k);
+    p.cross_v.push_back(v);
+    Tensor emb = ops::empty(c, {batch * p.frames, d}, c.act);
+    mlp(c, local, b.local_1, &b.local_1_bias, b.local_2, &b.local_2_bias, emb);
+    p.local.push_back(emb);
+  }
+  // RoPE over memory tokens and frames, one sample's positions 0..N-1, fp32 angles.
+  const int64_t n = g.memory_tokens + p.frames;
+  Tensor positions = Tensor::in(*c.arena, {n, 1}, DType::i64);
+  if (!c.count_only)
+    for (int64_t i = 0; i < n; ++i) positions.ptr<int64_t>()[i] = i;
+  p.cos = ops::empty(c, {n, g.rope_dim / 2}, DType::f32);
+  p.sin = ops::empty(c, {n, g.rope_dim / 2}, DType::f32);
+  ops::rope_tables(c, positions, {g.rope_dim}, 10000.0, ops::RopeMath::f32, p.cos, p.sin);
+  return p;
+}
+
+void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro, Tensor& x,
+                const Tensor& mod) const {
+  ArenaScope scope(*c.arena);
+  const DitConfig& g = cfg_;
+  const int64_t batch = pro.batch, rows = x.shape[0], n = rows / batch, d = g.dim, hd = g.head_dim;
+  const int64_t nq = g.differential ? 2 : 1;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  // This block's (scale, shift, gate) x (self-attention, feed-forward), [B, 6D]: its own bias
+  // plus the shared modulation.
+  Tensor m = Tensor::in(*c.arena, {batch, 6 * d}, c.act);
+  ops::affine(c, mod, ones_, b.scale_shift_gate, m, ops::Rounding::each_step);
+  auto chunk = [&](int j) { return m.cols(j * d, (j + 1) * d); };
+  Tensor gate = Tensor::in(*c.arena, {batch, d}, c.act);
+  Tensor normed = Tensor::in(*c.arena, {rows, d}, c.act);
+  Tensor attn = Tensor::in(*c.arena, {rows, d}, c.act), proj = Tensor::in(*c.arena, {rows, d}, c.act);
+  auto norm_modulated = [&](const Tensor& gamma, int scale_chunk) {
+    ops::rms_norm(c, x, gamma, normed, g.norm_eps, d, ops::Rounding::once);
+    ops::modulate(c, normed, chunk(scale_chunk + 1), chunk(scale_chunk), normed, ops::Rounding::each_step);
+  };
+  // Attention over q (and q2), k (and k2) views of width d each, into attn.
+  auto attend = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+    const ops::AttentionOptions opts{false, nullptr, batch};
+    if (g.differential)
+      ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d),
+                                  v, attn, hd, scale, opts);
+    else
+      ops::attention(c, q, k, v, attn, hd, scale, opts);
+  };
+
+  std::optional<CostScope> part(std::in_place, c, "self_attn");
+  norm_modulated(b.pre_norm, 0);
+  {
+    Tensor qkv = Tensor::in(*c.arena, {rows, (2 * nq + 1) * d}, c.act);
+    ops::linear(c, normed, b.to_qkv, nullptr, qkv);
+    Tensor q = qkv.cols(0, nq * d), k = qkv.cols(nq * d, 2 * nq * d);
+    ops::rms_norm(c, q, b.q_norm, q, g.qk_norm_eps, hd, ops::Rounding::once);
+    ops::rms_norm(c, k, b.k_norm, k, g.qk_norm_eps, hd, ops::Rounding::once);
+    ops::rope(c, q, pro.cos, pro.sin, hd, ops::RopeStyle::half, ops::Rounding::once);
+    ops::rope(c, k, pro.cos, pro.sin, hd, ops::RopeStyle::half, ops::Rounding::once);
+    attend(q, k, qkv.cols(2 * nq * d, (2 * nq + 1) * d));
+  }
+  {
+    RowParallel row(c);
+    ops::linear(c, attn, b.to_out, nullptr, proj);
+  }
+  ops::gate_sigmoid(c, chunk(2), gate, ops::Rounding::each_step);
+  ops::add_gated(c, x, proj, &gate, ops::Rounding::each_step);
+
+  part.emplace(c, "cross_attn");
+  ops::rms_norm(c, x, b.cross_norm, normed, g.norm_eps, d, ops::Rounding::once);
+  {
+    Tensor q = Tensor::in(*c.arena, {rows, nq * d}, c.act);
+    ops::linear(c, normed, b.cross_q, nullptr, q);
+    ops::rms_norm(c, q, b.cross_q_norm, q, g.qk_norm_eps, hd, ops::Rounding::once);
+    attend(q, pro.cross_k[index], pro.cross_v[index]);
+  }
+  {
+    RowParallel row(c);
+    ops::linear(c, attn, b.cross_out, nullptr, proj);
+  }
+  ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
+
+  // Local conditioning on the frames, not the memory tokens.
+  part.emplace(c, "local");
+  const int64_t mem = g.memory_tokens, frames = n - mem;
+  for (int64_t s = 0; s < batch; ++s) {
+    Tensor audio = x.rows(s * n + mem, (s + 1) * n);
+    ops::add_gated(c, audio, pro.local[index].rows(s * frames, (s + 1) * frames), nullptr,
+                   ops::Rounding::each_step);
+  }
+
+  part.emplace(c, "ff");
+  norm_modulated(b.ff_norm, 3);
+  {
+    const int64_t f = g.ff_inner;
+    Tensor up = Tensor::in(*c.arena, {rows, 2 * f}, c.act), act = Tensor::in(*c.arena, {rows, f}, c.act);
+    ops::linear(c, normed, b.ff_in, &b.ff_in_bias, up);
+    ops::glu(c, up.cols(f, 2 * f), up.cols(0, f), act, ops::Activation::silu, ops::Rounding::each_step);
+    RowParallel row(c);
+    ops::linear(c, act, b.ff_out, &b.ff_out_bias, proj);
+  }
+  ops::gate_sigmoid(c, chunk(5), gate, ops::Rounding::each_step);
+  ops::add_gated(c, x, proj, &gate, ops::Rounding::each_step);
+}
+
+void Dit::forward(Context& c, const DitPrologue& pro, const Tensor& x, float t,
+                  Tensor& velocity) const {
+  ArenaScope scope(*c.arena);
+  const DitConfig& g = cfg_;
+  const int64_t batch = pro.batch, frames = pro.frames, mem = g.memory_tokens, n = mem + frames;
+  const int64_t d = g.dim, io = g.io_channels;
+  APUS_CHECK(x.rank() == 2 && x.shape[0] == batch * frames && x.shape[1] == io &&
+                 velocity.shape == x.shape,
+             "dit: latents ", shape_str(x.shape), " / velocity ", shape_str(velocity.shape),
+             " are not ", batch, " x ", frames, " frames of ", io, " channels");
+  CostScope dit_scope(c, "dit");
+  std::optional<CostScope> part(std::in_place, c, "embed");
+  // Timestep: fp32 Fourier features of t, then the MLP; added to the global condition and
+  // expanded into the shared modulation [B, 6D].
+  Tensor features = Tensor::in(*c.arena, {1, g.timestep_features}, c.act);
+  ops::fourier_features(c, t, time_freqs_, features);
+  Tensor temb = Tensor::in(*c.arena, {1, d}, c.act);
+  mlp(c, features, time_1_, &time_1_bias_, time_2_, &time_2_bias_, temb);
+  Tensor global = Tensor::in(*c.arena, {batch, d}, c.act);
+  for (int64_t s = 0; s < batch; ++s) {
+    Tensor row = global.rows(s, s + 1);
+    ops::copy(c, pro.global.rows(s, s + 1), row);
+    ops::add_gated(c, row, temb, nullptr, ops::Rounding::each_step);
+  }
+  Tensor mod = Tensor::in(*c.arena, {batch, 6 * d}, c.act);
+  mlp(c, global, mod_1_, &mod_1_bias_, mod_2_, &mod_2_bias_, mod);
+
+  // x + preprocess_conv(x), projected in after the memory tokens of each sample.
+  Tensor pre = Tensor::in(*c.arena, {batch * frames, io}, c.act);
+  ops::linear(c, x, pre_conv_, nullptr, pre);
+  ops::add_gated(c, pre, x, nullptr, ops::Rounding::each_step);
+  Tensor hidden = Tensor::in(*c.arena, {batch * n, d}, c.act);
+  for (int64_t s = 0; s < batch; ++s) {
+    Tensor audio = hidden.rows(s * n + mem, (s + 1) * n);
+    ops::linear(c, pre.rows(s * frames, (s + 1) * frames), proj_in_, nullptr, audio);
+    if (mem > 0) {
+      Tensor memory = hidden.rows(s * n, s * n + mem);
+      ops::copy(c, memory_, memory);
+    }
+  }
+  part.reset();
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    CostScope block_scope(c, "block." + std::to_string(i));
+    mark_depth_boundary(c, hidden);
+    block(c, blocks_[i], i, pro, hidden, mod);
+  }
+  CostScope final_scope(c, "final");
+  // Memory tokens dropped; velocity = h + postprocess_conv(h).
+  for (int64_t s = 0; s < batch; ++s) {
+    Tensor out = velocity.rows(s * frames, (s + 1) * frames);
+    ops::linear(c, hidden.rows(s * n + mem, (s + 1) * n), proj_out_, nullptr, out);
+  }
+  Tensor post = Tensor::in(*c.arena, {batch * frames, io}, c.act);
+  ops::linear(c, velocity, post_conv_, nullptr, post);
+  ops::add_gated(c, velocity, post, nullptr, ops::Rounding::each_step);
+}
+
+}  // namespace apus::sa3

@@ -1,0 +1,78 @@
+#pragma once
+// Stable Audio 3's diffusion transformer: the medium DiT (differential attention) and the small
+// ones (plain attention), as the official DiffusionTransformer computes them (adaLN from the
+// duration and timestep, memory tokens, partial RoPE, cross-attention to text + duration tokens,
+// per-block local conditioning). Weights in diffusers' StableAudio3DiTModel layout.
+//
+// Where diffusers 0.42.1 differs, the official code decides: block RMSNorms use eps 1e-5 (diffusers
+// 1e-6) and the local-conditioning branch runs on every call (zeros for text-to-audio still add
+// W2 SiLU(b1) + b2). In bf16 the timestep's Fourier features and the RoPE frequencies stay fp32
+// (the official model cast to a 16-bit dtype rounds t and inv_freq, which moves high angles by
+// radians); the rest follows the official module order and roundings.
+#include <string>
+#include <vector>
+
+#include "io/model_dir.h"
+#include "ops/ops.h"
+
+namespace apus::sa3 {
+
+struct DitConfig {
+  int64_t io_channels, dim, depth, heads, head_dim, rope_dim, cond_dim, global_dim, local_dim;
+  int64_t timestep_features, ff_inner, memory_tokens;
+  bool differential;
+  float norm_eps = 1e-5f, qk_norm_eps = 1e-6f;
+  static DitConfig read(const Config& c);
+};
+
+// What stays fixed across sampler steps for a batch of B samples of T latent frames.
+struct DitPrologue {
+  int64_t batch = 1, frames = 0;
+  Tensor global;            // [B, dim] to_global_embed(global condition)
+  std::vector<Tensor> cross_k, cross_v;  // per block: [B*S, k width] normed keys, [B*S, dim] values
+  std::vector<Tensor> local;  // per block: [B*T, dim] to_local_embed(local condition)
+  Tensor cos, sin;          // [memory + T, rope_dim / 2] f32
+};
+
+class Dit {
+ public:
+  // dir holds config.json and diffusion_pytorch_model.safetensors. GEMM weights are converted to
+  // `compute` once here (the official model.to(dtype)); with load_weights false only shapes.
+  static Dit load(const std::string& dir, DType compute, bool load_weights = true);
+  const DitConfig& config() const { return cfg_; }
+  int64_t parameter_count() const { return weights_.fetched_elements(); }
+
+  // cross [B*S, cond_dim]: the text tokens and the duration token of each sample, cross_valid
+  // [B*S] (0: a padded text position, replaced by the learned padding embedding as the official
+  // conditioner does); global [B, global_dim] (the duration embedding); local [B*T, local_dim]
+  // (zeros for text-to-audio, mask + masked latents for inpainting).
+  DitPrologue prologue(Context& c, const Tensor& cross, const std::vector<int64_t>& cross_valid,
+                       const Tensor& global, const Tensor& local) const;
+  // x [B*T, io_channels] latent frames (sample-major), t in [0, 1] for every sample; writes the
+  // velocity [B*T, io_channels].
+  void forward(Context& c, const DitPrologue& pro, const Tensor& x, float t, Tensor& velocity) const;
+
+ private:
+  struct Block {
+    Tensor pre_norm, cross_norm, ff_norm, scale_shift_gate;
+    Tensor to_qkv, to_out, q_norm, k_norm;
+    Tensor cross_q, cross_kv, cross_out, cross_q_norm, cross_k_norm;
+    Tensor ff_in, ff_in_bias, ff_out, ff_out_bias;
+    Tensor local_1, local_1_bias, local_2, local_2_bias;
+  };
+  DitConfig cfg_;
+  WeightSet weights_;
+  std::vector<Tensor> owned_;  // weights converted to the compute dtype
+  Tensor time_1_, time_1_bias_, time_2_, time_2_bias_, cond_1_, cond_2_, global_1_, global_2_;
+  Tensor mod_1_, mod_1_bias_, mod_2_, mod_2_bias_, pre_conv_, post_conv_, proj_in_, proj_out_;
+  Tensor memory_, padding_, time_freqs_, ones_;
+  std::vector<Block> blocks_;
+
+  void block(Context& c, const Block& b, size_t index, const DitPrologue& pro, Tensor& x,
+             const Tensor& mod) const;
+  // y [rows, dim] = Linear -> SiLU -> Linear (the conditioning MLPs), biases optional.
+  void mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2,
+           const Tensor* b2, Tensor& y) const;
+};
+
+}  // namespace apus::sa3

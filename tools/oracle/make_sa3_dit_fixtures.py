@@ -1,0 +1,181 @@
+"""Tiny random-weight Stable Audio 3 DiT fixtures from the official code, saved in diffusers' layout.
+
+The official Stability-AI/stable-audio-3 code decides what the DiT computes (the notes list where
+diffusers 0.42.1 differs: block RMSNorm eps 1e-5 against 1e-6, the local-conditioning branch the
+official generate always runs). It is not on PyPI: point APUS_SA3_OFFICIAL at a checkout of the
+public repository (commit 636f906 was used); nothing of it is committed, only what it computes.
+
+Two variants with the shipped models' structure at toy width (head_dim 64 as every shipped model):
+dit_diff (the medium DiT: differential attention) and dit_plain (the small DiTs). Each is built
+with the official DiffusionTransformer and the constructor arguments the shipped model_config.json
+files give, every parameter drawn at random (the official init zeroes several branches), converted
+to diffusers' layout (fused QKV rows [q|k|v|q2|k2] -> [q|q2|k|k2|v]) and saved with
+StableAudio3DiTModel.save_pretrained, so the test reads the layout users download. The same
+weights run through diffusers' class too, as a check of the conversion (its output differs from
+the official one only by the eps and local-conditioning points).
+
+Inputs: a batch of two with one timestep, 12 latent frames, 9 context tokens of which the last
+two text positions are padding (replaced by the learned padding embedding before the DiT, as the
+official conditioner does), and the local conditioning both as the official text-to-audio call
+passes it (zeros) and as inpainting does (mask + masked latents). Outputs in fp32 and from the
+official model cast to bf16 (model.to(bfloat16), the CPU counterpart of its model_half). That cast
+also rounds the timestep before its Fourier features (t = 0.7455 becomes 0.7461, which turns the
+10 kHz feature by ~30 radians) and the RoPE inverse frequencies; apus keeps both fp32, so the bf16
+reference its tests hold it to is the cast model with those two restored to fp32 (`bf16.*`); the
+plain cast's output is kept for the record (`official_bf16.*`).
+
+The fp32 output is ill-conditioned in one place: the timestep's 10 kHz Fourier feature turns by
+~5e4 radians, so one ulp of torch's own exp or cos moves it visibly (torch's vectorised exp is not
+correctly rounded). `fp32_exact_features.*` is the official fp32 model with those features formed
+from correctly rounded exp, cos and sin (libm in double, rounded once): what apus computes, and the
+measure of how much the official code disagrees with itself there. Deterministic.
+"""
+
+import argparse
+import math
+import os
+import sys
+
+import oracle_env  # noqa: F401  (environment before torch/diffusers load)
+import torch
+from diffusers import StableAudio3DiTModel
+from safetensors.torch import save_file
+
+B, T, CTX, IO = 2, 12, 9, 16
+TIMESTEP = 0.745547
+
+
+def official_dit(differential):
+    from stable_audio_3.models.dit import DiffusionTransformer
+
+    return DiffusionTransformer(
+        io_channels=IO, embed_dim=128, depth=2, num_heads=2, cond_token_dim=32, global_cond_dim=32,
+        local_add_cond_dim=IO + 1, global_cond_type="adaLN", timestep_features_type="expo",
+        diffusion_objective="rectified_flow",
+        attn_kwargs={"qk_norm": "rms", "differential": differential},
+        norm_type="rms_norm", norm_kwargs={"force_fp32": True}, ff_kwargs={"mult": 4.0},
+        num_memory_tokens=4).eval()
+
+
+def randomize(model, gen):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("gamma"):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif p.dim() >= 2 and "memory_tokens" not in name:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=gen) / fan_in ** 0.5)
+            else:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+
+
+def to_diffusers(state, differential, dim):
+    out = {}
+    for key, value in state.items():
+        k = key.replace("transformer.layers.", "transformer_blocks.")
+        k = k.replace("ff.ff.0.proj.", "ff.proj_in.").replace("ff.ff.2.", "ff.proj_out.")
+        for name in ("project_in", "project_out"):
+            k = k.replace(f"transformer.{name}.", f"proj_{name[8:]}.")
+        for name in ("memory_tokens", "rotary_pos_emb.", "global_cond_embedder."):
+            if k.startswith("transformer." + name):
+                k = k[len("transformer."):]
+        if differential and k.endswith("self_attn.to_qkv.weight"):
+            q, kk, v, q2, k2 = value.split(dim, dim=0)
+            value = torch.cat([q, q2, kk, k2, v], dim=0)
+        out[k] = value.contiguous()
+    return out
+
+
+class Fp32TimestepFeatures(torch.nn.Module):
+    """The official ExpoFourierFeatures fed the fp32 timestep instead of the one cast to bf16."""
+
+    def __init__(self, features, t):
+        super().__init__()
+        self.features, self.t = features, t
+
+    def forward(self, rounded_t):
+        return self.features(self.t[:, None]).to(rounded_t.dtype)
+
+
+def correctly_rounded_features(self, t):
+    """ExpoFourierFeatures.forward with each transcendental correctly rounded to fp32."""
+    half = self.dim // 2
+    ramp = torch.linspace(0, 1, half, device=t.device, dtype=torch.float32)
+    arg = (ramp * (math.log(self.max_freq) - math.log(self.min_freq)) + math.log(self.min_freq))
+    freqs = torch.exp(arg.double()).float()
+    args = t.float().reshape(-1, 1) * freqs * 2 * math.pi
+    return torch.cat([torch.cos(args.double()).float(), torch.sin(args.double()).float()], dim=-1)
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=oracle_env.FIXTURES)
+    args = ap.parse_args()
+    official = os.environ.get("APUS_SA3_OFFICIAL")
+    if not official:
+        sys.exit("make_sa3_dit_fixtures: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
+    sys.path.insert(0, official)
+
+    ref = {}
+    for variant, differential in (("dit_diff", True), ("dit_plain", False)):
+        gen = torch.Generator().manual_seed(7 if differential else 8)
+        model = official_dit(differential)
+        randomize(model, gen)
+        padding = 0.5 * torch.randn(32, generator=gen)
+
+        diffusers_model = StableAudio3DiTModel(
+            io_channels=IO, embed_dim=128, depth=2, num_heads=2, cond_token_dim=32, global_cond_dim=32,
+            local_add_cond_dim=IO + 1, num_memory_tokens=4, use_differential_attention=differential).eval()
+        state = to_diffusers(model.state_dict(), differential, 128)
+        state["prompt_padding_embedding"] = padding
+        diffusers_model.load_state_dict(state, strict=True)
+        oracle_env.save_pretrained_readable(diffusers_model, os.path.join(args.out, "sa3_tiny", variant))
+
+        x = torch.randn(B, IO, T, generator=gen)
+        t = torch.full((B,), TIMESTEP)
+        text = torch.randn(B, CTX, 32, generator=gen)
+        text_mask = torch.ones(B, CTX, dtype=torch.bool)
+        text_mask[:, CTX - 3:CTX - 1] = False  # two padded text positions before the duration token
+        cross = torch.where(text_mask[..., None], text, padding)
+        glob = torch.randn(B, 32, generator=gen)
+        inpaint_mask = (torch.arange(T) % 5 < 2).float().expand(B, 1, T)
+        local_inpaint = torch.cat([inpaint_mask, torch.randn(B, IO, T, generator=gen) * inpaint_mask], 1)
+        cases = {"t2a": torch.zeros(B, IO + 1, T), "inpaint": local_inpaint}
+        p = f"{variant}."
+        ref.update({p + "x": x, p + "t": t, p + "text": text, p + "text_mask": text_mask.to(torch.int64),
+                    p + "global": glob})
+        cast = official_dit(differential)
+        cast.load_state_dict(model.state_dict())
+        cast = cast.to(torch.bfloat16)
+        islands = official_dit(differential)
+        islands.load_state_dict(model.state_dict())
+        islands = islands.to(torch.bfloat16)
+        islands.transformer.rotary_pos_emb.inv_freq = model.transformer.rotary_pos_emb.inv_freq.clone()
+        islands.timestep_features = Fp32TimestepFeatures(islands.timestep_features, t)
+        with torch.no_grad():
+            for case, local in cases.items():
+                ref[f"{p}{case}.local"] = local
+                f32 = model(x, t, cross_attn_cond=cross, global_embed=glob, local_add_cond=local)
+                b16 = islands(x, t, cross_attn_cond=cross, global_embed=glob, local_add_cond=local)
+                c16 = cast(x, t, cross_attn_cond=cross, global_embed=glob, local_add_cond=local)
+                ref[f"{p}{case}.fp32.velocity"] = f32.contiguous()
+                ref[f"{p}{case}.bf16.velocity"] = b16.float().contiguous()
+                ref[f"{p}{case}.official_bf16.velocity"] = c16.float().contiguous()
+                torch_forward = type(model.timestep_features).forward
+                type(model.timestep_features).forward = correctly_rounded_features
+                exact = model(x, t, cross_attn_cond=cross, global_embed=glob, local_add_cond=local)
+                type(model.timestep_features).forward = torch_forward
+                ref[f"{p}{case}.fp32_exact_features.velocity"] = exact.contiguous()
+                dm = diffusers_model(x, t, text, glob, encoder_attention_mask=text_mask,
+                                     local_add_cond=local).sample
+                print(f"sa3 {variant} {case}: bf16 (fp32 t and RoPE) vs fp32 rel L2 {rel(b16, f32):.3e}, "
+                      f"plain bf16 cast {rel(c16, f32):.3e}; fp32 with exact features {rel(exact, f32):.3e}; diffusers fp32 vs official fp32 {rel(dm, f32):.3e}")
+    save_file(ref, os.path.join(args.out, "sa3_dit_ref.safetensors"))
+
+
+if __name__ == "__main__":
+    main()
