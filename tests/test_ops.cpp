@@ -202,6 +202,11 @@ TEST_P(Ops, AttentionCausalPaddedGrouped) {
     run_both("attention", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
       ops::attention(c, qt, kt, vt, o, d, 0.25f, {causal, valid.data()});
     }, /*inner_rounding=*/true);
+  // A band |i - j| <= 17 (SAME's decoder), alone and with padding, per sample of a batch of two.
+  for (const int64_t* keys : {static_cast<const int64_t*>(nullptr), static_cast<const int64_t*>(valid.data())})
+    run_both("attention band", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
+      ops::attention(c, qt, kt, vt, o, d, 0.25f, {false, keys, 2, 0.0f, Rounding::once, 17});
+    }, /*inner_rounding=*/true);
   // Gemma's scores: capped at 5 (small enough that tanh bends these scores), formed in fp32 or
   // rounded step by step as eager PyTorch does in bf16.
   for (Rounding r : {Rounding::once, Rounding::each_step})
@@ -234,7 +239,18 @@ TEST_P(Ops, SiluMulSiluAndGatedAdd) {
     for (auto act : {ops::Activation::silu, ops::Activation::gelu_tanh})
       run_both(act == ops::Activation::silu ? "glu silu" : "glu gelu_tanh", poisoned({m, f}),
                [&](Context& c, Tensor& y) { ops::glu(c, at, bt, y, act, r); });
+  for (Rounding r : {Rounding::once, Rounding::each_step})
+    // pi x is formed in fp32 against the reference's f64: an inner rounding that sin turns into
+    // a large relative change where the result is near zero (x near an integer).
+    run_both("glu sin_pi", poisoned({m, f}), [&](Context& c, Tensor& y) {
+      ops::glu(c, at, bt, y, ops::Activation::sin_pi, r);
+    }, /*inner_rounding=*/true);
   run_both("silu", poisoned({m, f}), [&](Context& c, Tensor& y) { ops::silu(c, at, y); });
+  const Tensor alpha = random({1}, 2.0f, DType::f32), gamma = random({f}), beta = random({f});
+  for (Rounding r : {Rounding::once, Rounding::each_step})
+    run_both("dyt", poisoned({m, f}), [&](Context& c, Tensor& y) {
+      ops::dyt(c, at, alpha, gamma, beta, y, r);
+    });
   const Tensor xt = random({m, f}), yt = random({m, f}), gt = random({1, f});
   for (Rounding r : {Rounding::once, Rounding::each_step}) {
     run_both("add_gated", xt, [&](Context& c, Tensor& x) { ops::add_gated(c, x, yt, &gt, r); });
@@ -471,6 +487,10 @@ TEST_P(Ops, RoundingRulesAreVisibleToTheBound) {
          ops::group_norm(c, img, gw, gb, o, 4, 1e-6f, true, r); }, poisoned({1, 8, 6, 5})},
       {"modulate", [&](Context& c, Tensor& o, Rounding r) {
          ops::modulate(c, x, g, g, o, r); }, poisoned({m, d})},
+      {"dyt", [&](Context& c, Tensor& o, Rounding r) {
+         ops::dyt(c, x, g.cols(0, 1), g.reshape({d}), g.reshape({d}), o, r); }, poisoned({m, d})},
+      {"glu sin_pi", [&](Context& c, Tensor& o, Rounding r) {
+         ops::glu(c, x, y, o, ops::Activation::sin_pi, r); }, poisoned({m, d})},
       {"gate_sigmoid", [&](Context& c, Tensor& o, Rounding r) {
          ops::gate_sigmoid(c, x, o, r); }, poisoned({m, d})},
       {"affine", [&](Context& c, Tensor& o, Rounding r) {

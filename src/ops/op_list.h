@@ -30,9 +30,9 @@ enum class Rounding { once, each_step };
 
 enum class RopeStyle { interleaved, half };  // FLUX pairs (2j, 2j+1); Qwen pairs (j, j + D/2)
 
-// The activation of a gated linear unit: SiLU (SwiGLU) or GELU's tanh approximation (GeGLU,
-// torch's gelu(approximate="tanh")).
-enum class Activation { silu, gelu_tanh };
+// The activation of a gated linear unit: SiLU (SwiGLU), GELU's tanh approximation (GeGLU,
+// torch's gelu(approximate="tanh")) or sin(pi x) (Stable Audio's SAME decoder).
+enum class Activation { silu, gelu_tanh, sin_pi };  // sin_pi: sin(pi x), SAME's sinusoidal FF
 
 // How a RoPE table computes its angles: f32 as transformers' default rope (inverse frequencies
 // and products in float32), f64 as diffusers' FLUX pos-embed (float64, cast to float32 at the end).
@@ -40,7 +40,8 @@ enum class RopeMath { f32, f64 };
 
 // What an attention op masks and how it forms its scores. q, k, v and o hold `batch` samples one
 // after another (sample b is rows b*S .. (b+1)*S of each); every sample attends only within
-// itself. softcap > 0 bends the scaled scores to softcap * tanh(s / softcap) before the mask
+// itself. window > 0 lets query i see only keys j with |i - j| <= window (a band, computed
+// without a score matrix wider than the band). softcap > 0 bends the scaled scores to softcap * tanh(s / softcap) before the mask
 // (Gemma). rounding each_step rounds the scores as eager PyTorch does in the activation dtype:
 // after Q·K^T, after the scale, and after each of the softcap's three steps.
 struct AttentionOptions {
@@ -49,6 +50,7 @@ struct AttentionOptions {
   int64_t batch = 1;
   float softcap = 0;
   Rounding rounding = Rounding::once;
+  int64_t window = 0;
 };
 
 }  // namespace ops
@@ -75,6 +77,8 @@ struct AttentionOptions {
 // differential_attention: o = attention(q, k, v) - attention(q2, k2, v), each term rounded to
 //   o's dtype before the difference (two eager attentions subtracted), same options for both.
 // glu: y = act(a) * b, all [M, F] views; each_step rounds act(a) first.
+// dyt: DynamicTanh, y = gamma * tanh(alpha * x) + beta with alpha one value and gamma, beta [D];
+//   each_step rounds alpha * x, the tanh and the product (the module's eager ops).
 // silu: y = silu(x), any shape (contiguous) or view.
 // add_gated: x += gate * y (gate null: x += y), x and y [M, D] views, gate [D] or [B, D] per
 //   sample as layer_norm_modulate's; each_step rounds
@@ -139,6 +143,10 @@ struct AttentionOptions {
      ops::Rounding rounding),                                                                    \
     (c, a, b, y, act, rounding))                                                                 \
   X(void, silu, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                            \
+  X(void, dyt,                                                                                   \
+    (Context & c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta, \
+     Tensor& y, ops::Rounding rounding),                                                         \
+    (c, x, alpha, gamma, beta, y, rounding))                                                     \
   X(void, add_gated,                                                                             \
     (Context & c, Tensor& x, const Tensor& y, const Tensor* gate, ops::Rounding rounding),       \
     (c, x, y, gate, rounding))                                                                   \

@@ -3,6 +3,8 @@
 // Context's backend, the backend runs the op.
 #include "ops/ops.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "ops/backend.h"
 
@@ -50,8 +52,10 @@ OpCost rope_cost(Context&, Tensor& x, const Tensor& cos, const Tensor& sin, int6
 OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
                       int64_t head_dim, float, const AttentionOptions& mask) {
   // Causal attention is counted at the full square, as the convention fixes.
-  const double heads = double(q.shape[1] / head_dim), sq = double(q.shape[0]), sk = double(k.shape[0]);
-  const double scores = heads * sq * sk / double(mask.batch);  // each sample attends within itself
+  const double heads = double(q.shape[1] / head_dim), sq = double(q.shape[0]);
+  double sk = double(k.shape[0]) / double(mask.batch);  // each sample attends within itself
+  if (mask.window > 0) sk = std::min(sk, double(2 * mask.window + 1));  // the band alone
+  const double scores = heads * sq * sk;
   const double act = bytes(q) + bytes(k) + bytes(v) + bytes(o);
   const double interior = 2 * scores * (4 + double(dtype_size(q.dtype)));  // S in f32, P in act
   OpCost cost{(4 * double(head_dim) + 5) * scores, 0, act, act + interior};
@@ -70,6 +74,12 @@ OpCost differential_attention_cost(Context& c, const Tensor& q, const Tensor& k,
   cost.bytes_unfused += second.bytes_unfused - bytes(v) + 2 * bytes(o);
   cost.ulysses_bytes += bytes(q2) + bytes(k2);
   return cost;
+}
+
+OpCost dyt_cost(Context&, const Tensor& x, const Tensor& alpha, const Tensor& gamma,
+                const Tensor& beta, Tensor& y, Rounding) {
+  const double act = bytes(x) + bytes(y);
+  return {5 * elems(x), bytes(alpha) + bytes(gamma) + bytes(beta), act, act};
 }
 
 OpCost glu_cost(Context&, const Tensor& a, const Tensor& b, Tensor& y, Activation, Rounding) {

@@ -30,12 +30,13 @@ void split_heads(const Tensor& x, int64_t d, Tensor& out) {
   });
 }
 
-// Sets the scores of keys a query may not see to -inf: those at or past `visible` (causal),
-// and those whose key_valid entry is 0 (padding).
-void mask_row(float* s, int64_t n, int64_t visible, const int64_t* key_valid) {
-  for (int64_t j = visible; j < n; ++j) s[j] = kNegInf;
+// Sets the scores of keys a query may not see to -inf: those outside [first, end) (causal, band)
+// and those whose key_valid entry is 0 (padding). s covers n keys; key_valid is indexed alike.
+void mask_row(float* s, int64_t n, int64_t first, int64_t end, const int64_t* key_valid) {
+  for (int64_t j = 0; j < std::min(first, n); ++j) s[j] = kNegInf;
+  for (int64_t j = std::max<int64_t>(end, 0); j < n; ++j) s[j] = kNegInf;
   if (key_valid)
-    for (int64_t j = 0; j < std::min(visible, n); ++j)
+    for (int64_t j = std::max<int64_t>(first, 0); j < std::min(end, n); ++j)
       if (!key_valid[j]) s[j] = kNegInf;
 }
 
@@ -71,6 +72,8 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
                  k.dtype == v.dtype && o.dtype == q.dtype,
              "attention: q ", shape_str(q.shape), ", k ", shape_str(k.shape), ", v ",
              shape_str(v.shape), ", o ", shape_str(o.shape), ", head_dim ", d, ", batch ", batch);
+  APUS_CHECK(mask.window >= 0 && (mask.window == 0 || sq == sk), "attention: a band (window ",
+             mask.window, ") needs as many queries as keys, got ", sq, " and ", sk);
   ArenaScope scope(*c.arena);
   const DType dt = q.dtype;
   const int64_t block = std::min<int64_t>(sq, attention_query_block);
@@ -84,8 +87,10 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   const bool round_steps = mask.rounding == ops::Rounding::each_step && dt == DType::bf16;
   const bool transformed = mask.softcap > 0 || round_steps;
   const int threads = omp_get_max_threads();
-  Tensor scores = Tensor::in(*c.arena, {threads * block, sk}, DType::f32);
-  Tensor probs = Tensor::in(*c.arena, {threads * block, sk}, dt);
+  // A band needs scores for its block's rows and the window on either side only.
+  const int64_t max_keys = mask.window > 0 ? std::min(sk, block + 2 * mask.window) : sk;
+  Tensor scores = Tensor::in(*c.arena, {threads * block, max_keys}, DType::f32);
+  Tensor probs = Tensor::in(*c.arena, {threads * block, max_keys}, dt);
   const size_t es = dtype_size(dt);
 
   // Sample b's rows of head h sit at h * rows + b * s + r in the head-major copies.
@@ -97,25 +102,38 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
     const int64_t q0 = h * rows_q + b * sq + r0;
     Tensor qb = qh.reshape({hq * rows_q, d}).rows(q0, q0 + nb);
     Tensor sb = scores.rows(t * block, t * block + nb), pb = probs.rows(t * block, t * block + nb);
-    // Causal rows only need keys up to their own position.
-    const int64_t key_end = mask.causal ? std::min(sk, r0 + nb) : sk;
-    const char* kbase = static_cast<const char*>(kh.data) + size_t((g * rows_k + b * sk) * d) * es;
-    const char* vbase = static_cast<const char*>(vh.data) + size_t((g * rows_k + b * sk) * d) * es;
+    // Keys the block can see: up to its last row (causal), within the band (window), else all.
+    const int64_t w = mask.window;
+    const int64_t key_lo = w > 0 ? std::max<int64_t>(0, r0 - w) : 0;
+    int64_t key_hi = w > 0 ? std::min(sk, r0 + nb + w) : sk;
+    if (mask.causal) key_hi = std::min(key_hi, r0 + nb);
+    const int64_t nk = key_hi - key_lo;
+    const char* kbase =
+        static_cast<const char*>(kh.data) + size_t((g * rows_k + b * sk + key_lo) * d) * es;
+    const char* vbase =
+        static_cast<const char*>(vh.data) + size_t((g * rows_k + b * sk + key_lo) * d) * es;
     Tensor ob = o.rows(b * sq + r0, b * sq + r0 + nb).cols(h * d, (h + 1) * d);
-    const int64_t* valid = mask.key_valid ? mask.key_valid + b * sk : nullptr;
-    Tensor sbn = sb.cols(0, key_end), pbn = pb.cols(0, key_end);
-    gemm(qb, kbase, dt, 1, d, nullptr, sbn, d, key_end);  // Q · K^T
+    const int64_t* valid = mask.key_valid ? mask.key_valid + b * sk + key_lo : nullptr;
+    Tensor sbn = sb.cols(0, nk), pbn = pb.cols(0, nk);
+    gemm(qb, kbase, dt, 1, d, nullptr, sbn, d, nk);  // Q · K^T
     for (int64_t i = 0; i < nb; ++i) {
       float* srow = static_cast<float*>(sbn.row(i));
       // Scores formed outside the softmax when they are capped or rounded step by step; the plain
       // case leaves the scale to the softmax's fused exp.
       const float softmax_scale = transformed ? 1.0f : scale;
-      if (transformed) shape_scores(srow, key_end, scale, mask.softcap, round_steps);
-      mask_row(srow, key_end, mask.causal ? r0 + i + 1 : sk, valid);
-      if (dt == DType::bf16) softmax_row_bf16(srow, key_end, softmax_scale, static_cast<uint16_t*>(pbn.row(i)));
-      else softmax_row_f32(srow, key_end, softmax_scale, static_cast<float*>(pbn.row(i)));
+      if (transformed) shape_scores(srow, nk, scale, mask.softcap, round_steps);
+      const int64_t qi = r0 + i;  // this row's position; the visible keys, relative to key_lo
+      int64_t first = 0, end = nk;
+      if (w > 0) {
+        first = qi - w - key_lo;
+        end = qi + w + 1 - key_lo;
+      }
+      if (mask.causal) end = std::min(end, qi + 1 - key_lo);
+      mask_row(srow, nk, first, end, valid);
+      if (dt == DType::bf16) softmax_row_bf16(srow, nk, softmax_scale, static_cast<uint16_t*>(pbn.row(i)));
+      else softmax_row_f32(srow, nk, softmax_scale, static_cast<float*>(pbn.row(i)));
     }
-    gemm(pbn, vbase, dt, d, 1, nullptr, ob, key_end, d);  // P · V
+    gemm(pbn, vbase, dt, d, 1, nullptr, ob, nk, d);  // P · V
   }, Schedule::dynamic);
 }
 

@@ -17,9 +17,17 @@ void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activatio
     float* vb = thread_scratch(1, f);
     load_row(a, r, va, f);
     load_row(b, r, vb, f);
-    if (act == ops::Activation::silu) silu_row(va, f);
-    else gelu_tanh_row(va, f);
-    if (rounding == ops::Rounding::each_step) round_to(y.dtype, va, f);
+    const bool rounded = rounding == ops::Rounding::each_step;
+    if (act == ops::Activation::silu) {
+      silu_row(va, f);
+    } else if (act == ops::Activation::gelu_tanh) {
+      gelu_tanh_row(va, f);
+    } else {  // sin(pi x): the product is an eager op of its own
+      for (int64_t i = 0; i < f; ++i) va[i] *= 3.14159265358979323846f;
+      if (rounded) round_to(y.dtype, va, f);
+      for (int64_t i = 0; i < f; ++i) va[i] = std::sin(va[i]);
+    }
+    if (rounded) round_to(y.dtype, va, f);
     for (int64_t i = 0; i < f; ++i) va[i] *= vb[i];
     store_row(y, r, va, f);
   });
@@ -42,6 +50,31 @@ void unary_rows(const Tensor& x, Tensor& y, RowFn&& fn) {
 }  // namespace
 
 void silu(Context& c, const Tensor& x, Tensor& y) { unary_rows(x, y, silu_row); }
+
+void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta,
+         Tensor& y, ops::Rounding rounding) {
+  const int64_t m = x.shape[0], d = x.shape[1];
+  APUS_CHECK(y.shape == x.shape && alpha.numel() == 1 && gamma.numel() == d && beta.numel() == d,
+             "dyt: x ", shape_str(x.shape), ", alpha ", shape_str(alpha.shape), ", gamma ",
+             shape_str(gamma.shape), ", beta ", shape_str(beta.shape), ", y ", shape_str(y.shape));
+  ArenaScope scope(*c.arena);
+  const Tensor g = as_dtype(*c.arena, vector_row(gamma), DType::f32);
+  const Tensor b = as_dtype(*c.arena, vector_row(beta), DType::f32);
+  const float a = load_f32(alpha, 0);
+  const bool rounded = rounding == ops::Rounding::each_step;
+  parallel_for(m, [&](int64_t r) {
+    float* v = thread_scratch(0, d);
+    load_row(x, r, v, d);
+    for (int64_t i = 0; i < d; ++i) v[i] *= a;
+    if (rounded) round_to(y.dtype, v, d);
+    tanh_row(v, d);
+    if (rounded) round_to(y.dtype, v, d);
+    for (int64_t i = 0; i < d; ++i) v[i] *= g.ptr<float>()[i];
+    if (rounded) round_to(y.dtype, v, d);
+    for (int64_t i = 0; i < d; ++i) v[i] += b.ptr<float>()[i];
+    store_row(y, r, v, d);
+  });
+}
 
 void gate_sigmoid(Context& c, const Tensor& x, Tensor& y, ops::Rounding rounding) {
   const bool rounded = rounding == ops::Rounding::each_step;

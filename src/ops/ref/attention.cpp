@@ -20,8 +20,9 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
     for (int64_t i = 0; i < sq; ++i) {
       double mx = -INFINITY;
       for (int64_t j = 0; j < sk; ++j) {
-        const bool visible =
-            (!mask.causal || j <= i) && (!mask.key_valid || mask.key_valid[b * sk + j]);
+        const bool visible = (!mask.causal || j <= i) &&
+                             (mask.window == 0 || std::abs(i - j) <= mask.window) &&
+                             (!mask.key_valid || mask.key_valid[b * sk + j]);
         double s = -INFINITY;
         if (visible) {
           s = 0;

@@ -12,8 +12,11 @@ void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activatio
   for (int64_t r = 0; r < a.shape[0]; ++r)
     for (int64_t i = 0; i < a.shape[1]; ++i) {
       const double x = get(a, r, i);
-      double s = act == ops::Activation::silu ? silu(x) : gelu_tanh(x);
-      if (rounding == ops::Rounding::each_step) s = as(y.dtype, s);
+      const bool each = rounding == ops::Rounding::each_step;
+      double s = act == ops::Activation::silu        ? silu(x)
+                 : act == ops::Activation::gelu_tanh ? gelu_tanh(x)
+                 : std::sin(each ? as(y.dtype, M_PI * x) : M_PI * x);
+      if (each) s = as(y.dtype, s);
       put(y, r, i, s * get(b, r, i));
     }
 }
@@ -37,6 +40,23 @@ void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
         if (rounding == ops::Rounding::each_step) t = as(x.dtype, t);
       }
       put(x, r, i, get(x, r, i) + t);
+    }
+}
+
+void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta,
+         Tensor& y, ops::Rounding rounding) {
+  const bool each = rounding == ops::Rounding::each_step;
+  const Tensor g = rows2d(gamma), b = rows2d(beta);
+  const double a = get(rows2d(alpha), 0, 0);
+  for (int64_t r = 0; r < x.shape[0]; ++r)
+    for (int64_t i = 0; i < x.shape[1]; ++i) {
+      double v = a * get(x, r, i);
+      if (each) v = as(y.dtype, v);
+      v = std::tanh(v);
+      if (each) v = as(y.dtype, v);
+      v *= get(g, 0, i);
+      if (each) v = as(y.dtype, v);
+      put(y, r, i, v + get(b, 0, i));
     }
 }
 
