@@ -240,17 +240,20 @@ TEST_P(Ops, SiluMulSiluAndGatedAdd) {
       run_both(act == ops::Activation::silu ? "glu silu" : "glu gelu_tanh", poisoned({m, f}),
                [&](Context& c, Tensor& y) { ops::glu(c, at, bt, y, act, r); });
   for (Rounding r : {Rounding::once, Rounding::each_step})
-    // pi x is formed in fp32 against the reference's f64: an inner rounding that sin turns into
-    // a large relative change where the result is near zero (x near an integer).
     run_both("glu sin_pi", poisoned({m, f}), [&](Context& c, Tensor& y) {
       ops::glu(c, at, bt, y, ops::Activation::sin_pi, r);
-    }, /*inner_rounding=*/true);
+    });
   run_both("silu", poisoned({m, f}), [&](Context& c, Tensor& y) { ops::silu(c, at, y); });
   const Tensor alpha = random({1}, 2.0f, DType::f32), gamma = random({f}), beta = random({f});
-  for (Rounding r : {Rounding::once, Rounding::each_step})
+  const Tensor head_gamma = random({f / 4}), head_beta = random({f / 4});
+  for (Rounding r : {Rounding::once, Rounding::each_step}) {
     run_both("dyt", poisoned({m, f}), [&](Context& c, Tensor& y) {
       ops::dyt(c, at, alpha, gamma, beta, y, r);
     });
+    run_both("dyt per head", poisoned({m, f}), [&](Context& c, Tensor& y) {
+      ops::dyt(c, at, alpha, head_gamma, head_beta, y, r);
+    });
+  }
   const Tensor xt = random({m, f}), yt = random({m, f}), gt = random({1, f});
   for (Rounding r : {Rounding::once, Rounding::each_step}) {
     run_both("add_gated", xt, [&](Context& c, Tensor& x) { ops::add_gated(c, x, yt, &gt, r); });

@@ -2,6 +2,7 @@
 // (tools/oracle): the T5Gemma text encoder, two prompts as one padded batch.
 #include "models/sa3/dit.h"
 #include "models/sa3/duration_embedder.h"
+#include "models/sa3/same_decoder.h"
 #include "models/sa3/t5gemma_encoder.h"
 #include "test_util.h"
 
@@ -115,6 +116,34 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SA3Dit,
                          ::testing::Combine(::testing::Values("dit_diff", "dit_plain"),
                                             ::testing::Values("t2a", "inpaint"),
                                             ::testing::Values("fp32", "bf16")));
+
+// The SAME-L decoder against the official SAMEDecoder (whole-sequence decode, its inference noise
+// off), a batch of two 40-latent sequences: band attention over 680 tokens, DyT, SiLU and sin FFs.
+class SameDecode : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SameDecode, MatchesTheOfficialDecoder) {
+  const std::string p = GetParam();
+  const DType dt = test::precision_dtype(p);
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_same_ref.safetensors"));
+  const auto decoder = sa3::SameDecoder::load(test::fixture("sa3_tiny/same_l"), dt);
+  const auto& cfg = decoder.config();
+  const Tensor& z = ref.get("latents");  // (B, C, T)
+  const int64_t batch = z.shape[0], ch = z.shape[1], frames = z.shape[2];
+  ASSERT_EQ(ch, cfg.latent_dim);
+  Tensor latents = Tensor::heap({batch * frames, ch}, DType::f32);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t ci = 0; ci < ch; ++ci)
+      for (int64_t t = 0; t < frames; ++t)
+        latents.ptr<float>()[(b * frames + t) * ch + ci] = load_f32(z, (b * ch + ci) * frames + t);
+  Arena arena;
+  Context ctx{&arena, dt};
+  const Tensor audio = decoder.decode(ctx, to_dtype(latents, dt), batch);
+  ASSERT_EQ(audio.shape, ref.get("fp32.audio").shape);
+  test::expect_matches("same_l decode", p, to_f32_vector(audio), to_f32_vector(ref.get("fp32.audio")),
+                       to_f32_vector(ref.get("bf16.audio")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SameDecode, ::testing::Values("fp32", "bf16"));
 
 TEST(T5GemmaConfig, UnsupportedSettingsAreRefusedNamingFileAndKey) {
   const Config base = read_config(test::fixture("t5gemma_tiny/config.json"));

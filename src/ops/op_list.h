@@ -76,9 +76,11 @@ struct AttentionOptions {
 //   query heads; the probabilities are rounded to q's dtype before P·V, as SDPA's math does.
 // differential_attention: o = attention(q, k, v) - attention(q2, k2, v), each term rounded to
 //   o's dtype before the difference (two eager attentions subtracted), same options for both.
-// glu: y = act(a) * b, all [M, F] views; each_step rounds act(a) first.
-// dyt: DynamicTanh, y = gamma * tanh(alpha * x) + beta with alpha one value and gamma, beta [D];
-//   each_step rounds alpha * x, the tanh and the product (the module's eager ops).
+// glu: y = act(a) * b, all [M, F] views; each_step rounds act(a) first. sin_pi forms pi x in fp32
+//   with pi rounded to fp32 (torch's scalar product), each_step rounding it to y's dtype too.
+// dyt: DynamicTanh, y = gamma * tanh(alpha * x) + beta with alpha one value and gamma, beta [G]
+//   applied to each group of G features (G = D: the whole row; G = head_dim: per head); x and y
+//   [M, D] views, may alias. each_step rounds alpha * x, the tanh and the product (eager ops).
 // silu: y = silu(x), any shape (contiguous) or view.
 // add_gated: x += gate * y (gate null: x += y), x and y [M, D] views, gate [D] or [B, D] per
 //   sample as layer_norm_modulate's; each_step rounds

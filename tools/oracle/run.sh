@@ -31,10 +31,11 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 "$VENV/bin/python" "$HERE/make_t5gemma_fixtures.py" --out "$REPO/tests/fixtures"
 # Stable Audio 3 stages with diffusers' classes (tests/fixtures/sa3_tiny, sa3_tiny_ref.safetensors)
 "$VENV/bin/python" "$HERE/make_sa3_fixtures.py" --out "$REPO/tests/fixtures"
-# Stable Audio 3's DiT from the official code (tests/fixtures/sa3_tiny/dit_*, sa3_dit_ref.safetensors):
+# Stable Audio 3's DiT and SAME-L decoder from the official code (tests/fixtures/sa3_tiny/{dit_*,same_l},
+# sa3_dit_ref.safetensors, sa3_same_ref.safetensors):
 # needs a checkout of github.com/Stability-AI/stable-audio-3 (commit 636f906 was used)
 if [ -n "${APUS_SA3_OFFICIAL:-}" ]; then
-    "$VENV/bin/python" "$HERE/make_sa3_dit_fixtures.py" --out "$REPO/tests/fixtures"
+    "$VENV/bin/python" "$HERE/make_sa3_official_fixtures.py" --out "$REPO/tests/fixtures"
 else
     echo "oracle: APUS_SA3_OFFICIAL unset, keeping the committed official Stable Audio 3 fixtures" >&2
 fi

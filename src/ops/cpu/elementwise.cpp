@@ -54,7 +54,9 @@ void silu(Context& c, const Tensor& x, Tensor& y) { unary_rows(x, y, silu_row); 
 void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta,
          Tensor& y, ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
-  APUS_CHECK(y.shape == x.shape && alpha.numel() == 1 && gamma.numel() == d && beta.numel() == d,
+  const int64_t group = gamma.numel();
+  APUS_CHECK(y.shape == x.shape && alpha.numel() == 1 && group > 0 && d % group == 0 &&
+                 beta.numel() == group,
              "dyt: x ", shape_str(x.shape), ", alpha ", shape_str(alpha.shape), ", gamma ",
              shape_str(gamma.shape), ", beta ", shape_str(beta.shape), ", y ", shape_str(y.shape));
   ArenaScope scope(*c.arena);
@@ -69,9 +71,9 @@ void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, 
     if (rounded) round_to(y.dtype, v, d);
     tanh_row(v, d);
     if (rounded) round_to(y.dtype, v, d);
-    for (int64_t i = 0; i < d; ++i) v[i] *= g.ptr<float>()[i];
+    for (int64_t i = 0; i < d; ++i) v[i] *= g.ptr<float>()[i % group];
     if (rounded) round_to(y.dtype, v, d);
-    for (int64_t i = 0; i < d; ++i) v[i] += b.ptr<float>()[i];
+    for (int64_t i = 0; i < d; ++i) v[i] += b.ptr<float>()[i % group];
     store_row(y, r, v, d);
   });
 }

@@ -15,7 +15,7 @@ void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activatio
       const bool each = rounding == ops::Rounding::each_step;
       double s = act == ops::Activation::silu        ? silu(x)
                  : act == ops::Activation::gelu_tanh ? gelu_tanh(x)
-                 : std::sin(each ? as(y.dtype, M_PI * x) : M_PI * x);
+                 : std::sin(as(each ? y.dtype : DType::f32, double(float(M_PI) * float(x))));
       if (each) s = as(y.dtype, s);
       put(y, r, i, s * get(b, r, i));
     }
@@ -54,9 +54,10 @@ void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, 
       if (each) v = as(y.dtype, v);
       v = std::tanh(v);
       if (each) v = as(y.dtype, v);
-      v *= get(g, 0, i);
+      const int64_t group = g.numel();
+      v *= get(g, 0, i % group);
       if (each) v = as(y.dtype, v);
-      put(y, r, i, v + get(b, 0, i));
+      put(y, r, i, v + get(b, 0, i % group));
     }
 }
 

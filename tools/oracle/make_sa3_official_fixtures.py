@@ -1,4 +1,5 @@
-"""Tiny random-weight Stable Audio 3 DiT fixtures from the official code, saved in diffusers' layout.
+"""Tiny random-weight Stable Audio 3 fixtures from the official code, saved in diffusers' layout:
+the DiT (below) and the SAME-L decoder (same_fixtures).
 
 The official Stability-AI/stable-audio-3 code decides what the DiT computes (the notes list where
 diffusers 0.42.1 differs: block RMSNorm eps 1e-5 against 1e-6, the local-conditioning branch the
@@ -32,6 +33,7 @@ measure of how much the official code disagrees with itself there. Deterministic
 """
 
 import argparse
+import copy
 import math
 import os
 import sys
@@ -111,14 +113,113 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+SAME_PATCH, SAME_LATENT, SAME_T = 8, 16, 40
+# diffusers renames inside each transformer block of the decoder (its converter's rules)
+SAME_RENAMES = [("pre_norm.", "norm_attn."), ("self_attn.to_qkv.", "attn.to_qkv."),
+                ("self_attn.to_out.", "attn.to_out."), ("self_attn.q_norm.", "attn.q_norm."),
+                ("self_attn.k_norm.", "attn.k_norm."), ("ff_norm.", "norm_ff."),
+                ("ff.ff.0.proj.", "ff.proj_in."), ("ff.ff.2.", "ff.proj_out.")]
+
+
+def same_to_diffusers(decoder_state, bottleneck_state):
+    out = {}
+    for k, v in decoder_state.items():
+        if k.startswith("layers.1."):
+            out["decoder.proj." + k.split(".")[-1]] = v
+        elif k.startswith("layers.3."):
+            local = k[len("layers.3."):]
+            if local.startswith("transformers."):
+                if local.endswith("rope.inv_freq"):
+                    continue  # diffusers computes it (non-persistent)
+                for a, b in SAME_RENAMES:
+                    if a in local:
+                        local = local.replace(a, b, 1)
+                        break
+                if local.endswith("attn.to_qkv.weight"):
+                    q, kk, vv, q2, k2 = v.chunk(5, 0)
+                    v = torch.cat([q, q2, kk, k2, vv], 0)
+            out["decoder.blocks.0." + local] = v
+    for k, v in bottleneck_state.items():
+        if k == "noise_scaling_factor":
+            continue
+        out["bottleneck." + {"scaling_factor": "scale"}.get(k, k)] = v
+    return out
+
+
+def same_fixtures(out_dir):
+    """A SAME-L-shaped decoder (band attention, DyT, sin-FF in the last blocks, weight-normed
+    mapping) at toy width, decoding a batch of two 40-latent sequences whole. The official decode's
+    inference noise (bottleneck noise_regularize, the placeholders' mask_noise) is off: diffusers'
+    class has neither and apus does not draw it yet."""
+    import stable_audio_3.models.transformer as official_transformer
+    from diffusers import AutoencoderSAME
+    from stable_audio_3.models.autoencoders import SAMEDecoder
+    from stable_audio_3.models.bottleneck import SoftNormBottleneck
+    from stable_audio_3.models.pretransforms import PatchedPretransform
+
+    # CPU: the exact chunked-halo SDPA band path instead of torch.compile'd flex attention
+    official_transformer.flex_attention_available = False
+    official_transformer.flex_attention_compiled = None
+    cfg = dict(out_channels=2 * SAME_PATCH, channels=32, c_mults=[4], strides=[16], latent_dim=SAME_LATENT,
+               transformer_depths=[4], sinusoidal_blocks=[3], sliding_window=[1, 1], dim_heads=64,
+               differential=True, dyt=True, variable_stride=True, conv_mapping=False, mask_noise=0.0)
+    gen = torch.Generator().manual_seed(11)
+    decoder = SAMEDecoder(**cfg).eval()
+    bottleneck = SoftNormBottleneck(dim=SAME_LATENT, noise_regularize=False, auto_scale=True).eval()
+    patch = PatchedPretransform(channels=2, patch_size=SAME_PATCH)
+    with torch.no_grad():
+        for name, p in list(decoder.named_parameters()) + list(bottleneck.named_parameters()):
+            if name.endswith("alpha"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            elif name.endswith("running_std"):
+                p.fill_(1.7)
+            elif p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+            else:
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if name.endswith("gamma") else 0.0))
+    diffusers_cfg = dict(audio_channels=2, patch_size=SAME_PATCH, encoder_channels=32, encoder_c_mults=[4],
+                         encoder_strides=[16], encoder_transformer_depths=[4], latent_dim=SAME_LATENT,
+                         use_differential_attention=True, dim_heads=64, ff_mult=3, sliding_window=1,
+                         encoder_sinusoidal_blocks=[0], decoder_sinusoidal_blocks=[3], sampling_rate=44100)
+    torch.manual_seed(12)  # the encoder's own init: the decode does not read it
+    model = AutoencoderSAME(**diffusers_cfg).eval()
+    missing, unexpected = model.load_state_dict(
+        same_to_diffusers(decoder.state_dict(), bottleneck.state_dict()), strict=False)
+    assert not unexpected and all(k.startswith("encoder.") for k in missing), (missing, unexpected)
+    oracle_env.save_pretrained_readable(model, os.path.join(out_dir, "sa3_tiny", "same_l"))
+
+    def official_decode(dec, bott, z):
+        with torch.no_grad():
+            return patch.decode(dec(bott.decode(z)))
+
+    z = torch.randn(2, SAME_LATENT, SAME_T, generator=gen)
+    ref = {"latents": z}
+    f32 = official_decode(decoder, bottleneck, z)
+    ref["fp32.audio"] = f32.contiguous()
+    cast_dec, cast_bott = copy.deepcopy(decoder).to(torch.bfloat16), copy.deepcopy(bottleneck).to(torch.bfloat16)
+    c16 = official_decode(cast_dec, cast_bott, z.to(torch.bfloat16)).float()
+    ref["official_bf16.audio"] = c16.contiguous()
+    # apus keeps RoPE frequencies fp32 (the cast rounds each block's inv_freq buffer)
+    for block, original in zip(cast_dec.layers[3].transformers, decoder.layers[3].transformers):
+        block.rope.inv_freq = original.rope.inv_freq.clone()
+    b16 = official_decode(cast_dec, cast_bott, z.to(torch.bfloat16)).float()
+    ref["bf16.audio"] = b16.contiguous()
+    with torch.no_grad():
+        dm = model.decode(z).sample
+    save_file(ref, os.path.join(out_dir, "sa3_same_ref.safetensors"))
+    print(f"sa3 same_l: bf16 (fp32 RoPE frequencies) vs fp32 rel L2 {rel(b16, f32):.3e}, plain bf16 cast "
+          f"{rel(c16, f32):.3e}; diffusers fp32 vs official fp32 {rel(dm, f32):.3e}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=oracle_env.FIXTURES)
     args = ap.parse_args()
     official = os.environ.get("APUS_SA3_OFFICIAL")
     if not official:
-        sys.exit("make_sa3_dit_fixtures: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
+        sys.exit("make_sa3_official_fixtures: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
     sys.path.insert(0, official)
+    same_fixtures(args.out)
 
     ref = {}
     for variant, differential in (("dit_diff", True), ("dit_plain", False)):
