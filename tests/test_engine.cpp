@@ -102,11 +102,19 @@ TEST(ImageModel, DirectoriesOfUnknownClassesAreRefusedNamingTheClass) {
   const std::string dir = ::testing::TempDir() + "apus_engine_" + std::to_string(::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  { std::ofstream(dir + "/model_index.json") << R"({"_class_name": "StableAudio3Pipeline"})"; }
-  for (Weights w : {Weights::per_stage, Weights::none})
+  { std::ofstream(dir + "/model_index.json") << R"({"_class_name": "StableDiffusionPipeline"})"; }
+  for (Weights w : {Weights::per_stage, Weights::none}) {
     test::expect_error([&] { ImageModel::open(dir, w); },
-                       {dir + "/model_index.json", "'StableAudio3Pipeline'", "not supported",
+                       {dir + "/model_index.json", "'StableDiffusionPipeline'", "not supported",
                         "Flux2KleinPipeline"});
+    test::expect_error([&] { AudioModel::open(dir, w); },
+                       {dir + "/model_index.json", "'StableDiffusionPipeline'", "not supported",
+                        "StableAudio3Pipeline"});
+  }
+  // A model of the other family is pointed at the command that serves it.
+  { std::ofstream(dir + "/model_index.json") << R"({"_class_name": "StableAudio3Pipeline"})"; }
+  test::expect_error([&] { ImageModel::open(dir, Weights::none); },
+                     {dir + "/model_index.json", "StableAudio3Pipeline", "apus audio"});
   fs::remove(dir + "/model_index.json");
   { std::ofstream(dir + "/model_config.json") << R"({"model_type": "diffusion_cond"})"; }
   test::expect_error([&] { ImageModel::open(dir, Weights::per_stage); },

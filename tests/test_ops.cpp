@@ -265,6 +265,10 @@ TEST_P(Ops, EulerCopyTranspose) {
   const int64_t m = 21, n = 33;
   const Tensor xt = random({m, n}), vt = random({m, n});
   run_both("euler_update", xt, [&](Context& c, Tensor& x) { ops::euler_update(c, x, vt, -0.2871f); });
+  const Tensor noise = random({m, n}, 1.0f, DType::f32);
+  run_both("pingpong_update", xt, [&](Context& c, Tensor& x) {
+    ops::pingpong_update(c, x, vt, noise, 0.8909032f, 0.7455466f);
+  });
   run_both("copy", poisoned({m, n}), [&](Context& c, Tensor& y) { ops::copy(c, xt, y); });
   run_both("transpose", poisoned({n, m}), [&](Context& c, Tensor& y) { ops::transpose(c, xt, y); });
   // copy converts: f32 values into the activation dtype and back.

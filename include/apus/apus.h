@@ -73,6 +73,42 @@ class ImageModel {
   virtual const std::string& sampler() const = 0;  // e.g. "Euler (flow match)"
 };
 
+struct AudioRequest {
+  std::string prompt;
+  double seconds = 30;            // the clip's length; the model's limit is AudioModel::max_seconds()
+  int steps = 8;                  // the distilled models' 8 ping-pong steps
+  std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
+  bool fp32 = false;              // parity mode: fp32 activations and weights
+};
+
+struct AudioResult {
+  int sample_rate = 0, channels = 0;
+  std::vector<float> samples;  // interleaved, frames * channels, in [-1, 1]
+  uint64_t seed = 0;
+  int prompt_tokens = 0;       // before truncation to the text encoder's 256
+  std::vector<StageTime> stages;
+};
+
+class AudioModel {
+ public:
+  // Recognises the directory from model_index.json's `_class_name` (StableAudio3Pipeline) and
+  // refuses anything else naming the class.
+  static std::unique_ptr<AudioModel> open(const std::string& dir, Weights weights);
+  virtual ~AudioModel() = default;
+
+  AudioResult generate(const AudioRequest& request, const Progress& progress = {}) const {
+    return generate_batch({request}, progress).front();
+  }
+  // Several requests as one batch through every stage: they must agree on seconds, steps and
+  // precision. Each result equals its request rendered alone.
+  virtual std::vector<AudioResult> generate_batch(const std::vector<AudioRequest>& requests,
+                                                  const Progress& progress = {}) const = 0;
+  virtual PipelineCost count(const AudioRequest& request, int batch = 1) const = 0;
+  virtual double max_seconds() const = 0;
+  virtual const std::string& label() const = 0;
+  virtual const std::string& sampler() const = 0;
+};
+
 // Peak resident memory of this process so far, in bytes (VmHWM).
 uint64_t peak_rss_bytes();
 

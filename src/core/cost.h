@@ -74,6 +74,7 @@ struct StageCost {
 struct PipelineCost {
   std::string model;
   int width = 0, height = 0, steps = 0;
+  double seconds = 0;  // audio requests: the clip's length (width and height stay 0)
   std::vector<StageCost> stages;
   double parameters = 0;  // distinct weight elements the stages read
 };

@@ -51,8 +51,9 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   nlohmann::json out;
   out["chip"] = {{"name", r.chip.name}, {"bf16_flops", peak}, {"memory_bps", bw},
                  {"link_bps", r.chip.link_bps}, {"ridge_flops_per_byte", ridge}};
-  out["request"] = {{"model", p.model}, {"width", p.width}, {"height", p.height},
-                    {"steps", p.steps}, {"parameters", p.parameters}};
+  out["request"] = {{"model", p.model}, {"steps", p.steps}, {"parameters", p.parameters}};
+  if (p.seconds > 0) out["request"]["seconds"] = p.seconds;
+  else out["request"].update({{"width", p.width}, {"height", p.height}});
   out["conventions"] =
       "MAC = 2 FLOPs; GEMM 2mkn; attention score 4*head_dim+5 FLOPs over heads*queries*keys "
       "(causal at the full square); per element: rmsnorm 4, layernorm 6, rope 4, gated "
@@ -128,11 +129,13 @@ std::string roofline_table(const PipelineCost& p, const Roofline& r) {
   const nlohmann::json j = roofline_json(p, r);
   std::string out;
   char line[256];
+  char shape[64];
+  if (p.seconds > 0) std::snprintf(shape, sizeof shape, "%g s", p.seconds);
+  else std::snprintf(shape, sizeof shape, "%dx%d", p.width, p.height);
   std::snprintf(line, sizeof line,
-                "%s %dx%d, %d steps on %s (%.1f TFLOP/s bf16, %.0f GB/s, ridge %.0f FLOP/B)\n",
-                p.model.c_str(), p.width, p.height, p.steps, r.chip.name.c_str(),
-                r.chip.bf16_flops / 1e12, r.chip.memory_bps / 1e9,
-                j["chip"]["ridge_flops_per_byte"].get<double>());
+                "%s %s, %d steps on %s (%.1f TFLOP/s bf16, %.0f GB/s, ridge %.0f FLOP/B)\n",
+                p.model.c_str(), shape, p.steps, r.chip.name.c_str(), r.chip.bf16_flops / 1e12,
+                r.chip.memory_bps / 1e9, j["chip"]["ridge_flops_per_byte"].get<double>());
   out += line;
   const double total_floor = j["total"]["floor_s"];
   for (const auto& s : j["stages"]) {

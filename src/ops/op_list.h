@@ -89,6 +89,9 @@ struct AttentionOptions {
 //   each_step rounds 1 - x first.
 // euler_update: x <- x + step * velocity with the flow-match scheduler's roundings: the step is
 //   cast to the velocity's dtype and the product rounded to it, the sum rounded to x's dtype.
+// pingpong_update: x <- (1 - t_next) (x - t velocity) + t_next noise, the ping-pong sampler's
+//   step: each product, difference and sum rounded to x's dtype as the reference's eager ops;
+//   velocity and noise are read in their dtypes. t_next = 0 leaves the denoised x - t velocity.
 // copy: y = x converted to y's dtype (views, or any two contiguous tensors of one size).
 // all_finite: whether x holds no NaN or Inf (a pipeline's guard between stages); counting mode
 //   reports true.
@@ -156,6 +159,9 @@ struct AttentionOptions {
     (c, x, y, rounding))                                                                         \
   X(void, euler_update, (Context & c, Tensor& x, const Tensor& velocity, float step),            \
     (c, x, velocity, step))                                                                      \
+  X(void, pingpong_update,                                                                       \
+    (Context & c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t, float t_next), \
+    (c, x, velocity, noise, t, t_next))                                                          \
   X(void, copy, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                            \
   X(bool, all_finite, (Context & c, const Tensor& x), (c, x))                                    \
   X(void, transpose, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                       \

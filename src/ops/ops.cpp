@@ -107,6 +107,12 @@ OpCost euler_update_cost(Context&, Tensor& x, const Tensor& velocity, float) {
   return {2 * elems(x), 0, act, act + 2 * bytes(velocity)};
 }
 
+OpCost pingpong_update_cost(Context&, Tensor& x, const Tensor& velocity, const Tensor& noise, float,
+                            float) {
+  const double act = 2 * bytes(x) + bytes(velocity) + bytes(noise);
+  return {6 * elems(x), 0, act, act + 2 * bytes(x)};
+}
+
 OpCost copy_cost(Context&, const Tensor& x, Tensor& y) {
   const double act = bytes(x) + bytes(y);
   return {0, 0, act, act};

@@ -45,22 +45,6 @@ struct Work {
   std::optional<flux2::TransformerPrologue> prologue;
 };
 
-// Stops the request when a stage's output holds NaN or Inf: an image from it would be black or
-// garbage, and its cast to bytes undefined.
-void require_finite(Context& c, const Tensor& t, const std::string& stage) {
-  APUS_CHECK(ops::all_finite(c, t), stage, " produced NaN or Inf (from a non-finite weight, ",
-             "noise value or setting upstream)");
-}
-
-// Runs body on the resident model, or loads one for this stage and releases it after.
-template <typename Model, typename Load, typename Body>
-void with_model(const std::optional<Model>& resident, Load&& load, Body&& body) {
-  if (resident) return body(*resident);
-  const Model m = load();
-  m.make_resident();
-  body(m);
-}
-
 class KleinModel final : public ImageModel {
  public:
   KleinModel(const ModelDir& dir, Weights weights);

@@ -9,14 +9,40 @@ namespace apus {
 
 namespace {
 
+template <typename Model>
 struct Family {
   const char* pipeline_class;
-  std::unique_ptr<ImageModel> (*open)(const ModelDir&, Weights);
+  std::unique_ptr<Model> (*open)(const ModelDir&, Weights);
 };
 
-const Family kFamilies[] = {
+const Family<ImageModel> kImageFamilies[] = {
     {"Flux2KleinPipeline", open_klein},
 };
+const Family<AudioModel> kAudioFamilies[] = {
+    {"StableAudio3Pipeline", open_sa3},
+};
+
+// Opens `model` with the family its model_index.json names, or says which command serves it.
+template <typename Model, size_t N, size_t M, typename Other>
+std::unique_ptr<Model> open_family(const std::string& model, Weights weights,
+                                   const Family<Model> (&families)[N], const Family<Other> (&others)[M],
+                                   const char* other_command) {
+  const std::string root = resolve_model_dir(model, weights);
+  APUS_CHECK(path_exists(root + "/model_index.json") || !path_exists(root + "/model_config.json"),
+             root, "/model_config.json: a single-checkpoint model (Stable Audio 3's original layout); ",
+             "this build runs diffusers pipelines (model_index.json) only");
+  const ModelDir dir = ModelDir::open(root, weights != Weights::none);
+  for (const Family<Model>& f : families)
+    if (dir.pipeline_class() == f.pipeline_class) return f.open(dir, weights);
+  for (const Family<Other>& f : others)
+    APUS_CHECK(dir.pipeline_class() != f.pipeline_class, root, "/model_index.json: ",
+               dir.pipeline_class(), " is served by `apus ", other_command, "`");
+  std::string known;
+  for (const Family<Model>& f : families)
+    known += std::string(known.empty() ? "" : ", ") + f.pipeline_class;
+  fail(root, "/model_index.json: _class_name '", dir.pipeline_class(),
+       "' is not supported (supported: ", known, ")");
+}
 
 }  // namespace
 
@@ -44,17 +70,11 @@ std::string model_label(const std::string& dir) {
 }
 
 std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights) {
-  const std::string root = resolve_model_dir(model, weights);
-  APUS_CHECK(path_exists(root + "/model_index.json") || !path_exists(root + "/model_config.json"),
-             root, "/model_config.json: a single-checkpoint model (Stable Audio 3's layout); this ",
-             "build runs diffusers pipelines (model_index.json) only");
-  const ModelDir dir = ModelDir::open(root, weights != Weights::none);
-  for (const Family& f : kFamilies)
-    if (dir.pipeline_class() == f.pipeline_class) return f.open(dir, weights);
-  std::string known;
-  for (const Family& f : kFamilies) known += std::string(known.empty() ? "" : ", ") + f.pipeline_class;
-  fail(root, "/model_index.json: _class_name '", dir.pipeline_class(),
-       "' is not supported (supported: ", known, ")");
+  return open_family(model, weights, kImageFamilies, kAudioFamilies, "audio");
+}
+
+std::unique_ptr<AudioModel> AudioModel::open(const std::string& model, Weights weights) {
+  return open_family(model, weights, kAudioFamilies, kImageFamilies, "image");
 }
 
 }  // namespace apus

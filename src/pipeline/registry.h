@@ -10,6 +10,7 @@
 namespace apus {
 
 std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
+std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
 
 // A directory, or for counting a published name whose layout (configs, no weights) ships in
 // data/ ("flux2-klein-4b").

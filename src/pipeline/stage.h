@@ -2,11 +2,13 @@
 // What every model family's pipeline shares: counting a stage, timing stages, admitting a request
 // against the memory this process may use.
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "apus/apus.h"
 #include "core/cost.h"
+#include "core/error.h"
 #include "ops/ops.h"
 
 namespace apus {
@@ -43,6 +45,22 @@ class StageClock {
   std::vector<StageTime>& out_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+// Stops the request when a stage's output holds NaN or Inf: an image or a sound from it would be
+// garbage, and its cast to integers undefined.
+inline void require_finite(Context& c, const Tensor& t, const std::string& stage) {
+  APUS_CHECK(ops::all_finite(c, t), stage, " produced NaN or Inf (from a non-finite weight, ",
+             "noise value or setting upstream)");
+}
+
+// Runs body on the resident model, or loads one for this stage and releases it after.
+template <typename Model, typename Load, typename Body>
+void with_model(const std::optional<Model>& resident, Load&& load, Body&& body) {
+  if (resident) return body(*resident);
+  const Model m = load();
+  m.make_resident();
+  body(m);
+}
 
 // Refuses a request whose largest stage would not fit in the memory this process may use: the
 // weights the stage needs mapped (all of them when the model is resident) plus twice its counted

@@ -48,6 +48,10 @@ std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text) const
 }
 
 int32_t SentencePieceTokenizer::pad_id() const { return sp_->pad_id(); }
+
+int32_t SentencePieceTokenizer::bos_id() const { return sp_->bos_id(); }
+
+int32_t SentencePieceTokenizer::eos_id() const { return sp_->eos_id(); }
 int32_t SentencePieceTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
 
 PaddingSide read_padding_side(const std::string& tokenizer_config_path) {

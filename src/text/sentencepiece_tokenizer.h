@@ -26,6 +26,8 @@ class SentencePieceTokenizer {
   // Ids without BOS/EOS, as `tokenizer(text, add_special_tokens=False)`; invalid UTF-8 is refused.
   std::vector<int32_t> encode(std::string_view text) const;
   int32_t pad_id() const;
+  int32_t bos_id() const;
+  int32_t eos_id() const;
   int32_t vocab_size() const;
 
  private:

@@ -34,6 +34,7 @@ measure of how much the official code disagrees with itself there. Deterministic
 
 import argparse
 import copy
+import json
 import math
 import os
 import sys
@@ -43,7 +44,7 @@ import torch
 from diffusers import StableAudio3DiTModel
 from safetensors.torch import save_file
 
-B, T, CTX, IO = 2, 12, 9, 16
+B, T, CTX, IO, COND = 2, 12, 9, 16, 128
 TIMESTEP = 0.745547
 
 
@@ -51,9 +52,9 @@ def official_dit(differential):
     from stable_audio_3.models.dit import DiffusionTransformer
 
     return DiffusionTransformer(
-        io_channels=IO, embed_dim=128, depth=2, num_heads=2, cond_token_dim=32, global_cond_dim=32,
+        io_channels=IO, embed_dim=128, depth=2, num_heads=2, cond_token_dim=COND, global_cond_dim=COND,
         local_add_cond_dim=IO + 1, global_cond_type="adaLN", timestep_features_type="expo",
-        diffusion_objective="rectified_flow",
+        diffusion_objective="rf_denoiser",
         attn_kwargs={"qk_norm": "rms", "differential": differential},
         norm_type="rms_norm", norm_kwargs={"force_fp32": True}, ff_kwargs={"mult": 4.0},
         num_memory_tokens=4).eval()
@@ -114,6 +115,9 @@ def rel(a, b):
 
 
 SAME_PATCH, SAME_LATENT, SAME_T = 8, 16, 40
+# The tiny pipeline's sample rate: with 128 samples per latent, 44.1 kHz and the official 6 s of
+# headroom would make a 2000-latent canvas; at 2048 Hz a 1.5 s request takes 120 latents.
+PIPELINE_RATE = 2048
 # diffusers renames inside each transformer block of the decoder (its converter's rules)
 SAME_RENAMES = [("pre_norm.", "norm_attn."), ("self_attn.to_qkv.", "attn.to_qkv."),
                 ("self_attn.to_out.", "attn.to_out."), ("self_attn.q_norm.", "attn.q_norm."),
@@ -180,7 +184,8 @@ def same_fixtures(out_dir):
     diffusers_cfg = dict(audio_channels=2, patch_size=SAME_PATCH, encoder_channels=32, encoder_c_mults=[4],
                          encoder_strides=[16], encoder_transformer_depths=[4], latent_dim=SAME_LATENT,
                          use_differential_attention=True, dim_heads=64, ff_mult=3, sliding_window=1,
-                         encoder_sinusoidal_blocks=[0], decoder_sinusoidal_blocks=[3], sampling_rate=44100)
+                         encoder_sinusoidal_blocks=[0], decoder_sinusoidal_blocks=[3],
+                         sampling_rate=PIPELINE_RATE)
     torch.manual_seed(12)  # the encoder's own init: the decode does not read it
     model = AutoencoderSAME(**diffusers_cfg).eval()
     missing, unexpected = model.load_state_dict(
@@ -207,8 +212,149 @@ def same_fixtures(out_dir):
     with torch.no_grad():
         dm = model.decode(z).sample
     save_file(ref, os.path.join(out_dir, "sa3_same_ref.safetensors"))
+    same = (decoder, bottleneck, patch, cast_dec, cast_bott)
     print(f"sa3 same_l: bf16 (fp32 RoPE frequencies) vs fp32 rel L2 {rel(b16, f32):.3e}, plain bf16 cast "
           f"{rel(c16, f32):.3e}; diffusers fp32 vs official fp32 {rel(dm, f32):.3e}")
+    return same
+
+
+PIPELINE_PADDING = []  # dit_diff's learned padding embedding (the conditioner's, in diffusers' DiT)
+PIPELINE = {"prompt": "warm lo-fi hip hop, vinyl crackle, 84 bpm", "seconds": 1.4, "seed": 42, "steps": 8}
+
+
+class Bf16DiT(torch.nn.Module):
+    """apus's bf16 run built from the official modules: the DiT cast to bf16 (its timestep
+    features and RoPE frequencies fp32), fed and read back in fp32, so the sampler state and its
+    noise stay the fp32 run's."""
+
+    def __init__(self, islands):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # makes the wrapper's dtype fp32
+        self.dit = islands
+        self.diffusion_objective = islands.diffusion_objective
+        self.postprocess_conv = islands.postprocess_conv
+
+    def forward(self, x, t, **kwargs):
+        self.dit.timestep_features.t = t.float()
+        return self.dit(x, t, **kwargs).float()
+
+
+def adapt_latents(seconds, rate, ratio, headroom=6.0, chunk_size=32, stride=16):
+    """model.py _adapt_sample_size, in latents: (d + 6) s rounded up to whole latents, then to
+    chunk_size // stride latents (the encoder's chunk alignment)."""
+    n = int((seconds + headroom) * rate)
+    n = -(-n // ratio) * ratio
+    align = ratio * (chunk_size // stride)
+    return -(-n // align) * align // ratio
+
+
+def pipeline_fixtures(out_dir, dit, dit_islands, same):
+    """The official text-to-audio generate() path on the tiny components, as its distilled models
+    run it: tokenizer and T5Gemma (transformers), learned padding, duration embedding, the canvas
+    with 6 s of headroom, the padding mask, the LogSNR schedule, ping-pong with the global
+    generator's draws, the SAME decode, clamp and truncation. Writes sa3_tiny/pipeline/ (the
+    components only this pipeline has; the test links in dit_diff, same_l, t5gemma_tiny and
+    t5gemma_tok) and sa3_pipeline_ref.safetensors."""
+    import types
+
+    import stable_audio_3.inference.sampling as S
+    from diffusers.pipelines.stable_audio_3.modeling_stable_audio_3 import StableAudio3DurationEmbedder
+    from stable_audio_3.models.diffusion import ConditionedDiffusionModelWrapper, DiTWrapper
+    from transformers import AutoTokenizer, T5GemmaEncoderModel
+
+    decoder, bottleneck, patch, cast_dec, cast_bott = same
+    ratio = SAME_PATCH * 16
+    root = os.path.join(out_dir, "sa3_tiny", "pipeline")
+    os.makedirs(os.path.join(root, "scheduler"), exist_ok=True)
+    index = {"_class_name": "StableAudio3Pipeline", "_diffusers_version": "0.42.1",
+             "duration_embedder": ["diffusers", "StableAudio3DurationEmbedder"],
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": ["transformers", "T5GemmaEncoderModel"],
+             "tokenizer": ["transformers", "GemmaTokenizer"],
+             "transformer": ["diffusers", "StableAudio3DiTModel"],
+             "vae": ["diffusers", "AutoencoderSAME"]}
+    with open(os.path.join(root, "model_index.json"), "w") as f:
+        json.dump(index, f, indent=2)
+    scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.42.1",
+                 "num_train_timesteps": 1, "shift": 1.0, "stochastic_sampling": True,
+                 "use_dynamic_shifting": False, "base_shift": 0.5, "max_shift": 1.15,
+                 "base_image_seq_len": 256, "max_image_seq_len": 4096, "invert_sigmas": False,
+                 "shift_terminal": None, "use_karras_sigmas": False, "use_exponential_sigmas": False,
+                 "use_beta_sigmas": False, "time_shift_type": "exponential"}
+    with open(os.path.join(root, "scheduler", "scheduler_config.json"), "w") as f:
+        json.dump(scheduler, f, indent=2)
+    gen = torch.Generator().manual_seed(21)
+    duration = StableAudio3DurationEmbedder(output_dim=COND, fourier_dim=16).eval()
+    with torch.no_grad():
+        duration.linear.weight.copy_(torch.randn(duration.linear.weight.shape, generator=gen) / 4)
+        duration.linear.bias.copy_(0.5 * torch.randn(duration.linear.bias.shape, generator=gen))
+    oracle_env.save_pretrained_readable(duration, os.path.join(root, "duration_embedder"))
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(out_dir, "t5gemma_tok"))
+    t5 = T5GemmaEncoderModel.from_pretrained(os.path.join(out_dir, "t5gemma_tiny")).eval()
+    seconds, seed, steps = PIPELINE["seconds"], PIPELINE["seed"], PIPELINE["steps"]
+    batch = tok([PIPELINE["prompt"]], truncation=True, max_length=256, padding="max_length",
+                return_tensors="pt")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    ref = {"input_ids": ids.to(torch.int64).contiguous(), "attention_mask": mask.to(torch.int64).contiguous()}
+    with torch.no_grad():
+        text = t5(input_ids=ids, attention_mask=mask).last_hidden_state
+        s = duration(torch.tensor([seconds]))
+    frames = adapt_latents(seconds, PIPELINE_RATE, ratio)
+    valid = min(math.ceil(int(seconds * PIPELINE_RATE) / ratio) + int(6.0 * PIPELINE_RATE / ratio), frames)
+    ref["text_embeds"] = text.contiguous()
+    ref["duration_embeds"] = s.contiguous()
+    for precision, model in (("fp32", dit), ("bf16", Bf16DiT(dit_islands))):
+        padding = PIPELINE_PADDING[0]
+        emb = torch.where(mask.bool()[..., None], text, padding)
+        cond = {"prompt": [emb, mask.bool()], "seconds_total": [s[:, None, :], torch.ones(1, 1)]}
+        wrapper = DiTWrapper.__new__(DiTWrapper)
+        torch.nn.Module.__init__(wrapper)
+        wrapper.diffusion_objective = "rf_denoiser"
+        wrapper.model = model
+        wrapped = ConditionedDiffusionModelWrapper(
+            wrapper, None, io_channels=IO, sample_rate=PIPELINE_RATE, min_input_length=ratio,
+            diffusion_objective="rf_denoiser", cross_attn_cond_ids=["prompt", "seconds_total"],
+            global_cond_ids=["seconds_total"], local_add_cond_ids=["inpaint_mask", "inpaint_masked_input"],
+            mask_padding_attention=True, use_effective_length_for_schedule=True, pretransform=None)
+        torch.manual_seed(seed)
+        noise = torch.randn([1, IO, frames])
+        cond["inpaint_mask"] = [torch.zeros(1, 1, frames)]
+        cond["inpaint_masked_input"] = [torch.zeros(1, IO, frames)]
+        inputs = wrapped.get_conditioning_inputs(cond)
+        denoised = []
+        conditioning = [{"prompt": PIPELINE["prompt"], "seconds_total": seconds}]
+        with torch.no_grad():
+            latents = S.sample_diffusion(
+                model=wrapped.model, noise=noise, cond_inputs=inputs, diffusion_objective="rf_denoiser",
+                steps=steps, cfg_scale=1.0, conditioning=conditioning, sample_rate=PIPELINE_RATE,
+                pretransform=types.SimpleNamespace(downsampling_ratio=ratio), mask_padding_attention=True,
+                use_effective_length_for_schedule=True, headroom_seconds=6.0,
+                dist_shift=wrapped.sampling_dist_shift, sampler_type=None, batch_cfg=True, rescale_cfg=True,
+                apg_scale=1.0, init_data=None, init_noise_level=1.0, decode=False, disable_tqdm=True,
+                callback=lambda d: denoised.append(d["denoised"].clone()))
+            dec, bott = (decoder, bottleneck) if precision == "fp32" else (cast_dec, cast_bott)
+            z = latents if precision == "fp32" else latents.to(torch.bfloat16)
+            audio = patch.decode(dec(bott.decode(z))).float()
+        keep = torch.arange(audio.shape[-1]) < valid * ratio
+        audio = (audio * keep).clamp(-1, 1)[:, :, :int(seconds * PIPELINE_RATE)]
+        ref[f"{precision}.latents"] = latents.float().contiguous()
+        for i, d in enumerate(denoised):
+            ref[f"{precision}.denoised.{i}"] = d.float().contiguous()
+        ref[f"{precision}.audio"] = audio.contiguous()
+    eff = S.compute_effective_seq_len_from_conditioning(
+        [{"prompt": "", "seconds_total": seconds}], PIPELINE_RATE, ratio, "cpu")
+    ref["sigmas"] = S.build_schedule(steps, 1.0, wrapped.sampling_dist_shift, eff, frames, True, "cpu").reshape(-1)
+    save_file(ref, os.path.join(out_dir, "sa3_pipeline_ref.safetensors"))
+    with open(os.path.join(out_dir, "sa3_pipeline_ref.json"), "w") as f:
+        json.dump({**PIPELINE, "frames": frames, "valid_frames": valid, "sample_rate": PIPELINE_RATE}, f,
+                  indent=1)
+    print(f"sa3 pipeline: {frames} latents ({valid} valid), audio {tuple(ref['fp32.audio'].shape)}; "
+          f"bf16 vs fp32 latents rel L2 {rel(ref['bf16.latents'], ref['fp32.latents']):.3e}, "
+          f"audio {rel(ref['bf16.audio'], ref['fp32.audio']):.3e}")
 
 
 def main():
@@ -219,17 +365,20 @@ def main():
     if not official:
         sys.exit("make_sa3_official_fixtures: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
     sys.path.insert(0, official)
-    same_fixtures(args.out)
+    same_decoder = same_fixtures(args.out)
 
     ref = {}
+    dits = {}
     for variant, differential in (("dit_diff", True), ("dit_plain", False)):
         gen = torch.Generator().manual_seed(7 if differential else 8)
         model = official_dit(differential)
         randomize(model, gen)
-        padding = 0.5 * torch.randn(32, generator=gen)
+        padding = 0.5 * torch.randn(COND, generator=gen)
+        if differential:
+            PIPELINE_PADDING[:] = [padding]
 
         diffusers_model = StableAudio3DiTModel(
-            io_channels=IO, embed_dim=128, depth=2, num_heads=2, cond_token_dim=32, global_cond_dim=32,
+            io_channels=IO, embed_dim=128, depth=2, num_heads=2, cond_token_dim=COND, global_cond_dim=COND,
             local_add_cond_dim=IO + 1, num_memory_tokens=4, use_differential_attention=differential).eval()
         state = to_diffusers(model.state_dict(), differential, 128)
         state["prompt_padding_embedding"] = padding
@@ -238,11 +387,11 @@ def main():
 
         x = torch.randn(B, IO, T, generator=gen)
         t = torch.full((B,), TIMESTEP)
-        text = torch.randn(B, CTX, 32, generator=gen)
+        text = torch.randn(B, CTX, COND, generator=gen)
         text_mask = torch.ones(B, CTX, dtype=torch.bool)
         text_mask[:, CTX - 3:CTX - 1] = False  # two padded text positions before the duration token
         cross = torch.where(text_mask[..., None], text, padding)
-        glob = torch.randn(B, 32, generator=gen)
+        glob = torch.randn(B, COND, generator=gen)
         inpaint_mask = (torch.arange(T) % 5 < 2).float().expand(B, 1, T)
         local_inpaint = torch.cat([inpaint_mask, torch.randn(B, IO, T, generator=gen) * inpaint_mask], 1)
         cases = {"t2a": torch.zeros(B, IO + 1, T), "inpaint": local_inpaint}
@@ -257,6 +406,7 @@ def main():
         islands = islands.to(torch.bfloat16)
         islands.transformer.rotary_pos_emb.inv_freq = model.transformer.rotary_pos_emb.inv_freq.clone()
         islands.timestep_features = Fp32TimestepFeatures(islands.timestep_features, t)
+        dits[variant] = (model, islands)
         with torch.no_grad():
             for case, local in cases.items():
                 ref[f"{p}{case}.local"] = local
@@ -276,6 +426,7 @@ def main():
                 print(f"sa3 {variant} {case}: bf16 (fp32 t and RoPE) vs fp32 rel L2 {rel(b16, f32):.3e}, "
                       f"plain bf16 cast {rel(c16, f32):.3e}; fp32 with exact features {rel(exact, f32):.3e}; diffusers fp32 vs official fp32 {rel(dm, f32):.3e}")
     save_file(ref, os.path.join(args.out, "sa3_dit_ref.safetensors"))
+    pipeline_fixtures(args.out, *dits["dit_diff"], same_decoder)
 
 
 if __name__ == "__main__":

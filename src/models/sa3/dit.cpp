@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "core/error.h"
+#include "sampling/logsnr.h"
 
 namespace apus::sa3 {
 
@@ -41,15 +43,14 @@ namespace {
 
 // ExpoFourierFeatures' frequencies as torch computes them in fp32:
 // exp(linspace(0, 1, n) * (ln max - ln min) + ln min), the span a double rounded once, product
-// and sum rounded each, linspace fused-multiply-added from the nearer end (its CPU kernel). The
-// 10 kHz feature turns by t f 2 pi ~ 5e4 radians, so one ulp of a frequency moves it visibly.
+// and sum rounded each. The 10 kHz feature turns by t f 2 pi ~ 5e4 radians, so one ulp of a
+// frequency moves it visibly.
 Tensor expo_frequencies(int64_t n, double min_freq, double max_freq) {
   Tensor f = Tensor::heap({n}, DType::f32);
-  const float step = n > 1 ? 1.0f / float(n - 1) : 0.0f;
+  const std::vector<float> ramp = torch_linspace(0.0f, 1.0f, n);
   const float lo = float(std::log(min_freq)), span = float(std::log(max_freq) - std::log(min_freq));
   for (int64_t i = 0; i < n; ++i) {
-    const float ramp = i < n / 2 ? std::fma(step, float(i), 0.0f) : std::fma(-step, float(n - 1 - i), 1.0f);
-    const float product = ramp * span;
+    const float product = ramp[size_t(i)] * span;
     f.ptr<float>()[i] = float(std::exp(double(product + lo)));
   }
   return f;
@@ -144,7 +145,7 @@ void Dit::mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, c
 }
 
 DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int64_t>& cross_valid,
-                          const Tensor& global, const Tensor& local) const {
+                          const Tensor& global, const Tensor& local, int64_t valid_frames) const {
   const DitConfig& g = cfg_;
   const int64_t batch = global.shape[0], d = g.dim, hd = g.head_dim;
   APUS_CHECK(global.rank() == 2 && global.shape[1] == g.global_dim && batch >= 1,
@@ -160,6 +161,8 @@ DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int
   DitPrologue p;
   p.batch = batch;
   p.frames = local.shape[0] / batch;
+  p.valid_frames = valid_frames > 0 ? valid_frames : p.frames;
+  APUS_CHECK(p.valid_frames <= p.frames, "dit: ", p.valid_frames, " valid frames of ", p.frames);
   CostScope scope(c, "dit/prologue");
   ArenaScope arena(*c.arena);
 
@@ -241,7 +244,17 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
     ops::rms_norm(c, k, b.k_norm, k, g.qk_norm_eps, hd, ops::Rounding::once);
     ops::rope(c, q, pro.cos, pro.sin, hd, ops::RopeStyle::half, ops::Rounding::once);
     ops::rope(c, k, pro.cos, pro.sin, hd, ops::RopeStyle::half, ops::Rounding::once);
-    attend(q, k, qkv.cols(2 * nq * d, (2 * nq + 1) * d));
+    Tensor v = qkv.cols(2 * nq * d, (2 * nq + 1) * d);
+    const int64_t padded = pro.frames - pro.valid_frames;
+    if (padded > 0) {
+      Tensor zeros = Tensor::in(*c.arena, {padded, d}, c.act);
+      if (!c.count_only) std::memset(zeros.data, 0, zeros.nbytes());
+      for (int64_t s = 0; s < batch; ++s) {
+        Tensor rows = v.rows((s + 1) * n - padded, (s + 1) * n);
+        ops::copy(c, zeros, rows);
+      }
+    }
+    attend(q, k, v);
   }
   {
     RowParallel row(c);

@@ -28,6 +28,9 @@ struct DitConfig {
 // What stays fixed across sampler steps for a batch of B samples of T latent frames.
 struct DitPrologue {
   int64_t batch = 1, frames = 0;
+  // Frames past valid_frames are the canvas's padding: the official code (without flash-attn)
+  // zeroes their self-attention values; they still take part as keys and queries.
+  int64_t valid_frames = 0;
   Tensor global;            // [B, dim] to_global_embed(global condition)
   std::vector<Tensor> cross_k, cross_v;  // per block: [B*S, k width] normed keys, [B*S, dim] values
   std::vector<Tensor> local;  // per block: [B*T, dim] to_local_embed(local condition)
@@ -41,13 +44,15 @@ class Dit {
   static Dit load(const std::string& dir, DType compute, bool load_weights = true);
   const DitConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
 
   // cross [B*S, cond_dim]: the text tokens and the duration token of each sample, cross_valid
   // [B*S] (0: a padded text position, replaced by the learned padding embedding as the official
   // conditioner does); global [B, global_dim] (the duration embedding); local [B*T, local_dim]
   // (zeros for text-to-audio, mask + masked latents for inpainting).
+  // valid_frames < T marks the canvas's padding (see DitPrologue); 0 means every frame.
   DitPrologue prologue(Context& c, const Tensor& cross, const std::vector<int64_t>& cross_valid,
-                       const Tensor& global, const Tensor& local) const;
+                       const Tensor& global, const Tensor& local, int64_t valid_frames = 0) const;
   // x [B*T, io_channels] latent frames (sample-major), t in [0, 1] for every sample; writes the
   // velocity [B*T, io_channels].
   void forward(Context& c, const DitPrologue& pro, const Tensor& x, float t, Tensor& velocity) const;

@@ -21,6 +21,8 @@ class DurationEmbedder {
   // dir holds config.json and diffusion_pytorch_model.safetensors (freqs, linear.weight/bias).
   static DurationEmbedder load(const std::string& dir, bool load_weights = true);
   const DurationConfig& config() const { return cfg_; }
+  int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
   // One [B, output_dim] row per duration, in the activation dtype (heap). The Fourier features
   // stay fp32 with fp32 frequencies in a bf16 run too, as the official code keeps them (diffusers'
   // bf16 load rounds the frequencies to bf16, which moves the high angles by radians).

@@ -34,6 +34,7 @@ class SameDecoder {
   static SameDecoder load(const std::string& dir, DType compute, bool load_weights = true);
   const SameConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
   // latents [B*T, latent_dim] (frames sample-major) -> audio [B, audio_channels, T * 4096] in
   // the activation dtype (heap), planar channels.
   Tensor decode(Context& c, const Tensor& latents, int64_t batch) const;

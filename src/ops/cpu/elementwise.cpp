@@ -219,6 +219,30 @@ void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
   });
 }
 
+void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t,
+                     float t_next) {
+  const int64_t m = x.shape[0], d = x.shape[1];
+  APUS_CHECK(velocity.shape == x.shape && noise.shape == x.shape, "pingpong_update: x ",
+             shape_str(x.shape), ", velocity ", shape_str(velocity.shape), ", noise ",
+             shape_str(noise.shape));
+  const float keep = round_as(x.dtype, 1.0f - t_next);
+  parallel_for(m, [&](int64_t r) {
+    float* vx = thread_scratch(0, d);
+    float* vv = thread_scratch(1, d);
+    float* vn = thread_scratch(2, d);
+    load_row(x, r, vx, d);
+    load_row(velocity, r, vv, d);
+    load_row(noise, r, vn, d);
+    // Step by step as the reference's eager ops round (no fused multiply-add).
+    for (int64_t i = 0; i < d; ++i) vv[i] = round_as(x.dtype, t * vv[i]);
+    for (int64_t i = 0; i < d; ++i) vx[i] = round_as(x.dtype, vx[i] - vv[i]);
+    for (int64_t i = 0; i < d; ++i) vx[i] = round_as(x.dtype, keep * vx[i]);
+    for (int64_t i = 0; i < d; ++i) vn[i] = round_as(x.dtype, t_next * vn[i]);
+    for (int64_t i = 0; i < d; ++i) vx[i] += vn[i];
+    store_row(x, r, vx, d);
+  });
+}
+
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
   APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape),
              ", velocity ", shape_str(velocity.shape));

@@ -72,6 +72,17 @@ void gate_sigmoid(Context& c, const Tensor& x, Tensor& y, ops::Rounding rounding
     }
 }
 
+void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t,
+                     float t_next) {
+  const DType dt = x.dtype;
+  const double keep = as(dt, 1.0 - double(t_next));
+  for (int64_t r = 0; r < x.shape[0]; ++r)
+    for (int64_t i = 0; i < x.shape[1]; ++i) {
+      const double denoised = as(dt, get(x, r, i) - as(dt, double(t) * get(velocity, r, i)));
+      put(x, r, i, as(dt, keep * denoised) + as(dt, double(t_next) * get(noise, r, i)));
+    }
+}
+
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
   const bool bf16 = velocity.dtype == DType::bf16;
   const double dt = bf16 ? as(DType::bf16, step) : double(step);

@@ -1,0 +1,402 @@
+// Stable Audio 3 text-to-audio: tokenise, encode, condition, sample, decode, in the order and
+// precision of the official generate() for the distilled models (medium, small-music, small-sfx):
+// the canvas with 6 s of headroom, its padding, the log-SNR schedule, ping-pong with torch's CPU
+// generator drawing every noise in the official order, the SAME decode, clamp and truncation. The
+// stages are written once; generate() runs them on weights, count() walks them in counting mode.
+//
+// Precision: the official CPU run is fp32 throughout. bf16 runs the text encoder, DiT and decoder
+// in bf16 and keeps what the official sampler holds (latents, noise, the update) in fp32, so a
+// seed draws the same noise in both.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <random>
+
+#include "core/error.h"
+#include "models/sa3/dit.h"
+#include "models/sa3/duration_embedder.h"
+#include "models/sa3/same_decoder.h"
+#include "models/sa3/t5gemma_encoder.h"
+#include "pipeline/registry.h"
+#include "pipeline/stage.h"
+#include "sampling/logsnr.h"
+#include "sampling/torch_rng.h"
+#include "text/sentencepiece_tokenizer.h"
+
+namespace apus {
+
+namespace {
+
+constexpr int kMaxTokens = 256;           // the official T5Gemma conditioner's max_length
+constexpr double kHeadroomSeconds = 6.0;  // generate()'s duration_padding_sec
+constexpr int64_t kEncoderChunk = 32;     // the SAME encoder's chunk_size: canvases align to it
+
+// The published configs' sample_size: medium (the differential DiT) 16777216 samples (380 s),
+// the small models 5324800 (120.7 s).
+constexpr int64_t kMediumSampleSize = 16777216, kSmallSampleSize = 5324800;
+
+constexpr const char* kTextStage = "text_encoder";
+constexpr const char* kPrologueStage = "dit_prologue";
+constexpr const char* kStepStage = "dit_step";
+constexpr const char* kDecodeStage = "same_decode";
+
+// The latent canvas of a request, as the official _adapt_sample_size and padding mask size it.
+struct Canvas {
+  int64_t frames = 0;  // latents sampled: (d + 6) s rounded up to whole latents, then to the
+                       // encoder's chunk alignment, capped at the model's sample size
+  int64_t valid = 0;   // latents the padding mask keeps: ceil(d) + 6 s of headroom, capped
+  int64_t samples = 0; // int(d * rate): the output's length
+};
+
+struct Work {
+  int64_t batch = 1;
+  Canvas canvas;
+  std::vector<int32_t> ids;
+  std::vector<int64_t> mask;
+  std::vector<float> seconds;
+  std::vector<float> sigmas;
+  std::vector<TorchGenerator> generators;  // one per sample, as each request alone would draw
+  Tensor text, duration, latents, noise, velocity, audio;
+  std::optional<sa3::DitPrologue> prologue;
+};
+
+class Sa3Model final : public AudioModel {
+ public:
+  Sa3Model(const ModelDir& dir, Weights weights);
+  std::vector<AudioResult> generate_batch(const std::vector<AudioRequest>& requests,
+                                          const Progress& progress) const override;
+  PipelineCost count(const AudioRequest& request, int batch) const override;
+  double max_seconds() const override { return double(sample_size_) / double(same_cfg_.sample_rate); }
+  const std::string& label() const override { return label_; }
+  const std::string& sampler() const override { return sampler_; }
+
+ private:
+  Work plan(const AudioRequest& r, int64_t batch) const;
+  void encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work& w) const;
+  void condition(Context& c, const sa3::DurationEmbedder& duration, const sa3::Dit& dit, Work& w) const;
+  void step(Context& c, const sa3::Dit& dit, Work& w, int i) const;
+  void decode(Context& c, const sa3::SameDecoder& same, Work& w) const;
+  // Fills w.noise [B*T, C] (fp32) with each sample's next draw of C x T values, channel-major as
+  // torch.randn([1, C, T]) lays them out.
+  void draw_noise(Context& c, Work& w, Tensor& out) const;
+  DType compute(const AudioRequest& r) const { return r.fp32 ? DType::f32 : DType::bf16; }
+
+  ModelDir dir_;
+  Weights weights_;
+  std::string label_, sampler_ = "ping-pong (rf_denoiser)";
+  sa3::DitConfig dit_cfg_;
+  sa3::SameConfig same_cfg_;
+  sa3::T5GemmaConfig text_cfg_;
+  int64_t sample_size_ = 0;
+  std::optional<SentencePieceTokenizer> tokenizer_;
+  PaddingSide padding_side_ = PaddingSide::left;
+  bool add_bos_ = true, add_eos_ = false;
+  std::optional<sa3::T5GemmaEncoder> text_;
+  std::optional<sa3::DurationEmbedder> duration_;
+  std::optional<sa3::Dit> dit_;
+  std::optional<sa3::SameDecoder> same_;
+  DType resident_dtype_ = DType::bf16;
+};
+
+void check_sa3_index(const ModelDir& dir) {
+  const std::string index = dir.root() + "/model_index.json";
+  const std::pair<const char*, const char*> components[] = {
+      {"transformer", "StableAudio3DiTModel"},       {"vae", "AutoencoderSAME"},
+      {"text_encoder", "T5GemmaEncoderModel"},       {"duration_embedder", "StableAudio3DurationEmbedder"},
+      {"scheduler", "FlowMatchEulerDiscreteScheduler"}};
+  for (const auto& [name, cls] : components)
+    APUS_CHECK(dir.component_class(name) == cls, index, ": ", name, " class '",
+               dir.component_class(name), "' is not supported (expected ", cls, ")");
+  const std::string tok = dir.component_class("tokenizer");
+  APUS_CHECK(tok == "GemmaTokenizer" || tok == "GemmaTokenizerFast", index, ": tokenizer class '",
+             tok, "' is not supported (expected GemmaTokenizer)");
+}
+
+// The scheduler decides the sampler: stochastic sampling is the distilled models' ping-pong.
+void check_scheduler(const Config& s) {
+  APUS_CHECK(s.get_int("num_train_timesteps", 1000) == 1, s.path, ": num_train_timesteps ",
+             s.get_int("num_train_timesteps", 1000),
+             " is not supported (Stable Audio 3's DiT takes sigma itself: 1)");
+  APUS_CHECK(s.get_bool("stochastic_sampling", false), s.path,
+             ": stochastic_sampling false is a -base model (Euler with classifier-free guidance), ",
+             "which is not supported yet; the distilled models (true) are");
+  APUS_CHECK(!s.get_bool("use_dynamic_shifting", false) && s.get_double("shift", 1.0) == 1.0 &&
+                 !s.get_bool("invert_sigmas", false) && !s.get_bool("use_karras_sigmas", false) &&
+                 !s.get_bool("use_exponential_sigmas", false) && !s.get_bool("use_beta_sigmas", false),
+             s.path, ": a shift, dynamic shifting or another sigma family is not supported (the ",
+             "pipeline hands the scheduler its own log-SNR sigmas)");
+}
+
+Sa3Model::Sa3Model(const ModelDir& dir, Weights weights)
+    : dir_(dir), weights_(weights), label_(model_label(dir.root())) {
+  check_sa3_index(dir_);
+  text_cfg_ = sa3::T5GemmaConfig::read(dir_.config("text_encoder"));
+  dit_cfg_ = sa3::DitConfig::read(dir_.config("transformer"));
+  same_cfg_ = sa3::SameConfig::read(dir_.config("vae"));
+  const sa3::DurationConfig duration = sa3::DurationConfig::read(dir_.config("duration_embedder"));
+  check_scheduler(dir_.config("scheduler", "scheduler_config.json"));
+  const std::string index = dir_.root() + "/model_index.json";
+  APUS_CHECK(text_cfg_.hidden == dit_cfg_.cond_dim && duration.output_dim == dit_cfg_.cond_dim &&
+                 duration.output_dim == dit_cfg_.global_dim,
+             index, ": the text encoder (", text_cfg_.hidden, "), duration embedder (",
+             duration.output_dim, ") and transformer (cond_token_dim ", dit_cfg_.cond_dim,
+             ", global_cond_dim ", dit_cfg_.global_dim, ") widths do not agree");
+  APUS_CHECK(same_cfg_.latent_dim == dit_cfg_.io_channels &&
+                 dit_cfg_.local_dim == dit_cfg_.io_channels + 1,
+             index, ": the transformer's io_channels ", dit_cfg_.io_channels, " / local_add_cond_dim ",
+             dit_cfg_.local_dim, " do not fit the vae's latent_dim ", same_cfg_.latent_dim);
+  sample_size_ = dit_cfg_.differential ? kMediumSampleSize : kSmallSampleSize;
+  if (weights_ == Weights::none) return;
+  const std::string tok_dir = dir_.component("tokenizer");
+  APUS_CHECK(path_exists(tok_dir + "/tokenizer.model"), tok_dir,
+             "/tokenizer.model: missing; apus reads Gemma's SentencePiece model (transformers' ",
+             "save_pretrained writes only tokenizer.json: copy tokenizer.model from the ",
+             "t5gemma-b-b-ul2 folder of the published checkpoint)");
+  tokenizer_.emplace(SentencePieceTokenizer::load(tok_dir + "/tokenizer.model"));
+  APUS_CHECK(tokenizer_->vocab_size() <= text_cfg_.vocab, tok_dir, "/tokenizer.model: ",
+             tokenizer_->vocab_size(), " pieces, more than the text encoder's ", text_cfg_.vocab,
+             "-entry embedding (text_encoder/config.json vocab_size)");
+  const std::string tok_config = tok_dir + "/tokenizer_config.json";
+  if (path_exists(tok_config)) {
+    padding_side_ = read_padding_side(tok_config);
+    const Config tc = read_config(tok_config);
+    add_bos_ = tc.get_bool("add_bos_token", true);  // GemmaTokenizer's defaults
+    add_eos_ = tc.get_bool("add_eos_token", false);
+  }
+  if (weights_ == Weights::resident) {
+    // A server's model serves one precision: bf16, the fast path.
+    text_.emplace(sa3::T5GemmaEncoder::load(dir_.component("text_encoder")));
+    duration_.emplace(sa3::DurationEmbedder::load(dir_.component("duration_embedder")));
+    dit_.emplace(sa3::Dit::load(dir_.component("transformer"), resident_dtype_));
+    same_.emplace(sa3::SameDecoder::load(dir_.component("vae"), resident_dtype_));
+    text_->make_resident();
+  }
+}
+
+Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
+  const double limit = max_seconds();
+  APUS_CHECK(std::isfinite(r.seconds) && r.seconds > 0 && r.seconds <= limit, "seconds ", r.seconds,
+             " outside (0, ", limit, "] (this model's sample_size)");
+  APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");
+  APUS_CHECK(batch >= 1 && batch <= 64, "batch ", batch, " outside 1..64");
+  const int64_t rate = same_cfg_.sample_rate, spl = same_cfg_.samples_per_latent();
+  const int64_t align = std::max<int64_t>(1, kEncoderChunk / same_cfg_.stride);
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  Work w;
+  w.batch = batch;
+  const int64_t padded = int64_t((r.seconds + kHeadroomSeconds) * double(rate));
+  w.canvas.frames = std::min(ceil_div(ceil_div(padded, spl), align) * align, sample_size_ / spl);
+  w.canvas.samples = int64_t(r.seconds * double(rate));
+  w.canvas.valid = std::min(ceil_div(w.canvas.samples, spl) + int64_t(kHeadroomSeconds * double(rate)) / spl,
+                            w.canvas.frames);
+  w.sigmas = logsnr_sigmas(r.steps, 1.0f);
+  return w;
+}
+
+void Sa3Model::encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work& w) const {
+  w.text = encoder.encode(c, w.ids, w.mask, w.batch);
+}
+
+void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, const sa3::Dit& dit,
+                         Work& w) const {
+  CostScope scope(c, "conditioning");
+  ArenaScope arena(*c.arena);
+  const int64_t b = w.batch, tokens = kMaxTokens + 1, d = dit_cfg_.cond_dim, t = w.canvas.frames;
+  w.duration = duration.embed(c, w.seconds);
+  // Cross tokens per sample: the text (padding replaced in the DiT's prologue), then the duration.
+  Tensor cross = Tensor::in(*c.arena, {b * tokens, d}, c.act);
+  std::vector<int64_t> valid;
+  for (int64_t s = 0; s < b; ++s) {
+    Tensor text_rows = cross.rows(s * tokens, s * tokens + kMaxTokens);
+    ops::copy(c, w.text.rows(s * kMaxTokens, (s + 1) * kMaxTokens), text_rows);
+    Tensor last = cross.rows(s * tokens + kMaxTokens, (s + 1) * tokens);
+    ops::copy(c, w.duration.rows(s, s + 1), last);
+    valid.insert(valid.end(), w.mask.begin() + s * kMaxTokens, w.mask.begin() + (s + 1) * kMaxTokens);
+    valid.push_back(1);
+  }
+  // Text-to-audio: no inpainting mask and no masked latents, which the official code still passes.
+  Tensor local = Tensor::in(*c.arena, {b * t, dit_cfg_.local_dim}, c.act);
+  if (!c.count_only) std::memset(local.data, 0, local.nbytes());
+  w.prologue = dit.prologue(c, cross, valid, w.duration, local, w.canvas.valid);
+  w.velocity = ops::empty(c, {b * t, dit_cfg_.io_channels}, c.act);
+}
+
+void Sa3Model::draw_noise(Context& c, Work& w, Tensor& out) const {
+  const int64_t ch = dit_cfg_.io_channels, t = w.canvas.frames;
+  if (c.count_only) return;
+  Tensor planes = Tensor::heap({ch, t}, DType::f32);
+  for (int64_t s = 0; s < w.batch; ++s) {
+    w.generators[size_t(s)].randn(planes.ptr<float>(), planes.numel());
+    Tensor rows = out.rows(s * t, (s + 1) * t);
+    ops::transpose(c, planes, rows);
+  }
+}
+
+void Sa3Model::step(Context& c, const sa3::Dit& dit, Work& w, int i) const {
+  const float t = w.sigmas[size_t(i)], t_next = w.sigmas[size_t(i) + 1];
+  ArenaScope arena(*c.arena);
+  Tensor x = w.latents;
+  if (c.act != DType::f32) {
+    x = Tensor::in(*c.arena, w.latents.shape, c.act);
+    ops::copy(c, w.latents, x);
+  }
+  dit.forward(c, *w.prologue, x, t, w.velocity);
+  CostScope scope(c, "sampler");
+  // The official loop draws the next noise even on the last step, where t_next = 0 discards it.
+  draw_noise(c, w, w.noise);
+  ops::pingpong_update(c, w.latents, w.velocity, w.noise, t, t_next);
+}
+
+void Sa3Model::decode(Context& c, const sa3::SameDecoder& same, Work& w) const {
+  ArenaScope arena(*c.arena);
+  Tensor z = w.latents;
+  if (c.act != DType::f32) {
+    z = Tensor::in(*c.arena, w.latents.shape, c.act);
+    ops::copy(c, w.latents, z);
+  }
+  w.audio = same.decode(c, z, w.batch);
+}
+
+PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
+  Work w = plan(r, batch);
+  PipelineCost p;
+  p.model = label_;
+  p.seconds = r.seconds;
+  p.steps = r.steps;
+  w.ids.assign(size_t(batch * kMaxTokens), 0);
+  w.mask.assign(size_t(batch * kMaxTokens), 1);
+  w.seconds.assign(size_t(batch), float(r.seconds));
+  const int64_t rows = batch * w.canvas.frames;
+  w.latents = Tensor::shape_only({rows, dit_cfg_.io_channels}, DType::f32);
+  w.noise = Tensor::shape_only({rows, dit_cfg_.io_channels}, DType::f32);
+  const auto text = sa3::T5GemmaEncoder::load(dir_.component("text_encoder"), false);
+  const auto duration = sa3::DurationEmbedder::load(dir_.component("duration_embedder"), false);
+  const auto dit = sa3::Dit::load(dir_.component("transformer"), DType::bf16, false);
+  const auto same = sa3::SameDecoder::load(dir_.component("vae"), DType::bf16, false);
+  StageCost text_stage = count_stage(kTextStage, 1, [&](Context& c) { encode_text(c, text, w); });
+  StageCost prologue_stage = count_stage(kPrologueStage, 1, [&](Context& c) { condition(c, duration, dit, w); });
+  StageCost step_stage = count_stage(kStepStage, r.steps, [&](Context& c) { step(c, dit, w, 0); });
+  StageCost decode_stage = count_stage(kDecodeStage, 1, [&](Context& c) { decode(c, same, w); });
+  p.parameters = double(text.parameter_count() + duration.parameter_count() + dit.parameter_count() +
+                        same.parameter_count());
+  p.stages = {text_stage, prologue_stage, step_stage, decode_stage};
+  return p;
+}
+
+std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest>& requests,
+                                                  const Progress& progress) const {
+  APUS_CHECK(weights_ != Weights::none, dir_.root(), ": opened for counting only");
+  APUS_CHECK(!requests.empty(), "no request to render");
+  const AudioRequest& r = requests.front();
+  for (const AudioRequest& o : requests)
+    APUS_CHECK(o.seconds == r.seconds && o.steps == r.steps && o.fp32 == r.fp32,
+               "a batch shares seconds, steps and precision: ", o.seconds, " s, ", o.steps,
+               " steps differs from ", r.seconds, " s, ", r.steps, " steps");
+  APUS_CHECK(weights_ != Weights::resident || compute(r) == resident_dtype_,
+             "this resident model serves bf16 requests only");
+  const int64_t batch = int64_t(requests.size());
+  Work w = plan(r, batch);
+  check_memory(count(r, int(batch)), weights_ == Weights::resident,
+               std::to_string(r.seconds) + " s" + (batch > 1 ? " x" + std::to_string(batch) : ""));
+  auto say = [&](const std::string& s) { if (progress) progress(s); };
+  std::vector<AudioResult> results(requests.size());
+  std::vector<StageTime> stages;
+  StageClock clock(stages);
+  Arena arena;
+  const DType dt = compute(r);
+  Context ctx{&arena, dt};
+
+  // Everything that can reject the request comes before any weight loads.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const AudioRequest& o = requests[i];
+    std::vector<int32_t> ids = tokenizer_->encode(o.prompt);
+    // The official conditioner calls the tokenizer with its special tokens on: the config decides.
+    if (add_bos_) ids.insert(ids.begin(), tokenizer_->bos_id());
+    if (add_eos_) ids.push_back(tokenizer_->eos_id());
+    results[i].prompt_tokens = int(ids.size());
+    PaddedIds padded = pad_ids(std::move(ids), kMaxTokens, tokenizer_->pad_id(), padding_side_);
+    if (padded.truncated)
+      say("prompt truncated to " + std::to_string(kMaxTokens) + " tokens (it has " +
+          std::to_string(results[i].prompt_tokens) + "), as the official conditioner truncates");
+    w.ids.insert(w.ids.end(), padded.ids.begin(), padded.ids.end());
+    w.mask.insert(w.mask.end(), padded.mask.begin(), padded.mask.end());
+    w.seconds.push_back(float(o.seconds));
+    results[i].seed = o.seed ? *o.seed : std::random_device{}();
+    w.generators.emplace_back(results[i].seed);
+    say("seed " + std::to_string(results[i].seed));
+  }
+  clock.stop("tokenize");
+  // The initial latents are the generator's first draw, fp32 as torch.randn([1, C, T]).
+  w.latents = ops::empty(ctx, {batch * w.canvas.frames, dit_cfg_.io_channels}, DType::f32);
+  w.noise = ops::empty(ctx, w.latents.shape, DType::f32);
+  draw_noise(ctx, w, w.latents);
+
+  // An empty prompt is all padding: every text position takes the learned padding embedding, so
+  // the encoder (which would attend to no key) need not run.
+  const bool any_text = std::any_of(w.mask.begin(), w.mask.end(), [](int64_t m) { return m != 0; });
+  with_model(text_, [&] { return sa3::T5GemmaEncoder::load(dir_.component("text_encoder")); },
+             [&](const sa3::T5GemmaEncoder& encoder) {
+               clock.stop("text encoder load");
+               if (any_text) {
+                 encode_text(ctx, encoder, w);
+                 require_finite(ctx, w.text, "the text encoder");
+               } else {
+                 w.text = ops::empty(ctx, {batch * kMaxTokens, text_cfg_.hidden}, dt);
+                 std::memset(w.text.data, 0, w.text.nbytes());
+               }
+               clock.stop("text encoder", kTextStage);
+             });
+  with_model(dit_, [&] { return sa3::Dit::load(dir_.component("transformer"), dt); },
+             [&](const sa3::Dit& dit) {
+               clock.stop("transformer load");
+               with_model(duration_, [&] { return sa3::DurationEmbedder::load(dir_.component("duration_embedder")); },
+                          [&](const sa3::DurationEmbedder& duration) { condition(ctx, duration, dit, w); });
+               clock.stop("conditioning", kPrologueStage);
+               for (int i = 0; i < r.steps; ++i) {
+                 const auto t0 = std::chrono::steady_clock::now();
+                 step(ctx, dit, w, i);
+                 require_finite(ctx, w.latents, "transformer step " + std::to_string(i + 1) + "/" +
+                                                    std::to_string(r.steps));
+                 const double s =
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                 char line[96];
+                 std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, r.steps,
+                               double(w.sigmas[size_t(i)]), s);
+                 say(line);
+                 clock.stop("transformer step " + std::to_string(i + 1), kStepStage);
+               }
+             });
+  with_model(same_, [&] { return sa3::SameDecoder::load(dir_.component("vae"), dt); },
+             [&](const sa3::SameDecoder& same) {
+               clock.stop("decoder load");
+               decode(ctx, same, w);
+               require_finite(ctx, w.audio, "the SAME decoder");
+               clock.stop("decode", kDecodeStage);
+             });
+  // The official output: fp32, clamped to [-1, 1], the first int(d * rate) samples of each channel
+  // (past the padding mask's valid latents it zeroes, which lie beyond that cut).
+  const int64_t channels = same_cfg_.audio_channels, length = w.audio.shape[2],
+                n = std::min(w.canvas.samples, length);
+  const Tensor audio = w.audio.dtype == DType::f32 ? w.audio : to_dtype(w.audio, DType::f32);
+  for (int64_t s = 0; s < batch; ++s) {
+    AudioResult& res = results[size_t(s)];
+    res.sample_rate = int(same_cfg_.sample_rate);
+    res.channels = int(channels);
+    res.samples.resize(size_t(n * channels));
+    const float* base = audio.ptr<float>() + s * channels * length;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t ch = 0; ch < channels; ++ch)
+        res.samples[size_t(i * channels + ch)] = std::clamp(base[ch * length + i], -1.0f, 1.0f);
+    res.stages = stages;
+  }
+  return results;
+}
+
+}  // namespace
+
+std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights) {
+  return std::make_unique<Sa3Model>(dir, weights);
+}
+
+}  // namespace apus
