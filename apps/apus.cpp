@@ -1,5 +1,5 @@
-// apus command line: `apus image` renders a prompt, `apus roofline` counts a request's cost,
-// `apus synth` writes a random-weight checkpoint in the published layout.
+// apus command line: `apus image` renders a prompt, `apus audio` generates a clip, `apus roofline`
+// counts a request's cost, `apus synth` writes a random-weight checkpoint in the published layout.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
+#include "io/audio.h"
 #include "io/png.h"
 #include "io/synth.h"
 
@@ -22,6 +23,33 @@ std::string output_name(const std::string& out, int i, int n) {
   const size_t dot = out.rfind('.'), slash = out.rfind('/');
   const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
   return (has_ext ? out.substr(0, dot) : out) + "-" + std::to_string(i + 1) + (has_ext ? out.substr(dot) : "");
+}
+
+// -v: each stage against its floor on this machine, counted from the same stage code, priced at
+// the GEMM rate and bandwidth measured here, now; then the output write and peak memory.
+void report_stages(const apus::PipelineCost& cost, const std::vector<apus::StageTime>& stages,
+                   const char* write_name, double write_s) {
+  apus::Arena arena;
+  apus::Context ctx{&arena};
+  const apus::Chip here = apus::measure_ceiling(ctx);
+  const nlohmann::json roof = apus::roofline_json(cost, {here, 1});
+  auto floor_of = [&](const std::string& stage) -> double {
+    for (const auto& s : roof["stages"])
+      if (s["name"] == stage) return s["per_call"]["floor_s"].get<double>();
+    return 0;
+  };
+  std::fprintf(stderr, "floors at %.0f GFLOP/s bf16 and %.1f GB/s, measured in this process\n",
+               here.bf16_flops / 1e9, here.memory_bps / 1e9);
+  std::fprintf(stderr, "%-20s %10s %10s %6s\n", "stage", "measured", "floor", "ratio");
+  for (const auto& s : stages) {
+    const double f = s.stage.empty() ? 0 : floor_of(s.stage);
+    if (f > 0)
+      std::fprintf(stderr, "%-20s %8.3f s %8.3f s %5.2fx\n", s.name.c_str(), s.seconds, f, s.seconds / f);
+    else
+      std::fprintf(stderr, "%-20s %8.3f s\n", s.name.c_str(), s.seconds);
+  }
+  std::fprintf(stderr, "%-20s %8.3f s\n", write_name, write_s);
+  std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
 int run_image(const std::string& model_dir, const apus::ImageRequest& req, int batch,
@@ -46,33 +74,35 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
     apus::write_png(output_name(out, i, batch), r.width, r.height, r.rgb,
                     {{"parameters", params}, {"Software", "apus"}});
   }
-  const apus::ImageResult& r = results.front();
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (verbose) {
-    // Each stage against its floor on this machine: counted from the same stage code, priced at
-    // the GEMM rate and bandwidth measured here, now.
-    apus::Arena arena;
-    apus::Context ctx{&arena};
-    const apus::Chip here = apus::measure_ceiling(ctx);
-    const nlohmann::json roof = apus::roofline_json(model->count(req, batch), {here, 1});
-    auto floor_of = [&](const std::string& stage) -> double {
-      for (const auto& s : roof["stages"])
-        if (s["name"] == stage) return s["per_call"]["floor_s"].get<double>();
-      return 0;
-    };
-    std::fprintf(stderr, "floors at %.0f GFLOP/s bf16 and %.1f GB/s, measured in this process\n",
-                 here.bf16_flops / 1e9, here.memory_bps / 1e9);
-    std::fprintf(stderr, "%-20s %10s %10s %6s\n", "stage", "measured", "floor", "ratio");
-    for (const auto& s : r.stages) {
-      const double f = s.stage.empty() ? 0 : floor_of(s.stage);
-      if (f > 0)
-        std::fprintf(stderr, "%-20s %8.3f s %8.3f s %5.2fx\n", s.name.c_str(), s.seconds, f, s.seconds / f);
-      else
-        std::fprintf(stderr, "%-20s %8.3f s\n", s.name.c_str(), s.seconds);
-    }
-    std::fprintf(stderr, "%-20s %8.3f s\n", "write png", write_s);
-    std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
+  if (verbose) report_stages(model->count(req, batch), results.front().stages, "write png", write_s);
+  for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
+  return 0;
+}
+
+int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int batch,
+              const std::string& out, const std::string& format_name, bool verbose) {
+  const apus::AudioFormat format = apus::parse_audio_format(format_name);
+  const auto model = apus::AudioModel::open(model_dir, apus::Weights::per_stage);
+  std::vector<apus::AudioRequest> requests(size_t(batch), req);
+  for (int i = 1; i < batch; ++i)
+    requests[size_t(i)].seed = req.seed ? std::optional<uint64_t>(*req.seed + uint64_t(i)) : std::nullopt;
+  const std::vector<apus::AudioResult> results =
+      model->generate_batch(requests, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < batch; ++i) {
+    const apus::AudioResult& r = results[size_t(i)];
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", req.seconds);
+    const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(req.steps) +
+                               ", Sampler: " + model->sampler() + ", Seed: " + std::to_string(r.seed) +
+                               ", Model: " + model->label() +
+                               (req.fp32 ? ", Precision: fp32" : ", Precision: bf16");
+    apus::Audio audio{r.sample_rate, r.channels, r.samples};
+    apus::write_audio(output_name(out, i, batch), audio, format, {req.prompt, params, "apus"});
   }
+  const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (verbose) report_stages(model->count(req, batch), results.front().stages, "write audio", write_s);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
 }
@@ -103,6 +133,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   image->add_option("-o,--output", out, "output PNG");
   image->add_flag("-v,--verbose", verbose, "print per-stage times and peak memory");
+
+  apus::AudioRequest audio_req;
+  std::string audio_model, audio_out = "out.wav", audio_format = "wav", audio_precision = "bf16";
+  uint64_t audio_seed = 0;
+  int audio_batch = 1;
+  bool audio_verbose = false;
+  auto* audio = app.add_subcommand("audio", "generate a clip from a prompt (Stable Audio 3)");
+  audio->add_option("--model", audio_model, "model directory (diffusers layout)")->required();
+  audio->add_option("--prompt,-p", audio_req.prompt, "text prompt")->required();
+  audio->add_option("--seconds", audio_req.seconds, "clip length (up to 380 s medium, 120 s small)");
+  audio->add_option("--steps", audio_req.steps, "sampling steps (8 for the distilled models)");
+  auto* audio_seed_opt = audio->add_option("--seed,-s", audio_seed, "seed of torch's CPU generator");
+  audio->add_option("--precision", audio_precision, "bf16 (fast) or fp32 (the official CPU run)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  audio->add_option("--format", audio_format, "wav (16-bit), wav-float or flac");
+  audio->add_option("--batch,-n", audio_batch, "clips generated together, seeds seed, seed+1, ...")
+      ->check(CLI::Range(1, 64));
+  audio->add_option("-o,--output", audio_out, "output file");
+  audio->add_flag("-v,--verbose", audio_verbose, "print per-stage times and peak memory");
 
   std::string synth_model = "flux2-klein-4b", synth_like, synth_out;
   uint64_t synth_seed = 0;
@@ -139,6 +188,11 @@ int main(int argc, char** argv) {
       if (*seed_opt) req.seed = seed;
       req.fp32 = precision == "fp32";
       return run_image(model_dir, req, batch, out, verbose);
+    }
+    if (*audio) {
+      if (*audio_seed_opt) audio_req.seed = audio_seed;
+      audio_req.fp32 = audio_precision == "fp32";
+      return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose);
     }
     if (*roofline) {
       apus::Roofline r{apus::find_chip(chip_name), chips};

@@ -2,11 +2,15 @@
 // random-weight components (tools/oracle/make_sa3_official_fixtures.py): prompt, seed and seconds
 // in, samples out, through the canvas with its headroom and padding, the log-SNR schedule,
 // ping-pong with torch's CPU generator and the SAME decode.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <unistd.h>
 
 #include "apus/apus.h"
 #include "io/model_dir.h"
+#include "io/audio.h"
 #include "io/safetensors.h"
 #include "sampling/logsnr.h"
 #include "test_util.h"
@@ -16,13 +20,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The diffusers layout of the tiny pipeline: its own folder plus the stage fixtures linked in.
-class Sa3Pipeline : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = ::testing::TempDir() + "apus_sa3_pipeline_" + std::to_string(::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+// The diffusers layout of the tiny pipeline: its own folder plus the stage fixtures linked in,
+// made once per test process.
+const std::string& pipeline_dir() {
+  static const std::string dir = [] {
+    const std::string d = ::testing::TempDir() + "apus_sa3_pipeline_" + std::to_string(::getpid());
+    fs::remove_all(d);
+    fs::create_directories(d);
     const std::pair<const char*, const char*> parts[] = {
         {"model_index.json", "sa3_tiny/pipeline/model_index.json"},
         {"scheduler", "sa3_tiny/pipeline/scheduler"},
@@ -32,12 +36,24 @@ class Sa3Pipeline : public ::testing::Test {
         {"text_encoder", "t5gemma_tiny"},
         {"tokenizer", "t5gemma_tok"}};
     for (const auto& [name, fixture] : parts)
-      fs::create_symlink(fs::absolute(test::fixture(fixture)), dir_ + "/" + name);
+      fs::create_symlink(fs::absolute(test::fixture(fixture)), d + "/" + name);
+    return d;
+  }();
+  return dir;
+}
+
+// A copy of the pipeline folder (links) with one part replaced by a real folder the test spoils.
+std::string spoiled_copy(const std::string& name, const std::string& part) {
+  const std::string d = ::testing::TempDir() + "apus_sa3_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (const auto& e : fs::directory_iterator(pipeline_dir())) {
+    const std::string n = e.path().filename().string();
+    if (n == part) fs::copy(fs::canonical(e.path()), d + "/" + n, fs::copy_options::recursive);
+    else fs::create_symlink(fs::read_symlink(e.path()), d + "/" + n);
   }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-  static std::string dir_;
-};
-std::string Sa3Pipeline::dir_;
+  return d;
+}
 
 AudioRequest reference_request(bool fp32) {
   const Json meta = read_json(test::fixture("sa3_pipeline_ref.json"));
@@ -72,9 +88,9 @@ TEST(Sa3Schedule, LogSnrSigmasMatchTheOfficialSchedule) {
   EXPECT_EQ(ramp.back(), 1.0f);
 }
 
-TEST_F(Sa3Pipeline, TextToAudioMatchesTheOfficialGenerate) {
+TEST(Sa3Pipeline, TextToAudioMatchesTheOfficialGenerate) {
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
-  const auto model = AudioModel::open(dir_, Weights::per_stage);
+  const auto model = AudioModel::open(pipeline_dir(), Weights::per_stage);
   const auto fp32_ref = interleaved(ref.get("fp32.audio")), bf16_ref = interleaved(ref.get("bf16.audio"));
   for (const bool fp32 : {true, false}) {
     const AudioResult r = model->generate(reference_request(fp32));
@@ -86,8 +102,8 @@ TEST_F(Sa3Pipeline, TextToAudioMatchesTheOfficialGenerate) {
   }
 }
 
-TEST_F(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
-  const auto model = AudioModel::open(dir_, Weights::per_stage);
+TEST(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
+  const auto model = AudioModel::open(pipeline_dir(), Weights::per_stage);
   AudioRequest r = reference_request(true);
   for (const double seconds : {0.0, -1.0, model->max_seconds() + 1})
     test::expect_error([&] {
@@ -106,6 +122,70 @@ TEST_F(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
   EXPECT_GT(res.prompt_tokens, 256);
   EXPECT_TRUE(std::any_of(lines.begin(), lines.end(),
                           [](const std::string& l) { return l.find("truncated to 256") != std::string::npos; }));
+}
+
+TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const AudioRequest req = reference_request(true);
+  const std::string out = ::testing::TempDir() + "sa3_cli.wav";
+  const test::CliRun r = test::run_cli(
+      "audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) + " --seconds " +
+      std::to_string(req.seconds) + " --seed " + std::to_string(*req.seed) + " --precision fp32 -v -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("seed 42"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 8/8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("peak memory"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("transformer step 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\ndecode "), std::string::npos) << r.output;
+  const Audio a = read_audio(out);
+  EXPECT_EQ(a.rate, 2048);
+  EXPECT_EQ(a.channels, 2);
+  const auto want = interleaved(ref.get("fp32.audio"));
+  ASSERT_EQ(a.samples.size(), want.size());
+  // 16-bit PCM: the fp32 run quantised, within half a step of the reference plus its 1e-5 parity.
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(a.samples[i]) - want[i]));
+  EXPECT_LT(worst, 1.0 / 32767 + 1e-4);
+  // FLAC and float WAV on request; the request rides in the metadata.
+  const std::string flac = ::testing::TempDir() + "sa3_cli.flac";
+  const test::CliRun f = test::run_cli("audio --model " + pipeline_dir() + " --prompt " +
+                                       test::shell_quote(req.prompt) + " --seconds 1.4 --seed 42 --steps 2 --format flac -o " + flac);
+  ASSERT_EQ(f.status, 0) << f.output;
+  EXPECT_EQ(read_audio(flac).frames(), int64_t(want.size() / 2));
+}
+
+TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
+  const std::string model = pipeline_dir();
+  struct Case { std::string args; std::vector<std::string> expect; };
+  const std::string no_tokenizer = spoiled_copy("no_tokenizer", "tokenizer");
+  fs::remove(no_tokenizer + "/tokenizer/tokenizer.model");
+  const std::string bad_t5 = spoiled_copy("bad_t5", "text_encoder");
+  { std::ofstream(bad_t5 + "/text_encoder/model.safetensors", std::ios::trunc) << "not safetensors"; }
+  const std::string no_t5 = spoiled_copy("no_t5", "text_encoder");
+  fs::remove_all(no_t5 + "/text_encoder");
+  const std::vector<Case> cases = {
+      {"--seconds 0", {"seconds 0", "outside"}},
+      {"--seconds 9000", {"seconds 9000", "outside"}},
+      {"--seconds 1 --steps 0", {"steps 0", "outside"}},
+      {"--seconds 1 --format mp3", {"mp3"}},
+      {"--model " + no_tokenizer, {"tokenizer.model", "missing"}},
+      {"--model " + bad_t5, {"model.safetensors"}},
+      {"--model " + no_t5, {"text_encoder"}},
+      {"--model " + test::fixture("klein_tiny_a"), {"Flux2KleinPipeline", "apus image"}},
+  };
+  for (const Case& c : cases) {
+    const bool own_model = c.args.rfind("--model", 0) == 0;
+    const test::CliRun r = test::run_cli("audio " + std::string(own_model ? "--seconds 1 " : "--model " + model + " ") +
+                                         "--prompt x -o " + ::testing::TempDir() + "bad.wav " + c.args);
+    EXPECT_NE(r.status, 0) << c.args << ": " << r.output;
+    // One error line, the last (progress such as the seed may come before a stage's weights load).
+    const size_t at = r.output.find("error: ");
+    ASSERT_NE(at, std::string::npos) << c.args << ": " << r.output;
+    const std::string line = r.output.substr(at);
+    EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << c.args << ": " << r.output;
+    for (const std::string& e : c.expect) EXPECT_NE(line.find(e), std::string::npos) << c.args << ": " << r.output;
+  }
+  for (const std::string& d : {no_tokenizer, bad_t5, no_t5}) fs::remove_all(d);
 }
 
 }  // namespace
