@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
   uint64_t synth_seed = 0;
   auto* synth = app.add_subcommand("synth", "write a random-weight checkpoint in the published layout");
   auto* synth_model_opt = synth->add_option("--model", synth_model, "published model to mimic")
-      ->check(CLI::IsMember({"flux2-klein-4b"}));
+      ->check(CLI::IsMember({"flux2-klein-4b", "stable-audio-3-medium"}));
   auto* synth_like_opt =
       synth->add_option("--like", synth_like, "checkpoint folder whose layout to mimic instead")
           ->check(CLI::ExistingDirectory);

@@ -184,7 +184,9 @@ uint16_t f32_to_f16(float f) {
 // How a tensor is initialised: values a trained model's loader and kernels see as ordinary,
 // and that keep every stage finite (unit norms, identity batch-norm statistics).
 struct Init {
-  enum Kind { zeros, ones, uniform } kind;
+  // rope: RoPE inverse frequencies 10000^(-2j / 2n) for a buffer of n, as the modules register
+  // them (loaders check them against the module's own formula).
+  enum Kind { zeros, ones, uniform, rope } kind;
   float amplitude;  // uniform on [-amplitude, amplitude]
   uint64_t key;
 };
@@ -201,6 +203,8 @@ Init init_for(const TensorSpec& t, uint64_t key) {
   }
   // A bias's fan-in is not in its shape; std 0.02 keeps it small next to the activations.
   if (ends_with(t.name, "bias")) return {Init::uniform, float(std::sqrt(3.0) * 0.02), key};
+  if (ends_with(t.name, ".beta")) return {Init::zeros, 0, key};  // DynamicTanh's shift
+  if (ends_with(t.name, "inv_freq")) return {Init::rope, 0, key};
   return {Init::ones, 0, key};  // norm scales
 }
 
@@ -224,10 +228,15 @@ void generate(const TensorSpec& t, const Init& in, int64_t first, int64_t count,
     return;
   }
   auto run = [&](auto store) {
-    if (in.kind == Init::ones)
+    if (in.kind == Init::ones) {
       for (int64_t i = 0; i < count; ++i) store(i, 1.0f);
-    else
+    } else if (in.kind == Init::rope) {
+      const int64_t n = shape_numel(t.shape);
+      for (int64_t i = 0; i < count; ++i)
+        store(i, 1.0f / std::pow(10000.0f, float(2 * (first + i)) / float(2 * n)));
+    } else {
       fill_uniform(in, first, count, store);
+    }
   };
   switch (t.dtype) {
     case DType::bf16: {

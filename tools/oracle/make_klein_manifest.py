@@ -171,14 +171,14 @@ def write_json(obj, path, indent=2, sort_keys=False):
         f.write(json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False) + "\n")
 
 
-def write_manifest(files, params, path):
+def write_manifest(files, params, path, model="black-forest-labs/FLUX.2-klein-4B",
+                   generator="tools/oracle/make_klein_manifest.py"):
     # one tensor per line: the file stays reviewable in a diff
     import diffusers
     import torch
     import transformers
 
-    lines = ["{", '  "model": "black-forest-labs/FLUX.2-klein-4B",',
-             '  "generator": "tools/oracle/make_klein_manifest.py",',
+    lines = ["{", '  "model": %s,' % json.dumps(model), '  "generator": %s,' % json.dumps(generator),
              '  "versions": ' + json.dumps({"torch": torch.__version__, "diffusers": diffusers.__version__,
                                            "transformers": transformers.__version__}) + ",",
              '  "parameters": ' + json.dumps(params) + ",", '  "files": [']
