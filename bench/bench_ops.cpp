@@ -36,6 +36,39 @@ void BM_Linear(benchmark::State& st) {
 // single block linear1 / linear2, double block qkv, the text encoder MLP, at 512^2 (1536 tokens)
 BENCHMARK(BM_Linear)->Args({1536, 3072, 27648})->Args({1536, 12288, 3072})->Args({1024, 3072, 3072})
     ->Args({512, 2560, 9728})->Unit(benchmark::kMillisecond)->UseRealTime();
+// Stable Audio 3 medium, 30 s clip: DiT qkv / FF in / FF out at 452 rows (388 latents + 64
+// memory tokens), SAME-L's at 6596 rows (388 latents x 17 tokens)
+BENCHMARK(BM_Linear)->Args({452, 1536, 7680})->Args({452, 1536, 12288})->Args({452, 6144, 1536})
+    ->Args({6596, 1536, 7680})->Args({6596, 1536, 9216})->Args({6596, 4608, 1536})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// SAME-L's differential band attention |i - j| <= 17: args tokens, query rows per task
+// Stable Audio 3 medium's DiT self-attention at 30 s: 452 tokens, 24 heads of 64, one softmax
+void BM_Sa3Attention(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t s = 452, h = 24, d = 64;
+  Tensor q = filled({s, h * d}, DType::bf16), k = filled({s, h * d}, DType::bf16),
+         v = filled({s, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16);
+  for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.125f, {});
+  st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Sa3Attention)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_BandAttention(benchmark::State& st) {
+  cpu::attention_query_block = st.range(1);
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t s = st.range(0), h = 24, d = 64;
+  Tensor q = filled({s, 2 * h * d}, DType::bf16), k = filled({s, 2 * h * d}, DType::bf16),
+         v = filled({s, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16);
+  const ops::AttentionOptions band{false, nullptr, 1, 0.0f, ops::Rounding::once, 17};
+  for (auto _ : st)
+    ops::differential_attention(c, q.cols(0, h * d), k.cols(0, h * d), q.cols(h * d, 2 * h * d),
+                                k.cols(h * d, 2 * h * d), v, o, d, 0.125f, band);
+  cpu::attention_query_block = 128;
+}
+BENCHMARK(BM_BandAttention)->ArgsProduct({{6596}, {32, 64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: tokens, heads, query rows per task
 void BM_Attention(benchmark::State& st) {

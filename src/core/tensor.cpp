@@ -125,10 +125,18 @@ Tensor to_dtype(const Tensor& t, DType dt) {
   APUS_CHECK(dt == DType::f32 || dt == DType::bf16, "to_dtype: cannot convert to ", dtype_name(dt));
   Tensor out = Tensor::heap(t.shape, dt);
   const int64_t n = t.numel(), block = int64_t(1) << 16;
-  // Whole weight matrices go through here at load: spread over the cores.
+  const bool f32_to_bf16_rows = t.dtype == DType::f32 && dt == DType::bf16;
+  // Whole weight matrices go through here at load: spread over the cores, the common f32 -> bf16
+  // case in a loop the compiler vectorises.
   parallel_for((n + block - 1) / block, [&](int64_t b) {
-    const int64_t end = std::min(n, (b + 1) * block);
-    for (int64_t i = b * block; i < end; ++i) {
+    const int64_t begin = b * block, end = std::min(n, begin + block);
+    if (f32_to_bf16_rows) {
+      const float* src = t.ptr<float>();
+      uint16_t* dst = out.ptr<uint16_t>();
+      for (int64_t i = begin; i < end; ++i) dst[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
       if (dt == DType::f32) out.ptr<float>()[i] = load_f32(t, i);
       else out.ptr<uint16_t>()[i] = f32_to_bf16(load_f32(t, i));
     }

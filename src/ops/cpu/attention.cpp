@@ -129,9 +129,16 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
         end = qi + w + 1 - key_lo;
       }
       if (mask.causal) end = std::min(end, qi + 1 - key_lo);
-      mask_row(srow, nk, first, end, valid);
-      if (dt == DType::bf16) softmax_row_bf16(srow, nk, softmax_scale, static_cast<uint16_t*>(pbn.row(i)));
-      else softmax_row_f32(srow, nk, softmax_scale, static_cast<float*>(pbn.row(i)));
+      // The softmax runs over the keys this row can see; the others get probability 0.
+      const int64_t lo = std::clamp<int64_t>(first, 0, nk), hi = std::clamp<int64_t>(end, lo, nk);
+      mask_row(srow + lo, hi - lo, 0, hi - lo, valid ? valid + lo : nullptr);
+      char* prow = static_cast<char*>(pbn.row(i));
+      std::memset(prow, 0, size_t(lo) * es);
+      std::memset(prow + size_t(hi) * es, 0, size_t(nk - hi) * es);
+      if (dt == DType::bf16)
+        softmax_row_bf16(srow + lo, hi - lo, softmax_scale, reinterpret_cast<uint16_t*>(prow) + lo);
+      else
+        softmax_row_f32(srow + lo, hi - lo, softmax_scale, reinterpret_cast<float*>(prow) + lo);
     }
     gemm(pbn, vbase, dt, d, 1, nullptr, ob, nk, d);  // P · V
   }, Schedule::dynamic);

@@ -64,6 +64,8 @@ void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, 
   const Tensor b = as_dtype(*c.arena, vector_row(beta), DType::f32);
   const float a = load_f32(alpha, 0);
   const bool rounded = rounding == ops::Rounding::each_step;
+  const float* gp = g.ptr<float>();
+  const float* bp = b.ptr<float>();
   parallel_for(m, [&](int64_t r) {
     float* v = thread_scratch(0, d);
     load_row(x, r, v, d);
@@ -71,9 +73,12 @@ void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, 
     if (rounded) round_to(y.dtype, v, d);
     tanh_row(v, d);
     if (rounded) round_to(y.dtype, v, d);
-    for (int64_t i = 0; i < d; ++i) v[i] *= g.ptr<float>()[i % group];
-    if (rounded) round_to(y.dtype, v, d);
-    for (int64_t i = 0; i < d; ++i) v[i] += b.ptr<float>()[i % group];
+    for (int64_t h = 0; h < d; h += group) {
+      float* p = v + h;
+      for (int64_t i = 0; i < group; ++i) p[i] *= gp[i];
+      if (rounded) round_to(y.dtype, p, group);
+      for (int64_t i = 0; i < group; ++i) p[i] += bp[i];
+    }
     store_row(y, r, v, d);
   });
 }
