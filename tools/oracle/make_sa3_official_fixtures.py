@@ -37,6 +37,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import sys
 
 import oracle_env  # noqa: F401  (environment before torch/diffusers load)
@@ -284,7 +285,7 @@ def pipeline_fixtures(out_dir, dit, dit_islands, same):
     with open(os.path.join(root, "scheduler", "scheduler_config.json"), "w") as f:
         json.dump(scheduler, f, indent=2)
     gen = torch.Generator().manual_seed(21)
-    duration = StableAudio3DurationEmbedder(output_dim=COND, fourier_dim=16).eval()
+    duration = StableAudio3DurationEmbedder(output_dim=COND, fourier_dim=256).eval()  # the official NumberEmbedder's 256
     with torch.no_grad():
         duration.linear.weight.copy_(torch.randn(duration.linear.weight.shape, generator=gen) / 4)
         duration.linear.bias.copy_(0.5 * torch.randn(duration.linear.bias.shape, generator=gen))
@@ -345,6 +346,7 @@ def pipeline_fixtures(out_dir, dit, dit_islands, same):
         for i, d in enumerate(denoised):
             ref[f"{precision}.denoised.{i}"] = d.float().contiguous()
         ref[f"{precision}.audio"] = audio.contiguous()
+    original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, ref["fp32.audio"])
     eff = S.compute_effective_seq_len_from_conditioning(
         [{"prompt": "", "seconds_total": seconds}], PIPELINE_RATE, ratio, "cpu")
     ref["sigmas"] = S.build_schedule(steps, 1.0, wrapped.sampling_dist_shift, eff, frames, True, "cpu").reshape(-1)
@@ -355,6 +357,95 @@ def pipeline_fixtures(out_dir, dit, dit_islands, same):
     print(f"sa3 pipeline: {frames} latents ({valid} valid), audio {tuple(ref['fp32.audio'].shape)}; "
           f"bf16 vs fp32 latents rel L2 {rel(ref['bf16.latents'], ref['fp32.latents']):.3e}, "
           f"audio {rel(ref['bf16.audio'], ref['fp32.audio']):.3e}")
+
+
+def original_model_config(ratio):
+    """model_config.json as the official factory reads it, for the tiny components (the key set of
+    the published configs: a DiT under model.diffusion, SAME under model.pretransform, T5Gemma and
+    the duration under model.conditioning)."""
+    dit = dict(io_channels=IO, embed_dim=128, depth=2, num_heads=2, cond_token_dim=COND, global_cond_dim=COND,
+               local_add_cond_dim=IO + 1, global_cond_type="adaLN", timestep_features_type="expo",
+               attn_kwargs={"qk_norm": "rms", "differential": True}, norm_type="rms_norm",
+               norm_kwargs={"force_fp32": True}, ff_kwargs={"mult": 4.0}, num_memory_tokens=4)
+    decoder = dict(out_channels=2 * SAME_PATCH, channels=32, c_mults=[4], strides=[16], latent_dim=SAME_LATENT,
+                   transformer_depths=[4], sinusoidal_blocks=[3], sliding_window=[1, 1], dim_heads=64,
+                   differential=True, dyt=True, variable_stride=True, conv_mapping=False, mask_noise=0.0)
+    encoder = dict(in_channels=2 * SAME_PATCH, channels=32, latent_dim=SAME_LATENT, c_mults=[4], strides=[16],
+                   transformer_depths=[1], sliding_window=[1, 1], dim_heads=64, differential=True,
+                   variable_stride=True)
+    return {
+        "model_type": "diffusion_cond", "sample_size": 16777216, "sample_rate": PIPELINE_RATE, "audio_channels": 2,
+        "model": {
+            "io_channels": IO,
+            "pretransform": {"type": "autoencoder", "chunked": False, "iterate_batch": False, "config": {
+                "encoder": {"type": "same", "config": encoder}, "decoder": {"type": "same", "config": decoder},
+                "bottleneck": {"type": "soft_norm", "config": {"dim": SAME_LATENT, "noise_regularize": False,
+                                                               "auto_scale": True}},
+                "pretransform": {"type": "patched", "config": {"channels": 2, "patch_size": SAME_PATCH}},
+                "latent_dim": SAME_LATENT, "downsampling_ratio": ratio, "io_channels": 2}},
+            "conditioning": {"cond_dim": COND, "configs": [
+                {"id": "prompt", "type": "t5gemma", "config": {"model_name": "google/t5gemma-b-b-ul2",
+                                                               "max_length": 256, "padding_mode": "learned",
+                                                               "subfolder": "t5gemma-b-b-ul2"}},
+                {"id": "seconds_total", "type": "number", "config": {"min_val": 0, "max_val": 384,
+                                                                     "fourier_features_type": "expo"}}]},
+            "diffusion": {"type": "dit", "diffusion_objective": "rf_denoiser",
+                          "cross_attention_cond_ids": ["prompt", "seconds_total"], "global_cond_ids": ["seconds_total"],
+                          "local_add_cond_ids": ["inpaint_mask", "inpaint_masked_input"], "config": dit}}}
+
+
+def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expected_audio):
+    """The same tiny model in the official single-checkpoint layout (model_config.json,
+    model.safetensors, t5gemma-b-b-ul2/), built by the official factory and run through the
+    official StableAudioModel.generate(): its clip must be the pipeline fixture's. Writes
+    sa3_tiny/original/ (the T5Gemma folder is linked in by the test from t5gemma_tiny and
+    t5gemma_tok)."""
+    import tempfile
+
+    from stable_audio_3.factory import create_diffusion_cond_from_config
+    from stable_audio_3.model import StableAudioModel
+    from stable_audio_3.models.conditioners import T5GemmaConditioner
+    from transformers import AutoTokenizer
+
+    ratio = SAME_PATCH * 16
+    config = original_model_config(ratio)
+    root = os.path.join(out_dir, "sa3_tiny", "original")
+    os.makedirs(root, exist_ok=True)
+    with tempfile.TemporaryDirectory() as t5_root:
+        t5_dir = os.path.join(t5_root, "t5gemma-b-b-ul2")
+        os.makedirs(t5_dir)
+        for src in ("t5gemma_tiny/config.json", "t5gemma_tiny/model.safetensors", "t5gemma_tok/tokenizer.model"):
+            shutil.copy(os.path.join(out_dir, src), t5_dir)
+        # With a subfolder, transformers 5 builds GemmaTokenizer without reading tokenizer.model (every
+        # prompt becomes one unknown token); the published folder has tokenizer.json, so write one.
+        AutoTokenizer.from_pretrained(os.path.join(out_dir, "t5gemma_tok")).save_pretrained(t5_dir)
+        T5GemmaConditioner.T5GEMMA_MODEL_DIMS["google/t5gemma-b-b-ul2"] = COND  # the tiny encoder's width
+        prompt_cfg = config["model"]["conditioning"]["configs"][0]["config"]
+        prompt_cfg["repo_id"] = t5_root
+        torch.manual_seed(31)
+        wrapper = create_diffusion_cond_from_config(config).eval()
+        del prompt_cfg["repo_id"]
+        with torch.no_grad():
+            wrapper.model.model.load_state_dict(dit.state_dict())
+            wrapper.pretransform.model.decoder.load_state_dict(decoder.state_dict())
+            wrapper.pretransform.model.bottleneck.load_state_dict(bottleneck.state_dict())
+            wrapper.conditioner.conditioners["prompt"].padding_embedding.copy_(PIPELINE_PADDING[0])
+            linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
+            linear.weight.copy_(duration.linear.weight)
+            linear.bias.copy_(duration.linear.bias)
+        state = {k: v.contiguous() for k, v in wrapper.state_dict().items()}
+        save_file(state, os.path.join(root, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(root, "model_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        for name in os.listdir(root):
+            os.chmod(os.path.join(root, name), 0o644)
+        model = StableAudioModel(wrapper, config, "cpu", False)
+        with torch.no_grad():
+            audio = model.generate(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"], steps=PIPELINE["steps"],
+                                   seed=PIPELINE["seed"], sample_size=config["sample_size"])
+    print(f"sa3 original layout: {len(state)} tensors; official generate() vs the pipeline fixture's clip "
+          f"max |d| {(audio - expected_audio).abs().max().item():.3e}")
+    assert torch.allclose(audio, expected_audio, rtol=0, atol=1e-6)
 
 
 def main():
