@@ -118,7 +118,7 @@ TEST(ImageModel, DirectoriesOfUnknownClassesAreRefusedNamingTheClass) {
   fs::remove(dir + "/model_index.json");
   { std::ofstream(dir + "/model_config.json") << R"({"model_type": "diffusion_cond"})"; }
   test::expect_error([&] { ImageModel::open(dir, Weights::per_stage); },
-                     {dir + "/model_config.json", "single-checkpoint"});
+                     {dir + "/model_config.json", "Stable Audio 3", "apus audio"});
   fs::remove_all(dir);
   test::expect_error([&] { ImageModel::open("/nonexistent/model", Weights::per_stage); },
                      {"/nonexistent/model", "does not exist"});

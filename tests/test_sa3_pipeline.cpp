@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <unistd.h>
 
 #include "apus/apus.h"
@@ -35,6 +36,27 @@ const std::string& pipeline_dir() {
         {"vae", "sa3_tiny/same_l"},
         {"text_encoder", "t5gemma_tiny"},
         {"tokenizer", "t5gemma_tok"}};
+    for (const auto& [name, fixture] : parts)
+      fs::create_symlink(fs::absolute(test::fixture(fixture)), d + "/" + name);
+    return d;
+  }();
+  return dir;
+}
+
+// The same tiny model in the official single-checkpoint layout: model_config.json and
+// model.safetensors, the T5Gemma folder beside them.
+const std::string& official_dir() {
+  static const std::string dir = [] {
+    const std::string d = ::testing::TempDir() + "apus_sa3_official_" + std::to_string(::getpid());
+    fs::remove_all(d);
+    fs::create_directories(d + "/t5gemma-b-b-ul2");
+    const std::pair<const char*, const char*> parts[] = {
+        {"model_config.json", "sa3_tiny/original/model_config.json"},
+        {"model.safetensors", "sa3_tiny/original/model.safetensors"},
+        {"t5gemma-b-b-ul2/config.json", "t5gemma_tiny/config.json"},
+        {"t5gemma-b-b-ul2/model.safetensors", "t5gemma_tiny/model.safetensors"},
+        {"t5gemma-b-b-ul2/tokenizer.model", "t5gemma_tok/tokenizer.model"},
+        {"t5gemma-b-b-ul2/tokenizer_config.json", "t5gemma_tok/tokenizer_config.json"}};
     for (const auto& [name, fixture] : parts)
       fs::create_symlink(fs::absolute(test::fixture(fixture)), d + "/" + name);
     return d;
@@ -99,6 +121,58 @@ TEST(Sa3Pipeline, TextToAudioMatchesTheOfficialGenerate) {
     EXPECT_EQ(r.seed, 42u);
     ASSERT_EQ(r.samples.size(), fp32_ref.size()) << "exactly int(seconds * rate) frames";
     test::expect_matches("sa3 pipeline audio", fp32 ? "fp32" : "bf16", r.samples, fp32_ref, bf16_ref);
+  }
+}
+
+// The official layout holds the same weights under the official names (a fused projection in
+// the official row order, computed duration frequencies): the same clip, which the official
+// StableAudioModel.generate() made from that checkpoint (tools/oracle checks it equals the
+// pipeline fixture's).
+TEST(Sa3Pipeline, OfficialCheckpointLayoutGivesTheOfficialClip) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const auto model = AudioModel::open(official_dir(), Weights::per_stage);
+  const auto fp32_ref = interleaved(ref.get("fp32.audio")), bf16_ref = interleaved(ref.get("bf16.audio"));
+  for (const bool fp32 : {true, false}) {
+    const AudioResult r = model->generate(reference_request(fp32));
+    ASSERT_EQ(r.samples.size(), fp32_ref.size());
+    test::expect_matches("sa3 official layout audio", fp32 ? "fp32" : "bf16", r.samples, fp32_ref, bf16_ref);
+  }
+  test::expect_error([&] { ImageModel::open(official_dir(), Weights::per_stage); },
+                     {"model_config.json", "apus audio"});
+}
+
+TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
+  const Json base = read_json(test::fixture("sa3_tiny/original/model_config.json"));
+  struct Case { std::function<void(Json&)> spoil; std::vector<std::string> expect; };
+  const std::vector<Case> cases = {
+      {[](Json& j) { j["model"]["diffusion"]["diffusion_objective"] = "rectified_flow"; }, {"diffusion_objective", "rectified_flow"}},
+      {[](Json& j) { j["model"]["diffusion"]["config"]["norm_type"] = "layer_norm"; }, {"model.diffusion.config", "norm_type"}},
+      {[](Json& j) { j["model"]["diffusion"]["config"]["attn_kwargs"]["qk_norm"] = "l2"; }, {"attn_kwargs", "qk_norm"}},
+      {[](Json& j) { j["model"]["diffusion"]["config"]["timestep_features_logsnr"] = true; }, {"timestep_features_logsnr"}},
+      {[](Json& j) { j["model"]["diffusion"]["config"]["use_sinusoidal_emb"] = true; }, {"use_sinusoidal_emb", "not a setting"}},
+      {[](Json& j) { j["model"]["diffusion"]["sampling_distribution_shift_options"] = {{"type", "flux"}}; }, {"sampling_distribution_shift_options"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["conv_mapping"] = true; }, {"conv_mapping", "SAME-S"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"].erase("sliding_window"); }, {"sliding_window", "SAME-S"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["mask_noise"] = 0.1; }, {"mask_noise"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["soft_clip"] = true; }, {"soft_clip"}},
+      {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["padding_mode"] = "zero"; }, {"padding_mode"}},
+      {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["subfolder"] = "elsewhere"; }, {"elsewhere", "missing"}},
+      {[](Json& j) { j["model"]["conditioning"]["cond_dim"] = 64; }, {"cond_dim"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string d = ::testing::TempDir() + "apus_sa3_badcfg_" + std::to_string(::getpid());
+    fs::remove_all(d);
+    fs::create_directories(d);
+    for (const char* name : {"model.safetensors", "t5gemma-b-b-ul2"})
+      fs::create_symlink(fs::absolute(official_dir() + "/" + name), d + "/" + name);
+    Json spoiled = base;
+    cases[i].spoil(spoiled);
+    { std::ofstream(d + "/model_config.json") << spoiled.dump(); }
+    std::vector<std::string> expect = cases[i].expect;
+    expect.push_back("model_config.json");
+    if (i == 11) expect.back() = d;  // the missing folder is named by its path
+    test::expect_error([&] { AudioModel::open(d, Weights::per_stage); }, expect);
+    fs::remove_all(d);
   }
 }
 

@@ -55,8 +55,8 @@ struct Reference {
 };
 
 // Expects apus::Error on one line whose message contains every fragment.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> fragments) {
+template <typename F, typename Fragments = std::initializer_list<std::string>>
+void expect_error(F&& f, const Fragments& fragments) {
   try {
     f();
     ADD_FAILURE() << "no error raised";

@@ -23,14 +23,15 @@ const Family<AudioModel> kAudioFamilies[] = {
 };
 
 // Opens `model` with the family its model_index.json names, or says which command serves it.
+// A directory in the official single-checkpoint layout (model_config.json, no model_index.json).
+bool single_checkpoint(const std::string& root) {
+  return !path_exists(root + "/model_index.json") && path_exists(root + "/model_config.json");
+}
+
 template <typename Model, size_t N, size_t M, typename Other>
-std::unique_ptr<Model> open_family(const std::string& model, Weights weights,
+std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
                                    const Family<Model> (&families)[N], const Family<Other> (&others)[M],
                                    const char* other_command) {
-  const std::string root = resolve_model_dir(model, weights);
-  APUS_CHECK(path_exists(root + "/model_index.json") || !path_exists(root + "/model_config.json"),
-             root, "/model_config.json: a single-checkpoint model (Stable Audio 3's original layout); ",
-             "this build runs diffusers pipelines (model_index.json) only");
   const ModelDir dir = ModelDir::open(root, weights != Weights::none);
   for (const Family<Model>& f : families)
     if (dir.pipeline_class() == f.pipeline_class) return f.open(dir, weights);
@@ -48,10 +49,14 @@ std::unique_ptr<Model> open_family(const std::string& model, Weights weights,
 
 std::string resolve_model_dir(const std::string& model, Weights weights) {
   if (is_directory(model)) return model;
-  APUS_CHECK(weights == Weights::none && model == "flux2-klein-4b", model,
+  // Counting may name a published model whose configs ship in data/ ("flux2-klein-4b",
+  // "stable-audio-3-medium").
+  const bool plain_name = !model.empty() && model.find('/') == std::string::npos && model[0] != '.';
+  const std::string published = plain_name ? published_layout_dir(model) : "";
+  APUS_CHECK(weights == Weights::none && plain_name && path_exists(published + "/model_index.json"), model,
              ": model directory does not exist",
-             weights == Weights::none ? " (nor is it the published name flux2-klein-4b)" : "");
-  return published_layout_dir("flux2-klein-4b");
+             weights == Weights::none ? " (nor is it a published name: flux2-klein-4b, stable-audio-3-medium)" : "");
+  return published;
 }
 
 std::string model_label(const std::string& dir) {
@@ -70,11 +75,16 @@ std::string model_label(const std::string& dir) {
 }
 
 std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights) {
-  return open_family(model, weights, kImageFamilies, kAudioFamilies, "audio");
+  const std::string root = resolve_model_dir(model, weights);
+  APUS_CHECK(!single_checkpoint(root), root, "/model_config.json: a Stable Audio 3 checkpoint, served by ",
+             "`apus audio`");
+  return open_family(root, weights, kImageFamilies, kAudioFamilies, "audio");
 }
 
 std::unique_ptr<AudioModel> AudioModel::open(const std::string& model, Weights weights) {
-  return open_family(model, weights, kAudioFamilies, kImageFamilies, "image");
+  const std::string root = resolve_model_dir(model, weights);
+  if (single_checkpoint(root)) return open_sa3_official(root, weights);
+  return open_family(root, weights, kAudioFamilies, kImageFamilies, "image");
 }
 
 }  // namespace apus

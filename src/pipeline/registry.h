@@ -11,6 +11,8 @@ namespace apus {
 
 std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
 std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
+// Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights);
 
 // A directory, or for counting a published name whose layout (configs, no weights) ships in
 // data/ ("flux2-klein-4b").

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "models/sa3/dit.h"
 #include "models/sa3/duration_embedder.h"
+#include "models/sa3/model_config.h"
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/t5gemma_encoder.h"
 #include "pipeline/registry.h"
@@ -28,13 +29,25 @@ namespace apus {
 
 namespace {
 
-constexpr int kMaxTokens = 256;           // the official T5Gemma conditioner's max_length
 constexpr double kHeadroomSeconds = 6.0;  // generate()'s duration_padding_sec
-constexpr int64_t kEncoderChunk = 32;     // the SAME encoder's chunk_size: canvases align to it
 
-// The published configs' sample_size: medium (the differential DiT) 16777216 samples (380 s),
-// the small models 5324800 (120.7 s).
+// The published configs' sample_size, for diffusers folders (which do not carry it): medium (the
+// differential DiT) 16777216 samples (380 s), the small models 5324800 (120.7 s).
 constexpr int64_t kMediumSampleSize = 16777216, kSmallSampleSize = 5324800;
+
+// How a directory holds the pipeline: diffusers' StableAudio3Pipeline folders, or the official
+// single checkpoint (model_config.json, model.safetensors, the T5Gemma folder beside them).
+struct Layout {
+  bool official = false;
+  std::string root;
+  sa3::DitConfig dit;
+  sa3::SameConfig same;
+  sa3::DurationConfig duration;
+  std::string text_dir, tokenizer_dir;
+  int max_tokens = 256;          // the T5Gemma conditioner's max_length
+  int64_t sample_size = 0;       // the longest canvas, in samples
+  int64_t encoder_chunk = 32;    // the SAME encoder's chunk_size: canvases align to it
+};
 
 constexpr const char* kTextStage = "text_encoder";
 constexpr const char* kPrologueStage = "dit_prologue";
@@ -51,6 +64,7 @@ struct Canvas {
 
 struct Work {
   int64_t batch = 1;
+  int tokens = 256;
   Canvas canvas;
   std::vector<int32_t> ids;
   std::vector<int64_t> mask;
@@ -63,11 +77,13 @@ struct Work {
 
 class Sa3Model final : public AudioModel {
  public:
-  Sa3Model(const ModelDir& dir, Weights weights);
+  Sa3Model(Layout layout, Weights weights);
   std::vector<AudioResult> generate_batch(const std::vector<AudioRequest>& requests,
                                           const Progress& progress) const override;
   PipelineCost count(const AudioRequest& request, int batch) const override;
-  double max_seconds() const override { return double(sample_size_) / double(same_cfg_.sample_rate); }
+  double max_seconds() const override {
+    return double(layout_.sample_size) / double(layout_.same.sample_rate);
+  }
   const std::string& label() const override { return label_; }
   const std::string& sampler() const override { return sampler_; }
 
@@ -81,14 +97,19 @@ class Sa3Model final : public AudioModel {
   // torch.randn([1, C, T]) lays them out.
   void draw_noise(Context& c, Work& w, Tensor& out) const;
   DType compute(const AudioRequest& r) const { return r.fp32 ? DType::f32 : DType::bf16; }
+  // Each stage's model from whichever layout the directory has; load false: shapes only.
+  WeightSet checkpoint(bool load) const;
+  sa3::T5GemmaEncoder load_text(bool load = true) const;
+  sa3::DurationEmbedder load_duration(bool load = true) const;
+  sa3::Dit load_dit(DType dt, bool load = true) const;
+  sa3::SameDecoder load_same(DType dt, bool load = true) const;
 
-  ModelDir dir_;
+  Layout layout_;
   Weights weights_;
   std::string label_, sampler_ = "ping-pong (rf_denoiser)";
-  sa3::DitConfig dit_cfg_;
-  sa3::SameConfig same_cfg_;
+  const sa3::DitConfig& dit_cfg_ = layout_.dit;
+  const sa3::SameConfig& same_cfg_ = layout_.same;
   sa3::T5GemmaConfig text_cfg_;
-  int64_t sample_size_ = 0;
   std::optional<SentencePieceTokenizer> tokenizer_;
   PaddingSide padding_side_ = PaddingSide::left;
   bool add_bos_ = true, add_eos_ = false;
@@ -128,27 +149,79 @@ void check_scheduler(const Config& s) {
              "pipeline hands the scheduler its own log-SNR sigmas)");
 }
 
-Sa3Model::Sa3Model(const ModelDir& dir, Weights weights)
-    : dir_(dir), weights_(weights), label_(model_label(dir.root())) {
-  check_sa3_index(dir_);
-  text_cfg_ = sa3::T5GemmaConfig::read(dir_.config("text_encoder"));
-  dit_cfg_ = sa3::DitConfig::read(dir_.config("transformer"));
-  same_cfg_ = sa3::SameConfig::read(dir_.config("vae"));
-  const sa3::DurationConfig duration = sa3::DurationConfig::read(dir_.config("duration_embedder"));
-  check_scheduler(dir_.config("scheduler", "scheduler_config.json"));
-  const std::string index = dir_.root() + "/model_index.json";
-  APUS_CHECK(text_cfg_.hidden == dit_cfg_.cond_dim && duration.output_dim == dit_cfg_.cond_dim &&
-                 duration.output_dim == dit_cfg_.global_dim,
-             index, ": the text encoder (", text_cfg_.hidden, "), duration embedder (",
-             duration.output_dim, ") and transformer (cond_token_dim ", dit_cfg_.cond_dim,
+Layout diffusers_layout(const ModelDir& dir) {
+  check_sa3_index(dir);
+  check_scheduler(dir.config("scheduler", "scheduler_config.json"));
+  Layout l;
+  l.root = dir.root();
+  l.dit = sa3::DitConfig::read(dir.config("transformer"));
+  l.same = sa3::SameConfig::read(dir.config("vae"));
+  l.duration = sa3::DurationConfig::read(dir.config("duration_embedder"));
+  l.text_dir = dir.component("text_encoder");
+  l.tokenizer_dir = dir.component("tokenizer");
+  l.sample_size = l.dit.differential ? kMediumSampleSize : kSmallSampleSize;
+  return l;
+}
+
+Layout official_layout(const std::string& root) {
+  const sa3::OfficialConfig o = sa3::read_official_config(root + "/model_config.json");
+  const std::string where = root + "/model_config.json";
+  APUS_CHECK(o.mask_noise == 0 && !o.bottleneck_noise, where, ": the decoder's inference noise (",
+             "mask_noise ", o.mask_noise, ", noise_regularize ", o.bottleneck_noise ? "true" : "false",
+             ") is not supported yet");
+  Layout l;
+  l.official = true;
+  l.root = root;
+  l.dit = o.dit;
+  l.same = o.same;
+  l.duration = o.duration;
+  l.text_dir = root + "/" + o.text_encoder_folder;
+  l.tokenizer_dir = l.text_dir;
+  APUS_CHECK(is_directory(l.text_dir), l.text_dir, ": missing; the T5Gemma encoder and tokenizer ",
+             "folder model_config.json names (its 'subfolder')");
+  l.max_tokens = o.max_tokens;
+  l.sample_size = o.sample_size;
+  l.encoder_chunk = o.encoder_chunk;
+  return l;
+}
+
+WeightSet Sa3Model::checkpoint(bool load) const {
+  return load ? WeightSet::open_dir(layout_.root) : WeightSet::shapes_only();
+}
+
+sa3::T5GemmaEncoder Sa3Model::load_text(bool load) const {
+  return sa3::T5GemmaEncoder::load(layout_.text_dir, load);
+}
+
+sa3::DurationEmbedder Sa3Model::load_duration(bool load) const {
+  if (!layout_.official) return sa3::DurationEmbedder::load(layout_.root + "/duration_embedder", load);
+  return sa3::DurationEmbedder::load_official(layout_.duration, sa3::ParamSource::official_duration(checkpoint(load)));
+}
+
+sa3::Dit Sa3Model::load_dit(DType dt, bool load) const {
+  if (!layout_.official) return sa3::Dit::load(layout_.root + "/transformer", dt, load);
+  return sa3::Dit::load(layout_.dit, sa3::ParamSource::official_dit(checkpoint(load)), dt);
+}
+
+sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
+  if (!layout_.official) return sa3::SameDecoder::load(layout_.root + "/vae", dt, load);
+  return sa3::SameDecoder::load(layout_.same, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
+}
+
+Sa3Model::Sa3Model(Layout layout, Weights weights)
+    : layout_(std::move(layout)), weights_(weights), label_(model_label(layout_.root)) {
+  text_cfg_ = sa3::T5GemmaConfig::read(read_config(layout_.text_dir + "/config.json"));
+  const std::string where = layout_.root + (layout_.official ? "/model_config.json" : "/model_index.json");
+  APUS_CHECK(text_cfg_.hidden == dit_cfg_.cond_dim && layout_.duration.output_dim == dit_cfg_.cond_dim &&
+                 layout_.duration.output_dim == dit_cfg_.global_dim,
+             where, ": the text encoder (", text_cfg_.hidden, "), duration embedder (",
+             layout_.duration.output_dim, ") and transformer (cond_token_dim ", dit_cfg_.cond_dim,
              ", global_cond_dim ", dit_cfg_.global_dim, ") widths do not agree");
-  APUS_CHECK(same_cfg_.latent_dim == dit_cfg_.io_channels &&
-                 dit_cfg_.local_dim == dit_cfg_.io_channels + 1,
-             index, ": the transformer's io_channels ", dit_cfg_.io_channels, " / local_add_cond_dim ",
-             dit_cfg_.local_dim, " do not fit the vae's latent_dim ", same_cfg_.latent_dim);
-  sample_size_ = dit_cfg_.differential ? kMediumSampleSize : kSmallSampleSize;
+  APUS_CHECK(same_cfg_.latent_dim == dit_cfg_.io_channels && dit_cfg_.local_dim == dit_cfg_.io_channels + 1,
+             where, ": the transformer's io_channels ", dit_cfg_.io_channels, " / local_add_cond_dim ",
+             dit_cfg_.local_dim, " do not fit the decoder's latent_dim ", same_cfg_.latent_dim);
   if (weights_ == Weights::none) return;
-  const std::string tok_dir = dir_.component("tokenizer");
+  const std::string& tok_dir = layout_.tokenizer_dir;
   APUS_CHECK(path_exists(tok_dir + "/tokenizer.model"), tok_dir,
              "/tokenizer.model: missing; apus reads Gemma's SentencePiece model (transformers' ",
              "save_pretrained writes only tokenizer.json: copy tokenizer.model from the ",
@@ -156,7 +229,7 @@ Sa3Model::Sa3Model(const ModelDir& dir, Weights weights)
   tokenizer_.emplace(SentencePieceTokenizer::load(tok_dir + "/tokenizer.model"));
   APUS_CHECK(tokenizer_->vocab_size() <= text_cfg_.vocab, tok_dir, "/tokenizer.model: ",
              tokenizer_->vocab_size(), " pieces, more than the text encoder's ", text_cfg_.vocab,
-             "-entry embedding (text_encoder/config.json vocab_size)");
+             "-entry embedding (config.json vocab_size)");
   const std::string tok_config = tok_dir + "/tokenizer_config.json";
   if (path_exists(tok_config)) {
     padding_side_ = read_padding_side(tok_config);
@@ -166,10 +239,10 @@ Sa3Model::Sa3Model(const ModelDir& dir, Weights weights)
   }
   if (weights_ == Weights::resident) {
     // A server's model serves one precision: bf16, the fast path.
-    text_.emplace(sa3::T5GemmaEncoder::load(dir_.component("text_encoder")));
-    duration_.emplace(sa3::DurationEmbedder::load(dir_.component("duration_embedder")));
-    dit_.emplace(sa3::Dit::load(dir_.component("transformer"), resident_dtype_));
-    same_.emplace(sa3::SameDecoder::load(dir_.component("vae"), resident_dtype_));
+    text_.emplace(load_text());
+    duration_.emplace(load_duration());
+    dit_.emplace(load_dit(resident_dtype_));
+    same_.emplace(load_same(resident_dtype_));
     text_->make_resident();
   }
 }
@@ -181,16 +254,17 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");
   APUS_CHECK(batch >= 1 && batch <= 64, "batch ", batch, " outside 1..64");
   const int64_t rate = same_cfg_.sample_rate, spl = same_cfg_.samples_per_latent();
-  const int64_t align = std::max<int64_t>(1, kEncoderChunk / same_cfg_.stride);
+  const int64_t align = std::max<int64_t>(1, layout_.encoder_chunk / same_cfg_.stride);
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   Work w;
   w.batch = batch;
   const int64_t padded = int64_t((r.seconds + kHeadroomSeconds) * double(rate));
-  w.canvas.frames = std::min(ceil_div(ceil_div(padded, spl), align) * align, sample_size_ / spl);
+  w.canvas.frames = std::min(ceil_div(ceil_div(padded, spl), align) * align, layout_.sample_size / spl);
   w.canvas.samples = int64_t(r.seconds * double(rate));
   w.canvas.valid = std::min(ceil_div(w.canvas.samples, spl) + int64_t(kHeadroomSeconds * double(rate)) / spl,
                             w.canvas.frames);
   w.sigmas = logsnr_sigmas(r.steps, 1.0f);
+  w.tokens = layout_.max_tokens;
   return w;
 }
 
@@ -202,17 +276,17 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
                          Work& w) const {
   CostScope scope(c, "conditioning");
   ArenaScope arena(*c.arena);
-  const int64_t b = w.batch, tokens = kMaxTokens + 1, d = dit_cfg_.cond_dim, t = w.canvas.frames;
+  const int64_t b = w.batch, text = w.tokens, tokens = text + 1, d = dit_cfg_.cond_dim, t = w.canvas.frames;
   w.duration = duration.embed(c, w.seconds);
   // Cross tokens per sample: the text (padding replaced in the DiT's prologue), then the duration.
   Tensor cross = Tensor::in(*c.arena, {b * tokens, d}, c.act);
   std::vector<int64_t> valid;
   for (int64_t s = 0; s < b; ++s) {
-    Tensor text_rows = cross.rows(s * tokens, s * tokens + kMaxTokens);
-    ops::copy(c, w.text.rows(s * kMaxTokens, (s + 1) * kMaxTokens), text_rows);
-    Tensor last = cross.rows(s * tokens + kMaxTokens, (s + 1) * tokens);
+    Tensor text_rows = cross.rows(s * tokens, s * tokens + text);
+    ops::copy(c, w.text.rows(s * text, (s + 1) * text), text_rows);
+    Tensor last = cross.rows(s * tokens + text, (s + 1) * tokens);
     ops::copy(c, w.duration.rows(s, s + 1), last);
-    valid.insert(valid.end(), w.mask.begin() + s * kMaxTokens, w.mask.begin() + (s + 1) * kMaxTokens);
+    valid.insert(valid.end(), w.mask.begin() + s * text, w.mask.begin() + (s + 1) * text);
     valid.push_back(1);
   }
   // Text-to-audio: no inpainting mask and no masked latents, which the official code still passes.
@@ -264,16 +338,16 @@ PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
   p.model = label_;
   p.seconds = r.seconds;
   p.steps = r.steps;
-  w.ids.assign(size_t(batch * kMaxTokens), 0);
-  w.mask.assign(size_t(batch * kMaxTokens), 1);
+  w.ids.assign(size_t(batch * w.tokens), 0);
+  w.mask.assign(size_t(batch * w.tokens), 1);
   w.seconds.assign(size_t(batch), float(r.seconds));
   const int64_t rows = batch * w.canvas.frames;
   w.latents = Tensor::shape_only({rows, dit_cfg_.io_channels}, DType::f32);
   w.noise = Tensor::shape_only({rows, dit_cfg_.io_channels}, DType::f32);
-  const auto text = sa3::T5GemmaEncoder::load(dir_.component("text_encoder"), false);
-  const auto duration = sa3::DurationEmbedder::load(dir_.component("duration_embedder"), false);
-  const auto dit = sa3::Dit::load(dir_.component("transformer"), DType::bf16, false);
-  const auto same = sa3::SameDecoder::load(dir_.component("vae"), DType::bf16, false);
+  const auto text = load_text(false);
+  const auto duration = load_duration(false);
+  const auto dit = load_dit(DType::bf16, false);
+  const auto same = load_same(DType::bf16, false);
   StageCost text_stage = count_stage(kTextStage, 1, [&](Context& c) { encode_text(c, text, w); });
   StageCost prologue_stage = count_stage(kPrologueStage, 1, [&](Context& c) { condition(c, duration, dit, w); });
   StageCost step_stage = count_stage(kStepStage, r.steps, [&](Context& c) { step(c, dit, w, 0); });
@@ -286,7 +360,7 @@ PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
 
 std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest>& requests,
                                                   const Progress& progress) const {
-  APUS_CHECK(weights_ != Weights::none, dir_.root(), ": opened for counting only");
+  APUS_CHECK(weights_ != Weights::none, layout_.root, ": opened for counting only");
   APUS_CHECK(!requests.empty(), "no request to render");
   const AudioRequest& r = requests.front();
   for (const AudioRequest& o : requests)
@@ -315,9 +389,9 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
     if (add_bos_) ids.insert(ids.begin(), tokenizer_->bos_id());
     if (add_eos_) ids.push_back(tokenizer_->eos_id());
     results[i].prompt_tokens = int(ids.size());
-    PaddedIds padded = pad_ids(std::move(ids), kMaxTokens, tokenizer_->pad_id(), padding_side_);
+    PaddedIds padded = pad_ids(std::move(ids), w.tokens, tokenizer_->pad_id(), padding_side_);
     if (padded.truncated)
-      say("prompt truncated to " + std::to_string(kMaxTokens) + " tokens (it has " +
+      say("prompt truncated to " + std::to_string(w.tokens) + " tokens (it has " +
           std::to_string(results[i].prompt_tokens) + "), as the official conditioner truncates");
     w.ids.insert(w.ids.end(), padded.ids.begin(), padded.ids.end());
     w.mask.insert(w.mask.end(), padded.mask.begin(), padded.mask.end());
@@ -335,22 +409,22 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   // An empty prompt is all padding: every text position takes the learned padding embedding, so
   // the encoder (which would attend to no key) need not run.
   const bool any_text = std::any_of(w.mask.begin(), w.mask.end(), [](int64_t m) { return m != 0; });
-  with_model(text_, [&] { return sa3::T5GemmaEncoder::load(dir_.component("text_encoder")); },
+  with_model(text_, [&] { return load_text(); },
              [&](const sa3::T5GemmaEncoder& encoder) {
                clock.stop("text encoder load");
                if (any_text) {
                  encode_text(ctx, encoder, w);
                  require_finite(ctx, w.text, "the text encoder");
                } else {
-                 w.text = ops::empty(ctx, {batch * kMaxTokens, text_cfg_.hidden}, dt);
+                 w.text = ops::empty(ctx, {batch * w.tokens, text_cfg_.hidden}, dt);
                  std::memset(w.text.data, 0, w.text.nbytes());
                }
                clock.stop("text encoder", kTextStage);
              });
-  with_model(dit_, [&] { return sa3::Dit::load(dir_.component("transformer"), dt); },
+  with_model(dit_, [&] { return load_dit(dt); },
              [&](const sa3::Dit& dit) {
                clock.stop("transformer load");
-               with_model(duration_, [&] { return sa3::DurationEmbedder::load(dir_.component("duration_embedder")); },
+               with_model(duration_, [&] { return load_duration(); },
                           [&](const sa3::DurationEmbedder& duration) { condition(ctx, duration, dit, w); });
                clock.stop("conditioning", kPrologueStage);
                for (int i = 0; i < r.steps; ++i) {
@@ -367,7 +441,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
                  clock.stop("transformer step " + std::to_string(i + 1), kStepStage);
                }
              });
-  with_model(same_, [&] { return sa3::SameDecoder::load(dir_.component("vae"), dt); },
+  with_model(same_, [&] { return load_same(dt); },
              [&](const sa3::SameDecoder& same) {
                clock.stop("decoder load");
                decode(ctx, same, w);
@@ -396,7 +470,11 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
 }  // namespace
 
 std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights) {
-  return std::make_unique<Sa3Model>(dir, weights);
+  return std::make_unique<Sa3Model>(diffusers_layout(dir), weights);
+}
+
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights) {
+  return std::make_unique<Sa3Model>(official_layout(root), weights);
 }
 
 }  // namespace apus

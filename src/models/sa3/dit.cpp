@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
-#include "sampling/logsnr.h"
+#include "models/sa3/fourier.h"
 
 namespace apus::sa3 {
 
@@ -39,41 +39,21 @@ DitConfig DitConfig::read(const Config& c) {
   return d;
 }
 
-namespace {
-
-// ExpoFourierFeatures' frequencies as torch computes them in fp32:
-// exp(linspace(0, 1, n) * (ln max - ln min) + ln min), the span a double rounded once, product
-// and sum rounded each. The 10 kHz feature turns by t f 2 pi ~ 5e4 radians, so one ulp of a
-// frequency moves it visibly.
-Tensor expo_frequencies(int64_t n, double min_freq, double max_freq) {
-  Tensor f = Tensor::heap({n}, DType::f32);
-  const std::vector<float> ramp = torch_linspace(0.0f, 1.0f, n);
-  const float lo = float(std::log(min_freq)), span = float(std::log(max_freq) - std::log(min_freq));
-  for (int64_t i = 0; i < n; ++i) {
-    const float product = ramp[size_t(i)] * span;
-    f.ptr<float>()[i] = float(std::exp(double(product + lo)));
-  }
-  return f;
+Dit Dit::load(const std::string& dir, DType compute, bool load_weights) {
+  return load(DitConfig::read(read_config(dir + "/config.json")),
+              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only()),
+              compute);
 }
 
-}  // namespace
-
-Dit Dit::load(const std::string& dir, DType compute, bool load_weights) {
+Dit Dit::load(const DitConfig& config, ParamSource source, DType compute) {
   Dit m;
-  m.cfg_ = DitConfig::read(read_config(dir + "/config.json"));
-  m.weights_ = load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only();
+  m.cfg_ = config;
+  m.source_ = std::move(source);
   const DitConfig& c = m.cfg_;
-  const WeightSet& w = m.weights_;
   const int64_t d = c.dim, hd = c.head_dim, f = c.ff_inner;
-  // Every parameter in the compute dtype, converted once, as the official model.to(dtype) does.
-  auto param = [&](const std::string& name, const Shape& shape) -> Tensor {
-    const Tensor& t = w.get(name, shape);
-    if (!t.data || t.dtype == compute) return t;
-    m.owned_.push_back(to_dtype(t, compute));
-    return m.owned_.back();
-  };
-  auto& gemm = param;
-  auto& vec = param;
+  const ParamLoader params(m.source_, compute, m.owned_);
+  auto gemm = [&](const std::string& name, const Shape& shape) { return params.get(name, shape); };
+  auto& vec = gemm;
   m.time_1_ = gemm("to_timestep_embed.0.weight", {d, c.timestep_features});
   m.time_1_bias_ = vec("to_timestep_embed.0.bias", {d});
   m.time_2_ = gemm("to_timestep_embed.2.weight", {d, d});
@@ -94,15 +74,15 @@ Dit Dit::load(const std::string& dir, DType compute, bool load_weights) {
   m.padding_ = vec("prompt_padding_embedding", {c.cond_dim});
   // The checkpoint stores the RoPE inverse frequencies the official module loads; apus computes
   // them (10000^(-2j/rope_dim) in fp32) and refuses a checkpoint whose buffer says otherwise.
-  const Tensor& inv_freq = w.get("rotary_pos_emb.inv_freq", {c.rope_dim / 2});
+  const Tensor& inv_freq = params.raw("rotary_pos_emb.inv_freq", {c.rope_dim / 2});
   if (inv_freq.data)
     for (int64_t j = 0; j < c.rope_dim / 2; ++j) {
       const float expected = 1.0f / std::pow(10000.0f, float(2 * j) / float(c.rope_dim));
-      APUS_CHECK(std::fabs(load_f32(inv_freq, j) - expected) <= 1e-6f * expected, dir,
+      APUS_CHECK(std::fabs(load_f32(inv_freq, j) - expected) <= 1e-6f * expected,
                  ": rotary_pos_emb.inv_freq[", j, "] is ", load_f32(inv_freq, j), ", expected ",
                  expected, " (RoPE base 10000 over ", c.rope_dim, " channels)");
     }
-  m.time_freqs_ = expo_frequencies(c.timestep_features / 2, 0.5, 10000.0);
+  m.time_freqs_ = expo_fourier_frequencies(c.timestep_features / 2, 0.5, 10000.0);
   m.ones_ = Tensor::heap({6 * d}, DType::f32);
   std::fill(m.ones_.ptr<float>(), m.ones_.ptr<float>() + 6 * d, 1.0f);
   const int64_t qkv = (c.differential ? 5 : 3) * d, nq = c.differential ? 2 : 1;
@@ -113,7 +93,7 @@ Dit Dit::load(const std::string& dir, DType compute, bool load_weights) {
     b.cross_norm = vec(p + "cross_attend_norm.gamma", {d});
     b.ff_norm = vec(p + "ff_norm.gamma", {d});
     b.scale_shift_gate = vec(p + "to_scale_shift_gate", {6 * d});
-    b.to_qkv = gemm(p + "self_attn.to_qkv.weight", {qkv, d});
+    b.to_qkv = params.fused_qkv(p + "self_attn.to_qkv.weight", qkv / d, d, d);
     b.to_out = gemm(p + "self_attn.to_out.weight", {d, d});
     b.q_norm = vec(p + "self_attn.q_norm.gamma", {hd});
     b.k_norm = vec(p + "self_attn.k_norm.gamma", {hd});

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/model_dir.h"
+#include "models/sa3/params.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -39,12 +40,14 @@ struct DitPrologue {
 
 class Dit {
  public:
-  // dir holds config.json and diffusion_pytorch_model.safetensors. GEMM weights are converted to
-  // `compute` once here (the official model.to(dtype)); with load_weights false only shapes.
+  // dir holds config.json and diffusion_pytorch_model.safetensors (diffusers). Every parameter is
+  // converted to `compute` once here (the official model.to(dtype)); with load_weights false only
+  // shapes.
   static Dit load(const std::string& dir, DType compute, bool load_weights = true);
+  static Dit load(const DitConfig& config, ParamSource source, DType compute);
   const DitConfig& config() const { return cfg_; }
-  int64_t parameter_count() const { return weights_.fetched_elements(); }
-  size_t make_resident() const { return weights_.make_resident(); }
+  int64_t parameter_count() const { return source_.set.fetched_elements(); }
+  size_t make_resident() const { return source_.set.make_resident(); }
 
   // cross [B*S, cond_dim]: the text tokens and the duration token of each sample, cross_valid
   // [B*S] (0: a padded text position, replaced by the learned padding embedding as the official
@@ -66,7 +69,7 @@ class Dit {
     Tensor local_1, local_1_bias, local_2, local_2_bias;
   };
   DitConfig cfg_;
-  WeightSet weights_;
+  ParamSource source_;
   std::vector<Tensor> owned_;  // weights converted to the compute dtype
   Tensor time_1_, time_1_bias_, time_2_, time_2_bias_, cond_1_, cond_2_, global_1_, global_2_;
   Tensor mod_1_, mod_1_bias_, mod_2_, mod_2_bias_, pre_conv_, post_conv_, proj_in_, proj_out_;

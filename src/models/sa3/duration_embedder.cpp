@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "models/sa3/fourier.h"
 
 namespace apus::sa3 {
 
@@ -21,11 +22,21 @@ DurationConfig DurationConfig::read(const Config& c) {
 DurationEmbedder DurationEmbedder::load(const std::string& dir, bool load_weights) {
   DurationEmbedder m;
   m.cfg_ = DurationConfig::read(read_config(dir + "/config.json"));
-  m.weights_ = load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only();
+  m.source_ = ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only());
   // The frequencies as saved (min_freq..max_freq, exponentially spaced): read, not recomputed.
-  m.freqs_ = m.weights_.get("freqs", {m.cfg_.fourier_dim / 2});
-  m.weight_ = m.weights_.get("linear.weight", {m.cfg_.output_dim, m.cfg_.fourier_dim});
-  m.bias_ = m.weights_.get("linear.bias", {m.cfg_.output_dim});
+  m.freqs_ = m.source_.set.get("freqs", {m.cfg_.fourier_dim / 2});
+  m.weight_ = m.source_.set.get("linear.weight", {m.cfg_.output_dim, m.cfg_.fourier_dim});
+  m.bias_ = m.source_.set.get("linear.bias", {m.cfg_.output_dim});
+  return m;
+}
+
+DurationEmbedder DurationEmbedder::load_official(const DurationConfig& config, ParamSource source) {
+  DurationEmbedder m;
+  m.cfg_ = config;
+  m.source_ = std::move(source);
+  m.freqs_ = expo_fourier_frequencies(m.cfg_.fourier_dim / 2);
+  m.weight_ = m.source_.set.get(m.source_.name("linear.weight"), {m.cfg_.output_dim, m.cfg_.fourier_dim});
+  m.bias_ = m.source_.set.get(m.source_.name("linear.bias"), {m.cfg_.output_dim});
   return m;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "io/model_dir.h"
+#include "models/sa3/params.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -20,9 +21,12 @@ class DurationEmbedder {
  public:
   // dir holds config.json and diffusion_pytorch_model.safetensors (freqs, linear.weight/bias).
   static DurationEmbedder load(const std::string& dir, bool load_weights = true);
+  // The official checkpoint's NumberConditioner: the frequencies are computed (the official module
+  // registers none), the linear layer read through `source`.
+  static DurationEmbedder load_official(const DurationConfig& config, ParamSource source);
   const DurationConfig& config() const { return cfg_; }
-  int64_t parameter_count() const { return weights_.fetched_elements(); }
-  size_t make_resident() const { return weights_.make_resident(); }
+  int64_t parameter_count() const { return source_.set.fetched_elements(); }
+  size_t make_resident() const { return source_.set.make_resident(); }
   // One [B, output_dim] row per duration, in the activation dtype (heap). The Fourier features
   // stay fp32 with fp32 frequencies in a bf16 run too, as the official code keeps them (diffusers'
   // bf16 load rounds the frequencies to bf16, which moves the high angles by radians).
@@ -30,7 +34,7 @@ class DurationEmbedder {
 
  private:
   DurationConfig cfg_;
-  WeightSet weights_;
+  ParamSource source_;
   Tensor freqs_, weight_, bias_;
 };
 

@@ -48,22 +48,23 @@ SameConfig SameConfig::read(const Config& c) {
 }
 
 SameDecoder SameDecoder::load(const std::string& dir, DType compute, bool load_weights) {
+  return load(SameConfig::read(read_config(dir + "/config.json")),
+              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only()),
+              compute);
+}
+
+SameDecoder SameDecoder::load(const SameConfig& config, ParamSource source, DType compute) {
   SameDecoder m;
-  m.cfg_ = SameConfig::read(read_config(dir + "/config.json"));
-  m.weights_ = load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only();
+  m.cfg_ = config;
+  m.source_ = std::move(source);
   const SameConfig& c = m.cfg_;
-  const WeightSet& w = m.weights_;
   const int64_t d = c.dim, hd = c.head_dim, out = c.audio_channels * c.patch_size;
-  auto param = [&](const std::string& name, const Shape& shape) -> Tensor {
-    const Tensor& t = w.get(name, shape);
-    if (!t.data || t.dtype == compute) return t;
-    m.owned_.push_back(to_dtype(t, compute));
-    return m.owned_.back();
-  };
+  const ParamLoader params(m.source_, compute, m.owned_);
+  auto param = [&](const std::string& name, const Shape& shape) { return params.get(name, shape); };
   auto norm = [&](const std::string& p, int64_t width) {
     return Norm{param(p + ".alpha", {1}), param(p + ".gamma", {width}), param(p + ".beta", {width})};
   };
-  const Tensor& running_std = w.get("bottleneck.running_std", {1});
+  const Tensor& running_std = params.raw("bottleneck.running_std", {1});
   m.scale_ = Tensor::heap({c.latent_dim}, DType::f32);
   m.zeros_ = Tensor::heap({c.latent_dim}, DType::f32);
   for (int64_t i = 0; i < c.latent_dim; ++i) {
@@ -75,14 +76,14 @@ SameDecoder SameDecoder::load(const std::string& dir, DType compute, bool load_w
   const std::string b0 = "decoder.blocks.0.";
   m.new_token_ = param(b0 + "new_tokens", {1, 1, d});
   // The weight-normed mapping W[o] = g[o] v[o] / ||v[o]||, formed once in double.
-  const Tensor& g = w.get(b0 + "mapping.weight_g", {out, 1, 1});
-  const Tensor& v = w.get(b0 + "mapping.weight_v", {out, d, 1});
+  const Tensor& g = params.raw(b0 + "mapping.weight_g", {out, 1, 1});
+  const Tensor& v = params.raw(b0 + "mapping.weight_v", {out, d, 1});
   if (v.data) {
     Tensor mapping = Tensor::heap({out, d}, DType::f32);
     for (int64_t o = 0; o < out; ++o) {
       double ss = 0;
       for (int64_t i = 0; i < d; ++i) ss += double(load_f32(v, o * d + i)) * load_f32(v, o * d + i);
-      APUS_CHECK(ss > 0, dir, ": mapping.weight_v row ", o, " is all zeros (weight norm undefined)");
+      APUS_CHECK(ss > 0, "SAME decoder: mapping.weight_v row ", o, " is all zeros (weight norm undefined)");
       const double k = double(load_f32(g, o)) / std::sqrt(ss);
       for (int64_t i = 0; i < d; ++i) mapping.ptr<float>()[o * d + i] = float(k * load_f32(v, o * d + i));
     }
@@ -100,7 +101,7 @@ SameDecoder SameDecoder::load(const std::string& dir, DType compute, bool load_w
     b.ff_norm = norm(p + "norm_ff", d);
     b.q_norm = norm(p + "attn.q_norm", hd);
     b.k_norm = norm(p + "attn.k_norm", hd);
-    b.to_qkv = param(p + "attn.to_qkv.weight", {qkv, d});
+    b.to_qkv = params.fused_qkv(p + "attn.to_qkv.weight", qkv / d, d, d);
     b.to_out = param(p + "attn.to_out.weight", {d, d});
     b.ff_in = param(p + "ff.proj_in.weight", {2 * c.ff_inner, d});
     b.ff_in_bias = param(p + "ff.proj_in.bias", {2 * c.ff_inner});

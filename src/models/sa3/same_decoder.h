@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/model_dir.h"
+#include "models/sa3/params.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -32,9 +33,10 @@ class SameDecoder {
   // dir holds config.json and diffusion_pytorch_model.safetensors; every parameter is converted
   // to `compute` once (the official model.to(dtype)); load_weights false reads the config only.
   static SameDecoder load(const std::string& dir, DType compute, bool load_weights = true);
+  static SameDecoder load(const SameConfig& config, ParamSource source, DType compute);
   const SameConfig& config() const { return cfg_; }
-  int64_t parameter_count() const { return weights_.fetched_elements(); }
-  size_t make_resident() const { return weights_.make_resident(); }
+  int64_t parameter_count() const { return source_.set.fetched_elements(); }
+  size_t make_resident() const { return source_.set.make_resident(); }
   // latents [B*T, latent_dim] (frames sample-major) -> audio [B, audio_channels, T * 4096] in
   // the activation dtype (heap), planar channels.
   Tensor decode(Context& c, const Tensor& latents, int64_t batch) const;
@@ -48,7 +50,7 @@ class SameDecoder {
     Tensor to_qkv, to_out, ff_in, ff_in_bias, ff_out, ff_out_bias;
   };
   SameConfig cfg_;
-  WeightSet weights_;
+  ParamSource source_;
   std::vector<Tensor> owned_;
   Tensor scale_, zeros_;  // running_std as a [latent_dim] vector; the shift 0
   Tensor proj_, proj_bias_, new_token_, mapping_, mapping_bias_;

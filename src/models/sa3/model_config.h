@@ -1,0 +1,28 @@
+#pragma once
+// The official single-checkpoint layout's model_config.json (stabilityai/stable-audio-3-*: the
+// file the official factory builds the model from): every key it reads for the parts apus runs is
+// either mapped to the engine's configs or refused naming the file and key.
+#include <string>
+
+#include "models/sa3/dit.h"
+#include "models/sa3/duration_embedder.h"
+#include "models/sa3/same_decoder.h"
+
+namespace apus::sa3 {
+
+struct OfficialConfig {
+  DitConfig dit;
+  SameConfig same;
+  DurationConfig duration;
+  std::string text_encoder_folder;  // the T5Gemma subfolder beside model_config.json
+  int max_tokens = 256;
+  int64_t sample_size = 0;          // samples: the longest canvas
+  int64_t encoder_chunk = 32;       // the SAME encoder's chunk_size: canvases align to it
+  bool chunked_decode = false;      // model.pretransform.chunked
+  float mask_noise = 0;             // the decoder's placeholder noise
+  bool bottleneck_noise = false;    // the bottleneck's noise_regularize
+};
+
+OfficialConfig read_official_config(const std::string& path);
+
+}  // namespace apus::sa3
