@@ -148,6 +148,9 @@ int main(int argc, char** argv) {
   audio->add_option("--precision", audio_precision, "bf16 (fast) or fp32 (the official CPU run)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   audio->add_option("--format", audio_format, "wav (16-bit), wav-float or flac");
+  std::string audio_decode;
+  audio->add_option("--decode", audio_decode, "chunked (the official 128-latent chunks) or whole; default: the model's config")
+      ->check(CLI::IsMember({"chunked", "whole"}));
   audio->add_option("--batch,-n", audio_batch, "clips generated together, seeds seed, seed+1, ...")
       ->check(CLI::Range(1, 64));
   audio->add_option("-o,--output", audio_out, "output file");
@@ -192,6 +195,7 @@ int main(int argc, char** argv) {
     if (*audio) {
       if (*audio_seed_opt) audio_req.seed = audio_seed;
       audio_req.fp32 = audio_precision == "fp32";
+      if (!audio_decode.empty()) audio_req.chunked_decode = audio_decode == "chunked";
       return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose);
     }
     if (*roofline) {

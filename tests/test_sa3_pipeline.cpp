@@ -141,6 +141,30 @@ TEST(Sa3Pipeline, OfficialCheckpointLayoutGivesTheOfficialClip) {
                      {"model_config.json", "apus audio"});
 }
 
+// The published configs' decoder noise (noise_regularize, mask_noise 0.1): drawn after the
+// sampler's, from the same generator, as the official generate() draws it.
+TEST(Sa3Pipeline, OfficialDecoderNoiseContinuesTheSeededStream) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const std::string d = ::testing::TempDir() + "apus_sa3_noise_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (const char* name : {"model.safetensors", "t5gemma-b-b-ul2"})
+    fs::create_symlink(fs::absolute(official_dir() + "/" + name), d + "/" + name);
+  Json config = read_json(test::fixture("sa3_tiny/original/model_config.json"));
+  auto& ae = config["model"]["pretransform"]["config"];
+  ae["decoder"]["config"]["mask_noise"] = 0.1;
+  ae["bottleneck"]["config"]["noise_regularize"] = true;
+  { std::ofstream(d + "/model_config.json") << config.dump(); }
+  const auto model = AudioModel::open(d, Weights::per_stage);
+  const AudioResult r = model->generate(reference_request(true));
+  const auto want = interleaved(ref.get("fp32_decoder_noise.audio"));
+  ASSERT_EQ(r.samples.size(), want.size());
+  const double err = test::rel_l2(r.samples, want);
+  std::printf("[ measure ] sa3 official layout with decoder noise fp32: rel L2 %.3e\n", err);
+  EXPECT_LT(err, test::kFp32Tolerance);
+  fs::remove_all(d);
+}
+
 TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
   const Json base = read_json(test::fixture("sa3_tiny/original/model_config.json"));
   struct Case { std::function<void(Json&)> spoil; std::vector<std::string> expect; };
@@ -153,7 +177,7 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
       {[](Json& j) { j["model"]["diffusion"]["sampling_distribution_shift_options"] = {{"type", "flux"}}; }, {"sampling_distribution_shift_options"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["conv_mapping"] = true; }, {"conv_mapping", "SAME-S"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"].erase("sliding_window"); }, {"sliding_window", "SAME-S"}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["mask_noise"] = 0.1; }, {"mask_noise"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["bottleneck"]["config"]["noise_augment_dim"] = 4; }, {"noise_augment_dim"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["soft_clip"] = true; }, {"soft_clip"}},
       {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["padding_mode"] = "zero"; }, {"padding_mode"}},
       {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["subfolder"] = "elsewhere"; }, {"elsewhere", "missing"}},

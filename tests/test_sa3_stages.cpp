@@ -145,6 +145,33 @@ TEST_P(SameDecode, MatchesTheOfficialDecoder) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SameDecode, ::testing::Values("fp32", "bf16"));
 
+// The official decode_audio over 300 latents: chunked (three chunks of 128, overlap 32, the last
+// anchored at the end), and with the published configs' inference noise drawn from torch's
+// generator (seed 5) chunk after chunk, both chunked and whole.
+TEST(SameDecodeLong, ChunkedDecodeAndInferenceNoiseMatchTheOfficialDecodeAudio) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_same_ref.safetensors"));
+  const auto decoder = sa3::SameDecoder::load(test::fixture("sa3_tiny/same_l"), DType::f32);
+  const Tensor& z = ref.get("long.latents");  // (1, C, T)
+  const int64_t ch = z.shape[1], frames = z.shape[2];
+  Tensor latents = Tensor::heap({frames, ch}, DType::f32);
+  for (int64_t ci = 0; ci < ch; ++ci)
+    for (int64_t t = 0; t < frames; ++t) latents.ptr<float>()[t * ch + ci] = load_f32(z, ci * frames + t);
+  Arena arena;
+  Context ctx{&arena, DType::f32};
+  struct Case { const char* name; bool chunked, noise; };
+  for (const Case& k : {Case{"chunked", true, false}, Case{"noise_chunked", true, true},
+                        Case{"noise_whole", false, true}}) {
+    std::vector<TorchGenerator> gens{TorchGenerator(5)};
+    sa3::DecodeNoise noise;
+    if (k.noise) noise = {true, 0.1f, &gens};
+    const Tensor audio = decoder.decode(ctx, latents, 1, k.chunked, noise);
+    const auto want = to_f32_vector(ref.get(std::string("long.") + k.name + ".audio"));
+    const double err = test::rel_l2(to_f32_vector(audio), want);
+    std::printf("[ measure ] same_l 300 latents %s: rel L2 %.3e\n", k.name, err);
+    EXPECT_LT(err, test::kFp32Tolerance) << k.name;
+  }
+}
+
 TEST(T5GemmaConfig, UnsupportedSettingsAreRefusedNamingFileAndKey) {
   const Config base = read_config(test::fixture("t5gemma_tiny/config.json"));
   struct Case { const char* key; Json value; const char* expect; };

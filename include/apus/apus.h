@@ -79,6 +79,9 @@ struct AudioRequest {
   int steps = 8;                  // the distilled models' 8 ping-pong steps
   std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
   bool fp32 = false;              // parity mode: fp32 activations and weights
+  // The decoder over chunks of 128 latents (the official decode_audio) or the whole sequence in
+  // one piece; absent: as the model's config says (official checkpoints: chunked).
+  std::optional<bool> chunked_decode;
 };
 
 struct AudioResult {

@@ -47,6 +47,9 @@ struct Layout {
   int max_tokens = 256;          // the T5Gemma conditioner's max_length
   int64_t sample_size = 0;       // the longest canvas, in samples
   int64_t encoder_chunk = 32;    // the SAME encoder's chunk_size: canvases align to it
+  bool chunked_decode = false;   // the official pretransform's `chunked`
+  float mask_noise = 0;          // the decoder's inference noise (official configs only)
+  bool bottleneck_noise = false;
 };
 
 constexpr const char* kTextStage = "text_encoder";
@@ -92,7 +95,7 @@ class Sa3Model final : public AudioModel {
   void encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work& w) const;
   void condition(Context& c, const sa3::DurationEmbedder& duration, const sa3::Dit& dit, Work& w) const;
   void step(Context& c, const sa3::Dit& dit, Work& w, int i) const;
-  void decode(Context& c, const sa3::SameDecoder& same, Work& w) const;
+  void decode(Context& c, const sa3::SameDecoder& same, Work& w, bool chunked) const;
   // Fills w.noise [B*T, C] (fp32) with each sample's next draw of C x T values, channel-major as
   // torch.randn([1, C, T]) lays them out.
   void draw_noise(Context& c, Work& w, Tensor& out) const;
@@ -165,10 +168,6 @@ Layout diffusers_layout(const ModelDir& dir) {
 
 Layout official_layout(const std::string& root) {
   const sa3::OfficialConfig o = sa3::read_official_config(root + "/model_config.json");
-  const std::string where = root + "/model_config.json";
-  APUS_CHECK(o.mask_noise == 0 && !o.bottleneck_noise, where, ": the decoder's inference noise (",
-             "mask_noise ", o.mask_noise, ", noise_regularize ", o.bottleneck_noise ? "true" : "false",
-             ") is not supported yet");
   Layout l;
   l.official = true;
   l.root = root;
@@ -182,6 +181,9 @@ Layout official_layout(const std::string& root) {
   l.max_tokens = o.max_tokens;
   l.sample_size = o.sample_size;
   l.encoder_chunk = o.encoder_chunk;
+  l.chunked_decode = o.chunked_decode;
+  l.mask_noise = o.mask_noise;
+  l.bottleneck_noise = o.bottleneck_noise;
   return l;
 }
 
@@ -322,14 +324,16 @@ void Sa3Model::step(Context& c, const sa3::Dit& dit, Work& w, int i) const {
   ops::pingpong_update(c, w.latents, w.velocity, w.noise, t, t_next);
 }
 
-void Sa3Model::decode(Context& c, const sa3::SameDecoder& same, Work& w) const {
+void Sa3Model::decode(Context& c, const sa3::SameDecoder& same, Work& w, bool chunked) const {
   ArenaScope arena(*c.arena);
   Tensor z = w.latents;
   if (c.act != DType::f32) {
     z = Tensor::in(*c.arena, w.latents.shape, c.act);
     ops::copy(c, w.latents, z);
   }
-  w.audio = same.decode(c, z, w.batch);
+  // The official decode's noise continues each sample's generator after the sampler's draws.
+  const sa3::DecodeNoise noise{layout_.bottleneck_noise, layout_.mask_noise, &w.generators};
+  w.audio = same.decode(c, z, w.batch, chunked, noise);
 }
 
 PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
@@ -341,6 +345,7 @@ PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
   w.ids.assign(size_t(batch * w.tokens), 0);
   w.mask.assign(size_t(batch * w.tokens), 1);
   w.seconds.assign(size_t(batch), float(r.seconds));
+  w.generators.assign(size_t(batch), TorchGenerator(0));  // counting draws nothing
   const int64_t rows = batch * w.canvas.frames;
   w.latents = Tensor::shape_only({rows, dit_cfg_.io_channels}, DType::f32);
   w.noise = Tensor::shape_only({rows, dit_cfg_.io_channels}, DType::f32);
@@ -351,7 +356,9 @@ PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
   StageCost text_stage = count_stage(kTextStage, 1, [&](Context& c) { encode_text(c, text, w); });
   StageCost prologue_stage = count_stage(kPrologueStage, 1, [&](Context& c) { condition(c, duration, dit, w); });
   StageCost step_stage = count_stage(kStepStage, r.steps, [&](Context& c) { step(c, dit, w, 0); });
-  StageCost decode_stage = count_stage(kDecodeStage, 1, [&](Context& c) { decode(c, same, w); });
+  StageCost decode_stage = count_stage(kDecodeStage, 1, [&](Context& c) {
+    decode(c, same, w, r.chunked_decode.value_or(layout_.chunked_decode));
+  });
   p.parameters = double(text.parameter_count() + duration.parameter_count() + dit.parameter_count() +
                         same.parameter_count());
   p.stages = {text_stage, prologue_stage, step_stage, decode_stage};
@@ -364,7 +371,8 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   APUS_CHECK(!requests.empty(), "no request to render");
   const AudioRequest& r = requests.front();
   for (const AudioRequest& o : requests)
-    APUS_CHECK(o.seconds == r.seconds && o.steps == r.steps && o.fp32 == r.fp32,
+    APUS_CHECK(o.seconds == r.seconds && o.steps == r.steps && o.fp32 == r.fp32 &&
+                   o.chunked_decode == r.chunked_decode,
                "a batch shares seconds, steps and precision: ", o.seconds, " s, ", o.steps,
                " steps differs from ", r.seconds, " s, ", r.steps, " steps");
   APUS_CHECK(weights_ != Weights::resident || compute(r) == resident_dtype_,
@@ -444,7 +452,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   with_model(same_, [&] { return load_same(dt); },
              [&](const sa3::SameDecoder& same) {
                clock.stop("decoder load");
-               decode(ctx, same, w);
+               decode(ctx, same, w, r.chunked_decode.value_or(layout_.chunked_decode));
                require_finite(ctx, w.audio, "the SAME decoder");
                clock.stop("decode", kDecodeStage);
              });

@@ -116,6 +116,7 @@ def rel(a, b):
 
 
 SAME_PATCH, SAME_LATENT, SAME_T = 8, 16, 40
+NOISE_SEED = 5
 # The tiny pipeline's sample rate: with 128 samples per latent, 44.1 kHz and the official 6 s of
 # headroom would make a 2000-latent canvas; at 2048 Hz a 1.5 s request takes 120 latents.
 PIPELINE_RATE = 2048
@@ -212,6 +213,33 @@ def same_fixtures(out_dir):
     ref["bf16.audio"] = b16.contiguous()
     with torch.no_grad():
         dm = model.decode(z).sample
+    # The official decode as the published configs run it: inference noise on (the bottleneck's
+    # noise_regularize, the placeholders' mask_noise 0.1) and chunked (128 latents, overlap 32) over
+    # 300 latents, the noise drawn from the global generator seeded here, chunk after chunk.
+    from stable_audio_3.models.autoencoders import AudioAutoencoder, SAMEEncoder
+    encoder = SAMEEncoder(in_channels=2 * SAME_PATCH, channels=32, latent_dim=SAME_LATENT, c_mults=[4], strides=[16],
+                          transformer_depths=[1], sliding_window=[1, 1], dim_heads=64, variable_stride=True)
+    noisy_decoder = copy.deepcopy(decoder)
+    for m in noisy_decoder.modules():
+        if hasattr(m, "mask_noise"):
+            m.mask_noise = 0.1
+    noisy_bottleneck = copy.deepcopy(bottleneck)
+    noisy_bottleneck.noise_regularize = True
+    ae = AudioAutoencoder(encoder, noisy_decoder, latent_dim=SAME_LATENT, downsampling_ratio=SAME_PATCH * 16,
+                          sample_rate=PIPELINE_RATE, io_channels=2, bottleneck=noisy_bottleneck, pretransform=patch).eval()
+    long_z = torch.randn(1, SAME_LATENT, 300, generator=gen)
+    ref["long.latents"] = long_z
+    with torch.no_grad():
+        for name, chunked in (("noise_chunked", True), ("noise_whole", False)):
+            torch.manual_seed(NOISE_SEED)
+            ref[f"long.{name}.audio"] = ae.decode_audio(long_z, chunked=chunked).contiguous()
+        plain = AudioAutoencoder(encoder, decoder, latent_dim=SAME_LATENT, downsampling_ratio=SAME_PATCH * 16,
+                                 sample_rate=PIPELINE_RATE, io_channels=2, bottleneck=bottleneck, pretransform=patch).eval()
+        ref["long.chunked.audio"] = plain.decode_audio(long_z, chunked=True).contiguous()
+        whole = plain.decode_audio(long_z, chunked=False)
+    print(f"sa3 same_l 300 latents: chunked vs whole decode (no noise) rel L2 "
+          f"{rel(ref['long.chunked.audio'], whole):.3e}; with noise, chunked vs whole "
+          f"{rel(ref['long.noise_chunked.audio'], ref['long.noise_whole.audio']):.3e}")
     save_file(ref, os.path.join(out_dir, "sa3_same_ref.safetensors"))
     same = (decoder, bottleneck, patch, cast_dec, cast_bott)
     print(f"sa3 same_l: bf16 (fp32 RoPE frequencies) vs fp32 rel L2 {rel(b16, f32):.3e}, plain bf16 cast "
@@ -346,7 +374,8 @@ def pipeline_fixtures(out_dir, dit, dit_islands, same):
         for i, d in enumerate(denoised):
             ref[f"{precision}.denoised.{i}"] = d.float().contiguous()
         ref[f"{precision}.audio"] = audio.contiguous()
-    original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, ref["fp32.audio"])
+    ref["fp32_decoder_noise.audio"] = original_layout_fixture(out_dir, dit, decoder, bottleneck, duration,
+                                                              ref["fp32.audio"]).contiguous()
     eff = S.compute_effective_seq_len_from_conditioning(
         [{"prompt": "", "seconds_total": seconds}], PIPELINE_RATE, ratio, "cpu")
     ref["sigmas"] = S.build_schedule(steps, 1.0, wrapped.sampling_dist_shift, eff, frames, True, "cpu").reshape(-1)
@@ -443,9 +472,20 @@ def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expecte
         with torch.no_grad():
             audio = model.generate(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"], steps=PIPELINE["steps"],
                                    seed=PIPELINE["seed"], sample_size=config["sample_size"])
+        # As the published configs reportedly run the decode: with its inference noise, after the
+        # sampler's draws from the same generator (the clip is shorter than one 128-latent chunk).
+        for m in wrapper.pretransform.model.decoder.modules():
+            if hasattr(m, "mask_noise"):
+                m.mask_noise = 0.1
+        wrapper.pretransform.model.bottleneck.noise_regularize = True
+        with torch.no_grad():
+            noisy = model.generate(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"], steps=PIPELINE["steps"],
+                                   seed=PIPELINE["seed"], sample_size=config["sample_size"])
     print(f"sa3 original layout: {len(state)} tensors; official generate() vs the pipeline fixture's clip "
-          f"max |d| {(audio - expected_audio).abs().max().item():.3e}")
+          f"max |d| {(audio - expected_audio).abs().max().item():.3e}; with the decoder's noise rel L2 "
+          f"{rel(noisy, audio):.3e} from it")
     assert torch.allclose(audio, expected_audio, rtol=0, atol=1e-6)
+    return noisy
 
 
 def main():

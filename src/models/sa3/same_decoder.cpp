@@ -1,6 +1,7 @@
 #include "models/sa3/same_decoder.h"
 
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "core/error.h"
@@ -161,7 +162,64 @@ void SameDecoder::block(Context& c, const Block& b, int64_t index, Tensor& x, in
   ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
 }
 
-Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch) const {
+namespace {
+
+constexpr int64_t kChunk = 128, kOverlap = 32;  // the official decode_audio's defaults
+
+// Each sample's next draw of rows x cols normals, laid out [B*rows, cols] (f32, arena), scaled by
+// `scale` factors one after another in fp32 as the reference multiplies them. transposed: the
+// draw fills cols x rows planes (torch's (C, T) order) and lands transposed.
+Tensor draw(Context& c, std::vector<TorchGenerator>& gens, int64_t rows, int64_t cols,
+            std::initializer_list<float> scales, bool transposed) {
+  const int64_t b = int64_t(gens.size());
+  Tensor out = Tensor::in(*c.arena, {b * rows, cols}, DType::f32);
+  if (c.count_only) return out;
+  Tensor plane = Tensor::in(*c.arena, {rows * cols}, DType::f32);
+  for (int64_t s = 0; s < b; ++s) {
+    float* p = plane.ptr<float>();
+    gens[size_t(s)].randn(p, rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i)
+      for (const float k : scales) p[i] *= k;
+    Tensor dst = out.rows(s * rows, (s + 1) * rows);
+    if (transposed) ops::transpose(c, plane.reshape({cols, rows}), dst);
+    else std::memcpy(dst.data, p, size_t(rows * cols) * sizeof(float));
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, bool chunked,
+                           const DecodeNoise& noise) const {
+  const int64_t frames = latents.shape[0] / std::max<int64_t>(batch, 1);
+  if (!chunked || frames < kChunk) return decode_piece(c, latents, batch, noise);
+  // Chunks every 96 latents, the last anchored at the end; each decoded on its own (RoPE from 0,
+  // fresh noise), then the overlaps trimmed by 16 latents on every inner edge, the last chunk
+  // written last.
+  std::vector<int64_t> starts;
+  for (int64_t s = 0; s + kChunk <= frames; s += kChunk - kOverlap) starts.push_back(s);
+  if (starts.back() != frames - kChunk) starts.push_back(frames - kChunk);
+  const int64_t spl = cfg_.samples_per_latent(), ch = cfg_.audio_channels, half = kOverlap / 2;
+  Tensor audio = ops::empty(c, {batch, ch, frames * spl}, c.act);
+  Tensor out = audio.reshape({batch * ch, frames * spl});
+  for (size_t i = 0; i < starts.size(); ++i) {
+    ArenaScope scope(*c.arena);
+    const int64_t s = starts[i];
+    Tensor piece = Tensor::in(*c.arena, {batch * kChunk, cfg_.latent_dim}, latents.dtype);
+    for (int64_t b = 0; b < batch; ++b) {
+      Tensor rows = piece.rows(b * kChunk, (b + 1) * kChunk);
+      ops::copy(c, latents.rows(b * frames + s, b * frames + s + kChunk), rows);
+    }
+    const Tensor decoded = decode_piece(c, piece, batch, noise).reshape({batch * ch, kChunk * spl});
+    const int64_t lo = i == 0 ? 0 : half, hi = i + 1 == starts.size() ? kChunk : kChunk - half;
+    Tensor dst = out.cols((s + lo) * spl, (s + hi) * spl);
+    ops::copy(c, decoded.cols(lo * spl, hi * spl), dst);
+  }
+  return audio;
+}
+
+Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batch,
+                                 const DecodeNoise& noise) const {
   ArenaScope scope(*c.arena);
   const SameConfig& g = cfg_;
   const int64_t d = g.dim, group = g.stride + 1;
@@ -176,6 +234,12 @@ Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch) con
   // `stride` copies of the learned placeholder: one gather from [projected rows; placeholder].
   Tensor scaled = Tensor::in(*c.arena, {batch * frames, g.latent_dim}, c.act);
   ops::affine(c, latents, scale_, zeros_, scaled, ops::Rounding::each_step);
+  APUS_CHECK(!noise.any() || int64_t(noise.generators->size()) == batch, "SAME decoder: ",
+             noise.any() ? noise.generators->size() : 0, " noise generators for a batch of ", batch);
+  if (noise.any() && noise.bottleneck) {
+    const Tensor n = draw(c, *noise.generators, frames, g.latent_dim, {scale_.ptr<float>()[0], 1e-3f}, true);
+    ops::add_gated(c, scaled, n, nullptr, ops::Rounding::each_step);
+  }
   Tensor table = Tensor::in(*c.arena, {batch * frames + 1, d}, c.act);
   Tensor projected = table.rows(0, batch * frames);
   ops::linear(c, scaled, proj_, &proj_bias_, projected);
@@ -188,6 +252,11 @@ Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch) con
         ids.ptr<int32_t>()[r * group + j] = j == 0 ? int32_t(r) : int32_t(batch * frames);
   Tensor x = Tensor::in(*c.arena, {batch * tokens, d}, c.act);
   ops::embedding(c, table, ids, x);
+  if (noise.any() && noise.mask > 0) {
+    const Tensor n = draw(c, *noise.generators, frames, g.stride * d, {noise.mask}, false);
+    Tensor placeholders = x.reshape({batch * frames, group * d}).cols(d, group * d);
+    ops::add_gated(c, placeholders, n, nullptr, ops::Rounding::each_step);
+  }
 
   // RoPE over one sample's tokens 0..N-1, half of each head turned.
   Tensor positions = Tensor::in(*c.arena, {tokens, 1}, DType::i64);

@@ -5,15 +5,16 @@
 // band |i - j| <= 17 tokens, the placeholders kept, a weight-normed 1x1 convolution to patches and
 // the unpatch. Weights in diffusers' AutoencoderSAME layout.
 //
-// Not here yet: the official decode's inference noise (bottleneck noise_regularize, the
-// placeholders' mask_noise: diffusers' class has neither), its chunked decode (128 latents,
-// overlap 32: equal to the whole-sequence decode without that noise, as the band reaches +-12
-// latents), and SAME-S (chunked attention, kernel-3 mapping).
+// The official decode's inference noise (the bottleneck's noise_regularize, the placeholders'
+// mask_noise; diffusers' class has neither) and its chunked decode (128 latents, overlap 32, each
+// chunk on its own with fresh noise) are options. Not here yet: SAME-S (chunked attention, a
+// kernel-3 mapping).
 #include <string>
 #include <vector>
 
 #include "io/model_dir.h"
 #include "models/sa3/params.h"
+#include "sampling/torch_rng.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -28,6 +29,16 @@ struct SameConfig {
   static SameConfig read(const Config& c);
 };
 
+// The official decode's noise, drawn per decoded piece from each sample's generator (torch's
+// global one in the official code), in its order: the bottleneck's N(0, 1) x running_std x 1e-3
+// over C x T, then the placeholders' N(0, 1) x mask over T x 16 x D.
+struct DecodeNoise {
+  bool bottleneck = false;
+  float mask = 0;
+  std::vector<TorchGenerator>* generators = nullptr;  // one per sample; null: no noise
+  bool any() const { return generators && (bottleneck || mask > 0); }
+};
+
 class SameDecoder {
  public:
   // dir holds config.json and diffusion_pytorch_model.safetensors; every parameter is converted
@@ -38,8 +49,10 @@ class SameDecoder {
   int64_t parameter_count() const { return source_.set.fetched_elements(); }
   size_t make_resident() const { return source_.set.make_resident(); }
   // latents [B*T, latent_dim] (frames sample-major) -> audio [B, audio_channels, T * 4096] in
-  // the activation dtype (heap), planar channels.
-  Tensor decode(Context& c, const Tensor& latents, int64_t batch) const;
+  // the activation dtype (heap), planar channels. chunked: the official decode_audio's chunks of
+  // 128 latents overlapping by 32 (sequences shorter than a chunk decode whole).
+  Tensor decode(Context& c, const Tensor& latents, int64_t batch, bool chunked = false,
+                const DecodeNoise& noise = {}) const;
 
  private:
   struct Norm {
@@ -58,6 +71,7 @@ class SameDecoder {
 
   void block(Context& c, const Block& b, int64_t index, Tensor& x, int64_t batch,
              const Tensor& cos, const Tensor& sin) const;
+  Tensor decode_piece(Context& c, const Tensor& latents, int64_t batch, const DecodeNoise& noise) const;
 };
 
 }  // namespace apus::sa3
