@@ -13,6 +13,7 @@
 #include "io/model_dir.h"
 #include "io/audio.h"
 #include "io/safetensors.h"
+#include "models/sa3/model_config.h"
 #include "sampling/logsnr.h"
 #include "test_util.h"
 
@@ -59,6 +60,20 @@ const std::string& official_dir() {
         {"t5gemma-b-b-ul2/tokenizer_config.json", "t5gemma_tok/tokenizer_config.json"}};
     for (const auto& [name, fixture] : parts)
       fs::create_symlink(fs::absolute(test::fixture(fixture)), d + "/" + name);
+    return d;
+  }();
+  return dir;
+}
+
+// A small model (plain-attention DiT, SAME-S) in the official layout.
+const std::string& official_small_dir() {
+  static const std::string dir = [] {
+    const std::string d = ::testing::TempDir() + "apus_sa3_small_" + std::to_string(::getpid());
+    fs::remove_all(d);
+    fs::create_directories(d);
+    fs::create_symlink(fs::absolute(test::fixture("sa3_tiny/original_small/model_config.json")), d + "/model_config.json");
+    fs::create_symlink(fs::absolute(test::fixture("sa3_tiny/original_small/model.safetensors")), d + "/model.safetensors");
+    fs::create_symlink(fs::absolute(official_dir() + "/t5gemma-b-b-ul2"), d + "/t5gemma-b-b-ul2");
     return d;
   }();
   return dir;
@@ -141,6 +156,46 @@ TEST(Sa3Pipeline, OfficialCheckpointLayoutGivesTheOfficialClip) {
                      {"model_config.json", "apus audio"});
 }
 
+// The small models' path: a plain-attention DiT and SAME-S (attention in 34-token chunks, the
+// second half of blocks shifted by half a chunk, a kernel-3 mapping), chunked decode on.
+TEST(Sa3Pipeline, SmallModelWithSameSGivesTheOfficialClip) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_small_ref.safetensors"));
+  const auto model = AudioModel::open(official_small_dir(), Weights::per_stage);
+  const AudioResult r = model->generate(reference_request(true));
+  const auto want = interleaved(ref.get("fp32.audio"));
+  ASSERT_EQ(r.samples.size(), want.size());
+  const double err = test::rel_l2(r.samples, want);
+  std::printf("[ measure ] sa3 small model (SAME-S) fp32: rel L2 %.3e\n", err);
+  EXPECT_LT(err, test::kFp32Tolerance);
+}
+
+// SAME-S's decode alone, from the same checkpoint, against the official decoder in fp32 and bf16.
+TEST(Sa3Pipeline, SameSDecodeMatchesTheOfficialDecoder) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_small_ref.safetensors"));
+  const sa3::OfficialConfig config = sa3::read_official_config(official_small_dir() + "/model_config.json");
+  EXPECT_EQ(config.same.window, 0);
+  EXPECT_EQ(config.same.chunk_tokens, 34);
+  EXPECT_TRUE(config.same.midpoint_shift);
+  EXPECT_EQ(config.same.mapping_kernel, 3);
+  const Tensor& z = ref.get("same.latents");
+  const int64_t batch = z.shape[0], ch = z.shape[1], frames = z.shape[2];
+  Tensor latents = Tensor::heap({batch * frames, ch}, DType::f32);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t ci = 0; ci < ch; ++ci)
+      for (int64_t t = 0; t < frames; ++t)
+        latents.ptr<float>()[(b * frames + t) * ch + ci] = load_f32(z, (b * ch + ci) * frames + t);
+  for (const char* p : {"fp32", "bf16"}) {
+    const DType dt = test::precision_dtype(p);
+    const auto decoder = sa3::SameDecoder::load(
+        config.same, sa3::ParamSource::official_same(WeightSet::open_dir(official_small_dir()), "pretransform.model."), dt);
+    Arena arena;
+    Context ctx{&arena, dt};
+    const Tensor audio = decoder.decode(ctx, to_dtype(latents, dt), batch);
+    test::expect_matches("same_s decode", p, to_f32_vector(audio), to_f32_vector(ref.get("same.fp32.audio")),
+                         to_f32_vector(ref.get("same.bf16.audio")));
+  }
+}
+
 // The published configs' decoder noise (noise_regularize, mask_noise 0.1): drawn after the
 // sampler's, from the same generator, as the official generate() draws it.
 TEST(Sa3Pipeline, OfficialDecoderNoiseContinuesTheSeededStream) {
@@ -175,8 +230,8 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
       {[](Json& j) { j["model"]["diffusion"]["config"]["timestep_features_logsnr"] = true; }, {"timestep_features_logsnr"}},
       {[](Json& j) { j["model"]["diffusion"]["config"]["use_sinusoidal_emb"] = true; }, {"use_sinusoidal_emb", "not a setting"}},
       {[](Json& j) { j["model"]["diffusion"]["sampling_distribution_shift_options"] = {{"type", "flux"}}; }, {"sampling_distribution_shift_options"}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["conv_mapping"] = true; }, {"conv_mapping", "SAME-S"}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"].erase("sliding_window"); }, {"sliding_window", "SAME-S"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["chunk_midpoint_shift"] = true; }, {"chunk_midpoint_shift"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["dyt"] = false; }, {"dyt"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["bottleneck"]["config"]["noise_augment_dim"] = 4; }, {"noise_augment_dim"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["soft_clip"] = true; }, {"soft_clip"}},
       {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["padding_mode"] = "zero"; }, {"padding_mode"}},

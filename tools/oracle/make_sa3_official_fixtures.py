@@ -117,6 +117,12 @@ def rel(a, b):
 
 SAME_PATCH, SAME_LATENT, SAME_T = 8, 16, 40
 NOISE_SEED = 5
+# SAME-S at toy width: attention within 34-token chunks (chunk_size 32 latents' worth), the second
+# half of blocks on chunks shifted by 17, a kernel-3 mapping, SiLU FFs.
+SAME_S_DECODER = dict(out_channels=2 * 8, channels=32, c_mults=[4], strides=[16], latent_dim=16,
+                      transformer_depths=[4], sinusoidal_blocks=[0], dim_heads=64, differential=True, dyt=True,
+                      variable_stride=True, chunk_size=32, chunk_midpoint_shift=True, conv_mapping=True,
+                      mask_noise=0.0)
 # The tiny pipeline's sample rate: with 128 samples per latent, 44.1 kHz and the official 6 s of
 # headroom would make a 2000-latent canvas; at 2048 Hz a 1.5 s request takes 120 latents.
 PIPELINE_RATE = 2048
@@ -386,17 +392,18 @@ def pipeline_fixtures(out_dir, dit, dit_islands, same):
     print(f"sa3 pipeline: {frames} latents ({valid} valid), audio {tuple(ref['fp32.audio'].shape)}; "
           f"bf16 vs fp32 latents rel L2 {rel(ref['bf16.latents'], ref['fp32.latents']):.3e}, "
           f"audio {rel(ref['bf16.audio'], ref['fp32.audio']):.3e}")
+    return duration
 
 
-def original_model_config(ratio):
+def original_model_config(ratio, differential=True, same_s=False):
     """model_config.json as the official factory reads it, for the tiny components (the key set of
     the published configs: a DiT under model.diffusion, SAME under model.pretransform, T5Gemma and
     the duration under model.conditioning)."""
     dit = dict(io_channels=IO, embed_dim=128, depth=2, num_heads=2, cond_token_dim=COND, global_cond_dim=COND,
                local_add_cond_dim=IO + 1, global_cond_type="adaLN", timestep_features_type="expo",
-               attn_kwargs={"qk_norm": "rms", "differential": True}, norm_type="rms_norm",
+               attn_kwargs={"qk_norm": "rms", "differential": differential}, norm_type="rms_norm",
                norm_kwargs={"force_fp32": True}, ff_kwargs={"mult": 4.0}, num_memory_tokens=4)
-    decoder = dict(out_channels=2 * SAME_PATCH, channels=32, c_mults=[4], strides=[16], latent_dim=SAME_LATENT,
+    decoder = SAME_S_DECODER if same_s else dict(out_channels=2 * SAME_PATCH, channels=32, c_mults=[4], strides=[16], latent_dim=SAME_LATENT,
                    transformer_depths=[4], sinusoidal_blocks=[3], sliding_window=[1, 1], dim_heads=64,
                    differential=True, dyt=True, variable_stride=True, conv_mapping=False, mask_noise=0.0)
     encoder = dict(in_channels=2 * SAME_PATCH, channels=32, latent_dim=SAME_LATENT, c_mults=[4], strides=[16],
@@ -406,7 +413,7 @@ def original_model_config(ratio):
         "model_type": "diffusion_cond", "sample_size": 16777216, "sample_rate": PIPELINE_RATE, "audio_channels": 2,
         "model": {
             "io_channels": IO,
-            "pretransform": {"type": "autoencoder", "chunked": False, "iterate_batch": False, "config": {
+            "pretransform": {"type": "autoencoder", "chunked": same_s, "iterate_batch": False, "config": {
                 "encoder": {"type": "same", "config": encoder}, "decoder": {"type": "same", "config": decoder},
                 "bottleneck": {"type": "soft_norm", "config": {"dim": SAME_LATENT, "noise_regularize": False,
                                                                "auto_scale": True}},
@@ -488,6 +495,80 @@ def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expecte
     return noisy
 
 
+def small_layout_fixture(out_dir, dit, duration):
+    """A small model (plain-attention DiT, SAME-S) in the official layout, run through the official
+    generate(); plus SAME-S's decode alone in fp32 and bf16. Writes sa3_tiny/original_small/ and
+    sa3_small_ref.safetensors."""
+    import tempfile
+
+    import stable_audio_3.models.transformer as official_transformer
+    from stable_audio_3.factory import create_autoencoder_from_config, create_diffusion_cond_from_config
+    from stable_audio_3.model import StableAudioModel
+    from stable_audio_3.models.conditioners import T5GemmaConditioner
+    from transformers import AutoTokenizer
+
+    official_transformer.flex_attention_available = False
+    official_transformer.flex_attention_compiled = None
+    ratio = SAME_PATCH * 16
+    config = original_model_config(ratio, differential=False, same_s=True)
+    root = os.path.join(out_dir, "sa3_tiny", "original_small")
+    os.makedirs(root, exist_ok=True)
+    gen = torch.Generator().manual_seed(41)
+    ref = {}
+    with tempfile.TemporaryDirectory() as t5_root:
+        t5_dir = os.path.join(t5_root, "t5gemma-b-b-ul2")
+        os.makedirs(t5_dir)
+        for src in ("t5gemma_tiny/config.json", "t5gemma_tiny/model.safetensors", "t5gemma_tok/tokenizer.model"):
+            shutil.copy(os.path.join(out_dir, src), t5_dir)
+        AutoTokenizer.from_pretrained(os.path.join(out_dir, "t5gemma_tok")).save_pretrained(t5_dir)
+        T5GemmaConditioner.T5GEMMA_MODEL_DIMS["google/t5gemma-b-b-ul2"] = COND
+        prompt_cfg = config["model"]["conditioning"]["configs"][0]["config"]
+        prompt_cfg["repo_id"] = t5_root
+        torch.manual_seed(32)
+        wrapper = create_diffusion_cond_from_config(config).eval()
+        del prompt_cfg["repo_id"]
+        ae = wrapper.pretransform.model
+        with torch.no_grad():
+            wrapper.model.model.load_state_dict(dit.state_dict())
+            for name, p in list(ae.decoder.named_parameters()) + list(ae.bottleneck.named_parameters()):
+                if name.endswith("alpha"):
+                    p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+                elif name.endswith("running_std"):
+                    p.fill_(1.3)
+                elif p.dim() >= 2:
+                    p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
+                else:
+                    p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if name.endswith("gamma") else 0.0))
+            wrapper.conditioner.conditioners["prompt"].padding_embedding.copy_(0.5 * torch.randn(COND, generator=gen))
+            linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
+            linear.weight.copy_(duration.linear.weight)
+            linear.bias.copy_(duration.linear.bias)
+        state = {k: v.contiguous() for k, v in wrapper.state_dict().items()}
+        save_file(state, os.path.join(root, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(root, "model_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        for name in os.listdir(root):
+            os.chmod(os.path.join(root, name), 0o644)
+        model = StableAudioModel(wrapper, config, "cpu", False)
+        with torch.no_grad():
+            ref["fp32.audio"] = model.generate(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"],
+                                               steps=PIPELINE["steps"], seed=PIPELINE["seed"],
+                                               sample_size=config["sample_size"]).contiguous()
+            # SAME-S's decode alone: 40 latents whole, fp32 and cast to bf16 (RoPE frequencies fp32)
+            z = torch.randn(2, SAME_LATENT, 40, generator=gen)
+            ref["same.latents"] = z
+            ref["same.fp32.audio"] = ae.decode(z).contiguous()
+            cast = create_autoencoder_from_config(config["model"], config["sample_rate"]).eval()
+            cast.load_state_dict(ae.state_dict())
+            cast = cast.to(torch.bfloat16)
+            for block, original in zip(cast.decoder.layers[3].transformers, ae.decoder.layers[3].transformers):
+                block.rope.inv_freq = original.rope.inv_freq.clone()
+            ref["same.bf16.audio"] = cast.decode(z.to(torch.bfloat16)).float().contiguous()
+    save_file(ref, os.path.join(out_dir, "sa3_small_ref.safetensors"))
+    print(f"sa3 small (SAME-S) original layout: {len(state)} tensors, clip {tuple(ref['fp32.audio'].shape)}; "
+          f"SAME-S decode bf16 vs fp32 rel L2 {rel(ref['same.bf16.audio'], ref['same.fp32.audio']):.3e}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=oracle_env.FIXTURES)
@@ -557,7 +638,8 @@ def main():
                 print(f"sa3 {variant} {case}: bf16 (fp32 t and RoPE) vs fp32 rel L2 {rel(b16, f32):.3e}, "
                       f"plain bf16 cast {rel(c16, f32):.3e}; fp32 with exact features {rel(exact, f32):.3e}; diffusers fp32 vs official fp32 {rel(dm, f32):.3e}")
     save_file(ref, os.path.join(args.out, "sa3_dit_ref.safetensors"))
-    pipeline_fixtures(args.out, *dits["dit_diff"], same_decoder)
+    duration = pipeline_fixtures(args.out, *dits["dit_diff"], same_decoder)
+    small_layout_fixture(args.out, dits["dit_plain"][0], duration)
 
 
 if __name__ == "__main__":

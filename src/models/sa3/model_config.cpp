@@ -130,20 +130,7 @@ DitConfig read_dit(const Config& diffusion) {
 
 }  // namespace
 
-OfficialConfig read_official_config(const std::string& path) {
-  const Config top = read_config(path);
-  OfficialConfig o;
-  require_string(top, "model_type", "", "diffusion_cond", "a text-to-audio model");
-  const int64_t rate = top.get_size("sample_rate", 1);
-  o.sample_size = top.get_size("sample_size", 1);
-  const Config model = object(top, "model");
-  o.dit = read_dit(object(model, "diffusion"));
-
-  // SAME: the autoencoder under model.pretransform.config.
-  const Config pretransform = object(model, "pretransform");
-  require_string(pretransform, "type", "", "autoencoder", "Stable Audio 3's SAME");
-  o.chunked_decode = pretransform.get_bool("chunked", false);
-  const Config ae = object(pretransform, "config");
+void read_official_autoencoder(const Config& ae, int64_t rate, OfficialConfig& o) {
   const Config patched = object(object(ae, "pretransform"), "config");
   const Config dec = object(object(ae, "decoder"), "config");
   const Config bottleneck = object(object(ae, "bottleneck"), "config");
@@ -163,16 +150,26 @@ OfficialConfig read_official_config(const std::string& path) {
   s.differential = dec.get_bool("differential", true);
   APUS_CHECK(dec.get_size("out_channels", 2, 1) == s.audio_channels * s.patch_size, dec.path,
              ": 'out_channels' must be channels x patch_size of the patched pretransform");
-  APUS_CHECK(dec.json.contains("sliding_window") && !dec.json["sliding_window"].is_null(), dec.path,
-             ": no 'sliding_window': SAME-S's chunked attention (the small models) is not supported yet");
-  const std::vector<int64_t> window = dec.get_ints("sliding_window");
-  APUS_CHECK(window.size() == 2 && window[0] == window[1] && window[0] >= 1, dec.path,
-             ": 'sliding_window' must be [w, w] with w >= 1");
-  s.window = window[0] * (s.stride + 1);
-  require_bool(dec, "conv_mapping", false, false, "SAME-S's kernel-3 mapping is not supported yet");
+  if (dec.json.contains("sliding_window") && !dec.json["sliding_window"].is_null()) {
+    // SAME-L: a band of w latents on either side.
+    const std::vector<int64_t> window = dec.get_ints("sliding_window");
+    APUS_CHECK(window.size() == 2 && window[0] == window[1] && window[0] >= 1, dec.path,
+               ": 'sliding_window' must be [w, w] with w >= 1");
+    s.window = window[0] * (s.stride + 1);
+    require_bool(dec, "chunk_midpoint_shift", false, false, "a band needs no shifted chunks");
+  } else {
+    // SAME-S: attention within chunks of chunk_size latents' worth of tokens.
+    const int64_t chunk = dec.get_size("chunk_size", 128, 1);
+    APUS_CHECK(chunk % s.stride == 0, dec.path, ": 'chunk_size' ", chunk, " is not a multiple of the stride ", s.stride);
+    s.chunk_tokens = chunk + chunk / s.stride;
+    s.midpoint_shift = dec.get_bool("chunk_midpoint_shift", false);
+    APUS_CHECK(!s.midpoint_shift || s.chunk_tokens % 2 == 0, dec.path, ": chunks of ", s.chunk_tokens,
+               " tokens have no midpoint");
+  }
+  s.mapping_kernel = dec.get_bool("conv_mapping", false) ? 3 : 1;
   require_bool(dec, "dyt", true, true, "the published decoders normalise with DynamicTanh");
   require_bool(dec, "variable_stride", false, true, "the published decoders learn one placeholder token");
-  for (const char* key : {"layer_scale", "conformer", "chunk_midpoint_shift", "causal", "cross_attn", "feat_scale"})
+  for (const char* key : {"layer_scale", "conformer", "causal", "cross_attn", "feat_scale"})
     require_bool(dec, key, false, false, "not in the published decoders");
   APUS_CHECK(dec.get_bool("mapping_bias", true), dec.path, ": 'mapping_bias' false is not supported");
   o.mask_noise = float(dec.get_double("mask_noise", 0.0));
@@ -194,7 +191,22 @@ OfficialConfig read_official_config(const std::string& path) {
   o.encoder_chunk = enc.get_size("chunk_size", 32, 1);
   APUS_CHECK(ae.get_size("downsampling_ratio", 1) == s.patch_size * s.stride, ae.path,
              ": 'downsampling_ratio' is not patch_size x stride");
+}
 
+OfficialConfig read_official_config(const std::string& path) {
+  const Config top = read_config(path);
+  OfficialConfig o;
+  require_string(top, "model_type", "", "diffusion_cond", "a text-to-audio model");
+  const int64_t rate = top.get_size("sample_rate", 1);
+  o.sample_size = top.get_size("sample_size", 1);
+  const Config model = object(top, "model");
+  o.dit = read_dit(object(model, "diffusion"));
+
+  // SAME: the autoencoder under model.pretransform.config.
+  const Config pretransform = object(model, "pretransform");
+  require_string(pretransform, "type", "", "autoencoder", "Stable Audio 3's SAME");
+  o.chunked_decode = pretransform.get_bool("chunked", false);
+  read_official_autoencoder(object(pretransform, "config"), rate, o);
   // Conditioning: T5Gemma's prompt and the duration.
   const Config cond = object(model, "conditioning");
   const int64_t cond_dim = cond.get_size("cond_dim", 1);
@@ -237,9 +249,9 @@ OfficialConfig read_official_config(const std::string& path) {
   APUS_CHECK(o.dit.cond_dim == cond_dim && o.dit.global_dim == cond_dim, cond.path, ": cond_dim ", cond_dim,
              " differs from the DiT's cond_token_dim ", o.dit.cond_dim, " / global_cond_dim ", o.dit.global_dim);
   APUS_CHECK(model.get_size("io_channels", o.dit.io_channels, 1) == o.dit.io_channels &&
-                 o.dit.io_channels == s.latent_dim && o.dit.local_dim == s.latent_dim + 1,
+                 o.dit.io_channels == o.same.latent_dim && o.dit.local_dim == o.same.latent_dim + 1,
              model.path, ": the DiT's io_channels ", o.dit.io_channels, " / local_add_cond_dim ", o.dit.local_dim,
-             " do not fit the decoder's latent_dim ", s.latent_dim);
+             " do not fit the decoder's latent_dim ", o.same.latent_dim);
   return o;
 }
 

@@ -24,5 +24,8 @@ struct OfficialConfig {
 };
 
 OfficialConfig read_official_config(const std::string& path);
+// The SAME autoencoder object (model.pretransform.config of a full checkpoint, or `model` of a
+// SAME-L / SAME-S repository) into o.same, its noise and the encoder's chunk alignment.
+void read_official_autoencoder(const Config& autoencoder, int64_t sample_rate, OfficialConfig& o);
 
 }  // namespace apus::sa3

@@ -77,21 +77,26 @@ SameDecoder SameDecoder::load(const SameConfig& config, ParamSource source, DTyp
   const std::string b0 = "decoder.blocks.0.";
   m.new_token_ = param(b0 + "new_tokens", {1, 1, d});
   // The weight-normed mapping W[o] = g[o] v[o] / ||v[o]||, formed once in double.
+  // W[o, :, :] = g[o] v[o] / ||v[o]|| over the input channels and taps (torch's weight_norm,
+  // dim 0), formed once in double; laid out [out, k * d] tap-major to meet the taps side by side.
+  const int64_t kt = c.mapping_kernel;
   const Tensor& g = params.raw(b0 + "mapping.weight_g", {out, 1, 1});
-  const Tensor& v = params.raw(b0 + "mapping.weight_v", {out, d, 1});
+  const Tensor& v = params.raw(b0 + "mapping.weight_v", {out, d, kt});
   if (v.data) {
-    Tensor mapping = Tensor::heap({out, d}, DType::f32);
+    Tensor mapping = Tensor::heap({out, kt * d}, DType::f32);
     for (int64_t o = 0; o < out; ++o) {
       double ss = 0;
-      for (int64_t i = 0; i < d; ++i) ss += double(load_f32(v, o * d + i)) * load_f32(v, o * d + i);
+      for (int64_t i = 0; i < d * kt; ++i) ss += double(load_f32(v, o * d * kt + i)) * load_f32(v, o * d * kt + i);
       APUS_CHECK(ss > 0, "SAME decoder: mapping.weight_v row ", o, " is all zeros (weight norm undefined)");
-      const double k = double(load_f32(g, o)) / std::sqrt(ss);
-      for (int64_t i = 0; i < d; ++i) mapping.ptr<float>()[o * d + i] = float(k * load_f32(v, o * d + i));
+      const double scale = double(load_f32(g, o)) / std::sqrt(ss);
+      for (int64_t i = 0; i < d; ++i)
+        for (int64_t t = 0; t < kt; ++t)
+          mapping.ptr<float>()[o * kt * d + t * d + i] = float(scale * load_f32(v, (o * d + i) * kt + t));
     }
     m.owned_.push_back(compute == DType::f32 ? mapping : to_dtype(mapping, compute));
     m.mapping_ = m.owned_.back();
   } else {
-    m.mapping_ = Tensor::shape_only({out, d}, DType::bf16);
+    m.mapping_ = Tensor::shape_only({out, kt * d}, DType::bf16);
   }
   m.mapping_bias_ = param(b0 + "mapping.bias", {out});
   const int64_t qkv = (c.differential ? 5 : 3) * d;
@@ -113,8 +118,8 @@ SameDecoder SameDecoder::load(const SameConfig& config, ParamSource source, DTyp
   return m;
 }
 
-void SameDecoder::block(Context& c, const Block& b, int64_t index, Tensor& x, int64_t batch,
-                        const Tensor& cos, const Tensor& sin) const {
+void SameDecoder::block(Context& c, const Block& b, int64_t index, Tensor& x,
+                        const ops::AttentionOptions& attn, const Tensor& cos, const Tensor& sin) const {
   ArenaScope scope(*c.arena);
   const SameConfig& g = cfg_;
   const int64_t rows = x.shape[0], d = g.dim, hd = g.head_dim, f = g.ff_inner;
@@ -133,16 +138,15 @@ void SameDecoder::block(Context& c, const Block& b, int64_t index, Tensor& x, in
     ops::rope(c, q, cos, sin, hd, ops::RopeStyle::half, ops::Rounding::once);
     ops::rope(c, k, cos, sin, hd, ops::RopeStyle::half, ops::Rounding::once);
     const Tensor v = qkv.cols(2 * nq * d, (2 * nq + 1) * d);
-    Tensor attn = Tensor::in(*c.arena, {rows, d}, c.act);
-    const ops::AttentionOptions band{false, nullptr, batch, 0.0f, ops::Rounding::once, g.window};
+    Tensor out = Tensor::in(*c.arena, {rows, d}, c.act);
     const float scale = 1.0f / std::sqrt(float(hd));
     if (g.differential)
       ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d),
-                                  v, attn, hd, scale, band);
+                                  v, out, hd, scale, attn);
     else
-      ops::attention(c, q, k, v, attn, hd, scale, band);
+      ops::attention(c, q, k, v, out, hd, scale, attn);
     RowParallel row(c);
-    ops::linear(c, attn, b.to_out, nullptr, proj);
+    ops::linear(c, out, b.to_out, nullptr, proj);
   }
   ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
 
@@ -258,18 +262,50 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
     ops::add_gated(c, placeholders, n, nullptr, ops::Rounding::each_step);
   }
 
-  // RoPE over one sample's tokens 0..N-1, half of each head turned.
-  Tensor positions = Tensor::in(*c.arena, {tokens, 1}, DType::i64);
+  // RoPE over the tokens one attention sees (a sample's N, or one chunk's), half of each head
+  // turned.
+  const bool chunked_attention = g.window == 0;
+  const int64_t seen = chunked_attention ? g.chunk_tokens : tokens;
+  APUS_CHECK(!chunked_attention || (tokens % seen == 0), "SAME decoder: ", frames,
+             " latents do not fill whole attention chunks of ", seen / group,
+             " (the official pipeline's canvases do)");
+  Tensor positions = Tensor::in(*c.arena, {seen, 1}, DType::i64);
   if (!c.count_only)
-    for (int64_t i = 0; i < tokens; ++i) positions.ptr<int64_t>()[i] = i;
-  Tensor cos = Tensor::in(*c.arena, {tokens, g.head_dim / 4}, DType::f32);
-  Tensor sin = Tensor::in(*c.arena, {tokens, g.head_dim / 4}, DType::f32);
+    for (int64_t i = 0; i < seen; ++i) positions.ptr<int64_t>()[i] = i;
+  Tensor cos = Tensor::in(*c.arena, {seen, g.head_dim / 4}, DType::f32);
+  Tensor sin = Tensor::in(*c.arena, {seen, g.head_dim / 4}, DType::f32);
   ops::rope_tables(c, positions, {g.head_dim / 2}, 10000.0, ops::RopeMath::f32, cos, sin);
   part.reset();
-  for (int64_t i = 0; i < g.depth; ++i) {
-    CostScope block_scope(c, "block." + std::to_string(i));
-    mark_depth_boundary(c, x);
-    block(c, blocks_[size_t(i)], i, x, batch, cos, sin);
+  auto run_blocks = [&](Tensor& h, int64_t from, int64_t to) {
+    const int64_t attend_batch = chunked_attention ? h.shape[0] / seen : batch;
+    const ops::AttentionOptions attn{false, nullptr, attend_batch, 0.0f, ops::Rounding::once, g.window};
+    for (int64_t i = from; i < to; ++i) {
+      CostScope block_scope(c, "block." + std::to_string(i));
+      mark_depth_boundary(c, h);
+      block(c, blocks_[size_t(i)], i, h, attn, cos, sin);
+    }
+  };
+  const int64_t split = chunked_attention && g.midpoint_shift ? g.depth / 2 : g.depth;
+  run_blocks(x, 0, split);
+  if (split < g.depth) {
+    // The second half on chunks shifted by half a chunk: each sample's first and last half chunk
+    // repeated at its ends, cropped off after.
+    const int64_t shift = seen / 2, n = tokens + 2 * shift;
+    ArenaScope shifted_scope(*c.arena);
+    Tensor shifted = Tensor::in(*c.arena, {batch * n, d}, c.act);
+    for (int64_t b = 0; b < batch; ++b) {
+      const Tensor sample = x.rows(b * tokens, (b + 1) * tokens);
+      Tensor head = shifted.rows(b * n, b * n + shift), body = shifted.rows(b * n + shift, b * n + shift + tokens),
+             tail = shifted.rows(b * n + shift + tokens, (b + 1) * n);
+      ops::copy(c, sample.rows(0, shift), head);
+      ops::copy(c, sample, body);
+      ops::copy(c, sample.rows(tokens - shift, tokens), tail);
+    }
+    run_blocks(shifted, split, g.depth);
+    for (int64_t b = 0; b < batch; ++b) {
+      Tensor sample = x.rows(b * tokens, (b + 1) * tokens);
+      ops::copy(c, shifted.rows(b * n + shift, b * n + shift + tokens), sample);
+    }
   }
 
   CostScope out_scope(c, "out");
@@ -280,7 +316,28 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   ops::copy(c, x.reshape({batch * frames, group * d}).cols(d, group * d), kept_view);
   const int64_t patches = frames * g.stride, out = g.audio_channels * g.patch_size;
   Tensor mapped = Tensor::in(*c.arena, {batch * patches, out}, c.act);
-  ops::linear(c, kept, mapping_, &mapping_bias_, mapped);
+  if (g.mapping_kernel == 1) {
+    ops::linear(c, kept, mapping_, &mapping_bias_, mapped);
+  } else {
+    // A kernel-3 convolution along each sample's placeholders, zero-padded at its ends: one GEMM
+    // over [x(t-1), x(t), x(t+1)] side by side (the weight laid out to match at load).
+    Tensor taps = Tensor::in(*c.arena, {batch * patches, 3 * d}, c.act);
+    Tensor zero = Tensor::in(*c.arena, {1, d}, c.act);
+    if (!c.count_only) std::memset(zero.data, 0, zero.nbytes());
+    for (int64_t b = 0; b < batch; ++b) {
+      const Tensor src = kept.rows(b * patches, (b + 1) * patches);
+      Tensor dst = taps.rows(b * patches, (b + 1) * patches);
+      Tensor prev = dst.rows(1, patches).cols(0, d), prev_edge = dst.rows(0, 1).cols(0, d);
+      Tensor mid = dst.cols(d, 2 * d);
+      Tensor next = dst.rows(0, patches - 1).cols(2 * d, 3 * d), next_edge = dst.rows(patches - 1, patches).cols(2 * d, 3 * d);
+      ops::copy(c, src.rows(0, patches - 1), prev);
+      ops::copy(c, zero, prev_edge);
+      ops::copy(c, src, mid);
+      ops::copy(c, src.rows(1, patches), next);
+      ops::copy(c, zero, next_edge);
+    }
+    ops::linear(c, taps, mapping_, &mapping_bias_, mapped);
+  }
   Tensor audio = ops::empty(c, {batch, g.audio_channels, patches * g.patch_size}, c.act);
   for (int64_t b = 0; b < batch; ++b) {
     Tensor src = mapped.rows(b * patches, (b + 1) * patches).reshape({patches, g.audio_channels, g.patch_size});

@@ -7,8 +7,9 @@
 //
 // The official decode's inference noise (the bottleneck's noise_regularize, the placeholders'
 // mask_noise; diffusers' class has neither) and its chunked decode (128 latents, overlap 32, each
-// chunk on its own with fresh noise) are options. Not here yet: SAME-S (chunked attention, a
-// kernel-3 mapping).
+// chunk on its own with fresh noise) are options. SAME-S (the small models') attends within
+// 34-token chunks, shifted by half a chunk for its second half of blocks, and maps with a
+// kernel-3 convolution; diffusers' class cannot hold it, so it comes from official checkpoints.
 #include <string>
 #include <vector>
 
@@ -21,8 +22,13 @@ namespace apus::sa3 {
 
 struct SameConfig {
   int64_t audio_channels, patch_size, latent_dim, dim, stride, depth, head_dim, ff_inner;
-  int64_t window;      // band half-width in tokens: sliding_window latents x (stride + 1)
-  int64_t sin_blocks;  // blocks i with depth - i < sin_blocks use sin(pi x) in their FF
+  // SAME-L attends over a band of `window` tokens (sliding_window latents x (stride + 1)); SAME-S
+  // (window 0) within chunks of chunk_tokens (chunk_size + chunk_size / stride), its second half
+  // of blocks on chunks shifted by half a chunk when midpoint_shift.
+  int64_t window = 0, chunk_tokens = 0;
+  bool midpoint_shift = false;
+  int64_t mapping_kernel = 1;  // the weight-normed mapping's kernel: 1 (SAME-L) or 3 (SAME-S)
+  int64_t sin_blocks;          // blocks i with depth - i < sin_blocks use sin(pi x) in their FF
   int64_t sample_rate;
   bool differential;
   int64_t samples_per_latent() const { return stride * patch_size; }
@@ -69,7 +75,7 @@ class SameDecoder {
   Tensor proj_, proj_bias_, new_token_, mapping_, mapping_bias_;
   std::vector<Block> blocks_;
 
-  void block(Context& c, const Block& b, int64_t index, Tensor& x, int64_t batch,
+  void block(Context& c, const Block& b, int64_t index, Tensor& x, const ops::AttentionOptions& attn,
              const Tensor& cos, const Tensor& sin) const;
   Tensor decode_piece(Context& c, const Tensor& latents, int64_t batch, const DecodeNoise& noise) const;
 };
