@@ -160,7 +160,8 @@ int main(int argc, char** argv) {
   uint64_t synth_seed = 0;
   auto* synth = app.add_subcommand("synth", "write a random-weight checkpoint in the published layout");
   auto* synth_model_opt = synth->add_option("--model", synth_model, "published model to mimic")
-      ->check(CLI::IsMember({"flux2-klein-4b", "stable-audio-3-medium"}));
+      ->check(CLI::IsMember({"flux2-klein-4b", "stable-audio-3-medium", "stable-audio-3-small-music",
+                             "stable-audio-3-small-sfx"}));
   auto* synth_like_opt =
       synth->add_option("--like", synth_like, "checkpoint folder whose layout to mimic instead")
           ->check(CLI::ExistingDirectory);
@@ -178,6 +179,8 @@ int main(int argc, char** argv) {
   roofline->add_option("--width,-W", roof_req.width, "image width");
   roofline->add_option("--height,-H", roof_req.height, "image height");
   roofline->add_option("--steps", roof_req.steps, "sampling steps");
+  double roof_seconds = 30;
+  auto* roof_seconds_opt = roofline->add_option("--seconds", roof_seconds, "clip length (audio models)");
   roofline->add_option("--chip", chip_name, "v6e, h200, h100, l4, rtx-pro-6000 or cpu");
   roofline->add_option("--chips", chips, "chips for the collective comparison")->check(CLI::PositiveNumber);
   roofline->add_option("--peak-tflops", peak_tflops, "override the chip's dense bf16 TFLOP/s");
@@ -203,8 +206,17 @@ int main(int argc, char** argv) {
       if (peak_tflops > 0) r.chip.bf16_flops = peak_tflops * 1e12;
       if (gbps > 0) r.chip.memory_bps = gbps * 1e9;
       if (link_gbps > 0) r.chip.link_bps = link_gbps * 1e9;
-      const auto model = apus::ImageModel::open(roof_model, apus::Weights::none);
-      apus::PipelineCost cost = model->count(roof_req);
+      // Audio models (Stable Audio 3) count a clip; image models a picture.
+      apus::PipelineCost cost;
+      if (apus::is_audio_model(roof_model)) {
+        apus::AudioRequest a;
+        a.seconds = roof_seconds;
+        a.steps = roof_req.steps == apus::ImageRequest{}.steps ? a.steps : roof_req.steps;
+        cost = apus::AudioModel::open(roof_model, apus::Weights::none)->count(a);
+      } else {
+        APUS_CHECK(!*roof_seconds_opt, roof_model, ": --seconds is for audio models");
+        cost = apus::ImageModel::open(roof_model, apus::Weights::none)->count(roof_req);
+      }
       cost.model = roof_model;
       if (as_json) std::printf("%s\n", apus::roofline_json(cost, r).dump(2).c_str());
       else std::printf("%s", apus::roofline_table(cost, r).c_str());

@@ -112,6 +112,9 @@ class AudioModel {
   virtual const std::string& sampler() const = 0;
 };
 
+// Whether `model` (a directory, or a published name for counting) holds an audio model.
+bool is_audio_model(const std::string& model);
+
 // Peak resident memory of this process so far, in bytes (VmHWM).
 uint64_t peak_rss_bytes();
 

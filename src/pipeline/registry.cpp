@@ -53,9 +53,12 @@ std::string resolve_model_dir(const std::string& model, Weights weights) {
   // "stable-audio-3-medium").
   const bool plain_name = !model.empty() && model.find('/') == std::string::npos && model[0] != '.';
   const std::string published = plain_name ? published_layout_dir(model) : "";
-  APUS_CHECK(weights == Weights::none && plain_name && path_exists(published + "/model_index.json"), model,
-             ": model directory does not exist",
-             weights == Weights::none ? " (nor is it a published name: flux2-klein-4b, stable-audio-3-medium)" : "");
+  APUS_CHECK(weights == Weights::none && plain_name &&
+                 (path_exists(published + "/model_index.json") || path_exists(published + "/model_config.json")),
+             model, ": model directory does not exist",
+             weights == Weights::none ? " (nor is it a published name: flux2-klein-4b, stable-audio-3-medium, "
+                                        "stable-audio-3-small-music, stable-audio-3-small-sfx)"
+                                      : "");
   return published;
 }
 
@@ -72,6 +75,15 @@ std::string model_label(const std::string& dir) {
   }
   const std::string name = (p.has_filename() ? p : p.parent_path()).filename().string();
   return name.empty() ? dir : name;
+}
+
+bool is_audio_model(const std::string& model) {
+  const std::string root = resolve_model_dir(model, is_directory(model) ? Weights::per_stage : Weights::none);
+  if (single_checkpoint(root)) return true;
+  const ModelDir dir = ModelDir::open(root, false);
+  for (const Family<AudioModel>& f : kAudioFamilies)
+    if (dir.pipeline_class() == f.pipeline_class) return true;
+  return false;
 }
 
 std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights) {

@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
-"""Layout of Stable Audio 3 medium in diffusers' StableAudio3Pipeline folders, for `apus synth`.
+"""Layouts of the published Stable Audio 3 checkpoints for `apus synth`, from the official classes.
 
-Instantiates StableAudio3DiTModel, AutoencoderSAME (SAME-L), StableAudio3DurationEmbedder and
-transformers' T5GemmaEncoderModel at full size on the meta device and writes
-data/stable-audio-3-medium/: model_index.json, every component's config, the scheduler config
-diffusers' converter writes for the distilled models, and manifest.json (each weight file's tensors
-in on-disk order). Weights stay fp32, as published.
+stabilityai/stable-audio-3-medium, -small-music and -small-sfx ship model_config.json,
+model.safetensors (the DiT under model.model., SAME under pretransform.model., the conditioners
+under conditioner.) and the t5gemma-b-b-ul2/ folder. This builds each model_config.json with the
+official factory's key set, instantiates the official DiffusionTransformer and autoencoder on the
+meta device, and writes data/<name>/: model_config.json, t5gemma-b-b-ul2/config.json and the
+tokenizer stand-in, and manifest.json (each weight file's tensors in on-disk order). fp32, as
+published.
 
-Sizes: the DiT from the production config in diffusers' own tests (997 tensors in the published
-checkpoint); SAME-L from AutoencoderSAME's documented SAME-L arguments (426 M parameters with the
-encoder); the T5Gemma encoder from google/t5gemma-b-b-ul2's published sizes (12 layers, width 768,
-12 heads of 64, GeGLU 2048, 256000 tokens) with the Gemma-2 attention settings t5gemma uses
-(query_pre_attn_scalar 64, softcap 50, sliding window 4096 on alternate layers): check them against
-a download with --verify. The tokenizer is NOT Gemma's 256k-piece one: the small fixture
-SentencePiece model (tests/fixtures/t5gemma_tok) stands in, copied as is.
+The published model_config.json files are gated; the values here are the ones the public record
+gives (the official code's comments and defaults, diffusers' converter and tests, the official
+MLX port's constants, third-party ports that read the real files). Assumed where only third-party
+notes say so: the decoders' inference noise (SAME-L mask_noise 0.1, SAME-S 0.01, noise_regularize
+on) and chunked decoding on (the official docs say it is on for every model). Check a download
+with `apus roofline` / `apus audio` errors, which name any key that differs in kind.
 
-The small models cannot be written in this layout: diffusers 0.42.1's AutoencoderSAME has no
-SAME-S (chunked attention, a kernel-3 mapping).
+The T5Gemma encoder is google/t5gemma-b-b-ul2's published size (12 layers, width 768, 12 heads of
+64, GeGLU 2048, 256000 tokens, the Gemma-2 attention t5gemma uses). The tokenizer is NOT Gemma's
+256k-piece one: the small fixture SentencePiece model (tests/fixtures/t5gemma_tok) stands in.
 
-Usage: make_sa3_manifest.py [--out DIR]
+Usage: make_sa3_manifest.py [--data DIR]
 """
 
 import argparse
@@ -31,16 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_klein_manifest import file_entry, write_json, write_manifest  # noqa: E402
 from oracle_env import FIXTURES, REPO  # noqa: E402
 
-MODEL = "stabilityai/stable-audio-3-medium"
-
-DIT = dict(io_channels=256, patch_size=1, embed_dim=1536, depth=24, num_heads=24, cond_token_dim=768,
-           global_cond_dim=768, local_add_cond_dim=257, timestep_features_dim=256, ff_mult=4.0,
-           num_memory_tokens=64, use_differential_attention=True)
-SAME_L = dict(audio_channels=2, patch_size=256, encoder_channels=256, encoder_c_mults=[6], encoder_strides=[16],
-              encoder_transformer_depths=[12], latent_dim=256, use_differential_attention=True, dim_heads=64,
-              ff_mult=3, sliding_window=1, encoder_sinusoidal_blocks=[0], decoder_sinusoidal_blocks=[8],
-              sampling_rate=44100)
-DURATION = dict(output_dim=768, fourier_dim=256)
 T5GEMMA_B = dict(vocab_size=256000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                  num_attention_heads=12, num_key_value_heads=12, head_dim=64,
                  hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192, rms_norm_eps=1e-6,
@@ -48,64 +40,116 @@ T5GEMMA_B = dict(vocab_size=256000, hidden_size=768, intermediate_size=2048, num
                  layer_types=["sliding_attention", "full_attention"] * 6, attn_logit_softcapping=50.0,
                  final_logit_softcapping=30.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                  pad_token_id=0, eos_token_id=1, bos_token_id=2)
-SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1, "shift": 1.0,
-             "stochastic_sampling": True, "use_dynamic_shifting": False, "base_shift": 0.5, "max_shift": 1.15,
-             "base_image_seq_len": 256, "max_image_seq_len": 4096, "invert_sigmas": False,
-             "shift_terminal": None, "use_karras_sigmas": False, "use_exponential_sigmas": False,
-             "use_beta_sigmas": False, "time_shift_type": "exponential"}
+
+# The DiTs (diffusers' production test config for medium; 433 M parameters for the small ones).
+DIT_COMMON = dict(io_channels=256, cond_token_dim=768, global_cond_dim=768, local_add_cond_dim=257,
+                  global_cond_type="adaLN", timestep_features_type="expo", norm_type="rms_norm",
+                  norm_kwargs={"force_fp32": True}, ff_kwargs={"mult": 4.0}, num_memory_tokens=64)
+MEDIUM_DIT = dict(DIT_COMMON, embed_dim=1536, depth=24, num_heads=24, attn_kwargs={"qk_norm": "rms", "differential": True})
+SMALL_DIT = dict(DIT_COMMON, embed_dim=1024, depth=20, num_heads=16, timestep_features_logsnr=False,
+                 attn_kwargs={"qk_norm": "rms", "differential": False})
+
+# SAME-L (426 M with its encoder side) and SAME-S, as the MLX port's constants and diffusers'
+# documented arguments give them.
+SAME_L_DECODER = dict(out_channels=512, channels=256, c_mults=[6], strides=[16], latent_dim=256,
+                      transformer_depths=[12], sinusoidal_blocks=[8], sliding_window=[1, 1], dim_heads=64,
+                      differential=True, dyt=True, variable_stride=True, mask_noise=0.1)
+SAME_L_ENCODER = dict(in_channels=512, channels=256, c_mults=[6], strides=[16], latent_dim=256,
+                      transformer_depths=[12], sliding_window=[1, 1], dim_heads=64, differential=True,
+                      variable_stride=True)
+SAME_S_DECODER = dict(out_channels=512, channels=128, c_mults=[6], strides=[16], latent_dim=256,
+                      transformer_depths=[6], dim_heads=64, differential=True, dyt=True, variable_stride=True,
+                      chunk_size=32, chunk_midpoint_shift=True, conv_mapping=True, mask_noise=0.01)
+SAME_S_ENCODER = dict(in_channels=512, channels=128, c_mults=[6], strides=[16], latent_dim=256,
+                      transformer_depths=[6], dim_heads=64, differential=True, variable_stride=True,
+                      chunk_size=32, chunk_midpoint_shift=True)
+
+MODELS = {
+    "stable-audio-3-medium": ("stabilityai/stable-audio-3-medium", MEDIUM_DIT, SAME_L_DECODER, SAME_L_ENCODER, 16777216),
+    "stable-audio-3-small-music": ("stabilityai/stable-audio-3-small-music", SMALL_DIT, SAME_S_DECODER, SAME_S_ENCODER, 5324800),
+    "stable-audio-3-small-sfx": ("stabilityai/stable-audio-3-small-sfx", SMALL_DIT, SAME_S_DECODER, SAME_S_ENCODER, 5324800),
+}
 
 
-def meta_models():
+def model_config(dit, decoder, encoder, sample_size):
+    return {
+        "model_type": "diffusion_cond", "sample_size": sample_size, "sample_rate": 44100, "audio_channels": 2,
+        "model": {
+            "io_channels": 256,
+            "pretransform": {"type": "autoencoder", "chunked": True, "iterate_batch": False, "config": {
+                "encoder": {"type": "same", "config": encoder}, "decoder": {"type": "same", "config": decoder},
+                "bottleneck": {"type": "soft_norm", "config": {"dim": 256, "noise_regularize": True,
+                                                               "auto_scale": True, "freeze": True}},
+                "pretransform": {"type": "patched", "config": {"channels": 2, "patch_size": 256}},
+                "latent_dim": 256, "downsampling_ratio": 4096, "io_channels": 2}},
+            "conditioning": {"cond_dim": 768, "configs": [
+                {"id": "prompt", "type": "t5gemma", "config": {"model_name": "google/t5gemma-b-b-ul2", "max_length": 256,
+                                                               "padding_mode": "learned", "subfolder": "t5gemma-b-b-ul2"}},
+                {"id": "seconds_total", "type": "number", "config": {"min_val": 0, "max_val": 384,
+                                                                     "fourier_features_type": "expo"}}]},
+            "diffusion": {"type": "dit", "diffusion_objective": "rf_denoiser",
+                          "cross_attention_cond_ids": ["prompt", "seconds_total"], "global_cond_ids": ["seconds_total"],
+                          "local_add_cond_ids": ["inpaint_mask", "inpaint_masked_input"], "config": dit}}}
+
+
+def checkpoint_state(config):
+    """model.safetensors' tensors, from the official classes on the meta device."""
     import torch
-    from diffusers import AutoencoderSAME, StableAudio3DiTModel
-    from diffusers.pipelines.stable_audio_3.modeling_stable_audio_3 import StableAudio3DurationEmbedder
+    from stable_audio_3.factory import create_autoencoder_from_config
+    from stable_audio_3.models.diffusion import DiTWrapper
+
+    diffusion = config["model"]["diffusion"]
+    with torch.device("meta"):
+        dit = DiTWrapper(diffusion_objective=diffusion["diffusion_objective"], **diffusion["config"])
+        autoencoder = create_autoencoder_from_config(config["model"], config["sample_rate"])
+        cond_dim = config["model"]["conditioning"]["cond_dim"]
+        padding = torch.empty(cond_dim)
+        linear_w, linear_b = torch.empty(cond_dim, 256), torch.empty(cond_dim)
+    state = {"model." + k: v for k, v in dit.state_dict().items()}
+    state.update({"pretransform.model." + k: v for k, v in autoencoder.state_dict().items()})
+    state["conditioner.conditioners.prompt.padding_embedding"] = padding
+    state["conditioner.conditioners.seconds_total.embedder.embedding.1.weight"] = linear_w
+    state["conditioner.conditioners.seconds_total.embedder.embedding.1.bias"] = linear_b
+    return state
+
+
+def build(name, out):
+    import torch
     from transformers import T5GemmaConfig, T5GemmaEncoderModel
 
-    with torch.device("meta"):
-        dit = StableAudio3DiTModel(**DIT)
-        vae = AutoencoderSAME(**SAME_L)
-        duration = StableAudio3DurationEmbedder(**DURATION)
-        t5 = T5GemmaEncoderModel(T5GemmaConfig(encoder=T5GEMMA_B, decoder=T5GEMMA_B, is_encoder_decoder=False,
-                                               vocab_size=T5GEMMA_B["vocab_size"]))
-    return {"transformer": dit, "vae": vae, "duration_embedder": duration, "text_encoder": t5}
-
-
-def build(out):
-    import diffusers
-
+    repo, dit, decoder, encoder, sample_size = MODELS[name]
     if os.path.isdir(out):
         shutil.rmtree(out)
-    os.makedirs(out)
-    models = meta_models()
-    for name in ("transformer", "vae", "duration_embedder"):
-        models[name].save_config(os.path.join(out, name))
-    t5 = models["text_encoder"]
+    os.makedirs(os.path.join(out, "t5gemma-b-b-ul2"))
+    config = model_config(dit, decoder, encoder, sample_size)
+    write_json(config, os.path.join(out, "model_config.json"))
+    with torch.device("meta"):
+        t5 = T5GemmaEncoderModel(T5GemmaConfig(encoder=T5GEMMA_B, decoder=T5GEMMA_B, is_encoder_decoder=False,
+                                               vocab_size=T5GEMMA_B["vocab_size"]))
     t5.config.architectures = [type(t5).__name__]
-    t5.config.save_pretrained(os.path.join(out, "text_encoder"))
-    index = {"_class_name": "StableAudio3Pipeline", "_diffusers_version": diffusers.__version__,
-             "duration_embedder": ["diffusers", "StableAudio3DurationEmbedder"],
-             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-             "text_encoder": ["transformers", "T5GemmaEncoderModel"], "tokenizer": ["transformers", "GemmaTokenizer"],
-             "transformer": ["diffusers", "StableAudio3DiTModel"], "vae": ["diffusers", "AutoencoderSAME"]}
-    write_json(index, os.path.join(out, "model_index.json"))
-    os.makedirs(os.path.join(out, "scheduler"))
-    write_json({**SCHEDULER, "_diffusers_version": diffusers.__version__},
-               os.path.join(out, "scheduler", "scheduler_config.json"))
-    shutil.copytree(os.path.join(FIXTURES, "t5gemma_tok"), os.path.join(out, "tokenizer"))
+    t5.config.save_pretrained(os.path.join(out, "t5gemma-b-b-ul2"))
+    for f in ("tokenizer.model", "tokenizer_config.json"):
+        shutil.copy(os.path.join(FIXTURES, "t5gemma_tok", f), os.path.join(out, "t5gemma-b-b-ul2", f))
     with open(os.path.join(out, "README.md"), "w", encoding="utf-8", newline="\n") as f:
-        f.write(__doc__.split("Usage:")[0])
-    files = [file_entry(f"{name}/diffusion_pytorch_model.safetensors", models[name].state_dict())
-             for name in ("transformer", "vae", "duration_embedder")]
-    files.append(file_entry("text_encoder/model.safetensors", t5.state_dict()))
-    params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    write_manifest(files, params, os.path.join(out, "manifest.json"), MODEL, "tools/oracle/make_sa3_manifest.py")
-    print("parameters", params)
+        f.write(f"Layout of {repo} for `apus synth`.\n\n" + __doc__.split("Usage:")[0])
+    state = checkpoint_state(config)
+    files = [file_entry("model.safetensors", state), file_entry("t5gemma-b-b-ul2/model.safetensors", t5.state_dict())]
+    params = {"model.safetensors": sum(v.numel() for v in state.values()),
+              "t5gemma-b-b-ul2/model.safetensors": sum(p.numel() for p in t5.parameters())}
+    write_manifest(files, params, os.path.join(out, "manifest.json"), repo, "tools/oracle/make_sa3_manifest.py")
+    print(name, "parameters", params)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(REPO, "data", "stable-audio-3-medium"))
-    build(ap.parse_args().out)
+    ap.add_argument("--data", default=os.path.join(REPO, "data"))
+    args = ap.parse_args()
+    official = os.environ.get("APUS_SA3_OFFICIAL")
+    if not official:
+        sys.exit("make_sa3_manifest: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
+    sys.path.insert(0, official)
+    for name in MODELS:
+        build(name, os.path.join(args.data, name))
 
 
 if __name__ == "__main__":
