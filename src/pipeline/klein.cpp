@@ -243,19 +243,9 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
              [&](const flux2::Transformer& dit) {
                prologue(ctx, dit, w);
                clock.stop("transformer load");
-               for (int i = 0; i < r.steps; ++i) {
-                 const auto t0 = std::chrono::steady_clock::now();
-                 step(ctx, dit, w, i);
-                 require_finite(ctx, w.latents, "transformer step " + std::to_string(i + 1) + "/" +
-                                                    std::to_string(r.steps));
-                 const double s =
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-                 char line[96];
-                 std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, r.steps,
-                               double(w.schedule.sigmas[size_t(i)]), s);
-                 say(line);
-                 clock.stop("transformer step " + std::to_string(i + 1), kStepStage);
-               }
+               for (int i = 0; i < r.steps; ++i)
+                 timed_step(ctx, clock, say, i, r.steps, w.schedule.sigmas[size_t(i)], w.latents,
+                            kStepStage, [&] { step(ctx, dit, w, i); });
              });
   with_model(vae_, [&] { return flux2::VaeDecoder::load(dir_); },
              [&](const flux2::VaeDecoder& vae) {

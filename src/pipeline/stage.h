@@ -2,6 +2,7 @@
 // What every model family's pipeline shares: counting a stage, timing stages, admitting a request
 // against the memory this process may use.
 #include <chrono>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,21 @@ void with_model(const std::optional<Model>& resident, Load&& load, Body&& body) 
   const Model m = load();
   m.make_resident();
   body(m);
+}
+
+// Runs sampler step i of n, checks `state` (the latents it updates) finite, reports
+// "step i/n  sigma s  t s" through `say` and files the time as "transformer step i" of `stage`.
+template <typename Step, typename Say>
+void timed_step(Context& c, StageClock& clock, Say&& say, int i, int n, float sigma,
+                const Tensor& state, const char* stage, Step&& step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  step();
+  require_finite(c, state, "transformer step " + std::to_string(i + 1) + "/" + std::to_string(n));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  char line[96];
+  std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, n, double(sigma), s);
+  say(line);
+  clock.stop("transformer step " + std::to_string(i + 1), stage);
 }
 
 // Refuses a request whose largest stage would not fit in the memory this process may use: the

@@ -430,12 +430,11 @@ def original_model_config(ratio, differential=True, same_s=False):
                           "local_add_cond_ids": ["inpaint_mask", "inpaint_masked_input"], "config": dit}}}
 
 
-def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expected_audio):
-    """The same tiny model in the official single-checkpoint layout (model_config.json,
-    model.safetensors, t5gemma-b-b-ul2/), built by the official factory and run through the
-    official StableAudioModel.generate(): its clip must be the pipeline fixture's. Writes
-    sa3_tiny/original/ (the T5Gemma folder is linked in by the test from t5gemma_tiny and
-    t5gemma_tok)."""
+def official_checkpoint(out_dir, config, root, torch_seed, fill):
+    """Builds the official ConditionedDiffusionModelWrapper for `config` with the official factory
+    (T5Gemma from a folder made of the tiny fixtures), lets `fill` set its parameters, writes
+    model.safetensors and model_config.json to `root` and returns (StableAudioModel, tensor count).
+    The T5 folder exists only while the model is built: call generate() inside `use`."""
     import tempfile
 
     from stable_audio_3.factory import create_diffusion_cond_from_config
@@ -443,9 +442,6 @@ def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expecte
     from stable_audio_3.models.conditioners import T5GemmaConditioner
     from transformers import AutoTokenizer
 
-    ratio = SAME_PATCH * 16
-    config = original_model_config(ratio)
-    root = os.path.join(out_dir, "sa3_tiny", "original")
     os.makedirs(root, exist_ok=True)
     with tempfile.TemporaryDirectory() as t5_root:
         t5_dir = os.path.join(t5_root, "t5gemma-b-b-ul2")
@@ -458,37 +454,53 @@ def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expecte
         T5GemmaConditioner.T5GEMMA_MODEL_DIMS["google/t5gemma-b-b-ul2"] = COND  # the tiny encoder's width
         prompt_cfg = config["model"]["conditioning"]["configs"][0]["config"]
         prompt_cfg["repo_id"] = t5_root
-        torch.manual_seed(31)
+        torch.manual_seed(torch_seed)
         wrapper = create_diffusion_cond_from_config(config).eval()
         del prompt_cfg["repo_id"]
-        with torch.no_grad():
-            wrapper.model.model.load_state_dict(dit.state_dict())
-            wrapper.pretransform.model.decoder.load_state_dict(decoder.state_dict())
-            wrapper.pretransform.model.bottleneck.load_state_dict(bottleneck.state_dict())
-            wrapper.conditioner.conditioners["prompt"].padding_embedding.copy_(PIPELINE_PADDING[0])
-            linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
-            linear.weight.copy_(duration.linear.weight)
-            linear.bias.copy_(duration.linear.bias)
-        state = {k: v.contiguous() for k, v in wrapper.state_dict().items()}
-        save_file(state, os.path.join(root, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(root, "model_config.json"), "w") as f:
-            json.dump(config, f, indent=2)
-        for name in os.listdir(root):
-            os.chmod(os.path.join(root, name), 0o644)
-        model = StableAudioModel(wrapper, config, "cpu", False)
-        with torch.no_grad():
-            audio = model.generate(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"], steps=PIPELINE["steps"],
-                                   seed=PIPELINE["seed"], sample_size=config["sample_size"])
-        # As the published configs reportedly run the decode: with its inference noise, after the
-        # sampler's draws from the same generator (the clip is shorter than one 128-latent chunk).
-        for m in wrapper.pretransform.model.decoder.modules():
-            if hasattr(m, "mask_noise"):
-                m.mask_noise = 0.1
-        wrapper.pretransform.model.bottleneck.noise_regularize = True
-        with torch.no_grad():
-            noisy = model.generate(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"], steps=PIPELINE["steps"],
-                                   seed=PIPELINE["seed"], sample_size=config["sample_size"])
-    print(f"sa3 original layout: {len(state)} tensors; official generate() vs the pipeline fixture's clip "
+    with torch.no_grad():
+        fill(wrapper)
+    state = {k: v.contiguous() for k, v in wrapper.state_dict().items()}
+    save_file(state, os.path.join(root, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(root, "model_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    for name in os.listdir(root):
+        os.chmod(os.path.join(root, name), 0o644)
+    return StableAudioModel(wrapper, config, "cpu", False), len(state)
+
+
+def official_generate(model, config):
+    with torch.no_grad():
+        return model.generate(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"], steps=PIPELINE["steps"],
+                              seed=PIPELINE["seed"], sample_size=config["sample_size"])
+
+
+def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expected_audio):
+    """The same tiny model in the official single-checkpoint layout (model_config.json,
+    model.safetensors, t5gemma-b-b-ul2/), built by the official factory and run through the
+    official StableAudioModel.generate(): its clip must be the pipeline fixture's. Writes
+    sa3_tiny/original/ (the T5Gemma folder is linked in by the test from t5gemma_tiny and
+    t5gemma_tok)."""
+    config = original_model_config(SAME_PATCH * 16)
+
+    def fill(wrapper):
+        wrapper.model.model.load_state_dict(dit.state_dict())
+        wrapper.pretransform.model.decoder.load_state_dict(decoder.state_dict())
+        wrapper.pretransform.model.bottleneck.load_state_dict(bottleneck.state_dict())
+        wrapper.conditioner.conditioners["prompt"].padding_embedding.copy_(PIPELINE_PADDING[0])
+        linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
+        linear.weight.copy_(duration.linear.weight)
+        linear.bias.copy_(duration.linear.bias)
+
+    model, tensors = official_checkpoint(out_dir, config, os.path.join(out_dir, "sa3_tiny", "original"), 31, fill)
+    audio = official_generate(model, config)
+    # As the published configs reportedly run the decode: with its inference noise, after the
+    # sampler's draws from the same generator (the clip is shorter than one 128-latent chunk).
+    for m in model.model.pretransform.model.decoder.modules():
+        if hasattr(m, "mask_noise"):
+            m.mask_noise = 0.1
+    model.model.pretransform.model.bottleneck.noise_regularize = True
+    noisy = official_generate(model, config)
+    print(f"sa3 original layout: {tensors} tensors; official generate() vs the pipeline fixture's clip "
           f"max |d| {(audio - expected_audio).abs().max().item():.3e}; with the decoder's noise rel L2 "
           f"{rel(noisy, audio):.3e} from it")
     assert torch.allclose(audio, expected_audio, rtol=0, atol=1e-6)
@@ -499,73 +511,47 @@ def small_layout_fixture(out_dir, dit, duration):
     """A small model (plain-attention DiT, SAME-S) in the official layout, run through the official
     generate(); plus SAME-S's decode alone in fp32 and bf16. Writes sa3_tiny/original_small/ and
     sa3_small_ref.safetensors."""
-    import tempfile
-
     import stable_audio_3.models.transformer as official_transformer
-    from stable_audio_3.factory import create_autoencoder_from_config, create_diffusion_cond_from_config
-    from stable_audio_3.model import StableAudioModel
-    from stable_audio_3.models.conditioners import T5GemmaConditioner
-    from transformers import AutoTokenizer
+    from stable_audio_3.factory import create_autoencoder_from_config
 
     official_transformer.flex_attention_available = False
     official_transformer.flex_attention_compiled = None
-    ratio = SAME_PATCH * 16
-    config = original_model_config(ratio, differential=False, same_s=True)
-    root = os.path.join(out_dir, "sa3_tiny", "original_small")
-    os.makedirs(root, exist_ok=True)
+    config = original_model_config(SAME_PATCH * 16, differential=False, same_s=True)
     gen = torch.Generator().manual_seed(41)
-    ref = {}
-    with tempfile.TemporaryDirectory() as t5_root:
-        t5_dir = os.path.join(t5_root, "t5gemma-b-b-ul2")
-        os.makedirs(t5_dir)
-        for src in ("t5gemma_tiny/config.json", "t5gemma_tiny/model.safetensors", "t5gemma_tok/tokenizer.model"):
-            shutil.copy(os.path.join(out_dir, src), t5_dir)
-        AutoTokenizer.from_pretrained(os.path.join(out_dir, "t5gemma_tok")).save_pretrained(t5_dir)
-        T5GemmaConditioner.T5GEMMA_MODEL_DIMS["google/t5gemma-b-b-ul2"] = COND
-        prompt_cfg = config["model"]["conditioning"]["configs"][0]["config"]
-        prompt_cfg["repo_id"] = t5_root
-        torch.manual_seed(32)
-        wrapper = create_diffusion_cond_from_config(config).eval()
-        del prompt_cfg["repo_id"]
+
+    def fill(wrapper):
         ae = wrapper.pretransform.model
-        with torch.no_grad():
-            wrapper.model.model.load_state_dict(dit.state_dict())
-            for name, p in list(ae.decoder.named_parameters()) + list(ae.bottleneck.named_parameters()):
-                if name.endswith("alpha"):
-                    p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-                elif name.endswith("running_std"):
-                    p.fill_(1.3)
-                elif p.dim() >= 2:
-                    p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
-                else:
-                    p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if name.endswith("gamma") else 0.0))
-            wrapper.conditioner.conditioners["prompt"].padding_embedding.copy_(0.5 * torch.randn(COND, generator=gen))
-            linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
-            linear.weight.copy_(duration.linear.weight)
-            linear.bias.copy_(duration.linear.bias)
-        state = {k: v.contiguous() for k, v in wrapper.state_dict().items()}
-        save_file(state, os.path.join(root, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(root, "model_config.json"), "w") as f:
-            json.dump(config, f, indent=2)
-        for name in os.listdir(root):
-            os.chmod(os.path.join(root, name), 0o644)
-        model = StableAudioModel(wrapper, config, "cpu", False)
-        with torch.no_grad():
-            ref["fp32.audio"] = model.generate(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"],
-                                               steps=PIPELINE["steps"], seed=PIPELINE["seed"],
-                                               sample_size=config["sample_size"]).contiguous()
-            # SAME-S's decode alone: 40 latents whole, fp32 and cast to bf16 (RoPE frequencies fp32)
-            z = torch.randn(2, SAME_LATENT, 40, generator=gen)
-            ref["same.latents"] = z
-            ref["same.fp32.audio"] = ae.decode(z).contiguous()
-            cast = create_autoencoder_from_config(config["model"], config["sample_rate"]).eval()
-            cast.load_state_dict(ae.state_dict())
-            cast = cast.to(torch.bfloat16)
-            for block, original in zip(cast.decoder.layers[3].transformers, ae.decoder.layers[3].transformers):
-                block.rope.inv_freq = original.rope.inv_freq.clone()
-            ref["same.bf16.audio"] = cast.decode(z.to(torch.bfloat16)).float().contiguous()
+        wrapper.model.model.load_state_dict(dit.state_dict())
+        for name, p in list(ae.decoder.named_parameters()) + list(ae.bottleneck.named_parameters()):
+            if name.endswith("alpha"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            elif name.endswith("running_std"):
+                p.fill_(1.3)
+            elif p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
+            else:
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if name.endswith("gamma") else 0.0))
+        wrapper.conditioner.conditioners["prompt"].padding_embedding.copy_(0.5 * torch.randn(COND, generator=gen))
+        linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
+        linear.weight.copy_(duration.linear.weight)
+        linear.bias.copy_(duration.linear.bias)
+
+    model, tensors = official_checkpoint(out_dir, config, os.path.join(out_dir, "sa3_tiny", "original_small"), 32, fill)
+    ae = model.model.pretransform.model
+    ref = {"fp32.audio": official_generate(model, config).contiguous()}
+    with torch.no_grad():
+        # SAME-S's decode alone: 40 latents whole, fp32 and cast to bf16 (RoPE frequencies fp32)
+        z = torch.randn(2, SAME_LATENT, 40, generator=gen)
+        ref["same.latents"] = z
+        ref["same.fp32.audio"] = ae.decode(z).contiguous()
+        cast = create_autoencoder_from_config(config["model"], config["sample_rate"]).eval()
+        cast.load_state_dict(ae.state_dict())
+        cast = cast.to(torch.bfloat16)
+        for block, original in zip(cast.decoder.layers[3].transformers, ae.decoder.layers[3].transformers):
+            block.rope.inv_freq = original.rope.inv_freq.clone()
+        ref["same.bf16.audio"] = cast.decode(z.to(torch.bfloat16)).float().contiguous()
     save_file(ref, os.path.join(out_dir, "sa3_small_ref.safetensors"))
-    print(f"sa3 small (SAME-S) original layout: {len(state)} tensors, clip {tuple(ref['fp32.audio'].shape)}; "
+    print(f"sa3 small (SAME-S) original layout: {tensors} tensors, clip {tuple(ref['fp32.audio'].shape)}; "
           f"SAME-S decode bf16 vs fp32 rel L2 {rel(ref['same.bf16.audio'], ref['same.fp32.audio']):.3e}")
 
 

@@ -18,13 +18,7 @@ DitConfig DitConfig::read(const Config& c) {
   d.dim = c.get_size("embed_dim", 1536, 1);
   d.depth = c.get_size("depth", 24, 1);
   d.heads = c.get_size("num_heads", 24, 1);
-  APUS_CHECK(d.dim % d.heads == 0, c.path, ": embed_dim ", d.dim, " is not a multiple of num_heads ",
-             d.heads);
-  d.head_dim = d.dim / d.heads;
-  // The official ContinuousTransformer turns max(head_dim / 2, 32) channels of each head.
-  d.rope_dim = std::max<int64_t>(d.head_dim / 2, 32);
-  APUS_CHECK(d.rope_dim <= d.head_dim && d.rope_dim % 2 == 0, c.path, ": head dimension ",
-             d.head_dim, " is too small for the official RoPE width ", d.rope_dim);
+  d.derive_heads(c.path);
   d.cond_dim = c.get_size("cond_token_dim", 768, 1);
   d.global_dim = c.get_size("global_cond_dim", 768, 1);
   d.local_dim = c.get_size("local_add_cond_dim", 257, 1);
@@ -37,6 +31,15 @@ DitConfig DitConfig::read(const Config& c) {
   d.memory_tokens = c.get_size("num_memory_tokens", 64, 0);
   d.differential = c.get_bool("use_differential_attention", true);
   return d;
+}
+
+void DitConfig::derive_heads(const std::string& where) {
+  APUS_CHECK(dim % heads == 0, where, ": embed_dim ", dim, " is not a multiple of num_heads ", heads);
+  head_dim = dim / heads;
+  // The official ContinuousTransformer turns max(head_dim / 2, 32) channels of each head.
+  rope_dim = std::max<int64_t>(head_dim / 2, 32);
+  APUS_CHECK(rope_dim <= head_dim && rope_dim % 2 == 0, where, ": head dimension ", head_dim,
+             " is too small for the official RoPE width ", rope_dim);
 }
 
 Dit Dit::load(const std::string& dir, DType compute, bool load_weights) {

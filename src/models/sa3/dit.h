@@ -23,7 +23,9 @@ struct DitConfig {
   int64_t timestep_features, ff_inner, memory_tokens;
   bool differential;
   float norm_eps = 1e-5f, qk_norm_eps = 1e-6f;
-  static DitConfig read(const Config& c);
+  static DitConfig read(const Config& c);  // diffusers' StableAudio3DiTModel config.json
+  // head_dim and rope_dim from dim and heads, checked; `where` names the config in errors.
+  void derive_heads(const std::string& where);
 };
 
 // What stays fixed across sampler steps for a batch of B samples of T latent frames.

@@ -87,10 +87,7 @@ DitConfig read_dit(const Config& diffusion) {
   d.dim = c.get_size("embed_dim", 768, 1);
   d.depth = c.get_size("depth", 12, 1);
   d.heads = c.get_size("num_heads", 8, 1);
-  APUS_CHECK(d.dim % d.heads == 0, c.path, ": embed_dim ", d.dim, " is not a multiple of num_heads ", d.heads);
-  d.head_dim = d.dim / d.heads;
-  d.rope_dim = std::max<int64_t>(d.head_dim / 2, 32);
-  APUS_CHECK(d.rope_dim <= d.head_dim, c.path, ": heads of ", d.head_dim, " are narrower than the RoPE width 32");
+  d.derive_heads(c.path);
   d.cond_dim = c.get_size("cond_token_dim", 0, 1);
   d.global_dim = c.get_size("global_cond_dim", 0, 1);
   d.local_dim = c.get_size("local_add_cond_dim", 0, 1);
