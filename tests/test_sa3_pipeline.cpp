@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "apus/apus.h"
+#include "audio_distance.h"
 #include "io/model_dir.h"
 #include "io/audio.h"
 #include "io/safetensors.h"
@@ -299,6 +300,25 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(a.samples[i]) - want[i]));
   EXPECT_LT(worst, 1.0 / 32767 + 1e-4);
+  // The default bf16 run, held by audio distances (multi-resolution STFT, log-mel) to twice the
+  // official bf16 run's own distance from its fp32 run; a clip that differs for real (the same
+  // request with the decoder's noise on) lies far outside that bound.
+  const std::string out_bf16 = ::testing::TempDir() + "sa3_cli_bf16.wav";
+  const test::CliRun b = test::run_cli("audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) +
+                                       " --seconds " + std::to_string(req.seconds) + " --seed 42 --format wav-float -o " + out_bf16);
+  ASSERT_EQ(b.status, 0) << b.output;
+  const auto ours = read_audio(out_bf16).samples;
+  const auto ref_bf16 = interleaved(ref.get("bf16.audio")), other = interleaved(ref.get("fp32_decoder_noise.audio"));
+  const test::AudioDistance self = test::audio_distance(ref_bf16, want, 2, 2048);
+  const test::AudioDistance mine = test::audio_distance(ours, want, 2, 2048);
+  const test::AudioDistance far = test::audio_distance(other, want, 2, 2048);
+  std::printf("[ measure ] sa3 cli bf16 vs official fp32: STFT %.4f, log-mel %.4f; official bf16 vs fp32: STFT %.4f, "
+              "log-mel %.4f; a different clip: STFT %.4f, log-mel %.4f\n",
+              mine.stft, mine.log_mel, self.stft, self.log_mel, far.stft, far.log_mel);
+  EXPECT_LT(mine.stft, 2 * self.stft);
+  EXPECT_LT(mine.log_mel, 2 * self.log_mel);
+  EXPECT_GT(far.stft, 2 * self.stft);
+  EXPECT_GT(far.log_mel, 2 * self.log_mel);
   // FLAC and float WAV on request; the request rides in the metadata.
   const std::string flac = ::testing::TempDir() + "sa3_cli.flac";
   const test::CliRun f = test::run_cli("audio --model " + pipeline_dir() + " --prompt " +
