@@ -94,7 +94,9 @@ int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int b
     const apus::AudioResult& r = results[size_t(i)];
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", req.seconds);
-    const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(req.steps) +
+    char guidance[64] = "";
+    if (req.cfg != 1) std::snprintf(guidance, sizeof guidance, ", CFG scale: %g, APG: %g", req.cfg, req.apg);
+    const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(req.steps) + guidance +
                                ", Sampler: " + model->sampler() + ", Seed: " + std::to_string(r.seed) +
                                ", Model: " + model->label() +
                                (req.fp32 ? ", Precision: fp32" : ", Precision: bf16");
@@ -148,6 +150,10 @@ int main(int argc, char** argv) {
   audio->add_option("--precision", audio_precision, "bf16 (fast) or fp32 (the official CPU run)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   audio->add_option("--format", audio_format, "wav (16-bit), wav-float or flac");
+  audio->add_option("--cfg", audio_req.cfg, "classifier-free guidance scale (1: off, the default; ~7 for -base models)");
+  audio->add_option("--apg", audio_req.apg, "adaptive projected guidance share, 0..1 (1: the official default)");
+  std::string audio_negative;
+  auto* audio_negative_opt = audio->add_option("--negative-prompt", audio_negative, "the unconditional branch's prompt (with --cfg)");
   std::string audio_decode;
   audio->add_option("--decode", audio_decode, "chunked (the official 128-latent chunks) or whole; default: the model's config")
       ->check(CLI::IsMember({"chunked", "whole"}));
@@ -199,6 +205,7 @@ int main(int argc, char** argv) {
       if (*audio_seed_opt) audio_req.seed = audio_seed;
       audio_req.fp32 = audio_precision == "fp32";
       if (!audio_decode.empty()) audio_req.chunked_decode = audio_decode == "chunked";
+      if (*audio_negative_opt) audio_req.negative_prompt = audio_negative;
       return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose);
     }
     if (*roofline) {

@@ -269,6 +269,12 @@ TEST_P(Ops, EulerCopyTranspose) {
   run_both("pingpong_update", xt, [&](Context& c, Tensor& x) {
     ops::pingpong_update(c, x, vt, noise, 0.8909032f, 0.7455466f);
   });
+  // Guidance over a batch of three samples of 7 frames, 2 of them padding; APG off, full, half.
+  const Tensor gx = random({21, 16}, 1.0f, DType::f32), gc = random({21, 16}), gu = random({21, 16});
+  for (const float apg : {0.0f, 1.0f, 0.5f})
+    run_both("guided_velocity", poisoned({21, 16}), [&](Context& c, Tensor& y) {
+      ops::guided_velocity(c, gx, gc, gu, y, 0.7455466f, 7.0f, apg, 3, 5);
+    }, /*inner_rounding=*/true);
   run_both("copy", poisoned({m, n}), [&](Context& c, Tensor& y) { ops::copy(c, xt, y); });
   run_both("transpose", poisoned({n, m}), [&](Context& c, Tensor& y) { ops::transpose(c, xt, y); });
   // copy converts: f32 values into the activation dtype and back.

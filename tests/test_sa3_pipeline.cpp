@@ -197,6 +197,37 @@ TEST(Sa3Pipeline, SameSDecodeMatchesTheOfficialDecoder) {
   }
 }
 
+// The -base objective (rectified_flow) on the same weights: Euler, and classifier-free guidance
+// with adaptive projected guidance as the official DiT does it: the unconditional half all-zero
+// cross tokens, or the negative prompt's with its padding zeroed.
+TEST(Sa3Pipeline, BaseModelGuidanceMatchesTheOfficialGenerate) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const std::string d = ::testing::TempDir() + "apus_sa3_base_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (const char* name : {"model.safetensors", "t5gemma-b-b-ul2"})
+    fs::create_symlink(fs::absolute(official_dir() + "/" + name), d + "/" + name);
+  fs::create_symlink(fs::absolute(test::fixture("sa3_tiny/original_base/model_config.json")), d + "/model_config.json");
+  const auto model = AudioModel::open(d, Weights::per_stage);
+  EXPECT_EQ(model->sampler(), "Euler (rectified_flow)");
+  for (const bool negative : {false, true}) {
+    AudioRequest r = reference_request(true);
+    r.steps = 6;
+    r.cfg = 7;
+    if (negative) r.negative_prompt = "noise, hiss";
+    const AudioResult out = model->generate(r);
+    const auto want = interleaved(ref.get(negative ? "base_cfg_negative.audio" : "base_cfg.audio"));
+    ASSERT_EQ(out.samples.size(), want.size());
+    const double err = test::rel_l2(out.samples, want);
+    std::printf("[ measure ] sa3 base model, cfg 7%s, fp32: rel L2 %.3e\n", negative ? " with a negative prompt" : "", err);
+    EXPECT_LT(err, test::kFp32Tolerance);
+  }
+  AudioRequest bad = reference_request(true);
+  bad.negative_prompt = "noise";
+  test::expect_error([&] { model->generate(bad); }, {"negative prompt", "cfg"});
+  fs::remove_all(d);
+}
+
 // The published configs' decoder noise (noise_regularize, mask_noise 0.1): drawn after the
 // sampler's, from the same generator, as the official generate() draws it.
 TEST(Sa3Pipeline, OfficialDecoderNoiseContinuesTheSeededStream) {
@@ -225,7 +256,7 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
   const Json base = read_json(test::fixture("sa3_tiny/original/model_config.json"));
   struct Case { std::function<void(Json&)> spoil; std::vector<std::string> expect; };
   const std::vector<Case> cases = {
-      {[](Json& j) { j["model"]["diffusion"]["diffusion_objective"] = "rectified_flow"; }, {"diffusion_objective", "rectified_flow"}},
+      {[](Json& j) { j["model"]["diffusion"]["diffusion_objective"] = "v"; }, {"diffusion_objective", "\"v\""}},
       {[](Json& j) { j["model"]["diffusion"]["config"]["norm_type"] = "layer_norm"; }, {"model.diffusion.config", "norm_type"}},
       {[](Json& j) { j["model"]["diffusion"]["config"]["attn_kwargs"]["qk_norm"] = "l2"; }, {"attn_kwargs", "qk_norm"}},
       {[](Json& j) { j["model"]["diffusion"]["config"]["timestep_features_logsnr"] = true; }, {"timestep_features_logsnr"}},

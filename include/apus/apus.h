@@ -82,6 +82,11 @@ struct AudioRequest {
   // The decoder over chunks of 128 latents (the official decode_audio) or the whole sequence in
   // one piece; absent: as the model's config says (official checkpoints: chunked).
   std::optional<bool> chunked_decode;
+  // Classifier-free guidance as the official DiT does it (1: off, the official default; the -base
+  // models are meant for ~7): the unconditional branch is all-zero cross tokens, or the negative
+  // prompt's with its padding zeroed; apg is the adaptive projected guidance share (1: full).
+  float cfg = 1, apg = 1;
+  std::optional<std::string> negative_prompt;
 };
 
 struct AudioResult {

@@ -92,6 +92,12 @@ struct AttentionOptions {
 // pingpong_update: x <- (1 - t_next) (x - t velocity) + t_next noise, the ping-pong sampler's
 //   step: each product, difference and sum rounded to x's dtype as the reference's eager ops;
 //   velocity and noise are read in their dtypes. t_next = 0 leaves the denoised x - t velocity.
+// guided_velocity: Stable Audio 3's classifier-free guidance with adaptive projected guidance,
+//   per sample of x [B*T, C] (the sampler state, f32) from the conditional and unconditional
+//   velocities: denoised d_c = x - sigma v_c, d_u = x - sigma v_u, diff = d_c - d_u; with apg > 0
+//   diff's part orthogonal to d_c over the first `valid` frames (Frobenius norms over frames x
+//   channels, padding frames zeroed) replaces it in proportion apg; v = (x - (d_c + (scale - 1)
+//   guidance)) / sigma into y [B*T, C]. Each eager op rounded to y's dtype, reductions in fp32.
 // copy: y = x converted to y's dtype (views, or any two contiguous tensors of one size).
 // all_finite: whether x holds no NaN or Inf (a pipeline's guard between stages); counting mode
 //   reports true.
@@ -162,6 +168,10 @@ struct AttentionOptions {
   X(void, pingpong_update,                                                                       \
     (Context & c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t, float t_next), \
     (c, x, velocity, noise, t, t_next))                                                          \
+  X(void, guided_velocity,                                                                       \
+    (Context & c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,          \
+     float sigma, float scale, float apg, int64_t batch, int64_t valid),                         \
+    (c, x, cond, uncond, y, sigma, scale, apg, batch, valid))                                    \
   X(void, copy, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                            \
   X(bool, all_finite, (Context & c, const Tensor& x), (c, x))                                    \
   X(void, transpose, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                       \

@@ -113,6 +113,12 @@ OpCost pingpong_update_cost(Context&, Tensor& x, const Tensor& velocity, const T
   return {6 * elems(x), 0, act, act + 2 * bytes(x)};
 }
 
+OpCost guided_velocity_cost(Context&, const Tensor& x, const Tensor& cond, const Tensor& uncond,
+                            Tensor& y, float, float, float, int64_t, int64_t) {
+  const double act = bytes(x) + bytes(cond) + bytes(uncond) + bytes(y);
+  return {16 * elems(x), 0, act, act + 6 * bytes(y)};
+}
+
 OpCost copy_cost(Context&, const Tensor& x, Tensor& y) {
   const double act = bytes(x) + bytes(y);
   return {0, 0, act, act};

@@ -47,6 +47,7 @@ struct Layout {
   int max_tokens = 256;          // the T5Gemma conditioner's max_length
   int64_t sample_size = 0;       // the longest canvas, in samples
   int64_t encoder_chunk = 32;    // the SAME encoder's chunk_size: canvases align to it
+  bool euler = false;            // rectified_flow (-base): Euler; rf_denoiser: ping-pong
   bool chunked_decode = false;   // the official pretransform's `chunked`
   float mask_noise = 0;          // the decoder's inference noise (official configs only)
   bool bottleneck_noise = false;
@@ -68,13 +69,16 @@ struct Canvas {
 struct Work {
   int64_t batch = 1;
   int tokens = 256;
+  bool guided = false;    // classifier-free guidance: the DiT runs the batch twice
+  bool negative = false;  // ... the second half from negative prompts (ids and text hold 2B)
+  float cfg = 1, apg = 1;
   Canvas canvas;
   std::vector<int32_t> ids;
   std::vector<int64_t> mask;
   std::vector<float> seconds;
   std::vector<float> sigmas;
   std::vector<TorchGenerator> generators;  // one per sample, as each request alone would draw
-  Tensor text, duration, latents, noise, velocity, audio;
+  Tensor text, duration, latents, noise, velocity, guided_velocity, audio;
   std::optional<sa3::DitPrologue> prologue;
 };
 
@@ -109,7 +113,7 @@ class Sa3Model final : public AudioModel {
 
   Layout layout_;
   Weights weights_;
-  std::string label_, sampler_ = "ping-pong (rf_denoiser)";
+  std::string label_, sampler_;
   const sa3::DitConfig& dit_cfg_ = layout_.dit;
   const sa3::SameConfig& same_cfg_ = layout_.same;
   sa3::T5GemmaConfig text_cfg_;
@@ -142,9 +146,6 @@ void check_scheduler(const Config& s) {
   APUS_CHECK(s.get_int("num_train_timesteps", 1000) == 1, s.path, ": num_train_timesteps ",
              s.get_int("num_train_timesteps", 1000),
              " is not supported (Stable Audio 3's DiT takes sigma itself: 1)");
-  APUS_CHECK(s.get_bool("stochastic_sampling", false), s.path,
-             ": stochastic_sampling false is a -base model (Euler with classifier-free guidance), ",
-             "which is not supported yet; the distilled models (true) are");
   APUS_CHECK(!s.get_bool("use_dynamic_shifting", false) && s.get_double("shift", 1.0) == 1.0 &&
                  !s.get_bool("invert_sigmas", false) && !s.get_bool("use_karras_sigmas", false) &&
                  !s.get_bool("use_exponential_sigmas", false) && !s.get_bool("use_beta_sigmas", false),
@@ -154,8 +155,11 @@ void check_scheduler(const Config& s) {
 
 Layout diffusers_layout(const ModelDir& dir) {
   check_sa3_index(dir);
-  check_scheduler(dir.config("scheduler", "scheduler_config.json"));
+  const Config scheduler = dir.config("scheduler", "scheduler_config.json");
+  check_scheduler(scheduler);
   Layout l;
+  // Stochastic sampling is the distilled models' ping-pong; without it, the -base models' Euler.
+  l.euler = !scheduler.get_bool("stochastic_sampling", false);
   l.root = dir.root();
   l.dit = sa3::DitConfig::read(dir.config("transformer"));
   l.same = sa3::SameConfig::read(dir.config("vae"));
@@ -182,6 +186,7 @@ Layout official_layout(const std::string& root) {
   l.sample_size = o.sample_size;
   l.encoder_chunk = o.encoder_chunk;
   l.chunked_decode = o.chunked_decode;
+  l.euler = o.euler;
   l.mask_noise = o.mask_noise;
   l.bottleneck_noise = o.bottleneck_noise;
   return l;
@@ -211,7 +216,10 @@ sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
 }
 
 Sa3Model::Sa3Model(Layout layout, Weights weights)
-    : layout_(std::move(layout)), weights_(weights), label_(model_label(layout_.root)) {
+    : layout_(std::move(layout)),
+      weights_(weights),
+      label_(model_label(layout_.root)),
+      sampler_(layout_.euler ? "Euler (rectified_flow)" : "ping-pong (rf_denoiser)") {
   text_cfg_ = sa3::T5GemmaConfig::read(read_config(layout_.text_dir + "/config.json"));
   const std::string where = layout_.root + (layout_.official ? "/model_config.json" : "/model_index.json");
   APUS_CHECK(text_cfg_.hidden == dit_cfg_.cond_dim && layout_.duration.output_dim == dit_cfg_.cond_dim &&
@@ -267,11 +275,19 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
                             w.canvas.frames);
   w.sigmas = logsnr_sigmas(r.steps, 1.0f);
   w.tokens = layout_.max_tokens;
+  APUS_CHECK(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg ", r.cfg, " outside (0, 100]");
+  APUS_CHECK(std::isfinite(r.apg) && r.apg >= 0 && r.apg <= 1, "apg ", r.apg, " outside [0, 1]");
+  // The official DiT guides whenever cfg is not 1, whatever the sampler.
+  w.guided = r.cfg != 1;
+  w.negative = w.guided && r.negative_prompt.has_value();
+  APUS_CHECK(w.guided || !r.negative_prompt, "a negative prompt needs guidance (cfg other than 1)");
+  w.cfg = r.cfg;
+  w.apg = r.apg;
   return w;
 }
 
 void Sa3Model::encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work& w) const {
-  w.text = encoder.encode(c, w.ids, w.mask, w.batch);
+  w.text = encoder.encode(c, w.ids, w.mask, w.negative ? 2 * w.batch : w.batch);
 }
 
 void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, const sa3::Dit& dit,
@@ -279,23 +295,42 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
   CostScope scope(c, "conditioning");
   ArenaScope arena(*c.arena);
   const int64_t b = w.batch, text = w.tokens, tokens = text + 1, d = dit_cfg_.cond_dim, t = w.canvas.frames;
+  const int64_t samples = w.guided ? 2 * b : b;
   w.duration = duration.embed(c, w.seconds);
   // Cross tokens per sample: the text (padding replaced in the DiT's prologue), then the duration.
-  Tensor cross = Tensor::in(*c.arena, {b * tokens, d}, c.act);
-  std::vector<int64_t> valid;
+  // Guided, the unconditional half follows: all zeros (the duration token too), or the negative
+  // prompt's tokens with its padding zeroed and the duration token kept, as the official DiT
+  // builds it; nothing there is replaced by the padding embedding.
+  Tensor cross = Tensor::in(*c.arena, {samples * tokens, d}, c.act);
+  if (!c.count_only) std::memset(cross.data, 0, cross.nbytes());
+  std::vector<int64_t> valid(size_t(samples * tokens), 1);
   for (int64_t s = 0; s < b; ++s) {
     Tensor text_rows = cross.rows(s * tokens, s * tokens + text);
     ops::copy(c, w.text.rows(s * text, (s + 1) * text), text_rows);
     Tensor last = cross.rows(s * tokens + text, (s + 1) * tokens);
     ops::copy(c, w.duration.rows(s, s + 1), last);
-    valid.insert(valid.end(), w.mask.begin() + s * text, w.mask.begin() + (s + 1) * text);
-    valid.push_back(1);
+    std::copy(w.mask.begin() + s * text, w.mask.begin() + (s + 1) * text, valid.begin() + s * tokens);
+    if (!w.negative) continue;
+    const int64_t u = b + s;
+    for (int64_t p = 0; p < text; ++p)
+      if (w.mask[size_t(u * text + p)]) {
+        Tensor row = cross.rows(u * tokens + p, u * tokens + p + 1);
+        ops::copy(c, w.text.rows(u * text + p, u * text + p + 1), row);
+      }
+    Tensor neg_last = cross.rows(u * tokens + text, (u + 1) * tokens);
+    ops::copy(c, w.duration.rows(s, s + 1), neg_last);
+  }
+  Tensor global = Tensor::in(*c.arena, {samples, d}, c.act);
+  for (int64_t half = 0; half < samples / b; ++half) {
+    Tensor rows = global.rows(half * b, (half + 1) * b);
+    ops::copy(c, w.duration, rows);
   }
   // Text-to-audio: no inpainting mask and no masked latents, which the official code still passes.
-  Tensor local = Tensor::in(*c.arena, {b * t, dit_cfg_.local_dim}, c.act);
+  Tensor local = Tensor::in(*c.arena, {samples * t, dit_cfg_.local_dim}, c.act);
   if (!c.count_only) std::memset(local.data, 0, local.nbytes());
-  w.prologue = dit.prologue(c, cross, valid, w.duration, local, w.canvas.valid);
-  w.velocity = ops::empty(c, {b * t, dit_cfg_.io_channels}, c.act);
+  w.prologue = dit.prologue(c, cross, valid, global, local, w.canvas.valid);
+  w.velocity = ops::empty(c, {samples * t, dit_cfg_.io_channels}, c.act);
+  if (w.guided) w.guided_velocity = ops::empty(c, {b * t, dit_cfg_.io_channels}, DType::f32);
 }
 
 void Sa3Model::draw_noise(Context& c, Work& w, Tensor& out) const {
@@ -312,16 +347,31 @@ void Sa3Model::draw_noise(Context& c, Work& w, Tensor& out) const {
 void Sa3Model::step(Context& c, const sa3::Dit& dit, Work& w, int i) const {
   const float t = w.sigmas[size_t(i)], t_next = w.sigmas[size_t(i) + 1];
   ArenaScope arena(*c.arena);
+  const int64_t rows = w.latents.shape[0];
   Tensor x = w.latents;
-  if (c.act != DType::f32) {
-    x = Tensor::in(*c.arena, w.latents.shape, c.act);
-    ops::copy(c, w.latents, x);
+  if (c.act != DType::f32 || w.guided) {
+    // Guided, the batch runs twice: conditional rows, then unconditional.
+    x = Tensor::in(*c.arena, {(w.guided ? 2 : 1) * rows, w.latents.shape[1]}, c.act);
+    for (int64_t half = 0; half < x.shape[0] / rows; ++half) {
+      Tensor part = x.rows(half * rows, (half + 1) * rows);
+      ops::copy(c, w.latents, part);
+    }
   }
   dit.forward(c, *w.prologue, x, t, w.velocity);
   CostScope scope(c, "sampler");
+  Tensor v = w.velocity;
+  if (w.guided) {
+    ops::guided_velocity(c, w.latents, w.velocity.rows(0, rows), w.velocity.rows(rows, 2 * rows),
+                         w.guided_velocity, t, w.cfg, w.apg, w.batch, w.canvas.valid);
+    v = w.guided_velocity;
+  }
+  if (layout_.euler) {
+    ops::euler_update(c, w.latents, v, t_next - t);
+    return;
+  }
   // The official loop draws the next noise even on the last step, where t_next = 0 discards it.
   draw_noise(c, w, w.noise);
-  ops::pingpong_update(c, w.latents, w.velocity, w.noise, t, t_next);
+  ops::pingpong_update(c, w.latents, v, w.noise, t, t_next);
 }
 
 void Sa3Model::decode(Context& c, const sa3::SameDecoder& same, Work& w, bool chunked) const {
@@ -342,8 +392,9 @@ PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
   p.model = label_;
   p.seconds = r.seconds;
   p.steps = r.steps;
-  w.ids.assign(size_t(batch * w.tokens), 0);
-  w.mask.assign(size_t(batch * w.tokens), 1);
+  const int prompts = (w.negative ? 2 : 1) * batch;
+  w.ids.assign(size_t(prompts * w.tokens), 0);
+  w.mask.assign(size_t(prompts * w.tokens), 1);
   w.seconds.assign(size_t(batch), float(r.seconds));
   w.generators.assign(size_t(batch), TorchGenerator(0));  // counting draws nothing
   const int64_t rows = batch * w.canvas.frames;
@@ -372,7 +423,8 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   const AudioRequest& r = requests.front();
   for (const AudioRequest& o : requests)
     APUS_CHECK(o.seconds == r.seconds && o.steps == r.steps && o.fp32 == r.fp32 &&
-                   o.chunked_decode == r.chunked_decode,
+                   o.chunked_decode == r.chunked_decode && o.cfg == r.cfg && o.apg == r.apg &&
+                   o.negative_prompt.has_value() == r.negative_prompt.has_value(),
                "a batch shares seconds, steps and precision: ", o.seconds, " s, ", o.steps,
                " steps differs from ", r.seconds, " s, ", r.steps, " steps");
   APUS_CHECK(weights_ != Weights::resident || compute(r) == resident_dtype_,
@@ -389,20 +441,27 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   const DType dt = compute(r);
   Context ctx{&arena, dt};
 
-  // Everything that can reject the request comes before any weight loads.
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const AudioRequest& o = requests[i];
-    std::vector<int32_t> ids = tokenizer_->encode(o.prompt);
+  // Everything that can reject the request comes before any weight loads. The prompts, then (for
+  // guidance by negative prompts) the negative prompts, one batch through the text encoder.
+  auto tokenize = [&](const std::string& text, const char* what) {
+    std::vector<int32_t> ids = tokenizer_->encode(text);
     // The official conditioner calls the tokenizer with its special tokens on: the config decides.
     if (add_bos_) ids.insert(ids.begin(), tokenizer_->bos_id());
     if (add_eos_) ids.push_back(tokenizer_->eos_id());
-    results[i].prompt_tokens = int(ids.size());
+    const int n = int(ids.size());
     PaddedIds padded = pad_ids(std::move(ids), w.tokens, tokenizer_->pad_id(), padding_side_);
     if (padded.truncated)
-      say("prompt truncated to " + std::to_string(w.tokens) + " tokens (it has " +
-          std::to_string(results[i].prompt_tokens) + "), as the official conditioner truncates");
+      say(std::string(what) + " truncated to " + std::to_string(w.tokens) + " tokens (it has " +
+          std::to_string(n) + "), as the official conditioner truncates");
     w.ids.insert(w.ids.end(), padded.ids.begin(), padded.ids.end());
     w.mask.insert(w.mask.end(), padded.mask.begin(), padded.mask.end());
+    return n;
+  };
+  for (size_t i = 0; i < requests.size(); ++i) results[i].prompt_tokens = tokenize(requests[i].prompt, "prompt");
+  if (w.negative)
+    for (const AudioRequest& o : requests) tokenize(*o.negative_prompt, "negative prompt");
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const AudioRequest& o = requests[i];
     w.seconds.push_back(float(o.seconds));
     results[i].seed = o.seed ? *o.seed : std::random_device{}();
     w.generators.emplace_back(results[i].seed);
@@ -424,7 +483,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
                  encode_text(ctx, encoder, w);
                  require_finite(ctx, w.text, "the text encoder");
                } else {
-                 w.text = ops::empty(ctx, {batch * w.tokens, text_cfg_.hidden}, dt);
+                 w.text = ops::empty(ctx, {int64_t(w.mask.size()), text_cfg_.hidden}, dt);
                  std::memset(w.text.data, 0, w.text.nbytes());
                }
                clock.stop("text encoder", kTextStage);

@@ -253,7 +253,8 @@ def same_fixtures(out_dir):
     return same
 
 
-PIPELINE_PADDING = []  # dit_diff's learned padding embedding (the conditioner's, in diffusers' DiT)
+PIPELINE_PADDING = []
+BASE_REFS = {}  # the -base objective's guided clips, filled by original_layout_fixture  # dit_diff's learned padding embedding (the conditioner's, in diffusers' DiT)
 PIPELINE = {"prompt": "warm lo-fi hip hop, vinyl crackle, 84 bpm", "seconds": 1.4, "seed": 42, "steps": 8}
 
 
@@ -382,6 +383,8 @@ def pipeline_fixtures(out_dir, dit, dit_islands, same):
         ref[f"{precision}.audio"] = audio.contiguous()
     ref["fp32_decoder_noise.audio"] = original_layout_fixture(out_dir, dit, decoder, bottleneck, duration,
                                                               ref["fp32.audio"]).contiguous()
+    for name, audio in BASE_REFS.items():
+        ref[f"base_{name}.audio"] = audio
     eff = S.compute_effective_seq_len_from_conditioning(
         [{"prompt": "", "seconds_total": seconds}], PIPELINE_RATE, ratio, "cpu")
     ref["sigmas"] = S.build_schedule(steps, 1.0, wrapped.sampling_dist_shift, eff, frames, True, "cpu").reshape(-1)
@@ -500,6 +503,28 @@ def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expecte
             m.mask_noise = 0.1
     model.model.pretransform.model.bottleneck.noise_regularize = True
     noisy = official_generate(model, config)
+    # The -base objective on the same weights: Euler with classifier-free guidance (APG), without
+    # and with a negative prompt; the test links these weights under a rectified_flow config.
+    base_config = copy.deepcopy(config)
+    base_config["model"]["diffusion"]["diffusion_objective"] = "rectified_flow"
+    base_root = os.path.join(out_dir, "sa3_tiny", "original_base")
+    os.makedirs(base_root, exist_ok=True)
+    with open(os.path.join(base_root, "model_config.json"), "w") as f:
+        json.dump(base_config, f, indent=2)
+    os.chmod(os.path.join(base_root, "model_config.json"), 0o644)
+    for m in model.model.pretransform.model.decoder.modules():
+        if hasattr(m, "mask_noise"):
+            m.mask_noise = 0.0
+    model.model.pretransform.model.bottleneck.noise_regularize = False
+    model.model.diffusion_objective = model.model.model.diffusion_objective = "rectified_flow"
+    model.model.model.model.diffusion_objective = "rectified_flow"
+    guided = {}
+    with torch.no_grad():
+        for name, negative in (("cfg", None), ("cfg_negative", "noise, hiss")):
+            guided[name] = model.generate(prompt=PIPELINE["prompt"], negative_prompt=negative,
+                                          duration=PIPELINE["seconds"], steps=6, cfg_scale=7.0,
+                                          seed=PIPELINE["seed"], sample_size=config["sample_size"]).contiguous()
+    BASE_REFS.update(guided)
     print(f"sa3 original layout: {tensors} tensors; official generate() vs the pipeline fixture's clip "
           f"max |d| {(audio - expected_audio).abs().max().item():.3e}; with the decoder's noise rel L2 "
           f"{rel(noisy, audio):.3e} from it")

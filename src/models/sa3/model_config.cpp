@@ -52,12 +52,13 @@ int64_t one_level(const Config& c, const std::string& key) {
   return v[0];
 }
 
-DitConfig read_dit(const Config& diffusion) {
+DitConfig read_dit(const Config& diffusion, bool& euler) {
   require_string(diffusion, "type", "dit", "dit", "Stable Audio 3's transformer");
   const std::string objective = diffusion.get_string("diffusion_objective", "v");
-  APUS_CHECK(objective == "rf_denoiser", diffusion.path, ": 'diffusion_objective' is \"", objective,
-             "\"; the distilled models' rf_denoiser (ping-pong) is supported, the -base models' ",
-             "rectified_flow (Euler with guidance) not yet");
+  APUS_CHECK(objective == "rf_denoiser" || objective == "rectified_flow", diffusion.path,
+             ": 'diffusion_objective' is \"", objective, "\"; expected rf_denoiser (the distilled ",
+             "models, ping-pong) or rectified_flow (the -base models, Euler)");
+  euler = objective == "rectified_flow";
   const auto ids = [&](const char* key) { return strings(diffusion, key); };
   APUS_CHECK(ids("cross_attention_cond_ids") == std::vector<std::string>({"prompt", "seconds_total"}) &&
                  ids("global_cond_ids") == std::vector<std::string>({"seconds_total"}),
@@ -197,7 +198,7 @@ OfficialConfig read_official_config(const std::string& path) {
   const int64_t rate = top.get_size("sample_rate", 1);
   o.sample_size = top.get_size("sample_size", 1);
   const Config model = object(top, "model");
-  o.dit = read_dit(object(model, "diffusion"));
+  o.dit = read_dit(object(model, "diffusion"), o.euler);
 
   // SAME: the autoencoder under model.pretransform.config.
   const Config pretransform = object(model, "pretransform");

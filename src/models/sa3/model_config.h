@@ -19,6 +19,7 @@ struct OfficialConfig {
   int64_t sample_size = 0;          // samples: the longest canvas
   int64_t encoder_chunk = 32;       // the SAME encoder's chunk_size: canvases align to it
   bool chunked_decode = false;      // model.pretransform.chunked
+  bool euler = false;               // rectified_flow (the -base models): Euler, no per-step noise
   float mask_noise = 0;             // the decoder's placeholder noise
   bool bottleneck_noise = false;    // the bottleneck's noise_regularize
 };

@@ -248,6 +248,62 @@ void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor
   });
 }
 
+void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,
+                     float sigma, float scale, float apg, int64_t batch, int64_t valid) {
+  const int64_t rows = x.shape[0], ch = x.shape[1], t = batch > 0 ? rows / batch : 0;
+  APUS_CHECK(batch >= 1 && rows % batch == 0 && cond.shape == x.shape && uncond.shape == x.shape &&
+                 y.shape == x.shape && valid >= 1 && valid <= t && sigma > 0,
+             "guided_velocity: x ", shape_str(x.shape), ", cond ", shape_str(cond.shape), ", uncond ",
+             shape_str(uncond.shape), ", y ", shape_str(y.shape), ", batch ", batch, ", valid ", valid,
+             ", sigma ", sigma);
+  ArenaScope scope(*c.arena);
+  const DType dt = y.dtype;
+  auto r = [dt](float v) { return round_as(dt, v); };
+  Tensor dc = Tensor::in(*c.arena, {rows, ch}, DType::f32), diff = Tensor::in(*c.arena, {rows, ch}, DType::f32);
+  parallel_for(rows, [&](int64_t i) {
+    float* vx = thread_scratch(0, ch);
+    float* vc = thread_scratch(1, ch);
+    float* vu = thread_scratch(2, ch);
+    load_row(x, i, vx, ch);
+    load_row(cond, i, vc, ch);
+    load_row(uncond, i, vu, ch);
+    float* pc = dc.ptr<float>() + i * ch;
+    float* pd = diff.ptr<float>() + i * ch;
+    for (int64_t k = 0; k < ch; ++k) {
+      pc[k] = r(vx[k] - r(vc[k] * sigma));
+      pd[k] = r(pc[k] - r(vx[k] - r(vu[k] * sigma)));
+    }
+  });
+  for (int64_t b = 0; b < batch; ++b) {
+    float* pc = dc.ptr<float>() + b * t * ch;
+    float* pd = diff.ptr<float>() + b * t * ch;
+    if (apg != 0) {
+      // The projection in fp32 over the valid frames: u = d_c / ||d_c||, orth = (diff - <diff, u> u).
+      double sq = 0;
+      for (int64_t i = 0; i < valid * ch; ++i) sq += double(pc[i]) * pc[i];
+      const float norm = std::max(float(std::sqrt(sq)), 1e-8f);
+      double dot = 0;
+      for (int64_t i = 0; i < valid * ch; ++i) dot += double(pd[i]) * (pc[i] / norm);
+      const float along = float(dot);
+      for (int64_t i = 0; i < t * ch; ++i) {
+        const float orth = i < valid * ch ? pd[i] - along * (pc[i] / norm) : 0.0f;
+        pd[i] = apg == 1 ? r(orth) : r(r(apg * orth) + r((1 - apg) * pd[i]));
+      }
+    }
+    for (int64_t i = 0; i < t * ch; ++i) {
+      const float guided = r(pc[i] + r((scale - 1) * pd[i]));
+      pd[i] = guided;
+    }
+  }
+  parallel_for(rows, [&](int64_t i) {
+    float* vx = thread_scratch(0, ch);
+    load_row(x, i, vx, ch);
+    const float* g = diff.ptr<float>() + i * ch;
+    for (int64_t k = 0; k < ch; ++k) vx[k] = r(vx[k] - g[k]) / sigma;
+    store_row(y, i, vx, ch);
+  });
+}
+
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
   APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape),
              ", velocity ", shape_str(velocity.shape));

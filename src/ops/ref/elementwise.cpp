@@ -83,6 +83,38 @@ void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor
     }
 }
 
+void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,
+                     float sigma, float scale, float apg, int64_t batch, int64_t valid) {
+  const int64_t rows = x.shape[0], ch = x.shape[1], t = rows / batch;
+  const DType dt = y.dtype;
+  std::vector<double> dc(size_t(rows * ch)), diff(size_t(rows * ch));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t k = 0; k < ch; ++k) {
+      const double xv = get(x, i, k);
+      const double d_c = as(dt, xv - as(dt, get(cond, i, k) * sigma));
+      dc[size_t(i * ch + k)] = d_c;
+      diff[size_t(i * ch + k)] = as(dt, d_c - as(dt, xv - as(dt, get(uncond, i, k) * sigma)));
+    }
+  for (int64_t b = 0; b < batch; ++b) {
+    double* pc = dc.data() + b * t * ch;
+    double* pd = diff.data() + b * t * ch;
+    if (apg != 0) {
+      double sq = 0, dot = 0;
+      for (int64_t i = 0; i < valid * ch; ++i) sq += pc[i] * pc[i];
+      const double norm = std::max(std::sqrt(sq), 1e-8);
+      for (int64_t i = 0; i < valid * ch; ++i) dot += pd[i] * pc[i] / norm;
+      for (int64_t i = 0; i < t * ch; ++i) {
+        const double orth = i < valid * ch ? pd[i] - dot * pc[i] / norm : 0.0;
+        pd[i] = apg == 1 ? as(dt, orth) : as(dt, as(dt, apg * orth) + as(dt, (1 - double(apg)) * pd[i]));
+      }
+    }
+    for (int64_t i = 0; i < t * ch; ++i) pd[i] = as(dt, pc[i] + as(dt, (double(scale) - 1) * pd[i]));
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t k = 0; k < ch; ++k)
+      put(y, i, k, as(dt, get(x, i, k) - diff[size_t(i * ch + k)]) / sigma);
+}
+
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
   const bool bf16 = velocity.dtype == DType::bf16;
   const double dt = bf16 ? as(DType::bf16, step) : double(step);
