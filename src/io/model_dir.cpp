@@ -207,6 +207,7 @@ size_t WeightSet::make_resident() const {
   std::vector<const Tensor*> tensors;
   size_t total = 0;
   for (const auto& [name, elements] : fetched_) {
+    if (released_.count(name)) continue;
     tensors.push_back(&get(name));
     total += tensors.back()->nbytes();
   }
@@ -225,6 +226,17 @@ size_t WeightSet::make_resident() const {
   }
   (void)checksum;
   return total;
+}
+
+void WeightSet::release(const std::string& name) const {
+  if (shapes_only_) return;
+  const Tensor& t = get(name);
+  released_.insert(name);
+  // Whole pages inside the tensor only: a neighbour that shares an edge page keeps it.
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes()) & ~(page - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 int64_t WeightSet::fetched_elements() const {

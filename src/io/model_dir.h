@@ -1,7 +1,9 @@
 #pragma once
 // A diffusers-layout model directory: model_index.json plus one folder per component.
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,9 @@ class WeightSet {
   // Reads every fetched tensor's pages into memory now, so that loading (disk or page cache)
   // is timed as loading and not inside the first forward. Returns the bytes made resident.
   size_t make_resident() const;
+  // A tensor the model no longer reads from the mapping (it holds a converted copy): its pages leave
+  // this process's resident set (they stay in the page cache) and make_resident skips it.
+  void release(const std::string& name) const;
 
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> shards_;
@@ -63,6 +68,7 @@ class WeightSet {
   bool shapes_only_ = false;
   mutable std::map<std::string, Tensor> placeholders_;
   mutable std::map<std::string, int64_t> fetched_;
+  mutable std::set<std::string> released_;
 };
 
 class ModelDir {

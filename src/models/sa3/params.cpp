@@ -62,9 +62,11 @@ ParamSource ParamSource::official_duration(WeightSet set) {
 }
 
 Tensor ParamLoader::get(const std::string& name, const Shape& shape) const {
-  const Tensor& t = source_.set.get(source_.name(name), shape);
+  const std::string stored = source_.name(name);
+  const Tensor& t = source_.set.get(stored, shape);
   if (!t.data || t.dtype == compute_) return t;
   owned_.push_back(to_dtype(t, compute_));
+  source_.set.release(stored);  // the model reads the converted copy only
   return owned_.back();
 }
 
@@ -81,6 +83,7 @@ Tensor ParamLoader::fused_qkv(const std::string& name, int64_t parts, int64_t wi
     std::memcpy(static_cast<char*>(out.data) + size_t(i) * block,
                 static_cast<const char*>(c.data) + size_t(order[i]) * block, block);
   owned_.push_back(out);
+  source_.set.release(source_.name(name));
   return out;
 }
 
