@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "apus/apus.h"
+#include "core/cost.h"
 #include "audio_distance.h"
 #include "io/model_dir.h"
 #include "io/audio.h"
@@ -307,6 +308,33 @@ TEST(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
   EXPECT_GT(res.prompt_tokens, 256);
   EXPECT_TRUE(std::any_of(lines.begin(), lines.end(),
                           [](const std::string& l) { return l.find("truncated to 256") != std::string::npos; }));
+}
+
+// The published medium's layout (configs only, data/) counts every stage from the model code: the
+// DiT's cost grows with the canvas, the chunked decoder's linearly in its chunks.
+TEST(Sa3Pipeline, PublishedMediumIsCountedWithoutWeights) {
+  const auto model = AudioModel::open("stable-audio-3-medium", Weights::none);
+  EXPECT_NEAR(model->max_seconds(), 380.4, 0.1);
+  auto request = [](double seconds) {
+    AudioRequest r;
+    r.seconds = seconds;
+    return r;
+  };
+  const PipelineCost short_clip = model->count(request(30)), long_clip = model->count(request(120));
+  ASSERT_EQ(short_clip.stages.size(), 4u);
+  EXPECT_EQ(short_clip.stages[2].name, "dit_step");
+  EXPECT_EQ(short_clip.stages[2].calls, 8);
+  // 1.45 B DiT + 0.85 B SAME + the conditioners + 0.28 B T5Gemma, less SAME's encoder (not run).
+  EXPECT_GT(short_clip.parameters, 2.0e9);
+  const double dit_30 = short_clip.stages[2].per_call.flops, dit_120 = long_clip.stages[2].per_call.flops;
+  const double same_30 = short_clip.stages[3].per_call.flops, same_120 = long_clip.stages[3].per_call.flops;
+  // Canvases of 388 and 1292 latents (generate()'s default cap; the config's would give 1358), +64
+  // memory tokens each: the DiT's linear part grows 1356 / 452 = 3.0x, its attention more; a
+  // 1358-latent canvas would be 3.5x. Decoder chunks: 4 and 14.
+  EXPECT_GT(dit_120 / dit_30, 3.0);
+  EXPECT_LT(dit_120 / dit_30, 3.45);
+  EXPECT_NEAR(same_120 / same_30, 14.0 / 4.0, 0.05);
+  test::expect_error([&] { model->generate(request(30)); }, {"counting only"});
 }
 
 TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {

@@ -30,6 +30,7 @@ namespace apus {
 namespace {
 
 constexpr double kHeadroomSeconds = 6.0;  // generate()'s duration_padding_sec
+constexpr int64_t kGenerateSampleSize = 5292032;  // generate()'s sample_size default
 
 // The published configs' sample_size, for diffusers folders (which do not carry it): medium (the
 // differential DiT) 16777216 samples (380 s), the small models 5324800 (120.7 s).
@@ -269,8 +270,13 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   Work w;
   w.batch = batch;
   const int64_t padded = int64_t((r.seconds + kHeadroomSeconds) * double(rate));
-  w.canvas.frames = std::min(ceil_div(ceil_div(padded, spl), align) * align, layout_.sample_size / spl);
   w.canvas.samples = int64_t(r.seconds * double(rate));
+  // The official generate() caps the canvas at its sample_size argument, 5292032 samples by
+  // default (the config's larger value reaches it only through the official UI): clips up to that
+  // length get generate()'s canvas; longer ones (medium, to 380 s) the config's.
+  const int64_t cap = w.canvas.samples <= kGenerateSampleSize ? std::min(kGenerateSampleSize, layout_.sample_size)
+                                                              : layout_.sample_size;
+  w.canvas.frames = std::min(ceil_div(ceil_div(padded, spl), align) * align, cap / spl);
   w.canvas.valid = std::min(ceil_div(w.canvas.samples, spl) + int64_t(kHeadroomSeconds * double(rate)) / spl,
                             w.canvas.frames);
   w.sigmas = logsnr_sigmas(r.steps, 1.0f);
