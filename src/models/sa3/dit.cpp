@@ -10,21 +10,34 @@
 
 namespace apus::sa3 {
 
-DitConfig DitConfig::read(const Config& c) {
-  DitConfig d{};
-  d.io_channels = c.get_size("io_channels", 256, 1);
-  APUS_CHECK(c.get_int("patch_size", 1) == 1, c.path, ": patch_size ", c.get_int("patch_size", 1),
+DitConfig DitConfig::read_sizes(const Config& c, const DitConfig& defaults) {
+  DitConfig d = defaults;
+  d.io_channels = c.get_size("io_channels", defaults.io_channels, 1);
+  APUS_CHECK(c.get_int("patch_size", 1) == 1, c.path, ": 'patch_size' ", c.get_int("patch_size", 1),
              " is not supported (every published model uses 1)");
-  d.dim = c.get_size("embed_dim", 1536, 1);
-  d.depth = c.get_size("depth", 24, 1);
-  d.heads = c.get_size("num_heads", 24, 1);
+  d.dim = c.get_size("embed_dim", defaults.dim, 1);
+  d.depth = c.get_size("depth", defaults.depth, 1);
+  d.heads = c.get_size("num_heads", defaults.heads, 1);
   d.derive_heads(c.path);
-  d.cond_dim = c.get_size("cond_token_dim", 768, 1);
-  d.global_dim = c.get_size("global_cond_dim", 768, 1);
-  d.local_dim = c.get_size("local_add_cond_dim", 257, 1);
+  d.cond_dim = c.get_size("cond_token_dim", defaults.cond_dim, 1);
+  d.global_dim = c.get_size("global_cond_dim", defaults.global_dim, 1);
+  d.local_dim = c.get_size("local_add_cond_dim", defaults.local_dim, 1);
   d.timestep_features = c.get_size("timestep_features_dim", 256, 2);
   APUS_CHECK(d.timestep_features % 2 == 0, c.path, ": timestep_features_dim ", d.timestep_features,
              " must be even (cos and sin halves)");
+  return d;
+}
+
+DitConfig DitConfig::read(const Config& c) {
+  // StableAudio3DiTModel's defaults: the medium model.
+  DitConfig defaults{};
+  defaults.io_channels = 256;
+  defaults.dim = 1536;
+  defaults.depth = 24;
+  defaults.heads = 24;
+  defaults.cond_dim = defaults.global_dim = 768;
+  defaults.local_dim = 257;
+  DitConfig d = read_sizes(c, defaults);
   const double mult = c.get_double("ff_mult", 4.0);
   APUS_CHECK(mult > 0 && mult <= 64, c.path, ": ff_mult ", mult, " out of range");
   d.ff_inner = int64_t(double(d.dim) * mult);

@@ -24,6 +24,10 @@ struct DitConfig {
   bool differential;
   float norm_eps = 1e-5f, qk_norm_eps = 1e-6f;
   static DitConfig read(const Config& c);  // diffusers' StableAudio3DiTModel config.json
+  // The keys diffusers' config.json and the official model_config.json's DiT share (io_channels,
+  // patch_size, embed_dim, depth, num_heads, the conditioning widths, timestep_features_dim), each
+  // defaulting to `defaults`' value as its class does.
+  static DitConfig read_sizes(const Config& c, const DitConfig& defaults);
   // head_dim and rope_dim from dim and heads, checked; `where` names the config in errors.
   void derive_heads(const std::string& where);
 };

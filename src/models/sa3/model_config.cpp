@@ -81,18 +81,13 @@ DitConfig read_dit(const Config& diffusion, bool& euler) {
                          "use_effective_length_for_schedule", "config"});
 
   const Config c = object(diffusion, "config");
-  DitConfig d{};
-  d.io_channels = c.get_size("io_channels", 32, 1);
-  APUS_CHECK(c.get_int("patch_size", 1) == 1, c.path, ": 'patch_size' ", c.get_int("patch_size", 1),
-             " is not supported (the published models use 1)");
-  d.dim = c.get_size("embed_dim", 768, 1);
-  d.depth = c.get_size("depth", 12, 1);
-  d.heads = c.get_size("num_heads", 8, 1);
-  d.derive_heads(c.path);
-  d.cond_dim = c.get_size("cond_token_dim", 0, 1);
-  d.global_dim = c.get_size("global_cond_dim", 0, 1);
-  d.local_dim = c.get_size("local_add_cond_dim", 0, 1);
-  d.timestep_features = c.get_size("timestep_features_dim", 256, 2);
+  // DiffusionTransformer's defaults (its conditioning widths 0: absent means none, refused).
+  DitConfig defaults{};
+  defaults.io_channels = 32;
+  defaults.dim = 768;
+  defaults.depth = 12;
+  defaults.heads = 8;
+  DitConfig d = DitConfig::read_sizes(c, defaults);
   d.memory_tokens = c.get_size("num_memory_tokens", 0, 0);
   require_string(c, "global_cond_type", "prepend", "adaLN", "the published DiTs modulate with it");
   require_string(c, "timestep_features_type", "learned", "expo", "the published DiTs' Fourier features");
