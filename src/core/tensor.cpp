@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "core/error.h"
@@ -121,6 +122,23 @@ std::vector<float> to_f32_vector(const Tensor& t) {
   return v;
 }
 
+namespace {
+
+// f32 -> bf16, round to nearest even, NaN kept NaN: f32_to_bf16 without its branch, so the compiler
+// vectorises it (the branchy form compiled to scalar code: 27 % of a 1-step medium run's time).
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void f32_to_bf16_block(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u >> 16) | 0x40u;
+    dst[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+
+}  // namespace
+
 Tensor to_dtype(const Tensor& t, DType dt) {
   APUS_CHECK(dt == DType::f32 || dt == DType::bf16, "to_dtype: cannot convert to ", dtype_name(dt));
   Tensor out = Tensor::heap(t.shape, dt);
@@ -131,9 +149,7 @@ Tensor to_dtype(const Tensor& t, DType dt) {
   parallel_for((n + block - 1) / block, [&](int64_t b) {
     const int64_t begin = b * block, end = std::min(n, begin + block);
     if (f32_to_bf16_rows) {
-      const float* src = t.ptr<float>();
-      uint16_t* dst = out.ptr<uint16_t>();
-      for (int64_t i = begin; i < end; ++i) dst[i] = f32_to_bf16(src[i]);
+      f32_to_bf16_block(t.ptr<float>() + begin, out.ptr<uint16_t>() + begin, end - begin);
       return;
     }
     for (int64_t i = begin; i < end; ++i) {
