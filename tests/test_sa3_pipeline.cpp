@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <thread>
 #include <unistd.h>
 
 #include "apus/apus.h"
@@ -305,6 +306,35 @@ TEST(Sa3Pipeline, BatchOfTwoEqualsTwoSingleRequests) {
   const double apart = test::rel_l2(both[0].samples, both[1].samples);
   std::printf("[ measure ] sa3 batch: the two clips %.3e apart\n", apart);
   EXPECT_GT(apart, 1e-3);
+}
+
+// A resident model (bf16) serves two threads at once, each request its own arena and generator:
+// the bytes the one-shot model gives.
+TEST(Sa3Pipeline, TwoThreadsOnOneResidentModelGiveTheOneShotClips) {
+  AudioRequest a = reference_request(false), b = reference_request(false);
+  b.prompt = "a door slams shut";
+  b.seed = 7;
+  const auto one_shot = AudioModel::open(official_dir(), Weights::per_stage);
+  const AudioResult want_a = one_shot->generate(a), want_b = one_shot->generate(b);
+  const auto resident = AudioModel::open(official_dir(), Weights::resident);
+  AudioResult got_a, got_b;
+  std::string error_a, error_b;
+  auto run = [&](const AudioRequest& r, AudioResult& out, std::string& error) {
+    try {
+      out = resident->generate(r);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  std::thread ta(run, std::cref(a), std::ref(got_a), std::ref(error_a));
+  std::thread tb(run, std::cref(b), std::ref(got_b), std::ref(error_b));
+  ta.join();
+  tb.join();
+  ASSERT_EQ(error_a, "");
+  ASSERT_EQ(error_b, "");
+  EXPECT_EQ(got_a.samples, want_a.samples);
+  EXPECT_EQ(got_b.samples, want_b.samples);
+  test::expect_error([&] { resident->generate(reference_request(true)); }, {"bf16"});
 }
 
 TEST(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
