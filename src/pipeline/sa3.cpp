@@ -1,7 +1,8 @@
 // Stable Audio 3 text-to-audio: tokenise, encode, condition, sample, decode, in the order and
-// precision of the official generate() for the distilled models (medium, small-music, small-sfx):
-// the canvas with 6 s of headroom, its padding, the log-SNR schedule, ping-pong with torch's CPU
-// generator drawing every noise in the official order, the SAME decode, clamp and truncation. The
+// precision of the official generate(): the canvas with 6 s of headroom, its padding, the log-SNR
+// schedule, ping-pong (the distilled models) or Euler (the -base ones) with the official guidance
+// when cfg is not 1, torch's CPU generator drawing every noise in the official order, the SAME
+// decode (chunked, with its inference noise, as the config says), clamp and truncation. The
 // stages are written once; generate() runs them on weights, count() walks them in counting mode.
 //
 // Precision: the official CPU run is fp32 throughout. bf16 runs the text encoder, DiT and decoder
@@ -62,7 +63,7 @@ constexpr const char* kDecodeStage = "same_decode";
 // The latent canvas of a request, as the official _adapt_sample_size and padding mask size it.
 struct Canvas {
   int64_t frames = 0;  // latents sampled: (d + 6) s rounded up to whole latents, then to the
-                       // encoder's chunk alignment, capped at the model's sample size
+                       // encoder's chunk alignment, capped (generate()'s or the config's cap)
   int64_t valid = 0;   // latents the padding mask keeps: ceil(d) + 6 s of headroom, capped
   int64_t samples = 0; // int(d * rate): the output's length
 };
