@@ -80,8 +80,16 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
   return 0;
 }
 
+// An input clip for audio-to-audio or inpainting, read through libsndfile.
+apus::AudioClip read_clip(const std::string& path) {
+  apus::Audio a = apus::read_audio(path);
+  APUS_CHECK(a.frames() > 0, path, ": holds no audio");
+  return {a.rate, a.channels, std::move(a.samples)};
+}
+
 int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int batch,
-              const std::string& out, const std::string& format_name, bool verbose) {
+              const std::string& out, const std::string& format_name, bool verbose,
+              const std::string& inputs) {
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
   const auto model = apus::AudioModel::open(model_dir, apus::Weights::per_stage);
   std::vector<apus::AudioRequest> requests(size_t(batch), req);
@@ -99,7 +107,7 @@ int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int b
     const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(req.steps) + guidance +
                                ", Sampler: " + model->sampler() + ", Seed: " + std::to_string(r.seed) +
                                ", Model: " + model->label() +
-                               (req.fp32 ? ", Precision: fp32" : ", Precision: bf16");
+                               (req.fp32 ? ", Precision: fp32" : ", Precision: bf16") + inputs;
     apus::Audio audio{r.sample_rate, r.channels, r.samples};
     apus::write_audio(output_name(out, i, batch), audio, format, {req.prompt, params, "apus"});
   }
@@ -154,7 +162,16 @@ int main(int argc, char** argv) {
   audio->add_option("--apg", audio_req.apg, "adaptive projected guidance share, 0..1 (1: the official default)");
   std::string audio_negative;
   auto* audio_negative_opt = audio->add_option("--negative-prompt", audio_negative, "the unconditional branch's prompt (with --cfg)");
-  std::string audio_decode;
+  std::string audio_decode, init_audio, inpaint_audio;
+  std::vector<double> inpaint_starts, inpaint_ends;
+  audio->add_option("--init-audio", init_audio, "audio-to-audio: start from this clip (44.1 kHz)");
+  auto* init_level_opt = audio->add_option("--init-noise-level", audio_req.init_noise_level,
+                                           "audio-to-audio: noise mixed into the clip, (0, 1] (default 0.9)");
+  audio->add_option("--inpaint-audio", inpaint_audio, "inpainting: the clip to keep outside the regions (44.1 kHz)");
+  audio->add_option("--inpaint-start", inpaint_starts, "inpainting: a region's start in seconds (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  audio->add_option("--inpaint-end", inpaint_ends, "inpainting: a region's end in seconds (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   audio->add_option("--decode", audio_decode, "chunked (the official 128-latent chunks) or whole; default: the model's config")
       ->check(CLI::IsMember({"chunked", "whole"}));
   audio->add_option("--batch,-n", audio_batch, "clips generated together, seeds seed, seed+1, ...")
@@ -206,7 +223,30 @@ int main(int argc, char** argv) {
       audio_req.fp32 = audio_precision == "fp32";
       if (!audio_decode.empty()) audio_req.chunked_decode = audio_decode == "chunked";
       if (*audio_negative_opt) audio_req.negative_prompt = audio_negative;
-      return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose);
+      // As the official CLI: regions in pairs, and only with the clip they cut into.
+      APUS_CHECK(inpaint_starts.size() == inpaint_ends.size(), "--inpaint-start and --inpaint-end must be given ",
+                 "the same number of times (", inpaint_starts.size(), " and ", inpaint_ends.size(), ")");
+      APUS_CHECK(inpaint_starts.empty() == inpaint_audio.empty(),
+                 inpaint_audio.empty() ? "--inpaint-start/--inpaint-end need --inpaint-audio"
+                                       : "--inpaint-audio needs --inpaint-start and --inpaint-end");
+      APUS_CHECK(!*init_level_opt || !init_audio.empty(), "--init-noise-level needs --init-audio");
+      std::string inputs;
+      char text[96];
+      if (!init_audio.empty()) {
+        audio_req.init_audio = read_clip(init_audio);
+        std::snprintf(text, sizeof text, ", Init noise level: %g", audio_req.init_noise_level);
+        inputs += ", Init audio: " + init_audio + text;
+      }
+      if (!inpaint_audio.empty()) {
+        audio_req.inpaint_audio = read_clip(inpaint_audio);
+        inputs += ", Inpaint audio: " + inpaint_audio + ", Inpaint:";
+        for (size_t i = 0; i < inpaint_starts.size(); ++i) {
+          audio_req.inpaint_regions.emplace_back(inpaint_starts[i], inpaint_ends[i]);
+          std::snprintf(text, sizeof text, " %g-%g s", inpaint_starts[i], inpaint_ends[i]);
+          inputs += text;
+        }
+      }
+      return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose, inputs);
     }
     if (*roofline) {
       apus::Roofline r{apus::find_chip(chip_name), chips};

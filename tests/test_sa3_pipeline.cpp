@@ -180,13 +180,8 @@ TEST(Sa3Pipeline, SameSDecodeMatchesTheOfficialDecoder) {
   EXPECT_EQ(config.same.chunk_tokens, 34);
   EXPECT_TRUE(config.same.midpoint_shift);
   EXPECT_EQ(config.same.mapping_kernel, 3);
-  const Tensor& z = ref.get("same.latents");
-  const int64_t batch = z.shape[0], ch = z.shape[1], frames = z.shape[2];
-  Tensor latents = Tensor::heap({batch * frames, ch}, DType::f32);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t ci = 0; ci < ch; ++ci)
-      for (int64_t t = 0; t < frames; ++t)
-        latents.ptr<float>()[(b * frames + t) * ch + ci] = load_f32(z, (b * ch + ci) * frames + t);
+  const int64_t batch = ref.get("same.latents").shape[0];
+  const Tensor latents = test::frames_major(ref.get("same.latents"));
   for (const char* p : {"fp32", "bf16"}) {
     const DType dt = test::precision_dtype(p);
     const auto decoder = sa3::SameDecoder::load(
@@ -197,6 +192,122 @@ TEST(Sa3Pipeline, SameSDecodeMatchesTheOfficialDecoder) {
     test::expect_matches("same_s decode", p, to_f32_vector(audio), to_f32_vector(ref.get("same.fp32.audio")),
                          to_f32_vector(ref.get("same.bf16.audio")));
   }
+}
+
+// SAME-S's encoder (the small models'): attention within 34-token chunks, shifted by half a chunk
+// for its second half, a kernel-3 mapping; whole in fp32 and bf16, and over 300 latents in the
+// official 128-latent chunks as the config's `chunked` asks (the trimmed overlaps exceed its
+// receptive field, so chunked equals whole there, as in the official code).
+TEST(Sa3Pipeline, SameSEncoderMatchesTheOfficialEncoder) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_small_ref.safetensors"));
+  const sa3::OfficialConfig config = sa3::read_official_config(official_small_dir() + "/model_config.json");
+  EXPECT_EQ(config.encoder.window, 0);
+  EXPECT_EQ(config.encoder.chunk_tokens, 34);
+  EXPECT_TRUE(config.encoder.midpoint_shift);
+  EXPECT_EQ(config.encoder.mapping_kernel, 3);
+  EXPECT_EQ(config.encoder.depth, 2);
+  EXPECT_TRUE(config.chunked_decode);
+  const auto load = [&](DType dt) {
+    return sa3::SameEncoder::load(
+        config.encoder, sa3::ParamSource::official_same(WeightSet::open_dir(official_small_dir()), "pretransform.model."), dt);
+  };
+  for (const char* p : {"fp32", "bf16"}) {
+    const DType dt = test::precision_dtype(p);
+    Arena arena;
+    Context ctx{&arena, dt};
+    const Tensor latents = load(dt).encode(ctx, ref.get("encode.audio"));
+    test::expect_matches("same_s encode", p, to_f32_vector(latents),
+                         to_f32_vector(test::frames_major(ref.get("encode.fp32.latents"))),
+                         to_f32_vector(test::frames_major(ref.get("encode.bf16.latents"))));
+  }
+  Arena arena;
+  Context ctx{&arena, DType::f32};
+  const Tensor chunked = load(DType::f32).encode(ctx, ref.get("encode.long.audio"), /*chunked=*/true);
+  const double err = test::rel_l2(to_f32_vector(chunked),
+                                  to_f32_vector(test::frames_major(ref.get("encode.long.chunked.latents"))));
+  std::printf("[ measure ] same_s chunked encode of 300 latents: rel L2 %.3e\n", err);
+  EXPECT_LT(err, test::kFp32Tolerance);
+}
+
+AudioClip clip_file(const std::string& rel) {
+  Audio a = read_audio(test::fixture(rel));
+  return {a.rate, a.channels, std::move(a.samples)};
+}
+
+// The reference request with the official generate()'s init_audio (audio-to-audio) or
+// inpaint_audio and its regions (inpainting), from the WAVs the oracle wrote.
+AudioRequest inputs_request(bool fp32, const std::string& mode) {
+  const Json meta = read_json(test::fixture("sa3_inputs_ref.json"));
+  AudioRequest r = reference_request(fp32);
+  if (mode == "a2a") {
+    r.init_audio = clip_file("sa3_tiny/inputs/init.wav");
+    r.init_noise_level = meta["init_noise_level"].get<double>();
+  } else {
+    r.inpaint_audio = clip_file("sa3_tiny/inputs/inpaint.wav");
+    for (size_t i = 0; i < meta["inpaint_starts"].size(); ++i)
+      r.inpaint_regions.emplace_back(meta["inpaint_starts"][i].get<double>(), meta["inpaint_ends"][i].get<double>());
+  }
+  return r;
+}
+
+// Audio-to-audio (a stereo clip shorter than the canvas, zero-padded; noise level 0.6: the mix
+// and a schedule from 0.6) and inpainting (a mono clip longer than the canvas, cut and doubled; two
+// regions generated, the clip's latents and mask in every DiT block) against the official
+// generate(). bf16 is held to twice the official bf16 run's own distance from fp32 on this model.
+TEST(Sa3Pipeline, AudioToAudioAndInpaintingMatchTheOfficialGenerate) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_inputs_ref.safetensors"));
+  const SafetensorsFile t2a = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const double bf16_self = test::rel_l2(interleaved(t2a.get("bf16.audio")), interleaved(t2a.get("fp32.audio")));
+  const auto model = AudioModel::open(official_dir(), Weights::per_stage);
+  const auto text_only = interleaved(ref.get("t2a.fp32.audio"));
+  for (const std::string mode : {"a2a", "inpaint"}) {
+    const auto want = interleaved(ref.get(mode + ".fp32.audio"));
+    // The clip changes the result: without it, the text-to-audio clip lies far off.
+    EXPECT_GT(test::rel_l2(text_only, want), 100 * test::kFp32Tolerance) << mode;
+    const AudioResult fp32 = model->generate(inputs_request(true, mode));
+    ASSERT_EQ(fp32.samples.size(), want.size()) << mode;
+    const double err = test::rel_l2(fp32.samples, want);
+    const AudioResult bf16 = model->generate(inputs_request(false, mode));
+    const double err_bf16 = test::rel_l2(bf16.samples, want);
+    std::printf("[ measure ] sa3 %s: fp32 rel L2 %.3e; bf16 %.3e (the official bf16 run's own distance on this "
+                "model %.3e)\n", mode.c_str(), err, err_bf16, bf16_self);
+    EXPECT_LT(err, test::kFp32Tolerance) << mode;
+    EXPECT_LT(err_bf16, test::kBf16Factor * bf16_self) << mode;
+  }
+}
+
+TEST(Sa3Pipeline, BadAudioInputsAreRefused) {
+  const auto model = AudioModel::open(official_dir(), Weights::per_stage);
+  auto expect = [&](AudioRequest r, const std::vector<std::string>& fragments) {
+    test::expect_error([&] { model->generate(r); }, fragments);
+  };
+  AudioRequest a2a = inputs_request(true, "a2a");
+  for (const double level : {0.0, -0.5, 1.5, std::nan("")}) {
+    AudioRequest r = a2a;
+    r.init_noise_level = level;
+    expect(r, {"init noise level", "outside (0, 1]"});
+  }
+  AudioRequest rate = a2a;
+  rate.init_audio->sample_rate = 44100;
+  expect(rate, {"init audio", "44100 Hz", "2048 Hz"});
+  AudioRequest ragged = a2a;
+  ragged.init_audio->samples.pop_back();
+  expect(ragged, {"init audio", "whole frames"});
+  AudioRequest nan = a2a;
+  nan.init_audio->samples[101] = std::nanf("");
+  expect(nan, {"init audio", "sample 50", "finite"});
+  AudioRequest inpaint = inputs_request(true, "inpaint");
+  for (const auto& region : {std::pair{-0.5, 0.5}, std::pair{0.8, 0.8}, std::pair{0.9, 0.3}, std::pair{1.0, 2.0}}) {
+    AudioRequest r = inpaint;
+    r.inpaint_regions = {region};
+    expect(r, {"inpaint region", "inside the 1.4 s clip"});
+  }
+  AudioRequest no_regions = inpaint;
+  no_regions.inpaint_regions.clear();
+  expect(no_regions, {"inpaint clip needs", "region"});
+  AudioRequest no_clip = inpaint;
+  no_clip.inpaint_audio.reset();
+  expect(no_clip, {"inpaint regions need an inpaint clip"});
 }
 
 // The -base objective (rectified_flow) on the same weights: Euler, and classifier-free guidance
@@ -435,6 +546,26 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   EXPECT_EQ(read_audio(flac).frames(), int64_t(want.size() / 2));
 }
 
+// Audio-to-audio and inpainting from the command line: the official clips, the inputs named in the
+// file's metadata.
+TEST(Sa3Cli, InitAndInpaintAudioGiveTheOfficialClips) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_inputs_ref.safetensors"));
+  const AudioRequest req = reference_request(true);
+  const std::string base = "audio --model " + official_dir() + " --prompt " + test::shell_quote(req.prompt) +
+                           " --seconds 1.4 --seed 42 --precision fp32 --format wav-float ";
+  struct Case { std::string mode, args; };
+  for (const Case& k : {Case{"a2a", "--init-audio " + test::fixture("sa3_tiny/inputs/init.wav") + " --init-noise-level 0.6"},
+                        Case{"inpaint", "--inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav") +
+                                            " --inpaint-start 0.3 --inpaint-end 0.8 --inpaint-start 1.0 --inpaint-end 1.2"}}) {
+    const std::string out = ::testing::TempDir() + "sa3_cli_" + k.mode + ".wav";
+    const test::CliRun r = test::run_cli(base + k.args + " -v -o " + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("\nencode "), std::string::npos) << r.output;
+    const double err = test::rel_l2(read_audio(out).samples, interleaved(ref.get(k.mode + ".fp32.audio")));
+    EXPECT_LT(err, test::kFp32Tolerance) << k.mode;
+  }
+}
+
 TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
   const std::string model = pipeline_dir();
   struct Case { std::string args; std::vector<std::string> expect; };
@@ -453,6 +584,13 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"--model " + bad_t5, {"model.safetensors"}},
       {"--model " + no_t5, {"text_encoder"}},
       {"--model " + test::fixture("klein_tiny_a"), {"Flux2KleinPipeline", "apus image"}},
+      {"--seconds 1 --init-audio " + test::fixture("sa3_pipeline_ref.json"), {"sa3_pipeline_ref.json", "not an audio file"}},
+      {"--seconds 1 --init-audio /nonexistent.wav", {"/nonexistent.wav"}},
+      {"--seconds 1 --init-noise-level 0.5", {"--init-noise-level needs --init-audio"}},
+      {"--seconds 1 --inpaint-start 0.2 --inpaint-end 0.4", {"need --inpaint-audio"}},
+      {"--seconds 1 --inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav"), {"needs --inpaint-start"}},
+      {"--seconds 1 --inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav") + " --inpaint-start 0.2",
+       {"--inpaint-start and --inpaint-end", "same number"}},
   };
   for (const Case& c : cases) {
     const bool own_model = c.args.rfind("--model", 0) == 0;

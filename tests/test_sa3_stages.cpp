@@ -3,6 +3,7 @@
 #include "models/sa3/dit.h"
 #include "models/sa3/duration_embedder.h"
 #include "models/sa3/same_decoder.h"
+#include "models/sa3/same_encoder.h"
 #include "models/sa3/t5gemma_encoder.h"
 #include "test_util.h"
 
@@ -128,13 +129,9 @@ TEST_P(SameDecode, MatchesTheOfficialDecoder) {
   const auto decoder = sa3::SameDecoder::load(test::fixture("sa3_tiny/same_l"), dt);
   const auto& cfg = decoder.config();
   const Tensor& z = ref.get("latents");  // (B, C, T)
-  const int64_t batch = z.shape[0], ch = z.shape[1], frames = z.shape[2];
-  ASSERT_EQ(ch, cfg.latent_dim);
-  Tensor latents = Tensor::heap({batch * frames, ch}, DType::f32);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t ci = 0; ci < ch; ++ci)
-      for (int64_t t = 0; t < frames; ++t)
-        latents.ptr<float>()[(b * frames + t) * ch + ci] = load_f32(z, (b * ch + ci) * frames + t);
+  const int64_t batch = z.shape[0];
+  ASSERT_EQ(z.shape[1], cfg.latent_dim);
+  const Tensor latents = test::frames_major(z);
   Arena arena;
   Context ctx{&arena, dt};
   const Tensor audio = decoder.decode(ctx, to_dtype(latents, dt), batch);
@@ -145,17 +142,35 @@ TEST_P(SameDecode, MatchesTheOfficialDecoder) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SameDecode, ::testing::Values("fp32", "bf16"));
 
+// The SAME-L encoder (diffusers' names) against the official SAMEEncoder and soft-norm bottleneck:
+// two clips of 40 latents' length, band attention over 680 tokens, DyT, SiLU FFs, the summary
+// token kept, the projection and (x * scale + bias) / running_std.
+class SameEncode : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SameEncode, MatchesTheOfficialEncoder) {
+  const std::string p = GetParam();
+  const DType dt = test::precision_dtype(p);
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_same_ref.safetensors"));
+  const auto encoder = sa3::SameEncoder::load(test::fixture("sa3_tiny/same_l"), dt);
+  const Tensor& audio = ref.get("encode.audio");  // (B, C, N)
+  Arena arena;
+  Context ctx{&arena, dt};
+  const Tensor latents = encoder.encode(ctx, to_dtype(audio, DType::f32));
+  const Tensor& want = ref.get("encode.fp32.latents");
+  ASSERT_EQ(latents.shape, (Shape{want.shape[0] * want.shape[2], want.shape[1]}));
+  test::expect_matches("same_l encode", p, to_f32_vector(latents), to_f32_vector(test::frames_major(want)),
+                       to_f32_vector(test::frames_major(ref.get("encode.bf16.latents"))));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SameEncode, ::testing::Values("fp32", "bf16"));
+
 // The official decode_audio over 300 latents: chunked (three chunks of 128, overlap 32, the last
 // anchored at the end), and with the published configs' inference noise drawn from torch's
 // generator (seed 5) chunk after chunk, both chunked and whole.
 TEST(SameDecodeLong, ChunkedDecodeAndInferenceNoiseMatchTheOfficialDecodeAudio) {
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_same_ref.safetensors"));
   const auto decoder = sa3::SameDecoder::load(test::fixture("sa3_tiny/same_l"), DType::f32);
-  const Tensor& z = ref.get("long.latents");  // (1, C, T)
-  const int64_t ch = z.shape[1], frames = z.shape[2];
-  Tensor latents = Tensor::heap({frames, ch}, DType::f32);
-  for (int64_t ci = 0; ci < ch; ++ci)
-    for (int64_t t = 0; t < frames; ++t) latents.ptr<float>()[t * ch + ci] = load_f32(z, ci * frames + t);
+  const Tensor latents = test::frames_major(ref.get("long.latents"));
   Arena arena;
   Context ctx{&arena, DType::f32};
   struct Case { const char* name; bool chunked, noise; };

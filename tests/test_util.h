@@ -103,6 +103,17 @@ inline std::string shell_quote(const std::string& s) {
 
 inline DType precision_dtype(const std::string& p) { return p == "fp32" ? DType::f32 : DType::bf16; }
 
+// torch's (B, C, T) latents as the engine lays them out: [B*T, C] fp32, frames sample-major.
+inline Tensor frames_major(const Tensor& z) {
+  const int64_t batch = z.shape[0], ch = z.shape[1], frames = z.shape[2];
+  Tensor out = Tensor::heap({batch * frames, ch}, DType::f32);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t c = 0; c < ch; ++c)
+      for (int64_t t = 0; t < frames; ++t)
+        out.ptr<float>()[(b * frames + t) * ch + c] = load_f32(z, (b * ch + c) * frames + t);
+  return out;
+}
+
 // Asserts the bound for one stage output; returns the measured error for the log.
 inline void expect_matches(const std::string& what, const std::string& p,
                            const std::vector<float>& ours, const std::vector<float>& ref_fp32,

@@ -73,6 +73,13 @@ class ImageModel {
   virtual const std::string& sampler() const = 0;  // e.g. "Euler (flow match)"
 };
 
+// An input clip: interleaved frames x channels samples in [-1, 1], at its own rate (it must be
+// the model's: 44.1 kHz) and channel count (mono is doubled, beyond stereo the first two kept).
+struct AudioClip {
+  int sample_rate = 0, channels = 0;
+  std::vector<float> samples;
+};
+
 struct AudioRequest {
   std::string prompt;
   double seconds = 30;            // the clip's length; the model's limit is AudioModel::max_seconds()
@@ -87,6 +94,15 @@ struct AudioRequest {
   // prompt's with its padding zeroed; apg is the adaptive projected guidance share (1: full).
   float cfg = 1, apg = 1;
   std::optional<std::string> negative_prompt;
+  // Audio-to-audio (the official init_audio): the clip, encoded by SAME, starts the sampler at
+  // (1 - level) x clip + level x noise on a schedule from `level` down (1: the clip has no
+  // effect; the official CLI's default 0.9).
+  std::optional<AudioClip> init_audio;
+  double init_noise_level = 0.9;
+  // Inpainting (the official inpaint_audio): the clip, encoded, conditions every DiT block
+  // outside the regions [start, end) seconds, which are generated anew.
+  std::optional<AudioClip> inpaint_audio;
+  std::vector<std::pair<double, double>> inpaint_regions;
 };
 
 struct AudioResult {

@@ -19,6 +19,7 @@
 #include "models/sa3/duration_embedder.h"
 #include "models/sa3/model_config.h"
 #include "models/sa3/same_decoder.h"
+#include "models/sa3/same_encoder.h"
 #include "models/sa3/t5gemma_encoder.h"
 #include "pipeline/registry.h"
 #include "pipeline/stage.h"
@@ -43,7 +44,8 @@ struct Layout {
   bool official = false;
   std::string root;
   sa3::DitConfig dit;
-  sa3::SameConfig same;
+  sa3::SameConfig same;     // the decoder
+  sa3::SameConfig encoder;  // the encoder: audio-to-audio and inpainting
   sa3::DurationConfig duration;
   std::string text_dir, tokenizer_dir;
   int max_tokens = 256;          // the T5Gemma conditioner's max_length
@@ -52,10 +54,12 @@ struct Layout {
   bool euler = false;            // rectified_flow (-base): Euler; rf_denoiser: ping-pong
   bool chunked_decode = false;   // the official pretransform's `chunked`
   float mask_noise = 0;          // the decoder's inference noise (official configs only)
+  float encoder_mask_noise = 0;  // the encoder's (refused: the published encoders draw none)
   bool bottleneck_noise = false;
 };
 
 constexpr const char* kTextStage = "text_encoder";
+constexpr const char* kEncodeStage = "same_encode";
 constexpr const char* kPrologueStage = "dit_prologue";
 constexpr const char* kStepStage = "dit_step";
 constexpr const char* kDecodeStage = "same_decode";
@@ -81,6 +85,12 @@ struct Work {
   std::vector<float> sigmas;
   std::vector<TorchGenerator> generators;  // one per sample, as each request alone would draw
   Tensor text, duration, latents, noise, velocity, guided_velocity, audio;
+  // Audio-to-audio and inpainting: each sample's clip [B, C, frames x 4096] (fp32) and its
+  // latents; inpainting's per-latent mask (1: kept from the clip).
+  bool init = false, inpaint = false;
+  double init_level = 1;
+  Tensor clips, clip_latents;
+  std::vector<float> keep;
   std::optional<sa3::DitPrologue> prologue;
 };
 
@@ -99,6 +109,10 @@ class Sa3Model final : public AudioModel {
  private:
   Work plan(const AudioRequest& r, int64_t batch) const;
   void encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work& w) const;
+  // The requests' init or inpaint clips as the official prepare_audio makes them: the model's
+  // channels, zero-padded or cut to the canvas; [B, C, frames x samples_per_latent] fp32.
+  Tensor prepare_clips(Context& c, const std::vector<AudioRequest>& requests, const Work& w) const;
+  void encode_clips(Context& c, const sa3::SameEncoder& encoder, Work& w, bool chunked) const;
   void condition(Context& c, const sa3::DurationEmbedder& duration, const sa3::Dit& dit, Work& w) const;
   void step(Context& c, const sa3::Dit& dit, Work& w, int i) const;
   void decode(Context& c, const sa3::SameDecoder& same, Work& w, bool chunked) const;
@@ -112,6 +126,7 @@ class Sa3Model final : public AudioModel {
   sa3::DurationEmbedder load_duration(bool load = true) const;
   sa3::Dit load_dit(DType dt, bool load = true) const;
   sa3::SameDecoder load_same(DType dt, bool load = true) const;
+  sa3::SameEncoder load_encoder(DType dt, bool load = true) const;
 
   Layout layout_;
   Weights weights_;
@@ -126,6 +141,7 @@ class Sa3Model final : public AudioModel {
   std::optional<sa3::DurationEmbedder> duration_;
   std::optional<sa3::Dit> dit_;
   std::optional<sa3::SameDecoder> same_;
+  std::optional<sa3::SameEncoder> encoder_;
   DType resident_dtype_ = DType::bf16;
 };
 
@@ -165,6 +181,7 @@ Layout diffusers_layout(const ModelDir& dir) {
   l.root = dir.root();
   l.dit = sa3::DitConfig::read(dir.config("transformer"));
   l.same = sa3::SameConfig::read(dir.config("vae"));
+  l.encoder = sa3::SameConfig::read(dir.config("vae"), /*encoder=*/true);
   l.duration = sa3::DurationConfig::read(dir.config("duration_embedder"));
   l.text_dir = dir.component("text_encoder");
   l.tokenizer_dir = dir.component("tokenizer");
@@ -179,6 +196,8 @@ Layout official_layout(const std::string& root) {
   l.root = root;
   l.dit = o.dit;
   l.same = o.same;
+  l.encoder = o.encoder;
+  l.encoder_mask_noise = o.encoder_mask_noise;
   l.duration = o.duration;
   l.text_dir = root + "/" + o.text_encoder_folder;
   l.tokenizer_dir = l.text_dir;
@@ -215,6 +234,11 @@ sa3::Dit Sa3Model::load_dit(DType dt, bool load) const {
 sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
   if (!layout_.official) return sa3::SameDecoder::load(layout_.root + "/vae", dt, load);
   return sa3::SameDecoder::load(layout_.same, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
+}
+
+sa3::SameEncoder Sa3Model::load_encoder(DType dt, bool load) const {
+  if (!layout_.official) return sa3::SameEncoder::load(layout_.root + "/vae", dt, load);
+  return sa3::SameEncoder::load(layout_.encoder, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
 }
 
 Sa3Model::Sa3Model(Layout layout, Weights weights)
@@ -255,6 +279,7 @@ Sa3Model::Sa3Model(Layout layout, Weights weights)
     duration_.emplace(load_duration());
     dit_.emplace(load_dit(resident_dtype_));
     same_.emplace(load_same(resident_dtype_));
+    encoder_.emplace(load_encoder(resident_dtype_));
     text_->make_resident();
   }
 }
@@ -280,7 +305,33 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   w.canvas.frames = std::min(ceil_div(ceil_div(padded, spl), align) * align, cap / spl);
   w.canvas.valid = std::min(ceil_div(w.canvas.samples, spl) + int64_t(kHeadroomSeconds * double(rate)) / spl,
                             w.canvas.frames);
-  w.sigmas = logsnr_sigmas(r.steps, 1.0f);
+  w.init = r.init_audio.has_value();
+  w.inpaint = r.inpaint_audio.has_value();
+  APUS_CHECK(!w.init || (std::isfinite(r.init_noise_level) && r.init_noise_level > 0 && r.init_noise_level <= 1),
+             "init noise level ", r.init_noise_level, " outside (0, 1]");
+  w.init_level = w.init ? r.init_noise_level : 1.0f;
+  APUS_CHECK(w.inpaint || r.inpaint_regions.empty(), "inpaint regions need an inpaint clip");
+  APUS_CHECK(!w.inpaint || !r.inpaint_regions.empty(), "an inpaint clip needs at least one region to generate ",
+             "(inpaint start and end)");
+  for (const auto& [start, end] : r.inpaint_regions)
+    APUS_CHECK(std::isfinite(start) && std::isfinite(end) && start >= 0 && end > start && end <= r.seconds,
+               "inpaint region ", start, " .. ", end, " s is not a span inside the ", r.seconds, " s clip");
+  APUS_CHECK(!(w.init || w.inpaint) || layout_.encoder_mask_noise == 0, layout_.root,
+             "/model_config.json: the encoder's 'mask_noise' ", layout_.encoder_mask_noise,
+             " is not supported (audio-to-audio and inpainting encode without noise)");
+  // The official ones mask by latent: the region's samples [int(start * rate), int(end * rate))
+  // and everything past int(seconds * rate) are generated; each latent takes its first sample's.
+  if (w.inpaint) {
+    w.keep.assign(size_t(w.canvas.frames), 1.0f);
+    for (int64_t i = 0; i < w.canvas.frames; ++i) {
+      const int64_t sample = i * spl;
+      bool generated = sample >= w.canvas.samples;
+      for (const auto& [start, end] : r.inpaint_regions)
+        generated = generated || (sample >= int64_t(start * double(rate)) && sample < int64_t(end * double(rate)));
+      if (generated) w.keep[size_t(i)] = 0.0f;
+    }
+  }
+  w.sigmas = logsnr_sigmas(r.steps, float(w.init_level));
   w.tokens = layout_.max_tokens;
   APUS_CHECK(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg ", r.cfg, " outside (0, 100]");
   APUS_CHECK(std::isfinite(r.apg) && r.apg >= 0 && r.apg <= 1, "apg ", r.apg, " outside [0, 1]");
@@ -295,6 +346,43 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
 
 void Sa3Model::encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work& w) const {
   w.text = encoder.encode(c, w.ids, w.mask, w.negative ? 2 * w.batch : w.batch);
+}
+
+Tensor Sa3Model::prepare_clips(Context& c, const std::vector<AudioRequest>& requests, const Work& w) const {
+  const int64_t ch = same_cfg_.audio_channels, length = w.canvas.frames * same_cfg_.samples_per_latent();
+  Tensor clips = ops::empty(c, {w.batch, ch, length}, DType::f32);
+  if (c.count_only) return clips;
+  std::memset(clips.data, 0, clips.nbytes());
+  for (int64_t b = 0; b < w.batch; ++b) {
+    const AudioRequest& r = requests[size_t(b)];
+    const char* what = w.init ? "init audio" : "inpaint audio";
+    const AudioClip& clip = w.init ? *r.init_audio : *r.inpaint_audio;
+    APUS_CHECK(clip.sample_rate == same_cfg_.sample_rate, what, " is at ", clip.sample_rate, " Hz; this model takes ",
+               same_cfg_.sample_rate, " Hz (resample it first, e.g. sox in.wav -r ", same_cfg_.sample_rate, " out.wav)");
+    APUS_CHECK(clip.channels >= 1 && clip.samples.size() % size_t(clip.channels) == 0 && !clip.samples.empty(),
+               what, ": ", clip.samples.size(), " samples are not whole frames of ", clip.channels, " channels");
+    const int64_t frames = int64_t(clip.samples.size()) / clip.channels, n = std::min(frames, length);
+    float* out = clips.ptr<float>() + b * ch * length;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < ch; ++k) {
+        // The official set_audio_channels: mono to every channel, a mono model the mean, extra
+        // channels dropped.
+        float v = 0;
+        if (ch == 1) {
+          for (int j = 0; j < clip.channels; ++j) v += clip.samples[size_t(i * clip.channels + j)];
+          v /= float(clip.channels);
+        } else {
+          v = clip.samples[size_t(i * clip.channels + (clip.channels == 1 ? 0 : std::min<int64_t>(k, clip.channels - 1)))];
+        }
+        APUS_CHECK(std::isfinite(v), what, ": sample ", i, " is not a finite number");
+        out[k * length + i] = v;
+      }
+  }
+  return clips;
+}
+
+void Sa3Model::encode_clips(Context& c, const sa3::SameEncoder& encoder, Work& w, bool chunked) const {
+  w.clip_latents = encoder.encode(c, w.clips, chunked);
 }
 
 void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, const sa3::Dit& dit,
@@ -332,9 +420,24 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
     Tensor rows = global.rows(half * b, (half + 1) * b);
     ops::copy(c, w.duration, rows);
   }
-  // Text-to-audio: no inpainting mask and no masked latents, which the official code still passes.
+  // Inpainting: per latent the mask (1: kept), then the clip's latents where kept, for both
+  // halves of a guided batch; text-to-audio passes zeros, as the official code does.
   Tensor local = Tensor::in(*c.arena, {samples * t, dit_cfg_.local_dim}, c.act);
   if (!c.count_only) std::memset(local.data, 0, local.nbytes());
+  if (w.inpaint) {
+    Tensor mask = Tensor::heap({t, 1}, DType::f32);
+    if (!c.count_only) std::copy(w.keep.begin(), w.keep.end(), mask.ptr<float>());
+    for (int64_t s = 0; s < samples; ++s) {
+      Tensor rows = local.rows(s * t, (s + 1) * t);
+      Tensor mask_col = rows.cols(0, 1), latents = rows.cols(1, dit_cfg_.local_dim);
+      ops::copy(c, mask, mask_col);
+      ops::copy(c, w.clip_latents.rows((s % b) * t, (s % b + 1) * t), latents);
+      if (c.count_only) continue;
+      for (int64_t i = 0; i < t; ++i)
+        if (w.keep[size_t(i)] == 0)
+          std::memset(latents.rows(i, i + 1).data, 0, size_t(latents.shape[1]) * dtype_size(latents.dtype));
+    }
+  }
   w.prologue = dit.prologue(c, cross, valid, global, local, w.canvas.valid);
   w.velocity = ops::empty(c, {samples * t, dit_cfg_.io_channels}, c.act);
   if (w.guided) w.guided_velocity = ops::empty(c, {b * t, dit_cfg_.io_channels}, DType::f32);
@@ -412,14 +515,24 @@ PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
   const auto dit = load_dit(DType::bf16, false);
   const auto same = load_same(DType::bf16, false);
   StageCost text_stage = count_stage(kTextStage, 1, [&](Context& c) { encode_text(c, text, w); });
+  std::optional<StageCost> encode_stage;
+  if (w.init || w.inpaint) {
+    const auto encoder = load_encoder(DType::bf16, false);
+    encode_stage = count_stage(kEncodeStage, 1, [&](Context& c) {
+      w.clips = prepare_clips(c, {}, w);
+      encode_clips(c, encoder, w, layout_.chunked_decode);
+    });
+    p.parameters += double(encoder.parameter_count());
+  }
   StageCost prologue_stage = count_stage(kPrologueStage, 1, [&](Context& c) { condition(c, duration, dit, w); });
   StageCost step_stage = count_stage(kStepStage, r.steps, [&](Context& c) { step(c, dit, w, 0); });
   StageCost decode_stage = count_stage(kDecodeStage, 1, [&](Context& c) {
     decode(c, same, w, r.chunked_decode.value_or(layout_.chunked_decode));
   });
-  p.parameters = double(text.parameter_count() + duration.parameter_count() + dit.parameter_count() +
+  p.parameters += double(text.parameter_count() + duration.parameter_count() + dit.parameter_count() +
                         same.parameter_count());
   p.stages = {text_stage, prologue_stage, step_stage, decode_stage};
+  if (encode_stage) p.stages.insert(p.stages.begin() + 1, *encode_stage);
   return p;
 }
 
@@ -428,16 +541,18 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   APUS_CHECK(weights_ != Weights::none, layout_.root, ": opened for counting only");
   APUS_CHECK(!requests.empty(), "no request to render");
   const AudioRequest& r = requests.front();
+  const int64_t batch = int64_t(requests.size());
+  Work w = plan(r, batch);  // the first request's settings checked before the others are held to them
   for (const AudioRequest& o : requests)
     APUS_CHECK(o.seconds == r.seconds && o.steps == r.steps && o.fp32 == r.fp32 &&
                    o.chunked_decode == r.chunked_decode && o.cfg == r.cfg && o.apg == r.apg &&
-                   o.negative_prompt.has_value() == r.negative_prompt.has_value(),
-               "a batch shares seconds, steps and precision: ", o.seconds, " s, ", o.steps,
-               " steps differs from ", r.seconds, " s, ", r.steps, " steps");
+                   o.negative_prompt.has_value() == r.negative_prompt.has_value() &&
+                   o.init_audio.has_value() == r.init_audio.has_value() && o.init_noise_level == r.init_noise_level &&
+                   o.inpaint_audio.has_value() == r.inpaint_audio.has_value() && o.inpaint_regions == r.inpaint_regions,
+               "a batch shares seconds, steps, precision, guidance and its audio inputs' settings: ", o.seconds,
+               " s, ", o.steps, " steps differs from ", r.seconds, " s, ", r.steps, " steps");
   APUS_CHECK(weights_ != Weights::resident || compute(r) == resident_dtype_,
              "this resident model serves bf16 requests only");
-  const int64_t batch = int64_t(requests.size());
-  Work w = plan(r, batch);
   check_memory(count(r, int(batch)), weights_ == Weights::resident,
                std::to_string(r.seconds) + " s" + (batch > 1 ? " x" + std::to_string(batch) : ""));
   auto say = [&](const std::string& s) { if (progress) progress(s); };
@@ -479,6 +594,25 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   w.latents = ops::empty(ctx, {batch * w.canvas.frames, dit_cfg_.io_channels}, DType::f32);
   w.noise = ops::empty(ctx, w.latents.shape, DType::f32);
   draw_noise(ctx, w, w.latents);
+  // Audio-to-audio and inpainting encode their clips (the official encoder draws no noise).
+  if (w.init || w.inpaint) {
+    w.clips = prepare_clips(ctx, requests, w);
+    with_model(encoder_, [&] { return load_encoder(dt); },
+               [&](const sa3::SameEncoder& encoder) {
+                 clock.stop("encoder load");
+                 encode_clips(ctx, encoder, w, layout_.chunked_decode);
+                 require_finite(ctx, w.clip_latents, "the SAME encoder");
+                 clock.stop("encode", kEncodeStage);
+               });
+  }
+  if (w.init) {
+    // The official start: init x (1 - level) + noise x level, each product and the sum in fp32.
+    const Tensor z = w.clip_latents.dtype == DType::f32 ? w.clip_latents : to_dtype(w.clip_latents, DType::f32);
+    const float keep = float(1.0 - w.init_level), level = float(w.init_level);
+    float* x = w.latents.ptr<float>();
+    const float* init = z.ptr<float>();
+    for (int64_t i = 0; i < w.latents.numel(); ++i) x[i] = init[i] * keep + x[i] * level;
+  }
 
   // An empty prompt is all padding: every text position takes the learned padding embedding, so
   // the encoder (which would attend to no key) need not run.

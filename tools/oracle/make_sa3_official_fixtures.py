@@ -125,6 +125,9 @@ SAME_S_DECODER = dict(out_channels=2 * 8, channels=32, c_mults=[4], strides=[16]
                       mask_noise=0.0)
 # The tiny pipeline's sample rate: with 128 samples per latent, 44.1 kHz and the official 6 s of
 # headroom would make a 2000-latent canvas; at 2048 Hz a 1.5 s request takes 120 latents.
+SAME_S_ENCODER = dict(in_channels=2 * 8, channels=32, latent_dim=16, c_mults=[4], strides=[16], transformer_depths=[2],
+                      dim_heads=64, differential=True, variable_stride=True, chunk_size=32, chunk_midpoint_shift=True,
+                      conv_mapping=True)
 PIPELINE_RATE = 2048
 # diffusers renames inside each transformer block of the decoder (its converter's rules)
 SAME_RENAMES = [("pre_norm.", "norm_attn."), ("self_attn.to_qkv.", "attn.to_qkv."),
@@ -133,13 +136,15 @@ SAME_RENAMES = [("pre_norm.", "norm_attn."), ("self_attn.to_qkv.", "attn.to_qkv.
                 ("ff.ff.0.proj.", "ff.proj_in."), ("ff.ff.2.", "ff.proj_out.")]
 
 
-def same_to_diffusers(decoder_state, bottleneck_state):
+def same_side_to_diffusers(state, side, block, proj):
+    """One side of the official SAME (its resampling block at layers.`block`, its projection at
+    layers.`proj`) under diffusers' AutoencoderSAME names."""
     out = {}
-    for k, v in decoder_state.items():
-        if k.startswith("layers.1."):
-            out["decoder.proj." + k.split(".")[-1]] = v
-        elif k.startswith("layers.3."):
-            local = k[len("layers.3."):]
+    for k, v in state.items():
+        if k.startswith(f"layers.{proj}."):
+            out[f"{side}.proj." + k.split(".")[-1]] = v
+        elif k.startswith(f"layers.{block}."):
+            local = k[len(f"layers.{block}."):]
             if local.startswith("transformers."):
                 if local.endswith("rope.inv_freq"):
                     continue  # diffusers computes it (non-persistent)
@@ -150,7 +155,29 @@ def same_to_diffusers(decoder_state, bottleneck_state):
                 if local.endswith("attn.to_qkv.weight"):
                     q, kk, vv, q2, k2 = v.chunk(5, 0)
                     v = torch.cat([q, q2, kk, k2, vv], 0)
-            out["decoder.blocks.0." + local] = v
+            out[f"{side}.blocks.0." + local] = v
+    return out
+
+
+def randomize_same(module, gen, running_std=None):
+    """Every parameter of a SAME part drawn at random around what training leaves (DyT alphas in
+    [0.5, 1.5], gains near 1, weights ~ 1/sqrt(fan-in)); the official init zeroes several."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("alpha"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            elif name.endswith("running_std"):
+                p.fill_(running_std)
+            elif p.dim() >= 2 and not name.endswith("new_tokens"):
+                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
+            else:
+                gain = name.endswith(("gamma", "scaling_factor", "weight_g"))
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if gain else 0.0))
+
+
+def same_to_diffusers(decoder_state, bottleneck_state, encoder_state):
+    out = same_side_to_diffusers(decoder_state, "decoder", 3, 1)
+    out.update(same_side_to_diffusers(encoder_state, "encoder", 0, 2))
     for k, v in bottleneck_state.items():
         if k == "noise_scaling_factor":
             continue
@@ -194,11 +221,18 @@ def same_fixtures(out_dir):
                          use_differential_attention=True, dim_heads=64, ff_mult=3, sliding_window=1,
                          encoder_sinusoidal_blocks=[0], decoder_sinusoidal_blocks=[3],
                          sampling_rate=PIPELINE_RATE)
-    torch.manual_seed(12)  # the encoder's own init: the decode does not read it
+    # The encoder as diffusers' class holds it: the decoder's depth, no sinusoidal blocks.
+    from stable_audio_3.models.autoencoders import AudioAutoencoder, SAMEEncoder
+    encoder = SAMEEncoder(in_channels=2 * SAME_PATCH, channels=32, latent_dim=SAME_LATENT, c_mults=[4], strides=[16],
+                          transformer_depths=[4], sliding_window=[1, 1], dim_heads=64, variable_stride=True).eval()
+    randomize_same(encoder, gen)
+    with torch.no_grad():
+        bottleneck.scaling_factor.copy_(1.0 + 0.2 * torch.randn(bottleneck.scaling_factor.shape, generator=gen))
+        bottleneck.bias.copy_(0.2 * torch.randn(bottleneck.bias.shape, generator=gen))
+    torch.manual_seed(12)
     model = AutoencoderSAME(**diffusers_cfg).eval()
-    missing, unexpected = model.load_state_dict(
-        same_to_diffusers(decoder.state_dict(), bottleneck.state_dict()), strict=False)
-    assert not unexpected and all(k.startswith("encoder.") for k in missing), (missing, unexpected)
+    model.load_state_dict(same_to_diffusers(decoder.state_dict(), bottleneck.state_dict(), encoder.state_dict()),
+                          strict=True)
     oracle_env.save_pretrained_readable(model, os.path.join(out_dir, "sa3_tiny", "same_l"))
 
     def official_decode(dec, bott, z):
@@ -219,12 +253,30 @@ def same_fixtures(out_dir):
     ref["bf16.audio"] = b16.contiguous()
     with torch.no_grad():
         dm = model.decode(z).sample
+    # The encoder: two clips of SAME_T latents' length, official fp32, bf16 with fp32 RoPE
+    # frequencies, and the plain cast.
+    clip = 0.5 * torch.randn(2, 2, SAME_T * SAME_PATCH * 16, generator=gen)
+    ref["encode.audio"] = clip
+
+    def official_encode(enc, bott, audio):
+        with torch.no_grad():
+            return bott.encode(enc(patch.encode(audio)))
+
+    ref["encode.fp32.latents"] = official_encode(encoder, bottleneck, clip).contiguous()
+    cast_enc, cast_bott_enc = copy.deepcopy(encoder).to(torch.bfloat16), copy.deepcopy(bottleneck).to(torch.bfloat16)
+    ref["encode.official_bf16.latents"] = official_encode(cast_enc, cast_bott_enc, clip.to(torch.bfloat16)).float().contiguous()
+    for block, original in zip(cast_enc.layers[0].transformers, encoder.layers[0].transformers):
+        block.rope.inv_freq = original.rope.inv_freq.clone()
+    ref["encode.bf16.latents"] = official_encode(cast_enc, cast_bott_enc, clip.to(torch.bfloat16)).float().contiguous()
+    with torch.no_grad():
+        de = model.encode(clip).latents
+    print(f"sa3 same_l encode: bf16 (fp32 RoPE frequencies) vs fp32 rel L2 "
+          f"{rel(ref['encode.bf16.latents'], ref['encode.fp32.latents']):.3e}, plain cast "
+          f"{rel(ref['encode.official_bf16.latents'], ref['encode.fp32.latents']):.3e}; diffusers fp32 vs official "
+          f"{rel(de, ref['encode.fp32.latents']):.3e}")
     # The official decode as the published configs run it: inference noise on (the bottleneck's
     # noise_regularize, the placeholders' mask_noise 0.1) and chunked (128 latents, overlap 32) over
     # 300 latents, the noise drawn from the global generator seeded here, chunk after chunk.
-    from stable_audio_3.models.autoencoders import AudioAutoencoder, SAMEEncoder
-    encoder = SAMEEncoder(in_channels=2 * SAME_PATCH, channels=32, latent_dim=SAME_LATENT, c_mults=[4], strides=[16],
-                          transformer_depths=[1], sliding_window=[1, 1], dim_heads=64, variable_stride=True)
     noisy_decoder = copy.deepcopy(decoder)
     for m in noisy_decoder.modules():
         if hasattr(m, "mask_noise"):
@@ -409,9 +461,9 @@ def original_model_config(ratio, differential=True, same_s=False):
     decoder = SAME_S_DECODER if same_s else dict(out_channels=2 * SAME_PATCH, channels=32, c_mults=[4], strides=[16], latent_dim=SAME_LATENT,
                    transformer_depths=[4], sinusoidal_blocks=[3], sliding_window=[1, 1], dim_heads=64,
                    differential=True, dyt=True, variable_stride=True, conv_mapping=False, mask_noise=0.0)
-    encoder = dict(in_channels=2 * SAME_PATCH, channels=32, latent_dim=SAME_LATENT, c_mults=[4], strides=[16],
-                   transformer_depths=[1], sliding_window=[1, 1], dim_heads=64, differential=True,
-                   variable_stride=True)
+    encoder = SAME_S_ENCODER if same_s else dict(
+        in_channels=2 * SAME_PATCH, channels=32, latent_dim=SAME_LATENT, c_mults=[4], strides=[16],
+        transformer_depths=[1], sliding_window=[1, 1], dim_heads=64, differential=True, variable_stride=True)
     return {
         "model_type": "diffusion_cond", "sample_size": 16777216, "sample_rate": PIPELINE_RATE, "audio_channels": 2,
         "model": {
@@ -493,9 +545,11 @@ def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expecte
         linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
         linear.weight.copy_(duration.linear.weight)
         linear.bias.copy_(duration.linear.bias)
+        randomize_same(wrapper.pretransform.model.encoder, torch.Generator().manual_seed(51))
 
     model, tensors = official_checkpoint(out_dir, config, os.path.join(out_dir, "sa3_tiny", "original"), 31, fill)
     audio = official_generate(model, config)
+    audio_inputs_fixture(out_dir, model, config)
     # As the published configs reportedly run the decode: with its inference noise, after the
     # sampler's draws from the same generator (the clip is shorter than one 128-latent chunk).
     for m in model.model.pretransform.model.decoder.modules():
@@ -532,6 +586,51 @@ def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expecte
     return noisy
 
 
+def write_wav16(path, audio, rate):
+    """audio [C, N] holding multiples of 1/32768: a 16-bit PCM WAV that reads back exactly."""
+    import wave
+    pcm = (audio * 32768).round().clamp(-32768, 32767).to(torch.int16)
+    with wave.open(path, "wb") as f:
+        f.setnchannels(audio.shape[0])
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(pcm.t().contiguous().numpy().tobytes())
+    os.chmod(path, 0o644)
+
+
+def audio_inputs_fixture(out_dir, model, config):
+    """Audio-to-audio and inpainting through the official generate() on the tiny medium-shaped
+    checkpoint: its init_audio (a stereo clip shorter than the canvas, init_noise_level 0.6) and
+    inpaint_audio (a mono clip longer than the canvas, two regions). The clips are written as 16-bit
+    WAVs, the form a user hands apus. Writes sa3_inputs_ref.safetensors and sa3_tiny/inputs/."""
+    gen = torch.Generator().manual_seed(61)
+    rate = PIPELINE_RATE
+    t = torch.arange(int(1.0 * rate)) / rate
+    init = torch.stack([0.4 * torch.sin(2 * math.pi * 110 * t), 0.3 * torch.sin(2 * math.pi * 165 * t + 1.0)])
+    init = ((init + 0.05 * torch.randn(init.shape, generator=gen)) * 32768).round() / 32768
+    long_t = torch.arange(int(9.0 * rate)) / rate
+    inpaint = (0.5 * torch.sin(2 * math.pi * 220 * long_t) * torch.exp(-long_t))[None]
+    inpaint = ((inpaint + 0.05 * torch.randn(inpaint.shape, generator=gen)) * 32768).round() / 32768
+    root = os.path.join(out_dir, "sa3_tiny", "inputs")
+    os.makedirs(root, exist_ok=True)
+    write_wav16(os.path.join(root, "init.wav"), init, rate)
+    write_wav16(os.path.join(root, "inpaint.wav"), inpaint, rate)
+    regions = ([0.3, 1.0], [0.8, 1.2])
+    common = dict(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"], steps=PIPELINE["steps"],
+                  seed=PIPELINE["seed"], sample_size=config["sample_size"])
+    ref = {}
+    with torch.no_grad():
+        ref["a2a.fp32.audio"] = model.generate(init_audio=(rate, init), init_noise_level=0.6, **common).contiguous()
+        ref["inpaint.fp32.audio"] = model.generate(inpaint_audio=(rate, inpaint), inpaint_mask_start_seconds=regions[0],
+                                                   inpaint_mask_end_seconds=regions[1], **common).contiguous()
+        ref["t2a.fp32.audio"] = official_generate(model, config).contiguous()
+    save_file(ref, os.path.join(out_dir, "sa3_inputs_ref.safetensors"))
+    with open(os.path.join(out_dir, "sa3_inputs_ref.json"), "w") as f:
+        json.dump({"init_noise_level": 0.6, "inpaint_starts": regions[0], "inpaint_ends": regions[1]}, f, indent=1)
+    print(f"sa3 audio inputs: audio-to-audio vs text-to-audio rel L2 {rel(ref['a2a.fp32.audio'], ref['t2a.fp32.audio']):.3e}, "
+          f"inpainting vs text-to-audio {rel(ref['inpaint.fp32.audio'], ref['t2a.fp32.audio']):.3e}")
+
+
 def small_layout_fixture(out_dir, dit, duration):
     """A small model (plain-attention DiT, SAME-S) in the official layout, run through the official
     generate(); plus SAME-S's decode alone in fp32 and bf16. Writes sa3_tiny/original_small/ and
@@ -556,6 +655,10 @@ def small_layout_fixture(out_dir, dit, duration):
                 p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if name.endswith("gamma") else 0.0))
+        randomize_same(ae.encoder, gen)
+        with torch.no_grad():
+            ae.bottleneck.scaling_factor.copy_(1.0 + 0.2 * torch.randn(ae.bottleneck.scaling_factor.shape, generator=gen))
+            ae.bottleneck.bias.copy_(0.2 * torch.randn(ae.bottleneck.bias.shape, generator=gen))
         wrapper.conditioner.conditioners["prompt"].padding_embedding.copy_(0.5 * torch.randn(COND, generator=gen))
         linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
         linear.weight.copy_(duration.linear.weight)
@@ -575,9 +678,23 @@ def small_layout_fixture(out_dir, dit, duration):
         for block, original in zip(cast.decoder.layers[3].transformers, ae.decoder.layers[3].transformers):
             block.rope.inv_freq = original.rope.inv_freq.clone()
         ref["same.bf16.audio"] = cast.decode(z.to(torch.bfloat16)).float().contiguous()
+        # SAME-S's encoder (chunks of 34 tokens, shifted for its second half, a kernel-3 mapping):
+        # 40 latents' worth whole in fp32 and bf16, and 300 chunked as the config says.
+        clip = 0.5 * torch.randn(2, 2, 40 * SAME_PATCH * 16, generator=gen)
+        ref["encode.audio"] = clip
+        ref["encode.fp32.latents"] = ae.encode(clip).contiguous()
+        for block, original in zip(cast.encoder.layers[0].transformers, ae.encoder.layers[0].transformers):
+            block.rope.inv_freq = original.rope.inv_freq.clone()
+        ref["encode.bf16.latents"] = cast.encode(clip.to(torch.bfloat16)).float().contiguous()
+        long_clip = 0.5 * torch.randn(1, 2, 300 * SAME_PATCH * 16, generator=gen)
+        ref["encode.long.audio"] = long_clip
+        ref["encode.long.chunked.latents"] = model.model.pretransform.encode(long_clip).contiguous()
+        whole = ae.encode_audio(long_clip, chunked=False)
     save_file(ref, os.path.join(out_dir, "sa3_small_ref.safetensors"))
     print(f"sa3 small (SAME-S) original layout: {tensors} tensors, clip {tuple(ref['fp32.audio'].shape)}; "
-          f"SAME-S decode bf16 vs fp32 rel L2 {rel(ref['same.bf16.audio'], ref['same.fp32.audio']):.3e}")
+          f"SAME-S decode bf16 vs fp32 rel L2 {rel(ref['same.bf16.audio'], ref['same.fp32.audio']):.3e}; encode bf16 "
+          f"vs fp32 {rel(ref['encode.bf16.latents'], ref['encode.fp32.latents']):.3e}, chunked vs whole over 300 "
+          f"latents {rel(ref['encode.long.chunked.latents'], whole):.3e}")
 
 
 def main():

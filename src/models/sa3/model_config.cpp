@@ -123,55 +123,75 @@ DitConfig read_dit(const Config& diffusion, bool& euler) {
 
 }  // namespace
 
+namespace {
+
+// One side of SAME (model.pretransform.config.encoder or .decoder's config): its resampling
+// level into s (s.audio_channels, patch_size and sample_rate already set); its mask_noise out.
+void read_same_side(const Config& side, bool encoder, SameConfig& s, float& mask_noise) {
+  s.latent_dim = side.get_size("latent_dim", 1);
+  s.dim = side.get_size("channels", 128, 1) * one_level(side, "c_mults");
+  s.stride = one_level(side, "strides");
+  s.depth = one_level(side, "transformer_depths");
+  s.sin_blocks = side.json.contains("sinusoidal_blocks") ? side.get_ints("sinusoidal_blocks").at(0) : 0;
+  s.head_dim = std::min(side.get_size("dim_heads", 128, 1), s.dim);
+  APUS_CHECK(s.dim % s.head_dim == 0 && s.head_dim % 4 == 0, side.path, ": width ", s.dim,
+             " is not a whole number of heads of ", s.head_dim);
+  s.ff_inner = s.dim * side.get_size("ff_mult", 3, 1);
+  s.differential = side.get_bool("differential", true);
+  const char* audio_key = encoder ? "in_channels" : "out_channels";
+  APUS_CHECK(side.get_size(audio_key, 2, 1) == s.patch_width(), side.path, ": '", audio_key,
+             "' must be channels x patch_size of the patched pretransform");
+  if (side.json.contains("sliding_window") && !side.json["sliding_window"].is_null()) {
+    // SAME-L: a band of w latents on either side.
+    const std::vector<int64_t> window = side.get_ints("sliding_window");
+    APUS_CHECK(window.size() == 2 && window[0] == window[1] && window[0] >= 1, side.path,
+               ": 'sliding_window' must be [w, w] with w >= 1");
+    s.window = window[0] * (s.stride + 1);
+    s.chunk_tokens = 0;
+    require_bool(side, "chunk_midpoint_shift", false, false, "a band needs no shifted chunks");
+  } else {
+    // SAME-S: attention within chunks of chunk_size latents' worth of tokens.
+    const int64_t chunk = side.get_size("chunk_size", 128, 1);
+    APUS_CHECK(chunk % s.stride == 0, side.path, ": 'chunk_size' ", chunk, " is not a multiple of the stride ", s.stride);
+    s.window = 0;
+    s.chunk_tokens = chunk + chunk / s.stride;
+    s.midpoint_shift = side.get_bool("chunk_midpoint_shift", false);
+    APUS_CHECK(!s.midpoint_shift || s.chunk_tokens % 2 == 0, side.path, ": chunks of ", s.chunk_tokens,
+               " tokens have no midpoint");
+  }
+  s.mapping_kernel = side.get_bool("conv_mapping", false) ? 3 : 1;
+  require_bool(side, "dyt", true, true, "the published autoencoders normalise with DynamicTanh");
+  require_bool(side, "variable_stride", false, true, "the published autoencoders learn one new token");
+  for (const char* key : {"layer_scale", "conformer", "causal", "cross_attn", "feat_scale"})
+    require_bool(side, key, false, false, "not in the published autoencoders");
+  APUS_CHECK(side.get_bool("mapping_bias", true), side.path, ": 'mapping_bias' false is not supported");
+  mask_noise = float(side.get_double("mask_noise", 0.0));
+  APUS_CHECK(mask_noise >= 0, side.path, ": 'mask_noise' ", mask_noise, " is negative");
+  known_keys(side, {audio_key, "channels", "c_mults", "strides", "latent_dim", "transformer_depths",
+                    "sinusoidal_blocks", "sliding_window", "dim_heads", "differential", "dyt",
+                    "variable_stride", "conv_mapping", "mask_noise", "checkpointing", "layer_scale",
+                    "conformer", "chunk_size", "chunk_midpoint_shift", "ff_mult", "causal", "cross_attn",
+                    "feat_scale", "mapping_bias", "freeze_backbone"});
+}
+
+}  // namespace
+
 void read_official_autoencoder(const Config& ae, int64_t rate, OfficialConfig& o) {
   const Config patched = object(object(ae, "pretransform"), "config");
-  const Config dec = object(object(ae, "decoder"), "config");
   const Config bottleneck = object(object(ae, "bottleneck"), "config");
   SameConfig& s = o.same;
   s.sample_rate = rate;
   s.audio_channels = patched.get_size("channels", 2, 1);
   s.patch_size = patched.get_size("patch_size", 1);
-  s.latent_dim = dec.get_size("latent_dim", 1);
-  s.dim = dec.get_size("channels", 128, 1) * one_level(dec, "c_mults");
-  s.stride = one_level(dec, "strides");
-  s.depth = one_level(dec, "transformer_depths");
-  s.sin_blocks = dec.json.contains("sinusoidal_blocks") ? dec.get_ints("sinusoidal_blocks").at(0) : 0;
-  s.head_dim = std::min(dec.get_size("dim_heads", 128, 1), s.dim);
-  APUS_CHECK(s.dim % s.head_dim == 0 && s.head_dim % 4 == 0, dec.path, ": width ", s.dim,
-             " is not a whole number of heads of ", s.head_dim);
-  s.ff_inner = s.dim * dec.get_size("ff_mult", 3, 1);
-  s.differential = dec.get_bool("differential", true);
-  APUS_CHECK(dec.get_size("out_channels", 2, 1) == s.audio_channels * s.patch_size, dec.path,
-             ": 'out_channels' must be channels x patch_size of the patched pretransform");
-  if (dec.json.contains("sliding_window") && !dec.json["sliding_window"].is_null()) {
-    // SAME-L: a band of w latents on either side.
-    const std::vector<int64_t> window = dec.get_ints("sliding_window");
-    APUS_CHECK(window.size() == 2 && window[0] == window[1] && window[0] >= 1, dec.path,
-               ": 'sliding_window' must be [w, w] with w >= 1");
-    s.window = window[0] * (s.stride + 1);
-    require_bool(dec, "chunk_midpoint_shift", false, false, "a band needs no shifted chunks");
-  } else {
-    // SAME-S: attention within chunks of chunk_size latents' worth of tokens.
-    const int64_t chunk = dec.get_size("chunk_size", 128, 1);
-    APUS_CHECK(chunk % s.stride == 0, dec.path, ": 'chunk_size' ", chunk, " is not a multiple of the stride ", s.stride);
-    s.chunk_tokens = chunk + chunk / s.stride;
-    s.midpoint_shift = dec.get_bool("chunk_midpoint_shift", false);
-    APUS_CHECK(!s.midpoint_shift || s.chunk_tokens % 2 == 0, dec.path, ": chunks of ", s.chunk_tokens,
-               " tokens have no midpoint");
-  }
-  s.mapping_kernel = dec.get_bool("conv_mapping", false) ? 3 : 1;
-  require_bool(dec, "dyt", true, true, "the published decoders normalise with DynamicTanh");
-  require_bool(dec, "variable_stride", false, true, "the published decoders learn one placeholder token");
-  for (const char* key : {"layer_scale", "conformer", "causal", "cross_attn", "feat_scale"})
-    require_bool(dec, key, false, false, "not in the published decoders");
-  APUS_CHECK(dec.get_bool("mapping_bias", true), dec.path, ": 'mapping_bias' false is not supported");
-  o.mask_noise = float(dec.get_double("mask_noise", 0.0));
-  APUS_CHECK(o.mask_noise >= 0, dec.path, ": 'mask_noise' ", o.mask_noise, " is negative");
-  known_keys(dec, {"out_channels", "channels", "c_mults", "strides", "latent_dim", "transformer_depths",
-                   "sinusoidal_blocks", "sliding_window", "dim_heads", "differential", "dyt",
-                   "variable_stride", "conv_mapping", "mask_noise", "checkpointing", "layer_scale",
-                   "conformer", "chunk_size", "chunk_midpoint_shift", "ff_mult", "causal", "cross_attn",
-                   "feat_scale", "mapping_bias", "freeze_backbone"});
+  o.encoder = s;
+  const Config dec = object(object(ae, "decoder"), "config");
+  read_same_side(dec, false, s, o.mask_noise);
+  const Config enc = object(object(ae, "encoder"), "config");
+  read_same_side(enc, true, o.encoder, o.encoder_mask_noise);
+  APUS_CHECK(o.encoder.latent_dim == s.latent_dim && o.encoder.stride == s.stride, enc.path,
+             ": 'latent_dim' and 'strides' must match the decoder's");
+  // The official canvas aligns to the encoder's chunk_size (a band encoder's default 32 included).
+  o.encoder_chunk = enc.get_size("chunk_size", 32, 1);
   APUS_CHECK(!object(ae, "decoder").get_bool("soft_clip", false), dec.path,
              ": the decoder's 'soft_clip' (a final tanh) is not supported");
   require_bool(bottleneck, "auto_scale", false, true, "the published bottlenecks carry running_std");
@@ -180,8 +200,6 @@ void read_official_autoencoder(const Config& ae, int64_t rate, OfficialConfig& o
   APUS_CHECK(bottleneck.get_size("dim", 1) == s.latent_dim, bottleneck.path, ": 'dim' differs from the decoder's latent_dim");
   o.bottleneck_noise = bottleneck.get_bool("noise_regularize", false);
   known_keys(bottleneck, {"dim", "noise_augment_dim", "noise_regularize", "auto_scale", "freeze"});
-  const Config enc = object(object(ae, "encoder"), "config");
-  o.encoder_chunk = enc.get_size("chunk_size", 32, 1);
   APUS_CHECK(ae.get_size("downsampling_ratio", 1) == s.patch_size * s.stride, ae.path,
              ": 'downsampling_ratio' is not patch_size x stride");
 }

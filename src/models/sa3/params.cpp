@@ -41,14 +41,20 @@ ParamSource ParamSource::official_dit(WeightSet set) {
 }
 
 ParamSource ParamSource::official_same(WeightSet set, const std::string& prefix) {
-  auto name = [prefix](const std::string& n) -> std::string {
+  // The resampling block sits at layers.0 of the encoder (before its projection at layers.2) and
+  // at layers.3 of the decoder (after its projection at layers.1).
+  auto block = [](const std::string& inner) {
+    return renamed(inner, {{"norm_attn.", "pre_norm."}, {"attn.to_qkv.", "self_attn.to_qkv."},
+                           {"attn.to_out.", "self_attn.to_out."}, {"attn.q_norm.", "self_attn.q_norm."},
+                           {"attn.k_norm.", "self_attn.k_norm."}, {"norm_ff.", "ff_norm."},
+                           {"ff.proj_in.", "ff.ff.0.proj."}, {"ff.proj_out.", "ff.ff.2."}});
+  };
+  auto name = [prefix, block](const std::string& n) -> std::string {
     if (starts_with(n, "decoder.proj.")) return prefix + "decoder.layers.1." + n.substr(13);
-    if (starts_with(n, "decoder.blocks.0."))
-      return prefix + "decoder.layers.3." +
-             renamed(n.substr(17), {{"norm_attn.", "pre_norm."}, {"attn.to_qkv.", "self_attn.to_qkv."},
-                                    {"attn.to_out.", "self_attn.to_out."}, {"attn.q_norm.", "self_attn.q_norm."},
-                                    {"attn.k_norm.", "self_attn.k_norm."}, {"norm_ff.", "ff_norm."},
-                                    {"ff.proj_in.", "ff.ff.0.proj."}, {"ff.proj_out.", "ff.ff.2."}});
+    if (starts_with(n, "decoder.blocks.0.")) return prefix + "decoder.layers.3." + block(n.substr(17));
+    if (starts_with(n, "encoder.proj.")) return prefix + "encoder.layers.2." + n.substr(13);
+    if (starts_with(n, "encoder.blocks.0.")) return prefix + "encoder.layers.0." + block(n.substr(17));
+    if (n == "bottleneck.scale") return prefix + "bottleneck.scaling_factor";
     return prefix + n;
   };
   return {std::move(set), name, true};

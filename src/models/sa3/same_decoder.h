@@ -10,30 +10,12 @@
 // chunk on its own with fresh noise) are options. SAME-S (the small models') attends within
 // 34-token chunks, shifted by half a chunk for its second half of blocks, and maps with a
 // kernel-3 convolution; diffusers' class cannot hold it, so it comes from official checkpoints.
-#include <string>
 #include <vector>
 
-#include "io/model_dir.h"
-#include "models/sa3/params.h"
+#include "models/sa3/same_transformer.h"
 #include "sampling/torch_rng.h"
-#include "ops/ops.h"
 
 namespace apus::sa3 {
-
-struct SameConfig {
-  int64_t audio_channels, patch_size, latent_dim, dim, stride, depth, head_dim, ff_inner;
-  // SAME-L attends over a band of `window` tokens (sliding_window latents x (stride + 1)); SAME-S
-  // (window 0) within chunks of chunk_tokens (chunk_size + chunk_size / stride), its second half
-  // of blocks on chunks shifted by half a chunk when midpoint_shift.
-  int64_t window = 0, chunk_tokens = 0;
-  bool midpoint_shift = false;
-  int64_t mapping_kernel = 1;  // the weight-normed mapping's kernel: 1 (SAME-L) or 3 (SAME-S)
-  int64_t sin_blocks;          // blocks i with depth - i < sin_blocks use sin(pi x) in their FF
-  int64_t sample_rate;
-  bool differential;
-  int64_t samples_per_latent() const { return stride * patch_size; }
-  static SameConfig read(const Config& c);
-};
 
 // The official decode's noise, drawn per decoded piece from each sample's generator (torch's
 // global one in the official code), in its order: the bottleneck's N(0, 1) x running_std x 1e-3
@@ -61,22 +43,13 @@ class SameDecoder {
                 const DecodeNoise& noise = {}) const;
 
  private:
-  struct Norm {
-    Tensor alpha, gamma, beta;
-  };
-  struct Block {
-    Norm attn_norm, ff_norm, q_norm, k_norm;
-    Tensor to_qkv, to_out, ff_in, ff_in_bias, ff_out, ff_out_bias;
-  };
   SameConfig cfg_;
   ParamSource source_;
   std::vector<Tensor> owned_;
   Tensor scale_, zeros_;  // running_std as a [latent_dim] vector; the shift 0
   Tensor proj_, proj_bias_, new_token_, mapping_, mapping_bias_;
-  std::vector<Block> blocks_;
+  SameTransformer transformer_;
 
-  void block(Context& c, const Block& b, int64_t index, Tensor& x, const ops::AttentionOptions& attn,
-             const Tensor& cos, const Tensor& sin) const;
   Tensor decode_piece(Context& c, const Tensor& latents, int64_t batch, const DecodeNoise& noise) const;
 };
 

@@ -1,0 +1,39 @@
+#pragma once
+// Stable Audio 3's SAME encoder (44.1 kHz audio -> latents), as the official SAMEEncoder and its
+// soft-norm bottleneck compute it, for audio-to-audio and inpainting: the patches (channel-major
+// within each, as the patched pretransform lays them out), a weight-normed mapping to the
+// transformer's width (1x1 for SAME-L, kernel 3 for SAME-S), every 16 patches followed by one
+// learned summary token, the same DynamicTanh transformer as the decoder's (band or chunked
+// attention), the summary tokens kept, a projection to the latent width and the bottleneck's
+// (x * scale + bias) / running_std. Weights in diffusers' AutoencoderSAME names.
+#include <vector>
+
+#include "models/sa3/same_transformer.h"
+
+namespace apus::sa3 {
+
+class SameEncoder {
+ public:
+  // dir holds AutoencoderSAME's config.json and weights; load_weights false reads shapes only.
+  static SameEncoder load(const std::string& dir, DType compute, bool load_weights = true);
+  static SameEncoder load(const SameConfig& config, ParamSource source, DType compute);
+  const SameConfig& config() const { return cfg_; }
+  int64_t parameter_count() const { return source_.set.fetched_elements(); }
+  size_t make_resident() const { return source_.set.make_resident(); }
+  // audio [B, audio_channels, frames * samples_per_latent] (planar, any float dtype) -> latents
+  // [B*frames, latent_dim] in the activation dtype (heap). chunked: the official encode_audio's
+  // chunks of 128 latents overlapping by 32 (shorter clips encode whole).
+  Tensor encode(Context& c, const Tensor& audio, bool chunked = false) const;
+
+ private:
+  SameConfig cfg_;
+  ParamSource source_;
+  std::vector<Tensor> owned_;
+  Tensor mapping_, mapping_bias_, new_token_, proj_, proj_bias_;
+  Tensor scale_, bias_, inv_std_, zeros_;  // the bottleneck, as [latent_dim] vectors
+  SameTransformer transformer_;
+
+  Tensor encode_piece(Context& c, const Tensor& audio) const;
+};
+
+}  // namespace apus::sa3

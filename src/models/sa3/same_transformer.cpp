@@ -1,0 +1,228 @@
+#include "models/sa3/same_transformer.h"
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "core/error.h"
+
+namespace apus::sa3 {
+
+namespace {
+
+// A one-entry list (one resampling level, as SAME-L and SAME-S have) read as its value.
+int64_t single_level(const Config& c, const std::string& key, int64_t fallback) {
+  if (!c.json.contains(key)) return fallback;
+  const std::vector<int64_t> v = c.get_ints(key);
+  APUS_CHECK(v.size() == 1, c.path, ": '", key, "' has ", v.size(),
+             " levels; SAME-L and SAME-S have one (several levels are not supported)");
+  APUS_CHECK(v[0] >= 0 && v[0] <= (int64_t(1) << 24), c.path, ": '", key, "' is ", v[0],
+             ", out of range");
+  return v[0];
+}
+
+}  // namespace
+
+SameConfig SameConfig::read(const Config& c, bool encoder) {
+  SameConfig s{};
+  s.audio_channels = c.get_size("audio_channels", 2, 1);
+  s.patch_size = c.get_size("patch_size", 256, 1);
+  s.latent_dim = c.get_size("latent_dim", 256, 1);
+  const int64_t channels = c.get_size("encoder_channels", 128, 1);
+  s.dim = channels * std::max<int64_t>(1, single_level(c, "encoder_c_mults", 6));
+  s.stride = std::max<int64_t>(1, single_level(c, "encoder_strides", 16));
+  s.depth = std::max<int64_t>(1, single_level(c, "encoder_transformer_depths", 6));
+  s.sin_blocks = single_level(c, encoder ? "encoder_sinusoidal_blocks" : "decoder_sinusoidal_blocks", 0);
+  s.head_dim = std::min(c.get_size("dim_heads", 64, 1), s.dim);
+  APUS_CHECK(s.dim % s.head_dim == 0, c.path, ": model width ", s.dim,
+             " is not a multiple of dim_heads ", s.head_dim);
+  APUS_CHECK(s.head_dim / 2 >= 2 && (s.head_dim / 2) % 2 == 0, c.path, ": dim_heads ", s.head_dim,
+             " leaves no even RoPE width (head_dim / 2)");
+  s.ff_inner = s.dim * c.get_size("ff_mult", 3, 1);
+  // The official band: sliding_window latents on either side, each a group of stride + 1 tokens.
+  s.window = c.get_size("sliding_window", 1, 0) * (s.stride + 1);
+  APUS_CHECK(s.window > 0, c.path, ": sliding_window 0 means SAME-S's chunked attention, which ",
+             "diffusers' AutoencoderSAME does not hold (SAME-S loads from official checkpoints)");
+  s.sample_rate = c.get_size("sampling_rate", 44100, 1);
+  s.differential = c.get_bool("use_differential_attention", true);
+  return s;
+}
+
+SameTransformer SameTransformer::load(const SameConfig& config, const ParamLoader& params,
+                                      const std::string& prefix) {
+  SameTransformer t;
+  t.cfg_ = config;
+  const int64_t d = config.dim, hd = config.head_dim, f = config.ff_inner;
+  auto param = [&](const std::string& name, const Shape& shape) { return params.get(name, shape); };
+  auto norm = [&](const std::string& p, int64_t width) {
+    return Norm{param(p + ".alpha", {1}), param(p + ".gamma", {width}), param(p + ".beta", {width})};
+  };
+  const int64_t parts = config.differential ? 5 : 3;
+  for (int64_t i = 0; i < config.depth; ++i) {
+    const std::string p = prefix + "transformers." + std::to_string(i) + ".";
+    Block b;
+    b.attn_norm = norm(p + "norm_attn", d);
+    b.ff_norm = norm(p + "norm_ff", d);
+    b.q_norm = norm(p + "attn.q_norm", hd);
+    b.k_norm = norm(p + "attn.k_norm", hd);
+    b.to_qkv = params.fused_qkv(p + "attn.to_qkv.weight", parts, d, d);
+    b.to_out = param(p + "attn.to_out.weight", {d, d});
+    b.ff_in = param(p + "ff.proj_in.weight", {2 * f, d});
+    b.ff_in_bias = param(p + "ff.proj_in.bias", {2 * f});
+    b.ff_out = param(p + "ff.proj_out.weight", {d, f});
+    b.ff_out_bias = param(p + "ff.proj_out.bias", {d});
+    t.blocks_.push_back(b);
+  }
+  return t;
+}
+
+void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x,
+                            const ops::AttentionOptions& attn, const Tensor& cos, const Tensor& sin) const {
+  ArenaScope scope(*c.arena);
+  const SameConfig& g = cfg_;
+  const int64_t rows = x.shape[0], d = g.dim, hd = g.head_dim, f = g.ff_inner;
+  const int64_t nq = g.differential ? 2 : 1;
+  Tensor normed = Tensor::in(*c.arena, {rows, d}, c.act);
+  Tensor proj = Tensor::in(*c.arena, {rows, d}, c.act);
+  std::optional<CostScope> part(std::in_place, c, "attn");
+  ops::dyt(c, x, b.attn_norm.alpha, b.attn_norm.gamma, b.attn_norm.beta, normed, ops::Rounding::each_step);
+  {
+    ArenaScope attn_scope(*c.arena);
+    Tensor qkv = Tensor::in(*c.arena, {rows, (2 * nq + 1) * d}, c.act);
+    ops::linear(c, normed, b.to_qkv, nullptr, qkv);
+    Tensor q = qkv.cols(0, nq * d), k = qkv.cols(nq * d, 2 * nq * d);
+    ops::dyt(c, q, b.q_norm.alpha, b.q_norm.gamma, b.q_norm.beta, q, ops::Rounding::each_step);
+    ops::dyt(c, k, b.k_norm.alpha, b.k_norm.gamma, b.k_norm.beta, k, ops::Rounding::each_step);
+    ops::rope(c, q, cos, sin, hd, ops::RopeStyle::half, ops::Rounding::once);
+    ops::rope(c, k, cos, sin, hd, ops::RopeStyle::half, ops::Rounding::once);
+    const Tensor v = qkv.cols(2 * nq * d, (2 * nq + 1) * d);
+    Tensor out = Tensor::in(*c.arena, {rows, d}, c.act);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    if (g.differential)
+      ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d),
+                                  v, out, hd, scale, attn);
+    else
+      ops::attention(c, q, k, v, out, hd, scale, attn);
+    RowParallel row(c);
+    ops::linear(c, out, b.to_out, nullptr, proj);
+  }
+  ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
+
+  part.emplace(c, "ff");
+  ops::dyt(c, x, b.ff_norm.alpha, b.ff_norm.gamma, b.ff_norm.beta, normed, ops::Rounding::each_step);
+  {
+    ArenaScope ff_scope(*c.arena);
+    Tensor up = Tensor::in(*c.arena, {rows, 2 * f}, c.act), act = Tensor::in(*c.arena, {rows, f}, c.act);
+    ops::linear(c, normed, b.ff_in, &b.ff_in_bias, up);
+    // The official rule: the last sin_blocks blocks use sin(pi x), the others SiLU.
+    const bool sinusoidal = g.depth - index < g.sin_blocks;
+    ops::glu(c, up.cols(f, 2 * f), up.cols(0, f), act,
+             sinusoidal ? ops::Activation::sin_pi : ops::Activation::silu, ops::Rounding::each_step);
+    RowParallel row(c);
+    ops::linear(c, act, b.ff_out, &b.ff_out_bias, proj);
+  }
+  ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
+}
+
+void SameTransformer::run(Context& c, Tensor& x, int64_t batch) const {
+  ArenaScope scope(*c.arena);
+  const SameConfig& g = cfg_;
+  const int64_t d = g.dim, tokens = x.shape[0] / batch;
+  // RoPE over the tokens one attention sees (a sample's N, or one chunk's), half of each head
+  // turned.
+  const bool chunked = g.window == 0;
+  const int64_t seen = chunked ? g.chunk_tokens : tokens;
+  APUS_CHECK(!chunked || tokens % seen == 0, "SAME: ", tokens / (g.stride + 1),
+             " latents do not fill whole attention chunks of ", seen / (g.stride + 1),
+             " (the official pipeline's canvases do)");
+  Tensor positions = Tensor::in(*c.arena, {seen, 1}, DType::i64);
+  if (!c.count_only)
+    for (int64_t i = 0; i < seen; ++i) positions.ptr<int64_t>()[i] = i;
+  Tensor cos = Tensor::in(*c.arena, {seen, g.head_dim / 4}, DType::f32);
+  Tensor sin = Tensor::in(*c.arena, {seen, g.head_dim / 4}, DType::f32);
+  ops::rope_tables(c, positions, {g.head_dim / 2}, 10000.0, ops::RopeMath::f32, cos, sin);
+  auto run_blocks = [&](Tensor& h, int64_t from, int64_t to) {
+    const int64_t attend_batch = chunked ? h.shape[0] / seen : batch;
+    const ops::AttentionOptions attn{false, nullptr, attend_batch, 0.0f, ops::Rounding::once, g.window};
+    for (int64_t i = from; i < to; ++i) {
+      CostScope block_scope(c, "block." + std::to_string(i));
+      mark_depth_boundary(c, h);
+      block(c, blocks_[size_t(i)], i, h, attn, cos, sin);
+    }
+  };
+  const int64_t split = chunked && g.midpoint_shift ? g.depth / 2 : g.depth;
+  run_blocks(x, 0, split);
+  if (split == g.depth) return;
+  // The second half on chunks shifted by half a chunk: each sample's first and last half chunk
+  // repeated at its ends, cropped off after.
+  const int64_t shift = seen / 2, n = tokens + 2 * shift;
+  Tensor shifted = Tensor::in(*c.arena, {batch * n, d}, c.act);
+  for (int64_t b = 0; b < batch; ++b) {
+    const Tensor sample = x.rows(b * tokens, (b + 1) * tokens);
+    Tensor head = shifted.rows(b * n, b * n + shift), body = shifted.rows(b * n + shift, b * n + shift + tokens),
+           tail = shifted.rows(b * n + shift + tokens, (b + 1) * n);
+    ops::copy(c, sample.rows(0, shift), head);
+    ops::copy(c, sample, body);
+    ops::copy(c, sample.rows(tokens - shift, tokens), tail);
+  }
+  run_blocks(shifted, split, g.depth);
+  for (int64_t b = 0; b < batch; ++b) {
+    Tensor sample = x.rows(b * tokens, (b + 1) * tokens);
+    ops::copy(c, shifted.rows(b * n + shift, b * n + shift + tokens), sample);
+  }
+}
+
+Tensor weight_normed_mapping(const ParamLoader& params, std::vector<Tensor>& owned, DType compute,
+                             const std::string& prefix, int64_t out, int64_t in, int64_t kernel) {
+  const Tensor& g = params.raw(prefix + ".weight_g", {out, 1, 1});
+  const Tensor& v = params.raw(prefix + ".weight_v", {out, in, kernel});
+  if (!v.data) return Tensor::shape_only({out, kernel * in}, compute);
+  Tensor mapping = Tensor::heap({out, kernel * in}, DType::f32);
+  for (int64_t o = 0; o < out; ++o) {
+    double ss = 0;
+    for (int64_t i = 0; i < in * kernel; ++i) {
+      const double e = load_f32(v, o * in * kernel + i);
+      ss += e * e;
+    }
+    APUS_CHECK(ss > 0, prefix, ".weight_v row ", o, " is all zeros (weight norm undefined)");
+    const double scale = double(load_f32(g, o)) / std::sqrt(ss);
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t t = 0; t < kernel; ++t)
+        mapping.ptr<float>()[o * kernel * in + t * in + i] = float(scale * load_f32(v, (o * in + i) * kernel + t));
+  }
+  owned.push_back(compute == DType::f32 ? mapping : to_dtype(mapping, compute));
+  return owned.back();
+}
+
+Tensor conv_taps(Context& c, const Tensor& x, int64_t batch) {
+  const int64_t n = x.shape[0] / batch, d = x.shape[1];
+  Tensor taps = Tensor::in(*c.arena, {batch * n, 3 * d}, x.dtype);
+  Tensor zero = Tensor::in(*c.arena, {1, d}, x.dtype);
+  if (!c.count_only) std::memset(zero.data, 0, zero.nbytes());
+  for (int64_t b = 0; b < batch; ++b) {
+    const Tensor src = x.rows(b * n, (b + 1) * n);
+    Tensor dst = taps.rows(b * n, (b + 1) * n);
+    Tensor prev = dst.rows(1, n).cols(0, d), prev_edge = dst.rows(0, 1).cols(0, d);
+    Tensor mid = dst.cols(d, 2 * d);
+    Tensor next = dst.rows(0, n - 1).cols(2 * d, 3 * d), next_edge = dst.rows(n - 1, n).cols(2 * d, 3 * d);
+    ops::copy(c, src.rows(0, n - 1), prev);
+    ops::copy(c, zero, prev_edge);
+    ops::copy(c, src, mid);
+    ops::copy(c, src.rows(1, n), next);
+    ops::copy(c, zero, next_edge);
+  }
+  return taps;
+}
+
+std::vector<SameChunk> same_chunks(int64_t frames) {
+  std::vector<int64_t> starts;
+  for (int64_t s = 0; s + kSameChunk <= frames; s += kSameChunk - kSameOverlap) starts.push_back(s);
+  if (starts.back() != frames - kSameChunk) starts.push_back(frames - kSameChunk);
+  std::vector<SameChunk> chunks;
+  const int64_t half = kSameOverlap / 2;
+  for (size_t i = 0; i < starts.size(); ++i)
+    chunks.push_back({starts[i], i == 0 ? 0 : half, i + 1 == starts.size() ? kSameChunk : kSameChunk - half});
+  return chunks;
+}
+
+}  // namespace apus::sa3
