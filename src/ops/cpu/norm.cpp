@@ -86,8 +86,9 @@ void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, floa
     load_row(x, r, row, d);
     for (int64_t g = 0; g < d; g += group) {
       float* v = row + g;
-      float ss = 0;
-      for (int64_t i = 0; i < group; ++i) ss += v[i] * v[i];
+      // A vector reduction: the serial sum is one chain of dependent adds (0.4 ms a call on
+      // Stable Audio's 452 x 1536 rows).
+      const float ss = squared_deviation_row(v, group, 0.0f);
       const float rs = 1.0f / std::sqrt(ss / float(group) + eps);
       for (int64_t i = 0; i < group; ++i) v[i] *= rs;
       if (rounding == ops::Rounding::each_step) round_to(y.dtype, v, group);
