@@ -15,6 +15,7 @@
 #include "audio_distance.h"
 #include "io/model_dir.h"
 #include "io/audio.h"
+#include "io/resample.h"
 #include "io/safetensors.h"
 #include "models/sa3/model_config.h"
 #include "sampling/logsnr.h"
@@ -276,6 +277,67 @@ TEST(Sa3Pipeline, AudioToAudioAndInpaintingMatchTheOfficialGenerate) {
   }
 }
 
+// Input clips at another rate go through torchaudio's Resample as the official prepare_audio
+// does: the resampler alone against torchaudio (48 and 22.05 kHz to 44.1 kHz), the clips as
+// generate() prepares and encodes them, and a 3000 Hz clip through the official generate() on the
+// 2048 Hz tiny model. (On these random weights the sampler's output hardly depends on the init
+// clip's content, 6e-4 between two different clips, so the encoded clips are checked directly.)
+TEST(Sa3Pipeline, ClipsAtOtherRatesAreResampledAsTorchaudioDoes) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_inputs_ref.safetensors"));
+  for (const int rate : {48000, 22050}) {
+    const Tensor& in = ref.get("resample." + std::to_string(rate) + ".in");
+    const Tensor& want = ref.get("resample." + std::to_string(rate) + ".out");
+    std::vector<std::vector<float>> planes;
+    for (int64_t c = 0; c < in.shape[0]; ++c) {
+      const auto all = to_f32_vector(in);
+      planes.emplace_back(all.begin() + c * in.shape[1], all.begin() + (c + 1) * in.shape[1]);
+    }
+    const auto out = resample(planes, rate, 44100, int64_t(1) << 40);
+    std::vector<float> flat;
+    for (const auto& p : out) flat.insert(flat.end(), p.begin(), p.end());
+    ASSERT_EQ(int64_t(flat.size()), want.numel()) << rate;
+    const double err = test::rel_l2(flat, to_f32_vector(want));
+    std::printf("[ measure ] resample %d -> 44100 Hz: rel L2 to torchaudio %.3e\n", rate, err);
+    EXPECT_LT(err, 1e-6) << rate;
+    // Cut to the frames asked for: the same first frames.
+    const auto head = resample(planes, rate, 44100, 100);
+    ASSERT_EQ(head[0].size(), 100u);
+    EXPECT_TRUE(std::equal(head[0].begin(), head[0].end(), out[0].begin()));
+  }
+  // What generate() hands the sampler: the clip prepared (resampled from 3000 Hz, or a mono clip
+  // doubled and cut to the canvas) and encoded, against the official _encode_audio_input.
+  const sa3::OfficialConfig config = sa3::read_official_config(official_dir() + "/model_config.json");
+  const auto encoder = sa3::SameEncoder::load(
+      config.encoder, sa3::ParamSource::official_same(WeightSet::open_dir(official_dir()), "pretransform.model."),
+      DType::f32);
+  for (const char* name : {"init_3000", "inpaint"}) {
+    const Tensor& want = ref.get(std::string(name) + ".latents");
+    const int64_t frames = want.shape[2], length = frames * config.encoder.samples_per_latent();
+    Tensor clip = Tensor::heap({1, 2, length}, DType::f32);
+    sa3::prepare_clip(clip_file(std::string("sa3_tiny/inputs/") + name + ".wav"), name, 2048, 2, length,
+                      clip.ptr<float>());
+    Arena arena;
+    Context ctx{&arena, DType::f32};
+    const double e = test::rel_l2(to_f32_vector(encoder.encode(ctx, clip)), to_f32_vector(test::frames_major(want)));
+    std::printf("[ measure ] %s prepared and encoded: rel L2 %.3e\n", name, e);
+    EXPECT_LT(e, test::kFp32Tolerance) << name;
+  }
+  const auto model = AudioModel::open(official_dir(), Weights::per_stage);
+  AudioRequest r = reference_request(true);
+  r.init_audio = clip_file("sa3_tiny/inputs/init_3000.wav");
+  EXPECT_EQ(r.init_audio->sample_rate, 3000);
+  r.init_noise_level = 0.6;
+  const double err = test::rel_l2(model->generate(r).samples, interleaved(ref.get("a2a_resampled.fp32.audio")));
+  AudioRequest inpaint = inputs_request(true, "inpaint");
+  inpaint.inpaint_audio = r.init_audio;
+  const double err_inpaint =
+      test::rel_l2(model->generate(inpaint).samples, interleaved(ref.get("inpaint_resampled.fp32.audio")));
+  std::printf("[ measure ] sa3 from a 3000 Hz clip: audio-to-audio fp32 rel L2 %.3e, inpainting %.3e\n", err,
+              err_inpaint);
+  EXPECT_LT(err, test::kFp32Tolerance);
+  EXPECT_LT(err_inpaint, test::kFp32Tolerance);
+}
+
 TEST(Sa3Pipeline, BadAudioInputsAreRefused) {
   const auto model = AudioModel::open(official_dir(), Weights::per_stage);
   auto expect = [&](AudioRequest r, const std::vector<std::string>& fragments) {
@@ -287,9 +349,12 @@ TEST(Sa3Pipeline, BadAudioInputsAreRefused) {
     r.init_noise_level = level;
     expect(r, {"init noise level", "outside (0, 1]"});
   }
-  AudioRequest rate = a2a;
-  rate.init_audio->sample_rate = 44100;
-  expect(rate, {"init audio", "44100 Hz", "2048 Hz"});
+  AudioRequest fine = a2a;
+  fine.init_audio->sample_rate = 44101;  // 44101 : 2048 does not reduce
+  expect(fine, {"44101 Hz to 2048 Hz", "filter bank"});
+  AudioRequest no_rate = a2a;
+  no_rate.init_audio->sample_rate = 0;
+  expect(no_rate, {"init audio", "0 Hz"});
   AudioRequest ragged = a2a;
   ragged.init_audio->samples.pop_back();
   expect(ragged, {"init audio", "whole frames"});

@@ -73,8 +73,9 @@ class ImageModel {
   virtual const std::string& sampler() const = 0;  // e.g. "Euler (flow match)"
 };
 
-// An input clip: interleaved frames x channels samples in [-1, 1], at its own rate (it must be
-// the model's: 44.1 kHz) and channel count (mono is doubled, beyond stereo the first two kept).
+// An input clip: interleaved frames x channels samples in [-1, 1], at its own rate (resampled to
+// the model's as the official code does, with torchaudio's Resample) and channel count (mono is
+// doubled, beyond stereo the first two kept).
 struct AudioClip {
   int sample_rate = 0, channels = 0;
   std::vector<float> samples;

@@ -109,8 +109,7 @@ class Sa3Model final : public AudioModel {
  private:
   Work plan(const AudioRequest& r, int64_t batch) const;
   void encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work& w) const;
-  // The requests' init or inpaint clips as the official prepare_audio makes them: the model's
-  // channels, zero-padded or cut to the canvas; [B, C, frames x samples_per_latent] fp32.
+  // The requests' init or inpaint clips for the encoder: [B, C, frames x samples_per_latent] fp32.
   Tensor prepare_clips(Context& c, const std::vector<AudioRequest>& requests, const Work& w) const;
   void encode_clips(Context& c, const sa3::SameEncoder& encoder, Work& w, bool chunked) const;
   void condition(Context& c, const sa3::DurationEmbedder& duration, const sa3::Dit& dit, Work& w) const;
@@ -352,31 +351,11 @@ Tensor Sa3Model::prepare_clips(Context& c, const std::vector<AudioRequest>& requ
   const int64_t ch = same_cfg_.audio_channels, length = w.canvas.frames * same_cfg_.samples_per_latent();
   Tensor clips = ops::empty(c, {w.batch, ch, length}, DType::f32);
   if (c.count_only) return clips;
-  std::memset(clips.data, 0, clips.nbytes());
   for (int64_t b = 0; b < w.batch; ++b) {
     const AudioRequest& r = requests[size_t(b)];
-    const char* what = w.init ? "init audio" : "inpaint audio";
     const AudioClip& clip = w.init ? *r.init_audio : *r.inpaint_audio;
-    APUS_CHECK(clip.sample_rate == same_cfg_.sample_rate, what, " is at ", clip.sample_rate, " Hz; this model takes ",
-               same_cfg_.sample_rate, " Hz (resample it first, e.g. sox in.wav -r ", same_cfg_.sample_rate, " out.wav)");
-    APUS_CHECK(clip.channels >= 1 && clip.samples.size() % size_t(clip.channels) == 0 && !clip.samples.empty(),
-               what, ": ", clip.samples.size(), " samples are not whole frames of ", clip.channels, " channels");
-    const int64_t frames = int64_t(clip.samples.size()) / clip.channels, n = std::min(frames, length);
-    float* out = clips.ptr<float>() + b * ch * length;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t k = 0; k < ch; ++k) {
-        // The official set_audio_channels: mono to every channel, a mono model the mean, extra
-        // channels dropped.
-        float v = 0;
-        if (ch == 1) {
-          for (int j = 0; j < clip.channels; ++j) v += clip.samples[size_t(i * clip.channels + j)];
-          v /= float(clip.channels);
-        } else {
-          v = clip.samples[size_t(i * clip.channels + (clip.channels == 1 ? 0 : std::min<int64_t>(k, clip.channels - 1)))];
-        }
-        APUS_CHECK(std::isfinite(v), what, ": sample ", i, " is not a finite number");
-        out[k * length + i] = v;
-      }
+    sa3::prepare_clip(clip, w.init ? "init audio" : "inpaint audio", same_cfg_.sample_rate, ch, length,
+                      clips.ptr<float>() + b * ch * length);
   }
   return clips;
 }

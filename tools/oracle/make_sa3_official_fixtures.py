@@ -159,9 +159,12 @@ def same_side_to_diffusers(state, side, block, proj):
     return out
 
 
-def randomize_same(module, gen, running_std=None):
-    """Every parameter of a SAME part drawn at random around what training leaves (DyT alphas in
-    [0.5, 1.5], gains near 1, weights ~ 1/sqrt(fan-in)); the official init zeroes several."""
+def randomize_encoder(module, gen, running_std=None):
+    """Every parameter of a SAME encoder drawn at random around what training leaves (DyT alphas in
+    [0.5, 1.5], gains near 1, weights ~ 1/sqrt(fan-in); the official init zeroes several), its
+    attention projections x3: at 1x the two softmaxes of the differential attention stay near
+    uniform and cancel, and the summary tokens barely depend on the audio (5 % apart for two
+    different clips; 41 % at 3x), which a test of the encoder's input path could not see."""
     with torch.no_grad():
         for name, p in module.named_parameters():
             if name.endswith("alpha"):
@@ -169,7 +172,8 @@ def randomize_same(module, gen, running_std=None):
             elif name.endswith("running_std"):
                 p.fill_(running_std)
             elif p.dim() >= 2 and not name.endswith("new_tokens"):
-                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
+                gain = 3.0 if "to_qkv" in name else 1.0
+                p.copy_(gain * torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
             else:
                 gain = name.endswith(("gamma", "scaling_factor", "weight_g"))
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if gain else 0.0))
@@ -225,7 +229,7 @@ def same_fixtures(out_dir):
     from stable_audio_3.models.autoencoders import AudioAutoencoder, SAMEEncoder
     encoder = SAMEEncoder(in_channels=2 * SAME_PATCH, channels=32, latent_dim=SAME_LATENT, c_mults=[4], strides=[16],
                           transformer_depths=[4], sliding_window=[1, 1], dim_heads=64, variable_stride=True).eval()
-    randomize_same(encoder, gen)
+    randomize_encoder(encoder, gen)
     with torch.no_grad():
         bottleneck.scaling_factor.copy_(1.0 + 0.2 * torch.randn(bottleneck.scaling_factor.shape, generator=gen))
         bottleneck.bias.copy_(0.2 * torch.randn(bottleneck.bias.shape, generator=gen))
@@ -545,7 +549,7 @@ def original_layout_fixture(out_dir, dit, decoder, bottleneck, duration, expecte
         linear = wrapper.conditioner.conditioners["seconds_total"].embedder.embedding[1]
         linear.weight.copy_(duration.linear.weight)
         linear.bias.copy_(duration.linear.bias)
-        randomize_same(wrapper.pretransform.model.encoder, torch.Generator().manual_seed(51))
+        randomize_encoder(wrapper.pretransform.model.encoder, torch.Generator().manual_seed(51))
 
     model, tensors = official_checkpoint(out_dir, config, os.path.join(out_dir, "sa3_tiny", "original"), 31, fill)
     audio = official_generate(model, config)
@@ -600,7 +604,8 @@ def write_wav16(path, audio, rate):
 
 def audio_inputs_fixture(out_dir, model, config):
     """Audio-to-audio and inpainting through the official generate() on the tiny medium-shaped
-    checkpoint: its init_audio (a stereo clip shorter than the canvas, init_noise_level 0.6) and
+    checkpoint: its init_audio (a stereo clip shorter than the canvas, init_noise_level 0.6; also
+    one at 3000 Hz, resampled by generate()) and
     inpaint_audio (a mono clip longer than the canvas, two regions). The clips are written as 16-bit
     WAVs, the form a user hands apus. Writes sa3_inputs_ref.safetensors and sa3_tiny/inputs/."""
     gen = torch.Generator().manual_seed(61)
@@ -618,8 +623,30 @@ def audio_inputs_fixture(out_dir, model, config):
     regions = ([0.3, 1.0], [0.8, 1.2])
     common = dict(prompt=PIPELINE["prompt"], duration=PIPELINE["seconds"], steps=PIPELINE["steps"],
                   seed=PIPELINE["seed"], sample_size=config["sample_size"])
+    # A clip at another rate (3000 Hz), which generate() resamples with torchaudio's Resample; and
+    # that resampler alone at the rates users bring (48 kHz and 22.05 kHz to 44.1 kHz).
+    from torchaudio import transforms as T
+    t3 = torch.arange(int(1.2 * 3000)) / 3000
+    init3k = torch.stack([0.4 * torch.sin(2 * math.pi * 90 * t3), 0.3 * torch.cos(2 * math.pi * 140 * t3)])
+    init3k = ((init3k + 0.05 * torch.randn(init3k.shape, generator=gen)) * 32768).round() / 32768
+    write_wav16(os.path.join(root, "init_3000.wav"), init3k, 3000)
     ref = {}
+    for src in (48000, 22050):
+        x = 0.5 * torch.randn(2, src // 10, generator=gen)
+        ref[f"resample.{src}.in"] = x
+        ref[f"resample.{src}.out"] = T.Resample(src, 44100)(x).contiguous()
     with torch.no_grad():
+        # What generate() hands the sampler for a clip: prepare_audio (resample, pad or cut to the
+        # canvas, channels) and the encoder, for the mono inpaint clip and the 3000 Hz one.
+        size = model._adapt_sample_size([{"prompt": PIPELINE["prompt"], "seconds_total": PIPELINE["seconds"]}],
+                                        config["sample_size"], 6.0)
+        for name, clip in (("inpaint", (rate, inpaint)), ("init_3000", (3000, init3k))):
+            ref[f"{name}.latents"] = model._encode_audio_input(clip, size)[0].contiguous()
+        ref["a2a_resampled.fp32.audio"] = model.generate(init_audio=(3000, init3k), init_noise_level=0.6,
+                                                         **common).contiguous()
+        ref["inpaint_resampled.fp32.audio"] = model.generate(
+            inpaint_audio=(3000, init3k), inpaint_mask_start_seconds=regions[0], inpaint_mask_end_seconds=regions[1],
+            **common).contiguous()
         ref["a2a.fp32.audio"] = model.generate(init_audio=(rate, init), init_noise_level=0.6, **common).contiguous()
         ref["inpaint.fp32.audio"] = model.generate(inpaint_audio=(rate, inpaint), inpaint_mask_start_seconds=regions[0],
                                                    inpaint_mask_end_seconds=regions[1], **common).contiguous()
@@ -628,6 +655,8 @@ def audio_inputs_fixture(out_dir, model, config):
     with open(os.path.join(out_dir, "sa3_inputs_ref.json"), "w") as f:
         json.dump({"init_noise_level": 0.6, "inpaint_starts": regions[0], "inpaint_ends": regions[1]}, f, indent=1)
     print(f"sa3 audio inputs: audio-to-audio vs text-to-audio rel L2 {rel(ref['a2a.fp32.audio'], ref['t2a.fp32.audio']):.3e}, "
+          f"vs audio-to-audio from the other clip {rel(ref['a2a.fp32.audio'], ref['a2a_resampled.fp32.audio']):.3e}, "
+          f"inpainting from two clips {rel(ref['inpaint.fp32.audio'], ref['inpaint_resampled.fp32.audio']):.3e}, "
           f"inpainting vs text-to-audio {rel(ref['inpaint.fp32.audio'], ref['t2a.fp32.audio']):.3e}")
 
 
@@ -655,7 +684,7 @@ def small_layout_fixture(out_dir, dit, duration):
                 p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if name.endswith("gamma") else 0.0))
-        randomize_same(ae.encoder, gen)
+        randomize_encoder(ae.encoder, gen)
         with torch.no_grad():
             ae.bottleneck.scaling_factor.copy_(1.0 + 0.2 * torch.randn(ae.bottleneck.scaling_factor.shape, generator=gen))
             ae.bottleneck.bias.copy_(0.2 * torch.randn(ae.bottleneck.bias.shape, generator=gen))

@@ -1,11 +1,44 @@
 #include "models/sa3/same_encoder.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 
 #include "core/error.h"
+#include "io/resample.h"
 
 namespace apus::sa3 {
+
+void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, int64_t channels, int64_t length,
+                  float* out) {
+  APUS_CHECK(clip.channels >= 1 && clip.sample_rate > 0 && clip.samples.size() % size_t(clip.channels) == 0 &&
+                 !clip.samples.empty(),
+             what, ": ", clip.samples.size(), " samples at ", clip.sample_rate, " Hz are not whole frames of ",
+             clip.channels, " channels");
+  const int64_t in_frames = int64_t(clip.samples.size()) / clip.channels;
+  std::vector<std::vector<float>> planes(size_t(clip.channels), std::vector<float>(size_t(in_frames)));
+  for (int64_t i = 0; i < in_frames; ++i)
+    for (int j = 0; j < clip.channels; ++j) {
+      const float v = clip.samples[size_t(i * clip.channels + j)];
+      APUS_CHECK(std::isfinite(v), what, ": sample ", i, " is not a finite number");
+      planes[size_t(j)][size_t(i)] = v;
+    }
+  planes = resample(planes, clip.sample_rate, int(rate), length);
+  const int64_t n = std::min(int64_t(planes[0].size()), length);
+  std::fill(out, out + channels * length, 0.0f);
+  for (int64_t k = 0; k < channels; ++k)
+    for (int64_t i = 0; i < n; ++i) {
+      float v = 0;
+      if (channels == 1) {
+        for (const auto& p : planes) v += p[size_t(i)];
+        v /= float(planes.size());
+      } else {
+        v = planes[size_t(std::min<int64_t>(k, int64_t(planes.size()) - 1))][size_t(i)];
+      }
+      out[k * length + i] = v;
+    }
+}
 
 SameEncoder SameEncoder::load(const std::string& dir, DType compute, bool load_weights) {
   return load(SameConfig::read(read_config(dir + "/config.json"), /*encoder=*/true),

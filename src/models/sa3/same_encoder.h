@@ -8,9 +8,17 @@
 // (x * scale + bias) / running_std. Weights in diffusers' AutoencoderSAME names.
 #include <vector>
 
+#include "apus/apus.h"
 #include "models/sa3/same_transformer.h"
 
 namespace apus::sa3 {
+
+// An input clip as the official prepare_audio makes it for the encoder: resampled to `rate`
+// (torchaudio's Resample), zero-padded or cut to `length` frames, then brought to `channels`
+// (mono to every channel, a mono model the mean, extra channels dropped); planar
+// [channels, length] into out. `what` names the clip in errors.
+void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, int64_t channels, int64_t length,
+                  float* out);
 
 class SameEncoder {
  public:
