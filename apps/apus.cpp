@@ -164,10 +164,10 @@ int main(int argc, char** argv) {
   auto* audio_negative_opt = audio->add_option("--negative-prompt", audio_negative, "the unconditional branch's prompt (with --cfg)");
   std::string audio_decode, init_audio, inpaint_audio;
   std::vector<double> inpaint_starts, inpaint_ends;
-  audio->add_option("--init-audio", init_audio, "audio-to-audio: start from this clip (44.1 kHz)");
+  audio->add_option("--init-audio", init_audio, "audio-to-audio: start from this clip (any rate: resampled)");
   auto* init_level_opt = audio->add_option("--init-noise-level", audio_req.init_noise_level,
                                            "audio-to-audio: noise mixed into the clip, (0, 1] (default 0.9)");
-  audio->add_option("--inpaint-audio", inpaint_audio, "inpainting: the clip to keep outside the regions (44.1 kHz)");
+  audio->add_option("--inpaint-audio", inpaint_audio, "inpainting: the clip to keep outside the regions");
   audio->add_option("--inpaint-start", inpaint_starts, "inpainting: a region's start in seconds (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   audio->add_option("--inpaint-end", inpaint_ends, "inpainting: a region's end in seconds (repeatable)")
