@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
   int audio_batch = 1;
   bool audio_verbose = false;
   auto* audio = app.add_subcommand("audio", "generate a clip from a prompt (Stable Audio 3)");
-  audio->add_option("--model", audio_model, "model directory (diffusers layout)")->required();
+  audio->add_option("--model", audio_model, "model directory: the published layout (model_config.json) or diffusers' folders")->required();
   audio->add_option("--prompt,-p", audio_req.prompt, "text prompt")->required();
   audio->add_option("--seconds", audio_req.seconds, "clip length (up to 380 s medium, 120 s small)");
   audio->add_option("--steps", audio_req.steps, "sampling steps (8 for the distilled models)");
