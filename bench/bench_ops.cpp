@@ -57,6 +57,32 @@ void BM_Sa3Attention(benchmark::State& st) {
 }
 BENCHMARK(BM_Sa3Attention)->Arg(128)->Arg(226)->Arg(452)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The same DiT's differential attention, self (452 keys) and cross (257 text tokens + duration):
+// arm 0 the op (both softmaxes of a block into one stacked P·V), arm 1 composed as the op did
+// before: two attentions and a subtraction (the same-process A/B of that change).
+void BM_Sa3DifferentialAttention(benchmark::State& st) {
+  cpu::attention_query_block = 128;
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t s = 452, keys = st.range(0), h = 24, d = 64;
+  Tensor q = filled({s, h * d}, DType::bf16), q2 = filled({s, h * d}, DType::bf16), k = filled({keys, h * d}, DType::bf16),
+         k2 = filled({keys, h * d}, DType::bf16), v = filled({keys, h * d}, DType::bf16),
+         o = Tensor::heap({s, h * d}, DType::bf16), o2 = Tensor::heap({s, h * d}, DType::bf16);
+  Tensor minus = Tensor::heap({h * d}, DType::f32);
+  std::fill(minus.ptr<float>(), minus.ptr<float>() + h * d, -1.0f);
+  for (auto _ : st) {
+    if (st.range(1) == 0) {
+      ops::differential_attention(c, q, k, q2, k2, v, o, d, 0.125f, {});
+    } else {
+      ops::attention(c, q, k, v, o, d, 0.125f, {});
+      ops::attention(c, q2, k2, v, o2, d, 0.125f, {});
+      ops::add_gated(c, o, o2, &minus, ops::Rounding::each_step);
+    }
+  }
+  st.counters["FLOP/s"] = benchmark::Counter(8.0 * s * keys * h * d, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Sa3DifferentialAttention)->ArgsProduct({{452, 257}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+
 void BM_BandAttention(benchmark::State& st) {
   cpu::attention_query_block = st.range(1);
   Arena arena;
