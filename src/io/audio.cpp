@@ -2,7 +2,9 @@
 
 #include <sndfile.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "io/files.h"
@@ -16,25 +18,64 @@ AudioFormat parse_audio_format(const std::string& name) {
   fail("audio format '", name, "' is not one of wav, wav-float, flac");
 }
 
-void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
-                 const AudioMetadata& metadata) {
+namespace {
+
+// libsndfile's virtual I/O over a growing byte vector.
+struct Buffer {
+  std::vector<uint8_t> bytes;
+  sf_count_t at = 0;
+};
+
+SF_VIRTUAL_IO buffer_io() {
+  SF_VIRTUAL_IO io{};
+  io.get_filelen = [](void* b) { return sf_count_t(static_cast<Buffer*>(b)->bytes.size()); };
+  io.seek = [](sf_count_t offset, int whence, void* p) {
+    auto* b = static_cast<Buffer*>(p);
+    const sf_count_t base = whence == SEEK_CUR ? b->at : whence == SEEK_END ? sf_count_t(b->bytes.size()) : 0;
+    b->at = std::max<sf_count_t>(0, base + offset);
+    return b->at;
+  };
+  io.read = [](void* dst, sf_count_t n, void* p) {
+    auto* b = static_cast<Buffer*>(p);
+    const sf_count_t got = std::max<sf_count_t>(0, std::min<sf_count_t>(n, sf_count_t(b->bytes.size()) - b->at));
+    std::memcpy(dst, b->bytes.data() + b->at, size_t(got));
+    b->at += got;
+    return got;
+  };
+  io.write = [](const void* src, sf_count_t n, void* p) {
+    auto* b = static_cast<Buffer*>(p);
+    if (size_t(b->at + n) > b->bytes.size()) b->bytes.resize(size_t(b->at + n));
+    std::memcpy(b->bytes.data() + b->at, src, size_t(n));
+    b->at += n;
+    return n;
+  };
+  io.tell = [](void* b) { return static_cast<Buffer*>(b)->at; };
+  return io;
+}
+
+}  // namespace
+
+const char* audio_mime_type(AudioFormat format) { return format == AudioFormat::flac ? "audio/flac" : "audio/wav"; }
+
+std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const AudioMetadata& metadata,
+                                  const std::string& what) {
   APUS_CHECK(audio.rate > 0 && audio.channels > 0 && audio.samples.size() % size_t(audio.channels) == 0,
-             path, ": ", audio.samples.size(), " samples for ", audio.channels, " channels at ",
+             what, ": ", audio.samples.size(), " samples for ", audio.channels, " channels at ",
              audio.rate, " Hz");
   for (size_t i = 0; i < audio.samples.size(); ++i)
-    APUS_CHECK(std::isfinite(audio.samples[i]), path, ": sample ", i, " is not finite");
+    APUS_CHECK(std::isfinite(audio.samples[i]), what, ": sample ", i, " is not finite");
   SF_INFO info{};
   info.samplerate = audio.rate;
   info.channels = audio.channels;
   info.format = format == AudioFormat::flac        ? SF_FORMAT_FLAC | SF_FORMAT_PCM_16
                 : format == AudioFormat::wav_float ? SF_FORMAT_WAV | SF_FORMAT_FLOAT
                                                    : SF_FORMAT_WAV | SF_FORMAT_PCM_16;
-  APUS_CHECK(sf_format_check(&info), path, ": libsndfile cannot write this format at ", audio.rate,
+  APUS_CHECK(sf_format_check(&info), what, ": libsndfile cannot write this format at ", audio.rate,
              " Hz, ", audio.channels, " channels");
-  AtomicFile file(path);
-  std::fflush(file.stream());
-  SNDFILE* sf = sf_open_fd(::fileno(file.stream()), SFM_WRITE, &info, /*close_desc=*/0);
-  APUS_CHECK(sf, path, ": cannot write audio: ", sf_strerror(nullptr));
+  Buffer buffer;
+  SF_VIRTUAL_IO io = buffer_io();
+  SNDFILE* sf = sf_open_virtual(&io, SFM_WRITE, &info, &buffer);
+  APUS_CHECK(sf, what, ": cannot write audio: ", sf_strerror(nullptr));
   struct Closer {
     SNDFILE* sf;
     ~Closer() {
@@ -47,10 +88,18 @@ void write_audio(const std::string& path, const Audio& audio, AudioFormat format
                                    std::pair{SF_STR_SOFTWARE, &metadata.software}})
     if (!value->empty()) sf_set_string(sf, key, value->c_str());
   const sf_count_t frames = sf_count_t(audio.frames());
-  APUS_CHECK(sf_writef_float(sf, audio.samples.data(), frames) == frames, path, ": write failed: ",
+  APUS_CHECK(sf_writef_float(sf, audio.samples.data(), frames) == frames, what, ": write failed: ",
              sf_strerror(sf));
-  APUS_CHECK(sf_close(sf) == 0, path, ": write failed: ", sf_strerror(nullptr));
+  APUS_CHECK(sf_close(sf) == 0, what, ": write failed: ", sf_strerror(nullptr));
   closer.sf = nullptr;
+  return std::move(buffer.bytes);
+}
+
+void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
+                 const AudioMetadata& metadata) {
+  const std::vector<uint8_t> bytes = encode_audio(audio, format, metadata, path);
+  AtomicFile file(path);
+  file.write(bytes.data(), bytes.size());
   file.commit();
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Audio files through libsndfile: 16-bit PCM WAV (the default), 32-bit float WAV and FLAC out,
 // with the request in the file's metadata; any format libsndfile reads, in.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,11 +22,15 @@ struct Audio {
   int64_t frames() const { return channels ? int64_t(samples.size()) / channels : 0; }
 };
 
-// Writes through a temporary file renamed into place (a reader never sees a partial file).
-// Samples outside [-1, 1] are clipped, not wrapped, in the integer formats; a non-finite sample
-// is refused.
+// The file's bytes. Samples outside [-1, 1] are clipped, not wrapped, in the integer formats; a
+// non-finite sample is refused. `what` names the clip in errors.
+std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const AudioMetadata& metadata,
+                                  const std::string& what);
+// encode_audio's bytes written through a temporary file renamed into place (a reader never sees
+// a partial file).
 void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
                  const AudioMetadata& metadata);
+const char* audio_mime_type(AudioFormat format);
 Audio read_audio(const std::string& path);
 
 }  // namespace apus

@@ -21,15 +21,15 @@ struct File {
 void png_warning_fn(png_structp, png_const_charp) {}
 }  // namespace
 
-void write_png(const std::string& path, int width, int height, const std::vector<uint8_t>& rgb,
-               const std::vector<std::pair<std::string, std::string>>& text) {
-  APUS_CHECK(size_t(width) * size_t(height) * 3 == rgb.size(), path, ": ", rgb.size(),
-             " bytes of pixels for a ", width, "x", height, " RGB image");
-  AtomicFile file(path);
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING,
-                                            const_cast<char*>(path.c_str()), png_error_fn,
-                                            png_warning_fn);
-  APUS_CHECK(png, path, ": out of memory creating the PNG writer");
+std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t>& rgb,
+                                const std::vector<std::pair<std::string, std::string>>& text,
+                                const std::string& what) {
+  APUS_CHECK(width > 0 && height > 0 && size_t(width) * size_t(height) * 3 == rgb.size(), what, ": ",
+             rgb.size(), " bytes of pixels for a ", width, "x", height, " RGB image");
+  std::vector<uint8_t> bytes;
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(what.c_str()),
+                                            png_error_fn, png_warning_fn);
+  APUS_CHECK(png, what, ": out of memory creating the PNG writer");
   png_infop info = png_create_info_struct(png);
   // Frees both structs on every path out, the error path (a libpng error is thrown) included.
   struct Guard {
@@ -37,8 +37,14 @@ void write_png(const std::string& path, int width, int height, const std::vector
     png_infop* info;
     ~Guard() { png_destroy_write_struct(png, info); }
   } guard{&png, &info};
-  APUS_CHECK(info, path, ": out of memory creating the PNG writer");
-  png_init_io(png, file.stream());
+  APUS_CHECK(info, what, ": out of memory creating the PNG writer");
+  png_set_write_fn(
+      png, &bytes,
+      [](png_structp p, png_bytep data, png_size_t n) {
+        auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(p));
+        out->insert(out->end(), data, data + n);
+      },
+      nullptr);
   png_set_IHDR(png, info, png_uint_32(width), png_uint_32(height), 8, PNG_COLOR_TYPE_RGB,
                PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   std::vector<png_text> chunks(text.size());
@@ -53,6 +59,14 @@ void write_png(const std::string& path, int width, int height, const std::vector
   for (int y = 0; y < height; ++y)
     png_write_row(png, const_cast<uint8_t*>(rgb.data() + size_t(y) * size_t(width) * 3));
   png_write_end(png, info);
+  return bytes;
+}
+
+void write_png(const std::string& path, int width, int height, const std::vector<uint8_t>& rgb,
+               const std::vector<std::pair<std::string, std::string>>& text) {
+  const std::vector<uint8_t> bytes = encode_png(width, height, rgb, text, path);
+  AtomicFile file(path);
+  file.write(bytes.data(), bytes.size());
   file.commit();
 }
 
