@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <new>
 
@@ -14,6 +15,7 @@
 #include "io/audio.h"
 #include "io/png.h"
 #include "io/synth.h"
+#include "server/server.h"
 
 namespace {
 
@@ -197,6 +199,13 @@ int main(int argc, char** argv) {
   int chips = 1;
   double peak_tflops = 0, gbps = 0, link_gbps = 0;
   bool as_json = false;
+  apus::server::ServeOptions serve_opts;
+  auto* serve = app.add_subcommand("serve", "serve the models over HTTP (OpenAI-style images and audio, jobs)");
+  serve->add_option("--model", serve_opts.models, "a model directory (repeatable), loaded once")->required();
+  serve->add_option("--host", serve_opts.host, "address to listen on (127.0.0.1)");
+  serve->add_option("--port", serve_opts.port, "port (8080)")->check(CLI::Range(0, 65535));
+  serve->add_option("--queue", serve_opts.queue, "requests that may wait per model (4); more get 429");
+  serve->add_option("--api-key", serve_opts.api_key, "require Authorization: Bearer KEY (or APUS_API_KEY)");
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
   roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
   roofline->add_option("--width,-W", roof_req.width, "image width");
@@ -247,6 +256,20 @@ int main(int argc, char** argv) {
         }
       }
       return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose, inputs);
+    }
+    if (*serve) {
+      if (serve_opts.api_key.empty())
+        if (const char* key = std::getenv("APUS_API_KEY")) serve_opts.api_key = key;
+      if (serve_opts.api_key.empty() && serve_opts.host != "127.0.0.1" && serve_opts.host != "localhost" &&
+          serve_opts.host != "::1")
+        std::fprintf(stderr, "warning: listening on %s without an API key: anyone who reaches it can use it\n",
+                     serve_opts.host.c_str());
+      apus::server::Server server(serve_opts);
+      const int port = server.start();
+      std::fprintf(stderr, "serving %zu model(s) on http://%s:%d\n", serve_opts.models.size(),
+                   serve_opts.host.c_str(), port);
+      server.wait();
+      return 0;
     }
     if (*roofline) {
       apus::Roofline r{apus::find_chip(chip_name), chips};

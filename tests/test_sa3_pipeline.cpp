@@ -19,71 +19,17 @@
 #include "io/safetensors.h"
 #include "models/sa3/model_config.h"
 #include "sampling/logsnr.h"
+#include "sa3_fixtures.h"
 #include "test_util.h"
 
 namespace apus {
 namespace {
 
 namespace fs = std::filesystem;
+using test::official_dir;
+using test::official_small_dir;
+using test::pipeline_dir;
 
-// The diffusers layout of the tiny pipeline: its own folder plus the stage fixtures linked in,
-// made once per test process.
-const std::string& pipeline_dir() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "apus_sa3_pipeline_" + std::to_string(::getpid());
-    fs::remove_all(d);
-    fs::create_directories(d);
-    const std::pair<const char*, const char*> parts[] = {
-        {"model_index.json", "sa3_tiny/pipeline/model_index.json"},
-        {"scheduler", "sa3_tiny/pipeline/scheduler"},
-        {"duration_embedder", "sa3_tiny/pipeline/duration_embedder"},
-        {"transformer", "sa3_tiny/dit_diff"},
-        {"vae", "sa3_tiny/same_l"},
-        {"text_encoder", "t5gemma_tiny"},
-        {"tokenizer", "t5gemma_tok"}};
-    for (const auto& [name, fixture] : parts)
-      fs::create_symlink(fs::absolute(test::fixture(fixture)), d + "/" + name);
-    return d;
-  }();
-  return dir;
-}
-
-// The same tiny model in the official single-checkpoint layout: model_config.json and
-// model.safetensors, the T5Gemma folder beside them.
-const std::string& official_dir() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "apus_sa3_official_" + std::to_string(::getpid());
-    fs::remove_all(d);
-    fs::create_directories(d + "/t5gemma-b-b-ul2");
-    const std::pair<const char*, const char*> parts[] = {
-        {"model_config.json", "sa3_tiny/original/model_config.json"},
-        {"model.safetensors", "sa3_tiny/original/model.safetensors"},
-        {"t5gemma-b-b-ul2/config.json", "t5gemma_tiny/config.json"},
-        {"t5gemma-b-b-ul2/model.safetensors", "t5gemma_tiny/model.safetensors"},
-        {"t5gemma-b-b-ul2/tokenizer.model", "t5gemma_tok/tokenizer.model"},
-        {"t5gemma-b-b-ul2/tokenizer_config.json", "t5gemma_tok/tokenizer_config.json"}};
-    for (const auto& [name, fixture] : parts)
-      fs::create_symlink(fs::absolute(test::fixture(fixture)), d + "/" + name);
-    return d;
-  }();
-  return dir;
-}
-
-// A small model (plain-attention DiT, SAME-S) in the official layout.
-const std::string& official_small_dir() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "apus_sa3_small_" + std::to_string(::getpid());
-    fs::remove_all(d);
-    fs::create_directories(d);
-    fs::create_symlink(fs::absolute(test::fixture("sa3_tiny/original_small/model_config.json")), d + "/model_config.json");
-    fs::create_symlink(fs::absolute(test::fixture("sa3_tiny/original_small/model.safetensors")), d + "/model.safetensors");
-    fs::create_symlink(fs::absolute(official_dir() + "/t5gemma-b-b-ul2"), d + "/t5gemma-b-b-ul2");
-    return d;
-  }();
-  return dir;
-}
-
-// A copy of the pipeline folder (links) with one part replaced by a real folder the test spoils.
 std::string spoiled_copy(const std::string& name, const std::string& part) {
   const std::string d = ::testing::TempDir() + "apus_sa3_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(d);

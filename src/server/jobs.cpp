@@ -1,0 +1,105 @@
+#include "server/jobs.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace apus::server {
+
+const char* state_name(JobState s) {
+  switch (s) {
+    case JobState::queued: return "queued";
+    case JobState::running: return "running";
+    case JobState::done: return "done";
+    case JobState::failed: return "failed";
+    case JobState::cancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+void Job::progress(const std::string& line) {
+  int i = 0, n = 0;
+  if (std::sscanf(line.c_str(), "step %d/%d", &i, &n) == 2) {
+    std::lock_guard<std::mutex> lock(mutex);
+    step = i;
+    steps = n;
+    changed.notify_all();
+  }
+  if (cancel) fail("cancelled");
+}
+
+void Job::wait() const {
+  std::unique_lock<std::mutex> lock(mutex);
+  const_cast<std::condition_variable&>(changed).wait(lock, [&] {
+    return state == JobState::done || state == JobState::failed || state == JobState::cancelled;
+  });
+}
+
+ModelWorker::ModelWorker(size_t capacity) : capacity_(capacity), thread_([this] { run(); }) {}
+
+ModelWorker::~ModelWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    for (const auto& job : queue_) job->cancel = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+bool ModelWorker::submit(const std::shared_ptr<Job>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.size() >= capacity_) return false;
+    queue_.push_back(job);
+  }
+  wake_.notify_one();
+  return true;
+}
+
+size_t ModelWorker::waiting() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queue_.size();
+}
+
+void ModelWorker::run() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    auto finish = [&](JobState s, std::vector<JobOutput> outputs, std::string error, int status) {
+      std::lock_guard<std::mutex> lock(job->mutex);
+      job->state = s;
+      job->outputs = std::move(outputs);
+      job->error = std::move(error);
+      job->error_status = status;
+      job->changed.notify_all();
+    };
+    if (job->cancel) {
+      finish(JobState::cancelled, {}, "cancelled", 499);
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(job->mutex);
+      job->state = JobState::running;
+      job->changed.notify_all();
+    }
+    try {
+      std::vector<JobOutput> outputs = job->work(*job);
+      finish(JobState::done, std::move(outputs), "", 0);
+    } catch (const Error& e) {
+      // The engine's errors name what the request got wrong (or that it was cancelled).
+      if (job->cancel) finish(JobState::cancelled, {}, "cancelled", 499);
+      else finish(JobState::failed, {}, e.what(), 400);
+    } catch (const std::exception& e) {
+      finish(JobState::failed, {}, e.what(), 500);
+    }
+  }
+}
+
+}  // namespace apus::server

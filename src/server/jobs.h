@@ -1,0 +1,68 @@
+#pragma once
+// The server's unit of work: a job runs one request (or one batch) on one loaded model, on that
+// model's own worker thread, one job at a time (a request uses every core). Each model has a
+// bounded queue; a full queue refuses new jobs at once (the route answers 429).
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace apus::server {
+
+enum class JobState { queued, running, done, failed, cancelled };
+const char* state_name(JobState s);
+
+// One output file of a job: an image (PNG) or a clip (WAV / FLAC).
+struct JobOutput {
+  std::vector<uint8_t> bytes;
+  std::string mime;
+  uint64_t seed = 0;
+};
+
+struct Job {
+  std::string id, model, kind;  // kind: "image" or "audio"
+  // Runs the request, reporting each step; fills outputs or throws. Set before submitting.
+  std::function<std::vector<JobOutput>(Job&)> work;
+
+  std::atomic<bool> cancel{false};  // checked between sampler steps
+  mutable std::mutex mutex;
+  std::condition_variable changed;
+  JobState state = JobState::queued;
+  int step = 0, steps = 0;
+  std::string error;
+  int error_status = 0;  // the HTTP status an error maps to: 400 (the request), 500 (the engine)
+  std::vector<JobOutput> outputs;
+
+  // Records "step i/n" progress lines; throws to stop the run when the job is cancelled.
+  void progress(const std::string& line);
+  // Blocks until the job has finished one way or another.
+  void wait() const;
+};
+
+class ModelWorker {
+ public:
+  explicit ModelWorker(size_t capacity);
+  ~ModelWorker();
+  ModelWorker(const ModelWorker&) = delete;
+  ModelWorker& operator=(const ModelWorker&) = delete;
+  // Queues the job; false (and nothing queued) when `capacity` jobs already wait.
+  bool submit(const std::shared_ptr<Job>& job);
+  size_t waiting() const;
+
+ private:
+  size_t capacity_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+  void run();
+};
+
+}  // namespace apus::server

@@ -1,0 +1,402 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "apus/apus.h"
+#include "core/error.h"
+#include "io/audio.h"
+#include "io/png.h"
+#include "pipeline/registry.h"
+#include "server/jobs.h"
+
+namespace apus::server {
+
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kMaxPrompt = 4000;  // characters
+constexpr int kMaxImages = 4, kMaxSide = 2048, kMaxSteps = 100;
+constexpr size_t kKeptJobs = 256;  // finished jobs kept for GET /v1/jobs/{id}, oldest dropped first
+
+// A client mistake: the status, the message and the request field it concerns.
+struct HttpError {
+  int status;
+  std::string message, param;
+};
+
+[[noreturn]] void refuse(int status, const std::string& message, const std::string& param = "") {
+  throw HttpError{status, message, param};
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param) {
+  const char* type = status == 401 ? "authentication_error" : status == 429 ? "rate_limit_error"
+                     : status >= 500 ? "server_error" : "invalid_request_error";
+  Json err = {{"message", message}, {"type", type}, {"param", param.empty() ? Json() : Json(param)}};
+  res.status = status;
+  res.set_content(Json{{"error", err}}.dump(), "application/json");
+}
+
+std::string base64(const std::vector<uint8_t>& bytes) {
+  static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const uint32_t v = uint32_t(bytes[i]) << 16 | (i + 1 < bytes.size() ? uint32_t(bytes[i + 1]) << 8 : 0) |
+                       (i + 2 < bytes.size() ? uint32_t(bytes[i + 2]) : 0);
+    out += table[(v >> 18) & 63];
+    out += table[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? table[(v >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? table[v & 63] : '=';
+  }
+  return out;
+}
+
+// Typed field access with errors naming the field.
+struct Fields {
+  const Json& j;
+  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  std::string string(const char* k, const std::string& fallback) const {
+    if (!has(k)) return fallback;
+    if (!j[k].is_string()) refuse(400, std::string("'") + k + "' must be a string", k);
+    return j[k].get<std::string>();
+  }
+  int64_t integer(const char* k, int64_t fallback, int64_t lo, int64_t hi) const {
+    if (!has(k)) return fallback;
+    if (!j[k].is_number_integer()) refuse(400, std::string("'") + k + "' must be an integer", k);
+    const int64_t v = j[k].get<int64_t>();
+    if (v < lo || v > hi)
+      refuse(400, std::string("'") + k + "' is " + std::to_string(v) + ", expected " + std::to_string(lo) +
+                      ".." + std::to_string(hi), k);
+    return v;
+  }
+  double number(const char* k, double fallback) const {
+    if (!has(k)) return fallback;
+    if (!j[k].is_number()) refuse(400, std::string("'") + k + "' must be a number", k);
+    return j[k].get<double>();
+  }
+  std::optional<uint64_t> seed() const {
+    if (!has("seed")) return std::nullopt;
+    return uint64_t(integer("seed", 0, 0, (int64_t(1) << 53)));
+  }
+  std::string prompt() const {
+    const std::string p = string("prompt", "");
+    if (p.empty()) refuse(400, "'prompt' is required and must not be empty", "prompt");
+    if (p.size() > kMaxPrompt) refuse(400, "'prompt' is longer than " + std::to_string(kMaxPrompt) + " characters", "prompt");
+    return p;
+  }
+  // OpenAI answers an argument it does not know with 400; so does apus, naming it.
+  void only(const std::set<std::string>& known) const {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (!known.count(it.key())) refuse(400, "unrecognized request argument: '" + it.key() + "'", it.key());
+  }
+};
+
+Json parse_body(const httplib::Request& req) {
+  Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) refuse(400, "the body is not a JSON object");
+  return j;
+}
+
+struct Loaded {
+  std::string id, kind, dir;
+  std::unique_ptr<ImageModel> image;
+  std::unique_ptr<AudioModel> audio;
+  std::unique_ptr<ModelWorker> worker;
+};
+
+std::string new_job_id() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  char id[40];
+  std::snprintf(id, sizeof id, "job-%08llx%06llx", static_cast<unsigned long long>(salt & 0xffffffffu),
+                static_cast<unsigned long long>(++counter));
+  return id;
+}
+
+}  // namespace
+
+struct Server::Impl {
+  ServeOptions options;
+  std::vector<Loaded> models;
+  httplib::Server http;
+  std::thread thread;
+  std::mutex jobs_mutex;
+  std::map<std::string, std::shared_ptr<Job>> jobs;
+
+  const Loaded& find(const Fields& f, const std::string& kind) {
+    const std::string name = f.string("model", "");
+    for (const Loaded& m : models)
+      if ((name.empty() && m.kind == kind) || (!name.empty() && m.id == name)) {
+        if (m.kind != kind) refuse(400, "model '" + name + "' makes " + m.kind + ", not " + kind, "model");
+        return m;
+      }
+    if (name.empty()) refuse(404, "no " + kind + " model is loaded", "model");
+    refuse(404, "model '" + name + "' is not loaded (GET /v1/models lists them)", "model");
+  }
+
+  // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
+  // b64_json; apus's seed and steps.
+  std::shared_ptr<Job> image_job(const Json& body) {
+    const Fields f{body};
+    f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "user", "quality", "style",
+            "output_format"});
+    const Loaded& m = find(f, "image");
+    ImageRequest r;
+    r.prompt = f.prompt();
+    const int n = int(f.integer("n", 1, 1, kMaxImages));
+    const std::string size = f.string("size", "1024x1024");
+    int w = 0, h = 0;
+    char tail = 0;
+    if (std::sscanf(size.c_str(), "%dx%d%c", &w, &h, &tail) != 2 || w < 16 || h < 16 || w > kMaxSide ||
+        h > kMaxSide || w % 16 || h % 16)
+      refuse(400, "'size' is \"" + size + "\", expected WxH with multiples of 16 up to " + std::to_string(kMaxSide), "size");
+    r.width = w;
+    r.height = h;
+    r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
+    r.seed = f.seed();
+    const std::string format = f.string("response_format", "b64_json");
+    if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
+    if (f.string("output_format", "png") != "png") refuse(400, "'output_format' must be png", "output_format");
+    auto job = std::make_shared<Job>();
+    job->model = m.id;
+    job->kind = "image";
+    const ImageModel* model = m.image.get();
+    job->work = [model, r, n](Job& j) {
+      std::vector<ImageRequest> batch(size_t(n), r);
+      for (int i = 1; i < n; ++i) batch[size_t(i)].seed = r.seed ? std::optional<uint64_t>(*r.seed + uint64_t(i)) : std::nullopt;
+      std::vector<JobOutput> out;
+      for (const ImageResult& res : model->generate_batch(batch, [&](const std::string& l) { j.progress(l); })) {
+        const std::string params = "Steps: " + std::to_string(r.steps) + ", Sampler: " + model->sampler() +
+                                   ", Seed: " + std::to_string(res.seed) + ", Size: " + std::to_string(res.width) +
+                                   "x" + std::to_string(res.height) + ", Model: " + model->label();
+        out.push_back({encode_png(res.width, res.height, res.rgb, {{"parameters", r.prompt + "\n" + params}}, "image"),
+                       "image/png", res.seed});
+      }
+      return out;
+    };
+    return job;
+  }
+
+  // An audio job: prompt, seconds, seed, steps, format (wav, wav-float, flac).
+  std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name) {
+    const Fields f{body};
+    f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg"});
+    const Loaded& m = find(f, "audio");
+    AudioRequest r;
+    r.prompt = f.prompt();
+    r.seconds = f.number("seconds", 10.0);
+    if (!(r.seconds > 0 && r.seconds <= m.audio->max_seconds()))
+      refuse(400, "'seconds' is " + std::to_string(r.seconds) + ", expected (0, " +
+                      std::to_string(m.audio->max_seconds()) + "] for this model", "seconds");
+    r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
+    r.seed = f.seed();
+    r.cfg = float(f.number("cfg", 1.0));
+    if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
+    format_name = f.string("format", "wav");
+    AudioFormat format;
+    try {
+      format = parse_audio_format(format_name);
+    } catch (const Error& e) {
+      refuse(400, e.what(), "format");
+    }
+    auto job = std::make_shared<Job>();
+    job->model = m.id;
+    job->kind = "audio";
+    const AudioModel* model = m.audio.get();
+    job->work = [model, r, format](Job& j) {
+      const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", r.seconds);
+      const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(r.steps) +
+                                 ", Sampler: " + model->sampler() + ", Seed: " + std::to_string(res.seed) +
+                                 ", Model: " + model->label();
+      const Audio a{res.sample_rate, res.channels, res.samples};
+      return std::vector<JobOutput>{{encode_audio(a, format, {r.prompt, params, "apus"}, "clip"),
+                                     audio_mime_type(format), res.seed}};
+    };
+    return job;
+  }
+
+  void submit(const std::shared_ptr<Job>& job) {
+    job->id = new_job_id();
+    for (Loaded& m : models)
+      if (m.id == job->model) {
+        if (!m.worker->submit(job)) throw HttpError{429, "the queue of model '" + m.id + "' is full", ""};
+        std::lock_guard<std::mutex> lock(jobs_mutex);
+        jobs[job->id] = job;
+        for (auto it = jobs.begin(); jobs.size() > kKeptJobs && it != jobs.end();) {
+          std::lock_guard<std::mutex> job_lock(it->second->mutex);
+          const JobState st = it->second->state;
+          it = st == JobState::queued || st == JobState::running ? std::next(it) : jobs.erase(it);
+        }
+        return;
+      }
+  }
+
+  std::shared_ptr<Job> job(const std::string& id) {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    const auto it = jobs.find(id);
+    if (it == jobs.end()) refuse(404, "no job '" + id + "'");
+    return it->second;
+  }
+
+  // A synchronous route's job, once finished: forgotten (nobody polls it), its error raised.
+  void finish_sync(const Job& j) {
+    {
+      std::lock_guard<std::mutex> lock(jobs_mutex);
+      jobs.erase(j.id);
+    }
+    fail_job(j);
+  }
+
+  static void fail_job(const Job& j) {
+    std::lock_guard<std::mutex> lock(j.mutex);
+    if (j.state == JobState::failed) refuse(j.error_status, j.error);
+    if (j.state == JobState::cancelled) refuse(499, "the job was cancelled");
+  }
+
+  Json job_json(const Job& j) {
+    std::lock_guard<std::mutex> lock(j.mutex);
+    Json out = {{"id", j.id}, {"model", j.model}, {"kind", j.kind}, {"state", state_name(j.state)},
+                {"step", j.step}, {"steps", j.steps},
+                {"progress", j.state == JobState::done ? 1.0 : j.steps ? double(j.step) / j.steps : 0.0}};
+    if (!j.error.empty()) out["error"] = j.error;
+    if (j.state == JobState::done) {
+      Json results = Json::array();
+      for (const JobOutput& o : j.outputs) results.push_back({{"b64", base64(o.bytes)}, {"mime", o.mime}, {"seed", o.seed}});
+      out["results"] = results;
+    }
+    return out;
+  }
+
+  void routes() {
+    http.set_payload_max_length(options.max_body);
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      send_error(res, 401, "missing or wrong API key (Authorization: Bearer KEY)", "");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      try {
+        std::rethrow_exception(ep);
+      } catch (const HttpError& e) {
+        send_error(res, e.status, e.message, e.param);
+        if (e.status == 429) res.set_header("Retry-After", "5");
+      } catch (const std::exception& e) {
+        send_error(res, 500, e.what(), "");
+      }
+    });
+    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      send_error(res, res.status, res.status == 413 ? "the body is larger than the server takes"
+                                  : res.status == 404 ? "no such route" : "request refused", "");
+    });
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      Json data = Json::array();
+      for (const Loaded& m : models)
+        data.push_back({{"id", m.id}, {"object", "model"}, {"owned_by", "apus"}, {"kind", m.kind},
+                        {"queue", m.worker->waiting()}});
+      res.set_content(Json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+    });
+    http.Post("/v1/images/generations", [this](const httplib::Request& req, httplib::Response& res) {
+      const auto j = image_job(parse_body(req));
+      submit(j);
+      j->wait();
+      finish_sync(*j);
+      Json data = Json::array();
+      for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
+      res.set_content(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}.dump(), "application/json");
+    });
+    http.Post("/v1/audio/generations", [this](const httplib::Request& req, httplib::Response& res) {
+      std::string format;
+      const auto j = audio_job(parse_body(req), format);
+      submit(j);
+      j->wait();
+      finish_sync(*j);
+      const JobOutput& o = j->outputs.front();
+      res.set_header("X-Seed", std::to_string(o.seed));
+      res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);
+    });
+    http.Post("/v1/jobs", [this](const httplib::Request& req, httplib::Response& res) {
+      Json body = parse_body(req);
+      const Fields f{body};
+      const std::string kind = f.string("kind", "");
+      if (kind != "image" && kind != "audio") refuse(400, "'kind' must be \"image\" or \"audio\"", "kind");
+      body.erase("kind");
+      std::string format;
+      const auto j = kind == "image" ? image_job(body) : audio_job(body, format);
+      submit(j);
+      res.status = 202;
+      res.set_content(job_json(*j).dump(), "application/json");
+    });
+    http.Get(R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(job_json(*job(req.matches[1])).dump(), "application/json");
+    });
+    http.Delete(R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      const auto j = job(req.matches[1]);
+      j->cancel = true;
+      res.set_content(job_json(*j).dump(), "application/json");
+    });
+  }
+};
+
+Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  APUS_CHECK(!impl_->options.models.empty(), "serve: no --model given");
+  APUS_CHECK(impl_->options.queue >= 1 && impl_->options.queue <= 1024, "serve: --queue ", impl_->options.queue,
+             " outside 1..1024");
+  for (const std::string& dir : impl_->options.models) {
+    Loaded m;
+    m.dir = dir;
+    if (is_audio_model(dir)) {
+      m.kind = "audio";
+      m.audio = AudioModel::open(dir, Weights::resident);
+    } else {
+      m.kind = "image";
+      m.image = ImageModel::open(dir, Weights::resident);
+    }
+    m.id = model_label(dir);
+    for (const Loaded& other : impl_->models)
+      APUS_CHECK(other.id != m.id, dir, ": a second model named '", m.id, "'");
+    m.worker = std::make_unique<ModelWorker>(impl_->options.queue);
+    impl_->models.push_back(std::move(m));
+  }
+  impl_->routes();
+}
+
+Server::~Server() { stop(); }
+
+int Server::start() {
+  Impl& s = *impl_;
+  const int port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host)
+                                       : (s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1);
+  APUS_CHECK(port > 0, "serve: cannot listen on ", s.options.host, ":", s.options.port);
+  s.thread = std::thread([&s] { s.http.listen_after_bind(); });
+  return port;
+}
+
+void Server::stop() {
+  if (!impl_) return;
+  impl_->http.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void Server::wait() {
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace apus::server

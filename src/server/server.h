@@ -1,0 +1,40 @@
+#pragma once
+// `apus serve`: the loaded models behind an HTTP API. Each model is loaded once (resident) and
+// has its own worker and bounded queue (server/jobs.h). Routes: GET /health, GET /v1/models,
+// OpenAI-style POST /v1/images/generations (b64_json PNGs) and POST /v1/audio/generations (the
+// file itself), and jobs: POST /v1/jobs (an id at once), GET /v1/jobs/{id} (state, step,
+// result), DELETE /v1/jobs/{id} (cancel between sampler steps). Errors are JSON
+// {"error": {"message", "type", "param"}}: 400 bad request, 401 no or wrong key, 404 unknown model
+// or job, 413 body too large, 429 queue full (with Retry-After).
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace apus::server {
+
+struct ServeOptions {
+  std::vector<std::string> models;  // model directories
+  std::string host = "127.0.0.1";
+  int port = 8080;                  // 0: any free port
+  size_t queue = 4;                 // jobs that may wait per model beside the running one
+  std::string api_key;              // empty: no key asked (GET /health never asks)
+  size_t max_body = size_t(1) << 20;
+};
+
+class Server {
+ public:
+  // Loads every model (bf16, resident); refuses a directory that holds no model apus serves.
+  explicit Server(ServeOptions options);
+  ~Server();
+  // Binds and serves on a background thread; returns the bound port.
+  int start();
+  void stop();
+  // Blocks while serving.
+  void wait();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace apus::server

@@ -1,0 +1,225 @@
+// `apus serve` over real HTTP on a free port: the tiny klein and Stable Audio 3 models behind the
+// OpenAI-style routes and jobs, their answers against the engine's own results, and every refusal
+// (key, JSON, fields, limits, full queue) with its status and a JSON error naming the field.
+#include <httplib.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "apus/apus.h"
+#include "io/audio.h"
+#include "io/png.h"
+#include "sa3_fixtures.h"
+#include "server/server.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+using Json = nlohmann::json;
+
+std::vector<uint8_t> unbase64(const std::string& s) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  std::vector<uint8_t> out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : s) {
+    const int v = value(c);
+    if (v < 0) break;
+    acc = acc << 6 | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(uint8_t(acc >> bits));
+    }
+  }
+  return out;
+}
+
+// The bytes of a file the server sent, read back through the file readers.
+std::string as_file(const std::vector<uint8_t>& bytes, const std::string& name) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  return path;
+}
+
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server::ServeOptions o;
+    o.models = {test::fixture("klein_tiny_a"), test::official_dir()};
+    o.port = 0;
+    o.queue = 1;
+    o.api_key = "sekret";
+    o.max_body = 64 << 10;
+    server_ = new server::Server(o);
+    port_ = server_->start();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  httplib::Client client(bool key = true) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    if (key) c.set_bearer_token_auth("sekret");
+    return c;
+  }
+  // Expects a JSON error of `status` whose message holds `fragment` (and names `param`).
+  static void expect_refusal(const httplib::Result& r, int status, const std::string& fragment,
+                             const std::string& param = "") {
+    ASSERT_TRUE(r) << "no response";
+    EXPECT_EQ(r->status, status) << r->body;
+    const Json j = Json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(fragment), std::string::npos) << r->body;
+    if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << r->body;
+  }
+  static std::string image_id() { return model_id(test::fixture("klein_tiny_a")); }
+  static std::string model_id(const std::string& dir) {
+    return ImageModel::open(dir, Weights::none)->label();
+  }
+  static server::Server* server_;
+  static int port_;
+};
+server::Server* Serve::server_ = nullptr;
+int Serve::port_ = 0;
+
+TEST_F(Serve, HealthModelsAndTheKey) {
+  auto r = client(false).Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  expect_refusal(client(false).Get("/v1/models"), 401, "API key");
+  r = client().Get("/v1/models");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const Json j = Json::parse(r->body);
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["data"][0]["kind"], "image");
+  EXPECT_EQ(j["data"][1]["kind"], "audio");
+}
+
+// Two images in one request: the engine's own bytes for seeds 42 and 43.
+TEST_F(Serve, ImagesAreTheEnginesImages) {
+  const Json body = {{"prompt", "a red fox in tall grass"}, {"size", "64x48"}, {"n", 2}, {"seed", 42}, {"steps", 2},
+                     {"response_format", "b64_json"}, {"user", "someone"}};
+  const auto r = client().Post("/v1/images/generations", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json j = Json::parse(r->body);
+  ASSERT_EQ(j["data"].size(), 2u);
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  for (int i = 0; i < 2; ++i) {
+    ImageRequest want;
+    want.prompt = "a red fox in tall grass";
+    want.width = 64;
+    want.height = 48;
+    want.steps = 2;
+    want.seed = 42 + i;
+    const PngImage png = read_png(as_file(unbase64(j["data"][i]["b64_json"]), "serve_image.png"));
+    EXPECT_EQ(png.width, 64);
+    EXPECT_EQ(png.rgb, model->generate(want).rgb) << "image " << i;
+    EXPECT_EQ(j["data"][i]["seed"], 42 + i);
+  }
+}
+
+// A clip: the file itself, the engine's samples (bf16, as the resident model serves).
+TEST_F(Serve, AudioIsTheEnginesClip) {
+  const Json body = {{"prompt", "warm lo-fi hip hop"}, {"seconds", 1.4}, {"seed", 42}, {"format", "wav-float"}};
+  const auto r = client().Post("/v1/audio/generations", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "audio/wav");
+  EXPECT_EQ(r->get_header_value("X-Seed"), "42");
+  const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_clip.wav"));
+  AudioRequest want;
+  want.prompt = "warm lo-fi hip hop";
+  want.seconds = 1.4;
+  want.seed = 42;
+  EXPECT_EQ(got.samples, AudioModel::open(test::official_dir(), Weights::per_stage)->generate(want).samples);
+}
+
+TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
+  auto post = [&](const std::string& path, const std::string& body) {
+    return client().Post(path.c_str(), body, "application/json");
+  };
+  const std::string images = "/v1/images/generations", audio = "/v1/audio/generations";
+  expect_refusal(post(images, "{not json"), 400, "not a JSON object");
+  expect_refusal(post(images, "[1, 2]"), 400, "not a JSON object");
+  expect_refusal(post(images, R"({"prompt": "x", "bogus": 1})"), 400, "unrecognized request argument", "bogus");
+  expect_refusal(post(images, R"({"size": "64x64"})"), 400, "'prompt' is required", "prompt");
+  expect_refusal(post(images, R"({"prompt": 7})"), 400, "'prompt' must be a string", "prompt");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "100x100"})"), 400, "multiples of 16", "size");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "n": 9})"), 400, "'n' is 9", "n");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "response_format": "url"})"), 400, "b64_json",
+                 "response_format");
+  expect_refusal(post(images, R"({"prompt": "x", "model": "nope"})"), 404, "'nope' is not loaded", "model");
+  expect_refusal(post(images, Json{{"prompt", std::string(5000, 'a')}}.dump()), 400, "longer than", "prompt");
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 0})"), 400, "'seconds' is 0", "seconds");
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "format": "mp3"})"), 400, "mp3", "format");
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "steps": 0})"), 400, "'steps' is 0", "steps");
+  expect_refusal(post(audio, Json{{"prompt", "x"}, {"model", image_id()}}.dump()), 400, "makes image, not audio", "model");
+  expect_refusal(post(images, Json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "larger");
+  expect_refusal(client().Get("/v1/jobs/job-nope"), 404, "no job");
+  expect_refusal(post("/v1/jobs", R"({"prompt": "x"})"), 400, "'kind'", "kind");
+}
+
+// Jobs: an id at once, progress, the result; a full queue answers 429 with Retry-After; a
+// cancelled job ends as cancelled and the next one still runs.
+TEST_F(Serve, JobsQueueAndCancel) {
+  const std::string clip = Json{{"kind", "audio"}, {"prompt", "rain on a tin roof"}, {"seconds", 1.4}, {"seed", 3}}.dump();
+  std::vector<std::string> accepted;
+  int refused = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto r = client().Post("/v1/jobs", clip, "application/json");
+    ASSERT_TRUE(r);
+    if (r->status == 202) {
+      accepted.push_back(Json::parse(r->body)["id"]);
+    } else {
+      expect_refusal(r, 429, "queue");
+      EXPECT_EQ(r->get_header_value("Retry-After"), "5");
+      ++refused;
+    }
+  }
+  // One runs, one waits: at least three of five quick submissions are turned away.
+  EXPECT_GE(refused, 3);
+  ASSERT_GE(accepted.size(), 1u);
+  const auto cancel = client().Delete(("/v1/jobs/" + accepted.back()).c_str());
+  ASSERT_TRUE(cancel);
+  EXPECT_EQ(cancel->status, 200);
+  auto state_of = [&](const std::string& id) {
+    for (int tries = 0; tries < 600; ++tries) {
+      const auto r = client().Get(("/v1/jobs/" + id).c_str());
+      const Json j = Json::parse(r->body);
+      const std::string s = j["state"];
+      if (s == "done" || s == "failed" || s == "cancelled") return j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return Json();
+  };
+  const Json last = state_of(accepted.back());
+  EXPECT_EQ(last["state"], accepted.size() == 1 ? last["state"] : Json("cancelled"));
+  for (size_t i = 0; i + 1 < accepted.size(); ++i) {
+    const Json j = state_of(accepted[i]);
+    ASSERT_EQ(j["state"], "done") << j.dump();
+    EXPECT_EQ(j["steps"], 8);
+    EXPECT_EQ(j["progress"], 1.0);
+    const auto bytes = unbase64(j["results"][0]["b64"]);
+    EXPECT_EQ(read_audio(as_file(bytes, "serve_job.wav")).frames(), int64_t(1.4 * 2048));
+  }
+  // The queue is free again.
+  const auto again = client().Post("/v1/jobs", clip, "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 202) << again->body;
+  EXPECT_EQ(state_of(Json::parse(again->body)["id"])["state"], "done");
+}
+
+}  // namespace
+}  // namespace apus
