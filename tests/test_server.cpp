@@ -221,5 +221,77 @@ TEST_F(Serve, JobsQueueAndCancel) {
   EXPECT_EQ(state_of(Json::parse(again->body)["id"])["state"], "done");
 }
 
+// The AUTOMATIC1111 routes: txt2img with its field names (fields apus does not know ignored, as
+// A1111 ignores them), images and the JSON-string info; progress and interrupt.
+TEST_F(Serve, Automatic1111Txt2Img) {
+  const Json body = {{"prompt", "a lighthouse at dawn"}, {"width", 48}, {"height", 80}, {"steps", 2}, {"seed", 11},
+                     {"batch_size", 1}, {"negative_prompt", ""}, {"cfg_scale", 7}, {"sampler_name", "Euler"},
+                     {"restore_faces", false}};
+  const auto r = client().Post("/sdapi/v1/txt2img", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json j = Json::parse(r->body);
+  ASSERT_EQ(j["images"].size(), 1u);
+  const Json info = Json::parse(j["info"].get<std::string>());
+  EXPECT_EQ(info["seed"], 11);
+  EXPECT_EQ(info["width"], 48);
+  ImageRequest want;
+  want.prompt = "a lighthouse at dawn";
+  want.width = 48;
+  want.height = 80;
+  want.steps = 2;
+  want.seed = 11;
+  const PngImage png = read_png(as_file(unbase64(j["images"][0]), "serve_a1111.png"));
+  EXPECT_EQ(png.rgb, ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage)->generate(want).rgb);
+  const auto p = client().Get("/sdapi/v1/progress");
+  ASSERT_TRUE(p);
+  const Json progress = Json::parse(p->body);
+  EXPECT_EQ(progress["state"]["job_count"], 0);
+  EXPECT_EQ(progress["state"]["sampling_steps"], 2);
+  expect_refusal(client().Post("/sdapi/v1/txt2img", R"({"prompt": "x", "negative_prompt": "blur"})", "application/json"),
+                 400, "negative_prompt", "negative_prompt");
+  const auto stop = client().Post("/sdapi/v1/interrupt", "", "application/json");
+  ASSERT_TRUE(stop);
+  EXPECT_EQ(stop->status, 200);
+}
+
+// Server-sent events follow a job to its end; /metrics counts what happened; the page is served.
+TEST_F(Serve, EventsMetricsAndThePage) {
+  const auto submitted = client().Post(
+      "/v1/jobs", Json{{"kind", "image"}, {"prompt", "a fox"}, {"size", "64x48"}, {"steps", 2}, {"seed", 5}}.dump(),
+      "application/json");
+  ASSERT_TRUE(submitted);
+  ASSERT_EQ(submitted->status, 202) << submitted->body;
+  const std::string id = Json::parse(submitted->body)["id"];
+  std::string stream;
+  const auto events = client().Get(("/v1/jobs/" + id + "/events").c_str(), [&](const char* data, size_t n) {
+    stream.append(data, n);
+    return true;
+  });
+  ASSERT_TRUE(events);
+  EXPECT_EQ(events->get_header_value("Content-Type"), "text/event-stream");
+  EXPECT_NE(stream.find("event: progress"), std::string::npos) << stream;
+  const size_t done = stream.find("event: done\ndata: ");
+  ASSERT_NE(done, std::string::npos) << stream;
+  const Json last = Json::parse(stream.substr(done + 18, stream.find("\n\n", done) - done - 18));
+  EXPECT_EQ(last["state"], "done");
+  EXPECT_EQ(last["step"], 2);
+
+  const auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  for (const char* fragment : {"apus_requests_total{route=\"POST /v1/jobs\"}", "apus_queue_depth{model=",
+                               "apus_stage_seconds_bucket{model=\"klein_tiny_a\",stage=\"dit_step\",le=\"+Inf\"}",
+                               "apus_request_seconds_count{model=\"klein_tiny_a\"}", "apus_resident_memory_bytes ",
+                               "apus_jobs_total{model=\"klein_tiny_a\",state=\"done\"}"})
+    EXPECT_NE(m->body.find(fragment), std::string::npos) << fragment << "\n" << m->body;
+  const auto page = client(false).Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_NE(page->body.find("/v1/jobs"), std::string::npos);
+  EXPECT_EQ(page->body.find("http://"), std::string::npos) << "the page makes no external requests";
+  EXPECT_EQ(page->body.find("https://"), std::string::npos) << "the page makes no external requests";
+}
+
 }  // namespace
 }  // namespace apus

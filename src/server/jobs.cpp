@@ -35,7 +35,8 @@ void Job::wait() const {
   });
 }
 
-ModelWorker::ModelWorker(size_t capacity) : capacity_(capacity), thread_([this] { run(); }) {}
+ModelWorker::ModelWorker(size_t capacity, std::function<void(const Job&)> finished)
+    : capacity_(capacity), finished_(std::move(finished)), thread_([this] { run(); }) {}
 
 ModelWorker::~ModelWorker() {
   {
@@ -73,12 +74,15 @@ void ModelWorker::run() {
       queue_.pop_front();
     }
     auto finish = [&](JobState s, std::vector<JobOutput> outputs, std::string error, int status) {
-      std::lock_guard<std::mutex> lock(job->mutex);
-      job->state = s;
-      job->outputs = std::move(outputs);
-      job->error = std::move(error);
-      job->error_status = status;
-      job->changed.notify_all();
+      {
+        std::lock_guard<std::mutex> lock(job->mutex);
+        job->state = s;
+        job->outputs = std::move(outputs);
+        job->error = std::move(error);
+        job->error_status = status;
+        job->changed.notify_all();
+      }
+      if (finished_) finished_(*job);
     };
     if (job->cancel) {
       finish(JobState::cancelled, {}, "cancelled", 499);

@@ -3,6 +3,7 @@
 // model's own worker thread, one job at a time (a request uses every core). Each model has a
 // bounded queue; a full queue refuses new jobs at once (the route answers 429).
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -38,6 +39,8 @@ struct Job {
   std::string error;
   int error_status = 0;  // the HTTP status an error maps to: 400 (the request), 500 (the engine)
   std::vector<JobOutput> outputs;
+  std::vector<std::pair<std::string, double>> stages;  // the run's stage times (name, seconds)
+  std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 
   // Records "step i/n" progress lines; throws to stop the run when the job is cancelled.
   void progress(const std::string& line);
@@ -47,7 +50,8 @@ struct Job {
 
 class ModelWorker {
  public:
-  explicit ModelWorker(size_t capacity);
+  // `finished` sees every job once it has ended (done, failed or cancelled), on the worker thread.
+  ModelWorker(size_t capacity, std::function<void(const Job&)> finished);
   ~ModelWorker();
   ModelWorker(const ModelWorker&) = delete;
   ModelWorker& operator=(const ModelWorker&) = delete;
@@ -57,6 +61,7 @@ class ModelWorker {
 
  private:
   size_t capacity_;
+  std::function<void(const Job&)> finished_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;

@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <unistd.h>
 
 #include "apus/apus.h"
 #include "core/error.h"
@@ -16,6 +17,7 @@
 #include "io/png.h"
 #include "pipeline/registry.h"
 #include "server/jobs.h"
+#include "server/web_page.h"
 
 namespace apus::server {
 
@@ -113,6 +115,108 @@ struct Loaded {
   std::unique_ptr<ModelWorker> worker;
 };
 
+// Prometheus text exposition of what the server has done: requests and failures by route,
+// the queues, each model's request and stage latencies as histograms, resident memory.
+class Metrics {
+ public:
+  void request(const std::string& route, int status) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++requests_[route];
+    if (status >= 400) ++failures_[{route, status}];
+  }
+  void job(const Job& j) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++jobs_[{j.model, state_name(j.state)}];
+    if (j.state != JobState::done) return;
+    observe(latency_[j.model], std::chrono::duration<double>(std::chrono::steady_clock::now() - j.submitted).count());
+    for (const auto& [stage, seconds] : j.stages) observe(stages_[{j.model, stage}], seconds);
+  }
+  std::string text(const std::vector<std::pair<std::string, size_t>>& queues) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string out;
+    auto line = [&](const std::string& l) { out += l + "\n"; };
+    line("# HELP apus_requests_total HTTP requests by route.");
+    line("# TYPE apus_requests_total counter");
+    for (const auto& [route, n] : requests_) line("apus_requests_total{route=\"" + route + "\"} " + std::to_string(n));
+    line("# HELP apus_request_failures_total HTTP requests answered with an error, by route and status.");
+    line("# TYPE apus_request_failures_total counter");
+    for (const auto& [key, n] : failures_)
+      line("apus_request_failures_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+           std::to_string(n));
+    line("# HELP apus_jobs_total Jobs ended, by model and state.");
+    line("# TYPE apus_jobs_total counter");
+    for (const auto& [key, n] : jobs_)
+      line("apus_jobs_total{model=\"" + key.first + "\",state=\"" + key.second + "\"} " + std::to_string(n));
+    line("# HELP apus_queue_depth Jobs waiting per model (the running one not counted).");
+    line("# TYPE apus_queue_depth gauge");
+    for (const auto& [model, n] : queues) line("apus_queue_depth{model=\"" + model + "\"} " + std::to_string(n));
+    histogram(out, "apus_request_seconds", "Submission to result, per model.", latency_,
+              [](const std::string& m) { return "model=\"" + m + "\""; });
+    histogram(out, "apus_stage_seconds", "Each stage's run (each sampler step on its own), per model.", stages_,
+              [](const std::pair<std::string, std::string>& k) {
+                return "model=\"" + k.first + "\",stage=\"" + k.second + "\"";
+              });
+    line("# HELP apus_resident_memory_bytes Resident memory of the server process.");
+    line("# TYPE apus_resident_memory_bytes gauge");
+    line("apus_resident_memory_bytes " + std::to_string(resident_bytes()));
+    return out;
+  }
+
+ private:
+  struct Histogram {
+    std::vector<uint64_t> counts = std::vector<uint64_t>(kBounds.size(), 0);
+    double sum = 0;
+    uint64_t n = 0;
+  };
+  static inline const std::vector<double> kBounds = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+  static void observe(Histogram& h, double v) {
+    for (size_t i = 0; i < kBounds.size(); ++i)
+      if (v <= kBounds[i]) ++h.counts[i];
+    h.sum += v;
+    ++h.n;
+  }
+  template <typename Map, typename Labels>
+  static void histogram(std::string& out, const std::string& name, const std::string& help, const Map& m, Labels labels) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    for (const auto& [key, h] : m) {
+      const std::string l = labels(key);
+      for (size_t i = 0; i < kBounds.size(); ++i) {
+        char le[32];
+        std::snprintf(le, sizeof le, "%g", kBounds[i]);
+        out += name + "_bucket{" + l + ",le=\"" + le + "\"} " + std::to_string(h.counts[i]) + "\n";
+      }
+      out += name + "_bucket{" + l + ",le=\"+Inf\"} " + std::to_string(h.n) + "\n";
+      char sum[32];
+      std::snprintf(sum, sizeof sum, "%.6f", h.sum);
+      out += name + "_sum{" + l + "} " + sum + "\n" + name + "_count{" + l + "} " + std::to_string(h.n) + "\n";
+    }
+  }
+  static uint64_t resident_bytes() {
+    long pages = 0, resident = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+      std::fclose(f);
+    }
+    return uint64_t(resident) * uint64_t(sysconf(_SC_PAGESIZE));
+  }
+  mutable std::mutex mutex_;
+  std::map<std::string, uint64_t> requests_;
+  std::map<std::pair<std::string, int>, uint64_t> failures_;
+  std::map<std::pair<std::string, std::string>, uint64_t> jobs_;
+  std::map<std::string, Histogram> latency_;
+  std::map<std::pair<std::string, std::string>, Histogram> stages_;
+};
+
+// A route's name for the metrics: job ids folded into one.
+std::string route_name(const httplib::Request& req) {
+  std::string path = req.path;
+  if (path.rfind("/v1/jobs/", 0) == 0) {
+    const size_t end = path.find('/', 9);
+    path = "/v1/jobs/{id}" + (end == std::string::npos ? "" : path.substr(end));
+  }
+  return req.method + " " + path;
+}
+
 std::string new_job_id() {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}();
@@ -131,6 +235,8 @@ struct Server::Impl {
   std::thread thread;
   std::mutex jobs_mutex;
   std::map<std::string, std::shared_ptr<Job>> jobs;
+  Metrics metrics;
+  std::shared_ptr<Job> a1111_current;  // the AUTOMATIC1111 routes' latest job (progress, interrupt)
 
   const Loaded& find(const Fields& f, const std::string& kind) {
     const std::string name = f.string("model", "");
@@ -174,7 +280,9 @@ struct Server::Impl {
       std::vector<ImageRequest> batch(size_t(n), r);
       for (int i = 1; i < n; ++i) batch[size_t(i)].seed = r.seed ? std::optional<uint64_t>(*r.seed + uint64_t(i)) : std::nullopt;
       std::vector<JobOutput> out;
-      for (const ImageResult& res : model->generate_batch(batch, [&](const std::string& l) { j.progress(l); })) {
+      const std::vector<ImageResult> results = model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
+      for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
+      for (const ImageResult& res : results) {
         const std::string params = "Steps: " + std::to_string(r.steps) + ", Sampler: " + model->sampler() +
                                    ", Seed: " + std::to_string(res.seed) + ", Size: " + std::to_string(res.width) +
                                    "x" + std::to_string(res.height) + ", Model: " + model->label();
@@ -214,6 +322,7 @@ struct Server::Impl {
     const AudioModel* model = m.audio.get();
     job->work = [model, r, format](Job& j) {
       const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
+      for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", r.seconds);
       const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(r.steps) +
@@ -264,13 +373,13 @@ struct Server::Impl {
     if (j.state == JobState::cancelled) refuse(499, "the job was cancelled");
   }
 
-  Json job_json(const Job& j) {
+  Json job_json(const Job& j, bool with_results = true) {
     std::lock_guard<std::mutex> lock(j.mutex);
     Json out = {{"id", j.id}, {"model", j.model}, {"kind", j.kind}, {"state", state_name(j.state)},
                 {"step", j.step}, {"steps", j.steps},
                 {"progress", j.state == JobState::done ? 1.0 : j.steps ? double(j.step) / j.steps : 0.0}};
     if (!j.error.empty()) out["error"] = j.error;
-    if (j.state == JobState::done) {
+    if (j.state == JobState::done && with_results) {
       Json results = Json::array();
       for (const JobOutput& o : j.outputs) results.push_back({{"b64", base64(o.bytes)}, {"mime", o.mime}, {"seed", o.seed}});
       out["results"] = results;
@@ -278,10 +387,79 @@ struct Server::Impl {
     return out;
   }
 
+  // The AUTOMATIC1111 routes front ends call: txt2img (its field names; fields apus does not know
+  // are ignored, as A1111 ignores them), progress of the latest txt2img, interrupt.
+  void registerA1111() {
+    http.Post("/sdapi/v1/txt2img", [this](const httplib::Request& req, httplib::Response& res) {
+      const Json in = parse_body(req);
+      const Fields f{in};
+      const std::string negative = f.string("negative_prompt", "");
+      if (!negative.empty())
+        refuse(400, "'negative_prompt' is not supported: the guidance-distilled klein models run without guidance",
+               "negative_prompt");
+      if (f.integer("n_iter", 1, 1, 1) != 1) refuse(400, "'n_iter' must be 1", "n_iter");
+      const int64_t seed = f.integer("seed", -1, -1, int64_t(1) << 53);
+      Json body = {{"prompt", f.prompt()},
+                   {"size", std::to_string(f.integer("width", 512, 16, kMaxSide)) + "x" +
+                                std::to_string(f.integer("height", 512, 16, kMaxSide))},
+                   {"n", f.integer("batch_size", 1, 1, kMaxImages)},
+                   {"steps", f.integer("steps", 4, 1, kMaxSteps)}};
+      if (seed >= 0) body["seed"] = seed;
+      const auto j = image_job(body);
+      submit(j);
+      {
+        std::lock_guard<std::mutex> lock(jobs_mutex);
+        a1111_current = j;
+      }
+      j->wait();
+      finish_sync(*j);
+      Json images = Json::array(), seeds = Json::array();
+      for (const JobOutput& o : j->outputs) {
+        images.push_back(base64(o.bytes));
+        seeds.push_back(o.seed);
+      }
+      const Json info = {{"prompt", body["prompt"]}, {"all_prompts", Json::array({body["prompt"]})},
+                         {"negative_prompt", ""}, {"seed", seeds[0]}, {"all_seeds", seeds},
+                         {"width", f.integer("width", 512, 16, kMaxSide)}, {"height", f.integer("height", 512, 16, kMaxSide)},
+                         {"steps", body["steps"]}, {"batch_size", body["n"]}, {"sd_model_name", j->model}};
+      res.set_content(Json{{"images", images}, {"parameters", in}, {"info", info.dump()}}.dump(), "application/json");
+    });
+    http.Get("/sdapi/v1/progress", [this](const httplib::Request&, httplib::Response& res) {
+      std::shared_ptr<Job> j;
+      {
+        std::lock_guard<std::mutex> lock(jobs_mutex);
+        j = a1111_current;
+      }
+      Json state = {{"skipped", false}, {"interrupted", false}, {"job", ""}, {"job_count", 0},
+                    {"sampling_step", 0}, {"sampling_steps", 0}};
+      double progress = 0;
+      if (j) {
+        std::lock_guard<std::mutex> lock(j->mutex);
+        const bool active = j->state == JobState::queued || j->state == JobState::running;
+        state["interrupted"] = j->state == JobState::cancelled;
+        state["job"] = active ? j->id : "";
+        state["job_count"] = active ? 1 : 0;
+        state["sampling_step"] = j->step;
+        state["sampling_steps"] = j->steps;
+        progress = active && j->steps ? double(j->step) / j->steps : 0.0;
+      }
+      res.set_content(Json{{"progress", progress}, {"eta_relative", 0.0}, {"state", state},
+                           {"current_image", nullptr}, {"textinfo", nullptr}}.dump(),
+                      "application/json");
+    });
+    http.Post("/sdapi/v1/interrupt", [this](const httplib::Request&, httplib::Response& res) {
+      std::lock_guard<std::mutex> lock(jobs_mutex);
+      if (a1111_current) a1111_current->cancel = true;
+      res.set_content("{}", "application/json");
+    });
+  }
+
   void routes() {
     http.set_payload_max_length(options.max_body);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      // The health check and the page itself (static, it holds no data) need no key; the page
+      // sends the key the user types with its API calls.
+      if (options.api_key.empty() || req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
       send_error(res, 401, "missing or wrong API key (Authorization: Bearer KEY)", "");
@@ -302,6 +480,46 @@ struct Server::Impl {
       send_error(res, res.status, res.status == 413 ? "the body is larger than the server takes"
                                   : res.status == 404 ? "no such route" : "request refused", "");
     });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics.request(route_name(req), res.status);
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      std::vector<std::pair<std::string, size_t>> queues;
+      for (const Loaded& m : models) queues.emplace_back(m.id, m.worker->waiting());
+      res.set_content(metrics.text(queues), "text/plain; version=0.0.4");
+    });
+    // Server-sent events: a "progress" event whenever the step or state changes, then "done"
+    // with the job's final state (its files included) and the stream ends. A client that goes
+    // away cancels the job.
+    http.Get(R"(/v1/jobs/([A-Za-z0-9-]+)/events)", [this](const httplib::Request& req, httplib::Response& res) {
+      const auto j = job(req.matches[1]);
+      auto sent = std::make_shared<std::pair<int, int>>(-1, -1);  // the (state, step) last sent
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider("text/event-stream", [this, j, sent](size_t, httplib::DataSink& sink) {
+        JobState state;
+        int step;
+        {
+          std::unique_lock<std::mutex> lock(j->mutex);
+          j->changed.wait_for(lock, std::chrono::seconds(15), [&] {
+            return int(j->state) != sent->first || j->step != sent->second;
+          });
+          state = j->state;
+          step = j->step;
+        }
+        const bool over = state == JobState::done || state == JobState::failed || state == JobState::cancelled;
+        const std::string event = std::string("event: ") + (over ? "done" : "progress") + "\ndata: " +
+                                  job_json(*j, over).dump() + "\n\n";
+        if (!sink.write(event.data(), event.size())) {
+          j->cancel = true;
+          return false;
+        }
+        *sent = {int(state), step};
+        if (over) sink.done();
+        return true;
+      });
+    });
+    registerA1111();
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(web_page(), "text/html"); });
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
     });
@@ -372,7 +590,8 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     m.id = model_label(dir);
     for (const Loaded& other : impl_->models)
       APUS_CHECK(other.id != m.id, dir, ": a second model named '", m.id, "'");
-    m.worker = std::make_unique<ModelWorker>(impl_->options.queue);
+    Impl* impl = impl_.get();
+    m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j) { impl->metrics.job(j); });
     impl_->models.push_back(std::move(m));
   }
   impl_->routes();
