@@ -166,6 +166,10 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "format": "mp3"})"), 400, "mp3", "format");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "steps": 0})"), 400, "'steps' is 0", "steps");
   expect_refusal(post(audio, Json{{"prompt", "x"}, {"model", image_id()}}.dump()), 400, "makes image, not audio", "model");
+  // What the engine itself refuses is answered before the job is queued.
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "cfg": 500})"), 400, "cfg 500 outside");
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "negative_prompt": "hiss"})"), 400,
+                 "a negative prompt needs guidance");
   expect_refusal(post(images, Json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "larger");
   expect_refusal(client().Get("/v1/jobs/job-nope"), 404, "no job");
   expect_refusal(post("/v1/jobs", R"({"prompt": "x"})"), 400, "'kind'", "kind");

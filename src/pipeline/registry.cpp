@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/hf_cache.h"
 #include "io/synth.h"
 
 namespace apus {
@@ -49,6 +50,10 @@ std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
 
 std::string resolve_model_dir(const std::string& model, Weights weights) {
   if (is_directory(model)) return model;
+  // A repository id as Hugging Face users name models: its snapshot of main in the local cache.
+  if (const std::optional<std::string> snapshot = hf_cached_snapshot(model)) return *snapshot;
+  APUS_CHECK(!is_repo_id(model), model, ": not a directory, and not in the Hugging Face cache ",
+             hf_repo_dir(model), " (download it with `apus pull ", model, "` or huggingface-cli download)");
   // Counting may name a published model whose configs ship in data/ ("flux2-klein-4b",
   // "stable-audio-3-medium").
   const bool plain_name = !model.empty() && model.find('/') == std::string::npos && model[0] != '.';

@@ -16,6 +16,7 @@
 #include "io/audio.h"
 #include "io/png.h"
 #include "pipeline/registry.h"
+#include "pipeline/stage.h"
 #include "server/jobs.h"
 #include "server/web_page.h"
 
@@ -238,6 +239,16 @@ struct Server::Impl {
   Metrics metrics;
   std::shared_ptr<Job> a1111_current;  // the AUTOMATIC1111 routes' latest job (progress, interrupt)
 
+  // Before a job is queued: the engine's own checks of the request, and whether its counted
+  // activations fit in the memory left beside the resident weights; a refusal is a 400.
+  static void admit(const std::function<void()>& check) {
+    try {
+      check();
+    } catch (const Error& e) {
+      refuse(400, e.what());
+    }
+  }
+
   const Loaded& find(const Fields& f, const std::string& kind) {
     const std::string name = f.string("model", "");
     for (const Loaded& m : models)
@@ -272,6 +283,7 @@ struct Server::Impl {
     const std::string format = f.string("response_format", "b64_json");
     if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
     if (f.string("output_format", "png") != "png") refuse(400, "'output_format' must be png", "output_format");
+    admit([&] { check_memory(m.image->count(r, n), true, "this request"); });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "image";
@@ -316,6 +328,7 @@ struct Server::Impl {
     } catch (const Error& e) {
       refuse(400, e.what(), "format");
     }
+    admit([&] { check_memory(m.audio->count(r), true, "this request"); });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "audio";
