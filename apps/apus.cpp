@@ -13,6 +13,7 @@
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "io/audio.h"
+#include "io/hf_pull.h"
 #include "io/png.h"
 #include "io/synth.h"
 #include "server/server.h"
@@ -199,6 +200,10 @@ int main(int argc, char** argv) {
   int chips = 1;
   double peak_tflops = 0, gbps = 0, link_gbps = 0;
   bool as_json = false;
+  std::string pull_repo, pull_revision = "main";
+  auto* pull = app.add_subcommand("pull", "download a Hugging Face repository into the local cache");
+  pull->add_option("repo", pull_repo, "ORG/NAME, e.g. black-forest-labs/FLUX.2-klein-4B")->required();
+  pull->add_option("--revision", pull_revision, "branch, tag or commit (main)");
   apus::server::ServeOptions serve_opts;
   auto* serve = app.add_subcommand("serve", "serve the models over HTTP (OpenAI-style images and audio, jobs)");
   serve->add_option("--model", serve_opts.models, "a model directory (repeatable), loaded once")->required();
@@ -256,6 +261,13 @@ int main(int argc, char** argv) {
         }
       }
       return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose, inputs);
+    }
+    if (*pull) {
+      const std::string dir = apus::hf_pull(pull_repo, pull_revision, [](const std::string& l) {
+        std::fprintf(stderr, "%s\n", l.c_str());
+      });
+      std::printf("%s\n", dir.c_str());
+      return 0;
     }
     if (*serve) {
       if (serve_opts.api_key.empty())
