@@ -1,6 +1,7 @@
 // apus command line: `apus image` renders a prompt, `apus audio` generates a clip, `apus roofline`
 // counts a request's cost, `apus synth` writes a random-weight checkpoint in the published layout.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "io/audio.h"
+#include "io/files.h"
 #include "io/hf_pull.h"
 #include "io/png.h"
 #include "io/synth.h"
@@ -83,6 +85,20 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
   return 0;
 }
 
+// A seed as torch takes it: a whole number in 0 .. 2^64 - 1, nothing clamped or wrapped.
+uint64_t parse_seed(const std::string& text) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  APUS_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size(), "--seed ", text,
+             ": expected a whole number in 0..18446744073709551615");
+  return v;
+}
+
+// Every file a run will write can be created, checked before any model loads.
+void check_output(const std::string& out, int batch) {
+  for (int i = 0; i < batch; ++i) apus::check_writable(output_name(out, i, batch));
+}
+
 // An input clip for audio-to-audio or inpainting, read through libsndfile.
 apus::AudioClip read_clip(const std::string& path) {
   apus::Audio a = apus::read_audio(path);
@@ -130,7 +146,7 @@ int main(int argc, char** argv) {
   std::string model_dir, out = "out.png";
   bool verbose = false;
   std::string precision = "bf16";
-  uint64_t seed = 0;
+  std::string seed;
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
   image->add_option("--model", model_dir, "model directory (diffusers layout)")->required();
   image->add_option("--prompt,-p", req.prompt, "text prompt")->required();
@@ -149,7 +165,7 @@ int main(int argc, char** argv) {
 
   apus::AudioRequest audio_req;
   std::string audio_model, audio_out = "out.wav", audio_format = "wav", audio_precision = "bf16";
-  uint64_t audio_seed = 0;
+  std::string audio_seed;
   int audio_batch = 1;
   bool audio_verbose = false;
   auto* audio = app.add_subcommand("audio", "generate a clip from a prompt (Stable Audio 3)");
@@ -183,7 +199,7 @@ int main(int argc, char** argv) {
   audio->add_flag("-v,--verbose", audio_verbose, "print per-stage times and peak memory");
 
   std::string synth_model = "flux2-klein-4b", synth_like, synth_out;
-  uint64_t synth_seed = 0;
+  std::string synth_seed = "0";
   auto* synth = app.add_subcommand("synth", "write a random-weight checkpoint in the published layout");
   auto* synth_model_opt = synth->add_option("--model", synth_model, "published model to mimic")
       ->check(CLI::IsMember({"flux2-klein-4b", "stable-audio-3-medium", "stable-audio-3-small-music",
@@ -228,12 +244,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*image) {
-      if (*seed_opt) req.seed = seed;
+      if (*seed_opt) req.seed = parse_seed(seed);
+      check_output(out, batch);
       req.fp32 = precision == "fp32";
       return run_image(model_dir, req, batch, out, verbose);
     }
     if (*audio) {
-      if (*audio_seed_opt) audio_req.seed = audio_seed;
+      if (*audio_seed_opt) audio_req.seed = parse_seed(audio_seed);
+      check_output(audio_out, audio_batch);
       audio_req.fp32 = audio_precision == "fp32";
       if (!audio_decode.empty()) audio_req.chunked_decode = audio_decode == "chunked";
       if (*audio_negative_opt) audio_req.negative_prompt = audio_negative;
@@ -306,9 +324,9 @@ int main(int argc, char** argv) {
     }
     const auto progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
     if (*synth_like_opt)
-      apus::synth_checkpoint(synth_like, synth_out, synth_seed, progress);
+      apus::synth_checkpoint(synth_like, synth_out, parse_seed(synth_seed), progress);
     else
-      apus::synth_published(synth_model, synth_out, synth_seed, progress);
+      apus::synth_published(synth_model, synth_out, parse_seed(synth_seed), progress);
     return 0;
   } catch (const std::bad_alloc&) {
     // Engine allocations name their size (apus::Error); this is a library's or the STL's.

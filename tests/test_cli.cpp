@@ -128,6 +128,14 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"image --model " + model + " --prompt hi --steps 0", "steps"},
       {"image --model " + model + " --prompt hi -W 64 -H 48 --noise " + wrong_noise,
        "expected [1, 128, 3, 4]"},
+      // Caught before any work: seeds that torch would not take, a file as the model, outputs
+      // that cannot be written.
+      {"image --model " + model + " --prompt hi --seed 18446744073709551616", "--seed 18446744073709551616: expected"},
+      {"image --model " + model + " --prompt hi --seed -1", "--seed -1: expected a whole number"},
+      {"audio --model /x --prompt hi --seed 1e3", "--seed 1e3: expected"},
+      {"image --model " + test::fixture("klein_tiny_a_ref.json") + " --prompt hi", "is a file, expected a model directory"},
+      {"image --model " + model + " --prompt hi -W 64 -H 48 -o /nonexistent-dir/x.png", "cannot create a file in /nonexistent-dir/"},
+      {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(), "is a directory, expected a file"},
   };
   for (const auto& c : cases) {
     const test::CliRun r = test::run_cli(c.args);

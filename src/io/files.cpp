@@ -61,6 +61,12 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
+void check_writable(const std::string& path) {
+  struct stat st {};
+  APUS_CHECK(::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode), path, ": is a directory, expected a file to write");
+  AtomicFile probe(path);  // created in the folder and removed uncommitted
+}
+
 AtomicFile::AtomicFile(const std::string& path) : path_(path) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);

@@ -16,6 +16,10 @@ std::string read_file(const std::string& path);
 // Writes `path` through a temporary file in the same folder that is flushed, fsync'd and renamed
 // over `path` by commit(): a reader never sees a partial file, two writers never interleave, and
 // a failed or interrupted write leaves no file behind (the destructor removes the temporary).
+// Refuses, before any work, an output path that cannot be written: a missing or read-only
+// folder, or a directory in the file's place.
+void check_writable(const std::string& path);
+
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path);

@@ -50,6 +50,7 @@ std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
 
 std::string resolve_model_dir(const std::string& model, Weights weights) {
   if (is_directory(model)) return model;
+  APUS_CHECK(!path_exists(model), model, ": is a file, expected a model directory");
   // A repository id as Hugging Face users name models: its snapshot of main in the local cache.
   if (const std::optional<std::string> snapshot = hf_cached_snapshot(model)) return *snapshot;
   APUS_CHECK(!is_repo_id(model), model, ": not a directory, and not in the Hugging Face cache ",
