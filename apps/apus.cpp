@@ -1,6 +1,9 @@
 // apus command line: `apus image` renders a prompt, `apus audio` generates a clip, `apus roofline`
 // counts a request's cost, `apus synth` writes a random-weight checkpoint in the published layout.
 #include <CLI/CLI.hpp>
+#include <pthread.h>
+#include <signal.h>
+
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -227,6 +230,10 @@ int main(int argc, char** argv) {
   serve->add_option("--port", serve_opts.port, "port (8080)")->check(CLI::Range(0, 65535));
   serve->add_option("--queue", serve_opts.queue, "requests that may wait per model (4); more get 429");
   serve->add_option("--api-key", serve_opts.api_key, "require Authorization: Bearer KEY (or APUS_API_KEY)");
+  serve->add_option("--cors", serve_opts.cors, "let pages from this origin call the API (off by default)");
+  double drain_seconds = 30;
+  serve->add_option("--drain-seconds", drain_seconds, "on SIGTERM / SIGINT, let running jobs finish this long (30)")
+      ->check(CLI::Range(0.0, 86400.0));
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
   roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
   roofline->add_option("--width,-W", roof_req.width, "image width");
@@ -294,11 +301,23 @@ int main(int argc, char** argv) {
           serve_opts.host != "::1")
         std::fprintf(stderr, "warning: listening on %s without an API key: anyone who reaches it can use it\n",
                      serve_opts.host.c_str());
+      // SIGTERM and SIGINT are taken by this thread alone (blocked in every thread the server
+      // starts), so a signal becomes a graceful shutdown rather than a kill.
+      sigset_t signals;
+      sigemptyset(&signals);
+      sigaddset(&signals, SIGTERM);
+      sigaddset(&signals, SIGINT);
+      pthread_sigmask(SIG_BLOCK, &signals, nullptr);
       apus::server::Server server(serve_opts);
       const int port = server.start();
       std::fprintf(stderr, "serving %zu model(s) on http://%s:%d\n", serve_opts.models.size(),
                    serve_opts.host.c_str(), port);
-      server.wait();
+      int signal = 0;
+      sigwait(&signals, &signal);
+      std::fprintf(stderr, "%s: draining (up to %g s), then stopping\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                   drain_seconds);
+      server.shutdown(drain_seconds);
+      std::fprintf(stderr, "stopped\n");
       return 0;
     }
     if (*roofline) {

@@ -3,6 +3,11 @@
 // (key, JSON, fields, limits, full queue) with its status and a JSON error naming the field.
 #include <httplib.h>
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +19,8 @@
 #include "sa3_fixtures.h"
 #include "server/server.h"
 #include "test_util.h"
+
+extern char** environ;
 
 namespace apus {
 namespace {
@@ -295,6 +302,117 @@ TEST_F(Serve, EventsMetricsAndThePage) {
   EXPECT_NE(page->body.find("/v1/jobs"), std::string::npos);
   EXPECT_EQ(page->body.find("http://"), std::string::npos) << "the page makes no external requests";
   EXPECT_EQ(page->body.find("https://"), std::string::npos) << "the page makes no external requests";
+}
+
+// CORS: off unless asked; with --cors ORIGIN, that origin on every answer and the preflight
+// answered without a key.
+TEST(ServeCors, OnlyTheGivenOrigin) {
+  auto r = httplib::Client("127.0.0.1", 1).Get("/");  // nothing listens on port 1
+  EXPECT_FALSE(r);
+  server::ServeOptions o;
+  o.models = {test::fixture("klein_tiny_a")};
+  o.port = 0;
+  o.api_key = "k";
+  o.cors = "http://localhost:3000";
+  server::Server with(o);
+  const int port = with.start();
+  httplib::Client c("127.0.0.1", port);
+  const auto pre = c.Options("/v1/images/generations");
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  c.set_bearer_token_auth("k");
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  o.cors.clear();
+  server::Server without(o);
+  httplib::Client plain("127.0.0.1", without.start());
+  plain.set_bearer_token_auth("k");
+  const auto no_cors = plain.Get("/v1/models");
+  ASSERT_TRUE(no_cors);
+  EXPECT_FALSE(no_cors->has_header("Access-Control-Allow-Origin"));
+  const auto no_preflight = plain.Options("/v1/models");
+  ASSERT_TRUE(no_preflight);
+  EXPECT_NE(no_preflight->status, 204);
+}
+
+// `apus serve` as a process: SIGTERM lets the running request finish (drain), refuses new ones,
+// exits 0; with no drain time the running job is cancelled and the process still exits 0.
+struct ServeProcess {
+  pid_t pid = 0;
+  int port = 0;
+  std::string log;
+  explicit ServeProcess(const std::string& drain) {
+    log = ::testing::TempDir() + "apus_serve_" + std::to_string(::getpid()) + "_" + drain + ".log";
+    std::remove(log.c_str());
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const std::string model = test::fixture("klein_tiny_a");
+    std::vector<std::string> args = {APUS_CLI, "serve", "--model", model, "--port", "0", "--drain-seconds", drain};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid, APUS_CLI, &actions, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    for (int i = 0; i < 600 && port == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::ifstream f(log);
+      std::string line;
+      while (std::getline(f, line))
+        if (line.rfind("serving", 0) == 0) port = std::stoi(line.substr(line.rfind(':') + 1));
+    }
+  }
+  int stop_and_wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+TEST(ServeProcessTest, SigtermDrainsThenExits) {
+  for (const std::string drain : {"30", "0"}) {
+    ServeProcess p(drain);
+    ASSERT_GT(p.port, 0) << "no port in " << p.log;
+    const std::string body = Json{{"prompt", "a fox"}, {"size", "1024x1024"}, {"steps", 8}, {"seed", 1}}.dump();
+    int status = 0;
+    std::string answer;
+    std::thread request([&] {
+      httplib::Client c("127.0.0.1", p.port);
+      c.set_read_timeout(120, 0);
+      if (const auto r = c.Post("/v1/images/generations", body, "application/json")) {
+        status = r->status;
+        answer = r->body;
+      }
+    });
+    // Wait until the job runs, then ask the server to stop.
+    httplib::Client watch("127.0.0.1", p.port);
+    bool running = false;
+    for (int i = 0; i < 1000 && !running; ++i) {
+      const auto m = watch.Get("/metrics");
+      running = m && m->body.find("apus_jobs_running{model=\"klein_tiny_a\"} 1") != std::string::npos;
+      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(running);
+    kill(p.pid, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto late = watch.Post("/v1/images/generations", body, "application/json");
+    if (late) EXPECT_EQ(late->status, 503) << late->body;  // or the listener is already closed
+    request.join();
+    if (drain == "30") {
+      EXPECT_EQ(status, 200) << answer;
+    } else {
+      EXPECT_EQ(status, 499) << answer;
+      EXPECT_NE(answer.find("cancelled"), std::string::npos) << answer;
+    }
+    EXPECT_EQ(p.stop_and_wait(), 0);
+    std::ifstream f(p.log);
+    const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(log.find("SIGTERM: draining"), std::string::npos) << log;
+    EXPECT_NE(log.find("stopped"), std::string::npos) << log;
+  }
 }
 
 }  // namespace

@@ -63,6 +63,22 @@ size_t ModelWorker::waiting() const {
   return queue_.size();
 }
 
+bool ModelWorker::busy() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return running_ || !queue_.empty();
+}
+
+bool ModelWorker::running() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return running_ != nullptr;
+}
+
+void ModelWorker::cancel_all() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& job : queue_) job->cancel = true;
+  if (running_) running_->cancel = true;
+}
+
 void ModelWorker::run() {
   for (;;) {
     std::shared_ptr<Job> job;
@@ -72,6 +88,7 @@ void ModelWorker::run() {
       if (queue_.empty()) return;
       job = queue_.front();
       queue_.pop_front();
+      running_ = job;
     }
     auto finish = [&](JobState s, std::vector<JobOutput> outputs, std::string error, int status) {
       {
@@ -83,6 +100,8 @@ void ModelWorker::run() {
         job->changed.notify_all();
       }
       if (finished_) finished_(*job);
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_.reset();
     };
     if (job->cancel) {
       finish(JobState::cancelled, {}, "cancelled", 499);

@@ -58,6 +58,11 @@ class ModelWorker {
   // Queues the job; false (and nothing queued) when `capacity` jobs already wait.
   bool submit(const std::shared_ptr<Job>& job);
   size_t waiting() const;
+  // Whether a job runs or waits; whether one runs.
+  bool busy() const;
+  bool running() const;
+  // Cancels the waiting jobs and the running one (at its next sampler step).
+  void cancel_all();
 
  private:
   size_t capacity_;
@@ -65,6 +70,7 @@ class ModelWorker {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;
+  std::shared_ptr<Job> running_;
   bool stopping_ = false;
   std::thread thread_;
   void run();

@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 
 #include "apus/apus.h"
@@ -132,7 +133,8 @@ class Metrics {
     observe(latency_[j.model], std::chrono::duration<double>(std::chrono::steady_clock::now() - j.submitted).count());
     for (const auto& [stage, seconds] : j.stages) observe(stages_[{j.model, stage}], seconds);
   }
-  std::string text(const std::vector<std::pair<std::string, size_t>>& queues) const {
+  // queues: per model, the jobs waiting and whether one runs.
+  std::string text(const std::vector<std::tuple<std::string, size_t, bool>>& queues) const {
     std::lock_guard<std::mutex> lock(mutex_);
     std::string out;
     auto line = [&](const std::string& l) { out += l + "\n"; };
@@ -150,7 +152,11 @@ class Metrics {
       line("apus_jobs_total{model=\"" + key.first + "\",state=\"" + key.second + "\"} " + std::to_string(n));
     line("# HELP apus_queue_depth Jobs waiting per model (the running one not counted).");
     line("# TYPE apus_queue_depth gauge");
-    for (const auto& [model, n] : queues) line("apus_queue_depth{model=\"" + model + "\"} " + std::to_string(n));
+    for (const auto& [model, n, running] : queues) line("apus_queue_depth{model=\"" + model + "\"} " + std::to_string(n));
+    line("# HELP apus_jobs_running Jobs running per model (0 or 1).");
+    line("# TYPE apus_jobs_running gauge");
+    for (const auto& [model, n, running] : queues)
+      line("apus_jobs_running{model=\"" + model + "\"} " + std::string(running ? "1" : "0"));
     histogram(out, "apus_request_seconds", "Submission to result, per model.", latency_,
               [](const std::string& m) { return "model=\"" + m + "\""; });
     histogram(out, "apus_stage_seconds", "Each stage's run (each sampler step on its own), per model.", stages_,
@@ -237,6 +243,7 @@ struct Server::Impl {
   std::mutex jobs_mutex;
   std::map<std::string, std::shared_ptr<Job>> jobs;
   Metrics metrics;
+  std::atomic<bool> draining{false};
   std::shared_ptr<Job> a1111_current;  // the AUTOMATIC1111 routes' latest job (progress, interrupt)
 
   // Before a job is queued: the engine's own checks of the request, and whether its counted
@@ -349,6 +356,7 @@ struct Server::Impl {
   }
 
   void submit(const std::shared_ptr<Job>& job) {
+    if (draining) throw HttpError{503, "the server is shutting down", ""};
     job->id = new_job_id();
     for (Loaded& m : models)
       if (m.id == job->model) {
@@ -469,10 +477,24 @@ struct Server::Impl {
 
   void routes() {
     http.set_payload_max_length(options.max_body);
+    if (!options.cors.empty()) {
+      // The one allowed origin on every answer, and the browser's preflight answered without a key.
+      http.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+        res.set_header("Access-Control-Allow-Origin", options.cors);
+        res.set_header("Vary", "Origin");
+      });
+      http.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
+        res.status = 204;
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "600");
+      });
+    }
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       // The health check and the page itself (static, it holds no data) need no key; the page
       // sends the key the user types with its API calls.
-      if (options.api_key.empty() || req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
+      if (options.api_key.empty() || req.path == "/health" || req.path == "/" || req.method == "OPTIONS")
+        return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
       send_error(res, 401, "missing or wrong API key (Authorization: Bearer KEY)", "");
@@ -497,8 +519,8 @@ struct Server::Impl {
       metrics.request(route_name(req), res.status);
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      std::vector<std::pair<std::string, size_t>> queues;
-      for (const Loaded& m : models) queues.emplace_back(m.id, m.worker->waiting());
+      std::vector<std::tuple<std::string, size_t, bool>> queues;
+      for (const Loaded& m : models) queues.emplace_back(m.id, m.worker->waiting(), m.worker->running());
       res.set_content(metrics.text(queues), "text/plain; version=0.0.4");
     });
     // Server-sent events: a "progress" event whenever the step or state changes, then "done"
@@ -627,8 +649,20 @@ void Server::stop() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-void Server::wait() {
-  if (impl_->thread.joinable()) impl_->thread.join();
+void Server::shutdown(double drain_seconds) {
+  Impl& s = *impl_;
+  s.draining = true;
+  auto busy = [&] {
+    for (const Loaded& m : s.models)
+      if (m.worker->busy()) return true;
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain_seconds);
+  while (busy() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (const Loaded& m : s.models) m.worker->cancel_all();
+  // A cancelled run stops at its next sampler step (or after its decoder).
+  while (busy()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  stop();
 }
 
 }  // namespace apus::server

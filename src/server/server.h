@@ -18,6 +18,7 @@ struct ServeOptions {
   int port = 8080;                  // 0: any free port
   size_t queue = 4;                 // jobs that may wait per model beside the running one
   std::string api_key;              // empty: no key asked (GET /health never asks)
+  std::string cors;                 // an origin allowed to call from a browser; empty: no CORS
   size_t max_body = size_t(1) << 20;
 };
 
@@ -29,8 +30,9 @@ class Server {
   // Binds and serves on a background thread; returns the bound port.
   int start();
   void stop();
-  // Blocks while serving.
-  void wait();
+  // Graceful shutdown: new jobs are refused (503), running and waiting ones may finish for up to
+  // `drain_seconds`, the rest are cancelled, then the server stops.
+  void shutdown(double drain_seconds);
 
  private:
   struct Impl;
