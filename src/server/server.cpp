@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "apus/apus.h"
@@ -477,6 +478,10 @@ struct Server::Impl {
 
   void routes() {
     http.set_payload_max_length(options.max_body);
+    // A synchronous request holds its connection's thread while its job waits and runs: enough
+    // threads for every model's full queue plus the quick routes beside them.
+    const size_t threads = 16 + models.size() * (options.queue + 1);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     if (!options.cors.empty()) {
       // The one allowed origin on every answer, and the browser's preflight answered without a key.
       http.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
@@ -636,9 +641,18 @@ Server::~Server() { stop(); }
 
 int Server::start() {
   Impl& s = *impl_;
+  // cpp-httplib listens with a backlog of 5: a burst of connects overflows it and the kernel drops
+  // their handshakes (clients see reads fail). The listening socket is noted as it is made and
+  // its backlog raised once bound.
+  int listening = -1;
+  s.http.set_socket_options([&listening](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening = sock;
+  });
   const int port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host)
                                        : (s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1);
   APUS_CHECK(port > 0, "serve: cannot listen on ", s.options.host, ":", s.options.port);
+  if (listening >= 0) ::listen(listening, SOMAXCONN);
   s.thread = std::thread([&s] { s.http.listen_after_bind(); });
   return port;
 }
