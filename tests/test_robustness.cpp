@@ -340,13 +340,7 @@ TEST(Robustness, AtomicFileLeavesNothingUnlessCommitted) {
 }
 
 TEST(Robustness, AddressSpaceLimitIsHonouredUpFront) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "sanitizer shadow memory cannot live under ulimit -v";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "sanitizer shadow memory cannot live under ulimit -v";
-#endif
-#endif
+  if (test::kSanitized) GTEST_SKIP() << "sanitizer shadow memory cannot live under ulimit -v";
   const std::string out = temp_out("ulimit.png");
   // A tiny render under 200 MB of address space: refused cleanly, not a segfault in oneDNN.
   const test::CliRun tiny =

@@ -376,7 +376,8 @@ TEST(ServeLoad, MixedRequestsFrom32ClientsLeaveMemoryFlat) {
   }();
   std::printf("[ measure ] 1952 more requests from 32 clients: resident memory %.1f -> %.1f MiB\n", before / 1048576,
               after / 1048576);
-  EXPECT_LT(after, before * 1.05);
+  // ASan's quarantine holds freed memory back on purpose.
+  if (!test::kSanitized) EXPECT_LT(after, before * 1.05);
   httplib::Client c("127.0.0.1", port);
   const auto health = c.Get("/health");
   ASSERT_TRUE(health);
@@ -452,10 +453,10 @@ struct ServeProcess {
 };
 
 TEST(ServeProcessTest, SigtermDrainsThenExits) {
-  for (const std::string drain : {"30", "0"}) {
+  for (const std::string drain : {"60", "0"}) {
     ServeProcess p(drain);
     ASSERT_GT(p.port, 0) << "no port in " << p.log;
-    const std::string body = Json{{"prompt", "a fox"}, {"size", "1024x1024"}, {"steps", 8}, {"seed", 1}}.dump();
+    const std::string body = Json{{"prompt", "a fox"}, {"size", "512x512"}, {"steps", 8}, {"seed", 1}}.dump();
     int status = 0;
     std::string answer;
     std::thread request([&] {
@@ -480,7 +481,7 @@ TEST(ServeProcessTest, SigtermDrainsThenExits) {
     const auto late = watch.Post("/v1/images/generations", body, "application/json");
     if (late) EXPECT_EQ(late->status, 503) << late->body;  // or the listener is already closed
     request.join();
-    if (drain == "30") {
+    if (drain == "60") {
       EXPECT_EQ(status, 200) << answer;
     } else {
       EXPECT_EQ(status, 499) << answer;

@@ -101,6 +101,21 @@ inline std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+// Whether a sanitizer instruments this build (its shadow memory and quarantine change what memory
+// measurements mean).
+constexpr bool kSanitized =
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+    true;
+#else
+    false;
+#endif
+#else
+    false;
+#endif
+
 inline DType precision_dtype(const std::string& p) { return p == "fp32" ? DType::f32 : DType::bf16; }
 
 // torch's (B, C, T) latents as the engine lays them out: [B*T, C] fp32, frames sample-major.

@@ -35,7 +35,7 @@ void Job::wait() const {
   });
 }
 
-ModelWorker::ModelWorker(size_t capacity, std::function<void(const Job&)> finished)
+ModelWorker::ModelWorker(size_t capacity, std::function<void(const Job&, JobState)> finished)
     : capacity_(capacity), finished_(std::move(finished)), thread_([this] { run(); }) {}
 
 ModelWorker::~ModelWorker() {
@@ -91,6 +91,7 @@ void ModelWorker::run() {
       running_ = job;
     }
     auto finish = [&](JobState s, std::vector<JobOutput> outputs, std::string error, int status) {
+      if (finished_) finished_(*job, s);
       {
         std::lock_guard<std::mutex> lock(job->mutex);
         job->state = s;
@@ -99,7 +100,6 @@ void ModelWorker::run() {
         job->error_status = status;
         job->changed.notify_all();
       }
-      if (finished_) finished_(*job);
       std::lock_guard<std::mutex> lock(mutex_);
       running_.reset();
     };

@@ -50,8 +50,9 @@ struct Job {
 
 class ModelWorker {
  public:
-  // `finished` sees every job once it has ended (done, failed or cancelled), on the worker thread.
-  ModelWorker(size_t capacity, std::function<void(const Job&)> finished);
+  // `finished` sees every job as it ends (done, failed or cancelled: the state given), on the
+  // worker thread, before anyone waiting on the job learns of it.
+  ModelWorker(size_t capacity, std::function<void(const Job&, JobState)> finished);
   ~ModelWorker();
   ModelWorker(const ModelWorker&) = delete;
   ModelWorker& operator=(const ModelWorker&) = delete;
@@ -66,7 +67,7 @@ class ModelWorker {
 
  private:
   size_t capacity_;
-  std::function<void(const Job&)> finished_;
+  std::function<void(const Job&, JobState)> finished_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;

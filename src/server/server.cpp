@@ -127,10 +127,10 @@ class Metrics {
     ++requests_[route];
     if (status >= 400) ++failures_[{route, status}];
   }
-  void job(const Job& j) {
+  void job(const Job& j, JobState final_state) {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++jobs_[{j.model, state_name(j.state)}];
-    if (j.state != JobState::done) return;
+    ++jobs_[{j.model, state_name(final_state)}];
+    if (final_state != JobState::done) return;
     observe(latency_[j.model], std::chrono::duration<double>(std::chrono::steady_clock::now() - j.submitted).count());
     for (const auto& [stage, seconds] : j.stages) observe(stages_[{j.model, stage}], seconds);
   }
@@ -631,7 +631,7 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     for (const Loaded& other : impl_->models)
       APUS_CHECK(other.id != m.id, dir, ": a second model named '", m.id, "'");
     Impl* impl = impl_.get();
-    m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j) { impl->metrics.job(j); });
+    m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j, JobState s) { impl->metrics.job(j, s); });
     impl_->models.push_back(std::move(m));
   }
   impl_->routes();
