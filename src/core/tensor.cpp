@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/clones.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -122,12 +123,11 @@ std::vector<float> to_f32_vector(const Tensor& t) {
   return v;
 }
 
-namespace {
-
 // f32 -> bf16, round to nearest even, NaN kept NaN: f32_to_bf16 without its branch, so the compiler
 // vectorises it (the branchy form compiled to scalar code: 27 % of a 1-step medium run's time).
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void f32_to_bf16_block(const float* src, uint16_t* dst, int64_t n) {
+namespace {
+
+APUS_CLONES void f32_to_bf16_block(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, src + i, 4);

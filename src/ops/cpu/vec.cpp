@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/clones.h"
 #include "core/dtype.h"
 
 namespace apus::cpu {
@@ -51,8 +52,6 @@ __attribute__((always_inline)) inline float tanh_poly(float x) {
 }
 
 }  // namespace
-
-#define APUS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 APUS_CLONES void bf16_to_f32_row(const uint16_t* in, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
