@@ -231,6 +231,9 @@ int main(int argc, char** argv) {
   serve->add_option("--queue", serve_opts.queue, "requests that may wait per model (4); more get 429");
   serve->add_option("--api-key", serve_opts.api_key, "require Authorization: Bearer KEY (or APUS_API_KEY)");
   serve->add_option("--cors", serve_opts.cors, "let pages from this origin call the API (off by default)");
+  size_t max_body_mb = serve_opts.max_body >> 20;
+  serve->add_option("--max-body-mb", max_body_mb, "largest request body in MiB (32): audio inputs come as base64")
+      ->check(CLI::Range(1, 4096));
   double drain_seconds = 30;
   serve->add_option("--drain-seconds", drain_seconds, "on SIGTERM / SIGINT, let running jobs finish this long (30)")
       ->check(CLI::Range(0.0, 86400.0));
@@ -308,6 +311,7 @@ int main(int argc, char** argv) {
       sigaddset(&signals, SIGTERM);
       sigaddset(&signals, SIGINT);
       pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+      serve_opts.max_body = max_body_mb << 20;
       apus::server::Server server(serve_opts);
       const int port = server.start();
       std::fprintf(stderr, "serving %zu model(s) on http://%s:%d\n", serve_opts.models.size(),

@@ -16,6 +16,7 @@
 
 #include "apus/apus.h"
 #include "io/audio.h"
+#include "io/files.h"
 #include "io/png.h"
 #include "sa3_fixtures.h"
 #include "server/server.h"
@@ -152,6 +153,62 @@ TEST_F(Serve, AudioIsTheEnginesClip) {
   want.seconds = 1.4;
   want.seed = 42;
   EXPECT_EQ(got.samples, AudioModel::open(test::official_dir(), Weights::per_stage)->generate(want).samples);
+}
+
+std::string base64_of(const std::string& bytes) {
+  static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | (i + 1 < bytes.size() ? uint32_t(uint8_t(bytes[i + 1])) << 8 : 0) |
+                       (i + 2 < bytes.size() ? uint32_t(uint8_t(bytes[i + 2])) : 0);
+    out += table[(v >> 18) & 63];
+    out += table[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? table[(v >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? table[v & 63] : '=';
+  }
+  return out;
+}
+
+// Audio-to-audio and inpainting over HTTP: the clips as base64 files; the engine's own samples.
+TEST_F(Serve, AudioInputsAreTheEnginesClips) {
+  const auto model = AudioModel::open(test::official_dir(), Weights::per_stage);
+  auto clip = [](const std::string& rel) {
+    Audio a = read_audio(test::fixture(rel));
+    return AudioClip{a.rate, a.channels, std::move(a.samples)};
+  };
+  struct Case { Json fields; AudioRequest want; };
+  AudioRequest base;
+  base.prompt = "warm lo-fi hip hop";
+  base.seconds = 1.4;
+  base.seed = 42;
+  AudioRequest a2a = base, inpaint = base;
+  a2a.init_audio = clip("sa3_tiny/inputs/init.wav");
+  a2a.init_noise_level = 0.6;
+  inpaint.inpaint_audio = clip("sa3_tiny/inputs/inpaint.wav");
+  inpaint.inpaint_regions = {{0.3, 0.8}, {1.0, 1.2}};
+  const std::string init_b64 = base64_of(read_file(test::fixture("sa3_tiny/inputs/init.wav")));
+  const std::string inpaint_b64 = base64_of(read_file(test::fixture("sa3_tiny/inputs/inpaint.wav")));
+  const Json common = {{"prompt", base.prompt}, {"seconds", 1.4}, {"seed", 42}, {"format", "wav-float"}};
+  for (const Case& k : {Case{{{"init_audio", init_b64}, {"init_noise_level", 0.6}}, a2a},
+                        Case{{{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {{0.3, 0.8}, {1.0, 1.2}}}}, inpaint}}) {
+    Json body = common;
+    body.update(k.fields);
+    const auto r = client().Post("/v1/audio/generations", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_input.wav"));
+    EXPECT_EQ(got.samples, model->generate(k.want).samples) << k.fields.begin().key();
+  }
+  auto post = [&](const Json& extra) {
+    Json body = common;
+    body.update(extra);
+    return client().Post("/v1/audio/generations", body.dump(), "application/json");
+  };
+  expect_refusal(post({{"init_audio", "not base64!"}}), 400, "base64", "init_audio");
+  expect_refusal(post({{"init_audio", base64_of("RIFF but not a wave file")}}), 400, "not an audio file", "init_audio");
+  expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {1, 2}}}), 400, "[start, end]", "inpaint_regions");
+  expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {{0.2, 9.0}}}}), 400, "inpaint region");
+  expect_refusal(post({{"init_audio", init_b64}, {"init_noise_level", 2}}), 400, "init noise level");
 }
 
 TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {

@@ -103,27 +103,29 @@ void write_audio(const std::string& path, const Audio& audio, AudioFormat format
   file.commit();
 }
 
-Audio read_audio(const std::string& path) {
-  size_t size = 0;
-  const int fd = open_regular(path, size);  // refuses FIFOs and directories without blocking
+Audio read_audio(const std::string& path) { return decode_audio(read_file(path), path); }
+
+Audio decode_audio(const std::string& bytes, const std::string& what) {
+  Buffer buffer;
+  buffer.bytes.assign(bytes.begin(), bytes.end());
+  SF_VIRTUAL_IO io = buffer_io();
   SF_INFO info{};
-  SNDFILE* sf = sf_open_fd(fd, SFM_READ, &info, /*close_desc=*/1);
-  APUS_CHECK(sf, path, ": not an audio file libsndfile reads: ", sf_strerror(nullptr));
+  SNDFILE* sf = sf_open_virtual(&io, SFM_READ, &info, &buffer);
+  APUS_CHECK(sf, what, ": not an audio file libsndfile reads: ", sf_strerror(nullptr));
   struct Closer {
     SNDFILE* sf;
     ~Closer() { sf_close(sf); }
   } closer{sf};
   APUS_CHECK(info.channels > 0 && info.channels <= 64 && info.samplerate > 0 && info.frames >= 0 &&
                  info.frames <= (int64_t(1) << 32) / info.channels,
-             path, ": ", info.channels, " channels at ", info.samplerate, " Hz, ", info.frames,
+             what, ": ", info.channels, " channels at ", info.samplerate, " Hz, ", info.frames,
              " frames: not an audio clip apus reads");
   Audio a;
   a.rate = info.samplerate;
   a.channels = info.channels;
   a.samples.resize(size_t(info.frames) * size_t(info.channels));
   const sf_count_t got = sf_readf_float(sf, a.samples.data(), info.frames);
-  APUS_CHECK(got == info.frames, path, ": read ", got, " of ", info.frames, " frames: ",
-             sf_strerror(sf));
+  APUS_CHECK(got == info.frames, what, ": read ", got, " of ", info.frames, " frames: ", sf_strerror(sf));
   return a;
 }
 

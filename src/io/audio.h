@@ -31,6 +31,8 @@ std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const 
 void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
                  const AudioMetadata& metadata);
 const char* audio_mime_type(AudioFormat format);
+// Any format libsndfile reads, from a file or from its bytes; `what` names the clip in errors.
 Audio read_audio(const std::string& path);
+Audio decode_audio(const std::string& bytes, const std::string& what);
 
 }  // namespace apus

@@ -65,6 +65,34 @@ std::string base64(const std::vector<uint8_t>& bytes) {
   return out;
 }
 
+// Strict base64 (padding optional, no whitespace); nullopt when the text is not base64.
+std::optional<std::string> unbase64(const std::string& text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  size_t n = text.size();
+  while (n > 0 && text[n - 1] == '=' && text.size() - n < 2) --n;
+  std::string out;
+  out.reserve(n * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int v = value(text[i]);
+    if (v < 0) return std::nullopt;
+    acc = acc << 6 | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(char((acc >> bits) & 0xff));
+    }
+  }
+  if (n % 4 == 1) return std::nullopt;
+  return out;
+}
+
 // Typed field access with errors naming the field.
 struct Fields {
   const Json& j;
@@ -91,6 +119,17 @@ struct Fields {
   std::optional<uint64_t> seed() const {
     if (!has("seed")) return std::nullopt;
     return uint64_t(integer("seed", 0, 0, (int64_t(1) << 53)));
+  }
+  // An audio file sent as base64 text, decoded.
+  AudioClip clip(const char* k) const {
+    const std::optional<std::string> bytes = unbase64(string(k, ""));
+    if (!bytes || bytes->empty()) refuse(400, std::string("'") + k + "' must be an audio file as base64", k);
+    try {
+      Audio a = decode_audio(*bytes, k);
+      return {a.rate, a.channels, std::move(a.samples)};
+    } catch (const Error& e) {
+      refuse(400, e.what(), k);
+    }
   }
   std::string prompt() const {
     const std::string p = string("prompt", "");
@@ -317,7 +356,8 @@ struct Server::Impl {
   // An audio job: prompt, seconds, seed, steps, format (wav, wav-float, flac).
   std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name) {
     const Fields f{body};
-    f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg"});
+    f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg", "init_audio",
+            "init_noise_level", "inpaint_audio", "inpaint_regions"});
     const Loaded& m = find(f, "audio");
     AudioRequest r;
     r.prompt = f.prompt();
@@ -329,6 +369,21 @@ struct Server::Impl {
     r.seed = f.seed();
     r.cfg = float(f.number("cfg", 1.0));
     if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
+    // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads).
+    if (f.has("init_audio")) {
+      r.init_audio = f.clip("init_audio");
+      r.init_noise_level = f.number("init_noise_level", r.init_noise_level);
+    }
+    if (f.has("inpaint_audio")) r.inpaint_audio = f.clip("inpaint_audio");
+    if (f.has("inpaint_regions")) {
+      const Json& regions = body["inpaint_regions"];
+      if (!regions.is_array()) refuse(400, "'inpaint_regions' must be a list of [start, end] seconds", "inpaint_regions");
+      for (const Json& region : regions) {
+        if (!region.is_array() || region.size() != 2 || !region[0].is_number() || !region[1].is_number())
+          refuse(400, "'inpaint_regions' must be a list of [start, end] seconds", "inpaint_regions");
+        r.inpaint_regions.emplace_back(region[0].get<double>(), region[1].get<double>());
+      }
+    }
     format_name = f.string("format", "wav");
     AudioFormat format;
     try {

@@ -19,7 +19,7 @@ struct ServeOptions {
   size_t queue = 4;                 // jobs that may wait per model beside the running one
   std::string api_key;              // empty: no key asked (GET /health never asks)
   std::string cors;                 // an origin allowed to call from a browser; empty: no CORS
-  size_t max_body = size_t(1) << 20;
+  size_t max_body = size_t(32) << 20;  // bytes; audio inputs arrive as base64 in the body
 };
 
 class Server {
