@@ -441,6 +441,44 @@ TEST(ServeLoad, MixedRequestsFrom32ClientsLeaveMemoryFlat) {
   EXPECT_EQ(health->status, 200);
 }
 
+// The page in headless Chromium (Debian's chromium; skipped with the reason when it is absent): a
+// link fills the form and runs it; the DOM after the run has the progress bar full, the status
+// done and the result ready (the image drawn by the browser; the clip in an audio element of a
+// type it plays), and the console has no error. A screenshot stays in the test's temporary folder.
+TEST(ServePage, RunsInHeadlessChromium) {
+  if (std::system("command -v chromium > /dev/null 2>&1") != 0) GTEST_SKIP() << "chromium is not installed";
+  server::ServeOptions o;
+  o.models = {test::fixture("klein_tiny_a"), test::official_dir()};
+  o.port = 0;
+  server::Server srv(o);
+  const std::string base = "http://127.0.0.1:" + std::to_string(srv.start()) + "/";
+  const std::string audio_id = AudioModel::open(test::official_dir(), Weights::none)->label();
+  const std::string browser = "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+                              "--user-data-dir=" + ::testing::TempDir() + "apus_chromium_" + std::to_string(::getpid()) +
+                              " --virtual-time-budget=60000 --enable-logging=stderr --v=0 ";
+  struct Case { std::string query, media; };
+  for (const Case& k : {Case{"model=klein_tiny_a&prompt=a%20fox&size=64x48&steps=2&seed=5&run=1", "<img"},
+                        Case{"model=" + audio_id + "&prompt=rain&seconds=1.4&seed=3&run=1", "<audio"}}) {
+    const std::string dom = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".html",
+                      log = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".log";
+    const std::string url = test::shell_quote(base + "?" + k.query);
+    ASSERT_EQ(std::system((browser + "--dump-dom " + url + " > " + dom + " 2> " + log).c_str()), 0);
+    const std::string html = read_file(dom), console = read_file(log);
+    EXPECT_NE(html.find("id=\"status\">done"), std::string::npos) << html;
+    EXPECT_NE(html.find("width: 100%"), std::string::npos) << html;
+    EXPECT_NE(html.find(k.media), std::string::npos) << html;
+    EXPECT_NE(html.find("data-ready=\"yes\""), std::string::npos) << "the browser did not decode the result\n" << html;
+    EXPECT_EQ(console.find(":ERROR:CONSOLE"), std::string::npos) << console;
+    EXPECT_EQ(console.find("Uncaught"), std::string::npos) << console;
+  }
+  const std::string shot = ::testing::TempDir() + "apus_page.png";
+  std::system((browser + "--window-size=1100,700 --screenshot=" + shot + " " +
+               test::shell_quote(base + "?model=klein_tiny_a&prompt=a%20red%20fox&size=256x256&steps=4&seed=7&run=1") +
+               " > /dev/null 2>&1").c_str());
+  EXPECT_TRUE(std::filesystem::exists(shot));
+  std::printf("[ artifact ] %s\n", shot.c_str());
+}
+
 // CORS: off unless asked; with --cors ORIGIN, that origin on every answer and the preflight
 // answered without a key.
 TEST(ServeCors, OnlyTheGivenOrigin) {

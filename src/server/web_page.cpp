@@ -9,22 +9,23 @@ const char* web_page() {
 <style>
 body{font-family:system-ui,sans-serif;margin:0;background:#f6f6f4;color:#222}
 header{background:#1d2b3a;color:#fff;padding:.6em 1em;display:flex;gap:1em;align-items:center}
-header h1{font-size:1.2em;margin:0}header input{margin-left:auto}
+header h1{font-size:1.2em;margin:0}#keyform{margin-left:auto}
 main{max-width:64em;margin:1em auto;padding:0 1em}
-form{display:grid;grid-template-columns:repeat(4,1fr);gap:.6em;background:#fff;padding:1em;border-radius:6px}
-form textarea{grid-column:1/5;min-height:4em}label{display:flex;flex-direction:column;font-size:.85em}
+#form{display:grid;grid-template-columns:repeat(4,1fr);gap:.6em;background:#fff;padding:1em;border-radius:6px}
+#form textarea{grid-column:1/5;min-height:4em}label{display:flex;flex-direction:column;font-size:.85em}
 button{grid-column:4;padding:.5em;font-size:1em}.hidden{display:none}
 #bar{height:.6em;background:#ddd;border-radius:3px;margin:.8em 0}#fill{height:100%;width:0;background:#3a7bd5;border-radius:3px}
 #status{font-size:.9em;min-height:1.2em}#gallery{display:grid;grid-template-columns:repeat(auto-fill,minmax(14em,1fr));gap:.8em}
 .card{background:#fff;padding:.5em;border-radius:6px;font-size:.8em}.card img{width:100%}.card audio{width:100%}
 </style></head><body>
-<header><h1>apus</h1><span id="models"></span><input id="key" type="password" placeholder="API key (if the server asks)"></header>
+<header><h1>apus</h1><form id="keyform" onsubmit="return false"><input id="key" type="password"
+autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <main>
 <form id="form">
 <label>model<select id="model"></select></label>
 <label class="image">width<input id="width" type="number" value="1024" step="16" min="16"></label>
 <label class="image">height<input id="height" type="number" value="1024" step="16" min="16"></label>
-<label class="audio hidden">seconds<input id="seconds" type="number" value="10" step="0.5" min="0.5"></label>
+<label class="audio hidden">seconds<input id="seconds" type="number" value="10" step="any" min="0.1"></label>
 <label>seed (empty: random)<input id="seed" type="number" min="0"></label>
 <label>steps (empty: the model's)<input id="steps" type="number" min="1" max="100"></label>
 <textarea id="prompt" placeholder="prompt"></textarea>
@@ -89,6 +90,10 @@ function show(res, request) {
   card.className = 'card';
   const media = res.mime.startsWith('image') ? Object.assign(document.createElement('img'), {src: url})
                                              : Object.assign(document.createElement('audio'), {src: url, controls: true});
+  // Marks the result ready: an image once drawn; a clip when the browser can play its type (its
+  // header is read later, on the media pipeline's own clock).
+  if (res.mime.startsWith('image')) media.addEventListener('load', () => card.dataset.ready = 'yes');
+  else if (media.canPlayType(res.mime)) card.dataset.ready = 'yes';
   const link = Object.assign(document.createElement('a'), {href: url, textContent: 'download',
     download: 'apus-' + res.seed + (res.mime === 'image/png' ? '.png' : res.mime === 'audio/flac' ? '.flac' : '.wav')});
   const text = document.createElement('div');
@@ -98,7 +103,17 @@ function show(res, request) {
   $('gallery').prepend(card);
   while ($('gallery').children.length > 12) $('gallery').lastChild.remove();
 }
-loadModels();
+// A link can fill the form and run it: ?model=ID&prompt=...&size=WxH|seconds=S&seed=N&steps=N&run=1
+async function start() {
+  await loadModels();
+  const q = new URLSearchParams(location.search);
+  if (q.has('model')) { $('model').value = q.get('model'); showFields(); }
+  if (q.has('prompt')) $('prompt').value = q.get('prompt');
+  if (q.has('size')) { const [w, h] = q.get('size').split('x'); $('width').value = w; $('height').value = h; }
+  for (const k of ['seconds', 'seed', 'steps']) if (q.has(k)) $(k).value = q.get(k);
+  if (q.get('run') === '1') $('form').requestSubmit();
+}
+start();
 </script></body></html>
 )html";
 }
