@@ -3,7 +3,10 @@
 // (key, JSON, fields, limits, full queue) with its status and a JSON error naming the field.
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -477,6 +480,56 @@ TEST(ServePage, RunsInHeadlessChromium) {
                " > /dev/null 2>&1").c_str());
   EXPECT_TRUE(std::filesystem::exists(shot));
   std::printf("[ artifact ] %s\n", shot.c_str());
+}
+
+// Cancellation mid-job: DELETE on a running job, and a client that hangs up on a synchronous route
+// (its job is cancelled at the next sampler step, freeing the queue).
+TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
+  server::ServeOptions o;
+  o.models = {test::fixture("klein_tiny_a")};
+  o.port = 0;
+  server::Server srv(o);
+  const int port = srv.start();
+  httplib::Client c("127.0.0.1", port);
+  auto metric = [&](const std::string& line) {
+    const auto m = c.Get("/metrics");
+    return m && m->body.find(line) != std::string::npos;
+  };
+  auto eventually = [&](const std::string& line) {
+    for (int i = 0; i < 2000; ++i) {
+      if (metric(line)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  };
+  const Json big = {{"prompt", "a fox"}, {"size", "512x512"}, {"steps", 8}, {"seed", 1}};
+  Json job_body = big;
+  job_body["kind"] = "image";
+  const auto submitted = c.Post("/v1/jobs", job_body.dump(), "application/json");
+  ASSERT_TRUE(submitted);
+  const std::string id = Json::parse(submitted->body)["id"];
+  ASSERT_TRUE(eventually("apus_jobs_running{model=\"klein_tiny_a\"} 1"));
+  ASSERT_TRUE(c.Delete(("/v1/jobs/" + id).c_str()));
+  ASSERT_TRUE(eventually("apus_jobs_total{model=\"klein_tiny_a\",state=\"cancelled\"} 1"));
+  const Json state = Json::parse(c.Get(("/v1/jobs/" + id).c_str())->body);
+  EXPECT_EQ(state["state"], "cancelled");
+  EXPECT_LT(state["step"].get<int>(), 8);
+
+  // A raw client that sends the request and hangs up while the job runs.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string payload = big.dump();
+  const std::string request = "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
+  ASSERT_TRUE(eventually("apus_jobs_running{model=\"klein_tiny_a\"} 1"));
+  ::close(fd);
+  EXPECT_TRUE(eventually("apus_jobs_total{model=\"klein_tiny_a\",state=\"cancelled\"} 2"));
+  EXPECT_TRUE(eventually("apus_jobs_running{model=\"klein_tiny_a\"} 0"));
 }
 
 // CORS: off unless asked; with --cors ORIGIN, that origin on every answer and the preflight

@@ -28,13 +28,6 @@ void Job::progress(const std::string& line) {
   if (cancel) fail("cancelled");
 }
 
-void Job::wait() const {
-  std::unique_lock<std::mutex> lock(mutex);
-  const_cast<std::condition_variable&>(changed).wait(lock, [&] {
-    return state == JobState::done || state == JobState::failed || state == JobState::cancelled;
-  });
-}
-
 ModelWorker::ModelWorker(size_t capacity, std::function<void(const Job&, JobState)> finished)
     : capacity_(capacity), finished_(std::move(finished)), thread_([this] { run(); }) {}
 

@@ -44,8 +44,6 @@ struct Job {
 
   // Records "step i/n" progress lines; throws to stop the run when the job is cancelled.
   void progress(const std::string& line);
-  // Blocks until the job has finished one way or another.
-  void wait() const;
 };
 
 class ModelWorker {

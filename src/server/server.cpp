@@ -4,10 +4,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <tuple>
 #include <sys/socket.h>
@@ -264,6 +266,33 @@ std::string route_name(const httplib::Request& req) {
   return req.method + " " + path;
 }
 
+// Whether the client of `req` has closed its connection: the kernel's view of the socket
+// (/proc/net/tcp and tcp6, the entry of this local port and the client's port in CLOSE_WAIT).
+// cpp-httplib 0.11 gives a handler no access to its socket; this is how a synchronous route
+// learns that nobody waits for its answer any more.
+bool client_gone(const httplib::Request& req) {
+  char ports[32];
+  std::snprintf(ports, sizeof ports, ":%04X", unsigned(req.local_port));
+  const std::string local = ports;
+  std::snprintf(ports, sizeof ports, ":%04X", unsigned(req.remote_port));
+  const std::string remote = ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(table);
+    std::string line;
+    std::getline(f, line);  // the header
+    while (std::getline(f, line)) {
+      std::istringstream fields(line);
+      std::string slot, local_addr, remote_addr, state;
+      fields >> slot >> local_addr >> remote_addr >> state;
+      if (local_addr.size() >= 5 && remote_addr.size() >= 5 &&
+          local_addr.compare(local_addr.size() - 5, 5, local) == 0 &&
+          remote_addr.compare(remote_addr.size() - 5, 5, remote) == 0)
+        return state == "08";  // TCP_CLOSE_WAIT: the client sent its FIN
+    }
+  }
+  return false;
+}
+
 std::string new_job_id() {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}();
@@ -312,7 +341,7 @@ struct Server::Impl {
   std::shared_ptr<Job> image_job(const Json& body) {
     const Fields f{body};
     f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "user", "quality", "style",
-            "output_format"});
+            "output_format", "output_compression", "background", "moderation"});
     const Loaded& m = find(f, "image");
     ImageRequest r;
     r.prompt = f.prompt();
@@ -330,6 +359,10 @@ struct Server::Impl {
     const std::string format = f.string("response_format", "b64_json");
     if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
     if (f.string("output_format", "png") != "png") refuse(400, "'output_format' must be png", "output_format");
+    // OpenAI's other image fields: accepted where apus has nothing to change (quality, style,
+    // moderation, a PNG's compression), refused where it would change the image.
+    if (f.string("background", "auto") != "auto" && f.string("background", "auto") != "opaque")
+      refuse(400, "'background' transparent is not supported (the models render opaque images)", "background");
     admit([&] { check_memory(m.image->count(r, n), true, "this request"); });
     auto job = std::make_shared<Job>();
     job->model = m.id;
@@ -435,6 +468,18 @@ struct Server::Impl {
     return it->second;
   }
 
+  // A synchronous route's wait: the job cancelled if its client goes away meanwhile.
+  static void wait_for_client(const httplib::Request& req, Job& j) {
+    std::unique_lock<std::mutex> lock(j.mutex);
+    while (!j.changed.wait_for(lock, std::chrono::milliseconds(250), [&] {
+      return j.state == JobState::done || j.state == JobState::failed || j.state == JobState::cancelled;
+    })) {
+      lock.unlock();
+      if (!j.cancel && client_gone(req)) j.cancel = true;
+      lock.lock();
+    }
+  }
+
   // A synchronous route's job, once finished: forgotten (nobody polls it), its error raised.
   void finish_sync(const Job& j) {
     {
@@ -488,7 +533,7 @@ struct Server::Impl {
         std::lock_guard<std::mutex> lock(jobs_mutex);
         a1111_current = j;
       }
-      j->wait();
+      wait_for_client(req, *j);
       finish_sync(*j);
       Json images = Json::array(), seeds = Json::array();
       for (const JobOutput& o : j->outputs) {
@@ -628,7 +673,7 @@ struct Server::Impl {
     http.Post("/v1/images/generations", [this](const httplib::Request& req, httplib::Response& res) {
       const auto j = image_job(parse_body(req));
       submit(j);
-      j->wait();
+      wait_for_client(req, *j);
       finish_sync(*j);
       Json data = Json::array();
       for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
@@ -638,7 +683,7 @@ struct Server::Impl {
       std::string format;
       const auto j = audio_job(parse_body(req), format);
       submit(j);
-      j->wait();
+      wait_for_client(req, *j);
       finish_sync(*j);
       const JobOutput& o = j->outputs.front();
       res.set_header("X-Seed", std::to_string(o.seed));
