@@ -127,6 +127,9 @@ TEST_F(Serve, ImagesAreTheEnginesImages) {
   ASSERT_EQ(r->status, 200) << r->body;
   const Json j = Json::parse(r->body);
   ASSERT_EQ(j["data"].size(), 2u);
+  // OpenAI's ImagesResponse: created (integer seconds), data[] with b64_json.
+  EXPECT_TRUE(j["created"].is_number_integer());
+  EXPECT_NEAR(double(j["created"].get<int64_t>()), double(std::time(nullptr)), 60.0);
   const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
   for (int i = 0; i < 2; ++i) {
     ImageRequest want;
@@ -315,9 +318,21 @@ TEST_F(Serve, Automatic1111Txt2Img) {
   want.seed = 11;
   const PngImage png = read_png(as_file(unbase64(j["images"][0]), "serve_a1111.png"));
   EXPECT_EQ(png.rgb, ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage)->generate(want).rgb);
+  // A1111's response shapes, key by key and type by type (modules/api/models.py).
+  EXPECT_TRUE(j["images"][0].is_string());
+  EXPECT_TRUE(j["parameters"].is_object());
+  EXPECT_TRUE(j["info"].is_string());
   const auto p = client().Get("/sdapi/v1/progress");
   ASSERT_TRUE(p);
   const Json progress = Json::parse(p->body);
+  EXPECT_TRUE(progress["progress"].is_number());
+  EXPECT_TRUE(progress["eta_relative"].is_number());
+  EXPECT_TRUE(progress["current_image"].is_null() || progress["current_image"].is_string());
+  EXPECT_TRUE(progress["textinfo"].is_null() || progress["textinfo"].is_string());
+  for (const char* key : {"skipped", "interrupted"}) EXPECT_TRUE(progress["state"][key].is_boolean()) << key;
+  for (const char* key : {"job", "job_timestamp"}) EXPECT_TRUE(progress["state"][key].is_string()) << key;
+  for (const char* key : {"job_count", "job_no", "sampling_step", "sampling_steps"})
+    EXPECT_TRUE(progress["state"][key].is_number_integer()) << key;
   EXPECT_EQ(progress["state"]["job_count"], 0);
   EXPECT_EQ(progress["state"]["sampling_steps"], 2);
   expect_refusal(client().Post("/sdapi/v1/txt2img", R"({"prompt": "x", "negative_prompt": "blur"})", "application/json"),

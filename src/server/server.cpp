@@ -553,7 +553,7 @@ struct Server::Impl {
         j = a1111_current;
       }
       Json state = {{"skipped", false}, {"interrupted", false}, {"job", ""}, {"job_count", 0},
-                    {"sampling_step", 0}, {"sampling_steps", 0}};
+                    {"job_timestamp", "0"}, {"job_no", 0}, {"sampling_step", 0}, {"sampling_steps", 0}};
       double progress = 0;
       if (j) {
         std::lock_guard<std::mutex> lock(j->mutex);
