@@ -39,15 +39,15 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
                    const char* write_name, double write_s) {
   apus::Arena arena;
   apus::Context ctx{&arena};
-  const apus::Chip here = apus::measure_ceiling(ctx);
+  const apus::Chip here = apus::calibrated_ceiling(ctx);
   const nlohmann::json roof = apus::roofline_json(cost, {here, 1});
   auto floor_of = [&](const std::string& stage) -> double {
     for (const auto& s : roof["stages"])
       if (s["name"] == stage) return s["per_call"]["floor_s"].get<double>();
     return 0;
   };
-  std::fprintf(stderr, "floors at %.0f GFLOP/s bf16 and %.1f GB/s, measured in this process\n",
-               here.bf16_flops / 1e9, here.memory_bps / 1e9);
+  std::fprintf(stderr, "floors at %.0f GFLOP/s bf16 and %.1f GB/s, this machine's calibration (%s)\n",
+               here.bf16_flops / 1e9, here.memory_bps / 1e9, apus::calibration_file().c_str());
   std::fprintf(stderr, "%-20s %10s %10s %6s\n", "stage", "measured", "floor", "ratio");
   for (const auto& s : stages) {
     const double f = s.stage.empty() ? 0 : floor_of(s.stage);
@@ -223,6 +223,9 @@ int main(int argc, char** argv) {
   auto* pull = app.add_subcommand("pull", "download a Hugging Face repository into the local cache");
   pull->add_option("repo", pull_repo, "ORG/NAME, e.g. black-forest-labs/FLUX.2-klein-4B")->required();
   pull->add_option("--revision", pull_revision, "branch, tag or commit (main)");
+  bool refresh = false;
+  auto* calibrate = app.add_subcommand("calibrate", "measure this machine's ceilings (bf16 GEMM rate, memory bandwidth) and cache them");
+  calibrate->add_flag("--refresh", refresh, "measure again even when a calibration is cached");
   apus::server::ServeOptions serve_opts;
   auto* serve = app.add_subcommand("serve", "serve the models over HTTP (OpenAI-style images and audio, jobs)");
   serve->add_option("--model", serve_opts.models, "a model directory (repeatable), loaded once")->required();
@@ -290,6 +293,16 @@ int main(int argc, char** argv) {
       }
       return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose, inputs);
     }
+    if (*calibrate) {
+      apus::Arena arena;
+      apus::Context ctx{&arena};
+      bool cached = false;
+      const apus::Chip chip = apus::calibrated_ceiling(ctx, refresh, &cached);
+      std::printf("%s\n  bf16 GEMM %.0f GFLOP/s, memory %.1f GB/s\n  %s (%s)\n  %s\n", apus::calibration_key().c_str(),
+                  chip.bf16_flops / 1e9, chip.memory_bps / 1e9, cached ? "cached" : "measured now",
+                  apus::calibration_file().c_str(), chip.note.c_str());
+      return 0;
+    }
     if (*pull) {
       const std::string dir = apus::hf_pull(pull_repo, pull_revision, [](const std::string& l) {
         std::fprintf(stderr, "%s\n", l.c_str());
@@ -325,7 +338,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*roofline) {
-      apus::Roofline r{apus::find_chip(chip_name), chips};
+      apus::Arena arena;
+      apus::Context ctx{&arena};
+      // "cpu" is this machine: its calibration, not a table entry measured elsewhere.
+      apus::Roofline r{chip_name == "cpu" ? apus::calibrated_ceiling(ctx) : apus::find_chip(chip_name), chips};
       if (peak_tflops > 0) r.chip.bf16_flops = peak_tflops * 1e12;
       if (gbps > 0) r.chip.memory_bps = gbps * 1e9;
       if (link_gbps > 0) r.chip.link_bps = link_gbps * 1e9;
