@@ -15,6 +15,7 @@
 #include "core/cost.h"
 #include "core/error.h"
 #include "cost/ceiling.h"
+#include "bench.h"
 #include "cost/roofline.h"
 #include "io/audio.h"
 #include "io/files.h"
@@ -240,11 +241,34 @@ int main(int argc, char** argv) {
   double drain_seconds = 30;
   serve->add_option("--drain-seconds", drain_seconds, "on SIGTERM / SIGINT, let running jobs finish this long (30)")
       ->check(CLI::Range(0.0, 86400.0));
+  apus::BenchOptions bench_opts;
+  bench_opts.image.prompt = "a red fox in fresh snow, morning light";
+  std::string bench_synthetic, bench_seed;
+  double bench_seconds = 0;
+  int bench_steps = 0;
+  auto* bench = app.add_subcommand("bench", "time requests stage by stage against this machine's calibrated ceiling");
+  auto* bench_model_opt = bench->add_option("--model", bench_opts.model, "model directory or cached ORG/NAME");
+  auto* bench_synthetic_opt =
+      bench->add_option("--synthetic", bench_synthetic, "bench `apus synth` weights of this published model (written once)")
+          ->check(CLI::IsMember({"flux2-klein-4b", "stable-audio-3-medium", "stable-audio-3-small-music",
+                                 "stable-audio-3-small-sfx"}));
+  bench_model_opt->excludes(bench_synthetic_opt);
+  bench->add_option("--prompt,-p", bench_opts.image.prompt, "text prompt");
+  auto* bench_width_opt = bench->add_option("--width,-W", bench_opts.image.width, "image width");
+  auto* bench_height_opt = bench->add_option("--height,-H", bench_opts.image.height, "image height");
+  auto* bench_seconds_opt = bench->add_option("--seconds", bench_seconds, "clip length (audio models)");
+  auto* bench_steps_opt = bench->add_option("--steps", bench_steps, "sampling steps (the model's default)");
+  bench->add_option("--seed,-s", bench_seed, "seed (0)");
+  std::string bench_precision = "bf16";
+  bench->add_option("--precision", bench_precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  bench->add_option("--reps", bench_opts.reps, "timed requests (3)")->check(CLI::Range(1, 1000));
+  bench->add_option("--warmup", bench_opts.warmup, "untimed requests first (1)")->check(CLI::Range(0, 100));
+  bench->add_option("--json", bench_opts.json, "write the report (docs/BENCH.md) to this file");
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
   roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
   roofline->add_option("--width,-W", roof_req.width, "image width");
   roofline->add_option("--height,-H", roof_req.height, "image height");
-  roofline->add_option("--steps", roof_req.steps, "sampling steps");
+  auto* roof_steps_opt = roofline->add_option("--steps", roof_req.steps, "sampling steps");
   double roof_seconds = 30;
   auto* roof_seconds_opt = roofline->add_option("--seconds", roof_seconds, "clip length (audio models)");
   roofline->add_option("--chip", chip_name, "v6e, h200, h100, l4, rtx-pro-6000 or cpu");
@@ -337,6 +361,28 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "stopped\n");
       return 0;
     }
+    if (*bench) {
+      APUS_CHECK(*bench_model_opt || *bench_synthetic_opt, "bench: give --model DIR or --synthetic NAME");
+      if (*bench_synthetic_opt)
+        bench_opts.model = apus::synthetic_model_dir(bench_synthetic, [](const std::string& l) {
+          std::fprintf(stderr, "%s\n", l.c_str());
+        });
+      const bool audio_bench = apus::is_audio_model(bench_opts.model);
+      if (audio_bench) {
+        APUS_CHECK(!*bench_width_opt && !*bench_height_opt, bench_opts.model, ": --width/--height are for image models");
+        bench_opts.audio.prompt = bench_opts.image.prompt;
+        if (*bench_seconds_opt) bench_opts.audio.seconds = bench_seconds;
+        if (*bench_steps_opt) bench_opts.audio.steps = bench_steps;
+        bench_opts.audio.seed = bench_seed.empty() ? 0 : parse_seed(bench_seed);
+        bench_opts.audio.fp32 = bench_precision == "fp32";
+      } else {
+        APUS_CHECK(!*bench_seconds_opt, bench_opts.model, ": --seconds is for audio models");
+        if (*bench_steps_opt) bench_opts.image.steps = bench_steps;
+        bench_opts.image.seed = bench_seed.empty() ? 0 : parse_seed(bench_seed);
+        bench_opts.image.fp32 = bench_precision == "fp32";
+      }
+      return apus::run_bench(bench_opts);
+    }
     if (*roofline) {
       apus::Arena arena;
       apus::Context ctx{&arena};
@@ -350,7 +396,7 @@ int main(int argc, char** argv) {
       if (apus::is_audio_model(roof_model)) {
         apus::AudioRequest a;
         a.seconds = roof_seconds;
-        a.steps = roof_req.steps == apus::ImageRequest{}.steps ? a.steps : roof_req.steps;
+        if (*roof_steps_opt) a.steps = roof_req.steps;
         cost = apus::AudioModel::open(roof_model, apus::Weights::none)->count(a);
       } else {
         APUS_CHECK(!*roof_seconds_opt, roof_model, ": --seconds is for audio models");

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/cache_dir.h"
 #include "io/files.h"
 
 namespace apus {
@@ -68,15 +69,7 @@ std::string calibration_key() {
          std::to_string(v->minor) + "." + std::to_string(v->patch);
 }
 
-std::string calibration_file() {
-  auto env = [](const char* name) -> std::string {
-    const char* value = std::getenv(name);
-    return value && *value ? value : "";
-  };
-  std::string dir = env("APUS_CACHE_DIR");
-  if (dir.empty()) dir = env("XDG_CACHE_HOME").empty() ? env("HOME") + "/.cache/apus" : env("XDG_CACHE_HOME") + "/apus";
-  return dir + "/calibration.json";
-}
+std::string calibration_file() { return apus_cache_dir() + "/calibration.json"; }
 
 Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
   const std::string path = calibration_file(), key = calibration_key();

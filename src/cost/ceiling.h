@@ -13,8 +13,8 @@ Chip measure_ceiling(Context& c);
 // What a calibration is kept under: the CPU's model name, the threads the process runs and the
 // GEMM library's version (a change to any of them measures again).
 std::string calibration_key();
-// The file calibrations are cached in: $APUS_CACHE_DIR, else $XDG_CACHE_HOME/apus, else
-// ~/.cache/apus; calibration.json maps each key to its rates and when they were measured.
+// The file calibrations are cached in: calibration.json under apus_cache_dir(), mapping each key
+// to its rates and when they were measured.
 std::string calibration_file();
 // This machine's ceilings: the cached calibration for calibration_key(), or a measurement (then
 // cached) when there is none or `refresh`. `cached` says which.

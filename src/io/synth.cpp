@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/cache_dir.h"
 #include "io/model_dir.h"
 #include "io/files.h"
 #include "io/safetensors.h"
@@ -394,6 +395,19 @@ void synth_published(const std::string& name, const std::string& out_dir, uint64
   APUS_CHECK(path_exists(dir + "/manifest.json"), dir,
              "/manifest.json: missing; set APUS_DATA_DIR to the data/ folder of the apus sources");
   synth_checkpoint(dir, out_dir, seed, progress);
+}
+
+std::string synthetic_model_dir(const std::string& name, const SynthProgress& progress) {
+  const std::string dir = apus_cache_dir() + "/synthetic/" + name;
+  // Written under a temporary name and renamed, so an interrupted synthesis is never benched.
+  if (path_exists(dir)) return dir;
+  const std::string partial = dir + ".partial";
+  std::error_code ec;
+  std::filesystem::remove_all(partial, ec);
+  synth_published(name, partial, 0, progress);
+  std::filesystem::rename(partial, dir, ec);
+  APUS_CHECK(!ec, partial, ": cannot rename to ", dir, " (", ec.message(), ")");
+  return dir;
 }
 
 }  // namespace apus

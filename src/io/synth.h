@@ -28,4 +28,8 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
 void synth_published(const std::string& name, const std::string& out_dir, uint64_t seed,
                      const SynthProgress& progress);
 
+// `name`'s synthetic checkpoint (seed 0) under apus_cache_dir()/synthetic/, written the first time it
+// is asked for: `apus bench --synthetic` measures the published size without a download.
+std::string synthetic_model_dir(const std::string& name, const SynthProgress& progress);
+
 }  // namespace apus

@@ -241,8 +241,9 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
              });
   with_model(dit_, [&] { return flux2::Transformer::load(dir_); },
              [&](const flux2::Transformer& dit) {
-               prologue(ctx, dit, w);
                clock.stop("transformer load");
+               prologue(ctx, dit, w);
+               clock.stop("transformer prologue", kPrologueStage);
                for (int i = 0; i < r.steps; ++i)
                  timed_step(ctx, clock, say, i, r.steps, w.schedule.sigmas[size_t(i)], w.latents,
                             kStepStage, [&] { step(ctx, dit, w, i); });

@@ -1,0 +1,146 @@
+// The machine's calibration (measured, plausible, cached per machine) and `apus bench` on the tiny
+// fixture models: every counted stage timed, its costs and floors those `apus roofline` counts
+// from the same model code at the same calibration.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cost/ceiling.h"
+#include "sa3_fixtures.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+// A fresh cache folder for one test, so no calibration from another run is found.
+std::string fresh_cache(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "apus_bench_cache_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  return dir;
+}
+
+Json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  return Json::parse(in);
+}
+
+TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
+  const std::string cache = fresh_cache("calibration");
+  ::setenv("APUS_CACHE_DIR", cache.c_str(), 1);
+  Arena arena;
+  Context ctx{&arena};
+  bool cached = true;
+  const Chip measured = calibrated_ceiling(ctx, false, &cached);
+  EXPECT_FALSE(cached);
+  // Any CPU this runs on: more than 1 GFLOP/s of bf16 GEMM and under 1 PFLOP/s; a copy faster
+  // than 100 MB/s and under 10 TB/s.
+  EXPECT_GT(measured.bf16_flops, 1e9);
+  EXPECT_LT(measured.bf16_flops, 1e15);
+  EXPECT_GT(measured.memory_bps, 1e8);
+  EXPECT_LT(measured.memory_bps, 1e13);
+  EXPECT_EQ(calibration_file(), cache + "/calibration.json");
+  const Json file = read_json_file(calibration_file());
+  ASSERT_TRUE(file.contains(calibration_key())) << file.dump();
+  EXPECT_EQ(file[calibration_key()]["bf16_flops"].get<double>(), measured.bf16_flops);
+
+  const Chip again = calibrated_ceiling(ctx, false, &cached);
+  EXPECT_TRUE(cached);
+  EXPECT_EQ(again.bf16_flops, measured.bf16_flops);
+  EXPECT_EQ(again.memory_bps, measured.memory_bps);
+
+  calibrated_ceiling(ctx, true, &cached);
+  EXPECT_FALSE(cached) << "--refresh measures again";
+
+  // A damaged cache is measured over, not trusted or fatal.
+  std::ofstream(calibration_file()) << "{not json";
+  const Chip remeasured = calibrated_ceiling(ctx, false, &cached);
+  EXPECT_FALSE(cached);
+  EXPECT_GT(remeasured.bf16_flops, 1e9);
+  EXPECT_TRUE(read_json_file(calibration_file()).contains(calibration_key()));
+  ::unsetenv("APUS_CACHE_DIR");
+}
+
+// Runs `apus bench` and `apus roofline --chip cpu --json` on one model at one calibration and
+// checks the report against the counts.
+void check_bench(const std::string& model, const std::string& request, const std::string& name) {
+  const std::string cache = fresh_cache(name), report = ::testing::TempDir() + name + "_bench.json";
+  const std::string env = "APUS_CACHE_DIR=" + test::shell_quote(cache) + " ";
+  const test::CliRun r = test::run_cli("bench --model " + model + " " + request + " --reps 2 --warmup 1 --json " + report, env);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("whole request"), std::string::npos) << r.output;
+  const Json bench = read_json_file(report);
+  EXPECT_EQ(bench["reps"], 2);
+  EXPECT_EQ(bench["warmup"], 1);
+  EXPECT_GT(bench["load_s"].get<double>(), 0);
+  EXPECT_GT(bench["peak_rss_bytes"].get<double>(), 0);
+  EXPECT_FALSE(bench["ceiling"]["cached"].get<bool>()) << "a fresh cache is calibrated in the bench";
+  EXPECT_EQ(bench["ceiling"]["file"], cache + "/calibration.json");
+  EXPECT_GT(bench["ceiling"]["bf16_flops_per_s"].get<double>(), 0);
+  EXPECT_GT(bench["ceiling"]["memory_bytes_per_s"].get<double>(), 0);
+
+  const test::CliRun roof = test::run_cli("roofline --model " + model + " " + request + " --chip cpu --json", env);
+  ASSERT_EQ(roof.status, 0) << roof.output;
+  const Json counted = Json::parse(roof.output.substr(roof.output.find('{')));
+  EXPECT_EQ(counted["chip"]["bf16_flops"], bench["ceiling"]["bf16_flops_per_s"]) << "the same cached calibration";
+  ASSERT_EQ(bench["stages"].size(), counted["stages"].size());
+  for (size_t i = 0; i < counted["stages"].size(); ++i) {
+    const Json& s = bench["stages"][i];
+    const Json& c = counted["stages"][i];
+    SCOPED_TRACE(c["name"].get<std::string>());
+    EXPECT_EQ(s["name"], c["name"]);
+    EXPECT_EQ(s["calls_per_request"], c["calls"]);
+    EXPECT_EQ(s["flops"], c["per_call"]["flops"]);
+    EXPECT_EQ(s["floor_s"], c["per_call"]["floor_s"]);
+    const double mn = s["min_s"], p50 = s["p50_s"], mx = s["max_s"];
+    EXPECT_GT(mn, 0);
+    EXPECT_LE(mn, p50);
+    EXPECT_LE(p50, mx);
+    EXPECT_DOUBLE_EQ(s["achieved_flops_per_s"].get<double>(), s["flops"].get<double>() / p50);
+    EXPECT_DOUBLE_EQ(s["achieved_bytes_per_s"].get<double>(), s["bytes"].get<double>() / p50);
+    EXPECT_DOUBLE_EQ(s["ceiling_share"].get<double>(), s["floor_s"].get<double>() / p50);
+  }
+  const Json& whole = bench["whole_request"];
+  EXPECT_EQ(whole["floor_s"], counted["total"]["floor_s"]);
+  EXPECT_EQ(whole["flops"], counted["total"]["flops"]);
+  EXPECT_LE(whole["min_s"].get<double>(), whole["p50_s"].get<double>());
+  // The stages run inside the request: their p50s cannot add up to more than its slowest run.
+  double stages = 0;
+  for (const Json& s : bench["stages"]) stages += s["min_s"].get<double>() * s["calls_per_request"].get<double>();
+  EXPECT_LE(stages, whole["max_s"].get<double>());
+
+  // A second bench finds the calibration cached.
+  const test::CliRun again = test::run_cli("bench --model " + model + " " + request + " --reps 1 --warmup 0 --json " + report, env);
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_TRUE(read_json_file(report)["ceiling"]["cached"].get<bool>());
+}
+
+TEST(Bench, ImageModelReportsEveryCountedStageAgainstItsFloor) {
+  check_bench(test::fixture("klein_tiny_a"), "-W 64 -H 48 --steps 3", "klein");
+}
+
+TEST(Bench, AudioModelReportsEveryCountedStageAgainstItsFloor) {
+  check_bench(test::pipeline_dir(), "--seconds 1.5 --steps 2", "sa3");
+}
+
+TEST(Bench, RefusesIncompleteOrMismatchedOptions) {
+  const test::CliRun none = test::run_cli("bench --reps 1");
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.output.find("--model DIR or --synthetic NAME"), std::string::npos) << none.output;
+  const test::CliRun seconds = test::run_cli("bench --model " + test::fixture("klein_tiny_a") + " --seconds 3");
+  EXPECT_NE(seconds.status, 0);
+  EXPECT_NE(seconds.output.find("--seconds is for audio models"), std::string::npos) << seconds.output;
+  const test::CliRun size = test::run_cli("bench --model " + test::pipeline_dir() + " -W 64");
+  EXPECT_NE(size.status, 0);
+  EXPECT_NE(size.output.find("--width/--height are for image models"), std::string::npos) << size.output;
+  const test::CliRun both = test::run_cli("bench --model x --synthetic flux2-klein-4b");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+}
+
+}  // namespace
+}  // namespace apus
