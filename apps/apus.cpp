@@ -61,8 +61,15 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
+// --trace FILE: the request's timeline, for ui.perfetto.dev.
+void write_trace(const std::string& path, const std::string& trace) {
+  if (path.empty()) return;
+  apus::write_whole_file(path, trace.data(), trace.size());
+  std::fprintf(stderr, "wrote trace %s\n", path.c_str());
+}
+
 int run_image(const std::string& model_dir, const apus::ImageRequest& req, int batch,
-              const std::string& out, bool verbose) {
+              const std::string& out, bool verbose, const std::string& trace_file) {
   // One request per process: each stage's weights are mapped for that stage only.
   const auto model = apus::ImageModel::open(model_dir, apus::Weights::per_stage);
   // A batch renders seeds seed, seed + 1, ... together through every stage.
@@ -85,6 +92,7 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) report_stages(model->count(req, batch), results.front().stages, "write png", write_s);
+  write_trace(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
 }
@@ -112,7 +120,7 @@ apus::AudioClip read_clip(const std::string& path) {
 
 int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int batch,
               const std::string& out, const std::string& format_name, bool verbose,
-              const std::string& inputs) {
+              const std::string& inputs, const std::string& trace_file) {
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
   const auto model = apus::AudioModel::open(model_dir, apus::Weights::per_stage);
   std::vector<apus::AudioRequest> requests(size_t(batch), req);
@@ -136,6 +144,7 @@ int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int b
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) report_stages(model->count(req, batch), results.front().stages, "write audio", write_s);
+  write_trace(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
 }
@@ -166,6 +175,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   image->add_option("-o,--output", out, "output PNG");
   image->add_flag("-v,--verbose", verbose, "print per-stage times and peak memory");
+  std::string image_trace;
+  image->add_option("--trace", image_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
 
   apus::AudioRequest audio_req;
   std::string audio_model, audio_out = "out.wav", audio_format = "wav", audio_precision = "bf16";
@@ -201,6 +212,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   audio->add_option("-o,--output", audio_out, "output file");
   audio->add_flag("-v,--verbose", audio_verbose, "print per-stage times and peak memory");
+  std::string audio_trace;
+  audio->add_option("--trace", audio_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
 
   std::string synth_model = "flux2-klein-4b", synth_like, synth_out;
   std::string synth_seed = "0";
@@ -264,6 +277,7 @@ int main(int argc, char** argv) {
   bench->add_option("--reps", bench_opts.reps, "timed requests (3)")->check(CLI::Range(1, 1000));
   bench->add_option("--warmup", bench_opts.warmup, "untimed requests first (1)")->check(CLI::Range(0, 100));
   bench->add_option("--json", bench_opts.json, "write the report (docs/BENCH.md) to this file");
+  bench->add_option("--trace", bench_opts.trace, "after the timed requests, trace one more and write its timeline here");
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
   roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
   roofline->add_option("--width,-W", roof_req.width, "image width");
@@ -284,7 +298,9 @@ int main(int argc, char** argv) {
       if (*seed_opt) req.seed = parse_seed(seed);
       check_output(out, batch);
       req.fp32 = precision == "fp32";
-      return run_image(model_dir, req, batch, out, verbose);
+      req.trace = !image_trace.empty();
+      if (req.trace) apus::check_writable(image_trace);
+      return run_image(model_dir, req, batch, out, verbose, image_trace);
     }
     if (*audio) {
       if (*audio_seed_opt) audio_req.seed = parse_seed(audio_seed);
@@ -315,7 +331,10 @@ int main(int argc, char** argv) {
           inputs += text;
         }
       }
-      return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose, inputs);
+      audio_req.trace = !audio_trace.empty();
+      if (audio_req.trace) apus::check_writable(audio_trace);
+      return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose, inputs,
+                       audio_trace);
     }
     if (*calibrate) {
       apus::Arena arena;
@@ -381,6 +400,8 @@ int main(int argc, char** argv) {
         bench_opts.image.seed = bench_seed.empty() ? 0 : parse_seed(bench_seed);
         bench_opts.image.fp32 = bench_precision == "fp32";
       }
+      for (const std::string& file : {bench_opts.json, bench_opts.trace})
+        if (!file.empty()) apus::check_writable(file);
       return apus::run_bench(bench_opts);
     }
     if (*roofline) {

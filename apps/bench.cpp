@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
+#include "io/files.h"
 
 namespace apus {
 
@@ -28,6 +28,33 @@ Spread spread(std::vector<double> v) {
   APUS_CHECK(!v.empty(), "bench: a stage without any timing");
   std::sort(v.begin(), v.end());
   return {v.front(), (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2, v.back()};
+}
+
+// The traced request's time by op kind, most first: where a stage's distance to its floor goes.
+void print_top_ops(const Json& trace) {
+  struct Kind {
+    std::string name;
+    int64_t calls = 0;
+    double us = 0, flops = 0;
+  };
+  std::vector<Kind> kinds;
+  double traced_us = 0;
+  for (const Json& e : trace["traceEvents"]) {
+    if (e.value("cat", "") != "op") continue;
+    const std::string name = e["name"];
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) { return k.name == name; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), Kind{name});
+    ++it->calls;
+    it->us += e["dur"].get<double>();
+    it->flops += e["args"]["flops"].get<double>();
+    traced_us += e["dur"].get<double>();
+  }
+  std::sort(kinds.begin(), kinds.end(), [](const Kind& a, const Kind& b) { return a.us > b.us; });
+  std::printf("traced request, ops by time (%.3f s in ops):\n%-24s %8s %10s %7s %10s\n", traced_us / 1e6, "op",
+              "calls", "seconds", "share", "GFLOP/s");
+  for (size_t i = 0; i < std::min<size_t>(kinds.size(), 12); ++i)
+    std::printf("%-24s %8lld %10.3f %6.1f%% %10.1f\n", kinds[i].name.c_str(), static_cast<long long>(kinds[i].calls),
+                kinds[i].us / 1e6, 100 * kinds[i].us / traced_us, kinds[i].us > 0 ? kinds[i].flops / kinds[i].us / 1e3 : 0);
 }
 
 }  // namespace
@@ -111,9 +138,16 @@ int run_bench(const BenchOptions& o) {
               double(peak_rss_bytes()) / double(1u << 30), chip.bf16_flops / 1e9, chip.memory_bps / 1e9,
               cached ? "calibration cached" : "calibrated now");
   if (!o.json.empty()) {
-    std::ofstream out(o.json);
-    APUS_CHECK(out, o.json, ": cannot write the report");
-    out << report.dump(1) << "\n";
+    const std::string text = report.dump(1) + "\n";
+    write_whole_file(o.json, text.data(), text.size());
+  }
+  // Traced apart from the timed requests: recording every op's span costs time of its own.
+  if (!o.trace.empty()) {
+    image.trace = clip.trace = true;
+    const std::string trace = audio ? audio_model->generate(clip).trace : image_model->generate(image).trace;
+    write_whole_file(o.trace, trace.data(), trace.size());
+    std::fprintf(stderr, "wrote trace %s\n", o.trace.c_str());
+    print_top_ops(Json::parse(trace));
   }
   return 0;
 }

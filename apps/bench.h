@@ -13,6 +13,7 @@ struct BenchOptions {
   AudioRequest audio;  // ... and when it makes audio
   int reps = 3, warmup = 1;
   std::string json;    // where to write the JSON report; empty: none
+  std::string trace;   // where to write the trace of one more request, untimed; empty: none
 };
 
 int run_bench(const BenchOptions& options);

@@ -24,6 +24,7 @@ struct ImageRequest {
   std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
   std::string noise_file;         // safetensors holding "noise" [1, C, H/16, W/16]; overrides seed
   bool fp32 = false;              // parity mode: fp32 activations (weights stay as stored)
+  bool trace = false;             // record the request's timeline into ImageResult::trace
 };
 
 struct StageTime {
@@ -37,6 +38,9 @@ struct ImageResult {
   uint64_t seed = 0;
   std::vector<uint8_t> rgb;  // height * width * 3
   std::vector<StageTime> stages;
+  // With ImageRequest::trace: Chrome trace-event JSON (ui.perfetto.dev) of the batch it ran in, a
+  // span per timed interval, counted stage, module and op (operands, FLOPs, bytes). docs/BENCH.md.
+  std::string trace;
 };
 
 using Progress = std::function<void(const std::string&)>;
@@ -104,6 +108,7 @@ struct AudioRequest {
   // outside the regions [start, end) seconds, which are generated anew.
   std::optional<AudioClip> inpaint_audio;
   std::vector<std::pair<double, double>> inpaint_regions;
+  bool trace = false;  // record the request's timeline into AudioResult::trace
 };
 
 struct AudioResult {
@@ -112,6 +117,7 @@ struct AudioResult {
   uint64_t seed = 0;
   int prompt_tokens = 0;       // before truncation to the text encoder's 256
   std::vector<StageTime> stages;
+  std::string trace;           // as ImageResult::trace
 };
 
 class AudioModel {

@@ -96,10 +96,8 @@ Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
               {"measured_at", when}};
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  AtomicFile out(path);
   const std::string text = all.dump(1);
-  out.write(text.data(), text.size());
-  out.commit();
+  write_whole_file(path, text.data(), text.size());
   chip.name = "this machine (calibrated)";
   if (cached) *cached = false;
   return chip;

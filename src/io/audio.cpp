@@ -98,9 +98,7 @@ std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const 
 void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
                  const AudioMetadata& metadata) {
   const std::vector<uint8_t> bytes = encode_audio(audio, format, metadata, path);
-  AtomicFile file(path);
-  file.write(bytes.data(), bytes.size());
-  file.commit();
+  write_whole_file(path, bytes.data(), bytes.size());
 }
 
 Audio read_audio(const std::string& path) { return decode_audio(read_file(path), path); }

@@ -114,4 +114,10 @@ void AtomicFile::commit() {
   }
 }
 
+void write_whole_file(const std::string& path, const void* data, size_t bytes) {
+  AtomicFile file(path);
+  file.write(data, bytes);
+  file.commit();
+}
+
 }  // namespace apus

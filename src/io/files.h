@@ -13,13 +13,13 @@ int open_regular(const std::string& path, size_t& size);
 // A whole regular file's bytes.
 std::string read_file(const std::string& path);
 
-// Writes `path` through a temporary file in the same folder that is flushed, fsync'd and renamed
-// over `path` by commit(): a reader never sees a partial file, two writers never interleave, and
-// a failed or interrupted write leaves no file behind (the destructor removes the temporary).
 // Refuses, before any work, an output path that cannot be written: a missing or read-only
 // folder, or a directory in the file's place.
 void check_writable(const std::string& path);
 
+// Writes `path` through a temporary file in the same folder that is flushed, fsync'd and renamed
+// over `path` by commit(): a reader never sees a partial file, two writers never interleave, and
+// a failed or interrupted write leaves no file behind (the destructor removes the temporary).
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path);
@@ -36,5 +36,8 @@ class AtomicFile {
   std::string path_, tmp_;
   FILE* stream_ = nullptr;
 };
+
+// `bytes` bytes at `data` as the whole of `path`, through an AtomicFile.
+void write_whole_file(const std::string& path, const void* data, size_t bytes);
 
 }  // namespace apus

@@ -65,9 +65,7 @@ std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t
 void write_png(const std::string& path, int width, int height, const std::vector<uint8_t>& rgb,
                const std::vector<std::pair<std::string, std::string>>& text) {
   const std::vector<uint8_t> bytes = encode_png(width, height, rgb, text, path);
-  AtomicFile file(path);
-  file.write(bytes.data(), bytes.size());
-  file.commit();
+  write_whole_file(path, bytes.data(), bytes.size());
 }
 
 PngImage read_png(const std::string& path) {

@@ -4,6 +4,7 @@
 #include "ops/ops.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "ops/backend.h"
@@ -210,16 +211,38 @@ struct OperandCheck {
   template <typename... Args> void check(Context&, const Args&... args) const { (one(args), ...); }
 };
 
+// An op's tensor operands for its trace span: "bf16[1024,3072] bf16[3072,3072] ...".
+struct OperandList {
+  std::string text;
+  void one(const Tensor& t) {
+    if (!text.empty()) text += ' ';
+    text += std::string(dtype_name(t.dtype)) + shape_str(t.shape);
+  }
+  void one(const Tensor* t) {
+    if (t) one(*t);
+  }
+  template <typename Other> void one(const Other&) {}
+};
+
+template <typename... Args> std::string operands(Context&, const Args&... args) {
+  OperandList list;
+  (list.one(args), ...);
+  return list.text;
+}
+
 Backend& backend_of(Context& c) { return c.backend ? *c.backend : cpu_backend(); }
 
 }  // namespace
 
-#define APUS_FRONT_END(ret, name, params, args)                 \
-  ret name params {                                             \
-    if (!account(c, name##_cost args)) return counted<ret>();   \
-    Backend& apus_backend = backend_of(c);                      \
-    OperandCheck{apus_backend, #name}.check args;               \
-    return apus_backend.name args;                              \
+#define APUS_FRONT_END(ret, name, params, args)                            \
+  ret name params {                                                        \
+    const OpCost apus_cost = name##_cost args;                             \
+    if (!account(c, apus_cost)) return counted<ret>();                     \
+    Backend& apus_backend = backend_of(c);                                 \
+    OperandCheck{apus_backend, #name}.check args;                          \
+    std::optional<TraceSpan> apus_span;                                    \
+    if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
+    return apus_backend.name args;                                         \
   }
 APUS_OPS(APUS_FRONT_END)
 #undef APUS_FRONT_END

@@ -4,10 +4,12 @@
 // the Context's backend and runs there. The ops and their contracts are listed once in
 // ops/op_list.h.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/cost.h"
 #include "core/tensor.h"
+#include "core/trace.h"
 #include "ops/op_list.h"
 
 namespace apus {
@@ -20,13 +22,15 @@ struct Context {
   CostLog* cost = nullptr;  // when set, every op reports its cost under the current scope
   bool count_only = false;  // shapes only: ops report and return; tensors may hold no data
   Backend* backend = nullptr;  // where ops run; null: the CPU backend
+  Trace* trace = nullptr;      // when set, every module scope and op is a span on it
 };
 
-// Names a module for the cost log for as long as it lives.
+// Names a module for the cost log, and the trace, for as long as it lives.
 class CostScope {
  public:
   CostScope(Context& c, const std::string& name) : log_(c.cost) {
     if (log_) log_->push(name);
+    if (c.trace) span_.emplace(c.trace, name, "module");
   }
   ~CostScope() {
     if (log_) log_->pop();
@@ -36,6 +40,7 @@ class CostScope {
 
  private:
   CostLog* log_;
+  std::optional<TraceSpan> span_;
 };
 
 // Marks the GEMMs inside as the row-parallel half of a tensor-parallel pair (attention's output

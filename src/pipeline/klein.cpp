@@ -211,9 +211,13 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   std::vector<uint64_t> seeds;
   for (const ImageRequest& o : requests) seeds.push_back(o.seed ? *o.seed : std::random_device{}());
   std::vector<StageTime> stages;
-  StageClock clock(stages);
+  std::optional<Trace> trace;
+  if (std::any_of(requests.begin(), requests.end(), [](const ImageRequest& o) { return o.trace; })) trace.emplace();
+  Trace* tracing = trace ? &*trace : nullptr;
+  StageClock clock(stages, tracing);
   Arena arena;
   Context ctx{&arena, r.fp32 ? DType::f32 : DType::bf16};
+  ctx.trace = tracing;
 
   // Everything that can reject the request (prompt, schedule, noise file) comes before any weight
   // loads.
@@ -235,23 +239,23 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   with_model(text_, [&] { return flux2::TextEncoder::load(dir_, kTextTaps); },
              [&](const flux2::TextEncoder& encoder) {
                clock.stop("text encoder load");
-               encode_text(ctx, encoder, w);
+               run_stage(ctx, kTextStage, [&] { encode_text(ctx, encoder, w); });
                require_finite(ctx, w.prompt_embeds, "the text encoder");
                clock.stop("text encoder", kTextStage);
              });
   with_model(dit_, [&] { return flux2::Transformer::load(dir_); },
              [&](const flux2::Transformer& dit) {
                clock.stop("transformer load");
-               prologue(ctx, dit, w);
+               run_stage(ctx, kPrologueStage, [&] { prologue(ctx, dit, w); });
                clock.stop("transformer prologue", kPrologueStage);
                for (int i = 0; i < r.steps; ++i)
                  timed_step(ctx, clock, say, i, r.steps, w.schedule.sigmas[size_t(i)], w.latents,
-                            kStepStage, [&] { step(ctx, dit, w, i); });
+                            kStepStage, [&] { run_stage(ctx, kStepStage, [&] { step(ctx, dit, w, i); }); });
              });
   with_model(vae_, [&] { return flux2::VaeDecoder::load(dir_); },
              [&](const flux2::VaeDecoder& vae) {
                clock.stop("vae load");
-               decode(ctx, vae, w);
+               run_stage(ctx, kDecodeStage, [&] { decode(ctx, vae, w); });
                require_finite(ctx, w.image, "the VAE decoder");
                const int64_t plane = w.image.numel() / batch;
                for (int64_t i = 0; i < batch; ++i) {
@@ -263,11 +267,13 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                }
                clock.stop("vae decode", kDecodeStage);
              });
+  const std::string timeline = trace ? trace->json() : "";
   for (size_t i = 0; i < results.size(); ++i) {
     results[i].width = r.width;
     results[i].height = r.height;
     results[i].seed = seeds[i];
     results[i].stages = stages;
+    if (requests[i].trace) results[i].trace = timeline;
   }
   return results;
 }

@@ -385,12 +385,19 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
     ops::copy(c, w.duration.rows(s, s + 1), last);
     std::copy(w.mask.begin() + s * text, w.mask.begin() + (s + 1) * text, valid.begin() + s * tokens);
     if (!w.negative) continue;
+    // The negative prompt's valid tokens, zeros for its padding: a gather from its rows with a
+    // zero row appended (the same ops whatever the mask).
     const int64_t u = b + s;
-    for (int64_t p = 0; p < text; ++p)
-      if (w.mask[size_t(u * text + p)]) {
-        Tensor row = cross.rows(u * tokens + p, u * tokens + p + 1);
-        ops::copy(c, w.text.rows(u * text + p, u * text + p + 1), row);
-      }
+    Tensor table = Tensor::in(*c.arena, {text + 1, d}, c.act);
+    Tensor table_text = table.rows(0, text), zero = table.rows(text, text + 1);
+    ops::copy(c, w.text.rows(u * text, (u + 1) * text), table_text);
+    Tensor ids = Tensor::in(*c.arena, {text}, DType::i32);
+    if (!c.count_only) {
+      std::memset(zero.data, 0, zero.nbytes());
+      for (int64_t p = 0; p < text; ++p) ids.ptr<int32_t>()[p] = int32_t(w.mask[size_t(u * text + p)] ? p : text);
+    }
+    Tensor neg_text = cross.rows(u * tokens, u * tokens + text);
+    ops::embedding(c, table, ids, neg_text);
     Tensor neg_last = cross.rows(u * tokens + text, (u + 1) * tokens);
     ops::copy(c, w.duration.rows(s, s + 1), neg_last);
   }
@@ -424,10 +431,10 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
 
 void Sa3Model::draw_noise(Context& c, Work& w, Tensor& out) const {
   const int64_t ch = dit_cfg_.io_channels, t = w.canvas.frames;
-  if (c.count_only) return;
-  Tensor planes = Tensor::heap({ch, t}, DType::f32);
+  // Counted too: the draw is host work, the transpose into the rows an op.
+  Tensor planes = c.count_only ? Tensor::shape_only({ch, t}, DType::f32) : Tensor::heap({ch, t}, DType::f32);
   for (int64_t s = 0; s < w.batch; ++s) {
-    w.generators[size_t(s)].randn(planes.ptr<float>(), planes.numel());
+    if (!c.count_only) w.generators[size_t(s)].randn(planes.ptr<float>(), planes.numel());
     Tensor rows = out.rows(s * t, (s + 1) * t);
     ops::transpose(c, planes, rows);
   }
@@ -537,10 +544,14 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   auto say = [&](const std::string& s) { if (progress) progress(s); };
   std::vector<AudioResult> results(requests.size());
   std::vector<StageTime> stages;
-  StageClock clock(stages);
+  std::optional<Trace> trace;
+  if (std::any_of(requests.begin(), requests.end(), [](const AudioRequest& o) { return o.trace; })) trace.emplace();
+  Trace* tracing = trace ? &*trace : nullptr;
+  StageClock clock(stages, tracing);
   Arena arena;
   const DType dt = compute(r);
   Context ctx{&arena, dt};
+  ctx.trace = tracing;
 
   // Everything that can reject the request comes before any weight loads. The prompts, then (for
   // guidance by negative prompts) the negative prompts, one batch through the text encoder.
@@ -579,7 +590,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
     with_model(encoder_, [&] { return load_encoder(dt); },
                [&](const sa3::SameEncoder& encoder) {
                  clock.stop("encoder load");
-                 encode_clips(ctx, encoder, w, layout_.chunked_decode);
+                 run_stage(ctx, kEncodeStage, [&] { encode_clips(ctx, encoder, w, layout_.chunked_decode); });
                  require_finite(ctx, w.clip_latents, "the SAME encoder");
                  clock.stop("encode", kEncodeStage);
                });
@@ -600,7 +611,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
              [&](const sa3::T5GemmaEncoder& encoder) {
                clock.stop("text encoder load");
                if (any_text) {
-                 encode_text(ctx, encoder, w);
+                 run_stage(ctx, kTextStage, [&] { encode_text(ctx, encoder, w); });
                  require_finite(ctx, w.text, "the text encoder");
                } else {
                  w.text = ops::empty(ctx, {int64_t(w.mask.size()), text_cfg_.hidden}, dt);
@@ -612,16 +623,19 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
              [&](const sa3::Dit& dit) {
                clock.stop("transformer load");
                with_model(duration_, [&] { return load_duration(); },
-                          [&](const sa3::DurationEmbedder& duration) { condition(ctx, duration, dit, w); });
+                          [&](const sa3::DurationEmbedder& duration) {
+                            run_stage(ctx, kPrologueStage, [&] { condition(ctx, duration, dit, w); });
+                          });
                clock.stop("conditioning", kPrologueStage);
                for (int i = 0; i < r.steps; ++i)
                  timed_step(ctx, clock, say, i, r.steps, w.sigmas[size_t(i)], w.latents, kStepStage,
-                            [&] { step(ctx, dit, w, i); });
+                            [&] { run_stage(ctx, kStepStage, [&] { step(ctx, dit, w, i); }); });
              });
   with_model(same_, [&] { return load_same(dt); },
              [&](const sa3::SameDecoder& same) {
                clock.stop("decoder load");
-               decode(ctx, same, w, r.chunked_decode.value_or(layout_.chunked_decode));
+               run_stage(ctx, kDecodeStage,
+                         [&] { decode(ctx, same, w, r.chunked_decode.value_or(layout_.chunked_decode)); });
                require_finite(ctx, w.audio, "the SAME decoder");
                clock.stop("decode", kDecodeStage);
              });
@@ -630,6 +644,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   const int64_t channels = same_cfg_.audio_channels, length = w.audio.shape[2],
                 n = std::min(w.canvas.samples, length);
   const Tensor audio = w.audio.dtype == DType::f32 ? w.audio : to_dtype(w.audio, DType::f32);
+  const std::string timeline = trace ? trace->json() : "";
   for (int64_t s = 0; s < batch; ++s) {
     AudioResult& res = results[size_t(s)];
     res.sample_rate = int(same_cfg_.sample_rate);
@@ -640,6 +655,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
       for (int64_t ch = 0; ch < channels; ++ch)
         res.samples[size_t(i * channels + ch)] = std::clamp(base[ch * length + i], -1.0f, 1.0f);
     res.stages = stages;
+    if (requests[size_t(s)].trace) res.trace = timeline;
   }
   return results;
 }

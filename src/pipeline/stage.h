@@ -32,20 +32,30 @@ StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
   return s;
 }
 
-// Appends the wall time since the previous stop to a result's stage list.
+// Appends the wall time since the previous stop to a result's stage list (and, tracing, the
+// interval as a span).
 class StageClock {
  public:
-  explicit StageClock(std::vector<StageTime>& out) : out_(out) {}
+  StageClock(std::vector<StageTime>& out, Trace* trace) : out_(out), trace_(trace) {}
   void stop(const std::string& name, const std::string& stage = "") {
     const auto now = std::chrono::steady_clock::now();
     out_.push_back({name, stage, std::chrono::duration<double>(now - start_).count()});
+    if (trace_) trace_->add(name, "pipeline", start_, now);
     start_ = now;
   }
 
  private:
   std::vector<StageTime>& out_;
+  Trace* trace_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+// Runs the code of the counted stage `stage` (what count_stage walked), traced as one span of
+// that name: a trace's ops per stage can be held against the count.
+template <typename Body> void run_stage(Context& c, const char* stage, Body&& body) {
+  const TraceSpan span(c.trace, stage, "stage");
+  body();
+}
 
 // Stops the request when a stage's output holds NaN or Inf: an image or a sound from it would be
 // garbage, and its cast to integers undefined.

@@ -162,15 +162,18 @@ DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int
   CostScope scope(c, "dit/prologue");
   ArenaScope arena(*c.arena);
 
-  // Padded text positions take the learned padding embedding, then to_cond_embed projects.
-  Tensor tokens = Tensor::in(*c.arena, {batch * ctx, g.cond_dim}, c.act);
-  ops::copy(c, cross, tokens);
-  const Tensor padding = padding_.reshape({1, g.cond_dim});
-  for (int64_t r = 0; r < batch * ctx; ++r)
-    if (!cross_valid[size_t(r)]) {
-      Tensor row = tokens.rows(r, r + 1);
-      ops::copy(c, padding, row);
-    }
+  // Padded text positions take the learned padding embedding, then to_cond_embed projects: a
+  // gather from the tokens with the padding row appended (the same three ops whatever the mask).
+  const int64_t rows = batch * ctx;
+  Tensor table = Tensor::in(*c.arena, {rows + 1, g.cond_dim}, c.act);
+  Tensor table_tokens = table.rows(0, rows), table_padding = table.rows(rows, rows + 1);
+  ops::copy(c, cross, table_tokens);
+  ops::copy(c, padding_.reshape({1, g.cond_dim}), table_padding);
+  Tensor ids = Tensor::in(*c.arena, {rows}, DType::i32);
+  if (!c.count_only)
+    for (int64_t r = 0; r < rows; ++r) ids.ptr<int32_t>()[r] = int32_t(cross_valid[size_t(r)] ? r : rows);
+  Tensor tokens = Tensor::in(*c.arena, {rows, g.cond_dim}, c.act);
+  ops::embedding(c, table, ids, tokens);
   Tensor context = Tensor::in(*c.arena, {batch * ctx, d}, c.act);
   mlp(c, tokens, cond_1_, nullptr, cond_2_, nullptr, context);
   p.global = ops::empty(c, {batch, d}, c.act);
