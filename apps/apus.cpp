@@ -277,7 +277,15 @@ int main(int argc, char** argv) {
   bench->add_option("--reps", bench_opts.reps, "timed requests (3)")->check(CLI::Range(1, 1000));
   bench->add_option("--warmup", bench_opts.warmup, "untimed requests first (1)")->check(CLI::Range(0, 100));
   bench->add_option("--json", bench_opts.json, "write the report (docs/BENCH.md) to this file");
-  bench->add_option("--trace", bench_opts.trace, "after the timed requests, trace one more and write its timeline here");
+  bool list_variants = false;
+  bench->add_flag("--list-variants", list_variants, "list the kernel variant knobs --ab can compare, and exit");
+  auto* bench_ab_opt =
+      bench->add_option("--ab", bench_opts.ab, "KNOB=A,B: time two choices of a knob interleaved in this process");
+  bench->add_option("--ab-bound", bench_opts.ab_bound,
+                    "largest mean |A - B| of the outputs (default: how far flipping the precision moves them)")
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--trace", bench_opts.trace, "after the timed requests, trace one more and write its timeline here")
+      ->excludes(bench_ab_opt);
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
   roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
   roofline->add_option("--width,-W", roof_req.width, "image width");
@@ -381,6 +389,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*bench) {
+      if (list_variants) {
+        apus::print_variants();
+        return 0;
+      }
       APUS_CHECK(*bench_model_opt || *bench_synthetic_opt, "bench: give --model DIR or --synthetic NAME");
       if (*bench_synthetic_opt)
         bench_opts.model = apus::synthetic_model_dir(bench_synthetic, [](const std::string& l) {

@@ -1,6 +1,7 @@
 #include "bench.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -10,6 +11,7 @@
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "io/files.h"
+#include "ops/variants.h"
 
 namespace apus {
 
@@ -57,24 +59,94 @@ void print_top_ops(const Json& trace) {
                 kinds[i].us / 1e6, 100 * kinds[i].us / traced_us, kinds[i].us > 0 ? kinds[i].flops / kinds[i].us / 1e3 : 0);
 }
 
+// The model a bench runs, either kind, and its one request (seeded, so every repetition does the
+// same work).
+struct Subject {
+  bool audio;
+  std::unique_ptr<ImageModel> image_model;
+  std::unique_ptr<AudioModel> audio_model;
+  ImageRequest image;
+  AudioRequest clip;
+
+  Subject(const BenchOptions& o, Weights weights) : audio(is_audio_model(o.model)), image(o.image), clip(o.audio) {
+    if (audio) audio_model = AudioModel::open(o.model, weights);
+    else image_model = ImageModel::open(o.model, weights);
+    if (!image.seed) image.seed = 0;
+    if (!clip.seed) clip.seed = 0;
+  }
+  const std::string& label() const { return audio ? audio_model->label() : image_model->label(); }
+  PipelineCost count() const { return audio ? audio_model->count(clip) : image_model->count(image); }
+
+  struct Run {
+    std::vector<StageTime> stages;
+    std::vector<float> output;  // the image's bytes or the clip's samples
+    std::string trace;
+    double wall_s;
+  };
+  // One request; `fp32` flips the precision (the parity bound's other run).
+  Run run(bool trace = false, bool flip_precision = false) {
+    image.trace = clip.trace = trace;
+    if (flip_precision) image.fp32 = !image.fp32, clip.fp32 = !clip.fp32;
+    const auto start = Clock::now();
+    Run r;
+    if (audio) {
+      AudioResult a = audio_model->generate(clip);
+      r.stages = std::move(a.stages);
+      r.output = std::move(a.samples);
+      r.trace = std::move(a.trace);
+    } else {
+      ImageResult i = image_model->generate(image);
+      r.stages = std::move(i.stages);
+      r.output.assign(i.rgb.begin(), i.rgb.end());
+      r.trace = std::move(i.trace);
+    }
+    r.wall_s = seconds_since(start);
+    if (flip_precision) image.fp32 = !image.fp32, clip.fp32 = !clip.fp32;
+    return r;
+  }
+};
+
+double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  APUS_CHECK(a.size() == b.size(), "bench: outputs of ", a.size(), " and ", b.size(), " values");
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += std::abs(double(a[i]) - double(b[i]));
+  return a.empty() ? 0 : sum / double(a.size());
+}
+
+void write_trace(const std::string& path, const std::string& trace) {
+  write_whole_file(path, trace.data(), trace.size());
+  std::fprintf(stderr, "wrote trace %s\n", path.c_str());
+  print_top_ops(Json::parse(trace));
+}
+
+// Seconds per call of each counted stage in one request, in pipeline order.
+std::vector<std::pair<std::string, double>> per_call(const std::vector<StageTime>& stages) {
+  std::vector<std::pair<std::string, double>> mean;
+  std::vector<int> calls;
+  for (const StageTime& t : stages) {
+    if (t.stage.empty()) continue;
+    auto it = std::find_if(mean.begin(), mean.end(), [&](const auto& m) { return m.first == t.stage; });
+    if (it == mean.end()) it = mean.insert(mean.end(), {t.stage, 0.0}), calls.push_back(0);
+    it->second += t.seconds;
+    ++calls[size_t(it - mean.begin())];
+  }
+  for (size_t i = 0; i < mean.size(); ++i) mean[i].second /= calls[i];
+  return mean;
+}
+
+int run_ab(const BenchOptions& o);
+
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
   APUS_CHECK(o.reps >= 1 && o.reps <= 1000 && o.warmup >= 0 && o.warmup <= 100, "bench: --reps ", o.reps,
              " / --warmup ", o.warmup, " outside 1..1000 / 0..100");
-  const bool audio = is_audio_model(o.model);
+  if (!o.ab.empty()) return run_ab(o);
   const auto t0 = Clock::now();
-  std::unique_ptr<ImageModel> image_model;
-  std::unique_ptr<AudioModel> audio_model;
-  if (audio) audio_model = AudioModel::open(o.model, Weights::resident);
-  else image_model = ImageModel::open(o.model, Weights::resident);
+  Subject subject(o, Weights::resident);
   const double load_s = seconds_since(t0);
-  // A seed is fixed so every repetition does the same work.
-  ImageRequest image = o.image;
-  AudioRequest clip = o.audio;
-  if (!image.seed) image.seed = 0;
-  if (!clip.seed) clip.seed = 0;
-  const PipelineCost cost = audio ? audio_model->count(clip) : image_model->count(image);
+  const bool audio = subject.audio;
+  const PipelineCost cost = subject.count();
   Arena arena;
   Context ctx{&arena};
   bool cached = false;
@@ -84,18 +156,16 @@ int run_bench(const BenchOptions& o) {
   std::vector<double> walls;
   std::map<std::string, std::vector<double>> calls;  // stage -> every call's seconds
   for (int i = 0; i < o.warmup + o.reps; ++i) {
-    const auto start = Clock::now();
-    const std::vector<StageTime> stages = audio ? audio_model->generate(clip).stages : image_model->generate(image).stages;
-    const double wall = seconds_since(start);
+    const Subject::Run run = subject.run();
     if (i < o.warmup) continue;
-    walls.push_back(wall);
-    for (const StageTime& t : stages)
+    walls.push_back(run.wall_s);
+    for (const StageTime& t : run.stages)
       if (!t.stage.empty()) calls[t.stage].push_back(t.seconds);
-    std::fprintf(stderr, "run %d/%d: %.3f s\n", i - o.warmup + 1, o.reps, wall);
+    std::fprintf(stderr, "run %d/%d: %.3f s\n", i - o.warmup + 1, o.reps, run.wall_s);
   }
 
   Json report;
-  report["model"] = audio ? audio_model->label() : image_model->label();
+  report["model"] = subject.label();
   report["kind"] = audio ? "audio" : "image";
   report["request"] = roof["request"];
   report["reps"] = o.reps;
@@ -142,14 +212,113 @@ int run_bench(const BenchOptions& o) {
     write_whole_file(o.json, text.data(), text.size());
   }
   // Traced apart from the timed requests: recording every op's span costs time of its own.
-  if (!o.trace.empty()) {
-    image.trace = clip.trace = true;
-    const std::string trace = audio ? audio_model->generate(clip).trace : image_model->generate(image).trace;
-    write_whole_file(o.trace, trace.data(), trace.size());
-    std::fprintf(stderr, "wrote trace %s\n", o.trace.c_str());
-    print_top_ops(Json::parse(trace));
-  }
+  if (!o.trace.empty()) write_trace(o.trace, subject.run(true).trace);
   return 0;
 }
+
+void print_variants() {
+  for (const Knob* k : knobs()) {
+    std::string choices;
+    for (size_t i = 0; i < k->choices().size(); ++i)
+      choices += (i ? ", " : "") + k->choices()[i] + (int(i) == k->value() ? " (now)" : "");
+    std::printf("%-24s %s\n%-24s   %s\n", k->name().c_str(), choices.c_str(), "", k->about().c_str());
+  }
+}
+
+namespace {
+
+// --ab KNOB=A,B: both arms on one loaded model in one process, interleaved (A B, then B A, ...) so
+// drift in the machine falls on both; each arm must run its own code, and the outputs must agree
+// within the parity bound: by default how far this request moves when only its precision changes
+// (bf16 against fp32), the disagreement the official code has with itself.
+int run_ab(const BenchOptions& o) {
+  const size_t eq = o.ab.find('='), comma = o.ab.find(',', eq == std::string::npos ? 0 : eq);
+  APUS_CHECK(eq != std::string::npos && comma != std::string::npos && o.ab.find(',', comma + 1) == std::string::npos,
+             "--ab ", o.ab, ": expected KNOB=A,B (apus bench --list-variants)");
+  Knob& knob = find_knob(o.ab.substr(0, eq));
+  const std::string names[2] = {o.ab.substr(eq + 1, comma - eq - 1), o.ab.substr(comma + 1)};
+  const int arms[2] = {knob.index_of(names[0]), knob.index_of(names[1])};
+  APUS_CHECK(arms[0] != arms[1], "--ab ", o.ab, ": the two arms are the same choice");
+  Subject subject(o, Weights::resident);
+  const int initial = knob.value();
+  std::vector<std::vector<std::pair<std::string, double>>> per_rep[2];  // arm -> rep -> (stage, s per call)
+  std::vector<double> walls[2];
+  int64_t took_own[2] = {0, 0}, took_other[2] = {0, 0};
+  std::vector<float> outputs[2];
+  for (int rep = 0; rep < o.warmup + o.reps; ++rep)
+    for (int k = 0; k < 2; ++k) {
+      const int arm = rep % 2 ? 1 - k : k;
+      knob.set(arms[arm]);
+      knob.clear_taken();
+      Subject::Run run = subject.run();
+      took_own[arm] += knob.taken(arms[arm]);
+      took_other[arm] += knob.taken(arms[1 - arm]);
+      if (outputs[arm].empty()) outputs[arm] = std::move(run.output);
+      if (rep < o.warmup) continue;
+      per_rep[arm].push_back(per_call(run.stages));
+      walls[arm].push_back(run.wall_s);
+      std::fprintf(stderr, "rep %d/%d arm %s: %.3f s\n", rep - o.warmup + 1, o.reps, names[arm].c_str(), run.wall_s);
+    }
+  knob.set(initial);
+  for (int arm = 0; arm < 2; ++arm)
+    APUS_CHECK(took_own[arm] > 0, "--ab ", o.ab, ": arm ", names[arm], " never ran its code (",
+               took_other[arm] > 0 ? "it took " + names[1 - arm] + "'s" : std::string("the knob was never read"),
+               "): this machine or request cannot take that choice, so the arms would time the same code");
+
+  const double diff = mean_abs_diff(outputs[0], outputs[1]);
+  double bound = o.ab_bound;
+  std::string bound_how = "--ab-bound";
+  if (bound < 0) {
+    // The precision flip runs on the same knob setting as arm A.
+    knob.set(arms[0]);
+    Subject other(o, Weights::per_stage);
+    bound = mean_abs_diff(outputs[0], other.run(false, true).output);
+    knob.set(initial);
+    bound_how = std::string("this request's output moved by flipping its precision (") + (o.image.fp32 || o.audio.fp32 ? "fp32 -> bf16" : "bf16 -> fp32") + ") under arm " + names[0];
+  }
+  const bool agree = diff <= bound;
+
+  Json report;
+  report["model"] = subject.label();
+  report["kind"] = subject.audio ? "audio" : "image";
+  report["reps"] = o.reps;
+  report["warmup"] = o.warmup;
+  report["ab"] = {{"knob", knob.name()}, {"about", knob.about()}, {"arms", {names[0], names[1]}},
+                  {"took", {{names[0], took_own[0]}, {names[1], took_own[1]}}},
+                  {"output", {{"mean_abs_diff", diff}, {"bound", bound}, {"bound_how", bound_how}, {"agree", agree}}}};
+  // Per stage: each arm's p50 per call over the reps, and B/A per rep (its spread).
+  auto row = [&](const std::string& name, const std::vector<double>& a, const std::vector<double>& b) {
+    std::vector<double> ratios;
+    for (size_t i = 0; i < a.size(); ++i) ratios.push_back(b[i] / a[i]);
+    const Spread sa = spread(a), sb = spread(b), r = spread(ratios);
+    std::printf("%-16s %10.4f s %10.4f s %8.3f  [%.3f, %.3f]\n", name.c_str(), sa.p50, sb.p50, sb.p50 / sa.p50, r.min,
+                r.max);
+    return Json{{"name", name}, {"a_p50_s", sa.p50}, {"b_p50_s", sb.p50}, {"ratio", sb.p50 / sa.p50},
+                {"ratio_min", r.min}, {"ratio_max", r.max}};
+  };
+  std::printf("%s: A = %s, B = %s, %d reps interleaved\n%-16s %12s %12s %8s  %s\n", knob.name().c_str(),
+              names[0].c_str(), names[1].c_str(), o.reps, "stage", "A p50", "B p50", "B/A", "B/A per rep");
+  report["ab"]["stages"] = Json::array();
+  for (size_t j = 0; j < per_rep[0].front().size(); ++j) {
+    std::vector<double> a, b;
+    for (int i = 0; i < o.reps; ++i) {
+      a.push_back(per_rep[0][size_t(i)][j].second);
+      b.push_back(per_rep[1][size_t(i)][j].second);
+    }
+    report["ab"]["stages"].push_back(row(per_rep[0].front()[j].first, a, b));
+  }
+  report["ab"]["whole_request"] = row("whole request", walls[0], walls[1]);
+  std::printf("outputs: mean |A - B| %.3g, bound %.3g (%s): %s\n", diff, bound, bound_how.c_str(),
+              agree ? "agree" : "DIFFER");
+  if (!o.json.empty()) {
+    const std::string text = report.dump(1) + "\n";
+    write_whole_file(o.json, text.data(), text.size());
+  }
+  APUS_CHECK(agree, "--ab ", o.ab, ": the arms' outputs differ by mean |A - B| ", diff, ", over the bound ", bound,
+             " (", bound_how, "): arm ", names[1], " changes the result, not only the speed");
+  return 0;
+}
+
+}  // namespace
 
 }  // namespace apus

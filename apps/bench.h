@@ -14,7 +14,12 @@ struct BenchOptions {
   int reps = 3, warmup = 1;
   std::string json;    // where to write the JSON report; empty: none
   std::string trace;   // where to write the trace of one more request, untimed; empty: none
+  std::string ab;      // "KNOB=A,B": a same-process A/B of two choices of a variant knob
+  double ab_bound = -1;  // the outputs' largest mean |A - B|; negative: the precision flip's
 };
+
+// --list-variants: every knob, its choices (the default first) and what it chooses.
+void print_variants();
 
 int run_bench(const BenchOptions& options);
 

@@ -46,7 +46,7 @@ BENCHMARK(BM_Linear)->Args({452, 1536, 7680})->Args({452, 1536, 12288})->Args({4
 // Stable Audio 3 medium's DiT self-attention at 30 s: 452 tokens, 24 heads of 64, one softmax;
 // arg: query rows per task
 void BM_Sa3Attention(benchmark::State& st) {
-  cpu::attention_query_block = st.range(0);
+  cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(0))));
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = 452, h = 24, d = 64;
@@ -55,13 +55,13 @@ void BM_Sa3Attention(benchmark::State& st) {
   for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.125f, {});
   st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Sa3Attention)->Arg(128)->Arg(226)->Arg(452)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Sa3Attention)->Arg(128)->Arg(256)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The same DiT's differential attention, self (452 keys) and cross (257 text tokens + duration):
 // arm 0 the op (both softmaxes of a block into one stacked P·V), arm 1 composed as the op did
 // before: two attentions and a subtraction (the same-process A/B of that change).
 void BM_Sa3DifferentialAttention(benchmark::State& st) {
-  cpu::attention_query_block = 128;
+  cpu::attention_block_knob.set(0);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = 452, keys = st.range(0), h = 24, d = 64;
@@ -84,7 +84,7 @@ void BM_Sa3DifferentialAttention(benchmark::State& st) {
 BENCHMARK(BM_Sa3DifferentialAttention)->ArgsProduct({{452, 257}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_BandAttention(benchmark::State& st) {
-  cpu::attention_query_block = st.range(1);
+  cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(1))));
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = 24, d = 64;
@@ -94,13 +94,13 @@ void BM_BandAttention(benchmark::State& st) {
   for (auto _ : st)
     ops::differential_attention(c, q.cols(0, h * d), k.cols(0, h * d), q.cols(h * d, 2 * h * d),
                                 k.cols(h * d, 2 * h * d), v, o, d, 0.125f, band);
-  cpu::attention_query_block = 128;
+  cpu::attention_block_knob.set(0);
 }
 BENCHMARK(BM_BandAttention)->ArgsProduct({{6596}, {32, 64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: tokens, heads, query rows per task
 void BM_Attention(benchmark::State& st) {
-  cpu::attention_query_block = st.range(2);
+  cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(2))));
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = st.range(1), d = 128;
@@ -113,7 +113,7 @@ BENCHMARK(BM_Attention)->ArgsProduct({{1536, 4608}, {24}, {128, 512}})->Unit(ben
 
 // args: channels in, channels out, spatial side, layout (0 plain, 1 blocked)
 void BM_Conv3x3(benchmark::State& st) {
-  cpu::conv_layout = st.range(3) ? cpu::ConvLayout::blocked : cpu::ConvLayout::plain;
+  cpu::conv_layout_knob.set(st.range(3) ? 0 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t ci = st.range(0), co = st.range(1), hw = st.range(2);

@@ -127,6 +127,83 @@ TEST(Bench, AudioModelReportsEveryCountedStageAgainstItsFloor) {
   check_bench(test::pipeline_dir(), "--seconds 1.5 --steps 2", "sa3");
 }
 
+// A/B of two attention block sizes: the rows of a block do not change a row's arithmetic, so the
+// arms must agree bit for bit, and both must have run their own code.
+TEST(BenchAb, ArmsThatRunDifferentCodeToTheSameOutputPass) {
+  const std::string report = ::testing::TempDir() + "ab_block.json";
+  const test::CliRun r = test::run_cli("bench --model " + test::fixture("klein_tiny_a") +
+                                       " -W 64 -H 48 --steps 2 --reps 2 --warmup 0 --ab cpu.attention_block=128,32 "
+                                       "--ab-bound 0 --json " + report);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const Json ab = read_json_file(report)["ab"];
+  EXPECT_EQ(ab["knob"], "cpu.attention_block");
+  EXPECT_GT(ab["took"]["128"].get<int64_t>(), 0);
+  EXPECT_GT(ab["took"]["32"].get<int64_t>(), 0);
+  EXPECT_EQ(ab["output"]["mean_abs_diff"].get<double>(), 0);
+  EXPECT_TRUE(ab["output"]["agree"].get<bool>());
+  std::vector<std::string> stages;
+  for (const Json& s : ab["stages"]) {
+    stages.push_back(s["name"]);
+    EXPECT_GT(s["a_p50_s"].get<double>(), 0);
+    EXPECT_DOUBLE_EQ(s["ratio"].get<double>(), s["b_p50_s"].get<double>() / s["a_p50_s"].get<double>());
+    EXPECT_LE(s["ratio_min"].get<double>(), s["ratio_max"].get<double>());
+  }
+  EXPECT_EQ(stages, (std::vector<std::string>{"text_encoder", "dit_prologue", "dit_step", "vae_decode"}));
+  EXPECT_GT(ab["whole_request"]["b_p50_s"].get<double>(), 0);
+}
+
+// The default bound is how far flipping the precision moves the output: a variant that moves it
+// less (f32-widened GEMMs against native bf16) passes; held to bit-identity it fails, and on a CPU
+// without bf16 instructions the "on" arm cannot run its own code, which fails first.
+TEST(BenchAb, ArmsThatChangeTheResultBeyondTheBoundOrRunTheSameCodeFail) {
+  const std::string report = ::testing::TempDir() + "ab_bf16.json";
+  const std::string args = "bench --model " + test::fixture("klein_tiny_a") +
+                           " -W 64 -H 48 --steps 2 --reps 1 --warmup 0 --ab cpu.native_bf16=on,off --json " + report;
+  const test::CliRun strict = test::run_cli(args + " --ab-bound 0");
+  EXPECT_NE(strict.status, 0) << strict.output;
+  if (strict.output.find("never ran its code") != std::string::npos) {
+    EXPECT_NE(strict.output.find("arm on never ran its code (it took off's)"), std::string::npos) << strict.output;
+    GTEST_SKIP() << "no bf16 instructions here: the arms would run the same code";
+  }
+  EXPECT_NE(strict.output.find("changes the result, not only the speed"), std::string::npos) << strict.output;
+  EXPECT_FALSE(read_json_file(report)["ab"]["output"]["agree"].get<bool>()) << "the failed A/B's report";
+  const test::CliRun precision_bound = test::run_cli(args);
+  ASSERT_EQ(precision_bound.status, 0) << precision_bound.output;
+  const Json output = read_json_file(report)["ab"]["output"];
+  EXPECT_TRUE(output["agree"].get<bool>());
+  EXPECT_GT(output["mean_abs_diff"].get<double>(), 0);
+  EXPECT_LT(output["mean_abs_diff"].get<double>(), output["bound"].get<double>());
+  EXPECT_NE(output["bound_how"].get<std::string>().find("bf16 -> fp32"), std::string::npos);
+}
+
+TEST(BenchAb, AKnobTheRequestNeverReadsFails) {
+  // Stable Audio 3's pipeline has no convolution.
+  const test::CliRun r = test::run_cli("bench --model " + test::pipeline_dir() +
+                                       " --seconds 1 --steps 1 --reps 1 --warmup 0 --ab cpu.conv_layout=blocked,plain");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("arm blocked never ran its code (the knob was never read)"), std::string::npos) << r.output;
+}
+
+TEST(BenchAb, ListsTheKnobsAndRefusesUnknownOnes) {
+  const test::CliRun list = test::run_cli("bench --list-variants");
+  ASSERT_EQ(list.status, 0) << list.output;
+  for (const char* knob : {"cpu.native_bf16", "cpu.conv_layout", "cpu.attention_block"})
+    EXPECT_NE(list.output.find(knob), std::string::npos) << list.output;
+  const std::string model = " --model " + test::fixture("klein_tiny_a");
+  const test::CliRun unknown = test::run_cli("bench" + model + " --ab cpu.nothing=a,b");
+  EXPECT_NE(unknown.status, 0);
+  EXPECT_NE(unknown.output.find("no variant knob 'cpu.nothing'"), std::string::npos) << unknown.output;
+  const test::CliRun choice = test::run_cli("bench" + model + " --ab cpu.conv_layout=blocked,diagonal");
+  EXPECT_NE(choice.status, 0);
+  EXPECT_NE(choice.output.find("no choice 'diagonal' (choices: blocked, plain)"), std::string::npos) << choice.output;
+  const test::CliRun same = test::run_cli("bench" + model + " --ab cpu.conv_layout=plain,plain");
+  EXPECT_NE(same.status, 0);
+  EXPECT_NE(same.output.find("the same choice"), std::string::npos) << same.output;
+  const test::CliRun shape = test::run_cli("bench" + model + " --ab cpu.conv_layout");
+  EXPECT_NE(shape.status, 0);
+  EXPECT_NE(shape.output.find("expected KNOB=A,B"), std::string::npos) << shape.output;
+}
+
 TEST(Bench, RefusesIncompleteOrMismatchedOptions) {
   const test::CliRun none = test::run_cli("bench --reps 1");
   EXPECT_NE(none.status, 0);

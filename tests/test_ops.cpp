@@ -63,9 +63,9 @@ class Ops : public ::testing::TestWithParam<std::tuple<DType, bool>> {
     act = std::get<0>(GetParam());
     ctx = Context{&arena, act};
     ref = Context{&arena, act, nullptr, false, &reference_backend()};
-    cpu::allow_native_bf16 = std::get<1>(GetParam());
+    cpu::native_bf16_knob.set(std::get<1>(GetParam()) ? 0 : 1);
   }
-  void TearDown() override { cpu::allow_native_bf16 = true; }
+  void TearDown() override { cpu::native_bf16_knob.set(0); }
   // Fresh random values stored in `dt` (the activation dtype by default).
   Tensor random(Shape s, float scale = 1.0f, DType dt = DType(255)) {
     if (dt == DType(255)) dt = act;
@@ -559,20 +559,20 @@ TEST_P(Ops, ConvReLaidWeightsDieWithTheirOwner) {
     t.owner = std::make_shared<int>(0);  // a fresh owner: a new mapping of the same address
     return t;
   };
-  auto conv = [&](const Tensor& w, cpu::ConvLayout layout) {
-    cpu::conv_layout = layout;
+  auto conv = [&](const Tensor& w, const char* layout) {
+    cpu::conv_layout_knob.set(cpu::conv_layout_knob.index_of(layout));
     Tensor y = poisoned({1, co, 8, 8});
     ops::conv2d(ctx, xt, w, nullptr, y, 1, 1);
-    cpu::conv_layout = cpu::ConvLayout::blocked;
+    cpu::conv_layout_knob.set(0);
     return to_f32_vector(y);
   };
   {
     const Tensor first = weight_at_buffer(a);
-    conv(first, cpu::ConvLayout::blocked);
+    conv(first, "blocked");
   }
   const Tensor second = weight_at_buffer(b);
-  const auto want = conv(second, cpu::ConvLayout::plain);
-  const double err = test::rel_l2(conv(second, cpu::ConvLayout::blocked), want);
+  const auto want = conv(second, "plain");
+  const double err = test::rel_l2(conv(second, "blocked"), want);
   EXPECT_LT(err, act == DType::f32 ? 2e-6 : 8.0 / 256) << "blocked conv used weights of a released buffer";
 }
 

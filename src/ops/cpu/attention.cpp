@@ -14,7 +14,7 @@
 
 namespace apus::cpu {
 
-int64_t attention_query_block = 128;
+Knob attention_block_knob("cpu.attention_block", "query rows per attention task", {"128", "32", "64", "256", "512"});
 
 namespace {
 
@@ -86,7 +86,9 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
              mask.window, ") needs as many queries as keys, got ", sq, " and ", sk);
   ArenaScope scope(*c.arena);
   const DType dt = q.dtype;
-  const int64_t block = std::min<int64_t>(sq, attention_query_block);
+  const int choice = attention_block_knob.value();
+  attention_block_knob.took(choice);
+  const int64_t block = std::min<int64_t>(sq, std::stoll(attention_block_knob.choices()[size_t(choice)]));
   const int64_t blocks = (sq + block - 1) / block;
   std::vector<Tensor> qh, kh;
   for (int64_t i = 0; i < terms; ++i) {

@@ -14,7 +14,9 @@
 
 namespace apus::cpu {
 
-ConvLayout conv_layout = ConvLayout::blocked;
+Knob conv_layout_knob("cpu.conv_layout",
+                       "convs in oneDNN's blocked activation layout (reordered in and out) or in plain NCHW",
+                       {"blocked", "plain"});
 
 namespace {
 
@@ -83,7 +85,8 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   const Tensor wx = as_dtype(*c.arena, w, x.dtype);
   const Tensor bx = bias ? as_dtype(*c.arena, *bias, DType::f32) : Tensor{};
   const auto dt = dnnl_type(x.dtype);
-  const bool blocked = conv_layout == ConvLayout::blocked;
+  const bool blocked = conv_layout_knob.value() == 0;
+  conv_layout_knob.took(blocked ? 0 : 1);
   const memory::desc x_md(dims(x.shape.begin(), x.shape.end()), dt, memory::format_tag::nchw);
   const memory::desc w_md(dims(w.shape.begin(), w.shape.end()), dt, memory::format_tag::oihw);
   const memory::desc y_md(dims(y.shape.begin(), y.shape.end()), dnnl_type(y.dtype),

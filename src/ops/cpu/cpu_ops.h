@@ -2,6 +2,7 @@
 // The CPU backend: every op of ops/op_list.h (backend.cpp puts them behind the Backend interface).
 // Files: linear (oneDNN matmul), conv (oneDNN), attention, norm, elementwise.
 #include "ops/ops.h"
+#include "ops/variants.h"
 
 namespace apus::cpu {
 
@@ -11,11 +12,10 @@ namespace apus::cpu {
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
           const Tensor* bias, Tensor& c, int64_t k, int64_t n);
 
-// Kernel variant knobs, read at each call so a benchmark can A/B them in one process.
-enum class ConvLayout { plain, blocked };
-extern bool allow_native_bf16;  // off: take the f32 path an AVX2-only CPU takes
-extern ConvLayout conv_layout;
-extern int64_t attention_query_block;  // query rows per attention task
+// The CPU backend's variant knobs (ops/variants.h), read at each call.
+extern Knob native_bf16_knob;       // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
+extern Knob conv_layout_knob;       // "blocked" (oneDNN's own layout) or "plain" (NCHW)
+extern Knob attention_block_knob;   // query rows per attention task
 
 APUS_DECLARE_OPS
 

@@ -26,7 +26,10 @@ dnnl::memory::data_type dnnl_type(DType t) {
   }
 }
 
-bool allow_native_bf16 = true;
+Knob native_bf16_knob("cpu.native_bf16",
+                       "bf16 GEMMs and convs on the CPU's bf16 instructions (AVX512-BF16, AMX), or widened to f32 "
+                       "as on an AVX2-only CPU",
+                       {"on", "off"});
 
 bool native_bf16() {
   static const bool supported = [] {
@@ -39,7 +42,9 @@ bool native_bf16() {
       return false;
     }
   }();
-  return supported && allow_native_bf16;
+  const bool native = supported && native_bf16_knob.value() == 0;
+  native_bf16_knob.took(native ? 0 : 1);
+  return native;
 }
 
 namespace {
