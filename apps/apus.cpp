@@ -277,6 +277,7 @@ int main(int argc, char** argv) {
   bench->add_option("--reps", bench_opts.reps, "timed requests (3)")->check(CLI::Range(1, 1000));
   bench->add_option("--warmup", bench_opts.warmup, "untimed requests first (1)")->check(CLI::Range(0, 100));
   bench->add_option("--json", bench_opts.json, "write the report (docs/BENCH.md) to this file");
+  bench->add_option("--chart", bench_opts.chart, "draw each stage against its floor (or the A/B arms) as an SVG");
   bool list_variants = false;
   bench->add_flag("--list-variants", list_variants, "list the kernel variant knobs --ab can compare, and exit");
   auto* bench_ab_opt =
@@ -286,6 +287,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   bench->add_option("--trace", bench_opts.trace, "after the timed requests, trace one more and write its timeline here")
       ->excludes(bench_ab_opt);
+  std::vector<std::string> report_files;
+  auto* report = app.add_subcommand("report", "a Markdown table of apus bench --json reports");
+  report->add_option("reports", report_files, "bench reports")->required()->check(CLI::ExistingFile);
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
   roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
   roofline->add_option("--width,-W", roof_req.width, "image width");
@@ -412,9 +416,13 @@ int main(int argc, char** argv) {
         bench_opts.image.seed = bench_seed.empty() ? 0 : parse_seed(bench_seed);
         bench_opts.image.fp32 = bench_precision == "fp32";
       }
-      for (const std::string& file : {bench_opts.json, bench_opts.trace})
+      for (const std::string& file : {bench_opts.json, bench_opts.trace, bench_opts.chart})
         if (!file.empty()) apus::check_writable(file);
       return apus::run_bench(bench_opts);
+    }
+    if (*report) {
+      std::printf("%s", apus::bench_table(report_files).c_str());
+      return 0;
     }
     if (*roofline) {
       apus::Arena arena;

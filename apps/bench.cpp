@@ -1,12 +1,13 @@
 #include "bench.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "chart.h"
 #include "core/error.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
@@ -119,6 +120,23 @@ void write_trace(const std::string& path, const std::string& trace) {
   print_top_ops(Json::parse(trace));
 }
 
+void write_chart(const std::string& path, const std::string& title, const std::vector<Bar>& bars) {
+  const std::string svg = stacked_bars_svg(title, bars);
+  write_whole_file(path, svg.data(), svg.size());
+  std::fprintf(stderr, "wrote chart %s\n", path.c_str());
+}
+
+// "512x512, 4 steps" or "30 s, 8 steps" from a report's request block.
+std::string request_text(const Json& request) {
+  const std::string steps = ", " + std::to_string(request.at("steps").get<int>()) + " steps";
+  if (request.contains("seconds")) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%g s", request.at("seconds").get<double>());
+    return s + steps;
+  }
+  return std::to_string(request.at("width").get<int>()) + "x" + std::to_string(request.at("height").get<int>()) + steps;
+}
+
 // Seconds per call of each counted stage in one request, in pipeline order.
 std::vector<std::pair<std::string, double>> per_call(const std::vector<StageTime>& stages) {
   std::vector<std::pair<std::string, double>> mean;
@@ -202,6 +220,19 @@ int run_bench(const BenchOptions& o) {
                              {"achieved_flops_per_s", flops_total / wall.p50}, {"floor_s", floor_total},
                              {"ceiling_share", floor_total / wall.p50}};
   report["peak_rss_bytes"] = peak_rss_bytes();
+  if (!o.chart.empty()) {
+    Bar measured{"measured (p50)", {}}, floor{"floor at this machine's ceiling", {}};
+    double staged = 0;
+    for (const Json& st : report["stages"]) {
+      const double calls = st["calls_per_request"].get<double>();
+      measured.segments.push_back({st["name"], st["p50_s"].get<double>() * calls});
+      floor.segments.push_back({st["name"], st["floor_s"].get<double>() * calls});
+      staged += st["p50_s"].get<double>() * calls;
+    }
+    measured.segments.push_back({"outside the stages", std::max(0.0, wall.p50 - staged)});
+    write_chart(o.chart, subject.label() + " " + request_text(report["request"]) + ": each stage against its floor",
+                {measured, floor});
+  }
   std::printf("%-16s %6s %8.4f s %8.4f s %8.4f s %8.4f s %12.1f %7.1f%%\n", "whole request", "", wall.min, wall.p50,
               wall.max, floor_total, flops_total / wall.p50 / 1e9, 100 * floor_total / wall.p50);
   std::printf("load %.3f s, peak memory %.2f GiB; ceiling %.0f GFLOP/s bf16, %.1f GB/s (%s)\n", load_s,
@@ -243,6 +274,7 @@ int run_ab(const BenchOptions& o) {
   const int initial = knob.value();
   std::vector<std::vector<std::pair<std::string, double>>> per_rep[2];  // arm -> rep -> (stage, s per call)
   std::vector<double> walls[2];
+  std::vector<int64_t> calls;  // per request, in the order of per_rep's stages
   int64_t took_own[2] = {0, 0}, took_other[2] = {0, 0};
   std::vector<float> outputs[2];
   for (int rep = 0; rep < o.warmup + o.reps; ++rep)
@@ -256,6 +288,10 @@ int run_ab(const BenchOptions& o) {
       if (outputs[arm].empty()) outputs[arm] = std::move(run.output);
       if (rep < o.warmup) continue;
       per_rep[arm].push_back(per_call(run.stages));
+      if (calls.empty())
+        for (const auto& [stage, unused] : per_rep[arm].back())
+          calls.push_back(std::count_if(run.stages.begin(), run.stages.end(),
+                                        [&](const StageTime& t) { return t.stage == stage; }));
       walls[arm].push_back(run.wall_s);
       std::fprintf(stderr, "rep %d/%d arm %s: %.3f s\n", rep - o.warmup + 1, o.reps, names[arm].c_str(), run.wall_s);
     }
@@ -308,6 +344,22 @@ int run_ab(const BenchOptions& o) {
     report["ab"]["stages"].push_back(row(per_rep[0].front()[j].first, a, b));
   }
   report["ab"]["whole_request"] = row("whole request", walls[0], walls[1]);
+  if (!o.chart.empty()) {
+    std::vector<Bar> bars;
+    for (int arm = 0; arm < 2; ++arm) {
+      Bar bar{std::string(arm ? "B: " : "A: ") + names[arm] + " (p50)", {}};
+      double staged = 0;
+      for (size_t j = 0; j < report["ab"]["stages"].size(); ++j) {
+        const Json& st = report["ab"]["stages"][j];
+        const double seconds = st[arm ? "b_p50_s" : "a_p50_s"].get<double>() * double(calls[j]);
+        bar.segments.push_back({st["name"], seconds});
+        staged += seconds;
+      }
+      bar.segments.push_back({"outside the stages", std::max(0.0, spread(walls[arm]).p50 - staged)});
+      bars.push_back(bar);
+    }
+    write_chart(o.chart, subject.label() + ": " + knob.name() + " A/B", bars);
+  }
   std::printf("outputs: mean |A - B| %.3g, bound %.3g (%s): %s\n", diff, bound, bound_how.c_str(),
               agree ? "agree" : "DIFFER");
   if (!o.json.empty()) {
@@ -320,5 +372,62 @@ int run_ab(const BenchOptions& o) {
 }
 
 }  // namespace
+
+std::string bench_table(const std::vector<std::string>& reports) {
+  auto num = [](const char* f, double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, f, v);
+    return std::string(b);
+  };
+  std::string bench = "| model | request | whole request p50 (share of ceiling) | stages: p50 per call (share) | load | peak RSS | ceiling |\n"
+                      "|---|---|---|---|---|---|---|\n";
+  std::string ab = "| model | request | knob: A vs B | B/A whole request [per-rep spread] | B/A per stage | outputs |\n"
+                   "|---|---|---|---|---|---|\n";
+  // A table cell's text: a '|' would end the cell.
+  auto cell = [](const std::string& text) {
+    std::string out;
+    for (char ch : text) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
+    return out;
+  };
+  bool any_bench = false, any_ab = false;
+  for (const std::string& path : reports) {
+    try {
+      const Json r = Json::parse(read_file(path), nullptr, false);
+      APUS_CHECK(r.is_object() && r.contains("model") && (r.contains("stages") || r.contains("ab")), path,
+                 ": not an apus bench report (--json)");
+      if (r.contains("ab")) {
+        const Json& a = r.at("ab");
+        std::string stages;
+        for (const Json& st : a.at("stages"))
+          stages += (stages.empty() ? "" : ", ") + st.at("name").get<std::string>() + num(" %.3f", st.at("ratio").get<double>());
+        const Json& w = a.at("whole_request");
+        ab += "| " + cell(r.at("model").get<std::string>()) + " | " + r.at("kind").get<std::string>() + ", " +
+              std::to_string(r.at("reps").get<int>()) + " reps | `" + a.at("knob").get<std::string>() + "` " +
+              a.at("arms").at(0).get<std::string>() + " vs " + a.at("arms").at(1).get<std::string>() + " | " +
+              num("%.3f", w.at("ratio").get<double>()) + num(" [%.3f, ", w.at("ratio_min").get<double>()) +
+              num("%.3f]", w.at("ratio_max").get<double>()) + " | " + stages + " | mean abs diff " +
+              num("%.3g", a.at("output").at("mean_abs_diff").get<double>()) + num(" (bound %.3g) |\n", a.at("output").at("bound").get<double>());
+        any_ab = true;
+        continue;
+      }
+      std::string stages;
+      for (const Json& st : r.at("stages"))
+        stages += (stages.empty() ? "" : ", ") + st.at("name").get<std::string>() + num(" %.3f s", st.at("p50_s").get<double>()) +
+                  num(" (%.0f %%)", 100 * st.at("ceiling_share").get<double>());
+      const Json& w = r.at("whole_request");
+      const Json& c = r.at("ceiling");
+      bench += "| " + cell(r.at("model").get<std::string>()) + " | " + request_text(r.at("request")) + " | **" +
+               num("%.2f s**", w.at("p50_s").get<double>()) + num(" (%.0f %%)", 100 * w.at("ceiling_share").get<double>()) +
+               " | " + stages + " | " + num("%.1f s", r.at("load_s").get<double>()) + " | " +
+               num("%.2f GiB", r.at("peak_rss_bytes").get<double>() / double(1u << 30)) + " | " +
+               num("%.0f GFLOP/s bf16, ", c.at("bf16_flops_per_s").get<double>() / 1e9) +
+               num("%.1f GB/s", c.at("memory_bytes_per_s").get<double>() / 1e9) + " (" + cell(c.at("machine").get<std::string>()) + ") |\n";
+      any_bench = true;
+    } catch (const Json::exception& e) {
+      fail(path, ": not an apus bench report (", e.what(), ")");
+    }
+  }
+  return (any_bench ? bench : "") + (any_bench && any_ab ? "\n" : "") + (any_ab ? ab : "");
+}
 
 }  // namespace apus

@@ -2,6 +2,7 @@
 // `apus bench`: a model loaded once, warmed up, then N requests timed stage by stage against the
 // floors of this machine's calibrated ceiling (docs/BENCH.md describes the JSON).
 #include <string>
+#include <vector>
 
 #include "apus/apus.h"
 
@@ -14,6 +15,7 @@ struct BenchOptions {
   int reps = 3, warmup = 1;
   std::string json;    // where to write the JSON report; empty: none
   std::string trace;   // where to write the trace of one more request, untimed; empty: none
+  std::string chart;   // where to draw the stages as stacked bars (SVG); empty: none
   std::string ab;      // "KNOB=A,B": a same-process A/B of two choices of a variant knob
   double ab_bound = -1;  // the outputs' largest mean |A - B|; negative: the precision flip's
 };
@@ -22,5 +24,9 @@ struct BenchOptions {
 void print_variants();
 
 int run_bench(const BenchOptions& options);
+
+// `apus report`: the Markdown table of bench reports (--json files), one row each: what the
+// README's benchmark table is made from.
+std::string bench_table(const std::vector<std::string>& reports);
 
 }  // namespace apus

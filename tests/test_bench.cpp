@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "cost/ceiling.h"
@@ -70,7 +71,9 @@ TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
 void check_bench(const std::string& model, const std::string& request, const std::string& name) {
   const std::string cache = fresh_cache(name), report = ::testing::TempDir() + name + "_bench.json";
   const std::string env = "APUS_CACHE_DIR=" + test::shell_quote(cache) + " ";
-  const test::CliRun r = test::run_cli("bench --model " + model + " " + request + " --reps 2 --warmup 1 --json " + report, env);
+  const std::string chart = ::testing::TempDir() + name + "_bench.svg";
+  const test::CliRun r = test::run_cli(
+      "bench --model " + model + " " + request + " --reps 2 --warmup 1 --json " + report + " --chart " + chart, env);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("whole request"), std::string::npos) << r.output;
   const Json bench = read_json_file(report);
@@ -113,6 +116,32 @@ void check_bench(const std::string& model, const std::string& request, const std
   for (const Json& s : bench["stages"]) stages += s["min_s"].get<double>() * s["calls_per_request"].get<double>();
   EXPECT_LE(stages, whole["max_s"].get<double>());
 
+  // The chart: a measured bar and a floor bar, one segment per stage (plus the time outside them
+  // in the measured one), each named in its tooltip, and a legend entry per stage.
+  std::ifstream svg_file(chart);
+  const std::string svg((std::istreambuf_iterator<char>(svg_file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u) << svg.substr(0, 80);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  size_t rects = 0;
+  for (size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1)) ++rects;
+  const size_t stage_count = bench["stages"].size();
+  EXPECT_EQ(rects, (2 * stage_count + 1) + (stage_count + 1)) << "bars' segments plus the legend's swatches";
+  for (const Json& s : bench["stages"])
+    EXPECT_NE(svg.find("<title>" + s["name"].get<std::string>() + ": "), std::string::npos) << s["name"];
+
+  // `apus report` turns the JSON into the README's table row.
+  const test::CliRun table = test::run_cli("report " + report);
+  ASSERT_EQ(table.status, 0) << table.output;
+  char whole_row[64];
+  std::snprintf(whole_row, sizeof whole_row, "**%.2f s** (%.0f %%)", bench["whole_request"]["p50_s"].get<double>(),
+                100 * bench["whole_request"]["ceiling_share"].get<double>());
+  EXPECT_NE(table.output.find(whole_row), std::string::npos) << table.output;
+  for (const Json& s : bench["stages"]) {
+    char stage[96];
+    std::snprintf(stage, sizeof stage, "%s %.3f s", s["name"].get<std::string>().c_str(), s["p50_s"].get<double>());
+    EXPECT_NE(table.output.find(stage), std::string::npos) << table.output;
+  }
+
   // A second bench finds the calibration cached.
   const test::CliRun again = test::run_cli("bench --model " + model + " " + request + " --reps 1 --warmup 0 --json " + report, env);
   ASSERT_EQ(again.status, 0) << again.output;
@@ -150,6 +179,10 @@ TEST(BenchAb, ArmsThatRunDifferentCodeToTheSameOutputPass) {
   }
   EXPECT_EQ(stages, (std::vector<std::string>{"text_encoder", "dit_prologue", "dit_step", "vae_decode"}));
   EXPECT_GT(ab["whole_request"]["b_p50_s"].get<double>(), 0);
+  const test::CliRun table = test::run_cli("report " + report);
+  ASSERT_EQ(table.status, 0) << table.output;
+  EXPECT_NE(table.output.find("`cpu.attention_block` 128 vs 32"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("mean abs diff 0 (bound 0)"), std::string::npos) << table.output;
 }
 
 // The default bound is how far flipping the precision moves the output: a variant that moves it
@@ -202,6 +235,14 @@ TEST(BenchAb, ListsTheKnobsAndRefusesUnknownOnes) {
   const test::CliRun shape = test::run_cli("bench" + model + " --ab cpu.conv_layout");
   EXPECT_NE(shape.status, 0);
   EXPECT_NE(shape.output.find("expected KNOB=A,B"), std::string::npos) << shape.output;
+}
+
+TEST(Bench, ReportRefusesFilesThatAreNotBenchReports) {
+  const std::string path = ::testing::TempDir() + "not_a_report.json";
+  std::ofstream(path) << R"({"model": "x", "stages": 3})";
+  const test::CliRun r = test::run_cli("report " + path);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find(path + ": not an apus bench report"), std::string::npos) << r.output;
 }
 
 TEST(Bench, RefusesIncompleteOrMismatchedOptions) {
