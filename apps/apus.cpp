@@ -81,8 +81,11 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < batch; ++i) {
     const apus::ImageResult& r = results[size_t(i)];
-    const std::string params = req.prompt + "\nSteps: " + std::to_string(req.steps) + ", Sampler: " +
-                               model->sampler() + ", CFG scale: 1, Seed: " + std::to_string(r.seed) +
+    char guidance[32];
+    std::snprintf(guidance, sizeof guidance, "%g", double(r.cfg));
+    const std::string params = req.prompt + (req.negative_prompt ? "\nNegative prompt: " + *req.negative_prompt : "") +
+                               "\nSteps: " + std::to_string(r.steps) + ", Sampler: " + model->sampler() +
+                               ", CFG scale: " + guidance + ", Seed: " + std::to_string(r.seed) +
                                ", Size: " + std::to_string(r.width) + "x" + std::to_string(r.height) +
                                ", Model: " + model->label() +
                                (req.fp32 ? ", Precision: fp32" : ", Precision: bf16") +
@@ -165,7 +168,11 @@ int main(int argc, char** argv) {
   image->add_option("--prompt,-p", req.prompt, "text prompt")->required();
   image->add_option("--width,-W", req.width, "image width, a multiple of 16");
   image->add_option("--height,-H", req.height, "image height, a multiple of 16");
-  image->add_option("--steps", req.steps, "sampling steps (4 for the distilled model)");
+  auto* steps_opt = image->add_option("--steps", req.steps, "sampling steps (default: 4 distilled, 50 -base)");
+  image->add_option("--cfg", req.cfg, "guidance scale for the -base models (default 4; 1: off)");
+  std::string image_negative;
+  auto* image_negative_opt =
+      image->add_option("--negative-prompt", image_negative, "guidance's unconditional prompt (-base models; default \"\")");
   auto* seed_opt = image->add_option("--seed,-s", seed, "seed of torch's CPU generator");
   image->add_option("--noise", req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
   image->add_option("--precision", precision, "bf16 (as the official pipeline) or fp32 (parity)")
@@ -271,6 +278,8 @@ int main(int argc, char** argv) {
   auto* bench_height_opt = bench->add_option("--height,-H", bench_opts.image.height, "image height");
   auto* bench_seconds_opt = bench->add_option("--seconds", bench_seconds, "clip length (audio models)");
   auto* bench_steps_opt = bench->add_option("--steps", bench_steps, "sampling steps (the model's default)");
+  float bench_cfg = 0;
+  auto* bench_cfg_opt = bench->add_option("--cfg", bench_cfg, "guidance scale (the model's default)");
   bench->add_option("--seed,-s", bench_seed, "seed (0)");
   std::string bench_precision = "bf16";
   bench->add_option("--precision", bench_precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
@@ -310,6 +319,9 @@ int main(int argc, char** argv) {
       if (*seed_opt) req.seed = parse_seed(seed);
       check_output(out, batch);
       req.fp32 = precision == "fp32";
+      if (*image_negative_opt) req.negative_prompt = image_negative;
+      // 0 would mean "the model's default" to the engine; asked for, it is an error.
+      APUS_CHECK(!*steps_opt || (req.steps >= 1 && req.steps <= 200), "--steps ", req.steps, " outside 1..200");
       req.trace = !image_trace.empty();
       if (req.trace) apus::check_writable(image_trace);
       return run_image(model_dir, req, batch, out, verbose, image_trace);
@@ -408,11 +420,13 @@ int main(int argc, char** argv) {
         bench_opts.audio.prompt = bench_opts.image.prompt;
         if (*bench_seconds_opt) bench_opts.audio.seconds = bench_seconds;
         if (*bench_steps_opt) bench_opts.audio.steps = bench_steps;
+        if (*bench_cfg_opt) bench_opts.audio.cfg = bench_cfg;
         bench_opts.audio.seed = bench_seed.empty() ? 0 : parse_seed(bench_seed);
         bench_opts.audio.fp32 = bench_precision == "fp32";
       } else {
         APUS_CHECK(!*bench_seconds_opt, bench_opts.model, ": --seconds is for audio models");
         if (*bench_steps_opt) bench_opts.image.steps = bench_steps;
+        if (*bench_cfg_opt) bench_opts.image.cfg = bench_cfg;
         bench_opts.image.seed = bench_seed.empty() ? 0 : parse_seed(bench_seed);
         bench_opts.image.fp32 = bench_precision == "fp32";
       }

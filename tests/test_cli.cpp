@@ -26,14 +26,19 @@ TEST_P(CliImage, SeededRunReproducesTheOfficialImage) {
   const std::string variant = GetParam();
   const test::Reference ref(variant);
   const std::string out = ::testing::TempDir() + variant + "_cli.png";
-  const int w = ref.meta["width"], h = ref.meta["height"], seed = ref.meta["seed"];
+  const int w = ref.meta["width"], h = ref.meta["height"], seed = ref.meta["seed"], steps = ref.meta["steps"];
+  // The distilled models' 4 steps are apus's default; a -base model's 50 would be, so its fixture's
+  // steps and guidance scale are asked for.
+  const bool distilled = ref.meta["is_distilled"];
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "%g", ref.meta["guidance_scale"].get<double>());
   const test::CliRun r = test::run_cli("image --model " + test::fixture(variant) + " --prompt " +
                         test::shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
                         std::to_string(w) + " --height " + std::to_string(h) + " --seed " +
-                        std::to_string(seed) + " -v -o " + out);
+                        std::to_string(seed) + (distilled ? "" : " --steps " + std::to_string(steps) + " --cfg " + scale) + " -v -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("seed " + std::to_string(seed)), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step " + std::to_string(steps) + "/" + std::to_string(steps)), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("peak memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("this machine's calibration"), std::string::npos) << r.output;
 
@@ -45,7 +50,10 @@ TEST_P(CliImage, SeededRunReproducesTheOfficialImage) {
     if (k == "parameters") params = v;
   EXPECT_NE(params.find(ref.meta["prompt"].get<std::string>()), std::string::npos) << params;
   EXPECT_NE(params.find("Seed: " + std::to_string(seed)), std::string::npos) << params;
-  EXPECT_NE(params.find("Steps: 4"), std::string::npos) << params;
+  EXPECT_NE(params.find("Steps: " + std::to_string(steps)), std::string::npos) << params;
+  char guidance[48];
+  std::snprintf(guidance, sizeof guidance, "CFG scale: %g,", distilled ? 1.0 : ref.meta["guidance_scale"].get<double>());
+  EXPECT_NE(params.find(guidance), std::string::npos) << params;
   EXPECT_NE(params.find("Size: " + std::to_string(w) + "x" + std::to_string(h)), std::string::npos);
 
   // The seeded bf16 draw is the noise the bf16 reference ran from, so the bound is the
@@ -73,8 +81,9 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
   const test::CliRun r = test::run_cli("image --model " + test::fixture(variant) + " --prompt " +
                         test::shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
                         std::to_string(int(ref.meta["width"])) + " --height " +
-                        std::to_string(int(ref.meta["height"])) + " --noise " + noise +
-                        " --precision fp32 -o " + out);
+                        std::to_string(int(ref.meta["height"])) + " --noise " + noise + " --steps " +
+                        std::to_string(int(ref.meta["steps"])) + " --cfg " +
+                        std::to_string(ref.meta["guidance_scale"].get<double>()) + " --precision fp32 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   const PngImage png = read_png(out);
   const Tensor& want = ref.file.get("fp32.image_u8");
@@ -87,7 +96,7 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
   std::filesystem::remove(noise);
 }
 
-INSTANTIATE_TEST_SUITE_P(Klein, CliImage, ::testing::Values("klein_tiny_a", "klein_tiny_b"));
+INSTANTIATE_TEST_SUITE_P(Klein, CliImage, ::testing::Values("klein_tiny_a", "klein_tiny_b", "klein_tiny_base"));
 
 TEST(Cli, BatchWritesOneFilePerSeedEachAsItsOwnRun) {
   const std::string model = test::fixture("klein_tiny_a"), dir = ::testing::TempDir();

@@ -89,6 +89,55 @@ TEST(ImageModel, BatchOfTwoEqualsTwoSingleRequests) {
   }
 }
 
+// The -base model's defaults are the official pipeline's (50 steps, guidance 4.0); guidance runs
+// the text encoder on the negative prompt too and the transformer on both branches.
+TEST(ImageModel, BaseModelsDefaultToTheOfficialGuidanceAndCountBothBranches) {
+  const auto base = ImageModel::open(test::fixture("klein_tiny_base"), Weights::none);
+  EXPECT_EQ(base->default_steps(), 50);
+  EXPECT_EQ(base->default_cfg(), 4.0f);
+  const auto distilled = ImageModel::open(test::fixture("klein_tiny_a"), Weights::none);
+  EXPECT_EQ(distilled->default_steps(), 4);
+  EXPECT_EQ(distilled->default_cfg(), 1.0f);
+  ImageRequest r;
+  r.width = 64;
+  r.height = 48;
+  r.steps = 2;
+  const PipelineCost guided = base->count(r);
+  r.cfg = 1;
+  const PipelineCost plain = base->count(r);
+  EXPECT_EQ(guided.steps, 2);
+  auto stage = [](const PipelineCost& p, const std::string& name) {
+    for (const StageCost& s : p.stages)
+      if (s.name == name) return s.per_call;
+    ADD_FAILURE() << name;
+    return OpCost{};
+  };
+  EXPECT_DOUBLE_EQ(stage(guided, "text_encoder").flops, 2 * stage(plain, "text_encoder").flops);
+  EXPECT_DOUBLE_EQ(stage(guided, "dit_prologue").flops, 2 * stage(plain, "dit_prologue").flops);
+  // The step: both branches' transformer, plus the guidance's two multiply-adds.
+  EXPECT_GT(stage(guided, "dit_step").flops, 2 * stage(plain, "dit_step").flops * 0.99);
+  EXPECT_LT(stage(guided, "dit_step").flops, 2 * stage(plain, "dit_step").flops * 1.01);
+  r.steps = 0;
+  r.cfg = 0;
+  EXPECT_EQ(base->count(r).steps, 50);
+}
+
+TEST(ImageModel, GuidanceOnADistilledModelIsRefused) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  ImageRequest r;
+  r.prompt = "a fox";
+  r.width = r.height = 32;
+  r.cfg = 3;
+  test::expect_error([&] { model->generate(r); }, {"step-distilled", "is_distilled: true", "cfg 3", "-base models"});
+  r.cfg = 0;
+  r.negative_prompt = "blur";
+  test::expect_error([&] { model->generate(r); }, {"step-distilled", "a negative prompt"});
+  const auto base = ImageModel::open(test::fixture("klein_tiny_base"), Weights::none);
+  r.negative_prompt.reset();
+  r.cfg = -1;
+  test::expect_error([&] { base->count(r); }, {"cfg -1 outside (0, 100]"});
+}
+
 TEST(ImageModel, CountingOnlyModelCountsButDoesNotRender) {
   const auto model = ImageModel::open(test::fixture("klein_tiny_b"), Weights::none);
   const PipelineCost cost = model->count(request("x", 48, 80, 4));

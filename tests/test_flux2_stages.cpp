@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
@@ -33,6 +34,11 @@ std::vector<int> taps_of(const Reference& ref) {
   return ref.meta["text_encoder_out_layers"].get<std::vector<int>>();
 }
 
+// Whether the reference ran classifier-free guidance (a -base model at a scale above 1).
+bool guided(const Reference& ref) {
+  return !ref.meta["is_distilled"].get<bool>() && ref.meta["guidance_scale"].get<double>() > 1;
+}
+
 TEST_P(Flux2Stages, TextEncoderMatchesReference) {
   const auto& [variant, p] = GetParam();
   const Reference ref(variant);
@@ -43,6 +49,12 @@ TEST_P(Flux2Stages, TextEncoderMatchesReference) {
   const Tensor out = enc.encode(ctx, ids, ref.i64("attention_mask"));
   test::expect_matches("text encoder", p, to_f32_vector(out), ref.f32("fp32.prompt_embeds"),
                        ref.f32("bf16.prompt_embeds"));
+  if (!guided(ref)) return;
+  // The negative prompt (the pipeline's "") through the same encoder.
+  const auto neg64 = ref.i64("negative_input_ids");
+  const Tensor neg = enc.encode(ctx, std::vector<int32_t>(neg64.begin(), neg64.end()), ref.i64("negative_attention_mask"));
+  test::expect_matches("text encoder, negative prompt", p, to_f32_vector(neg), ref.f32("fp32.negative_prompt_embeds"),
+                       ref.f32("bf16.negative_prompt_embeds"));
 }
 
 TEST_P(Flux2Stages, TransformerMatchesReferenceEveryStep) {
@@ -53,10 +65,14 @@ TEST_P(Flux2Stages, TransformerMatchesReferenceEveryStep) {
   const auto& cfg = dit.config();
   const Tensor& embeds = ref.file.get(p + ".prompt_embeds");
   const int64_t t = embeds.shape[1], l = ref.file.get(p + ".latent_ids").shape[1];
-  const auto pro = dit.prologue(ctx, ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim}),
-                                ref.file.get(p + ".text_ids").reshape({t, 4}),
-                                ref.file.get(p + ".latent_ids").reshape({l, 4}));
-  for (int step = 0; step < 4; ++step) {
+  const auto prologue_of = [&](const std::string& embeds) {
+    return dit.prologue(ctx, ref.as(p + embeds, ctx.act, {t, cfg.joint_dim}),
+                        ref.file.get(p + ".text_ids").reshape({t, 4}), ref.file.get(p + ".latent_ids").reshape({l, 4}));
+  };
+  const auto pro = prologue_of(".prompt_embeds");
+  std::optional<flux2::TransformerPrologue> negative;
+  if (guided(ref)) negative = prologue_of(".negative_prompt_embeds");
+  for (int step = 0; step < ref.meta["steps"].get<int>(); ++step) {
     const std::string s = ".dit.step" + std::to_string(step);
     const Tensor latents = ref.as(p + s + ".latents_in", ctx.act, {l, cfg.in_channels});
     Tensor velocity = Tensor::heap({l, cfg.out_channels}, ctx.act);
@@ -65,6 +81,28 @@ TEST_P(Flux2Stages, TransformerMatchesReferenceEveryStep) {
     dit.forward(ctx, pro, latents, timestep, velocity);
     test::expect_matches("transformer" + s, p, to_f32_vector(velocity),
                          ref.f32("fp32" + s + ".velocity"), ref.f32("bf16" + s + ".velocity"));
+    if (!negative) continue;
+    std::fill_n(velocity.ptr<uint8_t>(), velocity.nbytes(), 0xff);
+    dit.forward(ctx, *negative, latents, timestep, velocity);
+    test::expect_matches("transformer, negative prompt" + s, p, to_f32_vector(velocity),
+                         ref.f32("fp32" + s + ".velocity_uncond"), ref.f32("bf16" + s + ".velocity_uncond"));
+  }
+}
+
+// The guidance combination on the reference's own two velocities gives its guided velocity bit
+// for bit: the same eager ops, rounded in the same order.
+TEST_P(Flux2Stages, GuidanceCombinesTheBranchesAsThePipeline) {
+  const auto& [variant, p] = GetParam();
+  const Reference ref(variant);
+  if (!guided(ref)) GTEST_SKIP() << variant << " runs without guidance";
+  const int64_t l = ref.file.get(p + ".latent_ids").shape[1];
+  const float scale = ref.meta["guidance_scale"].get<float>();
+  for (int step = 0; step < ref.meta["steps"].get<int>(); ++step) {
+    const std::string s = ".dit.step" + std::to_string(step);
+    const int64_t d = ref.file.get(p + s + ".velocity").shape[2];
+    Tensor cond = ref.as(p + s + ".velocity", ctx.act, {l, d}), uncond = ref.as(p + s + ".velocity_uncond", ctx.act, {l, d});
+    classifier_free_guidance(ctx, cond, uncond, scale);
+    EXPECT_EQ(to_f32_vector(uncond), ref.f32(p + ".step" + std::to_string(step) + ".guided_velocity")) << s;
   }
 }
 
@@ -90,11 +128,19 @@ TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
   const auto pro = dit.prologue(ctx, ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim}),
                                 ref.file.get(p + ".text_ids").reshape({t, 4}),
                                 ref.file.get(p + ".latent_ids").reshape({l, 4}));
+  std::optional<flux2::TransformerPrologue> negative;
+  if (guided(ref))
+    negative = dit.prologue(ctx, ref.as(p + ".negative_prompt_embeds", ctx.act, {t, cfg.joint_dim}),
+                            ref.file.get(p + ".text_ids").reshape({t, 4}), ref.file.get(p + ".latent_ids").reshape({l, 4}));
   Tensor x = ref.as(p + ".dit.step0.latents_in", ctx.act, {l, cfg.in_channels});
-  Tensor v = Tensor::heap({l, cfg.out_channels}, ctx.act);
+  Tensor v = Tensor::heap({l, cfg.out_channels}, ctx.act), uncond = Tensor::heap({l, cfg.out_channels}, ctx.act);
   for (int i = 0; i < steps; ++i) {
     dit.forward(ctx, pro, x, sched.timesteps[size_t(i)], v);
-    euler_step(ctx, x, v, sched.sigmas[size_t(i)], sched.sigmas[size_t(i) + 1]);
+    if (negative) {
+      dit.forward(ctx, *negative, x, sched.timesteps[size_t(i)], uncond);
+      classifier_free_guidance(ctx, v, uncond, ref.meta["guidance_scale"].get<float>());
+    }
+    euler_step(ctx, x, negative ? uncond : v, sched.sigmas[size_t(i)], sched.sigmas[size_t(i) + 1]);
   }
   const std::string last = ".step" + std::to_string(steps - 1) + ".latents";
   test::expect_matches("sampler", p, to_f32_vector(x), ref.f32("fp32" + last),
@@ -103,7 +149,8 @@ TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
 
 INSTANTIATE_TEST_SUITE_P(Klein, Flux2Stages,
                          ::testing::Values(Case{"klein_tiny_a", "fp32"}, Case{"klein_tiny_a", "bf16"},
-                                           Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"}),
+                                           Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"},
+                                           Case{"klein_tiny_base", "fp32"}, Case{"klein_tiny_base", "bf16"}),
                          [](const auto& info) {
                            return info.param.variant.substr(11) + "_" + info.param.precision;
                          });

@@ -274,7 +274,7 @@ TEST(Robustness, ModelIndexMustNameTheKleinPipelineAndClasses) {
   const std::vector<Case> cases = {
       {"\"Flux2KleinPipeline\"", "\"StableDiffusionPipeline\"", {"StableDiffusionPipeline", "_class_name"}},
       {"\"Flux2Transformer2DModel\"", "\"FluxTransformer2DModel\"", {"transformer", "FluxTransformer2DModel"}},
-      {"\"is_distilled\": true", "\"is_distilled\": false", {"is_distilled"}},
+      {"\"is_distilled\": true", "\"is_distilled\": \"yes\"", {"is_distilled", "expected true or false"}},
   };
   for (const Case& c : cases) {
     ModelCopy m;

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -241,6 +242,9 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "cfg": 500})"), 400, "cfg 500 outside");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "negative_prompt": "hiss"})"), 400,
                  "a negative prompt needs guidance");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 3})"), 400, "'cfg' is for the -base models", "cfg");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "negative_prompt": "blur"})"), 400,
+                 "'negative_prompt' is for the -base models", "negative_prompt");
   expect_refusal(post(images, Json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "larger");
   expect_refusal(client().Get("/v1/jobs/job-nope"), 404, "no job");
   expect_refusal(post("/v1/jobs", R"({"prompt": "x"})"), 400, "'kind'", "kind");
@@ -378,6 +382,53 @@ TEST_F(Serve, EventsMetricsAndThePage) {
   EXPECT_NE(page->body.find("/v1/jobs"), std::string::npos);
   EXPECT_EQ(page->body.find("http://"), std::string::npos) << "the page makes no external requests";
   EXPECT_EQ(page->body.find("https://"), std::string::npos) << "the page makes no external requests";
+}
+
+TEST_F(Serve, TracedJobsServeTheirTimeline) {
+  auto submit = [&](const Json& body) {
+    const auto r = client().Post("/v1/jobs", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r->status, 202) << r->body;
+    return Json::parse(r->body);
+  };
+  auto wait_done = [&](const std::string& id) {
+    for (int i = 0; i < 600; ++i) {
+      const Json j = Json::parse(client().Get(("/v1/jobs/" + id).c_str())->body);
+      if (j["state"] != "queued" && j["state"] != "running") return j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << id << " never finished";
+    return Json();
+  };
+  const Json image = {{"kind", "image"}, {"prompt", "a fox"}, {"size", "32x32"}, {"steps", 1}, {"seed", 5}};
+  Json traced_body = image;
+  traced_body["trace"] = true;
+  const Json traced = submit(traced_body);
+  const std::string id = traced["id"];
+  EXPECT_EQ(traced["trace"], "/v1/jobs/" + id + "/trace");
+  EXPECT_EQ(wait_done(id)["state"], "done");
+  const auto timeline = client().Get(("/v1/jobs/" + id + "/trace").c_str());
+  ASSERT_TRUE(timeline);
+  ASSERT_EQ(timeline->status, 200) << timeline->body;
+  const Json doc = Json::parse(timeline->body);
+  std::set<std::string> stages;
+  size_t ops = 0;
+  for (const Json& e : doc["traceEvents"]) {
+    if (e.value("cat", "") == "stage") stages.insert(e["name"].get<std::string>());
+    ops += e.value("cat", "") == "op";
+  }
+  EXPECT_EQ(stages, (std::set<std::string>{"text_encoder", "dit_prologue", "dit_step", "vae_decode"}));
+  EXPECT_GT(ops, 100u);
+
+  const Json plain = submit(image);
+  EXPECT_FALSE(plain.contains("trace"));
+  wait_done(plain["id"]);
+  expect_refusal(client().Get(("/v1/jobs/" + plain["id"].get<std::string>() + "/trace").c_str()), 404,
+                 "was not traced", "trace");
+  Json bad = image;
+  bad["trace"] = "yes";
+  expect_refusal(client().Post("/v1/jobs", bad.dump(), "application/json"), 400, "'trace' must be true or false",
+                 "trace");
 }
 
 // Load: twice 1,952 requests from 32 concurrent clients, a mix of valid images, malformed bodies, wrong

@@ -115,6 +115,18 @@ TEST(Trace, ImageRequestTraceNestsAndHoldsExactlyTheCountedOps) {
   expect_trace_matches_count(traced.trace, model->count(r));
 }
 
+TEST(Trace, GuidedImageTraceHoldsExactlyTheCountedOps) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_base"), Weights::per_stage);
+  ImageRequest r;
+  r.prompt = "a lighthouse";
+  r.width = 32;
+  r.height = 32;
+  r.steps = 2;
+  r.negative_prompt = "fog";
+  r.trace = true;
+  expect_trace_matches_count(model->generate(r).trace, model->count(r));
+}
+
 TEST(Trace, AudioRequestTraceNestsAndHoldsExactlyTheCountedOps) {
   const auto model = AudioModel::open(test::pipeline_dir(), Weights::resident);
   AudioRequest r;

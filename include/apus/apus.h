@@ -20,7 +20,13 @@ struct PipelineCost;  // the counted cost of one request (src/core/cost.h)
 struct ImageRequest {
   std::string prompt;
   int width = 1024, height = 1024;
-  int steps = 4;
+  int steps = 0;                  // 0: the model's default (ImageModel::default_steps)
+  // Classifier-free guidance (the -base models): 0 is the model's default (4.0 for -base, as the
+  // official pipeline; the distilled models run without guidance and refuse a scale above 1);
+  // <= 1 turns it off. The unconditional branch's prompt is "" as in the official pipeline
+  // unless negative_prompt says otherwise.
+  float cfg = 0;
+  std::optional<std::string> negative_prompt;
   std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
   std::string noise_file;         // safetensors holding "noise" [1, C, H/16, W/16]; overrides seed
   bool fp32 = false;              // parity mode: fp32 activations (weights stay as stored)
@@ -36,6 +42,8 @@ struct StageTime {
 struct ImageResult {
   int width = 0, height = 0;
   uint64_t seed = 0;
+  int steps = 0;   // as run: the request's, or the model's default
+  float cfg = 1;   // ... the guidance scale (1: none)
   std::vector<uint8_t> rgb;  // height * width * 3
   std::vector<StageTime> stages;
   // With ImageRequest::trace: Chrome trace-event JSON (ui.perfetto.dev) of the batch it ran in, a
@@ -75,6 +83,10 @@ class ImageModel {
 
   virtual const std::string& label() const = 0;    // e.g. "black-forest-labs/FLUX.2-klein-4B"
   virtual const std::string& sampler() const = 0;  // e.g. "Euler (flow match)"
+  // What a request leaving steps and cfg at 0 runs: 4 steps without guidance (distilled), 50 steps
+  // at guidance 4.0 (-base).
+  virtual int default_steps() const = 0;
+  virtual float default_cfg() const = 0;
 };
 
 // An input clip: interleaved frames x channels samples in [-1, 1], at its own rate (resampled to

@@ -37,8 +37,12 @@ constexpr const char* kDecodeStage = "vae_decode";
 // sample after sample along the rows.
 struct Work {
   int64_t batch = 1;
+  // Guided, the transformer runs 2 x batch samples: the prompts', then the negative prompts'.
+  bool guided = false;
+  int64_t samples = 1;
+  float cfg = 1;
   int64_t h = 0, w = 0;  // latent grid
-  std::vector<int32_t> ids;
+  std::vector<int32_t> ids;  // samples x kMaxSequence
   std::vector<int64_t> mask;
   FlowSchedule schedule;
   Tensor prompt_embeds, latents, velocity, image;
@@ -53,8 +57,12 @@ class KleinModel final : public ImageModel {
   PipelineCost count(const ImageRequest& request, int batch) const override;
   const std::string& label() const override { return label_; }
   const std::string& sampler() const override { return sampler_; }
+  int default_steps() const override { return distilled_ ? flux2::kDistilledSteps : flux2::kBaseSteps; }
+  float default_cfg() const override { return distilled_ ? 1.0f : flux2::kBaseGuidance; }
 
  private:
+  // The request with the model's defaults filled in, its guidance checked against the model.
+  ImageRequest resolved(const ImageRequest& r) const;
   void encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const;
   void prologue(Context& c, const flux2::Transformer& dit, Work& w) const;
   void step(Context& c, const flux2::Transformer& dit, Work& w, int i) const;
@@ -68,6 +76,7 @@ class KleinModel final : public ImageModel {
   ModelDir dir_;
   ModelDir configs_;  // the same directory without weights: what counting loads
   Weights weights_;
+  bool distilled_ = true;
   std::string label_, sampler_ = "Euler (flow match)";
   std::optional<BpeTokenizer> tokenizer_;
   flux2::TransformerConfig dit_cfg_;
@@ -82,7 +91,7 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
       configs_(ModelDir::open(dir.root(), false)),
       weights_(weights),
       label_(model_label(dir.root())) {
-  flux2::check_klein_index(dir_);
+  distilled_ = flux2::check_klein_index(dir_);
   // Everything a directory can get wrong in its configs is found here, before any request.
   const auto text_cfg = flux2::TextEncoderConfig::read(dir_.config("text_encoder"));
   dit_cfg_ = flux2::TransformerConfig::read(dir_.config("transformer"));
@@ -103,6 +112,19 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   }
 }
 
+ImageRequest KleinModel::resolved(const ImageRequest& request) const {
+  ImageRequest r = request;
+  if (r.steps == 0) r.steps = default_steps();
+  if (r.cfg == 0) r.cfg = default_cfg();
+  APUS_CHECK(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg ", r.cfg, " outside (0, 100]");
+  // The official pipeline warns and ignores guidance on a distilled model; a request for it is
+  // refused instead of rendered differently than asked.
+  APUS_CHECK(!distilled_ || (r.cfg <= 1 && !r.negative_prompt), label_,
+             " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ",
+             r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", r.cfg), " is for the -base models");
+  return r;
+}
+
 Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   APUS_CHECK(r.width % 16 == 0 && r.height % 16 == 0 && r.width > 0 && r.height > 0, "width ",
              r.width, " and height ", r.height, " must be positive multiples of 16");
@@ -110,6 +132,9 @@ Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   APUS_CHECK(batch >= 1 && batch <= 64, "batch ", batch, " outside 1..64");
   Work w;
   w.batch = batch;
+  w.guided = r.cfg > 1;
+  w.samples = w.guided ? 2 * batch : batch;
+  w.cfg = r.cfg;
   w.h = r.height / 16;
   w.w = r.width / 16;
   w.schedule = flow_match_schedule(scheduler_cfg_, r.steps, flux2_empirical_mu(w.h * w.w, r.steps));
@@ -117,7 +142,7 @@ Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
 }
 
 void KleinModel::encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const {
-  w.prompt_embeds = encoder.encode(c, w.ids, w.mask, w.batch);
+  w.prompt_embeds = encoder.encode(c, w.ids, w.mask, w.samples);
 }
 
 void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) const {
@@ -127,14 +152,31 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
   const Tensor img_ids = c.count_only ? Tensor::shape_only({l, 4}, DType::i64)
                                       : flux2::image_position_ids(w.h, w.w);
   w.prologue = dit.prologue(c, w.prompt_embeds, txt_ids, img_ids);
-  w.velocity = ops::empty(c, {w.batch * l, dit.config().out_channels}, c.act);
+  w.velocity = ops::empty(c, {w.samples * l, dit.config().out_channels}, c.act);
 }
 
 void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i) const {
   const size_t s = size_t(i);
-  dit.forward(c, *w.prologue, w.latents, w.schedule.timesteps[s], w.velocity);
+  ArenaScope arena(*c.arena);
+  const int64_t rows = w.latents.shape[0];
+  Tensor x = w.latents;
+  if (w.guided) {
+    // Both branches see the same latents, as one batch.
+    x = Tensor::in(*c.arena, {2 * rows, w.latents.shape[1]}, w.latents.dtype);
+    for (int64_t half = 0; half < 2; ++half) {
+      Tensor part = x.rows(half * rows, (half + 1) * rows);
+      ops::copy(c, w.latents, part);
+    }
+  }
+  dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity);
   CostScope scope(c, "sampler");
-  euler_step(c, w.latents, w.velocity, w.schedule.sigmas[s], w.schedule.sigmas[s + 1]);
+  Tensor velocity = w.velocity.rows(0, rows);
+  if (w.guided) {
+    Tensor uncond = w.velocity.rows(rows, 2 * rows);
+    classifier_free_guidance(c, velocity, uncond, w.cfg);
+    velocity = uncond;
+  }
+  euler_step(c, w.latents, velocity, w.schedule.sigmas[s], w.schedule.sigmas[s + 1]);
 }
 
 void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const {
@@ -143,15 +185,16 @@ void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const
   vae.decode(c, w.latents, w.h, w.w, w.image);
 }
 
-PipelineCost KleinModel::count(const ImageRequest& r, int batch) const {
+PipelineCost KleinModel::count(const ImageRequest& request, int batch) const {
+  const ImageRequest r = resolved(request);
   Work w = plan(r, batch);
   PipelineCost p;
   p.model = label_;
   p.width = r.width;
   p.height = r.height;
   p.steps = r.steps;
-  w.ids.assign(size_t(batch * kMaxSequence), 0);
-  w.mask.assign(size_t(batch * kMaxSequence), 1);
+  w.ids.assign(size_t(w.samples * kMaxSequence), 0);
+  w.mask.assign(size_t(w.samples * kMaxSequence), 1);
   w.latents = Tensor::shape_only({batch * w.h * w.w, dit_cfg_.in_channels}, DType::bf16);
 
   const auto text = flux2::TextEncoder::load(configs_, kTextTaps);
@@ -194,11 +237,14 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                                                     const Progress& progress) const {
   APUS_CHECK(weights_ != Weights::none, dir_.root(), ": opened for counting only");
   APUS_CHECK(!requests.empty(), "no request to render");
-  const ImageRequest& r = requests.front();
-  for (const ImageRequest& o : requests)
-    APUS_CHECK(o.width == r.width && o.height == r.height && o.steps == r.steps && o.fp32 == r.fp32,
-               "a batch shares width, height, steps and precision: ", o.width, "x", o.height, ", ",
-               o.steps, " steps differs from ", r.width, "x", r.height, ", ", r.steps, " steps");
+  std::vector<ImageRequest> resolved_requests;
+  for (const ImageRequest& o : requests) resolved_requests.push_back(resolved(o));
+  const ImageRequest& r = resolved_requests.front();
+  for (const ImageRequest& o : resolved_requests)
+    APUS_CHECK(o.width == r.width && o.height == r.height && o.steps == r.steps && o.cfg == r.cfg && o.fp32 == r.fp32,
+               "a batch shares width, height, steps, guidance and precision: ", o.width, "x", o.height, ", ",
+               o.steps, " steps, cfg ", o.cfg, " differs from ", r.width, "x", r.height, ", ", r.steps,
+               " steps, cfg ", r.cfg);
   APUS_CHECK(r.width >= 16 && r.height >= 16 && r.width <= kMaxSide && r.height <= kMaxSide,
              "width ", r.width, " x height ", r.height, " outside 16..", kMaxSide);
   APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");
@@ -222,16 +268,21 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   // Everything that can reject the request (prompt, schedule, noise file) comes before any weight
   // loads.
   Work w = plan(r, batch);
-  for (const ImageRequest& o : requests) {
-    APUS_CHECK(!o.prompt.empty(), "the prompt is empty");
-    const int n_tokens = klein_prompt_length(*tokenizer_, o.prompt);
-    APUS_CHECK(n_tokens <= kMaxSequence, "the prompt is ", n_tokens,
-               " tokens with the chat template, over the ", kMaxSequence, " the text encoder takes");
+  auto tokenize = [&](const std::string& text, const char* what) {
+    const int n_tokens = klein_prompt_length(*tokenizer_, text);
+    APUS_CHECK(n_tokens <= kMaxSequence, "the ", what, " is ", n_tokens, " tokens with the chat template, over the ",
+               kMaxSequence, " the text encoder takes");
     std::vector<int32_t> mask32;
-    const std::vector<int32_t> ids = encode_klein_prompt(*tokenizer_, o.prompt, kMaxSequence, &mask32);
+    const std::vector<int32_t> ids = encode_klein_prompt(*tokenizer_, text, kMaxSequence, &mask32);
     w.ids.insert(w.ids.end(), ids.begin(), ids.end());
     w.mask.insert(w.mask.end(), mask32.begin(), mask32.end());
+  };
+  for (const ImageRequest& o : requests) {
+    APUS_CHECK(!o.prompt.empty(), "the prompt is empty");
+    tokenize(o.prompt, "prompt");
   }
+  if (w.guided)
+    for (const ImageRequest& o : requests) tokenize(o.negative_prompt.value_or(""), "negative prompt");
   clock.stop("tokenize");
   initial_noise(ctx, requests, seeds, w);
   for (const uint64_t seed : seeds) say("seed " + std::to_string(seed));
@@ -269,6 +320,8 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
              });
   const std::string timeline = trace ? trace->json() : "";
   for (size_t i = 0; i < results.size(); ++i) {
+    results[i].steps = r.steps;
+    results[i].cfg = w.guided ? r.cfg : 1.0f;
     results[i].width = r.width;
     results[i].height = r.height;
     results[i].seed = seeds[i];
@@ -304,7 +357,7 @@ Tensor flux2::image_position_ids(int64_t h, int64_t w) {
   return ids;
 }
 
-void flux2::check_klein_index(const ModelDir& dir) {
+bool flux2::check_klein_index(const ModelDir& dir) {
   const std::string index = dir.root() + "/model_index.json";
   APUS_CHECK(dir.pipeline_class() == "Flux2KleinPipeline", index, ": _class_name '",
              dir.pipeline_class(), "' is not supported (this build runs Flux2KleinPipeline)");
@@ -319,10 +372,11 @@ void flux2::check_klein_index(const ModelDir& dir) {
     APUS_CHECK(std::find(classes.begin(), classes.end(), cls) != classes.end(), index, ": ", name,
                " class '", cls, "' is not supported (expected ", classes[0], ")");
   }
-  const Json& distilled = dir.index().contains("is_distilled") ? dir.index()["is_distilled"] : Json();
-  // The pipeline's default is false: a base model, sampled with classifier-free guidance.
-  APUS_CHECK(distilled.is_boolean() && distilled.get<bool>(), index, ": is_distilled is ",
-             distilled.dump(), "; only the guidance-distilled klein models (true) are supported yet");
+  // Absent, the pipeline's default (false) holds: a -base model.
+  if (!dir.index().contains("is_distilled")) return false;
+  const Json& distilled = dir.index()["is_distilled"];
+  APUS_CHECK(distilled.is_boolean(), index, ": is_distilled is ", distilled.dump(), ", expected true or false");
+  return distilled.get<bool>();
 }
 
 }  // namespace apus

@@ -1,5 +1,6 @@
 #include "sampling/flow_match.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -45,6 +46,19 @@ FlowSchedule flow_match_schedule(const Config& cfg, int steps, double mu) {
 
 void euler_step(Context& c, Tensor& x, const Tensor& velocity, float sigma, float sigma_next) {
   ops::euler_update(c, x, velocity, sigma_next - sigma);
+}
+
+void classifier_free_guidance(Context& c, Tensor& cond, Tensor& uncond, float scale) {
+  const int64_t d = cond.shape[1];
+  ArenaScope arena(*c.arena);
+  // The gates of the two fused multiply-adds: -1 (the difference) and the scale.
+  Tensor minus_one = Tensor::in(*c.arena, {d}, DType::f32), gain = Tensor::in(*c.arena, {d}, DType::f32);
+  if (!c.count_only) {
+    std::fill_n(minus_one.ptr<float>(), d, -1.0f);
+    std::fill_n(gain.ptr<float>(), d, scale);
+  }
+  ops::add_gated(c, cond, uncond, &minus_one, ops::Rounding::each_step);
+  ops::add_gated(c, uncond, cond, &gain, ops::Rounding::each_step);
 }
 
 }  // namespace apus

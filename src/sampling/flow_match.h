@@ -22,4 +22,9 @@ FlowSchedule flow_match_schedule(const Config& scheduler_config, int steps, doub
 // x <- x + (sigma_next - sigma) v, with the reference's roundings, back in x's dtype.
 void euler_step(Context& c, Tensor& x, const Tensor& velocity, float sigma, float sigma_next);
 
+// Classifier-free guidance as diffusers' FLUX.2 pipelines combine the two branches:
+// uncond + scale (cond - uncond), each eager op rounded to the velocities' dtype. cond [M, D] is
+// left holding the difference, uncond the guided velocity.
+void classifier_free_guidance(Context& c, Tensor& cond, Tensor& uncond, float scale);
+
 }  // namespace apus

@@ -40,10 +40,16 @@ struct Job {
   int error_status = 0;  // the HTTP status an error maps to: 400 (the request), 500 (the engine)
   std::vector<JobOutput> outputs;
   std::vector<std::pair<std::string, double>> stages;  // the run's stage times (name, seconds)
+  bool traced = false;  // the request asked for its timeline (set before submitting)
+  std::string trace;    // ... Chrome trace-event JSON once done (GET /v1/jobs/ID/trace)
   std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 
   // Records "step i/n" progress lines; throws to stop the run when the job is cancelled.
   void progress(const std::string& line);
+  void keep_trace(const std::string& timeline) {
+    std::lock_guard<std::mutex> lock(mutex);
+    trace = timeline;
+  }
 };
 
 class ModelWorker {

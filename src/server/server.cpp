@@ -118,6 +118,11 @@ struct Fields {
     if (!j[k].is_number()) refuse(400, std::string("'") + k + "' must be a number", k);
     return j[k].get<double>();
   }
+  bool boolean(const char* k, bool fallback) const {
+    if (!has(k)) return fallback;
+    if (!j[k].is_boolean()) refuse(400, std::string("'") + k + "' must be true or false", k);
+    return j[k].get<bool>();
+  }
   std::optional<uint64_t> seed() const {
     if (!has("seed")) return std::nullopt;
     return uint64_t(integer("seed", 0, 0, (int64_t(1) << 53)));
@@ -338,10 +343,10 @@ struct Server::Impl {
 
   // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
   // b64_json; apus's seed and steps.
-  std::shared_ptr<Job> image_job(const Json& body) {
+  std::shared_ptr<Job> image_job(const Json& body, bool trace = false) {
     const Fields f{body};
-    f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "user", "quality", "style",
-            "output_format", "output_compression", "background", "moderation"});
+    f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "user",
+            "quality", "style", "output_format", "output_compression", "background", "moderation"});
     const Loaded& m = find(f, "image");
     ImageRequest r;
     r.prompt = f.prompt();
@@ -356,6 +361,15 @@ struct Server::Impl {
     r.height = h;
     r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
     r.seed = f.seed();
+    r.cfg = float(f.number("cfg", 0.0));
+    if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
+    // Guidance is the -base models' (the engine refuses it for the distilled ones too).
+    const bool distilled = m.image->default_cfg() <= 1;
+    if (distilled && r.cfg > 1) refuse(400, "'cfg' is for the -base models: " + m.id + " runs without guidance", "cfg");
+    if (distilled && r.negative_prompt)
+      refuse(400, "'negative_prompt' is for the -base models: " + m.id + " runs without guidance", "negative_prompt");
+    if (!(r.cfg >= 0 && r.cfg <= 100)) refuse(400, "'cfg' must be in [0, 100] (0: the model's default)", "cfg");
+    r.trace = trace;
     const std::string format = f.string("response_format", "b64_json");
     if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
     if (f.string("output_format", "png") != "png") refuse(400, "'output_format' must be png", "output_format");
@@ -367,6 +381,7 @@ struct Server::Impl {
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "image";
+    job->traced = trace;
     const ImageModel* model = m.image.get();
     job->work = [model, r, n](Job& j) {
       std::vector<ImageRequest> batch(size_t(n), r);
@@ -374,9 +389,12 @@ struct Server::Impl {
       std::vector<JobOutput> out;
       const std::vector<ImageResult> results = model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
       for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
+      j.keep_trace(results.front().trace);
       for (const ImageResult& res : results) {
-        const std::string params = "Steps: " + std::to_string(r.steps) + ", Sampler: " + model->sampler() +
-                                   ", Seed: " + std::to_string(res.seed) + ", Size: " + std::to_string(res.width) +
+        char guidance[32];
+        std::snprintf(guidance, sizeof guidance, "%g", double(res.cfg));
+        const std::string params = "Steps: " + std::to_string(res.steps) + ", Sampler: " + model->sampler() +
+                                   ", CFG scale: " + guidance + ", Seed: " + std::to_string(res.seed) + ", Size: " + std::to_string(res.width) +
                                    "x" + std::to_string(res.height) + ", Model: " + model->label();
         out.push_back({encode_png(res.width, res.height, res.rgb, {{"parameters", r.prompt + "\n" + params}}, "image"),
                        "image/png", res.seed});
@@ -387,7 +405,7 @@ struct Server::Impl {
   }
 
   // An audio job: prompt, seconds, seed, steps, format (wav, wav-float, flac).
-  std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name) {
+  std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name, bool trace = false) {
     const Fields f{body};
     f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg", "init_audio",
             "init_noise_level", "inpaint_audio", "inpaint_regions"});
@@ -401,6 +419,7 @@ struct Server::Impl {
     r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
     r.seed = f.seed();
     r.cfg = float(f.number("cfg", 1.0));
+    r.trace = trace;
     if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
     // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads).
     if (f.has("init_audio")) {
@@ -428,10 +447,12 @@ struct Server::Impl {
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "audio";
+    job->traced = trace;
     const AudioModel* model = m.audio.get();
     job->work = [model, r, format](Job& j) {
       const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
       for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
+      j.keep_trace(res.trace);
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", r.seconds);
       const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(r.steps) +
@@ -501,6 +522,7 @@ struct Server::Impl {
                 {"step", j.step}, {"steps", j.steps},
                 {"progress", j.state == JobState::done ? 1.0 : j.steps ? double(j.step) / j.steps : 0.0}};
     if (!j.error.empty()) out["error"] = j.error;
+    if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
     if (j.state == JobState::done && with_results) {
       Json results = Json::array();
       for (const JobOutput& o : j.outputs) results.push_back({{"b64", base64(o.bytes)}, {"mime", o.mime}, {"seed", o.seed}});
@@ -516,17 +538,19 @@ struct Server::Impl {
       const Json in = parse_body(req);
       const Fields f{in};
       const std::string negative = f.string("negative_prompt", "");
-      if (!negative.empty())
-        refuse(400, "'negative_prompt' is not supported: the guidance-distilled klein models run without guidance",
-               "negative_prompt");
       if (f.integer("n_iter", 1, 1, 1) != 1) refuse(400, "'n_iter' must be 1", "n_iter");
       const int64_t seed = f.integer("seed", -1, -1, int64_t(1) << 53);
+      const ImageModel& model = *find(Fields{Json::object()}, "image").image;
       Json body = {{"prompt", f.prompt()},
                    {"size", std::to_string(f.integer("width", 512, 16, kMaxSide)) + "x" +
                                 std::to_string(f.integer("height", 512, 16, kMaxSide))},
                    {"n", f.integer("batch_size", 1, 1, kMaxImages)},
-                   {"steps", f.integer("steps", 4, 1, kMaxSteps)}};
+                   {"steps", f.integer("steps", model.default_steps(), 1, kMaxSteps)}};
       if (seed >= 0) body["seed"] = seed;
+      // A1111 clients always send a guidance scale (7 by default): the -base models take it, the
+      // distilled ones have none to take; a negative prompt the engine refuses for them.
+      if (model.default_cfg() > 1) body["cfg"] = f.number("cfg_scale", model.default_cfg());
+      if (!negative.empty()) body["negative_prompt"] = negative;
       const auto j = image_job(body);
       submit(j);
       {
@@ -541,7 +565,7 @@ struct Server::Impl {
         seeds.push_back(o.seed);
       }
       const Json info = {{"prompt", body["prompt"]}, {"all_prompts", Json::array({body["prompt"]})},
-                         {"negative_prompt", ""}, {"seed", seeds[0]}, {"all_seeds", seeds},
+                         {"negative_prompt", negative}, {"cfg_scale", body.value("cfg", 1.0)}, {"seed", seeds[0]}, {"all_seeds", seeds},
                          {"width", f.integer("width", 512, 16, kMaxSide)}, {"height", f.integer("height", 512, 16, kMaxSide)},
                          {"steps", body["steps"]}, {"batch_size", body["n"]}, {"sd_model_name", j->model}};
       res.set_content(Json{{"images", images}, {"parameters", in}, {"info", info.dump()}}.dump(), "application/json");
@@ -694,15 +718,26 @@ struct Server::Impl {
       const Fields f{body};
       const std::string kind = f.string("kind", "");
       if (kind != "image" && kind != "audio") refuse(400, "'kind' must be \"image\" or \"audio\"", "kind");
+      const bool trace = f.boolean("trace", false);
       body.erase("kind");
+      body.erase("trace");
       std::string format;
-      const auto j = kind == "image" ? image_job(body) : audio_job(body, format);
+      const auto j = kind == "image" ? image_job(body, trace) : audio_job(body, format, trace);
       submit(j);
       res.status = 202;
       res.set_content(job_json(*j).dump(), "application/json");
     });
     http.Get(R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const httplib::Request& req, httplib::Response& res) {
       res.set_content(job_json(*job(req.matches[1])).dump(), "application/json");
+    });
+    // A traced job's timeline, for ui.perfetto.dev (docs/BENCH.md describes it).
+    http.Get(R"(/v1/jobs/([A-Za-z0-9-]+)/trace)", [this](const httplib::Request& req, httplib::Response& res) {
+      const auto j = job(req.matches[1]);
+      if (!j->traced) refuse(404, "job " + j->id + " was not traced (submit it with \"trace\": true)", "trace");
+      std::lock_guard<std::mutex> lock(j->mutex);
+      if (j->state != JobState::done)
+        refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its trace comes when it is done", "trace");
+      res.set_content(j->trace, "application/json");
     });
     http.Delete(R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const httplib::Request& req, httplib::Response& res) {
       const auto j = job(req.matches[1]);

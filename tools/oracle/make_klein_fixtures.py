@@ -86,6 +86,38 @@ VARIANTS = {
         init_seed=2002,
         prompt="一只可爱的小猫 sits on a café table — «bonjour» 😺 at 12:45, don't panic!",
     ),
+    # A -base checkpoint: model_index.json is_distilled false, so the official pipeline runs
+    # classifier-free guidance against the empty negative prompt.
+    "klein_tiny_base": dict(
+        vocab_target=1500,
+        merges_as_strings=True,
+        pad_vocab_to=64,
+        config_style="transformers5",
+        qwen=dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=28,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+        ),
+        dit=dict(
+            num_layers=2,
+            num_single_layers=2,
+            num_attention_heads=2,
+            attention_head_dim=32,
+            axes_dims_rope=(8, 8, 8, 8),
+        ),
+        vae=dict(block_out_channels=(8, 16, 16, 16), norm_num_groups=8),
+        width=48,
+        height=32,
+        seed=77,
+        init_seed=3003,
+        prompt="A lighthouse on a rocky shore under a stormy sky.",
+        distilled=False,
+        steps=3,
+        guidance=3.5,  # not a power of two: rounding the scaled difference shows
+    ),
 }
 
 TOKENIZER_TEXTS = [
@@ -437,7 +469,7 @@ def build_variant(out_dir, name, cfg):
     model_index = {
         "_class_name": "Flux2KleinPipeline",
         "_diffusers_version": diffusers.__version__,
-        "is_distilled": True,
+        "is_distilled": cfg.get("distilled", True),
         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
         "text_encoder": ["transformers", "Qwen3ForCausalLM"],
         "tokenizer": ["transformers", "Qwen2TokenizerFast"],
@@ -496,7 +528,10 @@ def capture_run(root, cfg, dtype, tag):
     pipe = Flux2KleinPipeline.from_pretrained(root, torch_dtype=dtype)
     pipe.to("cpu")
     pipe.set_progress_bar_config(disable=True)
-    assert pipe.config.is_distilled
+    distilled, steps, guidance = cfg.get("distilled", True), cfg.get("steps", STEPS), cfg.get("guidance", GUIDANCE)
+    assert pipe.config.is_distilled == distilled
+    guided = not distilled and guidance > 1
+    calls_per_step = 2 if guided else 1
     check_loaded_weights(pipe, root, dtype)
     te_cfg = pipe.text_encoder.config
     assert te_cfg.rope_parameters["rope_theta"] == 1000000.0 and te_cfg.rope_parameters["rope_type"] == "default"
@@ -563,8 +598,8 @@ def capture_run(root, cfg, dtype, tag):
         prompt=cfg["prompt"],
         height=H,
         width=W,
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
         latents=noise,
         max_sequence_length=MAX_SEQ,
         text_encoder_out_layers=TEXT_LAYERS,
@@ -578,7 +613,16 @@ def capture_run(root, cfg, dtype, tag):
     image_u8 = np.asarray(result.images[0].convert("RGB"), dtype=np.uint8)
     assert image_u8.shape == (H, W, 3), image_u8.shape
 
-    assert len(te_calls) == 1 and len(dit_calls) == STEPS and len(sched_calls) == STEPS and len(vae_calls) == 1
+    assert len(te_calls) == calls_per_step and len(dit_calls) == calls_per_step * steps
+    assert len(sched_calls) == steps and len(vae_calls) == 1
+    # Guided: the negative prompt ("") is encoded second, and every step runs the transformer on
+    # the prompt, then on the negative prompt.
+    uncond_calls = dit_calls[1::2] if guided else []
+    dit_calls = dit_calls[::2] if guided else dit_calls
+    if guided:
+        out["negative_input_ids"] = te_calls[1]["input_ids"].to(torch.int64)
+        out["negative_attention_mask"] = te_calls[1]["attention_mask"].to(torch.int64)
+        out[f"{tag}.negative_prompt_embeds"] = f32(uncond_calls[0]["encoder_hidden_states"])
     te = te_calls[0]
     out["input_ids"] = te["input_ids"].to(torch.int64)
     out["attention_mask"] = te["attention_mask"].to(torch.int64)
@@ -601,7 +645,13 @@ def capture_run(root, cfg, dtype, tag):
         out[f"{tag}.dit.step{i}.timestep"] = f32(c["timestep"])
         out[f"{tag}.dit.step{i}.velocity"] = f32(c["out"])
         s = sched_calls[i]
-        assert torch.equal(s["v"], c["out"][:, : s["in"].shape[1]])
+        if guided:
+            u = uncond_calls[i]
+            assert torch.equal(u["hidden_states"], c["hidden_states"])
+            out[f"{tag}.dit.step{i}.velocity_uncond"] = f32(u["out"])
+            out[f"{tag}.step{i}.guided_velocity"] = f32(s["v"])
+        else:
+            assert torch.equal(s["v"], c["out"][:, : s["in"].shape[1]])
         out[f"{tag}.scheduler.step{i}.t"] = f32(s["t"].reshape(1))
         out[f"{tag}.step{i}.latents"] = f32(s["out"])
 
@@ -634,8 +684,8 @@ def capture_run(root, cfg, dtype, tag):
         prompt=cfg["prompt"],
         height=H,
         width=W,
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
         generator=torch.Generator("cpu").manual_seed(seed),
         max_sequence_length=MAX_SEQ,
         text_encoder_out_layers=TEXT_LAYERS,
@@ -666,14 +716,15 @@ def reference_for_variant(out_dir, name, cfg):
         metas[tag] = m
 
     W, H = cfg["width"], cfg["height"]
+    steps, guidance = cfg.get("steps", STEPS), cfg.get("guidance", GUIDANCE)
     seq = (H // 16) * (W // 16)
-    mu = compute_empirical_mu(image_seq_len=seq, num_steps=STEPS)
+    mu = compute_empirical_mu(image_seq_len=seq, num_steps=steps)
     assert metas["fp32"]["sigmas"] == metas["bf16"]["sigmas"]
     n_real = int(tensors["attention_mask"].sum())
     # the effective tau the timestep embedder sees per step: (timestep_arg.to(dtype)) * 1000 in that dtype
     tau = {}
     for tag, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        tau[tag] = [float((tensors[f"{tag}.dit.step{i}.timestep"].to(dt) * 1000).float().item()) for i in range(STEPS)]
+        tau[tag] = [float((tensors[f"{tag}.dit.step{i}.timestep"].to(dt) * 1000).float().item()) for i in range(steps)]
 
     meta = {
         "variant": name,
@@ -681,9 +732,9 @@ def reference_for_variant(out_dir, name, cfg):
         "width": W,
         "height": H,
         "seed": cfg["seed"],
-        "steps": STEPS,
-        "guidance_scale": GUIDANCE,
-        "is_distilled": True,
+        "steps": steps,
+        "guidance_scale": guidance,
+        "is_distilled": cfg.get("distilled", True),
         "max_sequence_length": MAX_SEQ,
         "text_encoder_out_layers": list(TEXT_LAYERS),
         "n_prompt_tokens": n_real,
@@ -693,7 +744,7 @@ def reference_for_variant(out_dir, name, cfg):
         "sigmas": metas["fp32"]["sigmas"],
         "timesteps": metas["fp32"]["timesteps"],
         "transformer_timestep_arg": {
-            tag: [float(tensors[f"{tag}.dit.step{i}.timestep"].item()) for i in range(STEPS)] for tag in ("fp32", "bf16")
+            tag: [float(tensors[f"{tag}.dit.step{i}.timestep"].item()) for i in range(steps)] for tag in ("fp32", "bf16")
         },
         "transformer_effective_tau": tau,
         "noise": {

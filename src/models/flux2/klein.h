@@ -9,9 +9,17 @@ namespace apus::flux2 {
 constexpr int kMaxSequence = 512;                    // the pipeline's max_sequence_length
 inline const std::vector<int> kTextTaps = {9, 18, 27};  // the pipeline's text_encoder_out_layers
 
-// Refuses a directory that is not a guidance-distilled Flux2KleinPipeline with the component
-// classes this implementation reproduces, naming model_index.json and the key.
-void check_klein_index(const ModelDir& dir);
+// Refuses a directory that is not a Flux2KleinPipeline with the component classes this
+// implementation reproduces, naming model_index.json and the key. Returns model_index.json's
+// is_distilled: true for the step-distilled models (no guidance), false (the pipeline's default
+// when the key is absent) for the -base models, sampled with classifier-free guidance.
+bool check_klein_index(const ModelDir& dir);
+
+// The official pipeline's defaults: 50 steps and guidance 4.0 for a -base model. The distilled
+// models are meant for 4 steps (their model card; the pipeline's own default is 50) and ignore
+// guidance.
+constexpr int kBaseSteps = 50, kDistilledSteps = 4;
+constexpr float kBaseGuidance = 4.0f;
 
 // Position ids (T, H, W, L axes) of the text tokens, (0, 0, 0, i), and of the image tokens of an
 // h x w latent grid, (0, row, col, 0): i64 [n, 4].
