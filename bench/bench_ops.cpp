@@ -119,7 +119,7 @@ void BM_Conv3x3(benchmark::State& st) {
   const int64_t ci = st.range(0), co = st.range(1), hw = st.range(2);
   Tensor x = filled({1, ci, hw, hw}, DType::bf16), w = filled({co, ci, 3, 3}, DType::bf16),
          b = filled({co}, DType::bf16), y = Tensor::heap({1, co, hw, hw}, DType::bf16);
-  for (auto _ : st) ops::conv2d(c, x, w, &b, y, 1, 1);
+  for (auto _ : st) ops::conv2d(c, x, w, &b, y, 1, 1, 1);
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * ci * co * 9 * hw * hw, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Conv3x3)->ArgsProduct({{512}, {512}, {64}, {0, 1}})->ArgsProduct({{256}, {256}, {256}, {0, 1}})

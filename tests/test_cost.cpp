@@ -62,7 +62,7 @@ TEST(Cost, AttentionCountedByHand) {
 TEST(Cost, ConvAndNormsCountedByHand) {
   Counter k;
   Tensor x = k.t({1, 4, 6, 6}), w = k.t({8, 4, 3, 3}), b = k.t({8}), y = k.t({1, 8, 6, 6});
-  ops::conv2d(k.c, x, w, &b, y, 1, 1);
+  ops::conv2d(k.c, x, w, &b, y, 1, 1, 1);
   EXPECT_EQ(k.log.total().flops, 2.0 * 4 * 9 * 8 * 36 + 8 * 36);
   EXPECT_EQ(k.log.total().weight_bytes, (8 * 4 * 9 + 8) * 2);
 

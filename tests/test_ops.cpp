@@ -294,12 +294,21 @@ TEST_P(Ops, Conv2dGroupNormUpsample) {
   for (int64_t stride : {1, 2}) {
     const int64_t ho = (h + 2 - 3) / stride + 1, wo = (wd + 2 - 3) / stride + 1;
     run_both("conv2d", poisoned({1, co, ho, wo}), [&](Context& c, Tensor& y) {
-      ops::conv2d(c, xt, wt, &bt, y, stride, 1);
+      ops::conv2d(c, xt, wt, &bt, y, stride, 1, 1);
+    });
+  }
+  // The encoder's downsampling: stride 2, no padding before, one row and column after. An even
+  // input as in the VAE, and an odd one whose last row and column the padding is needed for.
+  for (const int64_t side : {8, 9}) {
+    const Tensor sq = random({1, ci, side, side});
+    const int64_t o = (side + 1 - 3) / 2 + 1;
+    run_both("conv2d pad (0, 1) stride 2", poisoned({1, co, o, o}), [&](Context& c, Tensor& y) {
+      ops::conv2d(c, sq, wt, &bt, y, 2, 0, 1);
     });
   }
   const Tensor w1 = random({co, ci, 1, 1}, 0.3f, DType::bf16);
   run_both("conv2d 1x1", poisoned({1, co, h, wd}), [&](Context& c, Tensor& y) {
-    ops::conv2d(c, xt, w1, nullptr, y, 1, 0);
+    ops::conv2d(c, xt, w1, nullptr, y, 1, 0, 0);
   });
   const Tensor gw = random({ci}, 1.0f, DType::bf16), gb = random({ci}, 1.0f, DType::bf16);
   const Tensor big = random({1, ci, h, wd}, 3.0f);
@@ -454,7 +463,7 @@ TEST_P(Ops, BatchOfTwoEqualsTwoSingleSamples) {
   const Tensor img = random({2, 8, 6, 5}, 2.0f), w = random({4, 8, 3, 3}, 0.2f, DType::bf16);
   const Tensor gw = random({8}, 1.0f, DType::bf16), gb = random({8}, 1.0f, DType::bf16);
   run_both("conv2d N=2", poisoned({2, 4, 6, 5}), [&](Context& c, Tensor& out) {
-    ops::conv2d(c, img, w, nullptr, out, 1, 1);
+    ops::conv2d(c, img, w, nullptr, out, 1, 1, 1);
   });
   run_both("group_norm N=2", poisoned({2, 8, 6, 5}), [&](Context& c, Tensor& out) {
     ops::group_norm(c, img, gw, gb, out, 4, 1e-6f, true, Rounding::each_step);
@@ -562,7 +571,7 @@ TEST_P(Ops, ConvReLaidWeightsDieWithTheirOwner) {
   auto conv = [&](const Tensor& w, const char* layout) {
     cpu::conv_layout_knob.set(cpu::conv_layout_knob.index_of(layout));
     Tensor y = poisoned({1, co, 8, 8});
-    ops::conv2d(ctx, xt, w, nullptr, y, 1, 1);
+    ops::conv2d(ctx, xt, w, nullptr, y, 1, 1, 1);
     cpu::conv_layout_knob.set(0);
     return to_f32_vector(y);
   };

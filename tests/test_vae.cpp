@@ -1,9 +1,12 @@
-// The FLUX.2 VAE decoder path against the official pipeline (tools/oracle): the sampler's final
-// packed latents through de-normalisation, unpatchify, vae.decode and the uint8 postprocessing.
+// The FLUX.2 VAE against the official pipeline (tools/oracle): the decoder path (the sampler's
+// final packed latents through de-normalisation, unpatchify, vae.decode and the uint8
+// postprocessing) and the encoder path (a reference image to packed, normalised tokens).
 #include <algorithm>
 #include <cstdlib>
 
+#include "io/safetensors.h"
 #include "models/flux2/vae_decoder.h"
+#include "models/flux2/vae_encoder.h"
 #include "test_util.h"
 
 namespace apus {
@@ -113,6 +116,27 @@ TEST_P(Flux2Vae, PostprocessMatchesPipelineBytes) {
   const Tensor& ref_image = ref.file.get(p + ".vae.image");
   const std::vector<uint8_t> rgb = to_rgb8(to_dtype(ref_image, ctx.act));
   EXPECT_EQ(max_abs_diff(rgb, ref.file.get(p + ".image_u8")), 0) << variant << " " << p;
+}
+
+// A reference image through the encoder and the pipeline's normalisation and packing
+// (tools/oracle: <variant>_refimage_ref.safetensors), fed the pipeline's own [-1, 1] input.
+TEST_P(Flux2Vae, EncoderPacksAReferenceImageAsThePipeline) {
+  const auto& [variant, p] = GetParam();
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture(variant + "_refimage_ref.safetensors"));
+  const auto enc = flux2::VaeEncoder::load(ModelDir::open(test::fixture(variant)));
+  const Tensor& in = ref.get(p + ".image_in");
+  const Tensor image = to_dtype(in, ctx.act);
+  const Tensor& want = ref.get("fp32.image_latents");
+  Tensor packed = poisoned({want.shape[1], want.shape[2]}, ctx.act);
+  enc.encode(ctx, image, packed);
+  test::expect_matches("vae encoder", p, to_f32_vector(packed), to_f32_vector(want),
+                       to_f32_vector(ref.get("bf16.image_latents")));
+  // The processor's input is u8 / 255 * 2 - 1 in fp32, every value of the reference's.
+  const Tensor& u8 = ref.get("image_u8");
+  const int64_t hh = u8.shape[0], ww = u8.shape[1];
+  for (int64_t ch = 0; ch < 3; ++ch)
+    for (int64_t i = 0; i < hh * ww; ++i)
+      ASSERT_EQ(in.ptr<float>()[ch * hh * ww + i], float(u8.ptr<uint8_t>()[i * 3 + ch]) / 255.0f * 2.0f - 1.0f) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(

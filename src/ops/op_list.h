@@ -102,7 +102,9 @@ struct AttentionOptions {
 // all_finite: whether x holds no NaN or Inf (a pipeline's guard between stages); counting mode
 //   reports true.
 // transpose: y[N, M] = x[M, N]^T, both contiguous and of one dtype.
-// conv2d: NCHW, square stride and padding; w converted to x's dtype, bias added in fp32.
+// conv2d: NCHW, square stride; `pad` zero rows / columns before (top, left), `pad_end` after
+//   (bottom, right: diffusers' Downsample2D pads (0, 1, 0, 1)); w converted to x's dtype, bias
+//   added in fp32.
 // group_norm: GroupNorm with affine over NCHW, each sample on its own; fuse_silu applies SiLU
 //   after it; each_step rounds the
 //   normalised value before the SiLU (two eager ops in the reference).
@@ -177,8 +179,8 @@ struct AttentionOptions {
   X(void, transpose, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                       \
   X(void, conv2d,                                                                                \
     (Context & c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,               \
-     int64_t stride, int64_t pad),                                                               \
-    (c, x, w, bias, y, stride, pad))                                                             \
+     int64_t stride, int64_t pad, int64_t pad_end),                                              \
+    (c, x, w, bias, y, stride, pad, pad_end))                                                    \
   X(void, group_norm,                                                                            \
     (Context & c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,          \
      int64_t groups, float eps, bool fuse_silu, ops::Rounding rounding),                         \

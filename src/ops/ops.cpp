@@ -133,7 +133,7 @@ OpCost transpose_cost(Context&, const Tensor& x, Tensor& y) {
 }
 
 OpCost conv2d_cost(Context&, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                   int64_t, int64_t) {
+                   int64_t, int64_t, int64_t) {
   const double per_output = double(w.shape[1] * w.shape[2] * w.shape[3]);
   const double act = bytes(x) + bytes(y);
   return {2 * per_output * elems(y) + (bias ? elems(y) : 0), bytes(w) + (bias ? bytes(*bias) : 0),

@@ -765,11 +765,58 @@ def reference_for_variant(out_dir, name, cfg):
     return meta
 
 
+def reference_image_latents(out_dir, name, cfg):
+    """A reference image through the pipeline's own encoding: an RGB image of the output size as
+    u8 (what the image processor leaves a PIL image of that size: no resampling), scaled to
+    [-1, 1] as VaeImageProcessor does, vae.encode's mode, patchified, batch-norm normalised and
+    packed (prepare_image_latents), in fp32 and bf16. Written to <name>_refimage_ref.safetensors."""
+    import numpy as np
+    import torch
+    from diffusers import Flux2KleinPipeline
+    from safetensors.torch import save_file
+
+    root = os.path.join(out_dir, name)
+    W, H = cfg["width"], cfg["height"]
+    rng = np.random.default_rng(cfg["init_seed"] + 7)
+    # Smooth content plus noise: a gradient the encoder's convs see structure in, every value used.
+    yy, xx = np.mgrid[0:H, 0:W]
+    base = np.stack([xx * 255.0 / W, yy * 255.0 / H, (xx + yy) * 127.0 / (W + H)], axis=-1)
+    image_u8 = np.clip(base + rng.normal(0, 40, size=(H, W, 3)), 0, 255).astype(np.uint8)
+    from PIL import Image
+
+    pil = Image.fromarray(image_u8, "RGB")
+    out = {"image_u8": torch.from_numpy(image_u8.copy())}
+    for tag, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        pipe = Flux2KleinPipeline.from_pretrained(root, torch_dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        multiple_of = pipe.vae_scale_factor * 2
+        assert W % multiple_of == 0 and H % multiple_of == 0
+        img = pipe.image_processor.preprocess(pil, height=H, width=W, resize_mode="crop")
+        out[f"{tag}.image_in"] = img.detach().to(torch.float32).contiguous()
+        x = img.to(dtype=pipe.vae.dtype)
+        with torch.no_grad():
+            mode = pipe.vae.encode(x).latent_dist.mode()
+            packed, ids = pipe.prepare_image_latents(images=[img], batch_size=1, generator=None,
+                                                     device=torch.device("cpu"), dtype=pipe.vae.dtype)
+        out[f"{tag}.latents_mode"] = mode.detach().to(torch.float32).contiguous()
+        out[f"{tag}.image_latents"] = packed.detach().to(torch.float32).contiguous()
+        out["image_latent_ids"] = ids.to(torch.int64).contiguous()
+        del pipe
+    # The processor's scaling is exactly u8 / 255 * 2 - 1 in float32.
+    want = torch.from_numpy(image_u8.astype(np.float32) / 255.0).permute(2, 0, 1)[None] * 2.0 - 1.0
+    assert torch.equal(out["fp32.image_in"], want)
+    save_file({k: v.contiguous() for k, v in sorted(out.items())},
+              os.path.join(out_dir, f"{name}_refimage_ref.safetensors"),
+              metadata={"generator": "tools/oracle/make_klein_fixtures.py"})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
     ap.add_argument("--only-tokenizer", action="store_true", help="write tokenizers + tokenizer_cases.json only")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--only-reference-images", action="store_true",
+                    help="write <variant>_refimage_ref.safetensors for existing variant folders only")
     args = ap.parse_args()
 
     import torch
@@ -785,11 +832,17 @@ def main():
         print("wrote tokenizers and tokenizer_cases.json")
         return
 
+    if args.only_reference_images:
+        for name in args.variants:
+            reference_image_latents(args.out, name, VARIANTS[name])
+        return
+
     for name in args.variants:
         build_variant(args.out, name, VARIANTS[name])
     make_tokenizer_cases(args.out)
     for name in args.variants:
         m = reference_for_variant(args.out, name, VARIANTS[name])
+        reference_image_latents(args.out, name, VARIANTS[name])
         print(name, "mu", m["mu"], "sigmas", m["sigmas"], "tokens", m["n_prompt_tokens"])
 
 

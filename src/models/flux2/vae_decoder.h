@@ -4,14 +4,16 @@
 #include <vector>
 
 #include "io/model_dir.h"
+#include "models/flux2/vae_blocks.h"
 #include "ops/ops.h"
 
 namespace apus::flux2 {
 
 struct VaeConfig {
-  int64_t latent_channels, out_channels, layers_per_block, groups, patch;
+  int64_t latent_channels, in_channels, out_channels, layers_per_block, groups, patch;
   std::vector<int64_t> block_out;  // the decoder's channels, outermost (full resolution) first
-  bool mid_attention, post_quant_conv;
+  std::vector<int64_t> encoder_block_out;  // the encoder's (block_out_channels), the same way
+  bool mid_attention, quant_conv, post_quant_conv;
   double bn_eps;
   // Features of one sampler token: a patch x patch block of latent pixels.
   int64_t packed_channels() const { return patch * patch * latent_channels; }
@@ -37,40 +39,21 @@ class VaeDecoder {
   void decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image) const;
 
  private:
-  struct Norm {
-    Tensor weight, bias;
-  };
-  struct Resnet {
-    Norm norm1, norm2;
-    Tensor conv1_w, conv1_b, conv2_w, conv2_b;
-    Tensor shortcut_w, shortcut_b;  // a 1x1 conv, only where the block changes the channel count
-  };
-  struct Attention {
-    Norm norm;
-    Tensor q_w, q_b, k_w, k_b, v_w, v_b, out_w, out_b;
-  };
   struct UpBlock {
-    std::vector<Resnet> resnets;
+    std::vector<vae::Resnet> resnets;
     Tensor up_w, up_b;  // absent in the last block
-  };
-  // The batch-norm statistics as the pipeline applies them in the latents' dtype: the mean cast
-  // to it and sqrt(var + eps) evaluated in it, for f32 and bf16 activations; computed at load.
-  struct Denorm {
-    Tensor mean, std;
   };
   VaeConfig cfg_;
   WeightSet weights_;
-  Denorm denorm_f32_, denorm_bf16_;
+  vae::BatchNormStats stats_f32_, stats_bf16_;
   Tensor post_quant_w_, post_quant_b_, conv_in_w_, conv_in_b_;
-  Resnet mid_in_, mid_out_;
-  Attention mid_attn_;
+  vae::Resnet mid_in_, mid_out_;
+  vae::Attention mid_attn_;
   std::vector<UpBlock> up_;
-  Norm norm_out_;
+  vae::Norm norm_out_;
   Tensor conv_out_w_, conv_out_b_;
 
   int64_t max_activation(int64_t lh, int64_t lw) const;
-  void resnet(Context& c, const Resnet& r, const Tensor& x, Tensor& y) const;
-  void attention(Context& c, const Attention& a, const Tensor& x, Tensor& y) const;
 };
 
 }  // namespace apus::flux2

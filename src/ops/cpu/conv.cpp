@@ -60,7 +60,7 @@ dnnl::memory packed_weights(const Tensor& w, const KernelKey& key, Reorder&& reo
 }  // namespace
 
 void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-            int64_t stride, int64_t pad) {
+            int64_t stride, int64_t pad, int64_t pad_end) {
   using namespace dnnl;
   using dims = memory::dims;
   APUS_CHECK(x.rank() == 4 && w.rank() == 4 && y.rank() == 4 && y.shape[0] == x.shape[0] &&
@@ -68,15 +68,15 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
              "conv2d: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ",
              shape_str(y.shape));
   const int64_t kh = w.shape[2], kw = w.shape[3];
-  APUS_CHECK(y.shape[2] == (x.shape[2] + 2 * pad - kh) / stride + 1 &&
-                 y.shape[3] == (x.shape[3] + 2 * pad - kw) / stride + 1,
+  APUS_CHECK(y.shape[2] == (x.shape[2] + pad + pad_end - kh) / stride + 1 &&
+                 y.shape[3] == (x.shape[3] + pad + pad_end - kw) / stride + 1,
              "conv2d: output ", shape_str(y.shape), " does not match input ", shape_str(x.shape));
   ArenaScope scope(*c.arena);
   if (x.dtype == DType::bf16 && !native_bf16()) {
     // No bf16 convolution on this CPU: run it in f32 and round the result.
     const Tensor xf = as_dtype(*c.arena, x, DType::f32);
     Tensor yf = Tensor::in(*c.arena, y.shape, DType::f32);
-    conv2d(c, xf, w, bias, yf, stride, pad);
+    conv2d(c, xf, w, bias, yf, stride, pad, pad_end);
     const Tensor from = yf.reshape({y.numel() / y.shape.back(), y.shape.back()});
     Tensor to = y.reshape(from.shape);
     for (int64_t r = 0; r < from.shape[0]; ++r) store_row(to, r, from.ptr<float>() + r * from.shape[1], from.shape[1]);
@@ -96,22 +96,22 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
     return memory::desc(d.dims(), d.data_type(), memory::format_tag::any);
   };
   const KernelKey key("conv", {x.shape[0], x.shape[1], x.shape[2], x.shape[3], w.shape[0], w.shape[2],
-                               w.shape[3], int64_t(x.dtype), int64_t(y.dtype), stride, pad,
+                               w.shape[3], int64_t(x.dtype), int64_t(y.dtype), stride, pad, pad_end,
                                bias ? 1 : 0, blocked ? 1 : 0});
   struct Conv {
     convolution_forward prim;
     convolution_forward::primitive_desc pd;
   };
   auto& conv = cached_primitive<Conv>(key, [&] {
-    const dims strides{stride, stride}, padding{pad, pad};
+    const dims strides{stride, stride}, padding{pad, pad}, padding_end{pad_end, pad_end};
     const auto xs = blocked ? any(x_md) : x_md, ws = blocked ? any(w_md) : w_md,
                ys = blocked ? any(y_md) : y_md;
     auto d = bias ? convolution_forward::desc(prop_kind::forward_inference,
                                               algorithm::convolution_direct, xs, ws, b_md, ys,
-                                              strides, padding, padding)
+                                              strides, padding, padding_end)
                   : convolution_forward::desc(prop_kind::forward_inference,
                                               algorithm::convolution_direct, xs, ws, ys, strides,
-                                              padding, padding);
+                                              padding, padding_end);
     auto pd = convolution_forward::primitive_desc(d, dnnl_engine());
     return Conv{convolution_forward(pd), pd};
   });

@@ -15,10 +15,12 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
 }
 
 void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-            int64_t stride, int64_t pad) {
+            int64_t stride, int64_t pad, int64_t pad_end) {
   const int64_t n = x.shape[0], ci = x.shape[1], h = x.shape[2], wd = x.shape[3];
   const int64_t co = y.shape[1], ho = y.shape[2], wo = y.shape[3], kh = w.shape[2], kw = w.shape[3];
-  APUS_CHECK(w.shape[1] == ci && w.shape[0] == co && y.shape[0] == n, "conv2d: shapes do not agree");
+  APUS_CHECK(w.shape[1] == ci && w.shape[0] == co && y.shape[0] == n && ho == (h + pad + pad_end - kh) / stride + 1 &&
+                 wo == (wd + pad + pad_end - kw) / stride + 1,
+             "conv2d: shapes do not agree");
   const Tensor wr = w.reshape({co * ci * kh, kw});
   for (int64_t s = 0; s < n; ++s) {
     const Tensor xr = x.reshape({n * ci * h, wd}).rows(s * ci * h, (s + 1) * ci * h);
