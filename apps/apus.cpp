@@ -166,10 +166,13 @@ int main(int argc, char** argv) {
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
   image->add_option("--model", model_dir, "model directory (diffusers layout)")->required();
   image->add_option("--prompt,-p", req.prompt, "text prompt")->required();
-  image->add_option("--width,-W", req.width, "image width, a multiple of 16");
-  image->add_option("--height,-H", req.height, "image height, a multiple of 16");
+  image->add_option("--width,-W", req.width, "image width, a multiple of 16 (default: the first --image's, or 1024)");
+  image->add_option("--height,-H", req.height, "image height, a multiple of 16 (default: the first --image's, or 1024)");
   auto* steps_opt = image->add_option("--steps", req.steps, "sampling steps (default: 4 distilled, 50 -base)");
   image->add_option("--cfg", req.cfg, "guidance scale for the -base models (default 4; 1: off)");
+  std::vector<std::string> reference_files;
+  image->add_option("--image,-i", reference_files, "a reference image to edit from (PNG; repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   std::string image_negative;
   auto* image_negative_opt =
       image->add_option("--negative-prompt", image_negative, "guidance's unconditional prompt (-base models; default \"\")");
@@ -320,6 +323,10 @@ int main(int argc, char** argv) {
       check_output(out, batch);
       req.fp32 = precision == "fp32";
       if (*image_negative_opt) req.negative_prompt = image_negative;
+      for (const std::string& file : reference_files) {
+        apus::PngImage png = apus::read_png(file);
+        req.references.push_back({png.width, png.height, std::move(png.rgb)});
+      }
       // 0 would mean "the model's default" to the engine; asked for, it is an error.
       APUS_CHECK(!*steps_opt || (req.steps >= 1 && req.steps <= 200), "--steps ", req.steps, " outside 1..200");
       req.trace = !image_trace.empty();

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "io/png.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 namespace apus {
@@ -97,6 +98,72 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Klein, CliImage, ::testing::Values("klein_tiny_a", "klein_tiny_b", "klein_tiny_base"));
+
+// Editing with two reference images (tools/oracle reference_edit): the first, 72x70, centre-cropped
+// to 64x64, sets the output size; the second, 64x96, is taken as it is. No -W/-H.
+TEST(CliEdit, ReferenceImagesReproduceTheOfficialEdit) {
+  const std::string model = test::fixture("klein_tiny_a"), refs = test::fixture("klein_tiny_a_edit");
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("klein_tiny_a_edit_ref.safetensors"));
+  const Json meta = read_json(test::fixture("klein_tiny_a_edit_ref.json"));
+  const std::string images = " --image " + refs + "/ref0.png --image " + refs + "/ref1.png";
+  const std::string prompt = " --prompt " + test::shell_quote(meta["prompt"].get<std::string>());
+  const std::string out = ::testing::TempDir() + "edit.png";
+  const test::CliRun r = test::run_cli("image --model " + model + prompt + images + " --seed " +
+                                       std::to_string(meta["seed"].get<int>()) + " -v -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("vae encode"), std::string::npos) << r.output;
+  const PngImage png = read_png(out);
+  ASSERT_EQ(png.width, meta["width"].get<int>());
+  ASSERT_EQ(png.height, meta["height"].get<int>());
+  const Tensor& ref_bf16 = ref.get("bf16.image_u8");
+  const Tensor& ref_fp32 = ref.get("fp32.image_u8");
+  const std::vector<uint8_t> bf16_bytes(ref_bf16.ptr<uint8_t>(), ref_bf16.ptr<uint8_t>() + ref_bf16.numel());
+  const double disagreement = mean_abs_diff(bf16_bytes, ref_fp32);
+  const double to_fp32 = mean_abs_diff(png.rgb, ref_fp32), to_bf16 = mean_abs_diff(png.rgb, ref_bf16);
+  std::printf("[ measure ] edit mean |d| to fp32 ref %.3f, to bf16 ref %.3f, ref disagreement %.3f\n", to_fp32,
+              to_bf16, disagreement);
+  EXPECT_LT(to_fp32, test::kBf16Factor * disagreement);
+  EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
+
+  // fp32 from the same noise: within one level of the fp32 reference everywhere.
+  const std::string noise = ::testing::TempDir() + "edit_noise.safetensors", out32 = ::testing::TempDir() + "edit32.png";
+  write_safetensors(noise, {{"noise", ref.get("fp32.noise")}});
+  const test::CliRun r32 = test::run_cli("image --model " + model + prompt + images + " --noise " + noise +
+                                         " --precision fp32 -o " + out32);
+  ASSERT_EQ(r32.status, 0) << r32.output;
+  const PngImage png32 = read_png(out32);
+  ASSERT_EQ(png32.rgb.size(), size_t(ref_fp32.numel()));
+  int worst = 0;
+  for (size_t i = 0; i < png32.rgb.size(); ++i)
+    worst = std::max(worst, std::abs(int(png32.rgb[i]) - int(ref_fp32.ptr<uint8_t>()[i])));
+  EXPECT_LE(worst, 1) << "fp32 edit differs from the fp32 reference by up to " << worst;
+}
+
+// References the pipeline would refuse (check_image_input), or resize with PIL's Lanczos filter,
+// are refused naming the image; so is a file that is not a PNG.
+TEST(CliEdit, ReferencesOutsideWhatThePipelineTakesAsIsAreRefused) {
+  const std::string model = test::fixture("klein_tiny_a"), dir = ::testing::TempDir();
+  auto png_of = [&](const std::string& name, int w, int h) {
+    const std::string path = dir + name;
+    write_png(path, w, h, std::vector<uint8_t>(size_t(w) * size_t(h) * 3, 128), {});
+    return path;
+  };
+  const struct {
+    std::string file, expect;
+  } cases[] = {
+      {png_of("small.png", 48, 80), "reference image 1 is 48x80: both sides must be at least 64 pixels"},
+      {png_of("thin.png", 64, 640), "reference image 1 is 64x640: the aspect ratio must be at most 8:1"},
+      {png_of("huge.png", 1040, 1024), "1064960 pixels: the pipeline resizes references over 1024x1024"},
+      {test::fixture("klein_tiny_a_ref.json"), "klein_tiny_a_ref.json"},
+  };
+  for (const auto& c : cases) {
+    const test::CliRun r = test::run_cli("image --model " + model + " -p x --steps 1 --image " + c.file + " -o " +
+                                         dir + "refused.png");
+    EXPECT_NE(r.status, 0) << c.file;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
+  }
+}
 
 TEST(Cli, BatchWritesOneFilePerSeedEachAsItsOwnRun) {
   const std::string model = test::fixture("klein_tiny_a"), dir = ::testing::TempDir();

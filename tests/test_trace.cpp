@@ -7,6 +7,7 @@
 
 #include "apus/apus.h"
 #include "core/cost.h"
+#include "io/png.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 
@@ -125,6 +126,21 @@ TEST(Trace, GuidedImageTraceHoldsExactlyTheCountedOps) {
   r.negative_prompt = "fog";
   r.trace = true;
   expect_trace_matches_count(model->generate(r).trace, model->count(r));
+}
+
+TEST(Trace, EditTraceHoldsExactlyTheCountedOps) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  ImageRequest r;
+  r.prompt = "night";
+  r.steps = 2;
+  for (const char* name : {"ref0.png", "ref1.png"}) {
+    PngImage png = read_png(test::fixture(std::string("klein_tiny_a_edit/") + name));
+    r.references.push_back({png.width, png.height, std::move(png.rgb)});
+  }
+  r.trace = true;
+  const ImageResult result = model->generate(r);
+  EXPECT_EQ(result.width, 64);
+  expect_trace_matches_count(result.trace, model->count(r));
 }
 
 TEST(Trace, AudioRequestTraceNestsAndHoldsExactlyTheCountedOps) {

@@ -17,9 +17,19 @@ namespace apus {
 
 struct PipelineCost;  // the counted cost of one request (src/core/cost.h)
 
+// 8-bit RGB pixels, rows top to bottom.
+struct Rgb8Image {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;  // height * width * 3
+};
+
 struct ImageRequest {
   std::string prompt;
-  int width = 1024, height = 1024;
+  // 0: the first reference image's size (as the pipeline floors it), else 1024.
+  int width = 0, height = 0;
+  // Editing / multi-reference generation (Flux2KleinPipeline's image=[...]): each reference is
+  // centre-cropped to multiples of 16, VAE-encoded and attends with the image as extra tokens.
+  std::vector<Rgb8Image> references;
   int steps = 0;                  // 0: the model's default (ImageModel::default_steps)
   // Classifier-free guidance (the -base models): 0 is the model's default (4.0 for -base, as the
   // official pipeline; the distilled models run without guidance and refuse a scale above 1);

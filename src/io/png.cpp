@@ -86,11 +86,25 @@ PngImage read_png(const std::string& path) {
   PngImage img;
   img.width = int(png_get_image_width(png, info));
   img.height = int(png_get_image_height(png, info));
-  APUS_CHECK(png_get_bit_depth(png, info) == 8 && png_get_color_type(png, info) == PNG_COLOR_TYPE_RGB,
-             path, ": expected 8-bit RGB");
+  const int depth = png_get_bit_depth(png, info), type = png_get_color_type(png, info);
+  APUS_CHECK(depth <= 8, path, ": ", depth, "-bit samples; expected an 8-bit (or narrower) PNG");
+  APUS_CHECK(int64_t(img.width) * img.height <= kMaxPngPixels, path, ": ", img.width, "x", img.height,
+             " pixels, over the ", kMaxPngPixels, " this reader decodes");
+  // Every colour type as RGB the way PIL's convert("RGB") gives it: palettes looked up, grey
+  // replicated (1, 2 and 4-bit grey widened to 8), alpha and transparency dropped, not composited.
+  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+  if (type == PNG_COLOR_TYPE_GRAY || type == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+  if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
+  png_set_strip_alpha(png);
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  APUS_CHECK(png_get_rowbytes(png, info) == size_t(img.width) * 3, path, ": rows of ", png_get_rowbytes(png, info),
+             " bytes after conversion to RGB; expected ", size_t(img.width) * 3);
   img.rgb.resize(size_t(img.width) * size_t(img.height) * 3);
-  for (int y = 0; y < img.height; ++y)
-    png_read_row(png, img.rgb.data() + size_t(y) * size_t(img.width) * 3, nullptr);
+  std::vector<png_bytep> rows(size_t(img.height));
+  for (int y = 0; y < img.height; ++y) rows[size_t(y)] = img.rgb.data() + size_t(y) * size_t(img.width) * 3;
+  png_read_image(png, rows.data());
   png_read_end(png, info);
   png_textp chunks = nullptr;
   const int n = png_get_text(png, info, &chunks, nullptr);

@@ -20,6 +20,9 @@ struct PngImage {
   std::vector<uint8_t> rgb;
   std::vector<std::pair<std::string, std::string>> text;
 };
+// Any 8-bit (or narrower) PNG as RGB, as PIL's convert("RGB") makes it; refuses 16-bit samples
+// and images over kMaxPngPixels before decoding them.
+constexpr int64_t kMaxPngPixels = int64_t(1) << 26;
 PngImage read_png(const std::string& path);
 
 }  // namespace apus

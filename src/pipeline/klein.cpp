@@ -11,6 +11,7 @@
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
+#include "models/flux2/vae_encoder.h"
 #include "pipeline/registry.h"
 #include "pipeline/stage.h"
 #include "sampling/flow_match.h"
@@ -32,6 +33,31 @@ constexpr const char* kTextStage = "text_encoder";
 constexpr const char* kPrologueStage = "dit_prologue";
 constexpr const char* kStepStage = "dit_step";
 constexpr const char* kDecodeStage = "vae_decode";
+constexpr const char* kReferenceStage = "vae_encode";
+
+// A reference image as Flux2ImageProcessor leaves it: the sides floored to multiples of 16 by a
+// centre crop. Larger than 1024x1024 pixels it would first be resized with PIL's Lanczos filter,
+// which apus does not reproduce yet: refused.
+struct Crop {
+  int64_t left, top, width, height;
+  int64_t tokens() const { return (width / 16) * (height / 16); }
+};
+
+Crop crop_of(const Rgb8Image& image, size_t index) {
+  const std::string what = "reference image " + std::to_string(index + 1);
+  const int64_t iw = image.width, ih = image.height;
+  APUS_CHECK(iw > 0 && ih > 0 && int64_t(image.rgb.size()) == iw * ih * 3, what, ": ", iw, "x", ih, " with ",
+             image.rgb.size(), " bytes; expected width x height x 3");
+  // The pipeline's check_image_input.
+  APUS_CHECK(iw >= 64 && ih >= 64, what, " is ", iw, "x", ih, ": both sides must be at least 64 pixels");
+  APUS_CHECK(std::max(iw, ih) <= 8 * std::min(iw, ih), what, " is ", iw, "x", ih,
+             ": the aspect ratio must be at most 8:1");
+  APUS_CHECK(iw * ih <= 1024 * 1024, what, " is ", iw, "x", ih, " = ", iw * ih,
+             " pixels: the pipeline resizes references over 1024x1024 pixels with PIL's Lanczos filter, which apus "
+             "does not reproduce yet; resize it to at most 1048576 pixels first");
+  const int64_t w = iw / 16 * 16, h = ih / 16 * 16;
+  return {(iw - w) / 2, (ih - h) / 2, w, h};
+}
 
 // What a batch of requests carries from stage to stage (shape-only tensors in counting mode),
 // sample after sample along the rows.
@@ -44,6 +70,12 @@ struct Work {
   int64_t h = 0, w = 0;  // latent grid
   std::vector<int32_t> ids;  // samples x kMaxSequence
   std::vector<int64_t> mask;
+  // Reference images: their crops, their pixels (shared by the batch), and their packed tokens
+  // [ref_tokens, packed_channels], appended to every sample's image tokens.
+  std::vector<Crop> crops;
+  const std::vector<Rgb8Image>* references = nullptr;
+  int64_t ref_tokens = 0;
+  Tensor refs;
   FlowSchedule schedule;
   Tensor prompt_embeds, latents, velocity, image;
   std::optional<flux2::TransformerPrologue> prologue;
@@ -64,6 +96,7 @@ class KleinModel final : public ImageModel {
   // The request with the model's defaults filled in, its guidance checked against the model.
   ImageRequest resolved(const ImageRequest& r) const;
   void encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const;
+  void encode_references(Context& c, const flux2::VaeEncoder& encoder, Work& w) const;
   void prologue(Context& c, const flux2::Transformer& dit, Work& w) const;
   void step(Context& c, const flux2::Transformer& dit, Work& w, int i) const;
   void decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const;
@@ -84,6 +117,7 @@ class KleinModel final : public ImageModel {
   std::optional<flux2::TextEncoder> text_;
   std::optional<flux2::Transformer> dit_;
   std::optional<flux2::VaeDecoder> vae_;
+  std::optional<flux2::VaeEncoder> vae_encoder_;
 };
 
 KleinModel::KleinModel(const ModelDir& dir, Weights weights)
@@ -106,14 +140,20 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
     text_.emplace(flux2::TextEncoder::load(dir_, kTextTaps));
     dit_.emplace(flux2::Transformer::load(dir_));
     vae_.emplace(flux2::VaeDecoder::load(dir_));
+    vae_encoder_.emplace(flux2::VaeEncoder::load(dir_));
     text_->make_resident();
     dit_->make_resident();
     vae_->make_resident();
+    vae_encoder_->make_resident();
   }
 }
 
 ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   ImageRequest r = request;
+  // The pipeline's output size: as asked, else the first reference's (cropped), else 1024.
+  const std::optional<Crop> first = r.references.empty() ? std::nullopt : std::optional<Crop>(crop_of(r.references[0], 0));
+  if (r.width == 0) r.width = first ? int(first->width) : 1024;
+  if (r.height == 0) r.height = first ? int(first->height) : 1024;
   if (r.steps == 0) r.steps = default_steps();
   if (r.cfg == 0) r.cfg = default_cfg();
   APUS_CHECK(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg ", r.cfg, " outside (0, 100]");
@@ -138,7 +178,39 @@ Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   w.h = r.height / 16;
   w.w = r.width / 16;
   w.schedule = flow_match_schedule(scheduler_cfg_, r.steps, flux2_empirical_mu(w.h * w.w, r.steps));
+  for (size_t k = 0; k < r.references.size(); ++k) {
+    w.crops.push_back(crop_of(r.references[k], k));
+    w.ref_tokens += w.crops.back().tokens();
+  }
+  w.references = &r.references;
   return w;
+}
+
+void KleinModel::encode_references(Context& c, const flux2::VaeEncoder& encoder, Work& w) const {
+  w.refs = ops::empty(c, {w.ref_tokens, encoder.config().packed_channels()}, c.act);
+  int64_t at = 0;
+  for (size_t k = 0; k < w.crops.size(); ++k) {
+    const Crop& crop = w.crops[k];
+    ArenaScope arena(*c.arena);
+    // The image processor's scaling in fp32, u8 / 255 * 2 - 1, then the VAE's dtype.
+    Tensor pixels = Tensor::in(*c.arena, {1, 3, crop.height, crop.width}, DType::f32);
+    if (!c.count_only) {
+      const Rgb8Image& src = (*w.references)[k];
+      const int64_t plane = crop.height * crop.width;
+      float* to = pixels.ptr<float>();
+      for (int64_t y = 0; y < crop.height; ++y)
+        for (int64_t x = 0; x < crop.width; ++x)
+          for (int64_t ch = 0; ch < 3; ++ch) {
+            const uint8_t v = src.rgb[size_t(((crop.top + y) * src.width + crop.left + x) * 3 + ch)];
+            to[ch * plane + y * crop.width + x] = float(v) / 255.0f * 2.0f - 1.0f;
+          }
+    }
+    Tensor image = Tensor::in(*c.arena, pixels.shape, c.act);
+    ops::copy(c, pixels, image);
+    Tensor tokens = w.refs.rows(at, at + crop.tokens());
+    encoder.encode(c, image, tokens);
+    at += crop.tokens();
+  }
 }
 
 void KleinModel::encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const {
@@ -149,34 +221,49 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
   const int64_t l = w.h * w.w;
   const Tensor txt_ids = c.count_only ? Tensor::shape_only({kMaxSequence, 4}, DType::i64)
                                       : flux2::text_position_ids(kMaxSequence);
-  const Tensor img_ids = c.count_only ? Tensor::shape_only({l, 4}, DType::i64)
-                                      : flux2::image_position_ids(w.h, w.w);
+  std::vector<std::pair<int64_t, int64_t>> grids;
+  for (const Crop& crop : w.crops) grids.emplace_back(crop.height / 16, crop.width / 16);
+  const Tensor img_ids = c.count_only ? Tensor::shape_only({l + w.ref_tokens, 4}, DType::i64)
+                                      : flux2::image_and_reference_position_ids(w.h, w.w, grids);
   w.prologue = dit.prologue(c, w.prompt_embeds, txt_ids, img_ids);
-  w.velocity = ops::empty(c, {w.samples * l, dit.config().out_channels}, c.act);
+  w.velocity = ops::empty(c, {w.samples * (l + w.ref_tokens), dit.config().out_channels}, c.act);
 }
 
 void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i) const {
   const size_t s = size_t(i);
   ArenaScope arena(*c.arena);
-  const int64_t rows = w.latents.shape[0];
-  Tensor x = w.latents;
-  if (w.guided) {
-    // Both branches see the same latents, as one batch.
-    x = Tensor::in(*c.arena, {2 * rows, w.latents.shape[1]}, w.latents.dtype);
-    for (int64_t half = 0; half < 2; ++half) {
-      Tensor part = x.rows(half * rows, (half + 1) * rows);
-      ops::copy(c, w.latents, part);
+  const int64_t rows = w.latents.shape[0], l = w.h * w.w, seq = l + w.ref_tokens;
+  Tensor x = w.latents, velocity = w.velocity;
+  if (w.guided || w.ref_tokens > 0) {
+    // Every sample's sequence: its latents, then the reference tokens; guided, both branches see
+    // the same latents, as one batch.
+    x = Tensor::in(*c.arena, {w.samples * seq, w.latents.shape[1]}, w.latents.dtype);
+    for (int64_t sample = 0; sample < w.samples; ++sample) {
+      const int64_t b = sample % w.batch;
+      Tensor image = x.rows(sample * seq, sample * seq + l);
+      ops::copy(c, w.latents.rows(b * l, (b + 1) * l), image);
+      if (w.ref_tokens == 0) continue;
+      Tensor refs = x.rows(sample * seq + l, (sample + 1) * seq);
+      ops::copy(c, w.refs, refs);
     }
   }
   dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity);
   CostScope scope(c, "sampler");
-  Tensor velocity = w.velocity.rows(0, rows);
-  if (w.guided) {
-    Tensor uncond = w.velocity.rows(rows, 2 * rows);
-    classifier_free_guidance(c, velocity, uncond, w.cfg);
-    velocity = uncond;
+  if (w.ref_tokens > 0) {
+    // The image tokens' velocities, sample by sample (the pipeline's noise_pred[:, :L]).
+    velocity = Tensor::in(*c.arena, {w.samples * l, w.velocity.shape[1]}, w.velocity.dtype);
+    for (int64_t sample = 0; sample < w.samples; ++sample) {
+      Tensor to = velocity.rows(sample * l, (sample + 1) * l);
+      ops::copy(c, w.velocity.rows(sample * seq, sample * seq + l), to);
+    }
   }
-  euler_step(c, w.latents, velocity, w.schedule.sigmas[s], w.schedule.sigmas[s + 1]);
+  Tensor conditional = velocity.rows(0, rows);
+  if (w.guided) {
+    Tensor uncond = velocity.rows(rows, 2 * rows);
+    classifier_free_guidance(c, conditional, uncond, w.cfg);
+    conditional = uncond;
+  }
+  euler_step(c, w.latents, conditional, w.schedule.sigmas[s], w.schedule.sigmas[s + 1]);
 }
 
 void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const {
@@ -200,6 +287,7 @@ PipelineCost KleinModel::count(const ImageRequest& request, int batch) const {
   const auto text = flux2::TextEncoder::load(configs_, kTextTaps);
   const auto dit = flux2::Transformer::load(configs_);
   const auto vae = flux2::VaeDecoder::load(configs_);
+  w.refs = Tensor::shape_only({w.ref_tokens, dit_cfg_.in_channels}, DType::bf16);
   StageCost text_stage = count_stage(kTextStage, 1, [&](Context& c) { encode_text(c, text, w); });
   StageCost prologue_stage = count_stage(kPrologueStage, 1, [&](Context& c) { prologue(c, dit, w); });
   StageCost step_stage = count_stage(kStepStage, r.steps, [&](Context& c) { step(c, dit, w, 0); });
@@ -207,7 +295,14 @@ PipelineCost KleinModel::count(const ImageRequest& request, int batch) const {
 
   decode_stage.replicated = true;
   p.parameters = double(text.parameter_count() + dit.parameter_count() + vae.parameter_count());
-  p.stages = {text_stage, prologue_stage, step_stage, decode_stage};
+  p.stages = {text_stage};
+  if (w.ref_tokens > 0) {
+    const auto encoder = flux2::VaeEncoder::load(configs_);
+    p.stages.push_back(count_stage(kReferenceStage, 1, [&](Context& c) { encode_references(c, encoder, w); }));
+    p.stages.back().replicated = true;
+    p.parameters += double(encoder.parameter_count());
+  }
+  p.stages.insert(p.stages.end(), {prologue_stage, step_stage, decode_stage});
   return p;
 }
 
@@ -241,8 +336,13 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   for (const ImageRequest& o : requests) resolved_requests.push_back(resolved(o));
   const ImageRequest& r = resolved_requests.front();
   for (const ImageRequest& o : resolved_requests)
-    APUS_CHECK(o.width == r.width && o.height == r.height && o.steps == r.steps && o.cfg == r.cfg && o.fp32 == r.fp32,
-               "a batch shares width, height, steps, guidance and precision: ", o.width, "x", o.height, ", ",
+    APUS_CHECK(o.width == r.width && o.height == r.height && o.steps == r.steps && o.cfg == r.cfg && o.fp32 == r.fp32 &&
+                   o.references.size() == r.references.size() &&
+                   std::equal(o.references.begin(), o.references.end(), r.references.begin(),
+                              [](const Rgb8Image& a, const Rgb8Image& b) {
+                                return a.width == b.width && a.height == b.height && a.rgb == b.rgb;
+                              }),
+               "a batch shares width, height, steps, guidance, precision and reference images: ", o.width, "x", o.height, ", ",
                o.steps, " steps, cfg ", o.cfg, " differs from ", r.width, "x", r.height, ", ", r.steps,
                " steps, cfg ", r.cfg);
   APUS_CHECK(r.width >= 16 && r.height >= 16 && r.width <= kMaxSide && r.height <= kMaxSide,
@@ -294,6 +394,14 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                require_finite(ctx, w.prompt_embeds, "the text encoder");
                clock.stop("text encoder", kTextStage);
              });
+  if (w.ref_tokens > 0)
+    with_model(vae_encoder_, [&] { return flux2::VaeEncoder::load(dir_); },
+               [&](const flux2::VaeEncoder& encoder) {
+                 clock.stop("vae encoder load");
+                 run_stage(ctx, kReferenceStage, [&] { encode_references(ctx, encoder, w); });
+                 require_finite(ctx, w.refs, "the VAE encoder");
+                 clock.stop("vae encode", kReferenceStage);
+               });
   with_model(dit_, [&] { return flux2::Transformer::load(dir_); },
              [&](const flux2::Transformer& dit) {
                clock.stop("transformer load");
@@ -344,16 +452,25 @@ Tensor flux2::text_position_ids(int64_t tokens) {
   return ids;
 }
 
-Tensor flux2::image_position_ids(int64_t h, int64_t w) {
-  Tensor ids = Tensor::heap({h * w, 4}, DType::i64);
+Tensor flux2::image_position_ids(int64_t h, int64_t w) { return image_and_reference_position_ids(h, w, {}); }
+
+Tensor flux2::image_and_reference_position_ids(int64_t h, int64_t w,
+                                               const std::vector<std::pair<int64_t, int64_t>>& references) {
+  int64_t n = h * w;
+  for (const auto& [rows, cols] : references) n += rows * cols;
+  Tensor ids = Tensor::heap({n, 4}, DType::i64);
   int64_t* p = ids.ptr<int64_t>();
-  for (int64_t r = 0; r < h; ++r)
-    for (int64_t c = 0; c < w; ++c, p += 4) {
-      p[0] = 0;
-      p[1] = r;
-      p[2] = c;
-      p[3] = 0;
-    }
+  auto grid = [&](int64_t t, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c, p += 4) {
+        p[0] = t;
+        p[1] = r;
+        p[2] = c;
+        p[3] = 0;
+      }
+  };
+  grid(0, h, w);
+  for (size_t k = 0; k < references.size(); ++k) grid(10 + 10 * int64_t(k), references[k].first, references[k].second);
   return ids;
 }
 

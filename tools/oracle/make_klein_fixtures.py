@@ -810,6 +810,80 @@ def reference_image_latents(out_dir, name, cfg):
               metadata={"generator": "tools/oracle/make_klein_fixtures.py"})
 
 
+def reference_edit(out_dir, name, cfg):
+    """Editing with two reference images through the official pipeline (image=[...], no width or
+    height: the output takes the first reference's size). The references are written as PNGs
+    (<name>_edit/ref0.png, ref1.png): ref0 72x70, which the image processor floors to 64x64 by a
+    centre crop, ref1 64x96 as it is. Both precisions start from the bf16 draw of the seed.
+    Writes <name>_edit_ref.safetensors and .json."""
+    import numpy as np
+    import torch
+    from diffusers import Flux2KleinPipeline
+    from diffusers.utils.torch_utils import randn_tensor
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    root = os.path.join(out_dir, name)
+    edit_dir = os.path.join(out_dir, f"{name}_edit")
+    os.makedirs(edit_dir, exist_ok=True)
+    rng = np.random.default_rng(cfg["init_seed"] + 11)
+    refs = []
+    for i, (w, h) in enumerate(((72, 70), (64, 96))):
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = np.stack([xx * 255.0 / w, yy * 255.0 / h, np.full((h, w), 90.0 + 60 * i)], axis=-1)
+        u8 = np.clip(base + rng.normal(0, 30, size=(h, w, 3)), 0, 255).astype(np.uint8)
+        path = os.path.join(edit_dir, f"ref{i}.png")
+        Image.fromarray(u8, "RGB").save(path)
+        refs.append(path)
+    prompt, seed, steps = "Turn the scene into a watercolour painting at night.", cfg["seed"] + 5, STEPS
+    out = {}
+    meta = {"prompt": prompt, "seed": seed, "steps": steps, "references": [os.path.basename(r) for r in refs]}
+    for tag, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        pipe = Flux2KleinPipeline.from_pretrained(root, torch_dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        images = [Image.open(r) for r in refs]
+        W, H = 64, 64  # the first reference, floored to multiples of 16
+        shape = (1, pipe.transformer.config.in_channels, H // 16, W // 16)
+        noise = randn_tensor(shape, generator=torch.Generator("cpu").manual_seed(seed), device=torch.device("cpu"),
+                             dtype=torch.bfloat16).to(pipe.text_encoder.dtype)
+        packed_noise = noise.reshape(1, shape[1], -1).permute(0, 2, 1)
+        dit_calls, steps_out = [], []
+
+        def dit_pre(mod, args, kwargs):
+            dit_calls.append({k: kwargs[k].detach().clone() for k in ("hidden_states", "img_ids")})
+
+        hook = pipe.transformer.register_forward_pre_hook(dit_pre, with_kwargs=True)
+        orig_step = pipe.scheduler.step
+
+        def step(model_output, timestep, sample, *a, **k):
+            r = orig_step(model_output, timestep, sample, *a, **k)
+            steps_out.append((r[0] if isinstance(r, tuple) else r.prev_sample).detach().clone())
+            return r
+
+        pipe.scheduler.step = step
+        result = pipe(prompt=prompt, image=images, num_inference_steps=steps, guidance_scale=1.0,
+                      latents=noise, max_sequence_length=MAX_SEQ, text_encoder_out_layers=TEXT_LAYERS,
+                      output_type="pil")
+        hook.remove()
+        pipe.scheduler.step = orig_step
+        image_u8 = np.asarray(result.images[0].convert("RGB"), dtype=np.uint8)
+        assert image_u8.shape == (H, W, 3), image_u8.shape
+        L = (H // 16) * (W // 16)
+        first = dit_calls[0]
+        assert torch.equal(first["hidden_states"][:, :L], packed_noise.to(first["hidden_states"].dtype))
+        out[f"{tag}.noise"] = noise.detach().to(torch.float32).contiguous()
+        out[f"{tag}.image_latents"] = first["hidden_states"][0, L:].detach().to(torch.float32).contiguous()
+        out["img_ids"] = first["img_ids"][0].to(torch.int64).contiguous()
+        for i, x in enumerate(steps_out):
+            out[f"{tag}.step{i}.latents"] = x.detach().to(torch.float32).contiguous()
+        out[f"{tag}.image_u8"] = torch.from_numpy(image_u8.copy())
+        meta["width"], meta["height"] = W, H
+        del pipe
+    save_file({k: v.contiguous() for k, v in sorted(out.items())}, os.path.join(out_dir, f"{name}_edit_ref.safetensors"),
+              metadata={"generator": "tools/oracle/make_klein_fixtures.py"})
+    kt.dump_json(meta, os.path.join(out_dir, f"{name}_edit_ref.json"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
@@ -835,6 +909,8 @@ def main():
     if args.only_reference_images:
         for name in args.variants:
             reference_image_latents(args.out, name, VARIANTS[name])
+            if VARIANTS[name].get("distilled", True):
+                reference_edit(args.out, name, VARIANTS[name])
         return
 
     for name in args.variants:
@@ -843,6 +919,8 @@ def main():
     for name in args.variants:
         m = reference_for_variant(args.out, name, VARIANTS[name])
         reference_image_latents(args.out, name, VARIANTS[name])
+        if VARIANTS[name].get("distilled", True):
+            reference_edit(args.out, name, VARIANTS[name])
         print(name, "mu", m["mu"], "sigmas", m["sigmas"], "tokens", m["n_prompt_tokens"])
 
 

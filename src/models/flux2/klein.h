@@ -25,5 +25,9 @@ constexpr float kBaseGuidance = 4.0f;
 // h x w latent grid, (0, row, col, 0): i64 [n, 4].
 Tensor text_position_ids(int64_t tokens);
 Tensor image_position_ids(int64_t h, int64_t w);
+// The image tokens' ids, then each reference grid's (rows, cols) with T = 10, 20, ... (the
+// pipeline's _prepare_image_ids): i64 [h*w + sum of rows*cols, 4].
+Tensor image_and_reference_position_ids(int64_t h, int64_t w,
+                                        const std::vector<std::pair<int64_t, int64_t>>& references);
 
 }  // namespace apus::flux2
