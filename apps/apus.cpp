@@ -20,6 +20,7 @@
 #include "io/audio.h"
 #include "io/files.h"
 #include "io/hf_pull.h"
+#include "io/image.h"
 #include "io/png.h"
 #include "io/synth.h"
 #include "server/server.h"
@@ -171,7 +172,7 @@ int main(int argc, char** argv) {
   auto* steps_opt = image->add_option("--steps", req.steps, "sampling steps (default: 4 distilled, 50 -base)");
   image->add_option("--cfg", req.cfg, "guidance scale for the -base models (default 4; 1: off)");
   std::vector<std::string> reference_files;
-  image->add_option("--image,-i", reference_files, "a reference image to edit from (PNG; repeatable)")
+  image->add_option("--image,-i", reference_files, "a reference image to edit from (PNG or JPEG; repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   std::string image_negative;
   auto* image_negative_opt =
@@ -323,10 +324,7 @@ int main(int argc, char** argv) {
       check_output(out, batch);
       req.fp32 = precision == "fp32";
       if (*image_negative_opt) req.negative_prompt = image_negative;
-      for (const std::string& file : reference_files) {
-        apus::PngImage png = apus::read_png(file);
-        req.references.push_back({png.width, png.height, std::move(png.rgb)});
-      }
+      for (const std::string& file : reference_files) req.references.push_back(apus::read_image(file));
       // 0 would mean "the model's default" to the engine; asked for, it is an error.
       APUS_CHECK(!*steps_opt || (req.steps >= 1 && req.steps <= 200), "--steps ", req.steps, " outside 1..200");
       req.trace = !image_trace.empty();

@@ -3,6 +3,7 @@
 #include <png.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 
 #include "core/error.h"
@@ -11,10 +12,6 @@
 namespace apus {
 
 namespace {
-struct File {
-  FILE* f;
-  ~File() { if (f) std::fclose(f); }
-};
 [[noreturn]] void png_error_fn(png_structp png, png_const_charp msg) {
   throw Error(std::string(static_cast<const char*>(png_get_error_ptr(png))) + ": " + msg);
 }
@@ -68,28 +65,41 @@ void write_png(const std::string& path, int width, int height, const std::vector
   write_whole_file(path, bytes.data(), bytes.size());
 }
 
-PngImage read_png(const std::string& path) {
-  File file{std::fopen(path.c_str(), "rb")};
-  APUS_CHECK(file.f, path, ": cannot open");
-  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(path.c_str()),
+PngImage read_png(const std::string& path) { return decode_png(read_file(path), path); }
+
+PngImage decode_png(const std::string& bytes, const std::string& what) {
+  APUS_CHECK(bytes.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0, what,
+             ": not a PNG file");
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(what.c_str()),
                                            png_error_fn, png_warning_fn);
-  APUS_CHECK(png, path, ": out of memory creating the PNG reader");
+  APUS_CHECK(png, what, ": out of memory creating the PNG reader");
   png_infop info = png_create_info_struct(png);
   struct Guard {
     png_structp* png;
     png_infop* info;
     ~Guard() { png_destroy_read_struct(png, info, nullptr); }
   } guard{&png, &info};
-  APUS_CHECK(info, path, ": out of memory creating the PNG reader");
-  png_init_io(png, file.f);
+  APUS_CHECK(info, what, ": out of memory creating the PNG reader");
+  // Reads from the bytes in memory; running past their end is a truncated file.
+  struct Cursor {
+    const std::string* bytes;
+    size_t at;
+    std::string what;
+  } cursor{&bytes, 0, what};
+  png_set_read_fn(png, &cursor, [](png_structp p, png_bytep out, png_size_t n) {
+    auto* c = static_cast<Cursor*>(png_get_io_ptr(p));
+    if (n > c->bytes->size() - c->at) png_error(p, "truncated");
+    std::memcpy(out, c->bytes->data() + c->at, n);
+    c->at += n;
+  });
   png_read_info(png, info);
   PngImage img;
   img.width = int(png_get_image_width(png, info));
   img.height = int(png_get_image_height(png, info));
   const int depth = png_get_bit_depth(png, info), type = png_get_color_type(png, info);
-  APUS_CHECK(depth <= 8, path, ": ", depth, "-bit samples; expected an 8-bit (or narrower) PNG");
-  APUS_CHECK(int64_t(img.width) * img.height <= kMaxPngPixels, path, ": ", img.width, "x", img.height,
-             " pixels, over the ", kMaxPngPixels, " this reader decodes");
+  APUS_CHECK(depth <= 8, what, ": ", depth, "-bit samples; expected an 8-bit (or narrower) PNG");
+  APUS_CHECK(int64_t(img.width) * img.height <= kMaxDecodedPixels, what, ": ", img.width, "x", img.height,
+             " pixels, over the ", kMaxDecodedPixels, " this reader decodes");
   // Every colour type as RGB the way PIL's convert("RGB") gives it: palettes looked up, grey
   // replicated (1, 2 and 4-bit grey widened to 8), alpha and transparency dropped, not composited.
   if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
@@ -99,7 +109,7 @@ PngImage read_png(const std::string& path) {
   png_set_strip_alpha(png);
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
-  APUS_CHECK(png_get_rowbytes(png, info) == size_t(img.width) * 3, path, ": rows of ", png_get_rowbytes(png, info),
+  APUS_CHECK(png_get_rowbytes(png, info) == size_t(img.width) * 3, what, ": rows of ", png_get_rowbytes(png, info),
              " bytes after conversion to RGB; expected ", size_t(img.width) * 3);
   img.rgb.resize(size_t(img.width) * size_t(img.height) * 3);
   std::vector<png_bytep> rows(size_t(img.height));

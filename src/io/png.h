@@ -20,9 +20,12 @@ struct PngImage {
   std::vector<uint8_t> rgb;
   std::vector<std::pair<std::string, std::string>> text;
 };
+// The most pixels an input image may decode to (64 Mi), checked before decoding it.
+constexpr int64_t kMaxDecodedPixels = int64_t(1) << 26;
 // Any 8-bit (or narrower) PNG as RGB, as PIL's convert("RGB") makes it; refuses 16-bit samples
-// and images over kMaxPngPixels before decoding them.
-constexpr int64_t kMaxPngPixels = int64_t(1) << 26;
+// and images over kMaxDecodedPixels before decoding them.
 PngImage read_png(const std::string& path);
+// The same from a file's bytes in memory; `what` names it in errors.
+PngImage decode_png(const std::string& bytes, const std::string& what);
 
 }  // namespace apus

@@ -1,0 +1,16 @@
+#pragma once
+// Input images as the official pipelines receive them from diffusers' load_image: PIL decodes the
+// file (PNG through libpng, JPEG through libjpeg-turbo here, as in Pillow), ImageOps.exif_transpose
+// turns a JPEG upright by its EXIF orientation, and convert("RGB") drops alpha and expands grey
+// and palettes. Bad input is an apus::Error naming the file.
+#include <string>
+
+#include "apus/apus.h"
+
+namespace apus {
+
+Rgb8Image read_image(const std::string& path);
+// The same from a file's bytes in memory (a server's upload); `what` names it in errors.
+Rgb8Image decode_image(const std::string& bytes, const std::string& what);
+
+}  // namespace apus

@@ -1,0 +1,58 @@
+// Input images against what diffusers' load_image makes of the same files with PIL
+// (tools/oracle/make_image_fixtures.py): every PNG colour type, baseline / progressive / 4:4:4 /
+// greyscale JPEGs and EXIF orientations, byte for byte; and bad files refused naming the file.
+#include <filesystem>
+#include <fstream>
+
+#include "io/files.h"
+#include "io/image.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+TEST(InputImage, DecodesEveryFileAsPilDoes) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("images_ref.safetensors"));
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(test::fixture("images"))) {
+    const std::string name = entry.path().filename();
+    SCOPED_TRACE(name);
+    const Tensor& want = ref.get(name);
+    const Rgb8Image got = read_image(entry.path());
+    ASSERT_EQ(got.height, want.shape[0]);
+    ASSERT_EQ(got.width, want.shape[1]);
+    ASSERT_EQ(got.rgb.size(), size_t(want.numel()));
+    int64_t differing = 0;
+    for (size_t i = 0; i < got.rgb.size(); ++i) differing += got.rgb[i] != want.ptr<uint8_t>()[i];
+    EXPECT_EQ(differing, 0) << "bytes differ from PIL's";
+    ++files;
+  }
+  EXPECT_EQ(files, 14);
+}
+
+TEST(InputImage, BadFilesAreRefusedNamingThem) {
+  const std::string dir = ::testing::TempDir();
+  auto file = [&](const std::string& name, const std::string& bytes) {
+    const std::string path = dir + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  };
+  const std::string jpeg = read_file(test::fixture("images/baseline.jpg")), png = read_file(test::fixture("images/rgb.png"));
+  const struct {
+    std::string path, expect;
+  } cases[] = {
+      {file("text.png", "hello, not an image"), "not a PNG or JPEG image"},
+      {file("empty.jpg", ""), "not a PNG or JPEG image"},
+      {file("cut.jpg", jpeg.substr(0, jpeg.size() / 2)), "corrupt or truncated JPEG data"},
+      {file("cut.png", png.substr(0, png.size() / 2)), "truncated"},
+      {file("header.jpg", jpeg.substr(0, 40)), "JPEG datastream contains no image"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.path);
+    test::expect_error([&] { read_image(c.path); }, {c.path, c.expect});
+  }
+}
+
+}  // namespace
+}  // namespace apus
