@@ -21,6 +21,7 @@
 #include "apus/apus.h"
 #include "io/audio.h"
 #include "io/files.h"
+#include "io/image.h"
 #include "io/png.h"
 #include "sa3_fixtures.h"
 #include "server/server.h"
@@ -174,6 +175,63 @@ std::string base64_of(const std::string& bytes) {
     out += i + 2 < bytes.size() ? table[v & 63] : '=';
   }
   return out;
+}
+
+// OpenAI's images/edits (a multipart form, the images as files) and the jobs API (the images as
+// base64) give the engine's edit of the same references.
+TEST_F(Serve, EditsAreTheEnginesEdits) {
+  const std::string ref0 = read_file(test::fixture("klein_tiny_a_edit/ref0.png")),
+                    ref1 = read_file(test::fixture("images/baseline.jpg"));
+  ImageRequest want;
+  want.prompt = "night";
+  want.steps = 2;
+  want.seed = 5;
+  want.references = {decode_image(ref0, "ref0"), decode_image(ref1, "ref1")};
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  // The JPEG is 40x24: under the pipeline's 64-pixel minimum.
+  test::expect_error([&] { model->generate(want); }, {"reference image 2 is 40x24"});
+  want.references.pop_back();
+  const std::vector<uint8_t> expected = model->generate(want).rgb;
+
+  const httplib::MultipartFormDataItems form = {{"prompt", "night", "", ""},     {"steps", "2", "", ""},
+                                                {"seed", "5", "", ""},           {"response_format", "b64_json", "", ""},
+                                                {"image[]", ref0, "ref0.png", "image/png"}};
+  const auto r = client().Post("/v1/images/edits", form);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json j = Json::parse(r->body);
+  ASSERT_EQ(j["data"].size(), 1u);
+  const PngImage png = read_png(as_file(unbase64(j["data"][0]["b64_json"]), "serve_edit.png"));
+  EXPECT_EQ(png.width, 64) << "the size of the first image";
+  EXPECT_EQ(png.rgb, expected);
+
+  const Json job = {{"kind", "image"}, {"prompt", "night"}, {"steps", 2}, {"seed", 5},
+                    {"images", Json::array({base64_of(ref0)})}};
+  const auto submitted = client().Post("/v1/jobs", job.dump(), "application/json");
+  ASSERT_TRUE(submitted);
+  ASSERT_EQ(submitted->status, 202) << submitted->body;
+  const std::string id = Json::parse(submitted->body)["id"];
+  Json state;
+  for (int i = 0; i < 600; ++i) {
+    state = Json::parse(client().Get(("/v1/jobs/" + id).c_str())->body);
+    if (state["state"] != "queued" && state["state"] != "running") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(state["state"], "done") << state.dump();
+  EXPECT_EQ(read_png(as_file(unbase64(state["results"][0]["b64"]), "serve_job_edit.png")).rgb, expected);
+
+  // Refusals naming the field.
+  const httplib::MultipartFormDataItems no_image = {{"prompt", "night", "", ""}};
+  expect_refusal(client().Post("/v1/images/edits", no_image), 400, "'image' is required", "image");
+  const httplib::MultipartFormDataItems with_mask = {{"prompt", "x", "", ""}, {"image", ref0, "a.png", "image/png"},
+                                                     {"mask", ref0, "m.png", "image/png"}};
+  expect_refusal(client().Post("/v1/images/edits", with_mask), 400, "'mask' (inpainting) is not supported", "mask");
+  const httplib::MultipartFormDataItems small = {{"prompt", "x", "", ""}, {"image", ref1, "a.jpg", "image/jpeg"}};
+  expect_refusal(client().Post("/v1/images/edits", small), 400, "reference image 1 is 40x24");
+  const httplib::MultipartFormDataItems junk = {{"prompt", "x", "", ""}, {"image", "not an image", "a.png", "image/png"}};
+  expect_refusal(client().Post("/v1/images/edits", junk), 400, "images[0]: not a PNG or JPEG image", "images");
+  expect_refusal(client().Post("/v1/images/generations", R"({"prompt": "x", "size": "auto"})", "application/json"), 400,
+                 "'size' auto takes the first of 'images'", "size");
 }
 
 // Audio-to-audio and inpainting over HTTP: the clips as base64 files; the engine's own samples.

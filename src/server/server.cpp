@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 #include "apus/apus.h"
 #include "core/error.h"
 #include "io/audio.h"
+#include "io/image.h"
 #include "io/png.h"
 #include "pipeline/registry.h"
 #include "pipeline/stage.h"
@@ -32,6 +34,7 @@ using Json = nlohmann::json;
 
 constexpr size_t kMaxPrompt = 4000;  // characters
 constexpr int kMaxImages = 4, kMaxSide = 2048, kMaxSteps = 100;
+constexpr size_t kMaxReferences = 4;  // reference images per edit
 constexpr size_t kKeptJobs = 256;  // finished jobs kept for GET /v1/jobs/{id}, oldest dropped first
 
 // A client mistake: the status, the message and the request field it concerns.
@@ -345,20 +348,42 @@ struct Server::Impl {
   // b64_json; apus's seed and steps.
   std::shared_ptr<Job> image_job(const Json& body, bool trace = false) {
     const Fields f{body};
-    f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "user",
-            "quality", "style", "output_format", "output_compression", "background", "moderation"});
+    f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
+            "user", "quality", "style", "output_format", "output_compression", "background", "moderation"});
     const Loaded& m = find(f, "image");
     ImageRequest r;
     r.prompt = f.prompt();
     const int n = int(f.integer("n", 1, 1, kMaxImages));
-    const std::string size = f.string("size", "1024x1024");
-    int w = 0, h = 0;
-    char tail = 0;
-    if (std::sscanf(size.c_str(), "%dx%d%c", &w, &h, &tail) != 2 || w < 16 || h < 16 || w > kMaxSide ||
-        h > kMaxSide || w % 16 || h % 16)
-      refuse(400, "'size' is \"" + size + "\", expected WxH with multiples of 16 up to " + std::to_string(kMaxSide), "size");
-    r.width = w;
-    r.height = h;
+    // Reference images to edit from, as base64 files (PNG or JPEG); without a size the output
+    // takes the first one's.
+    if (f.has("images")) {
+      const Json& images = body["images"];
+      if (!images.is_array() || images.empty() || images.size() > kMaxReferences)
+        refuse(400, "'images' must be a list of 1 to " + std::to_string(kMaxReferences) + " base64 images", "images");
+      for (size_t i = 0; i < images.size(); ++i) {
+        const std::string what = "images[" + std::to_string(i) + "]";
+        const std::optional<std::string> bytes = images[i].is_string() ? unbase64(images[i].get<std::string>()) : std::nullopt;
+        if (!bytes || bytes->empty()) refuse(400, "'" + what + "' must be an image file as base64", "images");
+        try {
+          r.references.push_back(decode_image(*bytes, what));
+        } catch (const Error& e) {
+          refuse(400, e.what(), "images");
+        }
+      }
+    }
+    const std::string size = f.string("size", r.references.empty() ? "1024x1024" : "auto");
+    if (size != "auto") {
+      int w = 0, h = 0;
+      char tail = 0;
+      if (std::sscanf(size.c_str(), "%dx%d%c", &w, &h, &tail) != 2 || w < 16 || h < 16 || w > kMaxSide ||
+          h > kMaxSide || w % 16 || h % 16)
+        refuse(400, "'size' is \"" + size + "\", expected WxH with multiples of 16 up to " + std::to_string(kMaxSide) +
+                        " (or auto: the first image's)", "size");
+      r.width = w;
+      r.height = h;
+    } else if (r.references.empty()) {
+      refuse(400, "'size' auto takes the first of 'images', and there are none", "size");
+    }
     r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
     r.seed = f.seed();
     r.cfg = float(f.number("cfg", 0.0));
@@ -693,6 +718,42 @@ struct Server::Impl {
         data.push_back({{"id", m.id}, {"object", "model"}, {"owned_by", "apus"}, {"kind", m.kind},
                         {"queue", m.worker->waiting()}});
       res.set_content(Json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+    });
+    // OpenAI's edits take a multipart form: the fields as text, the images as files (image or
+    // image[], repeatable). Turned into the generations body with the images as base64.
+    http.Post("/v1/images/edits", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!req.is_multipart_form_data()) refuse(400, "expected a multipart/form-data body (OpenAI's images/edits)");
+      Json body = Json::object();
+      Json images = Json::array();
+      for (const auto& [name, file] : req.files) {
+        if (name == "image" || name == "image[]") {
+          images.push_back(base64(std::vector<uint8_t>(file.content.begin(), file.content.end())));
+        } else if (name == "n" || name == "seed" || name == "steps") {
+          int64_t v = 0;
+          const auto [end, ec] = std::from_chars(file.content.data(), file.content.data() + file.content.size(), v);
+          if (ec != std::errc() || end != file.content.data() + file.content.size())
+            refuse(400, "'" + name + "' must be an integer", name);
+          body[name] = v;
+        } else if (name == "cfg") {
+          char* end = nullptr;
+          const double v = std::strtod(file.content.c_str(), &end);
+          if (file.content.empty() || end != file.content.c_str() + file.content.size()) refuse(400, "'cfg' must be a number", "cfg");
+          body[name] = v;
+        } else if (name == "mask") {
+          refuse(400, "'mask' (inpainting) is not supported yet", "mask");
+        } else {
+          body[name] = file.content;
+        }
+      }
+      if (images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
+      body["images"] = images;
+      const auto j = image_job(body);
+      submit(j);
+      wait_for_client(req, *j);
+      finish_sync(*j);
+      Json data = Json::array();
+      for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
+      res.set_content(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}.dump(), "application/json");
     });
     http.Post("/v1/images/generations", [this](const httplib::Request& req, httplib::Response& res) {
       const auto j = image_job(parse_body(req));
