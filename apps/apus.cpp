@@ -282,6 +282,9 @@ int main(int argc, char** argv) {
   auto* bench_height_opt = bench->add_option("--height,-H", bench_opts.image.height, "image height");
   auto* bench_seconds_opt = bench->add_option("--seconds", bench_seconds, "clip length (audio models)");
   auto* bench_steps_opt = bench->add_option("--steps", bench_steps, "sampling steps (the model's default)");
+  std::vector<std::string> bench_images;
+  bench->add_option("--image,-i", bench_images, "a reference image to edit from (image models; repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   float bench_cfg = 0;
   auto* bench_cfg_opt = bench->add_option("--cfg", bench_cfg, "guidance scale (the model's default)");
   bench->add_option("--seed,-s", bench_seed, "seed (0)");
@@ -421,7 +424,8 @@ int main(int argc, char** argv) {
         });
       const bool audio_bench = apus::is_audio_model(bench_opts.model);
       if (audio_bench) {
-        APUS_CHECK(!*bench_width_opt && !*bench_height_opt, bench_opts.model, ": --width/--height are for image models");
+        APUS_CHECK(!*bench_width_opt && !*bench_height_opt && bench_images.empty(), bench_opts.model,
+                   ": --width/--height/--image are for image models");
         bench_opts.audio.prompt = bench_opts.image.prompt;
         if (*bench_seconds_opt) bench_opts.audio.seconds = bench_seconds;
         if (*bench_steps_opt) bench_opts.audio.steps = bench_steps;
@@ -430,6 +434,7 @@ int main(int argc, char** argv) {
         bench_opts.audio.fp32 = bench_precision == "fp32";
       } else {
         APUS_CHECK(!*bench_seconds_opt, bench_opts.model, ": --seconds is for audio models");
+        for (const std::string& file : bench_images) bench_opts.image.references.push_back(apus::read_image(file));
         if (*bench_steps_opt) bench_opts.image.steps = bench_steps;
         if (*bench_cfg_opt) bench_opts.image.cfg = bench_cfg;
         bench_opts.image.seed = bench_seed.empty() ? 0 : parse_seed(bench_seed);

@@ -254,7 +254,7 @@ TEST(Bench, RefusesIncompleteOrMismatchedOptions) {
   EXPECT_NE(seconds.output.find("--seconds is for audio models"), std::string::npos) << seconds.output;
   const test::CliRun size = test::run_cli("bench --model " + test::pipeline_dir() + " -W 64");
   EXPECT_NE(size.status, 0);
-  EXPECT_NE(size.output.find("--width/--height are for image models"), std::string::npos) << size.output;
+  EXPECT_NE(size.output.find("--width/--height/--image are for image models"), std::string::npos) << size.output;
   const test::CliRun both = test::run_cli("bench --model x --synthetic flux2-klein-4b");
   EXPECT_NE(both.status, 0);
   EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
