@@ -128,7 +128,14 @@ void write_chart(const std::string& path, const std::string& title, const std::v
 
 // "512x512, 4 steps" or "30 s, 8 steps" from a report's request block.
 std::string request_text(const Json& request) {
-  const std::string steps = ", " + std::to_string(request.at("steps").get<int>()) + " steps";
+  std::string steps = ", " + std::to_string(request.at("steps").get<int>()) + " steps";
+  if (request.contains("cfg")) {
+    char g[32];
+    std::snprintf(g, sizeof g, ", cfg %g", request.at("cfg").get<double>());
+    steps += g;
+  }
+  if (request.contains("references"))
+    steps += ", " + std::to_string(request.at("references").get<int>()) + " reference image(s)";
   if (request.contains("seconds")) {
     char s[32];
     std::snprintf(s, sizeof s, "%g s", request.at("seconds").get<double>());

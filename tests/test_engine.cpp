@@ -106,6 +106,8 @@ TEST(ImageModel, BaseModelsDefaultToTheOfficialGuidanceAndCountBothBranches) {
   r.cfg = 1;
   const PipelineCost plain = base->count(r);
   EXPECT_EQ(guided.steps, 2);
+  EXPECT_EQ(guided.cfg, 4.0);
+  EXPECT_EQ(plain.cfg, 1.0);
   auto stage = [](const PipelineCost& p, const std::string& name) {
     for (const StageCost& s : p.stages)
       if (s.name == name) return s.per_call;

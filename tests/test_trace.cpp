@@ -140,7 +140,10 @@ TEST(Trace, EditTraceHoldsExactlyTheCountedOps) {
   r.trace = true;
   const ImageResult result = model->generate(r);
   EXPECT_EQ(result.width, 64);
-  expect_trace_matches_count(result.trace, model->count(r));
+  const PipelineCost cost = model->count(r);
+  EXPECT_EQ(cost.references, 2);
+  EXPECT_EQ(cost.width, 64) << "the first reference's cropped size";
+  expect_trace_matches_count(result.trace, cost);
 }
 
 TEST(Trace, AudioRequestTraceNestsAndHoldsExactlyTheCountedOps) {

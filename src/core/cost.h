@@ -75,6 +75,8 @@ struct PipelineCost {
   std::string model;
   int width = 0, height = 0, steps = 0;
   double seconds = 0;  // audio requests: the clip's length (width and height stay 0)
+  int references = 0;  // image requests: reference images (editing)
+  double cfg = 1;      // guidance scale (1: none)
   std::vector<StageCost> stages;
   double parameters = 0;  // distinct weight elements the stages read
 };

@@ -52,6 +52,8 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   out["chip"] = {{"name", r.chip.name}, {"bf16_flops", peak}, {"memory_bps", bw},
                  {"link_bps", r.chip.link_bps}, {"ridge_flops_per_byte", ridge}};
   out["request"] = {{"model", p.model}, {"steps", p.steps}, {"parameters", p.parameters}};
+  if (p.references > 0) out["request"]["references"] = p.references;
+  if (p.cfg > 1) out["request"]["cfg"] = p.cfg;
   if (p.seconds > 0) out["request"]["seconds"] = p.seconds;
   else out["request"].update({{"width", p.width}, {"height", p.height}});
   out["conventions"] =

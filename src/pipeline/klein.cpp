@@ -280,6 +280,8 @@ PipelineCost KleinModel::count(const ImageRequest& request, int batch) const {
   p.width = r.width;
   p.height = r.height;
   p.steps = r.steps;
+  p.references = int(r.references.size());
+  p.cfg = w.guided ? r.cfg : 1.0;
   w.ids.assign(size_t(w.samples * kMaxSequence), 0);
   w.mask.assign(size_t(w.samples * kMaxSequence), 1);
   w.latents = Tensor::shape_only({batch * w.h * w.w, dit_cfg_.in_channels}, DType::bf16);

@@ -488,6 +488,7 @@ PipelineCost Sa3Model::count(const AudioRequest& r, int batch) const {
   p.model = label_;
   p.seconds = r.seconds;
   p.steps = r.steps;
+  p.cfg = w.guided ? r.cfg : 1.0;
   const int prompts = (w.negative ? 2 : 1) * batch;
   w.ids.assign(size_t(prompts * w.tokens), 0);
   w.mask.assign(size_t(prompts * w.tokens), 1);
