@@ -139,9 +139,9 @@ TEST(CliEdit, ReferenceImagesReproduceTheOfficialEdit) {
   EXPECT_LE(worst, 1) << "fp32 edit differs from the fp32 reference by up to " << worst;
 }
 
-// References the pipeline would refuse (check_image_input), or resize with PIL's Lanczos filter,
-// are refused naming the image; so is a file that is not a PNG.
-TEST(CliEdit, ReferencesOutsideWhatThePipelineTakesAsIsAreRefused) {
+// References the pipeline would refuse (check_image_input) are refused naming the image; so is a
+// file that is not an image. One over 1024x1024 pixels is resized and runs.
+TEST(CliEdit, ReferencesThePipelineRefusesAreRefusedLargeOnesResized) {
   const std::string model = test::fixture("klein_tiny_a"), dir = ::testing::TempDir();
   auto png_of = [&](const std::string& name, int w, int h) {
     const std::string path = dir + name;
@@ -153,9 +153,13 @@ TEST(CliEdit, ReferencesOutsideWhatThePipelineTakesAsIsAreRefused) {
   } cases[] = {
       {png_of("small.png", 48, 80), "reference image 1 is 48x80: both sides must be at least 64 pixels"},
       {png_of("thin.png", 64, 640), "reference image 1 is 64x640: the aspect ratio must be at most 8:1"},
-      {png_of("huge.png", 1040, 1024), "1064960 pixels: the pipeline resizes references over 1024x1024"},
       {test::fixture("klein_tiny_a_ref.json"), "klein_tiny_a_ref.json"},
   };
+  // Over 1024x1024 pixels a reference is resized (with PIL's Lanczos filter), not refused.
+  const test::CliRun large = test::run_cli("image --model " + model + " -p x --steps 1 -W 32 -H 32 --image " +
+                                           png_of("large.png", 1040, 1024) + " -v -o " + dir + "large_ref.png");
+  EXPECT_EQ(large.status, 0) << large.output;
+  EXPECT_NE(large.output.find("vae encode"), std::string::npos) << large.output;
   for (const auto& c : cases) {
     const test::CliRun r = test::run_cli("image --model " + model + " -p x --steps 1 --image " + c.file + " -o " +
                                          dir + "refused.png");

@@ -1,11 +1,13 @@
 // Input images against what diffusers' load_image makes of the same files with PIL
 // (tools/oracle/make_image_fixtures.py): every PNG colour type, baseline / progressive / 4:4:4 /
 // greyscale JPEGs and EXIF orientations, byte for byte; and bad files refused naming the file.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "io/files.h"
 #include "io/image.h"
+#include "io/resize.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 
@@ -29,6 +31,23 @@ TEST(InputImage, DecodesEveryFileAsPilDoes) {
     ++files;
   }
   EXPECT_EQ(files, 14);
+}
+
+// References over 1024x1024 pixels as Flux2ImageProcessor._resize_to_target_area resizes them:
+// the area scaled to 1 Mi pixels (truncated sides), PIL's Lanczos filter, byte for byte.
+TEST(InputImage, LanczosResizeIsPillows) {
+  for (const char* name : {"photo_1100x1000", "photo_2400x1600"}) {
+    SCOPED_TRACE(name);
+    const Rgb8Image src = read_image(test::fixture(std::string("resize/") + name + ".png"));
+    const Rgb8Image want = read_image(test::fixture(std::string("resize/") + name + "_pil_lanczos.png"));
+    const double scale = std::sqrt(1048576.0 / (double(src.width) * double(src.height)));
+    const Rgb8Image got = resize_lanczos(src, int(src.width * scale), int(src.height * scale));
+    ASSERT_EQ(got.width, want.width);
+    ASSERT_EQ(got.height, want.height);
+    int64_t differing = 0;
+    for (size_t i = 0; i < got.rgb.size(); ++i) differing += got.rgb[i] != want.rgb[i];
+    EXPECT_EQ(differing, 0) << "of " << got.rgb.size() << " bytes differ from Pillow's";
+  }
 }
 
 TEST(InputImage, BadFilesAreRefusedNamingThem) {

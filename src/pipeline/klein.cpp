@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "io/resize.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
@@ -35,26 +36,35 @@ constexpr const char* kStepStage = "dit_step";
 constexpr const char* kDecodeStage = "vae_decode";
 constexpr const char* kReferenceStage = "vae_encode";
 
-// A reference image as Flux2ImageProcessor leaves it: the sides floored to multiples of 16 by a
-// centre crop. Larger than 1024x1024 pixels it would first be resized with PIL's Lanczos filter,
-// which apus does not reproduce yet: refused.
+// A reference image as Flux2ImageProcessor leaves it (see KleinModel::resolved for the resize of
+// references over 1024x1024 pixels): the sides floored to multiples of 16 by a centre crop.
 struct Crop {
   int64_t left, top, width, height;
   int64_t tokens() const { return (width / 16) * (height / 16); }
 };
 
-Crop crop_of(const Rgb8Image& image, size_t index) {
+// The pipeline's check_image_input, on the image as given.
+void check_reference(const Rgb8Image& image, size_t index) {
   const std::string what = "reference image " + std::to_string(index + 1);
   const int64_t iw = image.width, ih = image.height;
   APUS_CHECK(iw > 0 && ih > 0 && int64_t(image.rgb.size()) == iw * ih * 3, what, ": ", iw, "x", ih, " with ",
              image.rgb.size(), " bytes; expected width x height x 3");
-  // The pipeline's check_image_input.
   APUS_CHECK(iw >= 64 && ih >= 64, what, " is ", iw, "x", ih, ": both sides must be at least 64 pixels");
   APUS_CHECK(std::max(iw, ih) <= 8 * std::min(iw, ih), what, " is ", iw, "x", ih,
              ": the aspect ratio must be at most 8:1");
-  APUS_CHECK(iw * ih <= 1024 * 1024, what, " is ", iw, "x", ih, " = ", iw * ih,
-             " pixels: the pipeline resizes references over 1024x1024 pixels with PIL's Lanczos filter, which apus "
-             "does not reproduce yet; resize it to at most 1048576 pixels first");
+}
+
+// Flux2ImageProcessor._resize_to_target_area: over 1024x1024 pixels, the sides scaled to that
+// area (truncated), resampled with PIL's Lanczos filter.
+Rgb8Image within_target_area(Rgb8Image image) {
+  constexpr double kArea = 1024.0 * 1024.0;
+  if (int64_t(image.width) * image.height <= int64_t(kArea)) return image;
+  const double scale = std::sqrt(kArea / (double(image.width) * double(image.height)));
+  return resize_lanczos(image, int(image.width * scale), int(image.height * scale));
+}
+
+Crop crop_of(const Rgb8Image& image) {
+  const int64_t iw = image.width, ih = image.height;
   const int64_t w = iw / 16 * 16, h = ih / 16 * 16;
   return {(iw - w) / 2, (ih - h) / 2, w, h};
 }
@@ -150,8 +160,12 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
 
 ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   ImageRequest r = request;
+  for (size_t k = 0; k < r.references.size(); ++k) {
+    check_reference(r.references[k], k);
+    r.references[k] = within_target_area(std::move(r.references[k]));
+  }
   // The pipeline's output size: as asked, else the first reference's (cropped), else 1024.
-  const std::optional<Crop> first = r.references.empty() ? std::nullopt : std::optional<Crop>(crop_of(r.references[0], 0));
+  const std::optional<Crop> first = r.references.empty() ? std::nullopt : std::optional<Crop>(crop_of(r.references[0]));
   if (r.width == 0) r.width = first ? int(first->width) : 1024;
   if (r.height == 0) r.height = first ? int(first->height) : 1024;
   if (r.steps == 0) r.steps = default_steps();
@@ -179,7 +193,7 @@ Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   w.w = r.width / 16;
   w.schedule = flow_match_schedule(scheduler_cfg_, r.steps, flux2_empirical_mu(w.h * w.w, r.steps));
   for (size_t k = 0; k < r.references.size(); ++k) {
-    w.crops.push_back(crop_of(r.references[k], k));
+    w.crops.push_back(crop_of(r.references[k]));
     w.ref_tokens += w.crops.back().tokens();
   }
   w.references = &r.references;

@@ -59,6 +59,24 @@ def main():
     for o in (3, 6, 8):
         Image.fromarray(rgb, "RGB").save(os.path.join(d, f"orientation{o}.jpg"), quality=90,
                                          exif=exif_with_orientation(o))
+    # References over 1024x1024 pixels: Flux2ImageProcessor._resize_to_target_area resizes them with
+    # PIL's Lanczos filter. Sharp edges (a checkerboard over gradients) show every tap; stored as
+    # the source and PIL's result, both PNG.
+    from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
+
+    r = os.path.join(args.out, "resize")
+    os.makedirs(r, exist_ok=True)
+    for name, (w, h) in (("photo_1100x1000", (1100, 1000)), ("photo_2400x1600", (2400, 1600))):
+        yy, xx = np.mgrid[0:h, 0:w]
+        # Large flat cells keep the PNGs small; their edges carry the filter's every tap.
+        checker = (((xx // 37) + (yy // 23)) % 2) * 200.0
+        src = np.stack([checker + 20, 235 - checker, np.where((xx // 91 + yy // 53) % 3 == 0, 240.0, 30.0)], axis=-1)
+        src = np.clip(src, 0, 255).astype(np.uint8)
+        Image.fromarray(src, "RGB").save(os.path.join(r, f"{name}.png"))
+        resized = Flux2ImageProcessor._resize_to_target_area(Image.fromarray(src, "RGB"), 1024 * 1024)
+        resized.save(os.path.join(r, f"{name}_pil_lanczos.png"))
+        print(name, "->", resized.size)
+
     out = {}
     for name in sorted(os.listdir(d)):
         with Image.open(os.path.join(d, name)) as im:

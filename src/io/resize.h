@@ -1,0 +1,12 @@
+#pragma once
+// Pillow's Image.resize with the Lanczos filter (the resampling Flux2ImageProcessor applies to
+// references over 1024x1024 pixels), reproduced byte for byte: separable passes, horizontal
+// first, fixed-point coefficients with 22 fractional bits, rounded and clipped to 8 bits between
+// the passes.
+#include "apus/apus.h"
+
+namespace apus {
+
+Rgb8Image resize_lanczos(const Rgb8Image& image, int width, int height);
+
+}  // namespace apus
