@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   auto* steps_opt = image->add_option("--steps", req.steps, "sampling steps (default: 4 distilled, 50 -base)");
   image->add_option("--cfg", req.cfg, "guidance scale for the -base models (default 4; 1: off)");
   std::vector<std::string> reference_files;
-  image->add_option("--image,-i", reference_files, "a reference image to edit from (PNG or JPEG; repeatable)")
+  image->add_option("--image,-i", reference_files, "a reference image to edit from (PNG, JPEG or WebP; repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   std::string image_negative;
   auto* image_negative_opt =

@@ -1,6 +1,7 @@
 // Input images against what diffusers' load_image makes of the same files with PIL
 // (tools/oracle/make_image_fixtures.py): every PNG colour type, baseline / progressive / 4:4:4 /
-// greyscale JPEGs and EXIF orientations, byte for byte; and bad files refused naming the file.
+// greyscale JPEGs and EXIF orientations, lossy / lossless / alpha WebP, byte for byte; Pillow's
+// Lanczos resize; and bad files refused naming the file.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -30,7 +31,7 @@ TEST(InputImage, DecodesEveryFileAsPilDoes) {
     EXPECT_EQ(differing, 0) << "bytes differ from PIL's";
     ++files;
   }
-  EXPECT_EQ(files, 14);
+  EXPECT_EQ(files, 17);
 }
 
 // References over 1024x1024 pixels as Flux2ImageProcessor._resize_to_target_area resizes them:
@@ -57,15 +58,18 @@ TEST(InputImage, BadFilesAreRefusedNamingThem) {
     std::ofstream(path, std::ios::binary) << bytes;
     return path;
   };
-  const std::string jpeg = read_file(test::fixture("images/baseline.jpg")), png = read_file(test::fixture("images/rgb.png"));
+  const std::string jpeg = read_file(test::fixture("images/baseline.jpg")), png = read_file(test::fixture("images/rgb.png")),
+                    webp = read_file(test::fixture("images/lossy.webp"));
   const struct {
     std::string path, expect;
   } cases[] = {
-      {file("text.png", "hello, not an image"), "not a PNG or JPEG image"},
-      {file("empty.jpg", ""), "not a PNG or JPEG image"},
+      {file("text.png", "hello, not an image"), "not a PNG, JPEG or WebP image"},
+      {file("empty.jpg", ""), "not a PNG, JPEG or WebP image"},
       {file("cut.jpg", jpeg.substr(0, jpeg.size() / 2)), "corrupt or truncated JPEG data"},
       {file("cut.png", png.substr(0, png.size() / 2)), "truncated"},
       {file("header.jpg", jpeg.substr(0, 40)), "JPEG datastream contains no image"},
+      {file("cut.webp", webp.substr(0, webp.size() / 2)), "corrupt or truncated WebP data"},
+      {file("riff.webp", std::string("RIFF\x10\0\0\0WEBPVP8 junk", 20)), "not a readable WebP image"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.path);

@@ -229,7 +229,7 @@ TEST_F(Serve, EditsAreTheEnginesEdits) {
   const httplib::MultipartFormDataItems small = {{"prompt", "x", "", ""}, {"image", ref1, "a.jpg", "image/jpeg"}};
   expect_refusal(client().Post("/v1/images/edits", small), 400, "reference image 1 is 40x24");
   const httplib::MultipartFormDataItems junk = {{"prompt", "x", "", ""}, {"image", "not an image", "a.png", "image/png"}};
-  expect_refusal(client().Post("/v1/images/edits", junk), 400, "images[0]: not a PNG or JPEG image", "images");
+  expect_refusal(client().Post("/v1/images/edits", junk), 400, "images[0]: not a PNG, JPEG or WebP image", "images");
   expect_refusal(client().Post("/v1/images/generations", R"({"prompt": "x", "size": "auto"})", "application/json"), 400,
                  "'size' auto takes the first of 'images'", "size");
 }

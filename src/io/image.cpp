@@ -6,6 +6,7 @@
 
 #include <jpeglib.h>
 #include <libexif/exif-data.h>
+#include <webp/decode.h>
 
 #include "core/error.h"
 #include "io/files.h"
@@ -120,6 +121,22 @@ int decode_jpeg_raw(const std::string& bytes, Rgb8Image& out, std::string& error
   return orientation;
 }
 
+// libwebp's decoder, as Pillow's (fancy upsampling); alpha dropped as convert("RGB") drops it.
+Rgb8Image decode_webp(const std::string& bytes, const std::string& what) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  WebPBitstreamFeatures features;
+  APUS_CHECK(WebPGetFeatures(data, bytes.size(), &features) == VP8_STATUS_OK, what, ": not a readable WebP image");
+  APUS_CHECK(!features.has_animation, what, ": an animated WebP; expected a still image");
+  APUS_CHECK(features.width > 0 && features.height > 0 && int64_t(features.width) * features.height <= kMaxDecodedPixels,
+             what, ": ", features.width, "x", features.height, " pixels, over the ", kMaxDecodedPixels,
+             " this reader decodes");
+  Rgb8Image image{features.width, features.height,
+                  std::vector<uint8_t>(size_t(features.width) * size_t(features.height) * 3)};
+  APUS_CHECK(WebPDecodeRGBInto(data, bytes.size(), image.rgb.data(), image.rgb.size(), features.width * 3),
+             what, ": corrupt or truncated WebP data");
+  return image;
+}
+
 }  // namespace
 
 Rgb8Image read_image(const std::string& path) { return decode_image(read_file(path), path); }
@@ -129,8 +146,10 @@ Rgb8Image decode_image(const std::string& bytes, const std::string& what) {
     PngImage png = decode_png(bytes, what);
     return {png.width, png.height, std::move(png.rgb)};
   }
+  if (bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0)
+    return decode_webp(bytes, what);
   APUS_CHECK(bytes.size() >= 3 && std::memcmp(bytes.data(), "\xff\xd8\xff", 3) == 0, what,
-             ": not a PNG or JPEG image");
+             ": not a PNG, JPEG or WebP image");
   Rgb8Image image;
   std::string error;
   const int orientation = decode_jpeg_raw(bytes, image, error);

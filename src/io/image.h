@@ -1,6 +1,7 @@
 #pragma once
 // Input images as the official pipelines receive them from diffusers' load_image: PIL decodes the
-// file (PNG through libpng, JPEG through libjpeg-turbo here, as in Pillow), ImageOps.exif_transpose
+// file (PNG through libpng, JPEG through libjpeg-turbo, WebP through libwebp, here as in Pillow),
+// ImageOps.exif_transpose
 // turns a JPEG upright by its EXIF orientation, and convert("RGB") drops alpha and expands grey
 // and palettes. Bad input is an apus::Error naming the file.
 #include <string>

@@ -56,6 +56,10 @@ def main():
     Image.fromarray(rgb, "RGB").save(os.path.join(d, "progressive.jpg"), quality=85, progressive=True)
     Image.fromarray(rgb, "RGB").save(os.path.join(d, "full_chroma.jpg"), quality=95, subsampling=0)
     Image.fromarray(gray, "L").save(os.path.join(d, "gray.jpg"), quality=90)
+    # WebP: lossy, lossless, lossy with alpha.
+    Image.fromarray(rgb, "RGB").save(os.path.join(d, "lossy.webp"), quality=80)
+    Image.fromarray(rgb, "RGB").save(os.path.join(d, "lossless.webp"), lossless=True)
+    Image.fromarray(rgba, "RGBA").save(os.path.join(d, "alpha.webp"), quality=80)
     for o in (3, 6, 8):
         Image.fromarray(rgb, "RGB").save(os.path.join(d, f"orientation{o}.jpg"), quality=90,
                                          exif=exif_with_orientation(o))
