@@ -84,7 +84,7 @@ struct Subject {
     std::string trace;
     double wall_s;
   };
-  // One request; `fp32` flips the precision (the parity bound's other run).
+  // One request; `flip_precision` runs it in the other precision (the parity bound's run).
   Run run(bool trace = false, bool flip_precision = false) {
     image.trace = clip.trace = trace;
     if (flip_precision) image.fp32 = !image.fp32, clip.fp32 = !clip.fp32;
@@ -296,9 +296,9 @@ int run_ab(const BenchOptions& o) {
       if (rep < o.warmup) continue;
       per_rep[arm].push_back(per_call(run.stages));
       if (calls.empty())
-        for (const auto& [stage, unused] : per_rep[arm].back())
+        for (const auto& entry : per_rep[arm].back())
           calls.push_back(std::count_if(run.stages.begin(), run.stages.end(),
-                                        [&](const StageTime& t) { return t.stage == stage; }));
+                                        [&](const StageTime& t) { return t.stage == entry.first; }));
       walls[arm].push_back(run.wall_s);
       std::fprintf(stderr, "rep %d/%d arm %s: %.3f s\n", rep - o.warmup + 1, o.reps, names[arm].c_str(), run.wall_s);
     }

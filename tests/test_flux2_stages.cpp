@@ -65,9 +65,11 @@ TEST_P(Flux2Stages, TransformerMatchesReferenceEveryStep) {
   const auto& cfg = dit.config();
   const Tensor& embeds = ref.file.get(p + ".prompt_embeds");
   const int64_t t = embeds.shape[1], l = ref.file.get(p + ".latent_ids").shape[1];
+  const std::string precision = p;  // a structured binding cannot be captured (before C++20 in clang)
   const auto prologue_of = [&](const std::string& embeds) {
-    return dit.prologue(ctx, ref.as(p + embeds, ctx.act, {t, cfg.joint_dim}),
-                        ref.file.get(p + ".text_ids").reshape({t, 4}), ref.file.get(p + ".latent_ids").reshape({l, 4}));
+    return dit.prologue(ctx, ref.as(precision + embeds, ctx.act, {t, cfg.joint_dim}),
+                        ref.file.get(precision + ".text_ids").reshape({t, 4}),
+                        ref.file.get(precision + ".latent_ids").reshape({l, 4}));
   };
   const auto pro = prologue_of(".prompt_embeds");
   std::optional<flux2::TransformerPrologue> negative;
