@@ -298,8 +298,9 @@ TEST_P(Ops, Conv2dGroupNormUpsample) {
     });
   }
   // The encoder's downsampling: stride 2, no padding before, one row and column after. An even
-  // input as in the VAE, and an odd one whose last row and column the padding is needed for.
-  for (const int64_t side : {8, 9}) {
+  // input as in the VAE, and an odd one whose last row and column the padding is needed for; large
+  // enough (384 outputs) that one bf16 rounding flip stays inside the bound's 1 %.
+  for (const int64_t side : {16, 17}) {
     const Tensor sq = random({1, ci, side, side});
     const int64_t o = (side + 1 - 3) / 2 + 1;
     run_both("conv2d pad (0, 1) stride 2", poisoned({1, co, o, o}), [&](Context& c, Tensor& y) {
