@@ -62,13 +62,6 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
-// --trace FILE: the request's timeline, for ui.perfetto.dev.
-void write_trace(const std::string& path, const std::string& trace) {
-  if (path.empty()) return;
-  apus::write_whole_file(path, trace.data(), trace.size());
-  std::fprintf(stderr, "wrote trace %s\n", path.c_str());
-}
-
 int run_image(const std::string& model_dir, const apus::ImageRequest& req, int batch,
               const std::string& out, bool verbose, const std::string& trace_file) {
   // One request per process: each stage's weights are mapped for that stage only.
@@ -96,7 +89,7 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) report_stages(model->count(req, batch), results.front().stages, "write png", write_s);
-  write_trace(trace_file, results.front().trace);
+  if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
 }
@@ -148,7 +141,7 @@ int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int b
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) report_stages(model->count(req, batch), results.front().stages, "write audio", write_s);
-  write_trace(trace_file, results.front().trace);
+  if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
 }

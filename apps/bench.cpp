@@ -114,11 +114,6 @@ double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return a.empty() ? 0 : sum / double(a.size());
 }
 
-void write_trace(const std::string& path, const std::string& trace) {
-  write_whole_file(path, trace.data(), trace.size());
-  std::fprintf(stderr, "wrote trace %s\n", path.c_str());
-  print_top_ops(Json::parse(trace));
-}
 
 void write_chart(const std::string& path, const std::string& title, const std::vector<Bar>& bars) {
   const std::string svg = stacked_bars_svg(title, bars);
@@ -250,8 +245,17 @@ int run_bench(const BenchOptions& o) {
     write_whole_file(o.json, text.data(), text.size());
   }
   // Traced apart from the timed requests: recording every op's span costs time of its own.
-  if (!o.trace.empty()) write_trace(o.trace, subject.run(true).trace);
+  if (!o.trace.empty()) {
+    const std::string trace = subject.run(true).trace;
+    write_trace_file(o.trace, trace);
+    print_top_ops(Json::parse(trace));
+  }
   return 0;
+}
+
+void write_trace_file(const std::string& path, const std::string& trace) {
+  write_whole_file(path, trace.data(), trace.size());
+  std::fprintf(stderr, "wrote trace %s\n", path.c_str());
 }
 
 void print_variants() {

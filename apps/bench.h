@@ -20,6 +20,9 @@ struct BenchOptions {
   double ab_bound = -1;  // the outputs' largest mean |A - B|; negative: the precision flip's
 };
 
+// Writes a request's trace (Chrome trace-event JSON) to `path` and says so on stderr.
+void write_trace_file(const std::string& path, const std::string& trace);
+
 // --list-variants: every knob, its choices (the default first) and what it chooses.
 void print_variants();
 

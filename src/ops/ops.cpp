@@ -195,39 +195,36 @@ bool account(Context& c, const OpCost& cost) {
 template <typename R> R counted() { return R(true); }
 template <> void counted<void>() {}
 
+// Calls f on each tensor among an op's arguments (a Tensor, or a Tensor* when set).
+template <typename F> void each_tensor(F&& f, const Tensor& t) { f(t); }
+template <typename F> void each_tensor(F&& f, const Tensor* t) {
+  if (t) f(*t);
+}
+template <typename F, typename Other> void each_tensor(F&&, const Other&) {}
+
 // Refuses an operand that lives on another device than the backend the Context runs on.
 struct OperandCheck {
   const Backend& backend;
   const char* op;
-  void one(const Tensor& t) const {
-    APUS_CHECK(t.device == backend.device() && t.ordinal == backend.ordinal(), op, ": an operand ",
-               shape_str(t.shape), " lives on ", t.device == Device::cpu ? "cpu" : "cuda", ":",
-               t.ordinal, " but the context runs on the ", backend.name(), " backend");
+  template <typename... Args> void check(Context&, const Args&... args) const {
+    auto one = [&](const Tensor& t) {
+      APUS_CHECK(t.device == backend.device() && t.ordinal == backend.ordinal(), op, ": an operand ",
+                 shape_str(t.shape), " lives on ", t.device == Device::cpu ? "cpu" : "cuda", ":",
+                 t.ordinal, " but the context runs on the ", backend.name(), " backend");
+    };
+    (each_tensor(one, args), ...);
   }
-  void one(const Tensor* t) const {
-    if (t) one(*t);
-  }
-  template <typename Other> void one(const Other&) const {}
-  template <typename... Args> void check(Context&, const Args&... args) const { (one(args), ...); }
 };
 
 // An op's tensor operands for its trace span: "bf16[1024,3072] bf16[3072,3072] ...".
-struct OperandList {
+template <typename... Args> std::string operands(Context&, const Args&... args) {
   std::string text;
-  void one(const Tensor& t) {
+  auto one = [&](const Tensor& t) {
     if (!text.empty()) text += ' ';
     text += std::string(dtype_name(t.dtype)) + shape_str(t.shape);
-  }
-  void one(const Tensor* t) {
-    if (t) one(*t);
-  }
-  template <typename Other> void one(const Other&) {}
-};
-
-template <typename... Args> std::string operands(Context&, const Args&... args) {
-  OperandList list;
-  (list.one(args), ...);
-  return list.text;
+  };
+  (each_tensor(one, args), ...);
+  return text;
 }
 
 Backend& backend_of(Context& c) { return c.backend ? *c.backend : cpu_backend(); }

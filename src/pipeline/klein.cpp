@@ -373,13 +373,11 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   std::vector<uint64_t> seeds;
   for (const ImageRequest& o : requests) seeds.push_back(o.seed ? *o.seed : std::random_device{}());
   std::vector<StageTime> stages;
-  std::optional<Trace> trace;
-  if (std::any_of(requests.begin(), requests.end(), [](const ImageRequest& o) { return o.trace; })) trace.emplace();
-  Trace* tracing = trace ? &*trace : nullptr;
-  StageClock clock(stages, tracing);
+  const std::unique_ptr<Trace> trace = trace_if_asked(requests);
+  StageClock clock(stages, trace.get());
   Arena arena;
   Context ctx{&arena, r.fp32 ? DType::f32 : DType::bf16};
-  ctx.trace = tracing;
+  ctx.trace = trace.get();
 
   // Everything that can reject the request (prompt, schedule, noise file) comes before any weight
   // loads.

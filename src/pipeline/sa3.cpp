@@ -545,14 +545,12 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   auto say = [&](const std::string& s) { if (progress) progress(s); };
   std::vector<AudioResult> results(requests.size());
   std::vector<StageTime> stages;
-  std::optional<Trace> trace;
-  if (std::any_of(requests.begin(), requests.end(), [](const AudioRequest& o) { return o.trace; })) trace.emplace();
-  Trace* tracing = trace ? &*trace : nullptr;
-  StageClock clock(stages, tracing);
+  const std::unique_ptr<Trace> trace = trace_if_asked(requests);
+  StageClock clock(stages, trace.get());
   Arena arena;
   const DType dt = compute(r);
   Context ctx{&arena, dt};
-  ctx.trace = tracing;
+  ctx.trace = trace.get();
 
   // Everything that can reject the request comes before any weight loads. The prompts, then (for
   // guidance by negative prompts) the negative prompts, one batch through the text encoder.

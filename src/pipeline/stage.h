@@ -1,8 +1,10 @@
 #pragma once
 // What every model family's pipeline shares: counting a stage, timing stages, admitting a request
 // against the memory this process may use.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +51,12 @@ class StageClock {
   Trace* trace_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+// A trace for a batch when any of its requests asks for one, else none.
+template <typename Request> std::unique_ptr<Trace> trace_if_asked(const std::vector<Request>& requests) {
+  const bool asked = std::any_of(requests.begin(), requests.end(), [](const Request& r) { return r.trace; });
+  return asked ? std::make_unique<Trace>() : nullptr;
+}
 
 // Runs the code of the counted stage `stage` (what count_stage walked), traced as one span of
 // that name: a trace's ops per stage can be held against the count.

@@ -527,6 +527,16 @@ struct Server::Impl {
   }
 
   // A synchronous route's job, once finished: forgotten (nobody polls it), its error raised.
+  // Runs an image job for a synchronous route and answers OpenAI's ImagesResponse.
+  void respond_images(const httplib::Request& req, httplib::Response& res, const std::shared_ptr<Job>& j) {
+    submit(j);
+    wait_for_client(req, *j);
+    finish_sync(*j);
+    Json data = Json::array();
+    for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
+    res.set_content(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}.dump(), "application/json");
+  }
+
   void finish_sync(const Job& j) {
     {
       std::lock_guard<std::mutex> lock(jobs_mutex);
@@ -747,22 +757,10 @@ struct Server::Impl {
       }
       if (images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
       body["images"] = images;
-      const auto j = image_job(body);
-      submit(j);
-      wait_for_client(req, *j);
-      finish_sync(*j);
-      Json data = Json::array();
-      for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
-      res.set_content(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}.dump(), "application/json");
+      respond_images(req, res, image_job(body));
     });
     http.Post("/v1/images/generations", [this](const httplib::Request& req, httplib::Response& res) {
-      const auto j = image_job(parse_body(req));
-      submit(j);
-      wait_for_client(req, *j);
-      finish_sync(*j);
-      Json data = Json::array();
-      for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
-      res.set_content(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}.dump(), "application/json");
+      respond_images(req, res, image_job(parse_body(req)));
     });
     http.Post("/v1/audio/generations", [this](const httplib::Request& req, httplib::Response& res) {
       std::string format;
