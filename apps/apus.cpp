@@ -21,6 +21,7 @@
 #include "io/files.h"
 #include "io/hf_pull.h"
 #include "io/image.h"
+#include "pipeline/infotext.h"
 #include "io/png.h"
 #include "io/synth.h"
 #include "server/server.h"
@@ -75,17 +76,8 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < batch; ++i) {
     const apus::ImageResult& r = results[size_t(i)];
-    char guidance[32];
-    std::snprintf(guidance, sizeof guidance, "%g", double(r.cfg));
-    const std::string params = req.prompt + (req.negative_prompt ? "\nNegative prompt: " + *req.negative_prompt : "") +
-                               "\nSteps: " + std::to_string(r.steps) + ", Sampler: " + model->sampler() +
-                               ", CFG scale: " + guidance + ", Seed: " + std::to_string(r.seed) +
-                               ", Size: " + std::to_string(r.width) + "x" + std::to_string(r.height) +
-                               ", Model: " + model->label() +
-                               (req.fp32 ? ", Precision: fp32" : ", Precision: bf16") +
-                               (req.noise_file.empty() ? "" : ", Noise: " + req.noise_file);
     apus::write_png(output_name(out, i, batch), r.width, r.height, r.rgb,
-                    {{"parameters", params}, {"Software", "apus"}});
+                    {{"parameters", apus::infotext(requests[size_t(i)], r, *model)}, {"Software", "apus"}});
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose) report_stages(model->count(req, batch), results.front().stages, "write png", write_s);
@@ -165,8 +157,16 @@ int main(int argc, char** argv) {
   auto* steps_opt = image->add_option("--steps", req.steps, "sampling steps (default: 4 distilled, 50 -base)");
   image->add_option("--cfg", req.cfg, "guidance scale for the -base models (default 4; 1: off)");
   std::vector<std::string> reference_files;
-  image->add_option("--image,-i", reference_files, "a reference image to edit from (PNG, JPEG or WebP; repeatable)")
+  image->add_option("--image,-i", reference_files,
+                    "a reference image to edit from (PNG, JPEG or WebP; repeatable); with --mask, the image to repaint")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  std::string mask_file, inpaint_reference;
+  double strength = 0.8;
+  auto* mask_opt = image->add_option("--mask", mask_file, "inpainting: repaint the --image where this image is white");
+  auto* strength_opt =
+      image->add_option("--strength", strength, "inpainting: the share of the schedule run, 0..1 (default 0.8)");
+  auto* inpaint_reference_opt =
+      image->add_option("--reference", inpaint_reference, "inpainting: a reference image for the repainted area");
   std::string image_negative;
   auto* image_negative_opt =
       image->add_option("--negative-prompt", image_negative, "guidance's unconditional prompt (-base models; default \"\")");
@@ -320,7 +320,15 @@ int main(int argc, char** argv) {
       check_output(out, batch);
       req.fp32 = precision == "fp32";
       if (*image_negative_opt) req.negative_prompt = image_negative;
-      for (const std::string& file : reference_files) req.references.push_back(apus::read_image(file));
+      if (*mask_opt) {
+        APUS_CHECK(reference_files.size() == 1, "--mask repaints one --image, not ", reference_files.size(),
+                   " (a reference for the repainted area goes in --reference)");
+        req.inpaint = apus::Inpainting{apus::read_image(reference_files[0]), apus::read_image(mask_file), strength};
+        if (*inpaint_reference_opt) req.references.push_back(apus::read_image(inpaint_reference));
+      } else {
+        APUS_CHECK(!*strength_opt && !*inpaint_reference_opt, "--strength and --reference are for inpainting (--mask)");
+        for (const std::string& file : reference_files) req.references.push_back(apus::read_image(file));
+      }
       // 0 would mean "the model's default" to the engine; asked for, it is an error.
       APUS_CHECK(!*steps_opt || (req.steps >= 1 && req.steps <= 200), "--steps ", req.steps, " outside 1..200");
       req.trace = !image_trace.empty();

@@ -169,6 +169,93 @@ TEST(CliEdit, ReferencesThePipelineRefusesAreRefusedLargeOnesResized) {
   }
 }
 
+// Inpainting (tools/oracle reference_inpaint): a 100x84 image resized to 96x80, a 75x61 mask, on
+// the distilled model with a reference image at strength 0.6 (3 of 4 steps) and on the -base
+// model with guidance at strength 0.8. bf16 from the seed against the bf16 reference, bounded by
+// the official code's own bf16-vs-fp32 disagreement (fp32 run from the same bf16 draw); fp32 from
+// the seed (the fp32 draw) within one level of the fp32 reference everywhere.
+class CliInpaint : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CliInpaint, ReproducesTheOfficialInpainting) {
+  const std::string variant = GetParam(), dir = test::fixture(variant + "_inpaint") + "/";
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture(variant + "_inpaint_ref.safetensors"));
+  const Json meta = read_json(test::fixture(variant + "_inpaint_ref.json"));
+  char numbers[96];
+  std::snprintf(numbers, sizeof numbers, " --strength %.17g --cfg %.17g --steps %d --seed %d",
+                meta["strength"].get<double>(), meta["guidance_scale"].get<double>(), meta["steps"].get<int>(),
+                meta["seed"].get<int>());
+  const std::string args = "image --model " + test::fixture(variant) + " --prompt " +
+                           test::shell_quote(meta["prompt"].get<std::string>()) + " --image " + dir + "image.png --mask " +
+                           dir + "mask.png" + (meta["files"].contains("reference") ? " --reference " + dir + "reference.png" : "") +
+                           numbers;
+  const std::string out = ::testing::TempDir() + variant + "_inpaint.png";
+  const test::CliRun r = test::run_cli(args + " -v -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const int run = meta["steps_run"];
+  EXPECT_NE(r.output.find("step " + std::to_string(run) + "/" + std::to_string(run)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("vae encode"), std::string::npos) << r.output;
+  const PngImage png = read_png(out);
+  ASSERT_EQ(png.width, meta["width"].get<int>());
+  ASSERT_EQ(png.height, meta["height"].get<int>());
+  std::string params;
+  for (const auto& [k, v] : png.text)
+    if (k == "parameters") params = v;
+  char strength[64];
+  std::snprintf(strength, sizeof strength, "Denoising strength: %g,", meta["strength"].get<double>());
+  EXPECT_NE(params.find(strength), std::string::npos) << params;
+  const Tensor& ref_bf16 = ref.get("bf16.image_u8");
+  const std::vector<uint8_t> bf16_bytes(ref_bf16.ptr<uint8_t>(), ref_bf16.ptr<uint8_t>() + ref_bf16.numel());
+  const double disagreement = mean_abs_diff(bf16_bytes, ref.get("fp32_bf16_noise.image_u8"));
+  const double to_bf16 = mean_abs_diff(png.rgb, ref_bf16);
+  std::printf("[ measure ] %s inpainting mean |d| to bf16 ref %.3f, ref disagreement %.3f\n", variant.c_str(), to_bf16,
+              disagreement);
+  EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
+
+  const std::string out32 = ::testing::TempDir() + variant + "_inpaint32.png";
+  const test::CliRun r32 = test::run_cli(args + " --precision fp32 -o " + out32);
+  ASSERT_EQ(r32.status, 0) << r32.output;
+  const PngImage png32 = read_png(out32);
+  const Tensor& ref_fp32 = ref.get("fp32.image_u8");
+  ASSERT_EQ(png32.rgb.size(), size_t(ref_fp32.numel()));
+  int worst = 0;
+  for (size_t i = 0; i < png32.rgb.size(); ++i)
+    worst = std::max(worst, std::abs(int(png32.rgb[i]) - int(ref_fp32.ptr<uint8_t>()[i])));
+  EXPECT_LE(worst, 1) << "fp32 inpainting differs from the fp32 reference by up to " << worst;
+  std::filesystem::remove(out);
+  std::filesystem::remove(out32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Klein, CliInpaint, ::testing::Values("klein_tiny_a", "klein_tiny_base"));
+
+// What inpainting cannot take is refused before any weight loads, naming the flag or the value.
+TEST(CliInpaint, BadInputIsRefused) {
+  const std::string model = " --model " + test::fixture("klein_tiny_a"), dir = test::fixture("klein_tiny_a_inpaint") + "/";
+  const std::string image = " --image " + dir + "image.png", mask = " --mask " + dir + "mask.png";
+  const std::string tiny = ::testing::TempDir() + "apus_tiny.png";
+  write_png(tiny, 20, 12, std::vector<uint8_t>(20 * 12 * 3, 7), {});
+  const struct {
+    std::string args, expect;
+  } cases[] = {
+      {image + " --strength 0.5", "--strength and --reference are for inpainting (--mask)"},
+      {image + " --reference " + dir + "reference.png", "--strength and --reference are for inpainting (--mask)"},
+      {image + " --image " + dir + "reference.png" + mask, "--mask repaints one --image, not 2"},
+      {mask, "--mask repaints one --image, not 0"},
+      {image + " --mask " + test::fixture("klein_tiny_a_ref.json"), "klein_tiny_a_ref.json"},
+      {image + mask + " --strength 1.5", "strength 1.5 outside [0, 1]"},
+      {image + mask + " --strength 0", "strength 0 of 4 steps runs no step"},
+      {image + mask + " -W 64 -H 64", "inpainting renders at the image's size, 96x80, not the 64x64 asked"},
+      {" --image " + tiny + mask, "the image to inpaint is 20x12: both sides must be at least 16 pixels"},
+      {image + mask + " --reference " + tiny, "the reference image is 20x12: both sides must be at least 16 pixels"},
+  };
+  for (const auto& c : cases) {
+    const test::CliRun r = test::run_cli("image" + model + " -p x" + c.args + " -o " + ::testing::TempDir() + "refused.png");
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
+  }
+  std::filesystem::remove(tiny);
+}
+
 TEST(Cli, BatchWritesOneFilePerSeedEachAsItsOwnRun) {
   const std::string model = test::fixture("klein_tiny_a"), dir = ::testing::TempDir();
   const test::CliRun batch = test::run_cli("image --model " + model +

@@ -7,6 +7,7 @@
 
 #include "apus/apus.h"
 #include "core/cost.h"
+#include "models/flux2/klein.h"
 #include "test_util.h"
 
 namespace apus {
@@ -122,6 +123,17 @@ TEST(ImageModel, BaseModelsDefaultToTheOfficialGuidanceAndCountBothBranches) {
   r.steps = 0;
   r.cfg = 0;
   EXPECT_EQ(base->count(r).steps, 50);
+
+  // Inpainting's defaults are Flux2KleinInpaintPipeline's (its signature, dumped by the oracle):
+  // its own guidance scale, and a strength whose schedule skips its first steps.
+  const Json defaults = read_json(test::fixture("klein_tiny_base_inpaint_ref.json"))["defaults"];
+  r.inpaint = Inpainting{Rgb8Image{64, 48, std::vector<uint8_t>(64 * 48 * 3, 90)},
+                         Rgb8Image{64, 48, std::vector<uint8_t>(64 * 48 * 3, 255)}};
+  EXPECT_EQ(r.inpaint->strength, defaults["strength"].get<double>());
+  const PipelineCost inpainting = base->count(r);
+  EXPECT_EQ(inpainting.cfg, defaults["guidance_scale"].get<double>());
+  EXPECT_EQ(inpainting.steps, 50 - flux2::inpaint_first_step(50, r.inpaint->strength));
+  EXPECT_EQ(inpainting.references, 0);
 }
 
 TEST(ImageModel, GuidanceOnADistilledModelIsRefused) {

@@ -5,6 +5,9 @@
 #include <fstream>
 #include <optional>
 
+#include "io/image.h"
+#include "io/safetensors.h"
+#include "models/flux2/klein.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
@@ -164,6 +167,31 @@ namespace apus {
 namespace {
 
 // Config values the models do not implement are refused with the file and key named.
+// Every setting the official classes take (their __init__'s parameters, tools/oracle
+// write_config_keys) is consulted by apus's reader of that file: honoured, checked and refused
+// where unsupported, or declared to leave inference unchanged. A setting added upstream fails here
+// until it is accounted for.
+TEST(Flux2Configs, EveryOfficialSettingIsHonouredOrRefused) {
+  const Json keys = read_json(test::fixture("klein_config_keys.json"));
+  const ModelDir dir = ModelDir::open(test::fixture("klein_tiny_a"), false);
+  const Config transformer = dir.config("transformer"), vae = dir.config("vae"), text = dir.config("text_encoder"),
+               scheduler = dir.config("scheduler", "scheduler_config.json");
+  flux2::TransformerConfig::read(transformer);
+  flux2::VaeConfig::read(vae);
+  flux2::TextEncoderConfig::read(text);
+  flow_match_schedule(scheduler, 4, 1.0);
+  const std::pair<const char*, const Config*> files[] = {
+      {"transformer", &transformer}, {"vae", &vae}, {"text_encoder", &text}, {"scheduler", &scheduler}};
+  for (const auto& [name, config] : files) {
+    ASSERT_GE(keys[name].size(), 10u) << name;
+    for (const Json& key : keys[name])
+      EXPECT_TRUE(config->consulted->count(key.get<std::string>()))
+          << config->path << ": '" << key.get<std::string>() << "' is neither honoured nor refused";
+  }
+  // The pipeline's own: the components, whose classes check_klein_index checks, and is_distilled.
+  EXPECT_EQ(keys["pipeline"], Json::array({"scheduler", "vae", "text_encoder", "tokenizer", "transformer", "is_distilled"}));
+}
+
 TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
   namespace fs = std::filesystem;
   const std::string dir = ::testing::TempDir() + "apus_bad_configs";
@@ -189,6 +217,22 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
   test::expect_error([&] { flux2::Transformer::load(ModelDir::open(dir)); },
                      {"transformer/config.json", "num_attention_heads", "is 0"});
   patch("text_encoder/config.json", "rope_scaling", nullptr);
+  const struct {
+    const char* key;
+    Json value;
+  } text_settings[] = {{"hidden_act", "gelu"},
+                       {"use_sliding_window", true},
+                       {"layer_types", Json::array({"full_attention", "sliding_attention"})}};
+  for (const auto& [key, value] : text_settings) {
+    const Json original = read_json(dir + "/text_encoder/config.json").value(key, Json());
+    patch("text_encoder/config.json", key, value);
+    test::expect_error([&] { flux2::TextEncoder::load(ModelDir::open(dir), {9, 18, 27}); },
+                       {"text_encoder/config.json", key});
+    patch("text_encoder/config.json", key, original);
+  }
+  patch("scheduler/scheduler_config.json", "stochastic_sampling", true);
+  test::expect_error([&] { flow_match_schedule(read_config(dir + "/scheduler/scheduler_config.json"), 4, 1.0); },
+                     {"scheduler_config.json", "stochastic_sampling"});
   patch("text_encoder/config.json", "num_key_value_heads", -3);
   test::expect_error([&] { flux2::TextEncoder::load(ModelDir::open(dir), {9, 18, 27}); },
                      {"text_encoder/config.json", "num_key_value_heads"});
@@ -199,6 +243,33 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
   test::expect_error([&] { flux2::VaeDecoder::load(ModelDir::open(dir)); },
                      {"vae/config.json", "norm_num_groups 7"});
   fs::remove_all(dir);
+}
+
+// Inpainting's preparation as Flux2KleinInpaintPipeline's (tools/oracle reference_inpaint): the
+// 75x61 mask of colours either side of the grey threshold, resized to the 96x80 image, grey,
+// thresholded and interpolated to the 6x5 latent grid, equals the pipeline's mask latents to the
+// bit (they hold quarters where its edges cross the grid's sample points).
+TEST(Flux2Inpainting, MaskLatentsAreThePipelines) {
+  for (const std::string variant : {"klein_tiny_a", "klein_tiny_base"}) {
+    const SafetensorsFile ref = SafetensorsFile::open(test::fixture(variant + "_inpaint_ref.safetensors"));
+    const Json meta = read_json(test::fixture(variant + "_inpaint_ref.json"));
+    const Rgb8Image mask = read_image(test::fixture(variant + "_inpaint/mask.png"));
+    ASSERT_NE(mask.width, meta["width"].get<int>());
+    const std::vector<float> got = flux2::inpaint_mask(mask, meta["width"], meta["height"]);
+    for (const char* precision : {"fp32", "bf16"})
+      EXPECT_EQ(got, to_f32_vector(ref.get(std::string(precision) + ".mask_latents"))) << variant << " " << precision;
+  }
+}
+
+// The first step of a strength's schedule, for the table of steps and strengths the oracle ran
+// get_timesteps on (Python's float product, then truncation).
+TEST(Flux2Inpainting, FirstStepIsThePipelinesGetTimesteps) {
+  const Json meta = read_json(test::fixture("klein_tiny_a_inpaint_ref.json"));
+  ASSERT_GE(meta["first_steps"].size(), 8u);
+  for (const Json& row : meta["first_steps"])
+    EXPECT_EQ(flux2::inpaint_first_step(row[0].get<int>(), row[1].get<double>()), row[2].get<int>()) << row.dump();
+  EXPECT_EQ(meta["steps"].get<int>() - flux2::inpaint_first_step(meta["steps"], meta["strength"]),
+            meta["steps_run"].get<int>());
 }
 
 }  // namespace

@@ -274,6 +274,18 @@ TEST_P(Ops, EulerCopyTranspose) {
   run_both("pingpong_update", xt, [&](Context& c, Tensor& x) {
     ops::pingpong_update(c, x, vt, noise, 0.8909032f, 0.7455466f);
   });
+  // blend with a weight per row (quarters as an inpainting mask gives, and any value in [0, 1] as
+  // a scheduler's sigma), with one weight for every row, and in place over either operand.
+  const int64_t bm = 24, bn = 40;
+  const Tensor ba = random({bm, bn}), bb = random({bm, bn});
+  Tensor row_w = Tensor::heap({bm}, DType::f32), one_w = Tensor::heap({1}, DType::f32);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int64_t r = 0; r < bm; ++r) row_w.ptr<float>()[r] = r % 2 ? float(r % 5) / 4 : unit(rng);
+  one_w.ptr<float>()[0] = 0.8751057f;
+  run_both("blend", poisoned({bm, bn}), [&](Context& c, Tensor& y) { ops::blend(c, ba, bb, row_w, y); });
+  run_both("blend (one weight)", poisoned({bm, bn}), [&](Context& c, Tensor& y) { ops::blend(c, ba, bb, one_w, y); });
+  run_both("blend (into a)", ba, [&](Context& c, Tensor& y) { ops::blend(c, y, bb, row_w, y); });
+  run_both("blend (into b)", bb, [&](Context& c, Tensor& y) { ops::blend(c, ba, y, one_w, y); });
   // Guidance over a batch of three samples of 7 frames, 2 of them padding; APG off, full, half.
   const Tensor gx = random({21, 16}, 1.0f, DType::f32), gc = random({21, 16}), gu = random({21, 16});
   for (const float apg : {0.0f, 1.0f, 0.5f})

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -223,15 +224,80 @@ TEST_F(Serve, EditsAreTheEnginesEdits) {
   // Refusals naming the field.
   const httplib::MultipartFormDataItems no_image = {{"prompt", "night", "", ""}};
   expect_refusal(client().Post("/v1/images/edits", no_image), 400, "'image' is required", "image");
-  const httplib::MultipartFormDataItems with_mask = {{"prompt", "x", "", ""}, {"image", ref0, "a.png", "image/png"},
-                                                     {"mask", ref0, "m.png", "image/png"}};
-  expect_refusal(client().Post("/v1/images/edits", with_mask), 400, "'mask' (inpainting) is not supported", "mask");
   const httplib::MultipartFormDataItems small = {{"prompt", "x", "", ""}, {"image", ref1, "a.jpg", "image/jpeg"}};
   expect_refusal(client().Post("/v1/images/edits", small), 400, "reference image 1 is 40x24");
   const httplib::MultipartFormDataItems junk = {{"prompt", "x", "", ""}, {"image", "not an image", "a.png", "image/png"}};
   expect_refusal(client().Post("/v1/images/edits", junk), 400, "images[0]: not a PNG, JPEG or WebP image", "images");
   expect_refusal(client().Post("/v1/images/generations", R"({"prompt": "x", "size": "auto"})", "application/json"), 400,
                  "'size' auto takes the first of 'images'", "size");
+}
+
+// Inpainting over HTTP: OpenAI's edits with their mask (a PNG transparent where to repaint, its
+// colours ignored) and the jobs API with a diffusers mask (white repaints) and a reference, each
+// the engine's own inpainting of the same inputs.
+TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
+  const std::string dir = test::fixture("klein_tiny_a_inpaint/");
+  const std::string image = read_file(dir + "image.png"), mask = read_file(dir + "mask.png"),
+                    openai = read_file(dir + "mask_openai.png"), reference = read_file(dir + "reference.png");
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  ImageRequest want;
+  want.prompt = "a door";
+  want.steps = 2;
+  want.seed = 3;
+  const PngImage transparent = decode_png(openai, "mask_openai.png", /*with_alpha=*/true);
+  Rgb8Image white{transparent.width, transparent.height, std::vector<uint8_t>(transparent.rgb.size())};
+  for (size_t i = 0; i < transparent.alpha.size(); ++i) std::memset(&white.rgb[3 * i], transparent.alpha[i] ? 0 : 255, 3);
+  want.inpaint = Inpainting{decode_image(image, "image"), white, 0.7};
+  const ImageResult expected = model->generate(want);
+
+  const httplib::MultipartFormDataItems form = {{"prompt", "a door", "", ""}, {"steps", "2", "", ""}, {"seed", "3", "", ""},
+                                                {"strength", "0.7", "", ""}, {"image", image, "image.png", "image/png"},
+                                                {"mask", openai, "mask.png", "image/png"}};
+  const auto r = client().Post("/v1/images/edits", form);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const PngImage png = read_png(as_file(unbase64(Json::parse(r->body)["data"][0]["b64_json"]), "serve_inpaint.png"));
+  EXPECT_EQ(png.width, expected.width);
+  EXPECT_EQ(png.rgb, expected.rgb);
+  bool strength = false;
+  for (const auto& [k, v] : png.text) strength |= k == "parameters" && v.find("Denoising strength: 0.7,") != std::string::npos;
+  EXPECT_TRUE(strength);
+
+  want.inpaint->mask = decode_image(mask, "mask");
+  want.inpaint->strength = 0.8;
+  want.references = {decode_image(reference, "reference")};
+  const std::vector<uint8_t> with_reference = model->generate(want).rgb;
+  const Json job = {{"kind", "image"}, {"prompt", "a door"}, {"steps", 2}, {"seed", 3}, {"mask", base64_of(mask)},
+                    {"images", Json::array({base64_of(image), base64_of(reference)})}};
+  const auto submitted = client().Post("/v1/jobs", job.dump(), "application/json");
+  ASSERT_TRUE(submitted);
+  ASSERT_EQ(submitted->status, 202) << submitted->body;
+  const std::string id = Json::parse(submitted->body)["id"];
+  Json state;
+  for (int i = 0; i < 600; ++i) {
+    state = Json::parse(client().Get(("/v1/jobs/" + id).c_str())->body);
+    if (state["state"] != "queued" && state["state"] != "running") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(state["state"], "done") << state.dump();
+  EXPECT_EQ(read_png(as_file(unbase64(state["results"][0]["b64"]), "serve_job_inpaint.png")).rgb, with_reference);
+
+  // Refusals naming the field.
+  const httplib::MultipartFormDataItems opaque = {{"prompt", "x", "", ""}, {"image", image, "a.png", "image/png"},
+                                                  {"mask", mask, "m.png", "image/png"}};
+  expect_refusal(client().Post("/v1/images/edits", opaque), 400, "'mask' has no fully transparent pixel", "mask");
+  const httplib::MultipartFormDataItems jpeg_mask = {{"prompt", "x", "", ""}, {"image", image, "a.png", "image/png"},
+                                                     {"mask", read_file(test::fixture("images/baseline.jpg")), "m.jpg", "image/jpeg"}};
+  expect_refusal(client().Post("/v1/images/edits", jpeg_mask), 400, "mask: not a PNG file", "mask");
+  const Json strength_alone = {{"prompt", "x"}, {"strength", 0.5}, {"images", Json::array({base64_of(image)})}};
+  expect_refusal(client().Post("/v1/images/generations", strength_alone.dump(), "application/json"), 400,
+                 "'strength' is for inpainting", "strength");
+  const Json no_image = {{"prompt", "x"}, {"mask", base64_of(mask)}};
+  expect_refusal(client().Post("/v1/images/generations", no_image.dump(), "application/json"), 400,
+                 "'mask' repaints the first of 'images'", "mask");
+  const Json too_strong = {{"prompt", "x"}, {"mask", base64_of(mask)}, {"strength", 2}, {"images", Json::array({base64_of(image)})}};
+  expect_refusal(client().Post("/v1/images/generations", too_strong.dump(), "application/json"), 400,
+                 "strength 2 outside [0, 1]");
 }
 
 // Audio-to-audio and inpainting over HTTP: the clips as base64 files; the engine's own samples.

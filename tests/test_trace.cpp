@@ -7,6 +7,7 @@
 
 #include "apus/apus.h"
 #include "core/cost.h"
+#include "io/image.h"
 #include "io/png.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
@@ -143,6 +144,25 @@ TEST(Trace, EditTraceHoldsExactlyTheCountedOps) {
   const PipelineCost cost = model->count(r);
   EXPECT_EQ(cost.references, 2);
   EXPECT_EQ(cost.width, 64) << "the first reference's cropped size";
+  expect_trace_matches_count(result.trace, cost);
+}
+
+// Inpainting on the -base model with guidance and a reference: the image's encoding, the noised
+// start in the prologue, and the masked update after each of the steps the strength leaves.
+TEST(Trace, InpaintingTraceHoldsExactlyTheCountedOps) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_base"), Weights::per_stage);
+  ImageRequest r;
+  r.prompt = "a door";
+  r.steps = 4;
+  r.cfg = 2;
+  const std::string dir = test::fixture("klein_tiny_a_inpaint/");
+  r.inpaint = Inpainting{read_image(dir + "image.png"), read_image(dir + "mask.png"), 0.6};
+  r.references.push_back(read_image(dir + "reference.png"));
+  r.trace = true;
+  const ImageResult result = model->generate(r);
+  EXPECT_EQ(result.steps_run, 3);
+  const PipelineCost cost = model->count(r);
+  EXPECT_EQ(cost.steps, 3);
   expect_trace_matches_count(result.trace, cost);
 }
 

@@ -23,16 +23,30 @@ struct Rgb8Image {
   std::vector<uint8_t> rgb;  // height * width * 3
 };
 
+// Inpainting as Flux2KleinInpaintPipeline does it: `image` is repainted where `mask` is white and
+// kept where it is black (the mask resized to the image, to grey, thresholded at 128 and
+// interpolated to the latent grid, so its edges blend). The result has the image's size, floored
+// to multiples of 16 by resizing (over 1024x1024 pixels scaled to that area first). `strength` in
+// (0, 1] is the share of the schedule that runs (its first steps are skipped) and how much noise
+// the image gets at the start: 1 ignores the image inside the mask.
+struct Inpainting {
+  Rgb8Image image, mask;
+  double strength = 0.8;  // a double as the pipeline's Python float: it decides the first step
+};
+
 struct ImageRequest {
   std::string prompt;
   // 0: the first reference image's size (as the pipeline floors it), else 1024.
   int width = 0, height = 0;
   // Editing / multi-reference generation (Flux2KleinPipeline's image=[...]): each reference is
   // centre-cropped to multiples of 16, VAE-encoded and attends with the image as extra tokens.
+  // With `inpaint`, at most one reference (the pipeline's image_reference), and width and height
+  // are the image's.
   std::vector<Rgb8Image> references;
+  std::optional<Inpainting> inpaint;
   int steps = 0;                  // 0: the model's default (ImageModel::default_steps)
-  // Classifier-free guidance (the -base models): 0 is the model's default (4.0 for -base, as the
-  // official pipeline; the distilled models run without guidance and refuse a scale above 1);
+  // Classifier-free guidance (the -base models): 0 is the model's default (4.0 for -base, 8.0
+  // inpainting, as the official pipelines; the distilled models run without guidance and refuse a scale above 1);
   // <= 1 turns it off. The unconditional branch's prompt is "" as in the official pipeline
   // unless negative_prompt says otherwise.
   float cfg = 0;
@@ -52,7 +66,8 @@ struct StageTime {
 struct ImageResult {
   int width = 0, height = 0;
   uint64_t seed = 0;
-  int steps = 0;   // as run: the request's, or the model's default
+  int steps = 0;   // the schedule's: the request's, or the model's default
+  int steps_run = 0;  // ... of which inpainting ran the last (strength)
   float cfg = 1;   // ... the guidance scale (1: none)
   std::vector<uint8_t> rgb;  // height * width * 3
   std::vector<StageTime> stages;

@@ -157,4 +157,13 @@ Rgb8Image decode_image(const std::string& bytes, const std::string& what) {
   return upright(std::move(image), orientation);
 }
 
+std::vector<uint8_t> luminance(const Rgb8Image& image) {
+  std::vector<uint8_t> grey(size_t(image.width) * size_t(image.height));
+  for (size_t i = 0; i < grey.size(); ++i) {
+    const uint8_t* p = image.rgb.data() + 3 * i;
+    grey[i] = uint8_t((p[0] * 19595u + p[1] * 38470u + p[2] * 7471u + 0x8000u) >> 16);
+  }
+  return grey;
+}
+
 }  // namespace apus

@@ -41,7 +41,29 @@ Config read_config(const std::string& path) {
   return c;
 }
 
+bool Config::has(const std::string& key) const {
+  consulted->insert(key);
+  return json.contains(key) && !json[key].is_null();
+}
+
+const Json& Config::at(const std::string& key) const {
+  consulted->insert(key);
+  APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
+  return json[key];
+}
+
+Config Config::object(const std::string& key) const {
+  const Json& o = at(key);
+  APUS_CHECK(o.is_object(), path, ": '", key, "' is ", o.dump(), ", expected an object of settings");
+  return Config{path + " (" + key + ")", o};
+}
+
+void Config::no_effect(std::initializer_list<const char*> keys) const {
+  for (const char* key : keys) consulted->insert(key);
+}
+
 int64_t Config::get_int(const std::string& key) const {
+  consulted->insert(key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
   APUS_CHECK(json[key].is_number_integer(), path, ": '", key, "' is ", json[key].dump(),
              ", expected an integer");
@@ -49,7 +71,7 @@ int64_t Config::get_int(const std::string& key) const {
 }
 
 int64_t Config::get_int(const std::string& key, int64_t fallback) const {
-  return json.contains(key) && !json[key].is_null() ? get_int(key) : fallback;
+  return has(key) ? get_int(key) : fallback;
 }
 
 namespace {
@@ -64,7 +86,7 @@ int64_t Config::get_size(const std::string& key, int64_t lo) const {
 }
 
 int64_t Config::get_size(const std::string& key, int64_t fallback, int64_t lo) const {
-  return json.contains(key) && !json[key].is_null() ? get_size(key, lo) : fallback;
+  return has(key) ? get_size(key, lo) : fallback;
 }
 
 std::vector<int64_t> Config::get_sizes(const std::string& key) const {
@@ -75,6 +97,7 @@ std::vector<int64_t> Config::get_sizes(const std::string& key) const {
 }
 
 double Config::get_double(const std::string& key) const {
+  consulted->insert(key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
   APUS_CHECK(json[key].is_number(), path, ": '", key, "' is ", json[key].dump(),
              ", expected a number");
@@ -82,7 +105,7 @@ double Config::get_double(const std::string& key) const {
 }
 
 double Config::get_double(const std::string& key, double fallback) const {
-  return json.contains(key) && !json[key].is_null() ? get_double(key) : fallback;
+  return has(key) ? get_double(key) : fallback;
 }
 
 double Config::get_positive(const std::string& key) const {
@@ -93,10 +116,11 @@ double Config::get_positive(const std::string& key) const {
 }
 
 double Config::get_positive(const std::string& key, double fallback) const {
-  return json.contains(key) && !json[key].is_null() ? get_positive(key) : fallback;
+  return has(key) ? get_positive(key) : fallback;
 }
 
 std::string Config::get_string(const std::string& key, const std::string& fallback) const {
+  consulted->insert(key);
   if (!json.contains(key) || json[key].is_null()) return fallback;
   APUS_CHECK(json[key].is_string(), path, ": '", key, "' is ", json[key].dump(),
              ", expected a string");
@@ -104,6 +128,7 @@ std::string Config::get_string(const std::string& key, const std::string& fallba
 }
 
 bool Config::get_bool(const std::string& key, bool fallback) const {
+  consulted->insert(key);
   if (!json.contains(key) || json[key].is_null()) return fallback;
   APUS_CHECK(json[key].is_boolean(), path, ": '", key, "' is ", json[key].dump(),
              ", expected true or false");
@@ -111,6 +136,7 @@ bool Config::get_bool(const std::string& key, bool fallback) const {
 }
 
 std::vector<int64_t> Config::get_ints(const std::string& key) const {
+  consulted->insert(key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
   const Json& a = json[key];
   APUS_CHECK(a.is_array(), path, ": '", key, "' is ", a.dump(), ", expected a list of integers");

@@ -22,6 +22,15 @@ Json read_json(const std::string& path);
 struct Config {
   std::string path;
   Json json;
+  // The keys consulted through the methods below, shared by copies: a test holds them against the
+  // keys the official classes read, so that none is silently ignored.
+  std::shared_ptr<std::set<std::string>> consulted = std::make_shared<std::set<std::string>>();
+  bool has(const std::string& key) const;        // present and not null
+  const Json& at(const std::string& key) const;  // present (null allowed); refused when missing
+  Config object(const std::string& key) const;   // a nested object of settings, refused if not one
+  // Official keys that leave inference unchanged (training, generation or export settings):
+  // consulted, so the walk over the official keys finds them accounted for.
+  void no_effect(std::initializer_list<const char*> keys) const;
   int64_t get_int(const std::string& key) const;
   int64_t get_int(const std::string& key, int64_t fallback) const;
   // A size or count: an integer in [lo, 2^24], so a hostile config cannot reach a zero divisor,

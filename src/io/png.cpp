@@ -67,7 +67,7 @@ void write_png(const std::string& path, int width, int height, const std::vector
 
 PngImage read_png(const std::string& path) { return decode_png(read_file(path), path); }
 
-PngImage decode_png(const std::string& bytes, const std::string& what) {
+PngImage decode_png(const std::string& bytes, const std::string& what, bool with_alpha) {
   APUS_CHECK(bytes.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0, what,
              ": not a PNG file");
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(what.c_str()),
@@ -106,16 +106,29 @@ PngImage decode_png(const std::string& bytes, const std::string& what) {
   if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (type == PNG_COLOR_TYPE_GRAY || type == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
   if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
-  png_set_strip_alpha(png);
+  const bool has_alpha = (type & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS);
+  if (!with_alpha) png_set_strip_alpha(png);
+  else if (!has_alpha) png_set_add_alpha(png, 0xff, PNG_FILLER_AFTER);
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
-  APUS_CHECK(png_get_rowbytes(png, info) == size_t(img.width) * 3, what, ": rows of ", png_get_rowbytes(png, info),
-             " bytes after conversion to RGB; expected ", size_t(img.width) * 3);
-  img.rgb.resize(size_t(img.width) * size_t(img.height) * 3);
+  const size_t channels = with_alpha ? 4 : 3, pixels = size_t(img.width) * size_t(img.height);
+  APUS_CHECK(png_get_rowbytes(png, info) == size_t(img.width) * channels, what, ": rows of ",
+             png_get_rowbytes(png, info), " bytes after conversion; expected ", size_t(img.width) * channels);
+  std::vector<uint8_t> pixels_read(pixels * channels);
   std::vector<png_bytep> rows(size_t(img.height));
-  for (int y = 0; y < img.height; ++y) rows[size_t(y)] = img.rgb.data() + size_t(y) * size_t(img.width) * 3;
+  for (int y = 0; y < img.height; ++y) rows[size_t(y)] = pixels_read.data() + size_t(y) * size_t(img.width) * channels;
   png_read_image(png, rows.data());
   png_read_end(png, info);
+  if (with_alpha) {
+    img.rgb.resize(pixels * 3);
+    img.alpha.resize(pixels);
+    for (size_t i = 0; i < pixels; ++i) {
+      std::memcpy(&img.rgb[3 * i], &pixels_read[4 * i], 3);
+      img.alpha[i] = pixels_read[4 * i + 3];
+    }
+  } else {
+    img.rgb = std::move(pixels_read);
+  }
   png_textp chunks = nullptr;
   const int n = png_get_text(png, info, &chunks, nullptr);
   for (int i = 0; i < n; ++i) img.text.emplace_back(chunks[i].key, chunks[i].text);

@@ -18,6 +18,7 @@ void write_png(const std::string& path, int width, int height, const std::vector
 struct PngImage {
   int width = 0, height = 0;
   std::vector<uint8_t> rgb;
+  std::vector<uint8_t> alpha;  // with_alpha: one per pixel (255 where the file has none)
   std::vector<std::pair<std::string, std::string>> text;
 };
 // The most pixels an input image may decode to (64 Mi), checked before decoding it.
@@ -26,6 +27,7 @@ constexpr int64_t kMaxDecodedPixels = int64_t(1) << 26;
 // and images over kMaxDecodedPixels before decoding them.
 PngImage read_png(const std::string& path);
 // The same from a file's bytes in memory; `what` names it in errors.
-PngImage decode_png(const std::string& bytes, const std::string& what);
+// with_alpha also keeps the alpha channel (or tRNS transparency) apart from the RGB.
+PngImage decode_png(const std::string& bytes, const std::string& what, bool with_alpha = false);
 
 }  // namespace apus

@@ -92,6 +92,10 @@ struct AttentionOptions {
 // pingpong_update: x <- (1 - t_next) (x - t velocity) + t_next noise, the ping-pong sampler's
 //   step: each product, difference and sum rounded to x's dtype as the reference's eager ops;
 //   velocity and noise are read in their dtypes. t_next = 0 leaves the denoised x - t velocity.
+// blend: y = (1 - w) a + w b with w one weight per row (w f32 [M]) or one for all rows ([1]), as
+//   the flow-match scheduler's scale_noise (w = sigma) and the inpainting pipelines' masked update
+//   (w = the mask) compute it: w is cast to y's dtype, and 1 - w, both products and the sum are
+//   each rounded to it (eager ops). a, b, y [M, D] views; y may alias a or b.
 // guided_velocity: Stable Audio 3's classifier-free guidance with adaptive projected guidance,
 //   per sample of x [B*T, C] (the sampler state, f32) from the conditional and unconditional
 //   velocities: denoised d_c = x - sigma v_c, d_u = x - sigma v_u, diff = d_c - d_u; with apg > 0
@@ -170,6 +174,8 @@ struct AttentionOptions {
   X(void, pingpong_update,                                                                       \
     (Context & c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t, float t_next), \
     (c, x, velocity, noise, t, t_next))                                                          \
+  X(void, blend, (Context & c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y),     \
+    (c, a, b, w, y))                                                                             \
   X(void, guided_velocity,                                                                       \
     (Context & c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,          \
      float sigma, float scale, float apg, int64_t batch, int64_t valid),                         \

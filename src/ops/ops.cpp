@@ -114,6 +114,11 @@ OpCost pingpong_update_cost(Context&, Tensor& x, const Tensor& velocity, const T
   return {6 * elems(x), 0, act, act + 2 * bytes(x)};
 }
 
+OpCost blend_cost(Context&, const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y) {
+  const double act = bytes(a) + bytes(b) + bytes(w) + bytes(y);
+  return {3 * elems(y), 0, act, act + 4 * bytes(y)};
+}
+
 OpCost guided_velocity_cost(Context&, const Tensor& x, const Tensor& cond, const Tensor& uncond,
                             Tensor& y, float, float, float, int64_t, int64_t) {
   const double act = bytes(x) + bytes(cond) + bytes(uncond) + bytes(y);

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "io/image.h"
 #include "io/resize.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/text_encoder.h"
@@ -37,18 +38,24 @@ constexpr const char* kDecodeStage = "vae_decode";
 constexpr const char* kReferenceStage = "vae_encode";
 
 // A reference image as Flux2ImageProcessor leaves it (see KleinModel::resolved for the resize of
-// references over 1024x1024 pixels): the sides floored to multiples of 16 by a centre crop.
+// references over 1024x1024 pixels): the sides floored to multiples of 16 by a centre crop. An
+// image to inpaint is resized to that size instead, and then taken whole.
 struct Crop {
   int64_t left, top, width, height;
   int64_t tokens() const { return (width / 16) * (height / 16); }
 };
 
-// The pipeline's check_image_input, on the image as given.
-void check_reference(const Rgb8Image& image, size_t index) {
-  const std::string what = "reference image " + std::to_string(index + 1);
+void check_pixels(const Rgb8Image& image, const std::string& what) {
   const int64_t iw = image.width, ih = image.height;
   APUS_CHECK(iw > 0 && ih > 0 && int64_t(image.rgb.size()) == iw * ih * 3, what, ": ", iw, "x", ih, " with ",
              image.rgb.size(), " bytes; expected width x height x 3");
+}
+
+// The pipeline's check_image_input, on the image as given.
+void check_reference(const Rgb8Image& image, size_t index) {
+  const std::string what = "reference image " + std::to_string(index + 1);
+  check_pixels(image, what);
+  const int64_t iw = image.width, ih = image.height;
   APUS_CHECK(iw >= 64 && ih >= 64, what, " is ", iw, "x", ih, ": both sides must be at least 64 pixels");
   APUS_CHECK(std::max(iw, ih) <= 8 * std::min(iw, ih), what, " is ", iw, "x", ih,
              ": the aspect ratio must be at most 8:1");
@@ -83,9 +90,15 @@ struct Work {
   // Reference images: their crops, their pixels (shared by the batch), and their packed tokens
   // [ref_tokens, packed_channels], appended to every sample's image tokens.
   std::vector<Crop> crops;
-  const std::vector<Rgb8Image>* references = nullptr;
+  std::vector<const Rgb8Image*> sources;
   int64_t ref_tokens = 0;
   Tensor refs;
+  // Inpainting: the image is the first reference (its tokens the first h * w rows of refs); the
+  // sampler starts at first_step from the image noised with `noise`, and after each step keeps
+  // the image (noised to the next sigma) in proportion 1 - inpaint_mask, per token.
+  bool inpainting = false;
+  int first_step = 0;
+  Tensor noise, inpaint_mask;  // [batch * h * w, C] as latents; f32 [batch * h * w]
   FlowSchedule schedule;
   Tensor prompt_embeds, latents, velocity, image;
   std::optional<flux2::TransformerPrologue> prologue;
@@ -105,11 +118,14 @@ class KleinModel final : public ImageModel {
  private:
   // The request with the model's defaults filled in, its guidance checked against the model.
   ImageRequest resolved(const ImageRequest& r) const;
+  void resolve_inpainting(ImageRequest& r) const;
   void encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const;
   void encode_references(Context& c, const flux2::VaeEncoder& encoder, Work& w) const;
   void prologue(Context& c, const flux2::Transformer& dit, Work& w) const;
   void step(Context& c, const flux2::Transformer& dit, Work& w, int i) const;
   void decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const;
+  // Each sample's image latents noised to `sigma` into `out` (the scheduler's scale_noise).
+  void noised_image(Context& c, const Work& w, float sigma, Tensor& out) const;
 
   Work plan(const ImageRequest& r, int64_t batch) const;  // grid and schedule
   // Each request's initial noise [1, C, h, w] packed to tokens into its rows of w.latents.
@@ -158,18 +174,51 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   }
 }
 
+// Flux2KleinInpaintPipeline's preprocessing, without the check_image_input of references the
+// editing pipeline makes: the image scaled within 1024x1024 pixels and resized to its sides
+// floored to multiples of 16, which the output takes; the mask resized to that.
+void KleinModel::resolve_inpainting(ImageRequest& r) const {
+  Inpainting& in = *r.inpaint;
+  check_pixels(in.image, "the image to inpaint");
+  check_pixels(in.mask, "the inpainting mask");
+  APUS_CHECK(in.strength >= 0 && in.strength <= 1, "strength ", in.strength, " outside [0, 1]");
+  APUS_CHECK(r.references.size() <= 1, "inpainting takes one reference image (the pipeline's image_reference), not ",
+             r.references.size());
+  Rgb8Image image = within_target_area(std::move(in.image));
+  const int w = image.width / 16 * 16, h = image.height / 16 * 16;
+  APUS_CHECK(w >= 16 && h >= 16, "the image to inpaint is ", image.width, "x", image.height,
+             ": both sides must be at least 16 pixels");
+  APUS_CHECK((r.width == 0 || r.width == w) && (r.height == 0 || r.height == h), "inpainting renders at the image's size, ",
+             w, "x", h, ", not the ", r.width, "x", r.height, " asked");
+  r.width = w;
+  r.height = h;
+  if (image.width != w || image.height != h) image = resize_lanczos(image, w, h);
+  in.image = std::move(image);
+  if (in.mask.width != w || in.mask.height != h) in.mask = resize_lanczos(in.mask, w, h);
+  for (Rgb8Image& reference : r.references) {
+    check_pixels(reference, "the reference image");
+    reference = within_target_area(std::move(reference));
+    APUS_CHECK(reference.width >= 16 && reference.height >= 16, "the reference image is ", reference.width, "x",
+               reference.height, ": both sides must be at least 16 pixels");
+  }
+}
+
 ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   ImageRequest r = request;
-  for (size_t k = 0; k < r.references.size(); ++k) {
-    check_reference(r.references[k], k);
-    r.references[k] = within_target_area(std::move(r.references[k]));
+  if (r.inpaint) {
+    resolve_inpainting(r);
+  } else {
+    for (size_t k = 0; k < r.references.size(); ++k) {
+      check_reference(r.references[k], k);
+      r.references[k] = within_target_area(std::move(r.references[k]));
+    }
   }
   // The pipeline's output size: as asked, else the first reference's (cropped), else 1024.
   const std::optional<Crop> first = r.references.empty() ? std::nullopt : std::optional<Crop>(crop_of(r.references[0]));
   if (r.width == 0) r.width = first ? int(first->width) : 1024;
   if (r.height == 0) r.height = first ? int(first->height) : 1024;
   if (r.steps == 0) r.steps = default_steps();
-  if (r.cfg == 0) r.cfg = default_cfg();
+  if (r.cfg == 0) r.cfg = r.inpaint && !distilled_ ? flux2::kInpaintGuidance : default_cfg();
   APUS_CHECK(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg ", r.cfg, " outside (0, 100]");
   // The official pipeline warns and ignores guidance on a distilled model; a request for it is
   // refused instead of rendered differently than asked.
@@ -192,12 +241,36 @@ Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   w.h = r.height / 16;
   w.w = r.width / 16;
   w.schedule = flow_match_schedule(scheduler_cfg_, r.steps, flux2_empirical_mu(w.h * w.w, r.steps));
-  for (size_t k = 0; k < r.references.size(); ++k) {
-    w.crops.push_back(crop_of(r.references[k]));
-    w.ref_tokens += w.crops.back().tokens();
+  if (r.inpaint) {
+    w.inpainting = true;
+    w.first_step = flux2::inpaint_first_step(r.steps, r.inpaint->strength);
+    APUS_CHECK(w.first_step < r.steps, "strength ", r.inpaint->strength, " of ", r.steps,
+               " steps runs no step (the pipeline refuses it too): raise the strength or the steps");
+    w.sources.push_back(&r.inpaint->image);
+    w.crops.push_back({0, 0, r.width, r.height});
+    const int64_t l = w.h * w.w;
+    w.inpaint_mask = Tensor::heap({batch * l}, DType::f32);
+    const std::vector<float> mask = flux2::inpaint_mask(r.inpaint->mask, r.width, r.height);
+    for (int64_t b = 0; b < batch; ++b) std::copy(mask.begin(), mask.end(), w.inpaint_mask.ptr<float>() + b * l);
   }
-  w.references = &r.references;
+  for (const Rgb8Image& reference : r.references) {
+    w.sources.push_back(&reference);
+    w.crops.push_back(crop_of(reference));
+  }
+  for (const Crop& crop : w.crops) w.ref_tokens += crop.tokens();
   return w;
+}
+
+void KleinModel::noised_image(Context& c, const Work& w, float sigma, Tensor& out) const {
+  ArenaScope arena(*c.arena);
+  Tensor weight = Tensor::in(*c.arena, {1}, DType::f32);
+  if (!c.count_only) weight.ptr<float>()[0] = sigma;
+  const int64_t l = w.h * w.w;
+  const Tensor image = w.refs.rows(0, l);
+  for (int64_t b = 0; b < w.batch; ++b) {
+    Tensor to = out.rows(b * l, (b + 1) * l);
+    ops::blend(c, image, w.noise.rows(b * l, (b + 1) * l), weight, to);
+  }
 }
 
 void KleinModel::encode_references(Context& c, const flux2::VaeEncoder& encoder, Work& w) const {
@@ -209,7 +282,7 @@ void KleinModel::encode_references(Context& c, const flux2::VaeEncoder& encoder,
     // The image processor's scaling in fp32, u8 / 255 * 2 - 1, then the VAE's dtype.
     Tensor pixels = Tensor::in(*c.arena, {1, 3, crop.height, crop.width}, DType::f32);
     if (!c.count_only) {
-      const Rgb8Image& src = (*w.references)[k];
+      const Rgb8Image& src = *w.sources[k];
       const int64_t plane = crop.height * crop.width;
       float* to = pixels.ptr<float>();
       for (int64_t y = 0; y < crop.height; ++y)
@@ -241,6 +314,13 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
                                       : flux2::image_and_reference_position_ids(w.h, w.w, grids);
   w.prologue = dit.prologue(c, w.prompt_embeds, txt_ids, img_ids);
   w.velocity = ops::empty(c, {w.samples * (l + w.ref_tokens), dit.config().out_channels}, c.act);
+  if (w.inpainting) {
+    CostScope scope(c, "sampler");
+    // The drawn noise stays for re-noising the image at every step.
+    w.noise = w.latents;
+    w.latents = ops::empty(c, w.noise.shape, w.noise.dtype);
+    noised_image(c, w, w.schedule.sigmas[size_t(w.first_step)], w.latents);
+  }
 }
 
 void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i) const {
@@ -278,6 +358,13 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
     conditional = uncond;
   }
   euler_step(c, w.latents, conditional, w.schedule.sigmas[s], w.schedule.sigmas[s + 1]);
+  if (w.inpainting) {
+    // Outside the mask the image, noised to the next sigma; after the last step (sigma 0) that is
+    // the image itself, as the pipeline takes it unnoised.
+    Tensor image = Tensor::in(*c.arena, w.latents.shape, w.latents.dtype);
+    noised_image(c, w, w.schedule.sigmas[s + 1], image);
+    ops::blend(c, image, w.latents, w.inpaint_mask, w.latents);
+  }
 }
 
 void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const {
@@ -293,7 +380,7 @@ PipelineCost KleinModel::count(const ImageRequest& request, int batch) const {
   p.model = label_;
   p.width = r.width;
   p.height = r.height;
-  p.steps = r.steps;
+  p.steps = r.steps - w.first_step;
   p.references = int(r.references.size());
   p.cfg = w.guided ? r.cfg : 1.0;
   w.ids.assign(size_t(w.samples * kMaxSequence), 0);
@@ -306,7 +393,8 @@ PipelineCost KleinModel::count(const ImageRequest& request, int batch) const {
   w.refs = Tensor::shape_only({w.ref_tokens, dit_cfg_.in_channels}, DType::bf16);
   StageCost text_stage = count_stage(kTextStage, 1, [&](Context& c) { encode_text(c, text, w); });
   StageCost prologue_stage = count_stage(kPrologueStage, 1, [&](Context& c) { prologue(c, dit, w); });
-  StageCost step_stage = count_stage(kStepStage, r.steps, [&](Context& c) { step(c, dit, w, 0); });
+  StageCost step_stage =
+      count_stage(kStepStage, r.steps - w.first_step, [&](Context& c) { step(c, dit, w, w.first_step); });
   StageCost decode_stage = count_stage(kDecodeStage, 1, [&](Context& c) { decode(c, vae, w); });
 
   decode_stage.replicated = true;
@@ -357,8 +445,12 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                    std::equal(o.references.begin(), o.references.end(), r.references.begin(),
                               [](const Rgb8Image& a, const Rgb8Image& b) {
                                 return a.width == b.width && a.height == b.height && a.rgb == b.rgb;
-                              }),
-               "a batch shares width, height, steps, guidance, precision and reference images: ", o.width, "x", o.height, ", ",
+                              }) &&
+                   bool(o.inpaint) == bool(r.inpaint) &&
+                   (!r.inpaint || (o.inpaint->strength == r.inpaint->strength &&
+                                   o.inpaint->image.rgb == r.inpaint->image.rgb &&
+                                   o.inpaint->mask.rgb == r.inpaint->mask.rgb)),
+               "a batch shares width, height, steps, guidance, precision, reference images and inpainting: ", o.width, "x", o.height, ", ",
                o.steps, " steps, cfg ", o.cfg, " differs from ", r.width, "x", r.height, ", ", r.steps,
                " steps, cfg ", r.cfg);
   APUS_CHECK(r.width >= 16 && r.height >= 16 && r.width <= kMaxSide && r.height <= kMaxSide,
@@ -421,8 +513,8 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                clock.stop("transformer load");
                run_stage(ctx, kPrologueStage, [&] { prologue(ctx, dit, w); });
                clock.stop("transformer prologue", kPrologueStage);
-               for (int i = 0; i < r.steps; ++i)
-                 timed_step(ctx, clock, say, i, r.steps, w.schedule.sigmas[size_t(i)], w.latents,
+               for (int i = w.first_step; i < r.steps; ++i)
+                 timed_step(ctx, clock, say, i - w.first_step, r.steps - w.first_step, w.schedule.sigmas[size_t(i)], w.latents,
                             kStepStage, [&] { run_stage(ctx, kStepStage, [&] { step(ctx, dit, w, i); }); });
              });
   with_model(vae_, [&] { return flux2::VaeDecoder::load(dir_); },
@@ -443,6 +535,7 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   const std::string timeline = trace ? trace->json() : "";
   for (size_t i = 0; i < results.size(); ++i) {
     results[i].steps = r.steps;
+    results[i].steps_run = r.steps - w.first_step;
     results[i].cfg = w.guided ? r.cfg : 1.0f;
     results[i].width = r.width;
     results[i].height = r.height;
@@ -457,6 +550,43 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
 
 std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights) {
   return std::make_unique<KleinModel>(dir, weights);
+}
+
+std::vector<float> flux2::inpaint_mask(const Rgb8Image& mask, int width, int height) {
+  APUS_CHECK(width % 16 == 0 && height % 16 == 0 && width > 0 && height > 0, "inpainting mask for ", width, "x",
+             height, ": expected positive multiples of 16");
+  const Rgb8Image sized = mask.width == width && mask.height == height ? mask : resize_lanczos(mask, width, height);
+  const std::vector<uint8_t> grey = luminance(sized);
+  const int gh = height / 16, gw = width / 16;
+  // torch's bilinear interpolation, align_corners false, in float: source = scale (i + 0.5) - 0.5,
+  // clamped at 0, between the taps i0 and i0 + 1 (the last row or column repeating).
+  struct Tap {
+    int i0, i1;
+    float l0, l1;
+  };
+  auto tap = [](int in, int out, int i) {
+    const float scale = float(in) / float(out);
+    const float src = std::max(scale * (float(i) + 0.5f) - 0.5f, 0.0f);
+    const int i0 = int(src);
+    const float l1 = src - float(i0);
+    return Tap{i0, i0 + (i0 < in - 1 ? 1 : 0), 1.0f - l1, l1};
+  };
+  auto bit = [&](int y, int x) { return grey[size_t(y) * size_t(width) + size_t(x)] >= 128 ? 1.0f : 0.0f; };
+  std::vector<float> weights;
+  for (int gy = 0; gy < gh; ++gy) {
+    const Tap ty = tap(height, gh, gy);
+    for (int gx = 0; gx < gw; ++gx) {
+      const Tap tx = tap(width, gw, gx);
+      weights.push_back(ty.l0 * (tx.l0 * bit(ty.i0, tx.i0) + tx.l1 * bit(ty.i0, tx.i1)) +
+                        ty.l1 * (tx.l0 * bit(ty.i1, tx.i0) + tx.l1 * bit(ty.i1, tx.i1)));
+    }
+  }
+  return weights;
+}
+
+int flux2::inpaint_first_step(int steps, double strength) {
+  const double run = std::min(double(steps) * strength, double(steps));
+  return int(std::max(double(steps) - run, 0.0));
 }
 
 Tensor flux2::text_position_ids(int64_t tokens) {

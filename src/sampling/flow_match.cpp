@@ -26,8 +26,11 @@ FlowSchedule flow_match_schedule(const Config& cfg, int steps, double mu) {
   for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
                           "invert_sigmas"})
     APUS_CHECK(!cfg.get_bool(key, false), cfg.path, ": ", key, " is not supported");
-  APUS_CHECK(cfg.json.value("shift_terminal", nlohmann::json()).is_null(), cfg.path,
-             ": shift_terminal is not supported");
+  APUS_CHECK(!cfg.has("shift_terminal"), cfg.path, ": shift_terminal is not supported");
+  APUS_CHECK(!cfg.get_bool("stochastic_sampling", false), cfg.path, ": stochastic_sampling true is not supported");
+  // With dynamic shifting the pipeline's mu replaces these (FLUX.2 computes mu from the image's
+  // token count and the steps, not from the base/max shift interpolation).
+  cfg.no_effect({"shift", "base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len"});
   const float train_steps = float(cfg.get_size("num_train_timesteps", 1000, 1));
   FlowSchedule s;
   // np.linspace in float64, stored as float32; the shift then runs in float32 with exp(mu)

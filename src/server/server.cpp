@@ -5,6 +5,7 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "io/audio.h"
 #include "io/image.h"
 #include "io/png.h"
+#include "pipeline/infotext.h"
 #include "pipeline/registry.h"
 #include "pipeline/stage.h"
 #include "server/jobs.h"
@@ -344,11 +346,33 @@ struct Server::Impl {
     refuse(404, "model '" + name + "' is not loaded (GET /v1/models lists them)", "model");
   }
 
+  // OpenAI's edits mask: a PNG whose fully transparent pixels mark the area to edit, as the
+  // white of a diffusers mask (PNG bytes).
+  static std::vector<uint8_t> openai_mask(const std::string& bytes) {
+    PngImage png;
+    try {
+      png = decode_png(bytes, "mask", /*with_alpha=*/true);
+    } catch (const Error& e) {
+      refuse(400, std::string(e.what()) + " (OpenAI's mask is a PNG with transparency)", "mask");
+    }
+    std::vector<uint8_t> white(png.rgb.size());
+    bool any = false;
+    for (size_t i = 0; i < png.alpha.size(); ++i) {
+      const uint8_t v = png.alpha[i] == 0 ? 255 : 0;
+      any |= v != 0;
+      std::memset(&white[3 * i], v, 3);
+    }
+    if (!any) refuse(400, "'mask' has no fully transparent pixel: OpenAI's mask marks the area to edit with alpha 0", "mask");
+    return encode_png(png.width, png.height, white, {}, "mask");
+  }
+
   // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
-  // b64_json; apus's seed and steps.
+  // b64_json; apus's seed, steps, cfg and negative_prompt; images to edit from, or with mask and
+  // strength to inpaint.
   std::shared_ptr<Job> image_job(const Json& body, bool trace = false) {
     const Fields f{body};
     f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
+            "mask", "strength",
             "user", "quality", "style", "output_format", "output_compression", "background", "moderation"});
     const Loaded& m = find(f, "image");
     ImageRequest r;
@@ -371,7 +395,25 @@ struct Server::Impl {
         }
       }
     }
-    const std::string size = f.string("size", r.references.empty() ? "1024x1024" : "auto");
+    // Inpainting: the mask (white repaints, as diffusers' mask_image) applies to the first image,
+    // as OpenAI's edits apply theirs; a second image is the reference for the repainted area.
+    if (f.has("mask")) {
+      const std::optional<std::string> bytes = body["mask"].is_string() ? unbase64(body["mask"].get<std::string>()) : std::nullopt;
+      if (!bytes || bytes->empty()) refuse(400, "'mask' must be an image file as base64", "mask");
+      if (r.references.empty()) refuse(400, "'mask' repaints the first of 'images', and there are none", "mask");
+      if (r.references.size() > 2)
+        refuse(400, "with 'mask', 'images' holds the image to repaint and at most one reference", "images");
+      try {
+        r.inpaint = Inpainting{std::move(r.references.front()), decode_image(*bytes, "mask"), f.number("strength", 0.8)};
+      } catch (const Error& e) {
+        refuse(400, e.what(), "mask");
+      }
+      r.references.erase(r.references.begin());
+    } else if (f.has("strength")) {
+      refuse(400, "'strength' is for inpainting, with 'mask'", "strength");
+    }
+    const bool sized_by_image = r.inpaint || !r.references.empty();
+    const std::string size = f.string("size", sized_by_image ? "auto" : "1024x1024");
     if (size != "auto") {
       int w = 0, h = 0;
       char tail = 0;
@@ -381,7 +423,7 @@ struct Server::Impl {
                         " (or auto: the first image's)", "size");
       r.width = w;
       r.height = h;
-    } else if (r.references.empty()) {
+    } else if (!sized_by_image) {
       refuse(400, "'size' auto takes the first of 'images', and there are none", "size");
     }
     r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
@@ -415,13 +457,9 @@ struct Server::Impl {
       const std::vector<ImageResult> results = model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
       for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
       j.keep_trace(results.front().trace);
-      for (const ImageResult& res : results) {
-        char guidance[32];
-        std::snprintf(guidance, sizeof guidance, "%g", double(res.cfg));
-        const std::string params = "Steps: " + std::to_string(res.steps) + ", Sampler: " + model->sampler() +
-                                   ", CFG scale: " + guidance + ", Seed: " + std::to_string(res.seed) + ", Size: " + std::to_string(res.width) +
-                                   "x" + std::to_string(res.height) + ", Model: " + model->label();
-        out.push_back({encode_png(res.width, res.height, res.rgb, {{"parameters", r.prompt + "\n" + params}}, "image"),
+      for (size_t i = 0; i < results.size(); ++i) {
+        const ImageResult& res = results[i];
+        out.push_back({encode_png(res.width, res.height, res.rgb, {{"parameters", infotext(batch[i], res, *model)}}, "image"),
                        "image/png", res.seed});
       }
       return out;
@@ -744,13 +782,14 @@ struct Server::Impl {
           if (ec != std::errc() || end != file.content.data() + file.content.size())
             refuse(400, "'" + name + "' must be an integer", name);
           body[name] = v;
-        } else if (name == "cfg") {
+        } else if (name == "cfg" || name == "strength") {
           char* end = nullptr;
           const double v = std::strtod(file.content.c_str(), &end);
-          if (file.content.empty() || end != file.content.c_str() + file.content.size()) refuse(400, "'cfg' must be a number", "cfg");
+          if (file.content.empty() || end != file.content.c_str() + file.content.size())
+            refuse(400, "'" + name + "' must be a number", name);
           body[name] = v;
         } else if (name == "mask") {
-          refuse(400, "'mask' (inpainting) is not supported yet", "mask");
+          body["mask"] = base64(openai_mask(file.content));
         } else {
           body[name] = file.content;
         }

@@ -884,11 +884,170 @@ def reference_edit(out_dir, name, cfg):
     kt.dump_json(meta, os.path.join(out_dir, f"{name}_edit_ref.json"))
 
 
+def reference_inpaint(out_dir, name, cfg):
+    """Inpainting through Flux2KleinInpaintPipeline. The image, 100x84, is resized (Lanczos, not
+    cropped) to 96x80; the mask, 75x61 RGB with colours on both sides of the luminance threshold,
+    is resized to 96x80, converted to L and binarised (mask_openai.png: the same area as the
+    transparent pixels of an RGBA PNG, for the server's OpenAI edits), then bilinearly interpolated to the latent
+    grid (values between 0 and 1 where its edges cross). The distilled variant adds a reference
+    image (70x100, cropped to 64x96) and runs strength 0.6 of 4 steps (the schedule starts at
+    step 1); the -base variant runs guidance 3.5 at strength 0.8 (all 4 steps). Each precision
+    draws its own noise from the seed (the pipeline's randn in the model dtype); a third run, fp32
+    from the bf16 draw, gives the official code's own bf16-vs-fp32 disagreement on the image
+    (fp32_bf16_noise.image_u8). The meta's first_steps are get_timesteps' starts for a table of
+    steps and strengths. Writes
+    <name>_inpaint/{image,mask,reference}.png and <name>_inpaint_ref.safetensors and .json."""
+    import numpy as np
+    import torch
+    from diffusers import Flux2KleinInpaintPipeline
+    from diffusers.utils import load_image
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    root = os.path.join(out_dir, name)
+    distilled = cfg.get("distilled", True)
+    case_dir = os.path.join(out_dir, f"{name}_inpaint")
+    os.makedirs(case_dir, exist_ok=True)
+    rng = np.random.default_rng(cfg["init_seed"] + 13)
+    w, h = 100, 84
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([xx * 255.0 / w, yy * 255.0 / h, (w - xx + yy) * 127.0 / (w + h)], axis=-1)
+    image = np.clip(base + rng.normal(0, 30, size=(h, w, 3)), 0, 255).astype(np.uint8)
+    Image.fromarray(image, "RGB").save(os.path.join(case_dir, "image.png"))
+    # The mask: blocks of colours whose luminance lies either side of 128, so the resize, the
+    # grey conversion and the threshold each decide pixels.
+    mw, mh = 75, 61
+    colours = np.array([[255, 255, 255], [0, 0, 0], [200, 90, 60], [40, 160, 250], [130, 126, 128], [120, 130, 125]])
+    blocks = rng.integers(0, len(colours), size=(6, 8))
+    by = (np.arange(mh) * 6) // mh
+    bx = (np.arange(mw) * 8) // mw
+    mask = colours[blocks[by][:, bx]].astype(np.uint8)
+    # The lower half speckled pixel by pixel, so the latent grid's sample points see mixed
+    # neighbours (quarters, where the bf16 products round).
+    speckle = rng.integers(0, len(colours), size=(mh - mh // 2, mw))
+    mask[mh // 2:] = colours[speckle]
+    Image.fromarray(mask, "RGB").save(os.path.join(case_dir, "mask.png"))
+    # The same area as OpenAI's edits mark it: transparent where to repaint, over colours that
+    # must not matter.
+    grey = np.asarray(Image.fromarray(mask, "RGB").convert("L"))
+    openai = np.concatenate([rng.integers(0, 256, size=(mh, mw, 3)), np.where(grey >= 128, 0, 255)[..., None]], axis=-1)
+    Image.fromarray(openai.astype(np.uint8), "RGBA").save(os.path.join(case_dir, "mask_openai.png"))
+    paths = {"image": os.path.join(case_dir, "image.png"), "mask": os.path.join(case_dir, "mask.png")}
+    if distilled:
+        rw, rh = 70, 100
+        ry, rx = np.mgrid[0:rh, 0:rw]
+        ref = np.stack([ry * 255.0 / rh, np.full((rh, rw), 200.0), rx * 255.0 / rw], axis=-1)
+        ref = np.clip(ref + rng.normal(0, 25, size=(rh, rw, 3)), 0, 255).astype(np.uint8)
+        paths["reference"] = os.path.join(case_dir, "reference.png")
+        Image.fromarray(ref, "RGB").save(paths["reference"])
+    prompt = "A red door in a white wall."
+    seed, steps = cfg["seed"] + 9, STEPS
+    strength = 0.6 if distilled else 0.8
+    scale = 1.0 if distilled else 3.5
+    meta = {"prompt": prompt, "seed": seed, "steps": steps, "strength": strength, "guidance_scale": scale,
+            "files": {k: os.path.basename(v) for k, v in paths.items()}}
+    out = {}
+    import diffusers.pipelines.flux2.pipeline_flux2_klein_inpaint as inpaint_module
+
+    original_randn = inpaint_module.randn_tensor
+
+    def bf16_draw(shape, generator=None, device=None, dtype=None, layout=None):
+        return original_randn(shape, generator=generator, device=device, dtype=torch.bfloat16).to(dtype)
+
+    for tag, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp32_bf16_noise", torch.float32)):
+        inpaint_module.randn_tensor = bf16_draw if tag == "fp32_bf16_noise" else original_randn
+        pipe = Flux2KleinInpaintPipeline.from_pretrained(root, torch_dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        assert pipe.config.is_distilled == distilled
+        dit_calls, after_steps = [], []
+
+        def dit_pre(mod, args, kwargs):
+            dit_calls.append({k: kwargs[k].detach().clone() for k in ("hidden_states", "img_ids", "timestep")})
+
+        def on_step(p, i, t, kw):
+            after_steps.append(kw["latents"].detach().clone())
+            return {}
+
+        orig_mask = pipe.prepare_mask_latents
+        masks = []
+
+        def prepare_mask_latents(*a, **k):
+            m = orig_mask(*a, **k)
+            masks.append(m.detach().clone())
+            return m
+
+        pipe.prepare_mask_latents = prepare_mask_latents
+        hook = pipe.transformer.register_forward_pre_hook(dit_pre, with_kwargs=True)
+        result = pipe(prompt=prompt, image=load_image(paths["image"]), mask_image=load_image(paths["mask"]),
+                      image_reference=load_image(paths["reference"]) if distilled else None,
+                      strength=strength, num_inference_steps=steps, guidance_scale=scale,
+                      generator=torch.Generator("cpu").manual_seed(seed), max_sequence_length=MAX_SEQ,
+                      text_encoder_out_layers=TEXT_LAYERS, callback_on_step_end=on_step, output_type="pil")
+        hook.remove()
+        inpaint_module.randn_tensor = original_randn
+        image_u8 = np.asarray(result.images[0].convert("RGB"), dtype=np.uint8)
+        H, W = image_u8.shape[:2]
+        if tag == "fp32_bf16_noise":
+            out[f"{tag}.image_u8"] = torch.from_numpy(image_u8.copy())
+            first_steps = []
+            for n, s in ((4, 0.6), (4, 0.8), (10, 0.3), (50, 0.8), (50, 0.35), (28, 1 / 3), (3, 0.0), (7, 1.0)):
+                pipe.scheduler.set_timesteps(num_inference_steps=n, mu=1.0)
+                _, run = pipe.get_timesteps(n, s, torch.device("cpu"))
+                first_steps.append([n, s, n - run])
+            meta["first_steps"] = first_steps
+            import inspect
+
+            params = inspect.signature(Flux2KleinInpaintPipeline.__call__).parameters
+            meta["defaults"] = {k: params[k].default for k in ("strength", "guidance_scale")}
+            del pipe
+            continue
+        assert (W, H) == (96, 80), (W, H)
+        L = (H // 16) * (W // 16)
+        m = masks[0][0, :, 0].to(torch.float32)
+        assert (m == 0).any() and (m == 1).any() and ((m == 0.25) | (m == 0.75)).any(), m
+        first = dit_calls[0]
+        out[f"{tag}.mask_latents"] = m.contiguous()
+        out[f"{tag}.initial_latents"] = first["hidden_states"][0, :L].to(torch.float32).contiguous()
+        out[f"{tag}.condition_latents"] = first["hidden_states"][0, L:].to(torch.float32).contiguous()
+        out["img_ids"] = first["img_ids"][0].to(torch.int64).contiguous()
+        out[f"{tag}.timesteps"] = torch.stack([c["timestep"][0].to(torch.float32) for c in dit_calls[:: 2 if scale > 1 else 1]])
+        for i, x in enumerate(after_steps):
+            out[f"{tag}.step{i}.latents"] = x[0].to(torch.float32).contiguous()
+        out[f"{tag}.image_u8"] = torch.from_numpy(image_u8.copy())
+        meta["width"], meta["height"], meta["steps_run"] = W, H, len(after_steps)
+        del pipe
+    save_file({k: v.contiguous() for k, v in sorted(out.items())},
+              os.path.join(out_dir, f"{name}_inpaint_ref.safetensors"),
+              metadata={"generator": "tools/oracle/make_klein_fixtures.py"})
+    kt.dump_json(meta, os.path.join(out_dir, f"{name}_inpaint_ref.json"))
+
+
+def write_config_keys(out_dir):
+    """The settings each official class takes (its __init__'s parameters: what diffusers writes
+    to config.json and reads back, what Qwen3Config accepts), for the test that holds every one
+    to being honoured or refused. Writes klein_config_keys.json."""
+    import inspect
+
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config
+
+    def keys(cls):
+        return [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+
+    kt.dump_json({"transformer": keys(Flux2Transformer2DModel), "vae": keys(AutoencoderKLFlux2),
+                  "scheduler": keys(FlowMatchEulerDiscreteScheduler), "text_encoder": keys(Qwen3Config),
+                  "pipeline": keys(Flux2KleinPipeline), "versions": versions()},
+                 os.path.join(out_dir, "klein_config_keys.json"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
     ap.add_argument("--only-tokenizer", action="store_true", help="write tokenizers + tokenizer_cases.json only")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--only-config-keys", action="store_true", help="write klein_config_keys.json only")
+    ap.add_argument("--only-inpainting", action="store_true",
+                    help="write <variant>_inpaint_ref.* for existing variant folders only")
     ap.add_argument("--only-reference-images", action="store_true",
                     help="write <variant>_refimage_ref.safetensors for existing variant folders only")
     args = ap.parse_args()
@@ -906,6 +1065,15 @@ def main():
         print("wrote tokenizers and tokenizer_cases.json")
         return
 
+    if args.only_config_keys:
+        write_config_keys(args.out)
+        return
+
+    if args.only_inpainting:
+        for name in args.variants:
+            reference_inpaint(args.out, name, VARIANTS[name])
+        return
+
     if args.only_reference_images:
         for name in args.variants:
             reference_image_latents(args.out, name, VARIANTS[name])
@@ -916,11 +1084,13 @@ def main():
     for name in args.variants:
         build_variant(args.out, name, VARIANTS[name])
     make_tokenizer_cases(args.out)
+    write_config_keys(args.out)
     for name in args.variants:
         m = reference_for_variant(args.out, name, VARIANTS[name])
         reference_image_latents(args.out, name, VARIANTS[name])
         if VARIANTS[name].get("distilled", True):
             reference_edit(args.out, name, VARIANTS[name])
+        reference_inpaint(args.out, name, VARIANTS[name])
         print(name, "mu", m["mu"], "sigmas", m["sigmas"], "tokens", m["n_prompt_tokens"])
 
 

@@ -2,6 +2,7 @@
 // What FLUX.2 [klein] fixes for every request, shared by the pipeline and the cost model.
 #include <vector>
 
+#include "apus/apus.h"
 #include "io/model_dir.h"
 
 namespace apus::flux2 {
@@ -20,6 +21,16 @@ bool check_klein_index(const ModelDir& dir);
 // guidance.
 constexpr int kBaseSteps = 50, kDistilledSteps = 4;
 constexpr float kBaseGuidance = 4.0f;
+constexpr float kInpaintGuidance = 8.0f;  // Flux2KleinInpaintPipeline's default scale (-base)
+
+// The inpainting mask as Flux2KleinInpaintPipeline prepares it: resized to width x height with
+// PIL's Lanczos filter (in RGB), converted to grey as PIL's convert("L"), 1 where that is >= 128
+// (u8 / 255 >= 0.5), else 0, then interpolated bilinearly (torch, align_corners false) to the
+// (height / 16) x (width / 16) latent grid: one weight per image token, row by row.
+std::vector<float> inpaint_mask(const Rgb8Image& mask, int width, int height);
+
+// get_timesteps: the index of the first of `steps` steps that an inpainting of `strength` runs.
+int inpaint_first_step(int steps, double strength);
 
 // Position ids (T, H, W, L axes) of the text tokens, (0, 0, 0, i), and of the image tokens of an
 // h x w latent grid, (0, row, col, 0): i64 [n, 4].

@@ -22,8 +22,8 @@ TextEncoderConfig TextEncoderConfig::read(const Config& c) {
   APUS_CHECK(t.head_dim % 2 == 0, c.path, ": head_dim ", t.head_dim, " must be even for RoPE");
   t.eps = float(c.get_positive("rms_norm_eps", 1e-6));
   // transformers 5 moved rope_theta into rope_parameters; older configs keep it at the top.
-  if (c.json.contains("rope_parameters") && c.json["rope_parameters"].is_object()) {
-    const Config rope{c.path + " (rope_parameters)", c.json["rope_parameters"]};
+  if (c.has("rope_parameters")) {
+    const Config rope = c.object("rope_parameters");
     t.rope_theta = rope.get_positive("rope_theta");
     const std::string type = rope.get_string("rope_type", "default");
     APUS_CHECK(type == "default", c.path, ": rope_type '", type, "' is not supported");
@@ -31,9 +31,27 @@ TextEncoderConfig TextEncoderConfig::read(const Config& c) {
     t.rope_theta = c.get_positive("rope_theta");
   }
   APUS_CHECK(!c.get_bool("attention_bias", false), c.path, ": attention_bias is not supported");
-  APUS_CHECK(!c.json.contains("rope_scaling") || c.json["rope_scaling"].is_null(), c.path,
-             ": rope_scaling ", c.json.value("rope_scaling", Json()).dump(),
+  APUS_CHECK(!c.has("rope_scaling"), c.path, ": rope_scaling ", c.at("rope_scaling").dump(),
              " is not supported (plain RoPE only)");
+  const std::string act = c.get_string("hidden_act", "silu");
+  APUS_CHECK(act == "silu", c.path, ": hidden_act '", act, "' is not supported (expected silu)");
+  // Sliding-window attention: off unless use_sliding_window, then from max_window_layers on (or
+  // as layer_types lists); only full attention is implemented.
+  APUS_CHECK(!c.get_bool("use_sliding_window", false), c.path,
+             ": use_sliding_window true is not supported (full attention only)");
+  if (c.has("layer_types"))
+    for (const Json& type : c.at("layer_types"))
+      APUS_CHECK(type == "full_attention", c.path, ": layer_types entry ", type.dump(),
+                 " is not supported (full_attention only)");
+  APUS_CHECK(c.get_double("attention_dropout", 0.0) >= 0, c.path, ": attention_dropout must not be negative");
+  // What leaves the encoder's hidden states unchanged: dropout (off in inference), the window
+  // settings while use_sliding_window is false, positions beyond the pipeline's 512 tokens, the
+  // LM head's tying (the head is not run), the cache, special token ids (the tokenizer pads), and
+  // transformers' generic fields.
+  c.no_effect({"sliding_window", "max_window_layers", "max_position_embeddings", "tie_word_embeddings", "use_cache",
+               "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "transformers_version",
+               "architectures", "output_hidden_states", "return_dict", "dtype", "torch_dtype",
+               "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type"});
   APUS_CHECK(t.heads % t.kv_heads == 0, c.path, ": num_attention_heads ", t.heads,
              " is not a multiple of num_key_value_heads ", t.kv_heads);
   return t;

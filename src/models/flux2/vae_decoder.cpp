@@ -29,8 +29,7 @@ VaeConfig VaeConfig::read(const Config& c) {
   v.out_channels = c.get_size("out_channels", 3, 1);
   v.layers_per_block = c.get_size("layers_per_block", 2, 1);
   v.groups = c.get_size("norm_num_groups", 32, 1);
-  const bool own = c.json.contains("decoder_block_out_channels") &&
-                   !c.json["decoder_block_out_channels"].is_null();
+  const bool own = c.has("decoder_block_out_channels");
   v.block_out = c.get_sizes(own ? "decoder_block_out_channels" : "block_out_channels");
   v.encoder_block_out = c.get_sizes("block_out_channels");
   for (const auto* blocks : {&v.block_out, &v.encoder_block_out})
@@ -42,29 +41,32 @@ VaeConfig VaeConfig::read(const Config& c) {
   v.post_quant_conv = c.get_bool("use_post_quant_conv", true);
   v.bn_eps = c.get_positive("batch_norm_eps", 1e-4);
   const std::vector<int64_t> patch =
-      c.json.contains("patch_size") ? c.get_ints("patch_size") : std::vector<int64_t>{2, 2};
+      c.has("patch_size") ? c.get_ints("patch_size") : std::vector<int64_t>{2, 2};
   // The pipeline's _unpatchify_latents hard-codes 2x2 whatever the config says.
   APUS_CHECK(patch == std::vector<int64_t>({2, 2}), c.path, ": patch_size must be [2, 2]");
   v.patch = 2;
   APUS_CHECK(!v.block_out.empty(), c.path, ": block_out_channels is empty");
   const std::string act = c.get_string("act_fn", "silu");
   APUS_CHECK(act == "silu", c.path, ": act_fn '", act, "' is not supported (expected silu)");
-  if (c.json.contains("down_block_types")) {
-    const Json& types = c.json["down_block_types"];
+  if (c.has("down_block_types")) {
+    const Json& types = c.at("down_block_types");
     APUS_CHECK(types.is_array() && types.size() == v.encoder_block_out.size(), c.path,
                ": down_block_types must list one block per block_out_channels entry");
     for (const Json& t : types)
       APUS_CHECK(t == "DownEncoderBlock2D", c.path, ": down block ", t.dump(),
                  " is not supported (expected DownEncoderBlock2D)");
   }
-  if (c.json.contains("up_block_types")) {
-    const Json& types = c.json["up_block_types"];
+  if (c.has("up_block_types")) {
+    const Json& types = c.at("up_block_types");
     APUS_CHECK(types.is_array() && types.size() == v.block_out.size(), c.path,
                ": up_block_types must list one block per block_out_channels entry");
     for (const Json& t : types)
       APUS_CHECK(t == "UpDecoderBlock2D", c.path, ": up block ", t.dump(),
                  " is not supported (expected UpDecoderBlock2D)");
   }
+  // The training-time settings: the sample size images were trained at and the batch-norm
+  // statistics' momentum (the stored running statistics are what inference reads).
+  c.no_effect({"sample_size", "batch_norm_momentum"});
   return v;
 }
 

@@ -248,6 +248,24 @@ void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor
   });
 }
 
+void blend(Context& c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y) {
+  const int64_t m = y.shape[0], d = y.rank() == 2 ? y.shape[1] : 0;
+  APUS_CHECK(y.rank() == 2 && a.shape == y.shape && b.shape == y.shape && w.dtype == DType::f32 &&
+                 (w.numel() == 1 || w.numel() == m),
+             "blend: a ", shape_str(a.shape), ", b ", shape_str(b.shape), ", w ", shape_str(w.shape), " ",
+             dtype_name(w.dtype), ", y ", shape_str(y.shape), "; expected [M, D] each and w f32 [M] or [1]");
+  parallel_for(m, [&](int64_t r) {
+    float* va = thread_scratch(0, d);
+    float* vb = thread_scratch(1, d);
+    load_row(a, r, va, d);
+    load_row(b, r, vb, d);
+    const float wr = round_as(y.dtype, w.ptr<float>()[w.numel() == 1 ? 0 : r]);
+    const float keep = round_as(y.dtype, 1.0f - wr);
+    for (int64_t i = 0; i < d; ++i) va[i] = round_as(y.dtype, keep * va[i]) + round_as(y.dtype, wr * vb[i]);
+    store_row(y, r, va, d);
+  });
+}
+
 void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,
                      float sigma, float scale, float apg, int64_t batch, int64_t valid) {
   const int64_t rows = x.shape[0], ch = x.shape[1], t = batch > 0 ? rows / batch : 0;

@@ -83,6 +83,16 @@ void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor
     }
 }
 
+void blend(Context& c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y) {
+  const DType dt = y.dtype;
+  for (int64_t r = 0; r < y.shape[0]; ++r) {
+    const double wr = as(dt, double(w.ptr<float>()[w.numel() == 1 ? 0 : r]));
+    const double keep = as(dt, 1.0 - wr);
+    for (int64_t i = 0; i < y.shape[1]; ++i)
+      put(y, r, i, as(dt, keep * get(a, r, i)) + as(dt, wr * get(b, r, i)));
+  }
+}
+
 void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,
                      float sigma, float scale, float apg, int64_t batch, int64_t valid) {
   const int64_t rows = x.shape[0], ch = x.shape[1], t = rows / batch;
