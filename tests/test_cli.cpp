@@ -97,7 +97,8 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
   std::filesystem::remove(noise);
 }
 
-INSTANTIATE_TEST_SUITE_P(Klein, CliImage, ::testing::Values("klein_tiny_a", "klein_tiny_b", "klein_tiny_base"));
+INSTANTIATE_TEST_SUITE_P(Klein, CliImage,
+                         ::testing::Values("klein_tiny_a", "klein_tiny_b", "klein_tiny_base", "klein_tiny_9b"));
 
 // Editing with two reference images (tools/oracle reference_edit): the first, 72x70, centre-cropped
 // to 64x64, sets the output size; the second, 64x96, is taken as it is. No -W/-H.

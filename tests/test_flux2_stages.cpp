@@ -155,7 +155,8 @@ TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
 INSTANTIATE_TEST_SUITE_P(Klein, Flux2Stages,
                          ::testing::Values(Case{"klein_tiny_a", "fp32"}, Case{"klein_tiny_a", "bf16"},
                                            Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"},
-                                           Case{"klein_tiny_base", "fp32"}, Case{"klein_tiny_base", "bf16"}),
+                                           Case{"klein_tiny_base", "fp32"}, Case{"klein_tiny_base", "bf16"},
+                                           Case{"klein_tiny_9b", "fp32"}, Case{"klein_tiny_9b", "bf16"}),
                          [](const auto& info) {
                            return info.param.variant.substr(11) + "_" + info.param.precision;
                          });

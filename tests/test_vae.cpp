@@ -142,7 +142,8 @@ TEST_P(Flux2Vae, EncoderPacksAReferenceImageAsThePipeline) {
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, Flux2Vae,
     ::testing::Values(Case{"klein_tiny_a", "fp32"}, Case{"klein_tiny_a", "bf16"},
-                      Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"}),
+                      Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"},
+                      Case{"klein_tiny_9b", "fp32"}, Case{"klein_tiny_9b", "bf16"}),
     [](const auto& info) { return info.param.variant + "_" + info.param.precision; });
 
 }  // namespace

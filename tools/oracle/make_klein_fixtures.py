@@ -118,6 +118,38 @@ VARIANTS = {
         steps=3,
         guidance=3.5,  # not a power of two: rounding the scaled difference shows
     ),
+    # Shaped as FLUX.2-klein-9B is to 4B: the transformer as wide as the text encoder (4096 =
+    # 32 x 128 for both), heads x head_dim equal to the text hidden size, grouped-query attention
+    # 4:1 (Qwen3-8B's 32:8), three single blocks per double block (8:24). Its weights also serve
+    # the -kv fixture (Flux2KleinKVPipeline, reference_kv).
+    "klein_tiny_9b": dict(
+        vocab_target=1800,
+        merges_as_strings=True,
+        pad_vocab_to=64,
+        config_style="transformers5",
+        qwen=dict(
+            hidden_size=32,
+            intermediate_size=96,
+            num_hidden_layers=28,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=8,  # 4 * 8 == hidden 32, as Qwen3-8B's 32 * 128 == 4096
+        ),
+        dit=dict(
+            num_layers=2,
+            num_single_layers=6,
+            num_attention_heads=2,
+            attention_head_dim=16,  # 2 * 16 == the text encoder's 32, as 9B's 32 * 128 == 4096
+            axes_dims_rope=(4, 4, 4, 4),
+        ),
+        vae=dict(block_out_channels=(8, 16, 16, 16), norm_num_groups=8),
+        width=64,
+        height=32,
+        seed=909,
+        init_seed=4004,
+        prompt="Two paper boats on a puddle, city lights reflected at night.",
+        kv=True,
+    ),
 }
 
 TOKENIZER_TEXTS = [
@@ -1022,6 +1054,85 @@ def reference_inpaint(out_dir, name, cfg):
     kt.dump_json(meta, os.path.join(out_dir, f"{name}_inpaint_ref.json"))
 
 
+def reference_kv(out_dir, name, cfg):
+    """Flux2KleinKVPipeline (the -kv checkpoints) on the variant's weights: <name>_kv/ holds its
+    model_index.json (the KV pipeline's class) beside links to the variant's components. Two
+    references (80x64 and 64x80 PNGs in <name>_kv_refs/), 4 steps: step 0 runs the references'
+    tokens (self-attending only, modulated at timestep 0) and caches their K/V per layer, later
+    steps attend to the cache. Both precisions from the bf16 draw. Writes
+    <name>_kv_ref.safetensors and .json."""
+    import numpy as np
+    import torch
+    from diffusers import Flux2KleinKVPipeline
+    from diffusers.utils.torch_utils import randn_tensor
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    import diffusers
+
+    root = os.path.join(out_dir, name)
+    kv_dir = os.path.join(out_dir, f"{name}_kv")
+    if os.path.isdir(kv_dir):
+        shutil.rmtree(kv_dir)
+    os.makedirs(kv_dir)
+    index = json.load(open(os.path.join(root, "model_index.json")))
+    index["_class_name"] = "Flux2KleinKVPipeline"
+    index["_diffusers_version"] = diffusers.__version__
+    kt.dump_json(index, os.path.join(kv_dir, "model_index.json"))
+    for component in ("scheduler", "text_encoder", "tokenizer", "transformer", "vae"):
+        os.symlink(os.path.join("..", name, component), os.path.join(kv_dir, component))
+    refs_dir = os.path.join(out_dir, f"{name}_kv_refs")
+    os.makedirs(refs_dir, exist_ok=True)
+    rng = np.random.default_rng(cfg["init_seed"] + 17)
+    refs = []
+    for i, (w, h) in enumerate(((80, 64), (64, 80))):
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = np.stack([np.full((h, w), 60.0 + 90 * i), yy * 255.0 / h, xx * 255.0 / w], axis=-1)
+        u8 = np.clip(base + rng.normal(0, 30, size=(h, w, 3)), 0, 255).astype(np.uint8)
+        path = os.path.join(refs_dir, f"ref{i}.png")
+        Image.fromarray(u8, "RGB").save(path)
+        refs.append(path)
+    prompt, seed, steps = "Make it a snowy morning.", cfg["seed"] + 3, STEPS
+    out = {}
+    meta = {"prompt": prompt, "seed": seed, "steps": steps, "references": [os.path.basename(r) for r in refs]}
+    for tag, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        pipe = Flux2KleinKVPipeline.from_pretrained(kv_dir, torch_dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        W, H = 80, 64  # the first reference's size (multiples of 16 already)
+        shape = (1, pipe.transformer.config.in_channels, H // 16, W // 16)
+        noise = randn_tensor(shape, generator=torch.Generator("cpu").manual_seed(seed), device=torch.device("cpu"),
+                             dtype=torch.bfloat16).to(pipe.text_encoder.dtype)
+        dit_calls, after_steps = [], []
+
+        def dit_pre(mod, args, kwargs):
+            dit_calls.append({k: kwargs[k] for k in ("hidden_states", "img_ids", "kv_cache_mode")})
+
+        def on_step(p, i, t, kw):
+            after_steps.append(kw["latents"].detach().clone())
+            return {}
+
+        hook = pipe.transformer.register_forward_pre_hook(dit_pre, with_kwargs=True)
+        result = pipe(prompt=prompt, image=[Image.open(r) for r in refs], num_inference_steps=steps, latents=noise,
+                      max_sequence_length=MAX_SEQ, text_encoder_out_layers=TEXT_LAYERS,
+                      callback_on_step_end=on_step, output_type="pil")
+        hook.remove()
+        assert [c["kv_cache_mode"] for c in dit_calls] == ["extract"] + ["cached"] * (steps - 1)
+        image_u8 = np.asarray(result.images[0].convert("RGB"), dtype=np.uint8)
+        assert image_u8.shape == (H, W, 3), image_u8.shape
+        L = (H // 16) * (W // 16)
+        out[f"{tag}.noise"] = noise.detach().to(torch.float32).contiguous()
+        out[f"{tag}.reference_latents"] = dit_calls[0]["hidden_states"][0, :-L].to(torch.float32).contiguous()
+        out["img_ids"] = dit_calls[0]["img_ids"][0].to(torch.int64).contiguous()
+        for i, x in enumerate(after_steps):
+            out[f"{tag}.step{i}.latents"] = x[0].to(torch.float32).contiguous()
+        out[f"{tag}.image_u8"] = torch.from_numpy(image_u8.copy())
+        meta["width"], meta["height"] = W, H
+        del pipe
+    save_file({k: v.contiguous() for k, v in sorted(out.items())}, os.path.join(out_dir, f"{name}_kv_ref.safetensors"),
+              metadata={"generator": "tools/oracle/make_klein_fixtures.py"})
+    kt.dump_json(meta, os.path.join(out_dir, f"{name}_kv_ref.json"))
+
+
 def write_config_keys(out_dir):
     """The settings each official class takes (its __init__'s parameters: what diffusers writes
     to config.json and reads back, what Qwen3Config accepts), for the test that holds every one
@@ -1088,9 +1199,12 @@ def main():
     for name in args.variants:
         m = reference_for_variant(args.out, name, VARIANTS[name])
         reference_image_latents(args.out, name, VARIANTS[name])
-        if VARIANTS[name].get("distilled", True):
-            reference_edit(args.out, name, VARIANTS[name])
-        reference_inpaint(args.out, name, VARIANTS[name])
+        if VARIANTS[name].get("kv"):
+            reference_kv(args.out, name, VARIANTS[name])
+        else:
+            if VARIANTS[name].get("distilled", True):
+                reference_edit(args.out, name, VARIANTS[name])
+            reference_inpaint(args.out, name, VARIANTS[name])
         print(name, "mu", m["mu"], "sigmas", m["sigmas"], "tokens", m["n_prompt_tokens"])
 
 
