@@ -140,6 +140,53 @@ TEST(CliEdit, ReferenceImagesReproduceTheOfficialEdit) {
   EXPECT_LE(worst, 1) << "fp32 edit differs from the fp32 reference by up to " << worst;
 }
 
+// Flux2KleinKVPipeline (the -kv checkpoints, tools/oracle reference_kv) on the 9B-shaped model:
+// two references whose tokens run once at timestep 0, attending only to each other, their keys
+// and values cached for every step (Flux2KvCache in test_flux2_stages.cpp holds the transformer's
+// velocities to the reference's, where the cache's semantics show more than in these pixels).
+TEST(CliEdit, ReferenceCacheReproducesTheOfficialKvPipeline) {
+  const std::string model = test::fixture("klein_tiny_9b_kv"), refs = test::fixture("klein_tiny_9b_kv_refs");
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("klein_tiny_9b_kv_ref.safetensors"));
+  const Json meta = read_json(test::fixture("klein_tiny_9b_kv_ref.json"));
+  const std::string args = " --prompt " + test::shell_quote(meta["prompt"].get<std::string>()) + " --image " + refs +
+                           "/ref0.png --image " + refs + "/ref1.png";
+  const std::string out = ::testing::TempDir() + "kv.png";
+  const test::CliRun r = test::run_cli("image --model " + model + args + " --seed " +
+                                       std::to_string(meta["seed"].get<int>()) + " -v -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << "the KV pipeline's 4 steps by default\n" << r.output;
+  const PngImage png = read_png(out);
+  ASSERT_EQ(png.width, meta["width"].get<int>());
+  ASSERT_EQ(png.height, meta["height"].get<int>());
+  const Tensor& ref_bf16 = ref.get("bf16.image_u8");
+  const Tensor& ref_fp32 = ref.get("fp32.image_u8");
+  const std::vector<uint8_t> bf16_bytes(ref_bf16.ptr<uint8_t>(), ref_bf16.ptr<uint8_t>() + ref_bf16.numel());
+  const double disagreement = mean_abs_diff(bf16_bytes, ref_fp32);
+  const double to_bf16 = mean_abs_diff(png.rgb, ref_bf16);
+  std::printf("[ measure ] kv mean |d| to bf16 ref %.3f, ref disagreement %.3f\n", to_bf16, disagreement);
+  EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
+
+  const std::string noise = ::testing::TempDir() + "kv_noise.safetensors", out32 = ::testing::TempDir() + "kv32.png";
+  write_safetensors(noise, {{"noise", ref.get("fp32.noise")}});
+  const test::CliRun r32 = test::run_cli("image --model " + model + args + " --noise " + noise + " --precision fp32 -o " + out32);
+  ASSERT_EQ(r32.status, 0) << r32.output;
+  const PngImage png32 = read_png(out32);
+  int worst = 0;
+  for (size_t i = 0; i < png32.rgb.size(); ++i)
+    worst = std::max(worst, std::abs(int(png32.rgb[i]) - int(ref_fp32.ptr<uint8_t>()[i])));
+  EXPECT_LE(worst, 1) << "fp32 KV edit differs from the fp32 reference by up to " << worst;
+
+  // The KV pipeline has neither guidance nor inpainting.
+  const test::CliRun guided = test::run_cli("image --model " + model + args + " --cfg 3 -o " + out);
+  EXPECT_NE(guided.status, 0);
+  EXPECT_NE(guided.output.find("Flux2KleinKVPipeline model (model_index.json), which runs without guidance"),
+            std::string::npos) << guided.output;
+  const test::CliRun inpaint = test::run_cli("image --model " + model + " -p x --image " + refs + "/ref0.png --mask " +
+                                             refs + "/ref1.png -o " + out);
+  EXPECT_NE(inpaint.status, 0);
+  EXPECT_NE(inpaint.output.find("has no inpainting"), std::string::npos) << inpaint.output;
+}
+
 // References the pipeline would refuse (check_image_input) are refused naming the image; so is a
 // file that is not an image. One over 1024x1024 pixels is resized and runs.
 TEST(CliEdit, ReferencesThePipelineRefusesAreRefusedLargeOnesResized) {

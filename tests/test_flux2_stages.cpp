@@ -246,6 +246,62 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
   fs::remove_all(dir);
 }
 
+// Flux2KleinKVPipeline's transformer (tools/oracle reference_kv, 9B-shaped): the references'
+// keys and values computed once, then the first step (the pipeline's extract pass, the
+// references' tokens in its sequence) and the second (from its cache) each give the reference's
+// velocity. The plain joint sequence (references attending to everything, at the step's
+// timestep) is held to be farther off, so the test sees the cache's semantics.
+TEST(Flux2KvCache, TransformerWithCachedReferencesGivesTheKvPipelinesVelocities) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("klein_tiny_9b_kv_ref.safetensors"));
+  const ModelDir dir = ModelDir::open(test::fixture("klein_tiny_9b_kv"));
+  const auto dit = flux2::Transformer::load(dir);
+  const auto& cfg = dit.config();
+  const Tensor& all_ids = ref.get("img_ids");
+  const int64_t l = ref.get("fp32.dit.step0.latents_in").shape[0], r = all_ids.shape[0] - l;
+  const int64_t t = ref.get("txt_ids").shape[0];
+  auto copy_ids = [](const Tensor& ids, int64_t from, int64_t to) {
+    Tensor out = Tensor::heap({to - from, 4}, DType::i64);
+    std::copy_n(ids.ptr<int64_t>() + from * 4, (to - from) * 4, out.ptr<int64_t>());
+    return out;
+  };
+  const Tensor ref_ids = copy_ids(all_ids, 0, r), latent_ids = copy_ids(all_ids, r, r + l);
+  for (const std::string p : {"fp32", "bf16"}) {
+    Arena arena;
+    Context ctx{&arena, test::precision_dtype(p)};
+    auto as_act = [&](const std::string& name, const Shape& shape) {
+      Tensor out = Tensor::heap(shape, ctx.act);
+      ops::copy(ctx, ref.get(name).reshape(shape), out);
+      return out;
+    };
+    const auto pro = dit.prologue(ctx, as_act(p + ".prompt_embeds", {t, cfg.joint_dim}), ref.get("txt_ids"), latent_ids);
+    const flux2::ReferenceKv kv = dit.reference_kv(ctx, as_act(p + ".reference_latents", {r, cfg.in_channels}), ref_ids);
+    for (int step = 0; step < 2; ++step) {
+      const std::string s = ".dit.step" + std::to_string(step);
+      const Tensor latents = as_act(p + s + ".latents_in", {l, cfg.in_channels});
+      const float timestep = ref.get(p + s + ".timestep").ptr<float>()[0] * 1000.0f;
+      Tensor velocity = Tensor::heap({l, cfg.out_channels}, ctx.act);
+      std::fill_n(velocity.ptr<uint8_t>(), velocity.nbytes(), 0xff);
+      dit.forward(ctx, pro, latents, timestep, velocity, &kv);
+      const std::vector<float> want32 = to_f32_vector(ref.get("fp32" + s + ".velocity"));
+      test::expect_matches("kv transformer" + s, p, to_f32_vector(velocity), want32,
+                           to_f32_vector(ref.get("bf16" + s + ".velocity")));
+      if (p != "fp32" || step != 0) continue;
+      // The references in the joint sequence instead (Flux2KleinPipeline's way).
+      const Tensor joint_ids = copy_ids(all_ids, 0, r + l);
+      Tensor joint_latents = Tensor::heap({r + l, cfg.in_channels}, ctx.act), joint_velocity = Tensor::heap({r + l, cfg.out_channels}, ctx.act);
+      Tensor refs_rows = joint_latents.rows(0, r), image_rows = joint_latents.rows(r, r + l);
+      ops::copy(ctx, as_act(p + ".reference_latents", {r, cfg.in_channels}), refs_rows);
+      ops::copy(ctx, latents, image_rows);
+      const auto joint = dit.prologue(ctx, as_act(p + ".prompt_embeds", {t, cfg.joint_dim}), ref.get("txt_ids"), joint_ids);
+      dit.forward(ctx, joint, joint_latents, timestep, joint_velocity);
+      const std::vector<float> plain = to_f32_vector(joint_velocity.rows(r, r + l));
+      std::printf("[ measure ] plain joint sequence instead of the cache: rel L2 %.3e to the KV velocity\n",
+                  test::rel_l2(plain, want32));
+      EXPECT_GT(test::rel_l2(plain, want32), 100 * test::kFp32Tolerance);
+    }
+  }
+}
+
 // Inpainting's preparation as Flux2KleinInpaintPipeline's (tools/oracle reference_inpaint): the
 // 75x61 mask of colours either side of the grey threshold, resized to the 96x80 image, grey,
 // thresholded and interpolated to the 6x5 latent grid, equals the pipeline's mask latents to the

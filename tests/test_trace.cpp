@@ -147,6 +147,29 @@ TEST(Trace, EditTraceHoldsExactlyTheCountedOps) {
   expect_trace_matches_count(result.trace, cost);
 }
 
+// The KV pipeline: the references' own pass counted once in the prologue, every step attending to
+// their cached keys and values.
+TEST(Trace, ReferenceCacheTraceHoldsExactlyTheCountedOps) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_9b_kv"), Weights::per_stage);
+  ImageRequest r;
+  r.prompt = "snow";
+  r.steps = 2;
+  for (const char* name : {"ref0.png", "ref1.png"})
+    r.references.push_back(read_image(test::fixture(std::string("klein_tiny_9b_kv_refs/") + name)));
+  r.trace = true;
+  const ImageResult result = model->generate(r);
+  const PipelineCost cost = model->count(r);
+  expect_trace_matches_count(result.trace, cost);
+  // A step without the references' tokens costs less than one with them in its sequence.
+  const auto plain = ImageModel::open(test::fixture("klein_tiny_9b"), Weights::none);
+  auto step_flops = [](const PipelineCost& p) {
+    for (const StageCost& s : p.stages)
+      if (s.name == "dit_step") return s.per_call.flops;
+    return 0.0;
+  };
+  EXPECT_LT(step_flops(cost), step_flops(plain->count(r)));
+}
+
 // Inpainting on the -base model with guidance and a reference: the image's encoding, the noised
 // start in the prologue, and the masked update after each of the steps the strength leaves.
 TEST(Trace, InpaintingTraceHoldsExactlyTheCountedOps) {

@@ -98,6 +98,10 @@ struct Work {
   // the image (noised to the next sigma) in proportion 1 - inpaint_mask, per token.
   bool inpainting = false;
   int first_step = 0;
+  // Flux2KleinKVPipeline with references: their keys and values, computed once in the prologue,
+  // stand in for their tokens at every step.
+  bool reference_cache = false;
+  std::optional<flux2::ReferenceKv> reference_kv;
   Tensor noise, inpaint_mask;  // [batch * h * w, C] as latents; f32 [batch * h * w]
   FlowSchedule schedule;
   Tensor prompt_embeds, latents, velocity, image;
@@ -112,8 +116,11 @@ class KleinModel final : public ImageModel {
   PipelineCost count(const ImageRequest& request, int batch) const override;
   const std::string& label() const override { return label_; }
   const std::string& sampler() const override { return sampler_; }
-  int default_steps() const override { return distilled_ ? flux2::kDistilledSteps : flux2::kBaseSteps; }
-  float default_cfg() const override { return distilled_ ? 1.0f : flux2::kBaseGuidance; }
+  // The KV pipeline's own default is 4 steps and it has no guidance.
+  int default_steps() const override {
+    return distilled_ || reference_cache_ ? flux2::kDistilledSteps : flux2::kBaseSteps;
+  }
+  float default_cfg() const override { return distilled_ || reference_cache_ ? 1.0f : flux2::kBaseGuidance; }
 
  private:
   // The request with the model's defaults filled in, its guidance checked against the model.
@@ -136,6 +143,7 @@ class KleinModel final : public ImageModel {
   ModelDir configs_;  // the same directory without weights: what counting loads
   Weights weights_;
   bool distilled_ = true;
+  bool reference_cache_ = false;  // Flux2KleinKVPipeline
   std::string label_, sampler_ = "Euler (flow match)";
   std::optional<BpeTokenizer> tokenizer_;
   flux2::TransformerConfig dit_cfg_;
@@ -151,7 +159,9 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
       configs_(ModelDir::open(dir.root(), false)),
       weights_(weights),
       label_(model_label(dir.root())) {
-  distilled_ = flux2::check_klein_index(dir_);
+  const flux2::KleinIndex index = flux2::check_klein_index(dir_);
+  distilled_ = index.distilled;
+  reference_cache_ = index.reference_cache;
   // Everything a directory can get wrong in its configs is found here, before any request.
   const auto text_cfg = flux2::TextEncoderConfig::read(dir_.config("text_encoder"));
   dit_cfg_ = flux2::TransformerConfig::read(dir_.config("transformer"));
@@ -205,6 +215,11 @@ void KleinModel::resolve_inpainting(ImageRequest& r) const {
 
 ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   ImageRequest r = request;
+  APUS_CHECK(!reference_cache_ || !r.inpaint, label_, " is a Flux2KleinKVPipeline model (model_index.json), which ",
+             "has no inpainting (Flux2KleinInpaintPipeline's)");
+  APUS_CHECK(!reference_cache_ || (r.cfg <= 1 && !r.negative_prompt), label_,
+             " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: ",
+             r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", r.cfg), " is refused");
   if (r.inpaint) {
     resolve_inpainting(r);
   } else {
@@ -258,6 +273,7 @@ Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
     w.crops.push_back(crop_of(reference));
   }
   for (const Crop& crop : w.crops) w.ref_tokens += crop.tokens();
+  w.reference_cache = reference_cache_ && w.ref_tokens > 0;
   return w;
 }
 
@@ -310,10 +326,18 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
                                       : flux2::text_position_ids(kMaxSequence);
   std::vector<std::pair<int64_t, int64_t>> grids;
   for (const Crop& crop : w.crops) grids.emplace_back(crop.height / 16, crop.width / 16);
-  const Tensor img_ids = c.count_only ? Tensor::shape_only({l + w.ref_tokens, 4}, DType::i64)
+  // With the reference cache the references leave the sequence: they run once, here.
+  const int64_t seq_refs = w.reference_cache ? 0 : w.ref_tokens;
+  if (w.reference_cache) {
+    const Tensor ref_ids = c.count_only ? Tensor::shape_only({w.ref_tokens, 4}, DType::i64)
+                                        : flux2::image_and_reference_position_ids(0, 0, grids);
+    w.reference_kv = dit.reference_kv(c, w.refs, ref_ids);
+    grids.clear();
+  }
+  const Tensor img_ids = c.count_only ? Tensor::shape_only({l + seq_refs, 4}, DType::i64)
                                       : flux2::image_and_reference_position_ids(w.h, w.w, grids);
   w.prologue = dit.prologue(c, w.prompt_embeds, txt_ids, img_ids);
-  w.velocity = ops::empty(c, {w.samples * (l + w.ref_tokens), dit.config().out_channels}, c.act);
+  w.velocity = ops::empty(c, {w.samples * (l + seq_refs), dit.config().out_channels}, c.act);
   if (w.inpainting) {
     CostScope scope(c, "sampler");
     // The drawn noise stays for re-noising the image at every step.
@@ -326,9 +350,10 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
 void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i) const {
   const size_t s = size_t(i);
   ArenaScope arena(*c.arena);
-  const int64_t rows = w.latents.shape[0], l = w.h * w.w, seq = l + w.ref_tokens;
+  const int64_t refs = w.reference_cache ? 0 : w.ref_tokens;  // reference tokens in the sequence
+  const int64_t rows = w.latents.shape[0], l = w.h * w.w, seq = l + refs;
   Tensor x = w.latents, velocity = w.velocity;
-  if (w.guided || w.ref_tokens > 0) {
+  if (w.guided || refs > 0) {
     // Every sample's sequence: its latents, then the reference tokens; guided, both branches see
     // the same latents, as one batch.
     x = Tensor::in(*c.arena, {w.samples * seq, w.latents.shape[1]}, w.latents.dtype);
@@ -336,14 +361,15 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
       const int64_t b = sample % w.batch;
       Tensor image = x.rows(sample * seq, sample * seq + l);
       ops::copy(c, w.latents.rows(b * l, (b + 1) * l), image);
-      if (w.ref_tokens == 0) continue;
+      if (refs == 0) continue;
       Tensor refs = x.rows(sample * seq + l, (sample + 1) * seq);
       ops::copy(c, w.refs, refs);
     }
   }
-  dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity);
+  dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity,
+              w.reference_kv ? &*w.reference_kv : nullptr);
   CostScope scope(c, "sampler");
-  if (w.ref_tokens > 0) {
+  if (refs > 0) {
     // The image tokens' velocities, sample by sample (the pipeline's noise_pred[:, :L]).
     velocity = Tensor::in(*c.arena, {w.samples * l, w.velocity.shape[1]}, w.velocity.dtype);
     for (int64_t sample = 0; sample < w.samples; ++sample) {
@@ -618,10 +644,12 @@ Tensor flux2::image_and_reference_position_ids(int64_t h, int64_t w,
   return ids;
 }
 
-bool flux2::check_klein_index(const ModelDir& dir) {
+flux2::KleinIndex flux2::check_klein_index(const ModelDir& dir) {
   const std::string index = dir.root() + "/model_index.json";
-  APUS_CHECK(dir.pipeline_class() == "Flux2KleinPipeline", index, ": _class_name '",
-             dir.pipeline_class(), "' is not supported (this build runs Flux2KleinPipeline)");
+  KleinIndex k;
+  k.reference_cache = dir.pipeline_class() == "Flux2KleinKVPipeline";
+  APUS_CHECK(k.reference_cache || dir.pipeline_class() == "Flux2KleinPipeline", index, ": _class_name '",
+             dir.pipeline_class(), "' is not supported (this build runs Flux2KleinPipeline and Flux2KleinKVPipeline)");
   const std::pair<const char*, std::vector<std::string>> components[] = {
       {"transformer", {"Flux2Transformer2DModel"}},
       {"vae", {"AutoencoderKLFlux2"}},
@@ -633,11 +661,13 @@ bool flux2::check_klein_index(const ModelDir& dir) {
     APUS_CHECK(std::find(classes.begin(), classes.end(), cls) != classes.end(), index, ": ", name,
                " class '", cls, "' is not supported (expected ", classes[0], ")");
   }
-  // Absent, the pipeline's default (false) holds: a -base model.
-  if (!dir.index().contains("is_distilled")) return false;
+  // Absent, the pipeline's default holds.
+  k.distilled = k.reference_cache;
+  if (!dir.index().contains("is_distilled")) return k;
   const Json& distilled = dir.index()["is_distilled"];
   APUS_CHECK(distilled.is_boolean(), index, ": is_distilled is ", distilled.dump(), ", expected true or false");
-  return distilled.get<bool>();
+  k.distilled = distilled.get<bool>();
+  return k;
 }
 
 }  // namespace apus

@@ -18,6 +18,7 @@ struct Family {
 
 const Family<ImageModel> kImageFamilies[] = {
     {"Flux2KleinPipeline", open_klein},
+    {"Flux2KleinKVPipeline", open_klein},
 };
 const Family<AudioModel> kAudioFamilies[] = {
     {"StableAudio3Pipeline", open_sa3},

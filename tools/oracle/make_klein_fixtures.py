@@ -1105,17 +1105,25 @@ def reference_kv(out_dir, name, cfg):
         dit_calls, after_steps = [], []
 
         def dit_pre(mod, args, kwargs):
-            dit_calls.append({k: kwargs[k] for k in ("hidden_states", "img_ids", "kv_cache_mode")})
+            dit_calls.append({k: kwargs[k] for k in ("hidden_states", "img_ids", "kv_cache_mode", "timestep",
+                                                      "encoder_hidden_states", "txt_ids")})
+
+        dit_out = []
+
+        def dit_post(mod, args, kwargs, output):
+            dit_out.append(output[0].detach().clone())
 
         def on_step(p, i, t, kw):
             after_steps.append(kw["latents"].detach().clone())
             return {}
 
         hook = pipe.transformer.register_forward_pre_hook(dit_pre, with_kwargs=True)
+        post = pipe.transformer.register_forward_hook(dit_post, with_kwargs=True)
         result = pipe(prompt=prompt, image=[Image.open(r) for r in refs], num_inference_steps=steps, latents=noise,
                       max_sequence_length=MAX_SEQ, text_encoder_out_layers=TEXT_LAYERS,
                       callback_on_step_end=on_step, output_type="pil")
         hook.remove()
+        post.remove()
         assert [c["kv_cache_mode"] for c in dit_calls] == ["extract"] + ["cached"] * (steps - 1)
         image_u8 = np.asarray(result.images[0].convert("RGB"), dtype=np.uint8)
         assert image_u8.shape == (H, W, 3), image_u8.shape
@@ -1125,6 +1133,15 @@ def reference_kv(out_dir, name, cfg):
         out["img_ids"] = dit_calls[0]["img_ids"][0].to(torch.int64).contiguous()
         for i, x in enumerate(after_steps):
             out[f"{tag}.step{i}.latents"] = x[0].to(torch.float32).contiguous()
+        # The transformer's inputs and velocities at the first two steps: the extract pass (the
+        # references' tokens ahead of the image's) and the first one from the cache.
+        out[f"{tag}.prompt_embeds"] = dit_calls[0]["encoder_hidden_states"][0].to(torch.float32).contiguous()
+        out["txt_ids"] = dit_calls[0]["txt_ids"][0].to(torch.int64).contiguous()
+        for i in range(2):
+            out[f"{tag}.dit.step{i}.latents_in"] = dit_calls[i]["hidden_states"][0, -L:].to(torch.float32).contiguous()
+            out[f"{tag}.dit.step{i}.timestep"] = dit_calls[i]["timestep"][:1].to(torch.float32).contiguous()
+            out[f"{tag}.dit.step{i}.velocity"] = dit_out[i][0].to(torch.float32).contiguous()
+            assert dit_out[i].shape[1] == L
         out[f"{tag}.image_u8"] = torch.from_numpy(image_u8.copy())
         meta["width"], meta["height"] = W, H
         del pipe
@@ -1157,6 +1174,7 @@ def main():
     ap.add_argument("--only-tokenizer", action="store_true", help="write tokenizers + tokenizer_cases.json only")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--only-config-keys", action="store_true", help="write klein_config_keys.json only")
+    ap.add_argument("--only-kv", action="store_true", help="write <variant>_kv* for existing kv variant folders only")
     ap.add_argument("--only-inpainting", action="store_true",
                     help="write <variant>_inpaint_ref.* for existing variant folders only")
     ap.add_argument("--only-reference-images", action="store_true",
@@ -1178,6 +1196,11 @@ def main():
 
     if args.only_config_keys:
         write_config_keys(args.out)
+        return
+
+    if args.only_kv:
+        for name in args.variants:
+            reference_kv(args.out, name, VARIANTS[name])
         return
 
     if args.only_inpainting:

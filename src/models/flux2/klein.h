@@ -10,11 +10,20 @@ namespace apus::flux2 {
 constexpr int kMaxSequence = 512;                    // the pipeline's max_sequence_length
 inline const std::vector<int> kTextTaps = {9, 18, 27};  // the pipeline's text_encoder_out_layers
 
-// Refuses a directory that is not a Flux2KleinPipeline with the component classes this
-// implementation reproduces, naming model_index.json and the key. Returns model_index.json's
-// is_distilled: true for the step-distilled models (no guidance), false (the pipeline's default
-// when the key is absent) for the -base models, sampled with classifier-free guidance.
-bool check_klein_index(const ModelDir& dir);
+// What model_index.json says about the pipeline.
+struct KleinIndex {
+  // is_distilled: true for the step-distilled models (no guidance), false for the -base models,
+  // sampled with classifier-free guidance; absent, the pipeline's default (false for
+  // Flux2KleinPipeline, true for Flux2KleinKVPipeline).
+  bool distilled = true;
+  // Flux2KleinKVPipeline (the -kv checkpoints): references run once and their keys and values
+  // are cached; no guidance, no inpainting.
+  bool reference_cache = false;
+};
+
+// Refuses a directory that is not a Flux2KleinPipeline or Flux2KleinKVPipeline with the
+// component classes this implementation reproduces, naming model_index.json and the key.
+KleinIndex check_klein_index(const ModelDir& dir);
 
 // The official pipeline's defaults: 50 steps and guidance 4.0 for a -base model. The distilled
 // models are meant for 4 steps (their model card; the pipeline's own default is 50) and ignore

@@ -115,14 +115,47 @@ TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embed
   return p;
 }
 
+void Transformer::joint_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                  int64_t batch, int64_t t, const BlockKv& kv) const {
+  const int64_t d = cfg_.head_dim;
+  const float scale = 1.0f / std::sqrt(float(d));
+  if (kv.keep) {
+    ops::copy(c, k, kv.keep->k);
+    ops::copy(c, v, kv.keep->v);
+  }
+  if (!kv.attend) {
+    ops::attention(c, q, k, v, out, d, scale, {false, nullptr, batch});
+    return;
+  }
+  // Each sample's keys and values as [txt; references; img], the order the KV pipeline's joint
+  // sequence has them in.
+  ArenaScope arena(*c.arena);
+  const int64_t s = q.shape[0] / batch, r = kv.attend->k.shape[0], sk = s + r, h = cfg_.hidden;
+  Tensor k_all = Tensor::in(*c.arena, {batch * sk, h}, c.act), v_all = Tensor::in(*c.arena, {batch * sk, h}, c.act);
+  auto assemble = [&](const Tensor& from, const Tensor& refs, Tensor& to) {
+    for (int64_t i = 0; i < batch; ++i) {
+      Tensor txt = to.rows(i * sk, i * sk + t), ref = to.rows(i * sk + t, i * sk + t + r),
+             img = to.rows(i * sk + t + r, (i + 1) * sk);
+      if (t > 0) ops::copy(c, from.rows(i * s, i * s + t), txt);
+      ops::copy(c, refs, ref);
+      ops::copy(c, from.rows(i * s + t, (i + 1) * s), img);
+    }
+  };
+  assemble(k, kv.attend->k, k_all);
+  assemble(v, kv.attend->v, v_all);
+  ops::attention(c, q, k_all, v_all, out, d, scale, {false, nullptr, batch});
+}
+
 void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int64_t t,
-                               int64_t batch, const Tensor& mod_img, const Tensor& mod_txt,
-                               const TransformerPrologue& pro) const {
+                               int64_t batch, const Modulation& m, const TransformerPrologue& pro,
+                               const BlockKv& kv) const {
+  const Tensor &mod_img = m.img, &mod_txt = m.txt;
   ArenaScope scope(*c.arena);
   const int64_t rows = hidden.shape[0], s = rows / batch, h = cfg_.hidden, d = cfg_.head_dim,
                 f = cfg_.mlp_hidden;
   // Sample i holds rows [i*s, (i+1)*s): its text, then its image. The streams have their own
-  // weights, so stream ops run per sample; the joint ops (rope, attention) run on all rows.
+  // weights, so stream ops run per sample; the joint ops (rope, attention) run on all rows. The
+  // references' own pass has no text (t = 0).
   auto txt_of = [&](const Tensor& x, int64_t i) { return x.rows(i * s, i * s + t); };
   auto img_of = [&](const Tensor& x, int64_t i) { return x.rows(i * s + t, (i + 1) * s); };
   auto mod = [h](const Tensor& m, int j) { return m.cols(j * h, (j + 1) * h); };
@@ -133,8 +166,9 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
     Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
     ops::layer_norm_modulate(c, img_of(hidden, i), mod(mod_img, j), mod(mod_img, j + 1), n_img,
                              cfg_.eps, ops::Rounding::each_step);
-    ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, j), mod(mod_txt, j + 1), n_txt,
-                             cfg_.eps, ops::Rounding::each_step);
+    if (t > 0)
+      ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, j), mod(mod_txt, j + 1), n_txt,
+                               cfg_.eps, ops::Rounding::each_step);
   };
   std::optional<CostScope> part(std::in_place, c, "attn");
   // q, k, v of both streams land in one joint [txt; img] buffer per sample: the concat costs
@@ -150,21 +184,23 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
       Tensor o = out;
       ops::linear(c, n_img, w, nullptr, o);
     }
+    Tensor q_img = img_of(q, i), k_img = img_of(k, i);
+    ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, ops::Rounding::once);
+    ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, ops::Rounding::once);
+    if (t == 0) continue;
     for (const auto& [w, out] : {Proj{b.add_q, txt_of(q, i)}, Proj{b.add_k, txt_of(k, i)},
                                  Proj{b.add_v, txt_of(v, i)}}) {
       Tensor o = out;
       ops::linear(c, n_txt, w, nullptr, o);
     }
-    Tensor q_img = img_of(q, i), k_img = img_of(k, i), q_txt = txt_of(q, i), k_txt = txt_of(k, i);
-    ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, ops::Rounding::once);
-    ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, ops::Rounding::once);
+    Tensor q_txt = txt_of(q, i), k_txt = txt_of(k, i);
     ops::rms_norm(c, q_txt, b.norm_added_q, q_txt, cfg_.eps, d, ops::Rounding::once);
     ops::rms_norm(c, k_txt, b.norm_added_k, k_txt, cfg_.eps, d, ops::Rounding::once);
   }
   ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   Tensor attn = Tensor::in(*c.arena, {rows, h}, c.act);
-  ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {false, nullptr, batch});
+  joint_attention(c, q, k, v, attn, batch, t, kv);
 
   Tensor proj = Tensor::in(*c.arena, {rows, h}, c.act);
   for (int64_t i = 0; i < batch; ++i) {
@@ -172,12 +208,12 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
     {
       RowParallel row(c);
       ops::linear(c, img_of(attn, i), b.to_out, nullptr, p_img);
-      ops::linear(c, txt_of(attn, i), b.to_add_out, nullptr, p_txt);
+      if (t > 0) ops::linear(c, txt_of(attn, i), b.to_add_out, nullptr, p_txt);
     }
     Tensor img = img_of(hidden, i), txt = txt_of(hidden, i);
     const Tensor g_img = mod(mod_img, 2), g_txt = mod(mod_txt, 2);
     ops::add_gated(c, img, p_img, &g_img, ops::Rounding::each_step);
-    ops::add_gated(c, txt, p_txt, &g_txt, ops::Rounding::each_step);
+    if (t > 0) ops::add_gated(c, txt, p_txt, &g_txt, ops::Rounding::each_step);
   }
 
   // Feed-forward: SwiGLU over the two halves of one fused projection.
@@ -193,6 +229,7 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
          {Stream{n_img, b.ff_in, b.ff_out, img_of(hidden, i), mod(mod_img, 5), i * s + t, (i + 1) * s},
           Stream{n_txt, b.ff_ctx_in, b.ff_ctx_out, txt_of(hidden, i), mod(mod_txt, 5), i * s,
                  i * s + t}}) {
+      if (st.r0 == st.r1) continue;  // the references' pass: no text
       Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
       ops::linear(c, st.n, st.w_in, nullptr, u);
       ops::glu(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Activation::silu,
@@ -208,7 +245,7 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
 }
 
 void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod,
-                               const TransformerPrologue& pro) const {
+                               const TransformerPrologue& pro, int64_t t, const BlockKv& kv) const {
   ArenaScope scope(*c.arena);
   const int64_t s = hidden.shape[0], h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
   Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
@@ -226,7 +263,7 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   // Attention output and the MLP activation fill the two halves of to_out's input directly.
   Tensor joint = Tensor::in(*c.arena, {s, h + f}, c.act);
   Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
-  ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), {false, nullptr, pro.batch});
+  joint_attention(c, q, k, v, attn, pro.batch, t, kv);
   part.emplace(c, "linear2");
   ops::glu(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp,
                 ops::Activation::silu, ops::Rounding::each_step);
@@ -239,8 +276,57 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   ops::add_gated(c, hidden, out, &gate, ops::Rounding::each_step);
 }
 
+Transformer::Modulation Transformer::modulation(Context& c, float tau) const {
+  const int64_t h = cfg_.hidden;
+  Tensor sinus_act = Tensor::in(*c.arena, {1, cfg_.timestep_channels}, c.act);
+  ops::timestep_embedding(c, tau, sinus_act);
+  Tensor t1 = Tensor::in(*c.arena, {1, h}, c.act), temb = Tensor::in(*c.arena, {1, h}, c.act);
+  ops::linear(c, sinus_act, time_1_, nullptr, t1);
+  ops::silu(c, t1, t1);
+  ops::linear(c, t1, time_2_, nullptr, temb);
+  Tensor temb_silu = Tensor::in(*c.arena, {1, h}, c.act);
+  ops::silu(c, temb, temb_silu);
+  Modulation m{Tensor::in(*c.arena, {1, 6 * h}, c.act), Tensor::in(*c.arena, {1, 6 * h}, c.act),
+               Tensor::in(*c.arena, {1, 3 * h}, c.act), Tensor::in(*c.arena, {1, 2 * h}, c.act)};
+  ops::linear(c, temb_silu, mod_img_, nullptr, m.img);
+  ops::linear(c, temb_silu, mod_txt_, nullptr, m.txt);
+  ops::linear(c, temb_silu, mod_single_, nullptr, m.single);
+  ops::linear(c, temb_silu, norm_out_, nullptr, m.out);
+  return m;
+}
+
+ReferenceKv Transformer::reference_kv(Context& c, const Tensor& tokens, const Tensor& ids) const {
+  const int64_t r = tokens.shape[0], h = cfg_.hidden;
+  APUS_CHECK(tokens.rank() == 2 && tokens.shape[1] == cfg_.in_channels && ids.rank() == 2 && ids.shape[0] == r &&
+                 ids.shape[1] == 4 && r > 0,
+             "transformer: reference tokens ", shape_str(tokens.shape), " at ids ", shape_str(ids.shape),
+             ", expected [R, ", cfg_.in_channels, "] and [R, 4]");
+  ReferenceKv kv;
+  for (size_t i = 0; i < double_.size() + single_.size(); ++i)
+    kv.layers.push_back({ops::empty(c, {r, h}, c.act), ops::empty(c, {r, h}, c.act)});
+  ArenaScope scope(*c.arena);
+  CostScope dit_scope(c, "dit/references");
+  TransformerPrologue pro;
+  pro.cos = Tensor::in(*c.arena, {r, cfg_.head_dim / 2}, DType::f32);
+  pro.sin = Tensor::in(*c.arena, {r, cfg_.head_dim / 2}, DType::f32);
+  ops::rope_tables(c, ids, cfg_.axes_dims, cfg_.rope_theta, ops::RopeMath::f64, pro.cos, pro.sin);
+  // The pipeline's fixed reference timestep, 0: no rounding moves it.
+  const Modulation m = modulation(c, 0.0f);
+  Tensor hidden = Tensor::in(*c.arena, {r, h}, c.act);
+  ops::linear(c, tokens, x_embedder_, nullptr, hidden);
+  for (size_t i = 0; i < double_.size(); ++i) {
+    CostScope block(c, "double." + std::to_string(i));
+    double_block(c, double_[i], hidden, 0, 1, m, pro, {nullptr, &kv.layers[i]});
+  }
+  for (size_t i = 0; i < single_.size(); ++i) {
+    CostScope block(c, "single." + std::to_string(i));
+    single_block(c, single_[i], hidden, m.single, pro, 0, {nullptr, &kv.layers[double_.size() + i]});
+  }
+  return kv;
+}
+
 void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tensor& latents,
-                          float timestep, Tensor& velocity) const {
+                          float timestep, Tensor& velocity, const ReferenceKv* references) const {
   ArenaScope scope(*c.arena);
   const int64_t batch = pro.batch, t = pro.txt.shape[0] / batch, l = latents.shape[0] / batch;
   const int64_t s = t + l, h = cfg_.hidden;
@@ -255,24 +341,13 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   // again, each in the model dtype; the sinusoid (cos first) is fp32, cast back.
   const auto act_round = [&c](float v) { return round_as(c.act, v); };
   const float tau = act_round(act_round(act_round(timestep) / 1000.0f) * 1000.0f);
+  APUS_CHECK(!references || references->layers.size() == double_.size() + single_.size(),
+             "transformer: reference keys and values for ", references ? references->layers.size() : 0,
+             " blocks, expected ", double_.size() + single_.size());
   CostScope dit_scope(c, "dit");
   std::optional<CostScope> embed_scope(std::in_place, c, "embed");
-  Tensor sinus_act = Tensor::in(*c.arena, {1, cfg_.timestep_channels}, c.act);
-  ops::timestep_embedding(c, tau, sinus_act);
-  Tensor t1 = Tensor::in(*c.arena, {1, h}, c.act), temb = Tensor::in(*c.arena, {1, h}, c.act);
-  ops::linear(c, sinus_act, time_1_, nullptr, t1);
-  ops::silu(c, t1, t1);
-  ops::linear(c, t1, time_2_, nullptr, temb);
-  Tensor temb_silu = Tensor::in(*c.arena, {1, h}, c.act);
-  ops::silu(c, temb, temb_silu);
-  Tensor mod_img = Tensor::in(*c.arena, {1, 6 * h}, c.act),
-         mod_txt = Tensor::in(*c.arena, {1, 6 * h}, c.act),
-         mod_single = Tensor::in(*c.arena, {1, 3 * h}, c.act),
-         mod_out = Tensor::in(*c.arena, {1, 2 * h}, c.act);
-  ops::linear(c, temb_silu, mod_img_, nullptr, mod_img);
-  ops::linear(c, temb_silu, mod_txt_, nullptr, mod_txt);
-  ops::linear(c, temb_silu, mod_single_, nullptr, mod_single);
-  ops::linear(c, temb_silu, norm_out_, nullptr, mod_out);
+  const Modulation m = modulation(c, tau);
+  const Tensor& mod_out = m.out;
 
   // One [txt; img] residual stream per sample for the whole forward, sample after sample.
   Tensor hidden = Tensor::in(*c.arena, {batch * s, h}, c.act);
@@ -285,12 +360,13 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   for (size_t i = 0; i < double_.size(); ++i) {
     CostScope block(c, "double." + std::to_string(i));
     mark_depth_boundary(c, hidden);
-    double_block(c, double_[i], hidden, t, batch, mod_img, mod_txt, pro);
+    double_block(c, double_[i], hidden, t, batch, m, pro, {references ? &references->layers[i] : nullptr, nullptr});
   }
   for (size_t i = 0; i < single_.size(); ++i) {
     CostScope block(c, "single." + std::to_string(i));
     mark_depth_boundary(c, hidden);
-    single_block(c, single_[i], hidden, mod_single, pro);
+    single_block(c, single_[i], hidden, m.single, pro, t,
+                 {references ? &references->layers[double_.size() + i] : nullptr, nullptr});
   }
   CostScope final_scope(c, "final");
 

@@ -25,6 +25,17 @@ struct TransformerPrologue {
   Tensor cos, sin;  // [T + L, head_dim / 2] f32: one sample's joint sequence, text first
 };
 
+// The reference images' keys and values at every block (after their norms and RoPE), as
+// Flux2KleinKVPipeline caches them: the references' tokens run once, on their own (attending only
+// to each other), modulated at timestep 0; every step's queries then see them between the text's
+// keys and the image's. One entry per double block, then per single block; shared by a batch.
+struct ReferenceKv {
+  struct Layer {
+    Tensor k, v;  // [R, hidden] activation dtype
+  };
+  std::vector<Layer> layers;
+};
+
 class Transformer {
  public:
   static Transformer load(const ModelDir& dir);
@@ -37,9 +48,13 @@ class Transformer {
   TransformerPrologue prologue(Context& c, const Tensor& prompt_embeds, const Tensor& txt_ids,
                                const Tensor& img_ids) const;
   // latents [B*L, in_channels] (activation dtype); timestep is the scheduler's t = 1000 sigma,
-  // the same for every sample. Writes velocity [B*L, out_channels].
+  // the same for every sample. Writes velocity [B*L, out_channels]. With `references`, every
+  // attention also sees their cached keys and values.
   void forward(Context& c, const TransformerPrologue& pro, const Tensor& latents, float timestep,
-               Tensor& velocity) const;
+               Tensor& velocity, const ReferenceKv* references = nullptr) const;
+  // Runs packed reference tokens [R, in_channels] at position ids ids [R, 4] through every block
+  // and keeps their keys and values (the KV pipeline's extract pass).
+  ReferenceKv reference_kv(Context& c, const Tensor& tokens, const Tensor& ids) const;
 
  private:
   struct Double {
@@ -57,11 +72,25 @@ class Transformer {
   std::vector<Double> double_;
   std::vector<Single> single_;
 
+  // How a block's attention meets the references: it attends to their cached keys and values,
+  // or (the references' own pass) keeps its keys and values as theirs.
+  struct BlockKv {
+    const ReferenceKv::Layer* attend = nullptr;
+    ReferenceKv::Layer* keep = nullptr;
+  };
+  struct Modulation {
+    Tensor img, txt, single, out;  // [1, 6h], [1, 6h], [1, 3h], [1, 2h]
+  };
+  // The blocks' shared modulation at the model's timestep tau (already rounded as the reference).
+  Modulation modulation(Context& c, float tau) const;
+  // Joint attention over each sample's [txt; img] rows (txt_len text rows), the references' keys
+  // and values between the text's and the image's when kv.attend is set.
+  void joint_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       int64_t batch, int64_t txt_len, const BlockKv& kv) const;
   void double_block(Context& c, const Double& b, Tensor& hidden, int64_t txt_len, int64_t batch,
-                    const Tensor& mod_img, const Tensor& mod_txt,
-                    const TransformerPrologue& pro) const;
+                    const Modulation& mod, const TransformerPrologue& pro, const BlockKv& kv) const;
   void single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod,
-                    const TransformerPrologue& pro) const;
+                    const TransformerPrologue& pro, int64_t txt_len, const BlockKv& kv) const;
 };
 
 }  // namespace apus::flux2
