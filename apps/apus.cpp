@@ -223,8 +223,7 @@ int main(int argc, char** argv) {
   std::string synth_seed = "0";
   auto* synth = app.add_subcommand("synth", "write a random-weight checkpoint in the published layout");
   auto* synth_model_opt = synth->add_option("--model", synth_model, "published model to mimic")
-      ->check(CLI::IsMember({"flux2-klein-4b", "stable-audio-3-medium", "stable-audio-3-small-music",
-                             "stable-audio-3-small-sfx"}));
+      ->check(CLI::IsMember(apus::kPublishedModels));
   auto* synth_like_opt =
       synth->add_option("--like", synth_like, "checkpoint folder whose layout to mimic instead")
           ->check(CLI::ExistingDirectory);
@@ -267,8 +266,7 @@ int main(int argc, char** argv) {
   auto* bench_model_opt = bench->add_option("--model", bench_opts.model, "model directory or cached ORG/NAME");
   auto* bench_synthetic_opt =
       bench->add_option("--synthetic", bench_synthetic, "bench `apus synth` weights of this published model (written once)")
-          ->check(CLI::IsMember({"flux2-klein-4b", "stable-audio-3-medium", "stable-audio-3-small-music",
-                                 "stable-audio-3-small-sfx"}));
+          ->check(CLI::IsMember(apus::kPublishedModels));
   bench_model_opt->excludes(bench_synthetic_opt);
   bench->add_option("--prompt,-p", bench_opts.image.prompt, "text prompt");
   auto* bench_width_opt = bench->add_option("--width,-W", bench_opts.image.width, "image width");
@@ -300,7 +298,7 @@ int main(int argc, char** argv) {
   auto* report = app.add_subcommand("report", "a Markdown table of apus bench --json reports");
   report->add_option("reports", report_files, "bench reports")->required()->check(CLI::ExistingFile);
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
-  roofline->add_option("--model", roof_model, "model directory (configs only are read) or flux2-klein-4b");
+  roofline->add_option("--model", roof_model, "model directory (configs only are read) or a published name (flux2-klein-4b, flux2-klein-9b, stable-audio-3-medium, ...)");
   roofline->add_option("--width,-W", roof_req.width, "image width");
   roofline->add_option("--height,-H", roof_req.height, "image height");
   auto* roof_steps_opt = roofline->add_option("--steps", roof_req.steps, "sampling steps");

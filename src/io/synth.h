@@ -5,8 +5,15 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace apus {
+
+// The published models whose layouts data/ carries: what synth, bench --synthetic and counting by
+// name accept.
+inline const std::vector<std::string> kPublishedModels = {
+    "flux2-klein-4b", "flux2-klein-9b", "flux2-klein-9b-kv", "stable-audio-3-medium", "stable-audio-3-small-music",
+    "stable-audio-3-small-sfx"};
 
 using SynthProgress = std::function<void(const std::string&)>;
 

@@ -60,12 +60,12 @@ std::string resolve_model_dir(const std::string& model, Weights weights) {
   // "stable-audio-3-medium").
   const bool plain_name = !model.empty() && model.find('/') == std::string::npos && model[0] != '.';
   const std::string published = plain_name ? published_layout_dir(model) : "";
+  std::string names;
+  for (const std::string& name : kPublishedModels) names += (names.empty() ? "" : ", ") + name;
   APUS_CHECK(weights == Weights::none && plain_name &&
                  (path_exists(published + "/model_index.json") || path_exists(published + "/model_config.json")),
              model, ": model directory does not exist",
-             weights == Weights::none ? " (nor is it a published name: flux2-klein-4b, stable-audio-3-medium, "
-                                        "stable-audio-3-small-music, stable-audio-3-small-sfx)"
-                                      : "");
+             weights == Weights::none ? " (nor is it a published name: " + names + ")" : "");
   return published;
 }
 
