@@ -138,6 +138,31 @@ void BM_LayerNormModulate(benchmark::State& st) {
 }
 BENCHMARK(BM_LayerNormModulate)->Args({1536, 3072})->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// SAME-L's element-wise ops at a 30 s clip's chunk (2176 tokens). args: rows, features, group
+// (DyT's gamma/beta width: the row, or a head of 64)
+void BM_Dyt(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t m = st.range(0), d = st.range(1), g = st.range(2);
+  Tensor x = filled({m, d}, DType::bf16), alpha = filled({1}, DType::bf16), gamma = filled({g}, DType::bf16),
+         beta = filled({g}, DType::bf16), y = Tensor::heap({m, d}, DType::bf16);
+  for (auto _ : st) ops::dyt(c, x, alpha, gamma, beta, y, ops::Rounding::each_step);
+  st.counters["B/s"] = benchmark::Counter(4.0 * m * d, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Dyt)->Args({2176, 1536, 1536})->Args({2176, 3072, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// args: rows, features, activation (0 silu, 1 sin_pi)
+void BM_Glu(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t m = st.range(0), f = st.range(1);
+  Tensor a = filled({m, f}, DType::bf16), b = filled({m, f}, DType::bf16), y = Tensor::heap({m, f}, DType::bf16);
+  const auto act = st.range(2) ? ops::Activation::sin_pi : ops::Activation::silu;
+  for (auto _ : st) ops::glu(c, a, b, y, act, ops::Rounding::each_step);
+  st.counters["B/s"] = benchmark::Counter(6.0 * m * f, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Glu)->Args({2176, 4608, 1})->Args({452, 6144, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // A whole VAE decode on a real-size checkpoint named by $APUS_MODEL (e.g. an `apus synth` one).
 // args: image side
 void BM_VaeDecode(benchmark::State& st) {

@@ -25,7 +25,7 @@ void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activatio
     } else {  // sin(pi x): the product is an eager op of its own
       for (int64_t i = 0; i < f; ++i) va[i] *= 3.14159265358979323846f;
       if (rounded) round_to(y.dtype, va, f);
-      for (int64_t i = 0; i < f; ++i) va[i] = std::sin(va[i]);
+      sin_row(va, f);
     }
     if (rounded) round_to(y.dtype, va, f);
     for (int64_t i = 0; i < f; ++i) va[i] *= vb[i];
@@ -69,16 +69,7 @@ void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, 
   parallel_for(m, [&](int64_t r) {
     float* v = thread_scratch(0, d);
     load_row(x, r, v, d);
-    for (int64_t i = 0; i < d; ++i) v[i] *= a;
-    if (rounded) round_to(y.dtype, v, d);
-    tanh_row(v, d);
-    if (rounded) round_to(y.dtype, v, d);
-    for (int64_t h = 0; h < d; h += group) {
-      float* p = v + h;
-      for (int64_t i = 0; i < group; ++i) p[i] *= gp[i];
-      if (rounded) round_to(y.dtype, p, group);
-      for (int64_t i = 0; i < group; ++i) p[i] += bp[i];
-    }
+    dyt_row(v, d, a, gp, bp, group, rounded && y.dtype == DType::bf16);
     store_row(y, r, v, d);
   });
 }

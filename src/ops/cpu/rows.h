@@ -40,15 +40,7 @@ inline void store_row(Tensor& t, int64_t r, const float* in, int64_t n) {
 // Rounds in place as a store to `dt` and a load back would: round_bf16 without its NaN branch (a
 // select), so the loop vectorises; every each_step rounding of every op runs through it.
 inline void round_to(DType dt, float* v, int64_t n) {
-  if (dt != DType::bf16) return;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, v + i, 4);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    const uint32_t nan = (u & 0xffff0000u) | 0x00400000u;
-    u = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
-    std::memcpy(v + i, &u, 4);
-  }
+  if (dt == DType::bf16) round_bf16_row(v, n);
 }
 
 // A small vector (norm weights, modulation, gates) as one [1, n] row; a one-row column view counts.

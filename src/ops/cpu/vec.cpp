@@ -116,6 +116,67 @@ APUS_CLONES void tanh_row(float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] = tanh_poly(v[i]);
 }
 
+namespace {
+
+__attribute__((always_inline)) inline float bf16_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t nan = (u & 0xffff0000u) | 0x00400000u;
+  u = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+}  // namespace
+
+APUS_CLONES void round_bf16_row(float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = bf16_round(v[i]);
+}
+
+APUS_CLONES void dyt_row(float* v, int64_t n, float alpha, const float* gamma, const float* beta, int64_t group,
+                         bool round_bf16) {
+  for (int64_t h = 0; h < n; h += group) {
+    float* p = v + h;
+    if (round_bf16) {
+      for (int64_t i = 0; i < group; ++i)
+        p[i] = bf16_round(bf16_round(bf16_round(tanh_poly(bf16_round(alpha * p[i]))) * gamma[i]) + beta[i]);
+    } else {
+      for (int64_t i = 0; i < group; ++i) p[i] = tanh_poly(alpha * p[i]) * gamma[i] + beta[i];
+    }
+  }
+}
+
+APUS_CLONES void sin_row(float* v, int64_t n) {
+  int wide = 0;
+#pragma omp simd reduction(| : wide)
+  for (int64_t i = 0; i < n; ++i) wide |= !(std::fabs(v[i]) <= 8192.0f);
+  if (wide) {
+    // Far arguments (and NaN, Inf) the reduction below cannot carry: libm, which reduces exactly.
+    for (int64_t i = 0; i < n; ++i) v[i] = std::sin(v[i]);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = v[i];
+    // x = k pi + r, |r| <= pi/2, with pi in three parts whose products with |k| < 2^12 are exact.
+    const float k = std::nearbyint(x * 0.318309886183790671f);
+    float r = std::fma(k, -3.140625f, x);
+    r = std::fma(k, -9.67502593994140625e-4f, r);
+    r = std::fma(k, -1.509957990978376432e-7f, r);
+    const float r2 = r * r;
+    // sin's Taylor series to r^15 (the next term is under 1e-11 at pi/2).
+    float p = -1.0f / 1307674368000.0f;
+    p = std::fma(p, r2, 1.0f / 6227020800.0f);
+    p = std::fma(p, r2, -1.0f / 39916800.0f);
+    p = std::fma(p, r2, 1.0f / 362880.0f);
+    p = std::fma(p, r2, -1.0f / 5040.0f);
+    p = std::fma(p, r2, 1.0f / 120.0f);
+    p = std::fma(p, r2, -1.0f / 6.0f);
+    const float s = std::fma(r * r2, p, r);
+    v[i] = int32_t(k) & 1 ? -s : s;  // (-1)^k
+  }
+}
+
 APUS_CLONES float sum_row(const float* v, int64_t n) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)

@@ -18,6 +18,15 @@ void silu_row(float* v, int64_t n);
 void gelu_tanh_row(float* v, int64_t n);
 // v <- tanh(v)
 void tanh_row(float* v, int64_t n);
+// v <- sin(v), within 2 ulp of the correctly rounded value (Cody-Waite reduction by pi and an odd
+// polynomial; |v| > 8192, where the three-part pi runs out of bits, and non-finite values go to libm).
+void sin_row(float* v, int64_t n);
+// v <- v rounded to bf16 (nearest, ties to even), kept in f32; NaN stays NaN.
+void round_bf16_row(float* v, int64_t n);
+// DynamicTanh over a row: v <- gamma[i % group] * tanh(alpha * v) + beta[i % group], each eager
+// op's result rounded to bf16 when round_bf16 (alpha * v, the tanh, the product).
+void dyt_row(float* v, int64_t n, float alpha, const float* gamma, const float* beta, int64_t group,
+             bool round_bf16);
 float sum_row(const float* v, int64_t n);
 // sum of (v - mean)^2
 float squared_deviation_row(const float* v, int64_t n, float mean);
