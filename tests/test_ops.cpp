@@ -222,6 +222,10 @@ TEST_P(Ops, DifferentialAttentionIsTheDifferenceOfTwo) {
   run_both("differential_attention", poisoned({s, h * d}), [&](Context& c, Tensor& o) {
     ops::differential_attention(c, qt, kt, q2, k2, vt, o, d, 0.125f, {false, nullptr, 2});
   }, /*inner_rounding=*/true);
+  // SAME's band |i - j| <= 17, per sample of the two.
+  run_both("differential_attention band", poisoned({s, h * d}), [&](Context& c, Tensor& o) {
+    ops::differential_attention(c, qt, kt, q2, k2, vt, o, d, 0.125f, {false, nullptr, 2, 0.0f, Rounding::once, 17});
+  }, /*inner_rounding=*/true);
   // The same from two attention ops and a subtraction in the activation dtype.
   Tensor a = poisoned({s, h * d}), b = poisoned({s, h * d}), diff = poisoned({s, h * d});
   ops::attention(ctx, qt, kt, vt, a, d, 0.125f, {false, nullptr, 2});
