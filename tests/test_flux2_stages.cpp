@@ -186,7 +186,7 @@ TEST(Flux2Configs, EveryOfficialSettingIsHonouredOrRefused) {
   for (const auto& [name, config] : files) {
     ASSERT_GE(keys[name].size(), 10u) << name;
     for (const Json& key : keys[name])
-      EXPECT_TRUE(config->consulted->count(key.get<std::string>()))
+      EXPECT_TRUE(config->consulted->contains(key.get<std::string>()))
           << config->path << ": '" << key.get<std::string>() << "' is neither honoured nor refused";
   }
   // The pipeline's own: the components, whose classes check_klein_index checks, and is_distilled.

@@ -2,6 +2,7 @@
 // A diffusers-layout model directory: model_index.json plus one folder per component.
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -19,12 +20,29 @@ Json parse_json(const std::string& text, const std::string& path);
 Json read_json(const std::string& path);
 
 // Typed config access whose errors name the file and key.
+// The keys a Config's readers consulted (models read their configs from several request threads).
+class ConsultedKeys {
+ public:
+  void add(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    keys_.insert(key);
+  }
+  bool contains(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return keys_.count(key) > 0;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<std::string> keys_;
+};
+
 struct Config {
   std::string path;
   Json json;
   // The keys consulted through the methods below, shared by copies: a test holds them against the
   // keys the official classes read, so that none is silently ignored.
-  std::shared_ptr<std::set<std::string>> consulted = std::make_shared<std::set<std::string>>();
+  std::shared_ptr<ConsultedKeys> consulted = std::make_shared<ConsultedKeys>();
   bool has(const std::string& key) const;        // present and not null
   const Json& at(const std::string& key) const;  // present (null allowed); refused when missing
   Config object(const std::string& key) const;   // a nested object of settings, refused if not one

@@ -1,0 +1,128 @@
+// The CUDA backend object: device memory through cudaMalloc, the op list's entries forwarded to
+// this folder's kernels, and the ops not written yet refused by name.
+#include <mutex>
+
+#include "ops/cuda/cuda.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace apus {
+
+namespace cuda {
+
+void check(cudaError_t e, const char* what) {
+  APUS_CHECK(e == cudaSuccess, "cuda: ", what, ": ", cudaGetErrorString(e));
+}
+
+cudaStream_t stream() { return cudaStreamPerThread; }
+
+namespace {
+
+[[noreturn]] void not_written(const char* op) {
+  fail("cuda backend: op '", op, "' is not implemented yet (issue 11; run it with the cpu backend)");
+}
+
+}  // namespace
+
+// The ops this backend does not run yet.
+void rope(Context&, Tensor&, const Tensor&, const Tensor&, int64_t, ops::RopeStyle, ops::Rounding) { not_written("rope"); }
+void attention(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, int64_t, float,
+               const ops::AttentionOptions&) { not_written("attention"); }
+void differential_attention(Context&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            Tensor&, int64_t, float, const ops::AttentionOptions&) { not_written("differential_attention"); }
+void pingpong_update(Context&, Tensor&, const Tensor&, const Tensor&, float, float) { not_written("pingpong_update"); }
+void guided_velocity(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, float, float, float, int64_t,
+                     int64_t) { not_written("guided_velocity"); }
+void conv2d(Context&, const Tensor&, const Tensor&, const Tensor*, Tensor&, int64_t, int64_t, int64_t) {
+  not_written("conv2d");
+}
+void group_norm(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, int64_t, float, bool, ops::Rounding) {
+  not_written("group_norm");
+}
+void embedding(Context&, const Tensor&, const Tensor&, Tensor&) { not_written("embedding"); }
+void rope_tables(Context&, const Tensor&, const std::vector<int64_t>&, double, ops::RopeMath, Tensor&, Tensor&) {
+  not_written("rope_tables");
+}
+void timestep_embedding(Context&, float, Tensor&) { not_written("timestep_embedding"); }
+void fourier_features(Context&, float, const Tensor&, Tensor&) { not_written("fourier_features"); }
+void permute(Context&, const Tensor&, Tensor&, const std::vector<int>&) { not_written("permute"); }
+void image_to_rgb8(Context&, const Tensor&, Tensor&) { not_written("image_to_rgb8"); }
+
+}  // namespace cuda
+
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int ordinal) : Backend("cuda:" + std::to_string(ordinal), Device::cuda, ordinal) {}
+  void* allocate(size_t bytes) override {
+    select();
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    APUS_CHECK(e == cudaSuccess, name(), ": out of device memory allocating ", bytes, " bytes (",
+               cudaGetErrorString(e), ")");
+    return p;
+  }
+  void release(void* p) override {
+    select();
+    cudaFree(p);
+  }
+#define APUS_CUDA_OP(ret, name, params, args) \
+  ret name params override {                  \
+    select();                                 \
+    return cuda::name args;                   \
+  }
+  APUS_OPS(APUS_CUDA_OP)
+#undef APUS_CUDA_OP
+
+ private:
+  void select() const { cuda::check(cudaSetDevice(ordinal()), "select the device"); }
+};
+
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = std::string("CUDA runtime: ") + cudaGetErrorString(e);
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+Backend& cuda_backend(int ordinal) {
+  std::string why;
+  APUS_CHECK(cuda_available(&why), "cuda:", ordinal, ": ", why);
+  int n = 0;
+  cuda::check(cudaGetDeviceCount(&n), "count devices");
+  APUS_CHECK(ordinal >= 0 && ordinal < n, "cuda:", ordinal, ": this machine has ", n, " CUDA device(s)");
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<CudaBackend>> backends;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (backends.size() < size_t(n)) backends.resize(size_t(n));
+  if (!backends[size_t(ordinal)]) backends[size_t(ordinal)] = std::make_unique<CudaBackend>(ordinal);
+  return *backends[size_t(ordinal)];
+}
+
+Tensor to_device(Backend& backend, const Tensor& host) {
+  APUS_CHECK(host.device == Device::cpu && host.contiguous(), "to_device: expected a contiguous host tensor, got ",
+             shape_str(host.shape));
+  Tensor t = Tensor::allocate(backend, host.shape, host.dtype);
+  cuda::check(cudaMemcpy(t.data, host.data, host.nbytes(), cudaMemcpyHostToDevice), "copy to the device");
+  return t;
+}
+
+Tensor to_host(const Tensor& device) {
+  APUS_CHECK(device.device == Device::cuda && device.contiguous(), "to_host: expected a contiguous device tensor, got ",
+             shape_str(device.shape));
+  cuda::check(cudaStreamSynchronize(cuda::stream()), "finish the queued ops");
+  Tensor t = Tensor::heap(device.shape, device.dtype);
+  cuda::check(cudaMemcpy(t.data, device.data, device.nbytes(), cudaMemcpyDeviceToHost), "copy to the host");
+  return t;
+}
+
+}  // namespace apus

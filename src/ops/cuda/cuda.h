@@ -1,0 +1,19 @@
+#pragma once
+// The CUDA backend (issue 11): the op list on an NVIDIA GPU, memory from cudaMalloc, GEMMs through
+// cuBLASLt. Present when the build found nvcc (APUS_HAS_CUDA); the element-wise, norm and GEMM
+// ops run, the rest are refused by name until they are written (docs/ROADMAP.md lists them).
+#include <string>
+
+#include "ops/backend.h"
+
+namespace apus {
+
+// Whether a CUDA device can run here; if not, why (no driver, no device, built without CUDA).
+bool cuda_available(std::string* why);
+// The backend of GPU `ordinal`; refused when cuda_available is false.
+Backend& cuda_backend(int ordinal = 0);
+// A device copy of a host tensor (contiguous), and a host copy of a device one.
+Tensor to_device(Backend& backend, const Tensor& host);
+Tensor to_host(const Tensor& device);
+
+}  // namespace apus

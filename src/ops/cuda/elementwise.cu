@@ -1,0 +1,307 @@
+// The element-wise, norm and layout ops on the GPU, with the op list's roundings: values in f32,
+// each eager sub-step rounded to the output dtype where the contract says so, one store rounding.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "ops/cuda/cuda_ops.h"
+
+namespace apus::cuda {
+
+namespace {
+
+// A rank-2 view as kernels see it: rows of `cols` elements `stride` apart (any tensor of another
+// rank is its contiguous [numel / last, last]).
+struct View {
+  void* data;
+  DType dt;
+  int64_t rows, cols, stride;
+};
+
+View view(const Tensor& t) {
+  if (t.rank() == 2) return {t.data, t.dtype, t.shape[0], t.shape[1], t.row_stride()};
+  APUS_CHECK(t.contiguous(), "cuda: a ", shape_str(t.shape), " view of rank ", t.rank(), " is not supported");
+  const int64_t last = t.rank() ? t.shape.back() : 1;
+  return {t.data, t.dtype, last ? t.numel() / last : 0, last, last};
+}
+
+__device__ float ld(const View& v, int64_t r, int64_t c) {
+  const int64_t i = r * v.stride + c;
+  switch (v.dt) {
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(v.data)[i]);
+    case DType::f16: return __half2float(static_cast<const __half*>(v.data)[i]);
+    default: return static_cast<const float*>(v.data)[i];
+  }
+}
+
+__device__ void st(const View& v, int64_t r, int64_t c, float x) {
+  const int64_t i = r * v.stride + c;
+  if (v.dt == DType::bf16) static_cast<__nv_bfloat16*>(v.data)[i] = __float2bfloat16_rn(x);
+  else static_cast<float*>(v.data)[i] = x;
+}
+
+// x rounded to dt and back (a store and a load in the reference's eager ops).
+__device__ float rnd(DType dt, float x) {
+  return dt == DType::bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
+}
+
+// A per-feature vector [D] or per-sample [B, D] (sample b covers rows b * rows / B ...), at row r.
+__device__ float per_row(const View& v, int64_t rows, int64_t r, int64_t c) {
+  return ld(v, v.rows == 1 ? 0 : r / (rows / v.rows), c);
+}
+
+constexpr int kThreads = 256;
+
+int64_t grid_for(int64_t n) { return std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 65535)); }
+
+// Runs f(r, c) over every element of a rows x cols grid.
+template <typename F>
+__global__ void each(int64_t rows, int64_t cols, F f) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    f(i / cols, i % cols);
+}
+
+template <typename F>
+void launch(int64_t rows, int64_t cols, F f) {
+  if (rows * cols == 0) return;
+  each<<<unsigned(grid_for(rows * cols)), kThreads, 0, stream()>>>(rows, cols, f);
+  check(cudaGetLastError(), "element-wise kernel launch");
+}
+
+__device__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ float gelu_tanh_f(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// Block-wide sum (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_sum(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0;
+  if (threadIdx.x < 32) {
+    s = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) partial[0] = s;
+  }
+  __syncthreads();
+  s = partial[0];
+  __syncthreads();
+  return s;
+}
+
+// One block per (row, group) of `group` features: y = x / rms over the group, then * weight
+// (rms_norm), or (x - mean) / std then * (1 + scale) + shift (layer_norm_modulate).
+__global__ void rms_norm_kernel(View x, View w, View y, float eps, int64_t group, bool each_step) {
+  const int64_t r = blockIdx.x, g0 = int64_t(blockIdx.y) * group;
+  float ss = 0;
+  for (int64_t c = threadIdx.x; c < group; c += blockDim.x) {
+    const float v = ld(x, r, g0 + c);
+    ss += v * v;
+  }
+  const float rs = 1.0f / sqrtf(block_sum(ss) / float(group) + eps);
+  for (int64_t c = threadIdx.x; c < group; c += blockDim.x) {
+    float v = ld(x, r, g0 + c) * rs;
+    if (each_step) v = rnd(y.dt, v);
+    st(y, r, g0 + c, v * ld(w, 0, c));
+  }
+}
+
+__global__ void layer_norm_modulate_kernel(View x, View shift, View scale, View y, float eps, bool each_step) {
+  const int64_t r = blockIdx.x, d = x.cols;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) s += ld(x, r, c);
+  const float mu = block_sum(s) / float(d);
+  float q = 0;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const float v = ld(x, r, c) - mu;
+    q += v * v;
+  }
+  const float rstd = 1.0f / sqrtf(block_sum(q) / float(d) + eps);
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const float n = (ld(x, r, c) - mu) * rstd;
+    const float sc = 1.0f + per_row(scale, x.rows, r, c), sh = per_row(shift, x.rows, r, c);
+    st(y, r, c, each_step ? rnd(y.dt, rnd(y.dt, rnd(y.dt, n) * rnd(y.dt, sc)) + sh) : n * sc + sh);
+  }
+}
+
+}  // namespace
+
+void copy(Context& c, const Tensor& x, Tensor& y) {
+  APUS_CHECK(x.numel() == y.numel(), "copy: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+  const bool same_view = x.rank() == 2 && y.rank() == 2 && x.shape == y.shape;
+  const View a = same_view ? view(x) : view(x.reshape({x.numel()})), b = same_view ? view(y) : view(y.reshape({y.numel()}));
+  launch(a.rows, a.cols, [=] __device__(int64_t r, int64_t col) { st(b, r, col, ld(a, r, col)); });
+}
+
+void silu(Context& c, const Tensor& x, Tensor& y) {
+  const View a = view(x), b = view(y);
+  launch(a.rows, a.cols, [=] __device__(int64_t r, int64_t col) { st(b, r, col, silu_f(ld(a, r, col))); });
+}
+
+void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act, ops::Rounding rounding) {
+  APUS_CHECK(a.shape == b.shape && y.shape == a.shape, "glu: a ", shape_str(a.shape), ", b ", shape_str(b.shape));
+  const View va = view(a), vb = view(b), vy = view(y);
+  const bool each = rounding == ops::Rounding::each_step;
+  launch(va.rows, va.cols, [=] __device__(int64_t r, int64_t col) {
+    const float x = ld(va, r, col);
+    float s;
+    if (act == ops::Activation::silu) s = silu_f(x);
+    else if (act == ops::Activation::gelu_tanh) s = gelu_tanh_f(x);
+    else s = sinf(each ? rnd(vy.dt, 3.14159265358979323846f * x) : 3.14159265358979323846f * x);
+    if (each) s = rnd(vy.dt, s);
+    st(vy, r, col, s * ld(vb, r, col));
+  });
+}
+
+void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate, ops::Rounding rounding) {
+  APUS_CHECK(y.shape == x.shape, "add_gated: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+  const View vx = view(x), vy = view(y);
+  const bool gated = gate != nullptr, each = rounding == ops::Rounding::each_step;
+  const View vg = gated ? view(*gate) : vy;
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    float t = ld(vy, r, col);
+    if (gated) {
+      t *= per_row(vg, vx.rows, r, col);
+      if (each) t = rnd(vx.dt, t);
+    }
+    st(vx, r, col, ld(vx, r, col) + t);
+  });
+}
+
+void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, ops::Rounding rounding) {
+  APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "modulate: x ", shape_str(x.shape), ", shift ",
+             shape_str(shift.shape), ", scale ", shape_str(scale.shape));
+  const View vx = view(x), vsh = view(shift), vsc = view(scale), vy = view(y);
+  const bool each = rounding == ops::Rounding::each_step && y.dtype != DType::f32;
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    const float sc = 1.0f + per_row(vsc, vx.rows, r, col), sh = per_row(vsh, vx.rows, r, col), v = ld(vx, r, col);
+    st(vy, r, col, each ? rnd(vy.dt, rnd(vy.dt, v * rnd(vy.dt, sc)) + sh) : v * sc + sh);
+  });
+}
+
+void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, float eps,
+                         ops::Rounding rounding) {
+  APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "layer_norm_modulate: x ", shape_str(x.shape));
+  if (x.shape[0] == 0) return;
+  layer_norm_modulate_kernel<<<unsigned(x.shape[0]), kThreads, 0, stream()>>>(
+      view(x), view(shift), view(scale), view(y), eps, rounding == ops::Rounding::each_step && y.dtype != DType::f32);
+  check(cudaGetLastError(), "layer_norm_modulate");
+}
+
+void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps, int64_t group,
+              ops::Rounding rounding) {
+  APUS_CHECK(y.shape == x.shape && x.shape[1] % group == 0 && weight.numel() == group, "rms_norm: x ",
+             shape_str(x.shape), ", weight ", shape_str(weight.shape), ", group ", group);
+  if (x.shape[0] == 0) return;
+  const dim3 grid(unsigned(x.shape[0]), unsigned(x.shape[1] / group));
+  rms_norm_kernel<<<grid, 128, 0, stream()>>>(view(x), view(weight.reshape({1, group})), view(y), eps, group,
+                                              rounding == ops::Rounding::each_step);
+  check(cudaGetLastError(), "rms_norm");
+}
+
+void gate_sigmoid(Context& c, const Tensor& x, Tensor& y, ops::Rounding rounding) {
+  const View vx = view(x), vy = view(y);
+  const bool each = rounding == ops::Rounding::each_step;
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    float t = 1.0f - ld(vx, r, col);
+    if (each) t = rnd(vy.dt, t);
+    st(vy, r, col, 1.0f / (1.0f + expf(-t)));
+  });
+}
+
+void affine(Context& c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, ops::Rounding rounding) {
+  const int64_t d = x.shape[1];
+  APUS_CHECK(x.rank() == 2 && y.shape == x.shape && scale.numel() == d && shift.numel() == d, "affine: x ",
+             shape_str(x.shape), ", scale ", shape_str(scale.shape), ", shift ", shape_str(shift.shape));
+  const View vx = view(x), vs = view(scale.reshape({1, d})), vb = view(shift.reshape({1, d})), vy = view(y);
+  const bool each = rounding == ops::Rounding::each_step;
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    float p = ld(vx, r, col) * ld(vs, 0, col);
+    if (each) p = rnd(vy.dt, p);
+    st(vy, r, col, p + ld(vb, 0, col));
+  });
+}
+
+void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta, Tensor& y,
+         ops::Rounding rounding) {
+  const int64_t group = gamma.numel();
+  APUS_CHECK(y.shape == x.shape && alpha.numel() == 1 && group > 0 && x.shape[1] % group == 0 && beta.numel() == group,
+             "dyt: x ", shape_str(x.shape), ", gamma ", shape_str(gamma.shape));
+  const View vx = view(x), va = view(alpha.reshape({1, 1})), vg = view(gamma.reshape({1, group})),
+             vb = view(beta.reshape({1, group})), vy = view(y);
+  const bool each = rounding == ops::Rounding::each_step && y.dtype == DType::bf16;
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    const int64_t i = col % group;
+    float v = ld(va, 0, 0) * ld(vx, r, col);
+    if (each) v = rnd(vy.dt, v);
+    v = tanhf(v);
+    if (each) v = rnd(vy.dt, v);
+    v *= ld(vg, 0, i);
+    if (each) v = rnd(vy.dt, v);
+    st(vy, r, col, v + ld(vb, 0, i));
+  });
+}
+
+void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
+  APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape), ", velocity ",
+             shape_str(velocity.shape));
+  const View vx = view(x), vv = view(velocity);
+  const bool bf16 = velocity.dtype == DType::bf16;
+  const float dt = bf16 ? __bfloat162float(__float2bfloat16_rn(step)) : step;
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    const float d = dt * ld(vv, r, col);
+    st(vx, r, col, ld(vx, r, col) + (bf16 ? rnd(DType::bf16, d) : d));
+  });
+}
+
+void blend(Context& c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y) {
+  APUS_CHECK(y.rank() == 2 && a.shape == y.shape && b.shape == y.shape && w.dtype == DType::f32 &&
+                 (w.numel() == 1 || w.numel() == y.shape[0]),
+             "blend: a ", shape_str(a.shape), ", b ", shape_str(b.shape), ", w ", shape_str(w.shape), ", y ",
+             shape_str(y.shape));
+  const View va = view(a), vb = view(b), vy = view(y);
+  const float* wp = w.ptr<float>();
+  const bool one = w.numel() == 1;
+  launch(vy.rows, vy.cols, [=] __device__(int64_t r, int64_t col) {
+    const float wr = rnd(vy.dt, wp[one ? 0 : r]), keep = rnd(vy.dt, 1.0f - wr);
+    st(vy, r, col, rnd(vy.dt, keep * ld(va, r, col)) + rnd(vy.dt, wr * ld(vb, r, col)));
+  });
+}
+
+void transpose(Context& c, const Tensor& x, Tensor& y) {
+  APUS_CHECK(x.rank() == 2 && y.rank() == 2 && y.shape[0] == x.shape[1] && y.shape[1] == x.shape[0] && x.dtype == y.dtype,
+             "transpose: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+  const View vx = view(x), vy = view(y);
+  launch(vy.rows, vy.cols, [=] __device__(int64_t r, int64_t col) { st(vy, r, col, ld(vx, col, r)); });
+}
+
+void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
+  APUS_CHECK(x.rank() == 4 && y.rank() == 4 && y.shape[2] == 2 * x.shape[2] && y.shape[3] == 2 * x.shape[3],
+             "upsample_nearest2x: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+  const int64_t h = x.shape[2], w = x.shape[3];
+  const View vx = view(x.reshape({x.numel() / w, w})), vy = view(y.reshape({y.numel() / (2 * w), 2 * w}));
+  launch(vy.rows, vy.cols, [=] __device__(int64_t r, int64_t col) {
+    const int64_t plane = r / (2 * h), row = r % (2 * h);
+    st(vy, r, col, ld(vx, plane * h + row / 2, col / 2));
+  });
+}
+
+bool all_finite(Context& c, const Tensor& x) {
+  const View vx = view(x);
+  int* flag = nullptr;
+  check(cudaMallocAsync(&flag, sizeof(int), stream()), "all_finite flag");
+  check(cudaMemsetAsync(flag, 0, sizeof(int), stream()), "all_finite flag");
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    if (!isfinite(ld(vx, r, col))) *flag = 1;
+  });
+  int bad = 0;
+  check(cudaMemcpyAsync(&bad, flag, sizeof(int), cudaMemcpyDeviceToHost, stream()), "all_finite result");
+  check(cudaFreeAsync(flag, stream()), "all_finite flag");
+  check(cudaStreamSynchronize(stream()), "all_finite");
+  return bad == 0;
+}
+
+}  // namespace apus::cuda

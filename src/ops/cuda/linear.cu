@@ -1,0 +1,89 @@
+// y = x · w^T (+ bias) through cuBLASLt: bf16 (or f32) operands, f32 accumulation, the bias added
+// in the epilogue. Row-major [M, K] x and [N, K] w are column-major K x M and K x N, so the
+// product is computed as y^T = w · x^T with w transposed.
+#include <cublasLt.h>
+
+#include <mutex>
+
+#include "ops/cuda/cuda_ops.h"
+
+namespace apus::cuda {
+
+namespace {
+
+void check_lt(cublasStatus_t s, const char* what) {
+  APUS_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuBLASLt: ", what, " failed (status ", int(s), ")");
+}
+
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    case DType::f32: return CUDA_R_32F;
+    default: fail("linear: dtype ", dtype_name(dt), " is not supported on cuda");
+  }
+}
+
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t(32) << 20;
+  Lt() {
+    check_lt(cublasLtCreate(&handle), "create");
+    check(cudaMalloc(&workspace, workspace_bytes), "cuBLASLt workspace");
+  }
+};
+
+Lt& lt() {
+  static Lt instance;
+  return instance;
+}
+
+}  // namespace
+
+void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
+  APUS_CHECK(x.rank() == 2 && w.rank() == 2 && w.shape[1] == k && y.shape == Shape({m, n}) && w.contiguous() &&
+                 x.dtype == y.dtype && (!bias || bias->numel() == n),
+             "linear: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ", shape_str(y.shape));
+  if (m == 0) return;
+  // Weights (and bias) in the activation dtype, as torch_dtype converts them.
+  ArenaScope scope(*c.arena);
+  const Tensor wx = w.dtype == x.dtype ? w : Tensor::in(*c.arena, w.shape, x.dtype);
+  if (w.dtype != x.dtype) {
+    Tensor to = wx;
+    copy(c, w, to);
+  }
+  Tensor bx;
+  if (bias) {
+    bx = bias->dtype == x.dtype ? *bias : Tensor::in(*c.arena, {n}, x.dtype);
+    if (bias->dtype != x.dtype) copy(c, *bias, bx);
+  }
+  const cudaDataType_t t = cuda_type(x.dtype);
+  cublasLtMatmulDesc_t op = nullptr;
+  check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "transa");
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb), "transb");
+  if (bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const void* bias_ptr = bx.data;
+    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "epilogue");
+    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr), "bias");
+  }
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  check_lt(cublasLtMatrixLayoutCreate(&a, t, uint64_t(k), uint64_t(n), int64_t(k)), "layout w");
+  check_lt(cublasLtMatrixLayoutCreate(&b, t, uint64_t(k), uint64_t(m), x.row_stride()), "layout x");
+  check_lt(cublasLtMatrixLayoutCreate(&d, t, uint64_t(n), uint64_t(m), y.row_stride()), "layout y");
+  const float one = 1.0f, zero = 0.0f;
+  Lt& l = lt();
+  check_lt(cublasLtMatmul(l.handle, op, &one, wx.data, a, x.data, b, &zero, y.data, d, y.data, d, nullptr,
+                          l.workspace, l.workspace_bytes, stream()),
+           "matmul");
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(d);
+  cublasLtMatmulDescDestroy(op);
+}
+
+}  // namespace apus::cuda

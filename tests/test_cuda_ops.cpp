@@ -1,0 +1,138 @@
+// The CUDA backend's ops against the reference backend, as test_ops.cpp holds the CPU's: fresh
+// random inputs (seed printed), poisoned outputs, the same per-op bounds. Runs where a CUDA device
+// is present and skips with the reason where not (built without nvcc, no driver, no GPU).
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "op_bounds.h"
+#include "ops/backend.h"
+#include "ops/ops.h"
+#include "test_util.h"
+#if APUS_HAS_CUDA
+#include "ops/cuda/cuda.h"
+#endif
+
+namespace apus {
+namespace {
+
+using ops::Rounding;
+
+#if APUS_HAS_CUDA
+struct Case {
+  std::string name;
+  std::vector<Tensor> inputs;  // host tensors; the op sees device copies on the GPU
+  Shape out;
+  std::function<void(Context&, const std::vector<Tensor>&, Tensor&)> run;
+  bool inner_rounding = false;
+};
+#endif
+
+TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
+#if !APUS_HAS_CUDA
+  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
+#else
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
+  Backend& gpu = cuda_backend(0);
+  for (const DType act : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(act));
+    std::mt19937 rng{test::test_seed()};
+    auto random = [&](Shape s, float scale = 1.0f, DType dt = DType(255)) {
+      if (dt == DType(255)) dt = act;
+      Tensor t = Tensor::heap(std::move(s), dt);
+      std::normal_distribution<float> dist(0.0f, scale);
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if (dt == DType::bf16) t.ptr<uint16_t>()[i] = f32_to_bf16(dist(rng));
+        else t.ptr<float>()[i] = dist(rng);
+      }
+      return t;
+    };
+    const int64_t m = 37, d = 96;
+    const Tensor x = random({m, d}), y = random({m, d}), g = random({1, d}), g2 = random({m, d}),
+                 w = random({45, d}, 0.2f, DType::bf16), bias = random({45}, 1.0f, DType::bf16),
+                 img = random({2, 3, 5, 7});
+    Tensor weights = Tensor::heap({m}, DType::f32);
+    for (int64_t r = 0; r < m; ++r) weights.ptr<float>()[r] = float(r % 5) / 4;
+    std::vector<Case> cases = {
+        {"linear", {x, w}, {m, 45}, [](Context& c, const auto& in, Tensor& o) { ops::linear(c, in[0], in[1], nullptr, o); }},
+        {"linear + bias", {x, w, bias}, {m, 45},
+         [](Context& c, const auto& in, Tensor& o) { ops::linear(c, in[0], in[1], &in[2], o); }},
+        {"copy", {x}, {m, d}, [](Context& c, const auto& in, Tensor& o) { ops::copy(c, in[0], o); }},
+        {"silu", {x}, {m, d}, [](Context& c, const auto& in, Tensor& o) { ops::silu(c, in[0], o); }},
+        {"transpose", {x}, {d, m}, [](Context& c, const auto& in, Tensor& o) { ops::transpose(c, in[0], o); }},
+        {"upsample_nearest2x", {img}, {2, 3, 10, 14},
+         [](Context& c, const auto& in, Tensor& o) { ops::upsample_nearest2x(c, in[0], o); }},
+        {"blend", {x, y, weights}, {m, d}, [](Context& c, const auto& in, Tensor& o) { ops::blend(c, in[0], in[1], in[2], o); }},
+        {"euler_update", {x, y}, {m, d},
+         [](Context& c, const auto& in, Tensor& o) { ops::copy(c, in[0], o); ops::euler_update(c, o, in[1], -0.2871f); }},
+    };
+    for (Rounding r : {Rounding::once, Rounding::each_step}) {
+      const std::string tag = r == Rounding::once ? " (once)" : " (each step)";
+      cases.push_back({"glu silu" + tag, {x, y}, {m, d},
+                       [r](Context& c, const auto& in, Tensor& o) { ops::glu(c, in[0], in[1], o, ops::Activation::silu, r); }});
+      cases.push_back({"glu sin_pi" + tag, {x, y}, {m, d},
+                       [r](Context& c, const auto& in, Tensor& o) { ops::glu(c, in[0], in[1], o, ops::Activation::sin_pi, r); }});
+      cases.push_back({"add_gated" + tag, {x, y, g}, {m, d}, [r](Context& c, const auto& in, Tensor& o) {
+                         ops::copy(c, in[0], o);
+                         ops::add_gated(c, o, in[1], &in[2], r);
+                       }});
+      cases.push_back({"modulate" + tag, {x, g, g2}, {m, d},
+                       [r](Context& c, const auto& in, Tensor& o) { ops::modulate(c, in[0], in[1], in[1], o, r); }});
+      cases.push_back({"layer_norm_modulate" + tag, {x, g}, {m, d},
+                       [r](Context& c, const auto& in, Tensor& o) { ops::layer_norm_modulate(c, in[0], in[1], in[1], o, 1e-6f, r); }});
+      cases.push_back({"rms_norm per head" + tag, {x, g}, {m, d}, [r](Context& c, const auto& in, Tensor& o) {
+                         ops::rms_norm(c, in[0], in[1].reshape({d}).rows(0, 32), o, 1e-6f, 32, r);
+                       }});
+      cases.push_back({"gate_sigmoid" + tag, {x}, {m, d},
+                       [r](Context& c, const auto& in, Tensor& o) { ops::gate_sigmoid(c, in[0], o, r); }});
+      cases.push_back({"affine" + tag, {x, g}, {m, d},
+                       [r](Context& c, const auto& in, Tensor& o) { ops::affine(c, in[0], in[1], in[1], o, r); }});
+      cases.push_back({"dyt" + tag, {x, g}, {m, d}, [r](Context& c, const auto& in, Tensor& o) {
+                         ops::dyt(c, in[0], in[1].cols(0, 1), in[1].reshape({d}), in[1].reshape({d}), o, r);
+                       }, /*inner_rounding=*/true});
+    }
+    Arena host_arena, device_arena(size_t(64) << 20, false, gpu);
+    Context ref{&host_arena, act, nullptr, false, &reference_backend()};
+    Context dev{&device_arena, act, nullptr, false, &gpu};
+    for (const Case& k : cases) {
+      Tensor want = Tensor::heap(k.out, act);
+      std::memset(want.data, 0xff, want.nbytes());  // NaN: an output the op leaves unwritten shows
+      k.run(ref, k.inputs, want);
+      std::vector<Tensor> on_gpu;
+      for (const Tensor& t : k.inputs) on_gpu.push_back(to_device(gpu, t));
+      Tensor poison = Tensor::heap(k.out, act);
+      std::memset(poison.data, 0xff, poison.nbytes());
+      Tensor out = to_device(gpu, poison);
+      k.run(dev, on_gpu, out);
+      const Tensor got = to_host(out);
+      const Agreement a = agreement(got, want);
+      std::printf("[ measure ] cuda %s %s: rel L2 %.2e, %.3f%% differ, worst %.2f ulp\n", k.name.c_str(),
+                  dtype_name(act).data(), a.rel_l2, 100 * a.differing, a.worst_ulps);
+      EXPECT_TRUE(within_bound(a, act, k.inner_rounding)) << k.name;
+    }
+  }
+#endif
+}
+
+// An op the backend does not run yet is refused by name, not run wrong.
+TEST(CudaOps, OpsNotWrittenYetAreRefusedByName) {
+#if !APUS_HAS_CUDA
+  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
+#else
+  std::string why;
+  if (!cuda_available(&why)) {
+    // Without a device the backend itself is refused, naming why.
+    test::expect_error([] { cuda_backend(0); }, {"cuda:0"});
+    GTEST_SKIP() << "no CUDA device here: " << why;
+  }
+  Backend& gpu = cuda_backend(0);
+  Arena arena(size_t(1) << 20, false, gpu);
+  Context dev{&arena, DType::bf16, nullptr, false, &gpu};
+  Tensor q = Tensor::in(arena, {8, 16}, DType::bf16), o = Tensor::in(arena, {8, 16}, DType::bf16);
+  test::expect_error([&] { ops::attention(dev, q, q, q, o, 16, 0.25f, {}); }, {"cuda backend", "attention", "not implemented"});
+#endif
+}
+
+}  // namespace
+}  // namespace apus
