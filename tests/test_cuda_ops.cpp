@@ -51,7 +51,7 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
     const int64_t m = 37, d = 96;
     const Tensor x = random({m, d}), y = random({m, d}), g = random({1, d}), g2 = random({m, d}),
                  w = random({45, d}, 0.2f, DType::bf16), bias = random({45}, 1.0f, DType::bf16),
-                 img = random({2, 3, 5, 7});
+                 img = random({2, 3, 5, 7}), freqs = random({32}, 1.0f, DType::f32), tables = random({m, 12}, 1.0f, DType::f32);
     Tensor weights = Tensor::heap({m}, DType::f32);
     for (int64_t r = 0; r < m; ++r) weights.ptr<float>()[r] = float(r % 5) / 4;
     std::vector<Case> cases = {
@@ -64,6 +64,14 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
         {"upsample_nearest2x", {img}, {2, 3, 10, 14},
          [](Context& c, const auto& in, Tensor& o) { ops::upsample_nearest2x(c, in[0], o); }},
         {"blend", {x, y, weights}, {m, d}, [](Context& c, const auto& in, Tensor& o) { ops::blend(c, in[0], in[1], in[2], o); }},
+        {"pingpong_update", {x, y, g2}, {m, d}, [](Context& c, const auto& in, Tensor& o) {
+           ops::copy(c, in[0], o);
+           ops::pingpong_update(c, o, in[1], in[2], 0.8909032f, 0.7455466f);
+         }},
+        {"timestep_embedding", {}, {1, 256}, [](Context& c, const auto&, Tensor& o) { ops::timestep_embedding(c, 873.5f, o); }},
+        {"fourier_features", {freqs}, {1, 64},
+         [](Context& c, const auto& in, Tensor& o) { ops::fourier_features(c, 0.37f, in[0], o); }},
+        {"permute", {img}, {3, 7, 2, 5}, [](Context& c, const auto& in, Tensor& o) { ops::permute(c, in[0], o, {1, 3, 0, 2}); }},
         {"euler_update", {x, y}, {m, d},
          [](Context& c, const auto& in, Tensor& o) { ops::copy(c, in[0], o); ops::euler_update(c, o, in[1], -0.2871f); }},
     };
@@ -88,6 +96,12 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
                        [r](Context& c, const auto& in, Tensor& o) { ops::gate_sigmoid(c, in[0], o, r); }});
       cases.push_back({"affine" + tag, {x, g}, {m, d},
                        [r](Context& c, const auto& in, Tensor& o) { ops::affine(c, in[0], in[1], in[1], o, r); }});
+      for (const auto style : {ops::RopeStyle::interleaved, ops::RopeStyle::half})
+        cases.push_back({std::string("rope ") + (style == ops::RopeStyle::half ? "half" : "interleaved") + tag,
+                         {x, tables}, {m, d}, [r, style](Context& c, const auto& in, Tensor& o) {
+                           ops::copy(c, in[0], o);
+                           ops::rope(c, o, in[1], in[1], 32, style, r);  // 12 of 16 pairs per head turn
+                         }});
       cases.push_back({"dyt" + tag, {x, g}, {m, d}, [r](Context& c, const auto& in, Tensor& o) {
                          ops::dyt(c, in[0], in[1].cols(0, 1), in[1].reshape({d}), in[1].reshape({d}), o, r);
                        }, /*inner_rounding=*/true});

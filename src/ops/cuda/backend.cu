@@ -24,12 +24,10 @@ namespace {
 }  // namespace
 
 // The ops this backend does not run yet.
-void rope(Context&, Tensor&, const Tensor&, const Tensor&, int64_t, ops::RopeStyle, ops::Rounding) { not_written("rope"); }
 void attention(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, int64_t, float,
                const ops::AttentionOptions&) { not_written("attention"); }
 void differential_attention(Context&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                             Tensor&, int64_t, float, const ops::AttentionOptions&) { not_written("differential_attention"); }
-void pingpong_update(Context&, Tensor&, const Tensor&, const Tensor&, float, float) { not_written("pingpong_update"); }
 void guided_velocity(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, float, float, float, int64_t,
                      int64_t) { not_written("guided_velocity"); }
 void conv2d(Context&, const Tensor&, const Tensor&, const Tensor*, Tensor&, int64_t, int64_t, int64_t) {
@@ -42,9 +40,6 @@ void embedding(Context&, const Tensor&, const Tensor&, Tensor&) { not_written("e
 void rope_tables(Context&, const Tensor&, const std::vector<int64_t>&, double, ops::RopeMath, Tensor&, Tensor&) {
   not_written("rope_tables");
 }
-void timestep_embedding(Context&, float, Tensor&) { not_written("timestep_embedding"); }
-void fourier_features(Context&, float, const Tensor&, Tensor&) { not_written("fourier_features"); }
-void permute(Context&, const Tensor&, Tensor&, const std::vector<int>&) { not_written("permute"); }
 void image_to_rgb8(Context&, const Tensor&, Tensor&) { not_written("image_to_rgb8"); }
 
 }  // namespace cuda

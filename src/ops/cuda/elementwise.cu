@@ -51,6 +51,11 @@ __device__ float per_row(const View& v, int64_t rows, int64_t r, int64_t c) {
 
 constexpr int kThreads = 256;
 
+// A permute's y extents, and the x stride each of y's axes steps (a kernel argument by value).
+struct PermuteAxes {
+  int64_t dims[6], from[6];
+};
+
 int64_t grid_for(int64_t n) { return std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 65535)); }
 
 // Runs f(r, c) over every element of a rows x cols grid.
@@ -286,6 +291,101 @@ void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
   launch(vy.rows, vy.cols, [=] __device__(int64_t r, int64_t col) {
     const int64_t plane = r / (2 * h), row = r % (2 * h);
     st(vy, r, col, ld(vx, plane * h + row / 2, col / 2));
+  });
+}
+
+void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim, ops::RopeStyle style,
+          ops::Rounding rounding) {
+  const int64_t s = x.shape[0], d = x.shape[1], half = cos.shape[1], table = cos.shape[0];
+  APUS_CHECK(d % head_dim == 0 && cos.rank() == 2 && half > 0 && 2 * half <= head_dim && table > 0 && s % table == 0 &&
+                 sin.shape == cos.shape && cos.dtype == DType::f32,
+             "rope: x ", shape_str(x.shape), ", cos ", shape_str(cos.shape), ", head_dim ", head_dim);
+  const View vx = view(x);
+  const float *cp = cos.ptr<float>(), *sp = sin.ptr<float>();
+  const bool rounded = rounding == ops::Rounding::each_step && x.dtype == DType::bf16;
+  const bool interleaved = style == ops::RopeStyle::interleaved;
+  // One thread per rotated pair: (row, head * half + j).
+  launch(s, (d / head_dim) * half, [=] __device__(int64_t r, int64_t k) {
+    const int64_t h = (k / half) * head_dim, j = k % half;
+    const int64_t i0 = h + (interleaved ? 2 * j : j), i1 = h + (interleaved ? 2 * j + 1 : j + half);
+    const float c0 = cp[(r % table) * half + j], s0 = sp[(r % table) * half + j];
+    const float x0 = ld(vx, r, i0), x1 = ld(vx, r, i1);
+    if (rounded) {
+      const float cb = rnd(DType::bf16, c0), sb = rnd(DType::bf16, s0);
+      st(vx, r, i0, rnd(DType::bf16, x0 * cb) + rnd(DType::bf16, -x1 * sb));
+      st(vx, r, i1, rnd(DType::bf16, x1 * cb) + rnd(DType::bf16, x0 * sb));
+    } else {
+      st(vx, r, i0, x0 * c0 - x1 * s0);
+      st(vx, r, i1, x1 * c0 + x0 * s0);
+    }
+  });
+}
+
+void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t, float t_next) {
+  APUS_CHECK(velocity.shape == x.shape && noise.shape == x.shape && x.rank() == 2, "pingpong_update: x ",
+             shape_str(x.shape), ", velocity ", shape_str(velocity.shape), ", noise ", shape_str(noise.shape));
+  const View vx = view(x), vv = view(velocity), vn = view(noise);
+  const DType dt = x.dtype;
+  const float keep = dt == DType::bf16 ? __bfloat162float(__float2bfloat16_rn(1.0f - t_next)) : 1.0f - t_next;
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    const float v = rnd(dt, t * ld(vv, r, col));
+    const float denoised = rnd(dt, rnd(dt, ld(vx, r, col) - v) * keep);
+    st(vx, r, col, denoised + rnd(dt, t_next * ld(vn, r, col)));
+  });
+}
+
+void timestep_embedding(Context& c, float t, Tensor& y) {
+  APUS_CHECK(y.rank() == 2 && y.shape[0] == 1 && y.shape[1] % 2 == 0, "timestep_embedding: y ", shape_str(y.shape),
+             ", expected [1, 2H]");
+  const int64_t half = y.shape[1] / 2;
+  const View vy = view(y);
+  launch(1, half, [=] __device__(int64_t, int64_t i) {
+    const float arg = t * expf(-logf(10000.0f) * float(i) / float(half));
+    st(vy, 0, i, cosf(arg));
+    st(vy, 0, half + i, sinf(arg));
+  });
+}
+
+void fourier_features(Context& c, float t, const Tensor& freqs, Tensor& y) {
+  const int64_t half = freqs.numel();
+  APUS_CHECK(y.shape == Shape({1, 2 * half}), "fourier_features: freqs ", shape_str(freqs.shape), ", y ",
+             shape_str(y.shape), "; expected y [1, ", 2 * half, "]");
+  const View vf = view(freqs.reshape({1, half})), vy = view(y);
+  launch(1, half, [=] __device__(int64_t, int64_t i) {
+    const float a = t * ld(vf, 0, i) * 2.0f * 3.14159265358979323846f;
+    st(vy, 0, i, cosf(a));
+    st(vy, 0, half + i, sinf(a));
+  });
+}
+
+void permute(Context& c, const Tensor& x, Tensor& y, const std::vector<int>& perm) {
+  const int rank = x.rank();
+  APUS_CHECK(rank <= 6 && int(perm.size()) == rank && y.rank() == rank && x.dtype == y.dtype && x.contiguous() &&
+                 y.contiguous(),
+             "permute: x ", shape_str(x.shape), ", y ", shape_str(y.shape), ", ", perm.size(), " axes");
+  PermuteAxes axes{};
+  int64_t x_stride[6] = {}, s = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    x_stride[i] = s;
+    s *= x.shape[size_t(i)];
+  }
+  bool seen[6] = {};
+  for (int i = 0; i < rank; ++i) {
+    const int p = perm[size_t(i)];
+    APUS_CHECK(p >= 0 && p < rank && !seen[p] && y.shape[size_t(i)] == x.shape[size_t(p)],
+               "permute: axis order and shapes do not agree: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+    seen[p] = true;
+    axes.dims[i] = y.shape[size_t(i)];
+    axes.from[i] = x_stride[p];
+  }
+  const View vx = view(x.reshape({x.numel()})), vy = view(y.reshape({y.numel()}));
+  launch(1, y.numel(), [=] __device__(int64_t, int64_t i) {
+    int64_t src = 0, rem = i;
+    for (int a = rank - 1; a >= 0; --a) {
+      src += (rem % axes.dims[a]) * axes.from[a];
+      rem /= axes.dims[a];
+    }
+    st(vy, 0, i, ld(vx, 0, src));
   });
 }
 
