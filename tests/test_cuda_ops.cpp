@@ -52,6 +52,14 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
     const Tensor x = random({m, d}), y = random({m, d}), g = random({1, d}), g2 = random({m, d}),
                  w = random({45, d}, 0.2f, DType::bf16), bias = random({45}, 1.0f, DType::bf16),
                  img = random({2, 3, 5, 7}), freqs = random({32}, 1.0f, DType::f32), tables = random({m, 12}, 1.0f, DType::f32);
+    // Attention: two samples of 150 rows, 4 query heads of 16 over 2 key heads, padding in the
+    // second sample's tail.
+    const int64_t s = 300, hd = 16;
+    const Tensor aq = random({s, 4 * hd}), ak = random({s, 2 * hd}), av = random({s, 2 * hd}), aq2 = random({s, 4 * hd}),
+                 ak2 = random({s, 2 * hd});
+    static std::vector<int64_t> valid;
+    valid.assign(size_t(s), 1);
+    for (int64_t j = 270; j < s; ++j) valid[size_t(j)] = 0;
     Tensor weights = Tensor::heap({m}, DType::f32);
     for (int64_t r = 0; r < m; ++r) weights.ptr<float>()[r] = float(r % 5) / 4;
     std::vector<Case> cases = {
@@ -75,8 +83,22 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
         {"euler_update", {x, y}, {m, d},
          [](Context& c, const auto& in, Tensor& o) { ops::copy(c, in[0], o); ops::euler_update(c, o, in[1], -0.2871f); }},
     };
+    for (bool causal : {false, true})
+      cases.push_back({causal ? "attention causal padded" : "attention padded", {aq, ak, av}, {s, 4 * hd},
+                       [causal](Context& c, const auto& in, Tensor& o) {
+                         ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {causal, valid.data(), 2});
+                       }, /*inner_rounding=*/true});
+    cases.push_back({"attention band", {aq, ak, av}, {s, 4 * hd}, [](Context& c, const auto& in, Tensor& o) {
+                       ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {false, nullptr, 2, 0.0f, Rounding::once, 17});
+                     }, /*inner_rounding=*/true});
+    cases.push_back({"differential_attention", {aq, ak, aq2, ak2, av}, {s, 4 * hd}, [](Context& c, const auto& in, Tensor& o) {
+                       ops::differential_attention(c, in[0], in[1], in[2], in[3], in[4], o, 16, 0.25f, {false, nullptr, 2});
+                     }, /*inner_rounding=*/true});
     for (Rounding r : {Rounding::once, Rounding::each_step}) {
       const std::string tag = r == Rounding::once ? " (once)" : " (each step)";
+      cases.push_back({"attention softcap" + tag, {aq, ak, av}, {s, 4 * hd}, [r](Context& c, const auto& in, Tensor& o) {
+                         ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {false, valid.data(), 1, 5.0f, r});
+                       }, /*inner_rounding=*/true});
       cases.push_back({"glu silu" + tag, {x, y}, {m, d},
                        [r](Context& c, const auto& in, Tensor& o) { ops::glu(c, in[0], in[1], o, ops::Activation::silu, r); }});
       cases.push_back({"glu sin_pi" + tag, {x, y}, {m, d},
@@ -143,8 +165,8 @@ TEST(CudaOps, OpsNotWrittenYetAreRefusedByName) {
   Backend& gpu = cuda_backend(0);
   Arena arena(size_t(1) << 20, false, gpu);
   Context dev{&arena, DType::bf16, nullptr, false, &gpu};
-  Tensor q = Tensor::in(arena, {8, 16}, DType::bf16), o = Tensor::in(arena, {8, 16}, DType::bf16);
-  test::expect_error([&] { ops::attention(dev, q, q, q, o, 16, 0.25f, {}); }, {"cuda backend", "attention", "not implemented"});
+  Tensor img = Tensor::in(arena, {1, 16, 4, 2}, DType::bf16), w = Tensor::in(arena, {16, 16, 3, 3}, DType::bf16);
+  test::expect_error([&] { ops::conv2d(dev, img, w, nullptr, img, 1, 1, 1); }, {"cuda backend", "conv2d", "not implemented"});
 #endif
 }
 

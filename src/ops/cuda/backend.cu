@@ -24,10 +24,6 @@ namespace {
 }  // namespace
 
 // The ops this backend does not run yet.
-void attention(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, int64_t, float,
-               const ops::AttentionOptions&) { not_written("attention"); }
-void differential_attention(Context&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            Tensor&, int64_t, float, const ops::AttentionOptions&) { not_written("differential_attention"); }
 void guided_velocity(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, float, float, float, int64_t,
                      int64_t) { not_written("guided_velocity"); }
 void conv2d(Context&, const Tensor&, const Tensor&, const Tensor*, Tensor&, int64_t, int64_t, int64_t) {
