@@ -51,7 +51,8 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
     const int64_t m = 37, d = 96;
     const Tensor x = random({m, d}), y = random({m, d}), g = random({1, d}), g2 = random({m, d}),
                  w = random({45, d}, 0.2f, DType::bf16), bias = random({45}, 1.0f, DType::bf16),
-                 img = random({2, 3, 5, 7}), freqs = random({32}, 1.0f, DType::f32), tables = random({m, 12}, 1.0f, DType::f32);
+                 img = random({2, 3, 5, 7}), conv_x = random({2, 8, 9, 7}), conv_w = random({6, 8, 3, 3}, 0.2f, DType::bf16),
+                 conv_b = random({6}, 1.0f, DType::bf16), gn_x = random({2, 8, 6, 5}, 2.0f), table = random({40, 24}), freqs = random({32}, 1.0f, DType::f32), tables = random({m, 12}, 1.0f, DType::f32);
     // Attention: two samples of 150 rows, 4 query heads of 16 over 2 key heads, padding in the
     // second sample's tail.
     const int64_t s = 300, hd = 16;
@@ -60,6 +61,8 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
     static std::vector<int64_t> valid;
     valid.assign(size_t(s), 1);
     for (int64_t j = 270; j < s; ++j) valid[size_t(j)] = 0;
+    Tensor ids = Tensor::heap({6}, DType::i32);
+    for (int64_t i = 0; i < 6; ++i) ids.ptr<int32_t>()[i] = int32_t((i * 17) % 40);
     Tensor weights = Tensor::heap({m}, DType::f32);
     for (int64_t r = 0; r < m; ++r) weights.ptr<float>()[r] = float(r % 5) / 4;
     std::vector<Case> cases = {
@@ -80,6 +83,11 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
         {"fourier_features", {freqs}, {1, 64},
          [](Context& c, const auto& in, Tensor& o) { ops::fourier_features(c, 0.37f, in[0], o); }},
         {"permute", {img}, {3, 7, 2, 5}, [](Context& c, const auto& in, Tensor& o) { ops::permute(c, in[0], o, {1, 3, 0, 2}); }},
+        {"conv2d 3x3", {conv_x, conv_w, conv_b}, {2, 6, 9, 7},
+         [](Context& c, const auto& in, Tensor& o) { ops::conv2d(c, in[0], in[1], &in[2], o, 1, 1, 1); }},
+        {"conv2d stride 2, end padding", {conv_x, conv_w}, {2, 6, 4, 3},
+         [](Context& c, const auto& in, Tensor& o) { ops::conv2d(c, in[0], in[1], nullptr, o, 2, 0, 1); }},
+        {"embedding", {table, ids}, {6, 24}, [](Context& c, const auto& in, Tensor& o) { ops::embedding(c, in[0], in[1], o); }},
         {"euler_update", {x, y}, {m, d},
          [](Context& c, const auto& in, Tensor& o) { ops::copy(c, in[0], o); ops::euler_update(c, o, in[1], -0.2871f); }},
     };
@@ -96,6 +104,10 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
                      }, /*inner_rounding=*/true});
     for (Rounding r : {Rounding::once, Rounding::each_step}) {
       const std::string tag = r == Rounding::once ? " (once)" : " (each step)";
+      cases.push_back({"group_norm + silu" + tag, {gn_x, g}, {2, 8, 6, 5}, [r](Context& c, const auto& in, Tensor& o) {
+                         ops::group_norm(c, in[0], in[1].reshape({d}).rows(0, 8), in[1].reshape({d}).rows(8, 16), o, 4, 1e-6f,
+                                         true, r);
+                       }});
       cases.push_back({"attention softcap" + tag, {aq, ak, av}, {s, 4 * hd}, [r](Context& c, const auto& in, Tensor& o) {
                          ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {false, valid.data(), 1, 5.0f, r});
                        }, /*inner_rounding=*/true});
@@ -165,8 +177,8 @@ TEST(CudaOps, OpsNotWrittenYetAreRefusedByName) {
   Backend& gpu = cuda_backend(0);
   Arena arena(size_t(1) << 20, false, gpu);
   Context dev{&arena, DType::bf16, nullptr, false, &gpu};
-  Tensor img = Tensor::in(arena, {1, 16, 4, 2}, DType::bf16), w = Tensor::in(arena, {16, 16, 3, 3}, DType::bf16);
-  test::expect_error([&] { ops::conv2d(dev, img, w, nullptr, img, 1, 1, 1); }, {"cuda backend", "conv2d", "not implemented"});
+  Tensor img = Tensor::in(arena, {1, 3, 4, 2}, DType::bf16), rgb = Tensor::in(arena, {4, 2, 3}, DType::u8);
+  test::expect_error([&] { ops::image_to_rgb8(dev, img, rgb); }, {"cuda backend", "image_to_rgb8", "not implemented"});
 #endif
 }
 

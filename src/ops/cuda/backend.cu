@@ -26,13 +26,6 @@ namespace {
 // The ops this backend does not run yet.
 void guided_velocity(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, float, float, float, int64_t,
                      int64_t) { not_written("guided_velocity"); }
-void conv2d(Context&, const Tensor&, const Tensor&, const Tensor*, Tensor&, int64_t, int64_t, int64_t) {
-  not_written("conv2d");
-}
-void group_norm(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, int64_t, float, bool, ops::Rounding) {
-  not_written("group_norm");
-}
-void embedding(Context&, const Tensor&, const Tensor&, Tensor&) { not_written("embedding"); }
 void rope_tables(Context&, const Tensor&, const std::vector<int64_t>&, double, ops::RopeMath, Tensor&, Tensor&) {
   not_written("rope_tables");
 }

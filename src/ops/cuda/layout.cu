@@ -1,0 +1,158 @@
+// Convolution, group norm, gathers and tables on the GPU, with the contract's numerics. conv2d is
+// a direct kernel (one thread per output, fp32 sums): correct first, cuDNN's NHWC kernels replace
+// it once the numerics have been proven on a device (issue 11).
+#include <cuda_bf16.h>
+
+#include "ops/cuda/cuda_ops.h"
+
+namespace apus::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ float load(DType dt, const void* p, int64_t i) {
+  switch (dt) {
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f32: return static_cast<const float*>(p)[i];
+    default: return 0.0f;
+  }
+}
+
+__device__ void store(DType dt, void* p, int64_t i, float v) {
+  if (dt == DType::bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else static_cast<float*>(p)[i] = v;
+}
+
+__device__ float round_to(DType dt, float x) {
+  return dt == DType::bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
+}
+
+template <typename F>
+__global__ void for_each_index(int64_t n, F f) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) f(i);
+}
+
+unsigned blocks_for(int64_t n) { return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 65535))); }
+
+__global__ void conv2d_kernel(const void* x, DType xt, const void* w, DType wt, const void* bias, DType bt, void* y,
+                              int64_t n, int64_t ci, int64_t h, int64_t wd, int64_t co, int64_t k, int64_t oh, int64_t ow,
+                              int64_t stride, int64_t pad) {
+  const int64_t total = n * co * oh * ow;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ox = i % ow, oy = (i / ow) % oh, o = (i / (ow * oh)) % co, b = i / (ow * oh * co);
+    float acc = 0.0f;
+    for (int64_t c = 0; c < ci; ++c)
+      for (int64_t ky = 0; ky < k; ++ky) {
+        const int64_t iy = oy * stride - pad + ky;
+        if (iy < 0 || iy >= h) continue;
+        for (int64_t kx = 0; kx < k; ++kx) {
+          const int64_t ix = ox * stride - pad + kx;
+          if (ix < 0 || ix >= wd) continue;
+          // The weight in x's dtype, as the contract converts it.
+          const float wv = round_to(xt, load(wt, w, ((o * ci + c) * k + ky) * k + kx));
+          acc += load(xt, x, ((b * ci + c) * h + iy) * wd + ix) * wv;
+        }
+      }
+    if (bias) acc += load(bt, bias, o);
+    store(xt, y, i, acc);
+  }
+}
+
+__device__ float block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float s = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) scratch[0] = s;
+  }
+  __syncthreads();
+  const float r = scratch[0];
+  __syncthreads();
+  return r;
+}
+
+// One block per (sample, group): mean and variance over the group's channels x H x W, then the
+// affine per channel, SiLU after it when fused.
+__global__ void group_norm_kernel(const void* x, const void* w, DType wt, const void* b, DType bt, void* y, DType dt,
+                                  int64_t ch, int64_t hw, int64_t groups, float eps, bool silu, bool each_step) {
+  __shared__ float scratch[32];
+  const int64_t sample = blockIdx.x / groups, g = blockIdx.x % groups, per = ch / groups;
+  const int64_t base = (sample * ch + g * per) * hw, count = per * hw;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += load(dt, x, base + i);
+  const float mean = block_sum(s, scratch) / float(count);
+  float q = 0.0f;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const float v = load(dt, x, base + i) - mean;
+    q += v * v;
+  }
+  const float rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(count) + eps);
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const int64_t c = g * per + i / hw;
+    const float a = rstd * load(wt, w, c), b0 = load(bt, b, c) - mean * a;
+    float v = load(dt, x, base + i) * a + b0;
+    if (silu) {
+      if (each_step) v = round_to(dt, v);
+      v = v / (1.0f + expf(-v));
+    }
+    store(dt, y, base + i, v);
+  }
+}
+
+}  // namespace
+
+void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride, int64_t pad,
+            int64_t pad_end) {
+  const int64_t n = x.shape[0], ci = x.shape[1], h = x.shape[2], wd = x.shape[3], co = w.shape[0], k = w.shape[2];
+  const int64_t oh = (h + pad + pad_end - k) / stride + 1, ow = (wd + pad + pad_end - k) / stride + 1;
+  APUS_CHECK(x.rank() == 4 && w.rank() == 4 && w.shape[1] == ci && w.shape[3] == k && stride >= 1 &&
+                 y.shape == Shape({n, co, oh, ow}) && x.dtype == y.dtype && x.contiguous() && w.contiguous() &&
+                 (!bias || bias->numel() == co),
+             "conv2d: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ", shape_str(y.shape), ", stride ",
+             stride, ", pad ", pad, "+", pad_end);
+  const int64_t total = n * co * oh * ow;
+  if (total == 0) return;
+  conv2d_kernel<<<blocks_for(total), kThreads, 0, stream()>>>(x.data, x.dtype, w.data, w.dtype,
+                                                              bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32,
+                                                              y.data, n, ci, h, wd, co, k, oh, ow, stride, pad);
+  check(cudaGetLastError(), "conv2d kernel launch");
+}
+
+void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, int64_t groups,
+                float eps, bool fuse_silu, ops::Rounding rounding) {
+  APUS_CHECK(x.rank() == 4 && x.shape[1] % groups == 0 && y.shape == x.shape && x.contiguous() &&
+                 weight.numel() == x.shape[1] && bias.numel() == x.shape[1],
+             "group_norm: x ", shape_str(x.shape), " with ", groups, " groups");
+  if (x.numel() == 0) return;
+  group_norm_kernel<<<unsigned(x.shape[0] * groups), kThreads, 0, stream()>>>(
+      x.data, weight.data, weight.dtype, bias.data, bias.dtype, y.data, x.dtype, x.shape[1], x.shape[2] * x.shape[3],
+      groups, eps, fuse_silu, rounding == ops::Rounding::each_step);
+  check(cudaGetLastError(), "group_norm kernel launch");
+}
+
+void embedding(Context& c, const Tensor& table, const Tensor& ids, Tensor& y) {
+  const int64_t s = ids.numel(), d = table.shape[1], rows = table.shape[0];
+  APUS_CHECK(table.rank() == 2 && table.contiguous() && ids.dtype == DType::i32 && y.shape == Shape({s, d}),
+             "embedding: table ", shape_str(table.shape), ", ids ", shape_str(ids.shape), " ", dtype_name(ids.dtype),
+             ", y ", shape_str(y.shape));
+  // The ids are checked on the host first (a small copy), so a bad one is refused, not read.
+  std::vector<int32_t> host(static_cast<size_t>(s));
+  check(cudaMemcpyAsync(host.data(), ids.data, size_t(s) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()), "embedding ids");
+  check(cudaStreamSynchronize(stream()), "embedding ids");
+  for (const int32_t id : host)
+    APUS_CHECK(id >= 0 && id < rows, "embedding: token id ", id, " outside the table's ", rows, " rows");
+  const DType tt = table.dtype, yt = y.dtype;
+  const void* t = table.data;
+  const int32_t* id = ids.ptr<int32_t>();
+  void* out = y.data;
+  const int64_t total = s * d;
+  if (total == 0) return;
+  for_each_index<<<blocks_for(total), kThreads, 0, stream()>>>(
+      total, [=] __device__(int64_t i) { store(yt, out, i, load(tt, t, int64_t(id[i / d]) * d + i % d)); });
+  check(cudaGetLastError(), "embedding kernel launch");
+}
+
+}  // namespace apus::cuda
