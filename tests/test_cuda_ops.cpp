@@ -28,7 +28,7 @@ struct Case {
 };
 #endif
 
-TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
+TEST(CudaOps, EveryOpMatchesTheReferenceBackend) {
 #if !APUS_HAS_CUDA
   GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
 #else
@@ -61,6 +61,9 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
     static std::vector<int64_t> valid;
     valid.assign(size_t(s), 1);
     for (int64_t j = 270; j < s; ++j) valid[size_t(j)] = 0;
+    Tensor positions = Tensor::heap({9, 4}, DType::i64);
+    for (int64_t i = 0; i < 36; ++i) positions.ptr<int64_t>()[i] = (i * 7) % 23;
+    const Tensor gx = random({192, 32}, 1.0f, DType::f32), gc = random({192, 32}), gu = random({192, 32});
     Tensor ids = Tensor::heap({6}, DType::i32);
     for (int64_t i = 0; i < 6; ++i) ids.ptr<int32_t>()[i] = int32_t((i * 17) % 40);
     Tensor weights = Tensor::heap({m}, DType::f32);
@@ -88,9 +91,21 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
         {"conv2d stride 2, end padding", {conv_x, conv_w}, {2, 6, 4, 3},
          [](Context& c, const auto& in, Tensor& o) { ops::conv2d(c, in[0], in[1], nullptr, o, 2, 0, 1); }},
         {"embedding", {table, ids}, {6, 24}, [](Context& c, const auto& in, Tensor& o) { ops::embedding(c, in[0], in[1], o); }},
+        {"rope_tables f32", {positions}, {9, 16}, [](Context& c, const auto& in, Tensor& o) {
+           Tensor sin = Tensor::in(*c.arena, {9, 16}, DType::f32);
+           ops::rope_tables(c, in[0], {8, 8, 8, 8}, 2000.0, ops::RopeMath::f32, o, sin);
+         }},
+        {"rope_tables f64", {positions}, {9, 16}, [](Context& c, const auto& in, Tensor& o) {
+           Tensor cos = Tensor::in(*c.arena, {9, 16}, DType::f32);
+           ops::rope_tables(c, in[0], {8, 8, 8, 8}, 10000.0, ops::RopeMath::f64, cos, o);
+         }},
         {"euler_update", {x, y}, {m, d},
          [](Context& c, const auto& in, Tensor& o) { ops::copy(c, in[0], o); ops::euler_update(c, o, in[1], -0.2871f); }},
     };
+    for (const float apg : {0.0f, 1.0f, 0.5f})
+      cases.push_back({"guided_velocity", {gx, gc, gu}, {192, 32}, [apg](Context& c, const auto& in, Tensor& o) {
+                         ops::guided_velocity(c, in[0], in[1], in[2], o, 0.7455466f, 7.0f, apg, 3, 50);
+                       }, /*inner_rounding=*/true});
     for (bool causal : {false, true})
       cases.push_back({causal ? "attention causal padded" : "attention padded", {aq, ak, av}, {s, 4 * hd},
                        [causal](Context& c, const auto& in, Tensor& o) {
@@ -140,6 +155,17 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
                          ops::dyt(c, in[0], in[1].cols(0, 1), in[1].reshape({d}), in[1].reshape({d}), o, r);
                        }, /*inner_rounding=*/true});
     }
+    // The image's bytes: the same on both backends, to the level.
+    {
+      const Tensor image = random({1, 3, 6, 5});
+      Arena host_arena, device_arena(size_t(1) << 20, false, gpu);
+      Context ref{&host_arena, act, nullptr, false, &reference_backend()};
+      Context dev{&device_arena, act, nullptr, false, &gpu};
+      Tensor want = Tensor::heap({6, 5, 3}, DType::u8), got = to_device(gpu, want);
+      ops::image_to_rgb8(ref, image, want);
+      ops::image_to_rgb8(dev, to_device(gpu, image), got);
+      EXPECT_EQ(to_f32_vector(to_host(got)), to_f32_vector(want)) << "image_to_rgb8";
+    }
     Arena host_arena, device_arena(size_t(64) << 20, false, gpu);
     Context ref{&host_arena, act, nullptr, false, &reference_backend()};
     Context dev{&device_arena, act, nullptr, false, &gpu};
@@ -163,22 +189,22 @@ TEST(CudaOps, EveryWrittenOpMatchesTheReferenceBackend) {
 #endif
 }
 
-// An op the backend does not run yet is refused by name, not run wrong.
-TEST(CudaOps, OpsNotWrittenYetAreRefusedByName) {
+// Host operands are refused by the CUDA backend, naming the device (the front end's check), and
+// without a device the backend itself is refused with the reason.
+TEST(CudaOps, HostOperandsAreRefused) {
 #if !APUS_HAS_CUDA
   GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
 #else
   std::string why;
   if (!cuda_available(&why)) {
-    // Without a device the backend itself is refused, naming why.
     test::expect_error([] { cuda_backend(0); }, {"cuda:0"});
     GTEST_SKIP() << "no CUDA device here: " << why;
   }
   Backend& gpu = cuda_backend(0);
   Arena arena(size_t(1) << 20, false, gpu);
   Context dev{&arena, DType::bf16, nullptr, false, &gpu};
-  Tensor img = Tensor::in(arena, {1, 3, 4, 2}, DType::bf16), rgb = Tensor::in(arena, {4, 2, 3}, DType::u8);
-  test::expect_error([&] { ops::image_to_rgb8(dev, img, rgb); }, {"cuda backend", "image_to_rgb8", "not implemented"});
+  Tensor host = Tensor::heap({4, 8}, DType::bf16), device = Tensor::in(arena, {4, 8}, DType::bf16);
+  test::expect_error([&] { ops::copy(dev, host, device); }, {"copy", "cuda"});
 #endif
 }
 

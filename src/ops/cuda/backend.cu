@@ -1,5 +1,5 @@
 // The CUDA backend object: device memory through cudaMalloc, the op list's entries forwarded to
-// this folder's kernels, and the ops not written yet refused by name.
+// this folder's kernels.
 #include <mutex>
 
 #include "ops/cuda/cuda.h"
@@ -14,22 +14,6 @@ void check(cudaError_t e, const char* what) {
 }
 
 cudaStream_t stream() { return cudaStreamPerThread; }
-
-namespace {
-
-[[noreturn]] void not_written(const char* op) {
-  fail("cuda backend: op '", op, "' is not implemented yet (issue 11; run it with the cpu backend)");
-}
-
-}  // namespace
-
-// The ops this backend does not run yet.
-void guided_velocity(Context&, const Tensor&, const Tensor&, const Tensor&, Tensor&, float, float, float, int64_t,
-                     int64_t) { not_written("guided_velocity"); }
-void rope_tables(Context&, const Tensor&, const std::vector<int64_t>&, double, ops::RopeMath, Tensor&, Tensor&) {
-  not_written("rope_tables");
-}
-void image_to_rgb8(Context&, const Tensor&, Tensor&) { not_written("image_to_rgb8"); }
 
 }  // namespace cuda
 

@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend (issue 11): the op list on an NVIDIA GPU, memory from cudaMalloc, GEMMs through
-// cuBLASLt. Present when the build found nvcc (APUS_HAS_CUDA); the element-wise, norm and GEMM
-// ops run, the rest are refused by name until they are written (docs/ROADMAP.md lists them).
+// cuBLASLt, every op of the list as a kernel with the contract's numerics (correct first; the fast
+// kernels follow, docs/ROADMAP.md). Present when the build found nvcc (APUS_HAS_CUDA).
 #include <string>
 
 #include "ops/backend.h"

@@ -334,6 +334,70 @@ void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor
   });
 }
 
+namespace {
+
+// Per sample of guided_velocity: over the valid frames, diff's part orthogonal to d_c (fp32
+// values, double sums as the CPU's), replacing diff in proportion apg.
+__global__ void project_kernel(float* dc, float* diff, int64_t per_sample, int64_t valid, float apg, DType dt) {
+  __shared__ double partial[32];
+  const int64_t b = blockIdx.x;
+  float* pc = dc + b * per_sample;
+  float* pd = diff + b * per_sample;
+  auto sum = [&](double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0;
+    if (threadIdx.x == 0)
+      for (unsigned w = 0; w < (blockDim.x >> 5); ++w) s += partial[w];
+    __syncthreads();
+    if (threadIdx.x == 0) partial[0] = s;
+    __syncthreads();
+    s = partial[0];
+    __syncthreads();
+    return s;
+  };
+  double sq = 0;
+  for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) sq += double(pc[i]) * pc[i];
+  const float norm = fmaxf(float(sqrt(sum(sq))), 1e-8f);
+  double dot = 0;
+  for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) dot += double(pd[i]) * (pc[i] / norm);
+  const float along = float(sum(dot));
+  for (int64_t i = threadIdx.x; i < per_sample; i += blockDim.x) {
+    const float orth = i < valid ? pd[i] - along * (pc[i] / norm) : 0.0f;
+    pd[i] = apg == 1 ? rnd(dt, orth) : rnd(dt, rnd(dt, apg * orth) + rnd(dt, (1 - apg) * pd[i]));
+  }
+}
+
+}  // namespace
+
+void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y, float sigma,
+                     float scale, float apg, int64_t batch, int64_t valid) {
+  const int64_t rows = x.shape[0], ch = x.shape[1], t = batch > 0 ? rows / batch : 0;
+  APUS_CHECK(batch >= 1 && rows % batch == 0 && cond.shape == x.shape && uncond.shape == x.shape && y.shape == x.shape &&
+                 valid >= 1 && valid <= t && sigma > 0,
+             "guided_velocity: x ", shape_str(x.shape), ", cond ", shape_str(cond.shape), ", y ", shape_str(y.shape),
+             ", batch ", batch, ", valid ", valid, ", sigma ", sigma);
+  ArenaScope scope(*c.arena);
+  Tensor dc = Tensor::in(*c.arena, {rows, ch}, DType::f32), diff = Tensor::in(*c.arena, {rows, ch}, DType::f32);
+  const View vx = view(x), vc = view(cond), vu = view(uncond), vy = view(y), vdc = view(dc), vdiff = view(diff);
+  const DType dt = y.dtype;
+  launch(rows, ch, [=] __device__(int64_t r, int64_t k) {
+    const float xv = ld(vx, r, k);
+    const float d_c = rnd(dt, xv - rnd(dt, ld(vc, r, k) * sigma));
+    st(vdc, r, k, d_c);
+    st(vdiff, r, k, rnd(dt, d_c - rnd(dt, xv - rnd(dt, ld(vu, r, k) * sigma))));
+  });
+  if (apg != 0) {
+    project_kernel<<<unsigned(batch), 256, 0, stream()>>>(dc.ptr<float>(), diff.ptr<float>(), t * ch, valid * ch, apg, dt);
+    check(cudaGetLastError(), "guided_velocity projection");
+  }
+  launch(rows, ch, [=] __device__(int64_t r, int64_t k) {
+    const float guided = rnd(dt, ld(vdc, r, k) + rnd(dt, (scale - 1) * ld(vdiff, r, k)));
+    st(vy, r, k, rnd(dt, ld(vx, r, k) - guided) / sigma);
+  });
+}
+
 void timestep_embedding(Context& c, float t, Tensor& y) {
   APUS_CHECK(y.rank() == 2 && y.shape[0] == 1 && y.shape[1] % 2 == 0, "timestep_embedding: y ", shape_str(y.shape),
              ", expected [1, 2H]");

@@ -33,6 +33,11 @@ __global__ void for_each_index(int64_t n, F f) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) f(i);
 }
 
+// Pair j of a RoPE table turns as the index[j]-th pair of axis[j], whose width is width[j].
+struct RopePairs {
+  int32_t axis[128], index[128], width[128];
+};
+
 unsigned blocks_for(int64_t n) { return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 65535))); }
 
 __global__ void conv2d_kernel(const void* x, DType xt, const void* w, DType wt, const void* bias, DType bt, void* y,
@@ -153,6 +158,69 @@ void embedding(Context& c, const Tensor& table, const Tensor& ids, Tensor& y) {
   for_each_index<<<blocks_for(total), kThreads, 0, stream()>>>(
       total, [=] __device__(int64_t i) { store(yt, out, i, load(tt, t, int64_t(id[i / d]) * d + i % d)); });
   check(cudaGetLastError(), "embedding kernel launch");
+}
+
+void rope_tables(Context& c, const Tensor& positions, const std::vector<int64_t>& axes, double theta, ops::RopeMath math,
+                 Tensor& cos, Tensor& sin) {
+  const int64_t s = positions.shape[0];
+  int64_t dim = 0;
+  for (int64_t a : axes) dim += a;
+  APUS_CHECK(positions.rank() == 2 && positions.dtype == DType::i64 && positions.shape[1] == int64_t(axes.size()) &&
+                 axes.size() <= 8 && cos.shape == Shape({s, dim / 2}) && sin.shape == cos.shape &&
+                 cos.dtype == DType::f32 && sin.dtype == DType::f32,
+             "rope_tables: positions ", shape_str(positions.shape), ", cos ", shape_str(cos.shape), " for ", axes.size(),
+             " axes of ", dim);
+  RopePairs pairs{};
+  APUS_CHECK(dim / 2 <= 128, "rope_tables: ", dim / 2, " pairs, at most 128 on cuda");
+  int64_t j = 0;
+  for (size_t a = 0; a < axes.size(); ++a)
+    for (int64_t i = 0; i < axes[a] / 2; ++i, ++j) {
+      pairs.axis[j] = int32_t(a);
+      pairs.index[j] = int32_t(i);
+      pairs.width[j] = int32_t(axes[a]);
+    }
+  const int64_t half = dim / 2, n_axes = int64_t(axes.size());
+  const int64_t* pos = positions.ptr<int64_t>();
+  float *cp = cos.ptr<float>(), *sp = sin.ptr<float>();
+  const bool f32 = math == ops::RopeMath::f32;
+  if (s * half == 0) return;
+  for_each_index<<<blocks_for(s * half), kThreads, 0, stream()>>>(s * half, [=] __device__(int64_t k) {
+    const int64_t r = k / half, q = k % half, d = pairs.width[q], i = pairs.index[q];
+    const float p = float(pos[r * n_axes + pairs.axis[q]]);
+    if (f32) {
+      const float angle = p * (1.0f / powf(float(theta), float(2 * i) / float(d)));
+      cp[k] = cosf(angle);
+      sp[k] = sinf(angle);
+    } else {
+      const double angle = double(p) * (1.0 / pow(theta, double(2 * i) / double(d)));
+      cp[k] = float(::cos(angle));
+      sp[k] = float(::sin(angle));
+    }
+  });
+  check(cudaGetLastError(), "rope_tables kernel launch");
+}
+
+void image_to_rgb8(Context& c, const Tensor& image, Tensor& rgb) {
+  const int64_t h = image.shape[2], w = image.shape[3];
+  APUS_CHECK(image.rank() == 4 && image.shape[0] == 1 && image.shape[1] == 3 && rgb.shape == Shape({h, w, 3}) &&
+                 rgb.dtype == DType::u8 && image.contiguous(),
+             "image_to_rgb8: image ", shape_str(image.shape), ", rgb ", shape_str(rgb.shape), " ", dtype_name(rgb.dtype),
+             "; expected [1, 3, H, W] and u8 [H, W, 3]");
+  APUS_CHECK(all_finite(c, image), "image_to_rgb8: the image holds a non-finite pixel");
+  const DType dt = image.dtype;
+  const void* in = image.data;
+  uint8_t* out = rgb.ptr<uint8_t>();
+  const int64_t plane = h * w;
+  if (plane == 0) return;
+  for_each_index<<<blocks_for(3 * plane), kThreads, 0, stream()>>>(3 * plane, [=] __device__(int64_t k) {
+    const int64_t ch = k / plane, at = k % plane;
+    // denormalize in the image's dtype (x * 0.5 + 0.5, two rounded ops), clamp, then
+    // (v * 255) rounded half to even in fp32.
+    const float v = load(dt, in, k);
+    const float unit = fminf(fmaxf(round_to(dt, round_to(dt, v * 0.5f) + 0.5f), 0.0f), 1.0f);
+    out[at * 3 + ch] = uint8_t(rintf(unit * 255.0f));
+  });
+  check(cudaGetLastError(), "image_to_rgb8 kernel launch");
 }
 
 }  // namespace apus::cuda
