@@ -3,9 +3,9 @@
 # cores, prints the GPU, and runs the CUDA op tests against the reference backend. One command,
 # meant to finish in a few minutes of the device budget:
 #   tools/device-check.sh            # build + op tests
-# What it cannot do yet: the pipelines do not run on the CUDA backend (weights upload, device
-# staging and the missing ops: attention, conv2d, group_norm, rope, embedding, ... are refused by
-# name), so there is no `apus bench --device cuda` to time; docs/ROADMAP.md has the plan.
+# What it cannot do yet: the pipelines do not run on the CUDA backend (weight upload and device
+# staging of their host-built inputs are still to be written), so there is no
+# `apus bench --device cuda` to time; docs/ROADMAP.md has the plan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
