@@ -5,6 +5,7 @@
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/same_encoder.h"
 #include "models/sa3/t5gemma_encoder.h"
+#include "sampling/logsnr.h"
 #include "test_util.h"
 
 namespace apus {
@@ -202,6 +203,36 @@ TEST(T5GemmaConfig, UnsupportedSettingsAreRefusedNamingFileAndKey) {
     bad.json["encoder"][c.key] = c.value;
     test::expect_error([&] { sa3::T5GemmaConfig::read(bad); }, {"config.json", c.expect});
   }
+}
+
+// Every setting the official classes of StableAudio3Pipeline take (tools/oracle
+// make_sa3_fixtures.py write_config_keys) is consulted by apus's reader of that file: honoured,
+// checked and refused where unsupported, or declared to leave inference unchanged.
+TEST(Sa3Configs, EveryOfficialSettingIsHonouredOrRefused) {
+  const Json keys = read_json(test::fixture("sa3_config_keys.json"));
+  const Config dit = read_config(test::fixture("sa3_tiny/dit_diff/config.json")),
+               same = read_config(test::fixture("sa3_tiny/same_l/config.json")),
+               duration = read_config(test::fixture("sa3_tiny/pipeline/duration_embedder/config.json")),
+               scheduler = read_config(test::fixture("sa3_tiny/pipeline/scheduler/scheduler_config.json")),
+               text = read_config(test::fixture("t5gemma_tiny/config.json"));
+  sa3::DitConfig::read(dit);
+  sa3::SameConfig::read(same);
+  sa3::SameConfig::read(same, /*encoder=*/true);
+  sa3::DurationConfig::read(duration);
+  sa3_scheduler_is_euler(scheduler);
+  sa3::T5GemmaConfig::read(text);
+  const std::pair<const char*, const Config*> files[] = {{"transformer", &dit},   {"vae", &same},
+                                                         {"duration_embedder", &duration},
+                                                         {"scheduler", &scheduler}, {"text_encoder", &text}};
+  for (const auto& [name, config] : files) {
+    ASSERT_GE(keys[name].size(), 6u) << name;
+    for (const Json& key : keys[name])
+      EXPECT_TRUE(config->consulted->contains(key.get<std::string>()))
+          << config->path << ": '" << key.get<std::string>() << "' is neither honoured nor refused";
+  }
+  // The pipeline's own: its components, whose classes the model's index check checks.
+  EXPECT_EQ(keys["pipeline"],
+            Json::array({"vae", "text_encoder", "tokenizer", "duration_embedder", "transformer", "scheduler"}));
 }
 
 }  // namespace

@@ -42,12 +42,12 @@ Config read_config(const std::string& path) {
 }
 
 bool Config::has(const std::string& key) const {
-  consulted->add(key);
+  consulted->add(prefix + key);
   return json.contains(key) && !json[key].is_null();
 }
 
 const Json& Config::at(const std::string& key) const {
-  consulted->add(key);
+  consulted->add(prefix + key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
   return json[key];
 }
@@ -55,15 +55,15 @@ const Json& Config::at(const std::string& key) const {
 Config Config::object(const std::string& key) const {
   const Json& o = at(key);
   APUS_CHECK(o.is_object(), path, ": '", key, "' is ", o.dump(), ", expected an object of settings");
-  return Config{path + " (" + key + ")", o};
+  return Config{path + " (" + key + ")", o, consulted, prefix + key + "."};
 }
 
 void Config::no_effect(std::initializer_list<const char*> keys) const {
-  for (const char* key : keys) consulted->add(key);
+  for (const char* key : keys) consulted->add(prefix + key);
 }
 
 int64_t Config::get_int(const std::string& key) const {
-  consulted->add(key);
+  consulted->add(prefix + key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
   APUS_CHECK(json[key].is_number_integer(), path, ": '", key, "' is ", json[key].dump(),
              ", expected an integer");
@@ -97,7 +97,7 @@ std::vector<int64_t> Config::get_sizes(const std::string& key) const {
 }
 
 double Config::get_double(const std::string& key) const {
-  consulted->add(key);
+  consulted->add(prefix + key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
   APUS_CHECK(json[key].is_number(), path, ": '", key, "' is ", json[key].dump(),
              ", expected a number");
@@ -120,7 +120,7 @@ double Config::get_positive(const std::string& key, double fallback) const {
 }
 
 std::string Config::get_string(const std::string& key, const std::string& fallback) const {
-  consulted->add(key);
+  consulted->add(prefix + key);
   if (!json.contains(key) || json[key].is_null()) return fallback;
   APUS_CHECK(json[key].is_string(), path, ": '", key, "' is ", json[key].dump(),
              ", expected a string");
@@ -128,7 +128,7 @@ std::string Config::get_string(const std::string& key, const std::string& fallba
 }
 
 bool Config::get_bool(const std::string& key, bool fallback) const {
-  consulted->add(key);
+  consulted->add(prefix + key);
   if (!json.contains(key) || json[key].is_null()) return fallback;
   APUS_CHECK(json[key].is_boolean(), path, ": '", key, "' is ", json[key].dump(),
              ", expected true or false");
@@ -136,7 +136,7 @@ bool Config::get_bool(const std::string& key, bool fallback) const {
 }
 
 std::vector<int64_t> Config::get_ints(const std::string& key) const {
-  consulted->add(key);
+  consulted->add(prefix + key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
   const Json& a = json[key];
   APUS_CHECK(a.is_array(), path, ": '", key, "' is ", a.dump(), ", expected a list of integers");

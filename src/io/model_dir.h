@@ -43,9 +43,12 @@ struct Config {
   // The keys consulted through the methods below, shared by copies: a test holds them against the
   // keys the official classes read, so that none is silently ignored.
   std::shared_ptr<ConsultedKeys> consulted = std::make_shared<ConsultedKeys>();
+  // A nested object's keys are recorded under its path: "encoder.hidden_size".
+  std::string prefix;
   bool has(const std::string& key) const;        // present and not null
   const Json& at(const std::string& key) const;  // present (null allowed); refused when missing
-  Config object(const std::string& key) const;   // a nested object of settings, refused if not one
+  // A nested object of settings (refused if not one), recording its keys in this Config's set.
+  Config object(const std::string& key) const;
   // Official keys that leave inference unchanged (training, generation or export settings):
   // consulted, so the walk over the official keys finds them accounted for.
   void no_effect(std::initializer_list<const char*> keys) const;

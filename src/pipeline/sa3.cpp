@@ -158,25 +158,12 @@ void check_sa3_index(const ModelDir& dir) {
              tok, "' is not supported (expected GemmaTokenizer)");
 }
 
-// The scheduler decides the sampler: stochastic sampling is the distilled models' ping-pong.
-void check_scheduler(const Config& s) {
-  APUS_CHECK(s.get_int("num_train_timesteps", 1000) == 1, s.path, ": num_train_timesteps ",
-             s.get_int("num_train_timesteps", 1000),
-             " is not supported (Stable Audio 3's DiT takes sigma itself: 1)");
-  APUS_CHECK(!s.get_bool("use_dynamic_shifting", false) && s.get_double("shift", 1.0) == 1.0 &&
-                 !s.get_bool("invert_sigmas", false) && !s.get_bool("use_karras_sigmas", false) &&
-                 !s.get_bool("use_exponential_sigmas", false) && !s.get_bool("use_beta_sigmas", false),
-             s.path, ": a shift, dynamic shifting or another sigma family is not supported (the ",
-             "pipeline hands the scheduler its own log-SNR sigmas)");
-}
 
 Layout diffusers_layout(const ModelDir& dir) {
   check_sa3_index(dir);
   const Config scheduler = dir.config("scheduler", "scheduler_config.json");
-  check_scheduler(scheduler);
   Layout l;
-  // Stochastic sampling is the distilled models' ping-pong; without it, the -base models' Euler.
-  l.euler = !scheduler.get_bool("stochastic_sampling", false);
+  l.euler = sa3_scheduler_is_euler(scheduler);
   l.root = dir.root();
   l.dit = sa3::DitConfig::read(dir.config("transformer"));
   l.same = sa3::SameConfig::read(dir.config("vae"));

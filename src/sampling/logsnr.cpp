@@ -38,4 +38,19 @@ std::vector<float> logsnr_sigmas(int steps, float sigma_max, float logsnr_start,
   return sigmas;
 }
 
+bool sa3_scheduler_is_euler(const Config& s) {
+  APUS_CHECK(s.get_int("num_train_timesteps", 1000) == 1, s.path, ": num_train_timesteps ",
+             s.get_int("num_train_timesteps", 1000),
+             " is not supported (Stable Audio 3's DiT takes sigma itself: 1)");
+  APUS_CHECK(!s.get_bool("use_dynamic_shifting", false) && s.get_double("shift", 1.0) == 1.0 &&
+                 !s.get_bool("invert_sigmas", false) && !s.get_bool("use_karras_sigmas", false) &&
+                 !s.get_bool("use_exponential_sigmas", false) && !s.get_bool("use_beta_sigmas", false),
+             s.path, ": a shift, dynamic shifting or another sigma family is not supported (the ",
+             "pipeline hands the scheduler its own log-SNR sigmas)");
+  APUS_CHECK(!s.has("shift_terminal"), s.path, ": shift_terminal is not supported (it would stretch the pipeline's sigmas)");
+  // Only dynamic shifting (refused above) reads these.
+  s.no_effect({"base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len", "time_shift_type"});
+  return !s.get_bool("stochastic_sampling", false);
+}
+
 }  // namespace apus

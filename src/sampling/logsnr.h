@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "io/model_dir.h"
 #include "ops/ops.h"
 
 namespace apus {
@@ -17,5 +18,11 @@ std::vector<float> torch_linspace(float start, float end, int64_t steps);
 // sigma = sigmoid(-logsnr), ends pinned (t >= 1: 1, t <= 0: 0), the first set to sigma_max.
 std::vector<float> logsnr_sigmas(int steps, float sigma_max, float logsnr_start = -6.2f,
                                  float logsnr_end = 2.0f);
+
+// Checks a StableAudio3Pipeline's scheduler_config.json (FlowMatchEulerDiscreteScheduler, which the
+// pipeline hands its own log-SNR sigmas: shifts and other sigma families are refused) and says
+// which sampler it means: stochastic_sampling is the distilled models' ping-pong, else the -base
+// models' Euler (true).
+bool sa3_scheduler_is_euler(const Config& scheduler_config);
 
 }  // namespace apus

@@ -20,10 +20,37 @@ from safetensors.torch import save_file
 DURATIONS = [0.0, 7.5, 30.0, 47.25, 383.9, 500.0]
 
 
+def write_config_keys(out):
+    """The settings each official class of StableAudio3Pipeline takes (__init__'s parameters; the
+    text encoder's T5GemmaConfig and, under "encoder.", its T5GemmaModuleConfig), for the test that
+    holds every one to being honoured or refused. Writes sa3_config_keys.json."""
+    import inspect
+    import json
+
+    from diffusers import (AutoencoderSAME, FlowMatchEulerDiscreteScheduler, StableAudio3DiTModel,
+                           StableAudio3Pipeline)
+    from transformers.models.t5gemma.configuration_t5gemma import T5GemmaConfig, T5GemmaModuleConfig
+
+    def keys(cls):
+        return [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+
+    listing = {"transformer": keys(StableAudio3DiTModel), "vae": keys(AutoencoderSAME),
+               "duration_embedder": keys(StableAudio3DurationEmbedder),
+               "scheduler": keys(FlowMatchEulerDiscreteScheduler),
+               "text_encoder": keys(T5GemmaConfig) + ["encoder." + k for k in keys(T5GemmaModuleConfig)],
+               "pipeline": keys(StableAudio3Pipeline)}
+    with open(os.path.join(out, "sa3_config_keys.json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps(listing, indent=2) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=oracle_env.FIXTURES)
+    ap.add_argument("--only-config-keys", action="store_true", help="write sa3_config_keys.json only")
     args = ap.parse_args()
+    write_config_keys(args.out)
+    if args.only_config_keys:
+        return
     torch.manual_seed(0)
     model = StableAudio3DurationEmbedder(output_dim=32, fourier_dim=16).eval()
     with torch.no_grad():

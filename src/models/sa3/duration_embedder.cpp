@@ -16,6 +16,8 @@ DurationConfig DurationConfig::read(const Config& c) {
   d.max_val = c.get_double("max_val", 384.0);
   APUS_CHECK(d.max_val > d.min_val, c.path, ": max_val ", d.max_val, " must exceed min_val ",
              d.min_val);
+  // They only initialise the `freqs` buffer, which the checkpoint stores and the model reads.
+  c.no_effect({"min_freq", "max_freq"});
   return d;
 }
 

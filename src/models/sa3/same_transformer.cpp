@@ -12,7 +12,7 @@ namespace {
 
 // A one-entry list (one resampling level, as SAME-L and SAME-S have) read as its value.
 int64_t single_level(const Config& c, const std::string& key, int64_t fallback) {
-  if (!c.json.contains(key)) return fallback;
+  if (!c.has(key)) return fallback;
   const std::vector<int64_t> v = c.get_ints(key);
   APUS_CHECK(v.size() == 1, c.path, ": '", key, "' has ", v.size(),
              " levels; SAME-L and SAME-S have one (several levels are not supported)");

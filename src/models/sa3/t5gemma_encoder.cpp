@@ -14,8 +14,9 @@ int dtype_slot(DType dt) { return dt == DType::bf16 ? 1 : 0; }
 }  // namespace
 
 T5GemmaConfig T5GemmaConfig::read(const Config& file) {
-  const bool nested = file.json.contains("encoder") && file.json["encoder"].is_object();
-  const Config c = nested ? Config{file.path + " (encoder)", file.json["encoder"]} : file;
+  // T5GemmaConfig holds the encoder's settings as its "encoder" object; the module's own config
+  // file is flat.
+  const Config c = file.has("encoder") ? file.object("encoder") : file;
   T5GemmaConfig t{};
   t.vocab = c.get_size("vocab_size");
   t.hidden = c.get_size("hidden_size");
@@ -32,20 +33,16 @@ T5GemmaConfig T5GemmaConfig::read(const Config& file) {
   APUS_CHECK(act == "gelu_pytorch_tanh", c.path, ": hidden_activation '", act,
              "' is not supported (expected gelu_pytorch_tanh)");
   APUS_CHECK(!c.get_bool("attention_bias", false), c.path, ": attention_bias is not supported");
-  APUS_CHECK(c.json.contains("rope_parameters") && c.json["rope_parameters"].is_object(), c.path,
-             ": missing object 'rope_parameters'");
-  const Config rope{c.path + " (rope_parameters)", c.json["rope_parameters"]};
+  const Config rope = c.object("rope_parameters");
   APUS_CHECK(rope.get_string("rope_type", "default") == "default", c.path,
              ": rope_type is not supported (expected default)");
   t.rope_theta = rope.get_positive("rope_theta");
   t.attention_scale = float(std::pow(c.get_positive("query_pre_attn_scalar"), -0.5));
-  t.softcap = float(c.json.contains("attn_logit_softcapping") && !c.json["attn_logit_softcapping"].is_null()
-                        ? c.get_positive("attn_logit_softcapping")
-                        : 0.0);
+  t.softcap = float(c.has("attn_logit_softcapping") ? c.get_positive("attn_logit_softcapping") : 0.0);
   t.sliding_window = c.get_size("sliding_window", 0, 0);
   t.sliding.assign(size_t(t.layers), false);
-  if (c.json.contains("layer_types") && !c.json["layer_types"].is_null()) {
-    const Json& types = c.json["layer_types"];
+  if (c.has("layer_types")) {
+    const Json& types = c.at("layer_types");
     APUS_CHECK(types.is_array() && types.size() >= size_t(t.layers), c.path,
                ": layer_types must name every layer");
     for (int64_t i = 0; i < t.layers; ++i) {
@@ -55,6 +52,18 @@ T5GemmaConfig T5GemmaConfig::read(const Config& file) {
       t.sliding[size_t(i)] = ty == "sliding_attention";
     }
   }
+  // What leaves the encoder's hidden states unchanged: the decoder's settings and final logit cap
+  // (only the encoder runs), dropout (off in inference), positions past the pipeline's 256 tokens,
+  // the cache, special token ids (the tokenizer places them), the LM head's tying, and
+  // transformers' generic fields.
+  file.no_effect({"decoder", "dropout_rate", "classifier_dropout_rate", "attention_dropout", "tie_word_embeddings",
+                  "is_encoder_decoder", "transformers_version", "architectures", "output_hidden_states", "return_dict",
+                  "dtype", "torch_dtype", "chunk_size_feed_forward", "id2label", "label2id", "problem_type", "vocab_size"});
+  APUS_CHECK(!c.get_bool("is_decoder", false), c.path, ": is_decoder true: the encoder's settings describe a decoder");
+  c.no_effect({"max_position_embeddings", "initializer_range", "use_cache", "pad_token_id", "eos_token_id",
+               "bos_token_id", "tie_word_embeddings", "attention_dropout", "final_logit_softcapping",
+               "is_encoder_decoder", "transformers_version", "architectures", "output_hidden_states", "return_dict",
+               "dtype", "torch_dtype", "chunk_size_feed_forward", "id2label", "label2id", "problem_type"});
   return t;
 }
 
