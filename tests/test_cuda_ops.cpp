@@ -9,6 +9,7 @@
 #include "ops/backend.h"
 #include "ops/ops.h"
 #include "test_util.h"
+#include "models/flux2/transformer.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
@@ -205,6 +206,42 @@ TEST(CudaOps, HostOperandsAreRefused) {
   Context dev{&arena, DType::bf16, nullptr, false, &gpu};
   Tensor host = Tensor::heap({4, 8}, DType::bf16), device = Tensor::in(arena, {4, 8}, DType::bf16);
   test::expect_error([&] { ops::copy(dev, host, device); }, {"copy", "cuda"});
+#endif
+}
+
+// The FLUX.2 transformer on the device, weights uploaded at their first fetch: every step of the
+// official run from the reference's own inputs, held to the CPU stage test's bounds.
+TEST(CudaStages, Flux2TransformerMatchesTheReferenceEveryStep) {
+#if !APUS_HAS_CUDA
+  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
+#else
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
+  Backend& gpu = cuda_backend(0);
+  for (const std::string variant : {"klein_tiny_a", "klein_tiny_9b"})
+    for (const std::string p : {"fp32", "bf16"}) {
+      SCOPED_TRACE(variant + " " + p);
+      const test::Reference ref(variant);
+      const auto dit = flux2::Transformer::load(ModelDir::open(test::fixture(variant), true, &gpu));
+      const auto& cfg = dit.config();
+      Arena arena(size_t(64) << 20, false, gpu);
+      Context ctx{&arena, test::precision_dtype(p), nullptr, false, &gpu};
+      const Tensor& embeds = ref.file.get(p + ".prompt_embeds");
+      const int64_t t = embeds.shape[1], l = ref.file.get(p + ".latent_ids").shape[1];
+      const auto pro = dit.prologue(ctx, gpu.upload(ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim})),
+                                    gpu.upload(ref.file.get(p + ".text_ids").reshape({t, 4})),
+                                    gpu.upload(ref.file.get(p + ".latent_ids").reshape({l, 4})));
+      for (int step = 0; step < ref.meta["steps"].get<int>(); ++step) {
+        const std::string s = ".dit.step" + std::to_string(step);
+        const Tensor latents = gpu.upload(ref.as(p + s + ".latents_in", ctx.act, {l, cfg.in_channels}));
+        Tensor poison = Tensor::heap({l, cfg.out_channels}, ctx.act);
+        std::memset(poison.data, 0xff, poison.nbytes());
+        Tensor velocity = gpu.upload(poison);
+        dit.forward(ctx, pro, latents, ref.f32(p + ".scheduler.step" + std::to_string(step) + ".t")[0], velocity);
+        test::expect_matches("cuda transformer" + s, p, to_f32_vector(to_host(velocity)),
+                             ref.f32("fp32" + s + ".velocity"), ref.f32("bf16" + s + ".velocity"));
+      }
+    }
 #endif
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "io/files.h"
+#include "ops/backend.h"
 
 namespace apus {
 
@@ -149,8 +150,9 @@ std::vector<int64_t> Config::get_ints(const std::string& key) const {
   return v;
 }
 
-WeightSet WeightSet::open_dir(const std::string& dir) {
+WeightSet WeightSet::open_dir(const std::string& dir, Backend* device) {
   WeightSet w;
+  w.device_ = device;
   std::vector<std::string> files;
   // diffusers names its files diffusion_pytorch_model*, transformers model*; either may be sharded.
   for (const char* stem : {"diffusion_pytorch_model", "model"}) {
@@ -220,7 +222,10 @@ const Tensor& WeightSet::get(const std::string& name, const Shape& expected) con
   APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32 || t.dtype == DType::f16,
              where_.at(name)->path(), ": tensor '", name, "' has dtype ", dtype_name(t.dtype),
              ", expected bf16, f16 or f32");
-  return t;
+  if (!device_) return t;
+  auto it = uploaded_.find(name);
+  if (it == uploaded_.end()) it = uploaded_.emplace(name, device_->upload(t)).first;
+  return it->second;
 }
 
 bool WeightSet::contains(const std::string& name) const {
@@ -271,11 +276,12 @@ int64_t WeightSet::fetched_elements() const {
   return n;
 }
 
-ModelDir ModelDir::open(const std::string& root, bool load_weights) {
+ModelDir ModelDir::open(const std::string& root, bool load_weights, Backend* device) {
   APUS_CHECK(is_directory(root), root, ": model directory does not exist");
   ModelDir m;
   m.root_ = root;
   m.load_weights_ = load_weights;
+  m.device_ = device;
   const std::string index = root + "/model_index.json";
   m.index_ = read_json(index);
   APUS_CHECK(m.index_.is_object(), index, ": expected an object naming the pipeline class and its ",

@@ -70,10 +70,13 @@ struct Config {
 };
 Config read_config(const std::string& path);
 
-// Weights of one component, possibly sharded through `*.index.json`; tensors are mmap views.
+class Backend;
+
+// Weights of one component, possibly sharded through `*.index.json`; tensors are mmap views, or
+// (placed on a device backend) device copies made at their first fetch.
 class WeightSet {
  public:
-  static WeightSet open_dir(const std::string& component_dir);
+  static WeightSet open_dir(const std::string& component_dir, Backend* device = nullptr);
   // No files: every shape-checked get() yields a bf16 tensor of the expected shape without data.
   // The cost model runs the model code over these.
   static WeightSet shapes_only();
@@ -99,17 +102,20 @@ class WeightSet {
   mutable std::map<std::string, Tensor> placeholders_;
   mutable std::map<std::string, int64_t> fetched_;
   mutable std::set<std::string> released_;
+  Backend* device_ = nullptr;
+  mutable std::map<std::string, Tensor> uploaded_;
 };
 
 class ModelDir {
  public:
-  // With load_weights false, weights() never opens a file (configs only, for cost counting).
-  static ModelDir open(const std::string& root, bool load_weights = true);
+  // With load_weights false, weights() never opens a file (configs only, for cost counting). With
+  // a device backend, weights() hands out the device copies of what the models fetch.
+  static ModelDir open(const std::string& root, bool load_weights = true, Backend* device = nullptr);
   const std::string& root() const { return root_; }
   std::string component(const std::string& name) const;  // path of the folder, checked to exist
   Config config(const std::string& name, const std::string& file = "config.json") const;
   WeightSet weights(const std::string& name) const {
-    return load_weights_ ? WeightSet::open_dir(component(name)) : WeightSet::shapes_only();
+    return load_weights_ ? WeightSet::open_dir(component(name), device_) : WeightSet::shapes_only();
   }
   const Json& index() const { return index_; }
   // model_index.json's `_class_name` ("Flux2KleinPipeline"), checked to be present at open().
@@ -121,6 +127,7 @@ class ModelDir {
   std::string root_;
   Json index_;
   bool load_weights_ = true;
+  Backend* device_ = nullptr;
 };
 
 bool path_exists(const std::string& path);

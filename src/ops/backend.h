@@ -19,6 +19,8 @@ class Backend : public Allocator {
   Backend& operator=(const Backend&) = delete;
 
   const std::string& name() const { return name_; }
+  // A copy of a contiguous host tensor in this backend's memory (a host backend hands it back).
+  virtual Tensor upload(const Tensor& host) = 0;
 
 #define APUS_BACKEND_OP(ret, name, params, args) virtual ret name params = 0;
   APUS_OPS(APUS_BACKEND_OP)
@@ -34,6 +36,7 @@ class HostBackend : public Backend {
   explicit HostBackend(std::string name) : Backend(std::move(name), Device::cpu, 0) {}
   void* allocate(size_t bytes) override { return host_allocator().allocate(bytes); }
   void release(void* p) override { host_allocator().release(p); }
+  Tensor upload(const Tensor& host) override { return host; }
 };
 
 // The optimised CPU backend: oneDNN GEMMs and convolutions, vectorised row kernels.

@@ -34,6 +34,7 @@ class CudaBackend final : public Backend {
     select();
     cudaFree(p);
   }
+  Tensor upload(const Tensor& host) override { return to_device(*this, host); }
 #define APUS_CUDA_OP(ret, name, params, args) \
   ret name params override {                  \
     select();                                 \
