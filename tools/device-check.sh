@@ -14,4 +14,4 @@ jobs=$(nproc)
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPUS_CUDA=ON > build-cuda.log 2>&1 || { tail -30 build-cuda.log; exit 1; }
 grep "apus: CUDA backend" build-cuda.log
 ninja -C build-cuda -j "$jobs" apus_tests > build-cuda-ninja.log 2>&1 || { tail -40 build-cuda-ninja.log; exit 1; }
-./build-cuda/apus_tests --gtest_filter='CudaOps.*' 2>&1 | tee cuda-ops.log | grep -E "measure|OK|FAILED|Skipped|skip"
+./build-cuda/apus_tests --gtest_filter='Cuda*' 2>&1 | tee cuda-ops.log | grep -E "measure|OK|FAILED|Skipped|skip"
