@@ -1,6 +1,8 @@
 // The CUDA backend object: device memory through cudaMalloc, the op list's entries forwarded to
 // this folder's kernels.
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include "ops/cuda/cuda.h"
 #include "ops/cuda/cuda_ops.h"

@@ -3,8 +3,6 @@
 // product is computed as y^T = w · x^T with w transposed.
 #include <cublasLt.h>
 
-#include <mutex>
-
 #include "ops/cuda/cuda_ops.h"
 
 namespace apus::cuda {
@@ -34,6 +32,8 @@ struct Lt {
   }
 };
 
+// One handle and workspace, made on the first GEMM's device: enough for one GPU (issue 11's
+// scope); several devices need one each.
 Lt& lt() {
   static Lt instance;
   return instance;
