@@ -4,9 +4,8 @@
 // activation dtype, P·V summed in fp32; the differential form rounds each term before the
 // difference. Correct first: a fused flash-style kernel (issue 11) replaces it once this one has
 // proven the numerics on a device.
-#include <cuda_bf16.h>
-
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device.cuh"
 
 namespace apus::cuda {
 
@@ -29,38 +28,8 @@ struct Params {
   const int64_t* key_valid;
 };
 
-__device__ float load(DType dt, const void* p, int64_t i) {
-  return dt == DType::bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
-}
-
-__device__ float round_to(DType dt, float x) {
-  return dt == DType::bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
-}
-
-__device__ float block_reduce(float v, bool is_max, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, w) : v + w;
-  }
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float s = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : (is_max ? -INFINITY : 0.0f);
-    for (int o = 16; o > 0; o >>= 1) {
-      const float w = __shfl_xor_sync(0xffffffffu, s, o);
-      s = is_max ? fmaxf(s, w) : s + w;
-    }
-    if (threadIdx.x == 0) scratch[0] = s;
-  }
-  __syncthreads();
-  const float r = scratch[0];
-  __syncthreads();
-  return r;
-}
-
 __global__ void attention_kernel(Params p) {
   extern __shared__ float probs[];  // the visible keys' scores, then probabilities
-  __shared__ float scratch[32];
   const int64_t row = blockIdx.x, h = blockIdx.y, b = row / p.sq, qi = row % p.sq, g = h / (p.hq / p.hk);
   int64_t lo = 0, hi = p.sk;
   if (p.window > 0) {
@@ -99,14 +68,14 @@ __global__ void attention_kernel(Params p) {
     __syncthreads();
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, probs[j]);
-    mx = block_reduce(mx, true, scratch);
+    mx = block_reduce(mx, true);
     float sum = 0.0f;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float e = mx == -INFINITY ? 0.0f : expf(probs[j] - mx);
       probs[j] = e;
       sum += e;
     }
-    sum = block_reduce(sum, false, scratch);
+    sum = block_reduce(sum, false);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) probs[j] = round_to(p.dt, probs[j] * inv);
     __syncthreads();

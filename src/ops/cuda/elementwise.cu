@@ -1,9 +1,7 @@
 // The element-wise, norm and layout ops on the GPU, with the op list's roundings: values in f32,
 // each eager sub-step rounded to the output dtype where the contract says so, one store rounding.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device.cuh"
 
 namespace apus::cuda {
 
@@ -24,52 +22,25 @@ View view(const Tensor& t) {
   return {t.data, t.dtype, last ? t.numel() / last : 0, last, last};
 }
 
-__device__ float ld(const View& v, int64_t r, int64_t c) {
-  const int64_t i = r * v.stride + c;
-  switch (v.dt) {
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(v.data)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(v.data)[i]);
-    default: return static_cast<const float*>(v.data)[i];
-  }
-}
-
-__device__ void st(const View& v, int64_t r, int64_t c, float x) {
-  const int64_t i = r * v.stride + c;
-  if (v.dt == DType::bf16) static_cast<__nv_bfloat16*>(v.data)[i] = __float2bfloat16_rn(x);
-  else static_cast<float*>(v.data)[i] = x;
-}
-
-// x rounded to dt and back (a store and a load in the reference's eager ops).
-__device__ float rnd(DType dt, float x) {
-  return dt == DType::bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
-}
+__device__ float ld(const View& v, int64_t r, int64_t c) { return load(v.dt, v.data, r * v.stride + c); }
+__device__ void st(const View& v, int64_t r, int64_t c, float x) { store(v.dt, v.data, r * v.stride + c, x); }
 
 // A per-feature vector [D] or per-sample [B, D] (sample b covers rows b * rows / B ...), at row r.
 __device__ float per_row(const View& v, int64_t rows, int64_t r, int64_t c) {
   return ld(v, v.rows == 1 ? 0 : r / (rows / v.rows), c);
 }
 
-constexpr int kThreads = 256;
-
 // A permute's y extents, and the x stride each of y's axes steps (a kernel argument by value).
 struct PermuteAxes {
   int64_t dims[6], from[6];
 };
 
-int64_t grid_for(int64_t n) { return std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 65535)); }
-
 // Runs f(r, c) over every element of a rows x cols grid.
-template <typename F>
-__global__ void each(int64_t rows, int64_t cols, F f) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    f(i / cols, i % cols);
-}
-
 template <typename F>
 void launch(int64_t rows, int64_t cols, F f) {
   if (rows * cols == 0) return;
-  each<<<unsigned(grid_for(rows * cols)), kThreads, 0, stream()>>>(rows, cols, f);
+  for_each_index<<<blocks_for(rows * cols), kThreads, 0, stream()>>>(
+      rows * cols, [=] __device__(int64_t i) { f(i / cols, i % cols); });
   check(cudaGetLastError(), "element-wise kernel launch");
 }
 
@@ -77,24 +48,6 @@ __device__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ float gelu_tanh_f(float x) {
   const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
   return 0.5f * x * (1.0f + tanhf(u));
-}
-
-// Block-wide sum (blockDim.x a multiple of 32, at most 1024).
-__device__ float block_sum(float v) {
-  __shared__ float partial[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float s = 0;
-  if (threadIdx.x < 32) {
-    s = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x == 0) partial[0] = s;
-  }
-  __syncthreads();
-  s = partial[0];
-  __syncthreads();
-  return s;
 }
 
 // One block per (row, group) of `group` features: y = x / rms over the group, then * weight
@@ -109,7 +62,7 @@ __global__ void rms_norm_kernel(View x, View w, View y, float eps, int64_t group
   const float rs = 1.0f / sqrtf(block_sum(ss) / float(group) + eps);
   for (int64_t c = threadIdx.x; c < group; c += blockDim.x) {
     float v = ld(x, r, g0 + c) * rs;
-    if (each_step) v = rnd(y.dt, v);
+    if (each_step) v = round_to(y.dt, v);
     st(y, r, g0 + c, v * ld(w, 0, c));
   }
 }
@@ -128,7 +81,7 @@ __global__ void layer_norm_modulate_kernel(View x, View shift, View scale, View 
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
     const float n = (ld(x, r, c) - mu) * rstd;
     const float sc = 1.0f + per_row(scale, x.rows, r, c), sh = per_row(shift, x.rows, r, c);
-    st(y, r, c, each_step ? rnd(y.dt, rnd(y.dt, rnd(y.dt, n) * rnd(y.dt, sc)) + sh) : n * sc + sh);
+    st(y, r, c, each_step ? round_to(y.dt, round_to(y.dt, round_to(y.dt, n) * round_to(y.dt, sc)) + sh) : n * sc + sh);
   }
 }
 
@@ -155,8 +108,8 @@ void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activatio
     float s;
     if (act == ops::Activation::silu) s = silu_f(x);
     else if (act == ops::Activation::gelu_tanh) s = gelu_tanh_f(x);
-    else s = sinf(each ? rnd(vy.dt, 3.14159265358979323846f * x) : 3.14159265358979323846f * x);
-    if (each) s = rnd(vy.dt, s);
+    else s = sinf(each ? round_to(vy.dt, 3.14159265358979323846f * x) : 3.14159265358979323846f * x);
+    if (each) s = round_to(vy.dt, s);
     st(vy, r, col, s * ld(vb, r, col));
   });
 }
@@ -170,7 +123,7 @@ void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate, ops::
     float t = ld(vy, r, col);
     if (gated) {
       t *= per_row(vg, vx.rows, r, col);
-      if (each) t = rnd(vx.dt, t);
+      if (each) t = round_to(vx.dt, t);
     }
     st(vx, r, col, ld(vx, r, col) + t);
   });
@@ -183,7 +136,7 @@ void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& sc
   const bool each = rounding == ops::Rounding::each_step && y.dtype != DType::f32;
   launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
     const float sc = 1.0f + per_row(vsc, vx.rows, r, col), sh = per_row(vsh, vx.rows, r, col), v = ld(vx, r, col);
-    st(vy, r, col, each ? rnd(vy.dt, rnd(vy.dt, v * rnd(vy.dt, sc)) + sh) : v * sc + sh);
+    st(vy, r, col, each ? round_to(vy.dt, round_to(vy.dt, v * round_to(vy.dt, sc)) + sh) : v * sc + sh);
   });
 }
 
@@ -212,7 +165,7 @@ void gate_sigmoid(Context& c, const Tensor& x, Tensor& y, ops::Rounding rounding
   const bool each = rounding == ops::Rounding::each_step;
   launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
     float t = 1.0f - ld(vx, r, col);
-    if (each) t = rnd(vy.dt, t);
+    if (each) t = round_to(vy.dt, t);
     st(vy, r, col, 1.0f / (1.0f + expf(-t)));
   });
 }
@@ -225,7 +178,7 @@ void affine(Context& c, const Tensor& x, const Tensor& scale, const Tensor& shif
   const bool each = rounding == ops::Rounding::each_step;
   launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
     float p = ld(vx, r, col) * ld(vs, 0, col);
-    if (each) p = rnd(vy.dt, p);
+    if (each) p = round_to(vy.dt, p);
     st(vy, r, col, p + ld(vb, 0, col));
   });
 }
@@ -241,11 +194,11 @@ void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, 
   launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
     const int64_t i = col % group;
     float v = ld(va, 0, 0) * ld(vx, r, col);
-    if (each) v = rnd(vy.dt, v);
+    if (each) v = round_to(vy.dt, v);
     v = tanhf(v);
-    if (each) v = rnd(vy.dt, v);
+    if (each) v = round_to(vy.dt, v);
     v *= ld(vg, 0, i);
-    if (each) v = rnd(vy.dt, v);
+    if (each) v = round_to(vy.dt, v);
     st(vy, r, col, v + ld(vb, 0, i));
   });
 }
@@ -258,7 +211,7 @@ void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
   const float dt = bf16 ? __bfloat162float(__float2bfloat16_rn(step)) : step;
   launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
     const float d = dt * ld(vv, r, col);
-    st(vx, r, col, ld(vx, r, col) + (bf16 ? rnd(DType::bf16, d) : d));
+    st(vx, r, col, ld(vx, r, col) + (bf16 ? round_to(DType::bf16, d) : d));
   });
 }
 
@@ -271,8 +224,8 @@ void blend(Context& c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor
   const float* wp = w.ptr<float>();
   const bool one = w.numel() == 1;
   launch(vy.rows, vy.cols, [=] __device__(int64_t r, int64_t col) {
-    const float wr = rnd(vy.dt, wp[one ? 0 : r]), keep = rnd(vy.dt, 1.0f - wr);
-    st(vy, r, col, rnd(vy.dt, keep * ld(va, r, col)) + rnd(vy.dt, wr * ld(vb, r, col)));
+    const float wr = round_to(vy.dt, wp[one ? 0 : r]), keep = round_to(vy.dt, 1.0f - wr);
+    st(vy, r, col, round_to(vy.dt, keep * ld(va, r, col)) + round_to(vy.dt, wr * ld(vb, r, col)));
   });
 }
 
@@ -311,9 +264,9 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
     const float c0 = cp[(r % table) * half + j], s0 = sp[(r % table) * half + j];
     const float x0 = ld(vx, r, i0), x1 = ld(vx, r, i1);
     if (rounded) {
-      const float cb = rnd(DType::bf16, c0), sb = rnd(DType::bf16, s0);
-      st(vx, r, i0, rnd(DType::bf16, x0 * cb) + rnd(DType::bf16, -x1 * sb));
-      st(vx, r, i1, rnd(DType::bf16, x1 * cb) + rnd(DType::bf16, x0 * sb));
+      const float cb = round_to(DType::bf16, c0), sb = round_to(DType::bf16, s0);
+      st(vx, r, i0, round_to(DType::bf16, x0 * cb) + round_to(DType::bf16, -x1 * sb));
+      st(vx, r, i1, round_to(DType::bf16, x1 * cb) + round_to(DType::bf16, x0 * sb));
     } else {
       st(vx, r, i0, x0 * c0 - x1 * s0);
       st(vx, r, i1, x1 * c0 + x0 * s0);
@@ -328,9 +281,9 @@ void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor
   const DType dt = x.dtype;
   const float keep = dt == DType::bf16 ? __bfloat162float(__float2bfloat16_rn(1.0f - t_next)) : 1.0f - t_next;
   launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
-    const float v = rnd(dt, t * ld(vv, r, col));
-    const float denoised = rnd(dt, rnd(dt, ld(vx, r, col) - v) * keep);
-    st(vx, r, col, denoised + rnd(dt, t_next * ld(vn, r, col)));
+    const float v = round_to(dt, t * ld(vv, r, col));
+    const float denoised = round_to(dt, round_to(dt, ld(vx, r, col) - v) * keep);
+    st(vx, r, col, denoised + round_to(dt, t_next * ld(vn, r, col)));
   });
 }
 
@@ -365,7 +318,7 @@ __global__ void project_kernel(float* dc, float* diff, int64_t per_sample, int64
   const float along = float(sum(dot));
   for (int64_t i = threadIdx.x; i < per_sample; i += blockDim.x) {
     const float orth = i < valid ? pd[i] - along * (pc[i] / norm) : 0.0f;
-    pd[i] = apg == 1 ? rnd(dt, orth) : rnd(dt, rnd(dt, apg * orth) + rnd(dt, (1 - apg) * pd[i]));
+    pd[i] = apg == 1 ? round_to(dt, orth) : round_to(dt, round_to(dt, apg * orth) + round_to(dt, (1 - apg) * pd[i]));
   }
 }
 
@@ -384,17 +337,17 @@ void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tens
   const DType dt = y.dtype;
   launch(rows, ch, [=] __device__(int64_t r, int64_t k) {
     const float xv = ld(vx, r, k);
-    const float d_c = rnd(dt, xv - rnd(dt, ld(vc, r, k) * sigma));
+    const float d_c = round_to(dt, xv - round_to(dt, ld(vc, r, k) * sigma));
     st(vdc, r, k, d_c);
-    st(vdiff, r, k, rnd(dt, d_c - rnd(dt, xv - rnd(dt, ld(vu, r, k) * sigma))));
+    st(vdiff, r, k, round_to(dt, d_c - round_to(dt, xv - round_to(dt, ld(vu, r, k) * sigma))));
   });
   if (apg != 0) {
     project_kernel<<<unsigned(batch), 256, 0, stream()>>>(dc.ptr<float>(), diff.ptr<float>(), t * ch, valid * ch, apg, dt);
     check(cudaGetLastError(), "guided_velocity projection");
   }
   launch(rows, ch, [=] __device__(int64_t r, int64_t k) {
-    const float guided = rnd(dt, ld(vdc, r, k) + rnd(dt, (scale - 1) * ld(vdiff, r, k)));
-    st(vy, r, k, rnd(dt, ld(vx, r, k) - guided) / sigma);
+    const float guided = round_to(dt, ld(vdc, r, k) + round_to(dt, (scale - 1) * ld(vdiff, r, k)));
+    st(vy, r, k, round_to(dt, ld(vx, r, k) - guided) / sigma);
   });
 }
 

@@ -1,44 +1,18 @@
 // Convolution, group norm, gathers and tables on the GPU, with the contract's numerics. conv2d is
 // a direct kernel (one thread per output, fp32 sums): correct first, cuDNN's NHWC kernels replace
 // it once the numerics have been proven on a device (issue 11).
-#include <cuda_bf16.h>
-
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device.cuh"
 
 namespace apus::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
-
-__device__ float load(DType dt, const void* p, int64_t i) {
-  switch (dt) {
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f32: return static_cast<const float*>(p)[i];
-    default: return 0.0f;
-  }
-}
-
-__device__ void store(DType dt, void* p, int64_t i, float v) {
-  if (dt == DType::bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  else static_cast<float*>(p)[i] = v;
-}
-
-__device__ float round_to(DType dt, float x) {
-  return dt == DType::bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
-}
-
-template <typename F>
-__global__ void for_each_index(int64_t n, F f) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) f(i);
-}
 
 // Pair j of a RoPE table turns as the index[j]-th pair of axis[j], whose width is width[j].
 struct RopePairs {
   int32_t axis[128], index[128], width[128];
 };
 
-unsigned blocks_for(int64_t n) { return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 65535))); }
 
 __global__ void conv2d_kernel(const void* x, DType xt, const void* w, DType wt, const void* bias, DType bt, void* y,
                               int64_t n, int64_t ci, int64_t h, int64_t wd, int64_t co, int64_t k, int64_t oh, int64_t ow,
@@ -64,37 +38,21 @@ __global__ void conv2d_kernel(const void* x, DType xt, const void* w, DType wt, 
   }
 }
 
-__device__ float block_sum(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float s = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x == 0) scratch[0] = s;
-  }
-  __syncthreads();
-  const float r = scratch[0];
-  __syncthreads();
-  return r;
-}
-
 // One block per (sample, group): mean and variance over the group's channels x H x W, then the
 // affine per channel, SiLU after it when fused.
 __global__ void group_norm_kernel(const void* x, const void* w, DType wt, const void* b, DType bt, void* y, DType dt,
                                   int64_t ch, int64_t hw, int64_t groups, float eps, bool silu, bool each_step) {
-  __shared__ float scratch[32];
   const int64_t sample = blockIdx.x / groups, g = blockIdx.x % groups, per = ch / groups;
   const int64_t base = (sample * ch + g * per) * hw, count = per * hw;
   float s = 0.0f;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += load(dt, x, base + i);
-  const float mean = block_sum(s, scratch) / float(count);
+  const float mean = block_sum(s) / float(count);
   float q = 0.0f;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
     const float v = load(dt, x, base + i) - mean;
     q += v * v;
   }
-  const float rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(count) + eps);
+  const float rstd = 1.0f / sqrtf(block_sum(q) / float(count) + eps);
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
     const int64_t c = g * per + i / hw;
     const float a = rstd * load(wt, w, c), b0 = load(bt, b, c) - mean * a;
