@@ -10,6 +10,7 @@
 #include "ops/ops.h"
 #include "test_util.h"
 #include "models/flux2/transformer.h"
+#include "models/flux2/vae_decoder.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
@@ -241,6 +242,35 @@ TEST(CudaStages, Flux2TransformerMatchesTheReferenceEveryStep) {
         test::expect_matches("cuda transformer" + s, p, to_f32_vector(to_host(velocity)),
                              ref.f32("fp32" + s + ".velocity"), ref.f32("bf16" + s + ".velocity"));
       }
+    }
+#endif
+}
+
+// The FLUX.2 VAE decoder on the device (its batch-norm statistics computed on the host at load and
+// placed there) from the reference's final latents, held to the CPU stage test's bounds.
+TEST(CudaStages, Flux2VaeDecodeMatchesTheReference) {
+#if !APUS_HAS_CUDA
+  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
+#else
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
+  Backend& gpu = cuda_backend(0);
+  for (const std::string variant : {"klein_tiny_a", "klein_tiny_b"})
+    for (const std::string p : {"fp32", "bf16"}) {
+      SCOPED_TRACE(variant + " " + p);
+      const test::Reference ref(variant);
+      const auto vae = flux2::VaeDecoder::load(ModelDir::open(test::fixture(variant), true, &gpu));
+      Arena arena(size_t(64) << 20, false, gpu);
+      Context ctx{&arena, test::precision_dtype(p), nullptr, false, &gpu};
+      const auto grid = ref.meta["latent_grid_hw"].get<std::vector<int64_t>>();
+      const int64_t h = grid[0], w = grid[1], s = vae.config().pixels_per_token();
+      const std::string latents = p + ".step" + std::to_string(ref.meta["steps"].get<int>() - 1) + ".latents";
+      Tensor poison = Tensor::heap({1, vae.config().out_channels, h * s, w * s}, ctx.act);
+      std::memset(poison.data, 0xff, poison.nbytes());
+      Tensor image = gpu.upload(poison);
+      vae.decode(ctx, gpu.upload(ref.as(latents, ctx.act, {h * w, vae.config().packed_channels()})), h, w, image);
+      test::expect_matches("cuda vae image", p, to_f32_vector(to_host(image)), ref.f32("fp32.vae.image"),
+                           ref.f32("bf16.vae.image"));
     }
 #endif
 }

@@ -209,6 +209,18 @@ WeightSet WeightSet::shapes_only() {
 }
 
 const Tensor& WeightSet::get(const std::string& name, const Shape& expected) const {
+  const Tensor& t = host(name, expected);
+  if (!device_ || shapes_only_) return t;
+  auto it = uploaded_.find(name);
+  if (it == uploaded_.end()) it = uploaded_.emplace(name, device_->upload(t)).first;
+  return it->second;
+}
+
+Tensor WeightSet::place(const Tensor& host_tensor) const {
+  return device_ && host_tensor.data ? device_->upload(host_tensor) : host_tensor;
+}
+
+const Tensor& WeightSet::host(const std::string& name, const Shape& expected) const {
   fetched_[name] = shape_numel(expected);
   if (shapes_only_) {
     Tensor& t = placeholders_[name];
@@ -222,10 +234,7 @@ const Tensor& WeightSet::get(const std::string& name, const Shape& expected) con
   APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32 || t.dtype == DType::f16,
              where_.at(name)->path(), ": tensor '", name, "' has dtype ", dtype_name(t.dtype),
              ", expected bf16, f16 or f32");
-  if (!device_) return t;
-  auto it = uploaded_.find(name);
-  if (it == uploaded_.end()) it = uploaded_.emplace(name, device_->upload(t)).first;
-  return it->second;
+  return t;
 }
 
 bool WeightSet::contains(const std::string& name) const {

@@ -80,8 +80,13 @@ class WeightSet {
   // No files: every shape-checked get() yields a bf16 tensor of the expected shape without data.
   // The cost model runs the model code over these.
   static WeightSet shapes_only();
-  // Checks the stored shape; the error names the file holding the tensor.
+  // Checks the stored shape; the error names the file holding the tensor. On a device, the
+  // device copy.
   const Tensor& get(const std::string& name, const Shape& expected) const;
+  // The same tensor as stored (host memory, the mapping) for what a model computes from its
+  // weights at load, and where such a result goes: the device copy of a host tensor, or itself.
+  const Tensor& host(const std::string& name, const Shape& expected) const;
+  Tensor place(const Tensor& host_tensor) const;
   const Tensor& get(const std::string& name) const;
   bool contains(const std::string& name) const;
   size_t count() const;

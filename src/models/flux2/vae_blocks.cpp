@@ -15,8 +15,8 @@ void load_conv(const WeightSet& w, const std::string& prefix, int64_t out, int64
 }
 
 BatchNormStats batch_norm_stats(const WeightSet& w, int64_t channels, double eps, DType dt) {
-  const Tensor& mean = w.get("bn.running_mean", {channels});
-  const Tensor& var = w.get("bn.running_var", {channels});
+  const Tensor& mean = w.host("bn.running_mean", {channels});
+  const Tensor& var = w.host("bn.running_var", {channels});
   BatchNormStats s;
   if (!mean.data) {
     s.mean = s.std = Tensor::shape_only({channels}, DType::f32);

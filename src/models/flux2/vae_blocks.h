@@ -38,6 +38,7 @@ Attention load_attention(const WeightSet& w, const std::string& prefix, int64_t 
 struct BatchNormStats {
   Tensor mean, std;
 };
+// In host memory (the encoder derives its normalisation from them); the decoder places them.
 BatchNormStats batch_norm_stats(const WeightSet& w, int64_t channels, double eps, DType dt);
 
 // y = x + conv2(silu(norm2(conv1(silu(norm1(x)))))), the sum through the 1x1 shortcut where the

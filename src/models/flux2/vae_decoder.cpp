@@ -77,8 +77,10 @@ VaeDecoder VaeDecoder::load(const ModelDir& dir) {
   const VaeConfig& c = m.cfg_;
   const WeightSet& w = m.weights_;
   const int64_t lat = c.latent_channels, mid = c.block_out.back();
-  m.stats_f32_ = vae::batch_norm_stats(w, c.packed_channels(), c.bn_eps, DType::f32);
-  m.stats_bf16_ = vae::batch_norm_stats(w, c.packed_channels(), c.bn_eps, DType::bf16);
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const vae::BatchNormStats s = vae::batch_norm_stats(w, c.packed_channels(), c.bn_eps, dt);
+    (dt == DType::f32 ? m.stats_f32_ : m.stats_bf16_) = {w.place(s.mean), w.place(s.std)};
+  }
   if (c.post_quant_conv) vae::load_conv(w, "post_quant_conv", lat, lat, 1, m.post_quant_w_, m.post_quant_b_);
   vae::load_conv(w, "decoder.conv_in", mid, lat, 3, m.conv_in_w_, m.conv_in_b_);
   m.mid_in_ = vae::load_resnet(w, "decoder.mid_block.resnets.0", mid, mid);

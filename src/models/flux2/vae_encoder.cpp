@@ -48,6 +48,7 @@ VaeEncoder VaeEncoder::load(const ModelDir& dir) {
       z.inv_std.ptr<float>()[f] = 1.0f / stats.std.ptr<float>()[f];
       z.zeros.ptr<float>()[f] = 0.0f;
     }
+    for (Tensor* t : {&z.ones, &z.neg_mean, &z.inv_std, &z.zeros}) *t = w.place(*t);
   }
   return m;
 }
