@@ -1,6 +1,8 @@
-// FLUX.2 [klein] text-to-image: tokenise, encode, sample, decode, in the order and precision of
-// diffusers' Flux2KleinPipeline. The stages are written once (encode_text, prologue, step,
-// decode); generate() runs them on weights, count() walks the same functions in counting mode.
+// FLUX.2 [klein]: tokenise, encode, sample, decode, in the order and precision of diffusers'
+// Flux2KleinPipeline (text-to-image, editing with references, guidance for the -base models),
+// Flux2KleinInpaintPipeline (inpainting) and Flux2KleinKVPipeline (the reference K/V cache). The
+// stages are written once (encode_text, encode_references, prologue, step, decode); generate()
+// runs them on weights, count() walks the same functions in counting mode.
 #include <algorithm>
 #include <cmath>
 #include <optional>
