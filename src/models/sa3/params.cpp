@@ -69,16 +69,17 @@ ParamSource ParamSource::official_duration(WeightSet set) {
 
 Tensor ParamLoader::get(const std::string& name, const Shape& shape) const {
   const std::string stored = source_.name(name);
-  const Tensor& t = source_.set.get(stored, shape);
-  if (!t.data || t.dtype == compute_) return t;
-  owned_.push_back(to_dtype(t, compute_));
+  const Tensor& t = source_.set.host(stored, shape);
+  if (!t.data || t.dtype == compute_) return source_.set.get(stored, shape);
+  // Converted where it is stored, then placed (on a device, its copy).
+  owned_.push_back(source_.set.place(to_dtype(t, compute_)));
   source_.set.release(stored);  // the model reads the converted copy only
   return owned_.back();
 }
 
 Tensor ParamLoader::fused_qkv(const std::string& name, int64_t parts, int64_t width, int64_t in) const {
   if (!source_.official_qkv || parts != 5) return get(name, {parts * width, in});
-  const Tensor& t = source_.set.get(source_.name(name), {parts * width, in});
+  const Tensor& t = source_.set.host(source_.name(name), {parts * width, in});
   if (!t.data) return t;
   const Tensor c = t.dtype == compute_ ? t : to_dtype(t, compute_);
   // [q | k | v | q2 | k2] -> [q | q2 | k | k2 | v]
@@ -88,9 +89,9 @@ Tensor ParamLoader::fused_qkv(const std::string& name, int64_t parts, int64_t wi
   for (int i = 0; i < 5; ++i)
     std::memcpy(static_cast<char*>(out.data) + size_t(i) * block,
                 static_cast<const char*>(c.data) + size_t(order[i]) * block, block);
-  owned_.push_back(out);
+  owned_.push_back(source_.set.place(out));
   source_.set.release(source_.name(name));
-  return out;
+  return owned_.back();
 }
 
 }  // namespace apus::sa3
