@@ -64,9 +64,9 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
 }
 
 int run_image(const std::string& model_dir, const apus::ImageRequest& req, int batch,
-              const std::string& out, bool verbose, const std::string& trace_file) {
+              const std::string& out, bool verbose, const std::string& trace_file, const std::string& device) {
   // One request per process: each stage's weights are mapped for that stage only.
-  const auto model = apus::ImageModel::open(model_dir, apus::Weights::per_stage);
+  const auto model = apus::ImageModel::open(model_dir, apus::Weights::per_stage, device);
   // A batch renders seeds seed, seed + 1, ... together through every stage.
   std::vector<apus::ImageRequest> requests(size_t(batch), req);
   for (int i = 1; i < batch; ++i)
@@ -181,6 +181,8 @@ int main(int argc, char** argv) {
   image->add_flag("-v,--verbose", verbose, "print per-stage times and peak memory");
   std::string image_trace;
   image->add_option("--trace", image_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
+  std::string image_device = "cpu";
+  image->add_option("--device", image_device, "cpu, or cuda[:N] where the build has the CUDA backend (not yet run on a GPU)");
 
   apus::AudioRequest audio_req;
   std::string audio_model, audio_out = "out.wav", audio_format = "wav", audio_precision = "bf16";
@@ -331,7 +333,7 @@ int main(int argc, char** argv) {
       APUS_CHECK(!*steps_opt || (req.steps >= 1 && req.steps <= 200), "--steps ", req.steps, " outside 1..200");
       req.trace = !image_trace.empty();
       if (req.trace) apus::check_writable(image_trace);
-      return run_image(model_dir, req, batch, out, verbose, image_trace);
+      return run_image(model_dir, req, batch, out, verbose, image_trace, image_device);
     }
     if (*audio) {
       if (*audio_seed_opt) audio_req.seed = parse_seed(audio_seed);

@@ -5,12 +5,15 @@
 #include <functional>
 #include <random>
 
+#include "apus/apus.h"
+#include "io/image.h"
+#include "io/safetensors.h"
+#include "models/flux2/transformer.h"
+#include "models/flux2/vae_decoder.h"
 #include "op_bounds.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
 #include "test_util.h"
-#include "models/flux2/transformer.h"
-#include "models/flux2/vae_decoder.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
@@ -272,6 +275,55 @@ TEST(CudaStages, Flux2VaeDecodeMatchesTheReference) {
       test::expect_matches("cuda vae image", p, to_f32_vector(to_host(image)), ref.f32("fp32.vae.image"),
                            ref.f32("bf16.vae.image"));
     }
+#endif
+}
+
+// Whole klein requests on the device (`--device cuda`): the official image from the seed, for a
+// distilled model, a -base one with guidance and an edit with two references, held to the CLI
+// tests' bound (twice the reference's own bf16-vs-fp32 disagreement, in mean pixel levels).
+TEST(CudaPipelines, KleinRendersTheOfficialImagesOnTheDevice) {
+#if !APUS_HAS_CUDA
+  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
+#else
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
+  auto mean_levels = [](const std::vector<uint8_t>& a, const Tensor& b) {
+    double s = 0;
+    for (size_t i = 0; i < a.size(); ++i) s += std::abs(double(a[i]) - double(b.ptr<uint8_t>()[i]));
+    return s / double(a.size());
+  };
+  struct Run {
+    std::string variant, ref_file, meta_file;
+    bool edit;
+  };
+  for (const Run& run : {Run{"klein_tiny_a", "klein_tiny_a_ref.safetensors", "klein_tiny_a_ref.json", false},
+                         Run{"klein_tiny_base", "klein_tiny_base_ref.safetensors", "klein_tiny_base_ref.json", false},
+                         Run{"klein_tiny_a", "klein_tiny_a_edit_ref.safetensors", "klein_tiny_a_edit_ref.json", true}}) {
+    SCOPED_TRACE(run.ref_file);
+    const SafetensorsFile ref = SafetensorsFile::open(test::fixture(run.ref_file));
+    const Json meta = read_json(test::fixture(run.meta_file));
+    const auto model = ImageModel::open(test::fixture(run.variant), Weights::per_stage, "cuda");
+    ImageRequest r;
+    r.prompt = meta["prompt"].get<std::string>();
+    r.seed = meta["seed"].get<uint64_t>();
+    r.steps = meta["steps"].get<int>();
+    if (run.edit) {
+      for (const Json& name : meta["references"])
+        r.references.push_back(read_image(test::fixture(run.variant + "_edit/" + name.get<std::string>())));
+    } else {
+      r.width = meta["width"];
+      r.height = meta["height"];
+      if (!meta["is_distilled"].get<bool>()) r.cfg = meta["guidance_scale"].get<float>();
+    }
+    const ImageResult got = model->generate(r);
+    const Tensor& bf16 = ref.get("bf16.image_u8");
+    const std::vector<uint8_t> bf16_bytes(bf16.ptr<uint8_t>(), bf16.ptr<uint8_t>() + bf16.numel());
+    const double disagreement = mean_levels(bf16_bytes, ref.get("fp32.image_u8"));
+    const double ours = mean_levels(got.rgb, bf16);
+    std::printf("[ measure ] cuda %s: mean |d| to the bf16 reference %.3f, its disagreement %.3f\n", run.ref_file.c_str(),
+                ours, disagreement);
+    EXPECT_LT(ours, test::kBf16Factor * disagreement);
+  }
 #endif
 }
 

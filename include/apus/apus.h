@@ -89,7 +89,9 @@ class ImageModel {
  public:
   // Recognises the directory from model_index.json's `_class_name` (or a published name the
   // engine carries the layout of, for Weights::none) and refuses anything else naming the class.
-  static std::unique_ptr<ImageModel> open(const std::string& dir, Weights weights);
+  // device: "cpu", or "cuda[:N]" where the build has the CUDA backend (its weights uploaded as
+  // the models fetch them; the CUDA path has not yet run on a GPU, see docs/ROADMAP.md).
+  static std::unique_ptr<ImageModel> open(const std::string& dir, Weights weights, const std::string& device = "cpu");
   virtual ~ImageModel() = default;
 
   // Validates everything a request can get wrong before any weight is read, then renders it.

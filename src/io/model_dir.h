@@ -123,6 +123,7 @@ class ModelDir {
     return load_weights_ ? WeightSet::open_dir(component(name), device_) : WeightSet::shapes_only();
   }
   const Json& index() const { return index_; }
+  Backend* device() const { return device_; }  // null: the CPU
   // model_index.json's `_class_name` ("Flux2KleinPipeline"), checked to be present at open().
   std::string pipeline_class() const;
   // The class model_index.json gives a component ("Flux2Transformer2DModel").

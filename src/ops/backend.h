@@ -19,8 +19,10 @@ class Backend : public Allocator {
   Backend& operator=(const Backend&) = delete;
 
   const std::string& name() const { return name_; }
-  // A copy of a contiguous host tensor in this backend's memory (a host backend hands it back).
+  // A copy of a contiguous host tensor in this backend's memory (a host backend hands it back),
+  // and of one of this backend's tensors on the host (waiting for the ops queued before it).
   virtual Tensor upload(const Tensor& host) = 0;
+  virtual Tensor download(const Tensor& t) = 0;
 
 #define APUS_BACKEND_OP(ret, name, params, args) virtual ret name params = 0;
   APUS_OPS(APUS_BACKEND_OP)
@@ -37,6 +39,7 @@ class HostBackend : public Backend {
   void* allocate(size_t bytes) override { return host_allocator().allocate(bytes); }
   void release(void* p) override { host_allocator().release(p); }
   Tensor upload(const Tensor& host) override { return host; }
+  Tensor download(const Tensor& t) override { return t; }
 };
 
 // The optimised CPU backend: oneDNN GEMMs and convolutions, vectorised row kernels.

@@ -254,4 +254,14 @@ Tensor empty(Context& c, Shape shape, DType dtype) {
   return Tensor::allocate(backend_of(c), std::move(shape), dtype);
 }
 
+Tensor to_context(Context& c, const Tensor& host) {
+  if (c.count_only || !host.data || host.device != Device::cpu) return host;
+  return backend_of(c).upload(host);
+}
+
+Tensor to_host(Context& c, const Tensor& t) {
+  if (c.count_only || !t.data || t.device == Device::cpu) return t;
+  return backend_of(c).download(t);
+}
+
 }  // namespace apus::ops

@@ -73,5 +73,26 @@ APUS_DECLARE_OPS
 // mode its shape alone, so counting never allocates activation memory.
 Tensor empty(Context& c, Shape shape, DType dtype);
 
+// Host data in the context's memory: the tensor itself on the CPU, its copy on a device; counting
+// mode passes shapes through. What pipelines and models build on the host (ids, positions, noise,
+// pixels, schedule scalars) reaches the ops through here or host_filled.
+Tensor to_context(Context& c, const Tensor& host);
+// A tensor of the context's memory, in the arena, filled on the host by fill(tensor) (not called
+// in counting mode; on a device it fills a host tensor that is then copied).
+template <typename Fill>
+Tensor host_filled(Context& c, Shape shape, DType dtype, Fill&& fill) {
+  Tensor t = Tensor::in(*c.arena, shape, dtype);
+  if (c.count_only) return t;
+  if (t.device == Device::cpu) {
+    fill(t);
+    return t;
+  }
+  Tensor host = Tensor::heap(std::move(shape), dtype);
+  fill(host);
+  return to_context(c, host);
+}
+// A result on the host: the tensor itself on the CPU, a copy from a device.
+Tensor to_host(Context& c, const Tensor& t);
+
 }  // namespace ops
 }  // namespace apus

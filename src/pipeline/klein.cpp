@@ -16,6 +16,7 @@
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
 #include "models/flux2/vae_encoder.h"
+#include "ops/backend.h"
 #include "pipeline/registry.h"
 #include "pipeline/stage.h"
 #include "sampling/flow_match.h"
@@ -281,8 +282,7 @@ Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
 
 void KleinModel::noised_image(Context& c, const Work& w, float sigma, Tensor& out) const {
   ArenaScope arena(*c.arena);
-  Tensor weight = Tensor::in(*c.arena, {1}, DType::f32);
-  if (!c.count_only) weight.ptr<float>()[0] = sigma;
+  const Tensor weight = ops::host_filled(c, {1}, DType::f32, [&](Tensor& t) { t.ptr<float>()[0] = sigma; });
   const int64_t l = w.h * w.w;
   const Tensor image = w.refs.rows(0, l);
   for (int64_t b = 0; b < w.batch; ++b) {
@@ -298,18 +298,17 @@ void KleinModel::encode_references(Context& c, const flux2::VaeEncoder& encoder,
     const Crop& crop = w.crops[k];
     ArenaScope arena(*c.arena);
     // The image processor's scaling in fp32, u8 / 255 * 2 - 1, then the VAE's dtype.
-    Tensor pixels = Tensor::in(*c.arena, {1, 3, crop.height, crop.width}, DType::f32);
-    if (!c.count_only) {
+    const Tensor pixels = ops::host_filled(c, {1, 3, crop.height, crop.width}, DType::f32, [&](Tensor& t) {
       const Rgb8Image& src = *w.sources[k];
       const int64_t plane = crop.height * crop.width;
-      float* to = pixels.ptr<float>();
+      float* to = t.ptr<float>();
       for (int64_t y = 0; y < crop.height; ++y)
         for (int64_t x = 0; x < crop.width; ++x)
           for (int64_t ch = 0; ch < 3; ++ch) {
             const uint8_t v = src.rgb[size_t(((crop.top + y) * src.width + crop.left + x) * 3 + ch)];
             to[ch * plane + y * crop.width + x] = float(v) / 255.0f * 2.0f - 1.0f;
           }
-    }
+    });
     Tensor image = Tensor::in(*c.arena, pixels.shape, c.act);
     ops::copy(c, pixels, image);
     Tensor tokens = w.refs.rows(at, at + crop.tokens());
@@ -325,23 +324,24 @@ void KleinModel::encode_text(Context& c, const flux2::TextEncoder& encoder, Work
 void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) const {
   const int64_t l = w.h * w.w;
   const Tensor txt_ids = c.count_only ? Tensor::shape_only({kMaxSequence, 4}, DType::i64)
-                                      : flux2::text_position_ids(kMaxSequence);
+                                      : ops::to_context(c, flux2::text_position_ids(kMaxSequence));
   std::vector<std::pair<int64_t, int64_t>> grids;
   for (const Crop& crop : w.crops) grids.emplace_back(crop.height / 16, crop.width / 16);
   // With the reference cache the references leave the sequence: they run once, here.
   const int64_t seq_refs = w.reference_cache ? 0 : w.ref_tokens;
   if (w.reference_cache) {
     const Tensor ref_ids = c.count_only ? Tensor::shape_only({w.ref_tokens, 4}, DType::i64)
-                                        : flux2::image_and_reference_position_ids(0, 0, grids);
+                                        : ops::to_context(c, flux2::image_and_reference_position_ids(0, 0, grids));
     w.reference_kv = dit.reference_kv(c, w.refs, ref_ids);
     grids.clear();
   }
   const Tensor img_ids = c.count_only ? Tensor::shape_only({l + seq_refs, 4}, DType::i64)
-                                      : flux2::image_and_reference_position_ids(w.h, w.w, grids);
+                                      : ops::to_context(c, flux2::image_and_reference_position_ids(w.h, w.w, grids));
   w.prologue = dit.prologue(c, w.prompt_embeds, txt_ids, img_ids);
   w.velocity = ops::empty(c, {w.samples * (l + seq_refs), dit.config().out_channels}, c.act);
   if (w.inpainting) {
     CostScope scope(c, "sampler");
+    w.inpaint_mask = ops::to_context(c, w.inpaint_mask);
     // The drawn noise stays for re-noising the image at every step.
     w.noise = w.latents;
     w.latents = ops::empty(c, w.noise.shape, w.noise.dtype);
@@ -456,7 +456,7 @@ void KleinModel::initial_noise(Context& c, const std::vector<ImageRequest>& requ
     }
     // Channel planes to tokens (token = row * w + col).
     Tensor rows = w.latents.rows(int64_t(i) * l, int64_t(i + 1) * l);
-    ops::transpose(c, nchw.reshape({channels, l}), rows);
+    ops::transpose(c, ops::to_context(c, nchw).reshape({channels, l}), rows);
   }
 }
 
@@ -495,8 +495,11 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   std::vector<StageTime> stages;
   const std::unique_ptr<Trace> trace = trace_if_asked(requests);
   StageClock clock(stages, trace.get());
-  Arena arena;
+  // On a device (the directory opened on its backend) activations live in its memory.
+  Backend* device = dir_.device();
+  Arena arena(size_t(64) << 20, false, device ? static_cast<Allocator&>(*device) : host_allocator());
   Context ctx{&arena, r.fp32 ? DType::f32 : DType::bf16};
+  ctx.backend = device;
   ctx.trace = trace.get();
 
   // Everything that can reject the request (prompt, schedule, noise file) comes before any weight
@@ -554,9 +557,10 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                for (int64_t i = 0; i < batch; ++i) {
                  const Tensor image = w.image.reshape({batch, plane}).rows(i, i + 1).reshape(
                      {1, w.image.shape[1], w.image.shape[2], w.image.shape[3]});
-                 Tensor rgb = Tensor::heap({r.height, r.width, 3}, DType::u8);
+                 Tensor rgb = ops::empty(ctx, {r.height, r.width, 3}, DType::u8);
                  ops::image_to_rgb8(ctx, image, rgb);
-                 results[size_t(i)].rgb.assign(rgb.ptr<uint8_t>(), rgb.ptr<uint8_t>() + rgb.numel());
+                 const Tensor bytes = ops::to_host(ctx, rgb);
+                 results[size_t(i)].rgb.assign(bytes.ptr<uint8_t>(), bytes.ptr<uint8_t>() + bytes.numel());
                }
                clock.stop("vae decode", kDecodeStage);
              });

@@ -5,6 +5,10 @@
 #include "core/error.h"
 #include "io/hf_cache.h"
 #include "io/synth.h"
+#include "ops/backend.h"
+#if APUS_HAS_CUDA
+#include "ops/cuda/cuda.h"
+#endif
 
 namespace apus {
 
@@ -30,11 +34,30 @@ bool single_checkpoint(const std::string& root) {
   return !path_exists(root + "/model_index.json") && path_exists(root + "/model_config.json");
 }
 
+// The backend a device name means: null for "cpu", the GPU's for "cuda" or "cuda:N".
+Backend* backend_for(const std::string& device) {
+  if (device == "cpu") return nullptr;
+  APUS_CHECK(device == "cuda" || device.rfind("cuda:", 0) == 0, "device '", device,
+             "' is not known (expected cpu, cuda or cuda:N)");
+  int ordinal = 0;
+  if (device.size() > 5) {
+    const std::string n = device.substr(5);
+    APUS_CHECK(!n.empty() && n.size() < 4 && n.find_first_not_of("0123456789") == std::string::npos, "device '", device,
+               "': expected cuda:N with N a device number");
+    ordinal = std::stoi(n);
+  }
+#if APUS_HAS_CUDA
+  return &cuda_backend(ordinal);
+#else
+  fail("device '", device, "': this build has no CUDA backend (nvcc was not found when it was configured)");
+#endif
+}
+
 template <typename Model, size_t N, size_t M, typename Other>
 std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
                                    const Family<Model> (&families)[N], const Family<Other> (&others)[M],
-                                   const char* other_command) {
-  const ModelDir dir = ModelDir::open(root, weights != Weights::none);
+                                   const char* other_command, Backend* device = nullptr) {
+  const ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
   for (const Family<Model>& f : families)
     if (dir.pipeline_class() == f.pipeline_class) return f.open(dir, weights);
   for (const Family<Other>& f : others)
@@ -93,11 +116,11 @@ bool is_audio_model(const std::string& model) {
   return false;
 }
 
-std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights) {
+std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights, const std::string& device) {
   const std::string root = resolve_model_dir(model, weights);
   APUS_CHECK(!single_checkpoint(root), root, "/model_config.json: a Stable Audio 3 checkpoint, served by ",
              "`apus audio`");
-  return open_family(root, weights, kImageFamilies, kAudioFamilies, "audio");
+  return open_family(root, weights, kImageFamilies, kAudioFamilies, "audio", backend_for(device));
 }
 
 std::unique_ptr<AudioModel> AudioModel::open(const std::string& model, Weights weights) {

@@ -55,11 +55,8 @@ void classifier_free_guidance(Context& c, Tensor& cond, Tensor& uncond, float sc
   const int64_t d = cond.shape[1];
   ArenaScope arena(*c.arena);
   // The gates of the two fused multiply-adds: -1 (the difference) and the scale.
-  Tensor minus_one = Tensor::in(*c.arena, {d}, DType::f32), gain = Tensor::in(*c.arena, {d}, DType::f32);
-  if (!c.count_only) {
-    std::fill_n(minus_one.ptr<float>(), d, -1.0f);
-    std::fill_n(gain.ptr<float>(), d, scale);
-  }
+  const Tensor minus_one = ops::host_filled(c, {d}, DType::f32, [&](Tensor& t) { std::fill_n(t.ptr<float>(), d, -1.0f); });
+  const Tensor gain = ops::host_filled(c, {d}, DType::f32, [&](Tensor& t) { std::fill_n(t.ptr<float>(), d, scale); });
   ops::add_gated(c, cond, uncond, &minus_one, ops::Rounding::each_step);
   ops::add_gated(c, uncond, cond, &gain, ops::Rounding::each_step);
 }

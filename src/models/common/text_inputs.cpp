@@ -8,12 +8,12 @@ TextInputs embed_text(Context& c, const Tensor& embedding, const std::vector<int
                       int64_t batch, int64_t head_dim, double rope_theta) {
   const int64_t rows = int64_t(ids.size()), t = rows / batch;
   // The inputs staged as tensors: the ids, and positions 0..t-1 (whatever the padding).
-  Tensor id_tensor = Tensor::in(*c.arena, {rows}, DType::i32);
-  Tensor positions = Tensor::in(*c.arena, {t, 1}, DType::i64);
-  if (!c.count_only) {
-    std::memcpy(id_tensor.data, ids.data(), ids.size() * sizeof(int32_t));
-    for (int64_t r = 0; r < t; ++r) positions.ptr<int64_t>()[r] = r;
-  }
+  const Tensor id_tensor = ops::host_filled(c, {rows}, DType::i32, [&](Tensor& x) {
+    std::memcpy(x.data, ids.data(), ids.size() * sizeof(int32_t));
+  });
+  const Tensor positions = ops::host_filled(c, {t, 1}, DType::i64, [&](Tensor& x) {
+    for (int64_t r = 0; r < t; ++r) x.ptr<int64_t>()[r] = r;
+  });
   TextInputs in;
   in.x = Tensor::in(*c.arena, {rows, embedding.shape[1]}, c.act);
   ops::embedding(c, embedding, id_tensor, in.x);

@@ -37,6 +37,7 @@ class CudaBackend final : public Backend {
     cudaFree(p);
   }
   Tensor upload(const Tensor& host) override { return to_device(*this, host); }
+  Tensor download(const Tensor& t) override { return to_host(t); }
 #define APUS_CUDA_OP(ret, name, params, args) \
   ret name params override {                  \
     select();                                 \

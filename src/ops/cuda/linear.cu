@@ -1,7 +1,9 @@
 // y = x · w^T (+ bias) through cuBLASLt: bf16 (or f32) operands, f32 accumulation, the bias added
 // in the epilogue. Row-major [M, K] x and [N, K] w are column-major K x M and K x N, so the
-// product is computed as y^T = w · x^T with w transposed.
+// product is computed as y^T = w · x^T with w transposed. cuBLASLt (half a gigabyte) is opened at
+// the first GEMM, not linked: a CPU run of the same binary never maps it.
 #include <cublasLt.h>
+#include <dlfcn.h>
 
 #include "ops/cuda/cuda_ops.h"
 
@@ -23,11 +25,32 @@ cudaDataType_t cuda_type(DType dt) {
 }
 
 struct Lt {
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatmul) matmul;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = size_t(32) << 20;
   Lt() {
-    check_lt(cublasLtCreate(&handle), "create");
+    void* lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
+    APUS_CHECK(lib, "cuda: cannot open cuBLASLt (libcublasLt.so.13): ", dlerror());
+    auto sym = [lib](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
+      APUS_CHECK(f, "cuda: cuBLASLt has no ", name);
+    };
+    sym(create, "cublasLtCreate");
+    sym(desc_create, "cublasLtMatmulDescCreate");
+    sym(desc_set, "cublasLtMatmulDescSetAttribute");
+    sym(desc_destroy, "cublasLtMatmulDescDestroy");
+    sym(layout_create, "cublasLtMatrixLayoutCreate");
+    sym(layout_destroy, "cublasLtMatrixLayoutDestroy");
+    sym(matmul, "cublasLtMatmul");
+    check_lt(create(&handle), "create");
     check(cudaMalloc(&workspace, workspace_bytes), "cuBLASLt workspace");
   }
 };
@@ -60,30 +83,30 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
     if (bias->dtype != x.dtype) copy(c, *bias, bx);
   }
   const cudaDataType_t t = cuda_type(x.dtype);
+  Lt& l = lt();
   cublasLtMatmulDesc_t op = nullptr;
-  check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  check_lt(l.desc_create(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "transa");
-  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb), "transb");
+  check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "transa");
+  check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb), "transb");
   if (bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     const void* bias_ptr = bx.data;
-    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "epilogue");
-    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr), "bias");
+    check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "epilogue");
+    check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr), "bias");
   }
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  check_lt(cublasLtMatrixLayoutCreate(&a, t, uint64_t(k), uint64_t(n), int64_t(k)), "layout w");
-  check_lt(cublasLtMatrixLayoutCreate(&b, t, uint64_t(k), uint64_t(m), x.row_stride()), "layout x");
-  check_lt(cublasLtMatrixLayoutCreate(&d, t, uint64_t(n), uint64_t(m), y.row_stride()), "layout y");
+  check_lt(l.layout_create(&a, t, uint64_t(k), uint64_t(n), int64_t(k)), "layout w");
+  check_lt(l.layout_create(&b, t, uint64_t(k), uint64_t(m), x.row_stride()), "layout x");
+  check_lt(l.layout_create(&d, t, uint64_t(n), uint64_t(m), y.row_stride()), "layout y");
   const float one = 1.0f, zero = 0.0f;
-  Lt& l = lt();
-  check_lt(cublasLtMatmul(l.handle, op, &one, wx.data, a, x.data, b, &zero, y.data, d, y.data, d, nullptr,
+  check_lt(l.matmul(l.handle, op, &one, wx.data, a, x.data, b, &zero, y.data, d, y.data, d, nullptr,
                           l.workspace, l.workspace_bytes, stream()),
            "matmul");
-  cublasLtMatrixLayoutDestroy(a);
-  cublasLtMatrixLayoutDestroy(b);
-  cublasLtMatrixLayoutDestroy(d);
-  cublasLtMatmulDescDestroy(op);
+  l.layout_destroy(a);
+  l.layout_destroy(b);
+  l.layout_destroy(d);
+  l.desc_destroy(op);
 }
 
 }  // namespace apus::cuda
