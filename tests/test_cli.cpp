@@ -15,12 +15,6 @@
 namespace apus {
 namespace {
 
-double mean_abs_diff(const std::vector<uint8_t>& a, const Tensor& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += std::abs(double(a[i]) - double(b.ptr<uint8_t>()[i]));
-  return s / double(a.size());
-}
-
 class CliImage : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CliImage, SeededRunReproducesTheOfficialImage) {
@@ -61,10 +55,9 @@ TEST_P(CliImage, SeededRunReproducesTheOfficialImage) {
   // reference's own bf16-vs-fp32 disagreement on the final bytes.
   const Tensor& ref_bf16 = ref.file.get("bf16.image_u8");
   const Tensor& ref_fp32 = ref.file.get("fp32.image_u8");
-  std::vector<uint8_t> bf16_bytes(ref_bf16.ptr<uint8_t>(), ref_bf16.ptr<uint8_t>() + ref_bf16.numel());
-  const double ref_disagreement = mean_abs_diff(bf16_bytes, ref_fp32);
-  const double ours_to_fp32 = mean_abs_diff(png.rgb, ref_fp32);
-  const double ours_to_bf16 = mean_abs_diff(png.rgb, ref_bf16);
+  const double ref_disagreement = test::level_gap(ref_bf16, ref_fp32).mean;
+  const double ours_to_fp32 = test::level_gap(png.rgb, ref_fp32).mean;
+  const double ours_to_bf16 = test::level_gap(png.rgb, ref_bf16).mean;
   std::printf("[ measure ] cli %s mean |d| to fp32 ref %.3f, to bf16 ref %.3f, ref disagreement %.3f\n",
               variant.c_str(), ours_to_fp32, ours_to_bf16, ref_disagreement);
   EXPECT_LT(ours_to_fp32, test::kBf16Factor * ref_disagreement);
@@ -89,9 +82,7 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
   const PngImage png = read_png(out);
   const Tensor& want = ref.file.get("fp32.image_u8");
   ASSERT_EQ(png.rgb.size(), size_t(want.numel()));
-  int worst = 0;
-  for (size_t i = 0; i < png.rgb.size(); ++i)
-    worst = std::max(worst, std::abs(int(png.rgb[i]) - int(want.ptr<uint8_t>()[i])));
+  const int worst = test::level_gap(png.rgb, want).worst;
   EXPECT_LE(worst, 1) << "fp32 pixels differ from the fp32 reference by up to " << worst;
   std::filesystem::remove(out);
   std::filesystem::remove(noise);
@@ -118,9 +109,8 @@ TEST(CliEdit, ReferenceImagesReproduceTheOfficialEdit) {
   ASSERT_EQ(png.height, meta["height"].get<int>());
   const Tensor& ref_bf16 = ref.get("bf16.image_u8");
   const Tensor& ref_fp32 = ref.get("fp32.image_u8");
-  const std::vector<uint8_t> bf16_bytes(ref_bf16.ptr<uint8_t>(), ref_bf16.ptr<uint8_t>() + ref_bf16.numel());
-  const double disagreement = mean_abs_diff(bf16_bytes, ref_fp32);
-  const double to_fp32 = mean_abs_diff(png.rgb, ref_fp32), to_bf16 = mean_abs_diff(png.rgb, ref_bf16);
+  const double disagreement = test::level_gap(ref_bf16, ref_fp32).mean;
+  const double to_fp32 = test::level_gap(png.rgb, ref_fp32).mean, to_bf16 = test::level_gap(png.rgb, ref_bf16).mean;
   std::printf("[ measure ] edit mean |d| to fp32 ref %.3f, to bf16 ref %.3f, ref disagreement %.3f\n", to_fp32,
               to_bf16, disagreement);
   EXPECT_LT(to_fp32, test::kBf16Factor * disagreement);
@@ -134,9 +124,7 @@ TEST(CliEdit, ReferenceImagesReproduceTheOfficialEdit) {
   ASSERT_EQ(r32.status, 0) << r32.output;
   const PngImage png32 = read_png(out32);
   ASSERT_EQ(png32.rgb.size(), size_t(ref_fp32.numel()));
-  int worst = 0;
-  for (size_t i = 0; i < png32.rgb.size(); ++i)
-    worst = std::max(worst, std::abs(int(png32.rgb[i]) - int(ref_fp32.ptr<uint8_t>()[i])));
+  const int worst = test::level_gap(png32.rgb, ref_fp32).worst;
   EXPECT_LE(worst, 1) << "fp32 edit differs from the fp32 reference by up to " << worst;
 }
 
@@ -160,9 +148,8 @@ TEST(CliEdit, ReferenceCacheReproducesTheOfficialKvPipeline) {
   ASSERT_EQ(png.height, meta["height"].get<int>());
   const Tensor& ref_bf16 = ref.get("bf16.image_u8");
   const Tensor& ref_fp32 = ref.get("fp32.image_u8");
-  const std::vector<uint8_t> bf16_bytes(ref_bf16.ptr<uint8_t>(), ref_bf16.ptr<uint8_t>() + ref_bf16.numel());
-  const double disagreement = mean_abs_diff(bf16_bytes, ref_fp32);
-  const double to_bf16 = mean_abs_diff(png.rgb, ref_bf16);
+  const double disagreement = test::level_gap(ref_bf16, ref_fp32).mean;
+  const double to_bf16 = test::level_gap(png.rgb, ref_bf16).mean;
   std::printf("[ measure ] kv mean |d| to bf16 ref %.3f, ref disagreement %.3f\n", to_bf16, disagreement);
   EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
 
@@ -171,9 +158,7 @@ TEST(CliEdit, ReferenceCacheReproducesTheOfficialKvPipeline) {
   const test::CliRun r32 = test::run_cli("image --model " + model + args + " --noise " + noise + " --precision fp32 -o " + out32);
   ASSERT_EQ(r32.status, 0) << r32.output;
   const PngImage png32 = read_png(out32);
-  int worst = 0;
-  for (size_t i = 0; i < png32.rgb.size(); ++i)
-    worst = std::max(worst, std::abs(int(png32.rgb[i]) - int(ref_fp32.ptr<uint8_t>()[i])));
+  const int worst = test::level_gap(png32.rgb, ref_fp32).worst;
   EXPECT_LE(worst, 1) << "fp32 KV edit differs from the fp32 reference by up to " << worst;
 
   // The KV pipeline has neither guidance nor inpainting.
@@ -252,9 +237,8 @@ TEST_P(CliInpaint, ReproducesTheOfficialInpainting) {
   std::snprintf(strength, sizeof strength, "Denoising strength: %g,", meta["strength"].get<double>());
   EXPECT_NE(params.find(strength), std::string::npos) << params;
   const Tensor& ref_bf16 = ref.get("bf16.image_u8");
-  const std::vector<uint8_t> bf16_bytes(ref_bf16.ptr<uint8_t>(), ref_bf16.ptr<uint8_t>() + ref_bf16.numel());
-  const double disagreement = mean_abs_diff(bf16_bytes, ref.get("fp32_bf16_noise.image_u8"));
-  const double to_bf16 = mean_abs_diff(png.rgb, ref_bf16);
+  const double disagreement = test::level_gap(ref_bf16, ref.get("fp32_bf16_noise.image_u8")).mean;
+  const double to_bf16 = test::level_gap(png.rgb, ref_bf16).mean;
   std::printf("[ measure ] %s inpainting mean |d| to bf16 ref %.3f, ref disagreement %.3f\n", variant.c_str(), to_bf16,
               disagreement);
   EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
@@ -265,9 +249,7 @@ TEST_P(CliInpaint, ReproducesTheOfficialInpainting) {
   const PngImage png32 = read_png(out32);
   const Tensor& ref_fp32 = ref.get("fp32.image_u8");
   ASSERT_EQ(png32.rgb.size(), size_t(ref_fp32.numel()));
-  int worst = 0;
-  for (size_t i = 0; i < png32.rgb.size(); ++i)
-    worst = std::max(worst, std::abs(int(png32.rgb[i]) - int(ref_fp32.ptr<uint8_t>()[i])));
+  const int worst = test::level_gap(png32.rgb, ref_fp32).worst;
   EXPECT_LE(worst, 1) << "fp32 inpainting differs from the fp32 reference by up to " << worst;
   std::filesystem::remove(out);
   std::filesystem::remove(out32);

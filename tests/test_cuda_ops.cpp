@@ -24,6 +24,9 @@ namespace {
 using ops::Rounding;
 
 #if APUS_HAS_CUDA
+// GPU 0's backend, or null with the reason there is none (no driver, no device).
+Backend* gpu_or_null(std::string& why) { return cuda_available(&why) ? &cuda_backend(0) : nullptr; }
+
 struct Case {
   std::string name;
   std::vector<Tensor> inputs;  // host tensors; the op sees device copies on the GPU
@@ -31,15 +34,12 @@ struct Case {
   std::function<void(Context&, const std::vector<Tensor>&, Tensor&)> run;
   bool inner_rounding = false;
 };
-#endif
 
 TEST(CudaOps, EveryOpMatchesTheReferenceBackend) {
-#if !APUS_HAS_CUDA
-  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
-#else
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
-  Backend& gpu = cuda_backend(0);
+  Backend* device = gpu_or_null(why);
+  if (!device) GTEST_SKIP() << "no CUDA device here: " << why;
+  Backend& gpu = *device;
   for (const DType act : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(act));
     std::mt19937 rng{test::test_seed()};
@@ -191,37 +191,31 @@ TEST(CudaOps, EveryOpMatchesTheReferenceBackend) {
       EXPECT_TRUE(within_bound(a, act, k.inner_rounding)) << k.name;
     }
   }
-#endif
 }
 
 // Host operands are refused by the CUDA backend, naming the device (the front end's check), and
 // without a device the backend itself is refused with the reason.
 TEST(CudaOps, HostOperandsAreRefused) {
-#if !APUS_HAS_CUDA
-  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
-#else
   std::string why;
-  if (!cuda_available(&why)) {
+  Backend* device = gpu_or_null(why);
+  if (!device) {
     test::expect_error([] { cuda_backend(0); }, {"cuda:0"});
     GTEST_SKIP() << "no CUDA device here: " << why;
   }
-  Backend& gpu = cuda_backend(0);
+  Backend& gpu = *device;
   Arena arena(size_t(1) << 20, false, gpu);
   Context dev{&arena, DType::bf16, nullptr, false, &gpu};
-  Tensor host = Tensor::heap({4, 8}, DType::bf16), device = Tensor::in(arena, {4, 8}, DType::bf16);
-  test::expect_error([&] { ops::copy(dev, host, device); }, {"copy", "cuda"});
-#endif
+  Tensor host = Tensor::heap({4, 8}, DType::bf16), on_device = Tensor::in(arena, {4, 8}, DType::bf16);
+  test::expect_error([&] { ops::copy(dev, host, on_device); }, {"copy", "cuda"});
 }
 
 // The FLUX.2 transformer on the device, weights uploaded at their first fetch: every step of the
 // official run from the reference's own inputs, held to the CPU stage test's bounds.
 TEST(CudaStages, Flux2TransformerMatchesTheReferenceEveryStep) {
-#if !APUS_HAS_CUDA
-  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
-#else
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
-  Backend& gpu = cuda_backend(0);
+  Backend* device = gpu_or_null(why);
+  if (!device) GTEST_SKIP() << "no CUDA device here: " << why;
+  Backend& gpu = *device;
   for (const std::string variant : {"klein_tiny_a", "klein_tiny_9b"})
     for (const std::string p : {"fp32", "bf16"}) {
       SCOPED_TRACE(variant + " " + p);
@@ -246,18 +240,15 @@ TEST(CudaStages, Flux2TransformerMatchesTheReferenceEveryStep) {
                              ref.f32("fp32" + s + ".velocity"), ref.f32("bf16" + s + ".velocity"));
       }
     }
-#endif
 }
 
 // The FLUX.2 VAE decoder on the device (its batch-norm statistics computed on the host at load and
 // placed there) from the reference's final latents, held to the CPU stage test's bounds.
 TEST(CudaStages, Flux2VaeDecodeMatchesTheReference) {
-#if !APUS_HAS_CUDA
-  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
-#else
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
-  Backend& gpu = cuda_backend(0);
+  Backend* device = gpu_or_null(why);
+  if (!device) GTEST_SKIP() << "no CUDA device here: " << why;
+  Backend& gpu = *device;
   for (const std::string variant : {"klein_tiny_a", "klein_tiny_b"})
     for (const std::string p : {"fp32", "bf16"}) {
       SCOPED_TRACE(variant + " " + p);
@@ -275,23 +266,14 @@ TEST(CudaStages, Flux2VaeDecodeMatchesTheReference) {
       test::expect_matches("cuda vae image", p, to_f32_vector(to_host(image)), ref.f32("fp32.vae.image"),
                            ref.f32("bf16.vae.image"));
     }
-#endif
 }
 
 // Whole klein requests on the device (`--device cuda`): the official image from the seed, for a
 // distilled model, a -base one with guidance and an edit with two references, held to the CLI
 // tests' bound (twice the reference's own bf16-vs-fp32 disagreement, in mean pixel levels).
 TEST(CudaPipelines, KleinRendersTheOfficialImagesOnTheDevice) {
-#if !APUS_HAS_CUDA
-  GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)";
-#else
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device here: " << why;
-  auto mean_levels = [](const std::vector<uint8_t>& a, const Tensor& b) {
-    double s = 0;
-    for (size_t i = 0; i < a.size(); ++i) s += std::abs(double(a[i]) - double(b.ptr<uint8_t>()[i]));
-    return s / double(a.size());
-  };
+  if (!gpu_or_null(why)) GTEST_SKIP() << "no CUDA device here: " << why;
   struct Run {
     std::string variant, ref_file, meta_file;
     bool edit;
@@ -317,15 +299,17 @@ TEST(CudaPipelines, KleinRendersTheOfficialImagesOnTheDevice) {
     }
     const ImageResult got = model->generate(r);
     const Tensor& bf16 = ref.get("bf16.image_u8");
-    const std::vector<uint8_t> bf16_bytes(bf16.ptr<uint8_t>(), bf16.ptr<uint8_t>() + bf16.numel());
-    const double disagreement = mean_levels(bf16_bytes, ref.get("fp32.image_u8"));
-    const double ours = mean_levels(got.rgb, bf16);
+    const double disagreement = test::level_gap(bf16, ref.get("fp32.image_u8")).mean;
+    const double ours = test::level_gap(got.rgb, bf16).mean;
     std::printf("[ measure ] cuda %s: mean |d| to the bf16 reference %.3f, its disagreement %.3f\n", run.ref_file.c_str(),
                 ours, disagreement);
     EXPECT_LT(ours, test::kBf16Factor * disagreement);
   }
-#endif
 }
+
+#else
+TEST(CudaOps, NeedTheCudaBackend) { GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)"; }
+#endif
 
 }  // namespace
 }  // namespace apus

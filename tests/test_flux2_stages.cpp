@@ -302,6 +302,27 @@ TEST(Flux2KvCache, TransformerWithCachedReferencesGivesTheKvPipelinesVelocities)
   }
 }
 
+// Position ids as the pipelines hand them to the transformer (the fixtures' first transformer
+// call): the image's grid at T 0, each reference's at T 10, 20, ...; Flux2KleinPipeline and the
+// inpaint pipeline put the references after the image, Flux2KleinKVPipeline before it.
+TEST(Flux2References, PositionIdsAreThePipelines) {
+  auto ids_of = [](const std::string& file) {
+    return to_f32_vector(SafetensorsFile::open(test::fixture(file)).get("img_ids"));
+  };
+  // The edit: a 64x64 output, references cropped to 64x64 and 64x96 (4x4 and 6x4 tokens).
+  EXPECT_EQ(to_f32_vector(flux2::image_and_reference_position_ids(4, 4, {{4, 4}, {6, 4}})),
+            ids_of("klein_tiny_a_edit_ref.safetensors"));
+  // Inpainting: the 96x80 image (5x6 tokens), the image again as the first reference, then the
+  // 64x96 reference.
+  EXPECT_EQ(to_f32_vector(flux2::image_and_reference_position_ids(5, 6, {{5, 6}, {6, 4}})),
+            ids_of("klein_tiny_a_inpaint_ref.safetensors"));
+  // KV: references of 80x64 and 64x80 (4x5 and 5x4 tokens) first, then the 80x64 image's 4x5.
+  std::vector<float> kv = to_f32_vector(flux2::image_and_reference_position_ids(0, 0, {{4, 5}, {5, 4}}));
+  const std::vector<float> image = to_f32_vector(flux2::image_position_ids(4, 5));
+  kv.insert(kv.end(), image.begin(), image.end());
+  EXPECT_EQ(kv, ids_of("klein_tiny_9b_kv_ref.safetensors"));
+}
+
 // Inpainting's preparation as Flux2KleinInpaintPipeline's (tools/oracle reference_inpaint): the
 // 75x61 mask of colours either side of the grey threshold, resized to the 96x80 image, grey,
 // thresholded and interpolated to the 6x5 latent grid, equals the pipeline's mask latents to the

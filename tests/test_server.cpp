@@ -97,6 +97,16 @@ class Serve : public ::testing::Test {
     EXPECT_NE(j["error"]["message"].get<std::string>().find(fragment), std::string::npos) << r->body;
     if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << r->body;
   }
+  // A job's state once it has left queued and running (empty, and a failure, if it never does).
+  Json finished_job(const std::string& id) const {
+    for (int i = 0; i < 600; ++i) {
+      const Json j = Json::parse(client().Get(("/v1/jobs/" + id).c_str())->body);
+      if (j["state"] != "queued" && j["state"] != "running") return j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << id << " never finished";
+    return Json();
+  }
   static std::string image_id() { return model_id(test::fixture("klein_tiny_a")); }
   static std::string model_id(const std::string& dir) {
     return ImageModel::open(dir, Weights::none)->label();
@@ -211,13 +221,7 @@ TEST_F(Serve, EditsAreTheEnginesEdits) {
   const auto submitted = client().Post("/v1/jobs", job.dump(), "application/json");
   ASSERT_TRUE(submitted);
   ASSERT_EQ(submitted->status, 202) << submitted->body;
-  const std::string id = Json::parse(submitted->body)["id"];
-  Json state;
-  for (int i = 0; i < 600; ++i) {
-    state = Json::parse(client().Get(("/v1/jobs/" + id).c_str())->body);
-    if (state["state"] != "queued" && state["state"] != "running") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const Json state = finished_job(Json::parse(submitted->body)["id"]);
   ASSERT_EQ(state["state"], "done") << state.dump();
   EXPECT_EQ(read_png(as_file(unbase64(state["results"][0]["b64"]), "serve_job_edit.png")).rgb, expected);
 
@@ -272,13 +276,7 @@ TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
   const auto submitted = client().Post("/v1/jobs", job.dump(), "application/json");
   ASSERT_TRUE(submitted);
   ASSERT_EQ(submitted->status, 202) << submitted->body;
-  const std::string id = Json::parse(submitted->body)["id"];
-  Json state;
-  for (int i = 0; i < 600; ++i) {
-    state = Json::parse(client().Get(("/v1/jobs/" + id).c_str())->body);
-    if (state["state"] != "queued" && state["state"] != "running") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const Json state = finished_job(Json::parse(submitted->body)["id"]);
   ASSERT_EQ(state["state"], "done") << state.dump();
   EXPECT_EQ(read_png(as_file(unbase64(state["results"][0]["b64"]), "serve_job_inpaint.png")).rgb, with_reference);
 
@@ -515,22 +513,13 @@ TEST_F(Serve, TracedJobsServeTheirTimeline) {
     EXPECT_EQ(r->status, 202) << r->body;
     return Json::parse(r->body);
   };
-  auto wait_done = [&](const std::string& id) {
-    for (int i = 0; i < 600; ++i) {
-      const Json j = Json::parse(client().Get(("/v1/jobs/" + id).c_str())->body);
-      if (j["state"] != "queued" && j["state"] != "running") return j;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ADD_FAILURE() << id << " never finished";
-    return Json();
-  };
   const Json image = {{"kind", "image"}, {"prompt", "a fox"}, {"size", "32x32"}, {"steps", 1}, {"seed", 5}};
   Json traced_body = image;
   traced_body["trace"] = true;
   const Json traced = submit(traced_body);
   const std::string id = traced["id"];
   EXPECT_EQ(traced["trace"], "/v1/jobs/" + id + "/trace");
-  EXPECT_EQ(wait_done(id)["state"], "done");
+  EXPECT_EQ(finished_job(id)["state"], "done");
   const auto timeline = client().Get(("/v1/jobs/" + id + "/trace").c_str());
   ASSERT_TRUE(timeline);
   ASSERT_EQ(timeline->status, 200) << timeline->body;
@@ -546,7 +535,7 @@ TEST_F(Serve, TracedJobsServeTheirTimeline) {
 
   const Json plain = submit(image);
   EXPECT_FALSE(plain.contains("trace"));
-  wait_done(plain["id"]);
+  finished_job(plain["id"]);
   expect_refusal(client().Get(("/v1/jobs/" + plain["id"].get<std::string>() + "/trace").c_str()), 404,
                  "was not traced", "trace");
   Json bad = image;

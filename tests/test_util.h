@@ -34,6 +34,31 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 // The official code disagreeing with itself (bf16 run against fp32 run) sets the bf16 bound:
 // our bf16 result may sit at most this many times as far from the fp32 reference.
 constexpr double kBf16Factor = 2.0;
+
+// How far two images' bytes are apart, in levels: the mean and the largest |a - b|.
+struct LevelGap {
+  double mean = 0;
+  int worst = 0;
+};
+inline LevelGap level_gap(const uint8_t* a, const uint8_t* b, size_t n) {
+  LevelGap g;
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int d = std::abs(int(a[i]) - int(b[i]));
+    sum += d;
+    g.worst = std::max(g.worst, d);
+  }
+  g.mean = n ? sum / double(n) : 0.0;
+  return g;
+}
+inline LevelGap level_gap(const std::vector<uint8_t>& a, const Tensor& b) {
+  EXPECT_EQ(a.size(), size_t(b.numel())) << "images of different sizes";
+  return level_gap(a.data(), b.ptr<uint8_t>(), std::min(a.size(), size_t(b.numel())));
+}
+inline LevelGap level_gap(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.numel(), b.numel()) << "images of different sizes";
+  return level_gap(a.ptr<uint8_t>(), b.ptr<uint8_t>(), size_t(std::min(a.numel(), b.numel())));
+}
 // fp32 parity: relative L2 against the fp32 reference.
 constexpr double kFp32Tolerance = 1e-4;
 

@@ -220,9 +220,6 @@ ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   ImageRequest r = request;
   APUS_CHECK(!reference_cache_ || !r.inpaint, label_, " is a Flux2KleinKVPipeline model (model_index.json), which ",
              "has no inpainting (Flux2KleinInpaintPipeline's)");
-  APUS_CHECK(!reference_cache_ || (r.cfg <= 1 && !r.negative_prompt), label_,
-             " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: ",
-             r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", r.cfg), " is refused");
   if (r.inpaint) {
     resolve_inpainting(r);
   } else {
@@ -238,10 +235,11 @@ ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   if (r.steps == 0) r.steps = default_steps();
   if (r.cfg == 0) r.cfg = r.inpaint && !distilled_ ? flux2::kInpaintGuidance : default_cfg();
   APUS_CHECK(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg ", r.cfg, " outside (0, 100]");
-  // The official pipeline warns and ignores guidance on a distilled model; a request for it is
-  // refused instead of rendered differently than asked.
-  APUS_CHECK(!distilled_ || (r.cfg <= 1 && !r.negative_prompt), label_,
-             " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ",
+  // The official pipelines warn and ignore guidance on a distilled model (the KV pipeline has
+  // none at all); a request for it is refused instead of rendered differently than asked.
+  APUS_CHECK(!(distilled_ || reference_cache_) || (r.cfg <= 1 && !r.negative_prompt), label_,
+             reference_cache_ ? " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: "
+                              : " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ",
              r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", r.cfg), " is for the -base models");
   return r;
 }
@@ -364,8 +362,8 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
       Tensor image = x.rows(sample * seq, sample * seq + l);
       ops::copy(c, w.latents.rows(b * l, (b + 1) * l), image);
       if (refs == 0) continue;
-      Tensor refs = x.rows(sample * seq + l, (sample + 1) * seq);
-      ops::copy(c, w.refs, refs);
+      Tensor tail = x.rows(sample * seq + l, (sample + 1) * seq);
+      ops::copy(c, w.refs, tail);
     }
   }
   dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity,

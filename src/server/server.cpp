@@ -346,6 +346,17 @@ struct Server::Impl {
     refuse(404, "model '" + name + "' is not loaded (GET /v1/models lists them)", "model");
   }
 
+  // An image file sent as base64 in a JSON field (`what` names it in errors, `param` is the field).
+  static Rgb8Image base64_image(const Json& value, const std::string& what, const char* param) {
+    const std::optional<std::string> bytes = value.is_string() ? unbase64(value.get<std::string>()) : std::nullopt;
+    if (!bytes || bytes->empty()) refuse(400, "'" + what + "' must be an image file as base64", param);
+    try {
+      return decode_image(*bytes, what);
+    } catch (const Error& e) {
+      refuse(400, e.what(), param);
+    }
+  }
+
   // OpenAI's edits mask: a PNG whose fully transparent pixels mark the area to edit, as the
   // white of a diffusers mask (PNG bytes).
   static std::vector<uint8_t> openai_mask(const std::string& bytes) {
@@ -384,30 +395,17 @@ struct Server::Impl {
       const Json& images = body["images"];
       if (!images.is_array() || images.empty() || images.size() > kMaxReferences)
         refuse(400, "'images' must be a list of 1 to " + std::to_string(kMaxReferences) + " base64 images", "images");
-      for (size_t i = 0; i < images.size(); ++i) {
-        const std::string what = "images[" + std::to_string(i) + "]";
-        const std::optional<std::string> bytes = images[i].is_string() ? unbase64(images[i].get<std::string>()) : std::nullopt;
-        if (!bytes || bytes->empty()) refuse(400, "'" + what + "' must be an image file as base64", "images");
-        try {
-          r.references.push_back(decode_image(*bytes, what));
-        } catch (const Error& e) {
-          refuse(400, e.what(), "images");
-        }
-      }
+      for (size_t i = 0; i < images.size(); ++i)
+        r.references.push_back(base64_image(images[i], "images[" + std::to_string(i) + "]", "images"));
     }
     // Inpainting: the mask (white repaints, as diffusers' mask_image) applies to the first image,
     // as OpenAI's edits apply theirs; a second image is the reference for the repainted area.
     if (f.has("mask")) {
-      const std::optional<std::string> bytes = body["mask"].is_string() ? unbase64(body["mask"].get<std::string>()) : std::nullopt;
-      if (!bytes || bytes->empty()) refuse(400, "'mask' must be an image file as base64", "mask");
+      Rgb8Image mask = base64_image(body["mask"], "mask", "mask");
       if (r.references.empty()) refuse(400, "'mask' repaints the first of 'images', and there are none", "mask");
       if (r.references.size() > 2)
         refuse(400, "with 'mask', 'images' holds the image to repaint and at most one reference", "images");
-      try {
-        r.inpaint = Inpainting{std::move(r.references.front()), decode_image(*bytes, "mask"), f.number("strength", 0.8)};
-      } catch (const Error& e) {
-        refuse(400, e.what(), "mask");
-      }
+      r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), f.number("strength", 0.8)};
       r.references.erase(r.references.begin());
     } else if (f.has("strength")) {
       refuse(400, "'strength' is for inpainting, with 'mask'", "strength");

@@ -5,6 +5,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/rows.h"
+#include "ops/permute_plan.h"
 
 namespace apus::cpu {
 
@@ -25,27 +26,10 @@ void embedding(Context& c, const Tensor& table, const Tensor& ids, Tensor& y) {
 }
 
 void permute(Context& c, const Tensor& x, Tensor& y, const std::vector<int>& perm) {
-  const int rank = x.rank();
-  APUS_CHECK(rank <= 6 && int(perm.size()) == rank && y.rank() == rank && x.dtype == y.dtype &&
-                 x.contiguous() && y.contiguous(),
-             "permute: x ", shape_str(x.shape), ", y ", shape_str(y.shape), ", ", perm.size(),
-             " axes");
-  int64_t x_stride[6] = {}, y_stride[6] = {}, dims[6] = {};
-  int64_t s = 1;
-  for (int i = rank - 1; i >= 0; --i) {
-    x_stride[i] = s;
-    s *= x.shape[size_t(i)];
-  }
-  bool seen[6] = {};
-  for (int i = 0; i < rank; ++i) {
-    const int p = perm[size_t(i)];
-    APUS_CHECK(p >= 0 && p < rank && !seen[p] && y.shape[size_t(i)] == x.shape[size_t(p)],
-               "permute: axis order and shapes do not agree: x ", shape_str(x.shape), ", y ",
-               shape_str(y.shape));
-    seen[p] = true;
-    dims[i] = y.shape[size_t(i)];
-    y_stride[i] = x_stride[p];  // stepping y's axis i steps x's axis perm[i]
-  }
+  const PermutePlan plan = permute_plan(x, y, perm);
+  const int rank = plan.rank;
+  const int64_t* dims = plan.dims;
+  const int64_t* y_stride = plan.from;
   const size_t es = dtype_size(x.dtype);
   const int64_t inner = dims[rank - 1], rows = y.numel() / std::max<int64_t>(inner, 1);
   parallel_for(rows, [&](int64_t r) {

@@ -2,6 +2,7 @@
 // each eager sub-step rounded to the output dtype where the contract says so, one store rounding.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
+#include "ops/permute_plan.h"
 
 namespace apus::cuda {
 
@@ -29,11 +30,6 @@ __device__ void st(const View& v, int64_t r, int64_t c, float x) { store(v.dt, v
 __device__ float per_row(const View& v, int64_t rows, int64_t r, int64_t c) {
   return ld(v, v.rows == 1 ? 0 : r / (rows / v.rows), c);
 }
-
-// A permute's y extents, and the x stride each of y's axes steps (a kernel argument by value).
-struct PermuteAxes {
-  int64_t dims[6], from[6];
-};
 
 // Runs f(r, c) over every element of a rows x cols grid.
 template <typename F>
@@ -376,25 +372,8 @@ void fourier_features(Context& c, float t, const Tensor& freqs, Tensor& y) {
 }
 
 void permute(Context& c, const Tensor& x, Tensor& y, const std::vector<int>& perm) {
-  const int rank = x.rank();
-  APUS_CHECK(rank <= 6 && int(perm.size()) == rank && y.rank() == rank && x.dtype == y.dtype && x.contiguous() &&
-                 y.contiguous(),
-             "permute: x ", shape_str(x.shape), ", y ", shape_str(y.shape), ", ", perm.size(), " axes");
-  PermuteAxes axes{};
-  int64_t x_stride[6] = {}, s = 1;
-  for (int i = rank - 1; i >= 0; --i) {
-    x_stride[i] = s;
-    s *= x.shape[size_t(i)];
-  }
-  bool seen[6] = {};
-  for (int i = 0; i < rank; ++i) {
-    const int p = perm[size_t(i)];
-    APUS_CHECK(p >= 0 && p < rank && !seen[p] && y.shape[size_t(i)] == x.shape[size_t(p)],
-               "permute: axis order and shapes do not agree: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
-    seen[p] = true;
-    axes.dims[i] = y.shape[size_t(i)];
-    axes.from[i] = x_stride[p];
-  }
+  const PermutePlan axes = permute_plan(x, y, perm);
+  const int rank = axes.rank;
   const View vx = view(x.reshape({x.numel()})), vy = view(y.reshape({y.numel()}));
   launch(1, y.numel(), [=] __device__(int64_t, int64_t i) {
     int64_t src = 0, rem = i;
