@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
+#include "apus/apus.h"
+#include "io/audio.h"
 #include "test_util.h"
 
 namespace apus::test {
@@ -67,5 +70,59 @@ inline const std::string& official_small_dir() {
   return dir;
 }
 
-// A copy of the pipeline folder (links) with one part replaced by a real folder the test spoils.
+// The tiny model in the official layout under another model_config.json (the -base objective,
+// decoder noise): a folder named `name` for this process, the weights and T5Gemma linked.
+inline std::string official_variant_dir(const std::string& name, const Json& model_config) {
+  const std::string d = ::testing::TempDir() + "apus_sa3_" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  for (const char* part : {"model.safetensors", "t5gemma-b-b-ul2"})
+    std::filesystem::create_symlink(std::filesystem::absolute(official_dir() + "/" + part), d + "/" + part);
+  std::ofstream(d + "/model_config.json") << model_config.dump();
+  return d;
+}
+
+// The tiny model's official config with the published decoder noise turned on (noise_regularize,
+// mask_noise 0.1).
+inline Json decoder_noise_config() {
+  Json config = read_json(fixture("sa3_tiny/original/model_config.json"));
+  auto& ae = config["model"]["pretransform"]["config"];
+  ae["decoder"]["config"]["mask_noise"] = 0.1;
+  ae["bottleneck"]["config"]["noise_regularize"] = true;
+  return config;
+}
+
+// The request the oracle rendered (sa3_pipeline_ref.json): prompt, seconds, seed, steps.
+inline AudioRequest reference_request(bool fp32) {
+  const Json meta = read_json(fixture("sa3_pipeline_ref.json"));
+  AudioRequest r;
+  r.prompt = meta["prompt"].get<std::string>();
+  r.seconds = meta["seconds"].get<double>();
+  r.seed = meta["seed"].get<uint64_t>();
+  r.steps = meta["steps"].get<int>();
+  r.fp32 = fp32;
+  return r;
+}
+
+inline AudioClip clip_file(const std::string& rel) {
+  Audio a = read_audio(fixture(rel));
+  return {a.rate, a.channels, std::move(a.samples)};
+}
+
+// The reference request with the official generate()'s init_audio (audio-to-audio, mode "a2a") or
+// inpaint_audio and its regions (inpainting, "inpaint"), from the WAVs the oracle wrote.
+inline AudioRequest inputs_request(bool fp32, const std::string& mode) {
+  const Json meta = read_json(fixture("sa3_inputs_ref.json"));
+  AudioRequest r = reference_request(fp32);
+  if (mode == "a2a") {
+    r.init_audio = clip_file("sa3_tiny/inputs/init.wav");
+    r.init_noise_level = meta["init_noise_level"].get<double>();
+  } else {
+    r.inpaint_audio = clip_file("sa3_tiny/inputs/inpaint.wav");
+    for (size_t i = 0; i < meta["inpaint_starts"].size(); ++i)
+      r.inpaint_regions.emplace_back(meta["inpaint_starts"][i].get<double>(), meta["inpaint_ends"][i].get<double>());
+  }
+  return r;
+}
+
 }  // namespace apus::test

@@ -26,7 +26,10 @@ namespace apus {
 namespace {
 
 namespace fs = std::filesystem;
+using test::clip_file;
+using test::inputs_request;
 using test::official_dir;
+using test::reference_request;
 using test::official_small_dir;
 using test::pipeline_dir;
 
@@ -40,17 +43,6 @@ std::string spoiled_copy(const std::string& name, const std::string& part) {
     else fs::create_symlink(fs::read_symlink(e.path()), d + "/" + n);
   }
   return d;
-}
-
-AudioRequest reference_request(bool fp32) {
-  const Json meta = read_json(test::fixture("sa3_pipeline_ref.json"));
-  AudioRequest r;
-  r.prompt = meta["prompt"].get<std::string>();
-  r.seconds = meta["seconds"].get<double>();
-  r.seed = meta["seed"].get<uint64_t>();
-  r.steps = meta["steps"].get<int>();
-  r.fp32 = fp32;
-  return r;
 }
 
 // (1, channels, n) planar -> interleaved.
@@ -174,27 +166,6 @@ TEST(Sa3Pipeline, SameSEncoderMatchesTheOfficialEncoder) {
                                   to_f32_vector(test::frames_major(ref.get("encode.long.chunked.latents"))));
   std::printf("[ measure ] same_s chunked encode of 300 latents: rel L2 %.3e\n", err);
   EXPECT_LT(err, test::kFp32Tolerance);
-}
-
-AudioClip clip_file(const std::string& rel) {
-  Audio a = read_audio(test::fixture(rel));
-  return {a.rate, a.channels, std::move(a.samples)};
-}
-
-// The reference request with the official generate()'s init_audio (audio-to-audio) or
-// inpaint_audio and its regions (inpainting), from the WAVs the oracle wrote.
-AudioRequest inputs_request(bool fp32, const std::string& mode) {
-  const Json meta = read_json(test::fixture("sa3_inputs_ref.json"));
-  AudioRequest r = reference_request(fp32);
-  if (mode == "a2a") {
-    r.init_audio = clip_file("sa3_tiny/inputs/init.wav");
-    r.init_noise_level = meta["init_noise_level"].get<double>();
-  } else {
-    r.inpaint_audio = clip_file("sa3_tiny/inputs/inpaint.wav");
-    for (size_t i = 0; i < meta["inpaint_starts"].size(); ++i)
-      r.inpaint_regions.emplace_back(meta["inpaint_starts"][i].get<double>(), meta["inpaint_ends"][i].get<double>());
-  }
-  return r;
 }
 
 // Audio-to-audio (a stereo clip shorter than the canvas, zero-padded; noise level 0.6: the mix
@@ -326,12 +297,8 @@ TEST(Sa3Pipeline, BadAudioInputsAreRefused) {
 // cross tokens, or the negative prompt's with its padding zeroed.
 TEST(Sa3Pipeline, BaseModelGuidanceMatchesTheOfficialGenerate) {
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
-  const std::string d = ::testing::TempDir() + "apus_sa3_base_" + std::to_string(::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  for (const char* name : {"model.safetensors", "t5gemma-b-b-ul2"})
-    fs::create_symlink(fs::absolute(official_dir() + "/" + name), d + "/" + name);
-  fs::create_symlink(fs::absolute(test::fixture("sa3_tiny/original_base/model_config.json")), d + "/model_config.json");
+  const std::string d =
+      test::official_variant_dir("base", read_json(test::fixture("sa3_tiny/original_base/model_config.json")));
   const auto model = AudioModel::open(d, Weights::per_stage);
   EXPECT_EQ(model->sampler(), "Euler (rectified_flow)");
   for (const bool negative : {false, true}) {
@@ -356,16 +323,7 @@ TEST(Sa3Pipeline, BaseModelGuidanceMatchesTheOfficialGenerate) {
 // sampler's, from the same generator, as the official generate() draws it.
 TEST(Sa3Pipeline, OfficialDecoderNoiseContinuesTheSeededStream) {
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
-  const std::string d = ::testing::TempDir() + "apus_sa3_noise_" + std::to_string(::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  for (const char* name : {"model.safetensors", "t5gemma-b-b-ul2"})
-    fs::create_symlink(fs::absolute(official_dir() + "/" + name), d + "/" + name);
-  Json config = read_json(test::fixture("sa3_tiny/original/model_config.json"));
-  auto& ae = config["model"]["pretransform"]["config"];
-  ae["decoder"]["config"]["mask_noise"] = 0.1;
-  ae["bottleneck"]["config"]["noise_regularize"] = true;
-  { std::ofstream(d + "/model_config.json") << config.dump(); }
+  const std::string d = test::official_variant_dir("noise", test::decoder_noise_config());
   const auto model = AudioModel::open(d, Weights::per_stage);
   const AudioResult r = model->generate(reference_request(true));
   const auto want = interleaved(ref.get("fp32_decoder_noise.audio"));

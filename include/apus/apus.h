@@ -162,8 +162,8 @@ struct AudioResult {
 class AudioModel {
  public:
   // Recognises the directory from model_index.json's `_class_name` (StableAudio3Pipeline) and
-  // refuses anything else naming the class.
-  static std::unique_ptr<AudioModel> open(const std::string& dir, Weights weights);
+  // refuses anything else naming the class. device: as ImageModel::open's.
+  static std::unique_ptr<AudioModel> open(const std::string& dir, Weights weights, const std::string& device = "cpu");
   virtual ~AudioModel() = default;
 
   AudioResult generate(const AudioRequest& request, const Progress& progress = {}) const {

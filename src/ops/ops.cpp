@@ -4,6 +4,7 @@
 #include "ops/ops.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "core/error.h"
@@ -257,6 +258,13 @@ Tensor empty(Context& c, Shape shape, DType dtype) {
 Tensor to_context(Context& c, const Tensor& host) {
   if (c.count_only || !host.data || host.device != Device::cpu) return host;
   return backend_of(c).upload(host);
+}
+
+Tensor zeros(Context& c, Shape shape, DType dtype) {
+  if (c.count_only) return Tensor::shape_only(std::move(shape), dtype);
+  Tensor host = Tensor::heap(std::move(shape), dtype);
+  std::memset(host.data, 0, host.nbytes());
+  return to_context(c, host);
 }
 
 Tensor to_host(Context& c, const Tensor& t) {

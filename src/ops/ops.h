@@ -91,6 +91,8 @@ Tensor host_filled(Context& c, Shape shape, DType dtype, Fill&& fill) {
   fill(host);
   return to_context(c, host);
 }
+// ops::empty's tensor filled with zeros (staged from the host on a device).
+Tensor zeros(Context& c, Shape shape, DType dtype);
 // A result on the host: the tensor itself on the CPU, a copy from a device.
 Tensor to_host(Context& c, const Tensor& t);
 

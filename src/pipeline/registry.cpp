@@ -116,17 +116,25 @@ bool is_audio_model(const std::string& model) {
   return false;
 }
 
-std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights, const std::string& device) {
+std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights weights, Backend* device) {
   const std::string root = resolve_model_dir(model, weights);
   APUS_CHECK(!single_checkpoint(root), root, "/model_config.json: a Stable Audio 3 checkpoint, served by ",
              "`apus audio`");
-  return open_family(root, weights, kImageFamilies, kAudioFamilies, "audio", backend_for(device));
+  return open_family(root, weights, kImageFamilies, kAudioFamilies, "audio", device);
 }
 
-std::unique_ptr<AudioModel> AudioModel::open(const std::string& model, Weights weights) {
+std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device) {
   const std::string root = resolve_model_dir(model, weights);
-  if (single_checkpoint(root)) return open_sa3_official(root, weights);
-  return open_family(root, weights, kAudioFamilies, kImageFamilies, "image");
+  if (single_checkpoint(root)) return open_sa3_official(root, weights, device);
+  return open_family(root, weights, kAudioFamilies, kImageFamilies, "image", device);
+}
+
+std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights, const std::string& device) {
+  return open_image_model(model, weights, backend_for(device));
+}
+
+std::unique_ptr<AudioModel> AudioModel::open(const std::string& model, Weights weights, const std::string& device) {
+  return open_audio_model(model, weights, backend_for(device));
 }
 
 }  // namespace apus

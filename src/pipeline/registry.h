@@ -12,7 +12,11 @@ namespace apus {
 std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
 std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
 // Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
-std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights);
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device);
+
+// ImageModel::open and AudioModel::open on a backend rather than a device name (null: the CPU).
+std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights weights, Backend* device);
+std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device);
 
 // A directory, or for counting a published name whose layout (configs, no weights) ships in
 // data/ ("flux2-klein-4b").

@@ -21,6 +21,7 @@
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/same_encoder.h"
 #include "models/sa3/t5gemma_encoder.h"
+#include "ops/backend.h"
 #include "pipeline/registry.h"
 #include "pipeline/stage.h"
 #include "sampling/logsnr.h"
@@ -57,6 +58,11 @@ struct Layout {
   float encoder_mask_noise = 0;  // the encoder's (refused: the published encoders draw none)
   bool bottleneck_noise = false;
 };
+
+// Zeros in the context's memory (the arena's), staged from the host on a device.
+Tensor zeros(Context& c, Shape shape, DType dtype) {
+  return ops::host_filled(c, std::move(shape), dtype, [](Tensor& t) { std::memset(t.data, 0, t.nbytes()); });
+}
 
 constexpr const char* kTextStage = "text_encoder";
 constexpr const char* kEncodeStage = "same_encode";
@@ -96,7 +102,8 @@ struct Work {
 
 class Sa3Model final : public AudioModel {
  public:
-  Sa3Model(Layout layout, Weights weights);
+  // device: the backend the models' weights and each request's activations live on; null: the CPU.
+  Sa3Model(Layout layout, Weights weights, Backend* device);
   std::vector<AudioResult> generate_batch(const std::vector<AudioRequest>& requests,
                                           const Progress& progress) const override;
   PipelineCost count(const AudioRequest& request, int batch) const override;
@@ -129,6 +136,7 @@ class Sa3Model final : public AudioModel {
 
   Layout layout_;
   Weights weights_;
+  Backend* device_;
   std::string label_, sampler_;
   const sa3::DitConfig& dit_cfg_ = layout_.dit;
   const sa3::SameConfig& same_cfg_ = layout_.same;
@@ -200,36 +208,37 @@ Layout official_layout(const std::string& root) {
 }
 
 WeightSet Sa3Model::checkpoint(bool load) const {
-  return load ? WeightSet::open_dir(layout_.root) : WeightSet::shapes_only();
+  return load ? WeightSet::open_dir(layout_.root, device_) : WeightSet::shapes_only();
 }
 
 sa3::T5GemmaEncoder Sa3Model::load_text(bool load) const {
-  return sa3::T5GemmaEncoder::load(layout_.text_dir, load);
+  return sa3::T5GemmaEncoder::load(layout_.text_dir, load, device_);
 }
 
 sa3::DurationEmbedder Sa3Model::load_duration(bool load) const {
-  if (!layout_.official) return sa3::DurationEmbedder::load(layout_.root + "/duration_embedder", load);
+  if (!layout_.official) return sa3::DurationEmbedder::load(layout_.root + "/duration_embedder", load, device_);
   return sa3::DurationEmbedder::load_official(layout_.duration, sa3::ParamSource::official_duration(checkpoint(load)));
 }
 
 sa3::Dit Sa3Model::load_dit(DType dt, bool load) const {
-  if (!layout_.official) return sa3::Dit::load(layout_.root + "/transformer", dt, load);
+  if (!layout_.official) return sa3::Dit::load(layout_.root + "/transformer", dt, load, device_);
   return sa3::Dit::load(layout_.dit, sa3::ParamSource::official_dit(checkpoint(load)), dt);
 }
 
 sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
-  if (!layout_.official) return sa3::SameDecoder::load(layout_.root + "/vae", dt, load);
+  if (!layout_.official) return sa3::SameDecoder::load(layout_.root + "/vae", dt, load, device_);
   return sa3::SameDecoder::load(layout_.same, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
 }
 
 sa3::SameEncoder Sa3Model::load_encoder(DType dt, bool load) const {
-  if (!layout_.official) return sa3::SameEncoder::load(layout_.root + "/vae", dt, load);
+  if (!layout_.official) return sa3::SameEncoder::load(layout_.root + "/vae", dt, load, device_);
   return sa3::SameEncoder::load(layout_.encoder, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
 }
 
-Sa3Model::Sa3Model(Layout layout, Weights weights)
+Sa3Model::Sa3Model(Layout layout, Weights weights, Backend* device)
     : layout_(std::move(layout)),
       weights_(weights),
+      device_(device),
       label_(model_label(layout_.root)),
       sampler_(layout_.euler ? "Euler (rectified_flow)" : "ping-pong (rf_denoiser)") {
   text_cfg_ = sa3::T5GemmaConfig::read(read_config(layout_.text_dir + "/config.json"));
@@ -336,15 +345,15 @@ void Sa3Model::encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work&
 
 Tensor Sa3Model::prepare_clips(Context& c, const std::vector<AudioRequest>& requests, const Work& w) const {
   const int64_t ch = same_cfg_.audio_channels, length = w.canvas.frames * same_cfg_.samples_per_latent();
-  Tensor clips = ops::empty(c, {w.batch, ch, length}, DType::f32);
-  if (c.count_only) return clips;
+  if (c.count_only) return Tensor::shape_only({w.batch, ch, length}, DType::f32);
+  Tensor clips = Tensor::heap({w.batch, ch, length}, DType::f32);
   for (int64_t b = 0; b < w.batch; ++b) {
     const AudioRequest& r = requests[size_t(b)];
     const AudioClip& clip = w.init ? *r.init_audio : *r.inpaint_audio;
     sa3::prepare_clip(clip, w.init ? "init audio" : "inpaint audio", same_cfg_.sample_rate, ch, length,
                       clips.ptr<float>() + b * ch * length);
   }
-  return clips;
+  return ops::to_context(c, clips);
 }
 
 void Sa3Model::encode_clips(Context& c, const sa3::SameEncoder& encoder, Work& w, bool chunked) const {
@@ -362,8 +371,7 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
   // Guided, the unconditional half follows: all zeros (the duration token too), or the negative
   // prompt's tokens with its padding zeroed and the duration token kept, as the official DiT
   // builds it; nothing there is replaced by the padding embedding.
-  Tensor cross = Tensor::in(*c.arena, {samples * tokens, d}, c.act);
-  if (!c.count_only) std::memset(cross.data, 0, cross.nbytes());
+  Tensor cross = zeros(c, {samples * tokens, d}, c.act);
   std::vector<int64_t> valid(size_t(samples * tokens), 1);
   for (int64_t s = 0; s < b; ++s) {
     Tensor text_rows = cross.rows(s * tokens, s * tokens + text);
@@ -375,14 +383,12 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
     // The negative prompt's valid tokens, zeros for its padding: a gather from its rows with a
     // zero row appended (the same ops whatever the mask).
     const int64_t u = b + s;
-    Tensor table = Tensor::in(*c.arena, {text + 1, d}, c.act);
-    Tensor table_text = table.rows(0, text), zero = table.rows(text, text + 1);
+    Tensor table = zeros(c, {text + 1, d}, c.act);
+    Tensor table_text = table.rows(0, text);
     ops::copy(c, w.text.rows(u * text, (u + 1) * text), table_text);
-    Tensor ids = Tensor::in(*c.arena, {text}, DType::i32);
-    if (!c.count_only) {
-      std::memset(zero.data, 0, zero.nbytes());
-      for (int64_t p = 0; p < text; ++p) ids.ptr<int32_t>()[p] = int32_t(w.mask[size_t(u * text + p)] ? p : text);
-    }
+    const Tensor ids = ops::host_filled(c, {text}, DType::i32, [&](Tensor& t) {
+      for (int64_t p = 0; p < text; ++p) t.ptr<int32_t>()[p] = int32_t(w.mask[size_t(u * text + p)] ? p : text);
+    });
     Tensor neg_text = cross.rows(u * tokens, u * tokens + text);
     ops::embedding(c, table, ids, neg_text);
     Tensor neg_last = cross.rows(u * tokens + text, (u + 1) * tokens);
@@ -395,20 +401,17 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
   }
   // Inpainting: per latent the mask (1: kept), then the clip's latents where kept, for both
   // halves of a guided batch; text-to-audio passes zeros, as the official code does.
-  Tensor local = Tensor::in(*c.arena, {samples * t, dit_cfg_.local_dim}, c.act);
-  if (!c.count_only) std::memset(local.data, 0, local.nbytes());
+  Tensor local = zeros(c, {samples * t, dit_cfg_.local_dim}, c.act);
   if (w.inpaint) {
-    Tensor mask = Tensor::heap({t, 1}, DType::f32);
-    if (!c.count_only) std::copy(w.keep.begin(), w.keep.end(), mask.ptr<float>());
+    // The clip's latents where kept: blended into the zeros with the mask as weight (0 or 1, exact).
+    const Tensor keep = ops::host_filled(c, {t}, DType::f32, [&](Tensor& m) {
+      std::copy(w.keep.begin(), w.keep.end(), m.ptr<float>());
+    });
     for (int64_t s = 0; s < samples; ++s) {
       Tensor rows = local.rows(s * t, (s + 1) * t);
       Tensor mask_col = rows.cols(0, 1), latents = rows.cols(1, dit_cfg_.local_dim);
-      ops::copy(c, mask, mask_col);
-      ops::copy(c, w.clip_latents.rows((s % b) * t, (s % b + 1) * t), latents);
-      if (c.count_only) continue;
-      for (int64_t i = 0; i < t; ++i)
-        if (w.keep[size_t(i)] == 0)
-          std::memset(latents.rows(i, i + 1).data, 0, size_t(latents.shape[1]) * dtype_size(latents.dtype));
+      ops::copy(c, keep.reshape({t, 1}), mask_col);
+      ops::blend(c, latents, w.clip_latents.rows((s % b) * t, (s % b + 1) * t), keep, latents);
     }
   }
   w.prologue = dit.prologue(c, cross, valid, global, local, w.canvas.valid);
@@ -419,9 +422,10 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
 void Sa3Model::draw_noise(Context& c, Work& w, Tensor& out) const {
   const int64_t ch = dit_cfg_.io_channels, t = w.canvas.frames;
   // Counted too: the draw is host work, the transpose into the rows an op.
-  Tensor planes = c.count_only ? Tensor::shape_only({ch, t}, DType::f32) : Tensor::heap({ch, t}, DType::f32);
   for (int64_t s = 0; s < w.batch; ++s) {
-    if (!c.count_only) w.generators[size_t(s)].randn(planes.ptr<float>(), planes.numel());
+    const Tensor planes = ops::host_filled(c, {ch, t}, DType::f32, [&](Tensor& p) {
+      w.generators[size_t(s)].randn(p.ptr<float>(), p.numel());
+    });
     Tensor rows = out.rows(s * t, (s + 1) * t);
     ops::transpose(c, planes, rows);
   }
@@ -534,9 +538,11 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   std::vector<StageTime> stages;
   const std::unique_ptr<Trace> trace = trace_if_asked(requests);
   StageClock clock(stages, trace.get());
-  Arena arena;
+  // On a device activations live in its memory.
+  Arena arena(size_t(64) << 20, false, device_ ? static_cast<Allocator&>(*device_) : host_allocator());
   const DType dt = compute(r);
   Context ctx{&arena, dt};
+  ctx.backend = device_;
   ctx.trace = trace.get();
 
   // Everything that can reject the request comes before any weight loads. The prompts, then (for
@@ -583,11 +589,16 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   }
   if (w.init) {
     // The official start: init x (1 - level) + noise x level, each product and the sum in fp32.
-    const Tensor z = w.clip_latents.dtype == DType::f32 ? w.clip_latents : to_dtype(w.clip_latents, DType::f32);
+    // On the host: the scalars are Python floats (1 - level in double), which no op's rounding rule
+    // matches; once per request.
+    const Tensor clip = ops::to_host(ctx, w.clip_latents);
+    const Tensor z = clip.dtype == DType::f32 ? clip : to_dtype(clip, DType::f32);
+    Tensor start = ops::to_host(ctx, w.latents);
     const float keep = float(1.0 - w.init_level), level = float(w.init_level);
-    float* x = w.latents.ptr<float>();
+    float* x = start.ptr<float>();
     const float* init = z.ptr<float>();
-    for (int64_t i = 0; i < w.latents.numel(); ++i) x[i] = init[i] * keep + x[i] * level;
+    for (int64_t i = 0; i < start.numel(); ++i) x[i] = init[i] * keep + x[i] * level;
+    w.latents = ops::to_context(ctx, start);
   }
 
   // An empty prompt is all padding: every text position takes the learned padding embedding, so
@@ -600,8 +611,9 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
                  run_stage(ctx, kTextStage, [&] { encode_text(ctx, encoder, w); });
                  require_finite(ctx, w.text, "the text encoder");
                } else {
-                 w.text = ops::empty(ctx, {int64_t(w.mask.size()), text_cfg_.hidden}, dt);
-                 std::memset(w.text.data, 0, w.text.nbytes());
+                 Tensor none = Tensor::heap({int64_t(w.mask.size()), text_cfg_.hidden}, dt);
+                 std::memset(none.data, 0, none.nbytes());
+                 w.text = ops::to_context(ctx, none);
                }
                clock.stop("text encoder", kTextStage);
              });
@@ -629,7 +641,8 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   // (past the padding mask's valid latents it zeroes, which lie beyond that cut).
   const int64_t channels = same_cfg_.audio_channels, length = w.audio.shape[2],
                 n = std::min(w.canvas.samples, length);
-  const Tensor audio = w.audio.dtype == DType::f32 ? w.audio : to_dtype(w.audio, DType::f32);
+  const Tensor decoded = ops::to_host(ctx, w.audio);
+  const Tensor audio = decoded.dtype == DType::f32 ? decoded : to_dtype(decoded, DType::f32);
   const std::string timeline = trace ? trace->json() : "";
   for (int64_t s = 0; s < batch; ++s) {
     AudioResult& res = results[size_t(s)];
@@ -649,11 +662,11 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
 }  // namespace
 
 std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights) {
-  return std::make_unique<Sa3Model>(diffusers_layout(dir), weights);
+  return std::make_unique<Sa3Model>(diffusers_layout(dir), weights, dir.device());
 }
 
-std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights) {
-  return std::make_unique<Sa3Model>(official_layout(root), weights);
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device) {
+  return std::make_unique<Sa3Model>(official_layout(root), weights, device);
 }
 
 }  // namespace apus

@@ -55,9 +55,9 @@ void DitConfig::derive_heads(const std::string& where) {
              " is too small for the official RoPE width ", rope_dim);
 }
 
-Dit Dit::load(const std::string& dir, DType compute, bool load_weights) {
+Dit Dit::load(const std::string& dir, DType compute, bool load_weights, Backend* device) {
   return load(DitConfig::read(read_config(dir + "/config.json")),
-              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only()),
+              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only()),
               compute);
 }
 
@@ -98,9 +98,10 @@ Dit Dit::load(const DitConfig& config, ParamSource source, DType compute) {
                  ": rotary_pos_emb.inv_freq[", j, "] is ", load_f32(inv_freq, j), ", expected ",
                  expected, " (RoPE base 10000 over ", c.rope_dim, " channels)");
     }
-  m.time_freqs_ = expo_fourier_frequencies(c.timestep_features / 2, 0.5, 10000.0);
-  m.ones_ = Tensor::heap({6 * d}, DType::f32);
-  std::fill(m.ones_.ptr<float>(), m.ones_.ptr<float>() + 6 * d, 1.0f);
+  m.time_freqs_ = params.place(expo_fourier_frequencies(c.timestep_features / 2, 0.5, 10000.0));
+  Tensor ones = Tensor::heap({6 * d}, DType::f32);
+  std::fill_n(ones.ptr<float>(), 6 * d, 1.0f);
+  m.ones_ = params.place(ones);
   const int64_t qkv = (c.differential ? 5 : 3) * d, nq = c.differential ? 2 : 1;
   for (int64_t i = 0; i < c.depth; ++i) {
     const std::string p = "transformer_blocks." + std::to_string(i) + ".";
@@ -169,9 +170,9 @@ DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int
   Tensor table_tokens = table.rows(0, rows), table_padding = table.rows(rows, rows + 1);
   ops::copy(c, cross, table_tokens);
   ops::copy(c, padding_.reshape({1, g.cond_dim}), table_padding);
-  Tensor ids = Tensor::in(*c.arena, {rows}, DType::i32);
-  if (!c.count_only)
-    for (int64_t r = 0; r < rows; ++r) ids.ptr<int32_t>()[r] = int32_t(cross_valid[size_t(r)] ? r : rows);
+  const Tensor ids = ops::host_filled(c, {rows}, DType::i32, [&](Tensor& t) {
+    for (int64_t r = 0; r < rows; ++r) t.ptr<int32_t>()[r] = int32_t(cross_valid[size_t(r)] ? r : rows);
+  });
   Tensor tokens = Tensor::in(*c.arena, {rows, g.cond_dim}, c.act);
   ops::embedding(c, table, ids, tokens);
   Tensor context = Tensor::in(*c.arena, {batch * ctx, d}, c.act);
@@ -195,9 +196,10 @@ DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int
   }
   // RoPE over memory tokens and frames, one sample's positions 0..N-1, fp32 angles.
   const int64_t n = g.memory_tokens + p.frames;
-  Tensor positions = Tensor::in(*c.arena, {n, 1}, DType::i64);
-  if (!c.count_only)
-    for (int64_t i = 0; i < n; ++i) positions.ptr<int64_t>()[i] = i;
+  const Tensor positions = ops::host_filled(c, {n, 1}, DType::i64, [&](Tensor& t) {
+    for (int64_t i = 0; i < n; ++i) t.ptr<int64_t>()[i] = i;
+  });
+  if (p.frames > p.valid_frames) p.padding_zeros = ops::zeros(c, {p.frames - p.valid_frames, d}, c.act);
   p.cos = ops::empty(c, {n, g.rope_dim / 2}, DType::f32);
   p.sin = ops::empty(c, {n, g.rope_dim / 2}, DType::f32);
   ops::rope_tables(c, positions, {g.rope_dim}, 10000.0, ops::RopeMath::f32, p.cos, p.sin);
@@ -246,11 +248,9 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
     Tensor v = qkv.cols(2 * nq * d, (2 * nq + 1) * d);
     const int64_t padded = pro.frames - pro.valid_frames;
     if (padded > 0) {
-      Tensor zeros = Tensor::in(*c.arena, {padded, d}, c.act);
-      if (!c.count_only) std::memset(zeros.data, 0, zeros.nbytes());
       for (int64_t s = 0; s < batch; ++s) {
         Tensor rows = v.rows((s + 1) * n - padded, (s + 1) * n);
-        ops::copy(c, zeros, rows);
+        ops::copy(c, pro.padding_zeros, rows);
       }
     }
     attend(q, k, v);

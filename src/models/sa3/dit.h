@@ -42,6 +42,7 @@ struct DitPrologue {
   std::vector<Tensor> cross_k, cross_v;  // per block: [B*S, k width] normed keys, [B*S, dim] values
   std::vector<Tensor> local;  // per block: [B*T, dim] to_local_embed(local condition)
   Tensor cos, sin;          // [memory + T, rope_dim / 2] f32
+  Tensor padding_zeros;     // [T - valid_frames, dim]: what the padding frames' values become
 };
 
 class Dit {
@@ -49,7 +50,7 @@ class Dit {
   // dir holds config.json and diffusion_pytorch_model.safetensors (diffusers). Every parameter is
   // converted to `compute` once here (the official model.to(dtype)); with load_weights false only
   // shapes.
-  static Dit load(const std::string& dir, DType compute, bool load_weights = true);
+  static Dit load(const std::string& dir, DType compute, bool load_weights = true, Backend* device = nullptr);
   static Dit load(const DitConfig& config, ParamSource source, DType compute);
   const DitConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return source_.set.fetched_elements(); }

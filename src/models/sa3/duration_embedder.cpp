@@ -21,10 +21,10 @@ DurationConfig DurationConfig::read(const Config& c) {
   return d;
 }
 
-DurationEmbedder DurationEmbedder::load(const std::string& dir, bool load_weights) {
+DurationEmbedder DurationEmbedder::load(const std::string& dir, bool load_weights, Backend* device) {
   DurationEmbedder m;
   m.cfg_ = DurationConfig::read(read_config(dir + "/config.json"));
-  m.source_ = ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only());
+  m.source_ = ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only());
   // The frequencies as saved (min_freq..max_freq, exponentially spaced): read, not recomputed.
   m.freqs_ = m.source_.set.get("freqs", {m.cfg_.fourier_dim / 2});
   m.weight_ = m.source_.set.get("linear.weight", {m.cfg_.output_dim, m.cfg_.fourier_dim});
@@ -36,7 +36,7 @@ DurationEmbedder DurationEmbedder::load_official(const DurationConfig& config, P
   DurationEmbedder m;
   m.cfg_ = config;
   m.source_ = std::move(source);
-  m.freqs_ = expo_fourier_frequencies(m.cfg_.fourier_dim / 2);
+  m.freqs_ = m.source_.set.place(expo_fourier_frequencies(m.cfg_.fourier_dim / 2));
   m.weight_ = m.source_.set.get(m.source_.name("linear.weight"), {m.cfg_.output_dim, m.cfg_.fourier_dim});
   m.bias_ = m.source_.set.get(m.source_.name("linear.bias"), {m.cfg_.output_dim});
   return m;

@@ -20,7 +20,7 @@ struct DurationConfig {
 class DurationEmbedder {
  public:
   // dir holds config.json and diffusion_pytorch_model.safetensors (freqs, linear.weight/bias).
-  static DurationEmbedder load(const std::string& dir, bool load_weights = true);
+  static DurationEmbedder load(const std::string& dir, bool load_weights = true, Backend* device = nullptr);
   // The official checkpoint's NumberConditioner: the frequencies are computed (the official module
   // registers none), the linear layer read through `source`.
   static DurationEmbedder load_official(const DurationConfig& config, ParamSource source);

@@ -36,10 +36,12 @@ class ParamLoader {
   // A fused attention projection of `parts` blocks of `width` rows (5: differential, 3: plain),
   // returned in diffusers' order.
   Tensor fused_qkv(const std::string& name, int64_t parts, int64_t width, int64_t in) const;
-  // The stored tensor as is (buffers checked rather than used).
+  // The stored tensor as is, in host memory (buffers checked, or read to compute what the model
+  // holds), and where such a computed tensor goes: its device copy on a device, itself on the CPU.
   const Tensor& raw(const std::string& name, const Shape& shape) const {
-    return source_.set.get(source_.name(name), shape);
+    return source_.set.host(source_.name(name), shape);
   }
+  Tensor place(const Tensor& host) const { return source_.set.place(host); }
 
  private:
   const ParamSource& source_;

@@ -8,9 +8,9 @@
 
 namespace apus::sa3 {
 
-SameDecoder SameDecoder::load(const std::string& dir, DType compute, bool load_weights) {
+SameDecoder SameDecoder::load(const std::string& dir, DType compute, bool load_weights, Backend* device) {
   return load(SameConfig::read(read_config(dir + "/config.json")),
-              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only()),
+              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only()),
               compute);
 }
 
@@ -23,12 +23,12 @@ SameDecoder SameDecoder::load(const SameConfig& config, ParamSource source, DTyp
   const ParamLoader params(m.source_, compute, m.owned_);
   auto param = [&](const std::string& name, const Shape& shape) { return params.get(name, shape); };
   const Tensor& running_std = params.raw("bottleneck.running_std", {1});
-  m.scale_ = Tensor::heap({c.latent_dim}, DType::f32);
-  m.zeros_ = Tensor::heap({c.latent_dim}, DType::f32);
-  for (int64_t i = 0; i < c.latent_dim; ++i) {
-    m.scale_.ptr<float>()[i] = running_std.data ? round_as(compute, load_f32(running_std, 0)) : 1.0f;
-    m.zeros_.ptr<float>()[i] = 0.0f;
-  }
+  m.noise_scale_ = running_std.data ? round_as(compute, load_f32(running_std, 0)) : 1.0f;
+  Tensor scale = Tensor::heap({c.latent_dim}, DType::f32), zeros = Tensor::heap({c.latent_dim}, DType::f32);
+  std::fill_n(scale.ptr<float>(), c.latent_dim, m.noise_scale_);
+  std::fill_n(zeros.ptr<float>(), c.latent_dim, 0.0f);
+  m.scale_ = params.place(scale);
+  m.zeros_ = params.place(zeros);
   m.proj_ = param("decoder.proj.weight", {d, c.latent_dim});
   m.proj_bias_ = param("decoder.proj.bias", {d});
   const std::string b0 = "decoder.blocks.0.";
@@ -48,16 +48,17 @@ Tensor draw(Context& c, std::vector<TorchGenerator>& gens, int64_t rows, int64_t
             std::initializer_list<float> scales, bool transposed) {
   const int64_t b = int64_t(gens.size());
   Tensor out = Tensor::in(*c.arena, {b * rows, cols}, DType::f32);
-  if (c.count_only) return out;
-  Tensor plane = Tensor::in(*c.arena, {rows * cols}, DType::f32);
   for (int64_t s = 0; s < b; ++s) {
-    float* p = plane.ptr<float>();
-    gens[size_t(s)].randn(p, rows * cols);
-    for (int64_t i = 0; i < rows * cols; ++i)
-      for (const float k : scales) p[i] *= k;
+    const Tensor plane = ops::host_filled(c, {transposed ? cols : rows, transposed ? rows : cols}, DType::f32,
+                                          [&](Tensor& t) {
+                                            float* p = t.ptr<float>();
+                                            gens[size_t(s)].randn(p, rows * cols);
+                                            for (int64_t i = 0; i < rows * cols; ++i)
+                                              for (const float k : scales) p[i] *= k;
+                                          });
     Tensor dst = out.rows(s * rows, (s + 1) * rows);
-    if (transposed) ops::transpose(c, plane.reshape({cols, rows}), dst);
-    else std::memcpy(dst.data, p, size_t(rows * cols) * sizeof(float));
+    if (transposed) ops::transpose(c, plane, dst);
+    else ops::copy(c, plane, dst);
   }
   return out;
 }
@@ -105,7 +106,7 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   APUS_CHECK(!noise.any() || int64_t(noise.generators->size()) == batch, "SAME decoder: ",
              noise.any() ? noise.generators->size() : 0, " noise generators for a batch of ", batch);
   if (noise.any() && noise.bottleneck) {
-    const Tensor n = draw(c, *noise.generators, frames, g.latent_dim, {scale_.ptr<float>()[0], 1e-3f}, true);
+    const Tensor n = draw(c, *noise.generators, frames, g.latent_dim, {noise_scale_, 1e-3f}, true);
     ops::add_gated(c, scaled, n, nullptr, ops::Rounding::each_step);
   }
   Tensor table = Tensor::in(*c.arena, {batch * frames + 1, d}, c.act);
@@ -113,11 +114,10 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   ops::linear(c, scaled, proj_, &proj_bias_, projected);
   Tensor placeholder = table.rows(batch * frames, batch * frames + 1);
   ops::copy(c, new_token_.reshape({1, d}), placeholder);
-  Tensor ids = Tensor::in(*c.arena, {batch * tokens}, DType::i32);
-  if (!c.count_only)
+  const Tensor ids = ops::host_filled(c, {batch * tokens}, DType::i32, [&](Tensor& t) {
     for (int64_t r = 0; r < batch * frames; ++r)
-      for (int64_t j = 0; j < group; ++j)
-        ids.ptr<int32_t>()[r * group + j] = j == 0 ? int32_t(r) : int32_t(batch * frames);
+      for (int64_t j = 0; j < group; ++j) t.ptr<int32_t>()[r * group + j] = j == 0 ? int32_t(r) : int32_t(batch * frames);
+  });
   Tensor x = Tensor::in(*c.arena, {batch * tokens, d}, c.act);
   ops::embedding(c, table, ids, x);
   if (noise.any() && noise.mask > 0) {

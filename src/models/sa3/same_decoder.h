@@ -31,7 +31,8 @@ class SameDecoder {
  public:
   // dir holds config.json and diffusion_pytorch_model.safetensors; every parameter is converted
   // to `compute` once (the official model.to(dtype)); load_weights false reads the config only.
-  static SameDecoder load(const std::string& dir, DType compute, bool load_weights = true);
+  static SameDecoder load(const std::string& dir, DType compute, bool load_weights = true,
+                          Backend* device = nullptr);
   static SameDecoder load(const SameConfig& config, ParamSource source, DType compute);
   const SameConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return source_.set.fetched_elements(); }
@@ -47,6 +48,7 @@ class SameDecoder {
   ParamSource source_;
   std::vector<Tensor> owned_;
   Tensor scale_, zeros_;  // running_std as a [latent_dim] vector; the shift 0
+  float noise_scale_ = 1;  // running_std in the compute dtype, for the bottleneck noise
   Tensor proj_, proj_bias_, new_token_, mapping_, mapping_bias_;
   SameTransformer transformer_;
 

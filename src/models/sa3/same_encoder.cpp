@@ -40,9 +40,9 @@ void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, 
     }
 }
 
-SameEncoder SameEncoder::load(const std::string& dir, DType compute, bool load_weights) {
+SameEncoder SameEncoder::load(const std::string& dir, DType compute, bool load_weights, Backend* device) {
   return load(SameConfig::read(read_config(dir + "/config.json"), /*encoder=*/true),
-              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only()),
+              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only()),
               compute);
 }
 
@@ -66,6 +66,7 @@ SameEncoder SameEncoder::load(const SameConfig& config, ParamSource source, DTyp
   const Tensor& bias = params.raw("bottleneck.bias", {1, latent, 1});
   const Tensor& running_std = params.raw("bottleneck.running_std", {1});
   for (Tensor* t : {&m.scale_, &m.bias_, &m.inv_std_, &m.zeros_}) *t = Tensor::heap({latent}, DType::f32);
+  // Computed on the host, then placed.
   for (int64_t i = 0; i < latent; ++i) {
     const bool data = running_std.data != nullptr;
     m.scale_.ptr<float>()[i] = data ? round_as(compute, load_f32(scale, i)) : 1.0f;
@@ -75,6 +76,7 @@ SameEncoder SameEncoder::load(const SameConfig& config, ParamSource source, DTyp
     m.inv_std_.ptr<float>()[i] = 1.0f / std;
     m.zeros_.ptr<float>()[i] = 0.0f;
   }
+  for (Tensor* t : {&m.scale_, &m.bias_, &m.inv_std_, &m.zeros_}) *t = params.place(*t);
   return m;
 }
 
@@ -137,11 +139,11 @@ Tensor SameEncoder::encode_piece(Context& c, const Tensor& audio) const {
   }
   Tensor summary = table.rows(batch * patches, batch * patches + 1);
   ops::copy(c, new_token_.reshape({1, d}), summary);
-  Tensor ids = Tensor::in(*c.arena, {batch * frames * group}, DType::i32);
-  if (!c.count_only)
+  const Tensor ids = ops::host_filled(c, {batch * frames * group}, DType::i32, [&](Tensor& t) {
     for (int64_t r = 0; r < batch * frames; ++r)
       for (int64_t j = 0; j < group; ++j)
-        ids.ptr<int32_t>()[r * group + j] = j < g.stride ? int32_t(r * g.stride + j) : int32_t(batch * patches);
+        t.ptr<int32_t>()[r * group + j] = j < g.stride ? int32_t(r * g.stride + j) : int32_t(batch * patches);
+  });
   Tensor tokens = Tensor::in(*c.arena, {batch * frames * group, d}, c.act);
   ops::embedding(c, table, ids, tokens);
   part.reset();

@@ -23,7 +23,8 @@ void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, 
 class SameEncoder {
  public:
   // dir holds AutoencoderSAME's config.json and weights; load_weights false reads shapes only.
-  static SameEncoder load(const std::string& dir, DType compute, bool load_weights = true);
+  static SameEncoder load(const std::string& dir, DType compute, bool load_weights = true,
+                          Backend* device = nullptr);
   static SameEncoder load(const SameConfig& config, ParamSource source, DType compute);
   const SameConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return source_.set.fetched_elements(); }

@@ -135,9 +135,9 @@ void SameTransformer::run(Context& c, Tensor& x, int64_t batch) const {
   APUS_CHECK(!chunked || tokens % seen == 0, "SAME: ", tokens / (g.stride + 1),
              " latents do not fill whole attention chunks of ", seen / (g.stride + 1),
              " (the official pipeline's canvases do)");
-  Tensor positions = Tensor::in(*c.arena, {seen, 1}, DType::i64);
-  if (!c.count_only)
-    for (int64_t i = 0; i < seen; ++i) positions.ptr<int64_t>()[i] = i;
+  const Tensor positions = ops::host_filled(c, {seen, 1}, DType::i64, [&](Tensor& p) {
+    for (int64_t i = 0; i < seen; ++i) p.ptr<int64_t>()[i] = i;
+  });
   Tensor cos = Tensor::in(*c.arena, {seen, g.head_dim / 4}, DType::f32);
   Tensor sin = Tensor::in(*c.arena, {seen, g.head_dim / 4}, DType::f32);
   ops::rope_tables(c, positions, {g.head_dim / 2}, 10000.0, ops::RopeMath::f32, cos, sin);
@@ -190,15 +190,14 @@ Tensor weight_normed_mapping(const ParamLoader& params, std::vector<Tensor>& own
       for (int64_t t = 0; t < kernel; ++t)
         mapping.ptr<float>()[o * kernel * in + t * in + i] = float(scale * load_f32(v, (o * in + i) * kernel + t));
   }
-  owned.push_back(compute == DType::f32 ? mapping : to_dtype(mapping, compute));
+  owned.push_back(params.place(compute == DType::f32 ? mapping : to_dtype(mapping, compute)));
   return owned.back();
 }
 
 Tensor conv_taps(Context& c, const Tensor& x, int64_t batch) {
   const int64_t n = x.shape[0] / batch, d = x.shape[1];
   Tensor taps = Tensor::in(*c.arena, {batch * n, 3 * d}, x.dtype);
-  Tensor zero = Tensor::in(*c.arena, {1, d}, x.dtype);
-  if (!c.count_only) std::memset(zero.data, 0, zero.nbytes());
+  const Tensor zero = ops::zeros(c, {1, d}, x.dtype);
   for (int64_t b = 0; b < batch; ++b) {
     const Tensor src = x.rows(b * n, (b + 1) * n);
     Tensor dst = taps.rows(b * n, (b + 1) * n);

@@ -68,7 +68,7 @@ T5GemmaConfig T5GemmaConfig::read(const Config& file) {
 }
 
 T5GemmaEncoder::Norm T5GemmaEncoder::norm(const std::string& name) const {
-  const Tensor& w = weights_.get(name, {cfg_.hidden});
+  const Tensor& w = weights_.host(name, {cfg_.hidden});
   Norm n;
   for (const DType dt : {DType::f32, DType::bf16}) {
     Tensor& s = n.scale[dtype_slot(dt)];
@@ -78,14 +78,15 @@ T5GemmaEncoder::Norm T5GemmaEncoder::norm(const std::string& name) const {
     }
     s = Tensor::heap({cfg_.hidden}, DType::f32);
     for (int64_t i = 0; i < cfg_.hidden; ++i) s.ptr<float>()[i] = 1.0f + round_as(dt, load_f32(w, i));
+    s = weights_.place(s);
   }
   return n;
 }
 
-T5GemmaEncoder T5GemmaEncoder::load(const std::string& dir, bool load_weights) {
+T5GemmaEncoder T5GemmaEncoder::load(const std::string& dir, bool load_weights, Backend* device) {
   T5GemmaEncoder m;
   m.cfg_ = T5GemmaConfig::read(read_config(dir + "/config.json"));
-  m.weights_ = load_weights ? WeightSet::open_dir(dir) : WeightSet::shapes_only();
+  m.weights_ = load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only();
   const auto& c = m.cfg_;
   const WeightSet& w = m.weights_;
   const std::string p = w.contains("encoder.embed_tokens.weight") ? "encoder." : "model.encoder.";
@@ -113,9 +114,11 @@ T5GemmaEncoder T5GemmaEncoder::load(const std::string& dir, bool load_weights) {
     Tensor& s = m.embed_scale_[dtype_slot(dt)];
     s = Tensor::heap({c.hidden}, DType::f32);
     std::fill_n(s.ptr<float>(), c.hidden, round_as(dt, float(std::sqrt(double(c.hidden)))));
+    s = w.place(s);
   }
   m.zeros_ = Tensor::heap({c.hidden}, DType::f32);
   std::fill_n(m.zeros_.ptr<float>(), c.hidden, 0.0f);
+  m.zeros_ = w.place(m.zeros_);
   return m;
 }
 

@@ -26,7 +26,7 @@ class T5GemmaEncoder {
  public:
   // dir holds config.json and model.safetensors (keys encoder.*); with load_weights false only the
   // config is read (counting).
-  static T5GemmaEncoder load(const std::string& dir, bool load_weights = true);
+  static T5GemmaEncoder load(const std::string& dir, bool load_weights = true, Backend* device = nullptr);
   const T5GemmaConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }

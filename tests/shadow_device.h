@@ -1,0 +1,173 @@
+#pragma once
+// A device whose memory the host cannot touch, for proving on a machine without a GPU that a
+// pipeline keeps the device discipline a GPU needs: every host-built input staged through
+// ops::to_context / host_filled, every result brought back through ops::to_host, no host code
+// reading or writing device memory on the way.
+//
+// It poses as CUDA device 99. Each allocation reserves twice its size: the first half, handed out,
+// is mapped without access, so a host read or write of it faults (and the handler names the
+// address as device memory); the second half holds the data. Its ops run the CPU backend's on the
+// second halves, so a pipeline on it computes exactly what it computes on the CPU, byte for byte.
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+#include "core/error.h"
+#include "ops/backend.h"
+#include "ops/ops.h"
+
+namespace apus::test {
+
+class ShadowDevice : public Backend {
+ public:
+  static constexpr int kOrdinal = 99;
+
+  ShadowDevice() : Backend("shadow", Device::cuda, kOrdinal) {
+    struct sigaction action {};
+    action.sa_sigaction = &ShadowDevice::on_fault;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, nullptr);
+  }
+
+  void* allocate(size_t bytes) override {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE)), size = (bytes + page - 1) / page * page;
+    char* base = static_cast<char*>(mmap(nullptr, 2 * size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    APUS_CHECK(base != MAP_FAILED, "shadow device: out of address space for ", bytes, " bytes");
+    APUS_CHECK(mprotect(base + size, size, PROT_READ | PROT_WRITE) == 0, "shadow device: mprotect failed");
+    std::lock_guard<std::mutex> lock(mutex_);
+    regions_[uintptr_t(base)] = size;
+    return base;
+  }
+  void release(void* p) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = regions_.find(uintptr_t(p));
+    APUS_CHECK(it != regions_.end(), "shadow device: release of memory it did not hand out");
+    munmap(p, 2 * it->second);
+    regions_.erase(it);
+  }
+
+  Tensor upload(const Tensor& host) override {
+    APUS_CHECK(host.device == Device::cpu && host.contiguous(), "shadow upload: expected a contiguous host tensor");
+    Tensor t = Tensor::allocate(*this, host.shape, host.dtype);
+    std::memcpy(on_host(t.data), host.data, host.nbytes());
+    return t;
+  }
+  Tensor download(const Tensor& t) override {
+    APUS_CHECK(t.device == Device::cuda && t.ordinal == kOrdinal && t.contiguous(),
+               "shadow download: expected a contiguous tensor of the shadow device");
+    Tensor host = Tensor::heap(t.shape, t.dtype);
+    std::memcpy(host.data, on_host(t.data), t.nbytes());
+    return host;
+  }
+
+  // Ops the device has run, for tests to see that work reached it.
+  size_t ops_run() const { return ops_run_; }
+
+  // Whether p lies in the inaccessible half of one of the device's allocations.
+  bool owns(const void* p) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return region_of(uintptr_t(p)) != regions_.end();
+  }
+
+ private:
+  // A device tensor as the CPU backend sees it: the same view over the data half, on the host.
+  struct HostView {
+    Tensor tensor;
+    bool set = false;
+    operator Tensor&() { return tensor; }
+    operator const Tensor*() { return set ? &tensor : nullptr; }
+  };
+
+  HostView view(const Tensor& t) const {
+    HostView v{t, true};
+    if (t.data) v.tensor.data = on_host(t.data);
+    v.tensor.device = Device::cpu;
+    v.tensor.ordinal = 0;
+    v.tensor.owner = nullptr;
+    return v;
+  }
+  template <typename T> decltype(auto) host(T&& operand) const {
+    using Plain = std::remove_cv_t<std::remove_reference_t<T>>;
+    if constexpr (std::is_same_v<Plain, Tensor>) return view(operand);
+    else if constexpr (std::is_same_v<Plain, const Tensor*> || std::is_same_v<Plain, Tensor*>)
+      return operand ? view(*operand) : HostView{};
+    else return std::forward<T>(operand);
+  }
+
+  Context host_context(const Context& c) {
+    thread_local Arena scratch(size_t(16) << 20);
+    Context inner = c;
+    inner.arena = &scratch;
+    inner.backend = &cpu_backend();
+    inner.cost = nullptr;
+    inner.trace = nullptr;
+    return inner;
+  }
+
+  std::map<uintptr_t, size_t>::const_iterator region_of(uintptr_t p) const {
+    auto it = regions_.upper_bound(p);
+    if (it == regions_.begin()) return regions_.end();
+    --it;
+    return p < it->first + it->second ? it : regions_.end();
+  }
+  void* on_host(void* device) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = region_of(uintptr_t(device));
+    APUS_CHECK(it != regions_.end(), "shadow device: an operand's memory is not the device's");
+    return static_cast<char*>(device) + it->second;
+  }
+
+ public:
+  // Every op: the CPU backend's, on the data halves, with a host scratch arena of its own.
+#define APUS_SHADOW_OP(ret, name, params, args)                                                     \
+  ret name params override {                                                                        \
+    ++ops_run_;                                                                                     \
+    Context inner = host_context(c);                                                                \
+    auto call = [&](Context&, auto&&... operands) { return cpu_backend().name(inner, host(operands)...); }; \
+    return call args;                                                                               \
+  }
+  APUS_OPS(APUS_SHADOW_OP)
+#undef APUS_SHADOW_OP
+
+ private:
+  static ShadowDevice* instance;
+  static void on_fault(int, siginfo_t* info, void*) {
+    // Not async-signal-safe in general (the map lookup takes no lock here on purpose: the faulting
+    // thread may hold it); good enough to name the cause before the test dies.
+    const auto p = uintptr_t(info->si_addr);
+    const auto& regions = instance->regions_;
+    auto it = regions.upper_bound(p);
+    const bool device = it != regions.begin() && p < std::prev(it)->first + std::prev(it)->second;
+    char line[160];
+    const int n = std::snprintf(line, sizeof line, "%s at %p\n",
+                                device ? "host code touched shadow device memory" : "segmentation fault",
+                                info->si_addr);
+    if (n > 0) (void)!write(2, line, size_t(n));
+    signal(SIGSEGV, SIG_DFL);
+    raise(SIGSEGV);
+  }
+
+  mutable std::mutex mutex_;
+  std::map<uintptr_t, size_t> regions_;
+  std::atomic<size_t> ops_run_{0};
+
+  friend ShadowDevice& shadow_device();
+};
+
+inline ShadowDevice* ShadowDevice::instance = nullptr;
+
+inline ShadowDevice& shadow_device() {
+  static ShadowDevice device;
+  ShadowDevice::instance = &device;
+  return device;
+}
+
+}  // namespace apus::test

@@ -1,0 +1,123 @@
+// Whole requests of both families on a device backend: what the GPU path needs from the pipelines
+// (weights placed on the device, every host-built input staged, results brought back) proven on the
+// shadow device (shadow_device.h), which faults on any host access to its memory and computes with
+// the CPU backend, so each request must give the CPU's output byte for byte.
+#include <cstring>
+
+#include "apus/apus.h"
+#include "io/image.h"
+#include "pipeline/registry.h"
+#include "sa3_fixtures.h"
+#include "shadow_device.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+// The shadow device is a test of the pipelines only if it faults where a GPU would.
+TEST(ShadowDeviceDeathTest, HostAccessToItsMemoryFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  test::ShadowDevice& device = test::shadow_device();
+  Tensor host = Tensor::heap({4}, DType::f32);
+  for (int i = 0; i < 4; ++i) host.ptr<float>()[i] = float(i) + 0.5f;
+  const Tensor on_device = device.upload(host);
+  EXPECT_TRUE(device.owns(on_device.data));
+  EXPECT_EQ(to_f32_vector(device.download(on_device)), to_f32_vector(host));
+  EXPECT_DEATH(std::printf("%f\n", double(load_f32(on_device, 1))), "host code touched shadow device memory");
+}
+
+struct ImageRun {
+  std::string name, variant;
+  ImageRequest request;
+};
+
+std::vector<ImageRun> image_runs() {
+  auto request = [](const char* prompt, bool fp32) {
+    ImageRequest r;
+    r.prompt = prompt;
+    r.seed = 7;
+    r.steps = 2;
+    r.width = 64;
+    r.height = 48;
+    r.fp32 = fp32;
+    return r;
+  };
+  std::vector<ImageRun> runs;
+  runs.push_back({"distilled bf16", "klein_tiny_a", request("a red fox in the snow", false)});
+  runs.push_back({"distilled fp32", "klein_tiny_a", request("a red fox in the snow", true)});
+  ImageRun base{"base with guidance and a negative prompt", "klein_tiny_base", request("a lighthouse", false)};
+  base.request.cfg = 3.5f;
+  base.request.negative_prompt = "fog";
+  runs.push_back(base);
+  ImageRun edit{"edit with two references", "klein_tiny_a", request("make it blue", false)};
+  edit.request.width = edit.request.height = 0;
+  const Json meta = read_json(test::fixture("klein_tiny_a_edit_ref.json"));
+  for (const Json& name : meta["references"])
+    edit.request.references.push_back(read_image(test::fixture("klein_tiny_a_edit/" + name.get<std::string>())));
+  runs.push_back(edit);
+  ImageRun inpaint{"inpainting", "klein_tiny_a", request("a cat", false)};
+  inpaint.request.width = inpaint.request.height = 0;
+  inpaint.request.inpaint = Inpainting{edit.request.references[0], edit.request.references[0], 0.6};
+  for (size_t i = 0; i < inpaint.request.inpaint->mask.rgb.size(); ++i)
+    inpaint.request.inpaint->mask.rgb[i] = (i / 3) % 5 < 2 ? 255 : 0;
+  runs.push_back(inpaint);
+  runs.push_back({"9B-shaped", "klein_tiny_9b", request("a bridge at dusk", false)});
+  ImageRun kv{"reference K/V cache", "klein_tiny_9b_kv", request("the same bridge in winter", false)};
+  kv.request.width = kv.request.height = 0;
+  kv.request.references = {edit.request.references[0]};
+  runs.push_back(kv);
+  return runs;
+}
+
+TEST(ShadowDevice, KleinRequestsComputeWhatTheCpuComputes) {
+  test::ShadowDevice& device = test::shadow_device();
+  for (const ImageRun& run : image_runs()) {
+    SCOPED_TRACE(run.name);
+    const ImageResult cpu = open_image_model(test::fixture(run.variant), Weights::per_stage, nullptr)->generate(run.request);
+    const size_t before = device.ops_run();
+    const ImageResult dev = open_image_model(test::fixture(run.variant), Weights::per_stage, &device)->generate(run.request);
+    EXPECT_GT(device.ops_run(), before + 100);
+    EXPECT_EQ(dev.width, cpu.width);
+    EXPECT_EQ(dev.height, cpu.height);
+    EXPECT_TRUE(dev.rgb == cpu.rgb);
+  }
+}
+
+struct AudioRun {
+  std::string name, dir;
+  AudioRequest request;
+};
+
+TEST(ShadowDevice, Sa3RequestsComputeWhatTheCpuComputes) {
+  test::ShadowDevice& device = test::shadow_device();
+  const std::string base = test::official_variant_dir(
+      "device_base", read_json(test::fixture("sa3_tiny/original_base/model_config.json")));
+  const std::string noise = test::official_variant_dir("device_noise", test::decoder_noise_config());
+  AudioRequest guided = test::reference_request(false);
+  guided.cfg = 7;
+  guided.negative_prompt = "noise, hiss";
+  AudioRequest empty = test::reference_request(false);
+  empty.prompt = "";
+  const std::vector<AudioRun> runs = {
+      {"diffusers layout bf16", test::pipeline_dir(), test::reference_request(false)},
+      {"official layout fp32", test::official_dir(), test::reference_request(true)},
+      {"small model (SAME-S)", test::official_small_dir(), test::reference_request(false)},
+      {"base with guidance and a negative prompt", base, guided},
+      {"decoder noise", noise, test::reference_request(false)},
+      {"empty prompt", test::official_dir(), empty},
+      {"audio-to-audio", test::official_dir(), test::inputs_request(false, "a2a")},
+      {"inpainting", test::official_dir(), test::inputs_request(false, "inpaint")},
+  };
+  for (const AudioRun& run : runs) {
+    SCOPED_TRACE(run.name);
+    const AudioResult cpu = open_audio_model(run.dir, Weights::per_stage, nullptr)->generate(run.request);
+    const size_t before = device.ops_run();
+    const AudioResult dev = open_audio_model(run.dir, Weights::per_stage, &device)->generate(run.request);
+    EXPECT_GT(device.ops_run(), before + 100);
+    ASSERT_EQ(dev.samples.size(), cpu.samples.size());
+    EXPECT_EQ(std::memcmp(dev.samples.data(), cpu.samples.data(), cpu.samples.size() * sizeof(float)), 0);
+  }
+}
+
+}  // namespace
+}  // namespace apus
