@@ -36,13 +36,11 @@ std::string output_name(const std::string& out, int i, int n) {
   return (has_ext ? out.substr(0, dot) : out) + "-" + std::to_string(i + 1) + (has_ext ? out.substr(dot) : "");
 }
 
-// -v: each stage against its floor on this machine, counted from the same stage code, priced at
-// the GEMM rate and bandwidth measured here, now; then the output write and peak memory.
+// -v: each stage against its floor on the device that ran it, counted from the same stage code,
+// priced at the GEMM rate and bandwidth calibrated there; then the output write and peak memory.
 void report_stages(const apus::PipelineCost& cost, const std::vector<apus::StageTime>& stages,
-                   const char* write_name, double write_s) {
-  apus::Arena arena;
-  apus::Context ctx{&arena};
-  const apus::Chip here = apus::calibrated_ceiling(ctx);
+                   const char* write_name, double write_s, const std::string& device) {
+  const apus::Chip here = apus::device_ceiling(device);
   const nlohmann::json roof = apus::roofline_json(cost, {here, 1});
   auto floor_of = [&](const std::string& stage) -> double {
     for (const auto& s : roof["stages"])
@@ -80,7 +78,7 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
                     {{"parameters", apus::infotext(requests[size_t(i)], r, *model)}, {"Software", "apus"}});
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (verbose) report_stages(model->count(req, batch), results.front().stages, "write png", write_s);
+  if (verbose) report_stages(model->count(req, batch), results.front().stages, "write png", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
@@ -109,9 +107,9 @@ apus::AudioClip read_clip(const std::string& path) {
 
 int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int batch,
               const std::string& out, const std::string& format_name, bool verbose,
-              const std::string& inputs, const std::string& trace_file) {
+              const std::string& inputs, const std::string& trace_file, const std::string& device) {
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
-  const auto model = apus::AudioModel::open(model_dir, apus::Weights::per_stage);
+  const auto model = apus::AudioModel::open(model_dir, apus::Weights::per_stage, device);
   std::vector<apus::AudioRequest> requests(size_t(batch), req);
   for (int i = 1; i < batch; ++i)
     requests[size_t(i)].seed = req.seed ? std::optional<uint64_t>(*req.seed + uint64_t(i)) : std::nullopt;
@@ -132,7 +130,7 @@ int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int b
     apus::write_audio(output_name(out, i, batch), audio, format, {req.prompt, params, "apus"});
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (verbose) report_stages(model->count(req, batch), results.front().stages, "write audio", write_s);
+  if (verbose) report_stages(model->count(req, batch), results.front().stages, "write audio", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
@@ -181,8 +179,9 @@ int main(int argc, char** argv) {
   image->add_flag("-v,--verbose", verbose, "print per-stage times and peak memory");
   std::string image_trace;
   image->add_option("--trace", image_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
+  const char* device_help = "cpu, or cuda[:N] where the build has the CUDA backend (not yet run on a GPU)";
   std::string image_device = "cpu";
-  image->add_option("--device", image_device, "cpu, or cuda[:N] where the build has the CUDA backend (not yet run on a GPU)");
+  image->add_option("--device", image_device, device_help);
 
   apus::AudioRequest audio_req;
   std::string audio_model, audio_out = "out.wav", audio_format = "wav", audio_precision = "bf16";
@@ -220,6 +219,8 @@ int main(int argc, char** argv) {
   audio->add_flag("-v,--verbose", audio_verbose, "print per-stage times and peak memory");
   std::string audio_trace;
   audio->add_option("--trace", audio_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
+  std::string audio_device = "cpu";
+  audio->add_option("--device", audio_device, device_help);
 
   std::string synth_model = "flux2-klein-4b", synth_like, synth_out;
   std::string synth_seed = "0";
@@ -245,6 +246,8 @@ int main(int argc, char** argv) {
   bool refresh = false;
   auto* calibrate = app.add_subcommand("calibrate", "measure this machine's ceilings (bf16 GEMM rate, memory bandwidth) and cache them");
   calibrate->add_flag("--refresh", refresh, "measure again even when a calibration is cached");
+  std::string calibrate_device = "cpu";
+  calibrate->add_option("--device", calibrate_device, "cpu, or cuda[:N]: the device whose ceilings to measure");
   apus::server::ServeOptions serve_opts;
   auto* serve = app.add_subcommand("serve", "serve the models over HTTP (OpenAI-style images and audio, jobs)");
   serve->add_option("--model", serve_opts.models, "a model directory (repeatable), loaded once")->required();
@@ -253,6 +256,7 @@ int main(int argc, char** argv) {
   serve->add_option("--queue", serve_opts.queue, "requests that may wait per model (4); more get 429");
   serve->add_option("--api-key", serve_opts.api_key, "require Authorization: Bearer KEY (or APUS_API_KEY)");
   serve->add_option("--cors", serve_opts.cors, "let pages from this origin call the API (off by default)");
+  serve->add_option("--device", serve_opts.device, device_help);
   size_t max_body_mb = serve_opts.max_body >> 20;
   serve->add_option("--max-body-mb", max_body_mb, "largest request body in MiB (32): audio inputs come as base64")
       ->check(CLI::Range(1, 4096));
@@ -266,6 +270,7 @@ int main(int argc, char** argv) {
   int bench_steps = 0;
   auto* bench = app.add_subcommand("bench", "time requests stage by stage against this machine's calibrated ceiling");
   auto* bench_model_opt = bench->add_option("--model", bench_opts.model, "model directory or cached ORG/NAME");
+  bench->add_option("--device", bench_opts.device, device_help);
   auto* bench_synthetic_opt =
       bench->add_option("--synthetic", bench_synthetic, "bench `apus synth` weights of this published model (written once)")
           ->check(CLI::IsMember(apus::kPublishedModels));
@@ -367,14 +372,13 @@ int main(int argc, char** argv) {
       audio_req.trace = !audio_trace.empty();
       if (audio_req.trace) apus::check_writable(audio_trace);
       return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose, inputs,
-                       audio_trace);
+                       audio_trace, audio_device);
     }
     if (*calibrate) {
-      apus::Arena arena;
-      apus::Context ctx{&arena};
       bool cached = false;
-      const apus::Chip chip = apus::calibrated_ceiling(ctx, refresh, &cached);
-      std::printf("%s\n  bf16 GEMM %.0f GFLOP/s, memory %.1f GB/s\n  %s (%s)\n  %s\n", apus::calibration_key().c_str(),
+      std::string key;
+      const apus::Chip chip = apus::device_ceiling(calibrate_device, refresh, &cached, &key);
+      std::printf("%s\n  bf16 GEMM %.0f GFLOP/s, memory %.1f GB/s\n  %s (%s)\n  %s\n", key.c_str(),
                   chip.bf16_flops / 1e9, chip.memory_bps / 1e9, cached ? "cached" : "measured now",
                   apus::calibration_file().c_str(), chip.note.c_str());
       return 0;
@@ -450,10 +454,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*roofline) {
-      apus::Arena arena;
-      apus::Context ctx{&arena};
       // "cpu" is this machine: its calibration, not a table entry measured elsewhere.
-      apus::Roofline r{chip_name == "cpu" ? apus::calibrated_ceiling(ctx) : apus::find_chip(chip_name), chips};
+      apus::Roofline r{chip_name == "cpu" ? apus::device_ceiling("cpu") : apus::find_chip(chip_name), chips};
       if (peak_tflops > 0) r.chip.bf16_flops = peak_tflops * 1e12;
       if (gbps > 0) r.chip.memory_bps = gbps * 1e9;
       if (link_gbps > 0) r.chip.link_bps = link_gbps * 1e9;

@@ -12,7 +12,9 @@
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "io/files.h"
+#include "ops/backend.h"
 #include "ops/variants.h"
+#include "pipeline/registry.h"
 
 namespace apus {
 
@@ -70,8 +72,8 @@ struct Subject {
   AudioRequest clip;
 
   Subject(const BenchOptions& o, Weights weights) : audio(is_audio_model(o.model)), image(o.image), clip(o.audio) {
-    if (audio) audio_model = AudioModel::open(o.model, weights);
-    else image_model = ImageModel::open(o.model, weights);
+    if (audio) audio_model = AudioModel::open(o.model, weights, o.device);
+    else image_model = ImageModel::open(o.model, weights, o.device);
     if (!image.seed) image.seed = 0;
     if (!clip.seed) clip.seed = 0;
   }
@@ -158,6 +160,15 @@ int run_ab(const BenchOptions& o);
 
 }  // namespace
 
+Chip device_ceiling(const std::string& device, bool refresh, bool* cached, std::string* key) {
+  Backend* backend = backend_for(device);
+  Arena arena(size_t(64) << 20, false, backend ? static_cast<Allocator&>(*backend) : host_allocator());
+  Context ctx{&arena};
+  ctx.backend = backend;
+  if (key) *key = calibration_key(ctx);
+  return calibrated_ceiling(ctx, refresh, cached);
+}
+
 int run_bench(const BenchOptions& o) {
   APUS_CHECK(o.reps >= 1 && o.reps <= 1000 && o.warmup >= 0 && o.warmup <= 100, "bench: --reps ", o.reps,
              " / --warmup ", o.warmup, " outside 1..1000 / 0..100");
@@ -167,10 +178,9 @@ int run_bench(const BenchOptions& o) {
   const double load_s = seconds_since(t0);
   const bool audio = subject.audio;
   const PipelineCost cost = subject.count();
-  Arena arena;
-  Context ctx{&arena};
   bool cached = false;
-  const Chip chip = calibrated_ceiling(ctx, false, &cached);
+  std::string machine;
+  const Chip chip = device_ceiling(o.device, false, &cached, &machine);
   const Json roof = roofline_json(cost, {chip, 1});
 
   std::vector<double> walls;
@@ -192,7 +202,7 @@ int run_bench(const BenchOptions& o) {
   report["warmup"] = o.warmup;
   report["load_s"] = load_s;
   report["ceiling"] = {{"bf16_flops_per_s", chip.bf16_flops}, {"memory_bytes_per_s", chip.memory_bps},
-                       {"machine", calibration_key()}, {"how", chip.note}, {"cached", cached},
+                       {"machine", machine}, {"how", chip.note}, {"cached", cached},
                        {"file", calibration_file()}};
   report["stages"] = Json::array();
   std::printf("%-16s %6s %10s %10s %10s %10s %12s %8s\n", "stage", "calls", "min", "p50", "max", "floor",

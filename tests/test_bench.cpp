@@ -46,8 +46,8 @@ TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
   EXPECT_LT(measured.memory_bps, 1e13);
   EXPECT_EQ(calibration_file(), cache + "/calibration.json");
   const Json file = read_json_file(calibration_file());
-  ASSERT_TRUE(file.contains(calibration_key())) << file.dump();
-  EXPECT_EQ(file[calibration_key()]["bf16_flops"].get<double>(), measured.bf16_flops);
+  ASSERT_TRUE(file.contains(calibration_key(ctx))) << file.dump();
+  EXPECT_EQ(file[calibration_key(ctx)]["bf16_flops"].get<double>(), measured.bf16_flops);
 
   const Chip again = calibrated_ceiling(ctx, false, &cached);
   EXPECT_TRUE(cached);
@@ -62,7 +62,7 @@ TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
   const Chip remeasured = calibrated_ceiling(ctx, false, &cached);
   EXPECT_FALSE(cached);
   EXPECT_GT(remeasured.bf16_flops, 1e9);
-  EXPECT_TRUE(read_json_file(calibration_file()).contains(calibration_key()));
+  EXPECT_TRUE(read_json_file(calibration_file()).contains(calibration_key(ctx)));
   ::unsetenv("APUS_CACHE_DIR");
 }
 

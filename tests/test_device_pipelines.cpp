@@ -3,13 +3,18 @@
 // shadow device (shadow_device.h), which faults on any host access to its memory and computes with
 // the CPU backend, so each request must give the CPU's output byte for byte.
 #include <cstring>
+#include <filesystem>
 
 #include "apus/apus.h"
+#include "cost/ceiling.h"
 #include "io/image.h"
 #include "pipeline/registry.h"
 #include "sa3_fixtures.h"
 #include "shadow_device.h"
 #include "test_util.h"
+#if APUS_HAS_CUDA
+#include "ops/cuda/cuda.h"
+#endif
 
 namespace apus {
 namespace {
@@ -117,6 +122,68 @@ TEST(ShadowDevice, Sa3RequestsComputeWhatTheCpuComputes) {
     ASSERT_EQ(dev.samples.size(), cpu.samples.size());
     EXPECT_EQ(std::memcmp(dev.samples.data(), cpu.samples.data(), cpu.samples.size() * sizeof(float)), 0);
   }
+}
+
+// What `apus serve --device` holds: models resident on the device, serving request after request.
+TEST(ShadowDevice, ResidentModelsServeRequestAfterRequest) {
+  test::ShadowDevice& device = test::shadow_device();
+  const auto image_cpu = open_image_model(test::fixture("klein_tiny_a"), Weights::resident, nullptr);
+  const auto image_dev = open_image_model(test::fixture("klein_tiny_a"), Weights::resident, &device);
+  const auto audio_cpu = open_audio_model(test::official_dir(), Weights::resident, nullptr);
+  const auto audio_dev = open_audio_model(test::official_dir(), Weights::resident, &device);
+  for (const uint64_t seed : {3u, 4u}) {
+    ImageRequest image = image_runs().front().request;
+    image.seed = seed;
+    EXPECT_TRUE(image_dev->generate(image).rgb == image_cpu->generate(image).rgb) << "image seed " << seed;
+    AudioRequest clip = test::reference_request(false);
+    clip.seed = seed;
+    EXPECT_EQ(audio_dev->generate(clip).samples, audio_cpu->generate(clip).samples) << "clip seed " << seed;
+  }
+}
+
+// `apus bench --device` and `-v` price stages against the device's own ceilings, measured there
+// and cached under its name and hardware.
+TEST(ShadowDevice, CeilingsAreMeasuredOnTheDevice) {
+  test::ShadowDevice& device = test::shadow_device();
+  Arena arena(size_t(64) << 20, false, device);
+  Context ctx{&arena};
+  ctx.backend = &device;
+  EXPECT_EQ(calibration_key(ctx), "shadow | shadow");
+  const size_t before = device.ops_run();
+  const Chip chip = measure_ceiling(ctx);
+  EXPECT_GE(device.ops_run(), before + 13);  // 11 GEMMs and 3 copies (the first GEMM builds the kernel)
+  EXPECT_GT(chip.bf16_flops, 1e9);
+  EXPECT_GT(chip.memory_bps, 1e8);
+}
+
+// Every command that runs a model takes --device: an unknown name is refused, and where this build
+// or machine has no GPU, `cuda:0` is refused with the reason, before any work.
+TEST(DeviceCli, EveryCommandTakesTheDeviceAndRefusesWhatItCannotRun) {
+  bool gpu = false;
+#if APUS_HAS_CUDA
+  gpu = cuda_available(nullptr);
+#endif
+  const std::string klein = test::fixture("klein_tiny_a"), out = ::testing::TempDir() + "apus_device_cli_out";
+  const std::vector<std::string> commands = {
+      "image --model " + klein + " --prompt x -W 64 -H 48 -o " + out + ".png",
+      "audio --model " + test::official_dir() + " --prompt x --seconds 1 -o " + out + ".wav",
+      "bench --model " + klein + " --reps 1 --warmup 0",
+      "serve --model " + klein + " --port 0",
+      "calibrate"};
+  for (const std::string& command : commands) {
+    SCOPED_TRACE(command);
+    const test::CliRun unknown = test::run_cli(command + " --device tpu");
+    EXPECT_EQ(unknown.status, 1) << unknown.output;
+    EXPECT_NE(unknown.output.find("device 'tpu' is not known (expected cpu, cuda or cuda:N)"), std::string::npos)
+        << unknown.output;
+    if (gpu) continue;
+    const test::CliRun cuda = test::run_cli(command + " --device cuda:0");
+    EXPECT_EQ(cuda.status, 1) << cuda.output;
+    EXPECT_EQ(cuda.output.rfind("error: ", 0), 0u) << cuda.output;
+    EXPECT_TRUE(cuda.output.find("cuda:0") != std::string::npos || cuda.output.find("no CUDA backend") != std::string::npos)
+        << cuda.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out + ".png"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "io/cache_dir.h"
 #include "io/files.h"
+#include "ops/backend.h"
 
 namespace apus {
 
@@ -33,21 +34,30 @@ double best_seconds(int runs, Body&& body) {
 
 Chip measure_ceiling(Context& c) {
   const int64_t m = 1024, k = 3072, n = 3072;
-  Tensor x = ops::empty(c, {m, k}, DType::bf16), w = ops::empty(c, {n, k}, DType::bf16);
-  Tensor y = ops::empty(c, {m, n}, DType::bf16);
   // Small values of one sign keep the products finite; what is measured is the rate, not them.
-  std::fill_n(x.ptr<uint16_t>(), x.numel(), f32_to_bf16(0.01f));
-  std::fill_n(w.ptr<uint16_t>(), w.numel(), f32_to_bf16(0.01f));
+  auto small = [&](Shape s) {
+    Tensor t = Tensor::heap(std::move(s), DType::bf16);
+    std::fill_n(t.ptr<uint16_t>(), t.numel(), f32_to_bf16(0.01f));
+    return ops::to_context(c, t);
+  };
+  const Tensor x = small({m, k}), w = small({n, k});
+  Tensor y = ops::empty(c, {m, n}, DType::bf16);
   Context bf16 = c;
   bf16.act = DType::bf16;
   bf16.cost = nullptr;
+  Backend* device = c.backend;
+  auto timed = [&](auto&& op) {
+    return [&] {
+      op();
+      if (device) device->synchronize();
+    };
+  };
   ops::linear(bf16, x, w, nullptr, y);  // first call builds the kernel
-  const double gemm = best_seconds(10, [&] { ops::linear(bf16, x, w, nullptr, y); });
+  const double gemm = best_seconds(10, timed([&] { ops::linear(bf16, x, w, nullptr, y); }));
   const int64_t words = int64_t(64) << 20;  // 256 MiB of f32 each way
-  Tensor a = ops::empty(c, {words / 1024, 1024}, DType::f32), b = ops::empty(c, {words / 1024, 1024}, DType::f32);
-  std::memset(a.data, 0, a.nbytes());
-  std::memset(b.data, 0, b.nbytes());
-  const double copy = best_seconds(3, [&] { ops::copy(bf16, a, b); });
+  const Tensor a = ops::zeros(c, {words / 1024, 1024}, DType::f32);
+  Tensor b = ops::zeros(c, {words / 1024, 1024}, DType::f32);
+  const double copy = best_seconds(3, timed([&] { ops::copy(bf16, a, b); }));
   Chip chip = find_chip("cpu");
   chip.name = "this machine (measured)";
   chip.bf16_flops = 2.0 * double(m) * double(k) * double(n) / gemm;
@@ -56,7 +66,8 @@ Chip measure_ceiling(Context& c) {
   return chip;
 }
 
-std::string calibration_key() {
+std::string calibration_key(const Context& c) {
+  if (c.backend && c.backend->device() != Device::cpu) return c.backend->name() + " | " + c.backend->hardware();
   std::string cpu = "unknown cpu";
   std::ifstream info("/proc/cpuinfo");
   for (std::string line; std::getline(info, line);)
@@ -72,7 +83,7 @@ std::string calibration_key() {
 std::string calibration_file() { return apus_cache_dir() + "/calibration.json"; }
 
 Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
-  const std::string path = calibration_file(), key = calibration_key();
+  const std::string path = calibration_file(), key = calibration_key(c);
   nlohmann::json all = nlohmann::json::object();
   if (std::ifstream in{path}) {
     all = nlohmann::json::parse(in, nullptr, false);

@@ -10,9 +10,10 @@ namespace apus {
 // the FLOP rate, a 256 MiB copy for the memory bandwidth. About a second.
 Chip measure_ceiling(Context& c);
 
-// What a calibration is kept under: the CPU's model name, the threads the process runs and the
-// GEMM library's version (a change to any of them measures again).
-std::string calibration_key();
+// What a calibration is kept under: on the CPU its model name, the threads the process runs and
+// the GEMM library's version; on a device the backend's name and hardware (a change to any of them
+// measures again).
+std::string calibration_key(const Context& c);
 // The file calibrations are cached in: calibration.json under apus_cache_dir(), mapping each key
 // to its rates and when they were measured.
 std::string calibration_file();

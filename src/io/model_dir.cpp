@@ -243,7 +243,8 @@ bool WeightSet::contains(const std::string& name) const {
 size_t WeightSet::count() const { return where_.size(); }
 
 size_t WeightSet::make_resident() const {
-  if (shapes_only_) return 0;
+  // On a device the copies made at each fetch are what stays; the mapping is not read again.
+  if (shapes_only_ || device_) return 0;
   std::vector<const Tensor*> tensors;
   size_t total = 0;
   for (const auto& [name, elements] : fetched_) {

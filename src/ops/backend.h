@@ -23,6 +23,11 @@ class Backend : public Allocator {
   // and of one of this backend's tensors on the host (waiting for the ops queued before it).
   virtual Tensor upload(const Tensor& host) = 0;
   virtual Tensor download(const Tensor& t) = 0;
+  // Waits for the ops queued so far (a GPU runs them asynchronously): what a timing needs first.
+  virtual void synchronize() {}
+  // The hardware under the backend in words (a GPU's model, its runtime's version): what a
+  // calibration of a device is kept under. The host's is calibration_key's.
+  virtual std::string hardware() const { return name(); }
 
 #define APUS_BACKEND_OP(ret, name, params, args) virtual ret name params = 0;
   APUS_OPS(APUS_BACKEND_OP)

@@ -34,25 +34,6 @@ bool single_checkpoint(const std::string& root) {
   return !path_exists(root + "/model_index.json") && path_exists(root + "/model_config.json");
 }
 
-// The backend a device name means: null for "cpu", the GPU's for "cuda" or "cuda:N".
-Backend* backend_for(const std::string& device) {
-  if (device == "cpu") return nullptr;
-  APUS_CHECK(device == "cuda" || device.rfind("cuda:", 0) == 0, "device '", device,
-             "' is not known (expected cpu, cuda or cuda:N)");
-  int ordinal = 0;
-  if (device.size() > 5) {
-    const std::string n = device.substr(5);
-    APUS_CHECK(!n.empty() && n.size() < 4 && n.find_first_not_of("0123456789") == std::string::npos, "device '", device,
-               "': expected cuda:N with N a device number");
-    ordinal = std::stoi(n);
-  }
-#if APUS_HAS_CUDA
-  return &cuda_backend(ordinal);
-#else
-  fail("device '", device, "': this build has no CUDA backend (nvcc was not found when it was configured)");
-#endif
-}
-
 template <typename Model, size_t N, size_t M, typename Other>
 std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
                                    const Family<Model> (&families)[N], const Family<Other> (&others)[M],
@@ -71,6 +52,24 @@ std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
 }
 
 }  // namespace
+
+Backend* backend_for(const std::string& device) {
+  if (device == "cpu") return nullptr;
+  APUS_CHECK(device == "cuda" || device.rfind("cuda:", 0) == 0, "device '", device,
+             "' is not known (expected cpu, cuda or cuda:N)");
+  int ordinal = 0;
+  if (device.size() > 5) {
+    const std::string n = device.substr(5);
+    APUS_CHECK(!n.empty() && n.size() < 4 && n.find_first_not_of("0123456789") == std::string::npos, "device '", device,
+               "': expected cuda:N with N a device number");
+    ordinal = std::stoi(n);
+  }
+#if APUS_HAS_CUDA
+  return &cuda_backend(ordinal);
+#else
+  fail("device '", device, "': this build has no CUDA backend (nvcc was not found when it was configured)");
+#endif
+}
 
 std::string resolve_model_dir(const std::string& model, Weights weights) {
   if (is_directory(model)) return model;

@@ -14,6 +14,10 @@ std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
 // Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
 std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device);
 
+// The backend a device name means: null for "cpu", the GPU's for "cuda" or "cuda:N" (refused with
+// the reason where this build or machine has none).
+Backend* backend_for(const std::string& device);
+
 // ImageModel::open and AudioModel::open on a backend rather than a device name (null: the CPU).
 std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights weights, Backend* device);
 std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device);

@@ -853,10 +853,10 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     m.dir = dir;
     if (is_audio_model(dir)) {
       m.kind = "audio";
-      m.audio = AudioModel::open(dir, Weights::resident);
+      m.audio = AudioModel::open(dir, Weights::resident, impl_->options.device);
     } else {
       m.kind = "image";
-      m.image = ImageModel::open(dir, Weights::resident);
+      m.image = ImageModel::open(dir, Weights::resident, impl_->options.device);
     }
     m.id = model_label(dir);
     for (const Loaded& other : impl_->models)

@@ -20,6 +20,7 @@ struct ServeOptions {
   std::string api_key;              // empty: no key asked (GET /health never asks)
   std::string cors;                 // an origin allowed to call from a browser; empty: no CORS
   size_t max_body = size_t(32) << 20;  // bytes; audio inputs arrive as base64 in the body
+  std::string device = "cpu";       // where every model runs: cpu, or cuda[:N]
 };
 
 class Server {

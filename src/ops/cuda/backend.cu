@@ -38,6 +38,21 @@ class CudaBackend final : public Backend {
   }
   Tensor upload(const Tensor& host) override { return to_device(*this, host); }
   Tensor download(const Tensor& t) override { return to_host(t); }
+  void synchronize() override {
+    select();
+    cuda::check(cudaStreamSynchronize(cuda::stream()), "finish the queued ops");
+  }
+  std::string hardware() const override {
+    select();
+    cudaDeviceProp p{};
+    cuda::check(cudaGetDeviceProperties(&p, ordinal()), "read the device's properties");
+    int runtime = 0, driver = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+           std::to_string(p.multiProcessorCount) + " SMs) | CUDA runtime " + std::to_string(runtime) + ", driver " +
+           std::to_string(driver);
+  }
 #define APUS_CUDA_OP(ret, name, params, args) \
   ret name params override {                  \
     select();                                 \
