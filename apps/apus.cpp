@@ -424,9 +424,10 @@ int main(int argc, char** argv) {
       }
       APUS_CHECK(*bench_model_opt || *bench_synthetic_opt, "bench: give --model DIR or --synthetic NAME");
       if (*bench_synthetic_opt)
-        bench_opts.model = apus::synthetic_model_dir(bench_synthetic, [](const std::string& l) {
-          std::fprintf(stderr, "%s\n", l.c_str());
-        });
+        // On a device the values are made as the models fetch them, straight into device memory.
+        bench_opts.model = apus::synthetic_model_dir(
+            bench_synthetic, [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); },
+            bench_opts.device != "cpu");
       const bool audio_bench = apus::is_audio_model(bench_opts.model);
       if (audio_bench) {
         APUS_CHECK(!*bench_width_opt && !*bench_height_opt && bench_images.empty(), bench_opts.model,

@@ -8,6 +8,8 @@
 #include "apus/apus.h"
 #include "cost/ceiling.h"
 #include "io/image.h"
+#include "io/safetensors.h"
+#include "io/synth.h"
 #include "pipeline/registry.h"
 #include "sa3_fixtures.h"
 #include "shadow_device.h"
@@ -154,6 +156,52 @@ TEST(ShadowDevice, CeilingsAreMeasuredOnTheDevice) {
   EXPECT_GE(device.ops_run(), before + 13);  // 11 GEMMs and 3 copies (the first GEMM builds the kernel)
   EXPECT_GT(chip.bf16_flops, 1e9);
   EXPECT_GT(chip.memory_bps, 1e8);
+}
+
+// `apus bench --device ... --synthetic`: the published layout with values made as they are fetched
+// (synth_on_demand), so weights go straight to the device with nothing written first. The values
+// are synth_checkpoint's byte for byte: the same requests on the device from the on-demand layout
+// and on the CPU from the written checkpoint agree exactly.
+TEST(ShadowDevice, OnDemandSyntheticWeightsAreTheWrittenOnesAndReachTheDevice) {
+  test::ShadowDevice& device = test::shadow_device();
+  const std::string tmp = ::testing::TempDir() + "apus_on_demand_" + std::to_string(::getpid());
+  std::filesystem::remove_all(tmp);
+  struct Case {
+    std::string name, source;
+    std::vector<std::string> components;
+  };
+  for (const Case& c : {Case{"klein", test::fixture("klein_tiny_a"), {"transformer", "text_encoder", "vae"}},
+                        Case{"sa3", test::official_dir(), {".", "t5gemma-b-b-ul2"}}}) {
+    SCOPED_TRACE(c.name);
+    const std::string written = tmp + "/" + c.name + "_written", on_demand = tmp + "/" + c.name + "_on_demand";
+    synth_checkpoint(c.source, written, 11, {});
+    synth_on_demand(c.source, on_demand, 11, {});
+    int tensors = 0;
+    for (const std::string& component : c.components) {
+      const WeightSet a = WeightSet::open_dir(written + "/" + component), b = WeightSet::open_dir(on_demand + "/" + component);
+      std::vector<std::string> names;
+      for (const auto& e : std::filesystem::directory_iterator(written + "/" + component))
+        if (e.path().extension() == ".safetensors")
+          for (const std::string& n : SafetensorsFile::open(e.path().string()).names()) names.push_back(n);
+      for (const std::string& name : names) {
+        const Tensor &ta = a.get(name), &tb = b.get(name);
+        ASSERT_EQ(ta.shape, tb.shape) << name;
+        EXPECT_EQ(std::memcmp(ta.data, tb.data, ta.nbytes()), 0) << component << " " << name;
+        ++tensors;
+      }
+    }
+    EXPECT_GT(tensors, 20);
+    if (c.name == "klein") {
+      const ImageRequest r = image_runs().front().request;
+      EXPECT_TRUE(open_image_model(on_demand, Weights::per_stage, &device)->generate(r).rgb ==
+                  open_image_model(written, Weights::per_stage, nullptr)->generate(r).rgb);
+    } else {
+      const AudioRequest r = test::reference_request(false);
+      EXPECT_EQ(open_audio_model(on_demand, Weights::per_stage, &device)->generate(r).samples,
+                open_audio_model(written, Weights::per_stage, nullptr)->generate(r).samples);
+    }
+  }
+  std::filesystem::remove_all(tmp);
 }
 
 // Every command that runs a model takes --device: an unknown name is refused, and where this build

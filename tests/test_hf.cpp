@@ -52,7 +52,7 @@ class MockHub {
     const fs::path root = test::fixture("klein_tiny_a");
     for (const auto& e : fs::recursive_directory_iterator(root)) {
       if (!e.is_regular_file()) continue;
-      const std::string rel = fs::relative(e.path(), root).string();
+      const std::string rel = e.path().lexically_relative(root).string();
       files_[rel] = slurp(e.path().string());
     }
     server_.Get(R"(/api/models/apus/klein-tiny/revision/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {

@@ -56,7 +56,7 @@ std::string header_bytes(const std::string& path) {
 std::vector<std::string> files_under(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) out.push_back(fs::relative(e.path(), dir).generic_string());
+    if (e.is_regular_file()) out.push_back(e.path().lexically_relative(dir).generic_string());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -226,6 +226,18 @@ TEST(Synth, LikeKeepsTheLayoutAndDrawsNewValues) {
   const std::string t = "/transformer/diffusion_pytorch_model.safetensors";
   EXPECT_EQ(read_bytes(b.path + t), read_bytes(a.path + t));
   EXPECT_NE(read_bytes(c.path + t), read_bytes(a.path + t));
+}
+
+// A Hugging Face snapshot links every file to its blob: --like keeps the links' own names.
+TEST(Synth, LikeKeepsTheNamesOfLinkedFiles) {
+  TempDir src("linked_src"), out("linked_out");
+  fs::create_directories(src.path + "/transformer");
+  for (const char* rel : {"model_index.json", "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors"})
+    fs::create_symlink(fs::absolute(test::fixture(std::string("klein_tiny_a/") + rel)), src.path + "/" + rel);
+  synth_checkpoint(src.path, out.path, 1, {});
+  EXPECT_EQ(files_under(out.path), files_under(src.path));
+  EXPECT_EQ(header_bytes(out.path + "/transformer/diffusion_pytorch_model.safetensors"),
+            header_bytes(test::fixture("klein_tiny_a/transformer/diffusion_pytorch_model.safetensors")));
 }
 
 TEST(Synth, LikeFillsF16AndF32AtTheInitScale) {

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "core/error.h"
 #include "io/files.h"
+#include "io/synth.h"
 #include "ops/backend.h"
 
 namespace apus {
@@ -183,6 +185,7 @@ WeightSet WeightSet::open_dir(const std::string& dir, Backend* device) {
                    "' but the shard does not hold it");
         w.where_[name] = f;
       }
+      w.attach_synthetic_values(dir);
       return w;
     }
     if (path_exists(single)) files.push_back(single);
@@ -192,14 +195,39 @@ WeightSet WeightSet::open_dir(const std::string& dir, Backend* device) {
              "or a *.safetensors.index.json)");
   w.shards_.push_back(std::make_shared<SafetensorsFile>(SafetensorsFile::open(files[0])));
   for (const auto& n : w.shards_[0]->names()) w.where_[n] = w.shards_[0].get();
+  w.attach_synthetic_values(dir);
   return w;
+}
+
+void WeightSet::attach_synthetic_values(const std::string& dir) {
+  const std::filesystem::path component = std::filesystem::absolute(dir).lexically_normal();
+  for (const std::filesystem::path& root : {component, component.parent_path()}) {
+    const std::string marker = (root / kSyntheticValuesFile).string();
+    if (!path_exists(marker)) continue;
+    const Json j = read_json(marker);
+    APUS_CHECK(j.is_object() && j.contains("seed") && j["seed"].is_number_unsigned(), marker,
+               ": expected {\"seed\": N} with N a whole number");
+    synthetic_seed_ = j["seed"].get<uint64_t>();
+    for (const auto& shard : shards_)
+      synthetic_rel_[shard.get()] =
+          std::filesystem::absolute(shard->path()).lexically_normal().lexically_relative(root).generic_string();
+    return;
+  }
 }
 
 const Tensor& WeightSet::get(const std::string& name) const {
   auto it = where_.find(name);
   APUS_CHECK(it != where_.end(), "missing tensor '", name, "' in ",
              shards_.empty() ? std::string("(no files)") : shards_[0]->path());
-  return it->second->get(name);
+  if (!synthetic_seed_) return it->second->get(name);
+  auto made = generated_.find(name);
+  if (made == generated_.end()) {
+    const Tensor& layout = it->second->get(name);
+    Tensor values = Tensor::heap(layout.shape, layout.dtype);
+    synth_values(*synthetic_seed_, synthetic_rel_.at(it->second), name, values);
+    made = generated_.emplace(name, std::move(values)).first;
+  }
+  return made->second;
 }
 
 WeightSet WeightSet::shapes_only() {
@@ -212,7 +240,10 @@ const Tensor& WeightSet::get(const std::string& name, const Shape& expected) con
   const Tensor& t = host(name, expected);
   if (!device_ || shapes_only_) return t;
   auto it = uploaded_.find(name);
-  if (it == uploaded_.end()) it = uploaded_.emplace(name, device_->upload(t)).first;
+  if (it == uploaded_.end()) {
+    it = uploaded_.emplace(name, device_->upload(t)).first;
+    generated_.erase(name);  // the device copy is what stays
+  }
   return it->second;
 }
 
@@ -243,8 +274,9 @@ bool WeightSet::contains(const std::string& name) const {
 size_t WeightSet::count() const { return where_.size(); }
 
 size_t WeightSet::make_resident() const {
-  // On a device the copies made at each fetch are what stays; the mapping is not read again.
-  if (shapes_only_ || device_) return 0;
+  // On a device the copies made at each fetch are what stays, and generated values are in memory
+  // from their fetch; the mapping is not read again.
+  if (shapes_only_ || device_ || synthetic_seed_) return 0;
   std::vector<const Tensor*> tensors;
   size_t total = 0;
   for (const auto& [name, elements] : fetched_) {
@@ -271,6 +303,11 @@ size_t WeightSet::make_resident() const {
 
 void WeightSet::release(const std::string& name) const {
   if (shapes_only_) return;
+  if (synthetic_seed_) {
+    generated_.erase(name);
+    released_.insert(name);
+    return;
+  }
   const Tensor& t = get(name);
   released_.insert(name);
   // Whole pages inside the tensor only: a neighbour that shares an edge page keeps it.

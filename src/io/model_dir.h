@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -73,7 +74,9 @@ Config read_config(const std::string& path);
 class Backend;
 
 // Weights of one component, possibly sharded through `*.index.json`; tensors are mmap views, or
-// (placed on a device backend) device copies made at their first fetch.
+// (placed on a device backend) device copies made at their first fetch. In a checkpoint made by
+// synth_on_demand (its root, the component folder or the one above, holds kSyntheticValuesFile) the
+// files give names, dtypes and shapes, and each tensor's values are generated when it is fetched.
 class WeightSet {
  public:
   static WeightSet open_dir(const std::string& component_dir, Backend* device = nullptr);
@@ -101,6 +104,7 @@ class WeightSet {
   void release(const std::string& name) const;
 
  private:
+  void attach_synthetic_values(const std::string& dir);
   std::vector<std::shared_ptr<SafetensorsFile>> shards_;
   std::map<std::string, const SafetensorsFile*> where_;
   bool shapes_only_ = false;
@@ -109,6 +113,11 @@ class WeightSet {
   mutable std::set<std::string> released_;
   Backend* device_ = nullptr;
   mutable std::map<std::string, Tensor> uploaded_;
+  // On-demand synthetic values: the seed, each shard's path relative to the checkpoint root, and the
+  // tensors generated so far (on a device, only until their device copy is made).
+  std::optional<uint64_t> synthetic_seed_;
+  std::map<const SafetensorsFile*, std::string> synthetic_rel_;
+  mutable std::map<std::string, Tensor> generated_;
 };
 
 class ModelDir {

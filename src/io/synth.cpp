@@ -68,7 +68,8 @@ std::vector<std::string> list_files(const std::string& dir) {
       if (it->is_directory()) it.disable_recursion_pending();
       continue;
     }
-    if (it->is_regular_file()) out.push_back(fs::relative(it->path(), dir).generic_string());
+    // Lexically: a linked file (a Hugging Face snapshot links every file to its blob) keeps its own name.
+    if (it->is_regular_file()) out.push_back(it->path().lexically_relative(dir).generic_string());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -389,6 +390,18 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
   say(line);
 }
 
+void synth_on_demand(const std::string& template_dir, const std::string& out_dir, uint64_t seed,
+                     const SynthProgress& progress) {
+  synth_checkpoint(template_dir, out_dir, seed, progress, /*layout_only=*/true);
+  const std::string marker = Json{{"seed", seed}}.dump();
+  write_whole_file(out_dir + "/" + kSyntheticValuesFile, marker.data(), marker.size());
+}
+
+void synth_values(uint64_t seed, const std::string& rel, const std::string& name, Tensor& out) {
+  const TensorSpec t{name, out.dtype, out.shape};
+  generate(t, init_for(t, tensor_key(seed, rel, name)), 0, out.numel(), static_cast<uint8_t*>(out.data));
+}
+
 void synth_published(const std::string& name, const std::string& out_dir, uint64_t seed,
                      const SynthProgress& progress) {
   const std::string dir = published_layout_dir(name);
@@ -397,14 +410,21 @@ void synth_published(const std::string& name, const std::string& out_dir, uint64
   synth_checkpoint(dir, out_dir, seed, progress);
 }
 
-std::string synthetic_model_dir(const std::string& name, const SynthProgress& progress) {
-  const std::string dir = apus_cache_dir() + "/synthetic/" + name;
+std::string synthetic_model_dir(const std::string& name, const SynthProgress& progress, bool on_demand) {
+  const std::string dir = apus_cache_dir() + (on_demand ? "/synthetic-on-demand/" : "/synthetic/") + name;
   // Written under a temporary name and renamed, so an interrupted synthesis is never benched.
   if (path_exists(dir)) return dir;
   const std::string partial = dir + ".partial";
   std::error_code ec;
   std::filesystem::remove_all(partial, ec);
-  synth_published(name, partial, 0, progress);
+  if (on_demand) {
+    const std::string layout = published_layout_dir(name);
+    APUS_CHECK(path_exists(layout + "/manifest.json"), layout,
+               "/manifest.json: missing; set APUS_DATA_DIR to the data/ folder of the apus sources");
+    synth_on_demand(layout, partial, 0, progress);
+  } else {
+    synth_published(name, partial, 0, progress);
+  }
   std::filesystem::rename(partial, dir, ec);
   APUS_CHECK(!ec, partial, ": cannot rename to ", dir, " (", ec.message(), ")");
   return dir;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace apus {
 
 // The published models whose layouts data/ carries: what synth, bench --synthetic and counting by
@@ -31,12 +33,25 @@ std::string published_layout_dir(const std::string& name);
 void synth_checkpoint(const std::string& template_dir, const std::string& out_dir, uint64_t seed,
                       const SynthProgress& progress, bool layout_only = false);
 
+// A checkpoint whose values are made as they are read: synth_checkpoint's layout only (sparse
+// files, no disk space) plus kSyntheticValuesFile naming the seed, so that WeightSet generates each
+// tensor when a model fetches it, byte for byte what synth_checkpoint would have written. What a
+// device bench loads: the weights go straight to device memory, nothing is written first.
+void synth_on_demand(const std::string& template_dir, const std::string& out_dir, uint64_t seed,
+                     const SynthProgress& progress);
+inline constexpr const char* kSyntheticValuesFile = "apus_synthetic_values.json";
+
+// The values synth_checkpoint writes for tensor `name` of file `rel` (relative to the checkpoint's
+// root) under `seed`, into `out` (host memory of the tensor's dtype and shape).
+void synth_values(uint64_t seed, const std::string& rel, const std::string& name, Tensor& out);
+
 // synth_checkpoint from published_layout_dir(name).
 void synth_published(const std::string& name, const std::string& out_dir, uint64_t seed,
                      const SynthProgress& progress);
 
 // `name`'s synthetic checkpoint (seed 0) under apus_cache_dir()/synthetic/, written the first time it
-// is asked for: `apus bench --synthetic` measures the published size without a download.
-std::string synthetic_model_dir(const std::string& name, const SynthProgress& progress);
+// is asked for: `apus bench --synthetic` measures the published size without a download. on_demand:
+// the layout with values made as they are read (synth_on_demand) under synthetic-on-demand/.
+std::string synthetic_model_dir(const std::string& name, const SynthProgress& progress, bool on_demand = false);
 
 }  // namespace apus
