@@ -92,6 +92,15 @@ inline Json decoder_noise_config() {
   return config;
 }
 
+// (1, channels, n) planar -> interleaved, as AudioResult holds samples.
+inline std::vector<float> interleaved(const Tensor& audio) {
+  const int64_t ch = audio.shape[1], n = audio.shape[2];
+  std::vector<float> out(size_t(ch * n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < ch; ++c) out[size_t(i * ch + c)] = load_f32(audio, c * n + i);
+  return out;
+}
+
 // The request the oracle rendered (sa3_pipeline_ref.json): prompt, seconds, seed, steps.
 inline AudioRequest reference_request(bool fp32) {
   const Json meta = read_json(fixture("sa3_pipeline_ref.json"));

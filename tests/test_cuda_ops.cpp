@@ -11,6 +11,7 @@
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
 #include "op_bounds.h"
+#include "sa3_fixtures.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -304,6 +305,36 @@ TEST(CudaPipelines, KleinRendersTheOfficialImagesOnTheDevice) {
     std::printf("[ measure ] cuda %s: mean |d| to the bf16 reference %.3f, its disagreement %.3f\n", run.ref_file.c_str(),
                 ours, disagreement);
     EXPECT_LT(ours, test::kBf16Factor * disagreement);
+  }
+}
+
+// Whole Stable Audio 3 requests on the device (`apus audio --device cuda`): text-to-audio in both
+// layouts, audio-to-audio and inpainting, held to the CPU pipeline tests' bounds against the
+// official generate().
+TEST(CudaPipelines, Sa3RendersTheOfficialClipsOnTheDevice) {
+  std::string why;
+  if (!gpu_or_null(why)) GTEST_SKIP() << "no CUDA device here: " << why;
+  const SafetensorsFile t2a = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const SafetensorsFile inputs = SafetensorsFile::open(test::fixture("sa3_inputs_ref.safetensors"));
+  const auto fp32_ref = test::interleaved(t2a.get("fp32.audio")), bf16_ref = test::interleaved(t2a.get("bf16.audio"));
+  for (const std::string& dir : {test::pipeline_dir(), test::official_dir()}) {
+    const auto model = AudioModel::open(dir, Weights::per_stage, "cuda");
+    for (const bool fp32 : {true, false}) {
+      const AudioResult r = model->generate(test::reference_request(fp32));
+      ASSERT_EQ(r.samples.size(), fp32_ref.size());
+      test::expect_matches("cuda sa3 audio " + dir, fp32 ? "fp32" : "bf16", r.samples, fp32_ref, bf16_ref);
+    }
+  }
+  const double bf16_self = test::rel_l2(bf16_ref, fp32_ref);
+  const auto model = AudioModel::open(test::official_dir(), Weights::per_stage, "cuda");
+  for (const std::string mode : {"a2a", "inpaint"}) {
+    const auto want = test::interleaved(inputs.get(mode + ".fp32.audio"));
+    const double err = test::rel_l2(model->generate(test::inputs_request(true, mode)).samples, want);
+    const double err_bf16 = test::rel_l2(model->generate(test::inputs_request(false, mode)).samples, want);
+    std::printf("[ measure ] cuda sa3 %s: fp32 rel L2 %.3e, bf16 %.3e (official bf16 self-distance %.3e)\n",
+                mode.c_str(), err, err_bf16, bf16_self);
+    EXPECT_LT(err, test::kFp32Tolerance) << mode;
+    EXPECT_LT(err_bf16, test::kBf16Factor * bf16_self) << mode;
   }
 }
 

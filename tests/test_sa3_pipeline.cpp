@@ -28,6 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using test::clip_file;
 using test::inputs_request;
+using test::interleaved;
 using test::official_dir;
 using test::reference_request;
 using test::official_small_dir;
@@ -43,15 +44,6 @@ std::string spoiled_copy(const std::string& name, const std::string& part) {
     else fs::create_symlink(fs::read_symlink(e.path()), d + "/" + n);
   }
   return d;
-}
-
-// (1, channels, n) planar -> interleaved.
-std::vector<float> interleaved(const Tensor& audio) {
-  const int64_t ch = audio.shape[1], n = audio.shape[2];
-  std::vector<float> out(size_t(ch * n));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < ch; ++c) out[size_t(i * ch + c)] = load_f32(audio, c * n + i);
-  return out;
 }
 
 TEST(Sa3Schedule, LogSnrSigmasMatchTheOfficialSchedule) {
