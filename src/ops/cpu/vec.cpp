@@ -193,6 +193,28 @@ APUS_CLONES float squared_deviation_row(const float* v, int64_t n, float mean) {
 
 namespace {
 
+// exp(x) for a softmax's shifted scores, x <= 0 up to rounding (-inf for masked keys): exp_poly's
+// value without its upper clamp, exactly 0 below -87 (where exp leaves float's normal range) as the
+// reference's underflow gives, NaN handed on. One max, two compares and blends instead of
+// exp_poly's two-sided clamp and the caller's test, which compiled to mask-register shuffles.
+__attribute__((always_inline)) inline float exp_shifted(float x) {
+  const float c = x > -87.0f ? x : -87.0f;  // vmaxps: -inf and NaN become -87
+  const float n = std::nearbyint(c * 1.44269504088896341f);
+  const float r = std::fma(n, -1.428606765330187045e-06f, std::fma(n, -0.693145751953125f, c));
+  float p = 1.0f / 720;
+  p = std::fma(p, r, 1.0f / 120);
+  p = std::fma(p, r, 1.0f / 24);
+  p = std::fma(p, r, 1.0f / 6);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  const float e = x < -87.0f ? 0.0f : p * scale;
+  return x == x ? e : x;
+}
+
 // Returns the normaliser; leaves exp(scale * (s - max)) in s.
 __attribute__((always_inline)) inline float exp_and_sum(float* s, int64_t n, float scale) {
   // A vector max reduction: one running max is a chain of dependent vmaxss (2/3 of the whole
@@ -208,8 +230,7 @@ __attribute__((always_inline)) inline float exp_and_sum(float* s, int64_t n, flo
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) {
-    const float x = std::fma(s[i], scale, -shift);  // -inf for masked keys
-    s[i] = x < -87.0f ? 0.0f : exp_poly(x);
+    s[i] = exp_shifted(std::fma(s[i], scale, -shift));
     sum += s[i];
   }
   return sum > 0.0f ? 1.0f / sum : 0.0f;
