@@ -13,13 +13,31 @@
 
 namespace apus::test {
 
+// A folder for this test process, filled once by `fill` and removed when the process exits.
+class ProcessDir {
+ public:
+  template <typename Fill> ProcessDir(const std::string& name, Fill&& fill)
+      : path_(::testing::TempDir() + name + "_" + std::to_string(::getpid())) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+    fill(path_);
+  }
+  ~ProcessDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ProcessDir(const ProcessDir&) = delete;
+  ProcessDir& operator=(const ProcessDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // The diffusers layout of the tiny pipeline: its own folder plus the stage fixtures linked in,
 // made once per test process.
 inline const std::string& pipeline_dir() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "apus_sa3_pipeline_" + std::to_string(::getpid());
-    std::filesystem::remove_all(d);
-    std::filesystem::create_directories(d);
+  static const ProcessDir dir("apus_sa3_pipeline", [](const std::string& d) {
     const std::pair<const char*, const char*> parts[] = {
         {"model_index.json", "sa3_tiny/pipeline/model_index.json"},
         {"scheduler", "sa3_tiny/pipeline/scheduler"},
@@ -30,17 +48,14 @@ inline const std::string& pipeline_dir() {
         {"tokenizer", "t5gemma_tok"}};
     for (const auto& [name, part] : parts)
       std::filesystem::create_symlink(std::filesystem::absolute(fixture(part)), d + "/" + name);
-    return d;
-  }();
-  return dir;
+  });
+  return dir.path();
 }
 
 // The same tiny model in the official single-checkpoint layout: model_config.json and
 // model.safetensors, the T5Gemma folder beside them.
 inline const std::string& official_dir() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "apus_sa3_official_" + std::to_string(::getpid());
-    std::filesystem::remove_all(d);
+  static const ProcessDir dir("apus_sa3_official", [](const std::string& d) {
     std::filesystem::create_directories(d + "/t5gemma-b-b-ul2");
     const std::pair<const char*, const char*> parts[] = {
         {"model_config.json", "sa3_tiny/original/model_config.json"},
@@ -51,23 +66,19 @@ inline const std::string& official_dir() {
         {"t5gemma-b-b-ul2/tokenizer_config.json", "t5gemma_tok/tokenizer_config.json"}};
     for (const auto& [name, part] : parts)
       std::filesystem::create_symlink(std::filesystem::absolute(fixture(part)), d + "/" + name);
-    return d;
-  }();
-  return dir;
+  });
+  return dir.path();
 }
 
 // A small model (plain-attention DiT, SAME-S) in the official layout.
 inline const std::string& official_small_dir() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "apus_sa3_small_" + std::to_string(::getpid());
-    std::filesystem::remove_all(d);
-    std::filesystem::create_directories(d);
-    std::filesystem::create_symlink(std::filesystem::absolute(fixture("sa3_tiny/original_small/model_config.json")), d + "/model_config.json");
-    std::filesystem::create_symlink(std::filesystem::absolute(fixture("sa3_tiny/original_small/model.safetensors")), d + "/model.safetensors");
+  static const ProcessDir dir("apus_sa3_small", [](const std::string& d) {
+    for (const char* file : {"model_config.json", "model.safetensors"})
+      std::filesystem::create_symlink(std::filesystem::absolute(fixture(std::string("sa3_tiny/original_small/") + file)),
+                                      d + "/" + file);
     std::filesystem::create_symlink(std::filesystem::absolute(official_dir() + "/t5gemma-b-b-ul2"), d + "/t5gemma-b-b-ul2");
-    return d;
-  }();
-  return dir;
+  });
+  return dir.path();
 }
 
 // The tiny model in the official layout under another model_config.json (the -base objective,

@@ -124,6 +124,8 @@ TEST(ShadowDevice, Sa3RequestsComputeWhatTheCpuComputes) {
     ASSERT_EQ(dev.samples.size(), cpu.samples.size());
     EXPECT_EQ(std::memcmp(dev.samples.data(), cpu.samples.data(), cpu.samples.size() * sizeof(float)), 0);
   }
+  std::filesystem::remove_all(base);
+  std::filesystem::remove_all(noise);
 }
 
 // What `apus serve --device` holds: models resident on the device, serving request after request.

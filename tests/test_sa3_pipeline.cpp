@@ -345,14 +345,9 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
       {[](Json& j) { j["model"]["conditioning"]["cond_dim"] = 64; }, {"cond_dim"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string d = ::testing::TempDir() + "apus_sa3_badcfg_" + std::to_string(::getpid());
-    fs::remove_all(d);
-    fs::create_directories(d);
-    for (const char* name : {"model.safetensors", "t5gemma-b-b-ul2"})
-      fs::create_symlink(fs::absolute(official_dir() + "/" + name), d + "/" + name);
     Json spoiled = base;
     cases[i].spoil(spoiled);
-    { std::ofstream(d + "/model_config.json") << spoiled.dump(); }
+    const std::string d = test::official_variant_dir("badcfg", spoiled);
     std::vector<std::string> expect = cases[i].expect;
     expect.push_back("model_config.json");
     if (i == 11) expect.back() = d;  // the missing folder is named by its path
