@@ -86,6 +86,16 @@ class ShadowDevice : public Backend {
     operator const Tensor*() { return set ? &tensor : nullptr; }
   };
 
+  // Attention options whose key mask is a device tensor: the same options over its data half.
+  struct HostOptions {
+    ops::AttentionOptions options;
+    HostView valid;
+    operator const ops::AttentionOptions&() {
+      options.key_valid = valid;
+      return options;
+    }
+  };
+
   HostView view(const Tensor& t) const {
     HostView v{t, true};
     if (t.data) v.tensor.data = on_host(t.data);
@@ -99,6 +109,8 @@ class ShadowDevice : public Backend {
     if constexpr (std::is_same_v<Plain, Tensor>) return view(operand);
     else if constexpr (std::is_same_v<Plain, const Tensor*> || std::is_same_v<Plain, Tensor*>)
       return operand ? view(*operand) : HostView{};
+    else if constexpr (std::is_same_v<Plain, ops::AttentionOptions>)
+      return HostOptions{operand, operand.key_valid ? view(*operand.key_valid) : HostView{}};
     else return std::forward<T>(operand);
   }
 

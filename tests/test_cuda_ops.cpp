@@ -64,9 +64,8 @@ TEST(CudaOps, EveryOpMatchesTheReferenceBackend) {
     const int64_t s = 300, hd = 16;
     const Tensor aq = random({s, 4 * hd}), ak = random({s, 2 * hd}), av = random({s, 2 * hd}), aq2 = random({s, 4 * hd}),
                  ak2 = random({s, 2 * hd});
-    static std::vector<int64_t> valid;
-    valid.assign(size_t(s), 1);
-    for (int64_t j = 270; j < s; ++j) valid[size_t(j)] = 0;
+    Tensor valid = Tensor::heap({s}, DType::i64);  // an input like the others: on the device there
+    for (int64_t j = 0; j < s; ++j) valid.ptr<int64_t>()[j] = j < 270;
     Tensor positions = Tensor::heap({9, 4}, DType::i64);
     for (int64_t i = 0; i < 36; ++i) positions.ptr<int64_t>()[i] = (i * 7) % 23;
     const Tensor gx = random({192, 32}, 1.0f, DType::f32), gc = random({192, 32}), gu = random({192, 32});
@@ -113,9 +112,9 @@ TEST(CudaOps, EveryOpMatchesTheReferenceBackend) {
                          ops::guided_velocity(c, in[0], in[1], in[2], o, 0.7455466f, 7.0f, apg, 3, 50);
                        }, /*inner_rounding=*/true});
     for (bool causal : {false, true})
-      cases.push_back({causal ? "attention causal padded" : "attention padded", {aq, ak, av}, {s, 4 * hd},
+      cases.push_back({causal ? "attention causal padded" : "attention padded", {aq, ak, av, valid}, {s, 4 * hd},
                        [causal](Context& c, const auto& in, Tensor& o) {
-                         ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {causal, valid.data(), 2});
+                         ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {causal, &in[3], 2});
                        }, /*inner_rounding=*/true});
     cases.push_back({"attention band", {aq, ak, av}, {s, 4 * hd}, [](Context& c, const auto& in, Tensor& o) {
                        ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {false, nullptr, 2, 0.0f, Rounding::once, 17});
@@ -129,8 +128,8 @@ TEST(CudaOps, EveryOpMatchesTheReferenceBackend) {
                          ops::group_norm(c, in[0], in[1].reshape({d}).rows(0, 8), in[1].reshape({d}).rows(8, 16), o, 4, 1e-6f,
                                          true, r);
                        }});
-      cases.push_back({"attention softcap" + tag, {aq, ak, av}, {s, 4 * hd}, [r](Context& c, const auto& in, Tensor& o) {
-                         ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {false, valid.data(), 1, 5.0f, r});
+      cases.push_back({"attention softcap" + tag, {aq, ak, av, valid}, {s, 4 * hd}, [r](Context& c, const auto& in, Tensor& o) {
+                         ops::attention(c, in[0], in[1], in[2], o, 16, 0.25f, {false, &in[3], 1, 5.0f, r});
                        }, /*inner_rounding=*/true});
       cases.push_back({"glu silu" + tag, {x, y}, {m, d},
                        [r](Context& c, const auto& in, Tensor& o) { ops::glu(c, in[0], in[1], o, ops::Activation::silu, r); }});

@@ -33,6 +33,26 @@ TEST(ShadowDeviceDeathTest, HostAccessToItsMemoryFaults) {
   EXPECT_DEATH(std::printf("%f\n", double(load_f32(on_device, 1))), "host code touched shadow device memory");
 }
 
+// An attention's key mask is an operand like the others: staged to the device, or refused there.
+TEST(ShadowDevice, AttentionKeyMasksLiveOnTheDevice) {
+  test::ShadowDevice& device = test::shadow_device();
+  Arena arena(size_t(1) << 20, false, device);
+  Context c{&arena, DType::f32};
+  c.backend = &device;
+  Tensor host_mask = Tensor::heap({8}, DType::i64);
+  for (int64_t j = 0; j < 8; ++j) host_mask.ptr<int64_t>()[j] = j < 5;
+  // Equal scores (q = k = 0), values j on key row j: the output is the mean of the visible rows'.
+  Tensor q = ops::zeros(c, {8, 16}, DType::f32), o = ops::empty(c, {8, 16}, DType::f32);
+  const Tensor v = ops::host_filled(c, {8, 16}, DType::f32, [](Tensor& t) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = float(i / 16);
+  });
+  test::expect_error([&] { ops::attention(c, q, q, v, o, 16, 0.25f, {false, &host_mask, 1}); },
+                     {"attention", "lives on cpu:0", "shadow"});
+  const Tensor staged = ops::to_context(c, host_mask);
+  ops::attention(c, q, q, v, o, 16, 0.25f, {false, &staged, 1});
+  for (const float x : to_f32_vector(ops::to_host(c, o))) EXPECT_NEAR(x, 2.0f, 1e-6f);  // keys 0..4
+}
+
 struct ImageRun {
   std::string name, variant;
   ImageRequest request;

@@ -166,14 +166,14 @@ TEST_P(Ops, AttentionCausalPaddedGrouped) {
   // 300 rows: two full 128-row query blocks and a partial one.
   const int64_t s = 300, d = 16, hq = 4, hk = 2;
   const Tensor qt = random({s, hq * d}), kt = random({s, hk * d}), vt = random({s, hk * d});
-  std::vector<int64_t> valid(size_t(s), 1);
-  for (int64_t j = 250; j < s; ++j) valid[size_t(j)] = 0;
+  Tensor valid = Tensor::heap({s}, DType::i64);
+  for (int64_t j = 0; j < s; ++j) valid.ptr<int64_t>()[j] = j < 250;
   for (bool causal : {false, true})
     run_both("attention", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
-      ops::attention(c, qt, kt, vt, o, d, 0.25f, {causal, valid.data()});
+      ops::attention(c, qt, kt, vt, o, d, 0.25f, {causal, &valid});
     }, /*inner_rounding=*/true);
   // A band |i - j| <= 17 (SAME's decoder), alone and with padding, per sample of a batch of two.
-  for (const int64_t* keys : {static_cast<const int64_t*>(nullptr), static_cast<const int64_t*>(valid.data())})
+  for (const Tensor* keys : {static_cast<const Tensor*>(nullptr), static_cast<const Tensor*>(&valid)})
     run_both("attention band", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
       ops::attention(c, qt, kt, vt, o, d, 0.25f, {false, keys, 2, 0.0f, Rounding::once, 17});
     }, /*inner_rounding=*/true);
@@ -181,7 +181,7 @@ TEST_P(Ops, AttentionCausalPaddedGrouped) {
   // rounded step by step as eager PyTorch does in bf16.
   for (Rounding r : {Rounding::once, Rounding::each_step})
     run_both("attention softcap", poisoned({s, hq * d}), [&](Context& c, Tensor& o) {
-      ops::attention(c, qt, kt, vt, o, d, 0.25f, {false, valid.data(), 1, 5.0f, r});
+      ops::attention(c, qt, kt, vt, o, d, 0.25f, {false, &valid, 1, 5.0f, r});
     }, /*inner_rounding=*/true);
 }
 
@@ -397,11 +397,10 @@ TEST_P(Ops, BatchOfTwoEqualsTwoSingleSamples) {
   // Attention with a different key mask per sample, causal and not.
   const int64_t s = 70, d = 16, hq = 4, hk = 2;
   const Tensor q = random({2 * s, hq * d}), k = random({2 * s, hk * d}), v = random({2 * s, hk * d});
-  std::vector<int64_t> valid(size_t(2 * s), 1);
-  for (int64_t j = 50; j < s; ++j) valid[size_t(j)] = 0;          // sample 0: 50 real keys
-  for (int64_t j = s + 61; j < 2 * s; ++j) valid[size_t(j)] = 0;  // sample 1: 61
+  Tensor valid = Tensor::heap({2 * s}, DType::i64);
+  for (int64_t j = 0; j < 2 * s; ++j) valid.ptr<int64_t>()[j] = j < s ? j < 50 : j < s + 61;  // 50 and 61 real keys
   for (bool causal : {false, true}) {
-    const ops::AttentionOptions both{causal, valid.data(), 2};
+    const ops::AttentionOptions both{causal, &valid, 2};
     run_both("attention batch 2", poisoned({2 * s, hq * d}), [&](Context& c, Tensor& o) {
       ops::attention(c, q, k, v, o, d, 0.25f, both);
     }, /*inner_rounding=*/true);
@@ -409,8 +408,9 @@ TEST_P(Ops, BatchOfTwoEqualsTwoSingleSamples) {
     ops::attention(ctx, q, k, v, o2, d, 0.25f, both);
     for (int64_t b = 0; b < 2; ++b) {
       Tensor o1 = poisoned({s, hq * d});
+      const Tensor sample_valid = valid.rows(b * s, (b + 1) * s);
       ops::attention(ctx, q.rows(b * s, (b + 1) * s), k.rows(b * s, (b + 1) * s),
-                     v.rows(b * s, (b + 1) * s), o1, d, 0.25f, {causal, valid.data() + b * s, 1});
+                     v.rows(b * s, (b + 1) * s), o1, d, 0.25f, {causal, &sample_valid, 1});
       EXPECT_EQ(rows(o2, b, s), to_f32_vector(o1)) << "attention sample " << b;
     }
   }

@@ -46,7 +46,9 @@ enum class RopeMath { f32, f64 };
 // after Q·K^T, after the scale, and after each of the softcap's three steps.
 struct AttentionOptions {
   bool causal = false;
-  const int64_t* key_valid = nullptr;  // [batch * Sk], 0 masks the key out; null: all keys valid
+  // i64 [batch * Sk] in the context's memory like the other operands (staged once per request),
+  // 0 masks the key out; null: all keys valid.
+  const Tensor* key_valid = nullptr;
   int64_t batch = 1;
   float softcap = 0;
   Rounding rounding = Rounding::once;

@@ -206,6 +206,9 @@ template <typename F> void each_tensor(F&& f, const Tensor& t) { f(t); }
 template <typename F> void each_tensor(F&& f, const Tensor* t) {
   if (t) f(*t);
 }
+template <typename F> void each_tensor(F&& f, const AttentionOptions& o) {
+  if (o.key_valid) f(*o.key_valid);
+}
 template <typename F, typename Other> void each_tensor(F&&, const Other&) {}
 
 // Refuses an operand that lives on another device than the backend the Context runs on.

@@ -1,5 +1,6 @@
 #include "models/common/text_inputs.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace apus {
@@ -21,6 +22,12 @@ TextInputs embed_text(Context& c, const Tensor& embedding, const std::vector<int
   in.sin = Tensor::in(*c.arena, {t, head_dim / 2}, DType::f32);
   ops::rope_tables(c, positions, {head_dim}, rope_theta, ops::RopeMath::f32, in.cos, in.sin);
   return in;
+}
+
+Tensor key_mask(Context& c, const std::vector<int64_t>& mask) {
+  return ops::host_filled(c, {int64_t(mask.size())}, DType::i64, [&](Tensor& t) {
+    std::copy(mask.begin(), mask.end(), t.ptr<int64_t>());
+  });
 }
 
 LayerBuffers layer_buffers(Context& c, int64_t rows, int64_t hidden, int64_t q_width,

@@ -16,6 +16,10 @@ struct TextInputs {
 TextInputs embed_text(Context& c, const Tensor& embedding, const std::vector<int32_t>& ids,
                       int64_t batch, int64_t head_dim, double rope_theta);
 
+// A padding mask (1: a real token) as the attention ops take it: i64 in the context's memory
+// (arena), staged once for every layer.
+Tensor key_mask(Context& c, const std::vector<int64_t>& mask);
+
 // The activations one pre-norm attention + gated-MLP layer works in, [rows, width] each, in the
 // activation dtype (arena), reused by every layer.
 struct LayerBuffers {

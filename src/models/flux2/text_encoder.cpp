@@ -108,7 +108,8 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
   Tensor out = ops::empty(c, {rows, int64_t(taps_.size()) * h}, c.act);
   LayerBuffers buffers = layer_buffers(c, rows, h, qd, kvd, cf.intermediate);
   auto& [normed, q, k, v, attn, proj, gate, up] = buffers;
-  const ops::AttentionOptions mask{true, attention_mask.data(), batch};
+  const Tensor key_valid = key_mask(c, attention_mask);
+  const ops::AttentionOptions mask{true, &key_valid, batch};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));

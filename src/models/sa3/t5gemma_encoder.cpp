@@ -147,7 +147,8 @@ Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids,
   LayerBuffers buffers = layer_buffers(c, rows, h, qd, kvd, cf.intermediate);
   auto& [normed, q, k, v, attn, proj, gate, up] = buffers;
   // Eager attention in the activation dtype: scores rounded step by step, capped, key-padding mask.
-  const ops::AttentionOptions options{false, mask.data(), batch, cf.softcap, each};
+  const Tensor key_valid = key_mask(c, mask);
+  const ops::AttentionOptions options{false, &key_valid, batch, cf.softcap, each};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));

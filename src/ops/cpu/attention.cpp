@@ -84,6 +84,10 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
                shape_str(ks[size_t(i)]->shape), " differ from q ", shape_str(q.shape), ", k ", shape_str(k.shape));
   APUS_CHECK(mask.window >= 0 && (mask.window == 0 || sq == sk), "attention: a band (window ",
              mask.window, ") needs as many queries as keys, got ", sq, " and ", sk);
+  APUS_CHECK(!mask.key_valid || (mask.key_valid->dtype == DType::i64 && mask.key_valid->numel() == rows_k &&
+                                 mask.key_valid->contiguous()),
+             "attention: the key mask must be i64 [", rows_k, "] (one entry per key row)");
+  const int64_t* key_valid = mask.key_valid ? mask.key_valid->ptr<int64_t>() : nullptr;
   ArenaScope scope(*c.arena);
   const DType dt = q.dtype;
   const int choice = attention_block_knob.value();
@@ -128,7 +132,7 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
     const size_t kv_offset = size_t((g * rows_k + b * sk + key_lo) * d) * es;
     const char* vbase = static_cast<const char*>(vh.data) + kv_offset;
     Tensor ob = o.rows(b * sq + r0, b * sq + r0 + nb).cols(h * d, (h + 1) * d);
-    const int64_t* valid = mask.key_valid ? mask.key_valid + b * sk + key_lo : nullptr;
+    const int64_t* valid = key_valid ? key_valid + b * sk + key_lo : nullptr;
     Tensor sbn = sb.cols(0, nk);
     Tensor pall = probs.rows(t * stacked, t * stacked + terms * nb).cols(0, nk);
     for (int64_t term = 0; term < terms; ++term) {

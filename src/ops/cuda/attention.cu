@@ -128,21 +128,16 @@ void attend(const std::vector<const Tensor*>& qs, const std::vector<const Tensor
   p.causal = mask.causal;
   p.round_steps = mask.rounding == ops::Rounding::each_step && q.dtype == DType::bf16;
   if (q.shape[0] == 0) return;
-  // The padding mask is a host array by the op's contract: a device copy for this call.
-  int64_t* key_valid = nullptr;
-  if (mask.key_valid) {
-    const size_t bytes = size_t(k.shape[0]) * sizeof(int64_t);
-    check(cudaMallocAsync(reinterpret_cast<void**>(&key_valid), bytes, stream()), "attention padding mask");
-    check(cudaMemcpyAsync(key_valid, mask.key_valid, bytes, cudaMemcpyHostToDevice, stream()), "attention padding mask");
-  }
-  p.key_valid = key_valid;
+  APUS_CHECK(!mask.key_valid || (mask.key_valid->dtype == DType::i64 && mask.key_valid->numel() == k.shape[0] &&
+                                 mask.key_valid->contiguous()),
+             "attention: the key mask must be i64 [", k.shape[0], "]");
+  p.key_valid = mask.key_valid ? mask.key_valid->ptr<int64_t>() : nullptr;  // staged by the caller
   const int threads = int(std::max<int64_t>(32, std::min<int64_t>(1024, (d + 31) / 32 * 32)));
   const size_t shared = size_t(p.window > 0 ? std::min(p.sk, 2 * p.window + 1) : p.sk) * sizeof(float);
   check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
         "attention shared memory");
   attention_kernel<<<dim3(unsigned(q.shape[0]), unsigned(p.hq)), unsigned(threads), shared, stream()>>>(p);
   check(cudaGetLastError(), "attention kernel launch");
-  if (key_valid) check(cudaFreeAsync(key_valid, stream()), "attention padding mask");
 }
 
 }  // namespace

@@ -14,6 +14,9 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   APUS_CHECK(hk > 0 && hq % hk == 0 && v.shape == k.shape && o.shape == q.shape &&
                  q.shape[0] % batch == 0 && k.shape[0] % batch == 0,
              "attention: shapes do not agree");
+  APUS_CHECK(!mask.key_valid || (mask.key_valid->dtype == DType::i64 && mask.key_valid->numel() == k.shape[0]),
+             "attention: the key mask must be i64 [", k.shape[0], "]");
+  const int64_t* key_valid = mask.key_valid ? mask.key_valid->ptr<int64_t>() : nullptr;
   std::vector<double> p(static_cast<size_t>(sk));
   for (int64_t task = 0; task < batch * hq; ++task) {
     const int64_t b = task / hq, h = task % hq, g = h / (hq / hk);
@@ -22,7 +25,7 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
       for (int64_t j = 0; j < sk; ++j) {
         const bool visible = (!mask.causal || j <= i) &&
                              (mask.window == 0 || std::abs(i - j) <= mask.window) &&
-                             (!mask.key_valid || mask.key_valid[b * sk + j]);
+                             (!key_valid || key_valid[b * sk + j]);
         double s = -INFINITY;
         if (visible) {
           s = 0;
