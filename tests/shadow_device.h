@@ -68,6 +68,10 @@ class ShadowDevice : public Backend {
     return host;
   }
 
+  // The memory it reports (0: none of its own, the host's budget applies), for admission tests.
+  double memory_bytes() const override { return memory_bytes_; }
+  void set_memory_bytes(double bytes) { memory_bytes_ = bytes; }
+
   // Ops the device has run, for tests to see that work reached it.
   size_t ops_run() const { return ops_run_; }
 
@@ -170,6 +174,7 @@ class ShadowDevice : public Backend {
   mutable std::mutex mutex_;
   std::map<uintptr_t, size_t> regions_;
   std::atomic<size_t> ops_run_{0};
+  std::atomic<double> memory_bytes_{0};
 
   friend ShadowDevice& shadow_device();
 };

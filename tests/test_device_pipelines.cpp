@@ -165,6 +165,20 @@ TEST(ShadowDevice, ResidentModelsServeRequestAfterRequest) {
   }
 }
 
+// A request is admitted against the device's own memory, not the host's: refused naming the device
+// when its weights and activations would not fit there.
+TEST(ShadowDevice, RequestsAreAdmittedAgainstTheDevicesMemory) {
+  test::ShadowDevice& device = test::shadow_device();
+  const auto image = open_image_model(test::fixture("klein_tiny_a"), Weights::per_stage, &device);
+  const auto audio = open_audio_model(test::official_dir(), Weights::per_stage, &device);
+  device.set_memory_bytes(64e3);
+  test::expect_error([&] { image->generate(image_runs().front().request); }, {"64x48 needs about", "shadow's memory"});
+  test::expect_error([&] { audio->generate(test::reference_request(false)); }, {"needs about", "shadow's memory"});
+  device.set_memory_bytes(64e9);
+  EXPECT_FALSE(image->generate(image_runs().front().request).rgb.empty());
+  device.set_memory_bytes(0);
+}
+
 // `apus bench --device` and `-v` price stages against the device's own ceilings, measured there
 // and cached under its name and hardware.
 TEST(ShadowDevice, CeilingsAreMeasuredOnTheDevice) {

@@ -1,3 +1,4 @@
+#include <cstdio>
 #include "core/memory.h"
 
 #include "apus/apus.h"
@@ -38,6 +39,14 @@ double status_kb(const char* key) {
 }  // namespace
 
 uint64_t peak_rss_bytes() { return uint64_t(status_kb("VmHWM")); }
+
+std::string bytes_text(double bytes) {
+  char s[32];
+  if (bytes >= 1e9) std::snprintf(s, sizeof s, "%.1f GB", bytes / 1e9);
+  else if (bytes >= 1e6) std::snprintf(s, sizeof s, "%.1f MB", bytes / 1e6);
+  else std::snprintf(s, sizeof s, "%.0f kB", bytes / 1e3);
+  return s;
+}
 
 MemoryBudget memory_budget() {
   MemoryBudget b;

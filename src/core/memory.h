@@ -12,4 +12,7 @@ struct MemoryBudget {
 };
 MemoryBudget memory_budget();
 
+// A size for messages: "3.2 GB", "45.1 MB", "12 kB".
+std::string bytes_text(double bytes);
+
 }  // namespace apus

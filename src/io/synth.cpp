@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "io/cache_dir.h"
 #include "io/model_dir.h"
 #include "io/files.h"
@@ -44,12 +45,6 @@ struct Plan {
   std::vector<std::string> copies;  // relative paths copied byte for byte
 };
 
-
-std::string gb(uint64_t bytes) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f GB", double(bytes) / 1e9);
-  return s;
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -353,11 +348,11 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
     APUS_CHECK(::statvfs(out_dir.c_str(), &vfs) == 0, out_dir, ": cannot query free space: ",
                std::strerror(errno));
     const uint64_t free = uint64_t(vfs.f_bavail) * vfs.f_frsize;
-    APUS_CHECK(free + replaced >= total, out_dir, ": needs ", gb(total), " for the weights, ",
-               gb(free + replaced), " available");
+    APUS_CHECK(free + replaced >= total, out_dir, ": needs ", bytes_text(double(total)), " for the weights, ",
+               bytes_text(double(free + replaced)), " available");
   }
   say("synth: " + template_dir + " -> " + out_dir + ": " + std::to_string(plan.weights.size()) +
-      " weight files, " + gb(total) + (layout_only ? " (layout only)" : ""));
+      " weight files, " + bytes_text(double(total)) + (layout_only ? " (layout only)" : ""));
 
   for (const std::string& rel : plan.copies) {
     const fs::path dst = fs::path(out_dir) / rel;
@@ -380,12 +375,12 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
     for (const TensorSpec& t : f.tensors) bytes += t.nbytes();
     char line[512];
     std::snprintf(line, sizeof line, "  %-50s %4zu tensors %10s %7.1f s", f.rel.c_str(),
-                  f.tensors.size(), gb(bytes).c_str(), s);
+                  f.tensors.size(), bytes_text(double(bytes)).c_str(), s);
     say(line);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   char line[256];
-  std::snprintf(line, sizeof line, "synth: wrote %s in %.1f s (%.0f MB/s)", gb(total).c_str(), s,
+  std::snprintf(line, sizeof line, "synth: wrote %s in %.1f s (%.0f MB/s)", bytes_text(double(total)).c_str(), s,
                 double(total) / 1e6 / std::max(s, 1e-9));
   say(line);
 }

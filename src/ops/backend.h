@@ -28,6 +28,9 @@ class Backend : public Allocator {
   // The hardware under the backend in words (a GPU's model, its runtime's version): what a
   // calibration of a device is kept under. The host's is calibration_key's.
   virtual std::string hardware() const { return name(); }
+  // The device memory a request must fit in, in bytes (a GPU's total); 0 where the host's memory
+  // is the device's (host backends), so the host's budget applies.
+  virtual double memory_bytes() const { return 0; }
 
 #define APUS_BACKEND_OP(ret, name, params, args) virtual ret name params = 0;
   APUS_OPS(APUS_BACKEND_OP)

@@ -485,7 +485,8 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   const int64_t batch = int64_t(requests.size());
   check_memory(count(r, int(batch)), weights_ == Weights::resident,
                std::to_string(r.width) + "x" + std::to_string(r.height) +
-                   (batch > 1 ? " x" + std::to_string(batch) : ""));
+                   (batch > 1 ? " x" + std::to_string(batch) : ""),
+               dir_.device());
   auto say = [&](const std::string& s) { if (progress) progress(s); };
   std::vector<ImageResult> results(requests.size());
   std::vector<uint64_t> seeds;

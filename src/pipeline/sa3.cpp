@@ -532,7 +532,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   APUS_CHECK(weights_ != Weights::resident || compute(r) == resident_dtype_,
              "this resident model serves bf16 requests only");
   check_memory(count(r, int(batch)), weights_ == Weights::resident,
-               std::to_string(r.seconds) + " s" + (batch > 1 ? " x" + std::to_string(batch) : ""));
+               std::to_string(r.seconds) + " s" + (batch > 1 ? " x" + std::to_string(batch) : ""), device_);
   auto say = [&](const std::string& s) { if (progress) progress(s); };
   std::vector<AudioResult> results(requests.size());
   std::vector<StageTime> stages;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "ops/backend.h"
 
 namespace apus {
 
@@ -15,21 +16,27 @@ namespace {
 constexpr double kThreadAddressAllowance = 128.0 * (1 << 20);
 }  // namespace
 
-void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what) {
-  const MemoryBudget budget = memory_budget();
+void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what, const Backend* device) {
   double all_weights = 0;
   for (const StageCost& s : cost.stages) all_weights += s.per_call.weight_bytes;
+  if (device && device->memory_bytes() > 0) {
+    for (const StageCost& s : cost.stages) {
+      const double need = (weights_resident ? all_weights : s.per_call.weight_bytes) + 2 * s.activation_bytes;
+      APUS_CHECK(need <= device->memory_bytes(), what, " needs about ", bytes_text(need), " in its ", s.name,
+                 " stage, more than the ", bytes_text(device->memory_bytes()), " of ", device->name(), "'s memory");
+    }
+    return;
+  }
+  const MemoryBudget budget = memory_budget();
   for (const StageCost& s : cost.stages) {
     const double weights = weights_resident ? all_weights : s.per_call.weight_bytes;
     const double need = weights + 2 * s.activation_bytes;
-    APUS_CHECK(need <= budget.resident_bytes, what, " needs about ", int(need / 1e9 + 0.5),
-               " GB in its ", s.name, " stage, more than the ", int(budget.resident_bytes / 1e9),
-               " GB of ", budget.resident_source);
+    APUS_CHECK(need <= budget.resident_bytes, what, " needs about ", bytes_text(need), " in its ", s.name,
+               " stage, more than the ", bytes_text(budget.resident_bytes), " of ", budget.resident_source);
     const double address_need = need + kThreadAddressAllowance * double(omp_get_max_threads());
-    APUS_CHECK(address_need <= budget.address_bytes, what, " needs about ",
-               int(address_need / 1e6 + 0.5), " MB of address space in its ", s.name,
-               " stage, more than the ", int(std::max(budget.address_bytes, 0.0) / 1e6),
-               " MB the address-space limit (ulimit -v) leaves");
+    APUS_CHECK(address_need <= budget.address_bytes, what, " needs about ", bytes_text(address_need),
+               " of address space in its ", s.name, " stage, more than the ",
+               bytes_text(std::max(budget.address_bytes, 0.0)), " the address-space limit (ulimit -v) leaves");
   }
 }
 

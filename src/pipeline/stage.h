@@ -99,7 +99,9 @@ void timed_step(Context& c, StageClock& clock, Say&& say, int i, int n, float si
 // Refuses a request whose largest stage would not fit in the memory this process may use: the
 // weights the stage needs mapped (all of them when the model is resident) plus twice its counted
 // activations (for the backend's own scratch), against RAM, a cgroup limit and the address space
-// `ulimit -v` leaves. A clear error instead of the OOM killer or a failed allocation halfway.
-void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what);
+// `ulimit -v` leaves. A clear error instead of the OOM killer or a failed allocation halfway. On a
+// device with memory of its own (Backend::memory_bytes), weights and activations are held to that.
+void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what,
+                  const Backend* device = nullptr);
 
 }  // namespace apus

@@ -42,6 +42,12 @@ class CudaBackend final : public Backend {
     select();
     cuda::check(cudaStreamSynchronize(cuda::stream()), "finish the queued ops");
   }
+  double memory_bytes() const override {
+    select();
+    size_t free = 0, total = 0;
+    cuda::check(cudaMemGetInfo(&free, &total), "read the device's memory size");
+    return double(total);
+  }
   std::string hardware() const override {
     select();
     cudaDeviceProp p{};
