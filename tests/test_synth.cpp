@@ -1,5 +1,6 @@
 // `apus synth`: the published klein layout satisfies every loader, --like reproduces a
 // checkpoint's layout byte for byte with new values, and runs on synthesized weights stay finite.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -238,6 +239,23 @@ TEST(Synth, LikeKeepsTheNamesOfLinkedFiles) {
   EXPECT_EQ(files_under(out.path), files_under(src.path));
   EXPECT_EQ(header_bytes(out.path + "/transformer/diffusion_pytorch_model.safetensors"),
             header_bytes(test::fixture("klein_tiny_a/transformer/diffusion_pytorch_model.safetensors")));
+}
+
+// An on-demand checkpoint's seed file is read like any config: a bad one is refused naming it.
+TEST(Synth, OnDemandSeedFileIsChecked) {
+  TempDir out("on_demand_seed");
+  synth_on_demand(test::fixture("klein_tiny_a"), out.path, 3, {});
+  const std::string marker = out.path + "/" + kSyntheticValuesFile;
+  EXPECT_EQ(read_bytes(marker), "{\"seed\":3}");
+  // Layout only: the weight files take (almost) no disk space.
+  struct stat st {};
+  ASSERT_EQ(::stat((out.path + "/transformer/diffusion_pytorch_model.safetensors").c_str(), &st), 0);
+  EXPECT_LT(uint64_t(st.st_blocks) * 512, uint64_t(st.st_size) / 4);
+  for (const char* bad : {"{\"seed\": -1}", "{\"seed\": \"7\"}", "[7]", "{"}) {
+    fs::remove(marker);
+    std::ofstream(marker) << bad;
+    expect_error([&] { WeightSet::open_dir(out.path + "/transformer"); }, {kSyntheticValuesFile});
+  }
 }
 
 TEST(Synth, LikeFillsF16AndF32AtTheInitScale) {
