@@ -151,6 +151,21 @@ void BM_Dyt(benchmark::State& st) {
 }
 BENCHMARK(BM_Dyt)->Args({2176, 1536, 1536})->Args({2176, 3072, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// RoPE in place on a column view (q and k of a fused projection). args: rows, view width, row
+// stride, head_dim, turned pairs per head, style (0 half: SAME / SA3, 1 interleaved: FLUX)
+void BM_Rope(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t m = st.range(0), d = st.range(1), stride = st.range(2), hd = st.range(3), half = st.range(4);
+  Tensor all = filled({m, stride}, DType::bf16), cos = filled({m, half}, DType::f32), sin = filled({m, half}, DType::f32);
+  Tensor x = all.cols(0, d);
+  const auto style = st.range(5) ? ops::RopeStyle::interleaved : ops::RopeStyle::half;
+  for (auto _ : st) ops::rope(c, x, cos, sin, hd, style, ops::Rounding::once);
+  st.counters["B/s"] = benchmark::Counter(4.0 * m * d, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Rope)->Args({2176, 3072, 4608, 64, 16, 0})->Args({1536, 6144, 9216, 128, 64, 1})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // args: rows, features, activation (0 silu, 1 sin_pi)
 void BM_Glu(benchmark::State& st) {
   Arena arena;

@@ -179,24 +179,8 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
     float* v = thread_scratch(0, d);
     load_row(x, r, v, d);
     // A table of one sample's positions serves every sample of a batch.
-    const float* cr = cos.ptr<float>() + (r % table) * half;
-    const float* sr = sin.ptr<float>() + (r % table) * half;
-    for (int64_t h = 0; h < d; h += head_dim) {
-      float* p = v + h;
-      for (int64_t j = 0; j < half; ++j) {
-        const int64_t i0 = style == ops::RopeStyle::interleaved ? 2 * j : j;
-        const int64_t i1 = style == ops::RopeStyle::interleaved ? 2 * j + 1 : j + half;
-        const float x0 = p[i0], x1 = p[i1];
-        if (rounded) {
-          const float cb = round_bf16(cr[j]), sb = round_bf16(sr[j]);
-          p[i0] = round_bf16(round_bf16(x0 * cb) + round_bf16(-x1 * sb));
-          p[i1] = round_bf16(round_bf16(x1 * cb) + round_bf16(x0 * sb));
-        } else {
-          p[i0] = x0 * cr[j] - x1 * sr[j];
-          p[i1] = x1 * cr[j] + x0 * sr[j];
-        }
-      }
-    }
+    rope_row(v, d, head_dim, cos.ptr<float>() + (r % table) * half, sin.ptr<float>() + (r % table) * half, half,
+             style == ops::RopeStyle::interleaved, rounded);
     store_row(x, r, v, d);
   });
 }

@@ -134,6 +134,38 @@ APUS_CLONES void round_bf16_row(float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] = bf16_round(v[i]);
 }
 
+APUS_CLONES void rope_row(float* v, int64_t n, int64_t head_dim, const float* cos, const float* sin, int64_t half,
+                          bool interleaved, bool rounded) {
+  // One loop per case, each a plain vector loop (the pairs of one j never alias).
+  for (int64_t h = 0; h < n; h += head_dim) {
+    float* p = v + h;
+    if (rounded) {
+      const int64_t step = interleaved ? 2 : 1, other = interleaved ? 1 : half;
+      for (int64_t j = 0; j < half; ++j) {
+        const float cb = bf16_round(cos[j]), sb = bf16_round(sin[j]);
+        const float x0 = p[j * step], x1 = p[j * step + other];
+        p[j * step] = bf16_round(bf16_round(x0 * cb) + bf16_round(-x1 * sb));
+        p[j * step + other] = bf16_round(bf16_round(x1 * cb) + bf16_round(x0 * sb));
+      }
+    } else if (interleaved) {
+#pragma omp simd
+      for (int64_t j = 0; j < half; ++j) {
+        const float x0 = p[2 * j], x1 = p[2 * j + 1];
+        p[2 * j] = x0 * cos[j] - x1 * sin[j];
+        p[2 * j + 1] = x1 * cos[j] + x0 * sin[j];
+      }
+    } else {
+      float* q = p + half;
+#pragma omp simd
+      for (int64_t j = 0; j < half; ++j) {
+        const float x0 = p[j], x1 = q[j];
+        p[j] = x0 * cos[j] - x1 * sin[j];
+        q[j] = x1 * cos[j] + x0 * sin[j];
+      }
+    }
+  }
+}
+
 APUS_CLONES void dyt_row(float* v, int64_t n, float alpha, const float* gamma, const float* beta, int64_t group,
                          bool round_bf16) {
   for (int64_t h = 0; h < n; h += group) {
