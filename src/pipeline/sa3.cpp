@@ -59,11 +59,6 @@ struct Layout {
   bool bottleneck_noise = false;
 };
 
-// Zeros in the context's memory (the arena's), staged from the host on a device.
-Tensor zeros(Context& c, Shape shape, DType dtype) {
-  return ops::host_filled(c, std::move(shape), dtype, [](Tensor& t) { std::memset(t.data, 0, t.nbytes()); });
-}
-
 constexpr const char* kTextStage = "text_encoder";
 constexpr const char* kEncodeStage = "same_encode";
 constexpr const char* kPrologueStage = "dit_prologue";
@@ -371,7 +366,7 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
   // Guided, the unconditional half follows: all zeros (the duration token too), or the negative
   // prompt's tokens with its padding zeroed and the duration token kept, as the official DiT
   // builds it; nothing there is replaced by the padding embedding.
-  Tensor cross = zeros(c, {samples * tokens, d}, c.act);
+  Tensor cross = ops::zeros(c, {samples * tokens, d}, c.act);
   std::vector<int64_t> valid(size_t(samples * tokens), 1);
   for (int64_t s = 0; s < b; ++s) {
     Tensor text_rows = cross.rows(s * tokens, s * tokens + text);
@@ -383,7 +378,7 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
     // The negative prompt's valid tokens, zeros for its padding: a gather from its rows with a
     // zero row appended (the same ops whatever the mask).
     const int64_t u = b + s;
-    Tensor table = zeros(c, {text + 1, d}, c.act);
+    Tensor table = ops::zeros(c, {text + 1, d}, c.act);
     Tensor table_text = table.rows(0, text);
     ops::copy(c, w.text.rows(u * text, (u + 1) * text), table_text);
     const Tensor ids = ops::host_filled(c, {text}, DType::i32, [&](Tensor& t) {
@@ -401,7 +396,7 @@ void Sa3Model::condition(Context& c, const sa3::DurationEmbedder& duration, cons
   }
   // Inpainting: per latent the mask (1: kept), then the clip's latents where kept, for both
   // halves of a guided batch; text-to-audio passes zeros, as the official code does.
-  Tensor local = zeros(c, {samples * t, dit_cfg_.local_dim}, c.act);
+  Tensor local = ops::zeros(c, {samples * t, dit_cfg_.local_dim}, c.act);
   if (w.inpaint) {
     // The clip's latents where kept: blended into the zeros with the mask as weight (0 or 1, exact).
     const Tensor keep = ops::host_filled(c, {t}, DType::f32, [&](Tensor& m) {
