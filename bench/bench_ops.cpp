@@ -42,6 +42,16 @@ BENCHMARK(BM_Linear)->Args({452, 1536, 7680})->Args({452, 1536, 12288})->Args({4
     ->Args({6596, 1536, 7680})->Args({6596, 1536, 9216})->Args({6596, 4608, 1536})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// One attention tile's GEMM as the attention kernels call it, single-threaded: a query block's
+// scores Q [rows, 64] · K^T over `keys` keys. args: rows, keys. What a call costs beyond its FLOPs.
+void BM_AttentionTileGemm(benchmark::State& st) {
+  const int64_t m = st.range(0), n = st.range(1), d = 64;
+  Tensor q = filled({m, d}, DType::bf16), k = filled({n, d}, DType::bf16), s = Tensor::heap({m, n}, DType::f32);
+  for (auto _ : st) cpu::gemm(q, k.data, DType::bf16, 1, d, nullptr, s, d, n);
+  st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * n * d, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionTileGemm)->Args({128, 162})->Args({128, 452})->Args({8, 8})->UseRealTime();
+
 // SAME-L's differential band attention |i - j| <= 17: args tokens, query rows per task
 // Stable Audio 3 medium's DiT self-attention at 30 s: 452 tokens, 24 heads of 64, one softmax;
 // arg: query rows per task
