@@ -18,7 +18,15 @@
 
 namespace apus::test {
 
-inline std::string fixture(const std::string& rel) { return std::string(APUS_FIXTURES) + "/" + rel; }
+// The committed fixtures: the source tree's this binary was built from, or $APUS_FIXTURES_DIR for a
+// binary run from another checkout (tools/device-check.sh runs a prebuilt bundle on a GPU machine).
+inline std::string fixture(const std::string& rel) {
+  static const std::string root = [] {
+    const char* moved = std::getenv("APUS_FIXTURES_DIR");
+    return std::string(moved && *moved ? moved : APUS_FIXTURES);
+  }();
+  return root + "/" + rel;
+}
 
 // ||a - b|| / ||b||
 inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {

@@ -1,0 +1,51 @@
+#!/bin/bash
+# Prepares the device check's binaries here, for a lent GPU machine that can build nothing: it has
+# CUDA, CMake and ninja but none of apus's Debian libraries (oneDNN, ICU, PCRE2, sentencepiece,
+# libsndfile, ...), and nothing can be installed there. This builds apus and apus_tests with the
+# CUDA backend (sm_90a), packs them with every shared library they load except the C runtime
+# (glibc, libstdc++, libgcc: the machine's own, newer ones serve) and splits the archive into
+# parts under .device/ (ignored by git) small enough to travel beside the working tree, which
+# already takes ~56 of the 64 MiB a device call may carry.
+#
+#   tools/device-bundle.sh          # -> .device/bundle.part.00, .01, ... and the calls to make
+#
+# Then, with the device tool, one call per part while the machine stays warm (30 s), each carrying
+# only its part (parts already sent stay there between calls, as ignored files do), the last one
+# running the check:
+#   run(command="true", carry=[".device/bundle.part.00"])
+#   ...
+#   run(command="tools/device-check.sh", carry=[".device/bundle.part.NN"], timeout_s=540)
+# device-check.sh joins the parts it finds and runs the bundle instead of building.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+part_mb=${APUS_DEVICE_PART_MB:-7}
+export PATH=/usr/local/cuda/bin:$PATH
+command -v nvcc > /dev/null || { echo "device-bundle: nvcc not found (the bundle needs the CUDA backend)" >&2; exit 1; }
+build=${APUS_DEVICE_BUILD_DIR:-build-device}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPUS_CUDA=ON > /dev/null
+ninja -C "$build" apus apus_tests
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/apus-bundle/lib"
+cp "$build/apus" "$build/apus_tests" "$stage/apus-bundle/"
+for lib in $(ldd "$build/apus_tests" "$build/apus" | awk '/=> \//{print $3}' | sort -u); do
+  case $(basename "$lib") in
+    libc.so* | libm.so* | libstdc++.so* | libgcc_s.so* | ld-linux* | libpthread.so* | libdl.so* | librt.so*) ;;
+    *) cp -L "$lib" "$stage/apus-bundle/lib/" ;;
+  esac
+done
+strip --strip-unneeded "$stage/apus-bundle/apus" "$stage/apus-bundle/apus_tests" "$stage/apus-bundle/lib/"* 2> /dev/null || true
+rm -rf .device
+mkdir -p .device
+tar -C "$stage" -cf - apus-bundle | xz -9 -T0 | split -d -b "${part_mb}M" - .device/bundle.part.
+ls -l .device
+n=$(ls .device/bundle.part.* | wc -l)
+echo "device-bundle: $n part(s). Calls, one after the other while the machine is warm:"
+last=$(ls .device/bundle.part.* | tail -1)
+for p in .device/bundle.part.*; do
+  if [ "$p" = "$last" ]; then
+    echo "  run(command=\"tools/device-check.sh\", carry=[\"$p\"], timeout_s=540)"
+  else
+    echo "  run(command=\"true\", carry=[\"$p\"])"
+  fi
+done
