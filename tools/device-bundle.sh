@@ -3,7 +3,8 @@
 # CUDA, CMake and ninja but none of apus's Debian libraries (oneDNN, ICU, PCRE2, sentencepiece,
 # libsndfile, ...), and nothing can be installed there. This builds apus and apus_tests with the
 # CUDA backend (sm_90a), packs them with every shared library they load except the C runtime
-# (glibc, libstdc++, libgcc: the machine's own, newer ones serve) and splits the archive into
+# (glibc, libstdc++, libgcc: the machine's own serve where they are at least this build's, glibc
+# 2.34 and GCC 12's libstdc++ from Debian 12: Ubuntu 22.04 and later) and splits the archive into
 # parts under .device/ (ignored by git) small enough to travel beside the working tree, which
 # already takes ~56 of the 64 MiB a device call may carry.
 #

@@ -380,8 +380,11 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   char line[256];
-  std::snprintf(line, sizeof line, "synth: wrote %s in %.1f s (%.0f MB/s)", bytes_text(double(total)).c_str(), s,
-                double(total) / 1e6 / std::max(s, 1e-9));
+  if (layout_only)
+    std::snprintf(line, sizeof line, "synth: wrote the layout of %s in %.1f s", bytes_text(double(total)).c_str(), s);
+  else
+    std::snprintf(line, sizeof line, "synth: wrote %s in %.1f s (%.0f MB/s)", bytes_text(double(total)).c_str(), s,
+                  double(total) / 1e6 / std::max(s, 1e-9));
   say(line);
 }
 
