@@ -343,6 +343,19 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
       {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["padding_mode"] = "zero"; }, {"padding_mode"}},
       {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["subfolder"] = "elsewhere"; }, {"elsewhere", "missing"}},
       {[](Json& j) { j["model"]["conditioning"]["cond_dim"] = 64; }, {"cond_dim"}},
+      // Every level of the file is walked: a key apus does not know is refused wherever it sits,
+      // and the blocks' types and repeated sizes are checked, not assumed.
+      {[](Json& j) { j["training"] = {{"learning_rate", 1e-4}}; }, {"'training' is not a setting"}},
+      {[](Json& j) { j["model"]["ema"] = true; }, {"(model)", "'ema' is not a setting"}},
+      {[](Json& j) { j["model"]["pretransform"]["scale"] = 2.0; }, {"(model.pretransform)", "'scale'"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["bottleneck"]["type"] = "vae"; }, {"bottleneck", "'type'", "\"vae\""}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["type"] = "oobleck"; }, {"decoder", "\"oobleck\""}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["pretransform"]["type"] = "wavelet"; }, {"pretransform.config.pretransform", "\"wavelet\""}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["pretransform"]["config"]["mode"] = "fft"; }, {"'mode' is not a setting"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["latent_dim"] = 7; }, {"'latent_dim' differs"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["io_channels"] = 1; }, {"'io_channels' differs"}},
+      {[](Json& j) { j["audio_channels"] = 1; }, {"'audio_channels' 1 differs"}},
+      {[](Json& j) { j["model"]["conditioning"]["configs"][1]["tag"] = "x"; }, {"configs[1]", "'tag'"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     Json spoiled = base;
@@ -354,6 +367,13 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
     test::expect_error([&] { AudioModel::open(d, Weights::per_stage); }, expect);
     fs::remove_all(d);
   }
+  // A setting without effect on the values is accepted: iterate_batch only splits the autoencoder's
+  // batch into single samples.
+  Json iterate = base;
+  iterate["model"]["pretransform"]["iterate_batch"] = true;
+  const std::string d = test::official_variant_dir("iterate", iterate);
+  EXPECT_NO_THROW(AudioModel::open(d, Weights::per_stage));
+  fs::remove_all(d);
 }
 
 // A batch runs every stage once for all its clips, each sample with its own generator: each clip

@@ -176,17 +176,28 @@ void read_same_side(const Config& side, bool encoder, SameConfig& s, float& mask
 
 }  // namespace
 
+// A {type, config} block of the autoencoder (its pretransform, bottleneck, encoder, decoder): the
+// type apus implements there, and the block's own keys.
+Config typed_block(const Config& ae, const std::string& key, const std::string& type, const std::string& why,
+                   const std::set<std::string>& keys = {"type", "config"}) {
+  const Config block = object(ae, key);
+  require_string(block, "type", "", type, why);
+  known_keys(block, keys);
+  return object(block, "config");
+}
+
 void read_official_autoencoder(const Config& ae, int64_t rate, OfficialConfig& o) {
-  const Config patched = object(object(ae, "pretransform"), "config");
-  const Config bottleneck = object(object(ae, "bottleneck"), "config");
+  const Config patched = typed_block(ae, "pretransform", "patched", "the published autoencoders patch the audio");
+  known_keys(patched, {"channels", "patch_size"});
+  const Config bottleneck = typed_block(ae, "bottleneck", "soft_norm", "the published bottleneck: running_std");
   SameConfig& s = o.same;
   s.sample_rate = rate;
   s.audio_channels = patched.get_size("channels", 2, 1);
   s.patch_size = patched.get_size("patch_size", 1);
   o.encoder = s;
-  const Config dec = object(object(ae, "decoder"), "config");
+  const Config dec = typed_block(ae, "decoder", "same", "Stable Audio 3's SAME", {"type", "config", "soft_clip"});
   read_same_side(dec, false, s, o.mask_noise);
-  const Config enc = object(object(ae, "encoder"), "config");
+  const Config enc = typed_block(ae, "encoder", "same", "Stable Audio 3's SAME");
   read_same_side(enc, true, o.encoder, o.encoder_mask_noise);
   APUS_CHECK(o.encoder.latent_dim == s.latent_dim && o.encoder.stride == s.stride, enc.path,
              ": 'latent_dim' and 'strides' must match the decoder's");
@@ -202,24 +213,37 @@ void read_official_autoencoder(const Config& ae, int64_t rate, OfficialConfig& o
   known_keys(bottleneck, {"dim", "noise_augment_dim", "noise_regularize", "auto_scale", "freeze"});
   APUS_CHECK(ae.get_size("downsampling_ratio", 1) == s.patch_size * s.stride, ae.path,
              ": 'downsampling_ratio' is not patch_size x stride");
+  APUS_CHECK(ae.get_size("latent_dim", s.latent_dim, 1) == s.latent_dim, ae.path,
+             ": 'latent_dim' differs from the decoder's");
+  APUS_CHECK(ae.get_size("io_channels", s.audio_channels, 1) == s.audio_channels, ae.path,
+             ": 'io_channels' differs from the patched pretransform's channels");
+  known_keys(ae, {"encoder", "decoder", "bottleneck", "pretransform", "latent_dim", "downsampling_ratio", "io_channels"});
 }
 
 OfficialConfig read_official_config(const std::string& path) {
   const Config top = read_config(path);
   OfficialConfig o;
   require_string(top, "model_type", "", "diffusion_cond", "a text-to-audio model");
+  known_keys(top, {"model_type", "sample_size", "sample_rate", "audio_channels", "model"});
   const int64_t rate = top.get_size("sample_rate", 1);
   o.sample_size = top.get_size("sample_size", 1);
   const Config model = object(top, "model");
+  known_keys(model, {"io_channels", "pretransform", "conditioning", "diffusion"});
   o.dit = read_dit(object(model, "diffusion"), o.euler);
 
   // SAME: the autoencoder under model.pretransform.config.
   const Config pretransform = object(model, "pretransform");
   require_string(pretransform, "type", "", "autoencoder", "Stable Audio 3's SAME");
   o.chunked_decode = pretransform.get_bool("chunked", false);
+  // iterate_batch encodes and decodes a batch's samples one at a time: the same values.
+  known_keys(pretransform, {"type", "chunked", "iterate_batch", "config"});
   read_official_autoencoder(object(pretransform, "config"), rate, o);
+  APUS_CHECK(top.get_size("audio_channels", o.same.audio_channels, 1) == o.same.audio_channels, top.path,
+             ": 'audio_channels' ", top.get_int("audio_channels", 0), " differs from the autoencoder's ",
+             o.same.audio_channels);
   // Conditioning: T5Gemma's prompt and the duration.
   const Config cond = object(model, "conditioning");
+  known_keys(cond, {"cond_dim", "configs"});
   const int64_t cond_dim = cond.get_size("cond_dim", 1);
   APUS_CHECK(cond.json.contains("configs") && cond.json["configs"].is_array(), cond.path,
              ": missing list 'configs'");
@@ -227,6 +251,7 @@ OfficialConfig read_official_config(const std::string& path) {
   for (size_t i = 0; i < cond.json["configs"].size(); ++i) {
     const Config entry{cond.path + ".configs[" + std::to_string(i) + "]", cond.json["configs"][i]};
     APUS_CHECK(entry.json.is_object(), entry.path, ": not an object");
+    known_keys(entry, {"id", "type", "config"});
     const std::string id = entry.get_string("id", ""), type = entry.get_string("type", "");
     const Config cfg = object(entry, "config");
     if (id == "prompt" && type == "t5gemma") {
