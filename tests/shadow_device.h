@@ -159,9 +159,12 @@ class ShadowDevice : public Backend {
     // Not async-signal-safe in general (the map lookup takes no lock here on purpose: the faulting
     // thread may hold it); good enough to name the cause before the test dies.
     const auto p = uintptr_t(info->si_addr);
-    const auto& regions = instance->regions_;
-    auto it = regions.upper_bound(p);
-    const bool device = it != regions.begin() && p < std::prev(it)->first + std::prev(it)->second;
+    bool device = false;
+    if (instance) {
+      const auto& regions = instance->regions_;
+      const auto it = regions.upper_bound(p);
+      device = it != regions.begin() && p < std::prev(it)->first + std::prev(it)->second;
+    }
     char line[160];
     const int n = std::snprintf(line, sizeof line, "%s at %p\n",
                                 device ? "host code touched shadow device memory" : "segmentation fault",
