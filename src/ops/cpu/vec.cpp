@@ -17,10 +17,9 @@ namespace {
 // low part after; the other order loses the low bits of r for large |n|. Helpers are forced inline so
 // each target clone compiles them for its own ISA (an outlined copy would be baseline x86-64,
 // with fma as a libm call).
-__attribute__((always_inline)) inline float exp_poly(float in) {
-  // Clamped so the exponent bits below stay in range; NaN is clamped too (a NaN to int conversion
-  // is undefined) and handed back unchanged at the end, so it still propagates.
-  const float x = in > 88.0f ? 88.0f : (in >= -87.0f ? in : -87.0f);
+// exp(x) for x already in [-87, 88], where the exponent bits below stay in range: x = n ln2 + r
+// (ln2 in two parts), a degree-6 polynomial in r, times 2^n.
+__attribute__((always_inline)) inline float exp_in_range(float x) {
   const float n = std::nearbyint(x * 1.44269504088896341f);
   const float r = std::fma(n, -1.428606765330187045e-06f, std::fma(n, -0.693145751953125f, x));
   float p = 1.0f / 720;
@@ -33,7 +32,14 @@ __attribute__((always_inline)) inline float exp_poly(float in) {
   const int32_t bits = (int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return in == in ? p * scale : in;
+  return p * scale;
+}
+
+__attribute__((always_inline)) inline float exp_poly(float in) {
+  // Clamped into exp_in_range's range; NaN is clamped too (a NaN to int conversion is undefined)
+  // and handed back unchanged at the end, so it still propagates.
+  const float x = in > 88.0f ? 88.0f : (in >= -87.0f ? in : -87.0f);
+  return in == in ? exp_in_range(x) : in;
 }
 
 // tanh(x) = 1 - 2 / (exp(2x) + 1); exact at the ends (exp saturates to 0 or inf), NaN stays NaN.
@@ -230,21 +236,9 @@ namespace {
 // reference's underflow gives, NaN handed on. One max, two compares and blends instead of
 // exp_poly's two-sided clamp and the caller's test, which compiled to mask-register shuffles.
 __attribute__((always_inline)) inline float exp_shifted(float x) {
-  const float c = x > -87.0f ? x : -87.0f;  // vmaxps: -inf and NaN become -87
-  const float n = std::nearbyint(c * 1.44269504088896341f);
-  const float r = std::fma(n, -1.428606765330187045e-06f, std::fma(n, -0.693145751953125f, c));
-  float p = 1.0f / 720;
-  p = std::fma(p, r, 1.0f / 120);
-  p = std::fma(p, r, 1.0f / 24);
-  p = std::fma(p, r, 1.0f / 6);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  const int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  const float e = x < -87.0f ? 0.0f : p * scale;
-  return x == x ? e : x;
+  const float e = exp_in_range(x > -87.0f ? x : -87.0f);  // vmaxps: -inf and NaN become -87
+  const float kept = x < -87.0f ? 0.0f : e;
+  return x == x ? kept : x;
 }
 
 // Returns the normaliser; leaves exp(scale * (s - max)) in s.
