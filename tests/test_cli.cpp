@@ -91,41 +91,58 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
 INSTANTIATE_TEST_SUITE_P(Klein, CliImage,
                          ::testing::Values("klein_tiny_a", "klein_tiny_b", "klein_tiny_base", "klein_tiny_9b"));
 
-// Editing with two reference images (tools/oracle reference_edit): the first, 72x70, centre-cropped
-// to 64x64, sets the output size; the second, 64x96, is taken as it is. No -W/-H.
-TEST(CliEdit, ReferenceImagesReproduceTheOfficialEdit) {
-  const std::string model = test::fixture("klein_tiny_a"), refs = test::fixture("klein_tiny_a_edit");
-  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("klein_tiny_a_edit_ref.safetensors"));
-  const Json meta = read_json(test::fixture("klein_tiny_a_edit_ref.json"));
-  const std::string images = " --image " + refs + "/ref0.png --image " + refs + "/ref1.png";
-  const std::string prompt = " --prompt " + test::shell_quote(meta["prompt"].get<std::string>());
-  const std::string out = ::testing::TempDir() + "edit.png";
-  const test::CliRun r = test::run_cli("image --model " + model + prompt + images + " --seed " +
-                                       std::to_string(meta["seed"].get<int>()) + " -v -o " + out);
-  ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("vae encode"), std::string::npos) << r.output;
-  const PngImage png = read_png(out);
-  ASSERT_EQ(png.width, meta["width"].get<int>());
-  ASSERT_EQ(png.height, meta["height"].get<int>());
+// An edit the oracle rendered, through the CLI: `args` (model, prompt, reference images) from the
+// fixture's seed in bf16, at the fixture's size and within twice the reference's own bf16-vs-fp32
+// disagreement of the bf16 image; then from the fixture's fp32 noise in fp32, within one level of the
+// fp32 image everywhere. Returns the bf16 run and its image for the caller's own checks.
+struct EditRun {
+  test::CliRun run;
+  PngImage png;
+};
+EditRun expect_official_edit(const std::string& name, const std::string& args, const SafetensorsFile& ref,
+                             const Json& meta) {
+  const std::string out = ::testing::TempDir() + name + ".png";
+  EditRun e{test::run_cli(args + " --seed " + std::to_string(meta["seed"].get<int>()) + " -v -o " + out), {}};
+  EXPECT_EQ(e.run.status, 0) << e.run.output;
+  if (e.run.status != 0) return e;
+  e.png = read_png(out);
+  EXPECT_EQ(e.png.width, meta["width"].get<int>());
+  EXPECT_EQ(e.png.height, meta["height"].get<int>());
   const Tensor& ref_bf16 = ref.get("bf16.image_u8");
   const Tensor& ref_fp32 = ref.get("fp32.image_u8");
   const double disagreement = test::level_gap(ref_bf16, ref_fp32).mean;
-  const double to_fp32 = test::level_gap(png.rgb, ref_fp32).mean, to_bf16 = test::level_gap(png.rgb, ref_bf16).mean;
-  std::printf("[ measure ] edit mean |d| to fp32 ref %.3f, to bf16 ref %.3f, ref disagreement %.3f\n", to_fp32,
-              to_bf16, disagreement);
-  EXPECT_LT(to_fp32, test::kBf16Factor * disagreement);
+  const double to_bf16 = test::level_gap(e.png.rgb, ref_bf16).mean;
+  std::printf("[ measure ] %s mean |d| to bf16 ref %.3f, ref disagreement %.3f\n", name.c_str(), to_bf16, disagreement);
   EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
 
-  // fp32 from the same noise: within one level of the fp32 reference everywhere.
-  const std::string noise = ::testing::TempDir() + "edit_noise.safetensors", out32 = ::testing::TempDir() + "edit32.png";
+  const std::string noise = ::testing::TempDir() + name + "_noise.safetensors", out32 = ::testing::TempDir() + name + "32.png";
   write_safetensors(noise, {{"noise", ref.get("fp32.noise")}});
-  const test::CliRun r32 = test::run_cli("image --model " + model + prompt + images + " --noise " + noise +
-                                         " --precision fp32 -o " + out32);
-  ASSERT_EQ(r32.status, 0) << r32.output;
+  const test::CliRun r32 = test::run_cli(args + " --noise " + noise + " --precision fp32 -o " + out32);
+  EXPECT_EQ(r32.status, 0) << r32.output;
+  if (r32.status != 0) return e;
   const PngImage png32 = read_png(out32);
-  ASSERT_EQ(png32.rgb.size(), size_t(ref_fp32.numel()));
+  EXPECT_EQ(png32.rgb.size(), size_t(ref_fp32.numel()));
   const int worst = test::level_gap(png32.rgb, ref_fp32).worst;
-  EXPECT_LE(worst, 1) << "fp32 edit differs from the fp32 reference by up to " << worst;
+  EXPECT_LE(worst, 1) << "fp32 " << name << " differs from the fp32 reference by up to " << worst;
+  return e;
+}
+
+// Editing with two reference images (tools/oracle reference_edit): the first, 72x70, centre-cropped
+// to 64x64, sets the output size; the second, 64x96, is taken as it is. No -W/-H.
+TEST(CliEdit, ReferenceImagesReproduceTheOfficialEdit) {
+  const std::string refs = test::fixture("klein_tiny_a_edit");
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("klein_tiny_a_edit_ref.safetensors"));
+  const Json meta = read_json(test::fixture("klein_tiny_a_edit_ref.json"));
+  const EditRun e = expect_official_edit(
+      "edit", "image --model " + test::fixture("klein_tiny_a") + " --prompt " +
+                  test::shell_quote(meta["prompt"].get<std::string>()) + " --image " + refs + "/ref0.png --image " + refs +
+                  "/ref1.png",
+      ref, meta);
+  EXPECT_NE(e.run.output.find("vae encode"), std::string::npos) << e.run.output;
+  // Here the fp32 image is held to the same bound too.
+  const Tensor& ref_fp32 = ref.get("fp32.image_u8");
+  EXPECT_LT(test::level_gap(e.png.rgb, ref_fp32).mean,
+            test::kBf16Factor * test::level_gap(ref.get("bf16.image_u8"), ref_fp32).mean);
 }
 
 // Flux2KleinKVPipeline (the -kv checkpoints, tools/oracle reference_kv) on the 9B-shaped model:
@@ -139,27 +156,8 @@ TEST(CliEdit, ReferenceCacheReproducesTheOfficialKvPipeline) {
   const std::string args = " --prompt " + test::shell_quote(meta["prompt"].get<std::string>()) + " --image " + refs +
                            "/ref0.png --image " + refs + "/ref1.png";
   const std::string out = ::testing::TempDir() + "kv.png";
-  const test::CliRun r = test::run_cli("image --model " + model + args + " --seed " +
-                                       std::to_string(meta["seed"].get<int>()) + " -v -o " + out);
-  ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << "the KV pipeline's 4 steps by default\n" << r.output;
-  const PngImage png = read_png(out);
-  ASSERT_EQ(png.width, meta["width"].get<int>());
-  ASSERT_EQ(png.height, meta["height"].get<int>());
-  const Tensor& ref_bf16 = ref.get("bf16.image_u8");
-  const Tensor& ref_fp32 = ref.get("fp32.image_u8");
-  const double disagreement = test::level_gap(ref_bf16, ref_fp32).mean;
-  const double to_bf16 = test::level_gap(png.rgb, ref_bf16).mean;
-  std::printf("[ measure ] kv mean |d| to bf16 ref %.3f, ref disagreement %.3f\n", to_bf16, disagreement);
-  EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
-
-  const std::string noise = ::testing::TempDir() + "kv_noise.safetensors", out32 = ::testing::TempDir() + "kv32.png";
-  write_safetensors(noise, {{"noise", ref.get("fp32.noise")}});
-  const test::CliRun r32 = test::run_cli("image --model " + model + args + " --noise " + noise + " --precision fp32 -o " + out32);
-  ASSERT_EQ(r32.status, 0) << r32.output;
-  const PngImage png32 = read_png(out32);
-  const int worst = test::level_gap(png32.rgb, ref_fp32).worst;
-  EXPECT_LE(worst, 1) << "fp32 KV edit differs from the fp32 reference by up to " << worst;
+  const EditRun e = expect_official_edit("kv", "image --model " + model + args, ref, meta);
+  EXPECT_NE(e.run.output.find("step 4/4"), std::string::npos) << "the KV pipeline's 4 steps by default\n" << e.run.output;
 
   // The KV pipeline has neither guidance nor inpainting.
   const test::CliRun guided = test::run_cli("image --model " + model + args + " --cfg 3 -o " + out);
