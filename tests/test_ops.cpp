@@ -221,8 +221,11 @@ TEST_P(Ops, SiluMulSiluAndGatedAdd) {
   // DyT ends in gamma * tanh + beta, which cancels to near zero where beta meets -gamma tanh: there
   // fp32 against f64 is an inner rounding (one element measured 187 "ulps" of a 5e-9 result), so
   // it is held to the relative L2 bound, over enough elements that one flipped rounding of a
-  // large output stays a small share of it.
-  const int64_t dm = 64, df = 96;
+  // large output stays a small share of it. Such outputs gather in the columns whose beta nearly
+  // cancels gamma tanh, so the share of differing elements moves by whole columns: a wide row
+  // (192 distinct per-head parameters, not 24) keeps one unlucky column near 0.5 % of the output
+  // (seed 1153404673 put 1.2 % of a 96-wide per-head case over the 1 % bound).
+  const int64_t dm = 16, df = 768;
   const Tensor dx = random({dm, df}, 2.0f), alpha = random({1}, 2.0f, DType::f32), gamma = random({df}),
                beta = random({df}), head_gamma = random({df / 4}), head_beta = random({df / 4});
   for (Rounding r : {Rounding::once, Rounding::each_step}) {
