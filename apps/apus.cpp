@@ -260,6 +260,18 @@ int main(int argc, char** argv) {
   size_t max_body_mb = serve_opts.max_body >> 20;
   serve->add_option("--max-body-mb", max_body_mb, "largest request body in MiB (32): audio inputs come as base64")
       ->check(CLI::Range(1, 4096));
+  serve->add_option("--header-timeout", serve_opts.header_seconds,
+                    "seconds a client has to send a request's line and headers (10); bodies must move at 64 KiB/s")
+      ->check(CLI::Range(0.1, 3600.0));
+  serve->add_option("--max-connections", serve_opts.max_connections, "open connections at once (512)")
+      ->check(CLI::Range(1, 65536));
+  serve->add_option("--max-connections-per-address", serve_opts.max_connections_per_address,
+                    "open connections from one client address (64)")
+      ->check(CLI::Range(1, 65536));
+  size_t kept_results_mb = serve_opts.kept_results_bytes >> 20;
+  serve->add_option("--kept-results-mb", kept_results_mb,
+                    "MiB of finished jobs' files kept for GET /v1/jobs/{id} (256); the oldest go first")
+      ->check(CLI::Range(1, 1 << 20));
   double drain_seconds = 30;
   serve->add_option("--drain-seconds", drain_seconds, "on SIGTERM / SIGINT, let running jobs finish this long (30)")
       ->check(CLI::Range(0.0, 86400.0));
@@ -405,6 +417,7 @@ int main(int argc, char** argv) {
       sigaddset(&signals, SIGINT);
       pthread_sigmask(SIG_BLOCK, &signals, nullptr);
       serve_opts.max_body = max_body_mb << 20;
+      serve_opts.kept_results_bytes = kept_results_mb << 20;
       apus::server::Server server(serve_opts);
       const int port = server.start();
       std::fprintf(stderr, "serving %zu model(s) on http://%s:%d\n", serve_opts.models.size(),

@@ -346,8 +346,12 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
     return client().Post(path.c_str(), body, "application/json");
   };
   const std::string images = "/v1/images/generations", audio = "/v1/audio/generations";
-  expect_refusal(post(images, "{not json"), 400, "not a JSON object");
-  expect_refusal(post(images, "[1, 2]"), 400, "not a JSON object");
+  expect_refusal(post(images, "{not json"), 400, "not valid JSON: parse error at line 1, column 3");
+  expect_refusal(post(images, "[1, 2]"), 400, "the body is JSON array, expected an object");
+  // What is wrong and where, never the client's bytes echoed back.
+  expect_refusal(post(images, R"({"prompt": "x", "cfg": 1e999})"), 400, "number overflow parsing '1e999' (beyond the range of a double)");
+  expect_refusal(post(images, "{\"prompt\": \"ab\xff\"}"), 400,
+                 "not valid JSON: parse error at line 1, column 15: syntax error while parsing value - invalid string: ill-formed UTF-8 byte");
   expect_refusal(post(images, R"({"prompt": "x", "bogus": 1})"), 400, "unrecognized request argument", "bogus");
   expect_refusal(post(images, R"({"size": "64x64"})"), 400, "'prompt' is required", "prompt");
   expect_refusal(post(images, R"({"prompt": 7})"), 400, "'prompt' must be a string", "prompt");

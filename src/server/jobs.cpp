@@ -1,6 +1,7 @@
 #include "server/jobs.h"
 
 #include <cstdio>
+#include <new>
 
 #include "core/error.h"
 
@@ -56,6 +57,11 @@ size_t ModelWorker::waiting() const {
   return queue_.size();
 }
 
+bool ModelWorker::full() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queue_.size() >= capacity_;
+}
+
 bool ModelWorker::busy() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return running_ || !queue_.empty();
@@ -83,14 +89,19 @@ void ModelWorker::run() {
       queue_.pop_front();
       running_ = job;
     }
-    auto finish = [&](JobState s, std::vector<JobOutput> outputs, std::string error, int status) {
+    auto finish = [&](JobState s, std::vector<JobOutput> outputs, std::string error, int status,
+                      std::string field = "") {
+      {
+        std::lock_guard<std::mutex> lock(job->mutex);
+        job->outputs = std::move(outputs);
+      }
       if (finished_) finished_(*job, s);
       {
         std::lock_guard<std::mutex> lock(job->mutex);
         job->state = s;
-        job->outputs = std::move(outputs);
         job->error = std::move(error);
         job->error_status = status;
+        job->error_field = std::move(field);
         job->changed.notify_all();
       }
       std::lock_guard<std::mutex> lock(mutex_);
@@ -108,10 +119,15 @@ void ModelWorker::run() {
     try {
       std::vector<JobOutput> outputs = job->work(*job);
       finish(JobState::done, std::move(outputs), "", 0);
+    } catch (const FieldError& e) {
+      finish(JobState::failed, {}, e.what(), 400, e.field);
     } catch (const Error& e) {
       // The engine's errors name what the request got wrong (or that it was cancelled).
       if (job->cancel) finish(JobState::cancelled, {}, "cancelled", 499);
       else finish(JobState::failed, {}, e.what(), 400);
+    } catch (const std::bad_alloc&) {
+      // The engine names the sizes it allocates; this is a library's or the STL's allocation.
+      finish(JobState::failed, {}, "the server ran out of memory running this request (an allocation failed)", 503);
     } catch (const std::exception& e) {
       finish(JobState::failed, {}, e.what(), 500);
     }

@@ -14,9 +14,18 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+
 namespace apus::server {
 
 enum class JobState { queued, running, done, failed, cancelled };
+
+// A job's refusal of one of its request's fields (a file that does not decode): the answer names it.
+class FieldError : public Error {
+ public:
+  FieldError(const std::string& message, std::string field) : Error(message), field(std::move(field)) {}
+  std::string field;
+};
 const char* state_name(JobState s);
 
 // One output file of a job: an image (PNG) or a clip (WAV / FLAC).
@@ -38,6 +47,7 @@ struct Job {
   int step = 0, steps = 0;
   std::string error;
   int error_status = 0;  // the HTTP status an error maps to: 400 (the request), 500 (the engine)
+  std::string error_field;  // ... and the request's field it concerns, if one
   std::vector<JobOutput> outputs;
   std::vector<std::pair<std::string, double>> stages;  // the run's stage times (name, seconds)
   bool traced = false;  // the request asked for its timeline (set before submitting)
@@ -55,7 +65,7 @@ struct Job {
 class ModelWorker {
  public:
   // `finished` sees every job as it ends (done, failed or cancelled: the state given), on the
-  // worker thread, before anyone waiting on the job learns of it.
+  // worker thread, its outputs in place, before anyone waiting on the job learns of it.
   ModelWorker(size_t capacity, std::function<void(const Job&, JobState)> finished);
   ~ModelWorker();
   ModelWorker(const ModelWorker&) = delete;
@@ -63,6 +73,8 @@ class ModelWorker {
   // Queues the job; false (and nothing queued) when `capacity` jobs already wait.
   bool submit(const std::shared_ptr<Job>& job);
   size_t waiting() const;
+  // Whether a job submitted now would be refused (`capacity` jobs wait).
+  bool full() const;
   // Whether a job runs or waits; whether one runs.
   bool busy() const;
   bool running() const;

@@ -1,9 +1,8 @@
 #include "server/server.h"
 
-#include <httplib.h>
-
 #include <atomic>
 #include <charconv>
+#include <deque>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -14,7 +13,6 @@
 #include <sstream>
 #include <thread>
 #include <tuple>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "apus/apus.h"
@@ -25,7 +23,9 @@
 #include "pipeline/infotext.h"
 #include "pipeline/registry.h"
 #include "pipeline/stage.h"
+#include "server/http.h"
 #include "server/jobs.h"
+#include "server/multipart.h"
 #include "server/web_page.h"
 
 namespace apus::server {
@@ -49,12 +49,15 @@ struct HttpError {
   throw HttpError{status, message, param};
 }
 
-void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param) {
+// JSON text of an answer; bytes of a client's that are not UTF-8 (echoed in a message) become U+FFFD.
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+void send_error(http::Response& res, int status, const std::string& message, const std::string& param) {
   const char* type = status == 401 ? "authentication_error" : status == 429 ? "rate_limit_error"
                      : status >= 500 ? "server_error" : "invalid_request_error";
   Json err = {{"message", message}, {"type", type}, {"param", param.empty() ? Json() : Json(param)}};
   res.status = status;
-  res.set_content(Json{{"error", err}}.dump(), "application/json");
+  res.set_content(dump(Json{{"error", err}}), "application/json");
 }
 
 std::string base64(const std::vector<uint8_t>& bytes) {
@@ -132,17 +135,6 @@ struct Fields {
     if (!has("seed")) return std::nullopt;
     return uint64_t(integer("seed", 0, 0, (int64_t(1) << 53)));
   }
-  // An audio file sent as base64 text, decoded.
-  AudioClip clip(const char* k) const {
-    const std::optional<std::string> bytes = unbase64(string(k, ""));
-    if (!bytes || bytes->empty()) refuse(400, std::string("'") + k + "' must be an audio file as base64", k);
-    try {
-      Audio a = decode_audio(*bytes, k);
-      return {a.rate, a.channels, std::move(a.samples)};
-    } catch (const Error& e) {
-      refuse(400, e.what(), k);
-    }
-  }
   std::string prompt() const {
     const std::string p = string("prompt", "");
     if (p.empty()) refuse(400, "'prompt' is required and must not be empty", "prompt");
@@ -156,9 +148,22 @@ struct Fields {
   }
 };
 
-Json parse_body(const httplib::Request& req) {
-  Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) refuse(400, "the body is not a JSON object");
+// The body as a JSON object; what is wrong with it and where, when it is not one.
+Json parse_body(const http::Request& req) {
+  Json j;
+  try {
+    j = Json::parse(req.body);
+  } catch (const Json::exception& e) {
+    // nlohmann's text, without its "[json.exception.x.y] " tag and the "; last read: ..." echo
+    // of the client's bytes.
+    std::string why = e.what();
+    if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 && tag != std::string::npos)
+      why = why.substr(tag + 2);
+    if (const size_t echo = why.find("; last read:"); echo != std::string::npos) why = why.substr(0, echo);
+    if (e.id == 406) why += " (beyond the range of a double)";
+    refuse(400, "the body is not valid JSON: " + why);
+  }
+  if (!j.is_object()) refuse(400, std::string("the body is JSON ") + j.type_name() + ", expected an object");
   return j;
 }
 
@@ -266,41 +271,16 @@ class Metrics {
   std::map<std::pair<std::string, std::string>, Histogram> stages_;
 };
 
-// A route's name for the metrics: job ids folded into one.
-std::string route_name(const httplib::Request& req) {
+// A route's name for the metrics: job ids folded into one; requests no route took counted
+// together (their paths are the client's to choose).
+std::string route_name(const http::Request& req, const std::string& pattern) {
+  if (pattern.empty()) return "unrouted";
   std::string path = req.path;
   if (path.rfind("/v1/jobs/", 0) == 0) {
     const size_t end = path.find('/', 9);
     path = "/v1/jobs/{id}" + (end == std::string::npos ? "" : path.substr(end));
   }
   return req.method + " " + path;
-}
-
-// Whether the client of `req` has closed its connection: the kernel's view of the socket
-// (/proc/net/tcp and tcp6, the entry of this local port and the client's port in CLOSE_WAIT).
-// cpp-httplib 0.11 gives a handler no access to its socket; this is how a synchronous route
-// learns that nobody waits for its answer any more.
-bool client_gone(const httplib::Request& req) {
-  char ports[32];
-  std::snprintf(ports, sizeof ports, ":%04X", unsigned(req.local_port));
-  const std::string local = ports;
-  std::snprintf(ports, sizeof ports, ":%04X", unsigned(req.remote_port));
-  const std::string remote = ports;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream f(table);
-    std::string line;
-    std::getline(f, line);  // the header
-    while (std::getline(f, line)) {
-      std::istringstream fields(line);
-      std::string slot, local_addr, remote_addr, state;
-      fields >> slot >> local_addr >> remote_addr >> state;
-      if (local_addr.size() >= 5 && remote_addr.size() >= 5 &&
-          local_addr.compare(local_addr.size() - 5, 5, local) == 0 &&
-          remote_addr.compare(remote_addr.size() - 5, 5, remote) == 0)
-        return state == "08";  // TCP_CLOSE_WAIT: the client sent its FIN
-    }
-  }
-  return false;
 }
 
 std::string new_job_id() {
@@ -317,10 +297,13 @@ std::string new_job_id() {
 struct Server::Impl {
   ServeOptions options;
   std::vector<Loaded> models;
-  httplib::Server http;
-  std::thread thread;
+  std::unique_ptr<http::Server> http;
   std::mutex jobs_mutex;
   std::map<std::string, std::shared_ptr<Job>> jobs;
+  // Finished jobs in the order they ended, with their files' bytes: GET /v1/jobs/{id} finds them
+  // until options.kept_results_bytes (or kKeptJobs) is passed, the oldest dropped first.
+  std::deque<std::pair<std::string, size_t>> finished;
+  size_t finished_bytes = 0;
   Metrics metrics;
   std::atomic<bool> draining{false};
   std::shared_ptr<Job> a1111_current;  // the AUTOMATIC1111 routes' latest job (progress, interrupt)
@@ -346,41 +329,58 @@ struct Server::Impl {
     refuse(404, "model '" + name + "' is not loaded (GET /v1/models lists them)", "model");
   }
 
-  // An image file sent as base64 in a JSON field (`what` names it in errors, `param` is the field).
-  static Rgb8Image base64_image(const Json& value, const std::string& what, const char* param) {
+  // The bytes of a file sent as base64 in a JSON field (`what` names it in errors).
+  static std::string base64_file(const Json& value, const std::string& what, const char* param, const char* kind) {
     const std::optional<std::string> bytes = value.is_string() ? unbase64(value.get<std::string>()) : std::nullopt;
-    if (!bytes || bytes->empty()) refuse(400, "'" + what + "' must be an image file as base64", param);
+    if (!bytes || bytes->empty()) refuse(400, "'" + what + "' must be " + kind + " file as base64", param);
+    return *bytes;
+  }
+
+  // A request's file decoded as its job runs; a refusal names the field it came in.
+  template <typename Decode>
+  static auto decoded(const std::string& bytes, const std::string& what, const std::string& field, Decode decode) {
     try {
-      return decode_image(*bytes, what);
+      return decode(bytes, what);
     } catch (const Error& e) {
-      refuse(400, e.what(), param);
+      throw FieldError(e.what(), field);
     }
   }
 
   // OpenAI's edits mask: a PNG whose fully transparent pixels mark the area to edit, as the
-  // white of a diffusers mask (PNG bytes).
-  static std::vector<uint8_t> openai_mask(const std::string& bytes) {
+  // white of a diffusers mask.
+  static Rgb8Image openai_mask(const std::string& bytes, const std::string& what) {
     PngImage png;
     try {
-      png = decode_png(bytes, "mask", /*with_alpha=*/true);
+      png = decode_png(bytes, what, /*with_alpha=*/true);
     } catch (const Error& e) {
-      refuse(400, std::string(e.what()) + " (OpenAI's mask is a PNG with transparency)", "mask");
+      throw Error(std::string(e.what()) + " (OpenAI's mask is a PNG with transparency)");
     }
-    std::vector<uint8_t> white(png.rgb.size());
+    Rgb8Image white{png.width, png.height, std::vector<uint8_t>(png.rgb.size())};
     bool any = false;
     for (size_t i = 0; i < png.alpha.size(); ++i) {
       const uint8_t v = png.alpha[i] == 0 ? 255 : 0;
       any |= v != 0;
-      std::memset(&white[3 * i], v, 3);
+      std::memset(&white.rgb[3 * i], v, 3);
     }
-    if (!any) refuse(400, "'mask' has no fully transparent pixel: OpenAI's mask marks the area to edit with alpha 0", "mask");
-    return encode_png(png.width, png.height, white, {}, "mask");
+    APUS_CHECK(any, "'mask' has no fully transparent pixel: OpenAI's mask marks the area to edit with alpha 0");
+    return white;
   }
 
+  // The image files of a request, as sent: decoded on the model's worker as its job starts, so a
+  // request waiting in the queue (or refused by it) holds compressed bytes, never pixels.
+  struct ImageFiles {
+    std::vector<std::string> images;  // to edit from; with a mask, the first is the one repainted
+    std::optional<std::string> mask;
+    bool alpha_mask = false;  // OpenAI's edits mask (alpha 0 repaints), else white repaints
+  };
+
+  static void check_image_headers(const ImageFiles&) {}
+  static void check_audio_header(const std::string&, const char*, double) {}
+
   // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
-  // b64_json; apus's seed, steps, cfg and negative_prompt; images to edit from, or with mask and
-  // strength to inpaint.
-  std::shared_ptr<Job> image_job(const Json& body, bool trace = false) {
+  // b64_json; apus's seed, steps, cfg and negative_prompt; images to edit from (JSON: base64 in
+  // "images"), or with a mask and strength to inpaint.
+  std::shared_ptr<Job> image_job(const Json& body, ImageFiles files, bool trace = false) {
     const Fields f{body};
     f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
             "mask", "strength",
@@ -389,28 +389,31 @@ struct Server::Impl {
     ImageRequest r;
     r.prompt = f.prompt();
     const int n = int(f.integer("n", 1, 1, kMaxImages));
-    // Reference images to edit from, as base64 files (PNG or JPEG); without a size the output
-    // takes the first one's.
     if (f.has("images")) {
       const Json& images = body["images"];
       if (!images.is_array() || images.empty() || images.size() > kMaxReferences)
         refuse(400, "'images' must be a list of 1 to " + std::to_string(kMaxReferences) + " base64 images", "images");
       for (size_t i = 0; i < images.size(); ++i)
-        r.references.push_back(base64_image(images[i], "images[" + std::to_string(i) + "]", "images"));
+        files.images.push_back(base64_file(images[i], "images[" + std::to_string(i) + "]", "images", "an image"));
     }
+    if (f.has("mask")) files.mask = base64_file(body["mask"], "mask", "mask", "an image");
+    if (files.images.size() > kMaxReferences)
+      refuse(400, "at most " + std::to_string(kMaxReferences) + " images, not " + std::to_string(files.images.size()), "images");
     // Inpainting: the mask (white repaints, as diffusers' mask_image) applies to the first image,
     // as OpenAI's edits apply theirs; a second image is the reference for the repainted area.
-    if (f.has("mask")) {
-      Rgb8Image mask = base64_image(body["mask"], "mask", "mask");
-      if (r.references.empty()) refuse(400, "'mask' repaints the first of 'images', and there are none", "mask");
-      if (r.references.size() > 2)
+    double strength = 0.8;
+    if (files.mask) {
+      if (files.images.empty()) refuse(400, "'mask' repaints the first of 'images', and there are none", "mask");
+      if (files.images.size() > 2)
         refuse(400, "with 'mask', 'images' holds the image to repaint and at most one reference", "images");
-      r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), f.number("strength", 0.8)};
-      r.references.erase(r.references.begin());
+      strength = f.number("strength", strength);
     } else if (f.has("strength")) {
       refuse(400, "'strength' is for inpainting, with 'mask'", "strength");
     }
-    const bool sized_by_image = r.inpaint || !r.references.empty();
+    // Refused before any file is decoded: a full queue, and files whose pixels would be too many.
+    if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
+    check_image_headers(files);
+    const bool sized_by_image = !files.images.empty();
     const std::string size = f.string("size", sized_by_image ? "auto" : "1024x1024");
     if (size != "auto") {
       int w = 0, h = 0;
@@ -442,13 +445,22 @@ struct Server::Impl {
     // moderation, a PNG's compression), refused where it would change the image.
     if (f.string("background", "auto") != "auto" && f.string("background", "auto") != "opaque")
       refuse(400, "'background' transparent is not supported (the models render opaque images)", "background");
-    admit([&] { check_memory(m.image->count(r, n), true, "this request"); });
+    // With image files the engine's own admission runs as the job starts, once they are decoded.
+    if (files.images.empty()) admit([&] { check_memory(m.image->count(r, n), true, "this request"); });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "image";
     job->traced = trace;
     const ImageModel* model = m.image.get();
-    job->work = [model, r, n](Job& j) {
+    job->work = [model, r, n, files = std::move(files), strength](Job& j) mutable {
+      for (size_t i = 0; i < files.images.size(); ++i)
+        r.references.push_back(decoded(files.images[i], "images[" + std::to_string(i) + "]", "images", decode_image));
+      files.images.clear();
+      if (files.mask) {
+        Rgb8Image mask = decoded(*files.mask, "mask", "mask", files.alpha_mask ? openai_mask : decode_image);
+        r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), strength};
+        r.references.erase(r.references.begin());
+      }
       std::vector<ImageRequest> batch(size_t(n), r);
       for (int i = 1; i < n; ++i) batch[size_t(i)].seed = r.seed ? std::optional<uint64_t>(*r.seed + uint64_t(i)) : std::nullopt;
       std::vector<JobOutput> out;
@@ -482,12 +494,14 @@ struct Server::Impl {
     r.cfg = float(f.number("cfg", 1.0));
     r.trace = trace;
     if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
-    // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads).
+    // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads),
+    // decoded on the model's worker as the job starts.
+    std::optional<std::string> init_file, inpaint_file;
     if (f.has("init_audio")) {
-      r.init_audio = f.clip("init_audio");
+      init_file = base64_file(body["init_audio"], "init_audio", "init_audio", "an audio");
       r.init_noise_level = f.number("init_noise_level", r.init_noise_level);
     }
-    if (f.has("inpaint_audio")) r.inpaint_audio = f.clip("inpaint_audio");
+    if (f.has("inpaint_audio")) inpaint_file = base64_file(body["inpaint_audio"], "inpaint_audio", "inpaint_audio", "an audio");
     if (f.has("inpaint_regions")) {
       const Json& regions = body["inpaint_regions"];
       if (!regions.is_array()) refuse(400, "'inpaint_regions' must be a list of [start, end] seconds", "inpaint_regions");
@@ -504,13 +518,23 @@ struct Server::Impl {
     } catch (const Error& e) {
       refuse(400, e.what(), "format");
     }
-    admit([&] { check_memory(m.audio->count(r), true, "this request"); });
+    if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
+    for (const auto& [file, name] : {std::pair{&init_file, "init_audio"}, std::pair{&inpaint_file, "inpaint_audio"}})
+      if (*file) check_audio_header(**file, name, m.audio->max_seconds());
+    // With clips the engine's own admission runs as the job starts, once they are decoded.
+    if (!init_file && !inpaint_file) admit([&] { check_memory(m.audio->count(r), true, "this request"); });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "audio";
     job->traced = trace;
     const AudioModel* model = m.audio.get();
-    job->work = [model, r, format](Job& j) {
+    job->work = [model, r, format, init_file, inpaint_file](Job& j) mutable {
+      auto clip = [](const std::string& bytes, const char* name) {
+        Audio a = decoded(bytes, name, name, decode_audio);
+        return AudioClip{a.rate, a.channels, std::move(a.samples)};
+      };
+      if (init_file) r.init_audio = clip(*init_file, "init_audio");
+      if (inpaint_file) r.inpaint_audio = clip(*inpaint_file, "inpaint_audio");
       const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
       for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
       j.keep_trace(res.trace);
@@ -534,11 +558,6 @@ struct Server::Impl {
         if (!m.worker->submit(job)) throw HttpError{429, "the queue of model '" + m.id + "' is full", ""};
         std::lock_guard<std::mutex> lock(jobs_mutex);
         jobs[job->id] = job;
-        for (auto it = jobs.begin(); jobs.size() > kKeptJobs && it != jobs.end();) {
-          std::lock_guard<std::mutex> job_lock(it->second->mutex);
-          const JobState st = it->second->state;
-          it = st == JobState::queued || st == JobState::running ? std::next(it) : jobs.erase(it);
-        }
         return;
       }
   }
@@ -551,39 +570,62 @@ struct Server::Impl {
   }
 
   // A synchronous route's wait: the job cancelled if its client goes away meanwhile.
-  static void wait_for_client(const httplib::Request& req, Job& j) {
+  static void wait_for_client(const http::Request& req, Job& j) {
     std::unique_lock<std::mutex> lock(j.mutex);
     while (!j.changed.wait_for(lock, std::chrono::milliseconds(250), [&] {
       return j.state == JobState::done || j.state == JobState::failed || j.state == JobState::cancelled;
     })) {
       lock.unlock();
-      if (!j.cancel && client_gone(req)) j.cancel = true;
+      if (!j.cancel && req.client_gone()) j.cancel = true;
       lock.lock();
     }
   }
 
   // A synchronous route's job, once finished: forgotten (nobody polls it), its error raised.
   // Runs an image job for a synchronous route and answers OpenAI's ImagesResponse.
-  void respond_images(const httplib::Request& req, httplib::Response& res, const std::shared_ptr<Job>& j) {
+  void respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j) {
     submit(j);
     wait_for_client(req, *j);
     finish_sync(*j);
     Json data = Json::array();
     for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
-    res.set_content(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}.dump(), "application/json");
+    res.set_content(dump(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}), "application/json");
   }
 
   void finish_sync(const Job& j) {
     {
       std::lock_guard<std::mutex> lock(jobs_mutex);
       jobs.erase(j.id);
+      for (auto it = finished.begin(); it != finished.end(); ++it)
+        if (it->first == j.id) {
+          finished_bytes -= it->second;
+          finished.erase(it);
+          break;
+        }
     }
     fail_job(j);
   }
 
+  // On the model's worker, as a job ends (its files in place, before its waiters learn of it).
+  void job_finished(const Job& j) {
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(j.mutex);
+      for (const JobOutput& o : j.outputs) bytes += o.bytes.size();
+    }
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    finished.emplace_back(j.id, bytes);
+    finished_bytes += bytes;
+    while ((finished_bytes > options.kept_results_bytes || finished.size() > kKeptJobs) && finished.size() > 1) {
+      jobs.erase(finished.front().first);
+      finished_bytes -= finished.front().second;
+      finished.pop_front();
+    }
+  }
+
   static void fail_job(const Job& j) {
     std::lock_guard<std::mutex> lock(j.mutex);
-    if (j.state == JobState::failed) refuse(j.error_status, j.error);
+    if (j.state == JobState::failed) refuse(j.error_status, j.error, j.error_field);
     if (j.state == JobState::cancelled) refuse(499, "the job was cancelled");
   }
 
@@ -605,7 +647,7 @@ struct Server::Impl {
   // The AUTOMATIC1111 routes front ends call: txt2img (its field names; fields apus does not know
   // are ignored, as A1111 ignores them), progress of the latest txt2img, interrupt.
   void registerA1111() {
-    http.Post("/sdapi/v1/txt2img", [this](const httplib::Request& req, httplib::Response& res) {
+    http->route("POST", "/sdapi/v1/txt2img", [this](const http::Request& req, http::Response& res) {
       const Json in = parse_body(req);
       const Fields f{in};
       const std::string negative = f.string("negative_prompt", "");
@@ -622,7 +664,7 @@ struct Server::Impl {
       // distilled ones have none to take; a negative prompt the engine refuses for them.
       if (model.default_cfg() > 1) body["cfg"] = f.number("cfg_scale", model.default_cfg());
       if (!negative.empty()) body["negative_prompt"] = negative;
-      const auto j = image_job(body);
+      const auto j = image_job(body, {});
       submit(j);
       {
         std::lock_guard<std::mutex> lock(jobs_mutex);
@@ -639,9 +681,9 @@ struct Server::Impl {
                          {"negative_prompt", negative}, {"cfg_scale", body.value("cfg", 1.0)}, {"seed", seeds[0]}, {"all_seeds", seeds},
                          {"width", f.integer("width", 512, 16, kMaxSide)}, {"height", f.integer("height", 512, 16, kMaxSide)},
                          {"steps", body["steps"]}, {"batch_size", body["n"]}, {"sd_model_name", j->model}};
-      res.set_content(Json{{"images", images}, {"parameters", in}, {"info", info.dump()}}.dump(), "application/json");
+      res.set_content(dump(Json{{"images", images}, {"parameters", in}, {"info", dump(info)}}), "application/json");
     });
-    http.Get("/sdapi/v1/progress", [this](const httplib::Request&, httplib::Response& res) {
+    http->route("GET", "/sdapi/v1/progress", [this](const http::Request&, http::Response& res) {
       std::shared_ptr<Job> j;
       {
         std::lock_guard<std::mutex> lock(jobs_mutex);
@@ -660,11 +702,11 @@ struct Server::Impl {
         state["sampling_steps"] = j->steps;
         progress = active && j->steps ? double(j->step) / j->steps : 0.0;
       }
-      res.set_content(Json{{"progress", progress}, {"eta_relative", 0.0}, {"state", state},
-                           {"current_image", nullptr}, {"textinfo", nullptr}}.dump(),
+      res.set_content(dump(Json{{"progress", progress}, {"eta_relative", 0.0}, {"state", state},
+                                {"current_image", nullptr}, {"textinfo", nullptr}}),
                       "application/json");
     });
-    http.Post("/sdapi/v1/interrupt", [this](const httplib::Request&, httplib::Response& res) {
+    http->route("POST", "/sdapi/v1/interrupt", [this](const http::Request&, http::Response& res) {
       std::lock_guard<std::mutex> lock(jobs_mutex);
       if (a1111_current) a1111_current->cancel = true;
       res.set_content("{}", "application/json");
@@ -672,53 +714,53 @@ struct Server::Impl {
   }
 
   void routes() {
-    http.set_payload_max_length(options.max_body);
-    // A synchronous request holds its connection's thread while its job waits and runs: enough
-    // threads for every model's full queue plus the quick routes beside them.
-    const size_t threads = 16 + models.size() * (options.queue + 1);
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http::Limits limits;
+    limits.max_body = options.max_body;
+    limits.header_seconds = options.header_seconds;
+    limits.max_connections = options.max_connections;
+    limits.max_connections_per_address = options.max_connections_per_address;
+    // A synchronous request holds a handler thread while its job waits and runs: enough for
+    // every model's full queue plus the quick routes and event streams beside them.
+    limits.threads = 16 + models.size() * (options.queue + 1);
+    http = std::make_unique<http::Server>(limits);
     if (!options.cors.empty()) {
       // The one allowed origin on every answer, and the browser's preflight answered without a key.
-      http.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+      http->after = [this](const http::Request&, http::Response& res) {
         res.set_header("Access-Control-Allow-Origin", options.cors);
         res.set_header("Vary", "Origin");
-      });
-      http.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
+      };
+      http->route("OPTIONS", R"(/.*)", [](const http::Request&, http::Response& res) {
         res.status = 204;
         res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
         res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
         res.set_header("Access-Control-Max-Age", "600");
       });
     }
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    http->before = [this](const http::Request& req, http::Response& res) {
       // The health check and the page itself (static, it holds no data) need no key; the page
       // sends the key the user types with its API calls.
-      if (options.api_key.empty() || req.path == "/health" || req.path == "/" || req.method == "OPTIONS")
-        return httplib::Server::HandlerResponse::Unhandled;
-      if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
-        return httplib::Server::HandlerResponse::Unhandled;
+      if (options.api_key.empty() || req.path == "/health" || req.path == "/" || req.method == "OPTIONS") return false;
+      if (req.header("Authorization") == "Bearer " + options.api_key) return false;
       send_error(res, 401, "missing or wrong API key (Authorization: Bearer KEY)", "");
-      return httplib::Server::HandlerResponse::Handled;
-    });
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      return true;
+    };
+    http->exception = [](http::Response& res, std::exception_ptr ep) {
       try {
         std::rethrow_exception(ep);
       } catch (const HttpError& e) {
         send_error(res, e.status, e.message, e.param);
         if (e.status == 429) res.set_header("Retry-After", "5");
+      } catch (const std::bad_alloc&) {
+        send_error(res, 503, "the server has not the memory to take this request now (an allocation failed)", "");
       } catch (const std::exception& e) {
         send_error(res, 500, e.what(), "");
       }
-    });
-    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      send_error(res, res.status, res.status == 413 ? "the body is larger than the server takes"
-                                  : res.status == 404 ? "no such route" : "request refused", "");
-    });
-    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      metrics.request(route_name(req), res.status);
-    });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    };
+    http->refusal = [](http::Response& res, int status, const std::string& message) { send_error(res, status, message, ""); };
+    http->log = [this](const http::Request& req, const std::string& pattern, int status) {
+      metrics.request(route_name(req, pattern), status);
+    };
+    http->route("GET", "/metrics", [this](const http::Request&, http::Response& res) {
       std::vector<std::tuple<std::string, size_t, bool>> queues;
       for (const Loaded& m : models) queues.emplace_back(m.id, m.worker->waiting(), m.worker->running());
       res.set_content(metrics.text(queues), "text/plain; version=0.0.4");
@@ -726,54 +768,62 @@ struct Server::Impl {
     // Server-sent events: a "progress" event whenever the step or state changes, then "done"
     // with the job's final state (its files included) and the stream ends. A client that goes
     // away cancels the job.
-    http.Get(R"(/v1/jobs/([A-Za-z0-9-]+)/events)", [this](const httplib::Request& req, httplib::Response& res) {
+    http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+)/events)", [this](const http::Request& req, http::Response& res) {
       const auto j = job(req.matches[1]);
       auto sent = std::make_shared<std::pair<int, int>>(-1, -1);  // the (state, step) last sent
+      auto over = std::make_shared<bool>(false);
       res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider("text/event-stream", [this, j, sent](size_t, httplib::DataSink& sink) {
-        JobState state;
-        int step;
-        {
-          std::unique_lock<std::mutex> lock(j->mutex);
-          j->changed.wait_for(lock, std::chrono::seconds(15), [&] {
-            return int(j->state) != sent->first || j->step != sent->second;
-          });
-          state = j->state;
-          step = j->step;
-        }
-        const bool over = state == JobState::done || state == JobState::failed || state == JobState::cancelled;
-        const std::string event = std::string("event: ") + (over ? "done" : "progress") + "\ndata: " +
-                                  job_json(*j, over).dump() + "\n\n";
-        if (!sink.write(event.data(), event.size())) {
-          j->cancel = true;
-          return false;
-        }
-        *sent = {int(state), step};
-        if (over) sink.done();
-        return true;
-      });
+      res.content_type = "text/event-stream";
+      res.stream = http::Stream{[this, j, sent, over]() -> std::optional<std::string> {
+                                  if (*over) return std::nullopt;
+                                  JobState state;
+                                  int step;
+                                  {
+                                    std::unique_lock<std::mutex> lock(j->mutex);
+                                    j->changed.wait_for(lock, std::chrono::seconds(15), [&] {
+                                      return int(j->state) != sent->first || j->step != sent->second;
+                                    });
+                                    state = j->state;
+                                    step = j->step;
+                                  }
+                                  *over = state == JobState::done || state == JobState::failed ||
+                                          state == JobState::cancelled;
+                                  *sent = {int(state), step};
+                                  return std::string("event: ") + (*over ? "done" : "progress") + "\ndata: " +
+                                         dump(job_json(*j, *over)) + "\n\n";
+                                },
+                                [j] { j->cancel = true; }};
     });
     registerA1111();
-    http.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(web_page(), "text/html"); });
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    http->route("GET", "/", [](const http::Request&, http::Response& res) { res.set_content(web_page(), "text/html"); });
+    http->route("GET", "/health", [](const http::Request&, http::Response& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
     });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    http->route("GET", "/v1/models", [this](const http::Request&, http::Response& res) {
       Json data = Json::array();
       for (const Loaded& m : models)
         data.push_back({{"id", m.id}, {"object", "model"}, {"owned_by", "apus"}, {"kind", m.kind},
                         {"queue", m.worker->waiting()}});
-      res.set_content(Json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+      res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
     });
     // OpenAI's edits take a multipart form: the fields as text, the images as files (image or
-    // image[], repeatable). Turned into the generations body with the images as base64.
-    http.Post("/v1/images/edits", [this](const httplib::Request& req, httplib::Response& res) {
-      if (!req.is_multipart_form_data()) refuse(400, "expected a multipart/form-data body (OpenAI's images/edits)");
+    // image[], repeatable) in the order sent, the mask a PNG whose transparent pixels repaint.
+    http->route("POST", "/v1/images/edits", [this](const http::Request& req, http::Response& res) {
+      if (!is_multipart(req.header("Content-Type")))
+        refuse(400, "expected a multipart/form-data body (OpenAI's images/edits), not Content-Type '" +
+                        req.header("Content-Type") + "'");
+      std::vector<FormPart> parts;
+      try {
+        parts = parse_multipart(req.header("Content-Type"), req.body);
+      } catch (const Error& e) {
+        refuse(400, e.what());
+      }
       Json body = Json::object();
-      Json images = Json::array();
-      for (const auto& [name, file] : req.files) {
+      ImageFiles files;
+      for (const FormPart& file : parts) {
+        const std::string& name = file.name;
         if (name == "image" || name == "image[]") {
-          images.push_back(base64(std::vector<uint8_t>(file.content.begin(), file.content.end())));
+          files.images.push_back(file.content);
         } else if (name == "n" || name == "seed" || name == "steps") {
           int64_t v = 0;
           const auto [end, ec] = std::from_chars(file.content.data(), file.content.data() + file.content.size(), v);
@@ -787,19 +837,21 @@ struct Server::Impl {
             refuse(400, "'" + name + "' must be a number", name);
           body[name] = v;
         } else if (name == "mask") {
-          body["mask"] = base64(openai_mask(file.content));
+          files.mask = file.content;
+          files.alpha_mask = true;
+        } else if (name == "images") {
+          refuse(400, "the edits form sends its images as 'image' files", "images");
         } else {
           body[name] = file.content;
         }
       }
-      if (images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
-      body["images"] = images;
-      respond_images(req, res, image_job(body));
+      if (files.images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
+      respond_images(req, res, image_job(body, std::move(files)));
     });
-    http.Post("/v1/images/generations", [this](const httplib::Request& req, httplib::Response& res) {
-      respond_images(req, res, image_job(parse_body(req)));
+    http->route("POST", "/v1/images/generations", [this](const http::Request& req, http::Response& res) {
+      respond_images(req, res, image_job(parse_body(req), {}));
     });
-    http.Post("/v1/audio/generations", [this](const httplib::Request& req, httplib::Response& res) {
+    http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
       std::string format;
       const auto j = audio_job(parse_body(req), format);
       submit(j);
@@ -809,7 +861,7 @@ struct Server::Impl {
       res.set_header("X-Seed", std::to_string(o.seed));
       res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);
     });
-    http.Post("/v1/jobs", [this](const httplib::Request& req, httplib::Response& res) {
+    http->route("POST", "/v1/jobs", [this](const http::Request& req, http::Response& res) {
       Json body = parse_body(req);
       const Fields f{body};
       const std::string kind = f.string("kind", "");
@@ -818,16 +870,16 @@ struct Server::Impl {
       body.erase("kind");
       body.erase("trace");
       std::string format;
-      const auto j = kind == "image" ? image_job(body, trace) : audio_job(body, format, trace);
+      const auto j = kind == "image" ? image_job(body, {}, trace) : audio_job(body, format, trace);
       submit(j);
       res.status = 202;
-      res.set_content(job_json(*j).dump(), "application/json");
+      res.set_content(dump(job_json(*j)), "application/json");
     });
-    http.Get(R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const httplib::Request& req, httplib::Response& res) {
-      res.set_content(job_json(*job(req.matches[1])).dump(), "application/json");
+    http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const http::Request& req, http::Response& res) {
+      res.set_content(dump(job_json(*job(req.matches[1]))), "application/json");
     });
     // A traced job's timeline, for ui.perfetto.dev (docs/BENCH.md describes it).
-    http.Get(R"(/v1/jobs/([A-Za-z0-9-]+)/trace)", [this](const httplib::Request& req, httplib::Response& res) {
+    http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+)/trace)", [this](const http::Request& req, http::Response& res) {
       const auto j = job(req.matches[1]);
       if (!j->traced) refuse(404, "job " + j->id + " was not traced (submit it with \"trace\": true)", "trace");
       std::lock_guard<std::mutex> lock(j->mutex);
@@ -835,10 +887,10 @@ struct Server::Impl {
         refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its trace comes when it is done", "trace");
       res.set_content(j->trace, "application/json");
     });
-    http.Delete(R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    http->route("DELETE", R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const http::Request& req, http::Response& res) {
       const auto j = job(req.matches[1]);
       j->cancel = true;
-      res.set_content(job_json(*j).dump(), "application/json");
+      res.set_content(dump(job_json(*j)), "application/json");
     });
   }
 };
@@ -862,7 +914,10 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     for (const Loaded& other : impl_->models)
       APUS_CHECK(other.id != m.id, dir, ": a second model named '", m.id, "'");
     Impl* impl = impl_.get();
-    m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j, JobState s) { impl->metrics.job(j, s); });
+    m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j, JobState s) {
+      impl->metrics.job(j, s);
+      impl->job_finished(j);
+    });
     impl_->models.push_back(std::move(m));
   }
   impl_->routes();
@@ -872,26 +927,13 @@ Server::~Server() { stop(); }
 
 int Server::start() {
   Impl& s = *impl_;
-  // cpp-httplib listens with a backlog of 5: a burst of connects overflows it and the kernel drops
-  // their handshakes (clients see reads fail). The listening socket is noted as it is made and
-  // its backlog raised once bound.
-  int listening = -1;
-  s.http.set_socket_options([&listening](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listening = sock;
-  });
-  const int port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host)
-                                       : (s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1);
+  const int port = s.http->listen(s.options.host, s.options.port);
   APUS_CHECK(port > 0, "serve: cannot listen on ", s.options.host, ":", s.options.port);
-  if (listening >= 0) ::listen(listening, SOMAXCONN);
-  s.thread = std::thread([&s] { s.http.listen_after_bind(); });
   return port;
 }
 
 void Server::stop() {
-  if (!impl_) return;
-  impl_->http.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_) impl_->http->stop();
 }
 
 void Server::shutdown(double drain_seconds) {

@@ -21,6 +21,13 @@ struct ServeOptions {
   std::string cors;                 // an origin allowed to call from a browser; empty: no CORS
   size_t max_body = size_t(32) << 20;  // bytes; audio inputs arrive as base64 in the body
   std::string device = "cpu";       // where every model runs: cpu, or cuda[:N]
+  // A client must send its request line and headers within this (a kept-alive connection's wait
+  // for its next request included), and a body at 64 KiB/s after it.
+  double header_seconds = 10;
+  size_t max_connections = 512, max_connections_per_address = 64;
+  // Finished jobs' files kept for GET /v1/jobs/{id}, in bytes: the oldest are dropped beyond it
+  // (the newest is kept whatever its size).
+  size_t kept_results_bytes = size_t(256) << 20;
 };
 
 class Server {

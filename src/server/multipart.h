@@ -1,0 +1,20 @@
+#pragma once
+// multipart/form-data bodies (RFC 7578), as OpenAI's images/edits sends them: each part a form
+// field (name) or a file (name and filename) in the order the client sent them.
+#include <string>
+#include <vector>
+
+namespace apus::server {
+
+struct FormPart {
+  std::string name, filename, content_type, content;
+};
+
+// The parts of `body` sent with `content_type` (which names the boundary); a malformed body is
+// refused (apus::Error) saying what is wrong and where.
+std::vector<FormPart> parse_multipart(const std::string& content_type, const std::string& body);
+
+// Whether `content_type` is multipart/form-data.
+bool is_multipart(const std::string& content_type);
+
+}  // namespace apus::server
