@@ -76,6 +76,7 @@ struct Server::Impl {
   size_t connections = 0;
   std::map<std::string, size_t> per_address;
   std::set<Session*> sessions;
+  bool stopping = false;  // on the I/O thread: answers in flight are written, nothing more is read
 
   asio::io_context io{1};
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
@@ -116,6 +117,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void start() { read_header(); }
 
+  // Whether a request of this connection is being handled or answered.
+  bool busy() const { return busy_; }
+
   // On the I/O thread: ends whatever the session waits for.
   void close() {
     beast::error_code ignored;
@@ -133,6 +137,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   Request request_;
   bool keep_alive_ = false;
+  bool busy_ = false;
   std::string head_, body_;  // what is being written
   std::optional<Stream> stream_;
   std::array<char, 4096> discard_{};
@@ -201,6 +206,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void dispatch() {
     disarm();
+    busy_ = true;
     auto& message = parser_->get();
     request_ = Request{};
     request_.method = std::string(message.method_string());
@@ -223,6 +229,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The transport's own refusal of what it read; the connection is not reused after it.
   void refuse(int status, const std::string& message) {
     disarm();
+    busy_ = true;
     request_ = Request{};
     request_.remote_address = address_;
     Response res = server_.refused(status, message);
@@ -256,6 +263,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void written() {
     if (stream_) return next_piece();
+    busy_ = false;
+    if (server_.stopping) return close();
     if (keep_alive_) return read_header();
     linger();
   }
@@ -409,15 +418,27 @@ int Server::listen(const std::string& host, int port) {
 void Server::stop() {
   Impl& s = *impl_;
   if (!s.io_thread.joinable()) return;
-  asio::post(s.io, [&s] {
+  auto close_sessions = [&s](bool idle_only) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (Session* session : s.sessions)
+      if (!idle_only || !session->busy()) session->close();
+  };
+  // Graceful: no new connection or request; the requests being handled are answered.
+  asio::post(s.io, [&s, close_sessions] {
     beast::error_code ignored;
     s.acceptor.close(ignored);
-    std::lock_guard<std::mutex> lock(s.mutex);
-    for (Session* session : s.sessions) session->close();
+    s.stopping = true;
+    close_sessions(true);
   });
-  // Running handlers finish (a waiting one sees its client gone); their answers find the
-  // connections closed.
   s.pool.join();
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (s.sessions.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  asio::post(s.io, [close_sessions] { close_sessions(false); });
   s.work.reset();
   s.io.stop();
   s.io_thread.join();

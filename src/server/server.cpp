@@ -572,7 +572,7 @@ struct Server::Impl {
   // A synchronous route's wait: the job cancelled if its client goes away meanwhile.
   static void wait_for_client(const http::Request& req, Job& j) {
     std::unique_lock<std::mutex> lock(j.mutex);
-    while (!j.changed.wait_for(lock, std::chrono::milliseconds(250), [&] {
+    while (!j.changed.wait_for(lock, std::chrono::milliseconds(100), [&] {
       return j.state == JobState::done || j.state == JobState::failed || j.state == JobState::cancelled;
     })) {
       lock.unlock();
