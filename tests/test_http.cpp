@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 #include "server/http.h"
-#include "server/multipart.h"
+#include "server/bodies.h"
 #include "test_util.h"
 
 namespace apus {

@@ -25,7 +25,7 @@
 #include "pipeline/stage.h"
 #include "server/http.h"
 #include "server/jobs.h"
-#include "server/multipart.h"
+#include "server/bodies.h"
 #include "server/web_page.h"
 
 namespace apus::server {
@@ -148,23 +148,12 @@ struct Fields {
   }
 };
 
-// The body as a JSON object; what is wrong with it and where, when it is not one.
 Json parse_body(const http::Request& req) {
-  Json j;
   try {
-    j = Json::parse(req.body);
-  } catch (const Json::exception& e) {
-    // nlohmann's text, without its "[json.exception.x.y] " tag and the "; last read: ..." echo
-    // of the client's bytes.
-    std::string why = e.what();
-    if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 && tag != std::string::npos)
-      why = why.substr(tag + 2);
-    if (const size_t echo = why.find("; last read:"); echo != std::string::npos) why = why.substr(0, echo);
-    if (e.id == 406) why += " (beyond the range of a double)";
-    refuse(400, "the body is not valid JSON: " + why);
+    return parse_json_object(req.body);
+  } catch (const Error& e) {
+    refuse(400, e.what());
   }
-  if (!j.is_object()) refuse(400, std::string("the body is JSON ") + j.type_name() + ", expected an object");
-  return j;
 }
 
 struct Loaded {

@@ -1,4 +1,4 @@
-#include "server/multipart.h"
+#include "server/bodies.h"
 
 #include <algorithm>
 #include <cctype>
@@ -68,6 +68,24 @@ size_t delimiter_at(const std::string& body, const std::string& delimiter, size_
 }
 
 }  // namespace
+
+nlohmann::json parse_json_object(const std::string& body) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(body);
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann's text, without its "[json.exception.x.y] " tag and the "; last read: ..." echo
+    // of the client's bytes.
+    std::string why = e.what();
+    if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 && tag != std::string::npos)
+      why = why.substr(tag + 2);
+    if (const size_t echo = why.find("; last read:"); echo != std::string::npos) why = why.substr(0, echo);
+    if (e.id == 406) why += " (beyond the range of a double)";
+    fail("the body is not valid JSON: ", why);
+  }
+  APUS_CHECK(j.is_object(), "the body is JSON ", j.type_name(), ", expected an object");
+  return j;
+}
 
 bool is_multipart(const std::string& content_type) {
   return lower(trim(content_type.substr(0, content_type.find(';')))) == "multipart/form-data";

@@ -1,10 +1,16 @@
 #pragma once
-// multipart/form-data bodies (RFC 7578), as OpenAI's images/edits sends them: each part a form
-// field (name) or a file (name and filename) in the order the client sent them.
+// Request bodies as clients send them: JSON objects, and multipart/form-data (RFC 7578) as
+// OpenAI's images/edits sends it, each part a form field (name) or a file (name and filename) in
+// the order the client sent them.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 namespace apus::server {
+
+// `body` as a JSON object; refused (apus::Error) saying what is wrong and where, without echoing
+// the client's bytes.
+nlohmann::json parse_json_object(const std::string& body);
 
 struct FormPart {
   std::string name, filename, content_type, content;
