@@ -36,6 +36,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 # needs a checkout of github.com/Stability-AI/stable-audio-3 (commit 636f906 was used)
 if [ -n "${APUS_SA3_OFFICIAL:-}" ]; then
     "$VENV/bin/python" "$HERE/make_sa3_official_fixtures.py" --out "$REPO/tests/fixtures"
+    # the official schedules for 1..200 steps (sa3_sigmas_ref.*; needs torch's AVX-512 kernels)
+    "$VENV/bin/python" "$HERE/make_sa3_sigmas.py" --out "$REPO/tests/fixtures"
 else
     echo "oracle: APUS_SA3_OFFICIAL unset, keeping the committed official Stable Audio 3 fixtures" >&2
 fi
