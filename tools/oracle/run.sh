@@ -25,6 +25,8 @@ fi
 export PYTHONHASHSEED=0 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 "$VENV/bin/python" "$HERE/make_klein_fixtures.py" --out "$REPO/tests/fixtures" "$@"
+# klein_tiny_a's text encoder cut to its deepest tap (tests/fixtures/klein_last_tap_ref.*)
+[ "$*" = "--only-tokenizer" ] || "$VENV/bin/python" "$HERE/make_klein_last_tap_fixtures.py" --out "$REPO/tests/fixtures"
 # T5Gemma's Gemma SentencePiece tokenizer (tests/fixtures/t5gemma_tok, t5gemma_tokenizer_cases.json)
 "$VENV/bin/python" "$HERE/make_t5gemma_tokenizer.py" --out "$REPO/tests/fixtures"
 # ... and its encoder (tests/fixtures/t5gemma_tiny, t5gemma_tiny_ref.*), fed by that tokenizer
