@@ -39,7 +39,6 @@ bool single_checkpoint(const std::string& root) {
 }
 
 // Opens `model` with the family its model_index.json names, or says which command serves it.
-
 template <typename Model, size_t N, size_t M, typename Other>
 std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
                                    const Family<Model> (&families)[N], const Family<Other> (&others)[M],

@@ -39,8 +39,8 @@ float vectorised_expf(float d) {
 }
 
 // torch.sigmoid(-logsnr) over a contiguous fp32 tensor on the CPU: 1 / (1 + exp(logsnr)) in fp32,
-// the exp the vectorised loop's over whole pairs of AVX-512 vectors (32 floats), libm's over the
-// rest (its scalar loop), as the official schedule's tensor of steps + 1 values is evaluated.
+// with the vectorised loop's exp over whole pairs of AVX-512 vectors (32 floats) and libm's expf
+// over the rest (the scalar loop), as torch evaluates the official schedule's steps + 1 values.
 std::vector<float> torch_sigmoid_of_negated(const std::vector<float>& logsnr) {
   constexpr size_t kVectorPair = 32;
   const size_t vectorised = logsnr.size() / kVectorPair * kVectorPair;
