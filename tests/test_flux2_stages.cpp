@@ -152,6 +152,33 @@ TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
                        ref.f32("bf16" + last));
 }
 
+// A text encoder exactly as deep as its deepest tap (klein_tiny_a cut to 27 layers, taps 9, 18,
+// 27): hidden_states[27] is then transformers' last hidden state, the final norm's output, and the
+// prompt embeddings are diffusers' (tools/oracle/make_klein_last_tap_fixtures.py).
+TEST(Flux2TextEncoder, TapAtTheLastLayerIsTheFinalNormOutput) {
+  const Reference ref("klein_last_tap");
+  const std::string d = ::testing::TempDir() + "apus_klein_last_tap_" + std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d + "/text_encoder");
+  const std::string src = test::fixture(ref.meta["variant"].get<std::string>());
+  std::filesystem::create_symlink(src + "/model_index.json", d + "/model_index.json");
+  for (const auto& e : std::filesystem::directory_iterator(src + "/text_encoder"))
+    if (e.path().filename() != "config.json")
+      std::filesystem::create_symlink(e.path(), d + "/text_encoder/" + e.path().filename().string());
+  std::ofstream(d + "/text_encoder/config.json") << ref.meta["text_encoder_config"].dump();
+  const auto enc = flux2::TextEncoder::load(ModelDir::open(d), taps_of(ref));
+  EXPECT_EQ(enc.config().layers, taps_of(ref).back());
+  const auto ids64 = ref.i64("input_ids");
+  for (const std::string p : {"fp32", "bf16"}) {
+    Arena arena;
+    Context ctx{&arena, test::precision_dtype(p)};
+    const Tensor out = enc.encode(ctx, std::vector<int32_t>(ids64.begin(), ids64.end()), ref.i64("attention_mask"));
+    test::expect_matches("text encoder, last tap", p, to_f32_vector(out), ref.f32("fp32.prompt_embeds"),
+                         ref.f32("bf16.prompt_embeds"));
+  }
+  std::filesystem::remove_all(d);
+}
+
 INSTANTIATE_TEST_SUITE_P(Klein, Flux2Stages,
                          ::testing::Values(Case{"klein_tiny_a", "fp32"}, Case{"klein_tiny_a", "bf16"},
                                            Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"},

@@ -216,6 +216,15 @@ TEST(Robustness, MeaninglessConfigValuesAreRefusedNamingFileAndKey) {
   }
 }
 
+// The prompt is checked before the chat template wraps it: the offset is the user's own byte.
+TEST(Robustness, InvalidUtf8InThePromptNamesThePromptAndItsOwnOffset) {
+  const std::string out = temp_out("utf8.png");
+  const test::CliRun r = test::run_cli("image --model " + test::fixture("klein_tiny_a") + " --prompt " +
+                                       test::shell_quote("abc\xff def") + " -W 64 -H 48 -o " + out);
+  expect_refused(r, out, {});
+  EXPECT_EQ(r.output, "error: the prompt is not valid UTF-8 (byte offset 3)\n");
+}
+
 TEST(Robustness, NumberBeyondDoubleRangeInAnyJsonNamesTheFile) {
   for (const std::string rel :
        {"model_index.json", "transformer/config.json", "vae/config.json",

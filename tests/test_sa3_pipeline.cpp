@@ -46,13 +46,43 @@ std::string spoiled_copy(const std::string& name, const std::string& part) {
   return d;
 }
 
-TEST(Sa3Schedule, LogSnrSigmasMatchTheOfficialSchedule) {
-  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
-  const std::vector<float> want = to_f32_vector(ref.get("sigmas"));
-  const std::vector<float> got = logsnr_sigmas(int(want.size()) - 1, 1.0f);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], 4e-7 * std::max(1.0f, want[i])) << "sigma " << i;
+// The tiny official checkpoint with model.safetensors rewritten tensor by tensor through `change`
+// (stored name, tensor as stored -> tensor to store); model_config.json and T5Gemma linked.
+template <typename Change>
+std::string rewritten_checkpoint(const std::string& name, Change&& change) {
+  const std::string d = ::testing::TempDir() + "apus_sa3_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (const char* part : {"model_config.json", "t5gemma-b-b-ul2"})
+    fs::create_symlink(fs::absolute(official_dir() + "/" + part), d + "/" + part);
+  const SafetensorsFile f = SafetensorsFile::open(official_dir() + "/model.safetensors");
+  std::vector<NamedTensor> tensors;
+  for (const std::string& n : f.names()) tensors.push_back({n, change(n, f.get(n))});
+  write_safetensors(d + "/model.safetensors", tensors);
+  return d;
+}
+
+// Bit for bit: the official schedule's fp32 sigmoid (torch's vectorised exp over whole pairs of
+// vectors, libm's over the rest), for every step count apus takes, from full noise and from an
+// audio-to-audio level (tools/oracle/make_sa3_sigmas.py); and the pipeline fixture's own schedule.
+TEST(Sa3Schedule, LogSnrSigmasAreTheOfficialScheduleBitForBit) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_sigmas_ref.safetensors"));
+  const Json meta = read_json(test::fixture("sa3_sigmas_ref.json"));
+  for (const auto& [name, sigma_max] : meta["sigma_max"].items()) {
+    const std::vector<float> all = to_f32_vector(ref.get(name));
+    size_t at = 0;
+    for (int steps = meta["steps"][0]; steps <= meta["steps"][1].get<int>(); ++steps) {
+      const std::vector<float> got = logsnr_sigmas(steps, sigma_max.get<float>());
+      ASSERT_LE(at + got.size(), all.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_EQ(got[i], all[at + i]) << name << ", " << steps << " steps, sigma " << i;
+      at += got.size();
+    }
+    EXPECT_EQ(at, all.size()) << name;
+  }
+  const SafetensorsFile pipeline = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const std::vector<float> want = to_f32_vector(pipeline.get("sigmas"));
+  EXPECT_EQ(logsnr_sigmas(int(want.size()) - 1, 1.0f), want);
   // torch.linspace's own values, which the schedule and the DiT's Fourier frequencies start from.
   const std::vector<float> ramp = torch_linspace(0.0f, 1.0f, 128);
   EXPECT_EQ(ramp.front(), 0.0f);
@@ -376,6 +406,30 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
   fs::remove_all(d);
 }
 
+// A checkpoint saved in bf16 throughout (README: bf16 weights are accepted) runs; its RoPE buffer
+// holds the inverse frequencies rounded to bf16. The official bf16 run casts the model to the same
+// bf16 weights, so the clip keeps the bf16 bound against the official run. A buffer holding other
+// frequencies is still refused, naming the file and tensor.
+TEST(Sa3Pipeline, Bf16CheckpointGivesTheOfficialBf16Clip) {
+  const std::string d = rewritten_checkpoint("bf16", [](const std::string&, const Tensor& t) {
+    return to_dtype(t, DType::bf16);
+  });
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const AudioResult r = AudioModel::open(d, Weights::per_stage)->generate(reference_request(false));
+  test::expect_matches("sa3 bf16 checkpoint audio", "bf16", r.samples, interleaved(ref.get("fp32.audio")),
+                       interleaved(ref.get("bf16.audio")));
+  fs::remove_all(d);
+  const std::string inv_freq = "model.model.transformer.rotary_pos_emb.inv_freq";
+  const std::string off = rewritten_checkpoint("bf16_off", [&](const std::string& n, const Tensor& t) {
+    Tensor b = to_dtype(t, DType::bf16);
+    if (n == inv_freq) b.ptr<uint16_t>()[1] += 2;  // two bf16 ulps: not a rounding of the frequency
+    return b;
+  });
+  test::expect_error([&] { AudioModel::open(off, Weights::per_stage)->generate(reference_request(false)); },
+                     {off + "/model.safetensors: tensor '" + inv_freq + "': element 1 is ", "stored as bf16"});
+  fs::remove_all(off);
+}
+
 // A batch runs every stage once for all its clips, each sample with its own generator: each clip
 // is the one its request gives alone.
 TEST(Sa3Pipeline, BatchOfTwoEqualsTwoSingleRequests) {
@@ -581,6 +635,77 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
     for (const std::string& e : c.expect) EXPECT_NE(line.find(e), std::string::npos) << c.args << ": " << r.output;
   }
   for (const std::string& d : {no_tokenizer, bad_t5, no_t5}) fs::remove_all(d);
+}
+
+// Broken checkpoints and prompts from the command line: exit status 1 and one error line that
+// names what is wrong where it is (the file, tensor or key path, the prompt's own byte offset).
+TEST(Sa3Cli, BrokenCheckpointsAndPromptsNameWhatIsWrong) {
+  const std::string out = ::testing::TempDir() + "apus_sa3_broken_" + std::to_string(::getpid()) + ".wav";
+  auto refused = [&](const std::string& model, const std::string& prompt, const std::string& expected) {
+    const test::CliRun r = test::run_cli("audio --model " + model + " --prompt " + test::shell_quote(prompt) +
+                                         " --seconds 1 --seed 1 -o " + out);
+    EXPECT_EQ(r.status, 1) << r.output;
+    const size_t at = r.output.rfind("error: ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.substr(at), "error: " + expected + "\n") << r.output;
+    EXPECT_FALSE(fs::exists(out));
+  };
+  auto copy_official = [&](const std::string& name) {
+    const std::string d = ::testing::TempDir() + "apus_sa3_" + name + "_" + std::to_string(::getpid());
+    fs::remove_all(d);
+    fs::create_directories(d + "/t5gemma-b-b-ul2");
+    for (const auto& e : fs::recursive_directory_iterator(official_dir()))
+      if (!e.is_directory()) {
+        const std::string rel = e.path().lexically_relative(official_dir()).string();
+        fs::copy_file(fs::canonical(e.path()), d + "/" + rel);
+        fs::permissions(d + "/" + rel, fs::perms::owner_write, fs::perm_options::add);
+      }
+    return d;
+  };
+  // The prompt's own byte offset, not the offset in the text the tokenizer is handed.
+  refused(official_dir(), "abc\xff def", "the prompt is not valid UTF-8 (byte offset 3)");
+
+  const std::string cut = copy_official("cut");
+  const std::string weights = cut + "/model.safetensors";
+  const uintmax_t whole = fs::file_size(weights);
+  fs::resize_file(weights, whole - 1000);
+  const SafetensorsFile before = SafetensorsFile::open(official_dir() + "/model.safetensors");
+  std::string last;  // the tensor whose data ends the file
+  for (const std::string& n : before.names())
+    if (last.empty() || before.get(n).data > before.get(last).data) last = n;
+  refused(cut, "x", weights + ": truncated: " + std::to_string(whole - 1000) + " of " + std::to_string(whole) +
+                        " bytes (tensor '" + last + "' needs bytes up to " + std::to_string(whole) + ")");
+
+  const std::string neither = copy_official("neither");
+  fs::remove(neither + "/model_config.json");
+  refused(neither, "x", neither + ": neither a diffusers folder (model_index.json) nor a Stable Audio 3 checkpoint (model_config.json)");
+
+  const std::string empty_tokenizer = copy_official("empty_tokenizer");
+  std::ofstream(empty_tokenizer + "/t5gemma-b-b-ul2/tokenizer.model", std::ios::trunc).close();
+  refused(empty_tokenizer, "x", empty_tokenizer + "/t5gemma-b-b-ul2/tokenizer.model: empty file (0 bytes), not a SentencePiece model");
+
+  const std::string weight_v = "pretransform.model.decoder.layers.3.mapping.weight_v";
+  const std::string nan = rewritten_checkpoint("nan_weight_v", [&](const std::string& n, const Tensor& t) {
+    Tensor c = to_dtype(t, t.dtype);
+    if (n == weight_v) std::fill_n(c.ptr<float>(), c.numel(), std::nanf(""));
+    return c;
+  });
+  refused(nan, "x", nan + "/model.safetensors: tensor '" + weight_v + "': row 0 holds a value that is not finite");
+
+  // max_length, named by its key path, bounded by itself before any stage sees the length.
+  const Json config = read_json(test::fixture("sa3_tiny/original/model_config.json"));
+  const int64_t window = read_json(test::fixture("t5gemma_tiny/config.json"))["encoder"]["sliding_window"];
+  for (const int64_t length : {int64_t(0), int64_t(1) << 20}) {
+    Json c = config;
+    c["model"]["conditioning"]["configs"][0]["config"]["max_length"] = length;
+    const std::string d = test::official_variant_dir("max_length", c);
+    const std::string key = d + "/model_config.json (model.conditioning.configs[0].config): 'max_length' is " +
+                            std::to_string(length) + ", expected 1..";
+    refused(d, "x", key + (length == 0 ? "16777216" : std::to_string(window) + " (the sliding window of " + d +
+                                                         "/t5gemma-b-b-ul2/config.json; longer prompts are not supported)"));
+    fs::remove_all(d);
+  }
+  for (const std::string& d : {cut, neither, empty_tokenizer, nan}) fs::remove_all(d);
 }
 
 }  // namespace

@@ -54,13 +54,13 @@ TEST(Safetensors, RejectsHostileHeaders) {
   const std::string p = temp_path("bad.safetensors");
   struct Bad { std::string header; size_t data; std::string expect; };
   const std::vector<Bad> cases = {
-      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, "outside"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, "truncated"},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12, "overlap"},
       {R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, "expected 12"},
       {R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8, "unsupported dtype"},
       {R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8, "non-negative"},
       {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8, "overflow"},
-      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8, "outside"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8, "end before they begin"},
       {R"({"a":{"dtype":"F32","shape":[2]}})", 8, "data_offsets"},
       {R"({"a":)", 8, "not a valid JSON"},
       {R"([1,2])", 8, "not a valid JSON object"},
@@ -83,10 +83,16 @@ TEST(Safetensors, RejectsTruncatedFiles) {
     f << "{}";
   }
   expect_error([&] { SafetensorsFile::open(p); }, {p, "past the end"});
-  // A valid file cut short inside its data section.
-  write_raw(p, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 16);
-  std::filesystem::resize_file(p, std::filesystem::file_size(p) - 5);
-  expect_error([&] { SafetensorsFile::open(p); }, {p, "outside"});
+  // A valid file cut short inside its data section: named truncated, with how much of it is there
+  // and the tensor reaching furthest.
+  const std::string header =
+      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}})";
+  write_raw(p, header, 24);
+  const size_t whole = std::filesystem::file_size(p);
+  std::filesystem::resize_file(p, whole - 13);
+  expect_error([&] { SafetensorsFile::open(p); },
+               {p + ": truncated: " + std::to_string(whole - 13) + " of " + std::to_string(whole) +
+                " bytes (tensor 'b' needs bytes up to " + std::to_string(whole) + ")"});
   std::remove(p.c_str());
   expect_error([&] { SafetensorsFile::open(p); }, {p, "cannot open"});
 }

@@ -2,12 +2,14 @@
 // Shared helpers for the fixture-driven tests.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,32 @@
 #include "io/safetensors.h"
 
 namespace apus::test {
+
+// This test process's scratch folder, below the one the run was given (gtest's TempDir():
+// $TEST_TMPDIR, else $TMPDIR, else /tmp): made before any test runs and handed to every later
+// ::testing::TempDir() through TEST_TMPDIR, and to the programs the tests start (the CLI, Chromium)
+// through TMPDIR, so whatever they write lands inside it; removed with its contents when the process
+// exits, so a run leaves nothing behind.
+class ScratchDir {
+ public:
+  ScratchDir() : path_(::testing::TempDir() + "apus_tests_" + std::to_string(::getpid()) + "/") {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+    ::setenv("TEST_TMPDIR", path_.c_str(), 1);
+    ::setenv("TMPDIR", path_.c_str(), 1);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+inline const ScratchDir scratch_dir;
 
 // The committed fixtures: the source tree's this binary was built from, or $APUS_FIXTURES_DIR for a
 // binary run from another checkout (tools/device-check.sh runs a prebuilt bundle on a GPU machine).

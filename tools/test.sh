@@ -3,6 +3,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/build.sh
+# The build uses Ninja; a plain `cmake -S . -B build` picks Unix Makefiles, whose CUDA handling
+# differs: configure with it too (configure only, into a scratch folder).
+makefiles="$(mktemp -d)"
+trap 'rm -rf "$makefiles"' EXIT
+cmake -S . -B "$makefiles" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release > /dev/null
 cd build
 # Two test processes share the cores: OpenMP threads that sleep instead of spinning keep them
 # from starving each other.

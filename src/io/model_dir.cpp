@@ -268,6 +268,11 @@ const Tensor& WeightSet::host(const std::string& name, const Shape& expected) co
   return t;
 }
 
+const std::string& WeightSet::file_of(const std::string& name) const {
+  get(name);  // refuses a name no file holds
+  return where_.at(name)->path();
+}
+
 bool WeightSet::contains(const std::string& name) const {
   return shapes_only_ || where_.count(name) > 0;
 }

@@ -24,6 +24,7 @@
 #include "sampling/torch_rng.h"
 #include "text/bpe_tokenizer.h"
 #include "text/klein_prompt.h"
+#include "text/utf8.h"
 
 namespace apus {
 
@@ -505,6 +506,8 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
   // loads.
   Work w = plan(r, batch);
   auto tokenize = [&](const std::string& text, const char* what) {
+    // Checked before the chat template wraps it, so an offset counts the user's own bytes.
+    require_utf8(text, std::string("the ") + what);
     const int n_tokens = klein_prompt_length(*tokenizer_, text);
     APUS_CHECK(n_tokens <= kMaxSequence, "the ", what, " is ", n_tokens, " tokens with the chat template, over the ",
                kMaxSequence, " the text encoder takes");

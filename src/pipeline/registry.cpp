@@ -28,12 +28,17 @@ const Family<AudioModel> kAudioFamilies[] = {
     {"StableAudio3Pipeline", open_sa3},
 };
 
-// Opens `model` with the family its model_index.json names, or says which command serves it.
-// A directory in the official single-checkpoint layout (model_config.json, no model_index.json).
+// Whether a model directory is in the official single-checkpoint layout (model_config.json, no
+// model_index.json) rather than diffusers' (model_index.json); a directory with neither is refused
+// naming both.
 bool single_checkpoint(const std::string& root) {
-  return !path_exists(root + "/model_index.json") && path_exists(root + "/model_config.json");
+  if (path_exists(root + "/model_index.json")) return false;
+  APUS_CHECK(path_exists(root + "/model_config.json"), root, ": neither a diffusers folder (model_index.json) ",
+             "nor a Stable Audio 3 checkpoint (model_config.json)");
+  return true;
 }
 
+// Opens `model` with the family its model_index.json names, or says which command serves it.
 template <typename Model, size_t N, size_t M, typename Other>
 std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
                                    const Family<Model> (&families)[N], const Family<Other> (&others)[M],

@@ -27,6 +27,7 @@
 #include "sampling/logsnr.h"
 #include "sampling/torch_rng.h"
 #include "text/sentencepiece_tokenizer.h"
+#include "text/utf8.h"
 
 namespace apus {
 
@@ -50,6 +51,7 @@ struct Layout {
   sa3::DurationConfig duration;
   std::string text_dir, tokenizer_dir;
   int max_tokens = 256;          // the T5Gemma conditioner's max_length
+  std::string max_tokens_key = "the pipeline's prompt length";  // where max_tokens comes from
   int64_t sample_size = 0;       // the longest canvas, in samples
   int64_t encoder_chunk = 32;    // the SAME encoder's chunk_size: canvases align to it
   bool euler = false;            // rectified_flow (-base): Euler; rf_denoiser: ping-pong
@@ -193,6 +195,7 @@ Layout official_layout(const std::string& root) {
   APUS_CHECK(is_directory(l.text_dir), l.text_dir, ": missing; the T5Gemma encoder and tokenizer ",
              "folder model_config.json names (its 'subfolder')");
   l.max_tokens = o.max_tokens;
+  l.max_tokens_key = o.max_tokens_key;
   l.sample_size = o.sample_size;
   l.encoder_chunk = o.encoder_chunk;
   l.chunked_decode = o.chunked_decode;
@@ -237,6 +240,12 @@ Sa3Model::Sa3Model(Layout layout, Weights weights, Backend* device)
       label_(model_label(layout_.root)),
       sampler_(layout_.euler ? "Euler (rectified_flow)" : "ping-pong (rf_denoiser)") {
   text_cfg_ = sa3::T5GemmaConfig::read(read_config(layout_.text_dir + "/config.json"));
+  // Every prompt is padded to max_tokens, and the encoder runs a sliding layer only where the whole
+  // sequence fits its window.
+  const bool slides = std::find(text_cfg_.sliding.begin(), text_cfg_.sliding.end(), true) != text_cfg_.sliding.end();
+  APUS_CHECK(!slides || layout_.max_tokens <= text_cfg_.sliding_window, layout_.max_tokens_key, " is ",
+             layout_.max_tokens, ", expected 1..", text_cfg_.sliding_window, " (the sliding window of ",
+             layout_.text_dir, "/config.json; longer prompts are not supported)");
   const std::string where = layout_.root + (layout_.official ? "/model_config.json" : "/model_index.json");
   APUS_CHECK(text_cfg_.hidden == dit_cfg_.cond_dim && layout_.duration.output_dim == dit_cfg_.cond_dim &&
                  layout_.duration.output_dim == dit_cfg_.global_dim,
@@ -543,6 +552,7 @@ std::vector<AudioResult> Sa3Model::generate_batch(const std::vector<AudioRequest
   // Everything that can reject the request comes before any weight loads. The prompts, then (for
   // guidance by negative prompts) the negative prompts, one batch through the text encoder.
   auto tokenize = [&](const std::string& text, const char* what) {
+    require_utf8(text, std::string("the ") + what);
     std::vector<int32_t> ids = tokenizer_->encode(text);
     // The official conditioner calls the tokenizer with its special tokens on: the config decides.
     if (add_bos_) ids.insert(ids.begin(), tokenizer_->bos_id());

@@ -584,7 +584,7 @@ BpeTokenizer BpeTokenizer::load(const std::string& tokenizer_json_path) {
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
-  require_utf8(text);
+  require_utf8(text, "text to encode");
   const Impl& t = *impl_;
   Impl::Workspace ws;
   ws.match.reset(pcre2_match_data_create_from_pattern(t.split_regex.get(), nullptr));

@@ -19,6 +19,8 @@ SentencePieceTokenizer SentencePieceTokenizer::load(const std::string& path) {
 }
 
 SentencePieceTokenizer SentencePieceTokenizer::parse(const std::string& bytes, const std::string& path) {
+  // No bytes parse as an empty model proto, which the library reports as a missing unk piece.
+  APUS_CHECK(!bytes.empty(), path, ": empty file (0 bytes), not a SentencePiece model");
   SentencePieceTokenizer t;
   t.path_ = path;
   // The library reports most bad models through its status, some by throwing (its trie builder
@@ -35,7 +37,7 @@ SentencePieceTokenizer SentencePieceTokenizer::parse(const std::string& bytes, c
 }
 
 std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text) const {
-  require_utf8(text);
+  require_utf8(text, "text to encode");
   std::vector<int> ids;
   sentencepiece::util::Status status;
   try {

@@ -32,10 +32,10 @@ Utf8Step utf8_step(std::string_view s, size_t i) {
   return {trailing + 1, true};
 }
 
-void require_utf8(std::string_view text) {
+void require_utf8(std::string_view text, std::string_view what) {
   for (size_t i = 0; i < text.size();) {
     const Utf8Step step = utf8_step(text, i);
-    APUS_CHECK(step.valid, "text to encode is not valid UTF-8 (byte offset ", i, ")");
+    APUS_CHECK(step.valid, what, " is not valid UTF-8 (byte offset ", i, ")");
     i += step.length;
   }
 }

@@ -16,7 +16,7 @@ struct Utf8Step {
 // when HF's ByteLevel decoder replaces broken sequences. i < s.size().
 Utf8Step utf8_step(std::string_view s, size_t i);
 
-// Throws apus::Error naming the first invalid byte offset.
-void require_utf8(std::string_view text);
+// Throws apus::Error naming `what` ("the prompt") and the first invalid byte offset in it.
+void require_utf8(std::string_view text, std::string_view what);
 
 }  // namespace apus

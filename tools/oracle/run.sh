@@ -25,6 +25,8 @@ fi
 export PYTHONHASHSEED=0 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 "$VENV/bin/python" "$HERE/make_klein_fixtures.py" --out "$REPO/tests/fixtures" "$@"
+# klein_tiny_a's text encoder cut to its deepest tap (tests/fixtures/klein_last_tap_ref.*)
+[ "$*" = "--only-tokenizer" ] || "$VENV/bin/python" "$HERE/make_klein_last_tap_fixtures.py" --out "$REPO/tests/fixtures"
 # T5Gemma's Gemma SentencePiece tokenizer (tests/fixtures/t5gemma_tok, t5gemma_tokenizer_cases.json)
 "$VENV/bin/python" "$HERE/make_t5gemma_tokenizer.py" --out "$REPO/tests/fixtures"
 # ... and its encoder (tests/fixtures/t5gemma_tiny, t5gemma_tiny_ref.*), fed by that tokenizer
@@ -36,6 +38,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 # needs a checkout of github.com/Stability-AI/stable-audio-3 (commit 636f906 was used)
 if [ -n "${APUS_SA3_OFFICIAL:-}" ]; then
     "$VENV/bin/python" "$HERE/make_sa3_official_fixtures.py" --out "$REPO/tests/fixtures"
+    # the official schedules for 1..200 steps (sa3_sigmas_ref.*; needs torch's AVX-512 kernels)
+    "$VENV/bin/python" "$HERE/make_sa3_sigmas.py" --out "$REPO/tests/fixtures"
 else
     echo "oracle: APUS_SA3_OFFICIAL unset, keeping the committed official Stable Audio 3 fixtures" >&2
 fi

@@ -64,12 +64,13 @@ TextEncoder TextEncoder::load(const ModelDir& dir, const std::vector<int>& taps)
   m.weights_ = dir.weights("text_encoder");
   const auto& c = m.cfg_;
   const int deepest = *std::max_element(taps.begin(), taps.end());
-  APUS_CHECK(deepest >= 1 && deepest < c.layers, dir.root(), "/text_encoder: hidden-state tap ",
-             deepest, " needs more than the ", c.layers, " layers the config has");
+  APUS_CHECK(deepest >= 1 && deepest <= c.layers, dir.root(), "/text_encoder: hidden-state tap ",
+             deepest, " needs ", deepest, " layers, the config has ", c.layers);
   const WeightSet& w = m.weights_;
   const std::string root = w.contains("model.embed_tokens.weight") ? "model." : "";
   const int64_t h = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   m.embed_ = w.get(root + "embed_tokens.weight", {c.vocab, h});
+  if (deepest == c.layers) m.final_norm_ = w.get(root + "norm.weight", {h});
   for (int i = 0; i < deepest; ++i) {
     const std::string p = root + "layers." + std::to_string(i) + ".";
     Layer l;
@@ -141,11 +142,14 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
       ops::linear(c, gate, l.down, nullptr, proj);
     }
     ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
-    // hidden_states[k] of the reference is the output of layer k - 1.
+    // hidden_states[k] of the reference is the output of layer k - 1, except the last,
+    // hidden_states[layers]: transformers puts the final norm's output there (last_hidden_state).
+    const bool last = final_norm_.defined() && int64_t(i) + 1 == cf.layers;
+    if (last) ops::rms_norm(c, x, final_norm_, normed, cf.eps, h, ops::Rounding::each_step);
     for (size_t j = 0; j < taps_.size(); ++j)
       if (taps_[j] == int(i) + 1) {
         Tensor dst = out.cols(int64_t(j) * h, int64_t(j + 1) * h);
-        ops::copy(c, x, dst);
+        ops::copy(c, last ? normed : x, dst);
       }
   }
   return out;

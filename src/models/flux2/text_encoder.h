@@ -35,6 +35,7 @@ class TextEncoder {
   std::vector<int> taps_;
   WeightSet weights_;
   Tensor embed_;
+  Tensor final_norm_;  // only where a tap is the last hidden state
   std::vector<Layer> layers_;
 };
 

@@ -9,13 +9,18 @@ namespace apus::sa3 {
 
 namespace {
 
+// A Config's path is "FILE (KEY PATH)" below the top level: `path` one step ("model", "[0]") deeper.
+std::string below(const std::string& path, const std::string& step) {
+  const size_t open = path.find(" (");
+  if (open == std::string::npos) return path + " (" + step + ")";
+  const std::string where = path.substr(open + 2, path.size() - open - 3);
+  return path.substr(0, open) + " (" + where + (step[0] == '[' ? "" : ".") + step + ")";
+}
+
 // The object under `key`, as a Config whose messages name the file and the key path.
 Config object(const Config& c, const std::string& key) {
   APUS_CHECK(c.json.contains(key) && c.json[key].is_object(), c.path, ": missing object '", key, "'");
-  const size_t open = c.path.find(" (");
-  const std::string file = open == std::string::npos ? c.path : c.path.substr(0, open);
-  const std::string where = open == std::string::npos ? key : c.path.substr(open + 2, c.path.size() - open - 3) + "." + key;
-  return {file + " (" + where + ")", c.json[key]};
+  return {below(c.path, key), c.json[key]};
 }
 
 // Every key of c is one apus honours or one whose value it checks; anything else is refused.
@@ -249,7 +254,7 @@ OfficialConfig read_official_config(const std::string& path) {
              ": missing list 'configs'");
   bool prompt = false, seconds = false;
   for (size_t i = 0; i < cond.json["configs"].size(); ++i) {
-    const Config entry{cond.path + ".configs[" + std::to_string(i) + "]", cond.json["configs"][i]};
+    const Config entry{below(below(cond.path, "configs"), detail::concat("[", i, "]")), cond.json["configs"][i]};
     APUS_CHECK(entry.json.is_object(), entry.path, ": not an object");
     known_keys(entry, {"id", "type", "config"});
     const std::string id = entry.get_string("id", ""), type = entry.get_string("type", "");
@@ -259,6 +264,7 @@ OfficialConfig read_official_config(const std::string& path) {
       require_string(cfg, "padding_mode", "zero", "learned", "the published models' learned padding");
       require_bool(cfg, "project_out", false, false, "the published models use the encoder's output as is");
       o.max_tokens = int(cfg.get_size("max_length", 128, 1));
+      o.max_tokens_key = cfg.path + ": 'max_length'";
       o.text_encoder_folder = cfg.get_string("subfolder", "t5gemma-b-b-ul2");
       APUS_CHECK(o.text_encoder_folder.find('/') == std::string::npos && o.text_encoder_folder != "..",
                  cfg.path, ": 'subfolder' must name a folder beside model_config.json");

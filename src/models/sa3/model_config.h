@@ -18,6 +18,7 @@ struct OfficialConfig {
   DurationConfig duration;
   std::string text_encoder_folder;  // the T5Gemma subfolder beside model_config.json
   int max_tokens = 256;
+  std::string max_tokens_key;       // where max_tokens comes from: "FILE (KEY PATH): 'max_length'"
   int64_t sample_size = 0;          // samples: the longest canvas
   int64_t encoder_chunk = 32;       // the SAME encoder's chunk_size: canvases align to it
   bool chunked_decode = false;      // model.pretransform.chunked

@@ -67,6 +67,11 @@ ParamSource ParamSource::official_duration(WeightSet set) {
   return {std::move(set), name, false};
 }
 
+std::string ParamLoader::where(const std::string& name) const {
+  const std::string stored = source_.name(name);
+  return source_.set.file_of(stored) + ": tensor '" + stored + "'";
+}
+
 Tensor ParamLoader::get(const std::string& name, const Shape& shape) const {
   const std::string stored = source_.name(name);
   const Tensor& t = source_.set.host(stored, shape);

@@ -42,6 +42,8 @@ class ParamLoader {
     return source_.set.host(source_.name(name), shape);
   }
   Tensor place(const Tensor& host) const { return source_.set.place(host); }
+  // "FILE: tensor 'STORED NAME'", for errors about a stored tensor's values.
+  std::string where(const std::string& name) const;
 
  private:
   const ParamSource& source_;

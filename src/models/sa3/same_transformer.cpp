@@ -184,7 +184,10 @@ Tensor weight_normed_mapping(const ParamLoader& params, std::vector<Tensor>& own
       const double e = load_f32(v, o * in * kernel + i);
       ss += e * e;
     }
-    APUS_CHECK(ss > 0, prefix, ".weight_v row ", o, " is all zeros (weight norm undefined)");
+    // Squares of stored (at most f32) values cannot overflow a double: a non-finite sum is a
+    // non-finite element.
+    APUS_CHECK(std::isfinite(ss), params.where(prefix + ".weight_v"), ": row ", o, " holds a value that is not finite");
+    APUS_CHECK(ss > 0, params.where(prefix + ".weight_v"), ": row ", o, " is all zeros (weight norm undefined)");
     const double scale = double(load_f32(g, o)) / std::sqrt(ss);
     for (int64_t i = 0; i < in; ++i)
       for (int64_t t = 0; t < kernel; ++t)
