@@ -330,7 +330,7 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"audio --model /x --prompt hi --seed 1e3", "--seed 1e3: expected"},
       {"image --model " + test::fixture("klein_tiny_a_ref.json") + " --prompt hi", "is a file, expected a model directory"},
       {"image --model " + model + " --prompt hi -W 64 -H 48 -o /nonexistent-dir/x.png", "cannot create a file in /nonexistent-dir/"},
-      {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(), "is a directory, expected a file"},
+      {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(), "is a directory, not a regular file"},
   };
   for (const auto& c : cases) {
     const test::CliRun r = test::run_cli(c.args);
