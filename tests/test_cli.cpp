@@ -3,12 +3,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include "io/png.h"
+#if APUS_HAS_CUDA
+#include "ops/cuda/cuda.h"
+#endif
 #include "io/safetensors.h"
 #include "test_util.h"
 
@@ -341,6 +345,28 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
     for (char ch : r.output) lines += ch == '\n';
     EXPECT_LE(lines, 1u) << r.output;
   }
+}
+
+TEST(CliErrors, CudaWithoutAUsableGpuSaysSoAndWhatWasFound) {
+  const std::string out = ::testing::TempDir() + "apus_cuda.png";
+  const test::CliRun r = test::run_cli("image --model " + test::fixture("klein_tiny_a") +
+                                       " -p hi -W 64 -H 48 --device cuda -o " + out);
+#if APUS_HAS_CUDA
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is usable here";
+  EXPECT_EQ(r.status, 1) << r.output;
+  // What the runtime said, and what the driver's version (0: none) tells about it.
+  for (const char* part : {"device cuda:0: no usable CUDA GPU (cudaGetDeviceCount: ", "; ", ")"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_TRUE(r.output.find("no NVIDIA driver is loaded") != std::string::npos ||
+              r.output.find("the driver supports CUDA ") != std::string::npos)
+      << r.output;
+#else
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("this build has no CUDA backend"), std::string::npos) << r.output;
+#endif
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(CliErrors, RequestTooLargeForThisMachineIsRefusedBeforeLoading) {
