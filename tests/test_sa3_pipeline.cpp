@@ -376,6 +376,56 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
   fs::remove_all(d);
 }
 
+// Values the decoder would take but cannot mean: noise that pins every sample at +-1, a latent
+// scale of 0, a duration span that overflows fp32. Refused where they are read, naming file and key
+// or tensor, instead of rendering nonsense.
+TEST(Sa3Pipeline, MeaninglessDecoderValuesAreRefusedNamingFileAndKey) {
+  const Json base = read_json(test::fixture("sa3_tiny/original/model_config.json"));
+  struct Case { std::function<void(Json&)> spoil; std::vector<std::string> expect; };
+  auto decoder = [](Json& j) -> Json& { return j["model"]["pretransform"]["config"]["decoder"]["config"]; };
+  auto duration = [](Json& j) -> Json& { return j["model"]["conditioning"]["configs"][1]["config"]; };
+  const std::vector<Case> cases = {
+      {[&](Json& j) { decoder(j)["mask_noise"] = 1e30; }, {"decoder", "'mask_noise' 1e+30 outside [0, 1]"}},
+      {[&](Json& j) { decoder(j)["mask_noise"] = -0.1; }, {"decoder", "'mask_noise' -0.1 outside [0, 1]"}},
+      {[&](Json& j) { duration(j)["min_val"] = -3e38; duration(j)["max_val"] = 3e38; },
+       {"(model.conditioning.configs[1].config)", "'min_val' -3e+38 and 'max_val' 3e+38", "finite positive span"}},
+      {[&](Json& j) { duration(j)["max_val"] = 0; }, {"(model.conditioning.configs[1].config)", "'max_val' 0", "max_val must exceed min_val"}},
+  };
+  for (const Case& c : cases) {
+    Json spoiled = base;
+    c.spoil(spoiled);
+    const std::string d = test::official_variant_dir("meaningless", spoiled);
+    std::vector<std::string> expect = c.expect;
+    expect.push_back("model_config.json");
+    test::expect_error([&] { AudioModel::open(d, Weights::per_stage); }, expect);
+    fs::remove_all(d);
+  }
+  // The bottleneck's running_std in the weights: the decoder scales the latents by it (and the
+  // encoder divides by it), so text-to-audio, which loads only the decoder, must refuse it too.
+  const std::string stored = "pretransform.model.bottleneck.running_std";
+  for (const float bad : {0.0f, -1.0f, INFINITY}) {
+    const std::string d = test::official_variant_dir("running_std", base);
+    fs::remove(d + "/model.safetensors");
+    {
+      const SafetensorsFile f = SafetensorsFile::open(test::fixture("sa3_tiny/original/model.safetensors"));
+      std::vector<NamedTensor> tensors;
+      for (const std::string& n : f.names()) {
+        Tensor copy = Tensor::heap(f.get(n).shape, f.get(n).dtype);
+        std::memcpy(copy.data, f.get(n).data, copy.nbytes());
+        if (n == stored) copy.ptr<float>()[0] = bad;
+        tensors.push_back({n, copy});
+      }
+      write_safetensors(d + "/model.safetensors", tensors);
+    }
+    const auto model = AudioModel::open(d, Weights::per_stage);
+    AudioRequest r = reference_request(true);
+    test::expect_error([&] { model->generate(r); },
+                       {d + "/model.safetensors", "tensor '" + stored + "'", "expected a finite positive number"});
+    test::expect_error([&] { model->generate(inputs_request(true, "a2a")); }, {"tensor '" + stored + "'"});
+    fs::remove_all(d);
+  }
+}
+
 // A batch runs every stage once for all its clips, each sample with its own generator: each clip
 // is the one its request gives alone.
 TEST(Sa3Pipeline, BatchOfTwoEqualsTwoSingleRequests) {

@@ -215,6 +215,11 @@ void WeightSet::attach_synthetic_values(const std::string& dir) {
   }
 }
 
+const std::string& WeightSet::file_of(const std::string& name) const {
+  get(name);  // refuses a missing tensor naming the files
+  return where_.at(name)->path();
+}
+
 const Tensor& WeightSet::get(const std::string& name) const {
   auto it = where_.find(name);
   APUS_CHECK(it != where_.end(), "missing tensor '", name, "' in ",

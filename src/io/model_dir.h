@@ -91,6 +91,8 @@ class WeightSet {
   const Tensor& host(const std::string& name, const Shape& expected) const;
   Tensor place(const Tensor& host_tensor) const;
   const Tensor& get(const std::string& name) const;
+  // The path of the file holding `name` (for errors about its values).
+  const std::string& file_of(const std::string& name) const;
   bool contains(const std::string& name) const;
   size_t count() const;
   // Elements of the distinct tensors fetched through get(name, shape): the parameters a model

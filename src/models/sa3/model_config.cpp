@@ -9,13 +9,18 @@ namespace apus::sa3 {
 
 namespace {
 
-// The object under `key`, as a Config whose messages name the file and the key path.
-Config object(const Config& c, const std::string& key) {
-  APUS_CHECK(c.json.contains(key) && c.json[key].is_object(), c.path, ": missing object '", key, "'");
+// "FILE (a.b)" of c and "k" -> "FILE (a.b.k)": how messages name the file and the key path.
+std::string key_path(const Config& c, const std::string& key) {
   const size_t open = c.path.find(" (");
   const std::string file = open == std::string::npos ? c.path : c.path.substr(0, open);
   const std::string where = open == std::string::npos ? key : c.path.substr(open + 2, c.path.size() - open - 3) + "." + key;
-  return {file + " (" + where + ")", c.json[key]};
+  return file + " (" + where + ")";
+}
+
+// The object under `key`, as a Config whose messages name the file and the key path.
+Config object(const Config& c, const std::string& key) {
+  APUS_CHECK(c.json.contains(key) && c.json[key].is_object(), c.path, ": missing object '", key, "'");
+  return {key_path(c, key), c.json[key]};
 }
 
 // Every key of c is one apus honours or one whose value it checks; anything else is refused.
@@ -165,8 +170,12 @@ void read_same_side(const Config& side, bool encoder, SameConfig& s, float& mask
   for (const char* key : {"layer_scale", "conformer", "causal", "cross_attn", "feat_scale"})
     require_bool(side, key, false, false, "not in the published autoencoders");
   APUS_CHECK(side.get_bool("mapping_bias", true), side.path, ": 'mapping_bias' false is not supported");
-  mask_noise = float(side.get_double("mask_noise", 0.0));
-  APUS_CHECK(mask_noise >= 0, side.path, ": 'mask_noise' ", mask_noise, " is negative");
+  // The noise on the decoder's placeholder tokens, before their DynamicTanh norms: the published
+  // decoders add 0.01 (small) and 0.1 (medium); at 1 it already drowns the learned token.
+  const double noise = side.get_double("mask_noise", 0.0);
+  APUS_CHECK(noise >= 0 && noise <= 1, side.path, ": 'mask_noise' ", noise,
+             " outside [0, 1] (the published decoders use 0.01 and 0.1)");
+  mask_noise = float(noise);
   known_keys(side, {audio_key, "channels", "c_mults", "strides", "latent_dim", "transformer_depths",
                     "sinusoidal_blocks", "sliding_window", "dim_heads", "differential", "dyt",
                     "variable_stride", "conv_mapping", "mask_noise", "checkpointing", "layer_scale",
@@ -249,7 +258,7 @@ OfficialConfig read_official_config(const std::string& path) {
              ": missing list 'configs'");
   bool prompt = false, seconds = false;
   for (size_t i = 0; i < cond.json["configs"].size(); ++i) {
-    const Config entry{cond.path + ".configs[" + std::to_string(i) + "]", cond.json["configs"][i]};
+    const Config entry{key_path(cond, "configs[" + std::to_string(i) + "]"), cond.json["configs"][i]};
     APUS_CHECK(entry.json.is_object(), entry.path, ": not an object");
     known_keys(entry, {"id", "type", "config"});
     const std::string id = entry.get_string("id", ""), type = entry.get_string("type", "");
@@ -273,7 +282,7 @@ OfficialConfig read_official_config(const std::string& path) {
       o.duration.fourier_dim = 256;  // NumberEmbedder's fixed width
       o.duration.min_val = cfg.get_double("min_val", 0.0);
       o.duration.max_val = cfg.get_double("max_val", 1.0);
-      APUS_CHECK(o.duration.max_val > o.duration.min_val, cfg.path, ": 'max_val' must exceed 'min_val'");
+      o.duration.check_range(cfg.path);
       known_keys(cfg, {"min_val", "max_val", "fourier_features_type"});
       seconds = true;
     } else {

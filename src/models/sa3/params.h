@@ -42,6 +42,11 @@ class ParamLoader {
     return source_.set.host(source_.name(name), shape);
   }
   Tensor place(const Tensor& host) const { return source_.set.place(host); }
+  // "FILE: tensor 'STORED NAME'" of a parameter, for errors about its values.
+  std::string where(const std::string& name) const {
+    const std::string stored = source_.name(name);
+    return source_.set.file_of(stored) + ": tensor '" + stored + "'";
+  }
 
  private:
   const ParamSource& source_;

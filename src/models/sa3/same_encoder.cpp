@@ -64,15 +64,13 @@ SameEncoder SameEncoder::load(const SameConfig& config, ParamSource source, DTyp
   // product with its fp32 reciprocal.
   const Tensor& scale = params.raw("bottleneck.scale", {1, latent, 1});
   const Tensor& bias = params.raw("bottleneck.bias", {1, latent, 1});
-  const Tensor& running_std = params.raw("bottleneck.running_std", {1});
+  const float std = bottleneck_std(params, compute);
   for (Tensor* t : {&m.scale_, &m.bias_, &m.inv_std_, &m.zeros_}) *t = Tensor::heap({latent}, DType::f32);
   // Computed on the host, then placed.
   for (int64_t i = 0; i < latent; ++i) {
-    const bool data = running_std.data != nullptr;
+    const bool data = scale.data != nullptr;
     m.scale_.ptr<float>()[i] = data ? round_as(compute, load_f32(scale, i)) : 1.0f;
     m.bias_.ptr<float>()[i] = data ? round_as(compute, load_f32(bias, i)) : 0.0f;
-    const float std = data ? round_as(compute, load_f32(running_std, 0)) : 1.0f;
-    APUS_CHECK(std > 0, "SAME encoder: bottleneck.running_std is ", std, ", expected a positive number");
     m.inv_std_.ptr<float>()[i] = 1.0f / std;
     m.zeros_.ptr<float>()[i] = 0.0f;
   }
