@@ -347,6 +347,41 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
   }
 }
 
+// An explicit 0 is a value the engine checks, not "absent": it must not render at a default size,
+// the reference's height, or without the guidance asked for.
+TEST(CliErrors, ExplicitZerosAreRefusedNamingTheSetting) {
+  const std::string model = test::fixture("klein_tiny_a"), base = test::fixture("klein_tiny_base");
+  const std::string out = ::testing::TempDir() + "apus_zero.png";
+  const std::string reference = test::fixture("klein_tiny_a_edit/ref0.png");
+  struct Case { std::string args, expect; };
+  const std::string image = "image -o " + out + " -p hi --model ";
+  const std::vector<Case> cases = {
+      {image + model + " -W 0 -H 48", "width 0 outside 16..4096"},
+      {image + model + " -H 0 --image " + reference, "height 0 outside 16..4096"},
+      {image + model + " -W 64 -H 48 --steps 0", "steps 0 outside 1..200"},
+      {image + model + " -W 64 -H 48 --cfg 0", "cfg 0 outside (0, 100]"},
+      {image + base + " -W 64 -H 48 --steps 2 --cfg 0", "cfg 0 outside (0, 100]"},
+      {"roofline --model flux2-klein-4b -W 0", "width 0 and height 1024 must be positive multiples of 16"},
+      {"bench --model " + model + " -W 64 -H 0 --reps 1 --warmup 0", "height 0"},
+  };
+  for (const Case& c : cases) {
+    const test::CliRun r = test::run_cli(c.args);
+    EXPECT_EQ(r.status, 1) << c.args << "\n" << r.output;
+    const size_t at = r.output.rfind("error: ");
+    ASSERT_NE(at, std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect, at), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_FALSE(std::filesystem::exists(out)) << c.args;
+  }
+  // Absent is still the model's default.
+  const test::CliRun defaults = test::run_cli("image --model " + model + " -p hi --image " + reference + " --steps 1 -o " + out);
+  ASSERT_EQ(defaults.status, 0) << defaults.output;
+  const PngImage png = read_png(out);
+  const PngImage ref = read_png(reference);
+  EXPECT_EQ(png.width, ref.width / 16 * 16);
+  EXPECT_EQ(png.height, ref.height / 16 * 16);
+  std::filesystem::remove(out);
+}
+
 TEST(CliErrors, CudaWithoutAUsableGpuSaysSoAndWhatWasFound) {
   const std::string out = ::testing::TempDir() + "apus_cuda.png";
   const test::CliRun r = test::run_cli("image --model " + test::fixture("klein_tiny_a") +

@@ -379,6 +379,12 @@ TEST(Robustness, OutputsThatAreNotRegularFilesAreRefusedBeforeAnyWork) {
     }
   }
   EXPECT_FALSE(fs::exists(png));
+  // An empty name is refused naming the option, not written as "" after the whole run.
+  for (const auto& [args, flag] : {std::pair{image + "-o ''", "-o"}, std::pair{image + "-o " + png + " --trace ''", "--trace"},
+                                   std::pair{audio + "-o ''", "-o"}, std::pair{audio + "--init-audio ''", "--init-audio"},
+                                   std::pair{image + "--noise ''", "--noise"}, std::pair{image + "--image ''", "--image"},
+                                   std::pair{"bench --model " + test::fixture("klein_tiny_a") + " --json ''", "--json"}})
+    expect_refused_up_front(test::run_cli(args), {std::string(flag) + ": an empty file name"});
 }
 
 TEST(Robustness, AtomicFileRefusesANodeThatTookThePathBeforeTheRename) {

@@ -256,7 +256,7 @@ TEST(Sa3Pipeline, BadAudioInputsAreRefused) {
   for (const double level : {0.0, -0.5, 1.5, std::nan("")}) {
     AudioRequest r = a2a;
     r.init_noise_level = level;
-    expect(r, {"init noise level", "outside (0, 1]"});
+    expect(r, {"init_noise_level", "outside (0, 1]"});
   }
   AudioRequest fine = a2a;
   fine.init_audio->sample_rate = 44101;  // 44101 : 2048 does not reduce
@@ -264,6 +264,9 @@ TEST(Sa3Pipeline, BadAudioInputsAreRefused) {
   AudioRequest no_rate = a2a;
   no_rate.init_audio->sample_rate = 0;
   expect(no_rate, {"init audio", "0 Hz"});
+  AudioRequest empty = a2a;
+  empty.init_audio->samples.clear();
+  expect(empty, {"init audio: holds no audio"});
   AudioRequest ragged = a2a;
   ragged.init_audio->samples.pop_back();
   expect(ragged, {"init audio", "whole frames"});
@@ -483,9 +486,24 @@ TEST(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
       bad.seconds = seconds;
       model->generate(bad);
     }, {"seconds", "outside"});
+  // Under one output frame (1 / rate s): int(seconds x rate) would be a clip of no samples.
+  for (const double seconds : {1e-5, 1e-320, 0.999 / 2048})
+    test::expect_error([&] {
+      AudioRequest bad = r;
+      bad.seconds = seconds;
+      model->generate(bad);
+    }, {"seconds", "outside [0.000488281,", "one output frame at 2048 Hz"});
+  AudioRequest one_frame = r;
+  one_frame.seconds = 1.0 / 2048;
+  one_frame.steps = 1;
+  EXPECT_EQ(model->generate(one_frame).samples.size(), 2u);
   AudioRequest steps = r;
   steps.steps = 0;
   test::expect_error([&] { model->generate(steps); }, {"steps 0"});
+  // A level without the clip it mixes into is refused, not ignored.
+  AudioRequest level = r;
+  level.init_noise_level = 0.5;
+  test::expect_error([&] { model->generate(level); }, {"init_noise_level 0.5", "needs an init audio clip"});
   // A prompt longer than the text encoder takes is cut to 256 tokens, and said so.
   AudioRequest long_prompt = r;
   for (int i = 0; i < 300; ++i) long_prompt.prompt += " vinyl";
@@ -536,7 +554,7 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   EXPECT_NE(r.output.find("peak memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("transformer step 8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\ndecode "), std::string::npos) << r.output;
-  const Audio a = read_audio(out);
+  const Audio a = read_audio(out, test::kTestClipSeconds);
   EXPECT_EQ(a.rate, 2048);
   EXPECT_EQ(a.channels, 2);
   const auto want = interleaved(ref.get("fp32.audio"));
@@ -552,7 +570,7 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   const test::CliRun b = test::run_cli("audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) +
                                        " --seconds " + std::to_string(req.seconds) + " --seed 42 --format wav-float -o " + out_bf16);
   ASSERT_EQ(b.status, 0) << b.output;
-  const auto ours = read_audio(out_bf16).samples;
+  const auto ours = read_audio(out_bf16, test::kTestClipSeconds).samples;
   const auto ref_bf16 = interleaved(ref.get("bf16.audio")), other = interleaved(ref.get("fp32_decoder_noise.audio"));
   const test::AudioDistance self = test::audio_distance(ref_bf16, want, 2, 2048);
   const test::AudioDistance mine = test::audio_distance(ours, want, 2, 2048);
@@ -569,7 +587,7 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   const test::CliRun f = test::run_cli("audio --model " + pipeline_dir() + " --prompt " +
                                        test::shell_quote(req.prompt) + " --seconds 1.4 --seed 42 --steps 2 --format flac -o " + flac);
   ASSERT_EQ(f.status, 0) << f.output;
-  EXPECT_EQ(read_audio(flac).frames(), int64_t(want.size() / 2));
+  EXPECT_EQ(read_audio(flac, test::kTestClipSeconds).frames(), int64_t(want.size() / 2));
 }
 
 // Audio-to-audio and inpainting from the command line: the official clips, the inputs named in the
@@ -587,9 +605,34 @@ TEST(Sa3Cli, InitAndInpaintAudioGiveTheOfficialClips) {
     const test::CliRun r = test::run_cli(base + k.args + " -v -o " + out);
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("\nencode "), std::string::npos) << r.output;
-    const double err = test::rel_l2(read_audio(out).samples, interleaved(ref.get(k.mode + ".fp32.audio")));
+    const double err = test::rel_l2(read_audio(out, test::kTestClipSeconds).samples, interleaved(ref.get(k.mode + ".fp32.audio")));
     EXPECT_LT(err, test::kFp32Tolerance) << k.mode;
   }
+}
+
+// Under an address-space limit a clip that cannot be held is refused naming its file, before
+// the allocation where the header's claim alone is impossible, at the allocation otherwise; never
+// a bare "out of memory".
+TEST(Sa3Cli, ClipsBeyondMemoryAreRefusedNamingTheFile) {
+  if (test::kSanitized) GTEST_SKIP() << "sanitizer shadow memory cannot live under ulimit -v";
+  const std::string dir = ::testing::TempDir(), flac = dir + "apus_claims.flac", big = dir + "apus_big.wav";
+  const std::string out = dir + "apus_beyond.wav";
+  // A few kB claiming 2^32 - 1 mono frames: a 16 GiB zero-filled buffer before this check.
+  test::write_flac_claiming(flac, (int64_t(1) << 32) - 1);
+  { std::ofstream(big, std::ios::binary) << "RIFF"; }
+  fs::resize_file(big, uint64_t(3) << 30);  // sparse: 3 GiB that take no disk
+  for (const auto& [file, expect] : {std::pair{flac, std::string(": the header claims 4294967295 frames")},
+                                     std::pair{big, std::string(": its 3221225472 bytes do not fit")}}) {
+    const test::CliRun r = test::run_cli("audio --model " + pipeline_dir() + " -p x --seconds 1 --init-audio " + file +
+                                             " -o " + out,
+                                         "ulimit -v 1500000; ");
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find("error: " + file + expect), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("out of memory"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  fs::remove(flac);
+  fs::remove(big);
 }
 
 TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
@@ -601,6 +644,9 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
   { std::ofstream(bad_t5 + "/text_encoder/model.safetensors", std::ios::trunc) << "not safetensors"; }
   const std::string no_t5 = spoiled_copy("no_t5", "text_encoder");
   fs::remove_all(no_t5 + "/text_encoder");
+  const std::string empty_wav = ::testing::TempDir() + "apus_empty.wav", lying_flac = ::testing::TempDir() + "apus_lying.flac";
+  test::write_header_only_wav(empty_wav);
+  test::write_flac_claiming(lying_flac, (int64_t(1) << 32) - 1);
   const std::vector<Case> cases = {
       {"--seconds 0", {"seconds 0", "outside"}},
       {"--seconds 9000", {"seconds 9000", "outside"}},
@@ -612,7 +658,10 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"--model " + test::fixture("klein_tiny_a"), {"Flux2KleinPipeline", "apus image"}},
       {"--seconds 1 --init-audio " + test::fixture("sa3_pipeline_ref.json"), {"sa3_pipeline_ref.json", "not an audio file"}},
       {"--seconds 1 --init-audio /nonexistent.wav", {"/nonexistent.wav"}},
-      {"--seconds 1 --init-noise-level 0.5", {"--init-noise-level needs --init-audio"}},
+      {"--seconds 1 --init-noise-level 0.5", {"init_noise_level 0.5", "needs an init audio clip"}},
+      {"--seconds 1e-5", {"seconds 1e-05 outside", "one output frame"}},
+      {"--seconds 1 --init-audio " + empty_wav, {empty_wav + ": holds no audio"}},
+      {"--seconds 1 --init-audio " + lying_flac, {lying_flac, "claims 4294967295 frames", "can hold"}},
       {"--seconds 1 --inpaint-start 0.2 --inpaint-end 0.4", {"need --inpaint-audio"}},
       {"--seconds 1 --inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav"), {"needs --inpaint-start"}},
       {"--seconds 1 --inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav") + " --inpaint-start 0.2",
@@ -630,7 +679,7 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
     EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << c.args << ": " << r.output;
     for (const std::string& e : c.expect) EXPECT_NE(line.find(e), std::string::npos) << c.args << ": " << r.output;
   }
-  for (const std::string& d : {no_tokenizer, bad_t5, no_t5}) fs::remove_all(d);
+  for (const std::string& d : {no_tokenizer, bad_t5, no_t5, empty_wav, lying_flac}) fs::remove_all(d);
 }
 
 }  // namespace

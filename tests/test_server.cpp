@@ -167,7 +167,7 @@ TEST_F(Serve, AudioIsTheEnginesClip) {
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->get_header_value("Content-Type"), "audio/wav");
   EXPECT_EQ(r->get_header_value("X-Seed"), "42");
-  const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_clip.wav"));
+  const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_clip.wav"), test::kTestClipSeconds);
   AudioRequest want;
   want.prompt = "warm lo-fi hip hop";
   want.seconds = 1.4;
@@ -303,7 +303,7 @@ TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
 TEST_F(Serve, AudioInputsAreTheEnginesClips) {
   const auto model = AudioModel::open(test::official_dir(), Weights::per_stage);
   auto clip = [](const std::string& rel) {
-    Audio a = read_audio(test::fixture(rel));
+    Audio a = read_audio(test::fixture(rel), test::kTestClipSeconds);
     return AudioClip{a.rate, a.channels, std::move(a.samples)};
   };
   struct Case { Json fields; AudioRequest want; };
@@ -326,7 +326,7 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
     const auto r = client().Post("/v1/audio/generations", body.dump(), "application/json");
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200) << r->body;
-    const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_input.wav"));
+    const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_input.wav"), test::kTestClipSeconds);
     EXPECT_EQ(got.samples, model->generate(k.want).samples) << k.fields.begin().key();
   }
   auto post = [&](const Json& extra) {
@@ -338,7 +338,7 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
   expect_refusal(post({{"init_audio", base64_of("RIFF but not a wave file")}}), 400, "not an audio file", "init_audio");
   expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {1, 2}}}), 400, "[start, end]", "inpaint_regions");
   expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {{0.2, 9.0}}}}), 400, "inpaint region");
-  expect_refusal(post({{"init_audio", init_b64}, {"init_noise_level", 2}}), 400, "init noise level");
+  expect_refusal(post({{"init_audio", init_b64}, {"init_noise_level", 2}}), 400, "init_noise_level 2 outside (0, 1]");
 }
 
 TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
@@ -414,7 +414,7 @@ TEST_F(Serve, JobsQueueAndCancel) {
     EXPECT_EQ(j["steps"], 8);
     EXPECT_EQ(j["progress"], 1.0);
     const auto bytes = unbase64(j["results"][0]["b64"]);
-    EXPECT_EQ(read_audio(as_file(bytes, "serve_job.wav")).frames(), int64_t(1.4 * 2048));
+    EXPECT_EQ(read_audio(as_file(bytes, "serve_job.wav"), test::kTestClipSeconds).frames(), int64_t(1.4 * 2048));
   }
   // The queue is free again.
   const auto again = client().Post("/v1/jobs", clip, "application/json");

@@ -133,11 +133,11 @@ struct Fields {
     return uint64_t(integer("seed", 0, 0, (int64_t(1) << 53)));
   }
   // An audio file sent as base64 text, decoded.
-  AudioClip clip(const char* k) const {
+  AudioClip clip(const char* k, double max_seconds) const {
     const std::optional<std::string> bytes = unbase64(string(k, ""));
     if (!bytes || bytes->empty()) refuse(400, std::string("'") + k + "' must be an audio file as base64", k);
     try {
-      Audio a = decode_audio(*bytes, k);
+      Audio a = decode_audio(*bytes, k, max_seconds);
       return {a.rate, a.channels, std::move(a.samples)};
     } catch (const Error& e) {
       refuse(400, e.what(), k);
@@ -424,16 +424,16 @@ struct Server::Impl {
     } else if (!sized_by_image) {
       refuse(400, "'size' auto takes the first of 'images', and there are none", "size");
     }
-    r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
+    if (f.has("steps")) r.steps = int(f.integer("steps", 0, 1, kMaxSteps));
     r.seed = f.seed();
-    r.cfg = float(f.number("cfg", 0.0));
+    if (f.has("cfg")) r.cfg = float(f.number("cfg", 0.0));
     if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
     // Guidance is the -base models' (the engine refuses it for the distilled ones too).
     const bool distilled = m.image->default_cfg() <= 1;
     if (distilled && r.cfg > 1) refuse(400, "'cfg' is for the -base models: " + m.id + " runs without guidance", "cfg");
     if (distilled && r.negative_prompt)
       refuse(400, "'negative_prompt' is for the -base models: " + m.id + " runs without guidance", "negative_prompt");
-    if (!(r.cfg >= 0 && r.cfg <= 100)) refuse(400, "'cfg' must be in [0, 100] (0: the model's default)", "cfg");
+    if (r.cfg && !(*r.cfg >= 0 && *r.cfg <= 100)) refuse(400, "'cfg' must be in [0, 100] (0: the model's default)", "cfg");
     r.trace = trace;
     const std::string format = f.string("response_format", "b64_json");
     if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
@@ -483,11 +483,9 @@ struct Server::Impl {
     r.trace = trace;
     if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
     // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads).
-    if (f.has("init_audio")) {
-      r.init_audio = f.clip("init_audio");
-      r.init_noise_level = f.number("init_noise_level", r.init_noise_level);
-    }
-    if (f.has("inpaint_audio")) r.inpaint_audio = f.clip("inpaint_audio");
+    if (f.has("init_audio")) r.init_audio = f.clip("init_audio", m.audio->max_seconds());
+    if (f.has("init_noise_level")) r.init_noise_level = f.number("init_noise_level", 0.0);
+    if (f.has("inpaint_audio")) r.inpaint_audio = f.clip("inpaint_audio", m.audio->max_seconds());
     if (f.has("inpaint_regions")) {
       const Json& regions = body["inpaint_regions"];
       if (!regions.is_array()) refuse(400, "'inpaint_regions' must be a list of [start, end] seconds", "inpaint_regions");

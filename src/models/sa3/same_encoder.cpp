@@ -12,8 +12,9 @@ namespace apus::sa3 {
 
 void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, int64_t channels, int64_t length,
                   float* out) {
-  APUS_CHECK(clip.channels >= 1 && clip.sample_rate > 0 && clip.samples.size() % size_t(clip.channels) == 0 &&
-                 !clip.samples.empty(),
+  // The words decode_audio uses for an empty file, so a clip says the same by any route.
+  APUS_CHECK(!clip.samples.empty(), what, ": holds no audio");
+  APUS_CHECK(clip.channels >= 1 && clip.sample_rate > 0 && clip.samples.size() % size_t(clip.channels) == 0,
              what, ": ", clip.samples.size(), " samples at ", clip.sample_rate, " Hz are not whole frames of ",
              clip.channels, " channels");
   const int64_t in_frames = int64_t(clip.samples.size()) / clip.channels;
