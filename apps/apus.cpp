@@ -93,23 +93,43 @@ uint64_t parse_seed(const std::string& text) {
   return v;
 }
 
+// The file an option names: an empty name is refused naming the option (the engine's errors name
+// the path, and an empty one names nothing).
+const std::string& named_file(const std::string& path, const char* flag) {
+  APUS_CHECK(!path.empty(), flag, ": an empty file name");
+  return path;
+}
+
 // Every file a run will write can be created, checked before any model loads.
 void check_output(const std::string& out, int batch) {
+  named_file(out, "-o");
   for (int i = 0; i < batch; ++i) apus::check_writable(output_name(out, i, batch));
 }
 
-// An input clip for audio-to-audio or inpainting, read through libsndfile.
-apus::AudioClip read_clip(const std::string& path) {
-  apus::Audio a = apus::read_audio(path);
-  APUS_CHECK(a.frames() > 0, path, ": holds no audio");
-  return {a.rate, a.channels, std::move(a.samples)};
+// The value of an option given on the command line; absent otherwise, which the engine reads as
+// the model's default.
+template <typename T>
+std::optional<T> if_given(const CLI::Option* option, const T& value) {
+  return *option ? std::optional<T>(value) : std::nullopt;
 }
 
-int run_audio(const std::string& model_dir, const apus::AudioRequest& req, int batch,
+// The input clips' files, empty where none was given.
+struct ClipFiles {
+  std::string init, inpaint;
+};
+
+int run_audio(const std::string& model_dir, apus::AudioRequest req, const ClipFiles& clips, int batch,
               const std::string& out, const std::string& format_name, bool verbose,
               const std::string& inputs, const std::string& trace_file, const std::string& device) {
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
   const auto model = apus::AudioModel::open(model_dir, apus::Weights::per_stage, device);
+  // Read once the model is open: no clip decodes past the longest the model can use.
+  auto read_clip = [&](const std::string& path) {
+    apus::Audio a = apus::read_audio(path, model->max_seconds());
+    return apus::AudioClip{a.rate, a.channels, std::move(a.samples)};
+  };
+  if (!clips.init.empty()) req.init_audio = read_clip(clips.init);
+  if (!clips.inpaint.empty()) req.inpaint_audio = read_clip(clips.inpaint);
   std::vector<apus::AudioRequest> requests(size_t(batch), req);
   for (int i = 1; i < batch; ++i)
     requests[size_t(i)].seed = req.seed ? std::optional<uint64_t>(*req.seed + uint64_t(i)) : std::nullopt;
@@ -150,10 +170,14 @@ int main(int argc, char** argv) {
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
   image->add_option("--model", model_dir, "model directory (diffusers layout)")->required();
   image->add_option("--prompt,-p", req.prompt, "text prompt")->required();
-  image->add_option("--width,-W", req.width, "image width, a multiple of 16 (default: the first --image's, or 1024)");
-  image->add_option("--height,-H", req.height, "image height, a multiple of 16 (default: the first --image's, or 1024)");
-  auto* steps_opt = image->add_option("--steps", req.steps, "sampling steps (default: 4 distilled, 50 -base)");
-  image->add_option("--cfg", req.cfg, "guidance scale for the -base models (default 4; 1: off)");
+  int width = 0, height = 0, steps = 0;
+  float cfg = 0;
+  auto* width_opt =
+      image->add_option("--width,-W", width, "image width, a multiple of 16 (default: the first --image's, or 1024)");
+  auto* height_opt =
+      image->add_option("--height,-H", height, "image height, a multiple of 16 (default: the first --image's, or 1024)");
+  auto* steps_opt = image->add_option("--steps", steps, "sampling steps (default: 4 distilled, 50 -base)");
+  auto* cfg_opt = image->add_option("--cfg", cfg, "guidance scale for the -base models (default 4; 1: off)");
   std::vector<std::string> reference_files;
   image->add_option("--image,-i", reference_files,
                     "a reference image to edit from (PNG, JPEG or WebP; repeatable); with --mask, the image to repaint")
@@ -169,7 +193,7 @@ int main(int argc, char** argv) {
   auto* image_negative_opt =
       image->add_option("--negative-prompt", image_negative, "guidance's unconditional prompt (-base models; default \"\")");
   auto* seed_opt = image->add_option("--seed,-s", seed, "seed of torch's CPU generator");
-  image->add_option("--noise", req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
+  auto* noise_opt = image->add_option("--noise", req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
   image->add_option("--precision", precision, "bf16 (as the official pipeline) or fp32 (parity)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   int batch = 1;
@@ -178,7 +202,8 @@ int main(int argc, char** argv) {
   image->add_option("-o,--output", out, "output PNG");
   image->add_flag("-v,--verbose", verbose, "print per-stage times and peak memory");
   std::string image_trace;
-  image->add_option("--trace", image_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
+  auto* image_trace_opt =
+      image->add_option("--trace", image_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
   const char* device_help = "cpu, or cuda[:N] where the build has the CUDA backend (not yet run on a GPU)";
   std::string image_device = "cpu";
   image->add_option("--device", image_device, device_help);
@@ -203,10 +228,13 @@ int main(int argc, char** argv) {
   auto* audio_negative_opt = audio->add_option("--negative-prompt", audio_negative, "the unconditional branch's prompt (with --cfg)");
   std::string audio_decode, init_audio, inpaint_audio;
   std::vector<double> inpaint_starts, inpaint_ends;
-  audio->add_option("--init-audio", init_audio, "audio-to-audio: start from this clip (any rate: resampled)");
-  auto* init_level_opt = audio->add_option("--init-noise-level", audio_req.init_noise_level,
+  auto* init_audio_opt =
+      audio->add_option("--init-audio", init_audio, "audio-to-audio: start from this clip (any rate: resampled)");
+  double init_noise_level = apus::kDefaultInitNoiseLevel;
+  auto* init_level_opt = audio->add_option("--init-noise-level", init_noise_level,
                                            "audio-to-audio: noise mixed into the clip, (0, 1] (default 0.9)");
-  audio->add_option("--inpaint-audio", inpaint_audio, "inpainting: the clip to keep outside the regions");
+  auto* inpaint_audio_opt =
+      audio->add_option("--inpaint-audio", inpaint_audio, "inpainting: the clip to keep outside the regions");
   audio->add_option("--inpaint-start", inpaint_starts, "inpainting: a region's start in seconds (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   audio->add_option("--inpaint-end", inpaint_ends, "inpainting: a region's end in seconds (repeatable)")
@@ -218,7 +246,8 @@ int main(int argc, char** argv) {
   audio->add_option("-o,--output", audio_out, "output file");
   audio->add_flag("-v,--verbose", audio_verbose, "print per-stage times and peak memory");
   std::string audio_trace;
-  audio->add_option("--trace", audio_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
+  auto* audio_trace_opt =
+      audio->add_option("--trace", audio_trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
   std::string audio_device = "cpu";
   audio->add_option("--device", audio_device, device_help);
 
@@ -235,7 +264,6 @@ int main(int argc, char** argv) {
   synth->add_option("--seed", synth_seed, "weight seed");
 
   std::string roof_model = "flux2-klein-4b", chip_name = "h200";
-  apus::ImageRequest roof_req;
   int chips = 1;
   double peak_tflops = 0, gbps = 0, link_gbps = 0;
   bool as_json = false;
@@ -288,8 +316,9 @@ int main(int argc, char** argv) {
           ->check(CLI::IsMember(apus::kPublishedModels));
   bench_model_opt->excludes(bench_synthetic_opt);
   bench->add_option("--prompt,-p", bench_opts.image.prompt, "text prompt");
-  auto* bench_width_opt = bench->add_option("--width,-W", bench_opts.image.width, "image width");
-  auto* bench_height_opt = bench->add_option("--height,-H", bench_opts.image.height, "image height");
+  int bench_width = 0, bench_height = 0;
+  auto* bench_width_opt = bench->add_option("--width,-W", bench_width, "image width");
+  auto* bench_height_opt = bench->add_option("--height,-H", bench_height, "image height");
   auto* bench_seconds_opt = bench->add_option("--seconds", bench_seconds, "clip length (audio models)");
   auto* bench_steps_opt = bench->add_option("--steps", bench_steps, "sampling steps (the model's default)");
   std::vector<std::string> bench_images;
@@ -302,8 +331,9 @@ int main(int argc, char** argv) {
   bench->add_option("--precision", bench_precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   bench->add_option("--reps", bench_opts.reps, "timed requests (3)")->check(CLI::Range(1, 1000));
   bench->add_option("--warmup", bench_opts.warmup, "untimed requests first (1)")->check(CLI::Range(0, 100));
-  bench->add_option("--json", bench_opts.json, "write the report (docs/BENCH.md) to this file");
-  bench->add_option("--chart", bench_opts.chart, "draw each stage against its floor (or the A/B arms) as an SVG");
+  auto* bench_json_opt = bench->add_option("--json", bench_opts.json, "write the report (docs/BENCH.md) to this file");
+  auto* bench_chart_opt =
+      bench->add_option("--chart", bench_opts.chart, "draw each stage against its floor (or the A/B arms) as an SVG");
   bool list_variants = false;
   bench->add_flag("--list-variants", list_variants, "list the kernel variant knobs --ab can compare, and exit");
   auto* bench_ab_opt =
@@ -311,16 +341,18 @@ int main(int argc, char** argv) {
   bench->add_option("--ab-bound", bench_opts.ab_bound,
                     "largest mean |A - B| of the outputs (default: how far flipping the precision moves them)")
       ->check(CLI::NonNegativeNumber);
-  bench->add_option("--trace", bench_opts.trace, "after the timed requests, trace one more and write its timeline here")
-      ->excludes(bench_ab_opt);
+  auto* bench_trace_opt =
+      bench->add_option("--trace", bench_opts.trace, "after the timed requests, trace one more and write its timeline here")
+          ->excludes(bench_ab_opt);
   std::vector<std::string> report_files;
   auto* report = app.add_subcommand("report", "a Markdown table of apus bench --json reports");
   report->add_option("reports", report_files, "bench reports")->required()->check(CLI::ExistingFile);
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
   roofline->add_option("--model", roof_model, "model directory (configs only are read) or a published name (flux2-klein-4b, flux2-klein-9b, stable-audio-3-medium, ...)");
-  roofline->add_option("--width,-W", roof_req.width, "image width");
-  roofline->add_option("--height,-H", roof_req.height, "image height");
-  auto* roof_steps_opt = roofline->add_option("--steps", roof_req.steps, "sampling steps");
+  int roof_width = 0, roof_height = 0, roof_steps = 0;
+  auto* roof_width_opt = roofline->add_option("--width,-W", roof_width, "image width");
+  auto* roof_height_opt = roofline->add_option("--height,-H", roof_height, "image height");
+  auto* roof_steps_opt = roofline->add_option("--steps", roof_steps, "sampling steps");
   double roof_seconds = 30;
   auto* roof_seconds_opt = roofline->add_option("--seconds", roof_seconds, "clip length (audio models)");
   roofline->add_option("--chip", chip_name, "v6e, h200, h100, l4, rtx-pro-6000 or cpu");
@@ -340,16 +372,20 @@ int main(int argc, char** argv) {
       if (*mask_opt) {
         APUS_CHECK(reference_files.size() == 1, "--mask repaints one --image, not ", reference_files.size(),
                    " (a reference for the repainted area goes in --reference)");
-        req.inpaint = apus::Inpainting{apus::read_image(reference_files[0]), apus::read_image(mask_file), strength};
-        if (*inpaint_reference_opt) req.references.push_back(apus::read_image(inpaint_reference));
+        req.inpaint = apus::Inpainting{apus::read_image(named_file(reference_files[0], "--image")),
+                                       apus::read_image(named_file(mask_file, "--mask")), strength};
+        if (*inpaint_reference_opt) req.references.push_back(apus::read_image(named_file(inpaint_reference, "--reference")));
       } else {
         APUS_CHECK(!*strength_opt && !*inpaint_reference_opt, "--strength and --reference are for inpainting (--mask)");
-        for (const std::string& file : reference_files) req.references.push_back(apus::read_image(file));
+        for (const std::string& file : reference_files) req.references.push_back(apus::read_image(named_file(file, "--image")));
       }
-      // 0 would mean "the model's default" to the engine; asked for, it is an error.
-      APUS_CHECK(!*steps_opt || (req.steps >= 1 && req.steps <= 200), "--steps ", req.steps, " outside 1..200");
-      req.trace = !image_trace.empty();
-      if (req.trace) apus::check_writable(image_trace);
+      if (*noise_opt) named_file(req.noise_file, "--noise");
+      req.width = if_given(width_opt, width);
+      req.height = if_given(height_opt, height);
+      req.steps = if_given(steps_opt, steps);
+      req.cfg = if_given(cfg_opt, cfg);
+      req.trace = bool(*image_trace_opt);
+      if (req.trace) apus::check_writable(named_file(image_trace, "--trace"));
       return run_image(model_dir, req, batch, out, verbose, image_trace, image_device);
     }
     if (*audio) {
@@ -361,19 +397,20 @@ int main(int argc, char** argv) {
       // As the official CLI: regions in pairs, and only with the clip they cut into.
       APUS_CHECK(inpaint_starts.size() == inpaint_ends.size(), "--inpaint-start and --inpaint-end must be given ",
                  "the same number of times (", inpaint_starts.size(), " and ", inpaint_ends.size(), ")");
-      APUS_CHECK(inpaint_starts.empty() == inpaint_audio.empty(),
-                 inpaint_audio.empty() ? "--inpaint-start/--inpaint-end need --inpaint-audio"
-                                       : "--inpaint-audio needs --inpaint-start and --inpaint-end");
-      APUS_CHECK(!*init_level_opt || !init_audio.empty(), "--init-noise-level needs --init-audio");
+      APUS_CHECK(inpaint_starts.empty() == !*inpaint_audio_opt,
+                 *inpaint_audio_opt ? "--inpaint-audio needs --inpaint-start and --inpaint-end"
+                                    : "--inpaint-start/--inpaint-end need --inpaint-audio");
+      audio_req.init_noise_level = if_given(init_level_opt, init_noise_level);
+      ClipFiles clips;
       std::string inputs;
       char text[96];
-      if (!init_audio.empty()) {
-        audio_req.init_audio = read_clip(init_audio);
-        std::snprintf(text, sizeof text, ", Init noise level: %g", audio_req.init_noise_level);
+      if (*init_audio_opt) {
+        clips.init = named_file(init_audio, "--init-audio");
+        std::snprintf(text, sizeof text, ", Init noise level: %g", init_noise_level);
         inputs += ", Init audio: " + init_audio + text;
       }
-      if (!inpaint_audio.empty()) {
-        audio_req.inpaint_audio = read_clip(inpaint_audio);
+      if (*inpaint_audio_opt) {
+        clips.inpaint = named_file(inpaint_audio, "--inpaint-audio");
         inputs += ", Inpaint audio: " + inpaint_audio + ", Inpaint:";
         for (size_t i = 0; i < inpaint_starts.size(); ++i) {
           audio_req.inpaint_regions.emplace_back(inpaint_starts[i], inpaint_ends[i]);
@@ -381,9 +418,9 @@ int main(int argc, char** argv) {
           inputs += text;
         }
       }
-      audio_req.trace = !audio_trace.empty();
-      if (audio_req.trace) apus::check_writable(audio_trace);
-      return run_audio(audio_model, audio_req, audio_batch, audio_out, audio_format, audio_verbose, inputs,
+      audio_req.trace = bool(*audio_trace_opt);
+      if (audio_req.trace) apus::check_writable(named_file(audio_trace, "--trace"));
+      return run_audio(audio_model, audio_req, clips, audio_batch, audio_out, audio_format, audio_verbose, inputs,
                        audio_trace, audio_device);
     }
     if (*calibrate) {
@@ -453,14 +490,19 @@ int main(int argc, char** argv) {
         bench_opts.audio.fp32 = bench_precision == "fp32";
       } else {
         APUS_CHECK(!*bench_seconds_opt, bench_opts.model, ": --seconds is for audio models");
-        for (const std::string& file : bench_images) bench_opts.image.references.push_back(apus::read_image(file));
-        if (*bench_steps_opt) bench_opts.image.steps = bench_steps;
-        if (*bench_cfg_opt) bench_opts.image.cfg = bench_cfg;
+        for (const std::string& file : bench_images)
+          bench_opts.image.references.push_back(apus::read_image(named_file(file, "--image")));
+        bench_opts.image.width = if_given(bench_width_opt, bench_width);
+        bench_opts.image.height = if_given(bench_height_opt, bench_height);
+        bench_opts.image.steps = if_given(bench_steps_opt, bench_steps);
+        bench_opts.image.cfg = if_given(bench_cfg_opt, bench_cfg);
         bench_opts.image.seed = bench_seed.empty() ? 0 : parse_seed(bench_seed);
         bench_opts.image.fp32 = bench_precision == "fp32";
       }
-      for (const std::string& file : {bench_opts.json, bench_opts.trace, bench_opts.chart})
-        if (!file.empty()) apus::check_writable(file);
+      for (const auto& [option, file] : {std::pair{bench_json_opt, &bench_opts.json},
+                                         std::pair{bench_trace_opt, &bench_opts.trace},
+                                         std::pair{bench_chart_opt, &bench_opts.chart}})
+        if (*option) apus::check_writable(named_file(*file, option->get_name().c_str()));
       return apus::run_bench(bench_opts);
     }
     if (*report) {
@@ -478,10 +520,14 @@ int main(int argc, char** argv) {
       if (apus::is_audio_model(roof_model)) {
         apus::AudioRequest a;
         a.seconds = roof_seconds;
-        if (*roof_steps_opt) a.steps = roof_req.steps;
+        if (*roof_steps_opt) a.steps = roof_steps;
         cost = apus::AudioModel::open(roof_model, apus::Weights::none)->count(a);
       } else {
         APUS_CHECK(!*roof_seconds_opt, roof_model, ": --seconds is for audio models");
+        apus::ImageRequest roof_req;
+        roof_req.width = if_given(roof_width_opt, roof_width);
+        roof_req.height = if_given(roof_height_opt, roof_height);
+        roof_req.steps = if_given(roof_steps_opt, roof_steps);
         cost = apus::ImageModel::open(roof_model, apus::Weights::none)->count(roof_req);
       }
       cost.model = roof_model;

@@ -3,6 +3,7 @@
 // per test process: diffusers' folders and the official single-checkpoint layout.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -125,7 +126,7 @@ inline AudioRequest reference_request(bool fp32) {
 }
 
 inline AudioClip clip_file(const std::string& rel) {
-  Audio a = read_audio(fixture(rel));
+  Audio a = read_audio(fixture(rel), test::kTestClipSeconds);
   return {a.rate, a.channels, std::move(a.samples)};
 }
 
@@ -143,6 +144,38 @@ inline AudioRequest inputs_request(bool fp32, const std::string& mode) {
       r.inpaint_regions.emplace_back(meta["inpaint_starts"][i].get<double>(), meta["inpaint_ends"][i].get<double>());
   }
   return r;
+}
+
+// Audio files that lie or hold nothing, made by the tests that refuse them.
+
+// A WAV of 2 channels at 2048 Hz whose data chunk is empty (what a writer leaves when it is given
+// no samples).
+inline void write_header_only_wav(const std::string& path) {
+  auto u32 = [](uint32_t v) { return std::string{char(v), char(v >> 8), char(v >> 16), char(v >> 24)}; };
+  auto u16 = [](uint16_t v) { return std::string{char(v), char(v >> 8)}; };
+  const std::string bytes = "RIFF" + u32(36) + "WAVE" + "fmt " + u32(16) + u16(1) + u16(2) + u32(2048) +
+                            u32(2048 * 4) + u16(4) + u16(16) + "data" + u32(0);
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// The bytes of a real 1 s mono FLAC at 44100 Hz (a short file: a few kB) whose STREAMINFO claims
+// `frames` frames (0: "unknown", as a FLAC written to a pipe says).
+inline std::string flac_claiming(int64_t frames) {
+  Audio clip{44100, 1, std::vector<float>(44100)};
+  for (size_t i = 0; i < clip.samples.size(); ++i) clip.samples[i] = 0.25f * float(std::sin(0.05 * double(i)));
+  const std::vector<uint8_t> flac = encode_audio(clip, AudioFormat::flac, {}, "flac");
+  std::string bytes(flac.begin(), flac.end());
+  // "fLaC", then STREAMINFO's block header (type 0) and body; its 36-bit total-samples field
+  // starts at the low nibble of byte 21.
+  EXPECT_EQ(bytes.substr(0, 4), "fLaC");
+  EXPECT_EQ(bytes[4] & 0x7f, 0) << "the first metadata block is not STREAMINFO";
+  bytes[21] = char((uint8_t(bytes[21]) & 0xf0) | uint8_t(frames >> 32));
+  for (int i = 0; i < 4; ++i) bytes[size_t(22 + i)] = char(uint8_t(frames >> (24 - 8 * i)));
+  return bytes;
+}
+
+inline void write_flac_claiming(const std::string& path, int64_t frames) {
+  std::ofstream(path, std::ios::binary) << flac_claiming(frames);
 }
 
 }  // namespace apus::test

@@ -3,12 +3,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include "io/png.h"
+#if APUS_HAS_CUDA
+#include "ops/cuda/cuda.h"
+#endif
 #include "io/safetensors.h"
 #include "test_util.h"
 
@@ -330,7 +334,7 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"audio --model /x --prompt hi --seed 1e3", "--seed 1e3: expected"},
       {"image --model " + test::fixture("klein_tiny_a_ref.json") + " --prompt hi", "is a file, expected a model directory"},
       {"image --model " + model + " --prompt hi -W 64 -H 48 -o /nonexistent-dir/x.png", "cannot create a file in /nonexistent-dir/"},
-      {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(), "is a directory, expected a file"},
+      {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(), "is a directory, not a regular file"},
   };
   for (const auto& c : cases) {
     const test::CliRun r = test::run_cli(c.args);
@@ -341,6 +345,63 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
     for (char ch : r.output) lines += ch == '\n';
     EXPECT_LE(lines, 1u) << r.output;
   }
+}
+
+// An explicit 0 is a value the engine checks, not "absent": it must not render at a default size,
+// the reference's height, or without the guidance asked for.
+TEST(CliErrors, ExplicitZerosAreRefusedNamingTheSetting) {
+  const std::string model = test::fixture("klein_tiny_a"), base = test::fixture("klein_tiny_base");
+  const std::string out = ::testing::TempDir() + "apus_zero.png";
+  const std::string reference = test::fixture("klein_tiny_a_edit/ref0.png");
+  struct Case { std::string args, expect; };
+  const std::string image = "image -o " + out + " -p hi --model ";
+  const std::vector<Case> cases = {
+      {image + model + " -W 0 -H 48", "width 0 outside 16..4096"},
+      {image + model + " -H 0 --image " + reference, "height 0 outside 16..4096"},
+      {image + model + " -W 64 -H 48 --steps 0", "steps 0 outside 1..200"},
+      {image + model + " -W 64 -H 48 --cfg 0", "cfg 0 outside (0, 100]"},
+      {image + base + " -W 64 -H 48 --steps 2 --cfg 0", "cfg 0 outside (0, 100]"},
+      {"roofline --model flux2-klein-4b -W 0", "width 0 and height 1024 must be positive multiples of 16"},
+      {"bench --model " + model + " -W 64 -H 0 --reps 1 --warmup 0", "height 0"},
+  };
+  for (const Case& c : cases) {
+    const test::CliRun r = test::run_cli(c.args);
+    EXPECT_EQ(r.status, 1) << c.args << "\n" << r.output;
+    const size_t at = r.output.rfind("error: ");
+    ASSERT_NE(at, std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect, at), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_FALSE(std::filesystem::exists(out)) << c.args;
+  }
+  // Absent is still the model's default.
+  const test::CliRun defaults = test::run_cli("image --model " + model + " -p hi --image " + reference + " --steps 1 -o " + out);
+  ASSERT_EQ(defaults.status, 0) << defaults.output;
+  const PngImage png = read_png(out);
+  const PngImage ref = read_png(reference);
+  EXPECT_EQ(png.width, ref.width / 16 * 16);
+  EXPECT_EQ(png.height, ref.height / 16 * 16);
+  std::filesystem::remove(out);
+}
+
+TEST(CliErrors, CudaWithoutAUsableGpuSaysSoAndWhatWasFound) {
+  const std::string out = ::testing::TempDir() + "apus_cuda.png";
+  const test::CliRun r = test::run_cli("image --model " + test::fixture("klein_tiny_a") +
+                                       " -p hi -W 64 -H 48 --device cuda -o " + out);
+#if APUS_HAS_CUDA
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is usable here";
+  EXPECT_EQ(r.status, 1) << r.output;
+  // What the runtime said, and what the driver's version (0: none) tells about it.
+  for (const char* part : {"device cuda:0: no usable CUDA GPU (cudaGetDeviceCount: ", "; ", ")"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_TRUE(r.output.find("no NVIDIA driver is loaded") != std::string::npos ||
+              r.output.find("the driver supports CUDA ") != std::string::npos)
+      << r.output;
+#else
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("this build has no CUDA backend"), std::string::npos) << r.output;
+#endif
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(CliErrors, RequestTooLargeForThisMachineIsRefusedBeforeLoading) {

@@ -77,20 +77,23 @@ std::vector<ImageRun> image_runs() {
   base.request.negative_prompt = "fog";
   runs.push_back(base);
   ImageRun edit{"edit with two references", "klein_tiny_a", request("make it blue", false)};
-  edit.request.width = edit.request.height = 0;
+  edit.request.width.reset();
+  edit.request.height.reset();
   const Json meta = read_json(test::fixture("klein_tiny_a_edit_ref.json"));
   for (const Json& name : meta["references"])
     edit.request.references.push_back(read_image(test::fixture("klein_tiny_a_edit/" + name.get<std::string>())));
   runs.push_back(edit);
   ImageRun inpaint{"inpainting", "klein_tiny_a", request("a cat", false)};
-  inpaint.request.width = inpaint.request.height = 0;
+  inpaint.request.width.reset();
+  inpaint.request.height.reset();
   inpaint.request.inpaint = Inpainting{edit.request.references[0], edit.request.references[0], 0.6};
   for (size_t i = 0; i < inpaint.request.inpaint->mask.rgb.size(); ++i)
     inpaint.request.inpaint->mask.rgb[i] = (i / 3) % 5 < 2 ? 255 : 0;
   runs.push_back(inpaint);
   runs.push_back({"9B-shaped", "klein_tiny_9b", request("a bridge at dusk", false)});
   ImageRun kv{"reference K/V cache", "klein_tiny_9b_kv", request("the same bridge in winter", false)};
-  kv.request.width = kv.request.height = 0;
+  kv.request.width.reset();
+  kv.request.height.reset();
   kv.request.references = {edit.request.references[0]};
   runs.push_back(kv);
   return runs;

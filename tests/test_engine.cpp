@@ -2,6 +2,7 @@
 // bytes one-shot runs give; directories are recognised by their pipeline class and anything else
 // is refused naming it.
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <thread>
 
@@ -120,8 +121,8 @@ TEST(ImageModel, BaseModelsDefaultToTheOfficialGuidanceAndCountBothBranches) {
   // The step: both branches' transformer, plus the guidance's two multiply-adds.
   EXPECT_GT(stage(guided, "dit_step").flops, 2 * stage(plain, "dit_step").flops * 0.99);
   EXPECT_LT(stage(guided, "dit_step").flops, 2 * stage(plain, "dit_step").flops * 1.01);
-  r.steps = 0;
-  r.cfg = 0;
+  r.steps.reset();
+  r.cfg.reset();
   EXPECT_EQ(base->count(r).steps, 50);
 
   // Inpainting's defaults are Flux2KleinInpaintPipeline's (its signature, dumped by the oracle):
@@ -143,13 +144,47 @@ TEST(ImageModel, GuidanceOnADistilledModelIsRefused) {
   r.width = r.height = 32;
   r.cfg = 3;
   test::expect_error([&] { model->generate(r); }, {"step-distilled", "is_distilled: true", "cfg 3", "-base models"});
-  r.cfg = 0;
+  r.cfg.reset();
   r.negative_prompt = "blur";
   test::expect_error([&] { model->generate(r); }, {"step-distilled", "a negative prompt"});
   const auto base = ImageModel::open(test::fixture("klein_tiny_base"), Weights::none);
   r.negative_prompt.reset();
   r.cfg = -1;
   test::expect_error([&] { base->count(r); }, {"cfg -1 outside (0, 100]"});
+}
+
+// The engine, not each caller, tells an absent setting (the model's default) from a given 0 (an
+// error naming the setting): the CLI and the server pass what they were given.
+TEST(ImageModel, GivenZerosAreRefusedAbsentSettingsTakeTheDefaults) {
+  const auto base = ImageModel::open(test::fixture("klein_tiny_base"), Weights::none);
+  const auto distilled = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  const ImageRequest absent = request("x", 64, 48, 1);
+  const Rgb8Image reference{64, 80, std::vector<uint8_t>(64 * 80 * 3, 128)};
+  // Counting (roofline, the server's admission) and rendering each refuse it, naming the setting.
+  struct Case { std::function<void(ImageRequest&)> set; std::string counted, rendered; };
+  const std::vector<Case> cases = {
+      {[](ImageRequest& r) { r.width = 0; }, "width 0 and height 48 must be positive multiples of 16",
+       "width 0 outside 16..4096"},
+      {[&](ImageRequest& r) { r.height = 0; r.references = {reference}; }, "width 64 and height 0 must be",
+       "height 0 outside 16..4096"},
+      {[](ImageRequest& r) { r.steps = 0; }, "steps 0 outside 1..1000", "steps 0 outside 1..200"},
+      {[](ImageRequest& r) { r.cfg = 0; }, "cfg 0 outside (0, 100]", "cfg 0 outside (0, 100]"},
+  };
+  for (const Case& c : cases) {
+    ImageRequest r = absent;
+    c.set(r);
+    test::expect_error([&] { base->count(r); }, {c.counted});
+    test::expect_error([&] { distilled->generate(r); }, {c.rendered});
+  }
+  ImageRequest defaults;
+  defaults.references = {reference};
+  const PipelineCost cost = base->count(defaults);
+  EXPECT_EQ(cost.width, 64) << "the reference's width";
+  EXPECT_EQ(cost.height, 80);
+  EXPECT_EQ(cost.steps, base->default_steps());
+  EXPECT_EQ(cost.cfg, base->default_cfg());
+  defaults.references.clear();
+  EXPECT_EQ(base->count(defaults).width, 1024);
 }
 
 TEST(ImageModel, CountingOnlyModelCountsButDoesNotRender) {

@@ -77,5 +77,64 @@ TEST(InputImage, BadFilesAreRefusedNamingThem) {
   }
 }
 
+// zlib's CRC-32, for a PNG chunk patched by a test.
+uint32_t crc32_of(const std::string& bytes) {
+  uint32_t crc = 0xffffffffu;
+  for (const char ch : bytes) {
+    crc ^= uint8_t(ch);
+    for (int k = 0; k < 8; ++k) crc = crc & 1 ? (crc >> 1) ^ 0xedb88320u : crc >> 1;
+  }
+  return ~crc;
+}
+
+void put_be32(std::string& bytes, size_t at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) bytes[at + size_t(i)] = char(uint8_t(v >> (24 - 8 * i)));
+}
+
+// The header alone gives what decoding gives: the size, upright (EXIF orientations 6 and 8 swap
+// the sides), and the same refusals where the header shows them.
+TEST(InputImage, AProbeReadsTheHeaderAsTheDecoderDoes) {
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(test::fixture("images"))) {
+    const std::string name = entry.path().filename();
+    SCOPED_TRACE(name);
+    const std::string bytes = read_file(entry.path());
+    const ImageSize header = probe_image(bytes, name);
+    const Rgb8Image image = decode_image(bytes, name);
+    EXPECT_EQ(header.width, image.width);
+    EXPECT_EQ(header.height, image.height);
+    ++files;
+  }
+  EXPECT_EQ(files, 17);
+  const Rgb8Image turned = read_image(test::fixture("images/orientation6.jpg"));
+  ASSERT_NE(turned.width, turned.height) << "the swap would not show";
+
+  // A PNG whose IHDR (CRC fixed) claims 100000 x 100000 pixels, and a JPEG whose SOF0 claims
+  // 60000 x 60000: refused by both before any pixel.
+  std::string png = read_file(test::fixture("images/rgb.png"));
+  put_be32(png, 16, 100000);
+  put_be32(png, 20, 100000);
+  put_be32(png, 29, crc32_of(png.substr(12, 17)));
+  std::string jpeg = read_file(test::fixture("images/baseline.jpg"));
+  const size_t sof = jpeg.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  for (const size_t at : {sof + 5, sof + 7}) jpeg.replace(at, 2, "\xea\x60");
+  for (const auto& [bytes, what] : {std::pair{png, "huge.png"}, std::pair{jpeg, "huge.jpg"}}) {
+    test::expect_error([&] { probe_image(bytes, what); }, {what, "pixels, over the 67108864"});
+    test::expect_error([&] { decode_image(bytes, what); }, {what, "pixels, over the 67108864"});
+  }
+  test::expect_error([] { probe_image("hello, not an image", "text"); }, {"text", "not a PNG, JPEG or WebP image"});
+  test::expect_error([] { probe_image(std::string("RIFF\x10\0\0\0WEBPVP8 junk", 20), "riff"); },
+                     {"riff", "not a readable WebP image"});
+  // Header only: a PNG cut where its pixel data begins probes, and decoding it finds them missing.
+  const std::string whole = read_file(test::fixture("images/rgb.png"));
+  const size_t idat = whole.find("IDAT");
+  ASSERT_NE(idat, std::string::npos);
+  const std::string cut = whole.substr(0, idat + 4);
+  const Rgb8Image rgb = read_image(test::fixture("images/rgb.png"));
+  EXPECT_EQ(probe_image(cut, "cut.png").width, rgb.width);
+  test::expect_error([&] { decode_image(cut, "cut.png"); }, {"cut.png", "truncated"});
+}
+
 }  // namespace
 }  // namespace apus

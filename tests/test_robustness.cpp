@@ -2,11 +2,14 @@
 // apus must end with one `error:` line naming the file, key or stage, exit status 1, no output
 // file, and never an abort, a hang or a silent wrong image.
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -326,6 +329,88 @@ TEST(Robustness, UnwritableOutputNamesThePathAndTheReason) {
   const std::string out = "/nonexistent_dir_apus/out.png";
   const test::CliRun r = test::run_cli(render_args(test::fixture("klein_tiny_a"), out));
   expect_refused_after_progress(r, out, {out, "No such file or directory"});
+}
+
+// A scratch folder holding, in place of an output file, each kind of node the atomic rename
+// must never replace: a FIFO, a directory and (where this process may make one) a character
+// device like /dev/full (1, 7), made here so that a regression replaces a copy, not /dev/full.
+struct NonRegularOutputs {
+  std::string dir = temp_out("nodes");
+  struct Node {
+    std::string path, kind;
+    mode_t type;
+  };
+  std::vector<Node> nodes;
+  NonRegularOutputs() {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    EXPECT_EQ(::mkfifo((dir + "/fifo.png").c_str(), 0600), 0);
+    nodes.push_back({dir + "/fifo.png", "is a FIFO, not a regular file", S_IFIFO});
+    fs::create_directory(dir + "/folder.png");
+    nodes.push_back({dir + "/folder.png", "is a directory, not a regular file", S_IFDIR});
+    if (::mknod((dir + "/full.png").c_str(), S_IFCHR | 0600, makedev(1, 7)) == 0)
+      nodes.push_back({dir + "/full.png", "is a character device, not a regular file", S_IFCHR});
+    else
+      std::printf("[ note    ] no character device case: mknod: %s\n", std::strerror(errno));
+  }
+  ~NonRegularOutputs() { fs::remove_all(dir); }
+  // The node is still what it was: nothing was renamed over it.
+  static void expect_intact(const Node& n) {
+    struct stat st {};
+    ASSERT_EQ(::lstat(n.path.c_str(), &st), 0) << n.path;
+    EXPECT_EQ(st.st_mode & S_IFMT, n.type) << n.path << " was replaced";
+  }
+};
+
+// Exactly one line, `error: ...` with every fragment, exit status 1: nothing ran before it.
+void expect_refused_up_front(const test::CliRun& r, std::initializer_list<std::string> fragments) {
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
+  for (const auto& f : fragments) EXPECT_NE(r.output.find(f), std::string::npos) << f << "\n" << r.output;
+}
+
+TEST(Robustness, OutputsThatAreNotRegularFilesAreRefusedBeforeAnyWork) {
+  const NonRegularOutputs outputs;
+  const std::string image = "image --model " + test::fixture("klein_tiny_a") + " -p hi -W 64 -H 48 --seed 7 ";
+  // Refused before any model is opened, so the model folder is never read.
+  const std::string audio = "audio --model " + test::fixture("sa3_tiny/original") + " -p hi --seconds 1 ";
+  const std::string png = temp_out("unused.png"), json = temp_out("unused.json");
+  for (const auto& n : outputs.nodes) {
+    for (const std::string& args :
+         {image + "-o " + n.path, image + "-o " + png + " --trace " + n.path, audio + "-o " + n.path,
+          audio + "-o " + temp_out("unused.wav") + " --trace " + n.path,
+          "bench --model " + test::fixture("klein_tiny_a") + " -W 64 -H 48 --json " + n.path,
+          "bench --model " + test::fixture("klein_tiny_a") + " -W 64 -H 48 --chart " + n.path}) {
+      // timeout: opening a FIFO for writing would block until a reader came.
+      expect_refused_up_front(test::run_cli(args, "timeout 60 "), {n.path, n.kind});
+      NonRegularOutputs::expect_intact(n);
+    }
+  }
+  EXPECT_FALSE(fs::exists(png));
+  // An empty name is refused naming the option, not written as "" after the whole run.
+  for (const auto& [args, flag] : {std::pair{image + "-o ''", "-o"}, std::pair{image + "-o " + png + " --trace ''", "--trace"},
+                                   std::pair{audio + "-o ''", "-o"}, std::pair{audio + "--init-audio ''", "--init-audio"},
+                                   std::pair{image + "--noise ''", "--noise"}, std::pair{image + "--image ''", "--image"},
+                                   std::pair{"bench --model " + test::fixture("klein_tiny_a") + " --json ''", "--json"}})
+    expect_refused_up_front(test::run_cli(args), {std::string(flag) + ": an empty file name"});
+}
+
+TEST(Robustness, AtomicFileRefusesANodeThatTookThePathBeforeTheRename) {
+  const std::string path = temp_out("raced.png");
+  fs::remove(path);
+  AtomicFile f(path);
+  f.write("abc", 3);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);  // appears while the file is being written
+  test::expect_error([&] { f.commit(); }, {path, "is a FIFO, not a regular file"});
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the rename replaced the FIFO";
+  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
+    EXPECT_EQ(e.path().filename().string().find("." + fs::path(path).filename().string() + "."), std::string::npos)
+        << "temporary left: " << e.path();
+  fs::remove(path);
+  test::expect_error([] { AtomicFile empty(""); }, {"an empty output path"});
 }
 
 TEST(Robustness, AtomicFileLeavesNothingUnlessCommitted) {

@@ -286,7 +286,7 @@ TEST(Sa3Pipeline, BadAudioInputsAreRefused) {
   for (const double level : {0.0, -0.5, 1.5, std::nan("")}) {
     AudioRequest r = a2a;
     r.init_noise_level = level;
-    expect(r, {"init noise level", "outside (0, 1]"});
+    expect(r, {"init_noise_level", "outside (0, 1]"});
   }
   AudioRequest fine = a2a;
   fine.init_audio->sample_rate = 44101;  // 44101 : 2048 does not reduce
@@ -294,6 +294,9 @@ TEST(Sa3Pipeline, BadAudioInputsAreRefused) {
   AudioRequest no_rate = a2a;
   no_rate.init_audio->sample_rate = 0;
   expect(no_rate, {"init audio", "0 Hz"});
+  AudioRequest empty = a2a;
+  empty.init_audio->samples.clear();
+  expect(empty, {"init audio: holds no audio"});
   AudioRequest ragged = a2a;
   ragged.init_audio->samples.pop_back();
   expect(ragged, {"init audio", "whole frames"});
@@ -430,6 +433,56 @@ TEST(Sa3Pipeline, Bf16CheckpointGivesTheOfficialBf16Clip) {
   fs::remove_all(off);
 }
 
+// Values the decoder would take but cannot mean: noise that pins every sample at +-1, a latent
+// scale of 0, a duration span that overflows fp32. Refused where they are read, naming file and key
+// or tensor, instead of rendering nonsense.
+TEST(Sa3Pipeline, MeaninglessDecoderValuesAreRefusedNamingFileAndKey) {
+  const Json base = read_json(test::fixture("sa3_tiny/original/model_config.json"));
+  struct Case { std::function<void(Json&)> spoil; std::vector<std::string> expect; };
+  auto decoder = [](Json& j) -> Json& { return j["model"]["pretransform"]["config"]["decoder"]["config"]; };
+  auto duration = [](Json& j) -> Json& { return j["model"]["conditioning"]["configs"][1]["config"]; };
+  const std::vector<Case> cases = {
+      {[&](Json& j) { decoder(j)["mask_noise"] = 1e30; }, {"decoder", "'mask_noise' 1e+30 outside [0, 1]"}},
+      {[&](Json& j) { decoder(j)["mask_noise"] = -0.1; }, {"decoder", "'mask_noise' -0.1 outside [0, 1]"}},
+      {[&](Json& j) { duration(j)["min_val"] = -3e38; duration(j)["max_val"] = 3e38; },
+       {"(model.conditioning.configs[1].config)", "'min_val' -3e+38 and 'max_val' 3e+38", "finite positive span"}},
+      {[&](Json& j) { duration(j)["max_val"] = 0; }, {"(model.conditioning.configs[1].config)", "'max_val' 0", "max_val must exceed min_val"}},
+  };
+  for (const Case& c : cases) {
+    Json spoiled = base;
+    c.spoil(spoiled);
+    const std::string d = test::official_variant_dir("meaningless", spoiled);
+    std::vector<std::string> expect = c.expect;
+    expect.push_back("model_config.json");
+    test::expect_error([&] { AudioModel::open(d, Weights::per_stage); }, expect);
+    fs::remove_all(d);
+  }
+  // The bottleneck's running_std in the weights: the decoder scales the latents by it (and the
+  // encoder divides by it), so text-to-audio, which loads only the decoder, must refuse it too.
+  const std::string stored = "pretransform.model.bottleneck.running_std";
+  for (const float bad : {0.0f, -1.0f, INFINITY}) {
+    const std::string d = test::official_variant_dir("running_std", base);
+    fs::remove(d + "/model.safetensors");
+    {
+      const SafetensorsFile f = SafetensorsFile::open(test::fixture("sa3_tiny/original/model.safetensors"));
+      std::vector<NamedTensor> tensors;
+      for (const std::string& n : f.names()) {
+        Tensor copy = Tensor::heap(f.get(n).shape, f.get(n).dtype);
+        std::memcpy(copy.data, f.get(n).data, copy.nbytes());
+        if (n == stored) copy.ptr<float>()[0] = bad;
+        tensors.push_back({n, copy});
+      }
+      write_safetensors(d + "/model.safetensors", tensors);
+    }
+    const auto model = AudioModel::open(d, Weights::per_stage);
+    AudioRequest r = reference_request(true);
+    test::expect_error([&] { model->generate(r); },
+                       {d + "/model.safetensors", "tensor '" + stored + "'", "expected a finite positive number"});
+    test::expect_error([&] { model->generate(inputs_request(true, "a2a")); }, {"tensor '" + stored + "'"});
+    fs::remove_all(d);
+  }
+}
+
 // A batch runs every stage once for all its clips, each sample with its own generator: each clip
 // is the one its request gives alone.
 TEST(Sa3Pipeline, BatchOfTwoEqualsTwoSingleRequests) {
@@ -487,9 +540,24 @@ TEST(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
       bad.seconds = seconds;
       model->generate(bad);
     }, {"seconds", "outside"});
+  // Under one output frame (1 / rate s): int(seconds x rate) would be a clip of no samples.
+  for (const double seconds : {1e-5, 1e-320, 0.999 / 2048})
+    test::expect_error([&] {
+      AudioRequest bad = r;
+      bad.seconds = seconds;
+      model->generate(bad);
+    }, {"seconds", "outside [0.000488281,", "one output frame at 2048 Hz"});
+  AudioRequest one_frame = r;
+  one_frame.seconds = 1.0 / 2048;
+  one_frame.steps = 1;
+  EXPECT_EQ(model->generate(one_frame).samples.size(), 2u);
   AudioRequest steps = r;
   steps.steps = 0;
   test::expect_error([&] { model->generate(steps); }, {"steps 0"});
+  // A level without the clip it mixes into is refused, not ignored.
+  AudioRequest level = r;
+  level.init_noise_level = 0.5;
+  test::expect_error([&] { model->generate(level); }, {"init_noise_level 0.5", "needs an init audio clip"});
   // A prompt longer than the text encoder takes is cut to 256 tokens, and said so.
   AudioRequest long_prompt = r;
   for (int i = 0; i < 300; ++i) long_prompt.prompt += " vinyl";
@@ -540,7 +608,7 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   EXPECT_NE(r.output.find("peak memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("transformer step 8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\ndecode "), std::string::npos) << r.output;
-  const Audio a = read_audio(out);
+  const Audio a = read_audio(out, test::kTestClipSeconds);
   EXPECT_EQ(a.rate, 2048);
   EXPECT_EQ(a.channels, 2);
   const auto want = interleaved(ref.get("fp32.audio"));
@@ -556,7 +624,7 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   const test::CliRun b = test::run_cli("audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) +
                                        " --seconds " + std::to_string(req.seconds) + " --seed 42 --format wav-float -o " + out_bf16);
   ASSERT_EQ(b.status, 0) << b.output;
-  const auto ours = read_audio(out_bf16).samples;
+  const auto ours = read_audio(out_bf16, test::kTestClipSeconds).samples;
   const auto ref_bf16 = interleaved(ref.get("bf16.audio")), other = interleaved(ref.get("fp32_decoder_noise.audio"));
   const test::AudioDistance self = test::audio_distance(ref_bf16, want, 2, 2048);
   const test::AudioDistance mine = test::audio_distance(ours, want, 2, 2048);
@@ -573,7 +641,7 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   const test::CliRun f = test::run_cli("audio --model " + pipeline_dir() + " --prompt " +
                                        test::shell_quote(req.prompt) + " --seconds 1.4 --seed 42 --steps 2 --format flac -o " + flac);
   ASSERT_EQ(f.status, 0) << f.output;
-  EXPECT_EQ(read_audio(flac).frames(), int64_t(want.size() / 2));
+  EXPECT_EQ(read_audio(flac, test::kTestClipSeconds).frames(), int64_t(want.size() / 2));
 }
 
 // Audio-to-audio and inpainting from the command line: the official clips, the inputs named in the
@@ -591,9 +659,34 @@ TEST(Sa3Cli, InitAndInpaintAudioGiveTheOfficialClips) {
     const test::CliRun r = test::run_cli(base + k.args + " -v -o " + out);
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("\nencode "), std::string::npos) << r.output;
-    const double err = test::rel_l2(read_audio(out).samples, interleaved(ref.get(k.mode + ".fp32.audio")));
+    const double err = test::rel_l2(read_audio(out, test::kTestClipSeconds).samples, interleaved(ref.get(k.mode + ".fp32.audio")));
     EXPECT_LT(err, test::kFp32Tolerance) << k.mode;
   }
+}
+
+// Under an address-space limit a clip that cannot be held is refused naming its file, before
+// the allocation where the header's claim alone is impossible, at the allocation otherwise; never
+// a bare "out of memory".
+TEST(Sa3Cli, ClipsBeyondMemoryAreRefusedNamingTheFile) {
+  if (test::kSanitized) GTEST_SKIP() << "sanitizer shadow memory cannot live under ulimit -v";
+  const std::string dir = ::testing::TempDir(), flac = dir + "apus_claims.flac", big = dir + "apus_big.wav";
+  const std::string out = dir + "apus_beyond.wav";
+  // A few kB claiming 2^32 - 1 mono frames: a 16 GiB zero-filled buffer before this check.
+  test::write_flac_claiming(flac, (int64_t(1) << 32) - 1);
+  { std::ofstream(big, std::ios::binary) << "RIFF"; }
+  fs::resize_file(big, uint64_t(3) << 30);  // sparse: 3 GiB that take no disk
+  for (const auto& [file, expect] : {std::pair{flac, std::string(": the header claims 4294967295 frames")},
+                                     std::pair{big, std::string(": its 3221225472 bytes do not fit")}}) {
+    const test::CliRun r = test::run_cli("audio --model " + pipeline_dir() + " -p x --seconds 1 --init-audio " + file +
+                                             " -o " + out,
+                                         "ulimit -v 1500000; ");
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find("error: " + file + expect), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("out of memory"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  fs::remove(flac);
+  fs::remove(big);
 }
 
 TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
@@ -605,6 +698,9 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
   { std::ofstream(bad_t5 + "/text_encoder/model.safetensors", std::ios::trunc) << "not safetensors"; }
   const std::string no_t5 = spoiled_copy("no_t5", "text_encoder");
   fs::remove_all(no_t5 + "/text_encoder");
+  const std::string empty_wav = ::testing::TempDir() + "apus_empty.wav", lying_flac = ::testing::TempDir() + "apus_lying.flac";
+  test::write_header_only_wav(empty_wav);
+  test::write_flac_claiming(lying_flac, (int64_t(1) << 32) - 1);
   const std::vector<Case> cases = {
       {"--seconds 0", {"seconds 0", "outside"}},
       {"--seconds 9000", {"seconds 9000", "outside"}},
@@ -616,7 +712,10 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"--model " + test::fixture("klein_tiny_a"), {"Flux2KleinPipeline", "apus image"}},
       {"--seconds 1 --init-audio " + test::fixture("sa3_pipeline_ref.json"), {"sa3_pipeline_ref.json", "not an audio file"}},
       {"--seconds 1 --init-audio /nonexistent.wav", {"/nonexistent.wav"}},
-      {"--seconds 1 --init-noise-level 0.5", {"--init-noise-level needs --init-audio"}},
+      {"--seconds 1 --init-noise-level 0.5", {"init_noise_level 0.5", "needs an init audio clip"}},
+      {"--seconds 1e-5", {"seconds 1e-05 outside", "one output frame"}},
+      {"--seconds 1 --init-audio " + empty_wav, {empty_wav + ": holds no audio"}},
+      {"--seconds 1 --init-audio " + lying_flac, {lying_flac, "claims 4294967295 frames", "can hold"}},
       {"--seconds 1 --inpaint-start 0.2 --inpaint-end 0.4", {"need --inpaint-audio"}},
       {"--seconds 1 --inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav"), {"needs --inpaint-start"}},
       {"--seconds 1 --inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav") + " --inpaint-start 0.2",
@@ -634,7 +733,7 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
     EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << c.args << ": " << r.output;
     for (const std::string& e : c.expect) EXPECT_NE(line.find(e), std::string::npos) << c.args << ": " << r.output;
   }
-  for (const std::string& d : {no_tokenizer, bad_t5, no_t5}) fs::remove_all(d);
+  for (const std::string& d : {no_tokenizer, bad_t5, no_t5, empty_wav, lying_flac}) fs::remove_all(d);
 }
 
 // Broken checkpoints and prompts from the command line: exit status 1 and one error line that

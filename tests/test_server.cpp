@@ -66,6 +66,24 @@ std::string as_file(const std::vector<uint8_t>& bytes, const std::string& name) 
   return path;
 }
 
+// A PNG of 1 x 1 pixels whose header says width x height (its IHDR's CRC made to match).
+std::string png_claiming(uint32_t width, uint32_t height) {
+  const std::vector<uint8_t> real = encode_png(1, 1, {7, 7, 7}, {}, "dot");
+  std::string png(real.begin(), real.end());
+  for (int i = 0; i < 4; ++i) {
+    png[size_t(16 + i)] = char(width >> (24 - 8 * i));
+    png[size_t(20 + i)] = char(height >> (24 - 8 * i));
+  }
+  uint32_t crc = 0xffffffffu;  // over the chunk type and data, bytes 12..28
+  for (size_t i = 12; i < 29; ++i) {
+    crc ^= uint8_t(png[i]);
+    for (int k = 0; k < 8; ++k) crc = crc & 1 ? (crc >> 1) ^ 0xedb88320u : crc >> 1;
+  }
+  crc ^= 0xffffffffu;
+  for (int i = 0; i < 4; ++i) png[size_t(29 + i)] = char(crc >> (24 - 8 * i));
+  return png;
+}
+
 class Serve : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -167,7 +185,7 @@ TEST_F(Serve, AudioIsTheEnginesClip) {
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->get_header_value("Content-Type"), "audio/wav");
   EXPECT_EQ(r->get_header_value("X-Seed"), "42");
-  const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_clip.wav"));
+  const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_clip.wav"), test::kTestClipSeconds);
   AudioRequest want;
   want.prompt = "warm lo-fi hip hop";
   want.seconds = 1.4;
@@ -303,7 +321,7 @@ TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
 TEST_F(Serve, AudioInputsAreTheEnginesClips) {
   const auto model = AudioModel::open(test::official_dir(), Weights::per_stage);
   auto clip = [](const std::string& rel) {
-    Audio a = read_audio(test::fixture(rel));
+    Audio a = read_audio(test::fixture(rel), test::kTestClipSeconds);
     return AudioClip{a.rate, a.channels, std::move(a.samples)};
   };
   struct Case { Json fields; AudioRequest want; };
@@ -326,7 +344,7 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
     const auto r = client().Post("/v1/audio/generations", body.dump(), "application/json");
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200) << r->body;
-    const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_input.wav"));
+    const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_input.wav"), test::kTestClipSeconds);
     EXPECT_EQ(got.samples, model->generate(k.want).samples) << k.fields.begin().key();
   }
   auto post = [&](const Json& extra) {
@@ -338,7 +356,18 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
   expect_refusal(post({{"init_audio", base64_of("RIFF but not a wave file")}}), 400, "not an audio file", "init_audio");
   expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {1, 2}}}), 400, "[start, end]", "inpaint_regions");
   expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {{0.2, 9.0}}}}), 400, "inpaint region");
-  expect_refusal(post({{"init_audio", init_b64}, {"init_noise_level", 2}}), 400, "init noise level");
+  expect_refusal(post({{"init_audio", init_b64}, {"init_noise_level", 2}}), 400, "init_noise_level 2 outside (0, 1]");
+  // The CLI's checks, through the engine: the same words.
+  expect_refusal(post({{"init_noise_level", 0.5}}), 400, "init_noise_level 0.5 is for audio-to-audio: it needs an init audio clip");
+  for (const double tiny : {1e-5, 1e-320})
+    expect_refusal(post({{"seconds", tiny}}), 400, "outside [0.000488281, ");
+  // A 4 kB FLAC whose header claims 2^32 - 1 frames: refused from its header, nothing decoded.
+  expect_refusal(post({{"init_audio", base64_of(test::flac_claiming((int64_t(1) << 32) - 1))}}), 400,
+                 "init_audio: the header claims 4294967295 frames, more than a file of", "init_audio");
+  // A WAV of no frames says what the CLI says of one.
+  static const char header[] = "RIFF\x24\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0\x44\xac\0\0\x88\x58\x01\0\x02\0\x10\0data";
+  const std::string empty_wav = std::string(header, sizeof header - 1) + std::string(4, '\0');
+  expect_refusal(post({{"init_audio", base64_of(empty_wav)}}), 400, "init_audio: holds no audio", "init_audio");
 }
 
 TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
@@ -370,6 +399,13 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "negative_prompt": "hiss"})"), 400,
                  "a negative prompt needs guidance");
   expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 3})"), 400, "'cfg' is for the -base models", "cfg");
+  // A given 0 is a value, not "the model's default" (absent is).
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 0})"), 400, "'cfg' is 0", "cfg");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "steps": 0})"), 400, "'steps' is 0", "steps");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "0x0"})"), 400, "'size' is \"0x0\"", "size");
+  // An image whose header claims 16384 x 16384 pixels is refused before it is decoded.
+  expect_refusal(post(images, Json{{"prompt", "x"}, {"images", {base64_of(png_claiming(16384, 16384))}}}.dump()), 400,
+                 "images[0]: 16384x16384 pixels, over the 67108864 this reader decodes", "images");
   expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "negative_prompt": "blur"})"), 400,
                  "'negative_prompt' is for the -base models", "negative_prompt");
   expect_refusal(post(images, Json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "larger");
@@ -418,7 +454,7 @@ TEST_F(Serve, JobsQueueAndCancel) {
     EXPECT_EQ(j["steps"], 8);
     EXPECT_EQ(j["progress"], 1.0);
     const auto bytes = unbase64(j["results"][0]["b64"]);
-    EXPECT_EQ(read_audio(as_file(bytes, "serve_job.wav")).frames(), int64_t(1.4 * 2048));
+    EXPECT_EQ(read_audio(as_file(bytes, "serve_job.wav"), test::kTestClipSeconds).frames(), int64_t(1.4 * 2048));
   }
   // The queue is free again.
   const auto again = client().Post("/v1/jobs", clip, "application/json");

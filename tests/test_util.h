@@ -177,6 +177,9 @@ constexpr bool kSanitized =
     false;
 #endif
 
+// The longest clip a test reads back (read_audio's bound): longer than any the tests write.
+constexpr double kTestClipSeconds = 60;
+
 inline DType precision_dtype(const std::string& p) { return p == "fp32" ? DType::f32 : DType::bf16; }
 
 // torch's (B, C, T) latents as the engine lays them out: [B*T, C] fp32, frames sample-major.

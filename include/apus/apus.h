@@ -34,22 +34,25 @@ struct Inpainting {
   double strength = 0.8;  // a double as the pipeline's Python float: it decides the first step
 };
 
+// A setting left absent takes the model's default; a value given is checked as given (an
+// explicit 0 is refused, never read as "the default").
 struct ImageRequest {
   std::string prompt;
-  // 0: the first reference image's size (as the pipeline floors it), else 1024.
-  int width = 0, height = 0;
+  // Multiples of 16 in 16..4096; absent: the first reference image's size (as the pipeline
+  // floors it), else 1024.
+  std::optional<int> width, height;
   // Editing / multi-reference generation (Flux2KleinPipeline's image=[...]): each reference is
   // centre-cropped to multiples of 16, VAE-encoded and attends with the image as extra tokens.
   // With `inpaint`, at most one reference (the pipeline's image_reference), and width and height
   // are the image's.
   std::vector<Rgb8Image> references;
   std::optional<Inpainting> inpaint;
-  int steps = 0;                  // 0: the model's default (ImageModel::default_steps)
-  // Classifier-free guidance (the -base models): 0 is the model's default (4.0 for -base, 8.0
-  // inpainting, as the official pipelines; the distilled models run without guidance and refuse a scale above 1);
-  // <= 1 turns it off. The unconditional branch's prompt is "" as in the official pipeline
-  // unless negative_prompt says otherwise.
-  float cfg = 0;
+  std::optional<int> steps;       // 1..200; absent: the model's default (ImageModel::default_steps)
+  // Classifier-free guidance (the -base models), in (0, 100]: absent is the model's default (4.0
+  // for -base, 8.0 inpainting, as the official pipelines; the distilled models run without
+  // guidance and refuse a scale above 1); <= 1 turns it off. The unconditional branch's prompt is
+  // "" as in the official pipeline unless negative_prompt says otherwise.
+  std::optional<float> cfg;
   std::optional<std::string> negative_prompt;
   std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
   std::string noise_file;         // safetensors holding "noise" [1, C, H/16, W/16]; overrides seed
@@ -110,8 +113,8 @@ class ImageModel {
 
   virtual const std::string& label() const = 0;    // e.g. "black-forest-labs/FLUX.2-klein-4B"
   virtual const std::string& sampler() const = 0;  // e.g. "Euler (flow match)"
-  // What a request leaving steps and cfg at 0 runs: 4 steps without guidance (distilled), 50 steps
-  // at guidance 4.0 (-base).
+  // What a request leaving steps and cfg absent runs: 4 steps without guidance (distilled), 50
+  // steps at guidance 4.0 (-base).
   virtual int default_steps() const = 0;
   virtual float default_cfg() const = 0;
 };
@@ -124,9 +127,14 @@ struct AudioClip {
   std::vector<float> samples;
 };
 
+// The official CLI's init_noise_level.
+constexpr double kDefaultInitNoiseLevel = 0.9;
+
 struct AudioRequest {
   std::string prompt;
-  double seconds = 30;            // the clip's length; the model's limit is AudioModel::max_seconds()
+  // The clip's length: at least one output frame (1 / the model's rate), at most
+  // AudioModel::max_seconds().
+  double seconds = 30;
   int steps = 8;                  // the distilled models' 8 ping-pong steps
   std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
   bool fp32 = false;              // parity mode: fp32 activations and weights
@@ -139,10 +147,10 @@ struct AudioRequest {
   float cfg = 1, apg = 1;
   std::optional<std::string> negative_prompt;
   // Audio-to-audio (the official init_audio): the clip, encoded by SAME, starts the sampler at
-  // (1 - level) x clip + level x noise on a schedule from `level` down (1: the clip has no
-  // effect; the official CLI's default 0.9).
+  // (1 - level) x clip + level x noise on a schedule from `level` down, level in (0, 1] (1: the
+  // clip has no effect; absent: kDefaultInitNoiseLevel). A level without a clip is refused.
   std::optional<AudioClip> init_audio;
-  double init_noise_level = 0.9;
+  std::optional<double> init_noise_level;
   // Inpainting (the official inpaint_audio): the clip, encoded, conditions every DiT block
   // outside the regions [start, end) seconds, which are generated anew.
   std::optional<AudioClip> inpaint_audio;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "core/error.h"
 #include "io/files.h"
@@ -24,6 +25,85 @@ namespace {
 struct Buffer {
   std::vector<uint8_t> bytes;
   sf_count_t at = 0;
+};
+
+// libsndfile's virtual I/O over bytes in memory, read in place.
+struct View {
+  const std::string* bytes;
+  sf_count_t at = 0;
+  sf_count_t size() const { return sf_count_t(bytes->size()); }
+};
+
+SF_VIRTUAL_IO view_io() {
+  SF_VIRTUAL_IO io{};
+  io.get_filelen = [](void* v) { return static_cast<View*>(v)->size(); };
+  io.seek = [](sf_count_t offset, int whence, void* p) {
+    auto* v = static_cast<View*>(p);
+    const sf_count_t base = whence == SEEK_CUR ? v->at : whence == SEEK_END ? v->size() : 0;
+    v->at = std::max<sf_count_t>(0, base + offset);
+    return v->at;
+  };
+  io.read = [](void* dst, sf_count_t n, void* p) {
+    auto* v = static_cast<View*>(p);
+    const sf_count_t got = std::max<sf_count_t>(0, std::min<sf_count_t>(n, v->size() - v->at));
+    std::memcpy(dst, v->bytes->data() + v->at, size_t(got));
+    v->at += got;
+    return got;
+  };
+  io.write = [](const void*, sf_count_t, void*) { return sf_count_t(0); };
+  io.tell = [](void* v) { return static_cast<View*>(v)->at; };
+  return io;
+}
+
+// The most frames `bytes` bytes of audio can hold, in any format libsndfile reads. FLAC is the
+// densest: a frame of up to 65536 samples per channel takes at least 12 bytes (an 8-byte header
+// with a 16-bit block size, a 2-byte CONSTANT subframe, the CRC-16), so no valid FLAC holds more
+// than 65536 frames per 12 bytes. Ogg Vorbis and Opus hold under 3000 frames per byte (a 27-byte
+// page header per at most 255 packets of at most 4096 / 5760 new frames), MP3 and ADPCM far
+// fewer, PCM at most one frame per byte.
+int64_t most_frames_in(size_t bytes) { return (int64_t(bytes) / 12 + 1) * 65536; }
+
+// The highest sample rate read (DXD's 384 kHz): with max_seconds it bounds what a clip decodes to.
+constexpr int kMaxRate = 384000;
+
+// A clip opened for reading, its header checked against what it can hold and what the caller
+// can use: at most max_seconds at its rate, within what its bytes can hold.
+class OpenClip {
+ public:
+  OpenClip(const std::string& bytes, const std::string& what, double max_seconds) : view_{&bytes} {
+    io_ = view_io();
+    sf_ = sf_open_virtual(&io_, SFM_READ, &info_, &view_);
+    APUS_CHECK(sf_, what, ": not an audio file libsndfile reads: ", sf_strerror(nullptr));
+    APUS_CHECK(info_.channels > 0 && info_.channels <= 64 && info_.samplerate > 0 && info_.samplerate <= kMaxRate,
+               what, ": ", info_.channels, " channels at ", info_.samplerate,
+               " Hz: not an audio clip apus reads (1 to 64 channels, up to ", kMaxRate, " Hz)");
+    limit_ = int64_t(max_seconds * double(info_.samplerate));
+    // libsndfile's count for a stream that does not give its length (a FLAC written to a pipe).
+    known_ = info_.frames != SF_COUNT_MAX;
+    if (!known_) return;
+    APUS_CHECK(info_.frames > 0, what, ": holds no audio");
+    APUS_CHECK(info_.frames <= most_frames_in(bytes.size()), what, ": the header claims ", info_.frames,
+               " frames, more than a file of ", bytes.size(), " bytes can hold (at most ", most_frames_in(bytes.size()),
+               ")");
+    APUS_CHECK(info_.frames <= limit_, what, ": ", info_.frames, " frames at ", info_.samplerate, " Hz (",
+               double(info_.frames) / info_.samplerate, " s), longer than the ", max_seconds, " s this model can use");
+  }
+  ~OpenClip() { sf_close(sf_); }
+  OpenClip(const OpenClip&) = delete;
+  OpenClip& operator=(const OpenClip&) = delete;
+
+  SNDFILE* sf() const { return sf_; }
+  const SF_INFO& info() const { return info_; }
+  bool known_length() const { return known_; }
+  int64_t limit() const { return limit_; }  // the most frames the caller can use
+
+ private:
+  View view_;
+  SF_VIRTUAL_IO io_;
+  SF_INFO info_{};
+  SNDFILE* sf_ = nullptr;
+  int64_t limit_ = 0;
+  bool known_ = true;
 };
 
 SF_VIRTUAL_IO buffer_io() {
@@ -62,6 +142,8 @@ std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const 
   APUS_CHECK(audio.rate > 0 && audio.channels > 0 && audio.samples.size() % size_t(audio.channels) == 0,
              what, ": ", audio.samples.size(), " samples for ", audio.channels, " channels at ",
              audio.rate, " Hz");
+  // libsndfile writes a header-only WAV whose RIFF size does not count its metadata.
+  APUS_CHECK(audio.frames() > 0, what, ": no audio to write (0 frames)");
   for (size_t i = 0; i < audio.samples.size(); ++i)
     APUS_CHECK(std::isfinite(audio.samples[i]), what, ": sample ", i, " is not finite");
   SF_INFO info{};
@@ -101,29 +183,45 @@ void write_audio(const std::string& path, const Audio& audio, AudioFormat format
   write_whole_file(path, bytes.data(), bytes.size());
 }
 
-Audio read_audio(const std::string& path) { return decode_audio(read_file(path), path); }
+Audio read_audio(const std::string& path, double max_seconds) {
+  return decode_audio(read_file(path), path, max_seconds);
+}
 
-Audio decode_audio(const std::string& bytes, const std::string& what) {
-  Buffer buffer;
-  buffer.bytes.assign(bytes.begin(), bytes.end());
-  SF_VIRTUAL_IO io = buffer_io();
-  SF_INFO info{};
-  SNDFILE* sf = sf_open_virtual(&io, SFM_READ, &info, &buffer);
-  APUS_CHECK(sf, what, ": not an audio file libsndfile reads: ", sf_strerror(nullptr));
-  struct Closer {
-    SNDFILE* sf;
-    ~Closer() { sf_close(sf); }
-  } closer{sf};
-  APUS_CHECK(info.channels > 0 && info.channels <= 64 && info.samplerate > 0 && info.frames >= 0 &&
-                 info.frames <= (int64_t(1) << 32) / info.channels,
-             what, ": ", info.channels, " channels at ", info.samplerate, " Hz, ", info.frames,
-             " frames: not an audio clip apus reads");
+AudioInfo probe_audio(const std::string& bytes, const std::string& what, double max_seconds) {
+  const OpenClip clip(bytes, what, max_seconds);
+  const SF_INFO& info = clip.info();
+  return {info.samplerate, info.channels,
+          clip.known_length() ? int64_t(info.frames) : std::min(clip.limit(), most_frames_in(bytes.size()))};
+}
+
+Audio decode_audio(const std::string& bytes, const std::string& what, double max_seconds) {
+  const OpenClip clip(bytes, what, max_seconds);
+  const SF_INFO& info = clip.info();
   Audio a;
   a.rate = info.samplerate;
   a.channels = info.channels;
-  a.samples.resize(size_t(info.frames) * size_t(info.channels));
-  const sf_count_t got = sf_readf_float(sf, a.samples.data(), info.frames);
-  APUS_CHECK(got == info.frames, what, ": read ", got, " of ", info.frames, " frames: ", sf_strerror(sf));
+  // Block by block, never the claimed length up front: a header may claim more than the stream
+  // holds. A stream of unknown length is read one frame past the limit, to tell it is too long.
+  const int64_t wanted = clip.known_length() ? int64_t(info.frames) : clip.limit() + 1;
+  constexpr int64_t kBlock = int64_t(1) << 16;
+  int64_t got = 0;
+  try {
+    while (got < wanted) {
+      const int64_t n = std::min(kBlock, wanted - got);
+      a.samples.resize(size_t(got + n) * size_t(a.channels));
+      const sf_count_t read = sf_readf_float(clip.sf(), a.samples.data() + got * a.channels, n);
+      got += std::max<sf_count_t>(read, 0);
+      if (read < n) break;
+    }
+  } catch (const std::bad_alloc&) {
+    fail(what, ": ", got, " frames of ", a.channels, " channels decoded, and more do not fit in this process's memory");
+  }
+  a.samples.resize(size_t(got) * size_t(a.channels));
+  APUS_CHECK(got <= clip.limit(), what, ": more than ", clip.limit(), " frames at ", a.rate, " Hz, longer than the ",
+             max_seconds, " s this model can use");
+  APUS_CHECK(!clip.known_length() || got == info.frames, what, ": the header claims ", info.frames,
+             " frames, the stream holds ", got, " (a truncated or damaged file)");
+  APUS_CHECK(got > 0, what, ": holds no audio");
   return a;
 }
 

@@ -31,8 +31,19 @@ std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const 
 void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
                  const AudioMetadata& metadata);
 const char* audio_mime_type(AudioFormat format);
-// Any format libsndfile reads, from a file or from its bytes; `what` names the clip in errors.
-Audio read_audio(const std::string& path);
-Audio decode_audio(const std::string& bytes, const std::string& what);
+// Any format libsndfile reads, from a file or from its bytes; `what` names the clip in errors. A
+// clip longer than max_seconds (the longest a caller can use: AudioModel::max_seconds()), one that
+// holds no audio, or one whose header claims more frames than its bytes can hold or its stream
+// holds, is refused; memory grows with the frames actually decoded, never with the header's claim.
+Audio read_audio(const std::string& path, double max_seconds);
+Audio decode_audio(const std::string& bytes, const std::string& what, double max_seconds);
+
+// What decode_audio would give, from the header alone (no sample is decoded): the same checks,
+// the header's frame count (for a stream that does not give it, the most it can hold).
+struct AudioInfo {
+  int rate = 0, channels = 0;
+  int64_t frames = 0;
+};
+AudioInfo probe_audio(const std::string& bytes, const std::string& what, double max_seconds);
 
 }  // namespace apus

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "core/error.h"
 
@@ -17,13 +18,25 @@ const char* kind_of(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
   return "not a regular file";
+}
+
+// What the rename into `path` may replace: nothing, or a regular file (through a symlink too,
+// which the rename replaces while stat follows it to what the user meant). A device, FIFO, socket
+// or directory there is refused: rename would put a file in place of the node itself.
+void check_output_target(const std::string& path) {
+  APUS_CHECK(!path.empty(), "an empty output path: expected a file name");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(path, ": is ", kind_of(st.st_mode), ", not a regular file");
 }
 
 }  // namespace
 
 int open_regular(const std::string& path, size_t& size) {
+  APUS_CHECK(!path.empty(), "an empty file name: expected the path of a file to read");
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   APUS_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(errno));
@@ -44,7 +57,13 @@ int open_regular(const std::string& path, size_t& size) {
 std::string read_file(const std::string& path) {
   size_t size = 0;
   const int fd = open_regular(path, size);
-  std::string out(size, '\0');
+  std::string out;
+  try {
+    out.resize(size);
+  } catch (const std::bad_alloc&) {
+    ::close(fd);
+    fail(path, ": its ", size, " bytes do not fit in this process's memory");
+  }
   size_t done = 0;
   while (done < size) {
     const ssize_t n = ::read(fd, out.data() + done, size - done);
@@ -62,12 +81,11 @@ std::string read_file(const std::string& path) {
 }
 
 void check_writable(const std::string& path) {
-  struct stat st {};
-  APUS_CHECK(::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode), path, ": is a directory, expected a file to write");
-  AtomicFile probe(path);  // created in the folder and removed uncommitted
+  AtomicFile probe(path);  // checks the target, is created in the folder and removed uncommitted
 }
 
 AtomicFile::AtomicFile(const std::string& path) : path_(path) {
+  check_output_target(path);
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -107,6 +125,13 @@ void AtomicFile::commit() {
   const bool ok = std::fflush(s) == 0 && ::fsync(::fileno(s)) == 0;
   const int err = errno;
   const bool closed = std::fclose(s) == 0;
+  // Again at the rename: something may have taken the path since the constructor looked.
+  try {
+    check_output_target(path_);
+  } catch (const Error&) {
+    ::unlink(tmp_.c_str());
+    throw;
+  }
   if (!ok || !closed || ::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int e = ok && closed ? errno : err;
     ::unlink(tmp_.c_str());

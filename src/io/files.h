@@ -13,13 +13,15 @@ int open_regular(const std::string& path, size_t& size);
 // A whole regular file's bytes.
 std::string read_file(const std::string& path);
 
-// Refuses, before any work, an output path that cannot be written: a missing or read-only
-// folder, or a directory in the file's place.
+// Refuses, before any work, an output path that cannot be written: empty, a missing or read-only
+// folder, or anything but a regular file in the file's place (a directory, device, FIFO or
+// socket, which the atomic rename would replace), naming the path and what it is.
 void check_writable(const std::string& path);
 
 // Writes `path` through a temporary file in the same folder that is flushed, fsync'd and renamed
 // over `path` by commit(): a reader never sees a partial file, two writers never interleave, and
-// a failed or interrupted write leaves no file behind (the destructor removes the temporary).
+// a failed or interrupted write leaves no file behind (the destructor removes the temporary). The
+// target is checked as check_writable checks it, at construction and again before the rename.
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path);

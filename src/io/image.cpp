@@ -61,9 +61,10 @@ Rgb8Image upright(Rgb8Image src, int orientation) {
 }
 
 // Decodes with libjpeg's defaults, as Pillow does (islow DCT, fancy upsampling), into `out`;
-// returns the EXIF orientation, or fills `error` (libjpeg's message) and returns 0. No object
+// returns the EXIF orientation, or fills `error` (libjpeg's message) and returns 0. header_only:
+// the header's checks and size (as stored, before the orientation), no pixel decoded. No object
 // with a destructor lives in this frame across the setjmp.
-int decode_jpeg_raw(const std::string& bytes, Rgb8Image& out, std::string& error) {
+int decode_jpeg_raw(const std::string& bytes, Rgb8Image& out, std::string& error, bool header_only) {
   jpeg_decompress_struct info;
   JpegErrors errors;
   info.err = jpeg_std_error(&errors.mgr);
@@ -102,6 +103,12 @@ int decode_jpeg_raw(const std::string& bytes, Rgb8Image& out, std::string& error
                   info.image_width, info.image_height, static_cast<long long>(kMaxDecodedPixels));
     std::longjmp(errors.jump, 1);
   }
+  if (header_only) {
+    out.width = int(info.image_width);
+    out.height = int(info.image_height);
+    jpeg_destroy_decompress(&info);
+    return orientation;
+  }
   info.out_color_space = JCS_RGB;  // greyscale replicated, as PIL's convert("RGB")
   jpeg_start_decompress(&info);
   out.width = int(info.output_width);
@@ -121,15 +128,22 @@ int decode_jpeg_raw(const std::string& bytes, Rgb8Image& out, std::string& error
   return orientation;
 }
 
-// libwebp's decoder, as Pillow's (fancy upsampling); alpha dropped as convert("RGB") drops it.
-Rgb8Image decode_webp(const std::string& bytes, const std::string& what) {
-  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+// A still WebP's header, checked as decode_webp needs it.
+WebPBitstreamFeatures webp_features(const std::string& bytes, const std::string& what) {
   WebPBitstreamFeatures features;
-  APUS_CHECK(WebPGetFeatures(data, bytes.size(), &features) == VP8_STATUS_OK, what, ": not a readable WebP image");
+  APUS_CHECK(WebPGetFeatures(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &features) == VP8_STATUS_OK,
+             what, ": not a readable WebP image");
   APUS_CHECK(!features.has_animation, what, ": an animated WebP; expected a still image");
   APUS_CHECK(features.width > 0 && features.height > 0 && int64_t(features.width) * features.height <= kMaxDecodedPixels,
              what, ": ", features.width, "x", features.height, " pixels, over the ", kMaxDecodedPixels,
              " this reader decodes");
+  return features;
+}
+
+// libwebp's decoder, as Pillow's (fancy upsampling); alpha dropped as convert("RGB") drops it.
+Rgb8Image decode_webp(const std::string& bytes, const std::string& what) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  const WebPBitstreamFeatures features = webp_features(bytes, what);
   Rgb8Image image{features.width, features.height,
                   std::vector<uint8_t>(size_t(features.width) * size_t(features.height) * 3)};
   APUS_CHECK(WebPDecodeRGBInto(data, bytes.size(), image.rgb.data(), image.rgb.size(), features.width * 3),
@@ -137,24 +151,57 @@ Rgb8Image decode_webp(const std::string& bytes, const std::string& what) {
   return image;
 }
 
+enum class ImageKind { png, webp, jpeg };
+
+// The format by its signature; anything else is refused naming `what`.
+ImageKind image_kind(const std::string& bytes, const std::string& what) {
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) return ImageKind::png;
+  if (bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0)
+    return ImageKind::webp;
+  APUS_CHECK(bytes.size() >= 3 && std::memcmp(bytes.data(), "\xff\xd8\xff", 3) == 0, what,
+             ": not a PNG, JPEG or WebP image");
+  return ImageKind::jpeg;
+}
+
 }  // namespace
 
 Rgb8Image read_image(const std::string& path) { return decode_image(read_file(path), path); }
 
 Rgb8Image decode_image(const std::string& bytes, const std::string& what) {
-  if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
-    PngImage png = decode_png(bytes, what);
-    return {png.width, png.height, std::move(png.rgb)};
+  switch (image_kind(bytes, what)) {
+    case ImageKind::png: {
+      PngImage png = decode_png(bytes, what);
+      return {png.width, png.height, std::move(png.rgb)};
+    }
+    case ImageKind::webp:
+      return decode_webp(bytes, what);
+    case ImageKind::jpeg:
+      break;
   }
-  if (bytes.size() >= 12 && std::memcmp(bytes.data(), "RIFF", 4) == 0 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0)
-    return decode_webp(bytes, what);
-  APUS_CHECK(bytes.size() >= 3 && std::memcmp(bytes.data(), "\xff\xd8\xff", 3) == 0, what,
-             ": not a PNG, JPEG or WebP image");
   Rgb8Image image;
   std::string error;
-  const int orientation = decode_jpeg_raw(bytes, image, error);
+  const int orientation = decode_jpeg_raw(bytes, image, error, /*header_only=*/false);
   APUS_CHECK(orientation > 0, what, ": ", error);
   return upright(std::move(image), orientation);
+}
+
+ImageSize probe_image(const std::string& bytes, const std::string& what) {
+  switch (image_kind(bytes, what)) {
+    case ImageKind::png:
+      return probe_png(bytes, what);
+    case ImageKind::webp: {
+      const WebPBitstreamFeatures features = webp_features(bytes, what);
+      return {features.width, features.height};
+    }
+    case ImageKind::jpeg:
+      break;
+  }
+  Rgb8Image stored;
+  std::string error;
+  const int orientation = decode_jpeg_raw(bytes, stored, error, /*header_only=*/true);
+  APUS_CHECK(orientation > 0, what, ": ", error);
+  // Orientations 5 to 8 turn the image a quarter: upright, its sides swap.
+  return orientation >= 5 ? ImageSize{stored.height, stored.width} : ImageSize{stored.width, stored.height};
 }
 
 std::vector<uint8_t> luminance(const Rgb8Image& image) {

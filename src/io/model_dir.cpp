@@ -215,6 +215,11 @@ void WeightSet::attach_synthetic_values(const std::string& dir) {
   }
 }
 
+const std::string& WeightSet::file_of(const std::string& name) const {
+  get(name);  // refuses a missing tensor naming the files
+  return where_.at(name)->path();
+}
+
 const Tensor& WeightSet::get(const std::string& name) const {
   auto it = where_.find(name);
   APUS_CHECK(it != where_.end(), "missing tensor '", name, "' in ",
@@ -266,11 +271,6 @@ const Tensor& WeightSet::host(const std::string& name, const Shape& expected) co
              where_.at(name)->path(), ": tensor '", name, "' has dtype ", dtype_name(t.dtype),
              ", expected bf16, f16 or f32");
   return t;
-}
-
-const std::string& WeightSet::file_of(const std::string& name) const {
-  get(name);  // refuses a name no file holds
-  return where_.at(name)->path();
 }
 
 bool WeightSet::contains(const std::string& name) const {

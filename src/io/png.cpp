@@ -67,39 +67,72 @@ void write_png(const std::string& path, int width, int height, const std::vector
 
 PngImage read_png(const std::string& path) { return decode_png(read_file(path), path); }
 
-PngImage decode_png(const std::string& bytes, const std::string& what, bool with_alpha) {
-  APUS_CHECK(bytes.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0, what,
-             ": not a PNG file");
-  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(what.c_str()),
-                                           png_error_fn, png_warning_fn);
-  APUS_CHECK(png, what, ": out of memory creating the PNG reader");
-  png_infop info = png_create_info_struct(png);
-  struct Guard {
-    png_structp* png;
-    png_infop* info;
-    ~Guard() { png_destroy_read_struct(png, info, nullptr); }
-  } guard{&png, &info};
-  APUS_CHECK(info, what, ": out of memory creating the PNG reader");
-  // Reads from the bytes in memory; running past their end is a truncated file.
+namespace {
+
+// A PNG read from bytes in memory, its header read and checked at construction: what every read
+// of the file refuses is refused before a pixel is decoded.
+class PngReader {
+ public:
+  PngReader(const std::string& bytes, const std::string& what) : cursor_{&bytes, 0} {
+    APUS_CHECK(bytes.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0, what,
+               ": not a PNG file");
+    png = png_create_read_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(what.c_str()), png_error_fn, png_warning_fn);
+    APUS_CHECK(png, what, ": out of memory creating the PNG reader");
+    info = png_create_info_struct(png);
+    if (!info) {
+      png_destroy_read_struct(&png, nullptr, nullptr);
+      fail(what, ": out of memory creating the PNG reader");
+    }
+    // Reads from the bytes in memory; running past their end is a truncated file.
+    png_set_read_fn(png, &cursor_, [](png_structp p, png_bytep out, png_size_t n) {
+      auto* c = static_cast<Cursor*>(png_get_io_ptr(p));
+      if (n > c->bytes->size() - c->at) png_error(p, "truncated");
+      std::memcpy(out, c->bytes->data() + c->at, n);
+      c->at += n;
+    });
+    try {
+      png_read_info(png, info);
+      width = int(png_get_image_width(png, info));
+      height = int(png_get_image_height(png, info));
+      depth = png_get_bit_depth(png, info);
+      APUS_CHECK(depth <= 8, what, ": ", depth, "-bit samples; expected an 8-bit (or narrower) PNG");
+      APUS_CHECK(int64_t(width) * height <= kMaxDecodedPixels, what, ": ", width, "x", height, " pixels, over the ",
+                 kMaxDecodedPixels, " this reader decodes");
+    } catch (...) {
+      png_destroy_read_struct(&png, &info, nullptr);
+      throw;
+    }
+  }
+  ~PngReader() { png_destroy_read_struct(&png, &info, nullptr); }
+  PngReader(const PngReader&) = delete;
+  PngReader& operator=(const PngReader&) = delete;
+
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  int width = 0, height = 0, depth = 0;
+
+ private:
   struct Cursor {
     const std::string* bytes;
     size_t at;
-    std::string what;
-  } cursor{&bytes, 0, what};
-  png_set_read_fn(png, &cursor, [](png_structp p, png_bytep out, png_size_t n) {
-    auto* c = static_cast<Cursor*>(png_get_io_ptr(p));
-    if (n > c->bytes->size() - c->at) png_error(p, "truncated");
-    std::memcpy(out, c->bytes->data() + c->at, n);
-    c->at += n;
-  });
-  png_read_info(png, info);
+  } cursor_;
+};
+
+}  // namespace
+
+ImageSize probe_png(const std::string& bytes, const std::string& what) {
+  const PngReader reader(bytes, what);
+  return {reader.width, reader.height};
+}
+
+PngImage decode_png(const std::string& bytes, const std::string& what, bool with_alpha) {
+  PngReader reader(bytes, what);
+  png_structp png = reader.png;
+  png_infop info = reader.info;
   PngImage img;
-  img.width = int(png_get_image_width(png, info));
-  img.height = int(png_get_image_height(png, info));
-  const int depth = png_get_bit_depth(png, info), type = png_get_color_type(png, info);
-  APUS_CHECK(depth <= 8, what, ": ", depth, "-bit samples; expected an 8-bit (or narrower) PNG");
-  APUS_CHECK(int64_t(img.width) * img.height <= kMaxDecodedPixels, what, ": ", img.width, "x", img.height,
-             " pixels, over the ", kMaxDecodedPixels, " this reader decodes");
+  img.width = reader.width;
+  img.height = reader.height;
+  const int depth = reader.depth, type = png_get_color_type(png, info);
   // Every colour type as RGB the way PIL's convert("RGB") gives it: palettes looked up, grey
   // replicated (1, 2 and 4-bit grey widened to 8), alpha and transparency dropped, not composited.
   if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);

@@ -30,4 +30,10 @@ PngImage read_png(const std::string& path);
 // with_alpha also keeps the alpha channel (or tRNS transparency) apart from the RGB.
 PngImage decode_png(const std::string& bytes, const std::string& what, bool with_alpha = false);
 
+struct ImageSize {
+  int width = 0, height = 0;
+};
+// decode_png's size from the header alone, refusing what decode_png refuses there.
+ImageSize probe_png(const std::string& bytes, const std::string& what);
+
 }  // namespace apus

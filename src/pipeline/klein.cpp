@@ -127,7 +127,8 @@ class KleinModel final : public ImageModel {
   float default_cfg() const override { return distilled_ || reference_cache_ ? 1.0f : flux2::kBaseGuidance; }
 
  private:
-  // The request with the model's defaults filled in, its guidance checked against the model.
+  // The request with the model's defaults in place of its absent settings (width, height, steps
+  // and cfg all present afterwards), its guidance checked against the model.
   ImageRequest resolved(const ImageRequest& r) const;
   void resolve_inpainting(ImageRequest& r) const;
   void encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const;
@@ -202,8 +203,8 @@ void KleinModel::resolve_inpainting(ImageRequest& r) const {
   const int w = image.width / 16 * 16, h = image.height / 16 * 16;
   APUS_CHECK(w >= 16 && h >= 16, "the image to inpaint is ", image.width, "x", image.height,
              ": both sides must be at least 16 pixels");
-  APUS_CHECK((r.width == 0 || r.width == w) && (r.height == 0 || r.height == h), "inpainting renders at the image's size, ",
-             w, "x", h, ", not the ", r.width, "x", r.height, " asked");
+  APUS_CHECK(r.width.value_or(w) == w && r.height.value_or(h) == h, "inpainting renders at the image's size, ", w,
+             "x", h, ", not the ", r.width.value_or(w), "x", r.height.value_or(h), " asked");
   r.width = w;
   r.height = h;
   if (image.width != w || image.height != h) image = resize_lanczos(image, w, h);
@@ -229,45 +230,47 @@ ImageRequest KleinModel::resolved(const ImageRequest& request) const {
       r.references[k] = within_target_area(std::move(r.references[k]));
     }
   }
-  // The pipeline's output size: as asked, else the first reference's (cropped), else 1024.
+  // The pipeline's output size: as asked, else the first reference's (cropped), else 1024. Only
+  // an absent setting takes a default; a given one (0 included) is checked as given.
   const std::optional<Crop> first = r.references.empty() ? std::nullopt : std::optional<Crop>(crop_of(r.references[0]));
-  if (r.width == 0) r.width = first ? int(first->width) : 1024;
-  if (r.height == 0) r.height = first ? int(first->height) : 1024;
-  if (r.steps == 0) r.steps = default_steps();
-  if (r.cfg == 0) r.cfg = r.inpaint && !distilled_ ? flux2::kInpaintGuidance : default_cfg();
-  APUS_CHECK(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg ", r.cfg, " outside (0, 100]");
+  if (!r.width) r.width = first ? int(first->width) : 1024;
+  if (!r.height) r.height = first ? int(first->height) : 1024;
+  if (!r.steps) r.steps = default_steps();
+  if (!r.cfg) r.cfg = r.inpaint && !distilled_ ? flux2::kInpaintGuidance : default_cfg();
+  APUS_CHECK(std::isfinite(*r.cfg) && *r.cfg > 0 && *r.cfg <= 100, "cfg ", *r.cfg, " outside (0, 100]");
   // The official pipelines warn and ignore guidance on a distilled model (the KV pipeline has
   // none at all); a request for it is refused instead of rendered differently than asked.
-  APUS_CHECK(!(distilled_ || reference_cache_) || (r.cfg <= 1 && !r.negative_prompt), label_,
+  APUS_CHECK(!(distilled_ || reference_cache_) || (*r.cfg <= 1 && !r.negative_prompt), label_,
              reference_cache_ ? " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: "
                               : " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ",
-             r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", r.cfg), " is for the -base models");
+             r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", *r.cfg), " is for the -base models");
   return r;
 }
 
 Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
-  APUS_CHECK(r.width % 16 == 0 && r.height % 16 == 0 && r.width > 0 && r.height > 0, "width ",
-             r.width, " and height ", r.height, " must be positive multiples of 16");
-  APUS_CHECK(r.steps >= 1 && r.steps <= 1000, "steps ", r.steps, " outside 1..1000");
+  const int width = *r.width, height = *r.height, steps = *r.steps;  // resolved: all present
+  APUS_CHECK(width % 16 == 0 && height % 16 == 0 && width > 0 && height > 0, "width ", width, " and height ",
+             height, " must be positive multiples of 16");
+  APUS_CHECK(steps >= 1 && steps <= 1000, "steps ", steps, " outside 1..1000");
   APUS_CHECK(batch >= 1 && batch <= 64, "batch ", batch, " outside 1..64");
   Work w;
   w.batch = batch;
-  w.guided = r.cfg > 1;
+  w.guided = *r.cfg > 1;
   w.samples = w.guided ? 2 * batch : batch;
-  w.cfg = r.cfg;
-  w.h = r.height / 16;
-  w.w = r.width / 16;
-  w.schedule = flow_match_schedule(scheduler_cfg_, r.steps, flux2_empirical_mu(w.h * w.w, r.steps));
+  w.cfg = *r.cfg;
+  w.h = height / 16;
+  w.w = width / 16;
+  w.schedule = flow_match_schedule(scheduler_cfg_, steps, flux2_empirical_mu(w.h * w.w, steps));
   if (r.inpaint) {
     w.inpainting = true;
-    w.first_step = flux2::inpaint_first_step(r.steps, r.inpaint->strength);
-    APUS_CHECK(w.first_step < r.steps, "strength ", r.inpaint->strength, " of ", r.steps,
+    w.first_step = flux2::inpaint_first_step(steps, r.inpaint->strength);
+    APUS_CHECK(w.first_step < steps, "strength ", r.inpaint->strength, " of ", steps,
                " steps runs no step (the pipeline refuses it too): raise the strength or the steps");
     w.sources.push_back(&r.inpaint->image);
-    w.crops.push_back({0, 0, r.width, r.height});
+    w.crops.push_back({0, 0, width, height});
     const int64_t l = w.h * w.w;
     w.inpaint_mask = Tensor::heap({batch * l}, DType::f32);
-    const std::vector<float> mask = flux2::inpaint_mask(r.inpaint->mask, r.width, r.height);
+    const std::vector<float> mask = flux2::inpaint_mask(r.inpaint->mask, width, height);
     for (int64_t b = 0; b < batch; ++b) std::copy(mask.begin(), mask.end(), w.inpaint_mask.ptr<float>() + b * l);
   }
   for (const Rgb8Image& reference : r.references) {
@@ -405,11 +408,11 @@ PipelineCost KleinModel::count(const ImageRequest& request, int batch) const {
   Work w = plan(r, batch);
   PipelineCost p;
   p.model = label_;
-  p.width = r.width;
-  p.height = r.height;
-  p.steps = r.steps - w.first_step;
+  p.width = *r.width;
+  p.height = *r.height;
+  p.steps = *r.steps - w.first_step;
   p.references = int(r.references.size());
-  p.cfg = w.guided ? r.cfg : 1.0;
+  p.cfg = w.guided ? *r.cfg : 1.0;
   w.ids.assign(size_t(w.samples * kMaxSequence), 0);
   w.mask.assign(size_t(w.samples * kMaxSequence), 1);
   w.latents = Tensor::shape_only({batch * w.h * w.w, dit_cfg_.in_channels}, DType::bf16);
@@ -421,7 +424,7 @@ PipelineCost KleinModel::count(const ImageRequest& request, int batch) const {
   StageCost text_stage = count_stage(kTextStage, 1, [&](Context& c) { encode_text(c, text, w); });
   StageCost prologue_stage = count_stage(kPrologueStage, 1, [&](Context& c) { prologue(c, dit, w); });
   StageCost step_stage =
-      count_stage(kStepStage, r.steps - w.first_step, [&](Context& c) { step(c, dit, w, w.first_step); });
+      count_stage(kStepStage, *r.steps - w.first_step, [&](Context& c) { step(c, dit, w, w.first_step); });
   StageCost decode_stage = count_stage(kDecodeStage, 1, [&](Context& c) { decode(c, vae, w); });
 
   decode_stage.replicated = true;
@@ -477,15 +480,16 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                    (!r.inpaint || (o.inpaint->strength == r.inpaint->strength &&
                                    o.inpaint->image.rgb == r.inpaint->image.rgb &&
                                    o.inpaint->mask.rgb == r.inpaint->mask.rgb)),
-               "a batch shares width, height, steps, guidance, precision, reference images and inpainting: ", o.width, "x", o.height, ", ",
-               o.steps, " steps, cfg ", o.cfg, " differs from ", r.width, "x", r.height, ", ", r.steps,
-               " steps, cfg ", r.cfg);
-  APUS_CHECK(r.width >= 16 && r.height >= 16 && r.width <= kMaxSide && r.height <= kMaxSide,
-             "width ", r.width, " x height ", r.height, " outside 16..", kMaxSide);
-  APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");
+               "a batch shares width, height, steps, guidance, precision, reference images and inpainting: ", *o.width, "x",
+               *o.height, ", ", *o.steps, " steps, cfg ", *o.cfg, " differs from ", *r.width, "x", *r.height, ", ",
+               *r.steps, " steps, cfg ", *r.cfg);
+  const int width = *r.width, height = *r.height, steps = *r.steps;
+  APUS_CHECK(width >= 16 && width <= kMaxSide, "width ", width, " outside 16..", kMaxSide);
+  APUS_CHECK(height >= 16 && height <= kMaxSide, "height ", height, " outside 16..", kMaxSide);
+  APUS_CHECK(steps >= 1 && steps <= 200, "steps ", steps, " outside 1..200");
   const int64_t batch = int64_t(requests.size());
   check_memory(count(r, int(batch)), weights_ == Weights::resident,
-               std::to_string(r.width) + "x" + std::to_string(r.height) +
+               std::to_string(width) + "x" + std::to_string(height) +
                    (batch > 1 ? " x" + std::to_string(batch) : ""),
                dir_.device());
   auto say = [&](const std::string& s) { if (progress) progress(s); };
@@ -546,8 +550,8 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                clock.stop("transformer load");
                run_stage(ctx, kPrologueStage, [&] { prologue(ctx, dit, w); });
                clock.stop("transformer prologue", kPrologueStage);
-               for (int i = w.first_step; i < r.steps; ++i)
-                 timed_step(ctx, clock, say, i - w.first_step, r.steps - w.first_step, w.schedule.sigmas[size_t(i)], w.latents,
+               for (int i = w.first_step; i < steps; ++i)
+                 timed_step(ctx, clock, say, i - w.first_step, steps - w.first_step, w.schedule.sigmas[size_t(i)], w.latents,
                             kStepStage, [&] { run_stage(ctx, kStepStage, [&] { step(ctx, dit, w, i); }); });
              });
   with_model(vae_, [&] { return flux2::VaeDecoder::load(dir_); },
@@ -559,7 +563,7 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                for (int64_t i = 0; i < batch; ++i) {
                  const Tensor image = w.image.reshape({batch, plane}).rows(i, i + 1).reshape(
                      {1, w.image.shape[1], w.image.shape[2], w.image.shape[3]});
-                 Tensor rgb = ops::empty(ctx, {r.height, r.width, 3}, DType::u8);
+                 Tensor rgb = ops::empty(ctx, {height, width, 3}, DType::u8);
                  ops::image_to_rgb8(ctx, image, rgb);
                  const Tensor bytes = ops::to_host(ctx, rgb);
                  results[size_t(i)].rgb.assign(bytes.ptr<uint8_t>(), bytes.ptr<uint8_t>() + bytes.numel());
@@ -568,11 +572,11 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
              });
   const std::string timeline = trace ? trace->json() : "";
   for (size_t i = 0; i < results.size(); ++i) {
-    results[i].steps = r.steps;
-    results[i].steps_run = r.steps - w.first_step;
-    results[i].cfg = w.guided ? r.cfg : 1.0f;
-    results[i].width = r.width;
-    results[i].height = r.height;
+    results[i].steps = steps;
+    results[i].steps_run = steps - w.first_step;
+    results[i].cfg = w.guided ? *r.cfg : 1.0f;
+    results[i].width = width;
+    results[i].height = height;
     results[i].seed = seeds[i];
     results[i].stages = stages;
     if (requests[i].trace) results[i].trace = timeline;

@@ -285,11 +285,13 @@ Sa3Model::Sa3Model(Layout layout, Weights weights, Backend* device)
 
 Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   const double limit = max_seconds();
-  APUS_CHECK(std::isfinite(r.seconds) && r.seconds > 0 && r.seconds <= limit, "seconds ", r.seconds,
-             " outside (0, ", limit, "] (this model's sample_size)");
+  const int64_t rate = same_cfg_.sample_rate, spl = same_cfg_.samples_per_latent();
+  // The output holds int(seconds x rate) frames, as the official code cuts it: at least one.
+  APUS_CHECK(std::isfinite(r.seconds) && int64_t(r.seconds * double(rate)) >= 1 && r.seconds <= limit, "seconds ",
+             r.seconds, " outside [", 1.0 / double(rate), ", ", limit, "] (one output frame at ", rate,
+             " Hz .. this model's sample_size)");
   APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");
   APUS_CHECK(batch >= 1 && batch <= 64, "batch ", batch, " outside 1..64");
-  const int64_t rate = same_cfg_.sample_rate, spl = same_cfg_.samples_per_latent();
   const int64_t align = std::max<int64_t>(1, layout_.encoder_chunk / same_cfg_.stride);
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   Work w;
@@ -306,9 +308,11 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
                             w.canvas.frames);
   w.init = r.init_audio.has_value();
   w.inpaint = r.inpaint_audio.has_value();
-  APUS_CHECK(!w.init || (std::isfinite(r.init_noise_level) && r.init_noise_level > 0 && r.init_noise_level <= 1),
-             "init noise level ", r.init_noise_level, " outside (0, 1]");
-  w.init_level = w.init ? r.init_noise_level : 1.0f;
+  APUS_CHECK(w.init || !r.init_noise_level, "init_noise_level ", r.init_noise_level.value_or(0),
+             " is for audio-to-audio: it needs an init audio clip");
+  w.init_level = w.init ? r.init_noise_level.value_or(kDefaultInitNoiseLevel) : 1.0;
+  APUS_CHECK(std::isfinite(w.init_level) && w.init_level > 0 && w.init_level <= 1, "init_noise_level ", w.init_level,
+             " outside (0, 1]");
   APUS_CHECK(w.inpaint || r.inpaint_regions.empty(), "inpaint regions need an inpaint clip");
   APUS_CHECK(!w.inpaint || !r.inpaint_regions.empty(), "an inpaint clip needs at least one region to generate ",
              "(inpaint start and end)");

@@ -363,8 +363,26 @@ struct Server::Impl {
     bool alpha_mask = false;  // OpenAI's edits mask (alpha 0 repaints), else white repaints
   };
 
-  static void check_image_headers(const ImageFiles&) {}
-  static void check_audio_header(const std::string&, const char*, double) {}
+  // Files refused from their headers alone, before anything is decoded: what does not open, and
+  // more pixels or frames than the decoders take.
+  static void check_image_headers(const ImageFiles& files) {
+    auto check = [](const std::string& bytes, const std::string& what, const char* field) {
+      try {
+        probe_image(bytes, what);
+      } catch (const Error& e) {
+        refuse(400, e.what(), field);
+      }
+    };
+    for (size_t i = 0; i < files.images.size(); ++i) check(files.images[i], "images[" + std::to_string(i) + "]", "images");
+    if (files.mask) check(*files.mask, "mask", "mask");
+  }
+  static void check_audio_header(const std::string& bytes, const char* field, double max_seconds) {
+    try {
+      probe_audio(bytes, field, max_seconds);
+    } catch (const Error& e) {
+      refuse(400, e.what(), field);
+    }
+  }
 
   // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
   // b64_json; apus's seed, steps, cfg and negative_prompt; images to edit from (JSON: base64 in
@@ -416,16 +434,17 @@ struct Server::Impl {
     } else if (!sized_by_image) {
       refuse(400, "'size' auto takes the first of 'images', and there are none", "size");
     }
-    r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
+    if (f.has("steps")) r.steps = int(f.integer("steps", 0, 1, kMaxSteps));
     r.seed = f.seed();
-    r.cfg = float(f.number("cfg", 0.0));
+    if (f.has("cfg")) r.cfg = float(f.number("cfg", 0.0));
     if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
     // Guidance is the -base models' (the engine refuses it for the distilled ones too).
     const bool distilled = m.image->default_cfg() <= 1;
-    if (distilled && r.cfg > 1) refuse(400, "'cfg' is for the -base models: " + m.id + " runs without guidance", "cfg");
+    if (distilled && r.cfg && *r.cfg > 1) refuse(400, "'cfg' is for the -base models: " + m.id + " runs without guidance", "cfg");
     if (distilled && r.negative_prompt)
       refuse(400, "'negative_prompt' is for the -base models: " + m.id + " runs without guidance", "negative_prompt");
-    if (!(r.cfg >= 0 && r.cfg <= 100)) refuse(400, "'cfg' must be in [0, 100] (0: the model's default)", "cfg");
+    if (r.cfg && !(*r.cfg > 0 && *r.cfg <= 100))
+      refuse(400, "'cfg' is " + Json(*r.cfg).dump() + ", expected (0, 100] (absent: the model's default)", "cfg");
     r.trace = trace;
     const std::string format = f.string("response_format", "b64_json");
     if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
@@ -486,10 +505,8 @@ struct Server::Impl {
     // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads),
     // decoded on the model's worker as the job starts.
     std::optional<std::string> init_file, inpaint_file;
-    if (f.has("init_audio")) {
-      init_file = base64_file(body["init_audio"], "init_audio", "init_audio", "an audio");
-      r.init_noise_level = f.number("init_noise_level", r.init_noise_level);
-    }
+    if (f.has("init_audio")) init_file = base64_file(body["init_audio"], "init_audio", "init_audio", "an audio");
+    if (f.has("init_noise_level")) r.init_noise_level = f.number("init_noise_level", 0.0);
     if (f.has("inpaint_audio")) inpaint_file = base64_file(body["inpaint_audio"], "inpaint_audio", "inpaint_audio", "an audio");
     if (f.has("inpaint_regions")) {
       const Json& regions = body["inpaint_regions"];
@@ -518,8 +535,10 @@ struct Server::Impl {
     job->traced = trace;
     const AudioModel* model = m.audio.get();
     job->work = [model, r, format, init_file, inpaint_file](Job& j) mutable {
-      auto clip = [](const std::string& bytes, const char* name) {
-        Audio a = decoded(bytes, name, name, decode_audio);
+      auto clip = [model](const std::string& bytes, const char* name) {
+        Audio a = decoded(bytes, name, name, [&](const std::string& b, const std::string& what) {
+          return decode_audio(b, what, model->max_seconds());
+        });
         return AudioClip{a.rate, a.channels, std::move(a.samples)};
       };
       if (init_file) r.init_audio = clip(*init_file, "init_audio");

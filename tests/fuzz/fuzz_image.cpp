@@ -16,6 +16,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (image.width <= 0 || image.height <= 0 ||
         image.rgb.size() != size_t(image.width) * size_t(image.height) * 3)
       __builtin_trap();
+    // An image that decodes was probed alike from its header.
+    const apus::ImageSize header = apus::probe_image(apus::read_file(path), path);
+    if (header.width != image.width || header.height != image.height) __builtin_trap();
   });
   if (size >= 8 && std::memcmp(data, "\x89PNG\r\n\x1a\n", 8) == 0)
     apus::fuzz::expect_only_apus_errors([&] {

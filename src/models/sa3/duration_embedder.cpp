@@ -1,6 +1,7 @@
 #include "models/sa3/duration_embedder.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "models/sa3/fourier.h"
@@ -14,11 +15,16 @@ DurationConfig DurationConfig::read(const Config& c) {
   APUS_CHECK(d.fourier_dim % 2 == 0, c.path, ": fourier_dim ", d.fourier_dim, " must be even");
   d.min_val = c.get_double("min_val", 0.0);
   d.max_val = c.get_double("max_val", 384.0);
-  APUS_CHECK(d.max_val > d.min_val, c.path, ": max_val ", d.max_val, " must exceed min_val ",
-             d.min_val);
+  d.check_range(c.path);
   // They only initialise the `freqs` buffer, which the checkpoint stores and the model reads.
   c.no_effect({"min_freq", "max_freq"});
   return d;
+}
+
+void DurationConfig::check_range(const std::string& where) const {
+  const float span = float(max_val) - float(min_val);
+  APUS_CHECK(std::isfinite(span) && span > 0, where, ": 'min_val' ", min_val, " and 'max_val' ", max_val,
+             " leave no finite positive span in fp32 (max_val must exceed min_val)");
 }
 
 DurationEmbedder DurationEmbedder::load(const std::string& dir, bool load_weights, Backend* device) {

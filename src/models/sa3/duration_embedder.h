@@ -15,6 +15,9 @@ struct DurationConfig {
   int64_t output_dim, fourier_dim;
   double min_val, max_val;
   static DurationConfig read(const Config& c);
+  // The embedder normalises seconds by (max_val - min_val) in fp32: the span must be finite and
+  // positive there. `where` names the file and key path in the error.
+  void check_range(const std::string& where) const;
 };
 
 class DurationEmbedder {

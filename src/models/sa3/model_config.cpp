@@ -170,8 +170,12 @@ void read_same_side(const Config& side, bool encoder, SameConfig& s, float& mask
   for (const char* key : {"layer_scale", "conformer", "causal", "cross_attn", "feat_scale"})
     require_bool(side, key, false, false, "not in the published autoencoders");
   APUS_CHECK(side.get_bool("mapping_bias", true), side.path, ": 'mapping_bias' false is not supported");
-  mask_noise = float(side.get_double("mask_noise", 0.0));
-  APUS_CHECK(mask_noise >= 0, side.path, ": 'mask_noise' ", mask_noise, " is negative");
+  // The noise on the decoder's placeholder tokens, before their DynamicTanh norms: the published
+  // decoders add 0.01 (small) and 0.1 (medium); at 1 it already drowns the learned token.
+  const double noise = side.get_double("mask_noise", 0.0);
+  APUS_CHECK(noise >= 0 && noise <= 1, side.path, ": 'mask_noise' ", noise,
+             " outside [0, 1] (the published decoders use 0.01 and 0.1)");
+  mask_noise = float(noise);
   known_keys(side, {audio_key, "channels", "c_mults", "strides", "latent_dim", "transformer_depths",
                     "sinusoidal_blocks", "sliding_window", "dim_heads", "differential", "dyt",
                     "variable_stride", "conv_mapping", "mask_noise", "checkpointing", "layer_scale",
@@ -279,7 +283,7 @@ OfficialConfig read_official_config(const std::string& path) {
       o.duration.fourier_dim = 256;  // NumberEmbedder's fixed width
       o.duration.min_val = cfg.get_double("min_val", 0.0);
       o.duration.max_val = cfg.get_double("max_val", 1.0);
-      APUS_CHECK(o.duration.max_val > o.duration.min_val, cfg.path, ": 'max_val' must exceed 'min_val'");
+      o.duration.check_range(cfg.path);
       known_keys(cfg, {"min_val", "max_val", "fourier_features_type"});
       seconds = true;
     } else {

@@ -22,8 +22,7 @@ SameDecoder SameDecoder::load(const SameConfig& config, ParamSource source, DTyp
   const int64_t d = c.dim, out = c.patch_width();
   const ParamLoader params(m.source_, compute, m.owned_);
   auto param = [&](const std::string& name, const Shape& shape) { return params.get(name, shape); };
-  const Tensor& running_std = params.raw("bottleneck.running_std", {1});
-  m.noise_scale_ = running_std.data ? round_as(compute, load_f32(running_std, 0)) : 1.0f;
+  m.noise_scale_ = bottleneck_std(params, compute);
   Tensor scale = Tensor::heap({c.latent_dim}, DType::f32), zeros = Tensor::heap({c.latent_dim}, DType::f32);
   std::fill_n(scale.ptr<float>(), c.latent_dim, m.noise_scale_);
   std::fill_n(zeros.ptr<float>(), c.latent_dim, 0.0f);

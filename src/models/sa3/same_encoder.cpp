@@ -12,8 +12,9 @@ namespace apus::sa3 {
 
 void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, int64_t channels, int64_t length,
                   float* out) {
-  APUS_CHECK(clip.channels >= 1 && clip.sample_rate > 0 && clip.samples.size() % size_t(clip.channels) == 0 &&
-                 !clip.samples.empty(),
+  // The words decode_audio uses for an empty file, so a clip says the same by any route.
+  APUS_CHECK(!clip.samples.empty(), what, ": holds no audio");
+  APUS_CHECK(clip.channels >= 1 && clip.sample_rate > 0 && clip.samples.size() % size_t(clip.channels) == 0,
              what, ": ", clip.samples.size(), " samples at ", clip.sample_rate, " Hz are not whole frames of ",
              clip.channels, " channels");
   const int64_t in_frames = int64_t(clip.samples.size()) / clip.channels;
@@ -64,15 +65,13 @@ SameEncoder SameEncoder::load(const SameConfig& config, ParamSource source, DTyp
   // product with its fp32 reciprocal.
   const Tensor& scale = params.raw("bottleneck.scale", {1, latent, 1});
   const Tensor& bias = params.raw("bottleneck.bias", {1, latent, 1});
-  const Tensor& running_std = params.raw("bottleneck.running_std", {1});
+  const float std = bottleneck_std(params, compute);
   for (Tensor* t : {&m.scale_, &m.bias_, &m.inv_std_, &m.zeros_}) *t = Tensor::heap({latent}, DType::f32);
   // Computed on the host, then placed.
   for (int64_t i = 0; i < latent; ++i) {
-    const bool data = running_std.data != nullptr;
+    const bool data = scale.data != nullptr;
     m.scale_.ptr<float>()[i] = data ? round_as(compute, load_f32(scale, i)) : 1.0f;
     m.bias_.ptr<float>()[i] = data ? round_as(compute, load_f32(bias, i)) : 0.0f;
-    const float std = data ? round_as(compute, load_f32(running_std, 0)) : 1.0f;
-    APUS_CHECK(std > 0, "SAME encoder: bottleneck.running_std is ", std, ", expected a positive number");
     m.inv_std_.ptr<float>()[i] = 1.0f / std;
     m.zeros_.ptr<float>()[i] = 0.0f;
   }

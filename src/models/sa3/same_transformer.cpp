@@ -197,6 +197,15 @@ Tensor weight_normed_mapping(const ParamLoader& params, std::vector<Tensor>& own
   return owned.back();
 }
 
+float bottleneck_std(const ParamLoader& params, DType compute) {
+  const Tensor& running_std = params.raw("bottleneck.running_std", {1});
+  if (!running_std.data) return 1.0f;
+  const float std = round_as(compute, load_f32(running_std, 0));
+  APUS_CHECK(std::isfinite(std) && std > 0, params.where("bottleneck.running_std"), " is ", std,
+             ", expected a finite positive number (the latents' scale)");
+  return std;
+}
+
 Tensor conv_taps(Context& c, const Tensor& x, int64_t batch) {
   const int64_t n = x.shape[0] / batch, d = x.shape[1];
   Tensor taps = Tensor::in(*c.arena, {batch * n, 3 * d}, x.dtype);

@@ -58,6 +58,11 @@ class SameTransformer {
 Tensor weight_normed_mapping(const ParamLoader& params, std::vector<Tensor>& owned, DType compute,
                              const std::string& prefix, int64_t out, int64_t in, int64_t kernel);
 
+// The bottleneck's running_std as `compute` rounds it (1 in counting mode, without data): the
+// encoder divides the latents by it, the decoder multiplies them (and its noise) by it, so
+// anything but a finite positive number is refused naming the file and tensor.
+float bottleneck_std(const ParamLoader& params, DType compute);
+
 // x [B*N, d] (each sample's N positions) -> [B*N, 3d]: [x(t-1), x(t), x(t+1)], zero past each
 // sample's ends: a kernel-3 'same' convolution becomes one GEMM with weight_normed_mapping's weight.
 Tensor conv_taps(Context& c, const Tensor& x, int64_t batch);

@@ -71,25 +71,35 @@ class CudaBackend final : public Backend {
   void select() const { cuda::check(cudaSetDevice(ordinal()), "select the device"); }
 };
 
+// A CUDA version number (12040) as its users write it (12.4).
+std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
 }  // namespace
 
 bool cuda_available(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    if (why) *why = std::string("CUDA runtime: ") + cudaGetErrorString(e);
-    return false;
+  if (e == cudaSuccess && n > 0) return true;
+  if (why) {
+    // The runtime's error alone ("driver version is insufficient") reads as an old driver when
+    // usually there is none: the driver's version (0: none loaded) tells which.
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    *why = std::string("no usable CUDA GPU (") +
+           (e != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e) : "no CUDA device found") +
+           "; " +
+           (driver == 0 ? std::string("no NVIDIA driver is loaded")
+                        : "the driver supports CUDA " + cuda_version(driver) + ", this build's runtime is " +
+                              cuda_version(runtime)) +
+           ")";
   }
-  if (n == 0) {
-    if (why) *why = "no CUDA device";
-    return false;
-  }
-  return true;
+  return false;
 }
 
 Backend& cuda_backend(int ordinal) {
   std::string why;
-  APUS_CHECK(cuda_available(&why), "cuda:", ordinal, ": ", why);
+  APUS_CHECK(cuda_available(&why), "device cuda:", ordinal, ": ", why);
   int n = 0;
   cuda::check(cudaGetDeviceCount(&n), "count devices");
   APUS_CHECK(ordinal >= 0 && ordinal < n, "cuda:", ordinal, ": this machine has ", n, " CUDA device(s)");
