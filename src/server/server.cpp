@@ -931,7 +931,12 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->routes();
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+  // The workers first: a job still finishing (one cancelled as the server stops) reports to the
+  // metrics and the kept jobs, which must outlive it.
+  for (Loaded& m : impl_->models) m.worker.reset();
+}
 
 int Server::start() {
   Impl& s = *impl_;
