@@ -119,9 +119,9 @@ TEST(InputImage, AProbeReadsTheHeaderAsTheDecoderDoes) {
   const size_t sof = jpeg.find("\xff\xc0");
   ASSERT_NE(sof, std::string::npos);
   for (const size_t at : {sof + 5, sof + 7}) jpeg.replace(at, 2, "\xea\x60");
-  for (const auto& [bytes, what] : {std::pair{png, "huge.png"}, std::pair{jpeg, "huge.jpg"}}) {
-    test::expect_error([&] { probe_image(bytes, what); }, {what, "pixels, over the 67108864"});
-    test::expect_error([&] { decode_image(bytes, what); }, {what, "pixels, over the 67108864"});
+  for (const auto& file : {std::pair{png, "huge.png"}, std::pair{jpeg, "huge.jpg"}}) {
+    test::expect_error([&] { probe_image(file.first, file.second); }, {file.second, "pixels, over the 67108864"});
+    test::expect_error([&] { decode_image(file.first, file.second); }, {file.second, "pixels, over the 67108864"});
   }
   test::expect_error([] { probe_image("hello, not an image", "text"); }, {"text", "not a PNG, JPEG or WebP image"});
   test::expect_error([] { probe_image(std::string("RIFF\x10\0\0\0WEBPVP8 junk", 20), "riff"); },
