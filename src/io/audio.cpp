@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <new>
 
 #include "core/error.h"
@@ -72,7 +73,8 @@ class OpenClip {
  public:
   OpenClip(const std::string& bytes, const std::string& what, double max_seconds) : view_{&bytes} {
     io_ = view_io();
-    sf_ = sf_open_virtual(&io_, SFM_READ, &info_, &view_);
+    // Owned before the header's checks: a refused file is closed as the constructor throws.
+    sf_.reset(sf_open_virtual(&io_, SFM_READ, &info_, &view_));
     APUS_CHECK(sf_, what, ": not an audio file libsndfile reads: ", sf_strerror(nullptr));
     APUS_CHECK(info_.channels > 0 && info_.channels <= 64 && info_.samplerate > 0 && info_.samplerate <= kMaxRate,
                what, ": ", info_.channels, " channels at ", info_.samplerate,
@@ -88,11 +90,7 @@ class OpenClip {
     APUS_CHECK(info_.frames <= limit_, what, ": ", info_.frames, " frames at ", info_.samplerate, " Hz (",
                double(info_.frames) / info_.samplerate, " s), longer than the ", max_seconds, " s this model can use");
   }
-  ~OpenClip() { sf_close(sf_); }
-  OpenClip(const OpenClip&) = delete;
-  OpenClip& operator=(const OpenClip&) = delete;
-
-  SNDFILE* sf() const { return sf_; }
+  SNDFILE* sf() const { return sf_.get(); }
   const SF_INFO& info() const { return info_; }
   bool known_length() const { return known_; }
   int64_t limit() const { return limit_; }  // the most frames the caller can use
@@ -101,7 +99,7 @@ class OpenClip {
   View view_;
   SF_VIRTUAL_IO io_;
   SF_INFO info_{};
-  SNDFILE* sf_ = nullptr;
+  std::unique_ptr<SNDFILE, int (*)(SNDFILE*)> sf_{nullptr, sf_close};
   int64_t limit_ = 0;
   bool known_ = true;
 };
