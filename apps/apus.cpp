@@ -65,14 +65,11 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
-int run_image(const std::string& model_dir, const apus::ImageRequest& req, int batch,
-              const std::string& out, bool verbose, const std::string& trace_file, const std::string& device) {
+int run_image(const std::string& model_dir, const std::vector<apus::ImageRequest>& requests, const std::string& out,
+              bool verbose, const std::string& trace_file, const std::string& device) {
   // One request per process: each stage's weights are mapped for that stage only.
   const auto model = apus::ImageModel::open(model_dir, apus::Weights::per_stage, device);
-  // A batch renders seeds seed, seed + 1, ... together through every stage.
-  std::vector<apus::ImageRequest> requests(size_t(batch), req);
-  for (int i = 1; i < batch; ++i)
-    requests[size_t(i)].seed = req.seed ? std::optional<uint64_t>(*req.seed + uint64_t(i)) : std::nullopt;
+  const int batch = int(requests.size());
   const std::vector<apus::ImageResult> results = model->generate_batch(requests, say);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < batch; ++i) {
@@ -81,7 +78,7 @@ int run_image(const std::string& model_dir, const apus::ImageRequest& req, int b
                     {{"parameters", apus::infotext(requests[size_t(i)], r, *model)}, {"Software", "apus"}});
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (verbose) report_stages(model->count(req, batch), results.front().stages, "write png", write_s, device);
+  if (verbose) report_stages(model->count(requests.front(), batch), results.front().stages, "write png", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
@@ -121,7 +118,7 @@ struct ClipFiles {
   std::string init, inpaint;
 };
 
-int run_audio(const std::string& model_dir, apus::AudioRequest req, const ClipFiles& clips, int batch,
+int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requests, const ClipFiles& clips,
               const std::string& out, const std::string& format_name, bool verbose,
               const std::string& inputs, const std::string& trace_file, const std::string& device) {
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
@@ -131,11 +128,16 @@ int run_audio(const std::string& model_dir, apus::AudioRequest req, const ClipFi
     apus::Audio a = apus::read_audio(path, model->max_seconds());
     return apus::AudioClip{a.rate, a.channels, std::move(a.samples)};
   };
-  if (!clips.init.empty()) req.init_audio = read_clip(clips.init);
-  if (!clips.inpaint.empty()) req.inpaint_audio = read_clip(clips.inpaint);
-  std::vector<apus::AudioRequest> requests(size_t(batch), req);
-  for (int i = 1; i < batch; ++i)
-    requests[size_t(i)].seed = req.seed ? std::optional<uint64_t>(*req.seed + uint64_t(i)) : std::nullopt;
+  const int batch = int(requests.size());
+  if (!clips.init.empty()) {
+    const apus::AudioClip clip = read_clip(clips.init);
+    for (apus::AudioRequest& r : requests) r.init_audio = clip;
+  }
+  if (!clips.inpaint.empty()) {
+    const apus::AudioClip clip = read_clip(clips.inpaint);
+    for (apus::AudioRequest& r : requests) r.inpaint_audio = clip;
+  }
+  const apus::AudioRequest& req = requests.front();
   const std::vector<apus::AudioResult> results = model->generate_batch(requests, say);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < batch; ++i) {
@@ -203,8 +205,7 @@ Command image_command(CLI::App& app) {
   o->noise_opt = image->add_option("--noise", o->req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
   image->add_option("--precision", o->precision, "bf16 (as the official pipeline) or fp32 (parity)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  image->add_option("--batch,-n", o->batch, "images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)")
-      ->check(CLI::Range(1, 64));
+  image->add_option("--batch,-n", o->batch, "images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)");
   image->add_option("-o,--output", o->out, "output PNG");
   image->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
   o->trace_opt =
@@ -213,7 +214,6 @@ Command image_command(CLI::App& app) {
   return {image, [o] {
             apus::ImageRequest& req = o->req;
             if (*o->seed_opt) req.seed = parse_seed(o->seed);
-            check_output(o->out, o->batch);
             req.fp32 = o->precision == "fp32";
             if (*o->negative_opt) req.negative_prompt = o->negative;
             if (*o->mask_opt) {
@@ -235,8 +235,11 @@ Command image_command(CLI::App& app) {
             req.steps = if_given(o->steps_opt, o->steps);
             req.cfg = if_given(o->cfg_opt, o->cfg);
             req.trace = bool(*o->trace_opt);
+            // -n as the engine takes a batch, before any output name is tried.
+            const std::vector<apus::ImageRequest> requests = apus::batch_of(req, o->batch);
+            check_output(o->out, o->batch);
             if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
-            return run_image(o->model_dir, req, o->batch, o->out, o->verbose, o->trace, o->device);
+            return run_image(o->model_dir, requests, o->out, o->verbose, o->trace, o->device);
           }};
 }
 
@@ -276,8 +279,7 @@ Command audio_command(CLI::App& app) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   audio->add_option("--decode", o->decode, "chunked (the official 128-latent chunks) or whole; default: the model's config")
       ->check(CLI::IsMember({"chunked", "whole"}));
-  audio->add_option("--batch,-n", o->batch, "clips generated together, seeds seed, seed+1, ...")
-      ->check(CLI::Range(1, 64));
+  audio->add_option("--batch,-n", o->batch, "clips generated together, seeds seed, seed+1, ...");
   audio->add_option("-o,--output", o->out, "output file");
   audio->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
   o->trace_opt =
@@ -286,7 +288,6 @@ Command audio_command(CLI::App& app) {
   return {audio, [o] {
             apus::AudioRequest& req = o->req;
             if (*o->seed_opt) req.seed = parse_seed(o->seed);
-            check_output(o->out, o->batch);
             req.fp32 = o->precision == "fp32";
             if (!o->decode.empty()) req.chunked_decode = o->decode == "chunked";
             if (*o->negative_opt) req.negative_prompt = o->negative;
@@ -315,8 +316,13 @@ Command audio_command(CLI::App& app) {
               }
             }
             req.trace = bool(*o->trace_opt);
+            // -n as the engine takes a batch, before any output name is tried; the clips join
+            // each request once the model is open.
+            std::vector<apus::AudioRequest> requests = apus::batch_of(req, o->batch);
+            check_output(o->out, o->batch);
             if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
-            return run_audio(o->model, req, clips, o->batch, o->out, o->format, o->verbose, inputs, o->trace, o->device);
+            return run_audio(o->model, std::move(requests), clips, o->out, o->format, o->verbose, inputs, o->trace,
+                             o->device);
           }};
 }
 

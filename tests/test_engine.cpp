@@ -214,6 +214,26 @@ TEST(ImageModel, CountRefusesWhatGenerateRefusesWithTheSameMessage) {
   }
 }
 
+// The batch rule every front end's n takes: seed, seed + 1, ..., or each drawn where none is given;
+// a size generate_batch would refuse is refused with its message.
+TEST(ImageModel, BatchOfNumbersTheSeedsAndRefusesWhatGenerateBatchRefuses) {
+  const std::vector<ImageRequest> seeded = batch_of(request("x", 64, 48, 7), 3);
+  ASSERT_EQ(seeded.size(), 3u);
+  for (size_t i = 0; i < seeded.size(); ++i) {
+    EXPECT_EQ(seeded[i].seed, 7 + i);
+    EXPECT_EQ(seeded[i].prompt, "x");
+  }
+  AudioRequest clip;
+  for (const AudioRequest& r : batch_of(clip, 2)) EXPECT_FALSE(r.seed);
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::none);
+  for (const int n : {0, ImageLimits::max_batch + 1}) {
+    const test::Refusal refused = test::refusal([&] { batch_of(request("x", 64, 48, 7), n); });
+    EXPECT_EQ(refused.message, test::refusal([&] { model->count(request("x", 64, 48, 7), n); }).message);
+    EXPECT_EQ(refused.field, "batch");
+  }
+  EXPECT_EQ(test::refusal([&] { batch_of(clip, 0); }).message, "batch 0 outside 1..64");
+}
+
 TEST(ImageModel, CountingOnlyModelCountsButDoesNotRender) {
   const auto model = ImageModel::open(test::fixture("klein_tiny_b"), Weights::none);
   const PipelineCost cost = model->count(request("x", 48, 80, 4));

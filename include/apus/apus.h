@@ -206,6 +206,12 @@ class AudioModel {
   virtual const std::string& sampler() const = 0;
 };
 
+// `n` copies of `request` to render as one batch, seeds seed, seed + 1, ... (without a seed, each
+// is drawn from the OS); n outside 1..max_batch is refused as generate_batch refuses it. Every
+// front end's -n or n is this.
+std::vector<ImageRequest> batch_of(const ImageRequest& request, int n);
+std::vector<AudioRequest> batch_of(const AudioRequest& request, int n);
+
 // Whether `model` (a directory, or a published name for counting) holds an audio model.
 bool is_audio_model(const std::string& model);
 

@@ -469,8 +469,7 @@ struct Server::Impl {
         r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), strength};
         r.references.erase(r.references.begin());
       }
-      std::vector<ImageRequest> batch(size_t(n), r);
-      for (int i = 1; i < n; ++i) batch[size_t(i)].seed = r.seed ? std::optional<uint64_t>(*r.seed + uint64_t(i)) : std::nullopt;
+      const std::vector<ImageRequest> batch = batch_of(r, n);
       std::vector<JobOutput> out;
       const std::vector<ImageResult> results = model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
       for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
