@@ -14,13 +14,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "apus/apus.h"
+#include "core/cost.h"
 #include "io/audio.h"
 #include "io/files.h"
 #include "io/image.h"
@@ -370,6 +373,59 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
   expect_refusal(post({{"init_audio", base64_of(empty_wav)}}), 400, "init_audio: holds no audio", "init_audio");
 }
 
+// One bound, one message: a limit the CLI refuses, the server refuses (400, naming its field) and
+// count() refuses, each with the engine's words.
+TEST_F(Serve, LimitsAreRefusedWithOneMessageByTheCliTheServerAndCount) {
+  const auto image = ImageModel::open(test::fixture("klein_tiny_a"), Weights::none);
+  const auto audio = AudioModel::open(test::official_dir(), Weights::none);
+  const std::string out = ::testing::TempDir() + "apus_limits";
+  struct Case {
+    std::string cli, route;
+    Json body;
+    std::string field;
+    std::function<void()> count;
+  };
+  ImageRequest steps, side, square;
+  steps.width = square.width = square.height = 64;
+  steps.height = 48;
+  steps.steps = 201;
+  side.width = 4112;
+  side.height = 48;
+  AudioRequest long_clip, many_steps;
+  long_clip.seconds = std::floor(audio->max_seconds()) + 1;
+  char too_long[32];
+  std::snprintf(too_long, sizeof too_long, "%g", long_clip.seconds);
+  many_steps.seconds = 1;
+  many_steps.steps = 201;
+  const std::string klein = "image --model " + test::fixture("klein_tiny_a") + " -p x -o " + out + ".png ";
+  const std::string sa3 = "audio --model " + test::official_dir() + " -p x -o " + out + ".wav ";
+  const std::vector<Case> cases = {
+      {klein + "-W 64 -H 48 --steps 201", "/v1/images/generations", {{"size", "64x48"}, {"steps", 201}}, "steps",
+       [&] { image->count(steps); }},
+      {klein + "-W 4112 -H 48", "/v1/images/generations", {{"size", "4112x48"}}, "size", [&] { image->count(side); }},
+      {klein + "-W 64 -H 64 -n 65", "/v1/images/generations", {{"size", "64x64"}, {"n", 65}}, "n",
+       [&] { image->count(square, 65); }},
+      {sa3 + "--seconds " + too_long, "/v1/audio/generations", {{"seconds", long_clip.seconds}}, "seconds",
+       [&] { audio->count(long_clip); }},
+      {sa3 + "--seconds 1 --steps 201", "/v1/audio/generations", {{"seconds", 1}, {"steps", 201}}, "steps",
+       [&] { audio->count(many_steps); }},
+  };
+  for (const Case& c : cases) {
+    const std::string counted = test::refusal(c.count).message;
+    const test::CliRun cli = test::run_cli(c.cli);
+    EXPECT_EQ(cli.status, 1) << c.cli;
+    EXPECT_EQ(cli.output, "error: " + counted + "\n") << c.cli;
+    Json body = c.body;
+    body["prompt"] = "x";
+    const auto r = client().Post(c.route.c_str(), body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    const Json error = Json::parse(r->body)["error"];
+    EXPECT_EQ(error["message"], counted) << c.cli;
+    EXPECT_EQ(error["param"], c.field) << c.cli;
+  }
+}
+
 TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   auto post = [&](const std::string& path, const std::string& body) {
     return client().Post(path.c_str(), body, "application/json");
@@ -385,29 +441,30 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   expect_refusal(post(images, R"({"size": "64x64"})"), 400, "'prompt' is required", "prompt");
   expect_refusal(post(images, R"({"prompt": 7})"), 400, "'prompt' must be a string", "prompt");
   expect_refusal(post(images, R"({"prompt": "x", "size": "100x100"})"), 400, "multiples of 16", "size");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "n": 9})"), 400, "'n' is 9", "n");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "n": 65})"), 400, "batch 65 outside 1..64", "n");
   expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "response_format": "url"})"), 400, "b64_json",
                  "response_format");
   expect_refusal(post(images, R"({"prompt": "x", "model": "nope"})"), 404, "'nope' is not loaded", "model");
   expect_refusal(post(images, Json{{"prompt", std::string(5000, 'a')}}.dump()), 400, "longer than", "prompt");
-  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 0})"), 400, "'seconds' is 0", "seconds");
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 0})"), 400, "seconds 0 outside [", "seconds");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "format": "mp3"})"), 400, "mp3", "format");
-  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "steps": 0})"), 400, "'steps' is 0", "steps");
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "steps": 0})"), 400, "steps 0 outside 1..200", "steps");
   expect_refusal(post(audio, Json{{"prompt", "x"}, {"model", image_id()}}.dump()), 400, "makes image, not audio", "model");
   // What the engine itself refuses is answered before the job is queued.
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "cfg": 500})"), 400, "cfg 500 outside");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "negative_prompt": "hiss"})"), 400,
                  "a negative prompt needs guidance");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 3})"), 400, "'cfg' is for the -base models", "cfg");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 3})"), 400, "cfg 3 is for the -base models", "cfg");
   // A given 0 is a value, not "the model's default" (absent is).
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 0})"), 400, "'cfg' is 0", "cfg");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "steps": 0})"), 400, "'steps' is 0", "steps");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "0x0"})"), 400, "'size' is \"0x0\"", "size");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 0})"), 400, "cfg 0 outside (0, 100]", "cfg");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "steps": 0})"), 400, "steps 0 outside 1..200", "steps");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "0x0"})"), 400, "width 0 outside 16..4096", "size");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64by64"})"), 400, "'size' is \"64by64\", expected WxH", "size");
   // An image whose header claims 16384 x 16384 pixels is refused before it is decoded.
   expect_refusal(post(images, Json{{"prompt", "x"}, {"images", {base64_of(png_claiming(16384, 16384))}}}.dump()), 400,
                  "images[0]: 16384x16384 pixels, over the 67108864 this reader decodes", "images");
   expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "negative_prompt": "blur"})"), 400,
-                 "'negative_prompt' is for the -base models", "negative_prompt");
+                 "a negative prompt is for the -base models", "negative_prompt");
   expect_refusal(post(images, Json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "larger");
   expect_refusal(client().Get("/v1/jobs/job-nope"), 404, "no job");
   expect_refusal(post("/v1/jobs", R"({"prompt": "x"})"), 400, "'kind'", "kind");
@@ -550,7 +607,7 @@ TEST_F(Serve, Automatic1111Txt2Img) {
   EXPECT_EQ(progress["state"]["job_count"], 0);
   EXPECT_EQ(progress["state"]["sampling_steps"], 2);
   expect_refusal(client().Post("/sdapi/v1/txt2img", R"({"prompt": "x", "negative_prompt": "blur"})", "application/json"),
-                 400, "negative_prompt", "negative_prompt");
+                 400, "a negative prompt is for the -base models", "negative_prompt");
   const auto stop = client().Post("/sdapi/v1/interrupt", "", "application/json");
   ASSERT_TRUE(stop);
   EXPECT_EQ(stop->status, 200);
