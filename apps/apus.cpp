@@ -113,14 +113,10 @@ std::optional<T> if_given(const CLI::Option* option, const T& value) {
   return *option ? std::optional<T>(value) : std::nullopt;
 }
 
-// The input clips' files, empty where none was given.
-struct ClipFiles {
-  std::string init, inpaint;
-};
-
-int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requests, const ClipFiles& clips,
-              const std::string& out, const std::string& format_name, bool verbose,
-              const std::string& inputs, const std::string& trace_file, const std::string& device) {
+// clips: the input clips' files, empty where none was given.
+int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requests, const apus::ClipNames& clips,
+              const std::string& out, const std::string& format_name, bool verbose, const std::string& trace_file,
+              const std::string& device) {
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
   const auto model = apus::AudioModel::open(model_dir, apus::Weights::per_stage, device);
   // Read once the model is open: no clip decodes past the longest the model can use.
@@ -137,24 +133,17 @@ int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requ
     const apus::AudioClip clip = read_clip(clips.inpaint);
     for (apus::AudioRequest& r : requests) r.inpaint_audio = clip;
   }
-  const apus::AudioRequest& req = requests.front();
   const std::vector<apus::AudioResult> results = model->generate_batch(requests, say);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < batch; ++i) {
+    const apus::AudioRequest& req = requests[size_t(i)];
     const apus::AudioResult& r = results[size_t(i)];
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%g", req.seconds);
-    char guidance[64] = "";
-    if (req.cfg != 1) std::snprintf(guidance, sizeof guidance, ", CFG scale: %g, APG: %g", req.cfg, req.apg);
-    const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(req.steps) + guidance +
-                               ", Sampler: " + model->sampler() + ", Seed: " + std::to_string(r.seed) +
-                               ", Model: " + model->label() +
-                               (req.fp32 ? ", Precision: fp32" : ", Precision: bf16") + inputs;
     apus::Audio audio{r.sample_rate, r.channels, r.samples};
-    apus::write_audio(output_name(out, i, batch), audio, format, {req.prompt, params, "apus"});
+    apus::write_audio(output_name(out, i, batch), audio, format,
+                      {req.prompt, apus::audio_comment(req, r, *model, clips), "apus"});
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (verbose) report_stages(model->count(req, batch), results.front().stages, "write audio", write_s, device);
+  if (verbose) report_stages(model->count(requests.front(), batch), results.front().stages, "write audio", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
@@ -298,31 +287,18 @@ Command audio_command(CLI::App& app) {
                        *o->inpaint_audio_opt ? "--inpaint-audio needs --inpaint-start and --inpaint-end"
                                              : "--inpaint-start/--inpaint-end need --inpaint-audio");
             req.init_noise_level = if_given(o->init_level_opt, o->init_noise_level);
-            ClipFiles clips;
-            std::string inputs;
-            char text[96];
-            if (*o->init_audio_opt) {
-              clips.init = named_file(o->init_audio, "--init-audio");
-              std::snprintf(text, sizeof text, ", Init noise level: %g", o->init_noise_level);
-              inputs += ", Init audio: " + o->init_audio + text;
-            }
-            if (*o->inpaint_audio_opt) {
-              clips.inpaint = named_file(o->inpaint_audio, "--inpaint-audio");
-              inputs += ", Inpaint audio: " + o->inpaint_audio + ", Inpaint:";
-              for (size_t i = 0; i < o->inpaint_starts.size(); ++i) {
-                req.inpaint_regions.emplace_back(o->inpaint_starts[i], o->inpaint_ends[i]);
-                std::snprintf(text, sizeof text, " %g-%g s", o->inpaint_starts[i], o->inpaint_ends[i]);
-                inputs += text;
-              }
-            }
+            apus::ClipNames clips;
+            if (*o->init_audio_opt) clips.init = named_file(o->init_audio, "--init-audio");
+            if (*o->inpaint_audio_opt) clips.inpaint = named_file(o->inpaint_audio, "--inpaint-audio");
+            for (size_t i = 0; i < o->inpaint_starts.size(); ++i)
+              req.inpaint_regions.emplace_back(o->inpaint_starts[i], o->inpaint_ends[i]);
             req.trace = bool(*o->trace_opt);
             // -n as the engine takes a batch, before any output name is tried; the clips join
             // each request once the model is open.
             std::vector<apus::AudioRequest> requests = apus::batch_of(req, o->batch);
             check_output(o->out, o->batch);
             if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
-            return run_audio(o->model, std::move(requests), clips, o->out, o->format, o->verbose, inputs, o->trace,
-                             o->device);
+            return run_audio(o->model, std::move(requests), clips, o->out, o->format, o->verbose, o->trace, o->device);
           }};
 }
 

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sndfile.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -208,6 +210,57 @@ std::string base64_of(const std::string& bytes) {
     out += i + 2 < bytes.size() ? table[v & 63] : '=';
   }
   return out;
+}
+
+// A clip's title and comment, as players read them.
+std::pair<std::string, std::string> metadata_of(const std::string& path) {
+  SF_INFO info{};
+  SNDFILE* sf = sf_open(path.c_str(), SFM_READ, &info);
+  EXPECT_NE(sf, nullptr) << path;
+  if (!sf) return {};
+  auto text = [&](int key) {
+    const char* t = sf_get_string(sf, key);
+    return std::string(t ? t : "");
+  };
+  std::pair<std::string, std::string> m{text(SF_STR_TITLE), text(SF_STR_COMMENT)};
+  sf_close(sf);
+  return m;
+}
+
+// The same request's clip carries the same metadata from the CLI and from the server: guidance,
+// precision and the inputs included, a clip sent to the server named by its field, not a file.
+TEST_F(Serve, AudioMetadataIsTheClisForTheSameRequest) {
+  const std::string init = test::fixture("sa3_tiny/inputs/init.wav"), inpaint = test::fixture("sa3_tiny/inputs/inpaint.wav");
+  struct Case { std::string cli; Json body; std::vector<std::pair<std::string, std::string>> names; };
+  const std::vector<Case> cases = {
+      {"--cfg 2 --apg 0.5", {{"cfg", 2}, {"apg", 0.5}}, {}},
+      {"--init-audio " + init + " --init-noise-level 0.6",
+       {{"init_audio", base64_of(read_file(init))}, {"init_noise_level", 0.6}}, {{init, "init_audio"}}},
+      {"--inpaint-audio " + inpaint + " --inpaint-start 0.3 --inpaint-end 0.8",
+       {{"inpaint_audio", base64_of(read_file(inpaint))}, {"inpaint_regions", {{0.3, 0.8}}}}, {{inpaint, "inpaint_audio"}}},
+  };
+  const std::string out = ::testing::TempDir() + "apus_cli_meta.wav";
+  for (const Case& c : cases) {
+    const test::CliRun cli = test::run_cli("audio --model " + test::official_dir() + " -p 'rain on a tin roof' " +
+                                           "--seconds 1.4 --steps 2 --seed 9 " + c.cli + " -o " + out);
+    ASSERT_EQ(cli.status, 0) << cli.output;
+    Json body = {{"prompt", "rain on a tin roof"}, {"seconds", 1.4}, {"steps", 2}, {"seed", 9}};
+    body.update(c.body);
+    const auto r = client().Post("/v1/audio/generations", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const auto served = metadata_of(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_meta.wav"));
+    auto [title, comment] = metadata_of(out);
+    for (const auto& [file, field] : c.names) {
+      ASSERT_NE(comment.find(file), std::string::npos) << comment;
+      comment.replace(comment.find(file), file.size(), field);
+    }
+    EXPECT_EQ(served.first, title);
+    EXPECT_EQ(served.second, comment);
+    EXPECT_NE(comment.find("Precision: bf16"), std::string::npos) << comment;
+  }
+  EXPECT_NE(metadata_of(out).second.find("Inpaint audio: " + inpaint + ", Inpaint: 0.3-0.8 s"), std::string::npos);
+  std::filesystem::remove(out);
 }
 
 // OpenAI's images/edits (a multipart form, the images as files) and the jobs API (the images as

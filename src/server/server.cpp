@@ -580,13 +580,9 @@ struct Server::Impl {
       const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
       for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
       j.keep_trace(res.trace);
-      char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%g", r.seconds);
-      const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(r.steps) +
-                                 ", Sampler: " + model->sampler() + ", Seed: " + std::to_string(res.seed) +
-                                 ", Model: " + model->label();
       const Audio a{res.sample_rate, res.channels, res.samples};
-      return std::vector<JobOutput>{{encode_audio(a, format, {r.prompt, params, "apus"}, "clip"),
+      const std::string comment = audio_comment(r, res, *model, {"init_audio", "inpaint_audio"});
+      return std::vector<JobOutput>{{encode_audio(a, format, {r.prompt, comment, "apus"}, "clip"),
                                      audio_mime_type(format), res.seed}};
     };
     return job;
