@@ -666,6 +666,30 @@ TEST_F(Serve, Automatic1111Txt2Img) {
   EXPECT_EQ(stop->status, 200);
 }
 
+// txt2img's refusals name A1111's own fields, never the OpenAI fields apus has beside them.
+TEST_F(Serve, Automatic1111RefusalsNameItsFields) {
+  struct Case { Json fields; std::string message, param; };
+  const std::vector<Case> cases = {
+      {{{"width", 8}}, "width 8 outside 16..4096", "width"},
+      {{{"width", 100}}, "width 100 and height 512 must be multiples of 16", "width"},
+      {{{"height", 4112}}, "height 4112 outside 16..4096", "height"},
+      {{{"steps", 0}}, "steps 0 outside 1..200", "steps"},
+      {{{"batch_size", 65}}, "batch 65 outside 1..64", "batch_size"},
+      {{{"n_iter", 2}}, "'n_iter' is 2", "n_iter"},
+      {{{"seed", -2}}, "'seed' is -2", "seed"},
+      {{{"negative_prompt", "blur"}}, "a negative prompt is for the -base models", "negative_prompt"},
+      {{{"width", "wide"}}, "'width' must be an integer", "width"},
+  };
+  for (const Case& c : cases) {
+    Json body = {{"prompt", "x"}, {"cfg_scale", 7}};
+    body.update(c.fields);
+    const auto r = client().Post("/sdapi/v1/txt2img", body.dump(), "application/json");
+    expect_refusal(r, 400, c.message, c.param);
+    for (const char* openai : {"\"size\"", "'size'", "\"n\"", "'n'"})
+      EXPECT_EQ(r->body.find(openai), std::string::npos) << r->body;
+  }
+}
+
 // Server-sent events follow a job to its end; /metrics counts what happened; the page is served.
 TEST_F(Serve, EventsMetricsAndThePage) {
   const auto submitted = client().Post(

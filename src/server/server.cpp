@@ -161,6 +161,7 @@ struct Fields {
 // engine's "batch" is OpenAI's n).
 using FieldNames = std::map<std::string, std::string>;
 const FieldNames kOpenAiImageFields = {{"width", "size"}, {"height", "size"}, {"batch", "n"}};
+const FieldNames kA1111Fields = {{"batch", "batch_size"}, {"cfg", "cfg_scale"}};
 const FieldNames kAudioFields = {};  // the audio route calls every field as the engine does
 
 // Runs engine code, its refusal of a field renamed to the route's name for that field.
@@ -391,6 +392,7 @@ struct Server::Impl {
     std::vector<std::string> images;  // to edit from; with a mask, the first is the one repainted
     std::optional<std::string> mask;
     bool alpha_mask = false;  // OpenAI's edits mask (alpha 0 repaints), else white repaints
+    double strength = Inpainting{}.strength;  // with the mask
   };
 
   // Files refused from their headers alone, before anything is decoded: what does not open, and
@@ -417,7 +419,7 @@ struct Server::Impl {
   // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
   // b64_json; apus's seed, steps, cfg and negative_prompt; images to edit from (JSON: base64 in
   // "images"), or with a mask and strength to inpaint.
-  std::shared_ptr<Job> image_job(const Json& body, ImageFiles files, bool trace = false) {
+  std::shared_ptr<Job> openai_image_job(const Json& body, ImageFiles files, bool trace = false) {
     const Fields f{body};
     f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
             "mask", "strength",
@@ -438,18 +440,14 @@ struct Server::Impl {
       refuse(400, "at most " + std::to_string(kMaxReferences) + " images, not " + std::to_string(files.images.size()), "images");
     // Inpainting: the mask (white repaints, as diffusers' mask_image) applies to the first image,
     // as OpenAI's edits apply theirs; a second image is the reference for the repainted area.
-    double strength = 0.8;
     if (files.mask) {
       if (files.images.empty()) refuse(400, "'mask' repaints the first of 'images', and there are none", "mask");
       if (files.images.size() > 2)
         refuse(400, "with 'mask', 'images' holds the image to repaint and at most one reference", "images");
-      strength = f.number("strength", strength);
+      files.strength = f.number("strength", files.strength);
     } else if (f.has("strength")) {
       refuse(400, "'strength' is for inpainting, with 'mask'", "strength");
     }
-    // Refused before any file is decoded: a full queue, and files whose pixels would be too many.
-    if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
-    check_image_headers(files);
     const bool sized_by_image = !files.images.empty();
     const std::string size = f.string("size", sized_by_image ? "auto" : "1024x1024");
     if (size != "auto") {
@@ -480,29 +478,38 @@ struct Server::Impl {
     // moderation, a PNG's compression), refused where it would change the image.
     if (f.string("background", "auto") != "auto" && f.string("background", "auto") != "opaque")
       refuse(400, "'background' transparent is not supported (the models render opaque images)", "background");
-    // The engine's checks of the settings before the queue; with image files, whose sizes decide
-    // what the request needs, its memory admission runs as the job starts, once they are decoded.
-    admit(kOpenAiImageFields, [&] {
+    return image_job(m, std::move(r), n, std::move(files), kOpenAiImageFields);
+  }
+
+  // A job rendering n images of `r` on m, refused before any file is decoded where the queue is
+  // full or the files' headers claim too many pixels, then where the engine refuses its settings
+  // (naming the field as `names` calls it); the files are decoded on the worker as it starts.
+  std::shared_ptr<Job> image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files, const FieldNames& names) {
+    if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
+    check_image_headers(files);
+    // With image files, whose sizes decide what the request needs, the memory admission runs as
+    // the job starts, once they are decoded.
+    admit(names, [&] {
       const PipelineCost cost = m.image->count(r, n);
       if (files.images.empty()) check_memory(cost, true, "this request");
     });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "image";
-    job->traced = trace;
+    job->traced = r.trace;
     const ImageModel* model = m.image.get();
-    job->work = [model, r, n, files = std::move(files), strength](Job& j) mutable {
+    job->work = [model, r, n, files = std::move(files), names = &names](Job& j) mutable {
       for (size_t i = 0; i < files.images.size(); ++i)
         r.references.push_back(decoded(files.images[i], "images[" + std::to_string(i) + "]", "images", decode_image));
       files.images.clear();
       if (files.mask) {
         Rgb8Image mask = decoded(*files.mask, "mask", "mask", files.alpha_mask ? openai_mask : decode_image);
-        r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), strength};
+        r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), files.strength};
         r.references.erase(r.references.begin());
       }
       const std::vector<ImageRequest> batch = batch_of(r, n);
       std::vector<JobOutput> out;
-      const std::vector<ImageResult> results = as_route(kOpenAiImageFields, [&] {
+      const std::vector<ImageResult> results = as_route(*names, [&] {
         return model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
       });
       for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
@@ -688,21 +695,24 @@ struct Server::Impl {
     http->route("POST", "/sdapi/v1/txt2img", [this](const http::Request& req, http::Response& res) {
       const Json in = parse_body(req);
       const Fields f{in};
-      const std::string negative = f.string("negative_prompt", "");
-      if (f.integer("n_iter", 1, 1, 1) != 1) refuse(400, "'n_iter' must be 1", "n_iter");
+      const Loaded& m = find(Fields{Json::object()}, "image");
+      const ImageModel& model = *m.image;
+      ImageRequest r;
+      r.prompt = f.prompt();
+      // A1111's own defaults, for the sides its clients always send.
+      r.width = f.setting("width").value_or(512);
+      r.height = f.setting("height").value_or(512);
+      r.steps = f.setting("steps");
       const int64_t seed = f.integer("seed", -1, -1, int64_t(1) << 53);
-      const ImageModel& model = *find(Fields{Json::object()}, "image").image;
-      Json body = {{"prompt", f.prompt()},
-                   {"size", std::to_string(f.setting("width").value_or(512)) + "x" +
-                                std::to_string(f.setting("height").value_or(512))},
-                   {"n", f.setting("batch_size").value_or(1)},
-                   {"steps", f.setting("steps").value_or(model.default_steps())}};
-      if (seed >= 0) body["seed"] = seed;
+      if (seed >= 0) r.seed = uint64_t(seed);
       // A1111 clients always send a guidance scale (7 by default): the -base models take it, the
       // distilled ones have none to take; a negative prompt the engine refuses for them.
-      if (model.takes_guidance()) body["cfg"] = f.number("cfg_scale", model.default_cfg());
-      if (!negative.empty()) body["negative_prompt"] = negative;
-      const auto j = image_job(body, {});
+      if (model.takes_guidance() && f.has("cfg_scale")) r.cfg = float(f.number("cfg_scale", 0.0));
+      const std::string negative = f.string("negative_prompt", "");
+      if (!negative.empty()) r.negative_prompt = negative;
+      if (f.integer("n_iter", 1, 1, 1) != 1) refuse(400, "'n_iter' must be 1", "n_iter");
+      const int n = f.setting("batch_size").value_or(1);
+      const auto j = image_job(m, r, n, {}, kA1111Fields);
       submit(j);
       {
         std::lock_guard<std::mutex> lock(jobs_mutex);
@@ -715,10 +725,10 @@ struct Server::Impl {
         images.push_back(base64(o.bytes));
         seeds.push_back(o.seed);
       }
-      const Json info = {{"prompt", body["prompt"]}, {"all_prompts", Json::array({body["prompt"]})},
-                         {"negative_prompt", negative}, {"cfg_scale", body.value("cfg", 1.0)}, {"seed", seeds[0]}, {"all_seeds", seeds},
-                         {"width", f.setting("width").value_or(512)}, {"height", f.setting("height").value_or(512)},
-                         {"steps", body["steps"]}, {"batch_size", body["n"]}, {"sd_model_name", j->model}};
+      const Json info = {{"prompt", r.prompt}, {"all_prompts", Json::array({r.prompt})}, {"negative_prompt", negative},
+                         {"cfg_scale", r.cfg.value_or(model.default_cfg())}, {"seed", seeds[0]}, {"all_seeds", seeds},
+                         {"width", *r.width}, {"height", *r.height}, {"steps", r.steps.value_or(model.default_steps())},
+                         {"batch_size", n}, {"sd_model_name", j->model}};
       res.set_content(dump(Json{{"images", images}, {"parameters", in}, {"info", dump(info)}}), "application/json");
     });
     http->route("GET", "/sdapi/v1/progress", [this](const http::Request&, http::Response& res) {
@@ -884,10 +894,10 @@ struct Server::Impl {
         }
       }
       if (files.images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
-      respond_images(req, res, image_job(body, std::move(files)));
+      respond_images(req, res, openai_image_job(body, std::move(files)));
     });
     http->route("POST", "/v1/images/generations", [this](const http::Request& req, http::Response& res) {
-      respond_images(req, res, image_job(parse_body(req), {}));
+      respond_images(req, res, openai_image_job(parse_body(req), {}));
     });
     http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
       std::string format;
@@ -908,7 +918,7 @@ struct Server::Impl {
       body.erase("kind");
       body.erase("trace");
       std::string format;
-      const auto j = kind == "image" ? image_job(body, {}, trace) : audio_job(body, format, trace);
+      const auto j = kind == "image" ? openai_image_job(body, {}, trace) : audio_job(body, format, trace);
       submit(j);
       res.status = 202;
       res.set_content(dump(job_json(*j)), "application/json");
