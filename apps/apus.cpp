@@ -165,7 +165,7 @@ Command image_command(CLI::App& app) {
     bool verbose = false;
     int width = 0, height = 0, steps = 0, batch = 1;
     float cfg = 0;
-    double strength = 0.8;
+    double strength = apus::Inpainting{}.strength;
     std::vector<std::string> reference_files;
     CLI::Option *width_opt, *height_opt, *steps_opt, *cfg_opt, *mask_opt, *strength_opt, *inpaint_reference_opt,
         *negative_opt, *seed_opt, *noise_opt, *trace_opt;
@@ -515,7 +515,7 @@ Command roofline_command(CLI::App& app) {
   struct Options {
     std::string model = "flux2-klein-4b", chip = "h200";
     int chips = 1, width = 0, height = 0, steps = 0;
-    double peak_tflops = 0, gbps = 0, link_gbps = 0, seconds = 30;
+    double peak_tflops = 0, gbps = 0, link_gbps = 0, seconds = 0;
     bool json = false;
     CLI::Option *width_opt, *height_opt, *steps_opt, *seconds_opt;
   };
@@ -542,7 +542,7 @@ Command roofline_command(CLI::App& app) {
             apus::PipelineCost cost;
             if (apus::is_audio_model(o->model)) {
               apus::AudioRequest a;
-              a.seconds = o->seconds;
+              if (*o->seconds_opt) a.seconds = o->seconds;
               if (*o->steps_opt) a.steps = o->steps;
               cost = apus::AudioModel::open(o->model, apus::Weights::none)->count(a);
             } else {
