@@ -78,7 +78,8 @@ int run_image(const std::string& model_dir, const std::vector<apus::ImageRequest
                     {{"parameters", apus::infotext(requests[size_t(i)], r, *model)}, {"Software", "apus"}});
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (verbose) report_stages(model->count(requests.front(), batch), results.front().stages, "write png", write_s, device);
+  if (verbose)
+    report_stages(model->count(requests.front(), batch), results.front().stages, "write png", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
@@ -143,7 +144,8 @@ int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requ
                       {req.prompt, apus::audio_comment(req, r, *model, clips), "apus"});
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (verbose) report_stages(model->count(requests.front(), batch), results.front().stages, "write audio", write_s, device);
+  if (verbose)
+    report_stages(model->count(requests.front(), batch), results.front().stages, "write audio", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;

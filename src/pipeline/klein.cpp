@@ -238,18 +238,21 @@ ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   APUS_CHECK_FIELD(std::isfinite(*r.cfg) && *r.cfg > 0 && *r.cfg <= 100, "cfg", "cfg ", *r.cfg, " outside (0, 100]");
   // The official pipelines warn and ignore guidance on a distilled model (the KV pipeline has
   // none at all); a request for it is refused instead of rendered differently than asked.
-  APUS_CHECK_FIELD(takes_guidance() || (*r.cfg <= 1 && !r.negative_prompt), r.negative_prompt ? "negative_prompt" : "cfg",
-                   label_,
-                   reference_cache_ ? " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: "
-                                    : " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ",
-                   r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", *r.cfg), " is for the -base models");
+  const char* why_not = reference_cache_
+                            ? " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: "
+                            : " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ";
+  APUS_CHECK_FIELD(takes_guidance() || (*r.cfg <= 1 && !r.negative_prompt),
+                   r.negative_prompt ? "negative_prompt" : "cfg", label_, why_not,
+                   r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", *r.cfg),
+                   " is for the -base models");
   using L = ImageLimits;
   for (const auto& [name, side] : {std::pair{"width", *r.width}, std::pair{"height", *r.height}})
     APUS_CHECK_FIELD(side >= L::min_side && side <= L::max_side, name, name, " ", side, " outside ", L::min_side, "..",
                      L::max_side);
   APUS_CHECK_FIELD(*r.width % 16 == 0 && *r.height % 16 == 0, *r.width % 16 ? "width" : "height", "width ", *r.width,
                    " and height ", *r.height, " must be multiples of 16");
-  APUS_CHECK_FIELD(*r.steps >= 1 && *r.steps <= L::max_steps, "steps", "steps ", *r.steps, " outside 1..", L::max_steps);
+  APUS_CHECK_FIELD(*r.steps >= 1 && *r.steps <= L::max_steps, "steps", "steps ", *r.steps, " outside 1..",
+                   L::max_steps);
   return r;
 }
 

@@ -524,7 +524,8 @@ struct Server::Impl {
     return job;
   }
 
-  // An audio job: prompt, seconds, seed, steps, format (wav, wav-float, flac).
+  // An audio job: prompt, seconds, seed, steps, cfg, apg, negative_prompt, format (wav, wav-float,
+  // flac), the input clips.
   std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name, bool trace = false) {
     const Fields f{body};
     f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg", "apg", "init_audio",
