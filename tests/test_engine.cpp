@@ -163,11 +163,10 @@ TEST(ImageModel, GivenZerosAreRefusedAbsentSettingsTakeTheDefaults) {
   // Counting (roofline, the server's admission) and rendering each refuse it, naming the setting.
   struct Case { std::function<void(ImageRequest&)> set; std::string counted, rendered; };
   const std::vector<Case> cases = {
-      {[](ImageRequest& r) { r.width = 0; }, "width 0 and height 48 must be positive multiples of 16",
-       "width 0 outside 16..4096"},
-      {[&](ImageRequest& r) { r.height = 0; r.references = {reference}; }, "width 64 and height 0 must be",
+      {[](ImageRequest& r) { r.width = 0; }, "width 0 outside 16..4096", "width 0 outside 16..4096"},
+      {[&](ImageRequest& r) { r.height = 0; r.references = {reference}; }, "height 0 outside 16..4096",
        "height 0 outside 16..4096"},
-      {[](ImageRequest& r) { r.steps = 0; }, "steps 0 outside 1..1000", "steps 0 outside 1..200"},
+      {[](ImageRequest& r) { r.steps = 0; }, "steps 0 outside 1..200", "steps 0 outside 1..200"},
       {[](ImageRequest& r) { r.cfg = 0; }, "cfg 0 outside (0, 100]", "cfg 0 outside (0, 100]"},
   };
   for (const Case& c : cases) {
@@ -185,6 +184,54 @@ TEST(ImageModel, GivenZerosAreRefusedAbsentSettingsTakeTheDefaults) {
   EXPECT_EQ(cost.cfg, base->default_cfg());
   defaults.references.clear();
   EXPECT_EQ(base->count(defaults).width, 1024);
+}
+
+// Every bound of ImageLimits is held by count() as by generate(): one message, naming the field,
+// whoever asks (the CLI's roofline and -v, the server's admission, the bench).
+TEST(ImageModel, CountRefusesWhatGenerateRefusesWithTheSameMessage) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  struct Case { std::function<void(ImageRequest&)> set; int batch; std::string message, field; };
+  const std::vector<Case> cases = {
+      {[](ImageRequest& r) { r.width = 8; }, 1, "width 8 outside 16..4096", "width"},
+      {[](ImageRequest& r) { r.height = 4112; }, 1, "height 4112 outside 16..4096", "height"},
+      {[](ImageRequest& r) { r.height = 100; }, 1, "width 64 and height 100 must be multiples of 16", "height"},
+      {[](ImageRequest& r) { r.steps = 201; }, 1, "steps 201 outside 1..200", "steps"},
+      {[](ImageRequest& r) { r.cfg = 101; }, 1, "cfg 101 outside (0, 100]", "cfg"},
+      {[](ImageRequest& r) { r.cfg = 3; }, 1, "cfg 3 is for the -base models", "cfg"},
+      {[](ImageRequest& r) { r.negative_prompt = "blur"; }, 1, "a negative prompt is for the -base models",
+       "negative_prompt"},
+      {[](ImageRequest&) {}, ImageLimits::max_batch + 1, "batch 65 outside 1..64", "batch"},
+  };
+  for (const Case& c : cases) {
+    ImageRequest r = request("x", 64, 48, 1);
+    c.set(r);
+    const test::Refusal counted = test::refusal([&] { model->count(r, c.batch); });
+    const test::Refusal rendered = test::refusal([&] { model->generate_batch(std::vector<ImageRequest>(size_t(c.batch), r)); });
+    EXPECT_NE(counted.message.find(c.message), std::string::npos) << counted.message;
+    EXPECT_EQ(counted.field, c.field) << c.message;
+    EXPECT_EQ(counted.message, rendered.message);
+    EXPECT_EQ(counted.field, rendered.field) << c.message;
+  }
+}
+
+// The batch rule every front end's n takes: seed, seed + 1, ..., or each drawn where none is given;
+// a size generate_batch would refuse is refused with its message.
+TEST(ImageModel, BatchOfNumbersTheSeedsAndRefusesWhatGenerateBatchRefuses) {
+  const std::vector<ImageRequest> seeded = batch_of(request("x", 64, 48, 7), 3);
+  ASSERT_EQ(seeded.size(), 3u);
+  for (size_t i = 0; i < seeded.size(); ++i) {
+    EXPECT_EQ(seeded[i].seed, 7 + i);
+    EXPECT_EQ(seeded[i].prompt, "x");
+  }
+  AudioRequest clip;
+  for (const AudioRequest& r : batch_of(clip, 2)) EXPECT_FALSE(r.seed);
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::none);
+  for (const int n : {0, ImageLimits::max_batch + 1}) {
+    const test::Refusal refused = test::refusal([&] { batch_of(request("x", 64, 48, 7), n); });
+    EXPECT_EQ(refused.message, test::refusal([&] { model->count(request("x", 64, 48, 7), n); }).message);
+    EXPECT_EQ(refused.field, "batch");
+  }
+  EXPECT_EQ(test::refusal([&] { batch_of(clip, 0); }).message, "batch 0 outside 1..64");
 }
 
 TEST(ImageModel, CountingOnlyModelCountsButDoesNotRender) {

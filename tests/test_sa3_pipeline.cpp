@@ -568,6 +568,36 @@ TEST(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
                           [](const std::string& l) { return l.find("truncated to 256") != std::string::npos; }));
 }
 
+// AudioLimits and the model's own bounds are held by count() as by generate(): one message, naming
+// the field.
+TEST(Sa3Pipeline, CountRefusesWhatGenerateRefusesWithTheSameMessage) {
+  const auto model = AudioModel::open(pipeline_dir(), Weights::per_stage);
+  struct Case { std::function<void(AudioRequest&)> set; int batch; std::string message, field; };
+  const std::vector<Case> cases = {
+      {[](AudioRequest& r) { r.seconds = 0; }, 1, "seconds 0 outside [0.000488281, ", "seconds"},
+      {[&](AudioRequest& r) { r.seconds = model->max_seconds() + 1; }, 1, "this model's sample_size", "seconds"},
+      {[](AudioRequest& r) { r.steps = 201; }, 1, "steps 201 outside 1..200", "steps"},
+      {[](AudioRequest& r) { r.cfg = 0; }, 1, "cfg 0 outside (0, 100]", "cfg"},
+      {[](AudioRequest& r) { r.apg = 2; }, 1, "apg 2 outside [0, 1]", "apg"},
+      {[](AudioRequest& r) { r.init_noise_level = 0.5; }, 1, "needs an init audio clip", "init_noise_level"},
+      {[](AudioRequest& r) { r.inpaint_regions = {{0.1, 0.2}}; }, 1, "inpaint regions need an inpaint clip",
+       "inpaint_regions"},
+      {[](AudioRequest& r) { r.negative_prompt = "hiss"; }, 1, "a negative prompt needs guidance", "negative_prompt"},
+      {[](AudioRequest&) {}, AudioLimits::max_batch + 1, "batch 65 outside 1..64", "batch"},
+  };
+  for (const Case& c : cases) {
+    AudioRequest r = reference_request(false);
+    c.set(r);
+    const test::Refusal counted = test::refusal([&] { model->count(r, c.batch); });
+    const test::Refusal rendered =
+        test::refusal([&] { model->generate_batch(std::vector<AudioRequest>(size_t(c.batch), r)); });
+    EXPECT_NE(counted.message.find(c.message), std::string::npos) << counted.message;
+    EXPECT_EQ(counted.field, c.field) << c.message;
+    EXPECT_EQ(counted.message, rendered.message);
+    EXPECT_EQ(counted.field, rendered.field) << c.message;
+  }
+}
+
 // The published medium's layout (configs only, data/) counts every stage from the model code: the
 // DiT's cost grows with the canvas, the chunked decoder's linearly in its chunks.
 TEST(Sa3Pipeline, PublishedMediumIsCountedWithoutWeights) {

@@ -8,19 +8,24 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sndfile.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <set>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "apus/apus.h"
+#include "core/cost.h"
 #include "io/audio.h"
 #include "io/files.h"
 #include "io/image.h"
@@ -207,6 +212,57 @@ std::string base64_of(const std::string& bytes) {
   return out;
 }
 
+// A clip's title and comment, as players read them.
+std::pair<std::string, std::string> metadata_of(const std::string& path) {
+  SF_INFO info{};
+  SNDFILE* sf = sf_open(path.c_str(), SFM_READ, &info);
+  EXPECT_NE(sf, nullptr) << path;
+  if (!sf) return {};
+  auto text = [&](int key) {
+    const char* t = sf_get_string(sf, key);
+    return std::string(t ? t : "");
+  };
+  std::pair<std::string, std::string> m{text(SF_STR_TITLE), text(SF_STR_COMMENT)};
+  sf_close(sf);
+  return m;
+}
+
+// The same request's clip carries the same metadata from the CLI and from the server: guidance,
+// precision and the inputs included, a clip sent to the server named by its field, not a file.
+TEST_F(Serve, AudioMetadataIsTheClisForTheSameRequest) {
+  const std::string init = test::fixture("sa3_tiny/inputs/init.wav"), inpaint = test::fixture("sa3_tiny/inputs/inpaint.wav");
+  struct Case { std::string cli; Json body; std::vector<std::pair<std::string, std::string>> names; };
+  const std::vector<Case> cases = {
+      {"--cfg 2 --apg 0.5", {{"cfg", 2}, {"apg", 0.5}}, {}},
+      {"--init-audio " + init + " --init-noise-level 0.6",
+       {{"init_audio", base64_of(read_file(init))}, {"init_noise_level", 0.6}}, {{init, "init_audio"}}},
+      {"--inpaint-audio " + inpaint + " --inpaint-start 0.3 --inpaint-end 0.8",
+       {{"inpaint_audio", base64_of(read_file(inpaint))}, {"inpaint_regions", {{0.3, 0.8}}}}, {{inpaint, "inpaint_audio"}}},
+  };
+  const std::string out = ::testing::TempDir() + "apus_cli_meta.wav";
+  for (const Case& c : cases) {
+    const test::CliRun cli = test::run_cli("audio --model " + test::official_dir() + " -p 'rain on a tin roof' " +
+                                           "--seconds 1.4 --steps 2 --seed 9 " + c.cli + " -o " + out);
+    ASSERT_EQ(cli.status, 0) << cli.output;
+    Json body = {{"prompt", "rain on a tin roof"}, {"seconds", 1.4}, {"steps", 2}, {"seed", 9}};
+    body.update(c.body);
+    const auto r = client().Post("/v1/audio/generations", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const auto served = metadata_of(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_meta.wav"));
+    auto [title, comment] = metadata_of(out);
+    for (const auto& [file, field] : c.names) {
+      ASSERT_NE(comment.find(file), std::string::npos) << comment;
+      comment.replace(comment.find(file), file.size(), field);
+    }
+    EXPECT_EQ(served.first, title);
+    EXPECT_EQ(served.second, comment);
+    EXPECT_NE(comment.find("Precision: bf16"), std::string::npos) << comment;
+  }
+  EXPECT_NE(metadata_of(out).second.find("Inpaint audio: " + inpaint + ", Inpaint: 0.3-0.8 s"), std::string::npos);
+  std::filesystem::remove(out);
+}
+
 // OpenAI's images/edits (a multipart form, the images as files) and the jobs API (the images as
 // base64) give the engine's edit of the same references.
 TEST_F(Serve, EditsAreTheEnginesEdits) {
@@ -370,6 +426,59 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
   expect_refusal(post({{"init_audio", base64_of(empty_wav)}}), 400, "init_audio: holds no audio", "init_audio");
 }
 
+// One bound, one message: a limit the CLI refuses, the server refuses (400, naming its field) and
+// count() refuses, each with the engine's words.
+TEST_F(Serve, LimitsAreRefusedWithOneMessageByTheCliTheServerAndCount) {
+  const auto image = ImageModel::open(test::fixture("klein_tiny_a"), Weights::none);
+  const auto audio = AudioModel::open(test::official_dir(), Weights::none);
+  const std::string out = ::testing::TempDir() + "apus_limits";
+  struct Case {
+    std::string cli, route;
+    Json body;
+    std::string field;
+    std::function<void()> count;
+  };
+  ImageRequest steps, side, square;
+  steps.width = square.width = square.height = 64;
+  steps.height = 48;
+  steps.steps = 201;
+  side.width = 4112;
+  side.height = 48;
+  AudioRequest long_clip, many_steps;
+  long_clip.seconds = std::floor(audio->max_seconds()) + 1;
+  char too_long[32];
+  std::snprintf(too_long, sizeof too_long, "%g", long_clip.seconds);
+  many_steps.seconds = 1;
+  many_steps.steps = 201;
+  const std::string klein = "image --model " + test::fixture("klein_tiny_a") + " -p x -o " + out + ".png ";
+  const std::string sa3 = "audio --model " + test::official_dir() + " -p x -o " + out + ".wav ";
+  const std::vector<Case> cases = {
+      {klein + "-W 64 -H 48 --steps 201", "/v1/images/generations", {{"size", "64x48"}, {"steps", 201}}, "steps",
+       [&] { image->count(steps); }},
+      {klein + "-W 4112 -H 48", "/v1/images/generations", {{"size", "4112x48"}}, "size", [&] { image->count(side); }},
+      {klein + "-W 64 -H 64 -n 65", "/v1/images/generations", {{"size", "64x64"}, {"n", 65}}, "n",
+       [&] { image->count(square, 65); }},
+      {sa3 + "--seconds " + too_long, "/v1/audio/generations", {{"seconds", long_clip.seconds}}, "seconds",
+       [&] { audio->count(long_clip); }},
+      {sa3 + "--seconds 1 --steps 201", "/v1/audio/generations", {{"seconds", 1}, {"steps", 201}}, "steps",
+       [&] { audio->count(many_steps); }},
+  };
+  for (const Case& c : cases) {
+    const std::string counted = test::refusal(c.count).message;
+    const test::CliRun cli = test::run_cli(c.cli);
+    EXPECT_EQ(cli.status, 1) << c.cli;
+    EXPECT_EQ(cli.output, "error: " + counted + "\n") << c.cli;
+    Json body = c.body;
+    body["prompt"] = "x";
+    const auto r = client().Post(c.route.c_str(), body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    const Json error = Json::parse(r->body)["error"];
+    EXPECT_EQ(error["message"], counted) << c.cli;
+    EXPECT_EQ(error["param"], c.field) << c.cli;
+  }
+}
+
 TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   auto post = [&](const std::string& path, const std::string& body) {
     return client().Post(path.c_str(), body, "application/json");
@@ -385,29 +494,30 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   expect_refusal(post(images, R"({"size": "64x64"})"), 400, "'prompt' is required", "prompt");
   expect_refusal(post(images, R"({"prompt": 7})"), 400, "'prompt' must be a string", "prompt");
   expect_refusal(post(images, R"({"prompt": "x", "size": "100x100"})"), 400, "multiples of 16", "size");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "n": 9})"), 400, "'n' is 9", "n");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "n": 65})"), 400, "batch 65 outside 1..64", "n");
   expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "response_format": "url"})"), 400, "b64_json",
                  "response_format");
   expect_refusal(post(images, R"({"prompt": "x", "model": "nope"})"), 404, "'nope' is not loaded", "model");
   expect_refusal(post(images, Json{{"prompt", std::string(5000, 'a')}}.dump()), 400, "longer than", "prompt");
-  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 0})"), 400, "'seconds' is 0", "seconds");
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 0})"), 400, "seconds 0 outside [", "seconds");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "format": "mp3"})"), 400, "mp3", "format");
-  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "steps": 0})"), 400, "'steps' is 0", "steps");
+  expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "steps": 0})"), 400, "steps 0 outside 1..200", "steps");
   expect_refusal(post(audio, Json{{"prompt", "x"}, {"model", image_id()}}.dump()), 400, "makes image, not audio", "model");
   // What the engine itself refuses is answered before the job is queued.
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "cfg": 500})"), 400, "cfg 500 outside");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "negative_prompt": "hiss"})"), 400,
                  "a negative prompt needs guidance");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 3})"), 400, "'cfg' is for the -base models", "cfg");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 3})"), 400, "cfg 3 is for the -base models", "cfg");
   // A given 0 is a value, not "the model's default" (absent is).
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 0})"), 400, "'cfg' is 0", "cfg");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "steps": 0})"), 400, "'steps' is 0", "steps");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "0x0"})"), 400, "'size' is \"0x0\"", "size");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 0})"), 400, "cfg 0 outside (0, 100]", "cfg");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "steps": 0})"), 400, "steps 0 outside 1..200", "steps");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "0x0"})"), 400, "width 0 outside 16..4096", "size");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64by64"})"), 400, "'size' is \"64by64\", expected WxH", "size");
   // An image whose header claims 16384 x 16384 pixels is refused before it is decoded.
   expect_refusal(post(images, Json{{"prompt", "x"}, {"images", {base64_of(png_claiming(16384, 16384))}}}.dump()), 400,
                  "images[0]: 16384x16384 pixels, over the 67108864 this reader decodes", "images");
   expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "negative_prompt": "blur"})"), 400,
-                 "'negative_prompt' is for the -base models", "negative_prompt");
+                 "a negative prompt is for the -base models", "negative_prompt");
   expect_refusal(post(images, Json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "larger");
   expect_refusal(client().Get("/v1/jobs/job-nope"), 404, "no job");
   expect_refusal(post("/v1/jobs", R"({"prompt": "x"})"), 400, "'kind'", "kind");
@@ -550,10 +660,34 @@ TEST_F(Serve, Automatic1111Txt2Img) {
   EXPECT_EQ(progress["state"]["job_count"], 0);
   EXPECT_EQ(progress["state"]["sampling_steps"], 2);
   expect_refusal(client().Post("/sdapi/v1/txt2img", R"({"prompt": "x", "negative_prompt": "blur"})", "application/json"),
-                 400, "negative_prompt", "negative_prompt");
+                 400, "a negative prompt is for the -base models", "negative_prompt");
   const auto stop = client().Post("/sdapi/v1/interrupt", "", "application/json");
   ASSERT_TRUE(stop);
   EXPECT_EQ(stop->status, 200);
+}
+
+// txt2img's refusals name A1111's own fields, never the OpenAI fields apus has beside them.
+TEST_F(Serve, Automatic1111RefusalsNameItsFields) {
+  struct Case { Json fields; std::string message, param; };
+  const std::vector<Case> cases = {
+      {{{"width", 8}}, "width 8 outside 16..4096", "width"},
+      {{{"width", 100}}, "width 100 and height 512 must be multiples of 16", "width"},
+      {{{"height", 4112}}, "height 4112 outside 16..4096", "height"},
+      {{{"steps", 0}}, "steps 0 outside 1..200", "steps"},
+      {{{"batch_size", 65}}, "batch 65 outside 1..64", "batch_size"},
+      {{{"n_iter", 2}}, "'n_iter' is 2", "n_iter"},
+      {{{"seed", -2}}, "'seed' is -2", "seed"},
+      {{{"negative_prompt", "blur"}}, "a negative prompt is for the -base models", "negative_prompt"},
+      {{{"width", "wide"}}, "'width' must be an integer", "width"},
+  };
+  for (const Case& c : cases) {
+    Json body = {{"prompt", "x"}, {"cfg_scale", 7}};
+    body.update(c.fields);
+    const auto r = client().Post("/sdapi/v1/txt2img", body.dump(), "application/json");
+    expect_refusal(r, 400, c.message, c.param);
+    for (const char* openai : {"\"size\"", "'size'", "\"n\"", "'n'"})
+      EXPECT_EQ(r->body.find(openai), std::string::npos) << r->body;
+  }
 }
 
 // Server-sent events follow a job to its end; /metrics counts what happened; the page is served.

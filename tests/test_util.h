@@ -128,6 +128,22 @@ void expect_error(F&& f, const Fragments& fragments) {
   }
 }
 
+// What `f` was refused with: the message and the field it names ("(no field)" for a plain Error).
+struct Refusal {
+  std::string message, field;
+};
+template <typename F>
+Refusal refusal(F&& f) {
+  try {
+    f();
+  } catch (const FieldError& e) {
+    return {e.what(), e.field};
+  } catch (const Error& e) {
+    return {e.what(), "(no field)"};
+  }
+  return {"(nothing refused)", ""};
+}
+
 // A fresh random seed per test, printed so a failure can be replayed with APUS_TEST_SEED=N.
 inline uint32_t test_seed() {
   const char* forced = std::getenv("APUS_TEST_SEED");

@@ -34,12 +34,20 @@ struct Inpainting {
   double strength = 0.8;  // a double as the pipeline's Python float: it decides the first step
 };
 
+// The bounds of an image request, held by generate() and count() alike: a setting outside them is
+// refused with one message naming it, which the CLI, the server and the bench pass on as theirs.
+struct ImageLimits {
+  static constexpr int min_side = 16, max_side = 4096;  // width and height, multiples of 16
+  static constexpr int max_steps = 200;
+  static constexpr int max_batch = 64;  // requests rendered as one batch
+};
+
 // A setting left absent takes the model's default; a value given is checked as given (an
 // explicit 0 is refused, never read as "the default").
 struct ImageRequest {
   std::string prompt;
-  // Multiples of 16 in 16..4096; absent: the first reference image's size (as the pipeline
-  // floors it), else 1024.
+  // Multiples of 16 within ImageLimits' sides; absent: the first reference image's size (as the
+  // pipeline floors it), else 1024.
   std::optional<int> width, height;
   // Editing / multi-reference generation (Flux2KleinPipeline's image=[...]): each reference is
   // centre-cropped to multiples of 16, VAE-encoded and attends with the image as extra tokens.
@@ -47,11 +55,11 @@ struct ImageRequest {
   // are the image's.
   std::vector<Rgb8Image> references;
   std::optional<Inpainting> inpaint;
-  std::optional<int> steps;       // 1..200; absent: the model's default (ImageModel::default_steps)
+  std::optional<int> steps;       // 1..max_steps; absent: the model's default (ImageModel::default_steps)
   // Classifier-free guidance (the -base models), in (0, 100]: absent is the model's default (4.0
-  // for -base, 8.0 inpainting, as the official pipelines; the distilled models run without
-  // guidance and refuse a scale above 1); <= 1 turns it off. The unconditional branch's prompt is
-  // "" as in the official pipeline unless negative_prompt says otherwise.
+  // for -base, 8.0 inpainting, as the official pipelines; a model that does not take_guidance()
+  // refuses a scale above 1 and a negative prompt); <= 1 turns it off. The unconditional branch's
+  // prompt is "" as in the official pipeline unless negative_prompt says otherwise.
   std::optional<float> cfg;
   std::optional<std::string> negative_prompt;
   std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
@@ -102,13 +110,14 @@ class ImageModel {
   ImageResult generate(const ImageRequest& request, const Progress& progress = {}) const {
     return generate_batch({request}, progress).front();
   }
-  // Renders several requests as one batch through every stage: they must agree on size, steps
-  // and precision; prompts, seeds and noise are their own. Each result equals its request
-  // rendered alone.
+  // Renders several requests (at most ImageLimits::max_batch) as one batch through every stage:
+  // they must agree on size, steps and precision; prompts, seeds and noise are their own. Each
+  // result equals its request rendered alone.
   virtual std::vector<ImageResult> generate_batch(const std::vector<ImageRequest>& requests,
                                                   const Progress& progress = {}) const = 0;
   // The FLOPs, bytes and peak activations per stage of `batch` such requests, counted by walking
-  // the same stage code in counting mode.
+  // the same stage code in counting mode. What generate_batch would refuse of the requests'
+  // settings, count refuses with the same message.
   virtual PipelineCost count(const ImageRequest& request, int batch = 1) const = 0;
 
   virtual const std::string& label() const = 0;    // e.g. "black-forest-labs/FLUX.2-klein-4B"
@@ -117,6 +126,9 @@ class ImageModel {
   // steps at guidance 4.0 (-base).
   virtual int default_steps() const = 0;
   virtual float default_cfg() const = 0;
+  // Whether the model takes a guidance scale above 1 and a negative prompt (the -base models); the
+  // step-distilled ones and the KV pipeline run without guidance and refuse both.
+  virtual bool takes_guidance() const = 0;
 };
 
 // An input clip: interleaved frames x channels samples in [-1, 1], at its own rate (resampled to
@@ -130,12 +142,18 @@ struct AudioClip {
 // The official CLI's init_noise_level.
 constexpr double kDefaultInitNoiseLevel = 0.9;
 
+// The bounds of an audio request, as ImageLimits' are held and refused; seconds run from one
+// output frame (1 / the model's rate) to AudioModel::max_seconds().
+struct AudioLimits {
+  static constexpr int max_steps = 200;
+  static constexpr int max_batch = 64;  // requests generated as one batch
+};
+
+// The defaults of a request are its members' initial values, for every front end.
 struct AudioRequest {
   std::string prompt;
-  // The clip's length: at least one output frame (1 / the model's rate), at most
-  // AudioModel::max_seconds().
-  double seconds = 30;
-  int steps = 8;                  // the distilled models' 8 ping-pong steps
+  double seconds = 30;            // the clip's length, within AudioLimits'
+  int steps = 8;                  // the distilled models' 8 ping-pong steps; 1..max_steps
   std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
   bool fp32 = false;              // parity mode: fp32 activations and weights
   // The decoder over chunks of 128 latents (the official decode_audio) or the whole sequence in
@@ -177,15 +195,22 @@ class AudioModel {
   AudioResult generate(const AudioRequest& request, const Progress& progress = {}) const {
     return generate_batch({request}, progress).front();
   }
-  // Several requests as one batch through every stage: they must agree on seconds, steps and
-  // precision. Each result equals its request rendered alone.
+  // Several requests (at most AudioLimits::max_batch) as one batch through every stage: they must
+  // agree on seconds, steps and precision. Each result equals its request rendered alone.
   virtual std::vector<AudioResult> generate_batch(const std::vector<AudioRequest>& requests,
                                                   const Progress& progress = {}) const = 0;
+  // As ImageModel::count, refusing what generate_batch would refuse of the settings.
   virtual PipelineCost count(const AudioRequest& request, int batch = 1) const = 0;
   virtual double max_seconds() const = 0;
   virtual const std::string& label() const = 0;
   virtual const std::string& sampler() const = 0;
 };
+
+// `n` copies of `request` to render as one batch, seeds seed, seed + 1, ... (without a seed, each
+// is drawn from the OS); n outside 1..max_batch is refused as generate_batch refuses it. Every
+// front end's -n or n is this.
+std::vector<ImageRequest> batch_of(const ImageRequest& request, int n);
+std::vector<AudioRequest> batch_of(const AudioRequest& request, int n);
 
 // Whether `model` (a directory, or a published name for counting) holds an audio model.
 bool is_audio_model(const std::string& model);

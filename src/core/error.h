@@ -11,6 +11,15 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A refusal of one field of a request, so a front end can point at it: `field` as the engine's
+// request structs name it ("width", "steps", "seconds"; "batch" for a batch's size), or as a
+// server route's body does.
+class FieldError : public Error {
+ public:
+  FieldError(const std::string& what, std::string field) : Error(what), field(std::move(field)) {}
+  std::string field;
+};
+
 namespace detail {
 template <typename... Parts>
 std::string concat(const Parts&... parts) {
@@ -30,4 +39,9 @@ template <typename... Parts>
 #define APUS_CHECK(cond, ...)                 \
   do {                                        \
     if (!(cond)) ::apus::fail(__VA_ARGS__);   \
+  } while (0)
+
+#define APUS_CHECK_FIELD(cond, field, ...)                                              \
+  do {                                                                                  \
+    if (!(cond)) throw ::apus::FieldError(::apus::detail::concat(__VA_ARGS__), field); \
   } while (0)

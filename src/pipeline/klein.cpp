@@ -32,7 +32,6 @@ namespace {
 
 using flux2::kMaxSequence;
 using flux2::kTextTaps;
-constexpr int kMaxSide = 4096;
 
 // The stages of one request, as the cost model and -v name them.
 constexpr const char* kTextStage = "text_encoder";
@@ -121,14 +120,13 @@ class KleinModel final : public ImageModel {
   const std::string& label() const override { return label_; }
   const std::string& sampler() const override { return sampler_; }
   // The KV pipeline's own default is 4 steps and it has no guidance.
-  int default_steps() const override {
-    return distilled_ || reference_cache_ ? flux2::kDistilledSteps : flux2::kBaseSteps;
-  }
-  float default_cfg() const override { return distilled_ || reference_cache_ ? 1.0f : flux2::kBaseGuidance; }
+  int default_steps() const override { return takes_guidance() ? flux2::kBaseSteps : flux2::kDistilledSteps; }
+  float default_cfg() const override { return takes_guidance() ? flux2::kBaseGuidance : 1.0f; }
+  bool takes_guidance() const override { return !distilled_ && !reference_cache_; }
 
  private:
   // The request with the model's defaults in place of its absent settings (width, height, steps
-  // and cfg all present afterwards), its guidance checked against the model.
+  // and cfg all present afterwards), each checked against ImageLimits and the model.
   ImageRequest resolved(const ImageRequest& r) const;
   void resolve_inpainting(ImageRequest& r) const;
   void encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const;
@@ -196,7 +194,7 @@ void KleinModel::resolve_inpainting(ImageRequest& r) const {
   Inpainting& in = *r.inpaint;
   check_pixels(in.image, "the image to inpaint");
   check_pixels(in.mask, "the inpainting mask");
-  APUS_CHECK(in.strength >= 0 && in.strength <= 1, "strength ", in.strength, " outside [0, 1]");
+  APUS_CHECK_FIELD(in.strength >= 0 && in.strength <= 1, "strength", "strength ", in.strength, " outside [0, 1]");
   APUS_CHECK(r.references.size() <= 1, "inpainting takes one reference image (the pipeline's image_reference), not ",
              r.references.size());
   Rgb8Image image = within_target_area(std::move(in.image));
@@ -236,23 +234,31 @@ ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   if (!r.width) r.width = first ? int(first->width) : 1024;
   if (!r.height) r.height = first ? int(first->height) : 1024;
   if (!r.steps) r.steps = default_steps();
-  if (!r.cfg) r.cfg = r.inpaint && !distilled_ ? flux2::kInpaintGuidance : default_cfg();
-  APUS_CHECK(std::isfinite(*r.cfg) && *r.cfg > 0 && *r.cfg <= 100, "cfg ", *r.cfg, " outside (0, 100]");
+  if (!r.cfg) r.cfg = r.inpaint && takes_guidance() ? flux2::kInpaintGuidance : default_cfg();
+  APUS_CHECK_FIELD(std::isfinite(*r.cfg) && *r.cfg > 0 && *r.cfg <= 100, "cfg", "cfg ", *r.cfg, " outside (0, 100]");
   // The official pipelines warn and ignore guidance on a distilled model (the KV pipeline has
   // none at all); a request for it is refused instead of rendered differently than asked.
-  APUS_CHECK(!(distilled_ || reference_cache_) || (*r.cfg <= 1 && !r.negative_prompt), label_,
-             reference_cache_ ? " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: "
-                              : " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ",
-             r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", *r.cfg), " is for the -base models");
+  const char* why_not = reference_cache_
+                            ? " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: "
+                            : " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ";
+  APUS_CHECK_FIELD(takes_guidance() || (*r.cfg <= 1 && !r.negative_prompt),
+                   r.negative_prompt ? "negative_prompt" : "cfg", label_, why_not,
+                   r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", *r.cfg),
+                   " is for the -base models");
+  using L = ImageLimits;
+  for (const auto& [name, side] : {std::pair{"width", *r.width}, std::pair{"height", *r.height}})
+    APUS_CHECK_FIELD(side >= L::min_side && side <= L::max_side, name, name, " ", side, " outside ", L::min_side, "..",
+                     L::max_side);
+  APUS_CHECK_FIELD(*r.width % 16 == 0 && *r.height % 16 == 0, *r.width % 16 ? "width" : "height", "width ", *r.width,
+                   " and height ", *r.height, " must be multiples of 16");
+  APUS_CHECK_FIELD(*r.steps >= 1 && *r.steps <= L::max_steps, "steps", "steps ", *r.steps, " outside 1..",
+                   L::max_steps);
   return r;
 }
 
 Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
-  const int width = *r.width, height = *r.height, steps = *r.steps;  // resolved: all present
-  APUS_CHECK(width % 16 == 0 && height % 16 == 0 && width > 0 && height > 0, "width ", width, " and height ",
-             height, " must be positive multiples of 16");
-  APUS_CHECK(steps >= 1 && steps <= 1000, "steps ", steps, " outside 1..1000");
-  APUS_CHECK(batch >= 1 && batch <= 64, "batch ", batch, " outside 1..64");
+  const int width = *r.width, height = *r.height, steps = *r.steps;  // resolved: all present and checked
+  check_batch(batch, ImageLimits::max_batch);
   Work w;
   w.batch = batch;
   w.guided = *r.cfg > 1;
@@ -264,8 +270,8 @@ Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   if (r.inpaint) {
     w.inpainting = true;
     w.first_step = flux2::inpaint_first_step(steps, r.inpaint->strength);
-    APUS_CHECK(w.first_step < steps, "strength ", r.inpaint->strength, " of ", steps,
-               " steps runs no step (the pipeline refuses it too): raise the strength or the steps");
+    APUS_CHECK_FIELD(w.first_step < steps, "strength", "strength ", r.inpaint->strength, " of ", steps,
+                     " steps runs no step (the pipeline refuses it too): raise the strength or the steps");
     w.sources.push_back(&r.inpaint->image);
     w.crops.push_back({0, 0, width, height});
     const int64_t l = w.h * w.w;
@@ -484,9 +490,6 @@ std::vector<ImageResult> KleinModel::generate_batch(const std::vector<ImageReque
                *o.height, ", ", *o.steps, " steps, cfg ", *o.cfg, " differs from ", *r.width, "x", *r.height, ", ",
                *r.steps, " steps, cfg ", *r.cfg);
   const int width = *r.width, height = *r.height, steps = *r.steps;
-  APUS_CHECK(width >= 16 && width <= kMaxSide, "width ", width, " outside 16..", kMaxSide);
-  APUS_CHECK(height >= 16 && height <= kMaxSide, "height ", height, " outside 16..", kMaxSide);
-  APUS_CHECK(steps >= 1 && steps <= 200, "steps ", steps, " outside 1..200");
   const int64_t batch = int64_t(requests.size());
   check_memory(count(r, int(batch)), weights_ == Weights::resident,
                std::to_string(width) + "x" + std::to_string(height) +

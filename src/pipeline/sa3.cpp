@@ -287,11 +287,12 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   const double limit = max_seconds();
   const int64_t rate = same_cfg_.sample_rate, spl = same_cfg_.samples_per_latent();
   // The output holds int(seconds x rate) frames, as the official code cuts it: at least one.
-  APUS_CHECK(std::isfinite(r.seconds) && int64_t(r.seconds * double(rate)) >= 1 && r.seconds <= limit, "seconds ",
-             r.seconds, " outside [", 1.0 / double(rate), ", ", limit, "] (one output frame at ", rate,
-             " Hz .. this model's sample_size)");
-  APUS_CHECK(r.steps >= 1 && r.steps <= 200, "steps ", r.steps, " outside 1..200");
-  APUS_CHECK(batch >= 1 && batch <= 64, "batch ", batch, " outside 1..64");
+  APUS_CHECK_FIELD(std::isfinite(r.seconds) && int64_t(r.seconds * double(rate)) >= 1 && r.seconds <= limit, "seconds",
+                   "seconds ", r.seconds, " outside [", 1.0 / double(rate), ", ", limit, "] (one output frame at ", rate,
+                   " Hz .. this model's sample_size)");
+  APUS_CHECK_FIELD(r.steps >= 1 && r.steps <= AudioLimits::max_steps, "steps", "steps ", r.steps, " outside 1..",
+                   AudioLimits::max_steps);
+  check_batch(batch, AudioLimits::max_batch);
   const int64_t align = std::max<int64_t>(1, layout_.encoder_chunk / same_cfg_.stride);
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   Work w;
@@ -308,17 +309,18 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
                             w.canvas.frames);
   w.init = r.init_audio.has_value();
   w.inpaint = r.inpaint_audio.has_value();
-  APUS_CHECK(w.init || !r.init_noise_level, "init_noise_level ", r.init_noise_level.value_or(0),
-             " is for audio-to-audio: it needs an init audio clip");
+  APUS_CHECK_FIELD(w.init || !r.init_noise_level, "init_noise_level", "init_noise_level ", r.init_noise_level.value_or(0),
+                   " is for audio-to-audio: it needs an init audio clip");
   w.init_level = w.init ? r.init_noise_level.value_or(kDefaultInitNoiseLevel) : 1.0;
-  APUS_CHECK(std::isfinite(w.init_level) && w.init_level > 0 && w.init_level <= 1, "init_noise_level ", w.init_level,
-             " outside (0, 1]");
-  APUS_CHECK(w.inpaint || r.inpaint_regions.empty(), "inpaint regions need an inpaint clip");
-  APUS_CHECK(!w.inpaint || !r.inpaint_regions.empty(), "an inpaint clip needs at least one region to generate ",
-             "(inpaint start and end)");
+  APUS_CHECK_FIELD(std::isfinite(w.init_level) && w.init_level > 0 && w.init_level <= 1, "init_noise_level",
+                   "init_noise_level ", w.init_level, " outside (0, 1]");
+  APUS_CHECK_FIELD(w.inpaint || r.inpaint_regions.empty(), "inpaint_regions", "inpaint regions need an inpaint clip");
+  APUS_CHECK_FIELD(!w.inpaint || !r.inpaint_regions.empty(), "inpaint_regions",
+                   "an inpaint clip needs at least one region to generate (inpaint start and end)");
   for (const auto& [start, end] : r.inpaint_regions)
-    APUS_CHECK(std::isfinite(start) && std::isfinite(end) && start >= 0 && end > start && end <= r.seconds,
-               "inpaint region ", start, " .. ", end, " s is not a span inside the ", r.seconds, " s clip");
+    APUS_CHECK_FIELD(std::isfinite(start) && std::isfinite(end) && start >= 0 && end > start && end <= r.seconds,
+                     "inpaint_regions", "inpaint region ", start, " .. ", end, " s is not a span inside the ", r.seconds,
+                     " s clip");
   APUS_CHECK(!(w.init || w.inpaint) || layout_.encoder_mask_noise == 0, layout_.root,
              "/model_config.json: the encoder's 'mask_noise' ", layout_.encoder_mask_noise,
              " is not supported (audio-to-audio and inpainting encode without noise)");
@@ -336,12 +338,12 @@ Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   }
   w.sigmas = logsnr_sigmas(r.steps, float(w.init_level));
   w.tokens = layout_.max_tokens;
-  APUS_CHECK(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg ", r.cfg, " outside (0, 100]");
-  APUS_CHECK(std::isfinite(r.apg) && r.apg >= 0 && r.apg <= 1, "apg ", r.apg, " outside [0, 1]");
+  APUS_CHECK_FIELD(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg", "cfg ", r.cfg, " outside (0, 100]");
+  APUS_CHECK_FIELD(std::isfinite(r.apg) && r.apg >= 0 && r.apg <= 1, "apg", "apg ", r.apg, " outside [0, 1]");
   // The official DiT guides whenever cfg is not 1, whatever the sampler.
   w.guided = r.cfg != 1;
   w.negative = w.guided && r.negative_prompt.has_value();
-  APUS_CHECK(w.guided || !r.negative_prompt, "a negative prompt needs guidance (cfg other than 1)");
+  APUS_CHECK_FIELD(w.guided || !r.negative_prompt, "negative_prompt", "a negative prompt needs guidance (cfg other than 1)");
   w.cfg = r.cfg;
   w.apg = r.apg;
   return w;

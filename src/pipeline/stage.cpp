@@ -14,7 +14,23 @@ namespace {
 // Address space each pool thread takes beyond the counted stage: its malloc arena (glibc reserves
 // 64 MiB per thread), its stack and oneDNN's per-thread scratch and kernels.
 constexpr double kThreadAddressAllowance = 128.0 * (1 << 20);
+
+template <typename Request>
+std::vector<Request> copies(const Request& request, int n, int max) {
+  check_batch(n, max);
+  std::vector<Request> batch(size_t(n), request);
+  for (int i = 1; i < n; ++i)
+    batch[size_t(i)].seed = request.seed ? std::optional<uint64_t>(*request.seed + uint64_t(i)) : std::nullopt;
+  return batch;
+}
 }  // namespace
+
+std::vector<ImageRequest> batch_of(const ImageRequest& request, int n) {
+  return copies(request, n, ImageLimits::max_batch);
+}
+std::vector<AudioRequest> batch_of(const AudioRequest& request, int n) {
+  return copies(request, n, AudioLimits::max_batch);
+}
 
 void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what, const Backend* device) {
   double all_weights = 0;

@@ -96,6 +96,12 @@ void timed_step(Context& c, StageClock& clock, Say&& say, int i, int n, float si
   clock.stop("transformer step " + std::to_string(i + 1), stage);
 }
 
+// A batch of 1..max requests; refused naming "batch", which a front end calls its own (the CLI's
+// -n, the server's n).
+inline void check_batch(int64_t batch, int max) {
+  APUS_CHECK_FIELD(batch >= 1 && batch <= max, "batch", "batch ", batch, " outside 1..", max);
+}
+
 // Refuses a request whose largest stage would not fit in the memory this process may use: the
 // weights the stage needs mapped (all of them when the model is resident) plus twice its counted
 // activations (for the backend's own scratch), against RAM, a cgroup limit and the address space

@@ -20,12 +20,6 @@ namespace apus::server {
 
 enum class JobState { queued, running, done, failed, cancelled };
 
-// A job's refusal of one of its request's fields (a file that does not decode): the answer names it.
-class FieldError : public Error {
- public:
-  FieldError(const std::string& message, std::string field) : Error(message), field(std::move(field)) {}
-  std::string field;
-};
 const char* state_name(JobState s);
 
 // One output file of a job: an image (PNG) or a clip (WAV / FLAC).

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <unistd.h>
@@ -34,8 +36,9 @@ namespace {
 
 using Json = nlohmann::json;
 
+// The service's own bounds, on what a request sends rather than what it asks the engine to do
+// (whose bounds are the engine's, ImageLimits and AudioLimits, refused with its messages).
 constexpr size_t kMaxPrompt = 4000;  // characters
-constexpr int kMaxImages = 4, kMaxSide = 2048, kMaxSteps = 100;
 constexpr size_t kMaxReferences = 4;  // reference images per edit
 constexpr size_t kKeptJobs = 256;  // finished jobs kept for GET /v1/jobs/{id}, oldest dropped first
 
@@ -131,6 +134,12 @@ struct Fields {
     if (!j[k].is_boolean()) refuse(400, std::string("'") + k + "' must be true or false", k);
     return j[k].get<bool>();
   }
+  // An integer the engine bounds (absent: the model's default); only what an int cannot hold is
+  // refused here.
+  std::optional<int> setting(const char* k) const {
+    if (!has(k)) return std::nullopt;
+    return int(integer(k, 0, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+  }
   std::optional<uint64_t> seed() const {
     if (!has("seed")) return std::nullopt;
     return uint64_t(integer("seed", 0, 0, (int64_t(1) << 53)));
@@ -147,6 +156,25 @@ struct Fields {
       if (!known.count(it.key())) refuse(400, "unrecognized request argument: '" + it.key() + "'", it.key());
   }
 };
+
+// A route's names for the engine's request fields where its body calls them otherwise (the
+// engine's "batch" is OpenAI's n).
+using FieldNames = std::map<std::string, std::string>;
+const FieldNames kOpenAiImageFields = {{"width", "size"}, {"height", "size"}, {"batch", "n"}};
+const FieldNames kA1111Fields = {{"batch", "batch_size"}, {"cfg", "cfg_scale"}};
+const FieldNames kAudioFields = {};  // the audio route calls every field as the engine does
+
+// Runs engine code, its refusal of a field renamed to the route's name for that field.
+template <typename F>
+auto as_route(const FieldNames& names, F&& f) {
+  try {
+    return f();
+  } catch (const FieldError& e) {
+    const auto it = names.find(e.field);
+    if (it == names.end()) throw;
+    throw FieldError(e.what(), it->second);
+  }
+}
 
 Json parse_body(const http::Request& req) {
   try {
@@ -298,10 +326,13 @@ struct Server::Impl {
   std::shared_ptr<Job> a1111_current;  // the AUTOMATIC1111 routes' latest job (progress, interrupt)
 
   // Before a job is queued: the engine's own checks of the request, and whether its counted
-  // activations fit in the memory left beside the resident weights; a refusal is a 400.
-  static void admit(const std::function<void()>& check) {
+  // activations fit in the memory left beside the resident weights; a refusal is a 400 with the
+  // engine's message, naming the route's field where the engine names one.
+  static void admit(const FieldNames& names, const std::function<void()>& check) {
     try {
-      check();
+      as_route(names, check);
+    } catch (const FieldError& e) {
+      refuse(400, e.what(), e.field);
     } catch (const Error& e) {
       refuse(400, e.what());
     }
@@ -361,6 +392,7 @@ struct Server::Impl {
     std::vector<std::string> images;  // to edit from; with a mask, the first is the one repainted
     std::optional<std::string> mask;
     bool alpha_mask = false;  // OpenAI's edits mask (alpha 0 repaints), else white repaints
+    double strength = Inpainting{}.strength;  // with the mask
   };
 
   // Files refused from their headers alone, before anything is decoded: what does not open, and
@@ -387,7 +419,7 @@ struct Server::Impl {
   // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
   // b64_json; apus's seed, steps, cfg and negative_prompt; images to edit from (JSON: base64 in
   // "images"), or with a mask and strength to inpaint.
-  std::shared_ptr<Job> image_job(const Json& body, ImageFiles files, bool trace = false) {
+  std::shared_ptr<Job> openai_image_job(const Json& body, ImageFiles files, bool trace = false) {
     const Fields f{body};
     f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
             "mask", "strength",
@@ -395,7 +427,7 @@ struct Server::Impl {
     const Loaded& m = find(f, "image");
     ImageRequest r;
     r.prompt = f.prompt();
-    const int n = int(f.integer("n", 1, 1, kMaxImages));
+    const int n = f.setting("n").value_or(1);
     if (f.has("images")) {
       const Json& images = body["images"];
       if (!images.is_array() || images.empty() || images.size() > kMaxReferences)
@@ -408,43 +440,36 @@ struct Server::Impl {
       refuse(400, "at most " + std::to_string(kMaxReferences) + " images, not " + std::to_string(files.images.size()), "images");
     // Inpainting: the mask (white repaints, as diffusers' mask_image) applies to the first image,
     // as OpenAI's edits apply theirs; a second image is the reference for the repainted area.
-    double strength = 0.8;
     if (files.mask) {
       if (files.images.empty()) refuse(400, "'mask' repaints the first of 'images', and there are none", "mask");
       if (files.images.size() > 2)
         refuse(400, "with 'mask', 'images' holds the image to repaint and at most one reference", "images");
-      strength = f.number("strength", strength);
+      files.strength = f.number("strength", files.strength);
     } else if (f.has("strength")) {
       refuse(400, "'strength' is for inpainting, with 'mask'", "strength");
     }
-    // Refused before any file is decoded: a full queue, and files whose pixels would be too many.
-    if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
-    check_image_headers(files);
     const bool sized_by_image = !files.images.empty();
     const std::string size = f.string("size", sized_by_image ? "auto" : "1024x1024");
     if (size != "auto") {
+      // Two whole numbers; what they may be is the engine's to say.
+      const size_t x = size.find('x');
+      auto whole = [](std::string_view text, int& v) {
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        return !text.empty() && ec == std::errc() && end == text.data() + text.size();
+      };
       int w = 0, h = 0;
-      char tail = 0;
-      if (std::sscanf(size.c_str(), "%dx%d%c", &w, &h, &tail) != 2 || w < 16 || h < 16 || w > kMaxSide ||
-          h > kMaxSide || w % 16 || h % 16)
-        refuse(400, "'size' is \"" + size + "\", expected WxH with multiples of 16 up to " + std::to_string(kMaxSide) +
-                        " (or auto: the first image's)", "size");
+      if (x == std::string::npos || !whole(std::string_view(size).substr(0, x), w) ||
+          !whole(std::string_view(size).substr(x + 1), h))
+        refuse(400, "'size' is \"" + size + "\", expected WxH (or auto: the first image's)", "size");
       r.width = w;
       r.height = h;
     } else if (!sized_by_image) {
       refuse(400, "'size' auto takes the first of 'images', and there are none", "size");
     }
-    if (f.has("steps")) r.steps = int(f.integer("steps", 0, 1, kMaxSteps));
+    r.steps = f.setting("steps");
     r.seed = f.seed();
     if (f.has("cfg")) r.cfg = float(f.number("cfg", 0.0));
     if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
-    // Guidance is the -base models' (the engine refuses it for the distilled ones too).
-    const bool distilled = m.image->default_cfg() <= 1;
-    if (distilled && r.cfg && *r.cfg > 1) refuse(400, "'cfg' is for the -base models: " + m.id + " runs without guidance", "cfg");
-    if (distilled && r.negative_prompt)
-      refuse(400, "'negative_prompt' is for the -base models: " + m.id + " runs without guidance", "negative_prompt");
-    if (r.cfg && !(*r.cfg > 0 && *r.cfg <= 100))
-      refuse(400, "'cfg' is " + Json(*r.cfg).dump() + ", expected (0, 100] (absent: the model's default)", "cfg");
     r.trace = trace;
     const std::string format = f.string("response_format", "b64_json");
     if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
@@ -453,26 +478,40 @@ struct Server::Impl {
     // moderation, a PNG's compression), refused where it would change the image.
     if (f.string("background", "auto") != "auto" && f.string("background", "auto") != "opaque")
       refuse(400, "'background' transparent is not supported (the models render opaque images)", "background");
-    // With image files the engine's own admission runs as the job starts, once they are decoded.
-    if (files.images.empty()) admit([&] { check_memory(m.image->count(r, n), true, "this request"); });
+    return image_job(m, std::move(r), n, std::move(files), kOpenAiImageFields);
+  }
+
+  // A job rendering n images of `r` on m, refused before any file is decoded where the queue is
+  // full or the files' headers claim too many pixels, then where the engine refuses its settings
+  // (naming the field as `names` calls it); the files are decoded on the worker as it starts.
+  std::shared_ptr<Job> image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files, const FieldNames& names) {
+    if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
+    check_image_headers(files);
+    // With image files, whose sizes decide what the request needs, the memory admission runs as
+    // the job starts, once they are decoded.
+    admit(names, [&] {
+      const PipelineCost cost = m.image->count(r, n);
+      if (files.images.empty()) check_memory(cost, true, "this request");
+    });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "image";
-    job->traced = trace;
+    job->traced = r.trace;
     const ImageModel* model = m.image.get();
-    job->work = [model, r, n, files = std::move(files), strength](Job& j) mutable {
+    job->work = [model, r, n, files = std::move(files), names = &names](Job& j) mutable {
       for (size_t i = 0; i < files.images.size(); ++i)
         r.references.push_back(decoded(files.images[i], "images[" + std::to_string(i) + "]", "images", decode_image));
       files.images.clear();
       if (files.mask) {
         Rgb8Image mask = decoded(*files.mask, "mask", "mask", files.alpha_mask ? openai_mask : decode_image);
-        r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), strength};
+        r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), files.strength};
         r.references.erase(r.references.begin());
       }
-      std::vector<ImageRequest> batch(size_t(n), r);
-      for (int i = 1; i < n; ++i) batch[size_t(i)].seed = r.seed ? std::optional<uint64_t>(*r.seed + uint64_t(i)) : std::nullopt;
+      const std::vector<ImageRequest> batch = batch_of(r, n);
       std::vector<JobOutput> out;
-      const std::vector<ImageResult> results = model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
+      const std::vector<ImageResult> results = as_route(*names, [&] {
+        return model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
+      });
       for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
       j.keep_trace(results.front().trace);
       for (size_t i = 0; i < results.size(); ++i) {
@@ -485,21 +524,20 @@ struct Server::Impl {
     return job;
   }
 
-  // An audio job: prompt, seconds, seed, steps, format (wav, wav-float, flac).
+  // An audio job: prompt, seconds, seed, steps, cfg, apg, negative_prompt, format (wav, wav-float,
+  // flac), the input clips.
   std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name, bool trace = false) {
     const Fields f{body};
-    f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg", "init_audio",
+    f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg", "apg", "init_audio",
             "init_noise_level", "inpaint_audio", "inpaint_regions"});
     const Loaded& m = find(f, "audio");
     AudioRequest r;
     r.prompt = f.prompt();
-    r.seconds = f.number("seconds", 10.0);
-    if (!(r.seconds > 0 && r.seconds <= m.audio->max_seconds()))
-      refuse(400, "'seconds' is " + std::to_string(r.seconds) + ", expected (0, " +
-                      std::to_string(m.audio->max_seconds()) + "] for this model", "seconds");
-    r.steps = int(f.integer("steps", r.steps, 1, kMaxSteps));
+    r.seconds = f.number("seconds", r.seconds);
+    r.steps = f.setting("steps").value_or(r.steps);
     r.seed = f.seed();
-    r.cfg = float(f.number("cfg", 1.0));
+    r.cfg = float(f.number("cfg", r.cfg));
+    r.apg = float(f.number("apg", r.apg));
     r.trace = trace;
     if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
     // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads),
@@ -527,8 +565,12 @@ struct Server::Impl {
     if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
     for (const auto& [file, name] : {std::pair{&init_file, "init_audio"}, std::pair{&inpaint_file, "inpaint_audio"}})
       if (*file) check_audio_header(**file, name, m.audio->max_seconds());
-    // With clips the engine's own admission runs as the job starts, once they are decoded.
-    if (!init_file && !inpaint_file) admit([&] { check_memory(m.audio->count(r), true, "this request"); });
+    // The clips' samples change nothing the engine checks or counts: empty ones stand in for the
+    // files, decoded as the job starts.
+    AudioRequest counted = r;
+    if (init_file) counted.init_audio = AudioClip{};
+    if (inpaint_file) counted.inpaint_audio = AudioClip{};
+    admit(kAudioFields, [&] { check_memory(m.audio->count(counted), true, "this request"); });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "audio";
@@ -546,13 +588,9 @@ struct Server::Impl {
       const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
       for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
       j.keep_trace(res.trace);
-      char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%g", r.seconds);
-      const std::string params = "Seconds: " + std::string(seconds) + ", Steps: " + std::to_string(r.steps) +
-                                 ", Sampler: " + model->sampler() + ", Seed: " + std::to_string(res.seed) +
-                                 ", Model: " + model->label();
       const Audio a{res.sample_rate, res.channels, res.samples};
-      return std::vector<JobOutput>{{encode_audio(a, format, {r.prompt, params, "apus"}, "clip"),
+      const std::string comment = audio_comment(r, res, *model, {"init_audio", "inpaint_audio"});
+      return std::vector<JobOutput>{{encode_audio(a, format, {r.prompt, comment, "apus"}, "clip"),
                                      audio_mime_type(format), res.seed}};
     };
     return job;
@@ -658,21 +696,24 @@ struct Server::Impl {
     http->route("POST", "/sdapi/v1/txt2img", [this](const http::Request& req, http::Response& res) {
       const Json in = parse_body(req);
       const Fields f{in};
-      const std::string negative = f.string("negative_prompt", "");
-      if (f.integer("n_iter", 1, 1, 1) != 1) refuse(400, "'n_iter' must be 1", "n_iter");
+      const Loaded& m = find(Fields{Json::object()}, "image");
+      const ImageModel& model = *m.image;
+      ImageRequest r;
+      r.prompt = f.prompt();
+      // A1111's own defaults, for the sides its clients always send.
+      r.width = f.setting("width").value_or(512);
+      r.height = f.setting("height").value_or(512);
+      r.steps = f.setting("steps");
       const int64_t seed = f.integer("seed", -1, -1, int64_t(1) << 53);
-      const ImageModel& model = *find(Fields{Json::object()}, "image").image;
-      Json body = {{"prompt", f.prompt()},
-                   {"size", std::to_string(f.integer("width", 512, 16, kMaxSide)) + "x" +
-                                std::to_string(f.integer("height", 512, 16, kMaxSide))},
-                   {"n", f.integer("batch_size", 1, 1, kMaxImages)},
-                   {"steps", f.integer("steps", model.default_steps(), 1, kMaxSteps)}};
-      if (seed >= 0) body["seed"] = seed;
+      if (seed >= 0) r.seed = uint64_t(seed);
       // A1111 clients always send a guidance scale (7 by default): the -base models take it, the
       // distilled ones have none to take; a negative prompt the engine refuses for them.
-      if (model.default_cfg() > 1) body["cfg"] = f.number("cfg_scale", model.default_cfg());
-      if (!negative.empty()) body["negative_prompt"] = negative;
-      const auto j = image_job(body, {});
+      if (model.takes_guidance() && f.has("cfg_scale")) r.cfg = float(f.number("cfg_scale", 0.0));
+      const std::string negative = f.string("negative_prompt", "");
+      if (!negative.empty()) r.negative_prompt = negative;
+      if (f.integer("n_iter", 1, 1, 1) != 1) refuse(400, "'n_iter' must be 1", "n_iter");
+      const int n = f.setting("batch_size").value_or(1);
+      const auto j = image_job(m, r, n, {}, kA1111Fields);
       submit(j);
       {
         std::lock_guard<std::mutex> lock(jobs_mutex);
@@ -685,10 +726,10 @@ struct Server::Impl {
         images.push_back(base64(o.bytes));
         seeds.push_back(o.seed);
       }
-      const Json info = {{"prompt", body["prompt"]}, {"all_prompts", Json::array({body["prompt"]})},
-                         {"negative_prompt", negative}, {"cfg_scale", body.value("cfg", 1.0)}, {"seed", seeds[0]}, {"all_seeds", seeds},
-                         {"width", f.integer("width", 512, 16, kMaxSide)}, {"height", f.integer("height", 512, 16, kMaxSide)},
-                         {"steps", body["steps"]}, {"batch_size", body["n"]}, {"sd_model_name", j->model}};
+      const Json info = {{"prompt", r.prompt}, {"all_prompts", Json::array({r.prompt})}, {"negative_prompt", negative},
+                         {"cfg_scale", r.cfg.value_or(model.default_cfg())}, {"seed", seeds[0]}, {"all_seeds", seeds},
+                         {"width", *r.width}, {"height", *r.height}, {"steps", r.steps.value_or(model.default_steps())},
+                         {"batch_size", n}, {"sd_model_name", j->model}};
       res.set_content(dump(Json{{"images", images}, {"parameters", in}, {"info", dump(info)}}), "application/json");
     });
     http->route("GET", "/sdapi/v1/progress", [this](const http::Request&, http::Response& res) {
@@ -854,10 +895,10 @@ struct Server::Impl {
         }
       }
       if (files.images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
-      respond_images(req, res, image_job(body, std::move(files)));
+      respond_images(req, res, openai_image_job(body, std::move(files)));
     });
     http->route("POST", "/v1/images/generations", [this](const http::Request& req, http::Response& res) {
-      respond_images(req, res, image_job(parse_body(req), {}));
+      respond_images(req, res, openai_image_job(parse_body(req), {}));
     });
     http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
       std::string format;
@@ -878,7 +919,7 @@ struct Server::Impl {
       body.erase("kind");
       body.erase("trace");
       std::string format;
-      const auto j = kind == "image" ? image_job(body, {}, trace) : audio_job(body, format, trace);
+      const auto j = kind == "image" ? openai_image_job(body, {}, trace) : audio_job(body, format, trace);
       submit(j);
       res.status = 202;
       res.set_content(dump(job_json(*j)), "application/json");

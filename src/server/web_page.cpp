@@ -27,7 +27,7 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <label class="image">height<input id="height" type="number" value="1024" step="16" min="16"></label>
 <label class="audio hidden">seconds<input id="seconds" type="number" value="10" step="any" min="0.1"></label>
 <label>seed (empty: random)<input id="seed" type="number" min="0"></label>
-<label>steps (empty: the model's)<input id="steps" type="number" min="1" max="100"></label>
+<label>steps (empty: the model's)<input id="steps" type="number" min="1"></label>
 <textarea id="prompt" placeholder="prompt"></textarea>
 <button id="go" type="submit">Generate</button>
 </form>
