@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -87,6 +88,18 @@ std::string png_claiming(uint32_t width, uint32_t height) {
   crc ^= 0xffffffffu;
   for (int i = 0; i < 4; ++i) png[size_t(29 + i)] = char(crc >> (24 - 8 * i));
   return png;
+}
+
+// Whether /metrics on `port` shows every one of `lines` within ten seconds.
+bool metrics_show(int port, const std::vector<std::string>& lines) {
+  httplib::Client c("127.0.0.1", port);
+  for (int i = 0; i < 2000; ++i) {
+    const auto m = c.Get("/metrics");
+    if (m && std::all_of(lines.begin(), lines.end(), [&](const std::string& l) { return m->body.find(l) != std::string::npos; }))
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
 }
 
 class Serve : public ::testing::Test {
@@ -847,15 +860,8 @@ TEST(ServeLoad, MixedRequestsFrom32ClientsLeaveMemoryFlat) {
   // Jobs deleted at once may still be finishing their step when the clients are done: the heap is
   // measured with the worker idle (a running job holds its activations, ~64 MiB here).
   auto idle = [&] {
-    httplib::Client c("127.0.0.1", port);
-    for (int i = 0; i < 2000; ++i) {
-      const auto m = c.Get("/metrics");
-      if (m && m->body.find("apus_jobs_running{model=\"klein_tiny_a\"} 0") != std::string::npos &&
-          m->body.find("apus_queue_depth{model=\"klein_tiny_a\"} 0") != std::string::npos)
-        return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ADD_FAILURE() << "the worker never went idle";
+    EXPECT_TRUE(metrics_show(port, {"apus_jobs_running{model=\"klein_tiny_a\"} 0", "apus_queue_depth{model=\"klein_tiny_a\"} 0"}))
+        << "the worker never went idle";
   };
   round(32, 61);
   idle();
@@ -925,17 +931,7 @@ TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
   server::Server srv(o);
   const int port = srv.start();
   httplib::Client c("127.0.0.1", port);
-  auto metric = [&](const std::string& line) {
-    const auto m = c.Get("/metrics");
-    return m && m->body.find(line) != std::string::npos;
-  };
-  auto eventually = [&](const std::string& line) {
-    for (int i = 0; i < 2000; ++i) {
-      if (metric(line)) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  };
+  auto eventually = [&](const std::string& line) { return metrics_show(port, {line}); };
   // Long enough (100 steps of ~0.15 s, ~0.5 s under a loaded 2-core CI) that it cannot finish
   // between being seen running and the cancellation's next step: the test holds under load.
   const Json big = {{"prompt", "a fox"}, {"size", "1024x1024"}, {"steps", 100}, {"seed", 1}};
@@ -977,16 +973,11 @@ TEST(ServeCancel, AServerDestroyedMidJobStopsIt) {
     o.port = 0;
     return o;
   }());
-  httplib::Client c("127.0.0.1", srv->start());
+  const int port = srv->start();
+  httplib::Client c("127.0.0.1", port);
   const Json job = {{"kind", "image"}, {"prompt", "a fox"}, {"size", "1024x1024"}, {"steps", 100}, {"seed", 1}};
   ASSERT_EQ(c.Post("/v1/jobs", job.dump(), "application/json")->status, 202);
-  bool running = false;
-  for (int i = 0; i < 2000 && !running; ++i) {
-    const auto m = c.Get("/metrics");
-    running = m && m->body.find("apus_jobs_running{model=\"klein_tiny_a\"} 1") != std::string::npos;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_TRUE(running);
+  ASSERT_TRUE(metrics_show(port, {"apus_jobs_running{model=\"klein_tiny_a\"} 1"}));
   const auto t0 = std::chrono::steady_clock::now();
   srv.reset();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1078,13 +1069,7 @@ TEST(ServeProcessTest, SigtermDrainsThenExits) {
     });
     // Wait until the job runs, then ask the server to stop.
     httplib::Client watch("127.0.0.1", p.port);
-    bool running = false;
-    for (int i = 0; i < 1000 && !running; ++i) {
-      const auto m = watch.Get("/metrics");
-      running = m && m->body.find("apus_jobs_running{model=\"klein_tiny_a\"} 1") != std::string::npos;
-      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ASSERT_TRUE(running);
+    ASSERT_TRUE(metrics_show(p.port, {"apus_jobs_running{model=\"klein_tiny_a\"} 1"}));
     kill(p.pid, SIGTERM);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const auto late = watch.Post("/v1/images/generations", body, "application/json");
