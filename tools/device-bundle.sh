@@ -23,7 +23,12 @@ part_mb=${APUS_DEVICE_PART_MB:-7}
 export PATH=/usr/local/cuda/bin:$PATH
 command -v nvcc > /dev/null || { echo "device-bundle: nvcc not found (the bundle needs the CUDA backend)" >&2; exit 1; }
 build=${APUS_DEVICE_BUILD_DIR:-build-device}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPUS_CUDA=ON > /dev/null
+# Through ccache where it is installed (tools/build.sh's flags, so a built tree's objects serve).
+launcher=()
+command -v ccache > /dev/null &&
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache) &&
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(cd .. && pwd)}"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPUS_CUDA=ON "${launcher[@]}" > /dev/null
 ninja -C "$build" apus apus_tests
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
