@@ -25,6 +25,7 @@
 #include "pipeline/infotext.h"
 #include "io/png.h"
 #include "io/synth.h"
+#include "pipeline/registry.h"
 #include "server/server.h"
 
 namespace {
@@ -476,7 +477,7 @@ Command bench_command(CLI::App& app) {
             if (*o->synthetic_opt)
               // On a device the values are made as the models fetch them, straight into device memory.
               b.model = apus::synthetic_model_dir(o->synthetic, say, b.device != "cpu");
-            if (apus::is_audio_model(b.model)) {
+            if (apus::model_kind(b.model) == apus::ModelKind::audio) {
               APUS_CHECK(!*o->width_opt && !*o->height_opt && o->images.empty(), b.model,
                          ": --width/--height/--image are for image models");
               b.audio.prompt = b.image.prompt;
@@ -541,19 +542,20 @@ Command roofline_command(CLI::App& app) {
             if (o->gbps > 0) r.chip.memory_bps = o->gbps * 1e9;
             if (o->link_gbps > 0) r.chip.link_bps = o->link_gbps * 1e9;
             // Audio models (Stable Audio 3) count a clip; image models a picture.
+            const apus::AnyModel model = apus::AnyModel::open(o->model, apus::Weights::none);
             apus::PipelineCost cost;
-            if (apus::is_audio_model(o->model)) {
+            if (model.audio()) {
               apus::AudioRequest a;
               if (*o->seconds_opt) a.seconds = o->seconds;
               if (*o->steps_opt) a.steps = o->steps;
-              cost = apus::AudioModel::open(o->model, apus::Weights::none)->count(a);
+              cost = model.audio()->count(a);
             } else {
               APUS_CHECK(!*o->seconds_opt, o->model, ": --seconds is for audio models");
               apus::ImageRequest req;
               req.width = if_given(o->width_opt, o->width);
               req.height = if_given(o->height_opt, o->height);
               req.steps = if_given(o->steps_opt, o->steps);
-              cost = apus::ImageModel::open(o->model, apus::Weights::none)->count(req);
+              cost = model.image()->count(req);
             }
             cost.model = o->model;
             if (o->json) std::printf("%s\n", apus::roofline_json(cost, r).dump(2).c_str());

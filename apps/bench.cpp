@@ -65,20 +65,17 @@ void print_top_ops(const Json& trace) {
 // The model a bench runs, either kind, and its one request (seeded, so every repetition does the
 // same work).
 struct Subject {
-  bool audio;
-  std::unique_ptr<ImageModel> image_model;
-  std::unique_ptr<AudioModel> audio_model;
+  AnyModel model;
   ImageRequest image;
   AudioRequest clip;
 
-  Subject(const BenchOptions& o, Weights weights) : audio(is_audio_model(o.model)), image(o.image), clip(o.audio) {
-    if (audio) audio_model = AudioModel::open(o.model, weights, o.device);
-    else image_model = ImageModel::open(o.model, weights, o.device);
+  Subject(const BenchOptions& o, Weights weights)
+      : model(AnyModel::open(o.model, weights, o.device)), image(o.image), clip(o.audio) {
     if (!image.seed) image.seed = 0;
     if (!clip.seed) clip.seed = 0;
   }
-  const std::string& label() const { return audio ? audio_model->label() : image_model->label(); }
-  PipelineCost count() const { return audio ? audio_model->count(clip) : image_model->count(image); }
+  const std::string& label() const { return model.label(); }
+  PipelineCost count() const { return model.audio() ? model.audio()->count(clip) : model.image()->count(image); }
 
   struct Run {
     std::vector<StageTime> stages;
@@ -92,13 +89,13 @@ struct Subject {
     if (flip_precision) image.fp32 = !image.fp32, clip.fp32 = !clip.fp32;
     const auto start = Clock::now();
     Run r;
-    if (audio) {
-      AudioResult a = audio_model->generate(clip);
+    if (model.audio()) {
+      AudioResult a = model.audio()->generate(clip);
       r.stages = std::move(a.stages);
       r.output = std::move(a.samples);
       r.trace = std::move(a.trace);
     } else {
-      ImageResult i = image_model->generate(image);
+      ImageResult i = model.image()->generate(image);
       r.stages = std::move(i.stages);
       r.output.assign(i.rgb.begin(), i.rgb.end());
       r.trace = std::move(i.trace);
@@ -176,7 +173,6 @@ int run_bench(const BenchOptions& o) {
   const auto t0 = Clock::now();
   Subject subject(o, Weights::resident);
   const double load_s = seconds_since(t0);
-  const bool audio = subject.audio;
   const PipelineCost cost = subject.count();
   bool cached = false;
   std::string machine;
@@ -196,7 +192,7 @@ int run_bench(const BenchOptions& o) {
 
   Json report;
   report["model"] = subject.label();
-  report["kind"] = audio ? "audio" : "image";
+  report["kind"] = kind_name(subject.model.kind());
   report["request"] = roof["request"];
   report["reps"] = o.reps;
   report["warmup"] = o.warmup;
@@ -337,7 +333,7 @@ int run_ab(const BenchOptions& o) {
 
   Json report;
   report["model"] = subject.label();
-  report["kind"] = subject.audio ? "audio" : "image";
+  report["kind"] = kind_name(subject.model.kind());
   report["reps"] = o.reps;
   report["warmup"] = o.warmup;
   report["ab"] = {{"knob", knob.name()}, {"about", knob.about()}, {"arms", {names[0], names[1]}},

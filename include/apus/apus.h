@@ -212,9 +212,6 @@ class AudioModel {
 std::vector<ImageRequest> batch_of(const ImageRequest& request, int n);
 std::vector<AudioRequest> batch_of(const AudioRequest& request, int n);
 
-// Whether `model` (a directory, or a published name for counting) holds an audio model.
-bool is_audio_model(const std::string& model);
-
 // Peak resident memory of this process so far, in bytes (VmHWM).
 uint64_t peak_rss_bytes();
 

@@ -111,13 +111,22 @@ std::string model_label(const std::string& dir) {
   return name.empty() ? dir : name;
 }
 
-bool is_audio_model(const std::string& model) {
+const char* kind_name(ModelKind kind) { return kind == ModelKind::audio ? "audio" : "image"; }
+
+ModelKind model_kind(const std::string& model) {
   const std::string root = resolve_model_dir(model, is_directory(model) ? Weights::per_stage : Weights::none);
-  if (single_checkpoint(root)) return true;
+  if (single_checkpoint(root)) return ModelKind::audio;
   const ModelDir dir = ModelDir::open(root, false);
   for (const Family<AudioModel>& f : kAudioFamilies)
-    if (dir.pipeline_class() == f.pipeline_class) return true;
-  return false;
+    if (dir.pipeline_class() == f.pipeline_class) return ModelKind::audio;
+  return ModelKind::image;
+}
+
+AnyModel AnyModel::open(const std::string& model, Weights weights, const std::string& device) {
+  AnyModel m;
+  if (model_kind(model) == ModelKind::audio) m.audio_ = AudioModel::open(model, weights, device);
+  else m.image_ = ImageModel::open(model, weights, device);
+  return m;
 }
 
 std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights weights, Backend* device) {

@@ -26,6 +26,27 @@ std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights w
 // data/ ("flux2-klein-4b").
 std::string resolve_model_dir(const std::string& model, Weights weights);
 
+// What a model makes; each front end asks the registry rather than deciding from the files itself.
+enum class ModelKind { image, audio };
+// "image" or "audio", as the server's routes and answers name a kind.
+const char* kind_name(ModelKind kind);
+// What `model` (a directory, or a published name for counting) makes, from its configs alone.
+ModelKind model_kind(const std::string& model);
+
+// A model of either kind, opened with the family its directory names.
+class AnyModel {
+ public:
+  static AnyModel open(const std::string& model, Weights weights, const std::string& device = "cpu");
+  ModelKind kind() const { return image_ ? ModelKind::image : ModelKind::audio; }
+  const ImageModel* image() const { return image_.get(); }  // null for an audio model
+  const AudioModel* audio() const { return audio_.get(); }  // null for an image model
+  const std::string& label() const { return image_ ? image_->label() : audio_->label(); }
+
+ private:
+  std::unique_ptr<ImageModel> image_;
+  std::unique_ptr<AudioModel> audio_;
+};
+
 // "org/name" for a Hugging Face cache snapshot (models--org--name/snapshots/<rev>), else the
 // folder's own name: what a PNG's metadata calls the model.
 std::string model_label(const std::string& dir);

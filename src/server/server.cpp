@@ -185,9 +185,8 @@ Json parse_body(const http::Request& req) {
 }
 
 struct Loaded {
-  std::string id, kind, dir;
-  std::unique_ptr<ImageModel> image;
-  std::unique_ptr<AudioModel> audio;
+  std::string id, dir;
+  AnyModel model;
   std::unique_ptr<ModelWorker> worker;
 };
 
@@ -338,14 +337,15 @@ struct Server::Impl {
     }
   }
 
-  const Loaded& find(const Fields& f, const std::string& kind) {
+  const Loaded& find(const Fields& f, ModelKind kind) {
     const std::string name = f.string("model", "");
     for (const Loaded& m : models)
-      if ((name.empty() && m.kind == kind) || (!name.empty() && m.id == name)) {
-        if (m.kind != kind) refuse(400, "model '" + name + "' makes " + m.kind + ", not " + kind, "model");
+      if ((name.empty() && m.model.kind() == kind) || (!name.empty() && m.id == name)) {
+        if (m.model.kind() != kind)
+          refuse(400, "model '" + name + "' makes " + kind_name(m.model.kind()) + ", not " + kind_name(kind), "model");
         return m;
       }
-    if (name.empty()) refuse(404, "no " + kind + " model is loaded", "model");
+    if (name.empty()) refuse(404, std::string("no ") + kind_name(kind) + " model is loaded", "model");
     refuse(404, "model '" + name + "' is not loaded (GET /v1/models lists them)", "model");
   }
 
@@ -424,7 +424,7 @@ struct Server::Impl {
     f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
             "mask", "strength",
             "user", "quality", "style", "output_format", "output_compression", "background", "moderation"});
-    const Loaded& m = find(f, "image");
+    const Loaded& m = find(f, ModelKind::image);
     ImageRequest r;
     r.prompt = f.prompt();
     const int n = f.setting("n").value_or(1);
@@ -490,14 +490,14 @@ struct Server::Impl {
     // With image files, whose sizes decide what the request needs, the memory admission runs as
     // the job starts, once they are decoded.
     admit(names, [&] {
-      const PipelineCost cost = m.image->count(r, n);
+      const PipelineCost cost = m.model.image()->count(r, n);
       if (files.images.empty()) check_memory(cost, true, "this request");
     });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "image";
     job->traced = r.trace;
-    const ImageModel* model = m.image.get();
+    const ImageModel* model = m.model.image();
     job->work = [model, r, n, files = std::move(files), names = &names](Job& j) mutable {
       for (size_t i = 0; i < files.images.size(); ++i)
         r.references.push_back(decoded(files.images[i], "images[" + std::to_string(i) + "]", "images", decode_image));
@@ -530,7 +530,7 @@ struct Server::Impl {
     const Fields f{body};
     f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg", "apg", "init_audio",
             "init_noise_level", "inpaint_audio", "inpaint_regions"});
-    const Loaded& m = find(f, "audio");
+    const Loaded& m = find(f, ModelKind::audio);
     AudioRequest r;
     r.prompt = f.prompt();
     r.seconds = f.number("seconds", r.seconds);
@@ -564,18 +564,18 @@ struct Server::Impl {
     }
     if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
     for (const auto& [file, name] : {std::pair{&init_file, "init_audio"}, std::pair{&inpaint_file, "inpaint_audio"}})
-      if (*file) check_audio_header(**file, name, m.audio->max_seconds());
+      if (*file) check_audio_header(**file, name, m.model.audio()->max_seconds());
     // The clips' samples change nothing the engine checks or counts: empty ones stand in for the
     // files, decoded as the job starts.
     AudioRequest counted = r;
     if (init_file) counted.init_audio = AudioClip{};
     if (inpaint_file) counted.inpaint_audio = AudioClip{};
-    admit(kAudioFields, [&] { check_memory(m.audio->count(counted), true, "this request"); });
+    admit(kAudioFields, [&] { check_memory(m.model.audio()->count(counted), true, "this request"); });
     auto job = std::make_shared<Job>();
     job->model = m.id;
     job->kind = "audio";
     job->traced = trace;
-    const AudioModel* model = m.audio.get();
+    const AudioModel* model = m.model.audio();
     job->work = [model, r, format, init_file, inpaint_file](Job& j) mutable {
       auto clip = [model](const std::string& bytes, const char* name) {
         Audio a = decoded(bytes, name, name, [&](const std::string& b, const std::string& what) {
@@ -696,8 +696,8 @@ struct Server::Impl {
     http->route("POST", "/sdapi/v1/txt2img", [this](const http::Request& req, http::Response& res) {
       const Json in = parse_body(req);
       const Fields f{in};
-      const Loaded& m = find(Fields{Json::object()}, "image");
-      const ImageModel& model = *m.image;
+      const Loaded& m = find(Fields{Json::object()}, ModelKind::image);
+      const ImageModel& model = *m.model.image();
       ImageRequest r;
       r.prompt = f.prompt();
       // A1111's own defaults, for the sides its clients always send.
@@ -851,7 +851,7 @@ struct Server::Impl {
     http->route("GET", "/v1/models", [this](const http::Request&, http::Response& res) {
       Json data = Json::array();
       for (const Loaded& m : models)
-        data.push_back({{"id", m.id}, {"object", "model"}, {"owned_by", "apus"}, {"kind", m.kind},
+        data.push_back({{"id", m.id}, {"object", "model"}, {"owned_by", "apus"}, {"kind", kind_name(m.model.kind())},
                         {"queue", m.worker->waiting()}});
       res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
     });
@@ -952,13 +952,7 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   for (const std::string& dir : impl_->options.models) {
     Loaded m;
     m.dir = dir;
-    if (is_audio_model(dir)) {
-      m.kind = "audio";
-      m.audio = AudioModel::open(dir, Weights::resident, impl_->options.device);
-    } else {
-      m.kind = "image";
-      m.image = ImageModel::open(dir, Weights::resident, impl_->options.device);
-    }
+    m.model = AnyModel::open(dir, Weights::resident, impl_->options.device);
     m.id = model_label(dir);
     for (const Loaded& other : impl_->models)
       APUS_CHECK(other.id != m.id, dir, ": a second model named '", m.id, "'");
