@@ -2,7 +2,8 @@
 // A backend runs every op of the list (ops/op_list.h) on one device. The Context names the
 // backend its ops run on; the front end (ops.cpp) checks that every operand lives on that
 // backend's device before dispatching. A new backend is a folder src/ops/<name>/ implementing the
-// list plus one entry in backend.cpp; model code does not change.
+// list plus one Backend subclass, and its device name in backend_for (pipeline/registry.cpp);
+// model code does not change.
 #include <string>
 
 #include "ops/op_list.h"

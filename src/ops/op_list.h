@@ -1,8 +1,9 @@
 #pragma once
 // The op list: every op once, with its contract. ops.h declares the front end from it, each
 // backend (src/ops/<name>/) declares and implements the same entries, and the Backend interface
-// (ops/backend.h) is generated from it, so adding an op is one line here plus one function per
-// backend.
+// (ops/backend.h) is generated from it, so adding an op is one line here, its cost function
+// (<op>_cost in ops.cpp), one function per backend, and its case in tests/test_ops.cpp against
+// the ref backend.
 //
 // Contract for all ops: inputs are read in their stored dtype (f32, bf16, f16), arithmetic is
 // fp32 (the reference backend: f64), outputs are rounded once to their dtype unless the op's
