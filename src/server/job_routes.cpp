@@ -1,0 +1,163 @@
+// The jobs' bookkeeping (submitted, waited on, kept once finished) and the asynchronous routes.
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "server/server_impl.h"
+
+namespace apus::server {
+
+std::string new_job_id() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  char id[40];
+  std::snprintf(id, sizeof id, "job-%08llx%06llx", static_cast<unsigned long long>(salt & 0xffffffffu),
+                static_cast<unsigned long long>(++counter));
+  return id;
+}
+
+void Server::Impl::submit(const std::shared_ptr<Job>& job) {
+  if (draining) throw HttpError{503, "the server is shutting down", ""};
+  job->id = new_job_id();
+  for (Loaded& m : models)
+    if (m.id == job->model) {
+      if (!m.worker->submit(job)) throw HttpError{429, "the queue of model '" + m.id + "' is full", ""};
+      std::lock_guard<std::mutex> lock(jobs_mutex);
+      jobs[job->id] = job;
+      return;
+    }
+}
+
+std::shared_ptr<Job> Server::Impl::job(const std::string& id) {
+  std::lock_guard<std::mutex> lock(jobs_mutex);
+  const auto it = jobs.find(id);
+  if (it == jobs.end()) refuse(404, "no job '" + id + "'");
+  return it->second;
+}
+
+void Server::Impl::wait_for_client(const http::Request& req, Job& j) {
+  std::unique_lock<std::mutex> lock(j.mutex);
+  while (!j.changed.wait_for(lock, std::chrono::milliseconds(100), [&] {
+    return j.state == JobState::done || j.state == JobState::failed || j.state == JobState::cancelled;
+  })) {
+    lock.unlock();
+    if (!j.cancel && req.client_gone()) j.cancel = true;
+    lock.lock();
+  }
+}
+
+void Server::Impl::finish_sync(const Job& j) {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    jobs.erase(j.id);
+    for (auto it = finished.begin(); it != finished.end(); ++it)
+      if (it->first == j.id) {
+        finished_bytes -= it->second;
+        finished.erase(it);
+        break;
+      }
+  }
+  fail_job(j);
+}
+
+void Server::Impl::job_finished(const Job& j) {
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(j.mutex);
+    for (const JobOutput& o : j.outputs) bytes += o.bytes.size();
+  }
+  std::lock_guard<std::mutex> lock(jobs_mutex);
+  finished.emplace_back(j.id, bytes);
+  finished_bytes += bytes;
+  while ((finished_bytes > options.kept_results_bytes || finished.size() > kKeptJobs) && finished.size() > 1) {
+    jobs.erase(finished.front().first);
+    finished_bytes -= finished.front().second;
+    finished.pop_front();
+  }
+}
+
+void Server::Impl::fail_job(const Job& j) {
+  std::lock_guard<std::mutex> lock(j.mutex);
+  if (j.state == JobState::failed) refuse(j.error_status, j.error, j.error_field);
+  if (j.state == JobState::cancelled) refuse(499, "the job was cancelled");
+}
+
+Json Server::Impl::job_json(const Job& j, bool with_results) {
+  std::lock_guard<std::mutex> lock(j.mutex);
+  Json out = {{"id", j.id}, {"model", j.model}, {"kind", j.kind}, {"state", state_name(j.state)},
+              {"step", j.step}, {"steps", j.steps},
+              {"progress", j.state == JobState::done ? 1.0 : j.steps ? double(j.step) / j.steps : 0.0}};
+  if (!j.error.empty()) out["error"] = j.error;
+  if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
+  if (j.state == JobState::done && with_results) {
+    Json results = Json::array();
+    for (const JobOutput& o : j.outputs) results.push_back({{"b64", base64(o.bytes)}, {"mime", o.mime}, {"seed", o.seed}});
+    out["results"] = results;
+  }
+  return out;
+}
+
+void Server::Impl::register_jobs() {
+  // Server-sent events: a "progress" event whenever the step or state changes, then "done"
+  // with the job's final state (its files included) and the stream ends. A client that goes
+  // away cancels the job.
+  http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+)/events)", [this](const http::Request& req, http::Response& res) {
+    const auto j = job(req.matches[1]);
+    auto sent = std::make_shared<std::pair<int, int>>(-1, -1);  // the (state, step) last sent
+    auto over = std::make_shared<bool>(false);
+    res.set_header("Cache-Control", "no-cache");
+    res.content_type = "text/event-stream";
+    res.stream = http::Stream{[this, j, sent, over]() -> std::optional<std::string> {
+                                if (*over) return std::nullopt;
+                                JobState state;
+                                int step;
+                                {
+                                  std::unique_lock<std::mutex> lock(j->mutex);
+                                  j->changed.wait_for(lock, std::chrono::seconds(15), [&] {
+                                    return int(j->state) != sent->first || j->step != sent->second;
+                                  });
+                                  state = j->state;
+                                  step = j->step;
+                                }
+                                *over = state == JobState::done || state == JobState::failed ||
+                                        state == JobState::cancelled;
+                                *sent = {int(state), step};
+                                return std::string("event: ") + (*over ? "done" : "progress") + "\ndata: " +
+                                       dump(job_json(*j, *over)) + "\n\n";
+                              },
+                              [j] { j->cancel = true; }};
+  });
+  http->route("POST", "/v1/jobs", [this](const http::Request& req, http::Response& res) {
+    Json body = parse_body(req);
+    const Fields f{body};
+    const std::string kind = f.string("kind", "");
+    if (kind != "image" && kind != "audio") refuse(400, "'kind' must be \"image\" or \"audio\"", "kind");
+    const bool trace = f.boolean("trace", false);
+    body.erase("kind");
+    body.erase("trace");
+    std::string format;
+    const auto j = kind == "image" ? openai_image_job(body, {}, trace) : audio_job(body, format, trace);
+    submit(j);
+    res.status = 202;
+    res.set_content(dump(job_json(*j)), "application/json");
+  });
+  http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const http::Request& req, http::Response& res) {
+    res.set_content(dump(job_json(*job(req.matches[1]))), "application/json");
+  });
+  // A traced job's timeline, for ui.perfetto.dev (docs/BENCH.md describes it).
+  http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+)/trace)", [this](const http::Request& req, http::Response& res) {
+    const auto j = job(req.matches[1]);
+    if (!j->traced) refuse(404, "job " + j->id + " was not traced (submit it with \"trace\": true)", "trace");
+    std::lock_guard<std::mutex> lock(j->mutex);
+    if (j->state != JobState::done)
+      refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its trace comes when it is done", "trace");
+    res.set_content(j->trace, "application/json");
+  });
+  http->route("DELETE", R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const http::Request& req, http::Response& res) {
+    const auto j = job(req.matches[1]);
+    j->cancel = true;
+    res.set_content(dump(job_json(*j)), "application/json");
+  });
+}
+
+}  // namespace apus::server

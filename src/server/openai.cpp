@@ -1,0 +1,320 @@
+// OpenAI's image routes (generations, and edits as a multipart form) and the audio route shaped
+// like them.
+#include <charconv>
+#include <cstring>
+#include <string_view>
+
+#include "core/error.h"
+#include "io/audio.h"
+#include "io/image.h"
+#include "io/png.h"
+#include "pipeline/infotext.h"
+#include "pipeline/stage.h"
+#include "server/bodies.h"
+#include "server/server_impl.h"
+
+namespace apus::server {
+
+namespace {
+
+// The bytes of a file sent as base64 in a JSON field (`what` names it in errors).
+std::string base64_file(const Json& value, const std::string& what, const char* param, const char* kind) {
+  const std::optional<std::string> bytes = value.is_string() ? unbase64(value.get<std::string>()) : std::nullopt;
+  if (!bytes || bytes->empty()) refuse(400, "'" + what + "' must be " + kind + " file as base64", param);
+  return *bytes;
+}
+
+// A request's file decoded as its job runs; a refusal names the field it came in.
+template <typename Decode>
+auto decoded(const std::string& bytes, const std::string& what, const std::string& field, Decode decode) {
+  try {
+    return decode(bytes, what);
+  } catch (const Error& e) {
+    throw FieldError(e.what(), field);
+  }
+}
+
+// OpenAI's edits mask: a PNG whose fully transparent pixels mark the area to edit, as the
+// white of a diffusers mask.
+Rgb8Image openai_mask(const std::string& bytes, const std::string& what) {
+  PngImage png;
+  try {
+    png = decode_png(bytes, what, /*with_alpha=*/true);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (OpenAI's mask is a PNG with transparency)");
+  }
+  Rgb8Image white{png.width, png.height, std::vector<uint8_t>(png.rgb.size())};
+  bool any = false;
+  for (size_t i = 0; i < png.alpha.size(); ++i) {
+    const uint8_t v = png.alpha[i] == 0 ? 255 : 0;
+    any |= v != 0;
+    std::memset(&white.rgb[3 * i], v, 3);
+  }
+  APUS_CHECK(any, "'mask' has no fully transparent pixel: OpenAI's mask marks the area to edit with alpha 0");
+  return white;
+}
+
+// Files refused from their headers alone, before anything is decoded: what does not open, and
+// more pixels or frames than the decoders take.
+void check_image_headers(const ImageFiles& files) {
+  auto check = [](const std::string& bytes, const std::string& what, const char* field) {
+    try {
+      probe_image(bytes, what);
+    } catch (const Error& e) {
+      refuse(400, e.what(), field);
+    }
+  };
+  for (size_t i = 0; i < files.images.size(); ++i) check(files.images[i], "images[" + std::to_string(i) + "]", "images");
+  if (files.mask) check(*files.mask, "mask", "mask");
+}
+void check_audio_header(const std::string& bytes, const char* field, double max_seconds) {
+  try {
+    probe_audio(bytes, field, max_seconds);
+  } catch (const Error& e) {
+    refuse(400, e.what(), field);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles files, bool trace) {
+  const Fields f{body};
+  f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
+          "mask", "strength",
+          "user", "quality", "style", "output_format", "output_compression", "background", "moderation"});
+  const Loaded& m = find(f, ModelKind::image);
+  ImageRequest r;
+  r.prompt = f.prompt();
+  const int n = f.setting("n").value_or(1);
+  if (f.has("images")) {
+    const Json& images = body["images"];
+    if (!images.is_array() || images.empty() || images.size() > kMaxReferences)
+      refuse(400, "'images' must be a list of 1 to " + std::to_string(kMaxReferences) + " base64 images", "images");
+    for (size_t i = 0; i < images.size(); ++i)
+      files.images.push_back(base64_file(images[i], "images[" + std::to_string(i) + "]", "images", "an image"));
+  }
+  if (f.has("mask")) files.mask = base64_file(body["mask"], "mask", "mask", "an image");
+  if (files.images.size() > kMaxReferences)
+    refuse(400, "at most " + std::to_string(kMaxReferences) + " images, not " + std::to_string(files.images.size()), "images");
+  // Inpainting: the mask (white repaints, as diffusers' mask_image) applies to the first image,
+  // as OpenAI's edits apply theirs; a second image is the reference for the repainted area.
+  if (files.mask) {
+    if (files.images.empty()) refuse(400, "'mask' repaints the first of 'images', and there are none", "mask");
+    if (files.images.size() > 2)
+      refuse(400, "with 'mask', 'images' holds the image to repaint and at most one reference", "images");
+    files.strength = f.number("strength", files.strength);
+  } else if (f.has("strength")) {
+    refuse(400, "'strength' is for inpainting, with 'mask'", "strength");
+  }
+  const bool sized_by_image = !files.images.empty();
+  const std::string size = f.string("size", sized_by_image ? "auto" : "1024x1024");
+  if (size != "auto") {
+    // Two whole numbers; what they may be is the engine's to say.
+    const size_t x = size.find('x');
+    auto whole = [](std::string_view text, int& v) {
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      return !text.empty() && ec == std::errc() && end == text.data() + text.size();
+    };
+    int w = 0, h = 0;
+    if (x == std::string::npos || !whole(std::string_view(size).substr(0, x), w) ||
+        !whole(std::string_view(size).substr(x + 1), h))
+      refuse(400, "'size' is \"" + size + "\", expected WxH (or auto: the first image's)", "size");
+    r.width = w;
+    r.height = h;
+  } else if (!sized_by_image) {
+    refuse(400, "'size' auto takes the first of 'images', and there are none", "size");
+  }
+  r.steps = f.setting("steps");
+  r.seed = f.seed();
+  if (f.has("cfg")) r.cfg = float(f.number("cfg", 0.0));
+  if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
+  r.trace = trace;
+  const std::string format = f.string("response_format", "b64_json");
+  if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
+  if (f.string("output_format", "png") != "png") refuse(400, "'output_format' must be png", "output_format");
+  // OpenAI's other image fields: accepted where apus has nothing to change (quality, style,
+  // moderation, a PNG's compression), refused where it would change the image.
+  if (f.string("background", "auto") != "auto" && f.string("background", "auto") != "opaque")
+    refuse(400, "'background' transparent is not supported (the models render opaque images)", "background");
+  return image_job(m, std::move(r), n, std::move(files), kOpenAiImageFields);
+}
+
+std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files,
+                                             const FieldNames& names) {
+  if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
+  check_image_headers(files);
+  // With image files, whose sizes decide what the request needs, the memory admission runs as
+  // the job starts, once they are decoded.
+  admit(names, [&] {
+    const PipelineCost cost = m.model.image()->count(r, n);
+    if (files.images.empty()) check_memory(cost, true, "this request");
+  });
+  auto job = std::make_shared<Job>();
+  job->model = m.id;
+  job->kind = "image";
+  job->traced = r.trace;
+  const ImageModel* model = m.model.image();
+  job->work = [model, r, n, files = std::move(files), names = &names](Job& j) mutable {
+    for (size_t i = 0; i < files.images.size(); ++i)
+      r.references.push_back(decoded(files.images[i], "images[" + std::to_string(i) + "]", "images", decode_image));
+    files.images.clear();
+    if (files.mask) {
+      Rgb8Image mask = decoded(*files.mask, "mask", "mask", files.alpha_mask ? openai_mask : decode_image);
+      r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), files.strength};
+      r.references.erase(r.references.begin());
+    }
+    const std::vector<ImageRequest> batch = batch_of(r, n);
+    std::vector<JobOutput> out;
+    const std::vector<ImageResult> results = as_route(*names, [&] {
+      return model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
+    });
+    for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
+    j.keep_trace(results.front().trace);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const ImageResult& res = results[i];
+      out.push_back({encode_png(res.width, res.height, res.rgb, {{"parameters", infotext(batch[i], res, *model)}}, "image"),
+                     "image/png", res.seed});
+    }
+    return out;
+  };
+  return job;
+}
+
+std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& format_name, bool trace) {
+  const Fields f{body};
+  f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg", "apg", "init_audio",
+          "init_noise_level", "inpaint_audio", "inpaint_regions"});
+  const Loaded& m = find(f, ModelKind::audio);
+  AudioRequest r;
+  r.prompt = f.prompt();
+  r.seconds = f.number("seconds", r.seconds);
+  r.steps = f.setting("steps").value_or(r.steps);
+  r.seed = f.seed();
+  r.cfg = float(f.number("cfg", r.cfg));
+  r.apg = float(f.number("apg", r.apg));
+  r.trace = trace;
+  if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
+  // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads),
+  // decoded on the model's worker as the job starts.
+  std::optional<std::string> init_file, inpaint_file;
+  if (f.has("init_audio")) init_file = base64_file(body["init_audio"], "init_audio", "init_audio", "an audio");
+  if (f.has("init_noise_level")) r.init_noise_level = f.number("init_noise_level", 0.0);
+  if (f.has("inpaint_audio")) inpaint_file = base64_file(body["inpaint_audio"], "inpaint_audio", "inpaint_audio", "an audio");
+  if (f.has("inpaint_regions")) {
+    const Json& regions = body["inpaint_regions"];
+    if (!regions.is_array()) refuse(400, "'inpaint_regions' must be a list of [start, end] seconds", "inpaint_regions");
+    for (const Json& region : regions) {
+      if (!region.is_array() || region.size() != 2 || !region[0].is_number() || !region[1].is_number())
+        refuse(400, "'inpaint_regions' must be a list of [start, end] seconds", "inpaint_regions");
+      r.inpaint_regions.emplace_back(region[0].get<double>(), region[1].get<double>());
+    }
+  }
+  format_name = f.string("format", "wav");
+  AudioFormat format;
+  try {
+    format = parse_audio_format(format_name);
+  } catch (const Error& e) {
+    refuse(400, e.what(), "format");
+  }
+  if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
+  for (const auto& [file, name] : {std::pair{&init_file, "init_audio"}, std::pair{&inpaint_file, "inpaint_audio"}})
+    if (*file) check_audio_header(**file, name, m.model.audio()->max_seconds());
+  // The clips' samples change nothing the engine checks or counts: empty ones stand in for the
+  // files, decoded as the job starts.
+  AudioRequest counted = r;
+  if (init_file) counted.init_audio = AudioClip{};
+  if (inpaint_file) counted.inpaint_audio = AudioClip{};
+  admit(kAudioFields, [&] { check_memory(m.model.audio()->count(counted), true, "this request"); });
+  auto job = std::make_shared<Job>();
+  job->model = m.id;
+  job->kind = "audio";
+  job->traced = trace;
+  const AudioModel* model = m.model.audio();
+  job->work = [model, r, format, init_file, inpaint_file](Job& j) mutable {
+    auto clip = [model](const std::string& bytes, const char* name) {
+      Audio a = decoded(bytes, name, name, [&](const std::string& b, const std::string& what) {
+        return decode_audio(b, what, model->max_seconds());
+      });
+      return AudioClip{a.rate, a.channels, std::move(a.samples)};
+    };
+    if (init_file) r.init_audio = clip(*init_file, "init_audio");
+    if (inpaint_file) r.inpaint_audio = clip(*inpaint_file, "inpaint_audio");
+    const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
+    for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
+    j.keep_trace(res.trace);
+    const Audio a{res.sample_rate, res.channels, res.samples};
+    const std::string comment = audio_comment(r, res, *model, {"init_audio", "inpaint_audio"});
+    return std::vector<JobOutput>{{encode_audio(a, format, {r.prompt, comment, "apus"}, "clip"),
+                                   audio_mime_type(format), res.seed}};
+  };
+  return job;
+}
+
+void Server::Impl::respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j) {
+  submit(j);
+  wait_for_client(req, *j);
+  finish_sync(*j);
+  Json data = Json::array();
+  for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
+  res.set_content(dump(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}), "application/json");
+}
+
+void Server::Impl::register_openai() {
+  // OpenAI's edits take a multipart form: the fields as text, the images as files (image or
+  // image[], repeatable) in the order sent, the mask a PNG whose transparent pixels repaint.
+  http->route("POST", "/v1/images/edits", [this](const http::Request& req, http::Response& res) {
+    if (!is_multipart(req.header("Content-Type")))
+      refuse(400, "expected a multipart/form-data body (OpenAI's images/edits), not Content-Type '" +
+                      req.header("Content-Type") + "'");
+    std::vector<FormPart> parts;
+    try {
+      parts = parse_multipart(req.header("Content-Type"), req.body);
+    } catch (const Error& e) {
+      refuse(400, e.what());
+    }
+    Json body = Json::object();
+    ImageFiles files;
+    for (const FormPart& file : parts) {
+      const std::string& name = file.name;
+      if (name == "image" || name == "image[]") {
+        files.images.push_back(file.content);
+      } else if (name == "n" || name == "seed" || name == "steps") {
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(file.content.data(), file.content.data() + file.content.size(), v);
+        if (ec != std::errc() || end != file.content.data() + file.content.size())
+          refuse(400, "'" + name + "' must be an integer", name);
+        body[name] = v;
+      } else if (name == "cfg" || name == "strength") {
+        char* end = nullptr;
+        const double v = std::strtod(file.content.c_str(), &end);
+        if (file.content.empty() || end != file.content.c_str() + file.content.size())
+          refuse(400, "'" + name + "' must be a number", name);
+        body[name] = v;
+      } else if (name == "mask") {
+        files.mask = file.content;
+        files.alpha_mask = true;
+      } else if (name == "images") {
+        refuse(400, "the edits form sends its images as 'image' files", "images");
+      } else {
+        body[name] = file.content;
+      }
+    }
+    if (files.images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
+    respond_images(req, res, openai_image_job(body, std::move(files)));
+  });
+  http->route("POST", "/v1/images/generations", [this](const http::Request& req, http::Response& res) {
+    respond_images(req, res, openai_image_job(parse_body(req), {}));
+  });
+  http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
+    std::string format;
+    const auto j = audio_job(parse_body(req), format);
+    submit(j);
+    wait_for_client(req, *j);
+    finish_sync(*j);
+    const JobOutput& o = j->outputs.front();
+    res.set_header("X-Seed", std::to_string(o.seed));
+    res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);
+  });
+}
+
+}  // namespace apus::server

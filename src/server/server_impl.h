@@ -1,0 +1,97 @@
+#pragma once
+// The server's state and its routes' shared steps, which the route files (openai.cpp, a1111.cpp,
+// job_routes.cpp) and the lifecycle (server.cpp) define between them.
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apus/apus.h"
+#include "pipeline/registry.h"
+#include "server/fields.h"
+#include "server/http.h"
+#include "server/jobs.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+namespace apus::server {
+
+struct Loaded {
+  std::string id, dir;
+  AnyModel model;
+  std::unique_ptr<ModelWorker> worker;
+};
+
+std::string new_job_id();
+
+// The image files of a request, as sent: decoded on the model's worker as its job starts, so a
+// request waiting in the queue (or refused by it) holds compressed bytes, never pixels.
+struct ImageFiles {
+  std::vector<std::string> images;  // to edit from; with a mask, the first is the one repainted
+  std::optional<std::string> mask;
+  bool alpha_mask = false;  // OpenAI's edits mask (alpha 0 repaints), else white repaints
+  double strength = Inpainting{}.strength;  // with the mask
+};
+
+struct Server::Impl {
+  ServeOptions options;
+  std::vector<Loaded> models;
+  std::unique_ptr<http::Server> http;
+  std::mutex jobs_mutex;
+  std::map<std::string, std::shared_ptr<Job>> jobs;
+  // Finished jobs in the order they ended, with their files' bytes: GET /v1/jobs/{id} finds them
+  // until options.kept_results_bytes (or kKeptJobs) is passed, the oldest dropped first.
+  std::deque<std::pair<std::string, size_t>> finished;
+  size_t finished_bytes = 0;
+  Metrics metrics;
+  std::atomic<bool> draining{false};
+  std::shared_ptr<Job> a1111_current;  // the AUTOMATIC1111 routes' latest job (progress, interrupt)
+
+  // Before a job is queued: the engine's own checks of the request, and whether its counted
+  // activations fit in the memory left beside the resident weights; a refusal is a 400 with the
+  // engine's message, naming the route's field where the engine names one.
+  static void admit(const FieldNames& names, const std::function<void()>& check);
+  const Loaded& find(const Fields& f, ModelKind kind);
+
+  // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
+  // b64_json; apus's seed, steps, cfg and negative_prompt; images to edit from (JSON: base64 in
+  // "images"), or with a mask and strength to inpaint.
+  std::shared_ptr<Job> openai_image_job(const Json& body, ImageFiles files, bool trace = false);
+  // A job rendering n images of `r` on m, refused before any file is decoded where the queue is
+  // full or the files' headers claim too many pixels, then where the engine refuses its settings
+  // (naming the field as `names` calls it); the files are decoded on the worker as it starts.
+  std::shared_ptr<Job> image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files, const FieldNames& names);
+  // An audio job: prompt, seconds, seed, steps, cfg, apg, negative_prompt, format (wav, wav-float,
+  // flac), the input clips.
+  std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name, bool trace = false);
+
+  void submit(const std::shared_ptr<Job>& job);
+  std::shared_ptr<Job> job(const std::string& id);
+  // A synchronous route's wait: the job cancelled if its client goes away meanwhile.
+  static void wait_for_client(const http::Request& req, Job& j);
+  // Runs an image job for a synchronous route and answers OpenAI's ImagesResponse.
+  void respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j);
+  // A synchronous route's job, once finished: forgotten (nobody polls it), its error raised.
+  void finish_sync(const Job& j);
+  // On the model's worker, as a job ends (its files in place, before its waiters learn of it).
+  void job_finished(const Job& j);
+  static void fail_job(const Job& j);
+  Json job_json(const Job& j, bool with_results = true);
+
+  // The routes: the transport's hooks and the service's own (server.cpp), then each API's.
+  void routes();
+  // OpenAI's images (generations, edits) and apus's audio generations (openai.cpp).
+  void register_openai();
+  // The AUTOMATIC1111 routes front ends call: txt2img (its field names; fields apus does not know
+  // are ignored, as A1111 ignores them), progress of the latest txt2img, interrupt.
+  void registerA1111();
+  // The asynchronous jobs: submit, poll, trace, cancel, and their event stream (job_routes.cpp).
+  void register_jobs();
+};
+
+}  // namespace apus::server
