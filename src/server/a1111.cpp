@@ -2,7 +2,7 @@
 
 namespace apus::server {
 
-void Server::Impl::registerA1111() {
+void Server::Impl::register_a1111() {
   http->route("POST", "/sdapi/v1/txt2img", [this](const http::Request& req, http::Response& res) {
     const Json in = parse_body(req);
     const Fields f{in};

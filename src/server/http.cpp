@@ -178,7 +178,7 @@ class Session : public std::enable_shared_from_this<Session> {
                              " bytes the server takes");
     if (ec == bhttp::error::end_of_stream || ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor ||
         ec == asio::error::eof || ec == asio::error::connection_reset || ec == bhttp::error::partial_message)
-      return end();  // the client left, or its deadline passed
+      return close();  // the client left, or its deadline passed
     if (ec) return refuse(400, "malformed request: " + ec.message());
     if (beast::iequals(parser_->get()[bhttp::field::expect], "100-continue")) {
       head_ = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -198,7 +198,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                      " bytes the server takes");
       if (ec == bhttp::error::partial_message || ec == asio::error::operation_aborted || ec == asio::error::eof ||
           ec == asio::error::bad_descriptor || ec == asio::error::connection_reset)
-        return self->end();
+        return self->close();
       if (ec) return self->refuse(400, "malformed request body: " + ec.message());
       self->dispatch();
     });
@@ -254,7 +254,7 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::async_write(socket_, buffers, [self = shared_from_this(), then](beast::error_code ec, size_t) {
       if (ec) {
         if (self->stream_ && self->stream_->abandoned) self->stream_->abandoned();
-        return self->end();
+        return self->close();
       }
       self->disarm();
       then();
@@ -301,12 +301,11 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void drain() {
     socket_.async_read_some(asio::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->end();
+      if (ec) return self->close();
       self->drain();
     });
   }
 
-  void end() { close(); }
 };
 
 }  // namespace

@@ -16,16 +16,30 @@ std::string new_job_id() {
   return id;
 }
 
+namespace {
+[[noreturn]] void queue_full(const Loaded& m) { refuse(429, "the queue of model '" + m.id + "' is full"); }
+}  // namespace
+
+void Server::Impl::refuse_if_full(const Loaded& m) const {
+  if (m.worker->full()) queue_full(m);
+}
+
 void Server::Impl::submit(const std::shared_ptr<Job>& job) {
   if (draining) throw HttpError{503, "the server is shutting down", ""};
   job->id = new_job_id();
   for (Loaded& m : models)
     if (m.id == job->model) {
-      if (!m.worker->submit(job)) throw HttpError{429, "the queue of model '" + m.id + "' is full", ""};
+      if (!m.worker->submit(job)) queue_full(m);
       std::lock_guard<std::mutex> lock(jobs_mutex);
       jobs[job->id] = job;
       return;
     }
+}
+
+void Server::Impl::run_sync(const http::Request& req, const std::shared_ptr<Job>& j) {
+  submit(j);
+  wait_for_client(req, *j);
+  finish_sync(*j);
 }
 
 std::shared_ptr<Job> Server::Impl::job(const std::string& id) {

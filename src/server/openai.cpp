@@ -24,11 +24,12 @@ std::string base64_file(const Json& value, const std::string& what, const char* 
   return *bytes;
 }
 
-// A request's file decoded as its job runs; a refusal names the field it came in.
-template <typename Decode>
-auto decoded(const std::string& bytes, const std::string& what, const std::string& field, Decode decode) {
+// A request's file read (its header checked, or decoded as its job runs); a refusal names the
+// field it came in, for the answer's "param".
+template <typename Read>
+auto read_field(const std::string& field, Read read) {
   try {
-    return decode(bytes, what);
+    return read();
   } catch (const Error& e) {
     throw FieldError(e.what(), field);
   }
@@ -54,25 +55,12 @@ Rgb8Image openai_mask(const std::string& bytes, const std::string& what) {
   return white;
 }
 
-// Files refused from their headers alone, before anything is decoded: what does not open, and
-// more pixels or frames than the decoders take.
+// Image files refused from their headers alone, before anything is decoded: what does not open,
+// and more pixels than the decoders take.
 void check_image_headers(const ImageFiles& files) {
-  auto check = [](const std::string& bytes, const std::string& what, const char* field) {
-    try {
-      probe_image(bytes, what);
-    } catch (const Error& e) {
-      refuse(400, e.what(), field);
-    }
-  };
-  for (size_t i = 0; i < files.images.size(); ++i) check(files.images[i], "images[" + std::to_string(i) + "]", "images");
-  if (files.mask) check(*files.mask, "mask", "mask");
-}
-void check_audio_header(const std::string& bytes, const char* field, double max_seconds) {
-  try {
-    probe_audio(bytes, field, max_seconds);
-  } catch (const Error& e) {
-    refuse(400, e.what(), field);
-  }
+  for (size_t i = 0; i < files.images.size(); ++i)
+    read_field("images", [&] { return probe_image(files.images[i], "images[" + std::to_string(i) + "]"); });
+  if (files.mask) read_field("mask", [&] { return probe_image(*files.mask, "mask"); });
 }
 
 }  // namespace
@@ -140,8 +128,8 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
 }
 
 std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files,
-                                             const FieldNames& names) {
-  if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
+                                             FieldNames names) {
+  refuse_if_full(m);
   check_image_headers(files);
   // With image files, whose sizes decide what the request needs, the memory admission runs as
   // the job starts, once they are decoded.
@@ -154,18 +142,21 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
   job->kind = "image";
   job->traced = r.trace;
   const ImageModel* model = m.model.image();
-  job->work = [model, r, n, files = std::move(files), names = &names](Job& j) mutable {
+  job->work = [model, r, n, files = std::move(files), names](Job& j) mutable {
     for (size_t i = 0; i < files.images.size(); ++i)
-      r.references.push_back(decoded(files.images[i], "images[" + std::to_string(i) + "]", "images", decode_image));
+      r.references.push_back(
+          read_field("images", [&] { return decode_image(files.images[i], "images[" + std::to_string(i) + "]"); }));
     files.images.clear();
     if (files.mask) {
-      Rgb8Image mask = decoded(*files.mask, "mask", "mask", files.alpha_mask ? openai_mask : decode_image);
+      Rgb8Image mask = read_field("mask", [&] {
+        return files.alpha_mask ? openai_mask(*files.mask, "mask") : decode_image(*files.mask, "mask");
+      });
       r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), files.strength};
       r.references.erase(r.references.begin());
     }
     const std::vector<ImageRequest> batch = batch_of(r, n);
     std::vector<JobOutput> out;
-    const std::vector<ImageResult> results = as_route(*names, [&] {
+    const std::vector<ImageResult> results = as_route(names, [&] {
       return model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
     });
     for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
@@ -216,9 +207,9 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
   } catch (const Error& e) {
     refuse(400, e.what(), "format");
   }
-  if (m.worker->full()) refuse(429, "the queue of model '" + m.id + "' is full");
+  refuse_if_full(m);
   for (const auto& [file, name] : {std::pair{&init_file, "init_audio"}, std::pair{&inpaint_file, "inpaint_audio"}})
-    if (*file) check_audio_header(**file, name, m.model.audio()->max_seconds());
+    if (*file) read_field(name, [&] { return probe_audio(**file, name, m.model.audio()->max_seconds()); });
   // The clips' samples change nothing the engine checks or counts: empty ones stand in for the
   // files, decoded as the job starts.
   AudioRequest counted = r;
@@ -232,9 +223,7 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
   const AudioModel* model = m.model.audio();
   job->work = [model, r, format, init_file, inpaint_file](Job& j) mutable {
     auto clip = [model](const std::string& bytes, const char* name) {
-      Audio a = decoded(bytes, name, name, [&](const std::string& b, const std::string& what) {
-        return decode_audio(b, what, model->max_seconds());
-      });
+      Audio a = read_field(name, [&] { return decode_audio(bytes, name, model->max_seconds()); });
       return AudioClip{a.rate, a.channels, std::move(a.samples)};
     };
     if (init_file) r.init_audio = clip(*init_file, "init_audio");
@@ -251,9 +240,7 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
 }
 
 void Server::Impl::respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j) {
-  submit(j);
-  wait_for_client(req, *j);
-  finish_sync(*j);
+  run_sync(req, j);
   Json data = Json::array();
   for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
   res.set_content(dump(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}), "application/json");
@@ -263,9 +250,6 @@ void Server::Impl::register_openai() {
   // OpenAI's edits take a multipart form: the fields as text, the images as files (image or
   // image[], repeatable) in the order sent, the mask a PNG whose transparent pixels repaint.
   http->route("POST", "/v1/images/edits", [this](const http::Request& req, http::Response& res) {
-    if (!is_multipart(req.header("Content-Type")))
-      refuse(400, "expected a multipart/form-data body (OpenAI's images/edits), not Content-Type '" +
-                      req.header("Content-Type") + "'");
     std::vector<FormPart> parts;
     try {
       parts = parse_multipart(req.header("Content-Type"), req.body);
@@ -308,9 +292,7 @@ void Server::Impl::register_openai() {
   http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
     std::string format;
     const auto j = audio_job(parse_body(req), format);
-    submit(j);
-    wait_for_client(req, *j);
-    finish_sync(*j);
+    run_sync(req, j);
     const JobOutput& o = j->outputs.front();
     res.set_header("X-Seed", std::to_string(o.seed));
     res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);

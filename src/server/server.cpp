@@ -68,6 +68,8 @@ void Server::Impl::routes() {
     } catch (const HttpError& e) {
       send_error(res, e.status, e.message, e.param);
       if (e.status == 429) res.set_header("Retry-After", "5");
+    } catch (const FieldError& e) {
+      send_error(res, 400, e.what(), e.field);
     } catch (const std::bad_alloc&) {
       send_error(res, 503, "the server has not the memory to take this request now (an allocation failed)", "");
     } catch (const std::exception& e) {
@@ -84,7 +86,7 @@ void Server::Impl::routes() {
     res.set_content(metrics.text(queues), "text/plain; version=0.0.4");
   });
   register_jobs();
-  registerA1111();
+  register_a1111();
   http->route("GET", "/", [](const http::Request&, http::Response& res) { res.set_content(web_page(), "text/html"); });
   http->route("GET", "/health", [](const http::Request&, http::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");

@@ -65,12 +65,16 @@ struct Server::Impl {
   // A job rendering n images of `r` on m, refused before any file is decoded where the queue is
   // full or the files' headers claim too many pixels, then where the engine refuses its settings
   // (naming the field as `names` calls it); the files are decoded on the worker as it starts.
-  std::shared_ptr<Job> image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files, const FieldNames& names);
+  std::shared_ptr<Job> image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files, FieldNames names);
   // An audio job: prompt, seconds, seed, steps, cfg, apg, negative_prompt, format (wav, wav-float,
   // flac), the input clips.
   std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name, bool trace = false);
 
+  // A full queue refuses before anything of the request is decoded (429), as submit() would.
+  void refuse_if_full(const Loaded& m) const;
   void submit(const std::shared_ptr<Job>& job);
+  // A synchronous route's run: submitted, waited for (cancelled if the client leaves), finished.
+  void run_sync(const http::Request& req, const std::shared_ptr<Job>& j);
   std::shared_ptr<Job> job(const std::string& id);
   // A synchronous route's wait: the job cancelled if its client goes away meanwhile.
   static void wait_for_client(const http::Request& req, Job& j);
@@ -89,7 +93,7 @@ struct Server::Impl {
   void register_openai();
   // The AUTOMATIC1111 routes front ends call: txt2img (its field names; fields apus does not know
   // are ignored, as A1111 ignores them), progress of the latest txt2img, interrupt.
-  void registerA1111();
+  void register_a1111();
   // The asynchronous jobs: submit, poll, trace, cancel, and their event stream (job_routes.cpp).
   void register_jobs();
 };
