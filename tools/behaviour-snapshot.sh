@@ -53,5 +53,9 @@ aud sa3-cfg --model "$official" --seconds 1 --steps 2 --cfg 4 --apg 0.5 --negati
 aud sa3-a2a --model "$official" --seconds 1 --steps 2 --init-audio "$fx/sa3_tiny/inputs/init.wav" --init-noise-level 0.6
 aud sa3-inpaint --model "$official" --seconds 1 --steps 2 --inpaint-audio "$fx/sa3_tiny/inputs/inpaint.wav" \
   --inpaint-start 0.2 --inpaint-end 0.6 --decode whole
-(cd "$out" && sha256sum ./*.png ./*.wav > renders.sha256)
+# A float WAV's PEAK chunk carries the time it was written: the sums are of the PNGs and of each
+# clip's data chunk.
+(cd "$out" && sha256sum ./*.png > renders.sha256 && for f in ./*.wav; do
+  python3 -c 'import sys, hashlib; b = open(sys.argv[1], "rb").read(); print(hashlib.sha256(b[b.rindex(b"data"):]).hexdigest(), sys.argv[1], "(data)")' "$f"
+done >> renders.sha256 && rm ./*.wav)
 echo "wrote $(ls "$out" | wc -l) files to $out"

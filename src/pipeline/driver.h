@@ -1,0 +1,172 @@
+#pragma once
+// One driver for every family's pipeline. A family describes its pipeline as a table: its parts
+// (one model each: the text encoder, the transformer, the decoder), each with the stages that run
+// on it, in order. count() walks the table in counting mode and generate() runs it, so a stage
+// exists once. What a family supplies besides the table (a type F below):
+//
+//   using Request, Result, Work;            Work: what a batch carries from stage to stage
+//   Weights weights() const; const std::string& root() const; Backend* device() const;
+//   Request resolved(const Request&) const; the model's defaults in place, every bound checked
+//   Work plan(const Request&, int64_t batch) const;   the batch's shapes and schedule
+//   void check_batch_agrees(const std::vector<Request>&) const;
+//   PipelineCost cost_header(const Request&, const Work&, int batch) const;
+//   void count_inputs(Work&, int batch) const;      the shapes of what prepare's two steps fill
+//   std::string describe(const Request&) const;     "512x512", "30 s": what admission names
+//   DType compute(const Request&) const;
+//   void tokenize(Work&, const std::vector<Request>&, std::vector<Result>&, Say) const;
+//   void initial_noise(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;
+//   const std::vector<std::unique_ptr<Part<Work>>>& parts() const;
+//   void finish(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/backend.h"
+#include "pipeline/stage.h"
+
+namespace apus {
+
+using Say = std::function<void(const std::string&)>;
+
+// The sampler's loop: steps first..end-1 of a schedule's sigmas.
+struct StepRange {
+  int first = 0, end = 0;
+  const std::vector<float>* sigmas = nullptr;
+};
+
+// One stage on a part's model. `run` is the stage's code, the same in both modes; a stage with
+// `steps` runs once per step (and is counted once, filed as end - first calls).
+template <typename Work, typename Model> struct Stage {
+  const char* name;  // the cost model's and the trace's: "dit_step"
+  const char* done;  // what -v files its time under once it ran: "vae decode"
+  std::function<void(Context&, const Model&, Work&, int step)> run;
+  // The tensor of Work stopped on NaN or Inf after the stage (after each step, the sampler's
+  // state), named so in the error; none: unchecked.
+  Tensor Work::*output = nullptr;
+  const char* produced = nullptr;  // "the text encoder"
+  std::function<StepRange(const Work&)> steps;
+  bool replicated = false;  // not split by tensor or sequence parallelism
+};
+
+template <typename Work> class Part {
+ public:
+  virtual ~Part() = default;
+  // Files the cost of each stage the batch runs and the model's parameters.
+  virtual void count(Work& w, PipelineCost& p) const = 0;
+  virtual void run(Context& c, Work& w, StageClock& clock, const Say& say) const = 0;
+};
+
+// A part on one model: opened with weights for a run (or held resident), shapes only for a count.
+template <typename Work, typename Model> class ModelPart final : public Part<Work> {
+ public:
+  struct Spec {
+    const char* loaded;  // what -v files the model's load under: "transformer load"
+    std::function<Model(Weights, DType)> open;
+    const std::optional<Model>* resident;
+    std::vector<Stage<Work, Model>> stages;
+    std::function<bool(const Work&)> used;  // none: every request runs the part
+  };
+  explicit ModelPart(Spec spec) : s_(std::move(spec)) {}
+
+  void count(Work& w, PipelineCost& p) const override {
+    if (s_.used && !s_.used(w)) return;
+    const Model model = s_.open(Weights::none, DType::bf16);
+    for (const Stage<Work, Model>& stage : s_.stages) {
+      const StepRange range = stage.steps ? stage.steps(w) : StepRange{0, 1};
+      p.stages.push_back(count_stage(stage.name, range.end - range.first,
+                                     [&](Context& c) { stage.run(c, model, w, range.first); }));
+      p.stages.back().replicated = stage.replicated;
+    }
+    // After the stages: a model may fetch parameters as its code first reads them.
+    p.parameters += double(model.parameter_count());
+  }
+
+  void run(Context& c, Work& w, StageClock& clock, const Say& say) const override {
+    if (s_.used && !s_.used(w)) return;
+    with_model(*s_.resident, [&] { return s_.open(Weights::per_stage, c.act); }, [&](const Model& model) {
+      clock.stop(s_.loaded);
+      for (const Stage<Work, Model>& stage : s_.stages) {
+        if (!stage.steps) {
+          run_stage(c, stage.name, [&] { stage.run(c, model, w, 0); });
+          if (stage.output) require_finite(c, w.*stage.output, stage.produced);
+          clock.stop(stage.done, stage.name);
+          continue;
+        }
+        const StepRange range = stage.steps(w);
+        for (int i = range.first; i < range.end; ++i)
+          timed_step(c, clock, say, i - range.first, range.end - range.first, (*range.sigmas)[size_t(i)],
+                     w.*stage.output, stage.name, [&] { run_stage(c, stage.name, [&] { stage.run(c, model, w, i); }); });
+      }
+    });
+  }
+
+ private:
+  Spec s_;
+};
+
+template <typename Work, typename Model>
+std::unique_ptr<Part<Work>> model_part(typename ModelPart<Work, Model>::Spec spec) {
+  return std::make_unique<ModelPart<Work, Model>>(std::move(spec));
+}
+
+// The cost of `batch` requests like `resolved` (a family's resolved() request), counted by
+// walking the table.
+template <typename F> PipelineCost count_batch(const F& f, const typename F::Request& resolved, int batch) {
+  typename F::Work w = f.plan(resolved, batch);
+  PipelineCost p = f.cost_header(resolved, w, batch);
+  f.count_inputs(w, batch);
+  for (const auto& part : f.parts()) part->count(w, p);
+  return p;
+}
+
+// Renders a batch: every setting checked (and the batch held to agree) before any weight loads,
+// admitted against memory by its count, seeded, then run part by part with each stage timed,
+// traced and checked finite.
+template <typename F>
+std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<typename F::Request>& given,
+                                                  const Progress& progress) {
+  using Request = typename F::Request;
+  APUS_CHECK(f.weights() != Weights::none, f.root(), ": opened for counting only");
+  APUS_CHECK(!given.empty(), "no request to render");
+  std::vector<Request> requests;
+  for (const Request& o : given) requests.push_back(f.resolved(o));
+  const Request& r = requests.front();
+  const int64_t batch = int64_t(requests.size());
+  typename F::Work w = f.plan(r, batch);  // the first request's settings checked before the others are held to them
+  f.check_batch_agrees(requests);
+  check_memory(count_batch(f, r, int(batch)), f.weights() == Weights::resident,
+               f.describe(r) + (batch > 1 ? " x" + std::to_string(batch) : ""), f.device());
+  const Say say = [&](const std::string& s) { if (progress) progress(s); };
+  std::vector<typename F::Result> results(requests.size());
+  std::vector<StageTime> stages;
+  const std::unique_ptr<Trace> trace = trace_if_asked(requests);
+  StageClock clock(stages, trace.get());
+  // On a device activations live in its memory.
+  Backend* device = f.device();
+  Arena arena(size_t(64) << 20, false, device ? static_cast<Allocator&>(*device) : host_allocator());
+  Context ctx{&arena, f.compute(r)};
+  ctx.backend = device;
+  ctx.trace = trace.get();
+
+  // Everything that can reject the request (prompts, noise files, input images or clips) comes
+  // before any weight loads.
+  f.tokenize(w, requests, results, say);
+  clock.stop("tokenize");
+  for (size_t i = 0; i < requests.size(); ++i)
+    results[i].seed = requests[i].seed ? *requests[i].seed : std::random_device{}();
+  f.initial_noise(ctx, w, requests, results);
+  for (const auto& res : results) say("seed " + std::to_string(res.seed));
+  for (const auto& part : f.parts()) part->run(ctx, w, clock, say);
+  f.finish(ctx, w, requests, results);
+  const std::string timeline = trace ? trace->json() : "";
+  for (size_t i = 0; i < results.size(); ++i) {
+    results[i].stages = stages;
+    if (requests[i].trace) results[i].trace = timeline;
+  }
+  return results;
+}
+
+}  // namespace apus

@@ -1,0 +1,158 @@
+// Stable Audio 3's two layouts (diffusers' StableAudio3Pipeline folders, the official single
+// checkpoint), the model opened on either, and its parts loaded from it.
+#include <algorithm>
+
+#include "core/error.h"
+#include "pipeline/registry.h"
+#include "pipeline/sa3/sa3_model.h"
+#include "sampling/logsnr.h"
+
+namespace apus {
+
+namespace {
+
+// The published configs' sample_size, for diffusers folders (which do not carry it): medium (the
+// differential DiT) 16777216 samples (380 s), the small models 5324800 (120.7 s).
+constexpr int64_t kMediumSampleSize = 16777216, kSmallSampleSize = 5324800;
+
+void check_sa3_index(const ModelDir& dir) {
+  const std::string index = dir.root() + "/model_index.json";
+  const std::pair<const char*, const char*> components[] = {
+      {"transformer", "StableAudio3DiTModel"},       {"vae", "AutoencoderSAME"},
+      {"text_encoder", "T5GemmaEncoderModel"},       {"duration_embedder", "StableAudio3DurationEmbedder"},
+      {"scheduler", "FlowMatchEulerDiscreteScheduler"}};
+  for (const auto& [name, cls] : components)
+    APUS_CHECK(dir.component_class(name) == cls, index, ": ", name, " class '",
+               dir.component_class(name), "' is not supported (expected ", cls, ")");
+  const std::string tok = dir.component_class("tokenizer");
+  APUS_CHECK(tok == "GemmaTokenizer" || tok == "GemmaTokenizerFast", index, ": tokenizer class '",
+             tok, "' is not supported (expected GemmaTokenizer)");
+}
+
+}  // namespace
+
+Sa3Layout diffusers_layout(const ModelDir& dir) {
+  check_sa3_index(dir);
+  const Config scheduler = dir.config("scheduler", "scheduler_config.json");
+  Sa3Layout l;
+  l.euler = sa3_scheduler_is_euler(scheduler);
+  l.root = dir.root();
+  l.dit = sa3::DitConfig::read(dir.config("transformer"));
+  l.same = sa3::SameConfig::read(dir.config("vae"));
+  l.encoder = sa3::SameConfig::read(dir.config("vae"), /*encoder=*/true);
+  l.duration = sa3::DurationConfig::read(dir.config("duration_embedder"));
+  l.text_dir = dir.component("text_encoder");
+  l.tokenizer_dir = dir.component("tokenizer");
+  l.sample_size = l.dit.differential ? kMediumSampleSize : kSmallSampleSize;
+  return l;
+}
+
+Sa3Layout official_layout(const std::string& root) {
+  const sa3::OfficialConfig o = sa3::read_official_config(root + "/model_config.json");
+  Sa3Layout l;
+  l.official = true;
+  l.root = root;
+  l.dit = o.dit;
+  l.same = o.same;
+  l.encoder = o.encoder;
+  l.encoder_mask_noise = o.encoder_mask_noise;
+  l.duration = o.duration;
+  l.text_dir = root + "/" + o.text_encoder_folder;
+  l.tokenizer_dir = l.text_dir;
+  APUS_CHECK(is_directory(l.text_dir), l.text_dir, ": missing; the T5Gemma encoder and tokenizer ",
+             "folder model_config.json names (its 'subfolder')");
+  l.max_tokens = o.max_tokens;
+  l.max_tokens_key = o.max_tokens_key;
+  l.sample_size = o.sample_size;
+  l.encoder_chunk = o.encoder_chunk;
+  l.chunked_decode = o.chunked_decode;
+  l.euler = o.euler;
+  l.mask_noise = o.mask_noise;
+  l.bottleneck_noise = o.bottleneck_noise;
+  return l;
+}
+
+WeightSet Sa3Model::checkpoint(bool load) const {
+  return load ? WeightSet::open_dir(layout_.root, device_) : WeightSet::shapes_only();
+}
+
+sa3::T5GemmaEncoder Sa3Model::load_text(bool load) const {
+  return sa3::T5GemmaEncoder::load(layout_.text_dir, load, device_);
+}
+
+Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
+  if (!layout_.official)
+    return {sa3::Dit::load(layout_.root + "/transformer", dt, load, device_),
+            sa3::DurationEmbedder::load(layout_.root + "/duration_embedder", load, device_)};
+  return {sa3::Dit::load(layout_.dit, sa3::ParamSource::official_dit(checkpoint(load)), dt),
+          sa3::DurationEmbedder::load_official(layout_.duration, sa3::ParamSource::official_duration(checkpoint(load)))};
+}
+
+sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
+  if (!layout_.official) return sa3::SameDecoder::load(layout_.root + "/vae", dt, load, device_);
+  return sa3::SameDecoder::load(layout_.same, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
+}
+
+sa3::SameEncoder Sa3Model::load_encoder(DType dt, bool load) const {
+  if (!layout_.official) return sa3::SameEncoder::load(layout_.root + "/vae", dt, load, device_);
+  return sa3::SameEncoder::load(layout_.encoder, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
+}
+
+Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
+    : layout_(std::move(layout)),
+      weights_(weights),
+      device_(device),
+      label_(model_label(layout_.root)),
+      sampler_(layout_.euler ? "Euler (rectified_flow)" : "ping-pong (rf_denoiser)") {
+  text_cfg_ = sa3::T5GemmaConfig::read(read_config(layout_.text_dir + "/config.json"));
+  // Every prompt is padded to max_tokens, and the encoder runs a sliding layer only where the whole
+  // sequence fits its window.
+  const bool slides = std::find(text_cfg_.sliding.begin(), text_cfg_.sliding.end(), true) != text_cfg_.sliding.end();
+  APUS_CHECK(!slides || layout_.max_tokens <= text_cfg_.sliding_window, layout_.max_tokens_key, " is ",
+             layout_.max_tokens, ", expected 1..", text_cfg_.sliding_window, " (the sliding window of ",
+             layout_.text_dir, "/config.json; longer prompts are not supported)");
+  const std::string where = layout_.root + (layout_.official ? "/model_config.json" : "/model_index.json");
+  APUS_CHECK(text_cfg_.hidden == dit_cfg_.cond_dim && layout_.duration.output_dim == dit_cfg_.cond_dim &&
+                 layout_.duration.output_dim == dit_cfg_.global_dim,
+             where, ": the text encoder (", text_cfg_.hidden, "), duration embedder (",
+             layout_.duration.output_dim, ") and transformer (cond_token_dim ", dit_cfg_.cond_dim,
+             ", global_cond_dim ", dit_cfg_.global_dim, ") widths do not agree");
+  APUS_CHECK(same_cfg_.latent_dim == dit_cfg_.io_channels && dit_cfg_.local_dim == dit_cfg_.io_channels + 1,
+             where, ": the transformer's io_channels ", dit_cfg_.io_channels, " / local_add_cond_dim ",
+             dit_cfg_.local_dim, " do not fit the decoder's latent_dim ", same_cfg_.latent_dim);
+  if (weights_ == Weights::none) return;
+  const std::string& tok_dir = layout_.tokenizer_dir;
+  APUS_CHECK(path_exists(tok_dir + "/tokenizer.model"), tok_dir,
+             "/tokenizer.model: missing; apus reads Gemma's SentencePiece model (transformers' ",
+             "save_pretrained writes only tokenizer.json: copy tokenizer.model from the ",
+             "t5gemma-b-b-ul2 folder of the published checkpoint)");
+  tokenizer_.emplace(SentencePieceTokenizer::load(tok_dir + "/tokenizer.model"));
+  APUS_CHECK(tokenizer_->vocab_size() <= text_cfg_.vocab, tok_dir, "/tokenizer.model: ",
+             tokenizer_->vocab_size(), " pieces, more than the text encoder's ", text_cfg_.vocab,
+             "-entry embedding (config.json vocab_size)");
+  const std::string tok_config = tok_dir + "/tokenizer_config.json";
+  if (path_exists(tok_config)) {
+    padding_side_ = read_padding_side(tok_config);
+    const Config tc = read_config(tok_config);
+    add_bos_ = tc.get_bool("add_bos_token", true);  // GemmaTokenizer's defaults
+    add_eos_ = tc.get_bool("add_eos_token", false);
+  }
+  if (weights_ == Weights::resident) {
+    // A server's model serves one precision: bf16, the fast path.
+    text_.emplace(load_text());
+    dit_.emplace(load_transformer(resident_dtype_));
+    same_.emplace(load_same(resident_dtype_));
+    encoder_.emplace(load_encoder(resident_dtype_));
+    text_->make_resident();
+  }
+}
+
+std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights) {
+  return std::make_unique<Sa3Model>(diffusers_layout(dir), weights, dir.device());
+}
+
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device) {
+  return std::make_unique<Sa3Model>(official_layout(root), weights, device);
+}
+
+}  // namespace apus

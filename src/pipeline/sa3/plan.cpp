@@ -1,0 +1,116 @@
+// A Stable Audio 3 request checked and planned for a batch: the canvas, the schedule, guidance and
+// the inputs of audio-to-audio and inpainting.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "pipeline/sa3/sa3_model.h"
+#include "sampling/logsnr.h"
+
+namespace apus {
+
+namespace {
+
+constexpr double kHeadroomSeconds = 6.0;  // generate()'s duration_padding_sec
+constexpr int64_t kGenerateSampleSize = 5292032;  // generate()'s sample_size default
+
+}  // namespace
+
+Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
+  const double limit = max_seconds();
+  const int64_t rate = same_cfg_.sample_rate, spl = same_cfg_.samples_per_latent();
+  // The output holds int(seconds x rate) frames, as the official code cuts it: at least one.
+  APUS_CHECK_FIELD(std::isfinite(r.seconds) && int64_t(r.seconds * double(rate)) >= 1 && r.seconds <= limit, "seconds",
+                   "seconds ", r.seconds, " outside [", 1.0 / double(rate), ", ", limit, "] (one output frame at ", rate,
+                   " Hz .. this model's sample_size)");
+  APUS_CHECK_FIELD(r.steps >= 1 && r.steps <= AudioLimits::max_steps, "steps", "steps ", r.steps, " outside 1..",
+                   AudioLimits::max_steps);
+  check_batch(batch, AudioLimits::max_batch);
+  const int64_t align = std::max<int64_t>(1, layout_.encoder_chunk / same_cfg_.stride);
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  Work w;
+  w.batch = batch;
+  w.seconds.assign(size_t(batch), float(r.seconds));  // a batch agrees on its length
+  const int64_t padded = int64_t((r.seconds + kHeadroomSeconds) * double(rate));
+  w.canvas.samples = int64_t(r.seconds * double(rate));
+  // The official generate() caps the canvas at its sample_size argument, 5292032 samples by
+  // default (the config's larger value reaches it only through the official UI): clips up to that
+  // length get generate()'s canvas; longer ones (medium, to 380 s) the config's.
+  const int64_t cap = w.canvas.samples <= kGenerateSampleSize ? std::min(kGenerateSampleSize, layout_.sample_size)
+                                                              : layout_.sample_size;
+  w.canvas.frames = std::min(ceil_div(ceil_div(padded, spl), align) * align, cap / spl);
+  w.canvas.valid = std::min(ceil_div(w.canvas.samples, spl) + int64_t(kHeadroomSeconds * double(rate)) / spl,
+                            w.canvas.frames);
+  w.init = r.init_audio.has_value();
+  w.inpaint = r.inpaint_audio.has_value();
+  APUS_CHECK_FIELD(w.init || !r.init_noise_level, "init_noise_level", "init_noise_level ", r.init_noise_level.value_or(0),
+                   " is for audio-to-audio: it needs an init audio clip");
+  w.init_level = w.init ? r.init_noise_level.value_or(kDefaultInitNoiseLevel) : 1.0;
+  APUS_CHECK_FIELD(std::isfinite(w.init_level) && w.init_level > 0 && w.init_level <= 1, "init_noise_level",
+                   "init_noise_level ", w.init_level, " outside (0, 1]");
+  APUS_CHECK_FIELD(w.inpaint || r.inpaint_regions.empty(), "inpaint_regions", "inpaint regions need an inpaint clip");
+  APUS_CHECK_FIELD(!w.inpaint || !r.inpaint_regions.empty(), "inpaint_regions",
+                   "an inpaint clip needs at least one region to generate (inpaint start and end)");
+  for (const auto& [start, end] : r.inpaint_regions)
+    APUS_CHECK_FIELD(std::isfinite(start) && std::isfinite(end) && start >= 0 && end > start && end <= r.seconds,
+                     "inpaint_regions", "inpaint region ", start, " .. ", end, " s is not a span inside the ", r.seconds,
+                     " s clip");
+  APUS_CHECK(!(w.init || w.inpaint) || layout_.encoder_mask_noise == 0, layout_.root,
+             "/model_config.json: the encoder's 'mask_noise' ", layout_.encoder_mask_noise,
+             " is not supported (audio-to-audio and inpainting encode without noise)");
+  // The official ones mask by latent: the region's samples [int(start * rate), int(end * rate))
+  // and everything past int(seconds * rate) are generated; each latent takes its first sample's.
+  if (w.inpaint) {
+    w.keep.assign(size_t(w.canvas.frames), 1.0f);
+    for (int64_t i = 0; i < w.canvas.frames; ++i) {
+      const int64_t sample = i * spl;
+      bool generated = sample >= w.canvas.samples;
+      for (const auto& [start, end] : r.inpaint_regions)
+        generated = generated || (sample >= int64_t(start * double(rate)) && sample < int64_t(end * double(rate)));
+      if (generated) w.keep[size_t(i)] = 0.0f;
+    }
+  }
+  w.sigmas = logsnr_sigmas(r.steps, float(w.init_level));
+  w.tokens = layout_.max_tokens;
+  APUS_CHECK_FIELD(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg", "cfg ", r.cfg, " outside (0, 100]");
+  APUS_CHECK_FIELD(std::isfinite(r.apg) && r.apg >= 0 && r.apg <= 1, "apg", "apg ", r.apg, " outside [0, 1]");
+  // The official DiT guides whenever cfg is not 1, whatever the sampler.
+  w.guided = r.cfg != 1;
+  w.negative = w.guided && r.negative_prompt.has_value();
+  APUS_CHECK_FIELD(w.guided || !r.negative_prompt, "negative_prompt", "a negative prompt needs guidance (cfg other than 1)");
+  w.cfg = r.cfg;
+  w.apg = r.apg;
+  w.chunked = r.chunked_decode.value_or(layout_.chunked_decode);
+  return w;
+}
+
+// Every setting of an audio request is its own (none takes a default from the model), so plan()
+// checks it.
+AudioRequest Sa3Model::resolved(const AudioRequest& r) const {
+  APUS_CHECK(weights_ != Weights::resident || compute(r) == resident_dtype_,
+             "this resident model serves bf16 requests only");
+  return r;
+}
+
+void Sa3Model::check_batch_agrees(const std::vector<AudioRequest>& requests) const {
+  const AudioRequest& r = requests.front();
+  for (const AudioRequest& o : requests)
+    APUS_CHECK(o.seconds == r.seconds && o.steps == r.steps && o.fp32 == r.fp32 &&
+                   o.chunked_decode == r.chunked_decode && o.cfg == r.cfg && o.apg == r.apg &&
+                   o.negative_prompt.has_value() == r.negative_prompt.has_value() &&
+                   o.init_audio.has_value() == r.init_audio.has_value() && o.init_noise_level == r.init_noise_level &&
+                   o.inpaint_audio.has_value() == r.inpaint_audio.has_value() && o.inpaint_regions == r.inpaint_regions,
+               "a batch shares seconds, steps, precision, guidance and its audio inputs' settings: ", o.seconds,
+               " s, ", o.steps, " steps differs from ", r.seconds, " s, ", r.steps, " steps");
+}
+
+PipelineCost Sa3Model::cost_header(const AudioRequest& r, const Work& w, int) const {
+  PipelineCost p;
+  p.model = label_;
+  p.seconds = r.seconds;
+  p.steps = r.steps;
+  p.cfg = w.guided ? r.cfg : 1.0;
+  return p;
+}
+
+}  // namespace apus
