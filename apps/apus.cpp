@@ -22,7 +22,8 @@
 #include "io/files.h"
 #include "io/hf_pull.h"
 #include "io/image.h"
-#include "pipeline/infotext.h"
+#include "pipeline/klein/io.h"
+#include "pipeline/sa3/io.h"
 #include "io/png.h"
 #include "io/synth.h"
 #include "pipeline/registry.h"
@@ -76,7 +77,7 @@ int run_image(const std::string& model_dir, const std::vector<apus::ImageRequest
   for (int i = 0; i < batch; ++i) {
     const apus::ImageResult& r = results[size_t(i)];
     apus::write_png(output_name(out, i, batch), r.width, r.height, r.rgb,
-                    {{"parameters", apus::infotext(requests[size_t(i)], r, *model)}, {"Software", "apus"}});
+                    apus::image_metadata(requests[size_t(i)], r, *model));
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose)
@@ -142,7 +143,7 @@ int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requ
     const apus::AudioResult& r = results[size_t(i)];
     apus::Audio audio{r.sample_rate, r.channels, r.samples};
     apus::write_audio(output_name(out, i, batch), audio, format,
-                      {req.prompt, apus::audio_comment(req, r, *model, clips), "apus"});
+                      apus::audio_metadata(req, r, *model, clips));
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose)

@@ -276,6 +276,25 @@ TEST_F(Serve, AudioMetadataIsTheClisForTheSameRequest) {
   std::filesystem::remove(out);
 }
 
+// The same request's image is the same file from the CLI and from the server, byte for byte: pixels,
+// the parameters text (guidance and precision included) and the software's name.
+TEST_F(Serve, ImageFileIsTheClisForTheSameRequest) {
+  const std::string out = ::testing::TempDir() + "apus_cli_meta.png";
+  const test::CliRun cli = test::run_cli("image --model " + test::fixture("klein_tiny_a") +
+                                         " -p 'a red fox' -W 32 -H 48 --steps 2 --seed 9 -o " + out);
+  ASSERT_EQ(cli.status, 0) << cli.output;
+  const Json body = {{"prompt", "a red fox"}, {"size", "32x48"}, {"steps", 2}, {"seed", 9}, {"response_format", "b64_json"}};
+  const auto r = client().Post("/v1/images/generations", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<uint8_t> served = unbase64(Json::parse(r->body)["data"][0]["b64_json"]);
+  const std::string file = read_file(out);
+  EXPECT_EQ(std::string(served.begin(), served.end()), file);
+  EXPECT_NE(file.find("Seed: 9, Size: 32x48"), std::string::npos);
+  EXPECT_NE(file.find("Software"), std::string::npos);
+  std::filesystem::remove(out);
+}
+
 // OpenAI's images/edits (a multipart form, the images as files) and the jobs API (the images as
 // base64) give the engine's edit of the same references.
 TEST_F(Serve, EditsAreTheEnginesEdits) {

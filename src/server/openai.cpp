@@ -8,7 +8,8 @@
 #include "io/audio.h"
 #include "io/image.h"
 #include "io/png.h"
-#include "pipeline/infotext.h"
+#include "pipeline/klein/io.h"
+#include "pipeline/sa3/io.h"
 #include "pipeline/stage.h"
 #include "server/bodies.h"
 #include "server/server_impl.h"
@@ -163,7 +164,7 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
     j.keep_trace(results.front().trace);
     for (size_t i = 0; i < results.size(); ++i) {
       const ImageResult& res = results[i];
-      out.push_back({encode_png(res.width, res.height, res.rgb, {{"parameters", infotext(batch[i], res, *model)}}, "image"),
+      out.push_back({encode_png(res.width, res.height, res.rgb, image_metadata(batch[i], res, *model), "image"),
                      "image/png", res.seed});
     }
     return out;
@@ -232,8 +233,7 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
     for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(res.trace);
     const Audio a{res.sample_rate, res.channels, res.samples};
-    const std::string comment = audio_comment(r, res, *model, {"init_audio", "inpaint_audio"});
-    return std::vector<JobOutput>{{encode_audio(a, format, {r.prompt, comment, "apus"}, "clip"),
+    return std::vector<JobOutput>{{encode_audio(a, format, audio_metadata(r, res, *model, {"init_audio", "inpaint_audio"}), "clip"),
                                    audio_mime_type(format), res.seed}};
   };
   return job;
