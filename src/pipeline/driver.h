@@ -31,6 +31,12 @@ namespace apus {
 
 using Say = std::function<void(const std::string&)>;
 
+// The stages every family has, as the cost model, traces and -v name them (a family names its own
+// encoder and decoder: vae_decode, same_decode, ...).
+constexpr const char* kTextStage = "text_encoder";
+constexpr const char* kPrologueStage = "dit_prologue";
+constexpr const char* kStepStage = "dit_step";
+
 // The sampler's loop: steps first..end-1 of a schedule's sigmas.
 struct StepRange {
   int first = 0, end = 0;

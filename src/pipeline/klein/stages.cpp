@@ -19,10 +19,6 @@ namespace {
 using flux2::kMaxSequence;
 using flux2::kTextTaps;
 
-// The stages of one request, as the cost model and -v name them.
-constexpr const char* kTextStage = "text_encoder";
-constexpr const char* kPrologueStage = "dit_prologue";
-constexpr const char* kStepStage = "dit_step";
 constexpr const char* kDecodeStage = "vae_decode";
 constexpr const char* kReferenceStage = "vae_encode";
 

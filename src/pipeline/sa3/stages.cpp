@@ -12,10 +12,7 @@ namespace apus {
 
 namespace {
 
-constexpr const char* kTextStage = "text_encoder";
 constexpr const char* kEncodeStage = "same_encode";
-constexpr const char* kPrologueStage = "dit_prologue";
-constexpr const char* kStepStage = "dit_step";
 constexpr const char* kDecodeStage = "same_decode";
 
 }  // namespace
