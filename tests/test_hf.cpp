@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "apus/apus.h"
+#include "hub/hf_pull.h"
 #include "io/hf_cache.h"
-#include "io/hf_pull.h"
 #include "test_util.h"
 
 namespace apus {

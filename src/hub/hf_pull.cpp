@@ -1,4 +1,4 @@
-#include "io/hf_pull.h"
+#include "hub/hf_pull.h"
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
