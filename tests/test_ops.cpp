@@ -549,6 +549,32 @@ TEST_P(Ops, OperandOnAnotherDeviceIsRefused) {
   test::expect_error([&] { ops::linear(ctx, x, wf, nullptr, y); }, {"linear", "cuda"});
 }
 
+// A backend that runs part of the list: the CPU's kernels, but it says it does not run conv2d.
+class WithoutConv2d final : public HostBackend {
+ public:
+  WithoutConv2d() : HostBackend("partial") {}
+  bool supports(ops::OpId op) const override { return op != ops::OpId::conv2d; }
+#define APUS_CPU_OP(ret, name, params, args) \
+  ret name params override { return cpu::name args; }
+  APUS_OPS(APUS_CPU_OP)
+#undef APUS_CPU_OP
+};
+
+// The front end refuses an op the backend does not run, by name, before the backend sees it (the
+// operands here are ones conv2d would run on); the ops it runs still run.
+TEST(OpFrontEnd, AnOpTheBackendDoesNotRunIsRefusedByName) {
+  WithoutConv2d partial;
+  Arena arena;
+  Context c{&arena, DType::f32, nullptr, false, &partial};
+  Tensor x = Tensor::heap({1, 2, 4, 4}, DType::f32), w = Tensor::heap({2, 2, 3, 3}, DType::f32),
+         y = Tensor::heap({1, 2, 4, 4}, DType::f32);
+  std::memset(x.data, 0, x.nbytes());
+  std::memset(w.data, 0, w.nbytes());
+  test::expect_error([&] { ops::conv2d(c, x, w, nullptr, y, 1, 1, 1); }, {"backend partial does not run op conv2d"});
+  ops::silu(c, x, y);
+  EXPECT_EQ(to_f32_vector(y), to_f32_vector(x));
+}
+
 // The blocked-layout conv keeps re-laid weights per weight buffer. Weights freed and replaced by
 // others at the very same address (a model unloaded, the next one mapped there) must not meet
 // the stale copy.

@@ -13,6 +13,7 @@
 // NCHW; attention heads are packed head-major inside the feature axis. A batch of B samples lies
 // sample after sample along the rows (or along N): row-wise ops need nothing more, the others say
 // how they see samples.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -211,6 +212,26 @@ struct AttentionOptions {
   X(void, permute, (Context & c, const Tensor& x, Tensor& y, const std::vector<int>& perm),      \
     (c, x, y, perm))                                                                             \
   X(void, image_to_rgb8, (Context & c, const Tensor& image, Tensor& rgb), (c, image, rgb))
+
+namespace ops {
+
+// The ops of the list by name: what Backend::supports is asked about, and what the op table
+// (tests/test_op_table.cpp) checks it has a case for.
+enum class OpId {
+#define APUS_OP_ID(ret, name, params, args) name,
+  APUS_OPS(APUS_OP_ID)
+#undef APUS_OP_ID
+};
+
+inline constexpr const char* kOpNames[] = {
+#define APUS_OP_NAME(ret, name, params, args) #name,
+    APUS_OPS(APUS_OP_NAME)
+#undef APUS_OP_NAME
+};
+inline constexpr size_t kOpCount = sizeof(kOpNames) / sizeof(kOpNames[0]);
+inline const char* op_name(OpId op) { return kOpNames[size_t(op)]; }
+
+}  // namespace ops
 
 // Declares every op of the list in the current namespace (a backend's own namespace).
 #define APUS_DECLARE_OP(ret, name, params, args) ret name params;
