@@ -1,9 +1,13 @@
 #pragma once
 // The op list: every op once, with its contract. ops.h declares the front end from it, each
 // backend (src/ops/<name>/) declares and implements the same entries, and the Backend interface
-// (ops/backend.h) is generated from it, so adding an op is one line here, its cost function
-// (<op>_cost in ops.cpp), one function per backend, and its case in tests/test_ops.cpp against
-// the ref backend.
+// (ops/backend.h) and the op ids (ops::OpId) are generated from it. Adding an op is:
+//   - one entry here, with its contract in the comment above the list;
+//   - its cost function, <op>_cost in ops.cpp;
+//   - one function per backend (a backend that cannot run it yet answers false for it in
+//     Backend::supports, and the front end refuses it there by name);
+//   - at least one row in the op table, tests/test_op_table.cpp, which runs it on every backend
+//     against the ref backend (OpTableCoverage.EveryOpHasACase fails until the row is there).
 //
 // Contract for all ops: inputs are read in their stored dtype (f32, bf16, f16), arithmetic is
 // fp32 (the reference backend: f64), outputs are rounded once to their dtype unless the op's
