@@ -49,7 +49,7 @@ apus=$bin/apus
 if [ "$mode" = bench ]; then
   # The op tests first: a wrong kernel makes every later figure meaningless. (The CLI tests stay
   # home: they run the binary at the path it was built at.)
-  timeout 180 "$bin/apus_tests" --gtest_filter='Cuda*:ShadowDevice*' 2>&1 | tee "$out/cuda-tests.log" |
+  timeout 180 "$bin/apus_tests" --gtest_filter='Backends/OpTable.*/cuda_*:Cuda*:ShadowDevice*' 2>&1 | tee "$out/cuda-tests.log" |
     grep -E "measure|OK \]|FAILED|Skipped|skip" || true
   timeout 60 "$apus" calibrate --device cuda || echo "calibration failed or ran out of time"
   timeout 240 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 3 \

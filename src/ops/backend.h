@@ -1,7 +1,8 @@
 #pragma once
-// A backend runs every op of the list (ops/op_list.h) on one device. The Context names the
-// backend its ops run on; the front end (ops.cpp) checks that every operand lives on that
-// backend's device before dispatching. A new backend is a folder src/ops/<name>/ implementing the
+// A backend runs the ops of the list (ops/op_list.h) on one device: all of them, or those its
+// supports() answers for. The Context names the backend its ops run on; the front end (ops.cpp)
+// checks that the backend runs the op and that every operand lives on its device before
+// dispatching. A new backend is a folder src/ops/<name>/ implementing the
 // list plus one Backend subclass, and its device name in backend_for (pipeline/registry.cpp);
 // model code does not change.
 #include <string>
@@ -32,6 +33,11 @@ class Backend : public Allocator {
   // The device memory a request must fit in, in bytes (a GPU's total); 0 where the host's memory
   // is the device's (host backends), so the host's budget applies.
   virtual double memory_bytes() const { return 0; }
+
+  // Whether this backend runs `op`. A backend that implements only part of the list says so
+  // here, and the front end refuses the rest by name before dispatching (its entries for them are
+  // never called); the op table skips them on it.
+  virtual bool supports(ops::OpId) const { return true; }
 
 #define APUS_BACKEND_OP(ret, name, params, args) virtual ret name params = 0;
   APUS_OPS(APUS_BACKEND_OP)

@@ -1,9 +1,13 @@
 #pragma once
 // The op list: every op once, with its contract. ops.h declares the front end from it, each
 // backend (src/ops/<name>/) declares and implements the same entries, and the Backend interface
-// (ops/backend.h) is generated from it, so adding an op is one line here, its cost function
-// (<op>_cost in ops.cpp), one function per backend, and its case in tests/test_ops.cpp against
-// the ref backend.
+// (ops/backend.h) and the op ids (ops::OpId) are generated from it. Adding an op is:
+//   - one entry here, with its contract in the comment above the list;
+//   - its cost function, <op>_cost in ops.cpp;
+//   - one function per backend (a backend that cannot run it yet answers false for it in
+//     Backend::supports, and the front end refuses it there by name);
+//   - at least one row in the op table, tests/test_op_table.cpp, which runs it on every backend
+//     against the ref backend (OpTableCoverage.EveryOpHasACase fails until the row is there).
 //
 // Contract for all ops: inputs are read in their stored dtype (f32, bf16, f16), arithmetic is
 // fp32 (the reference backend: f64), outputs are rounded once to their dtype unless the op's
@@ -13,6 +17,7 @@
 // NCHW; attention heads are packed head-major inside the feature axis. A batch of B samples lies
 // sample after sample along the rows (or along N): row-wise ops need nothing more, the others say
 // how they see samples.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -211,6 +216,26 @@ struct AttentionOptions {
   X(void, permute, (Context & c, const Tensor& x, Tensor& y, const std::vector<int>& perm),      \
     (c, x, y, perm))                                                                             \
   X(void, image_to_rgb8, (Context & c, const Tensor& image, Tensor& rgb), (c, image, rgb))
+
+namespace ops {
+
+// The ops of the list by name: what Backend::supports is asked about, and what the op table
+// (tests/test_op_table.cpp) checks it has a case for.
+enum class OpId {
+#define APUS_OP_ID(ret, name, params, args) name,
+  APUS_OPS(APUS_OP_ID)
+#undef APUS_OP_ID
+};
+
+inline constexpr const char* kOpNames[] = {
+#define APUS_OP_NAME(ret, name, params, args) #name,
+    APUS_OPS(APUS_OP_NAME)
+#undef APUS_OP_NAME
+};
+inline constexpr size_t kOpCount = sizeof(kOpNames) / sizeof(kOpNames[0]);
+inline const char* op_name(OpId op) { return kOpNames[size_t(op)]; }
+
+}  // namespace ops
 
 // Declares every op of the list in the current namespace (a backend's own namespace).
 #define APUS_DECLARE_OP(ret, name, params, args) ret name params;

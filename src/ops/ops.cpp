@@ -1,6 +1,6 @@
 // The op layer's front end: each op's cost (conventions in docs/ROOFLINE.md), then the dispatch
-// that the op list generates: counting mode returns, operands are checked to live on the
-// Context's backend, the backend runs the op.
+// that the op list generates: counting mode returns, the Context's backend must run the op and
+// hold every operand, the backend runs it.
 #include "ops/ops.h"
 
 #include <algorithm>
@@ -211,6 +211,11 @@ template <typename F> void each_tensor(F&& f, const AttentionOptions& o) {
 }
 template <typename F, typename Other> void each_tensor(F&&, const Other&) {}
 
+// Refuses an op the backend does not run (one that implements part of the list).
+void check_runs(const Backend& backend, OpId op) {
+  APUS_CHECK(backend.supports(op), "backend ", backend.name(), " does not run op ", op_name(op));
+}
+
 // Refuses an operand that lives on another device than the backend the Context runs on.
 struct OperandCheck {
   const Backend& backend;
@@ -245,6 +250,7 @@ Backend& backend_of(Context& c) { return c.backend ? *c.backend : cpu_backend();
     const OpCost apus_cost = name##_cost args;                             \
     if (!account(c, apus_cost)) return counted<ret>();                     \
     Backend& apus_backend = backend_of(c);                                 \
+    check_runs(apus_backend, OpId::name);                                  \
     OperandCheck{apus_backend, #name}.check args;                          \
     std::optional<TraceSpan> apus_span;                                    \
     if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
