@@ -597,7 +597,7 @@ TEST_P(OpTable, MatchesTheReference) {
     std::printf("[ measure ] %s %s output %zu: rel L2 %.2e, %.3f%% differ, worst %.2f ulp\n", target.name.c_str(),
                 k.name.c_str(), i, g.rel_l2, 100 * g.differing, g.worst_ulps);
     EXPECT_TRUE(holds(k.bound, g, mine.dtype))
-        << "output " << i << ": rel L2 " << g.rel_l2 << ", " << g.differing << " differ, worst " << g.worst_ulps << " ulp";
+        << "output " << i << ": rel L2 " << g.rel_l2 << ", " << g.differing << " differ, worst " << g.worst_ulps << " ulp (" << g.worst_ulps_above_floor << " above the accumulation floor)";
   }
   EXPECT_EQ(got.answers, want.answers);
 }
