@@ -198,7 +198,8 @@ void BM_VaeDecode(benchmark::State& st) {
   }
   Arena arena;
   Context c{&arena, DType::bf16};
-  const auto vae = flux2::VaeDecoder::load(ModelDir::open(model));
+  const ModelDir dir = ModelDir::open(model);
+  const auto vae = flux2::VaeDecoder::load(dir.config("vae"), dir.weights("vae"));
   vae.make_resident();
   const int64_t side = st.range(0), tokens = side / 16;
   Tensor x = filled({tokens * tokens, vae.config().packed_channels()}, DType::bf16);

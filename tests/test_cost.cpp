@@ -194,7 +194,7 @@ TEST(Cost, CountingReadsConfigsOnly) {
   for (const char* k : {"fsdp", "tensor_parallel", "ulysses", "depth"})
     EXPECT_TRUE(j["collectives"][k].contains("wire_bytes_per_chip")) << k;
   // ...and the same directory cannot render: the weights really are gone.
-  EXPECT_THROW(WeightSet::open_dir(dir + "/transformer"), Error);
+  EXPECT_THROW(open_weights(dir + "/transformer"), Error);
   fs::remove_all(dir);
 }
 

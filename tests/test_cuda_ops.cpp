@@ -51,7 +51,7 @@ TEST(CudaStages, Flux2TransformerMatchesTheReferenceEveryStep) {
     for (const std::string p : {"fp32", "bf16"}) {
       SCOPED_TRACE(variant + " " + p);
       const test::Reference ref(variant);
-      const auto dit = flux2::Transformer::load(ModelDir::open(test::fixture(variant), true, &gpu));
+      const auto dit = test::load_stage<flux2::Transformer>(ModelDir::open(test::fixture(variant), true, &gpu), "transformer");
       const auto& cfg = dit.config();
       Arena arena(size_t(64) << 20, false, gpu);
       Context ctx{&arena, test::precision_dtype(p), nullptr, false, &gpu};
@@ -84,7 +84,7 @@ TEST(CudaStages, Flux2VaeDecodeMatchesTheReference) {
     for (const std::string p : {"fp32", "bf16"}) {
       SCOPED_TRACE(variant + " " + p);
       const test::Reference ref(variant);
-      const auto vae = flux2::VaeDecoder::load(ModelDir::open(test::fixture(variant), true, &gpu));
+      const auto vae = test::load_stage<flux2::VaeDecoder>(ModelDir::open(test::fixture(variant), true, &gpu), "vae");
       Arena arena(size_t(64) << 20, false, gpu);
       Context ctx{&arena, test::precision_dtype(p), nullptr, false, &gpu};
       const auto grid = ref.meta["latent_grid_hw"].get<std::vector<int64_t>>();

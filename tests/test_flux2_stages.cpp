@@ -46,7 +46,7 @@ TEST_P(Flux2Stages, TextEncoderMatchesReference) {
   const auto& [variant, p] = GetParam();
   const Reference ref(variant);
   const ModelDir dir = ModelDir::open(test::fixture(variant));
-  const auto enc = flux2::TextEncoder::load(dir, taps_of(ref));
+  const auto enc = test::load_stage<flux2::TextEncoder>(dir, "text_encoder", taps_of(ref));
   const auto ids64 = ref.i64("input_ids");
   const std::vector<int32_t> ids(ids64.begin(), ids64.end());
   const Tensor out = enc.encode(ctx, ids, ref.i64("attention_mask"));
@@ -64,7 +64,7 @@ TEST_P(Flux2Stages, TransformerMatchesReferenceEveryStep) {
   const auto& [variant, p] = GetParam();
   const Reference ref(variant);
   const ModelDir dir = ModelDir::open(test::fixture(variant));
-  const auto dit = flux2::Transformer::load(dir);
+  const auto dit = test::load_stage<flux2::Transformer>(dir, "transformer");
   const auto& cfg = dit.config();
   const Tensor& embeds = ref.file.get(p + ".prompt_embeds");
   const int64_t t = embeds.shape[1], l = ref.file.get(p + ".latent_ids").shape[1];
@@ -115,7 +115,7 @@ TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
   const auto& [variant, p] = GetParam();
   const Reference ref(variant);
   const ModelDir dir = ModelDir::open(test::fixture(variant));
-  const auto dit = flux2::Transformer::load(dir);
+  const auto dit = test::load_stage<flux2::Transformer>(dir, "transformer");
   const auto& cfg = dit.config();
   const int64_t t = ref.file.get(p + ".prompt_embeds").shape[1];
   const int64_t l = ref.file.get(p + ".latent_ids").shape[1];
@@ -166,7 +166,7 @@ TEST(Flux2TextEncoder, TapAtTheLastLayerIsTheFinalNormOutput) {
     if (e.path().filename() != "config.json")
       std::filesystem::create_symlink(e.path(), d + "/text_encoder/" + e.path().filename().string());
   std::ofstream(d + "/text_encoder/config.json") << ref.meta["text_encoder_config"].dump();
-  const auto enc = flux2::TextEncoder::load(ModelDir::open(d), taps_of(ref));
+  const auto enc = test::load_stage<flux2::TextEncoder>(ModelDir::open(d), "text_encoder", taps_of(ref));
   EXPECT_EQ(enc.config().layers, taps_of(ref).back());
   const auto ids64 = ref.i64("input_ids");
   for (const std::string p : {"fp32", "bf16"}) {
@@ -231,18 +231,18 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
     std::ofstream(dir + "/" + file) << j.dump();
   };
   patch("text_encoder/config.json", "rope_scaling", Json{{"rope_type", "yarn"}, {"factor", 4.0}});
-  test::expect_error([&] { flux2::TextEncoder::load(ModelDir::open(dir), {9, 18, 27}); },
+  test::expect_error([&] { test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27}); },
                      {"text_encoder/config.json", "rope_scaling"});
   patch("transformer/config.json", "guidance_embeds", true);
-  test::expect_error([&] { flux2::Transformer::load(ModelDir::open(dir)); },
+  test::expect_error([&] { test::load_stage<flux2::Transformer>(ModelDir::open(dir), "transformer"); },
                      {"transformer/config.json", "guidance_embeds"});
   patch("transformer/config.json", "guidance_embeds", false);
   patch("transformer/config.json", "axes_dims_rope", Json::array({8, 8, 8}));
-  test::expect_error([&] { flux2::Transformer::load(ModelDir::open(dir)); },
+  test::expect_error([&] { test::load_stage<flux2::Transformer>(ModelDir::open(dir), "transformer"); },
                      {"transformer/config.json", "axes_dims_rope"});
   // Sizes that would divide by zero, go negative or overflow are refused, not trusted.
   patch("transformer/config.json", "num_attention_heads", 0);
-  test::expect_error([&] { flux2::Transformer::load(ModelDir::open(dir)); },
+  test::expect_error([&] { test::load_stage<flux2::Transformer>(ModelDir::open(dir), "transformer"); },
                      {"transformer/config.json", "num_attention_heads", "is 0"});
   patch("text_encoder/config.json", "rope_scaling", nullptr);
   const struct {
@@ -254,7 +254,7 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
   for (const auto& [key, value] : text_settings) {
     const Json original = read_json(dir + "/text_encoder/config.json").value(key, Json());
     patch("text_encoder/config.json", key, value);
-    test::expect_error([&] { flux2::TextEncoder::load(ModelDir::open(dir), {9, 18, 27}); },
+    test::expect_error([&] { test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27}); },
                        {"text_encoder/config.json", key});
     patch("text_encoder/config.json", key, original);
   }
@@ -262,13 +262,13 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
   test::expect_error([&] { flow_match_schedule(read_config(dir + "/scheduler/scheduler_config.json"), 4, 1.0); },
                      {"scheduler_config.json", "stochastic_sampling"});
   patch("text_encoder/config.json", "num_key_value_heads", -3);
-  test::expect_error([&] { flux2::TextEncoder::load(ModelDir::open(dir), {9, 18, 27}); },
+  test::expect_error([&] { test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27}); },
                      {"text_encoder/config.json", "num_key_value_heads"});
   patch("vae/config.json", "norm_num_groups", 0);
-  test::expect_error([&] { flux2::VaeDecoder::load(ModelDir::open(dir)); },
+  test::expect_error([&] { test::load_stage<flux2::VaeDecoder>(ModelDir::open(dir), "vae"); },
                      {"vae/config.json", "norm_num_groups"});
   patch("vae/config.json", "norm_num_groups", 7);
-  test::expect_error([&] { flux2::VaeDecoder::load(ModelDir::open(dir)); },
+  test::expect_error([&] { test::load_stage<flux2::VaeDecoder>(ModelDir::open(dir), "vae"); },
                      {"vae/config.json", "norm_num_groups 7"});
   fs::remove_all(dir);
 }
@@ -281,7 +281,7 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
 TEST(Flux2KvCache, TransformerWithCachedReferencesGivesTheKvPipelinesVelocities) {
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("klein_tiny_9b_kv_ref.safetensors"));
   const ModelDir dir = ModelDir::open(test::fixture("klein_tiny_9b_kv"));
-  const auto dit = flux2::Transformer::load(dir);
+  const auto dit = test::load_stage<flux2::Transformer>(dir, "transformer");
   const auto& cfg = dit.config();
   const Tensor& all_ids = ref.get("img_ids");
   const int64_t l = ref.get("fp32.dit.step0.latents_in").shape[0], r = all_ids.shape[0] - l;

@@ -18,6 +18,7 @@
 #include "io/resample.h"
 #include "io/safetensors.h"
 #include "models/sa3/model_config.h"
+#include "models/sa3/official_checkpoint.h"
 #include "sampling/logsnr.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
@@ -146,7 +147,10 @@ TEST(Sa3Pipeline, SameSDecodeMatchesTheOfficialDecoder) {
   for (const char* p : {"fp32", "bf16"}) {
     const DType dt = test::precision_dtype(p);
     const auto decoder = sa3::SameDecoder::load(
-        config.same, sa3::ParamSource::official_same(WeightSet::open_dir(official_small_dir()), "pretransform.model."), dt);
+        config.same,
+        WeightLoader(sa3::OfficialCheckpoint::same(open_weights(official_small_dir()), "pretransform.model.",
+                                                   config.same.differential)),
+        dt);
     Arena arena;
     Context ctx{&arena, dt};
     const Tensor audio = decoder.decode(ctx, to_dtype(latents, dt), batch);
@@ -170,7 +174,10 @@ TEST(Sa3Pipeline, SameSEncoderMatchesTheOfficialEncoder) {
   EXPECT_TRUE(config.chunked_decode);
   const auto load = [&](DType dt) {
     return sa3::SameEncoder::load(
-        config.encoder, sa3::ParamSource::official_same(WeightSet::open_dir(official_small_dir()), "pretransform.model."), dt);
+        config.encoder,
+        WeightLoader(sa3::OfficialCheckpoint::same(open_weights(official_small_dir()), "pretransform.model.",
+                                                   config.encoder.differential)),
+        dt);
   };
   for (const char* p : {"fp32", "bf16"}) {
     const DType dt = test::precision_dtype(p);
@@ -247,7 +254,9 @@ TEST(Sa3Pipeline, ClipsAtOtherRatesAreResampledAsTorchaudioDoes) {
   // doubled and cut to the canvas) and encoded, against the official _encode_audio_input.
   const sa3::OfficialConfig config = sa3::read_official_config(official_dir() + "/model_config.json");
   const auto encoder = sa3::SameEncoder::load(
-      config.encoder, sa3::ParamSource::official_same(WeightSet::open_dir(official_dir()), "pretransform.model."),
+      config.encoder,
+      WeightLoader(sa3::OfficialCheckpoint::same(open_weights(official_dir()), "pretransform.model.",
+                                                 config.encoder.differential)),
       DType::f32);
   for (const char* name : {"init_3000", "inpaint"}) {
     const Tensor& want = ref.get(std::string(name) + ".latents");

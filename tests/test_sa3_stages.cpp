@@ -11,6 +11,15 @@
 namespace apus {
 namespace {
 
+// config.json of a diffusers component folder.
+Config config_in(const std::string& dir) { return read_config(dir + "/config.json"); }
+
+// SAME-L's diffusers folder, as the pipeline loads its decoder.
+sa3::SameDecoder same_l_decoder(DType dt) {
+  const std::string dir = test::fixture("sa3_tiny/same_l");
+  return sa3::SameDecoder::load(sa3::SameConfig::read(config_in(dir)), test::weights_in(dir), dt);
+}
+
 class T5Gemma : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(T5Gemma, EncoderMatchesTransformers) {
@@ -22,7 +31,8 @@ TEST_P(T5Gemma, EncoderMatchesTransformers) {
   std::vector<int32_t> ids(ids64.ptr<int64_t>(), ids64.ptr<int64_t>() + ids64.numel());
   std::vector<int64_t> mask(mask64.ptr<int64_t>(), mask64.ptr<int64_t>() + mask64.numel());
   ASSERT_EQ(batch, 2);
-  const auto encoder = sa3::T5GemmaEncoder::load(test::fixture("t5gemma_tiny"));
+  const std::string dir = test::fixture("t5gemma_tiny");
+  const auto encoder = sa3::T5GemmaEncoder::load(sa3::T5GemmaConfig::read(config_in(dir)), test::weights_in(dir));
   Arena arena;
   Context ctx{&arena, test::precision_dtype(p)};
   const Tensor out = encoder.encode(ctx, ids, mask, batch);
@@ -48,7 +58,8 @@ TEST_P(Duration, EmbedderMatchesDiffusers) {
   const std::string p = GetParam();
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_tiny_ref.safetensors"));
   const std::vector<float> seconds = to_f32_vector(ref.get("seconds"));
-  const auto embedder = sa3::DurationEmbedder::load(test::fixture("sa3_tiny/duration_embedder"));
+  const std::string dir = test::fixture("sa3_tiny/duration_embedder");
+  const auto embedder = sa3::DurationEmbedder::load(sa3::DurationConfig::read(config_in(dir)), test::weights_in(dir));
   Arena arena;
   Context ctx{&arena, test::precision_dtype(p)};
   const Tensor out = embedder.embed(ctx, seconds);
@@ -70,7 +81,8 @@ TEST_P(SA3Dit, ForwardMatchesTheOfficialCode) {
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_dit_ref.safetensors"));
   const std::string v = variant + ".", c = v + cse + ".";
   const DType dt = test::precision_dtype(p);
-  const auto dit = sa3::Dit::load(test::fixture("sa3_tiny/" + variant), dt);
+  const std::string dir = test::fixture("sa3_tiny/" + variant);
+  const auto dit = sa3::Dit::load(sa3::DitConfig::read(config_in(dir)), test::weights_in(dir), dt);
   const auto& cfg = dit.config();
   EXPECT_EQ(cfg.differential, variant == "dit_diff");
   const Tensor& x3 = ref.get(v + "x");  // (B, io, T)
@@ -127,7 +139,7 @@ TEST_P(SameDecode, MatchesTheOfficialDecoder) {
   const std::string p = GetParam();
   const DType dt = test::precision_dtype(p);
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_same_ref.safetensors"));
-  const auto decoder = sa3::SameDecoder::load(test::fixture("sa3_tiny/same_l"), dt);
+  const auto decoder = same_l_decoder(dt);
   const auto& cfg = decoder.config();
   const Tensor& z = ref.get("latents");  // (B, C, T)
   const int64_t batch = z.shape[0];
@@ -152,7 +164,9 @@ TEST_P(SameEncode, MatchesTheOfficialEncoder) {
   const std::string p = GetParam();
   const DType dt = test::precision_dtype(p);
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_same_ref.safetensors"));
-  const auto encoder = sa3::SameEncoder::load(test::fixture("sa3_tiny/same_l"), dt);
+  const std::string dir = test::fixture("sa3_tiny/same_l");
+  const auto encoder =
+      sa3::SameEncoder::load(sa3::SameConfig::read(config_in(dir), /*encoder=*/true), test::weights_in(dir), dt);
   const Tensor& audio = ref.get("encode.audio");  // (B, C, N)
   Arena arena;
   Context ctx{&arena, dt};
@@ -170,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SameEncode, ::testing::Values("fp32", "bf16")
 // generator (seed 5) chunk after chunk, both chunked and whole.
 TEST(SameDecodeLong, ChunkedDecodeAndInferenceNoiseMatchTheOfficialDecodeAudio) {
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_same_ref.safetensors"));
-  const auto decoder = sa3::SameDecoder::load(test::fixture("sa3_tiny/same_l"), DType::f32);
+  const auto decoder = same_l_decoder(DType::f32);
   const Tensor latents = test::frames_major(ref.get("long.latents"));
   Arena arena;
   Context ctx{&arena, DType::f32};

@@ -98,9 +98,9 @@ TEST(Safetensors, RejectsTruncatedFiles) {
 }
 
 TEST(Safetensors, MissingTensorAndWrongShapeNameTheFile) {
-  const WeightSet w = WeightSet::open_dir(test::fixture("klein_tiny_a/transformer"));
-  expect_error([&] { w.get("no.such.weight"); }, {"no.such.weight", "diffusion_pytorch_model"});
-  expect_error([&] { w.get("proj_out.weight", {1, 2}); }, {"proj_out.weight", "expected [1, 2]"});
+  const auto w = open_weights(test::fixture("klein_tiny_a/transformer"));
+  expect_error([&] { w->fetch("no.such.weight", {1}); }, {"no.such.weight", "diffusion_pytorch_model"});
+  expect_error([&] { w->fetch("proj_out.weight", {1, 2}); }, {"proj_out.weight", "expected [1, 2]"});
 }
 
 TEST(Safetensors, WeightWithTheWrongDtypeIsRejected) {
@@ -109,17 +109,17 @@ TEST(Safetensors, WeightWithTheWrongDtypeIsRejected) {
   Tensor ids = Tensor::heap({4, 2}, DType::i64);
   std::memset(ids.data, 0, ids.nbytes());
   write_safetensors(d + "/diffusion_pytorch_model.safetensors", {{"proj_out.weight", ids}});
-  const WeightSet w = WeightSet::open_dir(d);
-  expect_error([&] { w.get("proj_out.weight", {4, 2}); }, {"proj_out.weight", "dtype i64"});
+  const auto w = open_weights(d);
+  expect_error([&] { w->fetch("proj_out.weight", {4, 2}); }, {"proj_out.weight", "dtype i64"});
   std::filesystem::remove_all(d);
 }
 
 TEST(ModelDir, ShardedIndexResolvesEveryTensor) {
-  const WeightSet w = WeightSet::open_dir(test::fixture("klein_tiny_a/text_encoder"));
+  const auto w = SafetensorsFolder::open(test::fixture("klein_tiny_a/text_encoder"));
   const Json index = read_json(test::fixture("klein_tiny_a/text_encoder/model.safetensors.index.json"));
-  EXPECT_EQ(w.count(), index["weight_map"].size());
+  EXPECT_EQ(w->names().size(), index["weight_map"].size());
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it)
-    EXPECT_TRUE(w.get(it.key()).data) << it.key();
+    EXPECT_TRUE(w->stored(it.key()).data) << it.key();
 }
 
 TEST(ModelDir, BadDirectoriesGiveOneLineErrors) {

@@ -87,14 +87,14 @@ void expect_finite_run(const std::string& model_dir, int width, int height) {
   const std::vector<int32_t> ids = encode_klein_prompt(tok, "a red fox in tall grass", 512, &mask32);
   Tensor embeds;
   {
-    const auto enc = flux2::TextEncoder::load(dir, {9, 18, 27});
+    const auto enc = test::load_stage<flux2::TextEncoder>(dir, "text_encoder", std::vector<int>{9, 18, 27});
     embeds = enc.encode(ctx, ids, std::vector<int64_t>(mask32.begin(), mask32.end()));
   }
   double m = max_abs_or_nan(embeds);
   ASSERT_TRUE(std::isfinite(m)) << "text encoder output";
   std::printf("[ measure ] text encoder max |x| %.3g\n", m);
 
-  const auto dit = flux2::Transformer::load(dir);
+  const auto dit = test::load_stage<flux2::Transformer>(dir, "transformer");
   const auto& cfg = dit.config();
   const int64_t h = height / 16, w = width / 16, l = h * w;
   const Tensor txt_ids = flux2::text_position_ids(512), img_ids = flux2::image_position_ids(h, w);
@@ -113,7 +113,7 @@ void expect_finite_run(const std::string& model_dir, int width, int height) {
     std::printf("[ measure ] step %zu velocity max |v| %.3g\n", i + 1, m);
     euler_step(ctx, x, v, sched.sigmas[i], sched.sigmas[i + 1]);
   }
-  const auto vae = flux2::VaeDecoder::load(dir);
+  const auto vae = test::load_stage<flux2::VaeDecoder>(dir, "vae");
   Tensor image = Tensor::heap({1, 3, height, width}, DType::bf16);
   vae.decode(ctx, x, h, w, image);
   m = max_abs_or_nan(image);
@@ -138,16 +138,16 @@ TEST(Synth, KleinLayoutSatisfiesEveryLoader) {
   TempDir out("layout");
   synth_checkpoint(tpl, out.path, 0, {}, /*layout_only=*/true);
   const ModelDir dir = ModelDir::open(out.path);
-  const auto dit = flux2::Transformer::load(dir);
+  const auto dit = test::load_stage<flux2::Transformer>(dir, "transformer");
   EXPECT_EQ(dit.config().hidden, 3072);
   EXPECT_EQ(dit.config().num_double, 5);
   EXPECT_EQ(dit.config().num_single, 20);
   EXPECT_EQ(dit.config().joint_dim, 7680);
-  EXPECT_EQ(dir.weights("transformer").count(), 169u);
-  const auto enc = flux2::TextEncoder::load(dir, {9, 18, 27});
+  EXPECT_EQ(SafetensorsFolder::open(dir.component("transformer"))->names().size(), 169u);
+  const auto enc = test::load_stage<flux2::TextEncoder>(dir, "text_encoder", std::vector<int>{9, 18, 27});
   EXPECT_EQ(enc.config().hidden * 3, dit.config().joint_dim);
   EXPECT_EQ(enc.config().vocab, 151936);
-  const auto vae = flux2::VaeDecoder::load(dir);
+  const auto vae = test::load_stage<flux2::VaeDecoder>(dir, "vae");
   EXPECT_EQ(vae.config().packed_channels(), dit.config().in_channels);
   EXPECT_EQ(vae.config().pixels_per_token(), 16);
 
@@ -254,7 +254,7 @@ TEST(Synth, OnDemandSeedFileIsChecked) {
   for (const char* bad : {"{\"seed\": -1}", "{\"seed\": \"7\"}", "[7]", "{"}) {
     fs::remove(marker);
     std::ofstream(marker) << bad;
-    expect_error([&] { WeightSet::open_dir(out.path + "/transformer"); }, {kSyntheticValuesFile});
+    expect_error([&] { open_weights(out.path + "/transformer"); }, {kSyntheticValuesFile});
   }
 }
 

@@ -56,6 +56,15 @@ inline std::string fixture(const std::string& rel) {
   return root + "/" + rel;
 }
 
+// A component folder's weights on the CPU.
+inline WeightLoader weights_in(const std::string& dir) { return WeightLoader(open_weights(dir)); }
+
+// A klein stage as the pipeline loads it: its component's config and weights in `dir`.
+template <typename Model, typename... Rest>
+Model load_stage(const ModelDir& dir, const std::string& component, Rest&&... rest) {
+  return Model::load(dir.config(component), dir.weights(component), std::forward<Rest>(rest)...);
+}
+
 // ||a - b|| / ||b||
 inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());

@@ -59,7 +59,7 @@ int max_abs_diff(const std::vector<uint8_t>& a, const Tensor& b) {
 TEST_P(Flux2Vae, UnpackMatchesPipelineVaeInput) {
   const auto& [variant, p] = GetParam();
   const Reference ref(variant);
-  const auto vae = flux2::VaeDecoder::load(ModelDir::open(test::fixture(variant)));
+  const auto vae = test::load_stage<flux2::VaeDecoder>(ModelDir::open(test::fixture(variant)), "vae");
   const auto grid = ref.meta["latent_grid_hw"].get<std::vector<int64_t>>();
   const int64_t h = grid[0], w = grid[1], pt = vae.config().patch;
   Tensor latents = poisoned({1, vae.config().latent_channels, pt * h, pt * w}, ctx.act);
@@ -74,7 +74,7 @@ TEST_P(Flux2Vae, UnpackMatchesPipelineVaeInput) {
 TEST_P(Flux2Vae, DecodeMatchesReference) {
   const auto& [variant, p] = GetParam();
   const Reference ref(variant);
-  const auto vae = flux2::VaeDecoder::load(ModelDir::open(test::fixture(variant)));
+  const auto vae = test::load_stage<flux2::VaeDecoder>(ModelDir::open(test::fixture(variant)), "vae");
   const auto grid = ref.meta["latent_grid_hw"].get<std::vector<int64_t>>();
   const int64_t h = grid[0], w = grid[1], s = vae.config().pixels_per_token();
   ASSERT_EQ(h * s, ref.meta["height"].get<int64_t>());
@@ -123,7 +123,7 @@ TEST_P(Flux2Vae, PostprocessMatchesPipelineBytes) {
 TEST_P(Flux2Vae, EncoderPacksAReferenceImageAsThePipeline) {
   const auto& [variant, p] = GetParam();
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture(variant + "_refimage_ref.safetensors"));
-  const auto enc = flux2::VaeEncoder::load(ModelDir::open(test::fixture(variant)));
+  const auto enc = test::load_stage<flux2::VaeEncoder>(ModelDir::open(test::fixture(variant)), "vae");
   const Tensor& in = ref.get(p + ".image_in");
   const Tensor image = to_dtype(in, ctx.act);
   const Tensor& want = ref.get("fp32.image_latents");

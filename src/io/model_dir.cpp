@@ -1,16 +1,11 @@
 #include "io/model_dir.h"
 
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 
 #include "core/error.h"
 #include "io/files.h"
-#include "io/synth.h"
-#include "ops/backend.h"
 
 namespace apus {
 
@@ -152,182 +147,6 @@ std::vector<int64_t> Config::get_ints(const std::string& key) const {
   return v;
 }
 
-WeightSet WeightSet::open_dir(const std::string& dir, Backend* device) {
-  WeightSet w;
-  w.device_ = device;
-  std::vector<std::string> files;
-  // diffusers names its files diffusion_pytorch_model*, transformers model*; either may be sharded.
-  for (const char* stem : {"diffusion_pytorch_model", "model"}) {
-    const std::string index = dir + "/" + stem + ".safetensors.index.json";
-    const std::string single = dir + "/" + stem + ".safetensors";
-    if (path_exists(index)) {
-      const Json j = read_json(index);
-      APUS_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index,
-                 ": missing object 'weight_map'");
-      std::map<std::string, std::string> shard_of;
-      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-        APUS_CHECK(it.value().is_string(), index, ": weight_map['", it.key(),
-                   "'] is not a file name");
-        const std::string shard = it.value().get<std::string>();
-        APUS_CHECK(shard.find('/') == std::string::npos, index, ": shard name '", shard,
-                   "' must be a plain file name");
-        shard_of[it.key()] = shard;
-      }
-      std::map<std::string, const SafetensorsFile*> opened;
-      for (const auto& [name, shard] : shard_of) {
-        if (!opened.count(shard)) {
-          w.shards_.push_back(std::make_shared<SafetensorsFile>(
-              SafetensorsFile::open(dir + "/" + shard)));
-          opened[shard] = w.shards_.back().get();
-        }
-        const SafetensorsFile* f = opened[shard];
-        APUS_CHECK(f->contains(name), f->path(), ": index ", index, " lists tensor '", name,
-                   "' but the shard does not hold it");
-        w.where_[name] = f;
-      }
-      w.attach_synthetic_values(dir);
-      return w;
-    }
-    if (path_exists(single)) files.push_back(single);
-  }
-  APUS_CHECK(!files.empty(), dir,
-             ": no weights found (expected diffusion_pytorch_model.safetensors, model.safetensors "
-             "or a *.safetensors.index.json)");
-  w.shards_.push_back(std::make_shared<SafetensorsFile>(SafetensorsFile::open(files[0])));
-  for (const auto& n : w.shards_[0]->names()) w.where_[n] = w.shards_[0].get();
-  w.attach_synthetic_values(dir);
-  return w;
-}
-
-void WeightSet::attach_synthetic_values(const std::string& dir) {
-  const std::filesystem::path component = std::filesystem::absolute(dir).lexically_normal();
-  for (const std::filesystem::path& root : {component, component.parent_path()}) {
-    const std::string marker = (root / kSyntheticValuesFile).string();
-    if (!path_exists(marker)) continue;
-    const Json j = read_json(marker);
-    APUS_CHECK(j.is_object() && j.contains("seed") && j["seed"].is_number_unsigned(), marker,
-               ": expected {\"seed\": N} with N a whole number");
-    synthetic_seed_ = j["seed"].get<uint64_t>();
-    for (const auto& shard : shards_)
-      synthetic_rel_[shard.get()] =
-          std::filesystem::absolute(shard->path()).lexically_normal().lexically_relative(root).generic_string();
-    return;
-  }
-}
-
-const std::string& WeightSet::file_of(const std::string& name) const {
-  get(name);  // refuses a missing tensor naming the files
-  return where_.at(name)->path();
-}
-
-const Tensor& WeightSet::get(const std::string& name) const {
-  auto it = where_.find(name);
-  APUS_CHECK(it != where_.end(), "missing tensor '", name, "' in ",
-             shards_.empty() ? std::string("(no files)") : shards_[0]->path());
-  if (!synthetic_seed_) return it->second->get(name);
-  auto made = generated_.find(name);
-  if (made == generated_.end()) {
-    const Tensor& layout = it->second->get(name);
-    Tensor values = Tensor::heap(layout.shape, layout.dtype);
-    synth_values(*synthetic_seed_, synthetic_rel_.at(it->second), name, values);
-    made = generated_.emplace(name, std::move(values)).first;
-  }
-  return made->second;
-}
-
-WeightSet WeightSet::shapes_only() {
-  WeightSet w;
-  w.shapes_only_ = true;
-  return w;
-}
-
-const Tensor& WeightSet::get(const std::string& name, const Shape& expected) const {
-  const Tensor& t = host(name, expected);
-  if (!device_ || shapes_only_) return t;
-  auto it = uploaded_.find(name);
-  if (it == uploaded_.end()) {
-    it = uploaded_.emplace(name, device_->upload(t)).first;
-    generated_.erase(name);  // the device copy is what stays
-  }
-  return it->second;
-}
-
-Tensor WeightSet::place(const Tensor& host_tensor) const {
-  return device_ && host_tensor.data ? device_->upload(host_tensor) : host_tensor;
-}
-
-const Tensor& WeightSet::host(const std::string& name, const Shape& expected) const {
-  fetched_[name] = shape_numel(expected);
-  if (shapes_only_) {
-    Tensor& t = placeholders_[name];
-    t.dtype = DType::bf16;
-    t.shape = expected;
-    return t;
-  }
-  const Tensor& t = get(name);
-  APUS_CHECK(t.shape == expected, where_.at(name)->path(), ": tensor '", name, "' has shape ",
-             shape_str(t.shape), ", expected ", shape_str(expected));
-  APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32 || t.dtype == DType::f16,
-             where_.at(name)->path(), ": tensor '", name, "' has dtype ", dtype_name(t.dtype),
-             ", expected bf16, f16 or f32");
-  return t;
-}
-
-bool WeightSet::contains(const std::string& name) const {
-  return shapes_only_ || where_.count(name) > 0;
-}
-size_t WeightSet::count() const { return where_.size(); }
-
-size_t WeightSet::make_resident() const {
-  // On a device the copies made at each fetch are what stays, and generated values are in memory
-  // from their fetch; the mapping is not read again.
-  if (shapes_only_ || device_ || synthetic_seed_) return 0;
-  std::vector<const Tensor*> tensors;
-  size_t total = 0;
-  for (const auto& [name, elements] : fetched_) {
-    if (released_.count(name)) continue;
-    tensors.push_back(&get(name));
-    total += tensors.back()->nbytes();
-  }
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  // Read-ahead hint first, then one load per page from both cores.
-  for (const Tensor* t : tensors) {
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(t->data) & ~(page - 1);
-    const uintptr_t end = reinterpret_cast<uintptr_t>(t->data) + t->nbytes();
-    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
-  }
-  uint64_t checksum = 0;
-#pragma omp parallel for schedule(dynamic) reduction(+ : checksum)
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto* p = static_cast<const volatile uint8_t*>(tensors[i]->data);
-    for (size_t off = 0; off < tensors[i]->nbytes(); off += page) checksum += p[off];
-  }
-  (void)checksum;
-  return total;
-}
-
-void WeightSet::release(const std::string& name) const {
-  if (shapes_only_) return;
-  if (synthetic_seed_) {
-    generated_.erase(name);
-    released_.insert(name);
-    return;
-  }
-  const Tensor& t = get(name);
-  released_.insert(name);
-  // Whole pages inside the tensor only: a neighbour that shares an edge page keeps it.
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) & ~(page - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes()) & ~(page - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
-int64_t WeightSet::fetched_elements() const {
-  int64_t n = 0;
-  for (const auto& [name, elements] : fetched_) n += elements;
-  return n;
-}
-
 ModelDir ModelDir::open(const std::string& root, bool load_weights, Backend* device) {
   APUS_CHECK(is_directory(root), root, ": model directory does not exist");
   ModelDir m;
@@ -357,6 +176,10 @@ std::string ModelDir::component(const std::string& name) const {
   APUS_CHECK(is_directory(p), p, ": component folder missing (model_index.json lists '", name,
              "')");
   return p;
+}
+
+WeightLoader ModelDir::weights(const std::string& name) const {
+  return WeightLoader(load_weights_ ? open_weights(component(name)) : std::make_shared<ShapesOnly>(), device_);
 }
 
 Config ModelDir::config(const std::string& name, const std::string& file) const {

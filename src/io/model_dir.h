@@ -1,15 +1,13 @@
 #pragma once
 // A diffusers-layout model directory: model_index.json plus one folder per component.
-#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
+#include "io/weight_source.h"
 
 namespace apus {
 
@@ -71,57 +69,6 @@ struct Config {
 };
 Config read_config(const std::string& path);
 
-class Backend;
-
-// Weights of one component, possibly sharded through `*.index.json`; tensors are mmap views, or
-// (placed on a device backend) device copies made at their first fetch. In a checkpoint made by
-// synth_on_demand (its root, the component folder or the one above, holds kSyntheticValuesFile) the
-// files give names, dtypes and shapes, and each tensor's values are generated when it is fetched.
-class WeightSet {
- public:
-  static WeightSet open_dir(const std::string& component_dir, Backend* device = nullptr);
-  // No files: every shape-checked get() yields a bf16 tensor of the expected shape without data.
-  // The cost model runs the model code over these.
-  static WeightSet shapes_only();
-  // Checks the stored shape; the error names the file holding the tensor. On a device, the
-  // device copy.
-  const Tensor& get(const std::string& name, const Shape& expected) const;
-  // The same tensor as stored (host memory, the mapping) for what a model computes from its
-  // weights at load, and where such a result goes: the device copy of a host tensor, or itself.
-  const Tensor& host(const std::string& name, const Shape& expected) const;
-  Tensor place(const Tensor& host_tensor) const;
-  const Tensor& get(const std::string& name) const;
-  // The file holding a stored tensor, for errors about its values.
-  const std::string& file_of(const std::string& name) const;
-  bool contains(const std::string& name) const;
-  size_t count() const;
-  // Elements of the distinct tensors fetched through get(name, shape): the parameters a model
-  // actually uses, in both modes.
-  int64_t fetched_elements() const;
-  // Reads every fetched tensor's pages into memory now, so that loading (disk or page cache)
-  // is timed as loading and not inside the first forward. Returns the bytes made resident.
-  size_t make_resident() const;
-  // A tensor the model no longer reads from the mapping (it holds a converted copy): its pages leave
-  // this process's resident set (they stay in the page cache) and make_resident skips it.
-  void release(const std::string& name) const;
-
- private:
-  void attach_synthetic_values(const std::string& dir);
-  std::vector<std::shared_ptr<SafetensorsFile>> shards_;
-  std::map<std::string, const SafetensorsFile*> where_;
-  bool shapes_only_ = false;
-  mutable std::map<std::string, Tensor> placeholders_;
-  mutable std::map<std::string, int64_t> fetched_;
-  mutable std::set<std::string> released_;
-  Backend* device_ = nullptr;
-  mutable std::map<std::string, Tensor> uploaded_;
-  // On-demand synthetic values: the seed, each shard's path relative to the checkpoint root, and the
-  // tensors generated so far (on a device, only until their device copy is made).
-  std::optional<uint64_t> synthetic_seed_;
-  std::map<const SafetensorsFile*, std::string> synthetic_rel_;
-  mutable std::map<std::string, Tensor> generated_;
-};
-
 class ModelDir {
  public:
   // With load_weights false, weights() never opens a file (configs only, for cost counting). With
@@ -130,9 +77,7 @@ class ModelDir {
   const std::string& root() const { return root_; }
   std::string component(const std::string& name) const;  // path of the folder, checked to exist
   Config config(const std::string& name, const std::string& file = "config.json") const;
-  WeightSet weights(const std::string& name) const {
-    return load_weights_ ? WeightSet::open_dir(component(name), device_) : WeightSet::shapes_only();
-  }
+  WeightLoader weights(const std::string& name) const;
   const Json& index() const { return index_; }
   Backend* device() const { return device_; }  // null: the CPU
   // model_index.json's `_class_name` ("Flux2KleinPipeline"), checked to be present at open().

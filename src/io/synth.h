@@ -34,7 +34,7 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
                       const SynthProgress& progress, bool layout_only = false);
 
 // A checkpoint whose values are made as they are read: synth_checkpoint's layout only (sparse
-// files, no disk space) plus kSyntheticValuesFile naming the seed, so that WeightSet generates each
+// files, no disk space) plus kSyntheticValuesFile naming the seed, so that open_weights generates each
 // tensor when a model fetches it, byte for byte what synth_checkpoint would have written. What a
 // device bench loads: the weights go straight to device memory, nothing is written first.
 void synth_on_demand(const std::string& template_dir, const std::string& out_dir, uint64_t seed,

@@ -57,16 +57,15 @@ TextEncoderConfig TextEncoderConfig::read(const Config& c) {
   return t;
 }
 
-TextEncoder TextEncoder::load(const ModelDir& dir, const std::vector<int>& taps) {
-  TextEncoder m;
-  m.cfg_ = TextEncoderConfig::read(dir.config("text_encoder"));
+TextEncoder TextEncoder::load(const Config& config, WeightLoader weights, const std::vector<int>& taps) {
+  TextEncoder m(std::move(weights));
+  m.cfg_ = TextEncoderConfig::read(config);
   m.taps_ = taps;
-  m.weights_ = dir.weights("text_encoder");
   const auto& c = m.cfg_;
   const int deepest = *std::max_element(taps.begin(), taps.end());
-  APUS_CHECK(deepest >= 1 && deepest <= c.layers, dir.root(), "/text_encoder: hidden-state tap ",
-             deepest, " needs ", deepest, " layers, the config has ", c.layers);
-  const WeightSet& w = m.weights_;
+  APUS_CHECK(deepest >= 1 && deepest <= c.layers, config.path, ": hidden-state tap ", deepest, " needs ", deepest,
+             " layers, the config has ", c.layers);
+  const WeightLoader& w = m.weights_;
   const std::string root = w.contains("model.embed_tokens.weight") ? "model." : "";
   const int64_t h = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   m.embed_ = w.get(root + "embed_tokens.weight", {c.vocab, h});

@@ -18,7 +18,7 @@ struct TextEncoderConfig {
 class TextEncoder {
  public:
   // Loads only the layers the taps need; deeper layers' weights are never touched.
-  static TextEncoder load(const ModelDir& dir, const std::vector<int>& taps);
+  static TextEncoder load(const Config& config, WeightLoader weights, const std::vector<int>& taps);
   const TextEncoderConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
@@ -28,12 +28,13 @@ class TextEncoder {
                 const std::vector<int64_t>& attention_mask, int64_t batch = 1) const;
 
  private:
+  explicit TextEncoder(WeightLoader weights) : weights_(std::move(weights)) {}
   struct Layer {
     Tensor in_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
   };
   TextEncoderConfig cfg_;
   std::vector<int> taps_;
-  WeightSet weights_;
+  WeightLoader weights_;
   Tensor embed_;
   Tensor final_norm_;  // only where a tap is the last hidden state
   std::vector<Layer> layers_;

@@ -38,12 +38,11 @@ TransformerConfig TransformerConfig::read(const Config& c) {
   return t;
 }
 
-Transformer Transformer::load(const ModelDir& dir) {
-  Transformer m;
-  m.cfg_ = TransformerConfig::read(dir.config("transformer"));
-  m.weights_ = dir.weights("transformer");
+Transformer Transformer::load(const Config& config, WeightLoader weights) {
+  Transformer m(std::move(weights));
+  m.cfg_ = TransformerConfig::read(config);
   const auto& c = m.cfg_;
-  const WeightSet& w = m.weights_;
+  const WeightLoader& w = m.weights_;
   const int64_t h = c.hidden, d = c.head_dim, f = c.mlp_hidden;
   m.x_embedder_ = w.get("x_embedder.weight", {h, c.in_channels});
   m.context_embedder_ = w.get("context_embedder.weight", {h, c.joint_dim});

@@ -38,7 +38,7 @@ struct ReferenceKv {
 
 class Transformer {
  public:
-  static Transformer load(const ModelDir& dir);
+  static Transformer load(const Config& config, WeightLoader weights);
   const TransformerConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
@@ -65,8 +65,9 @@ class Transformer {
   struct Single {
     Tensor qkv_mlp, out, norm_q, norm_k;
   };
+  explicit Transformer(WeightLoader weights) : weights_(std::move(weights)) {}
   TransformerConfig cfg_;
-  WeightSet weights_;
+  WeightLoader weights_;
   Tensor x_embedder_, context_embedder_, time_1_, time_2_, mod_img_, mod_txt_, mod_single_;
   Tensor norm_out_, proj_out_;
   std::vector<Double> double_;

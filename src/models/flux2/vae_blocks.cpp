@@ -4,19 +4,19 @@
 
 namespace apus::flux2::vae {
 
-Norm load_norm(const WeightSet& w, const std::string& prefix, int64_t channels) {
+Norm load_norm(const WeightLoader& w, const std::string& prefix, int64_t channels) {
   return Norm{w.get(prefix + ".weight", {channels}), w.get(prefix + ".bias", {channels})};
 }
 
-void load_conv(const WeightSet& w, const std::string& prefix, int64_t out, int64_t in, int64_t k, Tensor& weight,
+void load_conv(const WeightLoader& w, const std::string& prefix, int64_t out, int64_t in, int64_t k, Tensor& weight,
                Tensor& bias) {
   weight = w.get(prefix + ".weight", {out, in, k, k});
   bias = w.get(prefix + ".bias", {out});
 }
 
-BatchNormStats batch_norm_stats(const WeightSet& w, int64_t channels, double eps, DType dt) {
-  const Tensor& mean = w.host("bn.running_mean", {channels});
-  const Tensor& var = w.host("bn.running_var", {channels});
+BatchNormStats batch_norm_stats(const WeightLoader& w, int64_t channels, double eps, DType dt) {
+  const Tensor mean = w.host("bn.running_mean", {channels});
+  const Tensor var = w.host("bn.running_var", {channels});
   BatchNormStats s;
   if (!mean.data) {
     s.mean = s.std = Tensor::shape_only({channels}, DType::f32);
@@ -32,7 +32,7 @@ BatchNormStats batch_norm_stats(const WeightSet& w, int64_t channels, double eps
   return s;
 }
 
-Resnet load_resnet(const WeightSet& w, const std::string& prefix, int64_t in, int64_t out) {
+Resnet load_resnet(const WeightLoader& w, const std::string& prefix, int64_t in, int64_t out) {
   Resnet r;
   r.norm1 = load_norm(w, prefix + ".norm1", in);
   load_conv(w, prefix + ".conv1", out, in, 3, r.conv1_w, r.conv1_b);
@@ -42,7 +42,7 @@ Resnet load_resnet(const WeightSet& w, const std::string& prefix, int64_t in, in
   return r;
 }
 
-Attention load_attention(const WeightSet& w, const std::string& prefix, int64_t channels) {
+Attention load_attention(const WeightLoader& w, const std::string& prefix, int64_t channels) {
   Attention a;
   a.norm = load_norm(w, prefix + "group_norm", channels);
   struct Linear {

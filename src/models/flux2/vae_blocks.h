@@ -25,12 +25,12 @@ struct Attention {
   Tensor q_w, q_b, k_w, k_b, v_w, v_b, out_w, out_b;
 };
 
-Norm load_norm(const WeightSet& w, const std::string& prefix, int64_t channels);
+Norm load_norm(const WeightLoader& w, const std::string& prefix, int64_t channels);
 // A square conv's weight [out, in, k, k] and bias [out].
-void load_conv(const WeightSet& w, const std::string& prefix, int64_t out, int64_t in, int64_t k, Tensor& weight,
+void load_conv(const WeightLoader& w, const std::string& prefix, int64_t out, int64_t in, int64_t k, Tensor& weight,
                Tensor& bias);
-Resnet load_resnet(const WeightSet& w, const std::string& prefix, int64_t in, int64_t out);
-Attention load_attention(const WeightSet& w, const std::string& prefix, int64_t channels);
+Resnet load_resnet(const WeightLoader& w, const std::string& prefix, int64_t in, int64_t out);
+Attention load_attention(const WeightLoader& w, const std::string& prefix, int64_t channels);
 
 // The latents' batch-norm statistics as the pipeline applies them in the activation dtype `dt`:
 // the running mean cast to it and sqrt(running_var + eps) evaluated in it (f32 tensors holding
@@ -39,7 +39,7 @@ struct BatchNormStats {
   Tensor mean, std;
 };
 // In host memory (the encoder derives its normalisation from them); the decoder places them.
-BatchNormStats batch_norm_stats(const WeightSet& w, int64_t channels, double eps, DType dt);
+BatchNormStats batch_norm_stats(const WeightLoader& w, int64_t channels, double eps, DType dt);
 
 // y = x + conv2(silu(norm2(conv1(silu(norm1(x)))))), the sum through the 1x1 shortcut where the
 // channel count changes; NCHW, each eager op rounded to the activation dtype.

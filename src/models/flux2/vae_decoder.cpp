@@ -70,12 +70,11 @@ VaeConfig VaeConfig::read(const Config& c) {
   return v;
 }
 
-VaeDecoder VaeDecoder::load(const ModelDir& dir) {
-  VaeDecoder m;
-  m.cfg_ = VaeConfig::read(dir.config("vae"));
-  m.weights_ = dir.weights("vae");
+VaeDecoder VaeDecoder::load(const Config& config, WeightLoader weights) {
+  VaeDecoder m(std::move(weights));
+  m.cfg_ = VaeConfig::read(config);
   const VaeConfig& c = m.cfg_;
-  const WeightSet& w = m.weights_;
+  const WeightLoader& w = m.weights_;
   const int64_t lat = c.latent_channels, mid = c.block_out.back();
   for (const DType dt : {DType::f32, DType::bf16}) {
     const vae::BatchNormStats s = vae::batch_norm_stats(w, c.packed_channels(), c.bn_eps, dt);

@@ -24,7 +24,7 @@ struct VaeConfig {
 
 class VaeDecoder {
  public:
-  static VaeDecoder load(const ModelDir& dir);
+  static VaeDecoder load(const Config& config, WeightLoader weights);
   const VaeConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
@@ -43,8 +43,9 @@ class VaeDecoder {
     std::vector<vae::Resnet> resnets;
     Tensor up_w, up_b;  // absent in the last block
   };
+  explicit VaeDecoder(WeightLoader weights) : weights_(std::move(weights)) {}
   VaeConfig cfg_;
-  WeightSet weights_;
+  WeightLoader weights_;
   vae::BatchNormStats stats_f32_, stats_bf16_;
   Tensor post_quant_w_, post_quant_b_, conv_in_w_, conv_in_b_;
   vae::Resnet mid_in_, mid_out_;

@@ -4,12 +4,11 @@
 
 namespace apus::flux2 {
 
-VaeEncoder VaeEncoder::load(const ModelDir& dir) {
-  VaeEncoder m;
-  m.cfg_ = VaeConfig::read(dir.config("vae"));
-  m.weights_ = dir.weights("vae");
+VaeEncoder VaeEncoder::load(const Config& config, WeightLoader weights) {
+  VaeEncoder m(std::move(weights));
+  m.cfg_ = VaeConfig::read(config);
   const VaeConfig& c = m.cfg_;
-  const WeightSet& w = m.weights_;
+  const WeightLoader& w = m.weights_;
   const std::vector<int64_t>& blocks = c.encoder_block_out;
   const int64_t n = int64_t(blocks.size()), mid = blocks.back(), moments = 2 * c.latent_channels;
   vae::load_conv(w, "encoder.conv_in", blocks[0], c.in_channels, 3, m.conv_in_w_, m.conv_in_b_);

@@ -11,7 +11,7 @@ namespace apus::flux2 {
 
 class VaeEncoder {
  public:
-  static VaeEncoder load(const ModelDir& dir);
+  static VaeEncoder load(const Config& config, WeightLoader weights);
   const VaeConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
@@ -27,8 +27,9 @@ class VaeEncoder {
     std::vector<vae::Resnet> resnets;
     Tensor down_w, down_b;  // absent in the last block
   };
+  explicit VaeEncoder(WeightLoader weights) : weights_(std::move(weights)) {}
   VaeConfig cfg_;
-  WeightSet weights_;
+  WeightLoader weights_;
   // The normalisation (x - mean) / std as two rounded affine ops: x + (-mean), then times 1/std
   // (per activation dtype, f32 tensors).
   struct Normalise {

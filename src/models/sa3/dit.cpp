@@ -55,20 +55,14 @@ void DitConfig::derive_heads(const std::string& where) {
              " is too small for the official RoPE width ", rope_dim);
 }
 
-Dit Dit::load(const std::string& dir, DType compute, bool load_weights, Backend* device) {
-  return load(DitConfig::read(read_config(dir + "/config.json")),
-              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only()),
-              compute);
-}
-
-Dit Dit::load(const DitConfig& config, ParamSource source, DType compute) {
-  Dit m;
+Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute) {
+  Dit m(std::move(weights));
   m.cfg_ = config;
-  m.source_ = std::move(source);
   const DitConfig& c = m.cfg_;
   const int64_t d = c.dim, hd = c.head_dim, f = c.ff_inner;
-  const ParamLoader params(m.source_, compute, m.owned_);
-  auto gemm = [&](const std::string& name, const Shape& shape) { return params.get(name, shape); };
+  // What the model computes with; what it derives values from at load it reads as stored (m.weights_).
+  const WeightLoader converted = m.weights_.with(std::make_shared<ConvertTo>(compute));
+  auto gemm = [&](const std::string& name, const Shape& shape) { return converted.get(name, shape); };
   auto& vec = gemm;
   m.time_1_ = gemm("to_timestep_embed.0.weight", {d, c.timestep_features});
   m.time_1_bias_ = vec("to_timestep_embed.0.bias", {d});
@@ -93,20 +87,20 @@ Dit Dit::load(const DitConfig& config, ParamSource source, DType compute) {
   // says otherwise. A checkpoint saved in bf16 or f16 holds them rounded to its dtype, up to half
   // that dtype's ulp away. The official load copies the rounded values into the fp32 buffer; apus
   // keeps the fp32 ones, as it keeps them in every 16-bit run (docs/DESIGN.md, Precision).
-  const Tensor& inv_freq = params.raw("rotary_pos_emb.inv_freq", {c.rope_dim / 2});
+  const Tensor inv_freq = m.weights_.host("rotary_pos_emb.inv_freq", {c.rope_dim / 2});
   const float rounding = inv_freq.dtype == DType::bf16 ? 0x1p-8f : inv_freq.dtype == DType::f16 ? 0x1p-11f : 0.0f;
   if (inv_freq.data)
     for (int64_t j = 0; j < c.rope_dim / 2; ++j) {
       const float expected = 1.0f / std::pow(10000.0f, float(2 * j) / float(c.rope_dim));
       APUS_CHECK(std::fabs(load_f32(inv_freq, j) - expected) <= (rounding + 1e-6f) * expected,
-                 params.where("rotary_pos_emb.inv_freq"), ": element ", j, " is ", load_f32(inv_freq, j),
+                 m.weights_.where("rotary_pos_emb.inv_freq"), ": element ", j, " is ", load_f32(inv_freq, j),
                  ", expected ", expected, " (RoPE base 10000 over ", c.rope_dim, " channels, stored as ",
                  dtype_name(inv_freq.dtype), ")");
     }
-  m.time_freqs_ = params.place(expo_fourier_frequencies(c.timestep_features / 2, 0.5, 10000.0));
+  m.time_freqs_ = converted.place(expo_fourier_frequencies(c.timestep_features / 2, 0.5, 10000.0));
   Tensor ones = Tensor::heap({6 * d}, DType::f32);
   std::fill_n(ones.ptr<float>(), 6 * d, 1.0f);
-  m.ones_ = params.place(ones);
+  m.ones_ = converted.place(ones);
   const int64_t qkv = (c.differential ? 5 : 3) * d, nq = c.differential ? 2 : 1;
   for (int64_t i = 0; i < c.depth; ++i) {
     const std::string p = "transformer_blocks." + std::to_string(i) + ".";
@@ -115,7 +109,7 @@ Dit Dit::load(const DitConfig& config, ParamSource source, DType compute) {
     b.cross_norm = vec(p + "cross_attend_norm.gamma", {d});
     b.ff_norm = vec(p + "ff_norm.gamma", {d});
     b.scale_shift_gate = vec(p + "to_scale_shift_gate", {6 * d});
-    b.to_qkv = params.fused_qkv(p + "self_attn.to_qkv.weight", qkv / d, d, d);
+    b.to_qkv = gemm(p + "self_attn.to_qkv.weight", {qkv, d});
     b.to_out = gemm(p + "self_attn.to_out.weight", {d, d});
     b.q_norm = vec(p + "self_attn.q_norm.gamma", {hd});
     b.k_norm = vec(p + "self_attn.k_norm.gamma", {hd});

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "io/model_dir.h"
-#include "models/sa3/params.h"
+#include "io/weight_source.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -47,14 +47,12 @@ struct DitPrologue {
 
 class Dit {
  public:
-  // dir holds config.json and diffusion_pytorch_model.safetensors (diffusers). Every parameter is
-  // converted to `compute` once here (the official model.to(dtype)); with load_weights false only
-  // shapes.
-  static Dit load(const std::string& dir, DType compute, bool load_weights = true, Backend* device = nullptr);
-  static Dit load(const DitConfig& config, ParamSource source, DType compute);
+  // Weights under diffusers' names. Every parameter is converted to `compute` once here (the
+  // official model.to(dtype)).
+  static Dit load(const DitConfig& config, WeightLoader weights, DType compute);
   const DitConfig& config() const { return cfg_; }
-  int64_t parameter_count() const { return source_.set.fetched_elements(); }
-  size_t make_resident() const { return source_.set.make_resident(); }
+  int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
 
   // cross [B*S, cond_dim]: the text tokens and the duration token of each sample, cross_valid
   // [B*S] (0: a padded text position, replaced by the learned padding embedding as the official
@@ -75,9 +73,9 @@ class Dit {
     Tensor ff_in, ff_in_bias, ff_out, ff_out_bias;
     Tensor local_1, local_1_bias, local_2, local_2_bias;
   };
+  explicit Dit(WeightLoader weights) : weights_(std::move(weights)) {}
   DitConfig cfg_;
-  ParamSource source_;
-  std::vector<Tensor> owned_;  // weights converted to the compute dtype
+  WeightLoader weights_;
   Tensor time_1_, time_1_bias_, time_2_, time_2_bias_, cond_1_, cond_2_, global_1_, global_2_;
   Tensor mod_1_, mod_1_bias_, mod_2_, mod_2_bias_, pre_conv_, post_conv_, proj_in_, proj_out_;
   Tensor memory_, padding_, time_freqs_, ones_;

@@ -27,24 +27,22 @@ void DurationConfig::check_range(const std::string& where) const {
              " leave no finite positive span in fp32 (max_val must exceed min_val)");
 }
 
-DurationEmbedder DurationEmbedder::load(const std::string& dir, bool load_weights, Backend* device) {
-  DurationEmbedder m;
-  m.cfg_ = DurationConfig::read(read_config(dir + "/config.json"));
-  m.source_ = ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only());
+DurationEmbedder DurationEmbedder::load(const DurationConfig& config, WeightLoader weights) {
+  DurationEmbedder m(std::move(weights));
+  m.cfg_ = config;
   // The frequencies as saved (min_freq..max_freq, exponentially spaced): read, not recomputed.
-  m.freqs_ = m.source_.set.get("freqs", {m.cfg_.fourier_dim / 2});
-  m.weight_ = m.source_.set.get("linear.weight", {m.cfg_.output_dim, m.cfg_.fourier_dim});
-  m.bias_ = m.source_.set.get("linear.bias", {m.cfg_.output_dim});
+  m.freqs_ = m.weights_.get("freqs", {m.cfg_.fourier_dim / 2});
+  m.weight_ = m.weights_.get("linear.weight", {m.cfg_.output_dim, m.cfg_.fourier_dim});
+  m.bias_ = m.weights_.get("linear.bias", {m.cfg_.output_dim});
   return m;
 }
 
-DurationEmbedder DurationEmbedder::load_official(const DurationConfig& config, ParamSource source) {
-  DurationEmbedder m;
+DurationEmbedder DurationEmbedder::load_official(const DurationConfig& config, WeightLoader weights) {
+  DurationEmbedder m(std::move(weights));
   m.cfg_ = config;
-  m.source_ = std::move(source);
-  m.freqs_ = m.source_.set.place(expo_fourier_frequencies(m.cfg_.fourier_dim / 2));
-  m.weight_ = m.source_.set.get(m.source_.name("linear.weight"), {m.cfg_.output_dim, m.cfg_.fourier_dim});
-  m.bias_ = m.source_.set.get(m.source_.name("linear.bias"), {m.cfg_.output_dim});
+  m.freqs_ = m.weights_.place(expo_fourier_frequencies(m.cfg_.fourier_dim / 2));
+  m.weight_ = m.weights_.get("linear.weight", {m.cfg_.output_dim, m.cfg_.fourier_dim});
+  m.bias_ = m.weights_.get("linear.bias", {m.cfg_.output_dim});
   return m;
 }
 

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "io/model_dir.h"
-#include "models/sa3/params.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -22,22 +21,23 @@ struct DurationConfig {
 
 class DurationEmbedder {
  public:
-  // dir holds config.json and diffusion_pytorch_model.safetensors (freqs, linear.weight/bias).
-  static DurationEmbedder load(const std::string& dir, bool load_weights = true, Backend* device = nullptr);
+  // diffusers' StableAudio3DurationEmbedder: freqs, linear.weight and linear.bias.
+  static DurationEmbedder load(const DurationConfig& config, WeightLoader weights);
   // The official checkpoint's NumberConditioner: the frequencies are computed (the official module
-  // registers none), the linear layer read through `source`.
-  static DurationEmbedder load_official(const DurationConfig& config, ParamSource source);
+  // registers none), the linear layer read.
+  static DurationEmbedder load_official(const DurationConfig& config, WeightLoader weights);
   const DurationConfig& config() const { return cfg_; }
-  int64_t parameter_count() const { return source_.set.fetched_elements(); }
-  size_t make_resident() const { return source_.set.make_resident(); }
+  int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
   // One [B, output_dim] row per duration, in the activation dtype (heap). The Fourier features
   // stay fp32 with fp32 frequencies in a bf16 run too, as the official code keeps them (diffusers'
   // bf16 load rounds the frequencies to bf16, which moves the high angles by radians).
   Tensor embed(Context& c, const std::vector<float>& seconds) const;
 
  private:
+  explicit DurationEmbedder(WeightLoader weights) : weights_(std::move(weights)) {}
   DurationConfig cfg_;
-  ParamSource source_;
+  WeightLoader weights_;
   Tensor freqs_, weight_, bias_;
 };
 

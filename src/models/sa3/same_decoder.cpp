@@ -8,33 +8,27 @@
 
 namespace apus::sa3 {
 
-SameDecoder SameDecoder::load(const std::string& dir, DType compute, bool load_weights, Backend* device) {
-  return load(SameConfig::read(read_config(dir + "/config.json")),
-              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only()),
-              compute);
-}
-
-SameDecoder SameDecoder::load(const SameConfig& config, ParamSource source, DType compute) {
-  SameDecoder m;
+SameDecoder SameDecoder::load(const SameConfig& config, WeightLoader weights, DType compute) {
+  SameDecoder m(std::move(weights));
   m.cfg_ = config;
-  m.source_ = std::move(source);
   const SameConfig& c = m.cfg_;
   const int64_t d = c.dim, out = c.patch_width();
-  const ParamLoader params(m.source_, compute, m.owned_);
-  auto param = [&](const std::string& name, const Shape& shape) { return params.get(name, shape); };
-  m.noise_scale_ = bottleneck_std(params, compute);
+  // What the model computes with; what it derives values from at load it reads as stored (m.weights_).
+  const WeightLoader converted = m.weights_.with(std::make_shared<ConvertTo>(compute));
+  auto param = [&](const std::string& name, const Shape& shape) { return converted.get(name, shape); };
+  m.noise_scale_ = bottleneck_std(m.weights_, compute);
   Tensor scale = Tensor::heap({c.latent_dim}, DType::f32), zeros = Tensor::heap({c.latent_dim}, DType::f32);
   std::fill_n(scale.ptr<float>(), c.latent_dim, m.noise_scale_);
   std::fill_n(zeros.ptr<float>(), c.latent_dim, 0.0f);
-  m.scale_ = params.place(scale);
-  m.zeros_ = params.place(zeros);
+  m.scale_ = converted.place(scale);
+  m.zeros_ = converted.place(zeros);
   m.proj_ = param("decoder.proj.weight", {d, c.latent_dim});
   m.proj_bias_ = param("decoder.proj.bias", {d});
   const std::string b0 = "decoder.blocks.0.";
   m.new_token_ = param(b0 + "new_tokens", {1, 1, d});
-  m.mapping_ = weight_normed_mapping(params, m.owned_, compute, b0 + "mapping", out, d, c.mapping_kernel);
+  m.mapping_ = weight_normed_mapping(m.weights_, compute, b0 + "mapping", out, d, c.mapping_kernel);
   m.mapping_bias_ = param(b0 + "mapping.bias", {out});
-  m.transformer_ = SameTransformer::load(c, params, b0);
+  m.transformer_ = SameTransformer::load(c, converted, b0);
   return m;
 }
 

@@ -29,14 +29,12 @@ struct DecodeNoise {
 
 class SameDecoder {
  public:
-  // dir holds config.json and diffusion_pytorch_model.safetensors; every parameter is converted
-  // to `compute` once (the official model.to(dtype)); load_weights false reads the config only.
-  static SameDecoder load(const std::string& dir, DType compute, bool load_weights = true,
-                          Backend* device = nullptr);
-  static SameDecoder load(const SameConfig& config, ParamSource source, DType compute);
+  // Weights under diffusers' names; every parameter is converted to `compute` once (the official
+  // model.to(dtype)).
+  static SameDecoder load(const SameConfig& config, WeightLoader weights, DType compute);
   const SameConfig& config() const { return cfg_; }
-  int64_t parameter_count() const { return source_.set.fetched_elements(); }
-  size_t make_resident() const { return source_.set.make_resident(); }
+  int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
   // latents [B*T, latent_dim] (frames sample-major) -> audio [B, audio_channels, T * 4096] in
   // the activation dtype (heap), planar channels. chunked: the official decode_audio's chunks of
   // 128 latents overlapping by 32 (sequences shorter than a chunk decode whole).
@@ -44,9 +42,9 @@ class SameDecoder {
                 const DecodeNoise& noise = {}) const;
 
  private:
+  explicit SameDecoder(WeightLoader weights) : weights_(std::move(weights)) {}
   SameConfig cfg_;
-  ParamSource source_;
-  std::vector<Tensor> owned_;
+  WeightLoader weights_;
   Tensor scale_, zeros_;  // running_std as a [latent_dim] vector; the shift 0
   float noise_scale_ = 1;  // running_std in the compute dtype, for the bottleneck noise
   Tensor proj_, proj_bias_, new_token_, mapping_, mapping_bias_;

@@ -41,31 +41,25 @@ void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, 
     }
 }
 
-SameEncoder SameEncoder::load(const std::string& dir, DType compute, bool load_weights, Backend* device) {
-  return load(SameConfig::read(read_config(dir + "/config.json"), /*encoder=*/true),
-              ParamSource::diffusers(load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only()),
-              compute);
-}
-
-SameEncoder SameEncoder::load(const SameConfig& config, ParamSource source, DType compute) {
-  SameEncoder m;
+SameEncoder SameEncoder::load(const SameConfig& config, WeightLoader weights, DType compute) {
+  SameEncoder m(std::move(weights));
   m.cfg_ = config;
-  m.source_ = std::move(source);
   const SameConfig& c = m.cfg_;
   const int64_t d = c.dim, latent = c.latent_dim;
-  const ParamLoader params(m.source_, compute, m.owned_);
+  // What the model computes with; what it derives values from at load it reads as stored (m.weights_).
+  const WeightLoader converted = m.weights_.with(std::make_shared<ConvertTo>(compute));
   const std::string b0 = "encoder.blocks.0.";
-  m.mapping_ = weight_normed_mapping(params, m.owned_, compute, b0 + "mapping", d, c.patch_width(), c.mapping_kernel);
-  m.mapping_bias_ = params.get(b0 + "mapping.bias", {d});
-  m.new_token_ = params.get(b0 + "new_tokens", {1, 1, d});
-  m.transformer_ = SameTransformer::load(c, params, b0);
-  m.proj_ = params.get("encoder.proj.weight", {latent, d});
-  m.proj_bias_ = params.get("encoder.proj.bias", {latent});
+  m.mapping_ = weight_normed_mapping(m.weights_, compute, b0 + "mapping", d, c.patch_width(), c.mapping_kernel);
+  m.mapping_bias_ = converted.get(b0 + "mapping.bias", {d});
+  m.new_token_ = converted.get(b0 + "new_tokens", {1, 1, d});
+  m.transformer_ = SameTransformer::load(c, converted, b0);
+  m.proj_ = converted.get("encoder.proj.weight", {latent, d});
+  m.proj_bias_ = converted.get("encoder.proj.bias", {latent});
   // The bottleneck's parameters as the model's dtype holds them; dividing by running_std becomes a
   // product with its fp32 reciprocal.
-  const Tensor& scale = params.raw("bottleneck.scale", {1, latent, 1});
-  const Tensor& bias = params.raw("bottleneck.bias", {1, latent, 1});
-  const float std = bottleneck_std(params, compute);
+  const Tensor scale = m.weights_.host("bottleneck.scale", {1, latent, 1});
+  const Tensor bias = m.weights_.host("bottleneck.bias", {1, latent, 1});
+  const float std = bottleneck_std(m.weights_, compute);
   for (Tensor* t : {&m.scale_, &m.bias_, &m.inv_std_, &m.zeros_}) *t = Tensor::heap({latent}, DType::f32);
   // Computed on the host, then placed.
   for (int64_t i = 0; i < latent; ++i) {
@@ -75,7 +69,7 @@ SameEncoder SameEncoder::load(const SameConfig& config, ParamSource source, DTyp
     m.inv_std_.ptr<float>()[i] = 1.0f / std;
     m.zeros_.ptr<float>()[i] = 0.0f;
   }
-  for (Tensor* t : {&m.scale_, &m.bias_, &m.inv_std_, &m.zeros_}) *t = params.place(*t);
+  for (Tensor* t : {&m.scale_, &m.bias_, &m.inv_std_, &m.zeros_}) *t = converted.place(*t);
   return m;
 }
 

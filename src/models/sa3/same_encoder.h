@@ -22,22 +22,20 @@ void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, 
 
 class SameEncoder {
  public:
-  // dir holds AutoencoderSAME's config.json and weights; load_weights false reads shapes only.
-  static SameEncoder load(const std::string& dir, DType compute, bool load_weights = true,
-                          Backend* device = nullptr);
-  static SameEncoder load(const SameConfig& config, ParamSource source, DType compute);
+  // Weights under AutoencoderSAME's names; every parameter is converted to `compute` once.
+  static SameEncoder load(const SameConfig& config, WeightLoader weights, DType compute);
   const SameConfig& config() const { return cfg_; }
-  int64_t parameter_count() const { return source_.set.fetched_elements(); }
-  size_t make_resident() const { return source_.set.make_resident(); }
+  int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t make_resident() const { return weights_.make_resident(); }
   // audio [B, audio_channels, frames * samples_per_latent] (planar, any float dtype) -> latents
   // [B*frames, latent_dim] in the activation dtype (heap). chunked: the official encode_audio's
   // chunks of 128 latents overlapping by 32 (shorter clips encode whole).
   Tensor encode(Context& c, const Tensor& audio, bool chunked = false) const;
 
  private:
+  explicit SameEncoder(WeightLoader weights) : weights_(std::move(weights)) {}
   SameConfig cfg_;
-  ParamSource source_;
-  std::vector<Tensor> owned_;
+  WeightLoader weights_;
   Tensor mapping_, mapping_bias_, new_token_, proj_, proj_bias_;
   Tensor scale_, bias_, inv_std_, zeros_;  // the bottleneck, as [latent_dim] vectors
   SameTransformer transformer_;

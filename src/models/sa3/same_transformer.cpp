@@ -48,12 +48,12 @@ SameConfig SameConfig::read(const Config& c, bool encoder) {
   return s;
 }
 
-SameTransformer SameTransformer::load(const SameConfig& config, const ParamLoader& params,
+SameTransformer SameTransformer::load(const SameConfig& config, const WeightLoader& converted,
                                       const std::string& prefix) {
   SameTransformer t;
   t.cfg_ = config;
   const int64_t d = config.dim, hd = config.head_dim, f = config.ff_inner;
-  auto param = [&](const std::string& name, const Shape& shape) { return params.get(name, shape); };
+  auto param = [&](const std::string& name, const Shape& shape) { return converted.get(name, shape); };
   auto norm = [&](const std::string& p, int64_t width) {
     return Norm{param(p + ".alpha", {1}), param(p + ".gamma", {width}), param(p + ".beta", {width})};
   };
@@ -65,7 +65,7 @@ SameTransformer SameTransformer::load(const SameConfig& config, const ParamLoade
     b.ff_norm = norm(p + "norm_ff", d);
     b.q_norm = norm(p + "attn.q_norm", hd);
     b.k_norm = norm(p + "attn.k_norm", hd);
-    b.to_qkv = params.fused_qkv(p + "attn.to_qkv.weight", parts, d, d);
+    b.to_qkv = param(p + "attn.to_qkv.weight", {parts * d, d});
     b.to_out = param(p + "attn.to_out.weight", {d, d});
     b.ff_in = param(p + "ff.proj_in.weight", {2 * f, d});
     b.ff_in_bias = param(p + "ff.proj_in.bias", {2 * f});
@@ -172,10 +172,10 @@ void SameTransformer::run(Context& c, Tensor& x, int64_t batch) const {
   }
 }
 
-Tensor weight_normed_mapping(const ParamLoader& params, std::vector<Tensor>& owned, DType compute,
-                             const std::string& prefix, int64_t out, int64_t in, int64_t kernel) {
-  const Tensor& g = params.raw(prefix + ".weight_g", {out, 1, 1});
-  const Tensor& v = params.raw(prefix + ".weight_v", {out, in, kernel});
+Tensor weight_normed_mapping(const WeightLoader& weights, DType compute, const std::string& prefix, int64_t out,
+                             int64_t in, int64_t kernel) {
+  const Tensor g = weights.host(prefix + ".weight_g", {out, 1, 1});
+  const Tensor v = weights.host(prefix + ".weight_v", {out, in, kernel});
   if (!v.data) return Tensor::shape_only({out, kernel * in}, compute);
   Tensor mapping = Tensor::heap({out, kernel * in}, DType::f32);
   for (int64_t o = 0; o < out; ++o) {
@@ -186,22 +186,21 @@ Tensor weight_normed_mapping(const ParamLoader& params, std::vector<Tensor>& own
     }
     // Squares of stored (at most f32) values cannot overflow a double: a non-finite sum is a
     // non-finite element.
-    APUS_CHECK(std::isfinite(ss), params.where(prefix + ".weight_v"), ": row ", o, " holds a value that is not finite");
-    APUS_CHECK(ss > 0, params.where(prefix + ".weight_v"), ": row ", o, " is all zeros (weight norm undefined)");
+    APUS_CHECK(std::isfinite(ss), weights.where(prefix + ".weight_v"), ": row ", o, " holds a value that is not finite");
+    APUS_CHECK(ss > 0, weights.where(prefix + ".weight_v"), ": row ", o, " is all zeros (weight norm undefined)");
     const double scale = double(load_f32(g, o)) / std::sqrt(ss);
     for (int64_t i = 0; i < in; ++i)
       for (int64_t t = 0; t < kernel; ++t)
         mapping.ptr<float>()[o * kernel * in + t * in + i] = float(scale * load_f32(v, (o * in + i) * kernel + t));
   }
-  owned.push_back(params.place(compute == DType::f32 ? mapping : to_dtype(mapping, compute)));
-  return owned.back();
+  return weights.place(compute == DType::f32 ? mapping : to_dtype(mapping, compute));
 }
 
-float bottleneck_std(const ParamLoader& params, DType compute) {
-  const Tensor& running_std = params.raw("bottleneck.running_std", {1});
+float bottleneck_std(const WeightLoader& weights, DType compute) {
+  const Tensor running_std = weights.host("bottleneck.running_std", {1});
   if (!running_std.data) return 1.0f;
   const float std = round_as(compute, load_f32(running_std, 0));
-  APUS_CHECK(std::isfinite(std) && std > 0, params.where("bottleneck.running_std"), " is ", std,
+  APUS_CHECK(std::isfinite(std) && std > 0, weights.where("bottleneck.running_std"), " is ", std,
              ", expected a finite positive number (the latents' scale)");
   return std;
 }

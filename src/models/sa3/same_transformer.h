@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "io/model_dir.h"
-#include "models/sa3/params.h"
+#include "io/weight_source.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -32,8 +32,9 @@ struct SameConfig {
 
 class SameTransformer {
  public:
-  // The blocks under `prefix` ("decoder.blocks.0.") + "transformers.N.".
-  static SameTransformer load(const SameConfig& config, const ParamLoader& params, const std::string& prefix);
+  // The blocks under `prefix` ("decoder.blocks.0.") + "transformers.N.", from `converted` (the
+  // model's weights converted to its compute dtype).
+  static SameTransformer load(const SameConfig& config, const WeightLoader& converted, const std::string& prefix);
   // x [B*N, dim]: each sample's N tokens (groups of stride + 1), in place. RoPE counts from 0 over
   // what one attention sees (a sample, or one chunk).
   void run(Context& c, Tensor& x, int64_t batch) const;
@@ -54,14 +55,15 @@ class SameTransformer {
 
 // The weight-normed mapping convolution `prefix`.weight_g / weight_v (out x in x kernel) as one
 // GEMM weight [out, kernel * in], W[o] = g[o] v[o] / ||v[o]|| formed in double (torch's
-// weight_norm over dim 0), taps side by side to meet conv_taps' layout.
-Tensor weight_normed_mapping(const ParamLoader& params, std::vector<Tensor>& owned, DType compute,
-                             const std::string& prefix, int64_t out, int64_t in, int64_t kernel);
+// weight_norm over dim 0) from g and v as received (not yet in `compute`), taps side by side to
+// meet conv_taps' layout, then held in `compute`.
+Tensor weight_normed_mapping(const WeightLoader& weights, DType compute, const std::string& prefix, int64_t out,
+                             int64_t in, int64_t kernel);
 
 // The bottleneck's running_std as `compute` rounds it (1 in counting mode, without data): the
 // encoder divides the latents by it, the decoder multiplies them (and its noise) by it, so
 // anything but a finite positive number is refused naming the file and tensor.
-float bottleneck_std(const ParamLoader& params, DType compute);
+float bottleneck_std(const WeightLoader& weights, DType compute);
 
 // x [B*N, d] (each sample's N positions) -> [B*N, 3d]: [x(t-1), x(t), x(t+1)], zero past each
 // sample's ends: a kernel-3 'same' convolution becomes one GEMM with weight_normed_mapping's weight.

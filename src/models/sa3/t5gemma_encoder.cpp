@@ -68,7 +68,7 @@ T5GemmaConfig T5GemmaConfig::read(const Config& file) {
 }
 
 T5GemmaEncoder::Norm T5GemmaEncoder::norm(const std::string& name) const {
-  const Tensor& w = weights_.host(name, {cfg_.hidden});
+  const Tensor w = weights_.host(name, {cfg_.hidden});
   Norm n;
   for (const DType dt : {DType::f32, DType::bf16}) {
     Tensor& s = n.scale[dtype_slot(dt)];
@@ -83,12 +83,11 @@ T5GemmaEncoder::Norm T5GemmaEncoder::norm(const std::string& name) const {
   return n;
 }
 
-T5GemmaEncoder T5GemmaEncoder::load(const std::string& dir, bool load_weights, Backend* device) {
-  T5GemmaEncoder m;
-  m.cfg_ = T5GemmaConfig::read(read_config(dir + "/config.json"));
-  m.weights_ = load_weights ? WeightSet::open_dir(dir, device) : WeightSet::shapes_only();
+T5GemmaEncoder T5GemmaEncoder::load(const T5GemmaConfig& config, WeightLoader weights) {
+  T5GemmaEncoder m(std::move(weights));
+  m.cfg_ = config;
   const auto& c = m.cfg_;
-  const WeightSet& w = m.weights_;
+  const WeightLoader& w = m.weights_;
   const std::string p = w.contains("encoder.embed_tokens.weight") ? "encoder." : "model.encoder.";
   m.embed_ = w.get(p + "embed_tokens.weight", {c.vocab, c.hidden});
   const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;

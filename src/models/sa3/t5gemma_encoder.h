@@ -24,9 +24,9 @@ struct T5GemmaConfig {
 
 class T5GemmaEncoder {
  public:
-  // dir holds config.json and model.safetensors (keys encoder.*); with load_weights false only the
-  // config is read (counting).
-  static T5GemmaEncoder load(const std::string& dir, bool load_weights = true, Backend* device = nullptr);
+  // The weights of transformers' T5GemmaEncoderModel (keys encoder.*) or T5GemmaModel's
+  // (model.encoder.*).
+  static T5GemmaEncoder load(const T5GemmaConfig& config, WeightLoader weights);
   const T5GemmaConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
@@ -45,8 +45,9 @@ class T5GemmaEncoder {
     Norm pre_attn, post_attn, pre_ff, post_ff;
     Tensor q, k, v, o, gate, up, down;
   };
+  explicit T5GemmaEncoder(WeightLoader weights) : weights_(std::move(weights)) {}
   T5GemmaConfig cfg_;
-  WeightSet weights_;
+  WeightLoader weights_;
   Tensor embed_;
   std::vector<Layer> layers_;
   Norm final_norm_;

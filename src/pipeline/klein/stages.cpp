@@ -43,10 +43,10 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
              "/tokenizer.json: token id ", tokenizer_->max_id(), " has no row in the text encoder's ",
              text_cfg.vocab, "-entry embedding (text_encoder/config.json vocab_size)");
   if (weights_ == Weights::resident) {
-    text_.emplace(flux2::TextEncoder::load(dir_, kTextTaps));
-    dit_.emplace(flux2::Transformer::load(dir_));
-    vae_.emplace(flux2::VaeDecoder::load(dir_));
-    vae_encoder_.emplace(flux2::VaeEncoder::load(dir_));
+    text_.emplace(flux2::TextEncoder::load(dir_.config("text_encoder"), dir_.weights("text_encoder"), kTextTaps));
+    dit_.emplace(flux2::Transformer::load(dir_.config("transformer"), dir_.weights("transformer")));
+    vae_.emplace(flux2::VaeDecoder::load(dir_.config("vae"), dir_.weights("vae")));
+    vae_encoder_.emplace(flux2::VaeEncoder::load(dir_.config("vae"), dir_.weights("vae")));
     text_->make_resident();
     dit_->make_resident();
     vae_->make_resident();
@@ -232,22 +232,30 @@ std::vector<std::unique_ptr<Part<KleinModel::Work>>> KleinModel::make_parts() co
   using Vae = flux2::VaeDecoder;
   std::vector<std::unique_ptr<Part<Work>>> parts;
   parts.push_back(model_part<Work, Text>(
-      {"text encoder load", [this](Weights wt, DType) { return Text::load(source(wt), kTextTaps); }, &text_,
+      {"text encoder load", [this](Weights wt, DType) {
+         return Text::load(source(wt).config("text_encoder"), source(wt).weights("text_encoder"), kTextTaps);
+       }, &text_,
        {{kTextStage, "text encoder", [this](Context& c, const Text& m, Work& w, int) { encode_text(c, m, w); },
          &Work::prompt_embeds, "the text encoder"}}}));
   parts.push_back(model_part<Work, Encoder>(
-      {"vae encoder load", [this](Weights wt, DType) { return Encoder::load(source(wt)); }, &vae_encoder_,
+      {"vae encoder load", [this](Weights wt, DType) {
+         return Encoder::load(source(wt).config("vae"), source(wt).weights("vae"));
+       }, &vae_encoder_,
        {{kReferenceStage, "vae encode",
          [this](Context& c, const Encoder& m, Work& w, int) { encode_references(c, m, w); }, &Work::refs,
          "the VAE encoder", {}, /*replicated=*/true}},
        [](const Work& w) { return w.ref_tokens > 0; }}));
   parts.push_back(model_part<Work, Dit>(
-      {"transformer load", [this](Weights wt, DType) { return Dit::load(source(wt)); }, &dit_,
+      {"transformer load", [this](Weights wt, DType) {
+         return Dit::load(source(wt).config("transformer"), source(wt).weights("transformer"));
+       }, &dit_,
        {{kPrologueStage, "transformer prologue", [this](Context& c, const Dit& m, Work& w, int) { prologue(c, m, w); }},
         {kStepStage, "", [this](Context& c, const Dit& m, Work& w, int i) { step(c, m, w, i); }, &Work::latents, "",
          [](const Work& w) { return StepRange{w.first_step, w.steps, &w.schedule.sigmas}; }}}}));
   parts.push_back(model_part<Work, Vae>(
-      {"vae load", [this](Weights wt, DType) { return Vae::load(source(wt)); }, &vae_,
+      {"vae load", [this](Weights wt, DType) {
+         return Vae::load(source(wt).config("vae"), source(wt).weights("vae"));
+       }, &vae_,
        {{kDecodeStage, "vae decode", [this](Context& c, const Vae& m, Work& w, int) { decode(c, m, w); },
          &Work::image, "the VAE decoder", {}, /*replicated=*/true}}}));
   return parts;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "models/sa3/official_checkpoint.h"
 #include "pipeline/registry.h"
 #include "pipeline/sa3/sa3_model.h"
 #include "sampling/logsnr.h"
@@ -72,30 +73,40 @@ Sa3Layout official_layout(const std::string& root) {
   return l;
 }
 
-WeightSet Sa3Model::checkpoint(bool load) const {
-  return load ? WeightSet::open_dir(layout_.root, device_) : WeightSet::shapes_only();
+std::shared_ptr<const WeightSource> Sa3Model::checkpoint(const std::string& dir, bool load) const {
+  return load ? open_weights(dir) : std::make_shared<ShapesOnly>();
 }
 
 sa3::T5GemmaEncoder Sa3Model::load_text(bool load) const {
-  return sa3::T5GemmaEncoder::load(layout_.text_dir, load, device_);
+  return sa3::T5GemmaEncoder::load(text_cfg_, WeightLoader(checkpoint(layout_.text_dir, load), device_));
 }
 
 Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
   if (!layout_.official)
-    return {sa3::Dit::load(layout_.root + "/transformer", dt, load, device_),
-            sa3::DurationEmbedder::load(layout_.root + "/duration_embedder", load, device_)};
-  return {sa3::Dit::load(layout_.dit, sa3::ParamSource::official_dit(checkpoint(load)), dt),
-          sa3::DurationEmbedder::load_official(layout_.duration, sa3::ParamSource::official_duration(checkpoint(load)))};
+    return {sa3::Dit::load(layout_.dit, WeightLoader(checkpoint(layout_.root + "/transformer", load), device_), dt),
+            sa3::DurationEmbedder::load(layout_.duration,
+                                        WeightLoader(checkpoint(layout_.root + "/duration_embedder", load), device_))};
+  const auto file = checkpoint(layout_.root, load);
+  return {sa3::Dit::load(layout_.dit, WeightLoader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), device_),
+                         dt),
+          sa3::DurationEmbedder::load_official(layout_.duration,
+                                               WeightLoader(sa3::OfficialCheckpoint::duration(file), device_))};
 }
 
 sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
-  if (!layout_.official) return sa3::SameDecoder::load(layout_.root + "/vae", dt, load, device_);
-  return sa3::SameDecoder::load(layout_.same, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
+  if (!layout_.official)
+    return sa3::SameDecoder::load(layout_.same, WeightLoader(checkpoint(layout_.root + "/vae", load), device_), dt);
+  const auto file = checkpoint(layout_.root, load);
+  const auto same = sa3::OfficialCheckpoint::same(file, "pretransform.model.", layout_.same.differential);
+  return sa3::SameDecoder::load(layout_.same, WeightLoader(same, device_), dt);
 }
 
 sa3::SameEncoder Sa3Model::load_encoder(DType dt, bool load) const {
-  if (!layout_.official) return sa3::SameEncoder::load(layout_.root + "/vae", dt, load, device_);
-  return sa3::SameEncoder::load(layout_.encoder, sa3::ParamSource::official_same(checkpoint(load), "pretransform.model."), dt);
+  if (!layout_.official)
+    return sa3::SameEncoder::load(layout_.encoder, WeightLoader(checkpoint(layout_.root + "/vae", load), device_), dt);
+  const auto file = checkpoint(layout_.root, load);
+  const auto same = sa3::OfficialCheckpoint::same(file, "pretransform.model.", layout_.encoder.differential);
+  return sa3::SameEncoder::load(layout_.encoder, WeightLoader(same, device_), dt);
 }
 
 Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)

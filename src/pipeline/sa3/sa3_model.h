@@ -150,8 +150,9 @@ class Sa3Model final : public AudioModel {
   // Fills w.noise [B*T, C] (fp32) with each sample's next draw of C x T values, channel-major as
   // torch.randn([1, C, T]) lays them out.
   void draw_noise(Context& c, Work& w, Tensor& out) const;
-  // Each part's model from whichever layout the directory has; Weights::none: shapes only.
-  WeightSet checkpoint(bool load) const;
+  // The weights in `dir`; load false: shapes only. Then each part's model from whichever layout
+  // the directory has.
+  std::shared_ptr<const WeightSource> checkpoint(const std::string& dir, bool load) const;
   sa3::T5GemmaEncoder load_text(bool load = true) const;
   Transformer load_transformer(DType dt, bool load = true) const;
   sa3::SameDecoder load_same(DType dt, bool load = true) const;

@@ -1,14 +1,17 @@
-#include "models/sa3/params.h"
+#include "models/sa3/official_checkpoint.h"
 
 #include <cstring>
-
-#include "core/error.h"
+#include <utility>
+#include <vector>
 
 namespace apus::sa3 {
 
 namespace {
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
 
 // Replaces the first of `renames` found in s.
 std::string renamed(std::string s, const std::vector<std::pair<std::string, std::string>>& renames) {
@@ -21,11 +24,8 @@ std::string renamed(std::string s, const std::vector<std::pair<std::string, std:
 
 }  // namespace
 
-ParamSource ParamSource::diffusers(WeightSet set) {
-  return {std::move(set), [](const std::string& n) { return n; }, false};
-}
-
-ParamSource ParamSource::official_dit(WeightSet set) {
+std::shared_ptr<const WeightSource> OfficialCheckpoint::dit(std::shared_ptr<const WeightSource> file,
+                                                            bool differential) {
   auto name = [](const std::string& n) -> std::string {
     if (n == "prompt_padding_embedding") return "conditioner.conditioners.prompt.padding_embedding";
     if (n == "proj_in.weight") return "model.model.transformer.project_in.weight";
@@ -37,10 +37,11 @@ ParamSource ParamSource::official_dit(WeightSet set) {
       if (starts_with(n, inner)) return "model.model.transformer." + n;
     return "model.model." + n;
   };
-  return {std::move(set), name, true};
+  return std::make_shared<OfficialCheckpoint>(std::move(file), name, differential);
 }
 
-ParamSource ParamSource::official_same(WeightSet set, const std::string& prefix) {
+std::shared_ptr<const WeightSource> OfficialCheckpoint::same(std::shared_ptr<const WeightSource> file,
+                                                             const std::string& prefix, bool differential) {
   // The resampling block sits at layers.0 of the encoder (before its projection at layers.2) and
   // at layers.3 of the decoder (after its projection at layers.1).
   auto block = [](const std::string& inner) {
@@ -57,46 +58,35 @@ ParamSource ParamSource::official_same(WeightSet set, const std::string& prefix)
     if (n == "bottleneck.scale") return prefix + "bottleneck.scaling_factor";
     return prefix + n;
   };
-  return {std::move(set), name, true};
+  return std::make_shared<OfficialCheckpoint>(std::move(file), name, differential);
 }
 
-ParamSource ParamSource::official_duration(WeightSet set) {
+std::shared_ptr<const WeightSource> OfficialCheckpoint::duration(std::shared_ptr<const WeightSource> file) {
   auto name = [](const std::string& n) {
     return "conditioner.conditioners.seconds_total.embedder.embedding.1." + n.substr(n.find('.') + 1);
   };
-  return {std::move(set), name, false};
+  return std::make_shared<OfficialCheckpoint>(std::move(file), name, false);
 }
 
-std::string ParamLoader::where(const std::string& name) const {
-  const std::string stored = source_.name(name);
-  return source_.set.file_of(stored) + ": tensor '" + stored + "'";
-}
-
-Tensor ParamLoader::get(const std::string& name, const Shape& shape) const {
-  const std::string stored = source_.name(name);
-  const Tensor& t = source_.set.host(stored, shape);
-  if (!t.data || t.dtype == compute_) return source_.set.get(stored, shape);
-  // Converted where it is stored, then placed (on a device, its copy).
-  owned_.push_back(source_.set.place(to_dtype(t, compute_)));
-  source_.set.release(stored);  // the model reads the converted copy only
-  return owned_.back();
-}
-
-Tensor ParamLoader::fused_qkv(const std::string& name, int64_t parts, int64_t width, int64_t in) const {
-  if (!source_.official_qkv || parts != 5) return get(name, {parts * width, in});
-  const Tensor& t = source_.set.host(source_.name(name), {parts * width, in});
-  if (!t.data) return t;
-  const Tensor c = t.dtype == compute_ ? t : to_dtype(t, compute_);
+Tensor OfficialCheckpoint::fetch(const std::string& name, const Shape& expected) const {
+  const std::string stored = name_(name);
+  const Tensor t = file_->fetch(stored, expected);
+  if (!differential_ || !t.data || !ends_with(name, "attn.to_qkv.weight")) return t;
   // [q | k | v | q2 | k2] -> [q | q2 | k | k2 | v]
-  Tensor out = Tensor::heap(c.shape, c.dtype);
-  const size_t block = size_t(width * in) * dtype_size(c.dtype);
+  Tensor out = Tensor::heap(t.shape, t.dtype);
+  const size_t block = t.nbytes() / 5;
   const int order[5] = {0, 3, 1, 4, 2};
   for (int i = 0; i < 5; ++i)
     std::memcpy(static_cast<char*>(out.data) + size_t(i) * block,
-                static_cast<const char*>(c.data) + size_t(order[i]) * block, block);
-  owned_.push_back(source_.set.place(out));
-  source_.set.release(source_.name(name));
-  return owned_.back();
+                static_cast<const char*>(t.data) + size_t(order[i]) * block, block);
+  file_->release(stored);  // the model reads the reordered copy only
+  return out;
+}
+
+size_t OfficialCheckpoint::make_resident(const std::vector<std::string>& names) const {
+  std::vector<std::string> stored;
+  for (const std::string& n : names) stored.push_back(name_(n));
+  return file_->make_resident(stored);
 }
 
 }  // namespace apus::sa3

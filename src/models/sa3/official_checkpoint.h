@@ -1,0 +1,41 @@
+#pragma once
+// Stable Audio 3's official single checkpoint (model.safetensors beside model_config.json) under
+// diffusers' names: it prefixes and renames each component's parameters and orders the
+// differential attention's fused projection differently. Models ask for diffusers names, so they
+// load from either layout alike.
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "io/weight_source.h"
+
+namespace apus::sa3 {
+
+class OfficialCheckpoint final : public WeightSource {
+ public:
+  // The DiT (model.model.*, the padding embedding under conditioner.*), the SAME autoencoder
+  // (pretransform.model.*, or bare in a SAME-L/SAME-S repository) and the duration conditioner
+  // (conditioner.conditioners.seconds_total.*) of `file`. differential: the attention is
+  // differential, its fused to_qkv rows stored [q | k | v | q2 | k2] (diffusers: [q | q2 | k | k2 | v]).
+  static std::shared_ptr<const WeightSource> dit(std::shared_ptr<const WeightSource> file, bool differential);
+  static std::shared_ptr<const WeightSource> same(std::shared_ptr<const WeightSource> file, const std::string& prefix,
+                                                  bool differential);
+  static std::shared_ptr<const WeightSource> duration(std::shared_ptr<const WeightSource> file);
+
+  using Rename = std::function<std::string(const std::string&)>;  // diffusers name -> stored name
+  OfficialCheckpoint(std::shared_ptr<const WeightSource> file, Rename name, bool differential)
+      : file_(std::move(file)), name_(std::move(name)), differential_(differential) {}
+  bool contains(const std::string& name) const override { return file_->contains(name_(name)); }
+  // A differential fused projection comes reordered to diffusers' rows.
+  Tensor fetch(const std::string& name, const Shape& expected) const override;
+  std::string where(const std::string& name) const override { return file_->where(name_(name)); }
+  size_t make_resident(const std::vector<std::string>& names) const override;
+  void release(const std::string& name) const override { file_->release(name_(name)); }
+
+ private:
+  std::shared_ptr<const WeightSource> file_;
+  Rename name_;
+  bool differential_;
+};
+
+}  // namespace apus::sa3
