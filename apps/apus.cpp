@@ -1,8 +1,8 @@
 // apus command line: `apus image` renders a prompt, `apus audio` generates a clip, `apus roofline`
 // counts a request's cost, `apus synth` writes a random-weight checkpoint in the published layout.
-#include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
+#include <CLI/CLI.hpp>
 
 #include <charconv>
 #include <chrono>
@@ -13,20 +13,20 @@
 #include <new>
 
 #include "apus/apus.h"
+#include "bench.h"
 #include "core/cost.h"
 #include "core/error.h"
 #include "cost/ceiling.h"
-#include "bench.h"
 #include "cost/roofline.h"
 #include "hub/hf_pull.h"
 #include "io/audio.h"
 #include "io/files.h"
 #include "io/image.h"
-#include "pipeline/klein/io.h"
-#include "pipeline/sa3/io.h"
 #include "io/png.h"
 #include "io/synth.h"
+#include "pipeline/klein/io.h"
 #include "pipeline/registry.h"
+#include "pipeline/sa3/io.h"
 #include "server/server.h"
 
 namespace {
@@ -44,8 +44,8 @@ std::string output_name(const std::string& out, int i, int n) {
 
 // -v: each stage against its floor on the device that ran it, counted from the same stage code,
 // priced at the GEMM rate and bandwidth calibrated there; then the output write and peak memory.
-void report_stages(const apus::PipelineCost& cost, const std::vector<apus::StageTime>& stages,
-                   const char* write_name, double write_s, const std::string& device) {
+void report_stages(const apus::PipelineCost& cost, const std::vector<apus::StageTime>& stages, const char* write_name,
+                   double write_s, const std::string& device) {
   const apus::Chip here = apus::device_ceiling(device);
   const nlohmann::json roof = apus::roofline_json(cost, {here, 1});
   auto floor_of = [&](const std::string& stage) -> double {
@@ -58,10 +58,8 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "%-20s %10s %10s %6s\n", "stage", "measured", "floor", "ratio");
   for (const auto& s : stages) {
     const double f = s.stage.empty() ? 0 : floor_of(s.stage);
-    if (f > 0)
-      std::fprintf(stderr, "%-20s %8.3f s %8.3f s %5.2fx\n", s.name.c_str(), s.seconds, f, s.seconds / f);
-    else
-      std::fprintf(stderr, "%-20s %8.3f s\n", s.name.c_str(), s.seconds);
+    if (f > 0) std::fprintf(stderr, "%-20s %8.3f s %8.3f s %5.2fx\n", s.name.c_str(), s.seconds, f, s.seconds / f);
+    else std::fprintf(stderr, "%-20s %8.3f s\n", s.name.c_str(), s.seconds);
   }
   std::fprintf(stderr, "%-20s %8.3f s\n", write_name, write_s);
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
@@ -111,8 +109,7 @@ void check_output(const std::string& out, int batch) {
 
 // The value of an option given on the command line; absent otherwise, which the engine reads as
 // the model's default.
-template <typename T>
-std::optional<T> if_given(const CLI::Option* option, const T& value) {
+template <typename T> std::optional<T> if_given(const CLI::Option* option, const T& value) {
   return *option ? std::optional<T>(value) : std::nullopt;
 }
 
@@ -142,8 +139,7 @@ int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requ
     const apus::AudioRequest& req = requests[size_t(i)];
     const apus::AudioResult& r = results[size_t(i)];
     apus::Audio audio{r.sample_rate, r.channels, r.samples};
-    apus::write_audio(output_name(out, i, batch), audio, format,
-                      apus::audio_metadata(req, r, *model, clips));
+    apus::write_audio(output_name(out, i, batch), audio, format, apus::audio_metadata(req, r, *model, clips));
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose)
@@ -178,31 +174,34 @@ Command image_command(CLI::App& app) {
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
   image->add_option("--model", o->model_dir, "model directory (diffusers layout)")->required();
   image->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
-  o->width_opt =
-      image->add_option("--width,-W", o->width, "image width, a multiple of 16 (default: the first --image's, or 1024)");
-  o->height_opt =
-      image->add_option("--height,-H", o->height, "image height, a multiple of 16 (default: the first --image's, or 1024)");
+  o->width_opt = image->add_option("--width,-W", o->width,
+                                   "image width, a multiple of 16 (default: the first --image's, or 1024)");
+  o->height_opt = image->add_option("--height,-H", o->height,
+                                    "image height, a multiple of 16 (default: the first --image's, or 1024)");
   o->steps_opt = image->add_option("--steps", o->steps, "sampling steps (default: 4 distilled, 50 -base)");
   o->cfg_opt = image->add_option("--cfg", o->cfg, "guidance scale for the -base models (default 4; 1: off)");
-  image->add_option("--image,-i", o->reference_files,
-                    "a reference image to edit from (PNG, JPEG or WebP; repeatable); with --mask, the image to repaint")
+  image
+      ->add_option("--image,-i", o->reference_files,
+                   "a reference image to edit from (PNG, JPEG or WebP; repeatable); with --mask, the image to repaint")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   o->mask_opt = image->add_option("--mask", o->mask_file, "inpainting: repaint the --image where this image is white");
   o->strength_opt =
       image->add_option("--strength", o->strength, "inpainting: the share of the schedule run, 0..1 (default 0.8)");
   o->inpaint_reference_opt =
       image->add_option("--reference", o->inpaint_reference, "inpainting: a reference image for the repainted area");
-  o->negative_opt =
-      image->add_option("--negative-prompt", o->negative, "guidance's unconditional prompt (-base models; default \"\")");
+  o->negative_opt = image->add_option("--negative-prompt", o->negative,
+                                      "guidance's unconditional prompt (-base models; default \"\")");
   o->seed_opt = image->add_option("--seed,-s", o->seed, "seed of torch's CPU generator");
-  o->noise_opt = image->add_option("--noise", o->req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
+  o->noise_opt =
+      image->add_option("--noise", o->req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
   image->add_option("--precision", o->precision, "bf16 (as the official pipeline) or fp32 (parity)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  image->add_option("--batch,-n", o->batch, "images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)");
+  image->add_option("--batch,-n", o->batch,
+                    "images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)");
   image->add_option("-o,--output", o->out, "output PNG");
   image->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
-  o->trace_opt =
-      image->add_option("--trace", o->trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
+  o->trace_opt = image->add_option("--trace", o->trace,
+                                   "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
   image->add_option("--device", o->device, kDeviceHelp);
   return {image, [o] {
             apus::ImageRequest& req = o->req;
@@ -249,7 +248,10 @@ Command audio_command(CLI::App& app) {
   };
   const auto o = std::make_shared<Options>();
   auto* audio = app.add_subcommand("audio", "generate a clip from a prompt (Stable Audio 3)");
-  audio->add_option("--model", o->model, "model directory: the published layout (model_config.json) or diffusers' folders")->required();
+  audio
+      ->add_option("--model", o->model,
+                   "model directory: the published layout (model_config.json) or diffusers' folders")
+      ->required();
   audio->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
   audio->add_option("--seconds", o->req.seconds, "clip length (up to 380 s medium, 120 s small)");
   audio->add_option("--steps", o->req.steps, "sampling steps (8 for the distilled models)");
@@ -259,7 +261,8 @@ Command audio_command(CLI::App& app) {
   audio->add_option("--format", o->format, "wav (16-bit), wav-float or flac");
   audio->add_option("--cfg", o->req.cfg, "classifier-free guidance scale (1: off, the default; ~7 for -base models)");
   audio->add_option("--apg", o->req.apg, "adaptive projected guidance share, 0..1 (1: the official default)");
-  o->negative_opt = audio->add_option("--negative-prompt", o->negative, "the unconditional branch's prompt (with --cfg)");
+  o->negative_opt =
+      audio->add_option("--negative-prompt", o->negative, "the unconditional branch's prompt (with --cfg)");
   o->init_audio_opt =
       audio->add_option("--init-audio", o->init_audio, "audio-to-audio: start from this clip (any rate: resampled)");
   o->init_level_opt = audio->add_option("--init-noise-level", o->init_noise_level,
@@ -270,13 +273,15 @@ Command audio_command(CLI::App& app) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   audio->add_option("--inpaint-end", o->inpaint_ends, "inpainting: a region's end in seconds (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  audio->add_option("--decode", o->decode, "chunked (the official 128-latent chunks) or whole; default: the model's config")
+  audio
+      ->add_option("--decode", o->decode,
+                   "chunked (the official 128-latent chunks) or whole; default: the model's config")
       ->check(CLI::IsMember({"chunked", "whole"}));
   audio->add_option("--batch,-n", o->batch, "clips generated together, seeds seed, seed+1, ...");
   audio->add_option("-o,--output", o->out, "output file");
   audio->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
-  o->trace_opt =
-      audio->add_option("--trace", o->trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
+  o->trace_opt = audio->add_option("--trace", o->trace,
+                                   "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
   audio->add_option("--device", o->device, kDeviceHelp);
   return {audio, [o] {
             apus::AudioRequest& req = o->req;
@@ -285,8 +290,9 @@ Command audio_command(CLI::App& app) {
             if (!o->decode.empty()) req.chunked_decode = o->decode == "chunked";
             if (*o->negative_opt) req.negative_prompt = o->negative;
             // As the official CLI: regions in pairs, and only with the clip they cut into.
-            APUS_CHECK(o->inpaint_starts.size() == o->inpaint_ends.size(), "--inpaint-start and --inpaint-end must be given ",
-                       "the same number of times (", o->inpaint_starts.size(), " and ", o->inpaint_ends.size(), ")");
+            APUS_CHECK(o->inpaint_starts.size() == o->inpaint_ends.size(),
+                       "--inpaint-start and --inpaint-end must be given ", "the same number of times (",
+                       o->inpaint_starts.size(), " and ", o->inpaint_ends.size(), ")");
             APUS_CHECK(o->inpaint_starts.empty() == !*o->inpaint_audio_opt,
                        *o->inpaint_audio_opt ? "--inpaint-audio needs --inpaint-start and --inpaint-end"
                                              : "--inpaint-start/--inpaint-end need --inpaint-audio");
@@ -313,18 +319,16 @@ Command synth_command(CLI::App& app) {
   };
   const auto o = std::make_shared<Options>();
   auto* synth = app.add_subcommand("synth", "write a random-weight checkpoint in the published layout");
-  auto* model_opt = synth->add_option("--model", o->model, "published model to mimic")
-      ->check(CLI::IsMember(apus::kPublishedModels));
+  auto* model_opt =
+      synth->add_option("--model", o->model, "published model to mimic")->check(CLI::IsMember(apus::kPublishedModels));
   o->like_opt = synth->add_option("--like", o->like, "checkpoint folder whose layout to mimic instead")
                     ->check(CLI::ExistingDirectory);
   model_opt->excludes(o->like_opt);
   synth->add_option("--out", o->out, "output directory")->required();
   synth->add_option("--seed", o->seed, "weight seed");
   return {synth, [o] {
-            if (*o->like_opt)
-              apus::synth_checkpoint(o->like, o->out, parse_seed(o->seed), say);
-            else
-              apus::synth_published(o->model, o->out, parse_seed(o->seed), say);
+            if (*o->like_opt) apus::synth_checkpoint(o->like, o->out, parse_seed(o->seed), say);
+            else apus::synth_published(o->model, o->out, parse_seed(o->seed), say);
             return 0;
           }};
 }
@@ -349,7 +353,8 @@ Command calibrate_command(CLI::App& app) {
     std::string device = "cpu";
   };
   const auto o = std::make_shared<Options>();
-  auto* calibrate = app.add_subcommand("calibrate", "measure this machine's ceilings (bf16 GEMM rate, memory bandwidth) and cache them");
+  auto* calibrate = app.add_subcommand(
+      "calibrate", "measure this machine's ceilings (bf16 GEMM rate, memory bandwidth) and cache them");
   calibrate->add_flag("--refresh", o->refresh, "measure again even when a calibration is cached");
   calibrate->add_option("--device", o->device, "cpu, or cuda[:N]: the device whose ceilings to measure");
   return {calibrate, [o] {
@@ -381,16 +386,19 @@ Command serve_command(CLI::App& app) {
   serve->add_option("--device", s.device, kDeviceHelp);
   serve->add_option("--max-body-mb", o->max_body_mb, "largest request body in MiB (32): audio inputs come as base64")
       ->check(CLI::Range(1, 4096));
-  serve->add_option("--header-timeout", s.header_seconds,
-                    "seconds a client has to send a request's line and headers (10); bodies must move at 64 KiB/s")
+  serve
+      ->add_option("--header-timeout", s.header_seconds,
+                   "seconds a client has to send a request's line and headers (10); bodies must move at 64 KiB/s")
       ->check(CLI::Range(0.1, 3600.0));
   serve->add_option("--max-connections", s.max_connections, "open connections at once (512)")
       ->check(CLI::Range(1, 65536));
-  serve->add_option("--max-connections-per-address", s.max_connections_per_address,
-                    "open connections from one client address (64)")
+  serve
+      ->add_option("--max-connections-per-address", s.max_connections_per_address,
+                   "open connections from one client address (64)")
       ->check(CLI::Range(1, 65536));
-  serve->add_option("--kept-results-mb", o->kept_results_mb,
-                    "MiB of finished jobs' files kept for GET /v1/jobs/{id} (256); the oldest go first")
+  serve
+      ->add_option("--kept-results-mb", o->kept_results_mb,
+                   "MiB of finished jobs' files kept for GET /v1/jobs/{id} (256); the oldest go first")
       ->check(CLI::Range(1, 1 << 20));
   serve->add_option("--drain-seconds", o->drain_seconds, "on SIGTERM / SIGINT, let running jobs finish this long (30)")
       ->check(CLI::Range(0.0, 86400.0));
@@ -442,7 +450,8 @@ Command bench_command(CLI::App& app) {
   o->model_opt = bench->add_option("--model", b.model, "model directory or cached ORG/NAME");
   bench->add_option("--device", b.device, kDeviceHelp);
   o->synthetic_opt =
-      bench->add_option("--synthetic", o->synthetic, "bench `apus synth` weights of this published model (written once)")
+      bench
+          ->add_option("--synthetic", o->synthetic, "bench `apus synth` weights of this published model (written once)")
           ->check(CLI::IsMember(apus::kPublishedModels));
   o->model_opt->excludes(o->synthetic_opt);
   bench->add_option("--prompt,-p", b.image.prompt, "text prompt");
@@ -458,12 +467,12 @@ Command bench_command(CLI::App& app) {
   bench->add_option("--reps", b.reps, "timed requests (3)")->check(CLI::Range(1, 1000));
   bench->add_option("--warmup", b.warmup, "untimed requests first (1)")->check(CLI::Range(0, 100));
   o->json_opt = bench->add_option("--json", b.json, "write the report (docs/BENCH.md) to this file");
-  o->chart_opt =
-      bench->add_option("--chart", b.chart, "draw each stage against its floor (or the A/B arms) as an SVG");
+  o->chart_opt = bench->add_option("--chart", b.chart, "draw each stage against its floor (or the A/B arms) as an SVG");
   bench->add_flag("--list-variants", o->list_variants, "list the kernel variant knobs --ab can compare, and exit");
   auto* ab_opt = bench->add_option("--ab", b.ab, "KNOB=A,B: time two choices of a knob interleaved in this process");
-  bench->add_option("--ab-bound", b.ab_bound,
-                    "largest mean |A - B| of the outputs (default: how far flipping the precision moves them)")
+  bench
+      ->add_option("--ab-bound", b.ab_bound,
+                   "largest mean |A - B| of the outputs (default: how far flipping the precision moves them)")
       ->check(CLI::NonNegativeNumber);
   o->trace_opt =
       bench->add_option("--trace", b.trace, "after the timed requests, trace one more and write its timeline here")
@@ -525,7 +534,9 @@ Command roofline_command(CLI::App& app) {
   };
   const auto o = std::make_shared<Options>();
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
-  roofline->add_option("--model", o->model, "model directory (configs only are read) or a published name (flux2-klein-4b, flux2-klein-9b, stable-audio-3-medium, ...)");
+  roofline->add_option("--model", o->model,
+                       "model directory (configs only are read) or a published name (flux2-klein-4b, flux2-klein-9b, "
+                       "stable-audio-3-medium, ...)");
   o->width_opt = roofline->add_option("--width,-W", o->width, "image width");
   o->height_opt = roofline->add_option("--height,-H", o->height, "image height");
   o->steps_opt = roofline->add_option("--steps", o->steps, "sampling steps");
@@ -570,7 +581,7 @@ Command roofline_command(CLI::App& app) {
 int main(int argc, char** argv) {
   CLI::App app{"apus: diffusion transformers on one device"};
   app.require_subcommand(1);
-  const Command commands[] = {image_command(app), audio_command(app),    synth_command(app),
+  const Command commands[] = {image_command(app), audio_command(app),     synth_command(app),
                               pull_command(app),  calibrate_command(app), serve_command(app),
                               bench_command(app), report_command(app),    roofline_command(app)};
   CLI11_PARSE(app, argc, argv);
@@ -580,8 +591,9 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::bad_alloc&) {
     // Engine allocations name their size (apus::Error); this is a library's or the STL's.
-    std::fprintf(stderr, "error: out of memory (an allocation failed; the request needs more memory "
-                         "than this process may use)\n");
+    std::fprintf(stderr,
+                 "error: out of memory (an allocation failed; the request needs more memory "
+                 "than this process may use)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

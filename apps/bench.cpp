@@ -55,11 +55,12 @@ void print_top_ops(const Json& trace) {
     traced_us += e["dur"].get<double>();
   }
   std::sort(kinds.begin(), kinds.end(), [](const Kind& a, const Kind& b) { return a.us > b.us; });
-  std::printf("traced request, ops by time (%.3f s in ops):\n%-24s %8s %10s %7s %10s\n", traced_us / 1e6, "op",
-              "calls", "seconds", "share", "GFLOP/s");
+  std::printf("traced request, ops by time (%.3f s in ops):\n%-24s %8s %10s %7s %10s\n", traced_us / 1e6, "op", "calls",
+              "seconds", "share", "GFLOP/s");
   for (size_t i = 0; i < std::min<size_t>(kinds.size(), 12); ++i)
     std::printf("%-24s %8lld %10.3f %6.1f%% %10.1f\n", kinds[i].name.c_str(), static_cast<long long>(kinds[i].calls),
-                kinds[i].us / 1e6, 100 * kinds[i].us / traced_us, kinds[i].us > 0 ? kinds[i].flops / kinds[i].us / 1e3 : 0);
+                kinds[i].us / 1e6, 100 * kinds[i].us / traced_us,
+                kinds[i].us > 0 ? kinds[i].flops / kinds[i].us / 1e3 : 0);
 }
 
 // The model a bench runs, either kind, and its one request (seeded, so every repetition does the
@@ -112,7 +113,6 @@ double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   for (size_t i = 0; i < a.size(); ++i) sum += std::abs(double(a[i]) - double(b[i]));
   return a.empty() ? 0 : sum / double(a.size());
 }
-
 
 void write_chart(const std::string& path, const std::string& title, const std::vector<Bar>& bars) {
   const std::string svg = stacked_bars_svg(title, bars);
@@ -197,12 +197,15 @@ int run_bench(const BenchOptions& o) {
   report["reps"] = o.reps;
   report["warmup"] = o.warmup;
   report["load_s"] = load_s;
-  report["ceiling"] = {{"bf16_flops_per_s", chip.bf16_flops}, {"memory_bytes_per_s", chip.memory_bps},
-                       {"machine", machine}, {"how", chip.note}, {"cached", cached},
+  report["ceiling"] = {{"bf16_flops_per_s", chip.bf16_flops},
+                       {"memory_bytes_per_s", chip.memory_bps},
+                       {"machine", machine},
+                       {"how", chip.note},
+                       {"cached", cached},
                        {"file", calibration_file()}};
   report["stages"] = Json::array();
-  std::printf("%-16s %6s %10s %10s %10s %10s %12s %8s\n", "stage", "calls", "min", "p50", "max", "floor",
-              "GFLOP/s", "share");
+  std::printf("%-16s %6s %10s %10s %10s %10s %12s %8s\n", "stage", "calls", "min", "p50", "max", "floor", "GFLOP/s",
+              "share");
   double flops_total = 0;
   for (size_t i = 0; i < cost.stages.size(); ++i) {
     const StageCost& s = cost.stages[i];
@@ -213,10 +216,16 @@ int run_bench(const BenchOptions& o) {
     // What the floor prices: parameters read plus activations moved once (the fused count).
     const double bytes = s.per_call.weight_bytes + s.per_call.bytes_fused;
     flops_total += s.per_call.flops * double(s.calls);
-    report["stages"].push_back({{"name", s.name}, {"calls_per_request", s.calls}, {"min_s", t.min}, {"p50_s", t.p50},
-                                {"max_s", t.max}, {"flops", s.per_call.flops}, {"bytes", bytes},
+    report["stages"].push_back({{"name", s.name},
+                                {"calls_per_request", s.calls},
+                                {"min_s", t.min},
+                                {"p50_s", t.p50},
+                                {"max_s", t.max},
+                                {"flops", s.per_call.flops},
+                                {"bytes", bytes},
                                 {"achieved_flops_per_s", s.per_call.flops / t.p50},
-                                {"achieved_bytes_per_s", bytes / t.p50}, {"floor_s", floor},
+                                {"achieved_bytes_per_s", bytes / t.p50},
+                                {"floor_s", floor},
                                 {"ceiling_share", floor / t.p50}});
     std::printf("%-16s %6lld %8.4f s %8.4f s %8.4f s %8.4f s %12.1f %7.1f%%\n", s.name.c_str(),
                 static_cast<long long>(s.calls), t.min, t.p50, t.max, floor, s.per_call.flops / t.p50 / 1e9,
@@ -224,8 +233,12 @@ int run_bench(const BenchOptions& o) {
   }
   const Spread wall = spread(walls);
   const double floor_total = roof["total"]["floor_s"].get<double>();
-  report["whole_request"] = {{"min_s", wall.min}, {"p50_s", wall.p50}, {"max_s", wall.max}, {"flops", flops_total},
-                             {"achieved_flops_per_s", flops_total / wall.p50}, {"floor_s", floor_total},
+  report["whole_request"] = {{"min_s", wall.min},
+                             {"p50_s", wall.p50},
+                             {"max_s", wall.max},
+                             {"flops", flops_total},
+                             {"achieved_flops_per_s", flops_total / wall.p50},
+                             {"floor_s", floor_total},
                              {"ceiling_share", floor_total / wall.p50}};
   report["peak_rss_bytes"] = peak_rss_bytes();
   if (!o.chart.empty()) {
@@ -327,7 +340,8 @@ int run_ab(const BenchOptions& o) {
     Subject other(o, Weights::per_stage);
     bound = mean_abs_diff(outputs[0], other.run(false, true).output);
     knob.set(initial);
-    bound_how = std::string("this request's output moved by flipping its precision (") + (o.image.fp32 || o.audio.fp32 ? "fp32 -> bf16" : "bf16 -> fp32") + ") under arm " + names[0];
+    bound_how = std::string("this request's output moved by flipping its precision (") +
+                (o.image.fp32 || o.audio.fp32 ? "fp32 -> bf16" : "bf16 -> fp32") + ") under arm " + names[0];
   }
   const bool agree = diff <= bound;
 
@@ -336,7 +350,9 @@ int run_ab(const BenchOptions& o) {
   report["kind"] = kind_name(subject.model.kind());
   report["reps"] = o.reps;
   report["warmup"] = o.warmup;
-  report["ab"] = {{"knob", knob.name()}, {"about", knob.about()}, {"arms", {names[0], names[1]}},
+  report["ab"] = {{"knob", knob.name()},
+                  {"about", knob.about()},
+                  {"arms", {names[0], names[1]}},
                   {"took", {{names[0], took_own[0]}, {names[1], took_own[1]}}},
                   {"output", {{"mean_abs_diff", diff}, {"bound", bound}, {"bound_how", bound_how}, {"agree", agree}}}};
   // Per stage: each arm's p50 per call over the reps, and B/A per rep (its spread).
@@ -346,7 +362,7 @@ int run_ab(const BenchOptions& o) {
     const Spread sa = spread(a), sb = spread(b), r = spread(ratios);
     std::printf("%-16s %10.4f s %10.4f s %8.3f  [%.3f, %.3f]\n", name.c_str(), sa.p50, sb.p50, sb.p50 / sa.p50, r.min,
                 r.max);
-    return Json{{"name", name}, {"a_p50_s", sa.p50}, {"b_p50_s", sb.p50}, {"ratio", sb.p50 / sa.p50},
+    return Json{{"name", name},       {"a_p50_s", sa.p50}, {"b_p50_s", sb.p50}, {"ratio", sb.p50 / sa.p50},
                 {"ratio_min", r.min}, {"ratio_max", r.max}};
   };
   std::printf("%s: A = %s, B = %s, %d reps interleaved\n%-16s %12s %12s %8s  %s\n", knob.name().c_str(),
@@ -396,10 +412,13 @@ std::string bench_table(const std::vector<std::string>& reports) {
     std::snprintf(b, sizeof b, f, v);
     return std::string(b);
   };
-  std::string bench = "| model | request | whole request p50 (share of ceiling) | stages: p50 per call (share) | load | peak RSS | ceiling |\n"
-                      "|---|---|---|---|---|---|---|\n";
-  std::string ab = "| model | request | knob: A vs B | B/A whole request [per-rep spread] | B/A per stage | outputs |\n"
-                   "|---|---|---|---|---|---|\n";
+  std::string bench =
+      "| model | request | whole request p50 (share of ceiling) | stages: p50 per call (share) | load | peak RSS | "
+      "ceiling |\n"
+      "|---|---|---|---|---|---|---|\n";
+  std::string ab =
+      "| model | request | knob: A vs B | B/A whole request [per-rep spread] | B/A per stage | outputs |\n"
+      "|---|---|---|---|---|---|\n";
   // A table cell's text: a '|' would end the cell.
   auto cell = [](const std::string& text) {
     std::string out;
@@ -416,29 +435,34 @@ std::string bench_table(const std::vector<std::string>& reports) {
         const Json& a = r.at("ab");
         std::string stages;
         for (const Json& st : a.at("stages"))
-          stages += (stages.empty() ? "" : ", ") + st.at("name").get<std::string>() + num(" %.3f", st.at("ratio").get<double>());
+          stages += (stages.empty() ? "" : ", ") + st.at("name").get<std::string>() +
+                    num(" %.3f", st.at("ratio").get<double>());
         const Json& w = a.at("whole_request");
         ab += "| " + cell(r.at("model").get<std::string>()) + " | " + r.at("kind").get<std::string>() + ", " +
               std::to_string(r.at("reps").get<int>()) + " reps | `" + a.at("knob").get<std::string>() + "` " +
               a.at("arms").at(0).get<std::string>() + " vs " + a.at("arms").at(1).get<std::string>() + " | " +
               num("%.3f", w.at("ratio").get<double>()) + num(" [%.3f, ", w.at("ratio_min").get<double>()) +
               num("%.3f]", w.at("ratio_max").get<double>()) + " | " + stages + " | mean abs diff " +
-              num("%.3g", a.at("output").at("mean_abs_diff").get<double>()) + num(" (bound %.3g) |\n", a.at("output").at("bound").get<double>());
+              num("%.3g", a.at("output").at("mean_abs_diff").get<double>()) +
+              num(" (bound %.3g) |\n", a.at("output").at("bound").get<double>());
         any_ab = true;
         continue;
       }
       std::string stages;
       for (const Json& st : r.at("stages"))
-        stages += (stages.empty() ? "" : ", ") + st.at("name").get<std::string>() + num(" %.3f s", st.at("p50_s").get<double>()) +
+        stages += (stages.empty() ? "" : ", ") + st.at("name").get<std::string>() +
+                  num(" %.3f s", st.at("p50_s").get<double>()) +
                   num(" (%.0f %%)", 100 * st.at("ceiling_share").get<double>());
       const Json& w = r.at("whole_request");
       const Json& c = r.at("ceiling");
       bench += "| " + cell(r.at("model").get<std::string>()) + " | " + request_text(r.at("request")) + " | **" +
-               num("%.2f s**", w.at("p50_s").get<double>()) + num(" (%.0f %%)", 100 * w.at("ceiling_share").get<double>()) +
-               " | " + stages + " | " + num("%.1f s", r.at("load_s").get<double>()) + " | " +
+               num("%.2f s**", w.at("p50_s").get<double>()) +
+               num(" (%.0f %%)", 100 * w.at("ceiling_share").get<double>()) + " | " + stages + " | " +
+               num("%.1f s", r.at("load_s").get<double>()) + " | " +
                num("%.2f GiB", r.at("peak_rss_bytes").get<double>() / double(1u << 30)) + " | " +
                num("%.0f GFLOP/s bf16, ", c.at("bf16_flops_per_s").get<double>() / 1e9) +
-               num("%.1f GB/s", c.at("memory_bytes_per_s").get<double>() / 1e9) + " (" + cell(c.at("machine").get<std::string>()) + ") |\n";
+               num("%.1f GB/s", c.at("memory_bytes_per_s").get<double>() / 1e9) + " (" +
+               cell(c.at("machine").get<std::string>()) + ") |\n";
       any_bench = true;
     } catch (const Json::exception& e) {
       fail(path, ": not an apus bench report (", e.what(), ")");

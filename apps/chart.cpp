@@ -12,11 +12,20 @@ std::string escaped(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -51,9 +60,9 @@ std::string stacked_bars_svg(const std::string& title, const std::vector<Bar>& b
     const size_t i = size_t(std::find(stages.begin(), stages.end(), stage) - stages.begin());
     return std::string(palette[i % (sizeof palette / sizeof *palette)]);
   };
-  std::string svg = format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", left + width + 100,
-                           height) +
-                    "font-family=\"sans-serif\" font-size=\"12\">\n";
+  std::string svg =
+      format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", left + width + 100, height) +
+      "font-family=\"sans-serif\" font-size=\"12\">\n";
   svg += "<title>" + escaped(title) + "</title>\n";
   svg += "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">" + escaped(title) + "</text>\n";
   for (size_t i = 0; i < bars.size(); ++i) {

@@ -34,13 +34,24 @@ void BM_Linear(benchmark::State& st) {
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 // single block linear1 / linear2, double block qkv, the text encoder MLP, at 512^2 (1536 tokens)
-BENCHMARK(BM_Linear)->Args({1536, 3072, 27648})->Args({1536, 12288, 3072})->Args({1024, 3072, 3072})
-    ->Args({512, 2560, 9728})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Linear)
+    ->Args({1536, 3072, 27648})
+    ->Args({1536, 12288, 3072})
+    ->Args({1024, 3072, 3072})
+    ->Args({512, 2560, 9728})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 // Stable Audio 3 medium, 30 s clip: DiT qkv / FF in / FF out at 452 rows (388 latents + 64
 // memory tokens), SAME-L's at 6596 rows (388 latents x 17 tokens)
-BENCHMARK(BM_Linear)->Args({452, 1536, 7680})->Args({452, 1536, 12288})->Args({452, 6144, 1536})
-    ->Args({6596, 1536, 7680})->Args({6596, 1536, 9216})->Args({6596, 4608, 1536})
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Linear)
+    ->Args({452, 1536, 7680})
+    ->Args({452, 1536, 12288})
+    ->Args({452, 6144, 1536})
+    ->Args({6596, 1536, 7680})
+    ->Args({6596, 1536, 9216})
+    ->Args({6596, 4608, 1536})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // One attention tile's GEMM as the attention kernels call it, single-threaded: a query block's
 // scores Q [rows, 64] · K^T over `keys` keys. args: rows, keys. What a call costs beyond its FLOPs.
@@ -60,8 +71,8 @@ void BM_Sa3Attention(benchmark::State& st) {
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = 452, h = 24, d = 64;
-  Tensor q = filled({s, h * d}, DType::bf16), k = filled({s, h * d}, DType::bf16),
-         v = filled({s, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16);
+  Tensor q = filled({s, h * d}, DType::bf16), k = filled({s, h * d}, DType::bf16), v = filled({s, h * d}, DType::bf16),
+         o = Tensor::heap({s, h * d}, DType::bf16);
   for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.125f, {});
   st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -75,9 +86,10 @@ void BM_Sa3DifferentialAttention(benchmark::State& st) {
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = 452, keys = st.range(0), h = 24, d = 64;
-  Tensor q = filled({s, h * d}, DType::bf16), q2 = filled({s, h * d}, DType::bf16), k = filled({keys, h * d}, DType::bf16),
-         k2 = filled({keys, h * d}, DType::bf16), v = filled({keys, h * d}, DType::bf16),
-         o = Tensor::heap({s, h * d}, DType::bf16), o2 = Tensor::heap({s, h * d}, DType::bf16);
+  Tensor q = filled({s, h * d}, DType::bf16), q2 = filled({s, h * d}, DType::bf16),
+         k = filled({keys, h * d}, DType::bf16), k2 = filled({keys, h * d}, DType::bf16),
+         v = filled({keys, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16),
+         o2 = Tensor::heap({s, h * d}, DType::bf16);
   Tensor minus = Tensor::heap({h * d}, DType::f32);
   std::fill(minus.ptr<float>(), minus.ptr<float>() + h * d, -1.0f);
   for (auto _ : st) {
@@ -114,8 +126,8 @@ void BM_Attention(benchmark::State& st) {
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = st.range(1), d = 128;
-  Tensor q = filled({s, h * d}, DType::bf16), k = filled({s, h * d}, DType::bf16),
-         v = filled({s, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16);
+  Tensor q = filled({s, h * d}, DType::bf16), k = filled({s, h * d}, DType::bf16), v = filled({s, h * d}, DType::bf16),
+         o = Tensor::heap({s, h * d}, DType::bf16);
   for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.088f, {});
   st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -130,11 +142,15 @@ void BM_Conv3x3(benchmark::State& st) {
   Tensor x = filled({1, ci, hw, hw}, DType::bf16), w = filled({co, ci, 3, 3}, DType::bf16),
          b = filled({co}, DType::bf16), y = Tensor::heap({1, co, hw, hw}, DType::bf16);
   for (auto _ : st) ops::conv2d(c, x, w, &b, y, 1, 1, 1);
-  st.counters["FLOP/s"] = benchmark::Counter(2.0 * ci * co * 9 * hw * hw, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * ci * co * 9 * hw * hw, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Conv3x3)->ArgsProduct({{512}, {512}, {64}, {0, 1}})->ArgsProduct({{256}, {256}, {256}, {0, 1}})
+BENCHMARK(BM_Conv3x3)
+    ->ArgsProduct({{512}, {512}, {64}, {0, 1}})
+    ->ArgsProduct({{256}, {256}, {256}, {0, 1}})
     ->ArgsProduct({{128}, {128}, {512}, {0, 1}})
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // args: rows, features
 void BM_LayerNormModulate(benchmark::State& st) {
@@ -167,14 +183,18 @@ void BM_Rope(benchmark::State& st) {
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t m = st.range(0), d = st.range(1), stride = st.range(2), hd = st.range(3), half = st.range(4);
-  Tensor all = filled({m, stride}, DType::bf16), cos = filled({m, half}, DType::f32), sin = filled({m, half}, DType::f32);
+  Tensor all = filled({m, stride}, DType::bf16), cos = filled({m, half}, DType::f32),
+         sin = filled({m, half}, DType::f32);
   Tensor x = all.cols(0, d);
   const auto style = st.range(5) ? ops::RopeStyle::interleaved : ops::RopeStyle::half;
   for (auto _ : st) ops::rope(c, x, cos, sin, hd, style, ops::Rounding::once);
   st.counters["B/s"] = benchmark::Counter(4.0 * m * d, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Rope)->Args({2176, 3072, 4608, 64, 16, 0})->Args({1536, 6144, 9216, 128, 64, 1})
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Rope)
+    ->Args({2176, 3072, 4608, 64, 16, 0})
+    ->Args({1536, 6144, 9216, 128, 64, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // args: rows, features, activation (0 silu, 1 sin_pi)
 void BM_Glu(benchmark::State& st) {

@@ -51,13 +51,12 @@ inline std::vector<std::vector<double>> magnitudes(const std::vector<float>& x, 
 }
 
 struct AudioDistance {
-  double stft = 0;    // mean over resolutions of spectral convergence + log-magnitude L1
-  double log_mel = 0; // mean |log(mel_a + eps) - log(mel_b + eps)| over 40 bands
+  double stft = 0;     // mean over resolutions of spectral convergence + log-magnitude L1
+  double log_mel = 0;  // mean |log(mel_a + eps) - log(mel_b + eps)| over 40 bands
 };
 
 // a against reference b, both interleaved with `channels` channels at `rate` Hz.
-inline AudioDistance audio_distance(const std::vector<float>& a, const std::vector<float>& b, int channels,
-                                    int rate) {
+inline AudioDistance audio_distance(const std::vector<float>& a, const std::vector<float>& b, int channels, int rate) {
   AudioDistance d;
   const size_t sizes[] = {512, 256, 128};
   const double eps = 1e-7;
@@ -96,7 +95,7 @@ inline AudioDistance audio_distance(const std::vector<float>& a, const std::vect
         for (size_t k = 0; k < bins; ++k) {
           const double x = double(k);
           const double w = x < edges[m] || x > edges[m + 2] ? 0
-                           : x <= edges[m + 1] ? (x - edges[m]) / std::max(edges[m + 1] - edges[m], 1e-9)
+                           : x <= edges[m + 1]              ? (x - edges[m]) / std::max(edges[m + 1] - edges[m], 1e-9)
                                                : (edges[m + 2] - x) / std::max(edges[m + 2] - edges[m + 1], 1e-9);
           ea += w * ma[f][k] * ma[f][k];
           eb += w * mb[f][k] * mb[f][k];

@@ -10,9 +10,9 @@
 namespace apus {
 
 struct Agreement {
-  double rel_l2 = 0;          // ||cpu - ref|| / ||ref||
-  double differing = 0;       // share of elements that are not bit-equal
-  double worst_ulps = 0;      // largest difference in bf16 ulps of the reference value
+  double rel_l2 = 0;                  // ||cpu - ref|| / ||ref||
+  double differing = 0;               // share of elements that are not bit-equal
+  double worst_ulps = 0;              // largest difference in bf16 ulps of the reference value
   double worst_ulps_above_floor = 0;  // ... of the difference beyond kAccumulationFloor x RMS(ref)
 };
 
@@ -65,10 +65,14 @@ enum class Bound {
 
 inline bool holds(Bound bound, const Agreement& g, DType dt) {
   switch (bound) {
-    case Bound::rounding: return within_bound(g, dt);
-    case Bound::inner_rounding: return within_bound(g, dt, true);
-    case Bound::exact: return g.differing == 0;
-    case Bound::tables: return g.rel_l2 < 2e-7;
+    case Bound::rounding:
+      return within_bound(g, dt);
+    case Bound::inner_rounding:
+      return within_bound(g, dt, true);
+    case Bound::exact:
+      return g.differing == 0;
+    case Bound::tables:
+      return g.rel_l2 < 2e-7;
   }
   return false;
 }

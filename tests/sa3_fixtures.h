@@ -39,14 +39,13 @@ class ProcessDir {
 // made once per test process.
 inline const std::string& pipeline_dir() {
   static const ProcessDir dir("apus_sa3_pipeline", [](const std::string& d) {
-    const std::pair<const char*, const char*> parts[] = {
-        {"model_index.json", "sa3_tiny/pipeline/model_index.json"},
-        {"scheduler", "sa3_tiny/pipeline/scheduler"},
-        {"duration_embedder", "sa3_tiny/pipeline/duration_embedder"},
-        {"transformer", "sa3_tiny/dit_diff"},
-        {"vae", "sa3_tiny/same_l"},
-        {"text_encoder", "t5gemma_tiny"},
-        {"tokenizer", "t5gemma_tok"}};
+    const std::pair<const char*, const char*> parts[] = {{"model_index.json", "sa3_tiny/pipeline/model_index.json"},
+                                                         {"scheduler", "sa3_tiny/pipeline/scheduler"},
+                                                         {"duration_embedder", "sa3_tiny/pipeline/duration_embedder"},
+                                                         {"transformer", "sa3_tiny/dit_diff"},
+                                                         {"vae", "sa3_tiny/same_l"},
+                                                         {"text_encoder", "t5gemma_tiny"},
+                                                         {"tokenizer", "t5gemma_tok"}};
     for (const auto& [name, part] : parts)
       std::filesystem::create_symlink(std::filesystem::absolute(fixture(part)), d + "/" + name);
   });
@@ -75,9 +74,10 @@ inline const std::string& official_dir() {
 inline const std::string& official_small_dir() {
   static const ProcessDir dir("apus_sa3_small", [](const std::string& d) {
     for (const char* file : {"model_config.json", "model.safetensors"})
-      std::filesystem::create_symlink(std::filesystem::absolute(fixture(std::string("sa3_tiny/original_small/") + file)),
-                                      d + "/" + file);
-    std::filesystem::create_symlink(std::filesystem::absolute(official_dir() + "/t5gemma-b-b-ul2"), d + "/t5gemma-b-b-ul2");
+      std::filesystem::create_symlink(
+          std::filesystem::absolute(fixture(std::string("sa3_tiny/original_small/") + file)), d + "/" + file);
+    std::filesystem::create_symlink(std::filesystem::absolute(official_dir() + "/t5gemma-b-b-ul2"),
+                                    d + "/t5gemma-b-b-ul2");
   });
   return dir.path();
 }
@@ -153,8 +153,8 @@ inline AudioRequest inputs_request(bool fp32, const std::string& mode) {
 inline void write_header_only_wav(const std::string& path) {
   auto u32 = [](uint32_t v) { return std::string{char(v), char(v >> 8), char(v >> 16), char(v >> 24)}; };
   auto u16 = [](uint16_t v) { return std::string{char(v), char(v >> 8)}; };
-  const std::string bytes = "RIFF" + u32(36) + "WAVE" + "fmt " + u32(16) + u16(1) + u16(2) + u32(2048) +
-                            u32(2048 * 4) + u16(4) + u16(16) + "data" + u32(0);
+  const std::string bytes = "RIFF" + u32(36) + "WAVE" + "fmt " + u32(16) + u16(1) + u16(2) + u32(2048) + u32(2048 * 4) +
+                            u16(4) + u16(16) + "data" + u32(0);
   std::ofstream(path, std::ios::binary) << bytes;
 }
 

@@ -143,12 +143,12 @@ class ShadowDevice : public Backend {
 
  public:
   // Every op: the CPU backend's, on the data halves, with a host scratch arena of its own.
-#define APUS_SHADOW_OP(ret, name, params, args)                                                     \
-  ret name params override {                                                                        \
-    ++ops_run_;                                                                                     \
-    Context inner = host_context(c);                                                                \
+#define APUS_SHADOW_OP(ret, name, params, args)                                                             \
+  ret name params override {                                                                                \
+    ++ops_run_;                                                                                             \
+    Context inner = host_context(c);                                                                        \
     auto call = [&](Context&, auto&&... operands) { return cpu_backend().name(inner, host(operands)...); }; \
-    return call args;                                                                               \
+    return call args;                                                                                       \
   }
   APUS_OPS(APUS_SHADOW_OP)
 #undef APUS_SHADOW_OP
@@ -166,9 +166,9 @@ class ShadowDevice : public Backend {
       device = it != regions.begin() && p < std::prev(it)->first + std::prev(it)->second;
     }
     char line[160];
-    const int n = std::snprintf(line, sizeof line, "%s at %p\n",
-                                device ? "host code touched shadow device memory" : "segmentation fault",
-                                info->si_addr);
+    const int n =
+        std::snprintf(line, sizeof line, "%s at %p\n",
+                      device ? "host code touched shadow device memory" : "segmentation fault", info->si_addr);
     if (n > 0) (void)!write(2, line, size_t(n));
     signal(SIGSEGV, SIG_DFL);
     raise(SIGSEGV);

@@ -23,7 +23,7 @@ Audio stereo_clip() {
     a.samples.push_back(float(0.5 * std::sin(2 * M_PI * 440 * t)));
     a.samples.push_back(float(0.5 * std::sin(2 * M_PI * 660 * t)));
   }
-  a.samples[10] = 1.7f;   // beyond full scale: must clip to +1, not wrap negative
+  a.samples[10] = 1.7f;  // beyond full scale: must clip to +1, not wrap negative
   a.samples[11] = -2.5f;
   return a;
 }
@@ -85,8 +85,11 @@ TEST(Audio, NoClipOfNoFramesIsWritten) {
   // libsndfile would write a header-only WAV whose RIFF size leaves out its metadata.
   const Audio empty{44100, 2, {}};
   for (const AudioFormat format : {AudioFormat::wav16, AudioFormat::wav_float, AudioFormat::flac})
-    test::expect_error([&] { encode_audio(empty, format, {"title", "comment", "apus"}, "clip"); },
-                       {"clip: no audio to write (0 frames)"});
+    test::expect_error(
+        [&] {
+          encode_audio(empty, format, {"title", "comment", "apus"}, "clip");
+        },
+        {"clip: no audio to write (0 frames)"});
 }
 
 TEST(Audio, AClipThatHoldsNoAudioSaysSoByEveryRoute) {
@@ -97,7 +100,7 @@ TEST(Audio, AClipThatHoldsNoAudioSaysSoByEveryRoute) {
   std::filesystem::remove(path);
   // An unknown-length stream that decodes to nothing.
   std::string no_frames = test::flac_claiming(0);
-  no_frames.resize(4 + 4 + 34);  // "fLaC" and STREAMINFO ...
+  no_frames.resize(4 + 4 + 34);                       // "fLaC" and STREAMINFO ...
   no_frames[4] = char(uint8_t(no_frames[4]) | 0x80);  // ... as the last metadata block, no audio frame
   test::expect_error([&] { decode_audio(no_frames, "upload", 60); }, {"upload: holds no audio"});
 }
@@ -108,7 +111,11 @@ TEST(Audio, AFlacHeaderThatLiesIsRefusedNamingTheFile) {
   const std::string honest = test::flac_claiming(44100);
   const Audio want = decode_audio(honest, "honest.flac", 60);
   ASSERT_EQ(want.frames(), 44100);
-  struct Case { int64_t claim; double max_seconds; std::vector<std::string> expect; };
+  struct Case {
+    int64_t claim;
+    double max_seconds;
+    std::vector<std::string> expect;
+  };
   const std::vector<Case> cases = {
       // 2^32 - 1 mono frames in a few kB: once a 16 GiB allocation.
       {(int64_t(1) << 32) - 1, 60, {"x.flac: the header claims 4294967295 frames, more than a file of", "can hold"}},

@@ -143,7 +143,8 @@ void check_bench(const std::string& model, const std::string& request, const std
   }
 
   // A second bench finds the calibration cached.
-  const test::CliRun again = test::run_cli("bench --model " + model + " " + request + " --reps 1 --warmup 0 --json " + report, env);
+  const test::CliRun again =
+      test::run_cli("bench --model " + model + " " + request + " --reps 1 --warmup 0 --json " + report, env);
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_TRUE(read_json_file(report)["ceiling"]["cached"].get<bool>());
 }
@@ -162,7 +163,8 @@ TEST(BenchAb, ArmsThatRunDifferentCodeToTheSameOutputPass) {
   const std::string report = ::testing::TempDir() + "ab_block.json";
   const test::CliRun r = test::run_cli("bench --model " + test::fixture("klein_tiny_a") +
                                        " -W 64 -H 48 --steps 2 --reps 2 --warmup 0 --ab cpu.attention_block=128,32 "
-                                       "--ab-bound 0 --json " + report);
+                                       "--ab-bound 0 --json " +
+                                       report);
   ASSERT_EQ(r.status, 0) << r.output;
   const Json ab = read_json_file(report)["ab"];
   EXPECT_EQ(ab["knob"], "cpu.attention_block");

@@ -31,13 +31,15 @@ TEST_P(CliImage, SeededRunReproducesTheOfficialImage) {
   const bool distilled = ref.meta["is_distilled"];
   char scale[32];
   std::snprintf(scale, sizeof scale, "%g", ref.meta["guidance_scale"].get<double>());
-  const test::CliRun r = test::run_cli("image --model " + test::fixture(variant) + " --prompt " +
-                        test::shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
-                        std::to_string(w) + " --height " + std::to_string(h) + " --seed " +
-                        std::to_string(seed) + (distilled ? "" : " --steps " + std::to_string(steps) + " --cfg " + scale) + " -v -o " + out);
+  const test::CliRun r =
+      test::run_cli("image --model " + test::fixture(variant) + " --prompt " +
+                    test::shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " + std::to_string(w) +
+                    " --height " + std::to_string(h) + " --seed " + std::to_string(seed) +
+                    (distilled ? "" : " --steps " + std::to_string(steps) + " --cfg " + scale) + " -v -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("seed " + std::to_string(seed)), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("step " + std::to_string(steps) + "/" + std::to_string(steps)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step " + std::to_string(steps) + "/" + std::to_string(steps)), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("peak memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("this machine's calibration"), std::string::npos) << r.output;
 
@@ -51,7 +53,8 @@ TEST_P(CliImage, SeededRunReproducesTheOfficialImage) {
   EXPECT_NE(params.find("Seed: " + std::to_string(seed)), std::string::npos) << params;
   EXPECT_NE(params.find("Steps: " + std::to_string(steps)), std::string::npos) << params;
   char guidance[48];
-  std::snprintf(guidance, sizeof guidance, "CFG scale: %g,", distilled ? 1.0 : ref.meta["guidance_scale"].get<double>());
+  std::snprintf(guidance, sizeof guidance, "CFG scale: %g,",
+                distilled ? 1.0 : ref.meta["guidance_scale"].get<double>());
   EXPECT_NE(params.find(guidance), std::string::npos) << params;
   EXPECT_NE(params.find("Size: " + std::to_string(w) + "x" + std::to_string(h)), std::string::npos);
 
@@ -76,12 +79,12 @@ TEST_P(CliImage, Fp32ParityModeMatchesTheFp32Reference) {
   const std::string noise = ::testing::TempDir() + variant + "_noise.safetensors";
   write_safetensors(noise, {{"noise", ref.file.get("fp32.noise")}});
   const std::string out = ::testing::TempDir() + variant + "_fp32.png";
-  const test::CliRun r = test::run_cli("image --model " + test::fixture(variant) + " --prompt " +
-                        test::shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
-                        std::to_string(int(ref.meta["width"])) + " --height " +
-                        std::to_string(int(ref.meta["height"])) + " --noise " + noise + " --steps " +
-                        std::to_string(int(ref.meta["steps"])) + " --cfg " +
-                        std::to_string(ref.meta["guidance_scale"].get<double>()) + " --precision fp32 -o " + out);
+  const test::CliRun r =
+      test::run_cli("image --model " + test::fixture(variant) + " --prompt " +
+                    test::shell_quote(ref.meta["prompt"].get<std::string>()) + " --width " +
+                    std::to_string(int(ref.meta["width"])) + " --height " + std::to_string(int(ref.meta["height"])) +
+                    " --noise " + noise + " --steps " + std::to_string(int(ref.meta["steps"])) + " --cfg " +
+                    std::to_string(ref.meta["guidance_scale"].get<double>()) + " --precision fp32 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   const PngImage png = read_png(out);
   const Tensor& want = ref.file.get("fp32.image_u8");
@@ -119,7 +122,8 @@ EditRun expect_official_edit(const std::string& name, const std::string& args, c
   std::printf("[ measure ] %s mean |d| to bf16 ref %.3f, ref disagreement %.3f\n", name.c_str(), to_bf16, disagreement);
   EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
 
-  const std::string noise = ::testing::TempDir() + name + "_noise.safetensors", out32 = ::testing::TempDir() + name + "32.png";
+  const std::string noise = ::testing::TempDir() + name + "_noise.safetensors",
+                    out32 = ::testing::TempDir() + name + "32.png";
   write_safetensors(noise, {{"noise", ref.get("fp32.noise")}});
   const test::CliRun r32 = test::run_cli(args + " --noise " + noise + " --precision fp32 -o " + out32);
   EXPECT_EQ(r32.status, 0) << r32.output;
@@ -137,11 +141,11 @@ TEST(CliEdit, ReferenceImagesReproduceTheOfficialEdit) {
   const std::string refs = test::fixture("klein_tiny_a_edit");
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("klein_tiny_a_edit_ref.safetensors"));
   const Json meta = read_json(test::fixture("klein_tiny_a_edit_ref.json"));
-  const EditRun e = expect_official_edit(
-      "edit", "image --model " + test::fixture("klein_tiny_a") + " --prompt " +
-                  test::shell_quote(meta["prompt"].get<std::string>()) + " --image " + refs + "/ref0.png --image " + refs +
-                  "/ref1.png",
-      ref, meta);
+  const EditRun e = expect_official_edit("edit",
+                                         "image --model " + test::fixture("klein_tiny_a") + " --prompt " +
+                                             test::shell_quote(meta["prompt"].get<std::string>()) + " --image " + refs +
+                                             "/ref0.png --image " + refs + "/ref1.png",
+                                         ref, meta);
   EXPECT_NE(e.run.output.find("vae encode"), std::string::npos) << e.run.output;
   // Here the fp32 image is held to the same bound too.
   const Tensor& ref_fp32 = ref.get("fp32.image_u8");
@@ -161,13 +165,15 @@ TEST(CliEdit, ReferenceCacheReproducesTheOfficialKvPipeline) {
                            "/ref0.png --image " + refs + "/ref1.png";
   const std::string out = ::testing::TempDir() + "kv.png";
   const EditRun e = expect_official_edit("kv", "image --model " + model + args, ref, meta);
-  EXPECT_NE(e.run.output.find("step 4/4"), std::string::npos) << "the KV pipeline's 4 steps by default\n" << e.run.output;
+  EXPECT_NE(e.run.output.find("step 4/4"), std::string::npos) << "the KV pipeline's 4 steps by default\n"
+                                                              << e.run.output;
 
   // The KV pipeline has neither guidance nor inpainting.
   const test::CliRun guided = test::run_cli("image --model " + model + args + " --cfg 3 -o " + out);
   EXPECT_NE(guided.status, 0);
   EXPECT_NE(guided.output.find("Flux2KleinKVPipeline model (model_index.json), which runs without guidance"),
-            std::string::npos) << guided.output;
+            std::string::npos)
+      << guided.output;
   const test::CliRun inpaint = test::run_cli("image --model " + model + " -p x --image " + refs + "/ref0.png --mask " +
                                              refs + "/ref1.png -o " + out);
   EXPECT_NE(inpaint.status, 0);
@@ -196,8 +202,8 @@ TEST(CliEdit, ReferencesThePipelineRefusesAreRefusedLargeOnesResized) {
   EXPECT_EQ(large.status, 0) << large.output;
   EXPECT_NE(large.output.find("vae encode"), std::string::npos) << large.output;
   for (const auto& c : cases) {
-    const test::CliRun r = test::run_cli("image --model " + model + " -p x --steps 1 --image " + c.file + " -o " +
-                                         dir + "refused.png");
+    const test::CliRun r =
+        test::run_cli("image --model " + model + " -p x --steps 1 --image " + c.file + " -o " + dir + "refused.png");
     EXPECT_NE(r.status, 0) << c.file;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
@@ -219,10 +225,10 @@ TEST_P(CliInpaint, ReproducesTheOfficialInpainting) {
   std::snprintf(numbers, sizeof numbers, " --strength %.17g --cfg %.17g --steps %d --seed %d",
                 meta["strength"].get<double>(), meta["guidance_scale"].get<double>(), meta["steps"].get<int>(),
                 meta["seed"].get<int>());
-  const std::string args = "image --model " + test::fixture(variant) + " --prompt " +
-                           test::shell_quote(meta["prompt"].get<std::string>()) + " --image " + dir + "image.png --mask " +
-                           dir + "mask.png" + (meta["files"].contains("reference") ? " --reference " + dir + "reference.png" : "") +
-                           numbers;
+  const std::string args =
+      "image --model " + test::fixture(variant) + " --prompt " + test::shell_quote(meta["prompt"].get<std::string>()) +
+      " --image " + dir + "image.png --mask " + dir + "mask.png" +
+      (meta["files"].contains("reference") ? " --reference " + dir + "reference.png" : "") + numbers;
   const std::string out = ::testing::TempDir() + variant + "_inpaint.png";
   const test::CliRun r = test::run_cli(args + " -v -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -261,7 +267,8 @@ INSTANTIATE_TEST_SUITE_P(Klein, CliInpaint, ::testing::Values("klein_tiny_a", "k
 
 // What inpainting cannot take is refused before any weight loads, naming the flag or the value.
 TEST(CliInpaint, BadInputIsRefused) {
-  const std::string model = " --model " + test::fixture("klein_tiny_a"), dir = test::fixture("klein_tiny_a_inpaint") + "/";
+  const std::string model = " --model " + test::fixture("klein_tiny_a"),
+                    dir = test::fixture("klein_tiny_a_inpaint") + "/";
   const std::string image = " --image " + dir + "image.png", mask = " --mask " + dir + "mask.png";
   const std::string tiny = ::testing::TempDir() + "apus_tiny.png";
   write_png(tiny, 20, 12, std::vector<uint8_t>(20 * 12 * 3, 7), {});
@@ -280,7 +287,8 @@ TEST(CliInpaint, BadInputIsRefused) {
       {image + mask + " --reference " + tiny, "the reference image is 20x12: both sides must be at least 16 pixels"},
   };
   for (const auto& c : cases) {
-    const test::CliRun r = test::run_cli("image" + model + " -p x" + c.args + " -o " + ::testing::TempDir() + "refused.png");
+    const test::CliRun r =
+        test::run_cli("image" + model + " -p x" + c.args + " -o " + ::testing::TempDir() + "refused.png");
     EXPECT_NE(r.status, 0) << c.args;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
@@ -290,13 +298,11 @@ TEST(CliInpaint, BadInputIsRefused) {
 
 TEST(Cli, BatchWritesOneFilePerSeedEachAsItsOwnRun) {
   const std::string model = test::fixture("klein_tiny_a"), dir = ::testing::TempDir();
-  const test::CliRun batch = test::run_cli("image --model " + model +
-                                           " --prompt 'a red fox' -W 64 -H 48 --seed 5 -n 2 -o " +
-                                           dir + "apus_batch.png");
+  const test::CliRun batch = test::run_cli(
+      "image --model " + model + " --prompt 'a red fox' -W 64 -H 48 --seed 5 -n 2 -o " + dir + "apus_batch.png");
   ASSERT_EQ(batch.status, 0) << batch.output;
   const test::CliRun single = test::run_cli("image --model " + model +
-                                            " --prompt 'a red fox' -W 64 -H 48 --seed 6 -o " + dir +
-                                            "apus_single.png");
+                                            " --prompt 'a red fox' -W 64 -H 48 --seed 6 -o " + dir + "apus_single.png");
   ASSERT_EQ(single.status, 0) << single.output;
   const PngImage second = read_png(dir + "apus_batch-2.png");
   EXPECT_EQ(second.rgb, read_png(dir + "apus_single.png").rgb);
@@ -304,15 +310,16 @@ TEST(Cli, BatchWritesOneFilePerSeedEachAsItsOwnRun) {
   bool seed6 = false;
   for (const auto& [k, v] : second.text) seed6 |= k == "parameters" && v.find("Seed: 6") != std::string::npos;
   EXPECT_TRUE(seed6);
-  for (const char* f : {"apus_batch-1.png", "apus_batch-2.png", "apus_single.png"})
-    std::filesystem::remove(dir + f);
+  for (const char* f : {"apus_batch-1.png", "apus_batch-2.png", "apus_single.png"}) std::filesystem::remove(dir + f);
 }
 
 TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
   const std::string model = test::fixture("klein_tiny_a");
   std::string long_prompt;  // digits tokenise one by one: well over 512 tokens
   for (int i = 0; i < 300; ++i) long_prompt += "lighthouse 12345 ";
-  struct Case { std::string args, expect; };
+  struct Case {
+    std::string args, expect;
+  };
   const std::string wrong_noise = ::testing::TempDir() + "apus_wrong_noise.safetensors";
   Tensor small = Tensor::heap({1, 128, 2, 2}, DType::f32);
   std::memset(small.data, 0, small.nbytes());
@@ -325,16 +332,18 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"image --model " + model + " --prompt " + test::shell_quote(long_prompt), "over the 512"},
       {"image --model " + model + " --prompt hi --noise /nonexistent.safetensors", "/nonexistent.safetensors"},
       {"image --model " + model + " --prompt hi --steps 0", "steps"},
-      {"image --model " + model + " --prompt hi -W 64 -H 48 --noise " + wrong_noise,
-       "expected [1, 128, 3, 4]"},
+      {"image --model " + model + " --prompt hi -W 64 -H 48 --noise " + wrong_noise, "expected [1, 128, 3, 4]"},
       // Caught before any work: seeds that torch would not take, a file as the model, outputs
       // that cannot be written.
       {"image --model " + model + " --prompt hi --seed 18446744073709551616", "--seed 18446744073709551616: expected"},
       {"image --model " + model + " --prompt hi --seed -1", "--seed -1: expected a whole number"},
       {"audio --model /x --prompt hi --seed 1e3", "--seed 1e3: expected"},
-      {"image --model " + test::fixture("klein_tiny_a_ref.json") + " --prompt hi", "is a file, expected a model directory"},
-      {"image --model " + model + " --prompt hi -W 64 -H 48 -o /nonexistent-dir/x.png", "cannot create a file in /nonexistent-dir/"},
-      {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(), "is a directory, not a regular file"},
+      {"image --model " + test::fixture("klein_tiny_a_ref.json") + " --prompt hi",
+       "is a file, expected a model directory"},
+      {"image --model " + model + " --prompt hi -W 64 -H 48 -o /nonexistent-dir/x.png",
+       "cannot create a file in /nonexistent-dir/"},
+      {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(),
+       "is a directory, not a regular file"},
   };
   for (const auto& c : cases) {
     const test::CliRun r = test::run_cli(c.args);
@@ -353,7 +362,9 @@ TEST(CliErrors, ExplicitZerosAreRefusedNamingTheSetting) {
   const std::string model = test::fixture("klein_tiny_a"), base = test::fixture("klein_tiny_base");
   const std::string out = ::testing::TempDir() + "apus_zero.png";
   const std::string reference = test::fixture("klein_tiny_a_edit/ref0.png");
-  struct Case { std::string args, expect; };
+  struct Case {
+    std::string args, expect;
+  };
   const std::string image = "image -o " + out + " -p hi --model ";
   const std::vector<Case> cases = {
       {image + model + " -W 0 -H 48", "width 0 outside 16..4096"},
@@ -373,7 +384,8 @@ TEST(CliErrors, ExplicitZerosAreRefusedNamingTheSetting) {
     EXPECT_FALSE(std::filesystem::exists(out)) << c.args;
   }
   // Absent is still the model's default.
-  const test::CliRun defaults = test::run_cli("image --model " + model + " -p hi --image " + reference + " --steps 1 -o " + out);
+  const test::CliRun defaults =
+      test::run_cli("image --model " + model + " -p hi --image " + reference + " --steps 1 -o " + out);
   ASSERT_EQ(defaults.status, 0) << defaults.output;
   const PngImage png = read_png(out);
   const PngImage ref = read_png(reference);
@@ -384,8 +396,8 @@ TEST(CliErrors, ExplicitZerosAreRefusedNamingTheSetting) {
 
 TEST(CliErrors, CudaWithoutAUsableGpuSaysSoAndWhatWasFound) {
   const std::string out = ::testing::TempDir() + "apus_cuda.png";
-  const test::CliRun r = test::run_cli("image --model " + test::fixture("klein_tiny_a") +
-                                       " -p hi -W 64 -H 48 --device cuda -o " + out);
+  const test::CliRun r =
+      test::run_cli("image --model " + test::fixture("klein_tiny_a") + " -p hi -W 64 -H 48 --device cuda -o " + out);
 #if APUS_HAS_CUDA
   std::string why;
   if (cuda_available(&why)) GTEST_SKIP() << "a GPU is usable here";

@@ -99,27 +99,26 @@ double manifest_parameters(const std::string& model,
 
 TEST(Cost, KleinParametersMatchThePublishedLayouts) {
   for (const std::string model : {"flux2-klein-4b", "flux2-klein-9b", "flux2-klein-9b-kv"}) {
-  const PipelineCost p = count_request(model, 512, 512, 4);
-  const double want = manifest_parameters(model, [](const std::string& file, const std::string& name) {
-    if (file.rfind("transformer/", 0) == 0) return true;
-    if (file.rfind("vae/", 0) == 0)
-      return name.rfind("decoder.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0 ||
-             name == "bn.running_mean" || name == "bn.running_var";
-    // The text encoder runs 27 of its 36 layers; the final norm is never read.
-    if (name == "model.embed_tokens.weight") return true;
-    const std::string prefix = "model.layers.";
-    if (name.rfind(prefix, 0) != 0) return false;
-    return std::stoi(name.substr(prefix.size())) < 27;
-  });
-  EXPECT_EQ(p.parameters, want) << model;
+    const PipelineCost p = count_request(model, 512, 512, 4);
+    const double want = manifest_parameters(model, [](const std::string& file, const std::string& name) {
+      if (file.rfind("transformer/", 0) == 0) return true;
+      if (file.rfind("vae/", 0) == 0)
+        return name.rfind("decoder.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0 || name == "bn.running_mean" ||
+               name == "bn.running_var";
+      // The text encoder runs 27 of its 36 layers; the final norm is never read.
+      if (name == "model.embed_tokens.weight") return true;
+      const std::string prefix = "model.layers.";
+      if (name.rfind(prefix, 0) != 0) return false;
+      return std::stoi(name.substr(prefix.size())) < 27;
+    });
+    EXPECT_EQ(p.parameters, want) << model;
   }
   // The transformers alone: the published 3.8755e9 and 9.08e9 (the public record's figure for
   // 9B, whose sizes data/flux2-klein-9b reconstructs).
   for (const auto& [model, published] : {std::pair<std::string, double>{"flux2-klein-4b", 3875544576.0},
                                          std::pair<std::string, double>{"flux2-klein-9b", 9.08e9}}) {
-    const double dit = manifest_parameters(model, [](const std::string& file, const std::string&) {
-      return file.rfind("transformer/", 0) == 0;
-    });
+    const double dit = manifest_parameters(
+        model, [](const std::string& file, const std::string&) { return file.rfind("transformer/", 0) == 0; });
     EXPECT_NEAR(dit, published, published == 9.08e9 ? 0.005e9 : 0.0) << model;
   }
 }
@@ -167,11 +166,11 @@ TEST(Cost, LinearsScaleWithTokensAttentionWithTheirSquare) {
   const PipelineCost small = count_request("flux2-klein-4b", 512, 512, 4);
   const PipelineCost large = count_request("flux2-klein-4b", 1024, 1024, 4);
   const double tokens_ratio = double(512 + 4096) / double(512 + 1024);
-  EXPECT_DOUBLE_EQ(module_flops(large, "dit_step", "dit/single.3/linear1") /
-                       module_flops(small, "dit_step", "dit/single.3/linear1"),
-                   tokens_ratio);
-  const double attn = module_flops(large, "dit_step", "dit/single.3/attn") /
-                      module_flops(small, "dit_step", "dit/single.3/attn");
+  EXPECT_DOUBLE_EQ(
+      module_flops(large, "dit_step", "dit/single.3/linear1") / module_flops(small, "dit_step", "dit/single.3/linear1"),
+      tokens_ratio);
+  const double attn =
+      module_flops(large, "dit_step", "dit/single.3/attn") / module_flops(small, "dit_step", "dit/single.3/attn");
   EXPECT_GT(attn, 0.99 * tokens_ratio * tokens_ratio);  // norms and rope are linear: slightly under
   EXPECT_LE(attn, tokens_ratio * tokens_ratio);
   // The text encoder does not depend on the image size.

@@ -9,9 +9,9 @@
 #include "io/safetensors.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
-#include "sa3_fixtures.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
+#include "sa3_fixtures.h"
 #include "test_util.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
@@ -51,7 +51,8 @@ TEST(CudaStages, Flux2TransformerMatchesTheReferenceEveryStep) {
     for (const std::string p : {"fp32", "bf16"}) {
       SCOPED_TRACE(variant + " " + p);
       const test::Reference ref(variant);
-      const auto dit = test::load_stage<flux2::Transformer>(ModelDir::open(test::fixture(variant), true, &gpu), "transformer");
+      const auto dit =
+          test::load_stage<flux2::Transformer>(ModelDir::open(test::fixture(variant), true, &gpu), "transformer");
       const auto& cfg = dit.config();
       Arena arena(size_t(64) << 20, false, gpu);
       Context ctx{&arena, test::precision_dtype(p), nullptr, false, &gpu};
@@ -109,9 +110,10 @@ TEST(CudaPipelines, KleinRendersTheOfficialImagesOnTheDevice) {
     std::string variant, ref_file, meta_file;
     bool edit;
   };
-  for (const Run& run : {Run{"klein_tiny_a", "klein_tiny_a_ref.safetensors", "klein_tiny_a_ref.json", false},
-                         Run{"klein_tiny_base", "klein_tiny_base_ref.safetensors", "klein_tiny_base_ref.json", false},
-                         Run{"klein_tiny_a", "klein_tiny_a_edit_ref.safetensors", "klein_tiny_a_edit_ref.json", true}}) {
+  for (const Run& run :
+       {Run{"klein_tiny_a", "klein_tiny_a_ref.safetensors", "klein_tiny_a_ref.json", false},
+        Run{"klein_tiny_base", "klein_tiny_base_ref.safetensors", "klein_tiny_base_ref.json", false},
+        Run{"klein_tiny_a", "klein_tiny_a_edit_ref.safetensors", "klein_tiny_a_edit_ref.json", true}}) {
     SCOPED_TRACE(run.ref_file);
     const SafetensorsFile ref = SafetensorsFile::open(test::fixture(run.ref_file));
     const Json meta = read_json(test::fixture(run.meta_file));
@@ -132,8 +134,8 @@ TEST(CudaPipelines, KleinRendersTheOfficialImagesOnTheDevice) {
     const Tensor& bf16 = ref.get("bf16.image_u8");
     const double disagreement = test::level_gap(bf16, ref.get("fp32.image_u8")).mean;
     const double ours = test::level_gap(got.rgb, bf16).mean;
-    std::printf("[ measure ] cuda %s: mean |d| to the bf16 reference %.3f, its disagreement %.3f\n", run.ref_file.c_str(),
-                ours, disagreement);
+    std::printf("[ measure ] cuda %s: mean |d| to the bf16 reference %.3f, its disagreement %.3f\n",
+                run.ref_file.c_str(), ours, disagreement);
     EXPECT_LT(ours, test::kBf16Factor * disagreement);
   }
 }

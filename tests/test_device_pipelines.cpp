@@ -46,8 +46,11 @@ TEST(ShadowDevice, AttentionKeyMasksLiveOnTheDevice) {
   const Tensor v = ops::host_filled(c, {8, 16}, DType::f32, [](Tensor& t) {
     for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = float(i / 16);
   });
-  test::expect_error([&] { ops::attention(c, q, q, v, o, 16, 0.25f, {false, &host_mask, 1}); },
-                     {"attention", "lives on cpu:0", "shadow"});
+  test::expect_error(
+      [&] {
+        ops::attention(c, q, q, v, o, 16, 0.25f, {false, &host_mask, 1});
+      },
+      {"attention", "lives on cpu:0", "shadow"});
   const Tensor staged = ops::to_context(c, host_mask);
   ops::attention(c, q, q, v, o, 16, 0.25f, {false, &staged, 1});
   for (const float x : to_f32_vector(ops::to_host(c, o))) EXPECT_NEAR(x, 2.0f, 1e-6f);  // keys 0..4
@@ -103,9 +106,11 @@ TEST(ShadowDevice, KleinRequestsComputeWhatTheCpuComputes) {
   test::ShadowDevice& device = test::shadow_device();
   for (const ImageRun& run : image_runs()) {
     SCOPED_TRACE(run.name);
-    const ImageResult cpu = open_image_model(test::fixture(run.variant), Weights::per_stage, nullptr)->generate(run.request);
+    const ImageResult cpu =
+        open_image_model(test::fixture(run.variant), Weights::per_stage, nullptr)->generate(run.request);
     const size_t before = device.ops_run();
-    const ImageResult dev = open_image_model(test::fixture(run.variant), Weights::per_stage, &device)->generate(run.request);
+    const ImageResult dev =
+        open_image_model(test::fixture(run.variant), Weights::per_stage, &device)->generate(run.request);
     EXPECT_GT(device.ops_run(), before + 100);
     EXPECT_EQ(dev.width, cpu.width);
     EXPECT_EQ(dev.height, cpu.height);
@@ -120,8 +125,8 @@ struct AudioRun {
 
 TEST(ShadowDevice, Sa3RequestsComputeWhatTheCpuComputes) {
   test::ShadowDevice& device = test::shadow_device();
-  const std::string base = test::official_variant_dir(
-      "device_base", read_json(test::fixture("sa3_tiny/original_base/model_config.json")));
+  const std::string base =
+      test::official_variant_dir("device_base", read_json(test::fixture("sa3_tiny/original_base/model_config.json")));
   const std::string noise = test::official_variant_dir("device_noise", test::decoder_noise_config());
   AudioRequest guided = test::reference_request(false);
   guided.cfg = 7;
@@ -253,9 +258,7 @@ TEST(DeviceCli, EveryCommandTakesTheDeviceAndRefusesWhatItCannotRun) {
   const std::vector<std::string> commands = {
       "image --model " + klein + " --prompt x -W 64 -H 48 -o " + out + ".png",
       "audio --model " + test::official_dir() + " --prompt x --seconds 1 -o " + out + ".wav",
-      "bench --model " + klein + " --reps 1 --warmup 0",
-      "serve --model " + klein + " --port 0",
-      "calibrate"};
+      "bench --model " + klein + " --reps 1 --warmup 0", "serve --model " + klein + " --port 0", "calibrate"};
   for (const std::string& command : commands) {
     SCOPED_TRACE(command);
     const test::CliRun unknown = test::run_cli(command + " --device tpu");
@@ -266,7 +269,8 @@ TEST(DeviceCli, EveryCommandTakesTheDeviceAndRefusesWhatItCannotRun) {
     const test::CliRun cuda = test::run_cli(command + " --device cuda:0");
     EXPECT_EQ(cuda.status, 1) << cuda.output;
     EXPECT_EQ(cuda.output.rfind("error: ", 0), 0u) << cuda.output;
-    EXPECT_TRUE(cuda.output.find("cuda:0") != std::string::npos || cuda.output.find("no CUDA backend") != std::string::npos)
+    EXPECT_TRUE(cuda.output.find("cuda:0") != std::string::npos ||
+                cuda.output.find("no CUDA backend") != std::string::npos)
         << cuda.output;
   }
   EXPECT_FALSE(std::filesystem::exists(out + ".png"));

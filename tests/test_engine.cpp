@@ -2,8 +2,8 @@
 // bytes one-shot runs give; directories are recognised by their pipeline class and anything else
 // is refused naming it.
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "apus/apus.h"
@@ -161,11 +161,17 @@ TEST(ImageModel, GivenZerosAreRefusedAbsentSettingsTakeTheDefaults) {
   const ImageRequest absent = request("x", 64, 48, 1);
   const Rgb8Image reference{64, 80, std::vector<uint8_t>(64 * 80 * 3, 128)};
   // Counting (roofline, the server's admission) and rendering each refuse it, naming the setting.
-  struct Case { std::function<void(ImageRequest&)> set; std::string counted, rendered; };
+  struct Case {
+    std::function<void(ImageRequest&)> set;
+    std::string counted, rendered;
+  };
   const std::vector<Case> cases = {
       {[](ImageRequest& r) { r.width = 0; }, "width 0 outside 16..4096", "width 0 outside 16..4096"},
-      {[&](ImageRequest& r) { r.height = 0; r.references = {reference}; }, "height 0 outside 16..4096",
-       "height 0 outside 16..4096"},
+      {[&](ImageRequest& r) {
+         r.height = 0;
+         r.references = {reference};
+       },
+       "height 0 outside 16..4096", "height 0 outside 16..4096"},
       {[](ImageRequest& r) { r.steps = 0; }, "steps 0 outside 1..200", "steps 0 outside 1..200"},
       {[](ImageRequest& r) { r.cfg = 0; }, "cfg 0 outside (0, 100]", "cfg 0 outside (0, 100]"},
   };
@@ -190,7 +196,11 @@ TEST(ImageModel, GivenZerosAreRefusedAbsentSettingsTakeTheDefaults) {
 // whoever asks (the CLI's roofline and -v, the server's admission, the bench).
 TEST(ImageModel, CountRefusesWhatGenerateRefusesWithTheSameMessage) {
   const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
-  struct Case { std::function<void(ImageRequest&)> set; int batch; std::string message, field; };
+  struct Case {
+    std::function<void(ImageRequest&)> set;
+    int batch;
+    std::string message, field;
+  };
   const std::vector<Case> cases = {
       {[](ImageRequest& r) { r.width = 8; }, 1, "width 8 outside 16..4096", "width"},
       {[](ImageRequest& r) { r.height = 4112; }, 1, "height 4112 outside 16..4096", "height"},
@@ -206,7 +216,8 @@ TEST(ImageModel, CountRefusesWhatGenerateRefusesWithTheSameMessage) {
     ImageRequest r = request("x", 64, 48, 1);
     c.set(r);
     const test::Refusal counted = test::refusal([&] { model->count(r, c.batch); });
-    const test::Refusal rendered = test::refusal([&] { model->generate_batch(std::vector<ImageRequest>(size_t(c.batch), r)); });
+    const test::Refusal rendered =
+        test::refusal([&] { model->generate_batch(std::vector<ImageRequest>(size_t(c.batch), r)); });
     EXPECT_NE(counted.message.find(c.message), std::string::npos) << counted.message;
     EXPECT_EQ(counted.field, c.field) << c.message;
     EXPECT_EQ(counted.message, rendered.message);
@@ -250,11 +261,9 @@ TEST(ImageModel, DirectoriesOfUnknownClassesAreRefusedNamingTheClass) {
   { std::ofstream(dir + "/model_index.json") << R"({"_class_name": "StableDiffusionPipeline"})"; }
   for (Weights w : {Weights::per_stage, Weights::none}) {
     test::expect_error([&] { ImageModel::open(dir, w); },
-                       {dir + "/model_index.json", "'StableDiffusionPipeline'", "not supported",
-                        "Flux2KleinPipeline"});
-    test::expect_error([&] { AudioModel::open(dir, w); },
-                       {dir + "/model_index.json", "'StableDiffusionPipeline'", "not supported",
-                        "StableAudio3Pipeline"});
+                       {dir + "/model_index.json", "'StableDiffusionPipeline'", "not supported", "Flux2KleinPipeline"});
+    test::expect_error([&] { AudioModel::open(dir, w); }, {dir + "/model_index.json", "'StableDiffusionPipeline'",
+                                                           "not supported", "StableAudio3Pipeline"});
   }
   // A model of the other family is pointed at the command that serves it.
   { std::ofstream(dir + "/model_index.json") << R"({"_class_name": "StableAudio3Pipeline"})"; }
@@ -271,10 +280,10 @@ TEST(ImageModel, DirectoriesOfUnknownClassesAreRefusedNamingTheClass) {
 
 TEST(ImageModel, LabelsNameTheRepository) {
   // A Hugging Face cache snapshot is labelled with its repository id.
-  const std::string cache = ::testing::TempDir() + "apus_hub/models--black-forest-labs--FLUX.2-klein-4B/snapshots/0123abc";
+  const std::string cache =
+      ::testing::TempDir() + "apus_hub/models--black-forest-labs--FLUX.2-klein-4B/snapshots/0123abc";
   fs::create_directories(cache);
-  fs::copy(test::fixture("klein_tiny_a"), cache,
-           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  fs::copy(test::fixture("klein_tiny_a"), cache, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   EXPECT_EQ(ImageModel::open(cache, Weights::none)->label(), "black-forest-labs/FLUX.2-klein-4B");
   EXPECT_EQ(ImageModel::open(test::fixture("klein_tiny_a") + "/", Weights::none)->label(), "klein_tiny_a");
   fs::remove_all(::testing::TempDir() + "apus_hub");

@@ -33,9 +33,7 @@ class Flux2Stages : public ::testing::TestWithParam<Case> {
   Context ctx;
 };
 
-std::vector<int> taps_of(const Reference& ref) {
-  return ref.meta["text_encoder_out_layers"].get<std::vector<int>>();
-}
+std::vector<int> taps_of(const Reference& ref) { return ref.meta["text_encoder_out_layers"].get<std::vector<int>>(); }
 
 // Whether the reference ran classifier-free guidance (a -base model at a scale above 1).
 bool guided(const Reference& ref) {
@@ -55,7 +53,8 @@ TEST_P(Flux2Stages, TextEncoderMatchesReference) {
   if (!guided(ref)) return;
   // The negative prompt (the pipeline's "") through the same encoder.
   const auto neg64 = ref.i64("negative_input_ids");
-  const Tensor neg = enc.encode(ctx, std::vector<int32_t>(neg64.begin(), neg64.end()), ref.i64("negative_attention_mask"));
+  const Tensor neg =
+      enc.encode(ctx, std::vector<int32_t>(neg64.begin(), neg64.end()), ref.i64("negative_attention_mask"));
   test::expect_matches("text encoder, negative prompt", p, to_f32_vector(neg), ref.f32("fp32.negative_prompt_embeds"),
                        ref.f32("bf16.negative_prompt_embeds"));
 }
@@ -84,8 +83,8 @@ TEST_P(Flux2Stages, TransformerMatchesReferenceEveryStep) {
     std::fill_n(velocity.ptr<uint8_t>(), velocity.nbytes(), 0xff);  // poison: NaN in both dtypes
     const float timestep = ref.f32(p + ".scheduler.step" + std::to_string(step) + ".t")[0];
     dit.forward(ctx, pro, latents, timestep, velocity);
-    test::expect_matches("transformer" + s, p, to_f32_vector(velocity),
-                         ref.f32("fp32" + s + ".velocity"), ref.f32("bf16" + s + ".velocity"));
+    test::expect_matches("transformer" + s, p, to_f32_vector(velocity), ref.f32("fp32" + s + ".velocity"),
+                         ref.f32("bf16" + s + ".velocity"));
     if (!negative) continue;
     std::fill_n(velocity.ptr<uint8_t>(), velocity.nbytes(), 0xff);
     dit.forward(ctx, *negative, latents, timestep, velocity);
@@ -105,7 +104,8 @@ TEST_P(Flux2Stages, GuidanceCombinesTheBranchesAsThePipeline) {
   for (int step = 0; step < ref.meta["steps"].get<int>(); ++step) {
     const std::string s = ".dit.step" + std::to_string(step);
     const int64_t d = ref.file.get(p + s + ".velocity").shape[2];
-    Tensor cond = ref.as(p + s + ".velocity", ctx.act, {l, d}), uncond = ref.as(p + s + ".velocity_uncond", ctx.act, {l, d});
+    Tensor cond = ref.as(p + s + ".velocity", ctx.act, {l, d}),
+           uncond = ref.as(p + s + ".velocity_uncond", ctx.act, {l, d});
     classifier_free_guidance(ctx, cond, uncond, scale);
     EXPECT_EQ(to_f32_vector(uncond), ref.f32(p + ".step" + std::to_string(step) + ".guided_velocity")) << s;
   }
@@ -122,21 +122,21 @@ TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
   const int steps = ref.meta["steps"].get<int>();
   const double mu = flux2_empirical_mu(l, steps);
   EXPECT_NEAR(mu, ref.meta["mu"].get<double>(), 1e-12);
-  const FlowSchedule sched = flow_match_schedule(dir.config("scheduler", "scheduler_config.json"),
-                                                 steps, mu);
+  const FlowSchedule sched = flow_match_schedule(dir.config("scheduler", "scheduler_config.json"), steps, mu);
   const auto ref_sigmas = ref.meta["sigmas"].get<std::vector<float>>();
   ASSERT_EQ(sched.sigmas.size(), ref_sigmas.size());
   for (size_t i = 0; i < ref_sigmas.size(); ++i) EXPECT_EQ(sched.sigmas[i], ref_sigmas[i]) << i;
   for (int i = 0; i < steps; ++i)
     EXPECT_EQ(sched.timesteps[size_t(i)], ref.f32(p + ".scheduler.step" + std::to_string(i) + ".t")[0]);
 
-  const auto pro = dit.prologue(ctx, ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim}),
-                                ref.file.get(p + ".text_ids").reshape({t, 4}),
-                                ref.file.get(p + ".latent_ids").reshape({l, 4}));
+  const auto pro =
+      dit.prologue(ctx, ref.as(p + ".prompt_embeds", ctx.act, {t, cfg.joint_dim}),
+                   ref.file.get(p + ".text_ids").reshape({t, 4}), ref.file.get(p + ".latent_ids").reshape({l, 4}));
   std::optional<flux2::TransformerPrologue> negative;
   if (guided(ref))
-    negative = dit.prologue(ctx, ref.as(p + ".negative_prompt_embeds", ctx.act, {t, cfg.joint_dim}),
-                            ref.file.get(p + ".text_ids").reshape({t, 4}), ref.file.get(p + ".latent_ids").reshape({l, 4}));
+    negative =
+        dit.prologue(ctx, ref.as(p + ".negative_prompt_embeds", ctx.act, {t, cfg.joint_dim}),
+                     ref.file.get(p + ".text_ids").reshape({t, 4}), ref.file.get(p + ".latent_ids").reshape({l, 4}));
   Tensor x = ref.as(p + ".dit.step0.latents_in", ctx.act, {l, cfg.in_channels});
   Tensor v = Tensor::heap({l, cfg.out_channels}, ctx.act), uncond = Tensor::heap({l, cfg.out_channels}, ctx.act);
   for (int i = 0; i < steps; ++i) {
@@ -148,8 +148,7 @@ TEST_P(Flux2Stages, SamplerFollowsReferenceTrajectory) {
     euler_step(ctx, x, negative ? uncond : v, sched.sigmas[size_t(i)], sched.sigmas[size_t(i) + 1]);
   }
   const std::string last = ".step" + std::to_string(steps - 1) + ".latents";
-  test::expect_matches("sampler", p, to_f32_vector(x), ref.f32("fp32" + last),
-                       ref.f32("bf16" + last));
+  test::expect_matches("sampler", p, to_f32_vector(x), ref.f32("fp32" + last), ref.f32("bf16" + last));
 }
 
 // A text encoder exactly as deep as its deepest tap (klein_tiny_a cut to 27 layers, taps 9, 18,
@@ -184,9 +183,7 @@ INSTANTIATE_TEST_SUITE_P(Klein, Flux2Stages,
                                            Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"},
                                            Case{"klein_tiny_base", "fp32"}, Case{"klein_tiny_base", "bf16"},
                                            Case{"klein_tiny_9b", "fp32"}, Case{"klein_tiny_9b", "bf16"}),
-                         [](const auto& info) {
-                           return info.param.variant.substr(11) + "_" + info.param.precision;
-                         });
+                         [](const auto& info) { return info.param.variant.substr(11) + "_" + info.param.precision; });
 
 }  // namespace
 }  // namespace apus
@@ -217,7 +214,8 @@ TEST(Flux2Configs, EveryOfficialSettingIsHonouredOrRefused) {
           << config->path << ": '" << key.get<std::string>() << "' is neither honoured nor refused";
   }
   // The pipeline's own: the components, whose classes check_klein_index checks, and is_distilled.
-  EXPECT_EQ(keys["pipeline"], Json::array({"scheduler", "vae", "text_encoder", "tokenizer", "transformer", "is_distilled"}));
+  EXPECT_EQ(keys["pipeline"],
+            Json::array({"scheduler", "vae", "text_encoder", "tokenizer", "transformer", "is_distilled"}));
 }
 
 TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
@@ -231,8 +229,11 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
     std::ofstream(dir + "/" + file) << j.dump();
   };
   patch("text_encoder/config.json", "rope_scaling", Json{{"rope_type", "yarn"}, {"factor", 4.0}});
-  test::expect_error([&] { test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27}); },
-                     {"text_encoder/config.json", "rope_scaling"});
+  test::expect_error(
+      [&] {
+        test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27});
+      },
+      {"text_encoder/config.json", "rope_scaling"});
   patch("transformer/config.json", "guidance_embeds", true);
   test::expect_error([&] { test::load_stage<flux2::Transformer>(ModelDir::open(dir), "transformer"); },
                      {"transformer/config.json", "guidance_embeds"});
@@ -254,16 +255,22 @@ TEST(Flux2Configs, UnsupportedSettingsAreRefused) {
   for (const auto& [key, value] : text_settings) {
     const Json original = read_json(dir + "/text_encoder/config.json").value(key, Json());
     patch("text_encoder/config.json", key, value);
-    test::expect_error([&] { test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27}); },
-                       {"text_encoder/config.json", key});
+    test::expect_error(
+        [&] {
+          test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27});
+        },
+        {"text_encoder/config.json", key});
     patch("text_encoder/config.json", key, original);
   }
   patch("scheduler/scheduler_config.json", "stochastic_sampling", true);
   test::expect_error([&] { flow_match_schedule(read_config(dir + "/scheduler/scheduler_config.json"), 4, 1.0); },
                      {"scheduler_config.json", "stochastic_sampling"});
   patch("text_encoder/config.json", "num_key_value_heads", -3);
-  test::expect_error([&] { test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27}); },
-                     {"text_encoder/config.json", "num_key_value_heads"});
+  test::expect_error(
+      [&] {
+        test::load_stage<flux2::TextEncoder>(ModelDir::open(dir), "text_encoder", std::vector<int>{9, 18, 27});
+      },
+      {"text_encoder/config.json", "num_key_value_heads"});
   patch("vae/config.json", "norm_num_groups", 0);
   test::expect_error([&] { test::load_stage<flux2::VaeDecoder>(ModelDir::open(dir), "vae"); },
                      {"vae/config.json", "norm_num_groups"});
@@ -300,8 +307,10 @@ TEST(Flux2KvCache, TransformerWithCachedReferencesGivesTheKvPipelinesVelocities)
       ops::copy(ctx, ref.get(name).reshape(shape), out);
       return out;
     };
-    const auto pro = dit.prologue(ctx, as_act(p + ".prompt_embeds", {t, cfg.joint_dim}), ref.get("txt_ids"), latent_ids);
-    const flux2::ReferenceKv kv = dit.reference_kv(ctx, as_act(p + ".reference_latents", {r, cfg.in_channels}), ref_ids);
+    const auto pro =
+        dit.prologue(ctx, as_act(p + ".prompt_embeds", {t, cfg.joint_dim}), ref.get("txt_ids"), latent_ids);
+    const flux2::ReferenceKv kv =
+        dit.reference_kv(ctx, as_act(p + ".reference_latents", {r, cfg.in_channels}), ref_ids);
     for (int step = 0; step < 2; ++step) {
       const std::string s = ".dit.step" + std::to_string(step);
       const Tensor latents = as_act(p + s + ".latents_in", {l, cfg.in_channels});
@@ -315,11 +324,13 @@ TEST(Flux2KvCache, TransformerWithCachedReferencesGivesTheKvPipelinesVelocities)
       if (p != "fp32" || step != 0) continue;
       // The references in the joint sequence instead (Flux2KleinPipeline's way).
       const Tensor joint_ids = copy_ids(all_ids, 0, r + l);
-      Tensor joint_latents = Tensor::heap({r + l, cfg.in_channels}, ctx.act), joint_velocity = Tensor::heap({r + l, cfg.out_channels}, ctx.act);
+      Tensor joint_latents = Tensor::heap({r + l, cfg.in_channels}, ctx.act),
+             joint_velocity = Tensor::heap({r + l, cfg.out_channels}, ctx.act);
       Tensor refs_rows = joint_latents.rows(0, r), image_rows = joint_latents.rows(r, r + l);
       ops::copy(ctx, as_act(p + ".reference_latents", {r, cfg.in_channels}), refs_rows);
       ops::copy(ctx, latents, image_rows);
-      const auto joint = dit.prologue(ctx, as_act(p + ".prompt_embeds", {t, cfg.joint_dim}), ref.get("txt_ids"), joint_ids);
+      const auto joint =
+          dit.prologue(ctx, as_act(p + ".prompt_embeds", {t, cfg.joint_dim}), ref.get("txt_ids"), joint_ids);
       dit.forward(ctx, joint, joint_latents, timestep, joint_velocity);
       const std::vector<float> plain = to_f32_vector(joint_velocity.rows(r, r + l));
       std::printf("[ measure ] plain joint sequence instead of the cache: rel L2 %.3e to the KV velocity\n",

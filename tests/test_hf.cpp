@@ -55,30 +55,34 @@ class MockHub {
       const std::string rel = e.path().lexically_relative(root).string();
       files_[rel] = slurp(e.path().string());
     }
-    server_.Get(R"(/api/models/apus/klein-tiny/revision/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req, res)) return;
-      Json siblings = Json::array();
-      for (const auto& [path, data] : files_) {
-        const std::string sum = sha256_hex(data);
-        Json s = {{"rfilename", path}, {"size", data.size()}, {"blobId", sum.substr(0, 40)}};
-        if (path.find(".safetensors") != std::string::npos) s["lfs"] = {{"sha256", sum}, {"size", data.size()}};
-        siblings.push_back(s);
-      }
-      if (!extra_sibling.empty()) siblings.push_back({{"rfilename", extra_sibling}, {"size", 1}, {"blobId", std::string(40, 'a')}});
-      res.set_content(Json{{"sha", kCommit}, {"siblings", siblings}}.dump(), "application/json");
-    });
-    server_.Get(R"(/apus/klein-tiny/resolve/([0-9a-f]+)/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req, res)) return;
-      const auto it = files_.find(req.matches[2]);
-      if (req.matches[1] != kCommit || it == files_.end()) {
-        res.status = 404;
-        return;
-      }
-      if (req.has_header("Range")) ++ranged;
-      std::string data = it->second;
-      if (corrupt == it->first) data[data.size() / 2] ^= 1;
-      res.set_content(data, "application/octet-stream");
-    });
+    server_.Get(R"(/api/models/apus/klein-tiny/revision/([^/]+))",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  if (!authorized(req, res)) return;
+                  Json siblings = Json::array();
+                  for (const auto& [path, data] : files_) {
+                    const std::string sum = sha256_hex(data);
+                    Json s = {{"rfilename", path}, {"size", data.size()}, {"blobId", sum.substr(0, 40)}};
+                    if (path.find(".safetensors") != std::string::npos)
+                      s["lfs"] = {{"sha256", sum}, {"size", data.size()}};
+                    siblings.push_back(s);
+                  }
+                  if (!extra_sibling.empty())
+                    siblings.push_back({{"rfilename", extra_sibling}, {"size", 1}, {"blobId", std::string(40, 'a')}});
+                  res.set_content(Json{{"sha", kCommit}, {"siblings", siblings}}.dump(), "application/json");
+                });
+    server_.Get(R"(/apus/klein-tiny/resolve/([0-9a-f]+)/(.+))",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  if (!authorized(req, res)) return;
+                  const auto it = files_.find(req.matches[2]);
+                  if (req.matches[1] != kCommit || it == files_.end()) {
+                    res.status = 404;
+                    return;
+                  }
+                  if (req.has_header("Range")) ++ranged;
+                  std::string data = it->second;
+                  if (corrupt == it->first) data[data.size() / 2] ^= 1;
+                  res.set_content(data, "application/octet-stream");
+                });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
@@ -153,7 +157,8 @@ TEST_F(Hub, PulledRepositoryOpensByItsIdAndRendersTheSameImage) {
   fs::create_directory_symlink(cache_, home + "/hub");
   ::unsetenv("HF_HUB_CACHE");
   ::setenv("HF_HOME", home.c_str(), 1);
-  EXPECT_EQ(hf_cached_snapshot("apus/klein-tiny").value_or(""), home + "/hub/models--apus--klein-tiny/snapshots/" + kCommit);
+  EXPECT_EQ(hf_cached_snapshot("apus/klein-tiny").value_or(""),
+            home + "/hub/models--apus--klein-tiny/snapshots/" + kCommit);
 }
 
 TEST_F(Hub, PartialDownloadsResumeAndBadHashesAreRefused) {

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "core/error.h"
-#include "server/http.h"
 #include "server/bodies.h"
+#include "server/http.h"
 #include "test_util.h"
 
 namespace apus {
@@ -136,7 +136,8 @@ TEST(HttpTransport, WhatCannotBeFramedClosesTheConnection) {
   };
   const Case cases[] = {
       {"GARBAGE\r\n\r\n" + hidden, "HTTP/1.1 400 "},
-      {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n12345" + hidden, "HTTP/1.1 400 "},
+      {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n12345" + hidden,
+       "HTTP/1.1 400 "},
       {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n" + hidden, "HTTP/1.1 413 "},
       {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n" + hidden, "HTTP/1.1 400 "},
       {"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n" + hidden, "HTTP/1.1 431 "},
@@ -250,7 +251,8 @@ TEST(Multipart, PartsInOrderWithTheirNames) {
   const std::string body =
       "preamble\r\n--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\na \"fox\"\r\n"
       "--XyZ\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\nContent-Type: image/png\r\n\r\n"
-      "\x89PNG\r\n--XyZnot-a-boundary\r\n--XyZ\r\ncontent-disposition: FORM-DATA; name=image; filename=\"b\\\".png\"\r\n\r\n"
+      "\x89PNG\r\n--XyZnot-a-boundary\r\n--XyZ\r\ncontent-disposition: FORM-DATA; name=image; "
+      "filename=\"b\\\".png\"\r\n\r\n"
       "\r\n--XyZ--\r\nepilogue";
   const auto parts = server::parse_multipart("multipart/form-data; boundary=\"XyZ\"", body);
   ASSERT_EQ(parts.size(), 3u);
@@ -275,8 +277,12 @@ TEST(Multipart, AMalformedBodySaysWhatIsWrong) {
       {type, first, {"part 1 ('prompt'): no boundary closes it: the body is truncated (", " bytes"}},
       {type, first + "\r\n--b", {"part 2: the body ends after its boundary without the closing '--b--'"}},
       {type, "--b\r\nContent-Disposition: form-data; name=\"x\"\r\n", {"part 1: its headers never end"}},
-      {type, "--b\r\nContent-Type: text/plain\r\n\r\nx\r\n--b--", {"part 1: no Content-Disposition: form-data with a name"}},
-      {type, "--b\r\nContent-Disposition: attachment; name=\"x\"\r\n\r\nx\r\n--b--", {"Content-Disposition is 'attachment"}},
+      {type,
+       "--b\r\nContent-Type: text/plain\r\n\r\nx\r\n--b--",
+       {"part 1: no Content-Disposition: form-data with a name"}},
+      {type,
+       "--b\r\nContent-Disposition: attachment; name=\"x\"\r\n\r\nx\r\n--b--",
+       {"Content-Disposition is 'attachment"}},
       {type, "--b\r\nContent-Disposition: form-data; name=\"x\r\n\r\nx\r\n--b--", {"opens a quote it never closes"}},
       {type, "no boundary at all", {"no boundary line '--b'"}},
       {"multipart/form-data", "--b--", {"Content-Type names no boundary"}},

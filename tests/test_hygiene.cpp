@@ -21,9 +21,11 @@ TEST(TestHygiene, ARunLeavesNothingInItsTemporaryFolder) {
       "Sa3Pipeline.UnsupportedOfficial*:Sa3Cli.BadInput*:CliErrors.BadInput*:InputImage.BadFiles*:Audio.*:"
       "Hub.RefusalsNameTheCause:Synth.ErrorsNameThePath:Bench.ReportRefuses*";
   const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const int status = std::system(("env TMPDIR=" + test::shell_quote(given) + " TEST_TMPDIR=" + test::shell_quote(given) +
-                                  " " + test::shell_quote(self) + " --gtest_filter=" + test::shell_quote(filter) +
-                                  " > " + test::shell_quote(log) + " 2>&1").c_str());
+  const int status =
+      std::system(("env TMPDIR=" + test::shell_quote(given) + " TEST_TMPDIR=" + test::shell_quote(given) + " " +
+                   test::shell_quote(self) + " --gtest_filter=" + test::shell_quote(filter) + " > " +
+                   test::shell_quote(log) + " 2>&1")
+                      .c_str());
   EXPECT_EQ(status, 0) << read_file(log);
   EXPECT_NE(read_file(log).find("PASSED"), std::string::npos) << read_file(log);
   std::vector<std::string> left;

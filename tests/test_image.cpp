@@ -58,7 +58,8 @@ TEST(InputImage, BadFilesAreRefusedNamingThem) {
     std::ofstream(path, std::ios::binary) << bytes;
     return path;
   };
-  const std::string jpeg = read_file(test::fixture("images/baseline.jpg")), png = read_file(test::fixture("images/rgb.png")),
+  const std::string jpeg = read_file(test::fixture("images/baseline.jpg")),
+                    png = read_file(test::fixture("images/rgb.png")),
                     webp = read_file(test::fixture("images/lossy.webp"));
   const struct {
     std::string path, expect;

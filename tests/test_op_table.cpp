@@ -87,84 +87,99 @@ template <typename Valid> Tensor key_mask(int64_t n, Valid&& valid) {
 
 void add_norm_cases(std::vector<OpCase>& cases) {
   for (const Rounding r : kRoundings) {
-    cases.push_back({"layer_norm_modulate_" + tag(r), OpId::layer_norm_modulate, Bound::rounding, [r](OpInputs& d) -> Drawn {
-      const int64_t m = 9, dim = 96;
-      return {{{d.random({m, dim}, 3.0f), d.random({1, dim}), d.random({1, dim}, 0.5f)}, {d.poisoned({m, dim})}},
-              [r](Context& c, Operands& t) { ops::layer_norm_modulate(c, t.in[0], t.in[1], t.in[2], t.out[0], 1e-6f, r); }};
-    }});
+    cases.push_back(
+        {"layer_norm_modulate_" + tag(r), OpId::layer_norm_modulate, Bound::rounding, [r](OpInputs& d) -> Drawn {
+           const int64_t m = 9, dim = 96;
+           return {{{d.random({m, dim}, 3.0f), d.random({1, dim}), d.random({1, dim}, 0.5f)}, {d.poisoned({m, dim})}},
+                   [r](Context& c, Operands& t) {
+                     ops::layer_norm_modulate(c, t.in[0], t.in[1], t.in[2], t.out[0], 1e-6f, r);
+                   }};
+         }});
     // Two samples of five rows, each with its own shift and scale; x a column view.
     cases.push_back({"modulate_per_sample_" + tag(r), OpId::modulate, Bound::rounding, [r](OpInputs& d) -> Drawn {
-      const int64_t m = 10, dim = 96;
-      return {{{d.random({m, dim + 7}, 2.0f), d.random({2, dim}), d.random({2, dim}, 0.5f)}, {d.poisoned({m, dim})}},
-              [r](Context& c, Operands& t) { ops::modulate(c, t.in[0].cols(7, 7 + dim), t.in[1], t.in[2], t.out[0], r); }};
-    }});
+                       const int64_t m = 10, dim = 96;
+                       return {{{d.random({m, dim + 7}, 2.0f), d.random({2, dim}), d.random({2, dim}, 0.5f)},
+                                {d.poisoned({m, dim})}},
+                               [r](Context& c, Operands& t) {
+                                 ops::modulate(c, t.in[0].cols(7, 7 + dim), t.in[1], t.in[2], t.out[0], r);
+                               }};
+                     }});
     cases.push_back({"modulate_one_for_all_rows_" + tag(r), OpId::modulate, Bound::rounding, [r](OpInputs& d) -> Drawn {
-      const int64_t m = 37, dim = 96;
-      return {{{d.random({m, dim}), d.random({1, dim}), d.random({1, dim})}, {d.poisoned({m, dim})}},
-              [r](Context& c, Operands& t) { ops::modulate(c, t.in[0], t.in[1], t.in[2], t.out[0], r); }};
-    }});
+                       const int64_t m = 37, dim = 96;
+                       return {
+                           {{d.random({m, dim}), d.random({1, dim}), d.random({1, dim})}, {d.poisoned({m, dim})}},
+                           [r](Context& c, Operands& t) { ops::modulate(c, t.in[0], t.in[1], t.in[2], t.out[0], r); }};
+                     }});
     cases.push_back({"rms_norm_per_head_" + tag(r), OpId::rms_norm, Bound::rounding, [r](OpInputs& d) -> Drawn {
-      const int64_t m = 11, g = 16;
-      return {{{d.random({m, 4 * g}, 2.0f), d.random({g}, 1.0f, DType::bf16)}, {d.poisoned({m, 4 * g})}},
-              [r](Context& c, Operands& t) { ops::rms_norm(c, t.in[0], t.in[1], t.out[0], 1e-6f, g, r); }};
-    }});
+                       const int64_t m = 11, g = 16;
+                       return {
+                           {{d.random({m, 4 * g}, 2.0f), d.random({g}, 1.0f, DType::bf16)}, {d.poisoned({m, 4 * g})}},
+                           [r](Context& c, Operands& t) { ops::rms_norm(c, t.in[0], t.in[1], t.out[0], 1e-6f, g, r); }};
+                     }});
     cases.push_back({"gate_sigmoid_" + tag(r), OpId::gate_sigmoid, Bound::rounding, [r](OpInputs& d) -> Drawn {
-      const int64_t dim = 96;
-      return {{{d.random({2, dim + 7}, 2.0f)}, {d.poisoned({2, dim})}},
-              [r](Context& c, Operands& t) { ops::gate_sigmoid(c, t.in[0].cols(3, 3 + dim), t.out[0], r); }};
-    }});
+                       const int64_t dim = 96;
+                       return {{{d.random({2, dim + 7}, 2.0f)}, {d.poisoned({2, dim})}}, [r](Context& c, Operands& t) {
+                                 ops::gate_sigmoid(c, t.in[0].cols(3, 3 + dim), t.out[0], r);
+                               }};
+                     }});
     cases.push_back({"affine_" + tag(r), OpId::affine, Bound::rounding, [r](OpInputs& d) -> Drawn {
-      return {{{d.random({12, 16}, 2.0f), d.random({16}), d.random({16})}, {d.poisoned({12, 16})}},
-              [r](Context& c, Operands& t) { ops::affine(c, t.in[0], t.in[1], t.in[2], t.out[0], r); }};
-    }});
+                       return {
+                           {{d.random({12, 16}, 2.0f), d.random({16}), d.random({16})}, {d.poisoned({12, 16})}},
+                           [r](Context& c, Operands& t) { ops::affine(c, t.in[0], t.in[1], t.in[2], t.out[0], r); }};
+                     }});
   }
   // Per-sample shift, scale and gate ([2, D] column views of one modulation tensor), batch of two.
   cases.push_back({"layer_norm_modulate_batch_2", OpId::layer_norm_modulate, Bound::rounding, [](OpInputs& d) -> Drawn {
-    const int64_t n = 9, dim = 32;
-    return {{{d.random({2 * n, dim}, 2.0f), d.random({2, 3 * dim}, 0.5f)}, {d.poisoned({2 * n, dim})}},
-            [](Context& c, Operands& t) {
-              ops::layer_norm_modulate(c, t.in[0], t.in[1].cols(0, dim), t.in[1].cols(dim, 2 * dim), t.out[0], 1e-6f,
-                                       Rounding::each_step);
-            }};
-  }});
+                     const int64_t n = 9, dim = 32;
+                     return {{{d.random({2 * n, dim}, 2.0f), d.random({2, 3 * dim}, 0.5f)}, {d.poisoned({2 * n, dim})}},
+                             [](Context& c, Operands& t) {
+                               ops::layer_norm_modulate(c, t.in[0], t.in[1].cols(0, dim), t.in[1].cols(dim, 2 * dim),
+                                                        t.out[0], 1e-6f, Rounding::each_step);
+                             }};
+                   }});
 }
 
 void add_rope_cases(std::vector<OpCase>& cases) {
   for (const auto style : {ops::RopeStyle::interleaved, ops::RopeStyle::half}) {
     const std::string name = style == ops::RopeStyle::half ? "half" : "interleaved";
     for (const Rounding r : kRoundings) {
-      cases.push_back({"rope_" + name + "_" + tag(r), OpId::rope, Bound::rounding, [r, style](OpInputs& d) -> Drawn {
-        const int64_t s = 7, hd = 16;
-        return {{random_angles(d, s, hd / 2), {d.random({s, 3 * hd})}},
-                [r, style](Context& c, Operands& t) { ops::rope(c, t.out[0], t.in[0], t.in[1], hd, style, r); }};
-      }});
+      cases.push_back(
+          {"rope_" + name + "_" + tag(r), OpId::rope, Bound::rounding, [r, style](OpInputs& d) -> Drawn {
+             const int64_t s = 7, hd = 16;
+             return {{random_angles(d, s, hd / 2), {d.random({s, 3 * hd})}},
+                     [r, style](Context& c, Operands& t) { ops::rope(c, t.out[0], t.in[0], t.in[1], hd, style, r); }};
+           }});
       // Partial RoPE: 12 of each head's 16 pairs turn.
-      cases.push_back({"rope_partial_12_of_16_" + name + "_" + tag(r), OpId::rope, Bound::rounding, [r, style](OpInputs& d) -> Drawn {
-        const int64_t m = 37, hd = 32;
-        return {{random_angles(d, m, 12), {d.random({m, 3 * hd})}},
-                [r, style](Context& c, Operands& t) { ops::rope(c, t.out[0], t.in[0], t.in[1], hd, style, r); }};
-      }});
+      cases.push_back(
+          {"rope_partial_12_of_16_" + name + "_" + tag(r), OpId::rope, Bound::rounding,
+           [r, style](OpInputs& d) -> Drawn {
+             const int64_t m = 37, hd = 32;
+             return {{random_angles(d, m, 12), {d.random({m, 3 * hd})}},
+                     [r, style](Context& c, Operands& t) { ops::rope(c, t.out[0], t.in[0], t.in[1], hd, style, r); }};
+           }});
     }
   }
   // Partial RoPE as Stable Audio's: a table half as wide turns the first half of each head.
   for (const Rounding r : kRoundings)
     cases.push_back({"rope_partial_half_" + tag(r), OpId::rope, Bound::rounding, [r](OpInputs& d) -> Drawn {
-      const int64_t s = 7, hd = 16;
-      return {{random_angles(d, s, hd / 4), {d.random({s, 3 * hd})}},
-              [r](Context& c, Operands& t) { ops::rope(c, t.out[0], t.in[0], t.in[1], hd, ops::RopeStyle::half, r); }};
-    }});
+                       const int64_t s = 7, hd = 16;
+                       return {{random_angles(d, s, hd / 4), {d.random({s, 3 * hd})}}, [r](Context& c, Operands& t) {
+                                 ops::rope(c, t.out[0], t.in[0], t.in[1], hd, ops::RopeStyle::half, r);
+                               }};
+                     }});
   // One sample's table serving both samples of a batch.
   cases.push_back({"rope_batch_2", OpId::rope, Bound::rounding, [](OpInputs& d) -> Drawn {
-    const int64_t n = 9, dim = 32;
-    Tensor cos = Tensor::heap({n, dim / 4}, DType::f32), sin = Tensor::heap({n, dim / 4}, DType::f32);
-    for (int64_t i = 0; i < cos.numel(); ++i) {
-      cos.ptr<float>()[i] = float(std::cos(0.1 * double(i)));
-      sin.ptr<float>()[i] = float(std::sin(0.1 * double(i)));
-    }
-    return {{{cos, sin}, {d.random({2 * n, dim}, 2.0f)}}, [](Context& c, Operands& t) {
-              ops::rope(c, t.out[0], t.in[0], t.in[1], dim / 2, ops::RopeStyle::half, Rounding::each_step);
-            }};
-  }});
+                     const int64_t n = 9, dim = 32;
+                     Tensor cos = Tensor::heap({n, dim / 4}, DType::f32), sin = Tensor::heap({n, dim / 4}, DType::f32);
+                     for (int64_t i = 0; i < cos.numel(); ++i) {
+                       cos.ptr<float>()[i] = float(std::cos(0.1 * double(i)));
+                       sin.ptr<float>()[i] = float(std::sin(0.1 * double(i)));
+                     }
+                     return {{{cos, sin}, {d.random({2 * n, dim}, 2.0f)}}, [](Context& c, Operands& t) {
+                               ops::rope(c, t.out[0], t.in[0], t.in[1], dim / 2, ops::RopeStyle::half,
+                                         Rounding::each_step);
+                             }};
+                   }});
 }
 
 void add_attention_cases(std::vector<OpCase>& cases) {
@@ -187,7 +202,8 @@ void add_attention_cases(std::vector<OpCase>& cases) {
   for (const bool pad : {false, true})
     cases.push_back({pad ? "attention_band_padded" : "attention_band", OpId::attention, Bound::inner_rounding,
                      [=](OpInputs& in) -> Drawn {
-                       return {{pad ? qkv(in, {padded()}) : qkv(in), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
+                       return {{pad ? qkv(in, {padded()}) : qkv(in), {in.poisoned({s, hq * d})}},
+                               [=](Context& c, Operands& t) {
                                  ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f,
                                                 {false, pad ? &t.in[3] : nullptr, 2, 0.0f, Rounding::once, 17});
                                }};
@@ -195,22 +211,24 @@ void add_attention_cases(std::vector<OpCase>& cases) {
   // Gemma's scores: capped at 5 (small enough that tanh bends these scores), formed in fp32 or
   // rounded step by step as eager PyTorch does in bf16.
   for (const Rounding r : kRoundings)
-    cases.push_back({"attention_softcap_" + tag(r), OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
-      return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
-                ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {false, &t.in[3], 1, 5.0f, r});
-              }};
-    }});
+    cases.push_back(
+        {"attention_softcap_" + tag(r), OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+           return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
+                     ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {false, &t.in[3], 1, 5.0f, r});
+                   }};
+         }});
   // A batch of two samples of 70 rows with a key mask each (50 and 61 real keys).
   for (const bool causal : {false, true})
     cases.push_back({causal ? "attention_batch_2_causal" : "attention_batch_2", OpId::attention, Bound::inner_rounding,
                      [=](OpInputs& in) -> Drawn {
                        const int64_t n = 70;
                        const Tensor valid = key_mask(2 * n, [](int64_t j) { return j < n ? j < 50 : j < n + 61; });
-                       return {{{in.random({2 * n, hq * d}), in.random({2 * n, hk * d}), in.random({2 * n, hk * d}), valid},
-                                {in.poisoned({2 * n, hq * d})}},
-                               [=](Context& c, Operands& t) {
-                                 ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {causal, &t.in[3], 2});
-                               }};
+                       return {
+                           {{in.random({2 * n, hq * d}), in.random({2 * n, hk * d}), in.random({2 * n, hk * d}), valid},
+                            {in.poisoned({2 * n, hq * d})}},
+                           [=](Context& c, Operands& t) {
+                             ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {causal, &t.in[3], 2});
+                           }};
                      }});
   // Two samples of 75 rows; with SAME's band |i - j| <= 17.
   for (const int64_t window : {0, 17})
@@ -220,8 +238,9 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                        std::vector<Tensor> q_k_q2_k2_v;
                        for (int i = 0; i < 5; ++i) q_k_q2_k2_v.push_back(in.random({n, h * hd}));
                        return {{q_k_q2_k2_v, {in.poisoned({n, h * hd})}}, [=](Context& c, Operands& t) {
-                                 ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], hd,
-                                                             0.125f, {false, nullptr, 2, 0.0f, Rounding::once, window});
+                                 ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0],
+                                                             hd, 0.125f,
+                                                             {false, nullptr, 2, 0.0f, Rounding::once, window});
                                }};
                      }});
   // Grouped: 4 query heads over 2 key heads, two samples of 150 rows.
@@ -229,7 +248,8 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                    [=](OpInputs& in) -> Drawn {
                      const std::vector<Tensor> q_k_v = qkv(in);
                      const Tensor q2 = in.random({s, hq * d}), k2 = in.random({s, hk * d});
-                     return {{{q_k_v[0], q_k_v[1], q2, k2, q_k_v[2]}, {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
+                     return {{{q_k_v[0], q_k_v[1], q2, k2, q_k_v[2]}, {in.poisoned({s, hq * d})}},
+                             [=](Context& c, Operands& t) {
                                ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], d,
                                                            0.25f, {false, nullptr, 2});
                              }};
@@ -240,15 +260,18 @@ void add_activation_cases(std::vector<OpCase>& cases) {
   const int64_t m = 13, f = 40;
   for (const Rounding r : kRoundings)
     for (const auto act : {ops::Activation::silu, ops::Activation::gelu_tanh, ops::Activation::sin_pi}) {
-      const std::string name = act == ops::Activation::silu ? "silu" : act == ops::Activation::gelu_tanh ? "gelu_tanh" : "sin_pi";
+      const std::string name = act == ops::Activation::silu        ? "silu"
+                               : act == ops::Activation::gelu_tanh ? "gelu_tanh"
+                                                                   : "sin_pi";
       cases.push_back({"glu_" + name + "_" + tag(r), OpId::glu, Bound::rounding, [=](OpInputs& d) -> Drawn {
-        return {{{d.random({m, f}, 2.0f), d.random({m, f})}, {d.poisoned({m, f})}},
-                [=](Context& c, Operands& t) { ops::glu(c, t.in[0], t.in[1], t.out[0], act, r); }};
-      }});
+                         return {{{d.random({m, f}, 2.0f), d.random({m, f})}, {d.poisoned({m, f})}},
+                                 [=](Context& c, Operands& t) { ops::glu(c, t.in[0], t.in[1], t.out[0], act, r); }};
+                       }});
     }
   cases.push_back({"silu", OpId::silu, Bound::rounding, [=](OpInputs& d) -> Drawn {
-    return {{{d.random({m, f}, 2.0f)}, {d.poisoned({m, f})}}, [](Context& c, Operands& t) { ops::silu(c, t.in[0], t.out[0]); }};
-  }});
+                     return {{{d.random({m, f}, 2.0f)}, {d.poisoned({m, f})}},
+                             [](Context& c, Operands& t) { ops::silu(c, t.in[0], t.out[0]); }};
+                   }});
   // DyT ends in gamma * tanh + beta, which cancels to near zero where beta meets -gamma tanh: there
   // fp32 against f64 is an inner rounding (one element measured 187 "ulps" of a 5e-9 result), so
   // it is held to the relative L2 bound, over enough elements that one flipped rounding of a
@@ -264,44 +287,49 @@ void add_activation_cases(std::vector<OpCase>& cases) {
     bool alpha_f32;
   };
   for (const Rounding r : kRoundings)
-    for (const Dyt v : {Dyt{"dyt", df, true}, Dyt{"dyt_per_head", df / 4, true}, Dyt{"dyt_alpha_in_act_dtype", df, false}})
-      cases.push_back({std::string(v.name) + "_" + tag(r), OpId::dyt, Bound::inner_rounding, [=](OpInputs& d) -> Drawn {
-        return {{{d.random({dm, df}, 2.0f), d.random({1}, 2.0f, v.alpha_f32 ? DType::f32 : d.act), d.random({v.group}),
-                  d.random({v.group})},
-                 {d.poisoned({dm, df})}},
-                [r](Context& c, Operands& t) { ops::dyt(c, t.in[0], t.in[1], t.in[2], t.in[3], t.out[0], r); }};
-      }});
+    for (const Dyt v :
+         {Dyt{"dyt", df, true}, Dyt{"dyt_per_head", df / 4, true}, Dyt{"dyt_alpha_in_act_dtype", df, false}})
+      cases.push_back(
+          {std::string(v.name) + "_" + tag(r), OpId::dyt, Bound::inner_rounding, [=](OpInputs& d) -> Drawn {
+             return {{{d.random({dm, df}, 2.0f), d.random({1}, 2.0f, v.alpha_f32 ? DType::f32 : d.act),
+                       d.random({v.group}), d.random({v.group})},
+                      {d.poisoned({dm, df})}},
+                     [r](Context& c, Operands& t) { ops::dyt(c, t.in[0], t.in[1], t.in[2], t.in[3], t.out[0], r); }};
+           }});
   for (const Rounding r : kRoundings)
     for (const bool gated : {true, false})
-      cases.push_back({(gated ? "add_gated_" : "add_") + tag(r), OpId::add_gated, Bound::rounding, [=](OpInputs& d) -> Drawn {
-        return {{{d.random({m, f}), d.random({1, f})}, {d.random({m, f})}},
-                [=](Context& c, Operands& t) { ops::add_gated(c, t.out[0], t.in[0], gated ? &t.in[1] : nullptr, r); }};
-      }});
+      cases.push_back(
+          {(gated ? "add_gated_" : "add_") + tag(r), OpId::add_gated, Bound::rounding, [=](OpInputs& d) -> Drawn {
+             return {{{d.random({m, f}), d.random({1, f})}, {d.random({m, f})}}, [=](Context& c, Operands& t) {
+                       ops::add_gated(c, t.out[0], t.in[0], gated ? &t.in[1] : nullptr, r);
+                     }};
+           }});
   // A gate per sample: [2, D] as a column view of a wider tensor.
   cases.push_back({"add_gated_batch_2", OpId::add_gated, Bound::rounding, [](OpInputs& d) -> Drawn {
-    const int64_t n = 9, dim = 32;
-    return {{{d.random({2 * n, dim}), d.random({2, 3 * dim}, 0.5f)}, {d.random({2 * n, dim}, 2.0f)}},
-            [](Context& c, Operands& t) {
-              const Tensor gate = t.in[1].cols(2 * dim, 3 * dim);
-              ops::add_gated(c, t.out[0], t.in[0], &gate, Rounding::each_step);
-            }};
-  }});
+                     const int64_t n = 9, dim = 32;
+                     return {{{d.random({2 * n, dim}), d.random({2, 3 * dim}, 0.5f)}, {d.random({2 * n, dim}, 2.0f)}},
+                             [](Context& c, Operands& t) {
+                               const Tensor gate = t.in[1].cols(2 * dim, 3 * dim);
+                               ops::add_gated(c, t.out[0], t.in[0], &gate, Rounding::each_step);
+                             }};
+                   }});
 }
 
 void add_sampler_cases(std::vector<OpCase>& cases) {
   const int64_t m = 21, n = 33;
   cases.push_back({"euler_update", OpId::euler_update, Bound::rounding, [](OpInputs& d) -> Drawn {
-    return {{{d.random({m, n})}, {d.random({m, n})}},
-            [](Context& c, Operands& t) { ops::euler_update(c, t.out[0], t.in[0], -0.2871f); }};
-  }});
+                     return {{{d.random({m, n})}, {d.random({m, n})}},
+                             [](Context& c, Operands& t) { ops::euler_update(c, t.out[0], t.in[0], -0.2871f); }};
+                   }});
   for (const bool f32_noise : {true, false})
-    cases.push_back({f32_noise ? "pingpong_update" : "pingpong_update_noise_in_act_dtype", OpId::pingpong_update,
-                     Bound::rounding, [f32_noise](OpInputs& d) -> Drawn {
-                       return {{{d.random({m, n}), d.random({m, n}, 1.0f, f32_noise ? DType::f32 : d.act)}, {d.random({m, n})}},
-                               [](Context& c, Operands& t) {
-                                 ops::pingpong_update(c, t.out[0], t.in[0], t.in[1], 0.8909032f, 0.7455466f);
-                               }};
-                     }});
+    cases.push_back(
+        {f32_noise ? "pingpong_update" : "pingpong_update_noise_in_act_dtype", OpId::pingpong_update, Bound::rounding,
+         [f32_noise](OpInputs& d) -> Drawn {
+           return {{{d.random({m, n}), d.random({m, n}, 1.0f, f32_noise ? DType::f32 : d.act)}, {d.random({m, n})}},
+                   [](Context& c, Operands& t) {
+                     ops::pingpong_update(c, t.out[0], t.in[0], t.in[1], 0.8909032f, 0.7455466f);
+                   }};
+         }});
   // blend with a weight per row (quarters as an inpainting mask gives, and any value in [0, 1] as
   // a scheduler's sigma), with one weight for every row, and in place over either operand.
   const int64_t bm = 24, bn = 40;
@@ -317,21 +345,21 @@ void add_sampler_cases(std::vector<OpCase>& cases) {
     return w;
   };
   cases.push_back({"blend", OpId::blend, Bound::rounding, [=](OpInputs& d) -> Drawn {
-    return {{{d.random({bm, bn}), d.random({bm, bn}), row_weights(d)}, {d.poisoned({bm, bn})}},
-            [](Context& c, Operands& t) { ops::blend(c, t.in[0], t.in[1], t.in[2], t.out[0]); }};
-  }});
+                     return {{{d.random({bm, bn}), d.random({bm, bn}), row_weights(d)}, {d.poisoned({bm, bn})}},
+                             [](Context& c, Operands& t) { ops::blend(c, t.in[0], t.in[1], t.in[2], t.out[0]); }};
+                   }});
   cases.push_back({"blend_one_weight", OpId::blend, Bound::rounding, [=](OpInputs& d) -> Drawn {
-    return {{{d.random({bm, bn}), d.random({bm, bn}), one_weight()}, {d.poisoned({bm, bn})}},
-            [](Context& c, Operands& t) { ops::blend(c, t.in[0], t.in[1], t.in[2], t.out[0]); }};
-  }});
+                     return {{{d.random({bm, bn}), d.random({bm, bn}), one_weight()}, {d.poisoned({bm, bn})}},
+                             [](Context& c, Operands& t) { ops::blend(c, t.in[0], t.in[1], t.in[2], t.out[0]); }};
+                   }});
   cases.push_back({"blend_into_a", OpId::blend, Bound::rounding, [=](OpInputs& d) -> Drawn {
-    return {{{d.random({bm, bn}), row_weights(d)}, {d.random({bm, bn})}},
-            [](Context& c, Operands& t) { ops::blend(c, t.out[0], t.in[0], t.in[1], t.out[0]); }};
-  }});
+                     return {{{d.random({bm, bn}), row_weights(d)}, {d.random({bm, bn})}},
+                             [](Context& c, Operands& t) { ops::blend(c, t.out[0], t.in[0], t.in[1], t.out[0]); }};
+                   }});
   cases.push_back({"blend_into_b", OpId::blend, Bound::rounding, [=](OpInputs& d) -> Drawn {
-    return {{{d.random({bm, bn}), one_weight()}, {d.random({bm, bn})}},
-            [](Context& c, Operands& t) { ops::blend(c, t.in[0], t.out[0], t.in[1], t.out[0]); }};
-  }});
+                     return {{{d.random({bm, bn}), one_weight()}, {d.random({bm, bn})}},
+                             [](Context& c, Operands& t) { ops::blend(c, t.in[0], t.out[0], t.in[1], t.out[0]); }};
+                   }});
   // Guidance over a batch of three samples of 64 frames, 14 of them padding; APG off, full, half.
   // The projection's fp32 reductions flip an inner bf16 rounding now and then, which the scale
   // carries to the output as a 2-ulp difference: over 6144 outputs one such flip stays inside the
@@ -342,7 +370,8 @@ void add_sampler_cases(std::vector<OpCase>& cases) {
                        return {{{d.random({192, 32}, 1.0f, DType::f32), d.random({192, 32}), d.random({192, 32})},
                                 {d.poisoned({192, 32})}},
                                [apg](Context& c, Operands& t) {
-                                 ops::guided_velocity(c, t.in[0], t.in[1], t.in[2], t.out[0], 0.7455466f, 7.0f, apg, 3, 50);
+                                 ops::guided_velocity(c, t.in[0], t.in[1], t.in[2], t.out[0], 0.7455466f, 7.0f, apg, 3,
+                                                      50);
                                }};
                      }});
 }
@@ -350,101 +379,114 @@ void add_sampler_cases(std::vector<OpCase>& cases) {
 void add_layout_cases(std::vector<OpCase>& cases) {
   const int64_t m = 21, n = 33;
   cases.push_back({"copy", OpId::copy, Bound::rounding, [](OpInputs& d) -> Drawn {
-    return {{{d.random({m, n})}, {d.poisoned({m, n})}}, [](Context& c, Operands& t) { ops::copy(c, t.in[0], t.out[0]); }};
-  }});
+                     return {{{d.random({m, n})}, {d.poisoned({m, n})}},
+                             [](Context& c, Operands& t) { ops::copy(c, t.in[0], t.out[0]); }};
+                   }});
   // f32 values into the activation dtype.
   cases.push_back({"copy_convert", OpId::copy, Bound::rounding, [](OpInputs& d) -> Drawn {
-    return {{{d.random({m, n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
-            [](Context& c, Operands& t) { ops::copy(c, t.in[0], t.out[0]); }};
-  }});
+                     return {{{d.random({m, n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
+                             [](Context& c, Operands& t) { ops::copy(c, t.in[0], t.out[0]); }};
+                   }});
   // A clean tensor and copies with one NaN, Inf or -Inf each at a random place, asked whole, as
   // rank 3, and through a column view that may or may not hold it.
   cases.push_back({"all_finite", OpId::all_finite, Bound::exact, [](OpInputs& d) -> Drawn {
-    std::vector<Tensor> in = {d.random({29, 70})};
-    std::uniform_int_distribution<int64_t> pick(0, in[0].numel() - 1);
-    for (const float bad : {NAN, INFINITY, -INFINITY}) {
-      Tensor t = OpInputs::clone(in[0]);
-      OpInputs::store(t, pick(d.rng), bad);
-      in.push_back(t);
-    }
-    return {{in, {}}, [](Context& c, Operands& t) {
-              for (const Tensor& x : t.in) {
-                t.answers.push_back(ops::all_finite(c, x));
-                t.answers.push_back(ops::all_finite(c, x.reshape({1, 29, 70})));
-                t.answers.push_back(ops::all_finite(c, x.cols(3, 50)));
-              }
-            }};
-  }});
+                     std::vector<Tensor> in = {d.random({29, 70})};
+                     std::uniform_int_distribution<int64_t> pick(0, in[0].numel() - 1);
+                     for (const float bad : {NAN, INFINITY, -INFINITY}) {
+                       Tensor t = OpInputs::clone(in[0]);
+                       OpInputs::store(t, pick(d.rng), bad);
+                       in.push_back(t);
+                     }
+                     return {{in, {}}, [](Context& c, Operands& t) {
+                               for (const Tensor& x : t.in) {
+                                 t.answers.push_back(ops::all_finite(c, x));
+                                 t.answers.push_back(ops::all_finite(c, x.reshape({1, 29, 70})));
+                                 t.answers.push_back(ops::all_finite(c, x.cols(3, 50)));
+                               }
+                             }};
+                   }});
   cases.push_back({"transpose", OpId::transpose, Bound::rounding, [](OpInputs& d) -> Drawn {
-    return {{{d.random({m, n})}, {d.poisoned({n, m})}}, [](Context& c, Operands& t) { ops::transpose(c, t.in[0], t.out[0]); }};
-  }});
+                     return {{{d.random({m, n})}, {d.poisoned({n, m})}},
+                             [](Context& c, Operands& t) { ops::transpose(c, t.in[0], t.out[0]); }};
+                   }});
   cases.push_back({"permute", OpId::permute, Bound::rounding, [](OpInputs& d) -> Drawn {
-    return {{{d.random({3, 4, 5, 2, 2})}, {d.poisoned({5, 3, 2, 4, 2})}},
-            [](Context& c, Operands& t) { ops::permute(c, t.in[0], t.out[0], {2, 0, 3, 1, 4}); }};
-  }});
+                     return {{{d.random({3, 4, 5, 2, 2})}, {d.poisoned({5, 3, 2, 4, 2})}}, [](Context& c, Operands& t) {
+                               ops::permute(c, t.in[0], t.out[0], {2, 0, 3, 1, 4});
+                             }};
+                   }});
   cases.push_back({"embedding", OpId::embedding, Bound::rounding, [](OpInputs& d) -> Drawn {
-    Tensor ids = Tensor::heap({9}, DType::i32);
-    for (int64_t i = 0; i < 9; ++i) ids.ptr<int32_t>()[i] = int32_t(d.rng() % 50);
-    return {{{d.random({50, 24}, 1.0f, DType::bf16), ids}, {d.poisoned({9, 24})}},
-            [](Context& c, Operands& t) { ops::embedding(c, t.in[0], t.in[1], t.out[0]); }};
-  }});
+                     Tensor ids = Tensor::heap({9}, DType::i32);
+                     for (int64_t i = 0; i < 9; ++i) ids.ptr<int32_t>()[i] = int32_t(d.rng() % 50);
+                     return {{{d.random({50, 24}, 1.0f, DType::bf16), ids}, {d.poisoned({9, 24})}},
+                             [](Context& c, Operands& t) { ops::embedding(c, t.in[0], t.in[1], t.out[0]); }};
+                   }});
   cases.push_back({"embedding_table_in_act_dtype", OpId::embedding, Bound::rounding, [](OpInputs& d) -> Drawn {
-    Tensor ids = Tensor::heap({6}, DType::i32);
-    for (int64_t i = 0; i < 6; ++i) ids.ptr<int32_t>()[i] = int32_t(d.rng() % 40);
-    return {{{d.random({40, 24}), ids}, {d.poisoned({6, 24})}},
-            [](Context& c, Operands& t) { ops::embedding(c, t.in[0], t.in[1], t.out[0]); }};
-  }});
+                     Tensor ids = Tensor::heap({6}, DType::i32);
+                     for (int64_t i = 0; i < 6; ++i) ids.ptr<int32_t>()[i] = int32_t(d.rng() % 40);
+                     return {{{d.random({40, 24}), ids}, {d.poisoned({6, 24})}},
+                             [](Context& c, Operands& t) { ops::embedding(c, t.in[0], t.in[1], t.out[0]); }};
+                   }});
   // The image's bytes, poisoned with a level a pixel rarely takes (255 is any clipped white).
   cases.push_back({"image_to_rgb8", OpId::image_to_rgb8, Bound::exact, [](OpInputs& d) -> Drawn {
-    Tensor rgb = Tensor::heap({5, 7, 3}, DType::u8);
-    std::memset(rgb.data, 0xab, rgb.nbytes());
-    return {{{d.random({1, 3, 5, 7}, 0.8f)}, {rgb}}, [](Context& c, Operands& t) { ops::image_to_rgb8(c, t.in[0], t.out[0]); }};
-  }});
+                     Tensor rgb = Tensor::heap({5, 7, 3}, DType::u8);
+                     std::memset(rgb.data, 0xab, rgb.nbytes());
+                     return {{{d.random({1, 3, 5, 7}, 0.8f)}, {rgb}},
+                             [](Context& c, Operands& t) { ops::image_to_rgb8(c, t.in[0], t.out[0]); }};
+                   }});
 }
 
 void add_image_cases(std::vector<OpCase>& cases) {
   const int64_t ci = 8, co = 6, h = 9, wd = 7;
   auto weights = [](OpInputs& d, Shape s, float scale) { return d.random(std::move(s), scale, DType::bf16); };
   for (const int64_t stride : {1, 2})
-    cases.push_back({"conv2d_3x3_stride_" + std::to_string(stride), OpId::conv2d, Bound::rounding, [=](OpInputs& d) -> Drawn {
-      const int64_t ho = (h + 2 - 3) / stride + 1, wo = (wd + 2 - 3) / stride + 1;
-      return {{{d.random({1, ci, h, wd}), weights(d, {co, ci, 3, 3}, 0.2f), weights(d, {co}, 1.0f)}, {d.poisoned({1, co, ho, wo})}},
-              [stride](Context& c, Operands& t) { ops::conv2d(c, t.in[0], t.in[1], &t.in[2], t.out[0], stride, 1, 1); }};
-    }});
+    cases.push_back(
+        {"conv2d_3x3_stride_" + std::to_string(stride), OpId::conv2d, Bound::rounding, [=](OpInputs& d) -> Drawn {
+           const int64_t ho = (h + 2 - 3) / stride + 1, wo = (wd + 2 - 3) / stride + 1;
+           return {{{d.random({1, ci, h, wd}), weights(d, {co, ci, 3, 3}, 0.2f), weights(d, {co}, 1.0f)},
+                    {d.poisoned({1, co, ho, wo})}},
+                   [stride](Context& c, Operands& t) {
+                     ops::conv2d(c, t.in[0], t.in[1], &t.in[2], t.out[0], stride, 1, 1);
+                   }};
+         }});
   // The encoder's downsampling: stride 2, no padding before, one row and column after. An even
   // input as in the VAE, and an odd one whose last row and column the padding is needed for; large
   // enough (384 outputs) that one bf16 rounding flip stays inside the bound's 1 %.
   for (const int64_t side : {16, 17})
-    cases.push_back({"conv2d_downsample_" + std::to_string(side), OpId::conv2d, Bound::rounding, [=](OpInputs& d) -> Drawn {
-      const int64_t o = (side + 1 - 3) / 2 + 1;
-      return {{{d.random({1, ci, side, side}), weights(d, {co, ci, 3, 3}, 0.2f), weights(d, {co}, 1.0f)},
-               {d.poisoned({1, co, o, o})}},
-              [](Context& c, Operands& t) { ops::conv2d(c, t.in[0], t.in[1], &t.in[2], t.out[0], 2, 0, 1); }};
-    }});
+    cases.push_back(
+        {"conv2d_downsample_" + std::to_string(side), OpId::conv2d, Bound::rounding, [=](OpInputs& d) -> Drawn {
+           const int64_t o = (side + 1 - 3) / 2 + 1;
+           return {{{d.random({1, ci, side, side}), weights(d, {co, ci, 3, 3}, 0.2f), weights(d, {co}, 1.0f)},
+                    {d.poisoned({1, co, o, o})}},
+                   [](Context& c, Operands& t) { ops::conv2d(c, t.in[0], t.in[1], &t.in[2], t.out[0], 2, 0, 1); }};
+         }});
   cases.push_back({"conv2d_1x1", OpId::conv2d, Bound::rounding, [=](OpInputs& d) -> Drawn {
-    return {{{d.random({1, ci, h, wd}), weights(d, {co, ci, 1, 1}, 0.3f)}, {d.poisoned({1, co, h, wd})}},
-            [](Context& c, Operands& t) { ops::conv2d(c, t.in[0], t.in[1], nullptr, t.out[0], 1, 0, 0); }};
-  }});
+                     return {
+                         {{d.random({1, ci, h, wd}), weights(d, {co, ci, 1, 1}, 0.3f)}, {d.poisoned({1, co, h, wd})}},
+                         [](Context& c, Operands& t) { ops::conv2d(c, t.in[0], t.in[1], nullptr, t.out[0], 1, 0, 0); }};
+                   }});
   cases.push_back({"conv2d_batch_2", OpId::conv2d, Bound::rounding, [=](OpInputs& d) -> Drawn {
-    return {{{d.random({2, 8, 6, 5}, 2.0f), weights(d, {4, 8, 3, 3}, 0.2f)}, {d.poisoned({2, 4, 6, 5})}},
-            [](Context& c, Operands& t) { ops::conv2d(c, t.in[0], t.in[1], nullptr, t.out[0], 1, 1, 1); }};
-  }});
+                     return {
+                         {{d.random({2, 8, 6, 5}, 2.0f), weights(d, {4, 8, 3, 3}, 0.2f)}, {d.poisoned({2, 4, 6, 5})}},
+                         [](Context& c, Operands& t) { ops::conv2d(c, t.in[0], t.in[1], nullptr, t.out[0], 1, 1, 1); }};
+                   }});
   for (const bool fuse : {false, true})
     for (const Rounding r : kRoundings)
-      cases.push_back({std::string(fuse ? "group_norm_silu_" : "group_norm_") + tag(r), OpId::group_norm, Bound::rounding,
-                       [=](OpInputs& d) -> Drawn {
+      cases.push_back({std::string(fuse ? "group_norm_silu_" : "group_norm_") + tag(r), OpId::group_norm,
+                       Bound::rounding, [=](OpInputs& d) -> Drawn {
                          return {{{d.random({1, ci, h, wd}, 3.0f), weights(d, {ci}, 1.0f), weights(d, {ci}, 1.0f)},
                                   {d.poisoned({1, ci, h, wd})}},
                                  [=](Context& c, Operands& t) {
                                    ops::group_norm(c, t.in[0], t.in[1], t.in[2], t.out[0], 4, 1e-6f, fuse, r);
                                  }};
                        }});
-  cases.push_back({"group_norm_silu_batch_2", OpId::group_norm, Bound::rounding, [=](OpInputs& d) -> Drawn {
-    return {{{d.random({2, 8, 6, 5}, 2.0f), weights(d, {8}, 1.0f), weights(d, {8}, 1.0f)}, {d.poisoned({2, 8, 6, 5})}},
-            [](Context& c, Operands& t) {
-              ops::group_norm(c, t.in[0], t.in[1], t.in[2], t.out[0], 4, 1e-6f, true, Rounding::each_step);
-            }};
-  }});
+  cases.push_back(
+      {"group_norm_silu_batch_2", OpId::group_norm, Bound::rounding, [=](OpInputs& d) -> Drawn {
+         return {
+             {{d.random({2, 8, 6, 5}, 2.0f), weights(d, {8}, 1.0f), weights(d, {8}, 1.0f)}, {d.poisoned({2, 8, 6, 5})}},
+             [](Context& c, Operands& t) {
+               ops::group_norm(c, t.in[0], t.in[1], t.in[2], t.out[0], 4, 1e-6f, true, Rounding::each_step);
+             }};
+       }});
   for (const int64_t batch : {1, 2})
     cases.push_back({batch == 1 ? "upsample_nearest2x" : "upsample_nearest2x_batch_2", OpId::upsample_nearest2x,
                      Bound::rounding, [=](OpInputs& d) -> Drawn {
@@ -457,24 +499,28 @@ void add_table_cases(std::vector<OpCase>& cases) {
   // RoPE tables: Qwen's one axis in f32, FLUX's four axes in f64, from 2-D positions.
   const int64_t s = 37;
   cases.push_back({"rope_tables_qwen", OpId::rope_tables, Bound::tables, [](OpInputs& d) -> Drawn {
-    Tensor pos = Tensor::heap({s, 1}, DType::i64);
-    for (int64_t i = 0; i < s; ++i) pos.ptr<int64_t>()[i] = i * 13;
-    return {{{pos}, {d.poisoned({s, 64}, DType::f32), d.poisoned({s, 64}, DType::f32)}}, [](Context& c, Operands& t) {
-              ops::rope_tables(c, t.in[0], {128}, 1e6, ops::RopeMath::f32, t.out[0], t.out[1]);
-            }};
-  }});
+                     Tensor pos = Tensor::heap({s, 1}, DType::i64);
+                     for (int64_t i = 0; i < s; ++i) pos.ptr<int64_t>()[i] = i * 13;
+                     return {{{pos}, {d.poisoned({s, 64}, DType::f32), d.poisoned({s, 64}, DType::f32)}},
+                             [](Context& c, Operands& t) {
+                               ops::rope_tables(c, t.in[0], {128}, 1e6, ops::RopeMath::f32, t.out[0], t.out[1]);
+                             }};
+                   }});
   cases.push_back({"rope_tables_flux", OpId::rope_tables, Bound::tables, [](OpInputs& d) -> Drawn {
-    Tensor pos = Tensor::heap({s, 4}, DType::i64);
-    for (int64_t i = 0; i < 4 * s; ++i) pos.ptr<int64_t>()[i] = int64_t(d.rng() % 4096);
-    return {{{pos}, {d.poisoned({s, 64}, DType::f32), d.poisoned({s, 64}, DType::f32)}}, [](Context& c, Operands& t) {
-              ops::rope_tables(c, t.in[0], {32, 32, 32, 32}, 2000, ops::RopeMath::f64, t.out[0], t.out[1]);
-            }};
-  }});
+                     Tensor pos = Tensor::heap({s, 4}, DType::i64);
+                     for (int64_t i = 0; i < 4 * s; ++i) pos.ptr<int64_t>()[i] = int64_t(d.rng() % 4096);
+                     return {
+                         {{pos}, {d.poisoned({s, 64}, DType::f32), d.poisoned({s, 64}, DType::f32)}},
+                         [](Context& c, Operands& t) {
+                           ops::rope_tables(c, t.in[0], {32, 32, 32, 32}, 2000, ops::RopeMath::f64, t.out[0], t.out[1]);
+                         }};
+                   }});
   cases.push_back({"timestep_embedding", OpId::timestep_embedding, Bound::rounding, [](OpInputs& d) -> Drawn {
-    return {{{}, {d.poisoned({1, 256})}}, [](Context& c, Operands& t) { ops::timestep_embedding(c, 738.5f, t.out[0]); }};
-  }});
-  for (const auto& [name, time] : {std::pair{"0", 0.0f}, std::pair{"0_078125", 0.078125f}, std::pair{"0_6937", 0.6937f},
-                                   std::pair{"1", 1.0f}})
+                     return {{{}, {d.poisoned({1, 256})}},
+                             [](Context& c, Operands& t) { ops::timestep_embedding(c, 738.5f, t.out[0]); }};
+                   }});
+  for (const auto& [name, time] :
+       {std::pair{"0", 0.0f}, std::pair{"0_078125", 0.078125f}, std::pair{"0_6937", 0.6937f}, std::pair{"1", 1.0f}})
     cases.push_back({std::string("fourier_features_t_") + name, OpId::fourier_features, Bound::rounding,
                      [t = time](OpInputs& d) -> Drawn {
                        Tensor freqs = Tensor::heap({64}, DType::f32);
@@ -488,20 +534,21 @@ void add_table_cases(std::vector<OpCase>& cases) {
 
 void add_linear_cases(std::vector<OpCase>& cases) {
   // x and y column views of wider tensors: the 5 columns left of y must stay as they are (zeros).
-  cases.push_back({"linear_bias_views", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
-    const int64_t m = 37, k = 70, n = 45;
-    Tensor y = d.poisoned({m, n + 5});
-    for (int64_t r = 0; r < m; ++r) std::memset(y.row(r), 0, 5 * dtype_size(d.act));
-    return {{{d.random({m, k + 9}), d.random({n, k}, 0.1f, DType::bf16), d.random({n}, 1.0f, DType::bf16)}, {y}},
-            [](Context& c, Operands& t) {
-              Tensor yv = t.out[0].cols(5, 5 + n);
-              ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], &t.in[2], yv);
-            }};
-  }});
+  cases.push_back(
+      {"linear_bias_views", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
+         const int64_t m = 37, k = 70, n = 45;
+         Tensor y = d.poisoned({m, n + 5});
+         for (int64_t r = 0; r < m; ++r) std::memset(y.row(r), 0, 5 * dtype_size(d.act));
+         return {{{d.random({m, k + 9}), d.random({n, k}, 0.1f, DType::bf16), d.random({n}, 1.0f, DType::bf16)}, {y}},
+                 [](Context& c, Operands& t) {
+                   Tensor yv = t.out[0].cols(5, 5 + n);
+                   ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], &t.in[2], yv);
+                 }};
+       }});
   cases.push_back({"linear", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
-    return {{{d.random({37, 96}), d.random({45, 96}, 0.2f, DType::bf16)}, {d.poisoned({37, 45})}},
-            [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], nullptr, t.out[0]); }};
-  }});
+                     return {{{d.random({37, 96}), d.random({45, 96}, 0.2f, DType::bf16)}, {d.poisoned({37, 45})}},
+                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], nullptr, t.out[0]); }};
+                   }});
 }
 
 const std::vector<OpCase>& op_cases() {
@@ -538,13 +585,13 @@ Backend* cuda(std::string& why) { return cuda_available(&why) ? &cuda_backend(0)
 
 const std::vector<Target>& targets() {
   static const std::vector<Target> all = {
-      {"cpu_f32", DType::f32, false, cpu},
-      {"cpu_bf16", DType::bf16, false, cpu},
-      {"cpu_bf16_widened", DType::bf16, true, cpu},
-      {"shadow_f32", DType::f32, false, shadow},
+    {"cpu_f32", DType::f32, false, cpu},
+    {"cpu_bf16", DType::bf16, false, cpu},
+    {"cpu_bf16_widened", DType::bf16, true, cpu},
+    {"shadow_f32", DType::f32, false, shadow},
 #if APUS_HAS_CUDA
-      {"cuda_f32", DType::f32, false, cuda},
-      {"cuda_bf16", DType::bf16, false, cuda},
+    {"cuda_f32", DType::f32, false, cuda},
+    {"cuda_bf16", DType::bf16, false, cuda},
 #endif
   };
   return all;
@@ -574,7 +621,8 @@ TEST_P(OpTable, MatchesTheReference) {
   std::string why;
   Backend* backend = target.backend(why);
   if (!backend) GTEST_SKIP() << target.name << " cannot run here: " << why;
-  if (!backend->supports(k.op)) GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
+  if (!backend->supports(k.op))
+    GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);
 
   OpInputs draw(target.act);
@@ -597,7 +645,8 @@ TEST_P(OpTable, MatchesTheReference) {
     std::printf("[ measure ] %s %s output %zu: rel L2 %.2e, %.3f%% differ, worst %.2f ulp\n", target.name.c_str(),
                 k.name.c_str(), i, g.rel_l2, 100 * g.differing, g.worst_ulps);
     EXPECT_TRUE(holds(k.bound, g, mine.dtype))
-        << "output " << i << ": rel L2 " << g.rel_l2 << ", " << g.differing << " differ, worst " << g.worst_ulps << " ulp (" << g.worst_ulps_above_floor << " above the accumulation floor)";
+        << "output " << i << ": rel L2 " << g.rel_l2 << ", " << g.differing << " differ, worst " << g.worst_ulps
+        << " ulp (" << g.worst_ulps_above_floor << " above the accumulation floor)";
   }
   EXPECT_EQ(got.answers, want.answers);
 }

@@ -8,12 +8,12 @@
 #include <cmath>
 #include <random>
 
+#include "op_bounds.h"
+#include "op_inputs.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/vec.h"
 #include "ops/ops.h"
-#include "op_bounds.h"
-#include "op_inputs.h"
 #include "test_util.h"
 
 namespace apus {
@@ -50,24 +50,24 @@ TEST_P(Ops, PartialRopeLeavesTheRestOfEachHead) {
     for (int64_t h = 0; h < d; h += hd)
       for (int64_t i = half; i < hd; ++i)
         ASSERT_EQ(std::memcmp(static_cast<const char*>(turned.row(r)) + (h + i) * dtype_size(act),
-                              static_cast<const char*>(before.row(r)) + (h + i) * dtype_size(act),
-                              dtype_size(act)), 0) << "partial rope touched channel " << i;
+                              static_cast<const char*>(before.row(r)) + (h + i) * dtype_size(act), dtype_size(act)),
+                  0)
+            << "partial rope touched channel " << i;
   EXPECT_NE(to_f32_vector(turned), to_f32_vector(before));
 }
 
 // differential_attention is what two attention ops and a subtraction give, element for element.
 TEST_P(Ops, DifferentialAttentionIsTheDifferenceOfTwo) {
   const int64_t s = 150, d = 64, h = 2;  // two samples of 75 rows
-  const Tensor qt = random({s, h * d}), kt = random({s, h * d}), q2 = random({s, h * d}),
-               k2 = random({s, h * d}), vt = random({s, h * d});
+  const Tensor qt = random({s, h * d}), kt = random({s, h * d}), q2 = random({s, h * d}), k2 = random({s, h * d}),
+               vt = random({s, h * d});
   // Two attention ops and a subtraction in the activation dtype.
   Tensor a = poisoned({s, h * d}), b = poisoned({s, h * d}), diff = poisoned({s, h * d});
   ops::attention(ctx, qt, kt, vt, a, d, 0.125f, {false, nullptr, 2});
   ops::attention(ctx, q2, k2, vt, b, d, 0.125f, {false, nullptr, 2});
   ops::differential_attention(ctx, qt, kt, q2, k2, vt, diff, d, 0.125f, {false, nullptr, 2});
   const auto av = to_f32_vector(a), bv = to_f32_vector(b), dv = to_f32_vector(diff);
-  for (size_t i = 0; i < dv.size(); ++i)
-    ASSERT_EQ(dv[i], round_as(act, av[i] - bv[i])) << "element " << i;
+  for (size_t i = 0; i < dv.size(); ++i) ASSERT_EQ(dv[i], round_as(act, av[i] - bv[i])) << "element " << i;
 }
 
 TEST_P(Ops, EmbeddingRefusesIdsOutsideTheTable) {
@@ -102,9 +102,7 @@ TEST_P(Ops, ImageToRgb8RefusesANonFinitePixel) {
 // of a B = 2 call exactly what a B = 1 call on that sample gives (the op table holds the same
 // batched calls to the reference).
 TEST_P(Ops, BatchOfTwoEqualsTwoSingleSamples) {
-  auto rows = [](const Tensor& t, int64_t b, int64_t n) {
-    return to_f32_vector(clone(t.rows(b * n, (b + 1) * n)));
-  };
+  auto rows = [](const Tensor& t, int64_t b, int64_t n) { return to_f32_vector(clone(t.rows(b * n, (b + 1) * n))); };
   // Attention with a different key mask per sample, causal and not.
   const int64_t s = 70, d = 16, hq = 4, hk = 2;
   const Tensor q = random({2 * s, hq * d}), k = random({2 * s, hk * d}), v = random({2 * s, hk * d});
@@ -117,8 +115,8 @@ TEST_P(Ops, BatchOfTwoEqualsTwoSingleSamples) {
     for (int64_t b = 0; b < 2; ++b) {
       Tensor o1 = poisoned({s, hq * d});
       const Tensor sample_valid = valid.rows(b * s, (b + 1) * s);
-      ops::attention(ctx, q.rows(b * s, (b + 1) * s), k.rows(b * s, (b + 1) * s),
-                     v.rows(b * s, (b + 1) * s), o1, d, 0.25f, {causal, &sample_valid, 1});
+      ops::attention(ctx, q.rows(b * s, (b + 1) * s), k.rows(b * s, (b + 1) * s), v.rows(b * s, (b + 1) * s), o1, d,
+                     0.25f, {causal, &sample_valid, 1});
       EXPECT_EQ(rows(o2, b, s), to_f32_vector(o1)) << "attention sample " << b;
     }
   }
@@ -137,8 +135,8 @@ TEST_P(Ops, BatchOfTwoEqualsTwoSingleSamples) {
   ops::rope(ctx, xr, cos, sin, dm / 2, ops::RopeStyle::half, Rounding::each_step);
   for (int64_t b = 0; b < 2; ++b) {
     Tensor ln1 = poisoned({n, dm});
-    ops::layer_norm_modulate(ctx, x.rows(b * n, (b + 1) * n), shift.rows(b, b + 1),
-                             scale.rows(b, b + 1), ln1, 1e-6f, Rounding::each_step);
+    ops::layer_norm_modulate(ctx, x.rows(b * n, (b + 1) * n), shift.rows(b, b + 1), scale.rows(b, b + 1), ln1, 1e-6f,
+                             Rounding::each_step);
     EXPECT_EQ(rows(ln2, b, n), to_f32_vector(ln1)) << "layer_norm_modulate sample " << b;
     Tensor g1 = clone(x.rows(b * n, (b + 1) * n));
     const Tensor gate1 = gate.rows(b, b + 1);
@@ -185,29 +183,28 @@ TEST_P(Ops, RoundingRulesAreVisibleToTheBound) {
     Tensor out;
   };
   const std::vector<Rule> rules = {
-      {"layer_norm_modulate", [&](Context& c, Tensor& o, Rounding r) {
-         ops::layer_norm_modulate(c, x, g, g, o, 1e-6f, r); }, poisoned({m, d})},
-      {"rms_norm", [&](Context& c, Tensor& o, Rounding r) {
-         ops::rms_norm(c, x, g.reshape({d}), o, 1e-6f, d, r); }, poisoned({m, d})},
-      {"rope", [&](Context& c, Tensor& o, Rounding r) {
-         ops::rope(c, o, cos, sin, d / 2, ops::RopeStyle::half, r); }, x},
-      {"glu", [&](Context& c, Tensor& o, Rounding r) {
-         ops::glu(c, x, y, o, ops::Activation::gelu_tanh, r); }, poisoned({m, d})},
+      {"layer_norm_modulate",
+       [&](Context& c, Tensor& o, Rounding r) { ops::layer_norm_modulate(c, x, g, g, o, 1e-6f, r); }, poisoned({m, d})},
+      {"rms_norm", [&](Context& c, Tensor& o, Rounding r) { ops::rms_norm(c, x, g.reshape({d}), o, 1e-6f, d, r); },
+       poisoned({m, d})},
+      {"rope", [&](Context& c, Tensor& o, Rounding r) { ops::rope(c, o, cos, sin, d / 2, ops::RopeStyle::half, r); },
+       x},
+      {"glu", [&](Context& c, Tensor& o, Rounding r) { ops::glu(c, x, y, o, ops::Activation::gelu_tanh, r); },
+       poisoned({m, d})},
       {"add_gated", [&](Context& c, Tensor& o, Rounding r) { ops::add_gated(c, o, y, &g, r); }, x},
-      {"group_norm", [&](Context& c, Tensor& o, Rounding r) {
-         ops::group_norm(c, img, gw, gb, o, 4, 1e-6f, true, r); }, poisoned({1, 8, 6, 5})},
-      {"modulate", [&](Context& c, Tensor& o, Rounding r) {
-         ops::modulate(c, x, g, g, o, r); }, poisoned({m, d})},
-      {"dyt", [&](Context& c, Tensor& o, Rounding r) {
-         ops::dyt(c, x, alpha, g.reshape({d}), g.reshape({d}), o, r); }, poisoned({m, d})},
-      {"glu sin_pi", [&](Context& c, Tensor& o, Rounding r) {
-         ops::glu(c, x, y, o, ops::Activation::sin_pi, r); }, poisoned({m, d})},
-      {"gate_sigmoid", [&](Context& c, Tensor& o, Rounding r) {
-         ops::gate_sigmoid(c, x, o, r); }, poisoned({m, d})},
-      {"affine", [&](Context& c, Tensor& o, Rounding r) {
-         ops::affine(c, x, g, g, o, r); }, poisoned({m, d})},
-      {"attention scores", [&](Context& c, Tensor& o, Rounding r) {
-         ops::attention(c, x, y, y, o, d / 4, 0.5f, {false, nullptr, 1, 5.0f, r}); },
+      {"group_norm", [&](Context& c, Tensor& o, Rounding r) { ops::group_norm(c, img, gw, gb, o, 4, 1e-6f, true, r); },
+       poisoned({1, 8, 6, 5})},
+      {"modulate", [&](Context& c, Tensor& o, Rounding r) { ops::modulate(c, x, g, g, o, r); }, poisoned({m, d})},
+      {"dyt", [&](Context& c, Tensor& o, Rounding r) { ops::dyt(c, x, alpha, g.reshape({d}), g.reshape({d}), o, r); },
+       poisoned({m, d})},
+      {"glu sin_pi", [&](Context& c, Tensor& o, Rounding r) { ops::glu(c, x, y, o, ops::Activation::sin_pi, r); },
+       poisoned({m, d})},
+      {"gate_sigmoid", [&](Context& c, Tensor& o, Rounding r) { ops::gate_sigmoid(c, x, o, r); }, poisoned({m, d})},
+      {"affine", [&](Context& c, Tensor& o, Rounding r) { ops::affine(c, x, g, g, o, r); }, poisoned({m, d})},
+      {"attention scores",
+       [&](Context& c, Tensor& o, Rounding r) {
+         ops::attention(c, x, y, y, o, d / 4, 0.5f, {false, nullptr, 1, 5.0f, r});
+       },
        poisoned({m, d})},
   };
   for (const Rule& rule : rules)
@@ -267,7 +264,7 @@ TEST(OpFrontEnd, AnOpTheBackendDoesNotRunIsRefusedByName) {
 // the stale copy.
 TEST_P(Ops, ConvReLaidWeightsDieWithTheirOwner) {
   const int64_t ci = 16, co = 16;
-    Tensor xt = random({1, ci, 8, 8});
+  Tensor xt = random({1, ci, 8, 8});
   const Tensor a = random({co, ci, 3, 3}, 0.2f, DType::bf16);
   const Tensor b = random({co, ci, 3, 3}, 0.2f, DType::bf16);
   std::shared_ptr<void> buffer(std::aligned_alloc(64, a.nbytes() + 64), std::free);
@@ -315,7 +312,7 @@ TEST_P(Ops, AllFiniteFindsEveryNonFiniteValue) {
 // f16 weights are read by every kernel: a linear and an RMSNorm over f16 weights equal the same
 // ops over those weights widened to f32 exactly, in each activation dtype.
 TEST_P(Ops, F16WeightsReadExactly) {
-    const int64_t m = 9, k = 48, n = 20;
+  const int64_t m = 9, k = 48, n = 20;
   Tensor xt = random({m, k});
   std::uniform_int_distribution<int> bits(0, 0xffff);
   Tensor w16 = Tensor::heap({n, k}, DType::f16);
@@ -370,8 +367,7 @@ TEST(OpsRows, F16ConversionIsExactForEveryHalf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Ops,
-                         ::testing::Values(std::make_tuple(DType::f32, true),
-                                           std::make_tuple(DType::bf16, true),
+                         ::testing::Values(std::make_tuple(DType::f32, true), std::make_tuple(DType::bf16, true),
                                            std::make_tuple(DType::bf16, false)),
                          [](const auto& info) {
                            return std::string(dtype_name(std::get<0>(info.param))) +

@@ -32,8 +32,7 @@ const std::string kPrompt = "a red fox in tall grass";
 struct ModelCopy {
   std::string dir;
   ModelCopy() {
-    dir = ::testing::TempDir() + "apus_robust_" + std::to_string(::getpid()) + "_" +
-          std::to_string(counter()++);
+    dir = ::testing::TempDir() + "apus_robust_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++);
     fs::remove_all(dir);
     fs::copy(test::fixture("klein_tiny_a"), dir, fs::copy_options::recursive);
   }
@@ -61,8 +60,7 @@ struct ModelCopy {
     write_text(rel, s.replace(at, from.size(), to));
   }
   // Rewrites one tensor of a single-file safetensors component through `change`.
-  template <typename Change>
-  void edit_tensor(const std::string& rel, const std::string& name, Change&& change) const {
+  template <typename Change> void edit_tensor(const std::string& rel, const std::string& name, Change&& change) const {
     std::vector<NamedTensor> tensors;
     {
       const SafetensorsFile f = SafetensorsFile::open(path(rel));
@@ -80,8 +78,7 @@ struct ModelCopy {
 };
 
 std::string render_args(const std::string& model, const std::string& out) {
-  return "image --model " + model + " --prompt " + test::shell_quote(kPrompt) +
-         " -W 64 -H 48 --seed 7 -o " + out;
+  return "image --model " + model + " --prompt " + test::shell_quote(kPrompt) + " -W 64 -H 48 --seed 7 -o " + out;
 }
 
 std::string temp_out(const std::string& name) {
@@ -89,8 +86,7 @@ std::string temp_out(const std::string& name) {
 }
 
 // Exactly one line, `error: ...` naming every fragment, exit status 1, no output file.
-void expect_refused(const test::CliRun& r, const std::string& out,
-                    std::initializer_list<std::string> fragments) {
+void expect_refused(const test::CliRun& r, const std::string& out, std::initializer_list<std::string> fragments) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
   EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
@@ -129,16 +125,15 @@ TEST(Robustness, Fp16WeightsRunAndGiveTheSameImage) {
   ASSERT_EQ(test::run_cli(render_args(test::fixture("klein_tiny_a"), base)).status, 0);
   ModelCopy m;
   bool lossless = true;
-  m.edit_tensor("transformer/diffusion_pytorch_model.safetensors", "proj_out.weight",
-                [&](const Tensor& t) {
-                  Tensor h = Tensor::heap(t.shape, DType::f16);
-                  for (int64_t i = 0; i < t.numel(); ++i) {
-                    const float v = load_f32(t, i);
-                    h.ptr<uint16_t>()[i] = to_f16_bits(v);
-                    lossless &= f16_to_f32(h.ptr<uint16_t>()[i]) == v;
-                  }
-                  return h;
-                });
+  m.edit_tensor("transformer/diffusion_pytorch_model.safetensors", "proj_out.weight", [&](const Tensor& t) {
+    Tensor h = Tensor::heap(t.shape, DType::f16);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const float v = load_f32(t, i);
+      h.ptr<uint16_t>()[i] = to_f16_bits(v);
+      lossless &= f16_to_f32(h.ptr<uint16_t>()[i]) == v;
+    }
+    return h;
+  });
   ASSERT_TRUE(lossless) << "the fixture's proj_out.weight is not exactly representable in f16";
   const test::CliRun r = test::run_cli(render_args(m.dir, out));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -150,40 +145,34 @@ TEST(Robustness, Fp16WeightsRunAndGiveTheSameImage) {
 
 TEST(Robustness, UnsupportedWeightDtypeIsRefusedNamingTheTensor) {
   ModelCopy m;
-  m.edit_tensor("transformer/diffusion_pytorch_model.safetensors", "proj_out.weight",
-                [](const Tensor& t) {
-                  Tensor q = Tensor::heap(t.shape, DType::i8);
-                  std::memset(q.data, 1, q.nbytes());
-                  return q;
-                });
+  m.edit_tensor("transformer/diffusion_pytorch_model.safetensors", "proj_out.weight", [](const Tensor& t) {
+    Tensor q = Tensor::heap(t.shape, DType::i8);
+    std::memset(q.data, 1, q.nbytes());
+    return q;
+  });
   const std::string out = temp_out("i8.png");
-  expect_refused_after_progress(test::run_cli(render_args(m.dir, out)), out,
-                                {"proj_out.weight", "dtype i8"});
+  expect_refused_after_progress(test::run_cli(render_args(m.dir, out)), out, {"proj_out.weight", "dtype i8"});
 }
 
 TEST(Robustness, NonFiniteWeightStopsTheRequestNamingTheStage) {
   for (const float bad : {NAN, INFINITY}) {
     ModelCopy m;
-    m.edit_tensor("transformer/diffusion_pytorch_model.safetensors", "proj_out.weight",
-                  [&](const Tensor& t) {
-                    Tensor c = t;
-                    c.ptr<uint16_t>()[3] = f32_to_bf16(bad);
-                    return c;
-                  });
+    m.edit_tensor("transformer/diffusion_pytorch_model.safetensors", "proj_out.weight", [&](const Tensor& t) {
+      Tensor c = t;
+      c.ptr<uint16_t>()[3] = f32_to_bf16(bad);
+      return c;
+    });
     const std::string out = temp_out("nan_weight.png");
-    expect_refused_after_progress(test::run_cli(render_args(m.dir, out)), out,
-                                  {"transformer step 1/4", "NaN or Inf"});
+    expect_refused_after_progress(test::run_cli(render_args(m.dir, out)), out, {"transformer step 1/4", "NaN or Inf"});
   }
   ModelCopy m;
-  m.edit_tensor("text_encoder/model-00001-of-00003.safetensors", "model.embed_tokens.weight",
-                [&](const Tensor& t) {
-                  Tensor c = t;
-                  for (int64_t i = 0; i < c.numel(); ++i) c.ptr<uint16_t>()[i] = f32_to_bf16(NAN);
-                  return c;
-                });
+  m.edit_tensor("text_encoder/model-00001-of-00003.safetensors", "model.embed_tokens.weight", [&](const Tensor& t) {
+    Tensor c = t;
+    for (int64_t i = 0; i < c.numel(); ++i) c.ptr<uint16_t>()[i] = f32_to_bf16(NAN);
+    return c;
+  });
   const std::string out = temp_out("nan_text.png");
-  expect_refused_after_progress(test::run_cli(render_args(m.dir, out)), out,
-                                {"text encoder", "NaN or Inf"});
+  expect_refused_after_progress(test::run_cli(render_args(m.dir, out)), out, {"text encoder", "NaN or Inf"});
 }
 
 TEST(Robustness, NonFiniteNoiseFileIsRefusedNamingTheFile) {
@@ -192,24 +181,23 @@ TEST(Robustness, NonFiniteNoiseFileIsRefusedNamingTheFile) {
   for (int64_t i = 0; i < n.numel(); ++i) n.ptr<float>()[i] = 0.5f;
   n.ptr<float>()[17] = NAN;
   write_safetensors(noise, {{"noise", n}});
-  expect_refused(test::run_cli("image --model " + test::fixture("klein_tiny_a") +
-                               " --prompt hi -W 64 -H 48 --noise " + noise + " -o " + out),
+  expect_refused(test::run_cli("image --model " + test::fixture("klein_tiny_a") + " --prompt hi -W 64 -H 48 --noise " +
+                               noise + " -o " + out),
                  out, {noise, "non-finite", "element 17"});
   fs::remove(noise);
 }
 
 TEST(Robustness, MeaninglessConfigValuesAreRefusedNamingFileAndKey) {
-  struct Case { std::string file, from, to, key; };
+  struct Case {
+    std::string file, from, to, key;
+  };
   const std::vector<Case> cases = {
       {"transformer/config.json", "\"eps\": 1e-06", "\"eps\": -1e-06", "'eps'"},
       {"transformer/config.json", "\"rope_theta\": 2000", "\"rope_theta\": 0", "'rope_theta'"},
       {"transformer/config.json", "\"num_layers\": 2", "\"num_layers\": 0", "'num_layers'"},
-      {"text_encoder/config.json", "\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": -0.5",
-       "'rms_norm_eps'"},
-      {"text_encoder/config.json", "\"rope_theta\": 1000000.0", "\"rope_theta\": -1.0",
-       "'rope_theta'"},
-      {"vae/config.json", "\"batch_norm_eps\": 0.0001", "\"batch_norm_eps\": -0.0001",
-       "'batch_norm_eps'"},
+      {"text_encoder/config.json", "\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": -0.5", "'rms_norm_eps'"},
+      {"text_encoder/config.json", "\"rope_theta\": 1000000.0", "\"rope_theta\": -1.0", "'rope_theta'"},
+      {"vae/config.json", "\"batch_norm_eps\": 0.0001", "\"batch_norm_eps\": -0.0001", "'batch_norm_eps'"},
   };
   for (const Case& c : cases) {
     ModelCopy m;
@@ -230,9 +218,8 @@ TEST(Robustness, InvalidUtf8InThePromptNamesThePromptAndItsOwnOffset) {
 
 TEST(Robustness, NumberBeyondDoubleRangeInAnyJsonNamesTheFile) {
   for (const std::string rel :
-       {"model_index.json", "transformer/config.json", "vae/config.json",
-        "scheduler/scheduler_config.json", "text_encoder/model.safetensors.index.json",
-        "tokenizer/tokenizer.json"}) {
+       {"model_index.json", "transformer/config.json", "vae/config.json", "scheduler/scheduler_config.json",
+        "text_encoder/model.safetensors.index.json", "tokenizer/tokenizer.json"}) {
     ModelCopy m;
     m.edit(rel, "{", "{\"apus_overflow\": 1e999, ");
     const std::string out = temp_out("overflow.png");
@@ -242,8 +229,7 @@ TEST(Robustness, NumberBeyondDoubleRangeInAnyJsonNamesTheFile) {
   // The loader itself: the apus::Error contract, not a library exception.
   ModelCopy m;
   m.edit("tokenizer/tokenizer.json", "{", "{\"apus_overflow\": 1e999, ");
-  test::expect_error([&] { BpeTokenizer::load(m.path("tokenizer/tokenizer.json")); },
-                     {"tokenizer.json"});
+  test::expect_error([&] { BpeTokenizer::load(m.path("tokenizer/tokenizer.json")); }, {"tokenizer.json"});
 }
 
 TEST(Robustness, HugeTokenIdNeitherAllocatesNorPassesTheLoad) {
@@ -258,8 +244,7 @@ TEST(Robustness, HugeTokenIdNeitherAllocatesNorPassesTheLoad) {
   EXPECT_EQ(tok.max_id(), 2147483647);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   const std::string out = temp_out("huge_id.png");
-  expect_refused(test::run_cli(render_args(m.dir, out)), out,
-                 {"tokenizer.json", "2147483647", "vocab_size"});
+  expect_refused(test::run_cli(render_args(m.dir, out)), out, {"tokenizer.json", "2147483647", "vocab_size"});
 }
 
 TEST(Robustness, NonRegularWeightFilesAreRefusedWithoutBlocking) {
@@ -282,7 +267,10 @@ TEST(Robustness, NonRegularWeightFilesAreRefusedWithoutBlocking) {
 }
 
 TEST(Robustness, ModelIndexMustNameTheKleinPipelineAndClasses) {
-  struct Case { std::string from, to; std::vector<std::string> expect; };
+  struct Case {
+    std::string from, to;
+    std::vector<std::string> expect;
+  };
   const std::vector<Case> cases = {
       {"\"Flux2KleinPipeline\"", "\"StableDiffusionPipeline\"", {"StableDiffusionPipeline", "_class_name"}},
       {"\"Flux2Transformer2DModel\"", "\"FluxTransformer2DModel\"", {"transformer", "FluxTransformer2DModel"}},
@@ -319,8 +307,7 @@ TEST(Robustness, ConcurrentWritersToOnePathLeaveAValidPng) {
   }
   // No temporary files are left beside the output.
   for (const auto& e : fs::directory_iterator(fs::path(out).parent_path()))
-    EXPECT_EQ(e.path().filename().string().find("." + fs::path(out).filename().string() + "."),
-              std::string::npos)
+    EXPECT_EQ(e.path().filename().string().find("." + fs::path(out).filename().string() + "."), std::string::npos)
         << e.path();
   fs::remove(out);
 }
@@ -350,8 +337,7 @@ struct NonRegularOutputs {
     nodes.push_back({dir + "/folder.png", "is a directory, not a regular file", S_IFDIR});
     if (::mknod((dir + "/full.png").c_str(), S_IFCHR | 0600, makedev(1, 7)) == 0)
       nodes.push_back({dir + "/full.png", "is a character device, not a regular file", S_IFCHR});
-    else
-      std::printf("[ note    ] no character device case: mknod: %s\n", std::strerror(errno));
+    else std::printf("[ note    ] no character device case: mknod: %s\n", std::strerror(errno));
   }
   ~NonRegularOutputs() { fs::remove_all(dir); }
   // The node is still what it was: nothing was renamed over it.
@@ -389,10 +375,11 @@ TEST(Robustness, OutputsThatAreNotRegularFilesAreRefusedBeforeAnyWork) {
   }
   EXPECT_FALSE(fs::exists(png));
   // An empty name is refused naming the option, not written as "" after the whole run.
-  for (const auto& [args, flag] : {std::pair{image + "-o ''", "-o"}, std::pair{image + "-o " + png + " --trace ''", "--trace"},
-                                   std::pair{audio + "-o ''", "-o"}, std::pair{audio + "--init-audio ''", "--init-audio"},
-                                   std::pair{image + "--noise ''", "--noise"}, std::pair{image + "--image ''", "--image"},
-                                   std::pair{"bench --model " + test::fixture("klein_tiny_a") + " --json ''", "--json"}})
+  for (const auto& [args, flag] :
+       {std::pair{image + "-o ''", "-o"}, std::pair{image + "-o " + png + " --trace ''", "--trace"},
+        std::pair{audio + "-o ''", "-o"}, std::pair{audio + "--init-audio ''", "--init-audio"},
+        std::pair{image + "--noise ''", "--noise"}, std::pair{image + "--image ''", "--image"},
+        std::pair{"bench --model " + test::fixture("klein_tiny_a") + " --json ''", "--json"}})
     expect_refused_up_front(test::run_cli(args), {std::string(flag) + ": an empty file name"});
 }
 
@@ -421,8 +408,7 @@ TEST(Robustness, AtomicFileLeavesNothingUnlessCommitted) {
   }
   EXPECT_FALSE(fs::exists(path));
   for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
-    EXPECT_EQ(e.path().filename().string().find(".apus_robust_" + std::to_string(::getpid()) +
-                                                "_atomic.bin."),
+    EXPECT_EQ(e.path().filename().string().find(".apus_robust_" + std::to_string(::getpid()) + "_atomic.bin."),
               std::string::npos);
   {
     AtomicFile f(path);
@@ -437,19 +423,17 @@ TEST(Robustness, AddressSpaceLimitIsHonouredUpFront) {
   if (test::kSanitized) GTEST_SKIP() << "sanitizer shadow memory cannot live under ulimit -v";
   const std::string out = temp_out("ulimit.png");
   // A tiny render under 200 MB of address space: refused cleanly, not a segfault in oneDNN.
-  const test::CliRun tiny =
-      test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "ulimit -v 200000; ");
+  const test::CliRun tiny = test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "ulimit -v 200000; ");
   expect_refused(tiny, out, {"address space", "ulimit -v"});
   // A 4096x4096 request under 2 GB fails before any work.
   const std::string published = std::string(APUS_FIXTURES) + "/../../data/flux2-klein-4b";
   const auto t0 = std::chrono::steady_clock::now();
-  const test::CliRun big = test::run_cli(
-      "image --model " + published + " --prompt hi -W 4096 -H 4096 -o " + out, "ulimit -v 2000000; ");
+  const test::CliRun big =
+      test::run_cli("image --model " + published + " --prompt hi -W 4096 -H 4096 -o " + out, "ulimit -v 2000000; ");
   expect_refused(big, out, {"address space"});
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
   // Counting mode needs no activation memory, even for the largest size the engine takes.
-  const test::CliRun roof =
-      test::run_cli("roofline -W 4096 -H 4096 --steps 1 --json", "ulimit -v 2000000; ");
+  const test::CliRun roof = test::run_cli("roofline -W 4096 -H 4096 --steps 1 --json", "ulimit -v 2000000; ");
   EXPECT_EQ(roof.status, 0) << roof.output.substr(0, 500);
 }
 
@@ -466,8 +450,12 @@ TEST(Robustness, ExceptionInsideAParallelRegionReachesTheCaller) {
   EXPECT_GE(ran.load(), 1);
   test::expect_error(
       [&] {
-        parallel_for(64, [&](int64_t i) { if (i % 7 == 3) fail("dynamic ", i); },
-                     Schedule::dynamic);
+        parallel_for(
+            64,
+            [&](int64_t i) {
+              if (i % 7 == 3) fail("dynamic ", i);
+            },
+            Schedule::dynamic);
       },
       {"dynamic "});
 }

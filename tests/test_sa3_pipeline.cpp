@@ -2,25 +2,25 @@
 // random-weight components (tools/oracle/make_sa3_official_fixtures.py): prompt, seed and seconds
 // in, samples out, through the canvas with its headroom and padding, the log-SNR schedule,
 // ping-pong with torch's CPU generator and the SAME decode.
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <thread>
-#include <unistd.h>
 
 #include "apus/apus.h"
-#include "core/cost.h"
 #include "audio_distance.h"
-#include "io/model_dir.h"
+#include "core/cost.h"
 #include "io/audio.h"
+#include "io/model_dir.h"
 #include "io/resample.h"
 #include "io/safetensors.h"
 #include "models/sa3/model_config.h"
 #include "models/sa3/official_checkpoint.h"
-#include "sampling/logsnr.h"
 #include "sa3_fixtures.h"
+#include "sampling/logsnr.h"
 #include "test_util.h"
 
 namespace apus {
@@ -31,9 +31,9 @@ using test::clip_file;
 using test::inputs_request;
 using test::interleaved;
 using test::official_dir;
-using test::reference_request;
 using test::official_small_dir;
 using test::pipeline_dir;
+using test::reference_request;
 
 std::string spoiled_copy(const std::string& name, const std::string& part) {
   const std::string d = ::testing::TempDir() + "apus_sa3_" + name + "_" + std::to_string(::getpid());
@@ -49,8 +49,7 @@ std::string spoiled_copy(const std::string& name, const std::string& part) {
 
 // The tiny official checkpoint with model.safetensors rewritten tensor by tensor through `change`
 // (stored name, tensor as stored -> tensor to store); model_config.json and T5Gemma linked.
-template <typename Change>
-std::string rewritten_checkpoint(const std::string& name, Change&& change) {
+template <typename Change> std::string rewritten_checkpoint(const std::string& name, Change&& change) {
   const std::string d = ::testing::TempDir() + "apus_sa3_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(d);
   fs::create_directories(d);
@@ -191,8 +190,8 @@ TEST(Sa3Pipeline, SameSEncoderMatchesTheOfficialEncoder) {
   Arena arena;
   Context ctx{&arena, DType::f32};
   const Tensor chunked = load(DType::f32).encode(ctx, ref.get("encode.long.audio"), /*chunked=*/true);
-  const double err = test::rel_l2(to_f32_vector(chunked),
-                                  to_f32_vector(test::frames_major(ref.get("encode.long.chunked.latents"))));
+  const double err =
+      test::rel_l2(to_f32_vector(chunked), to_f32_vector(test::frames_major(ref.get("encode.long.chunked.latents"))));
   std::printf("[ measure ] same_s chunked encode of 300 latents: rel L2 %.3e\n", err);
   EXPECT_LT(err, test::kFp32Tolerance);
 }
@@ -216,8 +215,10 @@ TEST(Sa3Pipeline, AudioToAudioAndInpaintingMatchTheOfficialGenerate) {
     const double err = test::rel_l2(fp32.samples, want);
     const AudioResult bf16 = model->generate(inputs_request(false, mode));
     const double err_bf16 = test::rel_l2(bf16.samples, want);
-    std::printf("[ measure ] sa3 %s: fp32 rel L2 %.3e; bf16 %.3e (the official bf16 run's own distance on this "
-                "model %.3e)\n", mode.c_str(), err, err_bf16, bf16_self);
+    std::printf(
+        "[ measure ] sa3 %s: fp32 rel L2 %.3e; bf16 %.3e (the official bf16 run's own distance on this "
+        "model %.3e)\n",
+        mode.c_str(), err, err_bf16, bf16_self);
     EXPECT_LT(err, test::kFp32Tolerance) << mode;
     EXPECT_LT(err_bf16, test::kBf16Factor * bf16_self) << mode;
   }
@@ -253,11 +254,11 @@ TEST(Sa3Pipeline, ClipsAtOtherRatesAreResampledAsTorchaudioDoes) {
   // What generate() hands the sampler: the clip prepared (resampled from 3000 Hz, or a mono clip
   // doubled and cut to the canvas) and encoded, against the official _encode_audio_input.
   const sa3::OfficialConfig config = sa3::read_official_config(official_dir() + "/model_config.json");
-  const auto encoder = sa3::SameEncoder::load(
-      config.encoder,
-      WeightLoader(sa3::OfficialCheckpoint::same(open_weights(official_dir()), "pretransform.model.",
-                                                 config.encoder.differential)),
-      DType::f32);
+  const auto encoder =
+      sa3::SameEncoder::load(config.encoder,
+                             WeightLoader(sa3::OfficialCheckpoint::same(
+                                 open_weights(official_dir()), "pretransform.model.", config.encoder.differential)),
+                             DType::f32);
   for (const char* name : {"init_3000", "inpaint"}) {
     const Tensor& want = ref.get(std::string(name) + ".latents");
     const int64_t frames = want.shape[2], length = frames * config.encoder.samples_per_latent();
@@ -344,7 +345,8 @@ TEST(Sa3Pipeline, BaseModelGuidanceMatchesTheOfficialGenerate) {
     const auto want = interleaved(ref.get(negative ? "base_cfg_negative.audio" : "base_cfg.audio"));
     ASSERT_EQ(out.samples.size(), want.size());
     const double err = test::rel_l2(out.samples, want);
-    std::printf("[ measure ] sa3 base model, cfg 7%s, fp32: rel L2 %.3e\n", negative ? " with a negative prompt" : "", err);
+    std::printf("[ measure ] sa3 base model, cfg 7%s, fp32: rel L2 %.3e\n", negative ? " with a negative prompt" : "",
+                err);
     EXPECT_LT(err, test::kFp32Tolerance);
   }
   AudioRequest bad = reference_request(true);
@@ -370,30 +372,49 @@ TEST(Sa3Pipeline, OfficialDecoderNoiseContinuesTheSeededStream) {
 
 TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
   const Json base = read_json(test::fixture("sa3_tiny/original/model_config.json"));
-  struct Case { std::function<void(Json&)> spoil; std::vector<std::string> expect; };
+  struct Case {
+    std::function<void(Json&)> spoil;
+    std::vector<std::string> expect;
+  };
   const std::vector<Case> cases = {
       {[](Json& j) { j["model"]["diffusion"]["diffusion_objective"] = "v"; }, {"diffusion_objective", "\"v\""}},
-      {[](Json& j) { j["model"]["diffusion"]["config"]["norm_type"] = "layer_norm"; }, {"model.diffusion.config", "norm_type"}},
+      {[](Json& j) { j["model"]["diffusion"]["config"]["norm_type"] = "layer_norm"; },
+       {"model.diffusion.config", "norm_type"}},
       {[](Json& j) { j["model"]["diffusion"]["config"]["attn_kwargs"]["qk_norm"] = "l2"; }, {"attn_kwargs", "qk_norm"}},
-      {[](Json& j) { j["model"]["diffusion"]["config"]["timestep_features_logsnr"] = true; }, {"timestep_features_logsnr"}},
-      {[](Json& j) { j["model"]["diffusion"]["config"]["use_sinusoidal_emb"] = true; }, {"use_sinusoidal_emb", "not a setting"}},
-      {[](Json& j) { j["model"]["diffusion"]["sampling_distribution_shift_options"] = {{"type", "flux"}}; }, {"sampling_distribution_shift_options"}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["chunk_midpoint_shift"] = true; }, {"chunk_midpoint_shift"}},
+      {[](Json& j) { j["model"]["diffusion"]["config"]["timestep_features_logsnr"] = true; },
+       {"timestep_features_logsnr"}},
+      {[](Json& j) { j["model"]["diffusion"]["config"]["use_sinusoidal_emb"] = true; },
+       {"use_sinusoidal_emb", "not a setting"}},
+      {[](Json& j) {
+         j["model"]["diffusion"]["sampling_distribution_shift_options"] = {{"type", "flux"}};
+       },
+       {"sampling_distribution_shift_options"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["chunk_midpoint_shift"] = true; },
+       {"chunk_midpoint_shift"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["config"]["dyt"] = false; }, {"dyt"}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["bottleneck"]["config"]["noise_augment_dim"] = 4; }, {"noise_augment_dim"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["bottleneck"]["config"]["noise_augment_dim"] = 4; },
+       {"noise_augment_dim"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["soft_clip"] = true; }, {"soft_clip"}},
       {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["padding_mode"] = "zero"; }, {"padding_mode"}},
-      {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["subfolder"] = "elsewhere"; }, {"elsewhere", "missing"}},
+      {[](Json& j) { j["model"]["conditioning"]["configs"][0]["config"]["subfolder"] = "elsewhere"; },
+       {"elsewhere", "missing"}},
       {[](Json& j) { j["model"]["conditioning"]["cond_dim"] = 64; }, {"cond_dim"}},
       // Every level of the file is walked: a key apus does not know is refused wherever it sits,
       // and the blocks' types and repeated sizes are checked, not assumed.
-      {[](Json& j) { j["training"] = {{"learning_rate", 1e-4}}; }, {"'training' is not a setting"}},
+      {[](Json& j) {
+         j["training"] = {{"learning_rate", 1e-4}};
+       },
+       {"'training' is not a setting"}},
       {[](Json& j) { j["model"]["ema"] = true; }, {"(model)", "'ema' is not a setting"}},
       {[](Json& j) { j["model"]["pretransform"]["scale"] = 2.0; }, {"(model.pretransform)", "'scale'"}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["bottleneck"]["type"] = "vae"; }, {"bottleneck", "'type'", "\"vae\""}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["type"] = "oobleck"; }, {"decoder", "\"oobleck\""}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["pretransform"]["type"] = "wavelet"; }, {"pretransform.config.pretransform", "\"wavelet\""}},
-      {[](Json& j) { j["model"]["pretransform"]["config"]["pretransform"]["config"]["mode"] = "fft"; }, {"'mode' is not a setting"}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["bottleneck"]["type"] = "vae"; },
+       {"bottleneck", "'type'", "\"vae\""}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["decoder"]["type"] = "oobleck"; },
+       {"decoder", "\"oobleck\""}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["pretransform"]["type"] = "wavelet"; },
+       {"pretransform.config.pretransform", "\"wavelet\""}},
+      {[](Json& j) { j["model"]["pretransform"]["config"]["pretransform"]["config"]["mode"] = "fft"; },
+       {"'mode' is not a setting"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["latent_dim"] = 7; }, {"'latent_dim' differs"}},
       {[](Json& j) { j["model"]["pretransform"]["config"]["io_channels"] = 1; }, {"'io_channels' differs"}},
       {[](Json& j) { j["audio_channels"] = 1; }, {"'audio_channels' 1 differs"}},
@@ -423,9 +444,8 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
 // bf16 weights, so the clip keeps the bf16 bound against the official run. A buffer holding other
 // frequencies is still refused, naming the file and tensor.
 TEST(Sa3Pipeline, Bf16CheckpointGivesTheOfficialBf16Clip) {
-  const std::string d = rewritten_checkpoint("bf16", [](const std::string&, const Tensor& t) {
-    return to_dtype(t, DType::bf16);
-  });
+  const std::string d =
+      rewritten_checkpoint("bf16", [](const std::string&, const Tensor& t) { return to_dtype(t, DType::bf16); });
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
   const AudioResult r = AudioModel::open(d, Weights::per_stage)->generate(reference_request(false));
   test::expect_matches("sa3 bf16 checkpoint audio", "bf16", r.samples, interleaved(ref.get("fp32.audio")),
@@ -447,15 +467,22 @@ TEST(Sa3Pipeline, Bf16CheckpointGivesTheOfficialBf16Clip) {
 // or tensor, instead of rendering nonsense.
 TEST(Sa3Pipeline, MeaninglessDecoderValuesAreRefusedNamingFileAndKey) {
   const Json base = read_json(test::fixture("sa3_tiny/original/model_config.json"));
-  struct Case { std::function<void(Json&)> spoil; std::vector<std::string> expect; };
+  struct Case {
+    std::function<void(Json&)> spoil;
+    std::vector<std::string> expect;
+  };
   auto decoder = [](Json& j) -> Json& { return j["model"]["pretransform"]["config"]["decoder"]["config"]; };
   auto duration = [](Json& j) -> Json& { return j["model"]["conditioning"]["configs"][1]["config"]; };
   const std::vector<Case> cases = {
       {[&](Json& j) { decoder(j)["mask_noise"] = 1e30; }, {"decoder", "'mask_noise' 1e+30 outside [0, 1]"}},
       {[&](Json& j) { decoder(j)["mask_noise"] = -0.1; }, {"decoder", "'mask_noise' -0.1 outside [0, 1]"}},
-      {[&](Json& j) { duration(j)["min_val"] = -3e38; duration(j)["max_val"] = 3e38; },
+      {[&](Json& j) {
+         duration(j)["min_val"] = -3e38;
+         duration(j)["max_val"] = 3e38;
+       },
        {"(model.conditioning.configs[1].config)", "'min_val' -3e+38 and 'max_val' 3e+38", "finite positive span"}},
-      {[&](Json& j) { duration(j)["max_val"] = 0; }, {"(model.conditioning.configs[1].config)", "'max_val' 0", "max_val must exceed min_val"}},
+      {[&](Json& j) { duration(j)["max_val"] = 0; },
+       {"(model.conditioning.configs[1].config)", "'max_val' 0", "max_val must exceed min_val"}},
   };
   for (const Case& c : cases) {
     Json spoiled = base;
@@ -544,18 +571,22 @@ TEST(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
   const auto model = AudioModel::open(pipeline_dir(), Weights::per_stage);
   AudioRequest r = reference_request(true);
   for (const double seconds : {0.0, -1.0, model->max_seconds() + 1})
-    test::expect_error([&] {
-      AudioRequest bad = r;
-      bad.seconds = seconds;
-      model->generate(bad);
-    }, {"seconds", "outside"});
+    test::expect_error(
+        [&] {
+          AudioRequest bad = r;
+          bad.seconds = seconds;
+          model->generate(bad);
+        },
+        {"seconds", "outside"});
   // Under one output frame (1 / rate s): int(seconds x rate) would be a clip of no samples.
   for (const double seconds : {1e-5, 1e-320, 0.999 / 2048})
-    test::expect_error([&] {
-      AudioRequest bad = r;
-      bad.seconds = seconds;
-      model->generate(bad);
-    }, {"seconds", "outside [0.000488281,", "one output frame at 2048 Hz"});
+    test::expect_error(
+        [&] {
+          AudioRequest bad = r;
+          bad.seconds = seconds;
+          model->generate(bad);
+        },
+        {"seconds", "outside [0.000488281,", "one output frame at 2048 Hz"});
   AudioRequest one_frame = r;
   one_frame.seconds = 1.0 / 2048;
   one_frame.steps = 1;
@@ -581,7 +612,11 @@ TEST(Sa3Pipeline, RequestsOutsideTheModelAreRefused) {
 // the field.
 TEST(Sa3Pipeline, CountRefusesWhatGenerateRefusesWithTheSameMessage) {
   const auto model = AudioModel::open(pipeline_dir(), Weights::per_stage);
-  struct Case { std::function<void(AudioRequest&)> set; int batch; std::string message, field; };
+  struct Case {
+    std::function<void(AudioRequest&)> set;
+    int batch;
+    std::string message, field;
+  };
   const std::vector<Case> cases = {
       {[](AudioRequest& r) { r.seconds = 0; }, 1, "seconds 0 outside [0.000488281, ", "seconds"},
       {[&](AudioRequest& r) { r.seconds = model->max_seconds() + 1; }, 1, "this model's sample_size", "seconds"},
@@ -589,8 +624,10 @@ TEST(Sa3Pipeline, CountRefusesWhatGenerateRefusesWithTheSameMessage) {
       {[](AudioRequest& r) { r.cfg = 0; }, 1, "cfg 0 outside (0, 100]", "cfg"},
       {[](AudioRequest& r) { r.apg = 2; }, 1, "apg 2 outside [0, 1]", "apg"},
       {[](AudioRequest& r) { r.init_noise_level = 0.5; }, 1, "needs an init audio clip", "init_noise_level"},
-      {[](AudioRequest& r) { r.inpaint_regions = {{0.1, 0.2}}; }, 1, "inpaint regions need an inpaint clip",
-       "inpaint_regions"},
+      {[](AudioRequest& r) {
+         r.inpaint_regions = {{0.1, 0.2}};
+       },
+       1, "inpaint regions need an inpaint clip", "inpaint_regions"},
       {[](AudioRequest& r) { r.negative_prompt = "hiss"; }, 1, "a negative prompt needs guidance", "negative_prompt"},
       {[](AudioRequest&) {}, AudioLimits::max_batch + 1, "batch 65 outside 1..64", "batch"},
   };
@@ -638,9 +675,9 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
   const AudioRequest req = reference_request(true);
   const std::string out = ::testing::TempDir() + "sa3_cli.wav";
-  const test::CliRun r = test::run_cli(
-      "audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) + " --seconds " +
-      std::to_string(req.seconds) + " --seed " + std::to_string(*req.seed) + " --precision fp32 -v -o " + out);
+  const test::CliRun r = test::run_cli("audio --model " + pipeline_dir() + " --prompt " +
+                                       test::shell_quote(req.prompt) + " --seconds " + std::to_string(req.seconds) +
+                                       " --seed " + std::to_string(*req.seed) + " --precision fp32 -v -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("seed 42"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 8/8"), std::string::npos) << r.output;
@@ -660,25 +697,28 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   // official bf16 run's own distance from its fp32 run; a clip that differs for real (the same
   // request with the decoder's noise on) lies far outside that bound.
   const std::string out_bf16 = ::testing::TempDir() + "sa3_cli_bf16.wav";
-  const test::CliRun b = test::run_cli("audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) +
-                                       " --seconds " + std::to_string(req.seconds) + " --seed 42 --format wav-float -o " + out_bf16);
+  const test::CliRun b =
+      test::run_cli("audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) + " --seconds " +
+                    std::to_string(req.seconds) + " --seed 42 --format wav-float -o " + out_bf16);
   ASSERT_EQ(b.status, 0) << b.output;
   const auto ours = read_audio(out_bf16, test::kTestClipSeconds).samples;
   const auto ref_bf16 = interleaved(ref.get("bf16.audio")), other = interleaved(ref.get("fp32_decoder_noise.audio"));
   const test::AudioDistance self = test::audio_distance(ref_bf16, want, 2, 2048);
   const test::AudioDistance mine = test::audio_distance(ours, want, 2, 2048);
   const test::AudioDistance far = test::audio_distance(other, want, 2, 2048);
-  std::printf("[ measure ] sa3 cli bf16 vs official fp32: STFT %.4f, log-mel %.4f; official bf16 vs fp32: STFT %.4f, "
-              "log-mel %.4f; a different clip: STFT %.4f, log-mel %.4f\n",
-              mine.stft, mine.log_mel, self.stft, self.log_mel, far.stft, far.log_mel);
+  std::printf(
+      "[ measure ] sa3 cli bf16 vs official fp32: STFT %.4f, log-mel %.4f; official bf16 vs fp32: STFT %.4f, "
+      "log-mel %.4f; a different clip: STFT %.4f, log-mel %.4f\n",
+      mine.stft, mine.log_mel, self.stft, self.log_mel, far.stft, far.log_mel);
   EXPECT_LT(mine.stft, 2 * self.stft);
   EXPECT_LT(mine.log_mel, 2 * self.log_mel);
   EXPECT_GT(far.stft, 2 * self.stft);
   EXPECT_GT(far.log_mel, 2 * self.log_mel);
   // FLAC and float WAV on request; the request rides in the metadata.
   const std::string flac = ::testing::TempDir() + "sa3_cli.flac";
-  const test::CliRun f = test::run_cli("audio --model " + pipeline_dir() + " --prompt " +
-                                       test::shell_quote(req.prompt) + " --seconds 1.4 --seed 42 --steps 2 --format flac -o " + flac);
+  const test::CliRun f =
+      test::run_cli("audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) +
+                    " --seconds 1.4 --seed 42 --steps 2 --format flac -o " + flac);
   ASSERT_EQ(f.status, 0) << f.output;
   EXPECT_EQ(read_audio(flac, test::kTestClipSeconds).frames(), int64_t(want.size() / 2));
 }
@@ -690,15 +730,19 @@ TEST(Sa3Cli, InitAndInpaintAudioGiveTheOfficialClips) {
   const AudioRequest req = reference_request(true);
   const std::string base = "audio --model " + official_dir() + " --prompt " + test::shell_quote(req.prompt) +
                            " --seconds 1.4 --seed 42 --precision fp32 --format wav-float ";
-  struct Case { std::string mode, args; };
-  for (const Case& k : {Case{"a2a", "--init-audio " + test::fixture("sa3_tiny/inputs/init.wav") + " --init-noise-level 0.6"},
-                        Case{"inpaint", "--inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav") +
-                                            " --inpaint-start 0.3 --inpaint-end 0.8 --inpaint-start 1.0 --inpaint-end 1.2"}}) {
+  struct Case {
+    std::string mode, args;
+  };
+  for (const Case& k :
+       {Case{"a2a", "--init-audio " + test::fixture("sa3_tiny/inputs/init.wav") + " --init-noise-level 0.6"},
+        Case{"inpaint", "--inpaint-audio " + test::fixture("sa3_tiny/inputs/inpaint.wav") +
+                            " --inpaint-start 0.3 --inpaint-end 0.8 --inpaint-start 1.0 --inpaint-end 1.2"}}) {
     const std::string out = ::testing::TempDir() + "sa3_cli_" + k.mode + ".wav";
     const test::CliRun r = test::run_cli(base + k.args + " -v -o " + out);
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("\nencode "), std::string::npos) << r.output;
-    const double err = test::rel_l2(read_audio(out, test::kTestClipSeconds).samples, interleaved(ref.get(k.mode + ".fp32.audio")));
+    const double err =
+        test::rel_l2(read_audio(out, test::kTestClipSeconds).samples, interleaved(ref.get(k.mode + ".fp32.audio")));
     EXPECT_LT(err, test::kFp32Tolerance) << k.mode;
   }
 }
@@ -716,9 +760,9 @@ TEST(Sa3Cli, ClipsBeyondMemoryAreRefusedNamingTheFile) {
   fs::resize_file(big, uint64_t(3) << 30);  // sparse: 3 GiB that take no disk
   for (const auto& [file, expect] : {std::pair{flac, std::string(": the header claims 4294967295 frames")},
                                      std::pair{big, std::string(": its 3221225472 bytes do not fit")}}) {
-    const test::CliRun r = test::run_cli("audio --model " + pipeline_dir() + " -p x --seconds 1 --init-audio " + file +
-                                             " -o " + out,
-                                         "ulimit -v 1500000; ");
+    const test::CliRun r =
+        test::run_cli("audio --model " + pipeline_dir() + " -p x --seconds 1 --init-audio " + file + " -o " + out,
+                      "ulimit -v 1500000; ");
     EXPECT_EQ(r.status, 1) << r.output;
     EXPECT_NE(r.output.find("error: " + file + expect), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("out of memory"), std::string::npos) << r.output;
@@ -730,14 +774,18 @@ TEST(Sa3Cli, ClipsBeyondMemoryAreRefusedNamingTheFile) {
 
 TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
   const std::string model = pipeline_dir();
-  struct Case { std::string args; std::vector<std::string> expect; };
+  struct Case {
+    std::string args;
+    std::vector<std::string> expect;
+  };
   const std::string no_tokenizer = spoiled_copy("no_tokenizer", "tokenizer");
   fs::remove(no_tokenizer + "/tokenizer/tokenizer.model");
   const std::string bad_t5 = spoiled_copy("bad_t5", "text_encoder");
   { std::ofstream(bad_t5 + "/text_encoder/model.safetensors", std::ios::trunc) << "not safetensors"; }
   const std::string no_t5 = spoiled_copy("no_t5", "text_encoder");
   fs::remove_all(no_t5 + "/text_encoder");
-  const std::string empty_wav = ::testing::TempDir() + "apus_empty.wav", lying_flac = ::testing::TempDir() + "apus_lying.flac";
+  const std::string empty_wav = ::testing::TempDir() + "apus_empty.wav",
+                    lying_flac = ::testing::TempDir() + "apus_lying.flac";
   test::write_header_only_wav(empty_wav);
   test::write_flac_claiming(lying_flac, (int64_t(1) << 32) - 1);
   const std::vector<Case> cases = {
@@ -749,7 +797,8 @@ TEST(Sa3Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"--model " + bad_t5, {"model.safetensors"}},
       {"--model " + no_t5, {"text_encoder"}},
       {"--model " + test::fixture("klein_tiny_a"), {"Flux2KleinPipeline", "apus image"}},
-      {"--seconds 1 --init-audio " + test::fixture("sa3_pipeline_ref.json"), {"sa3_pipeline_ref.json", "not an audio file"}},
+      {"--seconds 1 --init-audio " + test::fixture("sa3_pipeline_ref.json"),
+       {"sa3_pipeline_ref.json", "not an audio file"}},
       {"--seconds 1 --init-audio /nonexistent.wav", {"/nonexistent.wav"}},
       {"--seconds 1 --init-noise-level 0.5", {"init_noise_level 0.5", "needs an init audio clip"}},
       {"--seconds 1e-5", {"seconds 1e-05 outside", "one output frame"}},
@@ -811,16 +860,20 @@ TEST(Sa3Cli, BrokenCheckpointsAndPromptsNameWhatIsWrong) {
   std::string last;  // the tensor whose data ends the file
   for (const std::string& n : before.names())
     if (last.empty() || before.get(n).data > before.get(last).data) last = n;
-  refused(cut, "x", weights + ": truncated: " + std::to_string(whole - 1000) + " of " + std::to_string(whole) +
-                        " bytes (tensor '" + last + "' needs bytes up to " + std::to_string(whole) + ")");
+  refused(cut, "x",
+          weights + ": truncated: " + std::to_string(whole - 1000) + " of " + std::to_string(whole) +
+              " bytes (tensor '" + last + "' needs bytes up to " + std::to_string(whole) + ")");
 
   const std::string neither = copy_official("neither");
   fs::remove(neither + "/model_config.json");
-  refused(neither, "x", neither + ": neither a diffusers folder (model_index.json) nor a Stable Audio 3 checkpoint (model_config.json)");
+  refused(
+      neither, "x",
+      neither + ": neither a diffusers folder (model_index.json) nor a Stable Audio 3 checkpoint (model_config.json)");
 
   const std::string empty_tokenizer = copy_official("empty_tokenizer");
   std::ofstream(empty_tokenizer + "/t5gemma-b-b-ul2/tokenizer.model", std::ios::trunc).close();
-  refused(empty_tokenizer, "x", empty_tokenizer + "/t5gemma-b-b-ul2/tokenizer.model: empty file (0 bytes), not a SentencePiece model");
+  refused(empty_tokenizer, "x",
+          empty_tokenizer + "/t5gemma-b-b-ul2/tokenizer.model: empty file (0 bytes), not a SentencePiece model");
 
   const std::string weight_v = "pretransform.model.decoder.layers.3.mapping.weight_v";
   const std::string nan = rewritten_checkpoint("nan_weight_v", [&](const std::string& n, const Tensor& t) {
@@ -839,8 +892,10 @@ TEST(Sa3Cli, BrokenCheckpointsAndPromptsNameWhatIsWrong) {
     const std::string d = test::official_variant_dir("max_length", c);
     const std::string key = d + "/model_config.json (model.conditioning.configs[0].config): 'max_length' is " +
                             std::to_string(length) + ", expected 1..";
-    refused(d, "x", key + (length == 0 ? "16777216" : std::to_string(window) + " (the sliding window of " + d +
-                                                         "/t5gemma-b-b-ul2/config.json; longer prompts are not supported)"));
+    refused(d, "x",
+            key + (length == 0 ? "16777216"
+                               : std::to_string(window) + " (the sliding window of " + d +
+                                     "/t5gemma-b-b-ul2/config.json; longer prompts are not supported)"));
     fs::remove_all(d);
   }
   for (const std::string& d : {cut, neither, empty_tokenizer, nan}) fs::remove_all(d);

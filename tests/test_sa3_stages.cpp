@@ -64,8 +64,7 @@ TEST_P(Duration, EmbedderMatchesDiffusers) {
   Context ctx{&arena, test::precision_dtype(p)};
   const Tensor out = embedder.embed(ctx, seconds);
   ASSERT_EQ(out.shape, Shape({int64_t(seconds.size()), embedder.config().output_dim}));
-  test::expect_matches("duration embedder", p, to_f32_vector(out),
-                       to_f32_vector(ref.get("fp32.duration_embeds")),
+  test::expect_matches("duration embedder", p, to_f32_vector(out), to_f32_vector(ref.get("fp32.duration_embeds")),
                        to_f32_vector(ref.get("bf16.duration_embeds")));
 }
 
@@ -101,9 +100,8 @@ TEST_P(SA3Dit, ForwardMatchesTheOfficialCode) {
           out.ptr<float>()[(b * frames + t) * ch + ci] = load_f32(t3, (b * ch + ci) * frames + t);
     return to_dtype(out, dt);
   };
-  const auto pro = dit.prologue(ctx, to_dtype(text, dt).reshape({text.shape[0] * text.shape[1], text.shape[2]}),
-                                valid, to_dtype(ref.get(v + "global"), dt),
-                                frames_major(ref.get(c + "local")));
+  const auto pro = dit.prologue(ctx, to_dtype(text, dt).reshape({text.shape[0] * text.shape[1], text.shape[2]}), valid,
+                                to_dtype(ref.get(v + "global"), dt), frames_major(ref.get(c + "local")));
   const Tensor x = frames_major(x3);
   Tensor velocity = Tensor::heap({batch * frames, io}, dt);
   std::memset(velocity.data, 0xff, velocity.nbytes());
@@ -116,9 +114,10 @@ TEST_P(SA3Dit, ForwardMatchesTheOfficialCode) {
     // correctly rounded exp, cos and sin; so does the second reference.
     const auto exact = channels_major(c + "fp32_exact_features.velocity");
     const double self = test::rel_l2(exact, fp32_ref), err = test::rel_l2(ours, exact);
-    std::printf("[ measure ] dit %s %s fp32: rel L2 to the exact-features ref %.3e, to the plain ref %.3e "
-                "(the reference's own ulp sensitivity %.3e)\n", variant.c_str(), cse.c_str(), err,
-                test::rel_l2(ours, fp32_ref), self);
+    std::printf(
+        "[ measure ] dit %s %s fp32: rel L2 to the exact-features ref %.3e, to the plain ref %.3e "
+        "(the reference's own ulp sensitivity %.3e)\n",
+        variant.c_str(), cse.c_str(), err, test::rel_l2(ours, fp32_ref), self);
     EXPECT_LT(err, test::kFp32Tolerance);
     EXPECT_LT(test::rel_l2(ours, fp32_ref), std::max(test::kFp32Tolerance, 2 * self));
   } else {
@@ -128,8 +127,7 @@ TEST_P(SA3Dit, ForwardMatchesTheOfficialCode) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SA3Dit,
                          ::testing::Combine(::testing::Values("dit_diff", "dit_plain"),
-                                            ::testing::Values("t2a", "inpaint"),
-                                            ::testing::Values("fp32", "bf16")));
+                                            ::testing::Values("t2a", "inpaint"), ::testing::Values("fp32", "bf16")));
 
 // The SAME-L decoder against the official SAMEDecoder (whole-sequence decode, its inference noise
 // off), a batch of two 40-latent sequences: band attention over 680 tokens, DyT, SiLU and sin FFs.
@@ -188,9 +186,12 @@ TEST(SameDecodeLong, ChunkedDecodeAndInferenceNoiseMatchTheOfficialDecodeAudio) 
   const Tensor latents = test::frames_major(ref.get("long.latents"));
   Arena arena;
   Context ctx{&arena, DType::f32};
-  struct Case { const char* name; bool chunked, noise; };
-  for (const Case& k : {Case{"chunked", true, false}, Case{"noise_chunked", true, true},
-                        Case{"noise_whole", false, true}}) {
+  struct Case {
+    const char* name;
+    bool chunked, noise;
+  };
+  for (const Case& k :
+       {Case{"chunked", true, false}, Case{"noise_chunked", true, true}, Case{"noise_whole", false, true}}) {
     std::vector<TorchGenerator> gens{TorchGenerator(5)};
     sa3::DecodeNoise noise;
     if (k.noise) noise = {true, 0.1f, &gens};
@@ -204,7 +205,11 @@ TEST(SameDecodeLong, ChunkedDecodeAndInferenceNoiseMatchTheOfficialDecodeAudio) 
 
 TEST(T5GemmaConfig, UnsupportedSettingsAreRefusedNamingFileAndKey) {
   const Config base = read_config(test::fixture("t5gemma_tiny/config.json"));
-  struct Case { const char* key; Json value; const char* expect; };
+  struct Case {
+    const char* key;
+    Json value;
+    const char* expect;
+  };
   const std::vector<Case> cases = {
       {"hidden_activation", "relu", "hidden_activation"},
       {"attention_bias", true, "attention_bias"},
@@ -235,9 +240,11 @@ TEST(Sa3Configs, EveryOfficialSettingIsHonouredOrRefused) {
   sa3::DurationConfig::read(duration);
   sa3_scheduler_is_euler(scheduler);
   sa3::T5GemmaConfig::read(text);
-  const std::pair<const char*, const Config*> files[] = {{"transformer", &dit},   {"vae", &same},
+  const std::pair<const char*, const Config*> files[] = {{"transformer", &dit},
+                                                         {"vae", &same},
                                                          {"duration_embedder", &duration},
-                                                         {"scheduler", &scheduler}, {"text_encoder", &text}};
+                                                         {"scheduler", &scheduler},
+                                                         {"text_encoder", &text}};
   for (const auto& [name, config] : files) {
     ASSERT_GE(keys[name].size(), 6u) << name;
     for (const Json& key : keys[name])

@@ -1,11 +1,11 @@
 // The safetensors reader and model-directory loader on good and hostile input.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <fstream>
-#include <filesystem>
-#include <random>
 #include <unistd.h>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
 
 #include "core/error.h"
 #include "io/model_dir.h"
@@ -52,10 +52,15 @@ TEST(Safetensors, RoundTripsEveryDtype) {
 
 TEST(Safetensors, RejectsHostileHeaders) {
   const std::string p = temp_path("bad.safetensors");
-  struct Bad { std::string header; size_t data; std::string expect; };
+  struct Bad {
+    std::string header;
+    size_t data;
+    std::string expect;
+  };
   const std::vector<Bad> cases = {
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, "truncated"},
-      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12, "overlap"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       12, "overlap"},
       {R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, "expected 12"},
       {R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8, "unsupported dtype"},
       {R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8, "non-negative"},
@@ -74,7 +79,10 @@ TEST(Safetensors, RejectsHostileHeaders) {
 
 TEST(Safetensors, RejectsTruncatedFiles) {
   const std::string p = temp_path("trunc.safetensors");
-  { std::ofstream f(p, std::ios::binary); f << "abc"; }
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << "abc";
+  }
   expect_error([&] { SafetensorsFile::open(p); }, {p, "truncated"});
   {
     std::ofstream f(p, std::ios::binary);

@@ -15,8 +15,7 @@ const Json& cases() {
 }
 
 const SentencePieceTokenizer& tokenizer() {
-  static const SentencePieceTokenizer t =
-      SentencePieceTokenizer::load(test::fixture("t5gemma_tok/tokenizer.model"));
+  static const SentencePieceTokenizer t = SentencePieceTokenizer::load(test::fixture("t5gemma_tok/tokenizer.model"));
   return t;
 }
 
@@ -47,8 +46,7 @@ TEST(SentencePiece, PaddingAndTruncationAsTheConfigSays) {
     saw_empty |= text.empty();
     if (c.contains("default_side_padded_ids")) {
       // A tokenizer_config.json without padding_side: transformers 5 pads on the left.
-      const PaddingSide fallback = cases()["default_padding_side"] == "left" ? PaddingSide::left
-                                                                             : PaddingSide::right;
+      const PaddingSide fallback = cases()["default_padding_side"] == "left" ? PaddingSide::left : PaddingSide::right;
       EXPECT_EQ(pad_ids(tokenizer().encode(text), max_length, 0, fallback).ids,
                 c["default_side_padded_ids"].get<std::vector<int32_t>>());
     }
@@ -57,8 +55,8 @@ TEST(SentencePiece, PaddingAndTruncationAsTheConfigSays) {
   EXPECT_TRUE(saw_empty);  // the empty prompt: all padding, an all-zero mask
   const std::string bare = ::testing::TempDir() + "apus_tok_config.json";
   { std::ofstream(bare) << R"({"tokenizer_class": "GemmaTokenizer"})"; }
-  EXPECT_EQ(read_padding_side(bare), cases()["default_padding_side"] == "left" ? PaddingSide::left
-                                                                                : PaddingSide::right);
+  EXPECT_EQ(read_padding_side(bare),
+            cases()["default_padding_side"] == "left" ? PaddingSide::left : PaddingSide::right);
   { std::ofstream(bare) << R"({"padding_side": "middle"})"; }
   test::expect_error([&] { read_padding_side(bare); }, {bare, "padding_side 'middle'"});
   std::remove(bare.c_str());

@@ -7,9 +7,9 @@
 #include <malloc.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sndfile.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,11 +18,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <set>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "apus/apus.h"
@@ -68,7 +68,8 @@ std::vector<uint8_t> unbase64(const std::string& s) {
 // The bytes of a file the server sent, read back through the file readers.
 std::string as_file(const std::vector<uint8_t>& bytes, const std::string& name) {
   const std::string path = ::testing::TempDir() + name;
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   return path;
 }
 
@@ -95,7 +96,8 @@ bool metrics_show(int port, const std::vector<std::string>& lines) {
   httplib::Client c("127.0.0.1", port);
   for (int i = 0; i < 2000; ++i) {
     const auto m = c.Get("/metrics");
-    if (m && std::all_of(lines.begin(), lines.end(), [&](const std::string& l) { return m->body.find(l) != std::string::npos; }))
+    if (m && std::all_of(lines.begin(), lines.end(),
+                         [&](const std::string& l) { return m->body.find(l) != std::string::npos; }))
       return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -145,9 +147,7 @@ class Serve : public ::testing::Test {
     return Json();
   }
   static std::string image_id() { return model_id(test::fixture("klein_tiny_a")); }
-  static std::string model_id(const std::string& dir) {
-    return ImageModel::open(dir, Weights::none)->label();
-  }
+  static std::string model_id(const std::string& dir) { return ImageModel::open(dir, Weights::none)->label(); }
   static server::Server* server_;
   static int port_;
 };
@@ -170,8 +170,8 @@ TEST_F(Serve, HealthModelsAndTheKey) {
 
 // Two images in one request: the engine's own bytes for seeds 42 and 43.
 TEST_F(Serve, ImagesAreTheEnginesImages) {
-  const Json body = {{"prompt", "a red fox in tall grass"}, {"size", "64x48"}, {"n", 2}, {"seed", 42}, {"steps", 2},
-                     {"response_format", "b64_json"}, {"user", "someone"}};
+  const Json body = {{"prompt", "a red fox in tall grass"}, {"size", "64x48"},  {"n", 2}, {"seed", 42}, {"steps", 2},
+                     {"response_format", "b64_json"},       {"user", "someone"}};
   const auto r = client().Post("/v1/images/generations", body.dump(), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -203,7 +203,8 @@ TEST_F(Serve, AudioIsTheEnginesClip) {
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->get_header_value("Content-Type"), "audio/wav");
   EXPECT_EQ(r->get_header_value("X-Seed"), "42");
-  const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_clip.wav"), test::kTestClipSeconds);
+  const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_clip.wav"),
+                               test::kTestClipSeconds);
   AudioRequest want;
   want.prompt = "warm lo-fi hip hop";
   want.seconds = 1.4;
@@ -215,7 +216,8 @@ std::string base64_of(const std::string& bytes) {
   static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
   for (size_t i = 0; i < bytes.size(); i += 3) {
-    const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | (i + 1 < bytes.size() ? uint32_t(uint8_t(bytes[i + 1])) << 8 : 0) |
+    const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 |
+                       (i + 1 < bytes.size() ? uint32_t(uint8_t(bytes[i + 1])) << 8 : 0) |
                        (i + 2 < bytes.size() ? uint32_t(uint8_t(bytes[i + 2])) : 0);
     out += table[(v >> 18) & 63];
     out += table[(v >> 12) & 63];
@@ -243,14 +245,21 @@ std::pair<std::string, std::string> metadata_of(const std::string& path) {
 // The same request's clip carries the same metadata from the CLI and from the server: guidance,
 // precision and the inputs included, a clip sent to the server named by its field, not a file.
 TEST_F(Serve, AudioMetadataIsTheClisForTheSameRequest) {
-  const std::string init = test::fixture("sa3_tiny/inputs/init.wav"), inpaint = test::fixture("sa3_tiny/inputs/inpaint.wav");
-  struct Case { std::string cli; Json body; std::vector<std::pair<std::string, std::string>> names; };
+  const std::string init = test::fixture("sa3_tiny/inputs/init.wav"),
+                    inpaint = test::fixture("sa3_tiny/inputs/inpaint.wav");
+  struct Case {
+    std::string cli;
+    Json body;
+    std::vector<std::pair<std::string, std::string>> names;
+  };
   const std::vector<Case> cases = {
       {"--cfg 2 --apg 0.5", {{"cfg", 2}, {"apg", 0.5}}, {}},
       {"--init-audio " + init + " --init-noise-level 0.6",
-       {{"init_audio", base64_of(read_file(init))}, {"init_noise_level", 0.6}}, {{init, "init_audio"}}},
+       {{"init_audio", base64_of(read_file(init))}, {"init_noise_level", 0.6}},
+       {{init, "init_audio"}}},
       {"--inpaint-audio " + inpaint + " --inpaint-start 0.3 --inpaint-end 0.8",
-       {{"inpaint_audio", base64_of(read_file(inpaint))}, {"inpaint_regions", {{0.3, 0.8}}}}, {{inpaint, "inpaint_audio"}}},
+       {{"inpaint_audio", base64_of(read_file(inpaint))}, {"inpaint_regions", {{0.3, 0.8}}}},
+       {{inpaint, "inpaint_audio"}}},
   };
   const std::string out = ::testing::TempDir() + "apus_cli_meta.wav";
   for (const Case& c : cases) {
@@ -283,7 +292,8 @@ TEST_F(Serve, ImageFileIsTheClisForTheSameRequest) {
   const test::CliRun cli = test::run_cli("image --model " + test::fixture("klein_tiny_a") +
                                          " -p 'a red fox' -W 32 -H 48 --steps 2 --seed 9 -o " + out);
   ASSERT_EQ(cli.status, 0) << cli.output;
-  const Json body = {{"prompt", "a red fox"}, {"size", "32x48"}, {"steps", 2}, {"seed", 9}, {"response_format", "b64_json"}};
+  const Json body = {
+      {"prompt", "a red fox"}, {"size", "32x48"}, {"steps", 2}, {"seed", 9}, {"response_format", "b64_json"}};
   const auto r = client().Post("/v1/images/generations", body.dump(), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -311,8 +321,10 @@ TEST_F(Serve, EditsAreTheEnginesEdits) {
   want.references.pop_back();
   const std::vector<uint8_t> expected = model->generate(want).rgb;
 
-  const httplib::MultipartFormDataItems form = {{"prompt", "night", "", ""},     {"steps", "2", "", ""},
-                                                {"seed", "5", "", ""},           {"response_format", "b64_json", "", ""},
+  const httplib::MultipartFormDataItems form = {{"prompt", "night", "", ""},
+                                                {"steps", "2", "", ""},
+                                                {"seed", "5", "", ""},
+                                                {"response_format", "b64_json", "", ""},
                                                 {"image[]", ref0, "ref0.png", "image/png"}};
   const auto r = client().Post("/v1/images/edits", form);
   ASSERT_TRUE(r);
@@ -323,8 +335,8 @@ TEST_F(Serve, EditsAreTheEnginesEdits) {
   EXPECT_EQ(png.width, 64) << "the size of the first image";
   EXPECT_EQ(png.rgb, expected);
 
-  const Json job = {{"kind", "image"}, {"prompt", "night"}, {"steps", 2}, {"seed", 5},
-                    {"images", Json::array({base64_of(ref0)})}};
+  const Json job = {
+      {"kind", "image"}, {"prompt", "night"}, {"steps", 2}, {"seed", 5}, {"images", Json::array({base64_of(ref0)})}};
   const auto submitted = client().Post("/v1/jobs", job.dump(), "application/json");
   ASSERT_TRUE(submitted);
   ASSERT_EQ(submitted->status, 202) << submitted->body;
@@ -337,7 +349,8 @@ TEST_F(Serve, EditsAreTheEnginesEdits) {
   expect_refusal(client().Post("/v1/images/edits", no_image), 400, "'image' is required", "image");
   const httplib::MultipartFormDataItems small = {{"prompt", "x", "", ""}, {"image", ref1, "a.jpg", "image/jpeg"}};
   expect_refusal(client().Post("/v1/images/edits", small), 400, "reference image 1 is 40x24");
-  const httplib::MultipartFormDataItems junk = {{"prompt", "x", "", ""}, {"image", "not an image", "a.png", "image/png"}};
+  const httplib::MultipartFormDataItems junk = {{"prompt", "x", "", ""},
+                                                {"image", "not an image", "a.png", "image/png"}};
   expect_refusal(client().Post("/v1/images/edits", junk), 400, "images[0]: not a PNG, JPEG or WebP image", "images");
   expect_refusal(client().Post("/v1/images/generations", R"({"prompt": "x", "size": "auto"})", "application/json"), 400,
                  "'size' auto takes the first of 'images'", "size");
@@ -357,12 +370,16 @@ TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
   want.seed = 3;
   const PngImage transparent = decode_png(openai, "mask_openai.png", /*with_alpha=*/true);
   Rgb8Image white{transparent.width, transparent.height, std::vector<uint8_t>(transparent.rgb.size())};
-  for (size_t i = 0; i < transparent.alpha.size(); ++i) std::memset(&white.rgb[3 * i], transparent.alpha[i] ? 0 : 255, 3);
+  for (size_t i = 0; i < transparent.alpha.size(); ++i)
+    std::memset(&white.rgb[3 * i], transparent.alpha[i] ? 0 : 255, 3);
   want.inpaint = Inpainting{decode_image(image, "image"), white, 0.7};
   const ImageResult expected = model->generate(want);
 
-  const httplib::MultipartFormDataItems form = {{"prompt", "a door", "", ""}, {"steps", "2", "", ""}, {"seed", "3", "", ""},
-                                                {"strength", "0.7", "", ""}, {"image", image, "image.png", "image/png"},
+  const httplib::MultipartFormDataItems form = {{"prompt", "a door", "", ""},
+                                                {"steps", "2", "", ""},
+                                                {"seed", "3", "", ""},
+                                                {"strength", "0.7", "", ""},
+                                                {"image", image, "image.png", "image/png"},
                                                 {"mask", openai, "mask.png", "image/png"}};
   const auto r = client().Post("/v1/images/edits", form);
   ASSERT_TRUE(r);
@@ -371,15 +388,17 @@ TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
   EXPECT_EQ(png.width, expected.width);
   EXPECT_EQ(png.rgb, expected.rgb);
   bool strength = false;
-  for (const auto& [k, v] : png.text) strength |= k == "parameters" && v.find("Denoising strength: 0.7,") != std::string::npos;
+  for (const auto& [k, v] : png.text)
+    strength |= k == "parameters" && v.find("Denoising strength: 0.7,") != std::string::npos;
   EXPECT_TRUE(strength);
 
   want.inpaint->mask = decode_image(mask, "mask");
   want.inpaint->strength = 0.8;
   want.references = {decode_image(reference, "reference")};
   const std::vector<uint8_t> with_reference = model->generate(want).rgb;
-  const Json job = {{"kind", "image"}, {"prompt", "a door"}, {"steps", 2}, {"seed", 3}, {"mask", base64_of(mask)},
-                    {"images", Json::array({base64_of(image), base64_of(reference)})}};
+  const Json job = {
+      {"kind", "image"}, {"prompt", "a door"},      {"steps", 2},
+      {"seed", 3},       {"mask", base64_of(mask)}, {"images", Json::array({base64_of(image), base64_of(reference)})}};
   const auto submitted = client().Post("/v1/jobs", job.dump(), "application/json");
   ASSERT_TRUE(submitted);
   ASSERT_EQ(submitted->status, 202) << submitted->body;
@@ -388,11 +407,13 @@ TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
   EXPECT_EQ(read_png(as_file(unbase64(state["results"][0]["b64"]), "serve_job_inpaint.png")).rgb, with_reference);
 
   // Refusals naming the field.
-  const httplib::MultipartFormDataItems opaque = {{"prompt", "x", "", ""}, {"image", image, "a.png", "image/png"},
-                                                  {"mask", mask, "m.png", "image/png"}};
+  const httplib::MultipartFormDataItems opaque = {
+      {"prompt", "x", "", ""}, {"image", image, "a.png", "image/png"}, {"mask", mask, "m.png", "image/png"}};
   expect_refusal(client().Post("/v1/images/edits", opaque), 400, "'mask' has no fully transparent pixel", "mask");
-  const httplib::MultipartFormDataItems jpeg_mask = {{"prompt", "x", "", ""}, {"image", image, "a.png", "image/png"},
-                                                     {"mask", read_file(test::fixture("images/baseline.jpg")), "m.jpg", "image/jpeg"}};
+  const httplib::MultipartFormDataItems jpeg_mask = {
+      {"prompt", "x", "", ""},
+      {"image", image, "a.png", "image/png"},
+      {"mask", read_file(test::fixture("images/baseline.jpg")), "m.jpg", "image/jpeg"}};
   expect_refusal(client().Post("/v1/images/edits", jpeg_mask), 400, "mask: not a PNG file", "mask");
   const Json strength_alone = {{"prompt", "x"}, {"strength", 0.5}, {"images", Json::array({base64_of(image)})}};
   expect_refusal(client().Post("/v1/images/generations", strength_alone.dump(), "application/json"), 400,
@@ -400,7 +421,8 @@ TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
   const Json no_image = {{"prompt", "x"}, {"mask", base64_of(mask)}};
   expect_refusal(client().Post("/v1/images/generations", no_image.dump(), "application/json"), 400,
                  "'mask' repaints the first of 'images'", "mask");
-  const Json too_strong = {{"prompt", "x"}, {"mask", base64_of(mask)}, {"strength", 2}, {"images", Json::array({base64_of(image)})}};
+  const Json too_strong = {
+      {"prompt", "x"}, {"mask", base64_of(mask)}, {"strength", 2}, {"images", Json::array({base64_of(image)})}};
   expect_refusal(client().Post("/v1/images/generations", too_strong.dump(), "application/json"), 400,
                  "strength 2 outside [0, 1]");
 }
@@ -412,7 +434,10 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
     Audio a = read_audio(test::fixture(rel), test::kTestClipSeconds);
     return AudioClip{a.rate, a.channels, std::move(a.samples)};
   };
-  struct Case { Json fields; AudioRequest want; };
+  struct Case {
+    Json fields;
+    AudioRequest want;
+  };
   AudioRequest base;
   base.prompt = "warm lo-fi hip hop";
   base.seconds = 1.4;
@@ -425,14 +450,16 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
   const std::string init_b64 = base64_of(read_file(test::fixture("sa3_tiny/inputs/init.wav")));
   const std::string inpaint_b64 = base64_of(read_file(test::fixture("sa3_tiny/inputs/inpaint.wav")));
   const Json common = {{"prompt", base.prompt}, {"seconds", 1.4}, {"seed", 42}, {"format", "wav-float"}};
-  for (const Case& k : {Case{{{"init_audio", init_b64}, {"init_noise_level", 0.6}}, a2a},
-                        Case{{{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {{0.3, 0.8}, {1.0, 1.2}}}}, inpaint}}) {
+  for (const Case& k :
+       {Case{{{"init_audio", init_b64}, {"init_noise_level", 0.6}}, a2a},
+        Case{{{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {{0.3, 0.8}, {1.0, 1.2}}}}, inpaint}}) {
     Json body = common;
     body.update(k.fields);
     const auto r = client().Post("/v1/audio/generations", body.dump(), "application/json");
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200) << r->body;
-    const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_input.wav"), test::kTestClipSeconds);
+    const Audio got = read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "serve_input.wav"),
+                                 test::kTestClipSeconds);
     EXPECT_EQ(got.samples, model->generate(k.want).samples) << k.fields.begin().key();
   }
   auto post = [&](const Json& extra) {
@@ -442,13 +469,14 @@ TEST_F(Serve, AudioInputsAreTheEnginesClips) {
   };
   expect_refusal(post({{"init_audio", "not base64!"}}), 400, "base64", "init_audio");
   expect_refusal(post({{"init_audio", base64_of("RIFF but not a wave file")}}), 400, "not an audio file", "init_audio");
-  expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {1, 2}}}), 400, "[start, end]", "inpaint_regions");
+  expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {1, 2}}}), 400, "[start, end]",
+                 "inpaint_regions");
   expect_refusal(post({{"inpaint_audio", inpaint_b64}, {"inpaint_regions", {{0.2, 9.0}}}}), 400, "inpaint region");
   expect_refusal(post({{"init_audio", init_b64}, {"init_noise_level", 2}}), 400, "init_noise_level 2 outside (0, 1]");
   // The CLI's checks, through the engine: the same words.
-  expect_refusal(post({{"init_noise_level", 0.5}}), 400, "init_noise_level 0.5 is for audio-to-audio: it needs an init audio clip");
-  for (const double tiny : {1e-5, 1e-320})
-    expect_refusal(post({{"seconds", tiny}}), 400, "outside [0.000488281, ");
+  expect_refusal(post({{"init_noise_level", 0.5}}), 400,
+                 "init_noise_level 0.5 is for audio-to-audio: it needs an init audio clip");
+  for (const double tiny : {1e-5, 1e-320}) expect_refusal(post({{"seconds", tiny}}), 400, "outside [0.000488281, ");
   // A 4 kB FLAC whose header claims 2^32 - 1 frames: refused from its header, nothing decoded.
   expect_refusal(post({{"init_audio", base64_of(test::flac_claiming((int64_t(1) << 32) - 1))}}), 400,
                  "init_audio: the header claims 4294967295 frames, more than a file of", "init_audio");
@@ -485,14 +513,26 @@ TEST_F(Serve, LimitsAreRefusedWithOneMessageByTheCliTheServerAndCount) {
   const std::string klein = "image --model " + test::fixture("klein_tiny_a") + " -p x -o " + out + ".png ";
   const std::string sa3 = "audio --model " + test::official_dir() + " -p x -o " + out + ".wav ";
   const std::vector<Case> cases = {
-      {klein + "-W 64 -H 48 --steps 201", "/v1/images/generations", {{"size", "64x48"}, {"steps", 201}}, "steps",
+      {klein + "-W 64 -H 48 --steps 201",
+       "/v1/images/generations",
+       {{"size", "64x48"}, {"steps", 201}},
+       "steps",
        [&] { image->count(steps); }},
       {klein + "-W 4112 -H 48", "/v1/images/generations", {{"size", "4112x48"}}, "size", [&] { image->count(side); }},
-      {klein + "-W 64 -H 64 -n 65", "/v1/images/generations", {{"size", "64x64"}, {"n", 65}}, "n",
+      {klein + "-W 64 -H 64 -n 65",
+       "/v1/images/generations",
+       {{"size", "64x64"}, {"n", 65}},
+       "n",
        [&] { image->count(square, 65); }},
-      {sa3 + "--seconds " + too_long, "/v1/audio/generations", {{"seconds", long_clip.seconds}}, "seconds",
+      {sa3 + "--seconds " + too_long,
+       "/v1/audio/generations",
+       {{"seconds", long_clip.seconds}},
+       "seconds",
        [&] { audio->count(long_clip); }},
-      {sa3 + "--seconds 1 --steps 201", "/v1/audio/generations", {{"seconds", 1}, {"steps", 201}}, "steps",
+      {sa3 + "--seconds 1 --steps 201",
+       "/v1/audio/generations",
+       {{"seconds", 1}, {"steps", 201}},
+       "steps",
        [&] { audio->count(many_steps); }},
   };
   for (const Case& c : cases) {
@@ -519,9 +559,11 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   expect_refusal(post(images, "{not json"), 400, "not valid JSON: parse error at line 1, column 3");
   expect_refusal(post(images, "[1, 2]"), 400, "the body is JSON array, expected an object");
   // What is wrong and where, never the client's bytes echoed back.
-  expect_refusal(post(images, R"({"prompt": "x", "cfg": 1e999})"), 400, "number overflow parsing '1e999' (beyond the range of a double)");
+  expect_refusal(post(images, R"({"prompt": "x", "cfg": 1e999})"), 400,
+                 "number overflow parsing '1e999' (beyond the range of a double)");
   expect_refusal(post(images, "{\"prompt\": \"ab\xff\"}"), 400,
-                 "not valid JSON: parse error at line 1, column 15: syntax error while parsing value - invalid string: ill-formed UTF-8 byte");
+                 "not valid JSON: parse error at line 1, column 15: syntax error while parsing value - invalid string: "
+                 "ill-formed UTF-8 byte");
   expect_refusal(post(images, R"({"prompt": "x", "bogus": 1})"), 400, "unrecognized request argument", "bogus");
   expect_refusal(post(images, R"({"size": "64x64"})"), 400, "'prompt' is required", "prompt");
   expect_refusal(post(images, R"({"prompt": 7})"), 400, "'prompt' must be a string", "prompt");
@@ -534,17 +576,21 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 0})"), 400, "seconds 0 outside [", "seconds");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "format": "mp3"})"), 400, "mp3", "format");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "steps": 0})"), 400, "steps 0 outside 1..200", "steps");
-  expect_refusal(post(audio, Json{{"prompt", "x"}, {"model", image_id()}}.dump()), 400, "makes image, not audio", "model");
+  expect_refusal(post(audio, Json{{"prompt", "x"}, {"model", image_id()}}.dump()), 400, "makes image, not audio",
+                 "model");
   // What the engine itself refuses is answered before the job is queued.
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "cfg": 500})"), 400, "cfg 500 outside");
   expect_refusal(post(audio, R"({"prompt": "x", "seconds": 1, "negative_prompt": "hiss"})"), 400,
                  "a negative prompt needs guidance");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 3})"), 400, "cfg 3 is for the -base models", "cfg");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 3})"), 400, "cfg 3 is for the -base models",
+                 "cfg");
   // A given 0 is a value, not "the model's default" (absent is).
   expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "cfg": 0})"), 400, "cfg 0 outside (0, 100]", "cfg");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "steps": 0})"), 400, "steps 0 outside 1..200", "steps");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "steps": 0})"), 400, "steps 0 outside 1..200",
+                 "steps");
   expect_refusal(post(images, R"({"prompt": "x", "size": "0x0"})"), 400, "width 0 outside 16..4096", "size");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64by64"})"), 400, "'size' is \"64by64\", expected WxH", "size");
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64by64"})"), 400, "'size' is \"64by64\", expected WxH",
+                 "size");
   // An image whose header claims 16384 x 16384 pixels is refused before it is decoded.
   expect_refusal(post(images, Json{{"prompt", "x"}, {"images", {base64_of(png_claiming(16384, 16384))}}}.dump()), 400,
                  "images[0]: 16384x16384 pixels, over the 67108864 this reader decodes", "images");
@@ -558,7 +604,8 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
 // Jobs: an id at once, progress, the result; a full queue answers 429 with Retry-After; a
 // cancelled job ends as cancelled and the next one still runs.
 TEST_F(Serve, JobsQueueAndCancel) {
-  const std::string clip = Json{{"kind", "audio"}, {"prompt", "rain on a tin roof"}, {"seconds", 1.4}, {"seed", 3}}.dump();
+  const std::string clip =
+      Json{{"kind", "audio"}, {"prompt", "rain on a tin roof"}, {"seconds", 1.4}, {"seed", 3}}.dump();
   std::vector<std::string> accepted;
   int refused = 0;
   for (int i = 0; i < 5; ++i) {
@@ -619,8 +666,9 @@ TEST_F(Serve, AFullQueueRefusesBeforeDecodingAndFormsSayWhatIsWrong) {
   // Its image is no image at all: a 400 if it were decoded first.
   const Json with_junk = {{"prompt", "x"}, {"images", Json::array({"bm90IGFuIGltYWdl"})}};
   expect_refusal(client().Post("/v1/images/generations", with_junk.dump(), "application/json"), 429, "queue");
-  const std::string form = "--b\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n"
-                           "--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\n\x89PNG";
+  const std::string form =
+      "--b\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n"
+      "--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\n\x89PNG";
   expect_refusal(client().Post("/v1/images/edits", form, "multipart/form-data; boundary=b"), 400,
                  "multipart body: part 2 ('image'): no boundary closes it: the body is truncated");
   for (const std::string& id : ids) ASSERT_TRUE(client().Delete(("/v1/jobs/" + id).c_str()));
@@ -655,8 +703,15 @@ TEST(ServeKept, FinishedJobsAreKeptByBytes) {
 // The AUTOMATIC1111 routes: txt2img with its field names (fields apus does not know ignored, as
 // A1111 ignores them), images and the JSON-string info; progress and interrupt.
 TEST_F(Serve, Automatic1111Txt2Img) {
-  const Json body = {{"prompt", "a lighthouse at dawn"}, {"width", 48}, {"height", 80}, {"steps", 2}, {"seed", 11},
-                     {"batch_size", 1}, {"negative_prompt", ""}, {"cfg_scale", 7}, {"sampler_name", "Euler"},
+  const Json body = {{"prompt", "a lighthouse at dawn"},
+                     {"width", 48},
+                     {"height", 80},
+                     {"steps", 2},
+                     {"seed", 11},
+                     {"batch_size", 1},
+                     {"negative_prompt", ""},
+                     {"cfg_scale", 7},
+                     {"sampler_name", "Euler"},
                      {"restore_faces", false}};
   const auto r = client().Post("/sdapi/v1/txt2img", body.dump(), "application/json");
   ASSERT_TRUE(r);
@@ -691,8 +746,9 @@ TEST_F(Serve, Automatic1111Txt2Img) {
     EXPECT_TRUE(progress["state"][key].is_number_integer()) << key;
   EXPECT_EQ(progress["state"]["job_count"], 0);
   EXPECT_EQ(progress["state"]["sampling_steps"], 2);
-  expect_refusal(client().Post("/sdapi/v1/txt2img", R"({"prompt": "x", "negative_prompt": "blur"})", "application/json"),
-                 400, "a negative prompt is for the -base models", "negative_prompt");
+  expect_refusal(
+      client().Post("/sdapi/v1/txt2img", R"({"prompt": "x", "negative_prompt": "blur"})", "application/json"), 400,
+      "a negative prompt is for the -base models", "negative_prompt");
   const auto stop = client().Post("/sdapi/v1/interrupt", "", "application/json");
   ASSERT_TRUE(stop);
   EXPECT_EQ(stop->status, 200);
@@ -700,7 +756,10 @@ TEST_F(Serve, Automatic1111Txt2Img) {
 
 // txt2img's refusals name A1111's own fields, never the OpenAI fields apus has beside them.
 TEST_F(Serve, Automatic1111RefusalsNameItsFields) {
-  struct Case { Json fields; std::string message, param; };
+  struct Case {
+    Json fields;
+    std::string message, param;
+  };
   const std::vector<Case> cases = {
       {{{"width", 8}}, "width 8 outside 16..4096", "width"},
       {{{"width", 100}}, "width 100 and height 512 must be multiples of 16", "width"},
@@ -790,8 +849,8 @@ TEST_F(Serve, TracedJobsServeTheirTimeline) {
   const Json plain = submit(image);
   EXPECT_FALSE(plain.contains("trace"));
   finished_job(plain["id"]);
-  expect_refusal(client().Get(("/v1/jobs/" + plain["id"].get<std::string>() + "/trace").c_str()), 404,
-                 "was not traced", "trace");
+  expect_refusal(client().Get(("/v1/jobs/" + plain["id"].get<std::string>() + "/trace").c_str()), 404, "was not traced",
+                 "trace");
   Json bad = image;
   bad["trace"] = "yes";
   expect_refusal(client().Post("/v1/jobs", bad.dump(), "application/json"), 400, "'trace' must be true or false",
@@ -849,17 +908,22 @@ TEST(ServeLoad, MixedRequestsFrom32ClientsLeaveMemoryFlat) {
           c.set_read_timeout(60, 0);
           httplib::Result r = [&]() -> httplib::Result {
             switch ((t * 7 + i) % 6) {
-              case 0: return c.Post("/v1/images/generations", image, "application/json");
-              case 1: return c.Post("/v1/images/generations", "{\"prompt\": ", "application/json");
-              case 2: return c.Post("/v1/images/generations", R"({"prompt": "x", "size": "7x7"})", "application/json");
-              case 3: return c.Get("/v1/models");
+              case 0:
+                return c.Post("/v1/images/generations", image, "application/json");
+              case 1:
+                return c.Post("/v1/images/generations", "{\"prompt\": ", "application/json");
+              case 2:
+                return c.Post("/v1/images/generations", R"({"prompt": "x", "size": "7x7"})", "application/json");
+              case 3:
+                return c.Get("/v1/models");
               case 4: {
                 auto job = c.Post("/v1/jobs", image_job, "application/json");
                 if (!job || job->status != 202) return job;
                 const std::string id = Json::parse(job->body)["id"];
                 return c.Delete(("/v1/jobs/" + id).c_str());
               }
-              default: return c.Get("/v1/jobs/job-missing");
+              default:
+                return c.Get("/v1/jobs/job-missing");
             }
           }();
           const bool ok = r && (r->status == 200 || r->status == 400 || r->status == 404 || r->status == 429) &&
@@ -867,7 +931,9 @@ TEST(ServeLoad, MixedRequestsFrom32ClientsLeaveMemoryFlat) {
           if (!ok) {
             ++bad;
             std::lock_guard<std::mutex> lock(failures_mutex);
-            failures.push_back(r ? std::to_string(r->status) + " " + r->body.substr(0, 200) : "no answer: " + httplib::to_string(r.error()) + " in case " + std::to_string((t * 7 + i) % 6));
+            failures.push_back(r ? std::to_string(r->status) + " " + r->body.substr(0, 200)
+                                 : "no answer: " + httplib::to_string(r.error()) + " in case " +
+                                       std::to_string((t * 7 + i) % 6));
           }
           ++answered;
         }
@@ -879,7 +945,8 @@ TEST(ServeLoad, MixedRequestsFrom32ClientsLeaveMemoryFlat) {
   // Jobs deleted at once may still be finishing their step when the clients are done: the heap is
   // measured with the worker idle (a running job holds its activations, ~64 MiB here).
   auto idle = [&] {
-    EXPECT_TRUE(metrics_show(port, {"apus_jobs_running{model=\"klein_tiny_a\"} 0", "apus_queue_depth{model=\"klein_tiny_a\"} 0"}))
+    EXPECT_TRUE(metrics_show(
+        port, {"apus_jobs_running{model=\"klein_tiny_a\"} 0", "apus_queue_depth{model=\"klein_tiny_a\"} 0"}))
         << "the worker never went idle";
   };
   round(32, 61);
@@ -915,10 +982,14 @@ TEST(ServePage, RunsInHeadlessChromium) {
   server::Server srv(o);
   const std::string base = "http://127.0.0.1:" + std::to_string(srv.start()) + "/";
   const std::string audio_id = AudioModel::open(test::official_dir(), Weights::none)->label();
-  const std::string browser = "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
-                              "--user-data-dir=" + ::testing::TempDir() + "apus_chromium_" + std::to_string(::getpid()) +
-                              " --virtual-time-budget=60000 --enable-logging=stderr --v=0 ";
-  struct Case { std::string query, media; };
+  const std::string browser =
+      "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+      "--user-data-dir=" +
+      ::testing::TempDir() + "apus_chromium_" + std::to_string(::getpid()) +
+      " --virtual-time-budget=60000 --enable-logging=stderr --v=0 ";
+  struct Case {
+    std::string query, media;
+  };
   for (const Case& k : {Case{"model=klein_tiny_a&prompt=a%20fox&size=64x48&steps=2&seed=5&run=1", "<img"},
                         Case{"model=" + audio_id + "&prompt=rain&seconds=1.4&seed=3&run=1", "<audio"}}) {
     const std::string dom = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".html",
@@ -936,7 +1007,8 @@ TEST(ServePage, RunsInHeadlessChromium) {
   const std::string shot = ::testing::TempDir() + "apus_page.png";
   std::system((browser + "--window-size=1100,700 --screenshot=" + shot + " " +
                test::shell_quote(base + "?model=klein_tiny_a&prompt=a%20red%20fox&size=256x256&steps=4&seed=7&run=1") +
-               " > /dev/null 2>&1").c_str());
+               " > /dev/null 2>&1")
+                  .c_str());
   EXPECT_TRUE(std::filesystem::exists(shot));
   std::printf("[ artifact ] %s\n", shot.c_str());
 }
@@ -974,8 +1046,10 @@ TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   const std::string payload = big.dump();
-  const std::string request = "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                              "Content-Length: " + std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  const std::string request =
+      "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
   ASSERT_EQ(::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
   ASSERT_TRUE(eventually("apus_jobs_running{model=\"klein_tiny_a\"} 1"));
   ::close(fd);

@@ -11,10 +11,9 @@
 #include <random>
 
 #include "core/error.h"
-#include "models/flux2/klein.h"
 #include "io/synth.h"
-#include "models/flux2/text_encoder.h"
 #include "models/flux2/klein.h"
+#include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
 #include "sampling/flow_match.h"
@@ -103,8 +102,8 @@ void expect_finite_run(const std::string& model_dir, int width, int height) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal;
   for (int64_t i = 0; i < x.numel(); ++i) x.ptr<uint16_t>()[i] = f32_to_bf16(normal(rng));
-  const FlowSchedule sched = flow_match_schedule(dir.config("scheduler", "scheduler_config.json"), 4,
-                                                 flux2_empirical_mu(l, 4));
+  const FlowSchedule sched =
+      flow_match_schedule(dir.config("scheduler", "scheduler_config.json"), 4, flux2_empirical_mu(l, 4));
   Tensor v = Tensor::heap({l, cfg.out_channels}, DType::bf16);
   for (size_t i = 0; i < 4; ++i) {
     dit.forward(ctx, pro, x, sched.timesteps[i], v);
@@ -152,25 +151,18 @@ TEST(Synth, KleinLayoutSatisfiesEveryLoader) {
   EXPECT_EQ(vae.config().pixels_per_token(), 16);
 
   EXPECT_EQ(files_under(out.path),
-            (std::vector<std::string>{"model_index.json",
-                                      "scheduler/scheduler_config.json",
-                                      "text_encoder/config.json",
-                                      "text_encoder/generation_config.json",
-                                      "text_encoder/model-00001-of-00002.safetensors",
-                                      "text_encoder/model-00002-of-00002.safetensors",
-                                      "text_encoder/model.safetensors.index.json",
-                                      "tokenizer/tokenizer.json",
-                                      "tokenizer/tokenizer_config.json",
-                                      "transformer/config.json",
-                                      "transformer/diffusion_pytorch_model.safetensors",
-                                      "vae/config.json",
-                                      "vae/diffusion_pytorch_model.safetensors"}));
+            (std::vector<std::string>{
+                "model_index.json", "scheduler/scheduler_config.json", "text_encoder/config.json",
+                "text_encoder/generation_config.json", "text_encoder/model-00001-of-00002.safetensors",
+                "text_encoder/model-00002-of-00002.safetensors", "text_encoder/model.safetensors.index.json",
+                "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "transformer/config.json",
+                "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
+                "vae/diffusion_pytorch_model.safetensors"}));
   const SafetensorsFile te1 = SafetensorsFile::open(out.path + "/text_encoder/model-00001-of-00002.safetensors");
   EXPECT_EQ(te1.get("model.embed_tokens.weight").shape, Shape({151936, 2560}));
   EXPECT_EQ(te1.metadata().at("format"), "pt");
   EXPECT_EQ(fs::file_size(out.path + "/transformer/diffusion_pytorch_model.safetensors"),
-            header_bytes(out.path + "/transformer/diffusion_pytorch_model.safetensors").size() +
-                7751089152u);
+            header_bytes(out.path + "/transformer/diffusion_pytorch_model.safetensors").size() + 7751089152u);
 }
 
 TEST(Synth, LikeKeepsTheLayoutAndDrawsNewValues) {
@@ -213,8 +205,7 @@ TEST(Synth, LikeKeepsTheLayoutAndDrawsNewValues) {
           ASSERT_TRUE(std::isfinite(x) && std::fabs(x) <= bound) << name << " " << x;
           sq += double(x) * x;
         }
-        EXPECT_NEAR(std::sqrt(sq / double(v.size())), bound / 1.01 / std::sqrt(3.0), 0.1 * bound)
-            << name;
+        EXPECT_NEAR(std::sqrt(sq / double(v.size())), bound / 1.01 / std::sqrt(3.0), 0.1 * bound) << name;
         EXPECT_NE(0, std::memcmp(tn.data, to.data, tn.nbytes())) << name;
       }
     }
@@ -233,7 +224,8 @@ TEST(Synth, LikeKeepsTheLayoutAndDrawsNewValues) {
 TEST(Synth, LikeKeepsTheNamesOfLinkedFiles) {
   TempDir src("linked_src"), out("linked_out");
   fs::create_directories(src.path + "/transformer");
-  for (const char* rel : {"model_index.json", "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors"})
+  for (const char* rel :
+       {"model_index.json", "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors"})
     fs::create_symlink(fs::absolute(test::fixture(std::string("klein_tiny_a/") + rel)), src.path + "/" + rel);
   synth_checkpoint(src.path, out.path, 1, {});
   EXPECT_EQ(files_under(out.path), files_under(src.path));
@@ -293,18 +285,15 @@ TEST(Synth, LikeFillsF16AndF32AtTheInitScale) {
 TEST(Synth, ErrorsNameThePath) {
   TempDir empty("empty"), out("err_out");
   fs::create_directories(empty.path);
-  expect_error([&] { synth_checkpoint(empty.path, out.path, 0, {}); },
-               {empty.path, "manifest.json", "safetensors"});
+  expect_error([&] { synth_checkpoint(empty.path, out.path, 0, {}); }, {empty.path, "manifest.json", "safetensors"});
   expect_error([&] { synth_checkpoint(empty.path + "/nope", out.path, 0, {}); },
                {empty.path + "/nope", "not a directory"});
 
   const std::string file = empty.path + "/plain_file";
   std::ofstream(file) << "x";
-  expect_error([&] { synth_checkpoint(test::fixture("klein_tiny_a"), file + "/sub", 0, {}); },
-               {file + "/sub"});
-  expect_error([&] {
-    synth_checkpoint(test::fixture("klein_tiny_a"), test::fixture("klein_tiny_a/out"), 0, {});
-  }, {"inside the template"});
+  expect_error([&] { synth_checkpoint(test::fixture("klein_tiny_a"), file + "/sub", 0, {}); }, {file + "/sub"});
+  expect_error([&] { synth_checkpoint(test::fixture("klein_tiny_a"), test::fixture("klein_tiny_a/out"), 0, {}); },
+               {"inside the template"});
 
   const char* old = std::getenv("APUS_DATA_DIR");
   const std::string saved = old ? old : "";
@@ -335,9 +324,7 @@ TEST(Synth, CliSynthLikeThenImage) {
   EXPECT_NE(run(cli + " synth --model flux2-klein-4b --like " + src + " --out " + out.path + " 2>/dev/null"), 0);
   ASSERT_EQ(run(cli + " synth --like " + src + " --out " + out.path + " --seed 3 2>/dev/null"), 0);
   const std::string png = out.path + "/fox.png";
-  ASSERT_EQ(run(cli + " image --model " + out.path + " -p 'a red fox' -W 64 -H 48 -s 1 -o " + png +
-                " 2>/dev/null"),
-            0);
+  ASSERT_EQ(run(cli + " image --model " + out.path + " -p 'a red fox' -W 64 -H 48 -s 1 -o " + png + " 2>/dev/null"), 0);
   EXPECT_EQ(read_bytes(png, 8), std::string("\x89PNG\r\n\x1a\n", 8));
 }
 

@@ -33,8 +33,7 @@ const json& cases() {
 }
 
 const BpeTokenizer& tokenizer() {
-  static const BpeTokenizer tok =
-      BpeTokenizer::load(fixture(cases()["tokenizer"].get<std::string>()));
+  static const BpeTokenizer tok = BpeTokenizer::load(fixture(cases()["tokenizer"].get<std::string>()));
   return tok;
 }
 
@@ -65,8 +64,7 @@ TEST(Tokenizer, EncodeMatchesHuggingFace) {
   ASSERT_FALSE(cases()["cases"].empty());
   for (const json& c : cases()["cases"]) {
     const auto text = c["text"].get<std::string>();
-    EXPECT_EQ(tokenizer().encode(text), c["ids"].get<std::vector<int32_t>>())
-        << "text: " << json(text).dump();
+    EXPECT_EQ(tokenizer().encode(text), c["ids"].get<std::vector<int32_t>>()) << "text: " << json(text).dump();
   }
 }
 
@@ -93,8 +91,8 @@ TEST(Tokenizer, DecodeRoundTrip) {
     const std::string decoded = tokenizer().decode(ids);
     // Decoding yields the NFC form, which re-encodes to the same ids.
     EXPECT_EQ(tokenizer().encode(decoded), ids) << "text: " << json(text).dump();
-    const bool ascii = std::all_of(text.begin(), text.end(),
-                                   [](char ch) { return static_cast<unsigned char>(ch) < 0x80; });
+    const bool ascii =
+        std::all_of(text.begin(), text.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x80; });
     if (ascii) {
       EXPECT_EQ(decoded, text);
     }
@@ -130,8 +128,7 @@ TEST(KleinPrompt, MatchesPipeline) {
     std::vector<int32_t> mask;
     const std::vector<int32_t> ids = encode_klein_prompt(tokenizer(), prompt, max_length, &mask);
     EXPECT_EQ(ids, c["input_ids"].get<std::vector<int32_t>>()) << "prompt: " << json(prompt).dump();
-    EXPECT_EQ(mask, c["attention_mask"].get<std::vector<int32_t>>())
-        << "prompt: " << json(prompt).dump();
+    EXPECT_EQ(mask, c["attention_mask"].get<std::vector<int32_t>>()) << "prompt: " << json(prompt).dump();
     EXPECT_EQ(encode_klein_prompt(tokenizer(), prompt, max_length, nullptr), ids);
   }
 }
@@ -164,8 +161,7 @@ TEST(TokenizerLoad, MissingFileNamesTheFile) {
 }
 
 TEST(TokenizerLoad, MalformedJsonNamesTheFile) {
-  const std::string path =
-      write_temp("apus_malformed_tokenizer.json", "{\"model\": {\"type\": \"BPE\", ");
+  const std::string path = write_temp("apus_malformed_tokenizer.json", "{\"model\": {\"type\": \"BPE\", ");
   const std::string message = load_error(path);
   EXPECT_NE(message.find(path), std::string::npos) << message;
 }
@@ -182,8 +178,7 @@ TEST(TokenizerLoad, UnsupportedSettingsNameFileAndField) {
       {"/decoder", json{{"type", "WordPiece"}}, "decoder.type"},
   };
   for (const auto& [pointer, value, field] : variants) {
-    const std::string path =
-        write_temp("apus_unsupported_tokenizer.json", with_field(pointer, value));
+    const std::string path = write_temp("apus_unsupported_tokenizer.json", with_field(pointer, value));
     const std::string message = load_error(path);
     EXPECT_NE(message.find(path), std::string::npos) << pointer << ": " << message;
     EXPECT_NE(message.find(field), std::string::npos) << pointer << ": " << message;

@@ -86,10 +86,9 @@ void check_draw(TorchGenerator& g, const Case& c, const apus::SafetensorsFile& s
       ++count;
     }
   }
-  EXPECT_EQ(count, 0) << "first mismatch at index " << first << ": got " << got_f[first]
-                      << " (0x" << std::hex << got[first] << "), torch " << std::dec
-                      << want_f[first] << " (0x" << std::hex << want[first] << ")" << std::dec
-                      << "; " << count << " of " << c.numel << " differ";
+  EXPECT_EQ(count, 0) << "first mismatch at index " << first << ": got " << got_f[first] << " (0x" << std::hex
+                      << got[first] << "), torch " << std::dec << want_f[first] << " (0x" << std::hex << want[first]
+                      << ")" << std::dec << "; " << count << " of " << c.numel << " differ";
 }
 
 TEST(TorchRng, MatchesTorchRandnBitExact) {

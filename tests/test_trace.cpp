@@ -218,8 +218,8 @@ TEST(Trace, CliWritesTheTraceFile) {
   size_t stages = 0;
   for (const Json& e : doc["traceEvents"]) stages += e.value("cat", "") == "stage";
   EXPECT_EQ(stages, 4u) << "text encoder, prologue, one step, VAE decode";
-  const test::CliRun bad = test::run_cli("image --model " + test::fixture("klein_tiny_a") +
-                                         " -p fox -W 32 -H 32 -o " + out + " --trace /nonexistent/dir/t.json");
+  const test::CliRun bad = test::run_cli("image --model " + test::fixture("klein_tiny_a") + " -p fox -W 32 -H 32 -o " +
+                                         out + " --trace /nonexistent/dir/t.json");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("/nonexistent/dir"), std::string::npos) << bad.output;
 }

@@ -141,8 +141,7 @@ void expect_error(F&& f, const Fragments& fragments) {
 struct Refusal {
   std::string message, field;
 };
-template <typename F>
-Refusal refusal(F&& f) {
+template <typename F> Refusal refusal(F&& f) {
   try {
     f();
   } catch (const FieldError& e) {
@@ -158,8 +157,8 @@ inline uint32_t test_seed() {
   const char* forced = std::getenv("APUS_TEST_SEED");
   const uint32_t seed = forced ? uint32_t(std::strtoul(forced, nullptr, 10)) : std::random_device{}();
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::printf("[ seed    ] %s.%s: APUS_TEST_SEED=%u\n", info ? info->test_suite_name() : "?",
-              info ? info->name() : "?", seed);
+  std::printf("[ seed    ] %s.%s: APUS_TEST_SEED=%u\n", info ? info->test_suite_name() : "?", info ? info->name() : "?",
+              seed);
   return seed;
 }
 
@@ -219,9 +218,8 @@ inline Tensor frames_major(const Tensor& z) {
 }
 
 // Asserts the bound for one stage output; returns the measured error for the log.
-inline void expect_matches(const std::string& what, const std::string& p,
-                           const std::vector<float>& ours, const std::vector<float>& ref_fp32,
-                           const std::vector<float>& ref_bf16) {
+inline void expect_matches(const std::string& what, const std::string& p, const std::vector<float>& ours,
+                           const std::vector<float>& ref_fp32, const std::vector<float>& ref_bf16) {
   const double err = rel_l2(ours, ref_fp32);
   if (p == "fp32") {
     EXPECT_LT(err, kFp32Tolerance) << what << " fp32 rel L2 " << err;
@@ -230,13 +228,11 @@ inline void expect_matches(const std::string& what, const std::string& p,
     const double ref_disagreement = rel_l2(ref_bf16, ref_fp32);
     const double to_bf16_ref = rel_l2(ours, ref_bf16);
     EXPECT_LT(err, kBf16Factor * ref_disagreement)
-        << what << " bf16 rel L2 to fp32 ref " << err << ", reference bf16-vs-fp32 "
-        << ref_disagreement;
+        << what << " bf16 rel L2 to fp32 ref " << err << ", reference bf16-vs-fp32 " << ref_disagreement;
     EXPECT_LT(to_bf16_ref, kBf16Factor * ref_disagreement)
-        << what << " bf16 rel L2 to bf16 ref " << to_bf16_ref << ", reference bf16-vs-fp32 "
-        << ref_disagreement;
-    std::printf("[ measure ] %s bf16: rel L2 to fp32 ref %.3e, to bf16 ref %.3e, ref bf16-vs-fp32 %.3e\n",
-                what.c_str(), err, to_bf16_ref, ref_disagreement);
+        << what << " bf16 rel L2 to bf16 ref " << to_bf16_ref << ", reference bf16-vs-fp32 " << ref_disagreement;
+    std::printf("[ measure ] %s bf16: rel L2 to fp32 ref %.3e, to bf16 ref %.3e, ref bf16-vs-fp32 %.3e\n", what.c_str(),
+                err, to_bf16_ref, ref_disagreement);
   }
 }
 

@@ -26,8 +26,7 @@ class Flux2Vae : public ::testing::TestWithParam<Case> {
   }
   // The pipeline hands vae the latents after its last scheduler step.
   std::string final_latents(const Reference& ref) const {
-    return GetParam().precision + ".step" + std::to_string(ref.meta["steps"].get<int>() - 1) +
-           ".latents";
+    return GetParam().precision + ".step" + std::to_string(ref.meta["steps"].get<int>() - 1) + ".latents";
   }
   Tensor packed(const Reference& ref, const flux2::VaeDecoder& vae, int64_t h, int64_t w) const {
     return ref.as(final_latents(ref), ctx.act, {h * w, vae.config().packed_channels()});
@@ -91,13 +90,10 @@ TEST_P(Flux2Vae, DecodeMatchesReference) {
     Tensor exact = poisoned(image.shape, DType::f32);
     vae.decode(f32_ctx, to_dtype(packed(ref, vae, h, w), DType::f32), h, w, exact);
     const std::vector<float> truth = to_f32_vector(exact);
-    const double err = test::rel_l2(ours, truth),
-                 ref_err = test::rel_l2(ref.f32("bf16.vae.image"), truth);
+    const double err = test::rel_l2(ours, truth), ref_err = test::rel_l2(ref.f32("bf16.vae.image"), truth);
     EXPECT_LT(err, test::kBf16Factor * ref_err)
         << variant << " decoder-only bf16 rel L2 " << err << ", reference's " << ref_err;
-    std::printf(
-        "[ measure ] vae decoder-only bf16 rel L2 vs fp32 decode: ours %.3e, reference %.3e\n", err,
-        ref_err);
+    std::printf("[ measure ] vae decoder-only bf16 rel L2 vs fp32 decode: ours %.3e, reference %.3e\n", err, ref_err);
   }
 
   const std::vector<uint8_t> rgb = to_rgb8(image);
@@ -105,8 +101,7 @@ TEST_P(Flux2Vae, DecodeMatchesReference) {
   // Only fp32 has a byte bound: two bf16 decodes differ by bf16 noise (~1e-2 relative), which
   // moves some pixels by several levels.
   if (p == "fp32") EXPECT_LE(diff, 1) << variant;
-  std::printf("[ measure ] vae rgb8 %s max |diff| vs %s image_u8: %d\n", p.c_str(), p.c_str(),
-              diff);
+  std::printf("[ measure ] vae rgb8 %s max |diff| vs %s image_u8: %d\n", p.c_str(), p.c_str(), diff);
 }
 
 // Fed the reference's own decoder output, the postprocessing must reproduce its bytes exactly.
@@ -139,12 +134,11 @@ TEST_P(Flux2Vae, EncoderPacksAReferenceImageAsThePipeline) {
       ASSERT_EQ(in.ptr<float>()[ch * hh * ww + i], float(u8.ptr<uint8_t>()[i * 3 + ch]) / 255.0f * 2.0f - 1.0f) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, Flux2Vae,
-    ::testing::Values(Case{"klein_tiny_a", "fp32"}, Case{"klein_tiny_a", "bf16"},
-                      Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"},
-                      Case{"klein_tiny_9b", "fp32"}, Case{"klein_tiny_9b", "bf16"}),
-    [](const auto& info) { return info.param.variant + "_" + info.param.precision; });
+INSTANTIATE_TEST_SUITE_P(Fixtures, Flux2Vae,
+                         ::testing::Values(Case{"klein_tiny_a", "fp32"}, Case{"klein_tiny_a", "bf16"},
+                                           Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"},
+                                           Case{"klein_tiny_9b", "fp32"}, Case{"klein_tiny_9b", "bf16"}),
+                         [](const auto& info) { return info.param.variant + "_" + info.param.precision; });
 
 }  // namespace
 }  // namespace apus

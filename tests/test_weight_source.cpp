@@ -4,10 +4,10 @@
 // from the official checkpoint, whose view reorders the fused projection and which converts to its
 // compute dtype after the transform); what the model computes is what it computes from a checkpoint
 // rewritten the same way; and counting (shapes only) walks the same tensors through it.
+#include <unistd.h>
 #include <filesystem>
 #include <random>
 #include <set>
-#include <unistd.h>
 
 #include "core/cost.h"
 #include "io/weight_source.h"
@@ -154,7 +154,8 @@ TEST(WeightTransform, KleinTransformerTakesEachTensorOnceInFetchOrder) {
 // computes from its weights at load (the weight-normed mapping's gain).
 TEST(WeightTransform, Sa3DecoderTakesEachTensorOnceInFetchOrder) {
   const sa3::OfficialConfig config = sa3::read_official_config(test::official_dir() + "/model_config.json");
-  const std::string qkv = "decoder.blocks.0.transformers.0.attn.to_qkv.weight", gain = "decoder.blocks.0.mapping.weight_g";
+  const std::string qkv = "decoder.blocks.0.transformers.0.attn.to_qkv.weight",
+                    gain = "decoder.blocks.0.mapping.weight_g";
   auto official = [&](const std::string& root) {
     return sa3::OfficialCheckpoint::same(open_weights(root), "pretransform.model.", config.same.differential);
   };

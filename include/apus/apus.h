@@ -55,17 +55,17 @@ struct ImageRequest {
   // are the image's.
   std::vector<Rgb8Image> references;
   std::optional<Inpainting> inpaint;
-  std::optional<int> steps;       // 1..max_steps; absent: the model's default (ImageModel::default_steps)
+  std::optional<int> steps;  // 1..max_steps; absent: the model's default (ImageModel::default_steps)
   // Classifier-free guidance (the -base models), in (0, 100]: absent is the model's default (4.0
   // for -base, 8.0 inpainting, as the official pipelines; a model that does not take_guidance()
   // refuses a scale above 1 and a negative prompt); <= 1 turns it off. The unconditional branch's
   // prompt is "" as in the official pipeline unless negative_prompt says otherwise.
   std::optional<float> cfg;
   std::optional<std::string> negative_prompt;
-  std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
-  std::string noise_file;         // safetensors holding "noise" [1, C, H/16, W/16]; overrides seed
-  bool fp32 = false;              // parity mode: fp32 activations (weights stay as stored)
-  bool trace = false;             // record the request's timeline into ImageResult::trace
+  std::optional<uint64_t> seed;  // drawn from the OS when absent; reported in the result
+  std::string noise_file;        // safetensors holding "noise" [1, C, H/16, W/16]; overrides seed
+  bool fp32 = false;             // parity mode: fp32 activations (weights stay as stored)
+  bool trace = false;            // record the request's timeline into ImageResult::trace
 };
 
 struct StageTime {
@@ -77,9 +77,9 @@ struct StageTime {
 struct ImageResult {
   int width = 0, height = 0;
   uint64_t seed = 0;
-  int steps = 0;   // the schedule's: the request's, or the model's default
-  int steps_run = 0;  // ... of which inpainting ran the last (strength)
-  float cfg = 1;   // ... the guidance scale (1: none)
+  int steps = 0;             // the schedule's: the request's, or the model's default
+  int steps_run = 0;         // ... of which inpainting ran the last (strength)
+  float cfg = 1;             // ... the guidance scale (1: none)
   std::vector<uint8_t> rgb;  // height * width * 3
   std::vector<StageTime> stages;
   // With ImageRequest::trace: Chrome trace-event JSON (ui.perfetto.dev) of the batch it ran in, a
@@ -152,10 +152,10 @@ struct AudioLimits {
 // The defaults of a request are its members' initial values, for every front end.
 struct AudioRequest {
   std::string prompt;
-  double seconds = 30;            // the clip's length, within AudioLimits'
-  int steps = 8;                  // the distilled models' 8 ping-pong steps; 1..max_steps
-  std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
-  bool fp32 = false;              // parity mode: fp32 activations and weights
+  double seconds = 30;           // the clip's length, within AudioLimits'
+  int steps = 8;                 // the distilled models' 8 ping-pong steps; 1..max_steps
+  std::optional<uint64_t> seed;  // drawn from the OS when absent; reported in the result
+  bool fp32 = false;             // parity mode: fp32 activations and weights
   // The decoder over chunks of 128 latents (the official decode_audio) or the whole sequence in
   // one piece; absent: as the model's config says (official checkpoints: chunked).
   std::optional<bool> chunked_decode;
@@ -180,9 +180,9 @@ struct AudioResult {
   int sample_rate = 0, channels = 0;
   std::vector<float> samples;  // interleaved, frames * channels, in [-1, 1]
   uint64_t seed = 0;
-  int prompt_tokens = 0;       // before truncation to the text encoder's 256
+  int prompt_tokens = 0;  // before truncation to the text encoder's 256
   std::vector<StageTime> stages;
-  std::string trace;           // as ImageResult::trace
+  std::string trace;  // as ImageResult::trace
 };
 
 class AudioModel {

@@ -21,27 +21,23 @@ class FieldError : public Error {
 };
 
 namespace detail {
-template <typename... Parts>
-std::string concat(const Parts&... parts) {
+template <typename... Parts> std::string concat(const Parts&... parts) {
   std::ostringstream s;
   (s << ... << parts);
   return s.str();
 }
 }  // namespace detail
 
-template <typename... Parts>
-[[noreturn]] void fail(const Parts&... parts) {
-  throw Error(detail::concat(parts...));
-}
+template <typename... Parts> [[noreturn]] void fail(const Parts&... parts) { throw Error(detail::concat(parts...)); }
 
 }  // namespace apus
 
-#define APUS_CHECK(cond, ...)                 \
-  do {                                        \
-    if (!(cond)) ::apus::fail(__VA_ARGS__);   \
+#define APUS_CHECK(cond, ...)               \
+  do {                                      \
+    if (!(cond)) ::apus::fail(__VA_ARGS__); \
   } while (0)
 
-#define APUS_CHECK_FIELD(cond, field, ...)                                              \
-  do {                                                                                  \
+#define APUS_CHECK_FIELD(cond, field, ...)                                             \
+  do {                                                                                 \
     if (!(cond)) throw ::apus::FieldError(::apus::detail::concat(__VA_ARGS__), field); \
   } while (0)

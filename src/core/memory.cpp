@@ -1,5 +1,5 @@
-#include <cstdio>
 #include "core/memory.h"
+#include <cstdio>
 
 #include "apus/apus.h"
 

@@ -6,9 +6,9 @@
 namespace apus {
 
 struct MemoryBudget {
-  double resident_bytes;   // physical RAM, lowered by a cgroup memory limit
+  double resident_bytes;  // physical RAM, lowered by a cgroup memory limit
   std::string resident_source;
-  double address_bytes;    // free address space under RLIMIT_AS (infinite when unlimited)
+  double address_bytes;  // free address space under RLIMIT_AS (infinite when unlimited)
 };
 MemoryBudget memory_budget();
 

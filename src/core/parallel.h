@@ -11,8 +11,7 @@ namespace apus {
 
 enum class Schedule { even, dynamic };  // equal-cost iterations, or uneven ones (attention tasks)
 
-template <typename Body>
-void parallel_for(int64_t n, Body&& body, Schedule schedule = Schedule::even) {
+template <typename Body> void parallel_for(int64_t n, Body&& body, Schedule schedule = Schedule::even) {
   std::exception_ptr error;
   std::atomic<bool> failed{false};
   auto run = [&](int64_t i) {

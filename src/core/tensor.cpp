@@ -27,16 +27,15 @@ int64_t shape_numel(const Shape& s) {
 
 Tensor Tensor::reshape(Shape s) const {
   APUS_CHECK(contiguous(), "reshape of a strided view ", shape_str(shape));
-  APUS_CHECK(shape_numel(s) == numel(), "reshape ", shape_str(shape), " -> ", shape_str(s),
-             ": element counts differ");
+  APUS_CHECK(shape_numel(s) == numel(), "reshape ", shape_str(shape), " -> ", shape_str(s), ": element counts differ");
   Tensor t = *this;
   t.shape = std::move(s);
   return t;
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
-  APUS_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= shape[0], "rows [", begin, ", ",
-             end, ") out of range for ", shape_str(shape));
+  APUS_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= shape[0], "rows [", begin, ", ", end,
+             ") out of range for ", shape_str(shape));
   Tensor t = *this;
   t.shape[0] = end - begin;
   const int64_t row_elems = rank() == 2 ? row_stride() : (shape[0] ? numel() / shape[0] : 0);
@@ -45,8 +44,8 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 }
 
 Tensor Tensor::cols(int64_t begin, int64_t end) const {
-  APUS_CHECK(rank() == 2 && 0 <= begin && begin <= end && end <= shape[1], "cols [", begin, ", ",
-             end, ") out of range for ", shape_str(shape));
+  APUS_CHECK(rank() == 2 && 0 <= begin && begin <= end && end <= shape[1], "cols [", begin, ", ", end,
+             ") out of range for ", shape_str(shape));
   Tensor t = *this;
   t.stride0 = row_stride();
   t.shape[1] = end - begin;
@@ -106,14 +105,22 @@ Tensor Tensor::in(Arena& a, Shape s, DType t) {
 
 float load_f32(const Tensor& t, int64_t i) {
   switch (t.dtype) {
-    case DType::f32: return t.ptr<float>()[i];
-    case DType::bf16: return bf16_to_f32(t.ptr<uint16_t>()[i]);
-    case DType::f16: return f16_to_f32(t.ptr<uint16_t>()[i]);
-    case DType::u8: return t.ptr<uint8_t>()[i];
-    case DType::i8: return t.ptr<int8_t>()[i];
-    case DType::i32: return float(t.ptr<int32_t>()[i]);
-    case DType::i64: return float(t.ptr<int64_t>()[i]);
-    default: fail("load_f32: unsupported dtype ", dtype_name(t.dtype));
+    case DType::f32:
+      return t.ptr<float>()[i];
+    case DType::bf16:
+      return bf16_to_f32(t.ptr<uint16_t>()[i]);
+    case DType::f16:
+      return f16_to_f32(t.ptr<uint16_t>()[i]);
+    case DType::u8:
+      return t.ptr<uint8_t>()[i];
+    case DType::i8:
+      return t.ptr<int8_t>()[i];
+    case DType::i32:
+      return float(t.ptr<int32_t>()[i]);
+    case DType::i64:
+      return float(t.ptr<int64_t>()[i]);
+    default:
+      fail("load_f32: unsupported dtype ", dtype_name(t.dtype));
   }
 }
 

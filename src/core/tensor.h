@@ -65,9 +65,7 @@ struct Tensor {
   Tensor cols(int64_t begin, int64_t end) const;
   int64_t row_stride() const { return stride0 ? stride0 : shape.back(); }
   bool contiguous() const { return stride0 == 0 || stride0 == shape.back(); }
-  void* row(int64_t i) const {
-    return static_cast<char*>(data) + size_t(i * row_stride()) * dtype_size(dtype);
-  }
+  void* row(int64_t i) const { return static_cast<char*>(data) + size_t(i * row_stride()) * dtype_size(dtype); }
 
   static Tensor heap(Shape s, DType t);
   // Memory from `a`, released through it when the last copy of the tensor goes.
@@ -95,15 +93,26 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
 
   void* alloc(size_t bytes);
-  struct Mark { size_t chunk, offset; };
+  struct Mark {
+    size_t chunk, offset;
+  };
   Mark mark() const { return {current_, offset_}; }
-  void release(Mark m) { current_ = m.chunk; offset_ = m.offset; }
-  void reset() { current_ = 0; offset_ = 0; }
+  void release(Mark m) {
+    current_ = m.chunk;
+    offset_ = m.offset;
+  }
+  void reset() {
+    current_ = 0;
+    offset_ = 0;
+  }
   size_t high_water() const { return high_water_; }
   const Allocator& allocator() const { return allocator_; }
 
  private:
-  struct Chunk { void* base; size_t size; };
+  struct Chunk {
+    void* base;
+    size_t size;
+  };
   std::vector<Chunk> chunks_;
   size_t chunk_bytes_, current_ = 0, offset_ = 0, high_water_ = 0;
   bool measure_only_;
@@ -115,6 +124,7 @@ class ArenaScope {
  public:
   explicit ArenaScope(Arena& a) : arena_(a), mark_(a.mark()) {}
   ~ArenaScope() { arena_.release(mark_); }
+
  private:
   Arena& arena_;
   Arena::Mark mark_;

@@ -18,9 +18,13 @@ Trace::Trace() : origin_(Clock::now()) {}
 
 void Trace::add(std::string name, const char* category, Clock::time_point start, Clock::time_point end,
                 std::string operands, const OpCost* cost) {
-  Event e{std::move(name), std::move(operands), category,
+  Event e{std::move(name),
+          std::move(operands),
+          category,
           std::chrono::duration_cast<std::chrono::nanoseconds>(start - origin_).count(),
-          std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count(), thread_id(), cost != nullptr,
+          std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count(),
+          thread_id(),
+          cost != nullptr,
           cost ? *cost : OpCost{}};
   std::lock_guard lock(mutex_);
   events_.push_back(std::move(e));
@@ -44,22 +48,27 @@ std::string Trace::json() const {
   for (const Event& e : events) {
     if (std::find(threads.begin(), threads.end(), e.thread) == threads.end()) threads.push_back(e.thread);
     // Microseconds with nanosecond fractions: a child never appears to start before its parent.
-    nlohmann::json j = {{"name", e.name},         {"cat", e.category},
-                        {"ph", "X"},              {"ts", double(e.start_ns) / 1e3},
-                        {"dur", double(e.duration_ns) / 1e3}, {"pid", pid},
+    nlohmann::json j = {{"name", e.name},
+                        {"cat", e.category},
+                        {"ph", "X"},
+                        {"ts", double(e.start_ns) / 1e3},
+                        {"dur", double(e.duration_ns) / 1e3},
+                        {"pid", pid},
                         {"tid", e.thread}};
     if (e.has_cost || !e.operands.empty()) {
       j["args"] = nlohmann::json::object();
       if (!e.operands.empty()) j["args"]["operands"] = e.operands;
       if (e.has_cost)
-        j["args"].update({{"flops", e.cost.flops},
-                          {"weight_bytes", e.cost.weight_bytes},
-                          {"activation_bytes", e.cost.bytes_fused}});
+        j["args"].update(
+            {{"flops", e.cost.flops}, {"weight_bytes", e.cost.weight_bytes}, {"activation_bytes", e.cost.bytes_fused}});
     }
     list.push_back(std::move(j));
   }
   for (size_t i = 0; i < threads.size(); ++i)
-    list.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", threads[i]},
+    list.push_back({{"name", "thread_name"},
+                    {"ph", "M"},
+                    {"pid", pid},
+                    {"tid", threads[i]},
                     {"args", {{"name", i == 0 ? std::string("request") : "request thread " + std::to_string(i)}}}});
   return out.dump();
 }

@@ -19,8 +19,7 @@ namespace apus {
 
 namespace {
 
-template <typename Body>
-double best_seconds(int runs, Body&& body) {
+template <typename Body> double best_seconds(int runs, Body&& body) {
   double best = 1e30;
   for (int i = 0; i < runs; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -90,7 +89,8 @@ Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
     if (!all.is_object()) all = nlohmann::json::object();  // a damaged cache is measured over
   }
   const nlohmann::json* entry = all.contains(key) ? &all[key] : nullptr;
-  if (!refresh && entry && entry->is_object() && entry->value("bf16_flops", 0.0) > 0 && entry->value("memory_bps", 0.0) > 0) {
+  if (!refresh && entry && entry->is_object() && entry->value("bf16_flops", 0.0) > 0 &&
+      entry->value("memory_bps", 0.0) > 0) {
     Chip chip = find_chip("cpu");
     chip.name = "this machine (calibrated)";
     chip.bf16_flops = (*entry)["bf16_flops"];
@@ -103,8 +103,8 @@ Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
   char when[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  all[key] = {{"bf16_flops", chip.bf16_flops}, {"memory_bps", chip.memory_bps}, {"how", chip.note},
-              {"measured_at", when}};
+  all[key] = {
+      {"bf16_flops", chip.bf16_flops}, {"memory_bps", chip.memory_bps}, {"how", chip.note}, {"measured_at", when}};
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   const std::string text = all.dump(1);

@@ -7,11 +7,11 @@ namespace apus {
 
 struct Chip {
   std::string name;
-  double bf16_flops;     // dense bf16 FLOP/s
-  double int8_ops;       // dense int8 OP/s (0 where the chip has no such path)
-  double fp8_flops;      // dense fp8 FLOP/s (0 where absent)
-  double memory_bps;     // memory bandwidth, bytes/s
-  double link_bps;       // one-direction chip-to-chip bandwidth, bytes/s
+  double bf16_flops;  // dense bf16 FLOP/s
+  double int8_ops;    // dense int8 OP/s (0 where the chip has no such path)
+  double fp8_flops;   // dense fp8 FLOP/s (0 where absent)
+  double memory_bps;  // memory bandwidth, bytes/s
+  double link_bps;    // one-direction chip-to-chip bandwidth, bytes/s
   std::string note;
 };
 

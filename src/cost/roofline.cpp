@@ -49,8 +49,11 @@ double all_to_all_wire_bytes(double s, int n) { return double(n - 1) / (double(n
 nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   const double peak = r.chip.bf16_flops, bw = r.chip.memory_bps, ridge = bw > 0 ? peak / bw : 0;
   nlohmann::json out;
-  out["chip"] = {{"name", r.chip.name}, {"bf16_flops", peak}, {"memory_bps", bw},
-                 {"link_bps", r.chip.link_bps}, {"ridge_flops_per_byte", ridge}};
+  out["chip"] = {{"name", r.chip.name},
+                 {"bf16_flops", peak},
+                 {"memory_bps", bw},
+                 {"link_bps", r.chip.link_bps},
+                 {"ridge_flops_per_byte", ridge}};
   out["request"] = {{"model", p.model}, {"steps", p.steps}, {"parameters", p.parameters}};
   if (p.references > 0) out["request"]["references"] = p.references;
   if (p.cfg > 1) out["request"]["cfg"] = p.cfg;
@@ -68,7 +71,8 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   for (const StageCost& s : p.stages) {
     const double per_call_floor = stage_floor_per_call(s, peak, bw);
     const double stage_floor = double(s.calls) * per_call_floor;
-    nlohmann::json js = {{"name", s.name}, {"calls", s.calls},
+    nlohmann::json js = {{"name", s.name},
+                         {"calls", s.calls},
                          {"per_call", cost_json(s.per_call, peak, bw)},
                          {"total", cost_json(times(s.per_call, double(s.calls)), peak, bw)}};
     js["per_call"]["floor_s"] = per_call_floor;
@@ -116,8 +120,8 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   auto strategy = [&](double wire, double compute_floor) {
     const double sec = seconds(wire);
     const double fl = compute_floor + sec;
-    return nlohmann::json{{"wire_bytes_per_chip", wire}, {"seconds", sec}, {"floor_s", fl},
-                          {"peak_share", fl > 0 ? ideal / fl : 0}};
+    return nlohmann::json{
+        {"wire_bytes_per_chip", wire}, {"seconds", sec}, {"floor_s", fl}, {"peak_share", fl > 0 ? ideal / fl : 0}};
   };
   out["collectives"] = {{"chips", n},
                         {"fsdp", strategy(fsdp, split + replicated)},
@@ -134,10 +138,9 @@ std::string roofline_table(const PipelineCost& p, const Roofline& r) {
   char shape[64];
   if (p.seconds > 0) std::snprintf(shape, sizeof shape, "%g s", p.seconds);
   else std::snprintf(shape, sizeof shape, "%dx%d", p.width, p.height);
-  std::snprintf(line, sizeof line,
-                "%s %s, %d steps on %s (%.1f TFLOP/s bf16, %.0f GB/s, ridge %.0f FLOP/B)\n",
-                p.model.c_str(), shape, p.steps, r.chip.name.c_str(), r.chip.bf16_flops / 1e12,
-                r.chip.memory_bps / 1e9, j["chip"]["ridge_flops_per_byte"].get<double>());
+  std::snprintf(line, sizeof line, "%s %s, %d steps on %s (%.1f TFLOP/s bf16, %.0f GB/s, ridge %.0f FLOP/B)\n",
+                p.model.c_str(), shape, p.steps, r.chip.name.c_str(), r.chip.bf16_flops / 1e12, r.chip.memory_bps / 1e9,
+                j["chip"]["ridge_flops_per_byte"].get<double>());
   out += line;
   const double total_floor = j["total"]["floor_s"];
   for (const auto& s : j["stages"]) {
@@ -145,14 +148,16 @@ std::string roofline_table(const PipelineCost& p, const Roofline& r) {
                   "\n%s x%lld: %.3f TFLOP (%.3f per call), floor %.4f s (%.1f%% of request), "
                   "activations %.2f GB\n",
                   s["name"].get<std::string>().c_str(), (long long)s["calls"].get<int64_t>(),
-                  s["total"]["flops"].get<double>() / 1e12,
-                  s["per_call"]["flops"].get<double>() / 1e12, s["floor_s"].get<double>(),
-                  100.0 * s["floor_s"].get<double>() / total_floor,
+                  s["total"]["flops"].get<double>() / 1e12, s["per_call"]["flops"].get<double>() / 1e12,
+                  s["floor_s"].get<double>(), 100.0 * s["floor_s"].get<double>() / total_floor,
                   s["activation_bytes"].get<double>() / 1e9);
     out += line;
     out += "  module                       n   GFLOP  weight MB  fused MB unfused MB  AI(f) AI(u)  bound    floor ms\n";
     // Blocks of one kind collapse into one row (indices become *), summed.
-    struct Row { int n = 0; double flops = 0, w = 0, f = 0, u = 0, floor = 0; };
+    struct Row {
+      int n = 0;
+      double flops = 0, w = 0, f = 0, u = 0, floor = 0;
+    };
     std::vector<std::string> order;
     std::map<std::string, Row> rows;
     for (const auto& m : s["modules"]) {
@@ -171,17 +176,15 @@ std::string roofline_table(const PipelineCost& p, const Roofline& r) {
       const Row& row = rows[key];
       const double aif = row.flops / std::max(row.w + row.f, 1.0);
       const double aiu = row.flops / std::max(row.w + row.u, 1.0);
-      std::snprintf(line, sizeof line, "  %-26s %3d %8.1f %10.1f %9.1f %10.1f %6.0f %5.0f  %-7s %9.3f\n",
-                    key.c_str(), row.n, row.flops / 1e9, row.w / 1e6, row.f / 1e6, row.u / 1e6, aif,
-                    aiu, aiu < j["chip"]["ridge_flops_per_byte"].get<double>() ? "memory" : "compute",
-                    row.floor * 1e3);
+      std::snprintf(line, sizeof line, "  %-26s %3d %8.1f %10.1f %9.1f %10.1f %6.0f %5.0f  %-7s %9.3f\n", key.c_str(),
+                    row.n, row.flops / 1e9, row.w / 1e6, row.f / 1e6, row.u / 1e6, aif, aiu,
+                    aiu < j["chip"]["ridge_flops_per_byte"].get<double>() ? "memory" : "compute", row.floor * 1e3);
       out += line;
     }
   }
   out += "\nconventions: " + j["conventions"].get<std::string>() + "\n";
   std::snprintf(line, sizeof line, "\nrequest: %.2f TFLOP, %.2f GB weights read, floor %.3f s\n",
-                j["total"]["flops"].get<double>() / 1e12,
-                j["total"]["weight_bytes"].get<double>() / 1e9, total_floor);
+                j["total"]["flops"].get<double>() / 1e12, j["total"]["weight_bytes"].get<double>() / 1e9, total_floor);
   out += line;
   const auto& col = j["collectives"];
   std::snprintf(line, sizeof line, "\n%d chips, %.0f GB/s per link each way:\n", col["chips"].get<int>(),

@@ -67,20 +67,22 @@ long get(const std::string& url, int64_t offset, Transfer& t) {
   curl_easy_setopt(t.curl, CURLOPT_CONNECTTIMEOUT, 30L);
   if (offset > 0) curl_easy_setopt(t.curl, CURLOPT_RESUME_FROM_LARGE, curl_off_t(offset));
   curl_easy_setopt(t.curl, CURLOPT_WRITEDATA, &t);
-  curl_easy_setopt(t.curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t n, void* p) -> size_t {
-    auto* tr = static_cast<Transfer*>(p);
-    long status = 0;
-    curl_easy_getinfo(tr->curl, CURLINFO_RESPONSE_CODE, &status);
-    return tr->sink(data, size * n, status) ? size * n : 0;
-  });
+  curl_easy_setopt(
+      t.curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t n, void* p) -> size_t {
+        auto* tr = static_cast<Transfer*>(p);
+        long status = 0;
+        curl_easy_getinfo(tr->curl, CURLINFO_RESPONSE_CODE, &status);
+        return tr->sink(data, size * n, status) ? size * n : 0;
+      });
   if (t.progress) {
     curl_easy_setopt(t.curl, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(t.curl, CURLOPT_XFERINFODATA, &t);
-    curl_easy_setopt(t.curl, CURLOPT_XFERINFOFUNCTION,
-                     +[](void* p, curl_off_t total, curl_off_t done, curl_off_t, curl_off_t) -> int {
-                       static_cast<Transfer*>(p)->progress(double(done), double(total));
-                       return 0;
-                     });
+    curl_easy_setopt(
+        t.curl, CURLOPT_XFERINFOFUNCTION,
+        +[](void* p, curl_off_t total, curl_off_t done, curl_off_t, curl_off_t) -> int {
+          static_cast<Transfer*>(p)->progress(double(done), double(total));
+          return 0;
+        });
   }
   const CURLcode rc = curl_easy_perform(t.curl);
   long status = 0;
@@ -184,7 +186,8 @@ std::string hf_pull(const std::string& repo_id, const std::string& revision,
       t.sink = [&](const char* d, size_t n, long code) {
         if (code == 200 && have > 0 && !restarted) {  // the server ignored the range: start over
           restarted = true;
-          if (std::fflush(out) != 0 || ::ftruncate(::fileno(out), 0) != 0 || std::fseek(out, 0, SEEK_SET) != 0) return false;
+          if (std::fflush(out) != 0 || ::ftruncate(::fileno(out), 0) != 0 || std::fseek(out, 0, SEEK_SET) != 0)
+            return false;
         }
         return code / 100 == 2 && std::fwrite(d, 1, n, out) == n;
       };

@@ -76,8 +76,8 @@ class OpenClip {
     // Owned before the header's checks: a refused file is closed as the constructor throws.
     sf_.reset(sf_open_virtual(&io_, SFM_READ, &info_, &view_));
     APUS_CHECK(sf_, what, ": not an audio file libsndfile reads: ", sf_strerror(nullptr));
-    APUS_CHECK(info_.channels > 0 && info_.channels <= 64 && info_.samplerate > 0 && info_.samplerate <= kMaxRate,
-               what, ": ", info_.channels, " channels at ", info_.samplerate,
+    APUS_CHECK(info_.channels > 0 && info_.channels <= 64 && info_.samplerate > 0 && info_.samplerate <= kMaxRate, what,
+               ": ", info_.channels, " channels at ", info_.samplerate,
                " Hz: not an audio clip apus reads (1 to 64 channels, up to ", kMaxRate, " Hz)");
     limit_ = int64_t(max_seconds * double(info_.samplerate));
     // libsndfile's count for a stream that does not give its length (a FLAC written to a pipe).
@@ -137,9 +137,8 @@ const char* audio_mime_type(AudioFormat format) { return format == AudioFormat::
 
 std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const AudioMetadata& metadata,
                                   const std::string& what) {
-  APUS_CHECK(audio.rate > 0 && audio.channels > 0 && audio.samples.size() % size_t(audio.channels) == 0,
-             what, ": ", audio.samples.size(), " samples for ", audio.channels, " channels at ",
-             audio.rate, " Hz");
+  APUS_CHECK(audio.rate > 0 && audio.channels > 0 && audio.samples.size() % size_t(audio.channels) == 0, what, ": ",
+             audio.samples.size(), " samples for ", audio.channels, " channels at ", audio.rate, " Hz");
   // libsndfile writes a header-only WAV whose RIFF size does not count its metadata.
   APUS_CHECK(audio.frames() > 0, what, ": no audio to write (0 frames)");
   for (size_t i = 0; i < audio.samples.size(); ++i)
@@ -150,8 +149,8 @@ std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const 
   info.format = format == AudioFormat::flac        ? SF_FORMAT_FLAC | SF_FORMAT_PCM_16
                 : format == AudioFormat::wav_float ? SF_FORMAT_WAV | SF_FORMAT_FLOAT
                                                    : SF_FORMAT_WAV | SF_FORMAT_PCM_16;
-  APUS_CHECK(sf_format_check(&info), what, ": libsndfile cannot write this format at ", audio.rate,
-             " Hz, ", audio.channels, " channels");
+  APUS_CHECK(sf_format_check(&info), what, ": libsndfile cannot write this format at ", audio.rate, " Hz, ",
+             audio.channels, " channels");
   Buffer buffer;
   SF_VIRTUAL_IO io = buffer_io();
   SNDFILE* sf = sf_open_virtual(&io, SFM_WRITE, &info, &buffer);
@@ -163,20 +162,18 @@ std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const 
     }
   } closer{sf};
   sf_command(sf, SFC_SET_CLIPPING, nullptr, SF_TRUE);  // clip, do not wrap, in integer formats
-  for (const auto& [key, value] : {std::pair{SF_STR_TITLE, &metadata.title},
-                                   std::pair{SF_STR_COMMENT, &metadata.comment},
-                                   std::pair{SF_STR_SOFTWARE, &metadata.software}})
+  for (const auto& [key, value] :
+       {std::pair{SF_STR_TITLE, &metadata.title}, std::pair{SF_STR_COMMENT, &metadata.comment},
+        std::pair{SF_STR_SOFTWARE, &metadata.software}})
     if (!value->empty()) sf_set_string(sf, key, value->c_str());
   const sf_count_t frames = sf_count_t(audio.frames());
-  APUS_CHECK(sf_writef_float(sf, audio.samples.data(), frames) == frames, what, ": write failed: ",
-             sf_strerror(sf));
+  APUS_CHECK(sf_writef_float(sf, audio.samples.data(), frames) == frames, what, ": write failed: ", sf_strerror(sf));
   APUS_CHECK(sf_close(sf) == 0, what, ": write failed: ", sf_strerror(nullptr));
   closer.sf = nullptr;
   return std::move(buffer.bytes);
 }
 
-void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
-                 const AudioMetadata& metadata) {
+void write_audio(const std::string& path, const Audio& audio, AudioFormat format, const AudioMetadata& metadata) {
   const std::vector<uint8_t> bytes = encode_audio(audio, format, metadata, path);
   write_whole_file(path, bytes.data(), bytes.size());
 }

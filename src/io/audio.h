@@ -28,8 +28,7 @@ std::vector<uint8_t> encode_audio(const Audio& audio, AudioFormat format, const 
                                   const std::string& what);
 // encode_audio's bytes written through a temporary file renamed into place (a reader never sees
 // a partial file).
-void write_audio(const std::string& path, const Audio& audio, AudioFormat format,
-                 const AudioMetadata& metadata);
+void write_audio(const std::string& path, const Audio& audio, AudioFormat format, const AudioMetadata& metadata);
 const char* audio_mime_type(AudioFormat format);
 // Any format libsndfile reads, from a file or from its bytes; `what` names the clip in errors. A
 // clip longer than max_seconds (the longest a caller can use: AudioModel::max_seconds()), one that

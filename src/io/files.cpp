@@ -71,8 +71,8 @@ std::string read_file(const std::string& path) {
     if (n <= 0) {
       const int err = errno;
       ::close(fd);
-      fail(path, ": read failed after ", done, " of ", size, " bytes: ",
-           n == 0 ? "unexpected end of file" : std::strerror(err));
+      fail(path, ": read failed after ", done, " of ", size,
+           " bytes: ", n == 0 ? "unexpected end of file" : std::strerror(err));
     }
     done += size_t(n);
   }
@@ -110,13 +110,12 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::write(const void* data, size_t bytes) {
-  APUS_CHECK(std::fwrite(data, 1, bytes, stream_) == bytes, path_, ": write failed: ",
-             std::strerror(errno));
+  APUS_CHECK(std::fwrite(data, 1, bytes, stream_) == bytes, path_, ": write failed: ", std::strerror(errno));
 }
 
 void AtomicFile::resize(uint64_t bytes) {
-  APUS_CHECK(std::fflush(stream_) == 0 && ::ftruncate(::fileno(stream_), off_t(bytes)) == 0, path_,
-             ": cannot size to ", bytes, " bytes: ", std::strerror(errno));
+  APUS_CHECK(std::fflush(stream_) == 0 && ::ftruncate(::fileno(stream_), off_t(bytes)) == 0, path_, ": cannot size to ",
+             bytes, " bytes: ", std::strerror(errno));
 }
 
 void AtomicFile::commit() {

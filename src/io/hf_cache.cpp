@@ -20,7 +20,8 @@ std::string hf_hub_cache() {
 
 bool is_repo_id(const std::string& id) {
   const size_t slash = id.find('/');
-  if (slash == std::string::npos || slash == 0 || slash + 1 == id.size() || id.find('/', slash + 1) != std::string::npos)
+  if (slash == std::string::npos || slash == 0 || slash + 1 == id.size() ||
+      id.find('/', slash + 1) != std::string::npos)
     return false;
   for (size_t i = 0; i < id.size(); ++i) {
     const char c = id[i];

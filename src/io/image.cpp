@@ -47,13 +47,32 @@ Rgb8Image upright(Rgb8Image src, int orientation) {
     for (int64_t ox = 0; ox < out.width; ++ox) {
       int64_t sx = ox, sy = oy;
       switch (orientation) {
-        case 2: sx = w - 1 - ox; break;                   // mirrored left to right
-        case 3: sx = w - 1 - ox; sy = h - 1 - oy; break;  // rotated 180
-        case 4: sy = h - 1 - oy; break;                   // mirrored top to bottom
-        case 5: sx = oy; sy = ox; break;                  // transposed
-        case 6: sx = oy; sy = h - 1 - ox; break;          // rotated 90 clockwise to be upright
-        case 7: sx = w - 1 - oy; sy = h - 1 - ox; break;  // transversed
-        case 8: sx = w - 1 - oy; sy = ox; break;          // rotated 90 counter-clockwise
+        case 2:
+          sx = w - 1 - ox;
+          break;  // mirrored left to right
+        case 3:
+          sx = w - 1 - ox;
+          sy = h - 1 - oy;
+          break;  // rotated 180
+        case 4:
+          sy = h - 1 - oy;
+          break;  // mirrored top to bottom
+        case 5:
+          sx = oy;
+          sy = ox;
+          break;  // transposed
+        case 6:
+          sx = oy;
+          sy = h - 1 - ox;
+          break;  // rotated 90 clockwise to be upright
+        case 7:
+          sx = w - 1 - oy;
+          sy = h - 1 - ox;
+          break;  // transversed
+        case 8:
+          sx = w - 1 - oy;
+          sy = ox;
+          break;  // rotated 90 counter-clockwise
       }
       std::memcpy(&out.rgb[size_t((oy * out.width + ox) * 3)], &src.rgb[size_t((sy * w + sx) * 3)], 3);
     }
@@ -134,9 +153,9 @@ WebPBitstreamFeatures webp_features(const std::string& bytes, const std::string&
   APUS_CHECK(WebPGetFeatures(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &features) == VP8_STATUS_OK,
              what, ": not a readable WebP image");
   APUS_CHECK(!features.has_animation, what, ": an animated WebP; expected a still image");
-  APUS_CHECK(features.width > 0 && features.height > 0 && int64_t(features.width) * features.height <= kMaxDecodedPixels,
-             what, ": ", features.width, "x", features.height, " pixels, over the ", kMaxDecodedPixels,
-             " this reader decodes");
+  APUS_CHECK(
+      features.width > 0 && features.height > 0 && int64_t(features.width) * features.height <= kMaxDecodedPixels, what,
+      ": ", features.width, "x", features.height, " pixels, over the ", kMaxDecodedPixels, " this reader decodes");
   return features;
 }
 
@@ -146,8 +165,8 @@ Rgb8Image decode_webp(const std::string& bytes, const std::string& what) {
   const WebPBitstreamFeatures features = webp_features(bytes, what);
   Rgb8Image image{features.width, features.height,
                   std::vector<uint8_t>(size_t(features.width) * size_t(features.height) * 3)};
-  APUS_CHECK(WebPDecodeRGBInto(data, bytes.size(), image.rgb.data(), image.rgb.size(), features.width * 3),
-             what, ": corrupt or truncated WebP data");
+  APUS_CHECK(WebPDecodeRGBInto(data, bytes.size(), image.rgb.data(), image.rgb.size(), features.width * 3), what,
+             ": corrupt or truncated WebP data");
   return image;
 }
 

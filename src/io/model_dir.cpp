@@ -34,8 +34,7 @@ Json read_json(const std::string& path) { return parse_json(read_file(path), pat
 
 Config read_config(const std::string& path) {
   Config c{path, read_json(path)};
-  APUS_CHECK(c.json.is_object(), path, ": expected a JSON object of settings, found ",
-             c.json.type_name());
+  APUS_CHECK(c.json.is_object(), path, ": expected a JSON object of settings, found ", c.json.type_name());
   return c;
 }
 
@@ -63,14 +62,11 @@ void Config::no_effect(std::initializer_list<const char*> keys) const {
 int64_t Config::get_int(const std::string& key) const {
   consulted->add(prefix + key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
-  APUS_CHECK(json[key].is_number_integer(), path, ": '", key, "' is ", json[key].dump(),
-             ", expected an integer");
+  APUS_CHECK(json[key].is_number_integer(), path, ": '", key, "' is ", json[key].dump(), ", expected an integer");
   return json[key].get<int64_t>();
 }
 
-int64_t Config::get_int(const std::string& key, int64_t fallback) const {
-  return has(key) ? get_int(key) : fallback;
-}
+int64_t Config::get_int(const std::string& key, int64_t fallback) const { return has(key) ? get_int(key) : fallback; }
 
 namespace {
 constexpr int64_t kMaxSize = int64_t(1) << 24;
@@ -78,8 +74,7 @@ constexpr int64_t kMaxSize = int64_t(1) << 24;
 
 int64_t Config::get_size(const std::string& key, int64_t lo) const {
   const int64_t v = get_int(key);
-  APUS_CHECK(v >= lo && v <= kMaxSize, path, ": '", key, "' is ", v, ", expected ", lo, "..",
-             kMaxSize);
+  APUS_CHECK(v >= lo && v <= kMaxSize, path, ": '", key, "' is ", v, ", expected ", lo, "..", kMaxSize);
   return v;
 }
 
@@ -89,16 +84,14 @@ int64_t Config::get_size(const std::string& key, int64_t fallback, int64_t lo) c
 
 std::vector<int64_t> Config::get_sizes(const std::string& key) const {
   std::vector<int64_t> v = get_ints(key);
-  for (int64_t x : v)
-    APUS_CHECK(x >= 1 && x <= kMaxSize, path, ": '", key, "' holds ", x, ", expected 1..", kMaxSize);
+  for (int64_t x : v) APUS_CHECK(x >= 1 && x <= kMaxSize, path, ": '", key, "' holds ", x, ", expected 1..", kMaxSize);
   return v;
 }
 
 double Config::get_double(const std::string& key) const {
   consulted->add(prefix + key);
   APUS_CHECK(json.contains(key), path, ": missing key '", key, "'");
-  APUS_CHECK(json[key].is_number(), path, ": '", key, "' is ", json[key].dump(),
-             ", expected a number");
+  APUS_CHECK(json[key].is_number(), path, ": '", key, "' is ", json[key].dump(), ", expected a number");
   return json[key].get<double>();
 }
 
@@ -108,8 +101,7 @@ double Config::get_double(const std::string& key, double fallback) const {
 
 double Config::get_positive(const std::string& key) const {
   const double v = get_double(key);
-  APUS_CHECK(std::isfinite(v) && v > 0, path, ": '", key, "' is ", json[key].dump(),
-             ", expected a positive number");
+  APUS_CHECK(std::isfinite(v) && v > 0, path, ": '", key, "' is ", json[key].dump(), ", expected a positive number");
   return v;
 }
 
@@ -120,16 +112,14 @@ double Config::get_positive(const std::string& key, double fallback) const {
 std::string Config::get_string(const std::string& key, const std::string& fallback) const {
   consulted->add(prefix + key);
   if (!json.contains(key) || json[key].is_null()) return fallback;
-  APUS_CHECK(json[key].is_string(), path, ": '", key, "' is ", json[key].dump(),
-             ", expected a string");
+  APUS_CHECK(json[key].is_string(), path, ": '", key, "' is ", json[key].dump(), ", expected a string");
   return json[key].get<std::string>();
 }
 
 bool Config::get_bool(const std::string& key, bool fallback) const {
   consulted->add(prefix + key);
   if (!json.contains(key) || json[key].is_null()) return fallback;
-  APUS_CHECK(json[key].is_boolean(), path, ": '", key, "' is ", json[key].dump(),
-             ", expected true or false");
+  APUS_CHECK(json[key].is_boolean(), path, ": '", key, "' is ", json[key].dump(), ", expected true or false");
   return json[key].get<bool>();
 }
 
@@ -140,8 +130,7 @@ std::vector<int64_t> Config::get_ints(const std::string& key) const {
   APUS_CHECK(a.is_array(), path, ": '", key, "' is ", a.dump(), ", expected a list of integers");
   std::vector<int64_t> v;
   for (const Json& x : a) {
-    APUS_CHECK(x.is_number_integer(), path, ": '", key, "' holds ", x.dump(),
-               ", expected integers");
+    APUS_CHECK(x.is_number_integer(), path, ": '", key, "' holds ", x.dump(), ", expected integers");
     v.push_back(x.get<int64_t>());
   }
   return v;
@@ -166,15 +155,14 @@ std::string ModelDir::pipeline_class() const { return index_["_class_name"].get<
 
 std::string ModelDir::component_class(const std::string& name) const {
   const Json* entry = index_.contains(name) ? &index_[name] : nullptr;
-  APUS_CHECK(entry && entry->is_array() && entry->size() == 2 && (*entry)[1].is_string(), root_,
-             "/model_index.json: '", name, "' must be [library, class]");
+  APUS_CHECK(entry && entry->is_array() && entry->size() == 2 && (*entry)[1].is_string(), root_, "/model_index.json: '",
+             name, "' must be [library, class]");
   return (*entry)[1].get<std::string>();
 }
 
 std::string ModelDir::component(const std::string& name) const {
   const std::string p = root_ + "/" + name;
-  APUS_CHECK(is_directory(p), p, ": component folder missing (model_index.json lists '", name,
-             "')");
+  APUS_CHECK(is_directory(p), p, ": component folder missing (model_index.json lists '", name, "')");
   return p;
 }
 

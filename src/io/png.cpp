@@ -19,13 +19,12 @@ void png_warning_fn(png_structp, png_const_charp) {}
 }  // namespace
 
 std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t>& rgb,
-                                const std::vector<std::pair<std::string, std::string>>& text,
-                                const std::string& what) {
-  APUS_CHECK(width > 0 && height > 0 && size_t(width) * size_t(height) * 3 == rgb.size(), what, ": ",
-             rgb.size(), " bytes of pixels for a ", width, "x", height, " RGB image");
+                                const std::vector<std::pair<std::string, std::string>>& text, const std::string& what) {
+  APUS_CHECK(width > 0 && height > 0 && size_t(width) * size_t(height) * 3 == rgb.size(), what, ": ", rgb.size(),
+             " bytes of pixels for a ", width, "x", height, " RGB image");
   std::vector<uint8_t> bytes;
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(what.c_str()),
-                                            png_error_fn, png_warning_fn);
+  png_structp png =
+      png_create_write_struct(PNG_LIBPNG_VER_STRING, const_cast<char*>(what.c_str()), png_error_fn, png_warning_fn);
   APUS_CHECK(png, what, ": out of memory creating the PNG writer");
   png_infop info = png_create_info_struct(png);
   // Frees both structs on every path out, the error path (a libpng error is thrown) included.
@@ -42,8 +41,8 @@ std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t
         out->insert(out->end(), data, data + n);
       },
       nullptr);
-  png_set_IHDR(png, info, png_uint_32(width), png_uint_32(height), 8, PNG_COLOR_TYPE_RGB,
-               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_set_IHDR(png, info, png_uint_32(width), png_uint_32(height), 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   std::vector<png_text> chunks(text.size());
   for (size_t i = 0; i < text.size(); ++i) {
     chunks[i].compression = PNG_TEXT_COMPRESSION_NONE;
@@ -53,8 +52,7 @@ std::vector<uint8_t> encode_png(int width, int height, const std::vector<uint8_t
   }
   if (!chunks.empty()) png_set_text(png, info, chunks.data(), int(chunks.size()));
   png_write_info(png, info);
-  for (int y = 0; y < height; ++y)
-    png_write_row(png, const_cast<uint8_t*>(rgb.data() + size_t(y) * size_t(width) * 3));
+  for (int y = 0; y < height; ++y) png_write_row(png, const_cast<uint8_t*>(rgb.data() + size_t(y) * size_t(width) * 3));
   png_write_end(png, info);
   return bytes;
 }

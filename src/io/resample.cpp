@@ -54,8 +54,10 @@ std::vector<std::vector<float>> resample(const std::vector<std::vector<float>>& 
   APUS_CHECK(from > 0 && to > 0, "resample: rates ", from, " -> ", to, " Hz, expected positive rates");
   if (from == to) return planes;
   const int64_t g = std::gcd(int64_t(from), int64_t(to));
-  const double taps = double(to / g) * (2.0 * std::ceil(kZeroCrossings * double(from / g) /
-                                                       (double(std::min(from, to) / g) * kRolloff)) + double(from / g));
+  const double taps =
+      double(to / g) *
+      (2.0 * std::ceil(kZeroCrossings * double(from / g) / (double(std::min(from, to) / g) * kRolloff)) +
+       double(from / g));
   APUS_CHECK(taps <= 16e6, "resampling ", from, " Hz to ", to, " Hz needs a ", taps,
              "-tap filter bank (their ratio does not reduce); convert the clip to ", to, " Hz first");
   const SincKernel k = sinc_kernel(from, to);

@@ -86,7 +86,10 @@ Rgb8Image resize_lanczos(const Rgb8Image& image, int width, int height) {
         for (int c = 0; c < 3; ++c) {
           int64_t sum = int64_t(1) << (kPrecisionBits - 1);
           for (int i = 0; i < h.count[size_t(x)]; ++i)
-            sum += int64_t(image.rgb[(size_t(y + row_first) * size_t(image.width) + size_t(h.first[size_t(x)] + i)) * 3 + size_t(c)]) * k[i];
+            sum +=
+                int64_t(image.rgb[(size_t(y + row_first) * size_t(image.width) + size_t(h.first[size_t(x)] + i)) * 3 +
+                                  size_t(c)]) *
+                k[i];
           mid.rgb[(size_t(y) * size_t(width) + size_t(x)) * 3 + size_t(c)] = clip8(sum);
         }
       }
@@ -101,7 +104,9 @@ Rgb8Image resize_lanczos(const Rgb8Image& image, int width, int height) {
       for (int c = 0; c < 3; ++c) {
         int64_t sum = int64_t(1) << (kPrecisionBits - 1);
         for (int i = 0; i < v.count[size_t(y)]; ++i)
-          sum += int64_t(src->rgb[(size_t(v.first[size_t(y)] + i - offset) * size_t(src->width) + size_t(x)) * 3 + size_t(c)]) * k[i];
+          sum += int64_t(src->rgb[(size_t(v.first[size_t(y)] + i - offset) * size_t(src->width) + size_t(x)) * 3 +
+                                  size_t(c)]) *
+                 k[i];
         out.rgb[(size_t(y) * size_t(width) + size_t(x)) * 3 + size_t(c)] = clip8(sum);
       }
   }

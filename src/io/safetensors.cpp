@@ -44,14 +44,13 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file) {
              " bytes, expected at least an 8-byte header length)");
   uint64_t header_len = 0;
   std::memcpy(&header_len, file->data, 8);  // little-endian by format; x86 and ARM hosts are LE
-  APUS_CHECK(header_len <= file->size - 8, path, ": header length ", header_len,
-             " runs past the end of the file (", file->size, " bytes)");
+  APUS_CHECK(header_len <= file->size - 8, path, ": header length ", header_len, " runs past the end of the file (",
+             file->size, " bytes)");
   APUS_CHECK(header_len <= (size_t(100) << 20), path, ": header length ", header_len,
              " exceeds the 100 MB the format allows");
   const char* hdr = reinterpret_cast<const char*>(file->data + 8);
   json header = json::parse(hdr, hdr + header_len, nullptr, /*allow_exceptions=*/false);
-  APUS_CHECK(!header.is_discarded() && header.is_object(), path,
-             ": header is not a valid JSON object");
+  APUS_CHECK(!header.is_discarded() && header.is_object(), path, ": header is not a valid JSON object");
 
   SafetensorsFile out;
   out.file_ = file;
@@ -73,9 +72,8 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file) {
       }
       continue;
     }
-    APUS_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") &&
-                   e.contains("data_offsets"),
-               path, ": tensor '", name, "' needs dtype, shape and data_offsets");
+    APUS_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), path,
+               ": tensor '", name, "' needs dtype, shape and data_offsets");
     const json& jd = e["dtype"];
     const json& js = e["shape"];
     const json& jo = e["data_offsets"];
@@ -89,20 +87,19 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file) {
       APUS_CHECK(d.is_number_unsigned(), path, ": tensor '", name, "': shape entry ", d.dump(),
                  " is not a non-negative integer");
       const uint64_t v = d.get<uint64_t>();
-      APUS_CHECK(v == 0 || numel <= (uint64_t(1) << 62) / v, path, ": tensor '", name,
-                 "': shape ", js.dump(), " overflows");
+      APUS_CHECK(v == 0 || numel <= (uint64_t(1) << 62) / v, path, ": tensor '", name, "': shape ", js.dump(),
+                 " overflows");
       numel *= v;
       t.shape.push_back(int64_t(v));
     }
-    APUS_CHECK(jo.is_array() && jo.size() == 2 && jo[0].is_number_unsigned() &&
-                   jo[1].is_number_unsigned(),
-               path, ": tensor '", name, "': data_offsets must be two non-negative integers");
+    APUS_CHECK(jo.is_array() && jo.size() == 2 && jo[0].is_number_unsigned() && jo[1].is_number_unsigned(), path,
+               ": tensor '", name, "': data_offsets must be two non-negative integers");
     const uint64_t begin = jo[0].get<uint64_t>(), end = jo[1].get<uint64_t>();
     APUS_CHECK(begin <= end, path, ": tensor '", name, "': data_offsets [", begin, ", ", end,
                "] end before they begin");
-    APUS_CHECK(end - begin == numel * dtype_size(t.dtype), path, ": tensor '", name, "': ",
-               end - begin, " bytes for shape ", js.dump(), " of ", jd.get<std::string>(),
-               " (expected ", numel * dtype_size(t.dtype), ")");
+    APUS_CHECK(end - begin == numel * dtype_size(t.dtype), path, ": tensor '", name, "': ", end - begin,
+               " bytes for shape ", js.dump(), " of ", jd.get<std::string>(), " (expected ",
+               numel * dtype_size(t.dtype), ")");
     if (end > data_size) {
       if (end > beyond_end) beyond_name = name, beyond_end = end;
       continue;
@@ -113,12 +110,11 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file) {
     out.entries_.emplace(name, std::move(t));
   }
   const uint64_t needed = beyond_end > UINT64_MAX - 8 - header_len ? UINT64_MAX : 8 + header_len + beyond_end;
-  APUS_CHECK(beyond_name.empty(), path, ": truncated: ", file->size, " of ", needed,
-             " bytes (tensor '", beyond_name, "' needs bytes up to ", needed, ")");
+  APUS_CHECK(beyond_name.empty(), path, ": truncated: ", file->size, " of ", needed, " bytes (tensor '", beyond_name,
+             "' needs bytes up to ", needed, ")");
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
-    APUS_CHECK(ranges[i].first >= ranges[i - 1].second, path,
-               ": tensor data ranges overlap at byte ", ranges[i].first);
+    APUS_CHECK(ranges[i].first >= ranges[i - 1].second, path, ": tensor data ranges overlap at byte ", ranges[i].first);
   return out;
 }
 
@@ -163,8 +159,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
                        const std::map<std::string, std::string>& metadata) {
   std::vector<SafetensorsEntry> entries;
   for (const auto& [name, t] : tensors) entries.push_back({name, t.dtype, t.shape});
-  const std::string h =
-      safetensors_header(entries, {metadata.begin(), metadata.end()}, path);
+  const std::string h = safetensors_header(entries, {metadata.begin(), metadata.end()}, path);
   AtomicFile f(path);
   const uint64_t len = h.size();
   f.write(&len, 8);

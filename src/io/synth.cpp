@@ -18,8 +18,8 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "io/cache_dir.h"
-#include "io/model_dir.h"
 #include "io/files.h"
+#include "io/model_dir.h"
 #include "io/safetensors.h"
 
 namespace apus {
@@ -44,7 +44,6 @@ struct Plan {
   std::vector<FileSpec> weights;
   std::vector<std::string> copies;  // relative paths copied byte for byte
 };
-
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -73,8 +72,7 @@ std::vector<std::string> list_files(const std::string& dir) {
 Plan plan_from_manifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   const Json m = read_json(path);
-  APUS_CHECK(m.is_object() && m.contains("files") && m["files"].is_array(), path,
-             ": missing array 'files'");
+  APUS_CHECK(m.is_object() && m.contains("files") && m["files"].is_array(), path, ": missing array 'files'");
   Plan plan;
   for (const Json& f : m["files"]) {
     APUS_CHECK(f.is_object() && f.contains("path") && f["path"].is_string() && f.contains("tensors") &&
@@ -83,13 +81,12 @@ Plan plan_from_manifest(const std::string& dir) {
     FileSpec spec;
     spec.rel = f["path"].get<std::string>();
     const fs::path rel(spec.rel);
-    APUS_CHECK(rel.is_relative() && std::find(rel.begin(), rel.end(), "..") == rel.end(), path,
-               ": file path '", spec.rel, "' must stay inside the checkpoint");
+    APUS_CHECK(rel.is_relative() && std::find(rel.begin(), rel.end(), "..") == rel.end(), path, ": file path '",
+               spec.rel, "' must stay inside the checkpoint");
     if (f.contains("metadata")) {
       APUS_CHECK(f["metadata"].is_object(), path, ": ", spec.rel, ": 'metadata' must be an object");
       for (auto it = f["metadata"].begin(); it != f["metadata"].end(); ++it) {
-        APUS_CHECK(it.value().is_string(), path, ": ", spec.rel, ": metadata '", it.key(),
-                   "' must be a string");
+        APUS_CHECK(it.value().is_string(), path, ": ", spec.rel, ": metadata '", it.key(), "' must be a string");
         spec.metadata.emplace_back(it.key(), it.value().get<std::string>());
       }
     }
@@ -98,11 +95,11 @@ Plan plan_from_manifest(const std::string& dir) {
                      t["dtype"].is_string() && t.contains("shape") && t["shape"].is_array(),
                  path, ": ", spec.rel, ": every tensor needs a name, dtype and shape");
       TensorSpec ts{t["name"].get<std::string>(), DType::f32, {}};
-      APUS_CHECK(dtype_from_safetensors(t["dtype"].get<std::string>(), ts.dtype), path, ": ",
-                 spec.rel, ": tensor '", ts.name, "' has unsupported dtype ", t["dtype"].dump());
+      APUS_CHECK(dtype_from_safetensors(t["dtype"].get<std::string>(), ts.dtype), path, ": ", spec.rel, ": tensor '",
+                 ts.name, "' has unsupported dtype ", t["dtype"].dump());
       for (const Json& d : t["shape"]) {
-        APUS_CHECK(d.is_number_unsigned(), path, ": ", spec.rel, ": tensor '", ts.name,
-                   "' has shape ", t["shape"].dump(), ", expected non-negative integers");
+        APUS_CHECK(d.is_number_unsigned(), path, ": ", spec.rel, ": tensor '", ts.name, "' has shape ",
+                   t["shape"].dump(), ", expected non-negative integers");
         ts.shape.push_back(d.get<int64_t>());
       }
       spec.tensors.push_back(std::move(ts));
@@ -125,9 +122,8 @@ Plan plan_from_checkpoint(const std::string& dir) {
     FileSpec spec{rel, {f.metadata().begin(), f.metadata().end()}, {}};
     // The reader indexes by name; the data offsets give back the order the writer chose.
     std::vector<std::string> names = f.names();
-    std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
-      return f.get(a).data < f.get(b).data;
-    });
+    std::stable_sort(names.begin(), names.end(),
+                     [&](const std::string& a, const std::string& b) { return f.get(a).data < f.get(b).data; });
     for (const std::string& n : names) spec.tensors.push_back({n, f.get(n).dtype, f.get(n).shape});
     plan.weights.push_back(std::move(spec));
   }
@@ -205,8 +201,7 @@ Init init_for(const TensorSpec& t, uint64_t key) {
   return {Init::ones, 0, key};  // norm scales
 }
 
-template <typename Store>
-void fill_uniform(const Init& in, int64_t first, int64_t count, Store store) {
+template <typename Store> void fill_uniform(const Init& in, int64_t first, int64_t count, Store store) {
   // Element i takes 16 bits from lane i % 4 of splitmix word i / 4, so any chunk of a tensor is
   // produced on its own and the result does not depend on the chunking.
   const float scale = in.amplitude / 32767.5f;
@@ -229,8 +224,7 @@ void generate(const TensorSpec& t, const Init& in, int64_t first, int64_t count,
       for (int64_t i = 0; i < count; ++i) store(i, 1.0f);
     } else if (in.kind == Init::rope) {
       const int64_t n = shape_numel(t.shape);
-      for (int64_t i = 0; i < count; ++i)
-        store(i, 1.0f / std::pow(10000.0f, float(2 * (first + i)) / float(2 * n)));
+      for (int64_t i = 0; i < count; ++i) store(i, 1.0f / std::pow(10000.0f, float(2 * (first + i)) / float(2 * n)));
     } else {
       fill_uniform(in, first, count, store);
     }
@@ -251,7 +245,8 @@ void generate(const TensorSpec& t, const Init& in, int64_t first, int64_t count,
       run([p](int64_t i, float v) { p[i] = v; });
       break;
     }
-    default: fail(dtype_safetensors_name(t.dtype), " tensor '", t.name, "' cannot hold random values");
+    default:
+      fail(dtype_safetensors_name(t.dtype), " tensor '", t.name, "' cannot hold random values");
   }
 }
 
@@ -273,8 +268,7 @@ void write_weights(const FileSpec& f, const std::string& path, uint64_t seed, bo
   // Tensors are generated straight into a buffer that is handed to a writer thread when full,
   // while generation goes on in the other one: small tensors share a write, large ones stream
   // through, memory stays at two buffers, and generating costs no wall time next to the disk.
-  std::vector<uint8_t> bufs[2] = {std::vector<uint8_t>(size_t(8) << 20),
-                                  std::vector<uint8_t>(size_t(8) << 20)};
+  std::vector<uint8_t> bufs[2] = {std::vector<uint8_t>(size_t(8) << 20), std::vector<uint8_t>(size_t(8) << 20)};
   std::future<void> writing;  // declared after bufs: its destructor waits before they go
   int cur = 0;
   size_t used = 0;
@@ -345,14 +339,13 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
   }
   if (!layout_only) {
     struct statvfs vfs {};
-    APUS_CHECK(::statvfs(out_dir.c_str(), &vfs) == 0, out_dir, ": cannot query free space: ",
-               std::strerror(errno));
+    APUS_CHECK(::statvfs(out_dir.c_str(), &vfs) == 0, out_dir, ": cannot query free space: ", std::strerror(errno));
     const uint64_t free = uint64_t(vfs.f_bavail) * vfs.f_frsize;
     APUS_CHECK(free + replaced >= total, out_dir, ": needs ", bytes_text(double(total)), " for the weights, ",
                bytes_text(double(free + replaced)), " available");
   }
-  say("synth: " + template_dir + " -> " + out_dir + ": " + std::to_string(plan.weights.size()) +
-      " weight files, " + bytes_text(double(total)) + (layout_only ? " (layout only)" : ""));
+  say("synth: " + template_dir + " -> " + out_dir + ": " + std::to_string(plan.weights.size()) + " weight files, " +
+      bytes_text(double(total)) + (layout_only ? " (layout only)" : ""));
 
   for (const std::string& rel : plan.copies) {
     const fs::path dst = fs::path(out_dir) / rel;
@@ -374,8 +367,8 @@ void synth_checkpoint(const std::string& template_dir, const std::string& out_di
     uint64_t bytes = 0;
     for (const TensorSpec& t : f.tensors) bytes += t.nbytes();
     char line[512];
-    std::snprintf(line, sizeof line, "  %-50s %4zu tensors %10s %7.1f s", f.rel.c_str(),
-                  f.tensors.size(), bytes_text(double(bytes)).c_str(), s);
+    std::snprintf(line, sizeof line, "  %-50s %4zu tensors %10s %7.1f s", f.rel.c_str(), f.tensors.size(),
+                  bytes_text(double(bytes)).c_str(), s);
     say(line);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -13,9 +13,12 @@ namespace apus {
 
 // The published models whose layouts data/ carries: what synth, bench --synthetic and counting by
 // name accept.
-inline const std::vector<std::string> kPublishedModels = {
-    "flux2-klein-4b", "flux2-klein-9b", "flux2-klein-9b-kv", "stable-audio-3-medium", "stable-audio-3-small-music",
-    "stable-audio-3-small-sfx"};
+inline const std::vector<std::string> kPublishedModels = {"flux2-klein-4b",
+                                                          "flux2-klein-9b",
+                                                          "flux2-klein-9b-kv",
+                                                          "stable-audio-3-medium",
+                                                          "stable-audio-3-small-music",
+                                                          "stable-audio-3-small-sfx"};
 
 using SynthProgress = std::function<void(const std::string&)>;
 
@@ -46,8 +49,7 @@ inline constexpr const char* kSyntheticValuesFile = "apus_synthetic_values.json"
 void synth_values(uint64_t seed, const std::string& rel, const std::string& name, Tensor& out);
 
 // synth_checkpoint from published_layout_dir(name).
-void synth_published(const std::string& name, const std::string& out_dir, uint64_t seed,
-                     const SynthProgress& progress);
+void synth_published(const std::string& name, const std::string& out_dir, uint64_t seed, const SynthProgress& progress);
 
 // `name`'s synthetic checkpoint (seed 0) under apus_cache_dir()/synthetic/, written the first time it
 // is asked for: `apus bench --synthetic` measures the published size without a download. on_demand:

@@ -21,22 +21,18 @@ std::shared_ptr<const SafetensorsFolder> SafetensorsFolder::open(const std::stri
     const std::string single = dir + "/" + stem + ".safetensors";
     if (path_exists(index)) {
       const Json j = read_json(index);
-      APUS_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index,
-                 ": missing object 'weight_map'");
+      APUS_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index, ": missing object 'weight_map'");
       std::map<std::string, std::string> shard_of;
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-        APUS_CHECK(it.value().is_string(), index, ": weight_map['", it.key(),
-                   "'] is not a file name");
+        APUS_CHECK(it.value().is_string(), index, ": weight_map['", it.key(), "'] is not a file name");
         const std::string shard = it.value().get<std::string>();
-        APUS_CHECK(shard.find('/') == std::string::npos, index, ": shard name '", shard,
-                   "' must be a plain file name");
+        APUS_CHECK(shard.find('/') == std::string::npos, index, ": shard name '", shard, "' must be a plain file name");
         shard_of[it.key()] = shard;
       }
       std::map<std::string, const SafetensorsFile*> opened;
       for (const auto& [name, shard] : shard_of) {
         if (!opened.count(shard)) {
-          w->shards_.push_back(std::make_shared<SafetensorsFile>(
-              SafetensorsFile::open(dir + "/" + shard)));
+          w->shards_.push_back(std::make_shared<SafetensorsFile>(SafetensorsFile::open(dir + "/" + shard)));
           opened[shard] = w->shards_.back().get();
         }
         const SafetensorsFile* f = opened[shard];
@@ -80,11 +76,10 @@ std::vector<std::string> SafetensorsFolder::names() const {
 
 Tensor SafetensorsFolder::fetch(const std::string& name, const Shape& expected) const {
   const Tensor& t = stored(name);
-  APUS_CHECK(t.shape == expected, file_of(name), ": tensor '", name, "' has shape ",
-             shape_str(t.shape), ", expected ", shape_str(expected));
-  APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32 || t.dtype == DType::f16,
-             file_of(name), ": tensor '", name, "' has dtype ", dtype_name(t.dtype),
-             ", expected bf16, f16 or f32");
+  APUS_CHECK(t.shape == expected, file_of(name), ": tensor '", name, "' has shape ", shape_str(t.shape), ", expected ",
+             shape_str(expected));
+  APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32 || t.dtype == DType::f16, file_of(name), ": tensor '",
+             name, "' has dtype ", dtype_name(t.dtype), ", expected bf16, f16 or f32");
   return t;
 }
 
@@ -129,10 +124,8 @@ SyntheticValues::SyntheticValues(std::shared_ptr<const SafetensorsFolder> layout
 Tensor SyntheticValues::fetch(const std::string& name, const Shape& expected) const {
   const Tensor& layout = layout_->fetch(name, expected);
   Tensor values = Tensor::heap(layout.shape, layout.dtype);
-  const std::string rel = std::filesystem::absolute(layout_->file_of(name))
-                              .lexically_normal()
-                              .lexically_relative(root_)
-                              .generic_string();
+  const std::string rel =
+      std::filesystem::absolute(layout_->file_of(name)).lexically_normal().lexically_relative(root_).generic_string();
   synth_values(seed_, rel, name, values);
   return values;
 }
@@ -172,9 +165,7 @@ class TransformedSource final : public WeightSource {
     return out;
   }
   std::string where(const std::string& name) const override { return inner_->where(name); }
-  size_t make_resident(const std::vector<std::string>& names) const override {
-    return inner_->make_resident(names);
-  }
+  size_t make_resident(const std::vector<std::string>& names) const override { return inner_->make_resident(names); }
   void release(const std::string& name) const override { inner_->release(name); }
 
  private:

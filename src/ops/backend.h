@@ -15,8 +15,7 @@ namespace apus {
 // upload take memory through it.
 class Backend : public Allocator {
  public:
-  Backend(std::string name, Device device, int ordinal)
-      : Allocator(device, ordinal), name_(std::move(name)) {}
+  Backend(std::string name, Device device, int ordinal) : Allocator(device, ordinal), name_(std::move(name)) {}
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 

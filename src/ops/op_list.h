@@ -47,9 +47,9 @@ enum class RopeMath { f32, f64 };
 // What an attention op masks and how it forms its scores. q, k, v and o hold `batch` samples one
 // after another (sample b is rows b*S .. (b+1)*S of each); every sample attends only within
 // itself. window > 0 lets query i see only keys j with |i - j| <= window (a band, computed
-// without a score matrix wider than the band). softcap > 0 bends the scaled scores to softcap * tanh(s / softcap) before the mask
-// (Gemma). rounding each_step rounds the scores as eager PyTorch does in the activation dtype:
-// after Q·K^T, after the scale, and after each of the softcap's three steps.
+// without a score matrix wider than the band). softcap > 0 bends the scaled scores to softcap * tanh(s / softcap)
+// before the mask (Gemma). rounding each_step rounds the scores as eager PyTorch does in the activation dtype: after
+// Q·K^T, after the scale, and after each of the softcap's three steps.
 struct AttentionOptions {
   bool causal = false;
   // i64 [batch * Sk] in the context's memory like the other operands (staged once per request),
@@ -135,86 +135,73 @@ struct AttentionOptions {
 // image_to_rgb8: image [1, 3, H, W] in [-1, 1] to u8 [H, W, 3] as the pipeline's postprocess
 //   does: x * 0.5 + 0.5 as two ops rounded to the image's dtype, clamped to [0, 1], then
 //   (v * 255) rounded half to even in fp32; a non-finite pixel is refused.
-#define APUS_OPS(X)                                                                              \
-  X(void, linear, (Context & c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y), \
-    (c, x, w, bias, y))                                                                          \
-  X(void, layer_norm_modulate,                                                                   \
-    (Context & c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y,          \
-     float eps, ops::Rounding rounding),                                                         \
-    (c, x, shift, scale, y, eps, rounding))                                                      \
-  X(void, rms_norm,                                                                              \
-    (Context & c, const Tensor& x, const Tensor& weight, Tensor& y, float eps, int64_t group,    \
-     ops::Rounding rounding),                                                                    \
-    (c, x, weight, y, eps, group, rounding))                                                     \
-  X(void, modulate,                                                                              \
-    (Context & c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y,          \
-     ops::Rounding rounding),                                                                    \
-    (c, x, shift, scale, y, rounding))                                                           \
-  X(void, rope,                                                                                  \
-    (Context & c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,             \
-     ops::RopeStyle style, ops::Rounding rounding),                                              \
-    (c, x, cos, sin, head_dim, style, rounding))                                                 \
-  X(void, attention,                                                                             \
-    (Context & c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,                  \
-     int64_t head_dim, float scale, const ops::AttentionOptions& mask),                             \
-    (c, q, k, v, o, head_dim, scale, mask))                                                      \
-  X(void, differential_attention,                                                                \
-    (Context & c, const Tensor& q, const Tensor& k, const Tensor& q2, const Tensor& k2,           \
-     const Tensor& v, Tensor& o, int64_t head_dim, float scale,                                  \
-     const ops::AttentionOptions& mask),                                                         \
-    (c, q, k, q2, k2, v, o, head_dim, scale, mask))                                              \
-  X(void, glu,                                                                                   \
-    (Context & c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act,              \
-     ops::Rounding rounding),                                                                    \
-    (c, a, b, y, act, rounding))                                                                 \
-  X(void, silu, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                            \
-  X(void, dyt,                                                                                   \
-    (Context & c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta, \
-     Tensor& y, ops::Rounding rounding),                                                         \
-    (c, x, alpha, gamma, beta, y, rounding))                                                     \
-  X(void, add_gated,                                                                             \
-    (Context & c, Tensor& x, const Tensor& y, const Tensor* gate, ops::Rounding rounding),       \
-    (c, x, y, gate, rounding))                                                                   \
-  X(void, gate_sigmoid, (Context & c, const Tensor& x, Tensor& y, ops::Rounding rounding),       \
-    (c, x, y, rounding))                                                                         \
-  X(void, euler_update, (Context & c, Tensor& x, const Tensor& velocity, float step),            \
-    (c, x, velocity, step))                                                                      \
-  X(void, pingpong_update,                                                                       \
-    (Context & c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t, float t_next), \
-    (c, x, velocity, noise, t, t_next))                                                          \
-  X(void, blend, (Context & c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y),     \
-    (c, a, b, w, y))                                                                             \
-  X(void, guided_velocity,                                                                       \
-    (Context & c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,          \
-     float sigma, float scale, float apg, int64_t batch, int64_t valid),                         \
-    (c, x, cond, uncond, y, sigma, scale, apg, batch, valid))                                    \
-  X(void, copy, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                            \
-  X(bool, all_finite, (Context & c, const Tensor& x), (c, x))                                    \
-  X(void, transpose, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                       \
-  X(void, conv2d,                                                                                \
-    (Context & c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,               \
-     int64_t stride, int64_t pad, int64_t pad_end),                                              \
-    (c, x, w, bias, y, stride, pad, pad_end))                                                    \
-  X(void, group_norm,                                                                            \
-    (Context & c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,          \
-     int64_t groups, float eps, bool fuse_silu, ops::Rounding rounding),                         \
-    (c, x, weight, bias, y, groups, eps, fuse_silu, rounding))                                   \
-  X(void, upsample_nearest2x, (Context & c, const Tensor& x, Tensor& y), (c, x, y))           \
-  X(void, embedding, (Context & c, const Tensor& table, const Tensor& ids, Tensor& y),           \
-    (c, table, ids, y))                                                                          \
-  X(void, rope_tables,                                                                           \
-    (Context & c, const Tensor& positions, const std::vector<int64_t>& axes, double theta,       \
-     ops::RopeMath math, Tensor& cos, Tensor& sin),                                              \
-    (c, positions, axes, theta, math, cos, sin))                                                 \
-  X(void, timestep_embedding, (Context & c, float t, Tensor& y), (c, t, y))                      \
-  X(void, fourier_features, (Context & c, float t, const Tensor& freqs, Tensor& y),             \
-    (c, t, freqs, y))                                                                            \
-  X(void, affine,                                                                                \
-    (Context & c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,          \
-     ops::Rounding rounding),                                                                    \
-    (c, x, scale, shift, y, rounding))                                                           \
-  X(void, permute, (Context & c, const Tensor& x, Tensor& y, const std::vector<int>& perm),      \
-    (c, x, y, perm))                                                                             \
+#define APUS_OPS(X)                                                                                                    \
+  X(void, linear, (Context & c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y), (c, x, w, bias, y))  \
+  X(void, layer_norm_modulate,                                                                                         \
+    (Context & c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, float eps,                     \
+     ops::Rounding rounding),                                                                                          \
+    (c, x, shift, scale, y, eps, rounding))                                                                            \
+  X(void, rms_norm,                                                                                                    \
+    (Context & c, const Tensor& x, const Tensor& weight, Tensor& y, float eps, int64_t group, ops::Rounding rounding), \
+    (c, x, weight, y, eps, group, rounding))                                                                           \
+  X(void, modulate,                                                                                                    \
+    (Context & c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, ops::Rounding rounding),       \
+    (c, x, shift, scale, y, rounding))                                                                                 \
+  X(void, rope,                                                                                                        \
+    (Context & c, Tensor & x, const Tensor& cos, const Tensor& sin, int64_t head_dim, ops::RopeStyle style,            \
+     ops::Rounding rounding),                                                                                          \
+    (c, x, cos, sin, head_dim, style, rounding))                                                                       \
+  X(void, attention,                                                                                                   \
+    (Context & c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, int64_t head_dim, float scale,         \
+     const ops::AttentionOptions& mask),                                                                               \
+    (c, q, k, v, o, head_dim, scale, mask))                                                                            \
+  X(void, differential_attention,                                                                                      \
+    (Context & c, const Tensor& q, const Tensor& k, const Tensor& q2, const Tensor& k2, const Tensor& v, Tensor& o,    \
+     int64_t head_dim, float scale, const ops::AttentionOptions& mask),                                                \
+    (c, q, k, q2, k2, v, o, head_dim, scale, mask))                                                                    \
+  X(void, glu,                                                                                                         \
+    (Context & c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act, ops::Rounding rounding),           \
+    (c, a, b, y, act, rounding))                                                                                       \
+  X(void, silu, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                                                  \
+  X(void, dyt,                                                                                                         \
+    (Context & c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta, Tensor& y,            \
+     ops::Rounding rounding),                                                                                          \
+    (c, x, alpha, gamma, beta, y, rounding))                                                                           \
+  X(void, add_gated, (Context & c, Tensor & x, const Tensor& y, const Tensor* gate, ops::Rounding rounding),           \
+    (c, x, y, gate, rounding))                                                                                         \
+  X(void, gate_sigmoid, (Context & c, const Tensor& x, Tensor& y, ops::Rounding rounding), (c, x, y, rounding))        \
+  X(void, euler_update, (Context & c, Tensor & x, const Tensor& velocity, float step), (c, x, velocity, step))         \
+  X(void, pingpong_update,                                                                                             \
+    (Context & c, Tensor & x, const Tensor& velocity, const Tensor& noise, float t, float t_next),                     \
+    (c, x, velocity, noise, t, t_next))                                                                                \
+  X(void, blend, (Context & c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor& y), (c, a, b, w, y))         \
+  X(void, guided_velocity,                                                                                             \
+    (Context & c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y, float sigma, float scale,      \
+     float apg, int64_t batch, int64_t valid),                                                                         \
+    (c, x, cond, uncond, y, sigma, scale, apg, batch, valid))                                                          \
+  X(void, copy, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                                                  \
+  X(bool, all_finite, (Context & c, const Tensor& x), (c, x))                                                          \
+  X(void, transpose, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                                             \
+  X(void, conv2d,                                                                                                      \
+    (Context & c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride, int64_t pad,        \
+     int64_t pad_end),                                                                                                 \
+    (c, x, w, bias, y, stride, pad, pad_end))                                                                          \
+  X(void, group_norm,                                                                                                  \
+    (Context & c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, int64_t groups, float eps,     \
+     bool fuse_silu, ops::Rounding rounding),                                                                          \
+    (c, x, weight, bias, y, groups, eps, fuse_silu, rounding))                                                         \
+  X(void, upsample_nearest2x, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                                    \
+  X(void, embedding, (Context & c, const Tensor& table, const Tensor& ids, Tensor& y), (c, table, ids, y))             \
+  X(void, rope_tables,                                                                                                 \
+    (Context & c, const Tensor& positions, const std::vector<int64_t>& axes, double theta, ops::RopeMath math,         \
+     Tensor& cos, Tensor& sin),                                                                                        \
+    (c, positions, axes, theta, math, cos, sin))                                                                       \
+  X(void, timestep_embedding, (Context & c, float t, Tensor& y), (c, t, y))                                            \
+  X(void, fourier_features, (Context & c, float t, const Tensor& freqs, Tensor& y), (c, t, freqs, y))                  \
+  X(void, affine,                                                                                                      \
+    (Context & c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, ops::Rounding rounding),       \
+    (c, x, scale, shift, y, rounding))                                                                                 \
+  X(void, permute, (Context & c, const Tensor& x, Tensor& y, const std::vector<int>& perm), (c, x, y, perm))           \
   X(void, image_to_rgb8, (Context & c, const Tensor& image, Tensor& rgb), (c, image, rgb))
 
 namespace ops {

@@ -27,35 +27,32 @@ OpCost linear_cost(Context& c, const Tensor& x, const Tensor& w, const Tensor* b
   return cost;
 }
 
-OpCost layer_norm_modulate_cost(Context&, const Tensor& x, const Tensor& shift,
-                                const Tensor& scale, Tensor& y, float, Rounding) {
+OpCost layer_norm_modulate_cost(Context&, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, float,
+                                Rounding) {
   const double act = bytes(x) + bytes(y) + bytes(shift) + bytes(scale);
   return {(6 + 2) * elems(x), 0, act, act + 2 * bytes(y)};
 }
 
-OpCost rms_norm_cost(Context&, const Tensor& x, const Tensor& weight, Tensor& y, float, int64_t,
-                     Rounding) {
+OpCost rms_norm_cost(Context&, const Tensor& x, const Tensor& weight, Tensor& y, float, int64_t, Rounding) {
   const double act = bytes(x) + bytes(y);
   return {4 * elems(x), bytes(weight), act, act};
 }
 
-OpCost modulate_cost(Context&, const Tensor& x, const Tensor& shift, const Tensor& scale,
-                     Tensor& y, Rounding) {
+OpCost modulate_cost(Context&, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, Rounding) {
   const double act = bytes(x) + bytes(y) + bytes(shift) + bytes(scale);
   return {2 * elems(x), 0, act, act + 2 * bytes(y)};
 }
 
-OpCost rope_cost(Context&, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t, RopeStyle,
-                 Rounding) {
+OpCost rope_cost(Context&, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t, RopeStyle, Rounding) {
   const double act = 2 * bytes(x) + bytes(cos) + bytes(sin);
   return {4 * elems(x), 0, act, act};
 }
 
-OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
-                      int64_t head_dim, float, const AttentionOptions& mask) {
+OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, int64_t head_dim, float,
+                      const AttentionOptions& mask) {
   // Causal attention is counted at the full square, as the convention fixes.
   const double heads = double(q.shape[1] / head_dim), sq = double(q.shape[0]);
-  double sk = double(k.shape[0]) / double(mask.batch);  // each sample attends within itself
+  double sk = double(k.shape[0]) / double(mask.batch);                  // each sample attends within itself
   if (mask.window > 0) sk = std::min(sk, double(2 * mask.window + 1));  // the band alone
   const double scores = heads * sq * sk;
   const double act = bytes(q) + bytes(k) + bytes(v) + bytes(o);
@@ -65,9 +62,9 @@ OpCost attention_cost(Context&, const Tensor& q, const Tensor& k, const Tensor& 
   return cost;
 }
 
-OpCost differential_attention_cost(Context& c, const Tensor& q, const Tensor& k,
-                                   const Tensor& q2, const Tensor& k2, const Tensor& v, Tensor& o,
-                                   int64_t head_dim, float scale, const AttentionOptions& mask) {
+OpCost differential_attention_cost(Context& c, const Tensor& q, const Tensor& k, const Tensor& q2, const Tensor& k2,
+                                   const Tensor& v, Tensor& o, int64_t head_dim, float scale,
+                                   const AttentionOptions& mask) {
   // Two attentions over one V; the second's output and the subtraction are interior traffic.
   OpCost cost = attention_cost(c, q, k, v, o, head_dim, scale, mask);
   const OpCost second = attention_cost(c, q2, k2, v, o, head_dim, scale, mask);
@@ -78,8 +75,8 @@ OpCost differential_attention_cost(Context& c, const Tensor& q, const Tensor& k,
   return cost;
 }
 
-OpCost dyt_cost(Context&, const Tensor& x, const Tensor& alpha, const Tensor& gamma,
-                const Tensor& beta, Tensor& y, Rounding) {
+OpCost dyt_cost(Context&, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                Rounding) {
   const double act = bytes(x) + bytes(y);
   return {5 * elems(x), bytes(alpha) + bytes(gamma) + bytes(beta), act, act};
 }
@@ -109,8 +106,7 @@ OpCost euler_update_cost(Context&, Tensor& x, const Tensor& velocity, float) {
   return {2 * elems(x), 0, act, act + 2 * bytes(velocity)};
 }
 
-OpCost pingpong_update_cost(Context&, Tensor& x, const Tensor& velocity, const Tensor& noise, float,
-                            float) {
+OpCost pingpong_update_cost(Context&, Tensor& x, const Tensor& velocity, const Tensor& noise, float, float) {
   const double act = 2 * bytes(x) + bytes(velocity) + bytes(noise);
   return {6 * elems(x), 0, act, act + 2 * bytes(x)};
 }
@@ -120,8 +116,8 @@ OpCost blend_cost(Context&, const Tensor& a, const Tensor& b, const Tensor& w, T
   return {3 * elems(y), 0, act, act + 4 * bytes(y)};
 }
 
-OpCost guided_velocity_cost(Context&, const Tensor& x, const Tensor& cond, const Tensor& uncond,
-                            Tensor& y, float, float, float, int64_t, int64_t) {
+OpCost guided_velocity_cost(Context&, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y, float,
+                            float, float, int64_t, int64_t) {
   const double act = bytes(x) + bytes(cond) + bytes(uncond) + bytes(y);
   return {16 * elems(x), 0, act, act + 6 * bytes(y)};
 }
@@ -138,19 +134,17 @@ OpCost transpose_cost(Context&, const Tensor& x, Tensor& y) {
   return {0, 0, act, act};
 }
 
-OpCost conv2d_cost(Context&, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                   int64_t, int64_t, int64_t) {
+OpCost conv2d_cost(Context&, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t, int64_t,
+                   int64_t) {
   const double per_output = double(w.shape[1] * w.shape[2] * w.shape[3]);
   const double act = bytes(x) + bytes(y);
-  return {2 * per_output * elems(y) + (bias ? elems(y) : 0), bytes(w) + (bias ? bytes(*bias) : 0),
-          act, act};
+  return {2 * per_output * elems(y) + (bias ? elems(y) : 0), bytes(w) + (bias ? bytes(*bias) : 0), act, act};
 }
 
-OpCost group_norm_cost(Context&, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       Tensor& y, int64_t, float, bool fuse_silu, Rounding) {
+OpCost group_norm_cost(Context&, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, int64_t, float,
+                       bool fuse_silu, Rounding) {
   const double act = bytes(x) + bytes(y);
-  return {(6 + (fuse_silu ? 4 : 0)) * elems(x), bytes(weight) + bytes(bias), act,
-          act + (fuse_silu ? 2 * bytes(y) : 0)};
+  return {(6 + (fuse_silu ? 4 : 0)) * elems(x), bytes(weight) + bytes(bias), act, act + (fuse_silu ? 2 * bytes(y) : 0)};
 }
 
 OpCost upsample_nearest2x_cost(Context&, const Tensor& x, Tensor& y) {
@@ -163,8 +157,8 @@ OpCost embedding_cost(Context&, const Tensor& table, const Tensor& ids, Tensor& 
   return {0, elems(y) * double(dtype_size(table.dtype)), bytes(ids) + bytes(y), bytes(ids) + bytes(y)};
 }
 
-OpCost rope_tables_cost(Context&, const Tensor& positions, const std::vector<int64_t>&, double,
-                        RopeMath, Tensor& cos, Tensor& sin) {
+OpCost rope_tables_cost(Context&, const Tensor& positions, const std::vector<int64_t>&, double, RopeMath, Tensor& cos,
+                        Tensor& sin) {
   const double act = bytes(positions) + bytes(cos) + bytes(sin);
   return {0, 0, act, act};
 }
@@ -175,8 +169,7 @@ OpCost fourier_features_cost(Context&, float, const Tensor& freqs, Tensor& y) {
   return {0, 0, bytes(freqs) + bytes(y), bytes(freqs) + bytes(y)};
 }
 
-OpCost affine_cost(Context&, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
-                   Rounding rounding) {
+OpCost affine_cost(Context&, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, Rounding rounding) {
   const double act = bytes(x) + bytes(y) + bytes(scale) + bytes(shift);
   return {2 * elems(x), 0, act, act + (rounding == Rounding::each_step ? 2 * bytes(y) : 0)};
 }
@@ -223,8 +216,8 @@ struct OperandCheck {
   template <typename... Args> void check(Context&, const Args&... args) const {
     auto one = [&](const Tensor& t) {
       APUS_CHECK(t.device == backend.device() && t.ordinal == backend.ordinal(), op, ": an operand ",
-                 shape_str(t.shape), " lives on ", t.device == Device::cpu ? "cpu" : "cuda", ":",
-                 t.ordinal, " but the context runs on the ", backend.name(), " backend");
+                 shape_str(t.shape), " lives on ", t.device == Device::cpu ? "cpu" : "cuda", ":", t.ordinal,
+                 " but the context runs on the ", backend.name(), " backend");
     };
     (each_tensor(one, args), ...);
   }
@@ -245,16 +238,16 @@ Backend& backend_of(Context& c) { return c.backend ? *c.backend : cpu_backend();
 
 }  // namespace
 
-#define APUS_FRONT_END(ret, name, params, args)                            \
-  ret name params {                                                        \
-    const OpCost apus_cost = name##_cost args;                             \
-    if (!account(c, apus_cost)) return counted<ret>();                     \
-    Backend& apus_backend = backend_of(c);                                 \
-    check_runs(apus_backend, OpId::name);                                  \
-    OperandCheck{apus_backend, #name}.check args;                          \
-    std::optional<TraceSpan> apus_span;                                    \
+#define APUS_FRONT_END(ret, name, params, args)                                      \
+  ret name params {                                                                  \
+    const OpCost apus_cost = name##_cost args;                                       \
+    if (!account(c, apus_cost)) return counted<ret>();                               \
+    Backend& apus_backend = backend_of(c);                                           \
+    check_runs(apus_backend, OpId::name);                                            \
+    OperandCheck{apus_backend, #name}.check args;                                    \
+    std::optional<TraceSpan> apus_span;                                              \
     if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
-    return apus_backend.name args;                                         \
+    return apus_backend.name args;                                                   \
   }
 APUS_OPS(APUS_FRONT_END)
 #undef APUS_FRONT_END

@@ -18,9 +18,9 @@ class Backend;
 
 struct Context {
   Arena* arena = nullptr;
-  DType act = DType::bf16;  // activation dtype: bf16 (as the official pipeline) or f32 (parity)
-  CostLog* cost = nullptr;  // when set, every op reports its cost under the current scope
-  bool count_only = false;  // shapes only: ops report and return; tensors may hold no data
+  DType act = DType::bf16;     // activation dtype: bf16 (as the official pipeline) or f32 (parity)
+  CostLog* cost = nullptr;     // when set, every op reports its cost under the current scope
+  bool count_only = false;     // shapes only: ops report and return; tensors may hold no data
   Backend* backend = nullptr;  // where ops run; null: the CPU backend
   Trace* trace = nullptr;      // when set, every module scope and op is a span on it
 };
@@ -79,8 +79,7 @@ Tensor empty(Context& c, Shape shape, DType dtype);
 Tensor to_context(Context& c, const Tensor& host);
 // A tensor of the context's memory, in the arena, filled on the host by fill(tensor) (not called
 // in counting mode; on a device it fills a host tensor that is then copied).
-template <typename Fill>
-Tensor host_filled(Context& c, Shape shape, DType dtype, Fill&& fill) {
+template <typename Fill> Tensor host_filled(Context& c, Shape shape, DType dtype, Fill&& fill) {
   Tensor t = Tensor::in(*c.arena, shape, dtype);
   if (c.count_only) return t;
   if (t.device == Device::cpu) {

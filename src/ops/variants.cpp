@@ -20,7 +20,9 @@ std::string joined(const std::vector<std::string>& names) {
 }  // namespace
 
 Knob::Knob(std::string name, std::string about, std::vector<std::string> choices)
-    : name_(std::move(name)), about_(std::move(about)), choices_(std::move(choices)),
+    : name_(std::move(name)),
+      about_(std::move(about)),
+      choices_(std::move(choices)),
       taken_(new std::atomic<int64_t>[choices_.size()]) {
   clear_taken();
   registry().push_back(this);

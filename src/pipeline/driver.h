@@ -82,8 +82,8 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
     const Model model = s_.open(Weights::none, DType::bf16);
     for (const Stage<Work, Model>& stage : s_.stages) {
       const StepRange range = stage.steps ? stage.steps(w) : StepRange{0, 1};
-      p.stages.push_back(count_stage(stage.name, range.end - range.first,
-                                     [&](Context& c) { stage.run(c, model, w, range.first); }));
+      p.stages.push_back(
+          count_stage(stage.name, range.end - range.first, [&](Context& c) { stage.run(c, model, w, range.first); }));
       p.stages.back().replicated = stage.replicated;
     }
     // After the stages: a model may fetch parameters as its code first reads them.
@@ -92,21 +92,24 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
 
   void run(Context& c, Work& w, StageClock& clock, const Say& say) const override {
     if (s_.used && !s_.used(w)) return;
-    with_model(*s_.resident, [&] { return s_.open(Weights::per_stage, c.act); }, [&](const Model& model) {
-      clock.stop(s_.loaded);
-      for (const Stage<Work, Model>& stage : s_.stages) {
-        if (!stage.steps) {
-          run_stage(c, stage.name, [&] { stage.run(c, model, w, 0); });
-          if (stage.output) require_finite(c, w.*stage.output, stage.produced);
-          clock.stop(stage.done, stage.name);
-          continue;
-        }
-        const StepRange range = stage.steps(w);
-        for (int i = range.first; i < range.end; ++i)
-          timed_step(c, clock, say, i - range.first, range.end - range.first, (*range.sigmas)[size_t(i)],
-                     w.*stage.output, stage.name, [&] { run_stage(c, stage.name, [&] { stage.run(c, model, w, i); }); });
-      }
-    });
+    with_model(
+        *s_.resident, [&] { return s_.open(Weights::per_stage, c.act); },
+        [&](const Model& model) {
+          clock.stop(s_.loaded);
+          for (const Stage<Work, Model>& stage : s_.stages) {
+            if (!stage.steps) {
+              run_stage(c, stage.name, [&] { stage.run(c, model, w, 0); });
+              if (stage.output) require_finite(c, w.*stage.output, stage.produced);
+              clock.stop(stage.done, stage.name);
+              continue;
+            }
+            const StepRange range = stage.steps(w);
+            for (int i = range.first; i < range.end; ++i)
+              timed_step(c, clock, say, i - range.first, range.end - range.first, (*range.sigmas)[size_t(i)],
+                         w.*stage.output, stage.name,
+                         [&] { run_stage(c, stage.name, [&] { stage.run(c, model, w, i); }); });
+          }
+        });
   }
 
  private:
@@ -131,9 +134,9 @@ template <typename F> PipelineCost count_batch(const F& f, const typename F::Req
 // Renders a batch: every setting checked (and the batch held to agree) before any weight loads,
 // admitted against memory by its count, seeded, then run part by part with each stage timed,
 // traced and checked finite.
-template <typename F>
-std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<typename F::Request>& given,
-                                                  const Progress& progress) {
+template <typename F> std::vector<typename F::Result> generate_batch_of(const F& f,
+                                                                        const std::vector<typename F::Request>& given,
+                                                                        const Progress& progress) {
   using Request = typename F::Request;
   APUS_CHECK(f.weights() != Weights::none, f.root(), ": opened for counting only");
   APUS_CHECK(!given.empty(), "no request to render");
@@ -145,7 +148,9 @@ std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<
   f.check_batch_agrees(requests);
   check_memory(count_batch(f, r, int(batch)), f.weights() == Weights::resident,
                f.describe(r) + (batch > 1 ? " x" + std::to_string(batch) : ""), f.device());
-  const Say say = [&](const std::string& s) { if (progress) progress(s); };
+  const Say say = [&](const std::string& s) {
+    if (progress) progress(s);
+  };
   std::vector<typename F::Result> results(requests.size());
   std::vector<StageTime> stages;
   const std::unique_ptr<Trace> trace = trace_if_asked(requests);

@@ -14,8 +14,7 @@ namespace apus {
 
 namespace {
 
-template <typename Model>
-struct Family {
+template <typename Model> struct Family {
   const char* pipeline_class;
   std::unique_ptr<Model> (*open)(const ModelDir&, Weights);
 };
@@ -40,20 +39,18 @@ bool single_checkpoint(const std::string& root) {
 
 // Opens `model` with the family its model_index.json names, or says which command serves it.
 template <typename Model, size_t N, size_t M, typename Other>
-std::unique_ptr<Model> open_family(const std::string& root, Weights weights,
-                                   const Family<Model> (&families)[N], const Family<Other> (&others)[M],
-                                   const char* other_command, Backend* device = nullptr) {
+std::unique_ptr<Model> open_family(const std::string& root, Weights weights, const Family<Model> (&families)[N],
+                                   const Family<Other> (&others)[M], const char* other_command,
+                                   Backend* device = nullptr) {
   const ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
   for (const Family<Model>& f : families)
     if (dir.pipeline_class() == f.pipeline_class) return f.open(dir, weights);
   for (const Family<Other>& f : others)
-    APUS_CHECK(dir.pipeline_class() != f.pipeline_class, root, "/model_index.json: ",
-               dir.pipeline_class(), " is served by `apus ", other_command, "`");
+    APUS_CHECK(dir.pipeline_class() != f.pipeline_class, root, "/model_index.json: ", dir.pipeline_class(),
+               " is served by `apus ", other_command, "`");
   std::string known;
-  for (const Family<Model>& f : families)
-    known += std::string(known.empty() ? "" : ", ") + f.pipeline_class;
-  fail(root, "/model_index.json: _class_name '", dir.pipeline_class(),
-       "' is not supported (supported: ", known, ")");
+  for (const Family<Model>& f : families) known += std::string(known.empty() ? "" : ", ") + f.pipeline_class;
+  fail(root, "/model_index.json: _class_name '", dir.pipeline_class(), "' is not supported (supported: ", known, ")");
 }
 
 }  // namespace
@@ -81,8 +78,8 @@ std::string resolve_model_dir(const std::string& model, Weights weights) {
   APUS_CHECK(!path_exists(model), model, ": is a file, expected a model directory");
   // A repository id as Hugging Face users name models: its snapshot of main in the local cache.
   if (const std::optional<std::string> snapshot = hf_cached_snapshot(model)) return *snapshot;
-  APUS_CHECK(!is_repo_id(model), model, ": not a directory, and not in the Hugging Face cache ",
-             hf_repo_dir(model), " (download it with `apus pull ", model, "` or huggingface-cli download)");
+  APUS_CHECK(!is_repo_id(model), model, ": not a directory, and not in the Hugging Face cache ", hf_repo_dir(model),
+             " (download it with `apus pull ", model, "` or huggingface-cli download)");
   // Counting may name a published model whose configs ship in data/ ("flux2-klein-4b",
   // "stable-audio-3-medium").
   const bool plain_name = !model.empty() && model.find('/') == std::string::npos && model[0] != '.';

@@ -15,8 +15,7 @@ namespace {
 // 64 MiB per thread), its stack and oneDNN's per-thread scratch and kernels.
 constexpr double kThreadAddressAllowance = 128.0 * (1 << 20);
 
-template <typename Request>
-std::vector<Request> copies(const Request& request, int n, int max) {
+template <typename Request> std::vector<Request> copies(const Request& request, int n, int max) {
   check_batch(n, max);
   std::vector<Request> batch(size_t(n), request);
   for (int i = 1; i < n; ++i)

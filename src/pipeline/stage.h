@@ -18,8 +18,7 @@ namespace apus {
 
 // Runs `body` once in counting mode (shape-only tensors, a measuring arena) and files what it cost
 // as one stage run `calls` times per request.
-template <typename Body>
-StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
+template <typename Body> StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
   CostLog log;
   Arena arena(size_t(64) << 20, /*measure_only=*/true);
   Context c{&arena, DType::bf16, &log, true};
@@ -83,9 +82,9 @@ void with_model(const std::optional<Model>& resident, Load&& load, Body&& body) 
 
 // Runs sampler step i of n, checks `state` (the latents it updates) finite, reports
 // "step i/n  sigma s  t s" through `say` and files the time as "transformer step i" of `stage`.
-template <typename Step, typename Say>
-void timed_step(Context& c, StageClock& clock, Say&& say, int i, int n, float sigma,
-                const Tensor& state, const char* stage, Step&& step) {
+template <typename Step, typename Say> void timed_step(Context& c, StageClock& clock, Say&& say, int i, int n,
+                                                       float sigma, const Tensor& state, const char* stage,
+                                                       Step&& step) {
   const auto t0 = std::chrono::steady_clock::now();
   step();
   require_finite(c, state, "transformer step " + std::to_string(i + 1) + "/" + std::to_string(n));

@@ -23,8 +23,7 @@ FlowSchedule flow_match_schedule(const Config& cfg, int steps, double mu) {
   const std::string shift_type = cfg.get_string("time_shift_type", "exponential");
   APUS_CHECK(shift_type == "exponential", cfg.path, ": time_shift_type '", shift_type,
              "' is not supported (expected exponential)");
-  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
-                          "invert_sigmas"})
+  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas"})
     APUS_CHECK(!cfg.get_bool(key, false), cfg.path, ": ", key, " is not supported");
   APUS_CHECK(!cfg.has("shift_terminal"), cfg.path, ": shift_terminal is not supported");
   APUS_CHECK(!cfg.get_bool("stochastic_sampling", false), cfg.path, ": stochastic_sampling true is not supported");
@@ -55,7 +54,8 @@ void classifier_free_guidance(Context& c, Tensor& cond, Tensor& uncond, float sc
   const int64_t d = cond.shape[1];
   ArenaScope arena(*c.arena);
   // The gates of the two fused multiply-adds: -1 (the difference) and the scale.
-  const Tensor minus_one = ops::host_filled(c, {d}, DType::f32, [&](Tensor& t) { std::fill_n(t.ptr<float>(), d, -1.0f); });
+  const Tensor minus_one =
+      ops::host_filled(c, {d}, DType::f32, [&](Tensor& t) { std::fill_n(t.ptr<float>(), d, -1.0f); });
   const Tensor gain = ops::host_filled(c, {d}, DType::f32, [&](Tensor& t) { std::fill_n(t.ptr<float>(), d, scale); });
   ops::add_gated(c, cond, uncond, &minus_one, ops::Rounding::each_step);
   ops::add_gated(c, uncond, cond, &gain, ops::Rounding::each_step);

@@ -17,8 +17,7 @@ std::vector<float> torch_linspace(float start, float end, int64_t steps);
 // steps + 1 sigmas: t = linspace(sigma_max, 0), logsnr = end - t (end - start),
 // sigma = sigmoid(-logsnr), ends pinned (t >= 1: 1, t <= 0: 0), the first set to sigma_max; each
 // step in fp32 as torch's CPU kernels (AVX-512) compute it, bit-equal to the official schedule.
-std::vector<float> logsnr_sigmas(int steps, float sigma_max, float logsnr_start = -6.2f,
-                                 float logsnr_end = 2.0f);
+std::vector<float> logsnr_sigmas(int steps, float sigma_max, float logsnr_start = -6.2f, float logsnr_end = 2.0f);
 
 // Checks a StableAudio3Pipeline's scheduler_config.json (FlowMatchEulerDiscreteScheduler, which the
 // pipeline hands its own log-SNR sigmas: shifts and other sigma families are refused) and says

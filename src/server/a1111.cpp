@@ -36,10 +36,17 @@ void Server::Impl::register_a1111() {
       images.push_back(base64(o.bytes));
       seeds.push_back(o.seed);
     }
-    const Json info = {{"prompt", r.prompt}, {"all_prompts", Json::array({r.prompt})}, {"negative_prompt", negative},
-                       {"cfg_scale", r.cfg.value_or(model.default_cfg())}, {"seed", seeds[0]}, {"all_seeds", seeds},
-                       {"width", *r.width}, {"height", *r.height}, {"steps", r.steps.value_or(model.default_steps())},
-                       {"batch_size", n}, {"sd_model_name", j->model}};
+    const Json info = {{"prompt", r.prompt},
+                       {"all_prompts", Json::array({r.prompt})},
+                       {"negative_prompt", negative},
+                       {"cfg_scale", r.cfg.value_or(model.default_cfg())},
+                       {"seed", seeds[0]},
+                       {"all_seeds", seeds},
+                       {"width", *r.width},
+                       {"height", *r.height},
+                       {"steps", r.steps.value_or(model.default_steps())},
+                       {"batch_size", n},
+                       {"sd_model_name", j->model}};
     res.set_content(dump(Json{{"images", images}, {"parameters", in}, {"info", dump(info)}}), "application/json");
   });
   http->route("GET", "/sdapi/v1/progress", [this](const http::Request&, http::Response& res) {
@@ -48,8 +55,8 @@ void Server::Impl::register_a1111() {
       std::lock_guard<std::mutex> lock(jobs_mutex);
       j = a1111_current;
     }
-    Json state = {{"skipped", false}, {"interrupted", false}, {"job", ""}, {"job_count", 0},
-                  {"job_timestamp", "0"}, {"job_no", 0}, {"sampling_step", 0}, {"sampling_steps", 0}};
+    Json state = {{"skipped", false},     {"interrupted", false}, {"job", ""},          {"job_count", 0},
+                  {"job_timestamp", "0"}, {"job_no", 0},          {"sampling_step", 0}, {"sampling_steps", 0}};
     double progress = 0;
     if (j) {
       std::lock_guard<std::mutex> lock(j->mutex);
@@ -61,8 +68,11 @@ void Server::Impl::register_a1111() {
       state["sampling_steps"] = j->steps;
       progress = active && j->steps ? double(j->step) / j->steps : 0.0;
     }
-    res.set_content(dump(Json{{"progress", progress}, {"eta_relative", 0.0}, {"state", state},
-                              {"current_image", nullptr}, {"textinfo", nullptr}}),
+    res.set_content(dump(Json{{"progress", progress},
+                              {"eta_relative", 0.0},
+                              {"state", state},
+                              {"current_image", nullptr},
+                              {"textinfo", nullptr}}),
                     "application/json");
   });
   http->route("POST", "/sdapi/v1/interrupt", [this](const http::Request&, http::Response& res) {

@@ -34,7 +34,8 @@ std::vector<std::pair<std::string, std::string>> parameters(const std::string& v
     std::string v;
     i = eq + 1;
     if (i < value.size() && value[i] == '"') {
-      for (++i; i < value.size() && value[i] != '"'; ++i) v += value[i] == '\\' && i + 1 < value.size() ? value[++i] : value[i];
+      for (++i; i < value.size() && value[i] != '"'; ++i)
+        v += value[i] == '\\' && i + 1 < value.size() ? value[++i] : value[i];
       APUS_CHECK(i < value.size(), what, ": parameter ", name, " opens a quote it never closes");
       i = value.find(';', i);
     } else {
@@ -113,8 +114,8 @@ std::vector<FormPart> parse_multipart(const std::string& content_type, const std
     APUS_CHECK(parts.size() < kMaxParts, "multipart body: more than ", kMaxParts, " parts");
     pos += 2;
     const size_t headers_end = body.find("\r\n\r\n", pos);
-    APUS_CHECK(headers_end != std::string::npos, where, ": its headers never end (no blank line; the body is truncated at ",
-               body.size(), " bytes?)");
+    APUS_CHECK(headers_end != std::string::npos, where,
+               ": its headers never end (no blank line; the body is truncated at ", body.size(), " bytes?)");
     FormPart part;
     bool disposition = false;
     for (size_t line = pos; line < headers_end + 2;) {
@@ -126,8 +127,8 @@ std::vector<FormPart> parse_multipart(const std::string& content_type, const std
       const std::string name = lower(trim(text.substr(0, colon)));
       const std::string value = trim(text.substr(colon + 1));
       if (name == "content-disposition") {
-        APUS_CHECK(lower(trim(value.substr(0, value.find(';')))) == "form-data", where,
-                   ": Content-Disposition is '", value.substr(0, 60), "', expected form-data");
+        APUS_CHECK(lower(trim(value.substr(0, value.find(';')))) == "form-data", where, ": Content-Disposition is '",
+                   value.substr(0, 60), "', expected form-data");
         const auto params = parameters(value, where + " Content-Disposition");
         part.name = parameter(params, "name");
         part.filename = parameter(params, "filename");

@@ -15,8 +15,10 @@ const FieldNames kAudioFields = {};
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 void send_error(http::Response& res, int status, const std::string& message, const std::string& param) {
-  const char* type = status == 401 ? "authentication_error" : status == 429 ? "rate_limit_error"
-                     : status >= 500 ? "server_error" : "invalid_request_error";
+  const char* type = status == 401   ? "authentication_error"
+                     : status == 429 ? "rate_limit_error"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
   Json err = {{"message", message}, {"type", type}, {"param", param.empty() ? Json() : Json(param)}};
   res.status = status;
   res.set_content(dump(Json{{"error", err}}), "application/json");

@@ -20,9 +20,9 @@ using Json = nlohmann::json;
 
 // The service's own bounds, on what a request sends rather than what it asks the engine to do
 // (whose bounds are the engine's, ImageLimits and AudioLimits, refused with its messages).
-constexpr size_t kMaxPrompt = 4000;  // characters
+constexpr size_t kMaxPrompt = 4000;   // characters
 constexpr size_t kMaxReferences = 4;  // reference images per edit
-constexpr size_t kKeptJobs = 256;  // finished jobs kept for GET /v1/jobs/{id}, oldest dropped first
+constexpr size_t kKeptJobs = 256;     // finished jobs kept for GET /v1/jobs/{id}, oldest dropped first
 
 // A client mistake: the status, the message and the request field it concerns.
 struct HttpError {
@@ -57,8 +57,10 @@ struct Fields {
     if (!j[k].is_number_integer()) refuse(400, std::string("'") + k + "' must be an integer", k);
     const int64_t v = j[k].get<int64_t>();
     if (v < lo || v > hi)
-      refuse(400, std::string("'") + k + "' is " + std::to_string(v) + ", expected " + std::to_string(lo) +
-                      ".." + std::to_string(hi), k);
+      refuse(400,
+             std::string("'") + k + "' is " + std::to_string(v) + ", expected " + std::to_string(lo) + ".." +
+                 std::to_string(hi),
+             k);
     return v;
   }
   double number(const char* k, double fallback) const {
@@ -84,7 +86,8 @@ struct Fields {
   std::string prompt() const {
     const std::string p = string("prompt", "");
     if (p.empty()) refuse(400, "'prompt' is required and must not be empty", "prompt");
-    if (p.size() > kMaxPrompt) refuse(400, "'prompt' is longer than " + std::to_string(kMaxPrompt) + " characters", "prompt");
+    if (p.size() > kMaxPrompt)
+      refuse(400, "'prompt' is longer than " + std::to_string(kMaxPrompt) + " characters", "prompt");
     return p;
   }
   // OpenAI answers an argument it does not know with 400; so does apus, naming it.
@@ -102,8 +105,7 @@ extern const FieldNames kA1111Fields;
 extern const FieldNames kAudioFields;  // the audio route calls every field as the engine does
 
 // Runs engine code, its refusal of a field renamed to the route's name for that field.
-template <typename F>
-auto as_route(const FieldNames& names, F&& f) {
+template <typename F> auto as_route(const FieldNames& names, F&& f) {
   try {
     return f();
   } catch (const FieldError& e) {

@@ -52,7 +52,8 @@ std::string head_of(const Response& res, bool chunked, bool keep_alive) {
   std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + reason(res.status) + "\r\n";
   out += "Content-Type: " + res.content_type + "\r\n";
   for (const auto& [name, value] : res.headers) out += name + ": " + value + "\r\n";
-  out += chunked ? std::string("Transfer-Encoding: chunked\r\n") : "Content-Length: " + std::to_string(res.body.size()) + "\r\n";
+  out += chunked ? std::string("Transfer-Encoding: chunked\r\n")
+                 : "Content-Length: " + std::to_string(res.body.size()) + "\r\n";
   if (!keep_alive) out += "Connection: close\r\n";
   return out + "\r\n";
 }
@@ -172,12 +173,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_header(beast::error_code ec) {
     // A Content-Length beyond the body limit is refused as the header is parsed.
     if (ec == bhttp::error::body_limit)
-      return refuse(413, "the body is larger than the " + std::to_string(limits().max_body) + " bytes the server takes");
+      return refuse(413,
+                    "the body is larger than the " + std::to_string(limits().max_body) + " bytes the server takes");
     if (ec == bhttp::error::header_limit)
       return refuse(431, "the request line and headers are larger than the " + std::to_string(limits().max_header) +
                              " bytes the server takes");
-    if (ec == bhttp::error::end_of_stream || ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor ||
-        ec == asio::error::eof || ec == asio::error::connection_reset || ec == bhttp::error::partial_message)
+    if (ec == bhttp::error::end_of_stream || ec == asio::error::operation_aborted ||
+        ec == asio::error::bad_descriptor || ec == asio::error::eof || ec == asio::error::connection_reset ||
+        ec == bhttp::error::partial_message)
       return close();  // the client left, or its deadline passed
     if (ec) return refuse(400, "malformed request: " + ec.message());
     if (beast::iequals(parser_->get()[bhttp::field::expect], "100-continue")) {
@@ -194,8 +197,8 @@ class Session : public std::enable_shared_from_this<Session> {
     arm(limits().header_seconds + bytes / limits().min_bytes_per_second);
     bhttp::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
       if (ec == bhttp::error::body_limit)
-        return self->refuse(413, "the body is larger than the " + std::to_string(self->limits().max_body) +
-                                     " bytes the server takes");
+        return self->refuse(
+            413, "the body is larger than the " + std::to_string(self->limits().max_body) + " bytes the server takes");
       if (ec == bhttp::error::partial_message || ec == asio::error::operation_aborted || ec == asio::error::eof ||
           ec == asio::error::bad_descriptor || ec == asio::error::connection_reset)
         return self->close();
@@ -212,7 +215,8 @@ class Session : public std::enable_shared_from_this<Session> {
     request_.method = std::string(message.method_string());
     request_.target = std::string(message.target());
     request_.path = request_.target.substr(0, request_.target.find('?'));
-    for (const auto& field : message) request_.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
+    for (const auto& field : message)
+      request_.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
     request_.body = std::move(message.body());
     request_.remote_address = address_;
     request_.socket = socket_.native_handle();
@@ -247,8 +251,7 @@ class Session : public std::enable_shared_from_this<Session> {
     write([self = shared_from_this()] { self->written(); });
   }
 
-  template <typename Then>
-  void write(Then then) {
+  template <typename Then> void write(Then then) {
     arm(limits().header_seconds + double(head_.size() + body_.size()) / limits().min_bytes_per_second);
     const std::array<asio::const_buffer, 2> buffers = {asio::buffer(head_), asio::buffer(body_)};
     asio::async_write(socket_, buffers, [self = shared_from_this(), then](beast::error_code ec, size_t) {
@@ -305,7 +308,6 @@ class Session : public std::enable_shared_from_this<Session> {
       self->drain();
     });
   }
-
 };
 
 }  // namespace
@@ -336,10 +338,12 @@ void Server::Impl::admit(tcp::socket socket) {
   }
   if (over) {
     // Answered at once and closed, holding nothing: a flood of connections costs no thread or wait.
-    const Response res = refused(503, "too many connections (this server takes " + std::to_string(limits.max_connections) +
-                                          ", " + std::to_string(limits.max_connections_per_address) + " from one address)");
+    const Response res =
+        refused(503, "too many connections (this server takes " + std::to_string(limits.max_connections) + ", " +
+                         std::to_string(limits.max_connections_per_address) + " from one address)");
     const std::string bytes = head_of(res, false, false) + res.body;
-    [[maybe_unused]] const ssize_t sent = ::send(socket.native_handle(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    [[maybe_unused]] const ssize_t sent =
+        ::send(socket.native_handle(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     socket.shutdown(tcp::socket::shutdown_both, ec);
     return;
   }

@@ -98,14 +98,21 @@ void Server::Impl::fail_job(const Job& j) {
 
 Json Server::Impl::job_json(const Job& j, bool with_results) {
   std::lock_guard<std::mutex> lock(j.mutex);
-  Json out = {{"id", j.id}, {"model", j.model}, {"kind", j.kind}, {"state", state_name(j.state)},
-              {"step", j.step}, {"steps", j.steps},
-              {"progress", j.state == JobState::done ? 1.0 : j.steps ? double(j.step) / j.steps : 0.0}};
+  Json out = {{"id", j.id},
+              {"model", j.model},
+              {"kind", j.kind},
+              {"state", state_name(j.state)},
+              {"step", j.step},
+              {"steps", j.steps},
+              {"progress", j.state == JobState::done ? 1.0
+                           : j.steps                 ? double(j.step) / j.steps
+                                                     : 0.0}};
   if (!j.error.empty()) out["error"] = j.error;
   if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
   if (j.state == JobState::done && with_results) {
     Json results = Json::array();
-    for (const JobOutput& o : j.outputs) results.push_back({{"b64", base64(o.bytes)}, {"mime", o.mime}, {"seed", o.seed}});
+    for (const JobOutput& o : j.outputs)
+      results.push_back({{"b64", base64(o.bytes)}, {"mime", o.mime}, {"seed", o.seed}});
     out["results"] = results;
   }
   return out;
@@ -121,25 +128,24 @@ void Server::Impl::register_jobs() {
     auto over = std::make_shared<bool>(false);
     res.set_header("Cache-Control", "no-cache");
     res.content_type = "text/event-stream";
-    res.stream = http::Stream{[this, j, sent, over]() -> std::optional<std::string> {
-                                if (*over) return std::nullopt;
-                                JobState state;
-                                int step;
-                                {
-                                  std::unique_lock<std::mutex> lock(j->mutex);
-                                  j->changed.wait_for(lock, std::chrono::seconds(15), [&] {
-                                    return int(j->state) != sent->first || j->step != sent->second;
-                                  });
-                                  state = j->state;
-                                  step = j->step;
-                                }
-                                *over = state == JobState::done || state == JobState::failed ||
-                                        state == JobState::cancelled;
-                                *sent = {int(state), step};
-                                return std::string("event: ") + (*over ? "done" : "progress") + "\ndata: " +
-                                       dump(job_json(*j, *over)) + "\n\n";
-                              },
-                              [j] { j->cancel = true; }};
+    res.stream =
+        http::Stream{[this, j, sent, over]() -> std::optional<std::string> {
+                       if (*over) return std::nullopt;
+                       JobState state;
+                       int step;
+                       {
+                         std::unique_lock<std::mutex> lock(j->mutex);
+                         j->changed.wait_for(lock, std::chrono::seconds(15),
+                                             [&] { return int(j->state) != sent->first || j->step != sent->second; });
+                         state = j->state;
+                         step = j->step;
+                       }
+                       *over = state == JobState::done || state == JobState::failed || state == JobState::cancelled;
+                       *sent = {int(state), step};
+                       return std::string("event: ") + (*over ? "done" : "progress") +
+                              "\ndata: " + dump(job_json(*j, *over)) + "\n\n";
+                     },
+                     [j] { j->cancel = true; }};
   });
   http->route("POST", "/v1/jobs", [this](const http::Request& req, http::Response& res) {
     Json body = parse_body(req);

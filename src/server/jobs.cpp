@@ -9,11 +9,16 @@ namespace apus::server {
 
 const char* state_name(JobState s) {
   switch (s) {
-    case JobState::queued: return "queued";
-    case JobState::running: return "running";
-    case JobState::done: return "done";
-    case JobState::failed: return "failed";
-    case JobState::cancelled: return "cancelled";
+    case JobState::queued:
+      return "queued";
+    case JobState::running:
+      return "running";
+    case JobState::done:
+      return "done";
+    case JobState::failed:
+      return "failed";
+    case JobState::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }

@@ -40,12 +40,12 @@ struct Job {
   JobState state = JobState::queued;
   int step = 0, steps = 0;
   std::string error;
-  int error_status = 0;  // the HTTP status an error maps to: 400 (the request), 500 (the engine)
+  int error_status = 0;     // the HTTP status an error maps to: 400 (the request), 500 (the engine)
   std::string error_field;  // ... and the request's field it concerns, if one
   std::vector<JobOutput> outputs;
   std::vector<std::pair<std::string, double>> stages;  // the run's stage times (name, seconds)
-  bool traced = false;  // the request asked for its timeline (set before submitting)
-  std::string trace;    // ... Chrome trace-event JSON once done (GET /v1/jobs/ID/trace)
+  bool traced = false;                                 // the request asked for its timeline (set before submitting)
+  std::string trace;                                   // ... Chrome trace-event JSON once done (GET /v1/jobs/ID/trace)
   std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 
   // Records "step i/n" progress lines; throws to stop the run when the job is cancelled.

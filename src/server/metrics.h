@@ -1,4 +1,5 @@
 #pragma once
+#include <unistd.h>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -6,7 +7,6 @@
 #include <mutex>
 #include <string>
 #include <tuple>
-#include <unistd.h>
 #include <vector>
 
 #include "server/http.h"
@@ -49,7 +49,8 @@ class Metrics {
       line("apus_jobs_total{model=\"" + key.first + "\",state=\"" + key.second + "\"} " + std::to_string(n));
     line("# HELP apus_queue_depth Jobs waiting per model (the running one not counted).");
     line("# TYPE apus_queue_depth gauge");
-    for (const auto& [model, n, running] : queues) line("apus_queue_depth{model=\"" + model + "\"} " + std::to_string(n));
+    for (const auto& [model, n, running] : queues)
+      line("apus_queue_depth{model=\"" + model + "\"} " + std::to_string(n));
     line("# HELP apus_jobs_running Jobs running per model (0 or 1).");
     line("# TYPE apus_jobs_running gauge");
     for (const auto& [model, n, running] : queues)
@@ -79,8 +80,8 @@ class Metrics {
     h.sum += v;
     ++h.n;
   }
-  template <typename Map, typename Labels>
-  static void histogram(std::string& out, const std::string& name, const std::string& help, const Map& m, Labels labels) {
+  template <typename Map, typename Labels> static void histogram(std::string& out, const std::string& name,
+                                                                 const std::string& help, const Map& m, Labels labels) {
     out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
     for (const auto& [key, h] : m) {
       const std::string l = labels(key);

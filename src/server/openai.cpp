@@ -27,8 +27,7 @@ std::string base64_file(const Json& value, const std::string& what, const char* 
 
 // A request's file read (its header checked, or decoded as its job runs); a refusal names the
 // field it came in, for the answer's "param".
-template <typename Read>
-auto read_field(const std::string& field, Read read) {
+template <typename Read> auto read_field(const std::string& field, Read read) {
   try {
     return read();
   } catch (const Error& e) {
@@ -69,8 +68,8 @@ void check_image_headers(const ImageFiles& files) {
 std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles files, bool trace) {
   const Fields f{body};
   f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
-          "mask", "strength",
-          "user", "quality", "style", "output_format", "output_compression", "background", "moderation"});
+          "mask", "strength", "user", "quality", "style", "output_format", "output_compression", "background",
+          "moderation"});
   const Loaded& m = find(f, ModelKind::image);
   ImageRequest r;
   r.prompt = f.prompt();
@@ -84,7 +83,8 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
   }
   if (f.has("mask")) files.mask = base64_file(body["mask"], "mask", "mask", "an image");
   if (files.images.size() > kMaxReferences)
-    refuse(400, "at most " + std::to_string(kMaxReferences) + " images, not " + std::to_string(files.images.size()), "images");
+    refuse(400, "at most " + std::to_string(kMaxReferences) + " images, not " + std::to_string(files.images.size()),
+           "images");
   // Inpainting: the mask (white repaints, as diffusers' mask_image) applies to the first image,
   // as OpenAI's edits apply theirs; a second image is the reference for the repainted area.
   if (files.mask) {
@@ -119,7 +119,8 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
   if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
   r.trace = trace;
   const std::string format = f.string("response_format", "b64_json");
-  if (format != "b64_json") refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
+  if (format != "b64_json")
+    refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
   if (f.string("output_format", "png") != "png") refuse(400, "'output_format' must be png", "output_format");
   // OpenAI's other image fields: accepted where apus has nothing to change (quality, style,
   // moderation, a PNG's compression), refused where it would change the image.
@@ -157,10 +158,10 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
     }
     const std::vector<ImageRequest> batch = batch_of(r, n);
     std::vector<JobOutput> out;
-    const std::vector<ImageResult> results = as_route(names, [&] {
-      return model->generate_batch(batch, [&](const std::string& l) { j.progress(l); });
-    });
-    for (const StageTime& t : results.front().stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
+    const std::vector<ImageResult> results =
+        as_route(names, [&] { return model->generate_batch(batch, [&](const std::string& l) { j.progress(l); }); });
+    for (const StageTime& t : results.front().stages)
+      j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(results.front().trace);
     for (size_t i = 0; i < results.size(); ++i) {
       const ImageResult& res = results[i];
@@ -191,7 +192,8 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
   std::optional<std::string> init_file, inpaint_file;
   if (f.has("init_audio")) init_file = base64_file(body["init_audio"], "init_audio", "init_audio", "an audio");
   if (f.has("init_noise_level")) r.init_noise_level = f.number("init_noise_level", 0.0);
-  if (f.has("inpaint_audio")) inpaint_file = base64_file(body["inpaint_audio"], "inpaint_audio", "inpaint_audio", "an audio");
+  if (f.has("inpaint_audio"))
+    inpaint_file = base64_file(body["inpaint_audio"], "inpaint_audio", "inpaint_audio", "an audio");
   if (f.has("inpaint_regions")) {
     const Json& regions = body["inpaint_regions"];
     if (!regions.is_array()) refuse(400, "'inpaint_regions' must be a list of [start, end] seconds", "inpaint_regions");
@@ -233,8 +235,9 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
     for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(res.trace);
     const Audio a{res.sample_rate, res.channels, res.samples};
-    return std::vector<JobOutput>{{encode_audio(a, format, audio_metadata(r, res, *model, {"init_audio", "inpaint_audio"}), "clip"),
-                                   audio_mime_type(format), res.seed}};
+    return std::vector<JobOutput>{
+        {encode_audio(a, format, audio_metadata(r, res, *model, {"init_audio", "inpaint_audio"}), "clip"),
+         audio_mime_type(format), res.seed}};
   };
   return job;
 }

@@ -76,7 +76,9 @@ void Server::Impl::routes() {
       send_error(res, 500, e.what(), "");
     }
   };
-  http->refusal = [](http::Response& res, int status, const std::string& message) { send_error(res, status, message, ""); };
+  http->refusal = [](http::Response& res, int status, const std::string& message) {
+    send_error(res, status, message, "");
+  };
   http->log = [this](const http::Request& req, const std::string& pattern, int status) {
     metrics.request(route_name(req, pattern), status);
   };
@@ -94,7 +96,10 @@ void Server::Impl::routes() {
   http->route("GET", "/v1/models", [this](const http::Request&, http::Response& res) {
     Json data = Json::array();
     for (const Loaded& m : models)
-      data.push_back({{"id", m.id}, {"object", "model"}, {"owned_by", "apus"}, {"kind", kind_name(m.model.kind())},
+      data.push_back({{"id", m.id},
+                      {"object", "model"},
+                      {"owned_by", "apus"},
+                      {"kind", kind_name(m.model.kind())},
                       {"queue", m.worker->waiting()}});
     res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
   });
@@ -111,8 +116,7 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     m.dir = dir;
     m.model = AnyModel::open(dir, Weights::resident, impl_->options.device);
     m.id = model_label(dir);
-    for (const Loaded& other : impl_->models)
-      APUS_CHECK(other.id != m.id, dir, ": a second model named '", m.id, "'");
+    for (const Loaded& other : impl_->models) APUS_CHECK(other.id != m.id, dir, ": a second model named '", m.id, "'");
     Impl* impl = impl_.get();
     m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j, JobState s) {
       impl->metrics.job(j, s);
@@ -150,7 +154,8 @@ void Server::shutdown(double drain_seconds) {
     return false;
   };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain_seconds);
-  while (busy() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (busy() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   for (const Loaded& m : s.models) m.worker->cancel_all();
   // A cancelled run stops at its next sampler step (or after its decoder).
   while (busy()) std::this_thread::sleep_for(std::chrono::milliseconds(20));

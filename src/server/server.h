@@ -15,12 +15,12 @@ namespace apus::server {
 struct ServeOptions {
   std::vector<std::string> models;  // model directories
   std::string host = "127.0.0.1";
-  int port = 8080;                  // 0: any free port
-  size_t queue = 4;                 // jobs that may wait per model beside the running one
-  std::string api_key;              // empty: no key asked (GET /health never asks)
-  std::string cors;                 // an origin allowed to call from a browser; empty: no CORS
+  int port = 8080;                     // 0: any free port
+  size_t queue = 4;                    // jobs that may wait per model beside the running one
+  std::string api_key;                 // empty: no key asked (GET /health never asks)
+  std::string cors;                    // an origin allowed to call from a browser; empty: no CORS
   size_t max_body = size_t(32) << 20;  // bytes; audio inputs arrive as base64 in the body
-  std::string device = "cpu";       // where every model runs: cpu, or cuda[:N]
+  std::string device = "cpu";          // where every model runs: cpu, or cuda[:N]
   // A client must send its request line and headers within this (a kept-alive connection's wait
   // for its next request included), and a body at 64 KiB/s after it.
   double header_seconds = 10;

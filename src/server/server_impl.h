@@ -34,7 +34,7 @@ std::string new_job_id();
 struct ImageFiles {
   std::vector<std::string> images;  // to edit from; with a mask, the first is the one repainted
   std::optional<std::string> mask;
-  bool alpha_mask = false;  // OpenAI's edits mask (alpha 0 repaints), else white repaints
+  bool alpha_mask = false;                  // OpenAI's edits mask (alpha 0 repaints), else white repaints
   double strength = Inpainting{}.strength;  // with the mask
 };
 

@@ -28,8 +28,7 @@ char32_t decode_code_point(std::string_view s, size_t i, size_t length) {
   const auto b0 = static_cast<unsigned char>(s[i]);
   if (length == 1) return b0;
   char32_t cp = b0 & (0x7F >> length);
-  for (size_t k = 1; k < length; ++k)
-    cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  for (size_t k = 1; k < length; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
   return cp;
 }
 
@@ -64,8 +63,7 @@ struct ByteLevelAlphabet {
     int shifted = 0;
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-      const char32_t cp =
-          printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + shifted++);
+      const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + shifted++);
       append_utf8(symbol[b], cp);
       byte_of[cp] = static_cast<int16_t>(b);
     }
@@ -86,15 +84,13 @@ class AddedMatcher {
   void add(std::string_view content, int32_t id) {
     auto& bucket = by_first_byte_[static_cast<unsigned char>(content[0])];
     bucket.push_back({std::string(content), id});
-    std::stable_sort(bucket.begin(), bucket.end(), [](const Entry& a, const Entry& b) {
-      return a.content.size() > b.content.size();
-    });
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [](const Entry& a, const Entry& b) { return a.content.size() > b.content.size(); });
   }
 
   // Pushes the id of each match into `ids` and hands the text between matches to `on_text`,
   // in order.
-  template <typename OnText>
-  void split(std::string_view text, std::vector<int32_t>& ids, OnText&& on_text) const {
+  template <typename OnText> void split(std::string_view text, std::vector<int32_t>& ids, OnText&& on_text) const {
     size_t plain_start = 0;
     size_t pos = 0;
     while (pos < text.size()) {
@@ -146,8 +142,7 @@ bool is_null_or_missing(const json& obj, const char* key) {
 
 std::string type_name(const json& node) {
   if (node.is_null()) return "null";
-  if (node.is_object() && node.contains("type") && node["type"].is_string())
-    return node["type"].get<std::string>();
+  if (node.is_object() && node.contains("type") && node["type"].is_string()) return node["type"].get<std::string>();
   return "<no type>";
 }
 
@@ -224,17 +219,16 @@ uint64_t pair_key(int32_t left, int32_t right) {
 
 void check_pipeline_ends(const json& root, const std::string& path) {
   const json& decoder = member(root, "decoder");
-  APUS_CHECK(type_name(decoder) == "ByteLevel", path, ": unsupported decoder.type '",
-             type_name(decoder), "' (supported: ByteLevel)");
+  APUS_CHECK(type_name(decoder) == "ByteLevel", path, ": unsupported decoder.type '", type_name(decoder),
+             "' (supported: ByteLevel)");
   // encode_klein_prompt relies on the post-processor adding no tokens, as ByteLevel does.
   const json& post = member(root, "post_processor");
-  APUS_CHECK(post.is_null() || type_name(post) == "ByteLevel", path,
-             ": unsupported post_processor.type '", type_name(post),
-             "' (supported: ByteLevel or null)");
+  APUS_CHECK(post.is_null() || type_name(post) == "ByteLevel", path, ": unsupported post_processor.type '",
+             type_name(post), "' (supported: ByteLevel or null)");
   APUS_CHECK(is_null_or_missing(root, "truncation"), path, ": unsupported truncation ",
              member(root, "truncation").dump(), " (only null is supported)");
-  APUS_CHECK(is_null_or_missing(root, "padding"), path, ": unsupported padding ",
-             member(root, "padding").dump(), " (only null is supported)");
+  APUS_CHECK(is_null_or_missing(root, "padding"), path, ": unsupported padding ", member(root, "padding").dump(),
+             " (only null is supported)");
 }
 
 }  // namespace
@@ -291,8 +285,7 @@ struct BpeTokenizer::Impl {
 
   std::string normalize(std::string_view text) const {
     if (!nfc) return std::string(text);
-    APUS_CHECK(text.size() <= INT32_MAX, "text to encode is too long for NFC normalization (",
-               text.size(), " bytes)");
+    APUS_CHECK(text.size() <= INT32_MAX, "text to encode is too long for NFC normalization (", text.size(), " bytes)");
     UErrorCode status = U_ZERO_ERROR;
     const icu::StringPiece piece(text.data(), static_cast<int32_t>(text.size()));
     if (nfc->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) return std::string(text);
@@ -310,8 +303,8 @@ struct BpeTokenizer::Impl {
     size_t emitted = 0;
     size_t search = 0;
     while (search < text.size()) {
-      const int rc = pcre2_match(split_regex.get(), subject, text.size(), search,
-                                 PCRE2_NO_UTF_CHECK, ws.match.get(), nullptr);
+      const int rc =
+          pcre2_match(split_regex.get(), subject, text.size(), search, PCRE2_NO_UTF_CHECK, ws.match.get(), nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       APUS_CHECK(rc >= 0, "pre-tokenizer regex failed: ", pcre2_message(rc));
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(ws.match.get());
@@ -365,8 +358,7 @@ struct BpeTokenizer::Impl {
         std::push_heap(heap.begin(), heap.end(), later);
       }
     };
-    for (size_t i = 0; i + 1 < symbols.size(); ++i)
-      push(static_cast<int32_t>(i), symbols[i].id, symbols[i + 1].id);
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) push(static_cast<int32_t>(i), symbols[i].id, symbols[i + 1].id);
 
     while (!heap.empty()) {
       std::pop_heap(heap.begin(), heap.end(), later);
@@ -392,8 +384,7 @@ void BpeTokenizer::Impl::configure_normalizer(const json& root, const std::strin
   const json& normalizer = member(root, "normalizer");
   if (normalizer.is_null()) return;
   const std::string type = type_name(normalizer);
-  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type,
-             "' (supported: NFC or null)");
+  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type, "' (supported: NFC or null)");
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* full_nfc = icu::Normalizer2::getNFCInstance(status);
   unicode9 = std::make_unique<icu::UnicodeSet>(icu::UnicodeString("[:age=9.0:]", ""), status);
@@ -409,46 +400,37 @@ void BpeTokenizer::Impl::configure_pre_tokenizer(const json& root, const std::st
       " (supported: Sequence[Split(Regex, Isolated), ByteLevel(add_prefix_space=false, "
       "use_regex=false)])";
   const json& pre = member(root, "pre_tokenizer");
-  APUS_CHECK(type_name(pre) == "Sequence", path, ": unsupported pre_tokenizer.type '",
-             type_name(pre), "'", expected);
+  APUS_CHECK(type_name(pre) == "Sequence", path, ": unsupported pre_tokenizer.type '", type_name(pre), "'", expected);
   const json& steps = member(pre, "pretokenizers");
   APUS_CHECK(steps.is_array() && steps.size() == 2, path,
-             ": unsupported pre_tokenizer.pretokenizers (need exactly Split then ByteLevel)",
-             expected);
+             ": unsupported pre_tokenizer.pretokenizers (need exactly Split then ByteLevel)", expected);
 
   const json& split = steps[0];
-  APUS_CHECK(type_name(split) == "Split", path,
-             ": unsupported pre_tokenizer.pretokenizers[0].type '", type_name(split), "'",
-             expected);
+  APUS_CHECK(type_name(split) == "Split", path, ": unsupported pre_tokenizer.pretokenizers[0].type '", type_name(split),
+             "'", expected);
   const json& pattern = member(member(split, "pattern"), "Regex");
-  APUS_CHECK(
-      pattern.is_string(), path,
-      ": unsupported pre_tokenizer.pretokenizers[0].pattern (only {\"Regex\": ...} is supported)");
-  APUS_CHECK(member(split, "behavior") == "Isolated", path,
-             ": unsupported pre_tokenizer.pretokenizers[0].behavior ",
+  APUS_CHECK(pattern.is_string(), path,
+             ": unsupported pre_tokenizer.pretokenizers[0].pattern (only {\"Regex\": ...} is supported)");
+  APUS_CHECK(member(split, "behavior") == "Isolated", path, ": unsupported pre_tokenizer.pretokenizers[0].behavior ",
              member(split, "behavior").dump(), " (supported: Isolated)");
-  APUS_CHECK(!is_true(split, "invert"), path,
-             ": unsupported pre_tokenizer.pretokenizers[0].invert=true");
+  APUS_CHECK(!is_true(split, "invert"), path, ": unsupported pre_tokenizer.pretokenizers[0].invert=true");
 
   const json& byte_level = steps[1];
-  APUS_CHECK(type_name(byte_level) == "ByteLevel", path,
-             ": unsupported pre_tokenizer.pretokenizers[1].type '", type_name(byte_level), "'",
-             expected);
+  APUS_CHECK(type_name(byte_level) == "ByteLevel", path, ": unsupported pre_tokenizer.pretokenizers[1].type '",
+             type_name(byte_level), "'", expected);
   APUS_CHECK(!is_true(byte_level, "add_prefix_space"), path,
              ": unsupported pre_tokenizer.pretokenizers[1].add_prefix_space=true");
-  APUS_CHECK(!is_true(byte_level, "use_regex"), path,
-             ": unsupported pre_tokenizer.pretokenizers[1].use_regex=true");
+  APUS_CHECK(!is_true(byte_level, "use_regex"), path, ": unsupported pre_tokenizer.pretokenizers[1].use_regex=true");
 
   std::string regex;
   const std::string unsupported = onig_to_pcre2(pattern.get<std::string>(), regex);
-  APUS_CHECK(unsupported.empty(), path,
-             ": unsupported pre_tokenizer.pretokenizers[0].pattern (uses ", unsupported, ")");
+  APUS_CHECK(unsupported.empty(), path, ": unsupported pre_tokenizer.pretokenizers[0].pattern (uses ", unsupported,
+             ")");
   int error = 0;
   PCRE2_SIZE offset = 0;
-  split_regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(regex.data()), regex.size(),
-                                  PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr));
-  APUS_CHECK(split_regex, path,
-             ": pre_tokenizer.pretokenizers[0].pattern does not compile: ", pcre2_message(error));
+  split_regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(regex.data()), regex.size(), PCRE2_UTF | PCRE2_UCP,
+                                  &error, &offset, nullptr));
+  APUS_CHECK(split_regex, path, ": pre_tokenizer.pretokenizers[0].pattern does not compile: ", pcre2_message(error));
   // JIT is only a speed-up; without it (e.g. unsupported CPU) matching falls back to the
   // interpreter.
   pcre2_jit_compile(split_regex.get(), PCRE2_JIT_COMPLETE);
@@ -456,16 +438,14 @@ void BpeTokenizer::Impl::configure_pre_tokenizer(const json& root, const std::st
 
 void BpeTokenizer::Impl::configure_model(const json& root, const std::string& path) {
   const json& model = member(root, "model");
-  APUS_CHECK(type_name(model) == "BPE", path, ": unsupported model.type '", type_name(model),
-             "' (supported: BPE)");
+  APUS_CHECK(type_name(model) == "BPE", path, ": unsupported model.type '", type_name(model), "' (supported: BPE)");
   APUS_CHECK(is_null_or_missing(model, "dropout"), path, ": unsupported model.dropout ",
              member(model, "dropout").dump(), " (only null is supported)");
   APUS_CHECK(!is_true(model, "byte_fallback"), path, ": unsupported model.byte_fallback=true");
   APUS_CHECK(is_null_or_empty(model, "continuing_subword_prefix"), path,
-             ": unsupported model.continuing_subword_prefix ",
-             member(model, "continuing_subword_prefix").dump());
-  APUS_CHECK(is_null_or_empty(model, "end_of_word_suffix"), path,
-             ": unsupported model.end_of_word_suffix ", member(model, "end_of_word_suffix").dump());
+             ": unsupported model.continuing_subword_prefix ", member(model, "continuing_subword_prefix").dump());
+  APUS_CHECK(is_null_or_empty(model, "end_of_word_suffix"), path, ": unsupported model.end_of_word_suffix ",
+             member(model, "end_of_word_suffix").dump());
   ignore_merges = is_true(model, "ignore_merges");
 
   const json& vocab_json = member(model, "vocab");
@@ -473,8 +453,7 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
   vocab.reserve(vocab_json.size());
   for (const auto& [token, id] : vocab_json.items()) {
     const auto value = id.get<int64_t>();
-    APUS_CHECK(value >= 0 && value <= INT32_MAX, path, ": model.vocab id ", value, " of '", token,
-               "' is out of range");
+    APUS_CHECK(value >= 0 && value <= INT32_MAX, path, ": model.vocab id ", value, " of '", token, "' is out of range");
     vocab.emplace(token, static_cast<int32_t>(value));
     set_token_text(static_cast<int32_t>(value), token);
   }
@@ -487,8 +466,7 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
   // silently dropped, which byte_ids = -1 reproduces.
   if (!is_null_or_missing(model, "unk_token")) {
     for (int b = 0; b < 256; ++b) {
-      APUS_CHECK(byte_ids[b] >= 0, path, ": model.unk_token is set but byte ", b, " (symbol '",
-                 alphabet().symbol[b],
+      APUS_CHECK(byte_ids[b] >= 0, path, ": model.unk_token is set but byte ", b, " (symbol '", alphabet().symbol[b],
                  "') has no model.vocab entry (unknown-token fallback is not supported)");
     }
   }
@@ -498,8 +476,7 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
   merges.reserve(merges_json.size());
   const auto lookup = [&](const std::string& token, size_t rank) {
     const auto it = vocab.find(token);
-    APUS_CHECK(it != vocab.end(), path, ": model.merges[", rank, "] uses '", token,
-               "', which is not in model.vocab");
+    APUS_CHECK(it != vocab.end(), path, ": model.merges[", rank, "] uses '", token, "', which is not in model.vocab");
     return it->second;
   };
   for (size_t rank = 0; rank < merges_json.size(); ++rank) {
@@ -509,8 +486,8 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
       // Legacy "left right" form; byte-level symbols never contain a space.
       const auto text = entry.get<std::string>();
       const auto space = text.find(' ');
-      APUS_CHECK(space != std::string::npos && text.find(' ', space + 1) == std::string::npos, path,
-                 ": model.merges[", rank, "] '", text, "' is not two space-separated tokens");
+      APUS_CHECK(space != std::string::npos && text.find(' ', space + 1) == std::string::npos, path, ": model.merges[",
+                 rank, "] '", text, "' is not two space-separated tokens");
       left = text.substr(0, space);
       right = text.substr(space + 1);
     } else {
@@ -534,11 +511,10 @@ void BpeTokenizer::Impl::configure_added_tokens(const json& root, const std::str
     const json& token = added[i];
     auto content = token.at("content").get<std::string>();
     const auto id = token.at("id").get<int64_t>();
-    APUS_CHECK(id >= 0 && id <= INT32_MAX, path, ": added_tokens[", i, "].id ", id,
-               " is out of range");
+    APUS_CHECK(id >= 0 && id <= INT32_MAX, path, ": added_tokens[", i, "].id ", id, " is out of range");
     for (const char* option : {"lstrip", "rstrip", "single_word"}) {
-      APUS_CHECK(!is_true(token, option), path, ": unsupported added_tokens[", i, "].", option,
-                 "=true (token '", content, "')");
+      APUS_CHECK(!is_true(token, option), path, ": unsupported added_tokens[", i, "].", option, "=true (token '",
+                 content, "')");
     }
     if (content.empty()) continue;  // HF ignores empty added tokens
     added_ids[content] = static_cast<int32_t>(id);
@@ -596,8 +572,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   // tokens, then pre-tokenize and merge each remaining piece independently.
   t.raw_added.split(text, ids, [&](std::string_view segment) {
     const std::string normalized = t.normalize(segment);
-    t.normalized_added.split(normalized, ids,
-                             [&](std::string_view piece) { t.encode_segment(piece, ws, ids); });
+    t.normalized_added.split(normalized, ids, [&](std::string_view piece) { t.encode_segment(piece, ws, ids); });
   });
   return ids;
 }
@@ -608,8 +583,8 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string bytes;
   for (const int32_t id : ids) {
     const auto found = t.id_to_token.find(id);
-    APUS_CHECK(found != t.id_to_token.end() && !found->second.empty(), "cannot decode token id ",
-               id, ": not in the vocabulary");
+    APUS_CHECK(found != t.id_to_token.end() && !found->second.empty(), "cannot decode token id ", id,
+               ": not in the vocabulary");
     const std::string& token = found->second;
     // HF's ByteLevel decoder maps a token back to bytes only if every character is in the byte
     // alphabet; otherwise (e.g. an added token containing a newline) the token's own UTF-8 is used.

@@ -17,8 +17,8 @@ int klein_prompt_length(const BpeTokenizer& tokenizer, std::string_view prompt) 
   return static_cast<int>(tokenizer.encode(klein_chat_text(prompt)).size());
 }
 
-std::vector<int32_t> encode_klein_prompt(const BpeTokenizer& tokenizer, std::string_view prompt,
-                                         int max_length, std::vector<int32_t>* attention_mask) {
+std::vector<int32_t> encode_klein_prompt(const BpeTokenizer& tokenizer, std::string_view prompt, int max_length,
+                                         std::vector<int32_t>* attention_mask) {
   APUS_CHECK(max_length > 0, "klein prompt max_length must be positive, got ", max_length);
   // Qwen2's tokenizer_config sets <|endoftext|> as the pad token.
   const int32_t pad = tokenizer.token_id("<|endoftext|>");
@@ -28,8 +28,7 @@ std::vector<int32_t> encode_klein_prompt(const BpeTokenizer& tokenizer, std::str
   ids.resize(length, pad);
   if (attention_mask) {
     attention_mask->assign(length, 0);
-    std::fill(attention_mask->begin(), attention_mask->begin() + static_cast<std::ptrdiff_t>(real),
-              1);
+    std::fill(attention_mask->begin(), attention_mask->begin() + static_cast<std::ptrdiff_t>(real), 1);
   }
   return ids;
 }

@@ -20,7 +20,7 @@ int klein_prompt_length(const BpeTokenizer& tokenizer, std::string_view prompt);
 
 // Exactly max_length ids: the templated prompt cut to max_length, then <|endoftext|> padding.
 // When attention_mask is non-null it receives 1 per real token and 0 per padding token.
-std::vector<int32_t> encode_klein_prompt(const BpeTokenizer& tokenizer, std::string_view prompt,
-                                         int max_length, std::vector<int32_t>* attention_mask);
+std::vector<int32_t> encode_klein_prompt(const BpeTokenizer& tokenizer, std::string_view prompt, int max_length,
+                                         std::vector<int32_t>* attention_mask);
 
 }  // namespace apus

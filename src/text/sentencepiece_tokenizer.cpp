@@ -14,9 +14,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(SentencePieceTokenizer&&) noexcep
 SentencePieceTokenizer& SentencePieceTokenizer::operator=(SentencePieceTokenizer&&) noexcept = default;
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
-SentencePieceTokenizer SentencePieceTokenizer::load(const std::string& path) {
-  return parse(read_file(path), path);
-}
+SentencePieceTokenizer SentencePieceTokenizer::load(const std::string& path) { return parse(read_file(path), path); }
 
 SentencePieceTokenizer SentencePieceTokenizer::parse(const std::string& bytes, const std::string& path) {
   // No bytes parse as an empty model proto, which the library reports as a missing unk piece.

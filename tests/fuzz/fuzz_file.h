@@ -29,8 +29,7 @@ inline std::string write_input(const std::string& name, const uint8_t* data, siz
 }
 
 // Runs f; apus::Error is the documented outcome for bad input, anything else traps.
-template <typename F>
-void expect_only_apus_errors(F&& f) {
+template <typename F> void expect_only_apus_errors(F&& f) {
   try {
     f();
   } catch (const apus::Error&) {

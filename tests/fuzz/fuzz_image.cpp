@@ -13,8 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = apus::fuzz::write_input("input.img", data, size);
   apus::fuzz::expect_only_apus_errors([&] {
     const apus::Rgb8Image image = apus::read_image(path);
-    if (image.width <= 0 || image.height <= 0 ||
-        image.rgb.size() != size_t(image.width) * size_t(image.height) * 3)
+    if (image.width <= 0 || image.height <= 0 || image.rgb.size() != size_t(image.width) * size_t(image.height) * 3)
       __builtin_trap();
     // An image that decodes was probed alike from its header.
     const apus::ImageSize header = apus::probe_image(apus::read_file(path), path);

@@ -13,8 +13,8 @@ struct TextInputs {
   Tensor cos, sin;  // [T, head_dim / 2] f32 (arena)
 };
 
-TextInputs embed_text(Context& c, const Tensor& embedding, const std::vector<int32_t>& ids,
-                      int64_t batch, int64_t head_dim, double rope_theta);
+TextInputs embed_text(Context& c, const Tensor& embedding, const std::vector<int32_t>& ids, int64_t batch,
+                      int64_t head_dim, double rope_theta);
 
 // A padding mask (1: a real token) as the attention ops take it: i64 in the context's memory
 // (arena), staged once for every layer.
@@ -25,7 +25,7 @@ Tensor key_mask(Context& c, const std::vector<int64_t>& mask);
 struct LayerBuffers {
   Tensor normed, q, k, v, attn, proj, gate, up;
 };
-LayerBuffers layer_buffers(Context& c, int64_t rows, int64_t hidden, int64_t q_width,
-                           int64_t kv_width, int64_t intermediate);
+LayerBuffers layer_buffers(Context& c, int64_t rows, int64_t hidden, int64_t q_width, int64_t kv_width,
+                           int64_t intermediate);
 
 }  // namespace apus

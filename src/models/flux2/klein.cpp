@@ -9,8 +9,8 @@
 namespace apus {
 
 std::vector<float> flux2::inpaint_mask(const Rgb8Image& mask, int width, int height) {
-  APUS_CHECK(width % 16 == 0 && height % 16 == 0 && width > 0 && height > 0, "inpainting mask for ", width, "x",
-             height, ": expected positive multiples of 16");
+  APUS_CHECK(width % 16 == 0 && height % 16 == 0 && width > 0 && height > 0, "inpainting mask for ", width, "x", height,
+             ": expected positive multiples of 16");
   const Rgb8Image sized = mask.width == width && mask.height == height ? mask : resize_lanczos(mask, width, height);
   const std::vector<uint8_t> grey = luminance(sized);
   const int gh = height / 16, gw = width / 16;
@@ -88,8 +88,8 @@ flux2::KleinIndex flux2::check_klein_index(const ModelDir& dir) {
       {"scheduler", {"FlowMatchEulerDiscreteScheduler"}}};
   for (const auto& [name, classes] : components) {
     const std::string cls = dir.component_class(name);
-    APUS_CHECK(std::find(classes.begin(), classes.end(), cls) != classes.end(), index, ": ", name,
-               " class '", cls, "' is not supported (expected ", classes[0], ")");
+    APUS_CHECK(std::find(classes.begin(), classes.end(), cls) != classes.end(), index, ": ", name, " class '", cls,
+               "' is not supported (expected ", classes[0], ")");
   }
   // Absent, the pipeline's default holds.
   k.distilled = k.reference_cache;

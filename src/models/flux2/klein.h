@@ -7,7 +7,7 @@
 
 namespace apus::flux2 {
 
-constexpr int kMaxSequence = 512;                    // the pipeline's max_sequence_length
+constexpr int kMaxSequence = 512;                       // the pipeline's max_sequence_length
 inline const std::vector<int> kTextTaps = {9, 18, 27};  // the pipeline's text_encoder_out_layers
 
 // What model_index.json says about the pipeline.

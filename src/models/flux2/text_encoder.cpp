@@ -48,10 +48,26 @@ TextEncoderConfig TextEncoderConfig::read(const Config& c) {
   // settings while use_sliding_window is false, positions beyond the pipeline's 512 tokens, the
   // LM head's tying (the head is not run), the cache, special token ids (the tokenizer pads), and
   // transformers' generic fields.
-  c.no_effect({"sliding_window", "max_window_layers", "max_position_embeddings", "tie_word_embeddings", "use_cache",
-               "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "transformers_version",
-               "architectures", "output_hidden_states", "return_dict", "dtype", "torch_dtype",
-               "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type"});
+  c.no_effect({"sliding_window",
+               "max_window_layers",
+               "max_position_embeddings",
+               "tie_word_embeddings",
+               "use_cache",
+               "initializer_range",
+               "pad_token_id",
+               "bos_token_id",
+               "eos_token_id",
+               "transformers_version",
+               "architectures",
+               "output_hidden_states",
+               "return_dict",
+               "dtype",
+               "torch_dtype",
+               "chunk_size_feed_forward",
+               "is_encoder_decoder",
+               "id2label",
+               "label2id",
+               "problem_type"});
   APUS_CHECK(t.heads % t.kv_heads == 0, c.path, ": num_attention_heads ", t.heads,
              " is not a multiple of num_key_value_heads ", t.kv_heads);
   return t;
@@ -89,15 +105,13 @@ TextEncoder TextEncoder::load(const Config& config, WeightLoader weights, const 
   return m;
 }
 
-Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
-                           const std::vector<int64_t>& attention_mask, int64_t batch) const {
+Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& attention_mask,
+                           int64_t batch) const {
   ArenaScope scope(*c.arena);
   CostScope text_scope(c, "text");
   const auto& cf = cfg_;
-  APUS_CHECK(batch >= 1 && ids.size() % size_t(batch) == 0 &&
-                 attention_mask.size() == ids.size(),
-             "text encoder: ", ids.size(), " ids and ", attention_mask.size(),
-             " mask entries for ", batch, " samples");
+  APUS_CHECK(batch >= 1 && ids.size() % size_t(batch) == 0 && attention_mask.size() == ids.size(),
+             "text encoder: ", ids.size(), " ids and ", attention_mask.size(), " mask entries for ", batch, " samples");
   const int64_t rows = int64_t(ids.size()), h = cf.hidden, d = cf.head_dim;
   const int64_t qd = cf.heads * d, kvd = cf.kv_heads * d;
 
@@ -121,10 +135,8 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids,
     ops::linear(c, normed, l.v, nullptr, v);
     ops::rms_norm(c, q, l.q_norm, q, cf.eps, d, ops::Rounding::each_step);
     ops::rms_norm(c, k, l.k_norm, k, cf.eps, d, ops::Rounding::each_step);
-    ops::rope(c, q, cos, sin, d, ops::RopeStyle::half,
-              ops::Rounding::each_step);
-    ops::rope(c, k, cos, sin, d, ops::RopeStyle::half,
-              ops::Rounding::each_step);
+    ops::rope(c, q, cos, sin, d, ops::RopeStyle::half, ops::Rounding::each_step);
+    ops::rope(c, k, cos, sin, d, ops::RopeStyle::half, ops::Rounding::each_step);
     ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), mask);
     {
       RowParallel row(c);

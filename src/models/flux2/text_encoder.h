@@ -24,8 +24,8 @@ class TextEncoder {
   size_t make_resident() const { return weights_.make_resident(); }
   // ids and mask [B*T], B prompts one after another; returns [B*T, taps * hidden] in the
   // activation dtype (heap).
-  Tensor encode(Context& c, const std::vector<int32_t>& ids,
-                const std::vector<int64_t>& attention_mask, int64_t batch = 1) const;
+  Tensor encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& attention_mask,
+                int64_t batch = 1) const;
 
  private:
   explicit TextEncoder(WeightLoader weights) : weights_(std::move(weights)) {}

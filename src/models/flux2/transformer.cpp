@@ -86,17 +86,17 @@ Transformer Transformer::load(const Config& config, WeightLoader weights) {
   return m;
 }
 
-TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embeds,
-                                          const Tensor& txt_ids, const Tensor& img_ids) const {
+TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embeds, const Tensor& txt_ids,
+                                          const Tensor& img_ids) const {
   const int64_t t = txt_ids.shape[0], l = img_ids.shape[0];
-  APUS_CHECK(txt_ids.rank() == 2 && txt_ids.shape[1] == 4 && img_ids.rank() == 2 &&
-                 img_ids.shape[1] == 4 && txt_ids.dtype == DType::i64 && img_ids.dtype == DType::i64,
-             "transformer: position ids ", shape_str(txt_ids.shape), " and ",
-             shape_str(img_ids.shape), ", expected i64 [T, 4] and [L, 4]");
-  APUS_CHECK(prompt_embeds.rank() == 2 && prompt_embeds.shape[1] == cfg_.joint_dim && t > 0 &&
-                 prompt_embeds.shape[0] % t == 0,
-             "transformer: prompt embeddings ", shape_str(prompt_embeds.shape),
-             " are not B x ", t, " tokens of joint_attention_dim ", cfg_.joint_dim);
+  APUS_CHECK(txt_ids.rank() == 2 && txt_ids.shape[1] == 4 && img_ids.rank() == 2 && img_ids.shape[1] == 4 &&
+                 txt_ids.dtype == DType::i64 && img_ids.dtype == DType::i64,
+             "transformer: position ids ", shape_str(txt_ids.shape), " and ", shape_str(img_ids.shape),
+             ", expected i64 [T, 4] and [L, 4]");
+  APUS_CHECK(
+      prompt_embeds.rank() == 2 && prompt_embeds.shape[1] == cfg_.joint_dim && t > 0 && prompt_embeds.shape[0] % t == 0,
+      "transformer: prompt embeddings ", shape_str(prompt_embeds.shape), " are not B x ", t,
+      " tokens of joint_attention_dim ", cfg_.joint_dim);
   TransformerPrologue p;
   p.batch = prompt_embeds.shape[0] / t;
   CostScope scope(c, "dit/prologue");
@@ -145,13 +145,11 @@ void Transformer::joint_attention(Context& c, const Tensor& q, const Tensor& k, 
   ops::attention(c, q, k_all, v_all, out, d, scale, {false, nullptr, batch});
 }
 
-void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int64_t t,
-                               int64_t batch, const Modulation& m, const TransformerPrologue& pro,
-                               const BlockKv& kv) const {
+void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int64_t t, int64_t batch,
+                               const Modulation& m, const TransformerPrologue& pro, const BlockKv& kv) const {
   const Tensor &mod_img = m.img, &mod_txt = m.txt;
   ArenaScope scope(*c.arena);
-  const int64_t rows = hidden.shape[0], s = rows / batch, h = cfg_.hidden, d = cfg_.head_dim,
-                f = cfg_.mlp_hidden;
+  const int64_t rows = hidden.shape[0], s = rows / batch, h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
   // Sample i holds rows [i*s, (i+1)*s): its text, then its image. The streams have their own
   // weights, so stream ops run per sample; the joint ops (rope, attention) run on all rows. The
   // references' own pass has no text (t = 0).
@@ -163,11 +161,11 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   // chunks j and j + 1 of each stream's modulation.
   auto modulate = [&](int64_t i, int j) {
     Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
-    ops::layer_norm_modulate(c, img_of(hidden, i), mod(mod_img, j), mod(mod_img, j + 1), n_img,
-                             cfg_.eps, ops::Rounding::each_step);
+    ops::layer_norm_modulate(c, img_of(hidden, i), mod(mod_img, j), mod(mod_img, j + 1), n_img, cfg_.eps,
+                             ops::Rounding::each_step);
     if (t > 0)
-      ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, j), mod(mod_txt, j + 1), n_txt,
-                               cfg_.eps, ops::Rounding::each_step);
+      ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, j), mod(mod_txt, j + 1), n_txt, cfg_.eps,
+                               ops::Rounding::each_step);
   };
   std::optional<CostScope> part(std::in_place, c, "attn");
   // q, k, v of both streams land in one joint [txt; img] buffer per sample: the concat costs
@@ -177,9 +175,11 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   for (int64_t i = 0; i < batch; ++i) {
     modulate(i, 0);
     const Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
-    struct Proj { const Tensor& w; Tensor out; };
-    for (const auto& [w, out] : {Proj{b.to_q, img_of(q, i)}, Proj{b.to_k, img_of(k, i)},
-                                 Proj{b.to_v, img_of(v, i)}}) {
+    struct Proj {
+      const Tensor& w;
+      Tensor out;
+    };
+    for (const auto& [w, out] : {Proj{b.to_q, img_of(q, i)}, Proj{b.to_k, img_of(k, i)}, Proj{b.to_v, img_of(v, i)}}) {
       Tensor o = out;
       ops::linear(c, n_img, w, nullptr, o);
     }
@@ -187,8 +187,8 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
     ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, ops::Rounding::once);
     ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, ops::Rounding::once);
     if (t == 0) continue;
-    for (const auto& [w, out] : {Proj{b.add_q, txt_of(q, i)}, Proj{b.add_k, txt_of(k, i)},
-                                 Proj{b.add_v, txt_of(v, i)}}) {
+    for (const auto& [w, out] :
+         {Proj{b.add_q, txt_of(q, i)}, Proj{b.add_k, txt_of(k, i)}, Proj{b.add_v, txt_of(v, i)}}) {
       Tensor o = out;
       ops::linear(c, n_txt, w, nullptr, o);
     }
@@ -222,17 +222,21 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   for (int64_t i = 0; i < batch; ++i) {
     modulate(i, 3);
     const Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
-    struct Stream { const Tensor& n; const Tensor& w_in; const Tensor& w_out; Tensor x; Tensor gate;
-                    int64_t r0, r1; };
+    struct Stream {
+      const Tensor& n;
+      const Tensor& w_in;
+      const Tensor& w_out;
+      Tensor x;
+      Tensor gate;
+      int64_t r0, r1;
+    };
     for (const Stream& st :
          {Stream{n_img, b.ff_in, b.ff_out, img_of(hidden, i), mod(mod_img, 5), i * s + t, (i + 1) * s},
-          Stream{n_txt, b.ff_ctx_in, b.ff_ctx_out, txt_of(hidden, i), mod(mod_txt, 5), i * s,
-                 i * s + t}}) {
+          Stream{n_txt, b.ff_ctx_in, b.ff_ctx_out, txt_of(hidden, i), mod(mod_txt, 5), i * s, i * s + t}}) {
       if (st.r0 == st.r1) continue;  // the references' pass: no text
       Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
       ops::linear(c, st.n, st.w_in, nullptr, u);
-      ops::glu(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Activation::silu,
-               ops::Rounding::each_step);
+      ops::glu(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Activation::silu, ops::Rounding::each_step);
       {
         RowParallel row(c);
         ops::linear(c, a, st.w_out, nullptr, o);
@@ -249,8 +253,7 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   const int64_t s = hidden.shape[0], h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
   Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
   std::optional<CostScope> part(std::in_place, c, "linear1");
-  ops::layer_norm_modulate(c, hidden, mod.cols(0, h), mod.cols(h, 2 * h), normed, cfg_.eps,
-                           ops::Rounding::each_step);
+  ops::layer_norm_modulate(c, hidden, mod.cols(0, h), mod.cols(h, 2 * h), normed, cfg_.eps, ops::Rounding::each_step);
   Tensor proj = Tensor::in(*c.arena, {s, 3 * h + 2 * f}, c.act);
   ops::linear(c, normed, b.qkv_mlp, nullptr, proj);
   Tensor q = proj.cols(0, h), k = proj.cols(h, 2 * h), v = proj.cols(2 * h, 3 * h);
@@ -264,8 +267,8 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
   joint_attention(c, q, k, v, attn, pro.batch, t, kv);
   part.emplace(c, "linear2");
-  ops::glu(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp,
-                ops::Activation::silu, ops::Rounding::each_step);
+  ops::glu(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp, ops::Activation::silu,
+           ops::Rounding::each_step);
   Tensor out = Tensor::in(*c.arena, {s, h}, c.act);
   {
     RowParallel row(c);
@@ -324,17 +327,15 @@ ReferenceKv Transformer::reference_kv(Context& c, const Tensor& tokens, const Te
   return kv;
 }
 
-void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tensor& latents,
-                          float timestep, Tensor& velocity, const ReferenceKv* references) const {
+void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tensor& latents, float timestep,
+                          Tensor& velocity, const ReferenceKv* references) const {
   ArenaScope scope(*c.arena);
   const int64_t batch = pro.batch, t = pro.txt.shape[0] / batch, l = latents.shape[0] / batch;
   const int64_t s = t + l, h = cfg_.hidden;
-  APUS_CHECK(latents.rank() == 2 && latents.shape[1] == cfg_.in_channels &&
-                 latents.shape[0] == batch * l && pro.cos.shape[0] == s &&
-                 velocity.shape == Shape({batch * l, cfg_.out_channels}),
-             "transformer: latents ", shape_str(latents.shape), " / velocity ",
-             shape_str(velocity.shape), " do not match the prologue (", batch, " x ", s,
-             " tokens)");
+  APUS_CHECK(latents.rank() == 2 && latents.shape[1] == cfg_.in_channels && latents.shape[0] == batch * l &&
+                 pro.cos.shape[0] == s && velocity.shape == Shape({batch * l, cfg_.out_channels}),
+             "transformer: latents ", shape_str(latents.shape), " / velocity ", shape_str(velocity.shape),
+             " do not match the prologue (", batch, " x ", s, " tokens)");
 
   // The pipeline casts t to the model dtype, divides by 1000 and the model multiplies by 1000
   // again, each in the model dtype; the sinusoid (cos first) is fp32, cast back.
@@ -373,8 +374,8 @@ void Transformer::forward(Context& c, const TransformerPrologue& pro, const Tens
   Tensor normed = Tensor::in(*c.arena, {batch * l, h}, c.act);
   for (int64_t i = 0; i < batch; ++i) {
     Tensor n = normed.rows(i * l, (i + 1) * l);
-    ops::layer_norm_modulate(c, hidden.rows(i * s + t, (i + 1) * s), mod_out.cols(h, 2 * h),
-                             mod_out.cols(0, h), n, cfg_.eps, ops::Rounding::each_step);
+    ops::layer_norm_modulate(c, hidden.rows(i * s + t, (i + 1) * s), mod_out.cols(h, 2 * h), mod_out.cols(0, h), n,
+                             cfg_.eps, ops::Rounding::each_step);
   }
   ops::linear(c, normed, proj_out_, nullptr, velocity);
 }

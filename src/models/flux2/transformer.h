@@ -50,8 +50,8 @@ class Transformer {
   // latents [B*L, in_channels] (activation dtype); timestep is the scheduler's t = 1000 sigma,
   // the same for every sample. Writes velocity [B*L, out_channels]. With `references`, every
   // attention also sees their cached keys and values.
-  void forward(Context& c, const TransformerPrologue& pro, const Tensor& latents, float timestep,
-               Tensor& velocity, const ReferenceKv* references = nullptr) const;
+  void forward(Context& c, const TransformerPrologue& pro, const Tensor& latents, float timestep, Tensor& velocity,
+               const ReferenceKv* references = nullptr) const;
   // Runs packed reference tokens [R, in_channels] at position ids ids [R, 4] through every block
   // and keeps their keys and values (the KV pipeline's extract pass).
   ReferenceKv reference_kv(Context& c, const Tensor& tokens, const Tensor& ids) const;
@@ -86,12 +86,12 @@ class Transformer {
   Modulation modulation(Context& c, float tau) const;
   // Joint attention over each sample's [txt; img] rows (txt_len text rows), the references' keys
   // and values between the text's and the image's when kv.attend is set.
-  void joint_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                       int64_t batch, int64_t txt_len, const BlockKv& kv) const;
-  void double_block(Context& c, const Double& b, Tensor& hidden, int64_t txt_len, int64_t batch,
-                    const Modulation& mod, const TransformerPrologue& pro, const BlockKv& kv) const;
-  void single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod,
-                    const TransformerPrologue& pro, int64_t txt_len, const BlockKv& kv) const;
+  void joint_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int64_t batch,
+                       int64_t txt_len, const BlockKv& kv) const;
+  void double_block(Context& c, const Double& b, Tensor& hidden, int64_t txt_len, int64_t batch, const Modulation& mod,
+                    const TransformerPrologue& pro, const BlockKv& kv) const;
+  void single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod, const TransformerPrologue& pro,
+                    int64_t txt_len, const BlockKv& kv) const;
 };
 
 }  // namespace apus::flux2

@@ -62,13 +62,11 @@ void resnet(Context& c, const Resnet& r, int64_t groups, const Tensor& x, Tensor
   ArenaScope scope(*c.arena);
   const int64_t hw = x.shape[2] * x.shape[3], out = y.shape[1];
   Tensor n1 = Tensor::in(*c.arena, x.shape, c.act);
-  ops::group_norm(c, x, r.norm1.weight, r.norm1.bias, n1, groups, kNormEps, true,
-                  ops::Rounding::each_step);
+  ops::group_norm(c, x, r.norm1.weight, r.norm1.bias, n1, groups, kNormEps, true, ops::Rounding::each_step);
   Tensor h1 = Tensor::in(*c.arena, y.shape, c.act);
   ops::conv2d(c, n1, r.conv1_w, &r.conv1_b, h1, 1, 1, 1);
   Tensor n2 = Tensor::in(*c.arena, y.shape, c.act);
-  ops::group_norm(c, h1, r.norm2.weight, r.norm2.bias, n2, groups, kNormEps, true,
-                  ops::Rounding::each_step);
+  ops::group_norm(c, h1, r.norm2.weight, r.norm2.bias, n2, groups, kNormEps, true, ops::Rounding::each_step);
   ops::conv2d(c, n2, r.conv2_w, &r.conv2_b, y, 1, 1, 1);
   const int64_t planes = y.shape[0] * out;  // every sample's channels
   Tensor sum = y.reshape({planes, hw});
@@ -85,8 +83,7 @@ void attention(Context& c, const Attention& a, int64_t groups, const Tensor& x, 
   ArenaScope scope(*c.arena);
   const int64_t n = x.shape[0], ch = x.shape[1], hw = x.shape[2] * x.shape[3];
   Tensor normed = Tensor::in(*c.arena, x.shape, c.act);
-  ops::group_norm(c, x, a.norm.weight, a.norm.bias, normed, groups, kNormEps, false,
-                  ops::Rounding::each_step);
+  ops::group_norm(c, x, a.norm.weight, a.norm.bias, normed, groups, kNormEps, false, ops::Rounding::each_step);
   // Channel planes to token rows, sample by sample: [N, C, HW] -> [N, HW, C].
   Tensor tokens = Tensor::in(*c.arena, {n * hw, ch}, c.act);
   Tensor token_view = tokens.reshape({n, hw, ch});

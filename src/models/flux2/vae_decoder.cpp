@@ -13,8 +13,8 @@ namespace {
 
 // Leading part of a ping-pong buffer viewed with a smaller shape.
 Tensor slot(const Tensor& buffer, Shape s) {
-  APUS_CHECK(shape_numel(s) <= buffer.numel(), "vae: activation ", shape_str(s),
-             " exceeds the planned buffer of ", buffer.numel());
+  APUS_CHECK(shape_numel(s) <= buffer.numel(), "vae: activation ", shape_str(s), " exceeds the planned buffer of ",
+             buffer.numel());
   Tensor t = buffer;
   t.shape = std::move(s);
   return t;
@@ -34,14 +34,12 @@ VaeConfig VaeConfig::read(const Config& c) {
   v.encoder_block_out = c.get_sizes("block_out_channels");
   for (const auto* blocks : {&v.block_out, &v.encoder_block_out})
     for (int64_t ch : *blocks)
-      APUS_CHECK(ch % v.groups == 0, c.path, ": ", ch, " channels do not split into norm_num_groups ",
-                 v.groups);
+      APUS_CHECK(ch % v.groups == 0, c.path, ": ", ch, " channels do not split into norm_num_groups ", v.groups);
   v.mid_attention = c.get_bool("mid_block_add_attention", true);
   v.quant_conv = c.get_bool("use_quant_conv", true);
   v.post_quant_conv = c.get_bool("use_post_quant_conv", true);
   v.bn_eps = c.get_positive("batch_norm_eps", 1e-4);
-  const std::vector<int64_t> patch =
-      c.has("patch_size") ? c.get_ints("patch_size") : std::vector<int64_t>{2, 2};
+  const std::vector<int64_t> patch = c.has("patch_size") ? c.get_ints("patch_size") : std::vector<int64_t>{2, 2};
   // The pipeline's _unpatchify_latents hard-codes 2x2 whatever the config says.
   APUS_CHECK(patch == std::vector<int64_t>({2, 2}), c.path, ": patch_size must be [2, 2]");
   v.patch = 2;
@@ -102,16 +100,13 @@ VaeDecoder VaeDecoder::load(const Config& config, WeightLoader weights) {
   return m;
 }
 
-void VaeDecoder::unpack_latents(Context& c, const Tensor& packed, int64_t h, int64_t w,
-                                Tensor& latents) const {
+void VaeDecoder::unpack_latents(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& latents) const {
   const int64_t pc = cfg_.packed_channels(), p = cfg_.patch, lh = p * h, lw = p * w;
   const int64_t n = latents.shape[0];
   APUS_CHECK(packed.shape == Shape({n * h * w, pc}) && packed.contiguous() &&
-                 latents.shape == Shape({n, cfg_.latent_channels, lh, lw}) &&
-                 latents.dtype == c.act,
-             "vae: packed latents ", shape_str(packed.shape), " for ", n, " samples of a ", h,
-             "x", w, " grid, latents ", shape_str(latents.shape), "; expected [", n * h * w, ", ",
-             pc, "]");
+                 latents.shape == Shape({n, cfg_.latent_channels, lh, lw}) && latents.dtype == c.act,
+             "vae: packed latents ", shape_str(packed.shape), " for ", n, " samples of a ", h, "x", w,
+             " grid, latents ", shape_str(latents.shape), "; expected [", n * h * w, ", ", pc, "]");
   const vae::BatchNormStats& d = c.act == DType::bf16 ? stats_bf16_ : stats_f32_;
   ArenaScope scope(*c.arena);
   // The pipeline casts the batch-norm statistics to the latents' dtype and evaluates
@@ -137,13 +132,11 @@ int64_t VaeDecoder::max_activation(int64_t lh, int64_t lw) const {
   return most;
 }
 
-void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w,
-                        Tensor& image) const {
+void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image) const {
   const int64_t s = cfg_.pixels_per_token(), batch = image.shape[0];
-  APUS_CHECK(image.shape == Shape({batch, cfg_.out_channels, h * s, w * s}) && image.dtype == c.act,
-             "vae: image ", shape_str(image.shape), " ", dtype_name(image.dtype), " for a ", h, "x",
-             w, " token grid; expected [N, ", cfg_.out_channels, ", ", h * s, ", ", w * s, "] ",
-             dtype_name(c.act));
+  APUS_CHECK(image.shape == Shape({batch, cfg_.out_channels, h * s, w * s}) && image.dtype == c.act, "vae: image ",
+             shape_str(image.shape), " ", dtype_name(image.dtype), " for a ", h, "x", w, " token grid; expected [N, ",
+             cfg_.out_channels, ", ", h * s, ", ", w * s, "] ", dtype_name(c.act));
   ArenaScope scope(*c.arena);
   CostScope vae_scope(c, "vae");
   std::optional<CostScope> part(std::in_place, c, "mid");

@@ -11,7 +11,7 @@ namespace apus::flux2 {
 
 struct VaeConfig {
   int64_t latent_channels, in_channels, out_channels, layers_per_block, groups, patch;
-  std::vector<int64_t> block_out;  // the decoder's channels, outermost (full resolution) first
+  std::vector<int64_t> block_out;          // the decoder's channels, outermost (full resolution) first
   std::vector<int64_t> encoder_block_out;  // the encoder's (block_out_channels), the same way
   bool mid_attention, quant_conv, post_quant_conv;
   double bn_eps;
@@ -32,8 +32,7 @@ class VaeDecoder {
   // packed [N*h*w, packed_channels] tokens in row-major grid order, N samples one after another
   // (activation dtype) -> latents [N, latent_channels, patch*h, patch*w]: the batch-norm
   // de-normalisation and the unpatchify the pipeline applies before vae.decode.
-  void unpack_latents(Context& c, const Tensor& packed, int64_t h, int64_t w,
-                      Tensor& latents) const;
+  void unpack_latents(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& latents) const;
   // packed tokens as above -> image [N, out_channels, h*pixels_per_token, w*pixels_per_token]
   // in the activation dtype, in [-1, 1] before postprocessing.
   void decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image) const;

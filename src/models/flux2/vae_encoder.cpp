@@ -60,8 +60,8 @@ void VaeEncoder::encode(Context& c, const Tensor& image, Tensor& packed) const {
              "vae encoder: image ", shape_str(image.shape), " ", dtype_name(image.dtype), "; expected [1, ",
              cfg_.in_channels, ", H, W] ", dtype_name(c.act), " with H and W multiples of ", s);
   const int64_t h = ih / s, w = iw / s, lat = cfg_.latent_channels, p = cfg_.patch;
-  APUS_CHECK(packed.shape == Shape({h * w, cfg_.packed_channels()}) && packed.dtype == c.act,
-             "vae encoder: packed ", shape_str(packed.shape), "; expected [", h * w, ", ", cfg_.packed_channels(), "]");
+  APUS_CHECK(packed.shape == Shape({h * w, cfg_.packed_channels()}) && packed.dtype == c.act, "vae encoder: packed ",
+             shape_str(packed.shape), "; expected [", h * w, ", ", cfg_.packed_channels(), "]");
   ArenaScope scope(*c.arena);
   CostScope vae_scope(c, "vae_encoder");
   const std::vector<int64_t>& blocks = cfg_.encoder_block_out;

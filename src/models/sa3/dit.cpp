@@ -76,8 +76,10 @@ Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute) {
   m.mod_1_bias_ = vec("global_cond_embedder.0.bias", {d});
   m.mod_2_ = gemm("global_cond_embedder.2.weight", {6 * d, d});
   m.mod_2_bias_ = vec("global_cond_embedder.2.bias", {6 * d});
-  m.pre_conv_ = gemm("preprocess_conv.weight", {c.io_channels, c.io_channels, 1}).reshape({c.io_channels, c.io_channels});
-  m.post_conv_ = gemm("postprocess_conv.weight", {c.io_channels, c.io_channels, 1}).reshape({c.io_channels, c.io_channels});
+  m.pre_conv_ =
+      gemm("preprocess_conv.weight", {c.io_channels, c.io_channels, 1}).reshape({c.io_channels, c.io_channels});
+  m.post_conv_ =
+      gemm("postprocess_conv.weight", {c.io_channels, c.io_channels, 1}).reshape({c.io_channels, c.io_channels});
   m.proj_in_ = gemm("proj_in.weight", {d, c.io_channels});
   m.proj_out_ = gemm("proj_out.weight", {c.io_channels, d});
   if (c.memory_tokens > 0) m.memory_ = vec("memory_tokens", {c.memory_tokens, d});
@@ -131,8 +133,8 @@ Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute) {
   return m;
 }
 
-void Dit::mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2,
-              const Tensor* b2, Tensor& y) const {
+void Dit::mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2, const Tensor* b2,
+              Tensor& y) const {
   ArenaScope scope(*c.arena);
   Tensor hidden = Tensor::in(*c.arena, {x.shape[0], w1.shape[0]}, c.act);
   ops::linear(c, x, w1, b1, hidden);
@@ -144,13 +146,12 @@ DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int
                           const Tensor& global, const Tensor& local, int64_t valid_frames) const {
   const DitConfig& g = cfg_;
   const int64_t batch = global.shape[0], d = g.dim, hd = g.head_dim;
-  APUS_CHECK(global.rank() == 2 && global.shape[1] == g.global_dim && batch >= 1,
-             "dit: global condition ", shape_str(global.shape), " is not B x global_cond_dim ",
-             g.global_dim);
+  APUS_CHECK(global.rank() == 2 && global.shape[1] == g.global_dim && batch >= 1, "dit: global condition ",
+             shape_str(global.shape), " is not B x global_cond_dim ", g.global_dim);
   APUS_CHECK(cross.rank() == 2 && cross.shape[1] == g.cond_dim && cross.shape[0] % batch == 0 &&
                  int64_t(cross_valid.size()) == cross.shape[0],
-             "dit: cross tokens ", shape_str(cross.shape), " (", cross_valid.size(),
-             " mask entries) are not ", batch, " x tokens of cond_token_dim ", g.cond_dim);
+             "dit: cross tokens ", shape_str(cross.shape), " (", cross_valid.size(), " mask entries) are not ", batch,
+             " x tokens of cond_token_dim ", g.cond_dim);
   APUS_CHECK(local.rank() == 2 && local.shape[1] == g.local_dim && local.shape[0] % batch == 0,
              "dit: local conditioning ", shape_str(local.shape), " is not B x frames x ", g.local_dim);
   const int64_t ctx = cross.shape[0] / batch;
@@ -205,8 +206,7 @@ DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int
   return p;
 }
 
-void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro, Tensor& x,
-                const Tensor& mod) const {
+void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro, Tensor& x, const Tensor& mod) const {
   ArenaScope scope(*c.arena);
   const DitConfig& g = cfg_;
   const int64_t batch = pro.batch, rows = x.shape[0], n = rows / batch, d = g.dim, hd = g.head_dim;
@@ -228,10 +228,9 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
   auto attend = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
     const ops::AttentionOptions opts{false, nullptr, batch};
     if (g.differential)
-      ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d),
-                                  v, attn, hd, scale, opts);
-    else
-      ops::attention(c, q, k, v, attn, hd, scale, opts);
+      ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d), v, attn, hd, scale,
+                                  opts);
+    else ops::attention(c, q, k, v, attn, hd, scale, opts);
   };
 
   std::optional<CostScope> part(std::in_place, c, "self_attn");
@@ -280,8 +279,7 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
   const int64_t mem = g.memory_tokens, frames = n - mem;
   for (int64_t s = 0; s < batch; ++s) {
     Tensor audio = x.rows(s * n + mem, (s + 1) * n);
-    ops::add_gated(c, audio, pro.local[index].rows(s * frames, (s + 1) * frames), nullptr,
-                   ops::Rounding::each_step);
+    ops::add_gated(c, audio, pro.local[index].rows(s * frames, (s + 1) * frames), nullptr, ops::Rounding::each_step);
   }
 
   part.emplace(c, "ff");
@@ -298,16 +296,14 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
   ops::add_gated(c, x, proj, &gate, ops::Rounding::each_step);
 }
 
-void Dit::forward(Context& c, const DitPrologue& pro, const Tensor& x, float t,
-                  Tensor& velocity) const {
+void Dit::forward(Context& c, const DitPrologue& pro, const Tensor& x, float t, Tensor& velocity) const {
   ArenaScope scope(*c.arena);
   const DitConfig& g = cfg_;
   const int64_t batch = pro.batch, frames = pro.frames, mem = g.memory_tokens, n = mem + frames;
   const int64_t d = g.dim, io = g.io_channels;
-  APUS_CHECK(x.rank() == 2 && x.shape[0] == batch * frames && x.shape[1] == io &&
-                 velocity.shape == x.shape,
-             "dit: latents ", shape_str(x.shape), " / velocity ", shape_str(velocity.shape),
-             " are not ", batch, " x ", frames, " frames of ", io, " channels");
+  APUS_CHECK(x.rank() == 2 && x.shape[0] == batch * frames && x.shape[1] == io && velocity.shape == x.shape,
+             "dit: latents ", shape_str(x.shape), " / velocity ", shape_str(velocity.shape), " are not ", batch, " x ",
+             frames, " frames of ", io, " channels");
   CostScope dit_scope(c, "dit");
   std::optional<CostScope> part(std::in_place, c, "embed");
   // Timestep: fp32 Fourier features of t, then the MLP; added to the global condition and

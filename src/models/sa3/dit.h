@@ -38,11 +38,11 @@ struct DitPrologue {
   // Frames past valid_frames are the canvas's padding: the official code (without flash-attn)
   // zeroes their self-attention values; they still take part as keys and queries.
   int64_t valid_frames = 0;
-  Tensor global;            // [B, dim] to_global_embed(global condition)
+  Tensor global;                         // [B, dim] to_global_embed(global condition)
   std::vector<Tensor> cross_k, cross_v;  // per block: [B*S, k width] normed keys, [B*S, dim] values
-  std::vector<Tensor> local;  // per block: [B*T, dim] to_local_embed(local condition)
-  Tensor cos, sin;          // [memory + T, rope_dim / 2] f32
-  Tensor padding_zeros;     // [T - valid_frames, dim]: what the padding frames' values become
+  std::vector<Tensor> local;             // per block: [B*T, dim] to_local_embed(local condition)
+  Tensor cos, sin;                       // [memory + T, rope_dim / 2] f32
+  Tensor padding_zeros;                  // [T - valid_frames, dim]: what the padding frames' values become
 };
 
 class Dit {
@@ -59,8 +59,8 @@ class Dit {
   // conditioner does); global [B, global_dim] (the duration embedding); local [B*T, local_dim]
   // (zeros for text-to-audio, mask + masked latents for inpainting).
   // valid_frames < T marks the canvas's padding (see DitPrologue); 0 means every frame.
-  DitPrologue prologue(Context& c, const Tensor& cross, const std::vector<int64_t>& cross_valid,
-                       const Tensor& global, const Tensor& local, int64_t valid_frames = 0) const;
+  DitPrologue prologue(Context& c, const Tensor& cross, const std::vector<int64_t>& cross_valid, const Tensor& global,
+                       const Tensor& local, int64_t valid_frames = 0) const;
   // x [B*T, io_channels] latent frames (sample-major), t in [0, 1] for every sample; writes the
   // velocity [B*T, io_channels].
   void forward(Context& c, const DitPrologue& pro, const Tensor& x, float t, Tensor& velocity) const;
@@ -81,11 +81,10 @@ class Dit {
   Tensor memory_, padding_, time_freqs_, ones_;
   std::vector<Block> blocks_;
 
-  void block(Context& c, const Block& b, size_t index, const DitPrologue& pro, Tensor& x,
-             const Tensor& mod) const;
+  void block(Context& c, const Block& b, size_t index, const DitPrologue& pro, Tensor& x, const Tensor& mod) const;
   // y [rows, dim] = Linear -> SiLU -> Linear (the conditioning MLPs), biases optional.
-  void mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2,
-           const Tensor* b2, Tensor& y) const;
+  void mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2, const Tensor* b2,
+           Tensor& y) const;
 };
 
 }  // namespace apus::sa3

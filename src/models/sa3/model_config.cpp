@@ -29,8 +29,8 @@ void known_keys(const Config& c, const std::set<std::string>& keys) {
     APUS_CHECK(keys.count(it.key()), c.path, ": '", it.key(), "' is not a setting apus supports");
 }
 
-void require_string(const Config& c, const std::string& key, const std::string& fallback,
-                    const std::string& expected, const std::string& why) {
+void require_string(const Config& c, const std::string& key, const std::string& fallback, const std::string& expected,
+                    const std::string& why) {
   const std::string v = c.get_string(key, fallback);
   APUS_CHECK(v == expected, c.path, ": '", key, "' is \"", v, "\", expected \"", expected, "\" (", why, ")");
 }
@@ -80,9 +80,8 @@ DitConfig read_dit(const Config& diffusion, bool& euler) {
              "models sample on the default log-SNR line)");
   // Training-only settings: they do not change what inference computes.
   known_keys(diffusion, {"type", "diffusion_objective", "cross_attention_cond_ids", "global_cond_ids",
-                         "local_add_cond_ids", "input_concat_ids", "prepend_cond_ids",
-                         "modular_local_cond_configs", "sampling_distribution_shift_options",
-                         "distribution_shift_options", "mask_padding_attention",
+                         "local_add_cond_ids", "input_concat_ids", "prepend_cond_ids", "modular_local_cond_configs",
+                         "sampling_distribution_shift_options", "distribution_shift_options", "mask_padding_attention",
                          "use_effective_length_for_schedule", "config"});
 
   const Config c = object(diffusion, "config");
@@ -117,11 +116,29 @@ DitConfig read_dit(const Config& diffusion, bool& euler) {
   const Config norm = c.json.contains("norm_kwargs") ? object(c, "norm_kwargs") : Config{c.path, Json::object()};
   known_keys(norm, {"force_fp32", "eps"});
   d.norm_eps = float(norm.get_positive("eps", 1e-5));
-  known_keys(c, {"io_channels", "patch_size", "embed_dim", "depth", "num_heads", "cond_token_dim",
-                 "global_cond_dim", "local_add_cond_dim", "timestep_features_dim", "num_memory_tokens",
-                 "global_cond_type", "timestep_features_type", "timestep_cond_type", "transformer_type",
-                 "norm_type", "timestep_features_logsnr", "project_cond_tokens", "project_global_cond",
-                 "input_concat_dim", "prepend_cond_dim", "ff_kwargs", "attn_kwargs", "norm_kwargs",
+  known_keys(c, {"io_channels",
+                 "patch_size",
+                 "embed_dim",
+                 "depth",
+                 "num_heads",
+                 "cond_token_dim",
+                 "global_cond_dim",
+                 "local_add_cond_dim",
+                 "timestep_features_dim",
+                 "num_memory_tokens",
+                 "global_cond_type",
+                 "timestep_features_type",
+                 "timestep_cond_type",
+                 "transformer_type",
+                 "norm_type",
+                 "timestep_features_logsnr",
+                 "project_cond_tokens",
+                 "project_global_cond",
+                 "input_concat_dim",
+                 "prepend_cond_dim",
+                 "ff_kwargs",
+                 "attn_kwargs",
+                 "norm_kwargs",
                  "diffusion_objective"});
   return d;
 }
@@ -157,7 +174,8 @@ void read_same_side(const Config& side, bool encoder, SameConfig& s, float& mask
   } else {
     // SAME-S: attention within chunks of chunk_size latents' worth of tokens.
     const int64_t chunk = side.get_size("chunk_size", 128, 1);
-    APUS_CHECK(chunk % s.stride == 0, side.path, ": 'chunk_size' ", chunk, " is not a multiple of the stride ", s.stride);
+    APUS_CHECK(chunk % s.stride == 0, side.path, ": 'chunk_size' ", chunk, " is not a multiple of the stride ",
+               s.stride);
     s.window = 0;
     s.chunk_tokens = chunk + chunk / s.stride;
     s.midpoint_shift = side.get_bool("chunk_midpoint_shift", false);
@@ -176,11 +194,31 @@ void read_same_side(const Config& side, bool encoder, SameConfig& s, float& mask
   APUS_CHECK(noise >= 0 && noise <= 1, side.path, ": 'mask_noise' ", noise,
              " outside [0, 1] (the published decoders use 0.01 and 0.1)");
   mask_noise = float(noise);
-  known_keys(side, {audio_key, "channels", "c_mults", "strides", "latent_dim", "transformer_depths",
-                    "sinusoidal_blocks", "sliding_window", "dim_heads", "differential", "dyt",
-                    "variable_stride", "conv_mapping", "mask_noise", "checkpointing", "layer_scale",
-                    "conformer", "chunk_size", "chunk_midpoint_shift", "ff_mult", "causal", "cross_attn",
-                    "feat_scale", "mapping_bias", "freeze_backbone"});
+  known_keys(side, {audio_key,
+                    "channels",
+                    "c_mults",
+                    "strides",
+                    "latent_dim",
+                    "transformer_depths",
+                    "sinusoidal_blocks",
+                    "sliding_window",
+                    "dim_heads",
+                    "differential",
+                    "dyt",
+                    "variable_stride",
+                    "conv_mapping",
+                    "mask_noise",
+                    "checkpointing",
+                    "layer_scale",
+                    "conformer",
+                    "chunk_size",
+                    "chunk_midpoint_shift",
+                    "ff_mult",
+                    "causal",
+                    "cross_attn",
+                    "feat_scale",
+                    "mapping_bias",
+                    "freeze_backbone"});
 }
 
 }  // namespace
@@ -217,7 +255,8 @@ void read_official_autoencoder(const Config& ae, int64_t rate, OfficialConfig& o
   require_bool(bottleneck, "auto_scale", false, true, "the published bottlenecks carry running_std");
   APUS_CHECK(bottleneck.get_int("noise_augment_dim", 0) == 0, bottleneck.path,
              ": 'noise_augment_dim' is not supported");
-  APUS_CHECK(bottleneck.get_size("dim", 1) == s.latent_dim, bottleneck.path, ": 'dim' differs from the decoder's latent_dim");
+  APUS_CHECK(bottleneck.get_size("dim", 1) == s.latent_dim, bottleneck.path,
+             ": 'dim' differs from the decoder's latent_dim");
   o.bottleneck_noise = bottleneck.get_bool("noise_regularize", false);
   known_keys(bottleneck, {"dim", "noise_augment_dim", "noise_regularize", "auto_scale", "freeze"});
   APUS_CHECK(ae.get_size("downsampling_ratio", 1) == s.patch_size * s.stride, ae.path,
@@ -226,7 +265,8 @@ void read_official_autoencoder(const Config& ae, int64_t rate, OfficialConfig& o
              ": 'latent_dim' differs from the decoder's");
   APUS_CHECK(ae.get_size("io_channels", s.audio_channels, 1) == s.audio_channels, ae.path,
              ": 'io_channels' differs from the patched pretransform's channels");
-  known_keys(ae, {"encoder", "decoder", "bottleneck", "pretransform", "latent_dim", "downsampling_ratio", "io_channels"});
+  known_keys(ae,
+             {"encoder", "decoder", "bottleneck", "pretransform", "latent_dim", "downsampling_ratio", "io_channels"});
 }
 
 OfficialConfig read_official_config(const std::string& path) {
@@ -254,8 +294,7 @@ OfficialConfig read_official_config(const std::string& path) {
   const Config cond = object(model, "conditioning");
   known_keys(cond, {"cond_dim", "configs"});
   const int64_t cond_dim = cond.get_size("cond_dim", 1);
-  APUS_CHECK(cond.json.contains("configs") && cond.json["configs"].is_array(), cond.path,
-             ": missing list 'configs'");
+  APUS_CHECK(cond.json.contains("configs") && cond.json["configs"].is_array(), cond.path, ": missing list 'configs'");
   bool prompt = false, seconds = false;
   for (size_t i = 0; i < cond.json["configs"].size(); ++i) {
     const Config entry{below(below(cond.path, "configs"), detail::concat("[", i, "]")), cond.json["configs"][i]};
@@ -270,12 +309,12 @@ OfficialConfig read_official_config(const std::string& path) {
       o.max_tokens = int(cfg.get_size("max_length", 128, 1));
       o.max_tokens_key = cfg.path + ": 'max_length'";
       o.text_encoder_folder = cfg.get_string("subfolder", "t5gemma-b-b-ul2");
-      APUS_CHECK(o.text_encoder_folder.find('/') == std::string::npos && o.text_encoder_folder != "..",
-                 cfg.path, ": 'subfolder' must name a folder beside model_config.json");
+      APUS_CHECK(o.text_encoder_folder.find('/') == std::string::npos && o.text_encoder_folder != "..", cfg.path,
+                 ": 'subfolder' must name a folder beside model_config.json");
       APUS_CHECK(!cfg.json.contains("model_path") || cfg.json["model_path"].is_null(), cfg.path,
                  ": 'model_path' is not supported (the encoder is read from the 'subfolder')");
-      known_keys(cfg, {"model_name", "max_length", "enable_grad", "project_out", "padding_mode",
-                       "model_path", "repo_id", "subfolder"});
+      known_keys(cfg, {"model_name", "max_length", "enable_grad", "project_out", "padding_mode", "model_path",
+                       "repo_id", "subfolder"});
       prompt = true;
     } else if (id == "seconds_total" && type == "number") {
       require_string(cfg, "fourier_features_type", "learned", "expo", "the published duration features");

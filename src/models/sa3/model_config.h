@@ -18,14 +18,14 @@ struct OfficialConfig {
   DurationConfig duration;
   std::string text_encoder_folder;  // the T5Gemma subfolder beside model_config.json
   int max_tokens = 256;
-  std::string max_tokens_key;       // where max_tokens comes from: "FILE (KEY PATH): 'max_length'"
-  int64_t sample_size = 0;          // samples: the longest canvas
-  int64_t encoder_chunk = 32;       // the SAME encoder's chunk_size: canvases align to it
-  bool chunked_decode = false;      // model.pretransform.chunked
-  bool euler = false;               // rectified_flow (the -base models): Euler, no per-step noise
-  float mask_noise = 0;             // the decoder's placeholder noise
-  float encoder_mask_noise = 0;     // the encoder's summary-token noise (refused when encoding)
-  bool bottleneck_noise = false;    // the bottleneck's noise_regularize
+  std::string max_tokens_key;     // where max_tokens comes from: "FILE (KEY PATH): 'max_length'"
+  int64_t sample_size = 0;        // samples: the longest canvas
+  int64_t encoder_chunk = 32;     // the SAME encoder's chunk_size: canvases align to it
+  bool chunked_decode = false;    // model.pretransform.chunked
+  bool euler = false;             // rectified_flow (the -base models): Euler, no per-step noise
+  float mask_noise = 0;           // the decoder's placeholder noise
+  float encoder_mask_noise = 0;   // the encoder's summary-token noise (refused when encoding)
+  bool bottleneck_noise = false;  // the bottleneck's noise_regularize
 };
 
 OfficialConfig read_official_config(const std::string& path);

@@ -45,10 +45,14 @@ std::shared_ptr<const WeightSource> OfficialCheckpoint::same(std::shared_ptr<con
   // The resampling block sits at layers.0 of the encoder (before its projection at layers.2) and
   // at layers.3 of the decoder (after its projection at layers.1).
   auto block = [](const std::string& inner) {
-    return renamed(inner, {{"norm_attn.", "pre_norm."}, {"attn.to_qkv.", "self_attn.to_qkv."},
-                           {"attn.to_out.", "self_attn.to_out."}, {"attn.q_norm.", "self_attn.q_norm."},
-                           {"attn.k_norm.", "self_attn.k_norm."}, {"norm_ff.", "ff_norm."},
-                           {"ff.proj_in.", "ff.ff.0.proj."}, {"ff.proj_out.", "ff.ff.2."}});
+    return renamed(inner, {{"norm_attn.", "pre_norm."},
+                           {"attn.to_qkv.", "self_attn.to_qkv."},
+                           {"attn.to_out.", "self_attn.to_out."},
+                           {"attn.q_norm.", "self_attn.q_norm."},
+                           {"attn.k_norm.", "self_attn.k_norm."},
+                           {"norm_ff.", "ff_norm."},
+                           {"ff.proj_in.", "ff.ff.0.proj."},
+                           {"ff.proj_out.", "ff.ff.2."}});
   };
   auto name = [prefix, block](const std::string& n) -> std::string {
     if (starts_with(n, "decoder.proj.")) return prefix + "decoder.layers.1." + n.substr(13);

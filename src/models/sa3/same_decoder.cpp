@@ -42,13 +42,13 @@ Tensor draw(Context& c, std::vector<TorchGenerator>& gens, int64_t rows, int64_t
   const int64_t b = int64_t(gens.size());
   Tensor out = Tensor::in(*c.arena, {b * rows, cols}, DType::f32);
   for (int64_t s = 0; s < b; ++s) {
-    const Tensor plane = ops::host_filled(c, {transposed ? cols : rows, transposed ? rows : cols}, DType::f32,
-                                          [&](Tensor& t) {
-                                            float* p = t.ptr<float>();
-                                            gens[size_t(s)].randn(p, rows * cols);
-                                            for (int64_t i = 0; i < rows * cols; ++i)
-                                              for (const float k : scales) p[i] *= k;
-                                          });
+    const Tensor plane =
+        ops::host_filled(c, {transposed ? cols : rows, transposed ? rows : cols}, DType::f32, [&](Tensor& t) {
+          float* p = t.ptr<float>();
+          gens[size_t(s)].randn(p, rows * cols);
+          for (int64_t i = 0; i < rows * cols; ++i)
+            for (const float k : scales) p[i] *= k;
+        });
     Tensor dst = out.rows(s * rows, (s + 1) * rows);
     if (transposed) ops::transpose(c, plane, dst);
     else ops::copy(c, plane, dst);
@@ -80,15 +80,14 @@ Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, boo
   return audio;
 }
 
-Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batch,
-                                 const DecodeNoise& noise) const {
+Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batch, const DecodeNoise& noise) const {
   ArenaScope scope(*c.arena);
   const SameConfig& g = cfg_;
   const int64_t d = g.dim, group = g.stride + 1;
-  APUS_CHECK(batch >= 1 && latents.rank() == 2 && latents.shape[1] == g.latent_dim &&
-                 latents.shape[0] % batch == 0 && latents.shape[0] > 0,
-             "SAME decoder: latents ", shape_str(latents.shape), " are not ", batch,
-             " x frames of ", g.latent_dim, " channels");
+  APUS_CHECK(batch >= 1 && latents.rank() == 2 && latents.shape[1] == g.latent_dim && latents.shape[0] % batch == 0 &&
+                 latents.shape[0] > 0,
+             "SAME decoder: latents ", shape_str(latents.shape), " are not ", batch, " x frames of ", g.latent_dim,
+             " channels");
   const int64_t frames = latents.shape[0] / batch, tokens = frames * group;
   CostScope decoder_scope(c, "same_decoder");
   std::optional<CostScope> part(std::in_place, c, "embed");
@@ -96,8 +95,8 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   // `stride` copies of the learned placeholder: one gather from [projected rows; placeholder].
   Tensor scaled = Tensor::in(*c.arena, {batch * frames, g.latent_dim}, c.act);
   ops::affine(c, latents, scale_, zeros_, scaled, ops::Rounding::each_step);
-  APUS_CHECK(!noise.any() || int64_t(noise.generators->size()) == batch, "SAME decoder: ",
-             noise.any() ? noise.generators->size() : 0, " noise generators for a batch of ", batch);
+  APUS_CHECK(!noise.any() || int64_t(noise.generators->size()) == batch,
+             "SAME decoder: ", noise.any() ? noise.generators->size() : 0, " noise generators for a batch of ", batch);
   if (noise.any() && noise.bottleneck) {
     const Tensor n = draw(c, *noise.generators, frames, g.latent_dim, {noise_scale_, 1e-3f}, true);
     ops::add_gated(c, scaled, n, nullptr, ops::Rounding::each_step);
@@ -109,7 +108,8 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   ops::copy(c, new_token_.reshape({1, d}), placeholder);
   const Tensor ids = ops::host_filled(c, {batch * tokens}, DType::i32, [&](Tensor& t) {
     for (int64_t r = 0; r < batch * frames; ++r)
-      for (int64_t j = 0; j < group; ++j) t.ptr<int32_t>()[r * group + j] = j == 0 ? int32_t(r) : int32_t(batch * frames);
+      for (int64_t j = 0; j < group; ++j)
+        t.ptr<int32_t>()[r * group + j] = j == 0 ? int32_t(r) : int32_t(batch * frames);
   });
   Tensor x = Tensor::in(*c.arena, {batch * tokens, d}, c.act);
   ops::embedding(c, table, ids, x);

@@ -45,7 +45,7 @@ class SameDecoder {
   explicit SameDecoder(WeightLoader weights) : weights_(std::move(weights)) {}
   SameConfig cfg_;
   WeightLoader weights_;
-  Tensor scale_, zeros_;  // running_std as a [latent_dim] vector; the shift 0
+  Tensor scale_, zeros_;   // running_std as a [latent_dim] vector; the shift 0
   float noise_scale_ = 1;  // running_std in the compute dtype, for the bottleneck noise
   Tensor proj_, proj_bias_, new_token_, mapping_, mapping_bias_;
   SameTransformer transformer_;

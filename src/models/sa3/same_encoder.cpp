@@ -14,9 +14,9 @@ void prepare_clip(const AudioClip& clip, const std::string& what, int64_t rate, 
                   float* out) {
   // The words decode_audio uses for an empty file, so a clip says the same by any route.
   APUS_CHECK(!clip.samples.empty(), what, ": holds no audio");
-  APUS_CHECK(clip.channels >= 1 && clip.sample_rate > 0 && clip.samples.size() % size_t(clip.channels) == 0,
-             what, ": ", clip.samples.size(), " samples at ", clip.sample_rate, " Hz are not whole frames of ",
-             clip.channels, " channels");
+  APUS_CHECK(clip.channels >= 1 && clip.sample_rate > 0 && clip.samples.size() % size_t(clip.channels) == 0, what, ": ",
+             clip.samples.size(), " samples at ", clip.sample_rate, " Hz are not whole frames of ", clip.channels,
+             " channels");
   const int64_t in_frames = int64_t(clip.samples.size()) / clip.channels;
   std::vector<std::vector<float>> planes(size_t(clip.channels), std::vector<float>(size_t(in_frames)));
   for (int64_t i = 0; i < in_frames; ++i)
@@ -75,10 +75,10 @@ SameEncoder SameEncoder::load(const SameConfig& config, WeightLoader weights, DT
 
 Tensor SameEncoder::encode(Context& c, const Tensor& audio, bool chunked) const {
   const int64_t batch = audio.shape[0], spl = cfg_.samples_per_latent();
-  APUS_CHECK(audio.rank() == 3 && audio.shape[1] == cfg_.audio_channels && audio.shape[2] % spl == 0 &&
-                 audio.shape[2] > 0,
-             "SAME encoder: audio ", shape_str(audio.shape), " is not B x ", cfg_.audio_channels,
-             " channels x whole latents of ", spl, " samples");
+  APUS_CHECK(
+      audio.rank() == 3 && audio.shape[1] == cfg_.audio_channels && audio.shape[2] % spl == 0 && audio.shape[2] > 0,
+      "SAME encoder: audio ", shape_str(audio.shape), " is not B x ", cfg_.audio_channels,
+      " channels x whole latents of ", spl, " samples");
   const int64_t frames = audio.shape[2] / spl, ch = cfg_.audio_channels;
   if (!chunked || frames < kSameChunk) return encode_piece(c, audio);
   Tensor latents = ops::empty(c, {batch * frames, cfg_.latent_dim}, c.act);

@@ -16,8 +16,7 @@ int64_t single_level(const Config& c, const std::string& key, int64_t fallback) 
   const std::vector<int64_t> v = c.get_ints(key);
   APUS_CHECK(v.size() == 1, c.path, ": '", key, "' has ", v.size(),
              " levels; SAME-L and SAME-S have one (several levels are not supported)");
-  APUS_CHECK(v[0] >= 0 && v[0] <= (int64_t(1) << 24), c.path, ": '", key, "' is ", v[0],
-             ", out of range");
+  APUS_CHECK(v[0] >= 0 && v[0] <= (int64_t(1) << 24), c.path, ": '", key, "' is ", v[0], ", out of range");
   return v[0];
 }
 
@@ -34,8 +33,7 @@ SameConfig SameConfig::read(const Config& c, bool encoder) {
   s.depth = std::max<int64_t>(1, single_level(c, "encoder_transformer_depths", 6));
   s.sin_blocks = single_level(c, encoder ? "encoder_sinusoidal_blocks" : "decoder_sinusoidal_blocks", 0);
   s.head_dim = std::min(c.get_size("dim_heads", 64, 1), s.dim);
-  APUS_CHECK(s.dim % s.head_dim == 0, c.path, ": model width ", s.dim,
-             " is not a multiple of dim_heads ", s.head_dim);
+  APUS_CHECK(s.dim % s.head_dim == 0, c.path, ": model width ", s.dim, " is not a multiple of dim_heads ", s.head_dim);
   APUS_CHECK(s.head_dim / 2 >= 2 && (s.head_dim / 2) % 2 == 0, c.path, ": dim_heads ", s.head_dim,
              " leaves no even RoPE width (head_dim / 2)");
   s.ff_inner = s.dim * c.get_size("ff_mult", 3, 1);
@@ -76,8 +74,8 @@ SameTransformer SameTransformer::load(const SameConfig& config, const WeightLoad
   return t;
 }
 
-void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x,
-                            const ops::AttentionOptions& attn, const Tensor& cos, const Tensor& sin) const {
+void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x, const ops::AttentionOptions& attn,
+                            const Tensor& cos, const Tensor& sin) const {
   ArenaScope scope(*c.arena);
   const SameConfig& g = cfg_;
   const int64_t rows = x.shape[0], d = g.dim, hd = g.head_dim, f = g.ff_inner;
@@ -99,10 +97,9 @@ void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x
     Tensor out = Tensor::in(*c.arena, {rows, d}, c.act);
     const float scale = 1.0f / std::sqrt(float(hd));
     if (g.differential)
-      ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d),
-                                  v, out, hd, scale, attn);
-    else
-      ops::attention(c, q, k, v, out, hd, scale, attn);
+      ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d), v, out, hd, scale,
+                                  attn);
+    else ops::attention(c, q, k, v, out, hd, scale, attn);
     RowParallel row(c);
     ops::linear(c, out, b.to_out, nullptr, proj);
   }
@@ -116,8 +113,8 @@ void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x
     ops::linear(c, normed, b.ff_in, &b.ff_in_bias, up);
     // The official rule: the last sin_blocks blocks use sin(pi x), the others SiLU.
     const bool sinusoidal = g.depth - index < g.sin_blocks;
-    ops::glu(c, up.cols(f, 2 * f), up.cols(0, f), act,
-             sinusoidal ? ops::Activation::sin_pi : ops::Activation::silu, ops::Rounding::each_step);
+    ops::glu(c, up.cols(f, 2 * f), up.cols(0, f), act, sinusoidal ? ops::Activation::sin_pi : ops::Activation::silu,
+             ops::Rounding::each_step);
     RowParallel row(c);
     ops::linear(c, act, b.ff_out, &b.ff_out_bias, proj);
   }
@@ -186,7 +183,8 @@ Tensor weight_normed_mapping(const WeightLoader& weights, DType compute, const s
     }
     // Squares of stored (at most f32) values cannot overflow a double: a non-finite sum is a
     // non-finite element.
-    APUS_CHECK(std::isfinite(ss), weights.where(prefix + ".weight_v"), ": row ", o, " holds a value that is not finite");
+    APUS_CHECK(std::isfinite(ss), weights.where(prefix + ".weight_v"), ": row ", o,
+               " holds a value that is not finite");
     APUS_CHECK(ss > 0, weights.where(prefix + ".weight_v"), ": row ", o, " is all zeros (weight norm undefined)");
     const double scale = double(load_f32(g, o)) / std::sqrt(ss);
     for (int64_t i = 0; i < in; ++i)

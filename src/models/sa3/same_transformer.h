@@ -49,8 +49,8 @@ class SameTransformer {
   };
   SameConfig cfg_;
   std::vector<Block> blocks_;
-  void block(Context& c, const Block& b, int64_t index, Tensor& x, const ops::AttentionOptions& attn,
-             const Tensor& cos, const Tensor& sin) const;
+  void block(Context& c, const Block& b, int64_t index, Tensor& x, const ops::AttentionOptions& attn, const Tensor& cos,
+             const Tensor& sin) const;
 };
 
 // The weight-normed mapping convolution `prefix`.weight_g / weight_v (out x in x kernel) as one

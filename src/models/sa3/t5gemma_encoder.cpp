@@ -26,8 +26,7 @@ T5GemmaConfig T5GemmaConfig::read(const Config& file) {
   t.kv_heads = c.get_size("num_key_value_heads", t.heads, 1);
   t.head_dim = c.get_size("head_dim", t.hidden / t.heads, 2);
   APUS_CHECK(t.head_dim % 2 == 0 && t.heads % t.kv_heads == 0, c.path, ": head_dim ", t.head_dim,
-             " must be even and num_attention_heads ", t.heads, " a multiple of num_key_value_heads ",
-             t.kv_heads);
+             " must be even and num_attention_heads ", t.heads, " a multiple of num_key_value_heads ", t.kv_heads);
   t.eps = float(c.get_positive("rms_norm_eps", 1e-6));
   const std::string act = c.get_string("hidden_activation", "gelu_pytorch_tanh");
   APUS_CHECK(act == "gelu_pytorch_tanh", c.path, ": hidden_activation '", act,
@@ -43,12 +42,11 @@ T5GemmaConfig T5GemmaConfig::read(const Config& file) {
   t.sliding.assign(size_t(t.layers), false);
   if (c.has("layer_types")) {
     const Json& types = c.at("layer_types");
-    APUS_CHECK(types.is_array() && types.size() >= size_t(t.layers), c.path,
-               ": layer_types must name every layer");
+    APUS_CHECK(types.is_array() && types.size() >= size_t(t.layers), c.path, ": layer_types must name every layer");
     for (int64_t i = 0; i < t.layers; ++i) {
       const Json& ty = types[size_t(i)];
-      APUS_CHECK(ty == "sliding_attention" || ty == "full_attention", c.path, ": layer_types[", i,
-                 "] is ", ty.dump(), ", expected sliding_attention or full_attention");
+      APUS_CHECK(ty == "sliding_attention" || ty == "full_attention", c.path, ": layer_types[", i, "] is ", ty.dump(),
+                 ", expected sliding_attention or full_attention");
       t.sliding[size_t(i)] = ty == "sliding_attention";
     }
   }
@@ -58,12 +56,29 @@ T5GemmaConfig T5GemmaConfig::read(const Config& file) {
   // transformers' generic fields.
   file.no_effect({"decoder", "dropout_rate", "classifier_dropout_rate", "attention_dropout", "tie_word_embeddings",
                   "is_encoder_decoder", "transformers_version", "architectures", "output_hidden_states", "return_dict",
-                  "dtype", "torch_dtype", "chunk_size_feed_forward", "id2label", "label2id", "problem_type", "vocab_size"});
+                  "dtype", "torch_dtype", "chunk_size_feed_forward", "id2label", "label2id", "problem_type",
+                  "vocab_size"});
   APUS_CHECK(!c.get_bool("is_decoder", false), c.path, ": is_decoder true: the encoder's settings describe a decoder");
-  c.no_effect({"max_position_embeddings", "initializer_range", "use_cache", "pad_token_id", "eos_token_id",
-               "bos_token_id", "tie_word_embeddings", "attention_dropout", "final_logit_softcapping",
-               "is_encoder_decoder", "transformers_version", "architectures", "output_hidden_states", "return_dict",
-               "dtype", "torch_dtype", "chunk_size_feed_forward", "id2label", "label2id", "problem_type"});
+  c.no_effect({"max_position_embeddings",
+               "initializer_range",
+               "use_cache",
+               "pad_token_id",
+               "eos_token_id",
+               "bos_token_id",
+               "tie_word_embeddings",
+               "attention_dropout",
+               "final_logit_softcapping",
+               "is_encoder_decoder",
+               "transformers_version",
+               "architectures",
+               "output_hidden_states",
+               "return_dict",
+               "dtype",
+               "torch_dtype",
+               "chunk_size_feed_forward",
+               "id2label",
+               "label2id",
+               "problem_type"});
   return t;
 }
 
@@ -121,20 +136,18 @@ T5GemmaEncoder T5GemmaEncoder::load(const T5GemmaConfig& config, WeightLoader we
   return m;
 }
 
-Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids,
-                              const std::vector<int64_t>& mask, int64_t batch) const {
+Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& mask,
+                              int64_t batch) const {
   ArenaScope scope(*c.arena);
   CostScope text_scope(c, "t5gemma");
   const auto& cf = cfg_;
-  APUS_CHECK(batch >= 1 && ids.size() % size_t(batch) == 0 && mask.size() == ids.size(),
-             "t5gemma: ", ids.size(), " ids and ", mask.size(), " mask entries for ", batch,
-             " samples");
+  APUS_CHECK(batch >= 1 && ids.size() % size_t(batch) == 0 && mask.size() == ids.size(), "t5gemma: ", ids.size(),
+             " ids and ", mask.size(), " mask entries for ", batch, " samples");
   const int64_t rows = int64_t(ids.size()), t = rows / batch, h = cf.hidden, d = cf.head_dim;
   const int64_t qd = cf.heads * d, kvd = cf.kv_heads * d;
   for (int64_t i = 0; i < cf.layers; ++i)
-    APUS_CHECK(!cf.sliding[size_t(i)] || cf.sliding_window >= t, "t5gemma: layer ", i,
-               " slides a window of ", cf.sliding_window, " over ", t,
-               " tokens; windows shorter than the sequence are not supported");
+    APUS_CHECK(!cf.sliding[size_t(i)] || cf.sliding_window >= t, "t5gemma: layer ", i, " slides a window of ",
+               cf.sliding_window, " over ", t, " tokens; windows shorter than the sequence are not supported");
   const int slot = dtype_slot(c.act);
   const auto once = ops::Rounding::once, each = ops::Rounding::each_step;
 

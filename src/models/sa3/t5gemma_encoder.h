@@ -14,8 +14,8 @@ struct T5GemmaConfig {
   int64_t vocab, hidden, intermediate, layers, heads, kv_heads, head_dim;
   double rope_theta;
   float eps;
-  float attention_scale;  // query_pre_attn_scalar^-1/2
-  float softcap;          // attn_logit_softcapping; 0: none
+  float attention_scale;   // query_pre_attn_scalar^-1/2
+  float softcap;           // attn_logit_softcapping; 0: none
   int64_t sliding_window;  // of the layers whose layer_types entry is sliding_attention
   std::vector<bool> sliding;
   // config.json's "encoder" object (T5GemmaConfig), or the file itself when it is the module's.
@@ -32,8 +32,7 @@ class T5GemmaEncoder {
   size_t make_resident() const { return weights_.make_resident(); }
   // ids and mask [B*T], B prompts one after another; returns last_hidden_state [B*T, hidden] in
   // the activation dtype (heap). Padded query rows are computed too (they attend to the real keys).
-  Tensor encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& mask,
-                int64_t batch) const;
+  Tensor encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& mask, int64_t batch) const;
 
  private:
   // Gemma's RMSNorm scales by (1 + w) with w as the model holds it: f32, and bf16-rounded for a

@@ -15,16 +15,15 @@
 namespace apus::cpu {
 
 Knob conv_layout_knob("cpu.conv_layout",
-                       "convs in oneDNN's blocked activation layout (reordered in and out) or in plain NCHW",
-                       {"blocked", "plain"});
+                      "convs in oneDNN's blocked activation layout (reordered in and out) or in plain NCHW",
+                      {"blocked", "plain"});
 
 namespace {
 
 dnnl::memory reorder_into(const dnnl::memory& from, const dnnl::memory::desc& to_desc, void* to_data) {
   dnnl::memory to(to_desc, dnnl_engine(), to_data);
-  run_primitive(KernelKey("reorder", {}), [&] {
-    dnnl::reorder(from, to).execute(dnnl_stream(), const_cast<dnnl::memory&>(from), to);
-  });
+  run_primitive(KernelKey("reorder", {}),
+                [&] { dnnl::reorder(from, to).execute(dnnl_stream(), const_cast<dnnl::memory&>(from), to); });
   return to;
 }
 
@@ -45,11 +44,9 @@ dnnl::memory packed_weights(const Tensor& w, const KernelKey& key, Reorder&& reo
   std::lock_guard<std::mutex> lock(mutex);
   const auto id = std::make_pair(static_cast<const void*>(w.data), key);
   auto it = cache.find(id);
-  if (it == cache.end() || it->second.owner.owner_before(w.owner) ||
-      w.owner.owner_before(it->second.owner)) {
+  if (it == cache.end() || it->second.owner.owner_before(w.owner) || w.owner.owner_before(it->second.owner)) {
     // Entries of weights that are gone are dropped when the cache grows, not on every hit.
-    for (auto e = cache.begin(); e != cache.end();)
-      e = e->second.owner.expired() ? cache.erase(e) : std::next(e);
+    for (auto e = cache.begin(); e != cache.end();) e = e->second.owner.expired() ? cache.erase(e) : std::next(e);
     std::shared_ptr<void> buf(std::aligned_alloc(64, (bytes + 63) & ~size_t(63)), std::free);
     APUS_CHECK(buf, "conv2d: out of memory re-laying a ", shape_str(w.shape), " weight");
     it = cache.insert_or_assign(id, PackedEntry{w.owner, buf, reorder(buf.get())}).first;
@@ -59,14 +56,13 @@ dnnl::memory packed_weights(const Tensor& w, const KernelKey& key, Reorder&& reo
 
 }  // namespace
 
-void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-            int64_t stride, int64_t pad, int64_t pad_end) {
+void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride, int64_t pad,
+            int64_t pad_end) {
   using namespace dnnl;
   using dims = memory::dims;
-  APUS_CHECK(x.rank() == 4 && w.rank() == 4 && y.rank() == 4 && y.shape[0] == x.shape[0] &&
-                 w.shape[1] == x.shape[1] && y.shape[1] == w.shape[0],
-             "conv2d: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ",
-             shape_str(y.shape));
+  APUS_CHECK(x.rank() == 4 && w.rank() == 4 && y.rank() == 4 && y.shape[0] == x.shape[0] && w.shape[1] == x.shape[1] &&
+                 y.shape[1] == w.shape[0],
+             "conv2d: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ", shape_str(y.shape));
   const int64_t kh = w.shape[2], kw = w.shape[3];
   APUS_CHECK(y.shape[2] == (x.shape[2] + pad + pad_end - kh) / stride + 1 &&
                  y.shape[3] == (x.shape[3] + pad + pad_end - kw) / stride + 1,
@@ -89,29 +85,23 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   conv_layout_knob.took(blocked ? 0 : 1);
   const memory::desc x_md(dims(x.shape.begin(), x.shape.end()), dt, memory::format_tag::nchw);
   const memory::desc w_md(dims(w.shape.begin(), w.shape.end()), dt, memory::format_tag::oihw);
-  const memory::desc y_md(dims(y.shape.begin(), y.shape.end()), dnnl_type(y.dtype),
-                          memory::format_tag::nchw);
+  const memory::desc y_md(dims(y.shape.begin(), y.shape.end()), dnnl_type(y.dtype), memory::format_tag::nchw);
   const memory::desc b_md(dims{w.shape[0]}, memory::data_type::f32, memory::format_tag::x);
-  auto any = [](const memory::desc& d) {
-    return memory::desc(d.dims(), d.data_type(), memory::format_tag::any);
-  };
-  const KernelKey key("conv", {x.shape[0], x.shape[1], x.shape[2], x.shape[3], w.shape[0], w.shape[2],
-                               w.shape[3], int64_t(x.dtype), int64_t(y.dtype), stride, pad, pad_end,
-                               bias ? 1 : 0, blocked ? 1 : 0});
+  auto any = [](const memory::desc& d) { return memory::desc(d.dims(), d.data_type(), memory::format_tag::any); };
+  const KernelKey key(
+      "conv", {x.shape[0], x.shape[1], x.shape[2], x.shape[3], w.shape[0], w.shape[2], w.shape[3], int64_t(x.dtype),
+               int64_t(y.dtype), stride, pad, pad_end, bias ? 1 : 0, blocked ? 1 : 0});
   struct Conv {
     convolution_forward prim;
     convolution_forward::primitive_desc pd;
   };
   auto& conv = cached_primitive<Conv>(key, [&] {
     const dims strides{stride, stride}, padding{pad, pad}, padding_end{pad_end, pad_end};
-    const auto xs = blocked ? any(x_md) : x_md, ws = blocked ? any(w_md) : w_md,
-               ys = blocked ? any(y_md) : y_md;
-    auto d = bias ? convolution_forward::desc(prop_kind::forward_inference,
-                                              algorithm::convolution_direct, xs, ws, b_md, ys,
-                                              strides, padding, padding_end)
-                  : convolution_forward::desc(prop_kind::forward_inference,
-                                              algorithm::convolution_direct, xs, ws, ys, strides,
-                                              padding, padding_end);
+    const auto xs = blocked ? any(x_md) : x_md, ws = blocked ? any(w_md) : w_md, ys = blocked ? any(y_md) : y_md;
+    auto d = bias ? convolution_forward::desc(prop_kind::forward_inference, algorithm::convolution_direct, xs, ws, b_md,
+                                              ys, strides, padding, padding_end)
+                  : convolution_forward::desc(prop_kind::forward_inference, algorithm::convolution_direct, xs, ws, ys,
+                                              strides, padding, padding_end);
     auto pd = convolution_forward::primitive_desc(d, dnnl_engine());
     return Conv{convolution_forward(pd), pd};
   });
@@ -124,9 +114,9 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   memory w_mem(w_md, dnnl_engine(), wx.data);
   if (conv.pd.weights_desc() != w_md) {
     if (wx.data == w.data && w.owner) {
-      w_mem = packed_weights(w, key, [&](void* to) {
-        return reorder_into(w_mem, conv.pd.weights_desc(), to);
-      }, conv.pd.weights_desc().get_size());
+      w_mem = packed_weights(
+          w, key, [&](void* to) { return reorder_into(w_mem, conv.pd.weights_desc(), to); },
+          conv.pd.weights_desc().get_size());
     } else {
       w_mem = reorder_into(w_mem, conv.pd.weights_desc(), c.arena->alloc(conv.pd.weights_desc().get_size()));
     }
@@ -135,8 +125,7 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   memory y_mem = conv.pd.dst_desc() == y_md
                      ? y_user
                      : memory(conv.pd.dst_desc(), dnnl_engine(), c.arena->alloc(conv.pd.dst_desc().get_size()));
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, y_mem}};
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, y_mem}};
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(b_md, dnnl_engine(), bx.data));
   run_primitive(key, [&] {
     conv.prim.execute(dnnl_stream(), args);

@@ -6,16 +6,15 @@
 
 namespace apus::cpu {
 
-
 // C[M,N] = A[M,K] · B (+ bias) through oneDNN; B is given by its strides (row-major [K,N] or a
 // transposed [N,K] weight); all strides in elements; fp32 accumulation.
-void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
-          const Tensor* bias, Tensor& c, int64_t k, int64_t n);
+void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, const Tensor* bias,
+          Tensor& c, int64_t k, int64_t n);
 
 // The CPU backend's variant knobs (ops/variants.h), read at each call.
-extern Knob native_bf16_knob;       // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
-extern Knob conv_layout_knob;       // "blocked" (oneDNN's own layout) or "plain" (NCHW)
-extern Knob attention_block_knob;   // query rows per attention task
+extern Knob native_bf16_knob;      // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
+extern Knob conv_layout_knob;      // "blocked" (oneDNN's own layout) or "plain" (NCHW)
+extern Knob attention_block_knob;  // query rows per attention task
 
 APUS_DECLARE_OPS
 

@@ -2,9 +2,9 @@
 // Shared oneDNN state: one CPU engine, and per thread a stream and a cache of primitives by
 // shape key, so the hot loop reuses compiled kernels and threads that run primitives side by
 // side (attention heads) never share one primitive's scratchpad.
-#include <dnnl.hpp>
 #include <array>
 #include <cstring>
+#include <dnnl.hpp>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -34,9 +34,7 @@ struct KernelKey {
       values[size_t(n++)] = x;
     }
   }
-  bool operator==(const KernelKey& o) const {
-    return n == o.n && values == o.values && std::strcmp(kind, o.kind) == 0;
-  }
+  bool operator==(const KernelKey& o) const { return n == o.n && values == o.values && std::strcmp(kind, o.kind) == 0; }
   bool operator<(const KernelKey& o) const {
     const int c = std::strcmp(kind, o.kind);
     return c != 0 ? c < 0 : std::tie(n, values) < std::tie(o.n, o.values);
@@ -62,8 +60,7 @@ struct KernelKeyHash {
 
 // oneDNN reports failures (out of memory creating a kernel or its scratchpad, an unsupported
 // shape) as dnnl::error; these turn them into apus::Error naming the kernel.
-template <typename Prim, typename Make>
-Prim& cached_primitive(const KernelKey& key, Make&& make) {
+template <typename Prim, typename Make> Prim& cached_primitive(const KernelKey& key, Make&& make) {
   thread_local std::unordered_map<KernelKey, Prim, KernelKeyHash> cache;
   auto it = cache.find(key);
   if (it == cache.end()) {
@@ -77,8 +74,7 @@ Prim& cached_primitive(const KernelKey& key, Make&& make) {
   return it->second;
 }
 
-template <typename Run>
-void run_primitive(const KernelKey& key, Run&& run) {
+template <typename Run> void run_primitive(const KernelKey& key, Run&& run) {
   try {
     run();
     dnnl_stream().wait();

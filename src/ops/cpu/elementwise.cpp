@@ -7,11 +7,10 @@
 
 namespace apus::cpu {
 
-void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act,
-         ops::Rounding rounding) {
+void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act, ops::Rounding rounding) {
   const int64_t m = a.shape[0], f = a.shape[1];
-  APUS_CHECK(b.shape == a.shape && y.shape == a.shape, "glu: a ", shape_str(a.shape), ", b ",
-             shape_str(b.shape), ", y ", shape_str(y.shape));
+  APUS_CHECK(b.shape == a.shape && y.shape == a.shape, "glu: a ", shape_str(a.shape), ", b ", shape_str(b.shape),
+             ", y ", shape_str(y.shape));
   parallel_for(m, [&](int64_t r) {
     float* va = thread_scratch(0, f);
     float* vb = thread_scratch(1, f);
@@ -35,8 +34,7 @@ void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activatio
 
 namespace {
 // y = fn(x) row by row in fp32, for the unary ops over any two tensors of one element count.
-template <typename RowFn>
-void unary_rows(const Tensor& x, Tensor& y, RowFn&& fn) {
+template <typename RowFn> void unary_rows(const Tensor& x, Tensor& y, RowFn&& fn) {
   const Tensor xv = as_rows(x);
   Tensor yv = same_rows(y, xv);
   const int64_t f = xv.shape[1];
@@ -51,14 +49,13 @@ void unary_rows(const Tensor& x, Tensor& y, RowFn&& fn) {
 
 void silu(Context& c, const Tensor& x, Tensor& y) { unary_rows(x, y, silu_row); }
 
-void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta,
-         Tensor& y, ops::Rounding rounding) {
+void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta, Tensor& y,
+         ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
   const int64_t group = gamma.numel();
-  APUS_CHECK(y.shape == x.shape && alpha.numel() == 1 && group > 0 && d % group == 0 &&
-                 beta.numel() == group,
-             "dyt: x ", shape_str(x.shape), ", alpha ", shape_str(alpha.shape), ", gamma ",
-             shape_str(gamma.shape), ", beta ", shape_str(beta.shape), ", y ", shape_str(y.shape));
+  APUS_CHECK(y.shape == x.shape && alpha.numel() == 1 && group > 0 && d % group == 0 && beta.numel() == group,
+             "dyt: x ", shape_str(x.shape), ", alpha ", shape_str(alpha.shape), ", gamma ", shape_str(gamma.shape),
+             ", beta ", shape_str(beta.shape), ", y ", shape_str(y.shape));
   ArenaScope scope(*c.arena);
   const Tensor g = as_dtype(*c.arena, vector_row(gamma), DType::f32);
   const Tensor b = as_dtype(*c.arena, vector_row(beta), DType::f32);
@@ -83,8 +80,7 @@ void gate_sigmoid(Context& c, const Tensor& x, Tensor& y, ops::Rounding rounding
   });
 }
 
-void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
-               ops::Rounding rounding) {
+void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate, ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
   APUS_CHECK(y.shape == x.shape, "add_gated: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
   ArenaScope scope(*c.arena);
@@ -105,12 +101,11 @@ void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
   });
 }
 
-void affine(Context& c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
-            ops::Rounding rounding) {
+void affine(Context& c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, ops::Rounding rounding) {
   const int64_t d = x.shape[1];
-  APUS_CHECK(x.rank() == 2 && y.shape == x.shape && scale.numel() == d && shift.numel() == d,
-             "affine: x ", shape_str(x.shape), ", scale ", shape_str(scale.shape), ", shift ",
-             shape_str(shift.shape), ", y ", shape_str(y.shape));
+  APUS_CHECK(x.rank() == 2 && y.shape == x.shape && scale.numel() == d && shift.numel() == d, "affine: x ",
+             shape_str(x.shape), ", scale ", shape_str(scale.shape), ", shift ", shape_str(shift.shape), ", y ",
+             shape_str(y.shape));
   ArenaScope scope(*c.arena);
   const Tensor sc = as_dtype(*c.arena, vector_row(scale), DType::f32);
   const Tensor sh = as_dtype(*c.arena, vector_row(shift), DType::f32);
@@ -143,8 +138,7 @@ bool all_finite(Context& c, const Tensor& x) {
 }
 
 namespace {
-template <typename T>
-void transpose_tiles(const T* x, T* y, int64_t m, int64_t n) {
+template <typename T> void transpose_tiles(const T* x, T* y, int64_t m, int64_t n) {
   constexpr int64_t tile = 32;  // both sides stay in cache lines while a tile is moved
   const int64_t tiles_n = (n + tile - 1) / tile;
   parallel_for(((m + tile - 1) / tile) * tiles_n, [&](int64_t t) {
@@ -156,24 +150,28 @@ void transpose_tiles(const T* x, T* y, int64_t m, int64_t n) {
 }  // namespace
 
 void transpose(Context& c, const Tensor& x, Tensor& y) {
-  APUS_CHECK(x.rank() == 2 && y.shape == Shape({x.shape[1], x.shape[0]}) && x.dtype == y.dtype &&
-                 x.contiguous() && y.contiguous(),
-             "transpose: x ", shape_str(x.shape), " ", dtype_name(x.dtype), ", y ",
-             shape_str(y.shape), " ", dtype_name(y.dtype));
+  APUS_CHECK(x.rank() == 2 && y.shape == Shape({x.shape[1], x.shape[0]}) && x.dtype == y.dtype && x.contiguous() &&
+                 y.contiguous(),
+             "transpose: x ", shape_str(x.shape), " ", dtype_name(x.dtype), ", y ", shape_str(y.shape), " ",
+             dtype_name(y.dtype));
   switch (dtype_size(x.dtype)) {
-    case 2: transpose_tiles(x.ptr<uint16_t>(), y.ptr<uint16_t>(), x.shape[0], x.shape[1]); return;
-    case 4: transpose_tiles(x.ptr<uint32_t>(), y.ptr<uint32_t>(), x.shape[0], x.shape[1]); return;
-    default: fail("transpose: unsupported dtype ", dtype_name(x.dtype));
+    case 2:
+      transpose_tiles(x.ptr<uint16_t>(), y.ptr<uint16_t>(), x.shape[0], x.shape[1]);
+      return;
+    case 4:
+      transpose_tiles(x.ptr<uint32_t>(), y.ptr<uint32_t>(), x.shape[0], x.shape[1]);
+      return;
+    default:
+      fail("transpose: unsupported dtype ", dtype_name(x.dtype));
   }
 }
 
-void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
-          ops::RopeStyle style, ops::Rounding rounding) {
+void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim, ops::RopeStyle style,
+          ops::Rounding rounding) {
   const int64_t s = x.shape[0], d = x.shape[1], half = cos.shape[1], table = cos.shape[0];
-  APUS_CHECK(d % head_dim == 0 && cos.rank() == 2 && half > 0 && 2 * half <= head_dim &&
-                 table > 0 && s % table == 0 && sin.shape == cos.shape && cos.dtype == DType::f32,
-             "rope: x ", shape_str(x.shape), ", cos ", shape_str(cos.shape), ", head_dim ",
-             head_dim);
+  APUS_CHECK(d % head_dim == 0 && cos.rank() == 2 && half > 0 && 2 * half <= head_dim && table > 0 && s % table == 0 &&
+                 sin.shape == cos.shape && cos.dtype == DType::f32,
+             "rope: x ", shape_str(x.shape), ", cos ", shape_str(cos.shape), ", head_dim ", head_dim);
   const bool rounded = rounding == ops::Rounding::each_step && x.dtype == DType::bf16;
   parallel_for(s, [&](int64_t r) {
     float* v = thread_scratch(0, d);
@@ -187,8 +185,8 @@ void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t h
 
 void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
   const int64_t ch = x.shape[0] * x.shape[1], h = x.shape[2], w = x.shape[3];
-  APUS_CHECK(y.shape == Shape({x.shape[0], x.shape[1], 2 * h, 2 * w}) && x.dtype == y.dtype,
-             "upsample_nearest2x: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+  APUS_CHECK(y.shape == Shape({x.shape[0], x.shape[1], 2 * h, 2 * w}) && x.dtype == y.dtype, "upsample_nearest2x: x ",
+             shape_str(x.shape), ", y ", shape_str(y.shape));
   const size_t es = dtype_size(x.dtype);
   parallel_for(ch, [&](int64_t ci) {
     const char* src = static_cast<const char*>(x.data) + size_t(ci * h * w) * es;
@@ -199,12 +197,10 @@ void upsample_nearest2x(Context& c, const Tensor& x, Tensor& y) {
   });
 }
 
-void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t,
-                     float t_next) {
+void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t, float t_next) {
   const int64_t m = x.shape[0], d = x.shape[1];
-  APUS_CHECK(velocity.shape == x.shape && noise.shape == x.shape, "pingpong_update: x ",
-             shape_str(x.shape), ", velocity ", shape_str(velocity.shape), ", noise ",
-             shape_str(noise.shape));
+  APUS_CHECK(velocity.shape == x.shape && noise.shape == x.shape, "pingpong_update: x ", shape_str(x.shape),
+             ", velocity ", shape_str(velocity.shape), ", noise ", shape_str(noise.shape));
   const float keep = round_as(x.dtype, 1.0f - t_next);
   parallel_for(m, [&](int64_t r) {
     float* vx = thread_scratch(0, d);
@@ -241,14 +237,14 @@ void blend(Context& c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor
   });
 }
 
-void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,
-                     float sigma, float scale, float apg, int64_t batch, int64_t valid) {
+void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y, float sigma,
+                     float scale, float apg, int64_t batch, int64_t valid) {
   const int64_t rows = x.shape[0], ch = x.shape[1], t = batch > 0 ? rows / batch : 0;
   APUS_CHECK(batch >= 1 && rows % batch == 0 && cond.shape == x.shape && uncond.shape == x.shape &&
                  y.shape == x.shape && valid >= 1 && valid <= t && sigma > 0,
              "guided_velocity: x ", shape_str(x.shape), ", cond ", shape_str(cond.shape), ", uncond ",
-             shape_str(uncond.shape), ", y ", shape_str(y.shape), ", batch ", batch, ", valid ", valid,
-             ", sigma ", sigma);
+             shape_str(uncond.shape), ", y ", shape_str(y.shape), ", batch ", batch, ", valid ", valid, ", sigma ",
+             sigma);
   ArenaScope scope(*c.arena);
   const DType dt = y.dtype;
   auto r = [dt](float v) { return round_as(dt, v); };
@@ -298,8 +294,8 @@ void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tens
 }
 
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
-  APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape),
-             ", velocity ", shape_str(velocity.shape));
+  APUS_CHECK(x.shape == velocity.shape && x.rank() == 2, "euler_step: x ", shape_str(x.shape), ", velocity ",
+             shape_str(velocity.shape));
   // The reference multiplies the 0-d fp32 step size into the velocity in the velocity's dtype
   // (0-d tensors do not promote), then adds in fp32: bf16(x + bf16(bf16(dt) * v)).
   const bool bf16 = velocity.dtype == DType::bf16;

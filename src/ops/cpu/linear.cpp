@@ -1,9 +1,9 @@
 #include <omp.h>
 
 #include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/dnnl_util.h"
 #include "ops/cpu/rows.h"
-#include "ops/cpu/cpu_ops.h"
 
 namespace apus::cpu {
 
@@ -19,17 +19,21 @@ dnnl::stream& dnnl_stream() {
 
 dnnl::memory::data_type dnnl_type(DType t) {
   switch (t) {
-    case DType::f32: return dnnl::memory::data_type::f32;
-    case DType::bf16: return dnnl::memory::data_type::bf16;
-    case DType::f16: return dnnl::memory::data_type::f16;
-    default: fail("oneDNN: unsupported dtype ", dtype_name(t));
+    case DType::f32:
+      return dnnl::memory::data_type::f32;
+    case DType::bf16:
+      return dnnl::memory::data_type::bf16;
+    case DType::f16:
+      return dnnl::memory::data_type::f16;
+    default:
+      fail("oneDNN: unsupported dtype ", dtype_name(t));
   }
 }
 
 Knob native_bf16_knob("cpu.native_bf16",
-                       "bf16 GEMMs and convs on the CPU's bf16 instructions (AVX512-BF16, AMX), or widened to f32 "
-                       "as on an AVX2-only CPU",
-                       {"on", "off"});
+                      "bf16 GEMMs and convs on the CPU's bf16 instructions (AVX512-BF16, AMX), or widened to f32 "
+                      "as on an AVX2-only CPU",
+                      {"on", "off"});
 
 bool native_bf16() {
   static const bool supported = [] {
@@ -50,8 +54,8 @@ bool native_bf16() {
 namespace {
 
 // A [rows, cols] view as contiguous f32 in `buf` (strides in elements).
-Tensor widened(const void* data, DType dt, int64_t rows, int64_t cols, int64_t stride_r,
-               int64_t stride_c, std::vector<float>& buf) {
+Tensor widened(const void* data, DType dt, int64_t rows, int64_t cols, int64_t stride_r, int64_t stride_c,
+               std::vector<float>& buf) {
   buf.resize(size_t(rows * cols));
   const size_t es = dtype_size(dt);
   for (int64_t r = 0; r < rows; ++r)
@@ -70,13 +74,13 @@ Tensor widened(const void* data, DType dt, int64_t rows, int64_t cols, int64_t s
 
 }  // namespace
 
-void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
-          const Tensor* bias, Tensor& c, int64_t k, int64_t n) {
+void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, const Tensor* bias,
+          Tensor& c, int64_t k, int64_t n) {
   using namespace dnnl;
   using dims = memory::dims;
   const int64_t m = a.shape[0];
-  const bool any_bf16 = a.dtype == DType::bf16 || b_type == DType::bf16 || c.dtype == DType::bf16 ||
-                        (bias && bias->dtype == DType::bf16);
+  const bool any_bf16 =
+      a.dtype == DType::bf16 || b_type == DType::bf16 || c.dtype == DType::bf16 || (bias && bias->dtype == DType::bf16);
   if (any_bf16 && !native_bf16()) {
     thread_local std::vector<float> wa, wb, wc, wbias;
     const Tensor af = widened(a.data, a.dtype, m, k, a.row_stride(), 1, wa);
@@ -90,9 +94,8 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
     for (int64_t r = 0; r < m; ++r) store_row(c, r, wc.data() + r * n, n);
     return;
   }
-  const KernelKey key("matmul", {m, k, n, int64_t(a.dtype), int64_t(b_type), int64_t(c.dtype),
-                                 a.row_stride(), c.row_stride(), b_stride_k, b_stride_n,
-                                 bias ? int64_t(bias->dtype) : -1});
+  const KernelKey key("matmul", {m, k, n, int64_t(a.dtype), int64_t(b_type), int64_t(c.dtype), a.row_stride(),
+                                 c.row_stride(), b_stride_k, b_stride_n, bias ? int64_t(bias->dtype) : -1});
   const memory::desc a_md(dims{m, k}, dnnl_type(a.dtype), dims{a.row_stride(), 1});
   const memory::desc b_md(dims{k, n}, dnnl_type(b_type), dims{b_stride_k, b_stride_n});
   const memory::desc c_md(dims{m, n}, dnnl_type(c.dtype), dims{c.row_stride(), 1});
@@ -102,10 +105,9 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
     auto d = bias ? matmul::desc(a_md, b_md, bias_md, c_md) : matmul::desc(a_md, b_md, c_md);
     return matmul(matmul::primitive_desc(d, dnnl_engine()));
   });
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, memory(a_md, dnnl_engine(), a.data)},
-      {DNNL_ARG_WEIGHTS, memory(b_md, dnnl_engine(), const_cast<void*>(b))},
-      {DNNL_ARG_DST, memory(c_md, dnnl_engine(), c.data)}};
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(a_md, dnnl_engine(), a.data)},
+                                       {DNNL_ARG_WEIGHTS, memory(b_md, dnnl_engine(), const_cast<void*>(b))},
+                                       {DNNL_ARG_DST, memory(c_md, dnnl_engine(), c.data)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(bias_md, dnnl_engine(), bias->data));
   run_primitive(key, [&] { prim.execute(dnnl_stream(), args); });
 }
@@ -128,10 +130,10 @@ Tensor as_dtype(Arena& arena, const Tensor& t, DType dt) {
 namespace apus::cpu {
 
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
-  APUS_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.shape[1] == w.shape[1] &&
-                 y.shape[0] == x.shape[0] && y.shape[1] == w.shape[0],
-             "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ",
-             shape_str(y.shape), " do not agree");
+  APUS_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.shape[1] == w.shape[1] && y.shape[0] == x.shape[0] &&
+                 y.shape[1] == w.shape[0],
+             "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ", shape_str(y.shape),
+             " do not agree");
   const int64_t k = w.shape[1], n = w.shape[0];
   if (x.dtype == w.dtype && (!bias || bias->dtype == w.dtype)) {
     cpu::gemm(x, w.data, w.dtype, 1, k, bias, y, k, n);

@@ -13,8 +13,7 @@ struct Modulation {
   Tensor shift, scale;
   int64_t per_sample;
   bool rounded;
-  Modulation(Arena& arena, const Tensor& sh, const Tensor& sc, const Tensor& y,
-             ops::Rounding rounding) {
+  Modulation(Arena& arena, const Tensor& sh, const Tensor& sc, const Tensor& y, ops::Rounding rounding) {
     const int64_t m = y.shape[0], d = y.shape[1];
     shift = sample_vectors(arena, sh, d, m);
     scale = sample_vectors(arena, sc, d, m);
@@ -36,12 +35,11 @@ struct Modulation {
 
 }  // namespace
 
-void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale,
-                         Tensor& y, float eps, ops::Rounding rounding) {
+void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, float eps,
+                         ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
-  APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "layer_norm_modulate: x ",
-             shape_str(x.shape), ", shift ", shape_str(shift.shape), ", scale ",
-             shape_str(scale.shape), ", y ", shape_str(y.shape));
+  APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "layer_norm_modulate: x ", shape_str(x.shape),
+             ", shift ", shape_str(shift.shape), ", scale ", shape_str(scale.shape), ", y ", shape_str(y.shape));
   ArenaScope scope(*c.arena);
   const Modulation mod(*c.arena, shift, scale, y, rounding);
   parallel_for(m, [&](int64_t r) {
@@ -59,9 +57,8 @@ void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const
 void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y,
               ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
-  APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "modulate: x ", shape_str(x.shape),
-             ", shift ", shape_str(shift.shape), ", scale ", shape_str(scale.shape), ", y ",
-             shape_str(y.shape));
+  APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "modulate: x ", shape_str(x.shape), ", shift ",
+             shape_str(shift.shape), ", scale ", shape_str(scale.shape), ", y ", shape_str(y.shape));
   ArenaScope scope(*c.arena);
   const Modulation mod(*c.arena, shift, scale, y, rounding);
   parallel_for(m, [&](int64_t r) {
@@ -72,12 +69,11 @@ void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& sc
   });
 }
 
-void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps,
-              int64_t group, ops::Rounding rounding) {
+void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps, int64_t group,
+              ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
-  APUS_CHECK(y.shape == x.shape && d % group == 0 && weight.numel() == group,
-             "rms_norm: x ", shape_str(x.shape), ", weight ", shape_str(weight.shape),
-             ", group ", group);
+  APUS_CHECK(y.shape == x.shape && d % group == 0 && weight.numel() == group, "rms_norm: x ", shape_str(x.shape),
+             ", weight ", shape_str(weight.shape), ", group ", group);
   ArenaScope scope(*c.arena);
   const Tensor wf = as_dtype(*c.arena, vector_row(weight), DType::f32);
   const float* w = wf.ptr<float>();
@@ -98,11 +94,11 @@ void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, floa
   });
 }
 
-void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
-                int64_t groups, float eps, bool fuse_silu, ops::Rounding rounding) {
+void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, int64_t groups,
+                float eps, bool fuse_silu, ops::Rounding rounding) {
   const int64_t n = x.shape[0], ch = x.shape[1], hw = x.shape[2] * x.shape[3];
-  APUS_CHECK(x.rank() == 4 && ch % groups == 0 && y.shape == x.shape,
-             "group_norm: x ", shape_str(x.shape), " with ", groups, " groups");
+  APUS_CHECK(x.rank() == 4 && ch % groups == 0 && y.shape == x.shape, "group_norm: x ", shape_str(x.shape), " with ",
+             groups, " groups");
   ArenaScope scope(*c.arena);
   const Tensor wf = as_dtype(*c.arena, vector_row(weight), DType::f32);
   const Tensor bf = as_dtype(*c.arena, vector_row(bias), DType::f32);

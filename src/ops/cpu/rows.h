@@ -18,9 +18,14 @@ inline void load_row(const Tensor& t, int64_t r, float* out, int64_t n) {
       for (int64_t i = 0; i < n; ++i) out[i] = s[i];
       return;
     }
-    case DType::bf16: bf16_to_f32_row(static_cast<const uint16_t*>(p), out, n); return;
-    case DType::f16: f16_to_f32_row(static_cast<const uint16_t*>(p), out, n); return;
-    default: fail("load_row: unsupported dtype ", dtype_name(t.dtype));
+    case DType::bf16:
+      bf16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
+      return;
+    case DType::f16:
+      f16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
+      return;
+    default:
+      fail("load_row: unsupported dtype ", dtype_name(t.dtype));
   }
 }
 
@@ -32,8 +37,11 @@ inline void store_row(Tensor& t, int64_t r, const float* in, int64_t n) {
       for (int64_t i = 0; i < n; ++i) d[i] = in[i];
       return;
     }
-    case DType::bf16: f32_to_bf16_row(in, static_cast<uint16_t*>(p), n); return;
-    default: fail("store_row: unsupported dtype ", dtype_name(t.dtype));
+    case DType::bf16:
+      f32_to_bf16_row(in, static_cast<uint16_t*>(p), n);
+      return;
+    default:
+      fail("store_row: unsupported dtype ", dtype_name(t.dtype));
   }
 }
 
@@ -45,8 +53,8 @@ inline void round_to(DType dt, float* v, int64_t n) {
 
 // A small vector (norm weights, modulation, gates) as one [1, n] row; a one-row column view counts.
 inline Tensor vector_row(const Tensor& t) {
-  APUS_CHECK(t.contiguous() || (t.rank() == 2 && t.shape[0] == 1), "expected a vector, got a ",
-             shape_str(t.shape), " view");
+  APUS_CHECK(t.contiguous() || (t.rank() == 2 && t.shape[0] == 1), "expected a vector, got a ", shape_str(t.shape),
+             " view");
   Tensor v = t;
   v.shape = {1, t.numel()};
   v.stride0 = 0;
@@ -58,8 +66,8 @@ inline Tensor vector_row(const Tensor& t) {
 // Returned as contiguous f32 [B, D] in the arena.
 inline Tensor sample_vectors(Arena& arena, const Tensor& v, int64_t d, int64_t rows) {
   const int64_t b = v.rank() == 2 ? v.shape[0] : 1;
-  APUS_CHECK(v.numel() == b * d && rows % b == 0, "per-sample vector ", shape_str(v.shape),
-             " for ", rows, " rows of ", d);
+  APUS_CHECK(v.numel() == b * d && rows % b == 0, "per-sample vector ", shape_str(v.shape), " for ", rows, " rows of ",
+             d);
   Tensor out = Tensor::in(arena, {b, d}, DType::f32);
   const Tensor src = b == 1 ? vector_row(v) : v;
   for (int64_t i = 0; i < b; ++i) load_row(src, i, out.ptr<float>() + i * d, d);
@@ -74,8 +82,8 @@ inline Tensor as_rows(const Tensor& t) {
 // both are contiguous.
 inline Tensor same_rows(const Tensor& y, const Tensor& x_rows) {
   if (y.shape == x_rows.shape) return y;
-  APUS_CHECK(y.numel() == x_rows.numel() && y.contiguous() && x_rows.contiguous(), "output ",
-             shape_str(y.shape), " does not match input ", shape_str(x_rows.shape));
+  APUS_CHECK(y.numel() == x_rows.numel() && y.contiguous() && x_rows.contiguous(), "output ", shape_str(y.shape),
+             " does not match input ", shape_str(x_rows.shape));
   return y.reshape(x_rows.shape);
 }
 

@@ -25,13 +25,12 @@ void sin_row(float* v, int64_t n);
 void round_bf16_row(float* v, int64_t n);
 // DynamicTanh over a row: v <- gamma[i % group] * tanh(alpha * v) + beta[i % group], each eager
 // op's result rounded to bf16 when round_bf16 (alpha * v, the tanh, the product).
-void dyt_row(float* v, int64_t n, float alpha, const float* gamma, const float* beta, int64_t group,
-             bool round_bf16);
+void dyt_row(float* v, int64_t n, float alpha, const float* gamma, const float* beta, int64_t group, bool round_bf16);
 // RoPE over one row of n channels in heads of head_dim: in each head the pairs (j, j + half)
 // (interleaved: (2j, 2j + 1)), j < half, turn by cos[j], sin[j]; rounded: each product and sum
 // rounded to bf16, cos and sin too (Qwen's eager rotate_half in bf16).
-void rope_row(float* v, int64_t n, int64_t head_dim, const float* cos, const float* sin, int64_t half,
-              bool interleaved, bool rounded);
+void rope_row(float* v, int64_t n, int64_t head_dim, const float* cos, const float* sin, int64_t half, bool interleaved,
+              bool rounded);
 float sum_row(const float* v, int64_t n);
 // sum of (v - mean)^2
 float squared_deviation_row(const float* v, int64_t n, float mean);

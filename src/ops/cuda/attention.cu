@@ -81,7 +81,8 @@ __global__ void attention_kernel(Params p) {
     __syncthreads();
     if (c < p.d) {
       float acc = 0.0f;
-      for (int64_t j = 0; j < n; ++j) acc += probs[j] * load(p.dt, p.v.data, (b * p.sk + lo + j) * p.v.stride + g * p.d + c);
+      for (int64_t j = 0; j < n; ++j)
+        acc += probs[j] * load(p.dt, p.v.data, (b * p.sk + lo + j) * p.v.stride + g * p.d + c);
       out[t] = acc;
     }
     __syncthreads();
@@ -107,7 +108,8 @@ void attend(const std::vector<const Tensor*>& qs, const std::vector<const Tensor
   Params p{};
   p.terms = int(qs.size());
   for (int t = 0; t < p.terms; ++t) {
-    APUS_CHECK(qs[size_t(t)]->shape == q.shape && ks[size_t(t)]->shape == k.shape, "differential attention: q2, k2 shapes");
+    APUS_CHECK(qs[size_t(t)]->shape == q.shape && ks[size_t(t)]->shape == k.shape,
+               "differential attention: q2, k2 shapes");
     p.q[t] = {qs[size_t(t)]->data, qs[size_t(t)]->row_stride()};
     p.k[t] = {ks[size_t(t)]->data, ks[size_t(t)]->row_stride()};
   }
@@ -148,7 +150,8 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
 }
 
 void differential_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& q2, const Tensor& k2,
-                            const Tensor& v, Tensor& o, int64_t head_dim, float scale, const ops::AttentionOptions& mask) {
+                            const Tensor& v, Tensor& o, int64_t head_dim, float scale,
+                            const ops::AttentionOptions& mask) {
   attend({&q, &q2}, {&k, &k2}, v, o, head_dim, scale, mask);
 }
 

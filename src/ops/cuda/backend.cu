@@ -28,8 +28,8 @@ class CudaBackend final : public Backend {
     select();
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes);
-    APUS_CHECK(e == cudaSuccess, name(), ": out of device memory allocating ", bytes, " bytes (",
-               cudaGetErrorString(e), ")");
+    APUS_CHECK(e == cudaSuccess, name(), ": out of device memory allocating ", bytes, " bytes (", cudaGetErrorString(e),
+               ")");
     return p;
   }
   void release(void* p) override {

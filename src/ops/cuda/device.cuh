@@ -10,9 +10,12 @@ namespace apus::cuda {
 
 __device__ inline float load(DType dt, const void* p, int64_t i) {
   switch (dt) {
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
   }
 }
 
@@ -59,8 +62,7 @@ inline unsigned blocks_for(int64_t n) {
 }
 
 // f(i) for every i < n.
-template <typename F>
-__global__ void for_each_index(int64_t n, F f) {
+template <typename F> __global__ void for_each_index(int64_t n, F f) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) f(i);
 }
 

@@ -32,8 +32,7 @@ __device__ float per_row(const View& v, int64_t rows, int64_t r, int64_t c) {
 }
 
 // Runs f(r, c) over every element of a rows x cols grid.
-template <typename F>
-void launch(int64_t rows, int64_t cols, F f) {
+template <typename F> void launch(int64_t rows, int64_t cols, F f) {
   if (rows * cols == 0) return;
   for_each_index<<<blocks_for(rows * cols), kThreads, 0, stream()>>>(
       rows * cols, [=] __device__(int64_t i) { f(i / cols, i % cols); });
@@ -86,7 +85,8 @@ __global__ void layer_norm_modulate_kernel(View x, View shift, View scale, View 
 void copy(Context& c, const Tensor& x, Tensor& y) {
   APUS_CHECK(x.numel() == y.numel(), "copy: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
   const bool same_view = x.rank() == 2 && y.rank() == 2 && x.shape == y.shape;
-  const View a = same_view ? view(x) : view(x.reshape({x.numel()})), b = same_view ? view(y) : view(y.reshape({y.numel()}));
+  const View a = same_view ? view(x) : view(x.reshape({x.numel()})),
+             b = same_view ? view(y) : view(y.reshape({y.numel()}));
   launch(a.rows, a.cols, [=] __device__(int64_t r, int64_t col) { st(b, r, col, ld(a, r, col)); });
 }
 
@@ -125,7 +125,8 @@ void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate, ops::
   });
 }
 
-void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, ops::Rounding rounding) {
+void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y,
+              ops::Rounding rounding) {
   APUS_CHECK(y.shape == x.shape && shift.shape == scale.shape, "modulate: x ", shape_str(x.shape), ", shift ",
              shape_str(shift.shape), ", scale ", shape_str(scale.shape));
   const View vx = view(x), vsh = view(shift), vsc = view(scale), vy = view(y);
@@ -226,8 +227,9 @@ void blend(Context& c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor
 }
 
 void transpose(Context& c, const Tensor& x, Tensor& y) {
-  APUS_CHECK(x.rank() == 2 && y.rank() == 2 && y.shape[0] == x.shape[1] && y.shape[1] == x.shape[0] && x.dtype == y.dtype,
-             "transpose: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
+  APUS_CHECK(
+      x.rank() == 2 && y.rank() == 2 && y.shape[0] == x.shape[1] && y.shape[1] == x.shape[0] && x.dtype == y.dtype,
+      "transpose: x ", shape_str(x.shape), ", y ", shape_str(y.shape));
   const View vx = view(x), vy = view(y);
   launch(vy.rows, vy.cols, [=] __device__(int64_t r, int64_t col) { st(vy, r, col, ld(vx, col, r)); });
 }
@@ -323,8 +325,8 @@ __global__ void project_kernel(float* dc, float* diff, int64_t per_sample, int64
 void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y, float sigma,
                      float scale, float apg, int64_t batch, int64_t valid) {
   const int64_t rows = x.shape[0], ch = x.shape[1], t = batch > 0 ? rows / batch : 0;
-  APUS_CHECK(batch >= 1 && rows % batch == 0 && cond.shape == x.shape && uncond.shape == x.shape && y.shape == x.shape &&
-                 valid >= 1 && valid <= t && sigma > 0,
+  APUS_CHECK(batch >= 1 && rows % batch == 0 && cond.shape == x.shape && uncond.shape == x.shape &&
+                 y.shape == x.shape && valid >= 1 && valid <= t && sigma > 0,
              "guided_velocity: x ", shape_str(x.shape), ", cond ", shape_str(cond.shape), ", y ", shape_str(y.shape),
              ", batch ", batch, ", valid ", valid, ", sigma ", sigma);
   ArenaScope scope(*c.arena);
@@ -338,7 +340,8 @@ void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tens
     st(vdiff, r, k, round_to(dt, d_c - round_to(dt, xv - round_to(dt, ld(vu, r, k) * sigma))));
   });
   if (apg != 0) {
-    project_kernel<<<unsigned(batch), 256, 0, stream()>>>(dc.ptr<float>(), diff.ptr<float>(), t * ch, valid * ch, apg, dt);
+    project_kernel<<<unsigned(batch), 256, 0, stream()>>>(dc.ptr<float>(), diff.ptr<float>(), t * ch, valid * ch, apg,
+                                                          dt);
     check(cudaGetLastError(), "guided_velocity projection");
   }
   launch(rows, ch, [=] __device__(int64_t r, int64_t k) {

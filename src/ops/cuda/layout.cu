@@ -13,10 +13,9 @@ struct RopePairs {
   int32_t axis[128], index[128], width[128];
 };
 
-
 __global__ void conv2d_kernel(const void* x, DType xt, const void* w, DType wt, const void* bias, DType bt, void* y,
-                              int64_t n, int64_t ci, int64_t h, int64_t wd, int64_t co, int64_t k, int64_t oh, int64_t ow,
-                              int64_t stride, int64_t pad) {
+                              int64_t n, int64_t ci, int64_t h, int64_t wd, int64_t co, int64_t k, int64_t oh,
+                              int64_t ow, int64_t stride, int64_t pad) {
   const int64_t total = n * co * oh * ow;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t ox = i % ow, oy = (i / ow) % oh, o = (i / (ow * oh)) % co, b = i / (ow * oh * co);
@@ -78,9 +77,9 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
              stride, ", pad ", pad, "+", pad_end);
   const int64_t total = n * co * oh * ow;
   if (total == 0) return;
-  conv2d_kernel<<<blocks_for(total), kThreads, 0, stream()>>>(x.data, x.dtype, w.data, w.dtype,
-                                                              bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32,
-                                                              y.data, n, ci, h, wd, co, k, oh, ow, stride, pad);
+  conv2d_kernel<<<blocks_for(total), kThreads, 0, stream()>>>(
+      x.data, x.dtype, w.data, w.dtype, bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32, y.data, n, ci, h,
+      wd, co, k, oh, ow, stride, pad);
   check(cudaGetLastError(), "conv2d kernel launch");
 }
 
@@ -103,7 +102,8 @@ void embedding(Context& c, const Tensor& table, const Tensor& ids, Tensor& y) {
              ", y ", shape_str(y.shape));
   // The ids are checked on the host first (a small copy), so a bad one is refused, not read.
   std::vector<int32_t> host(static_cast<size_t>(s));
-  check(cudaMemcpyAsync(host.data(), ids.data, size_t(s) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()), "embedding ids");
+  check(cudaMemcpyAsync(host.data(), ids.data, size_t(s) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()),
+        "embedding ids");
   check(cudaStreamSynchronize(stream()), "embedding ids");
   for (const int32_t id : host)
     APUS_CHECK(id >= 0 && id < rows, "embedding: token id ", id, " outside the table's ", rows, " rows");
@@ -118,16 +118,16 @@ void embedding(Context& c, const Tensor& table, const Tensor& ids, Tensor& y) {
   check(cudaGetLastError(), "embedding kernel launch");
 }
 
-void rope_tables(Context& c, const Tensor& positions, const std::vector<int64_t>& axes, double theta, ops::RopeMath math,
-                 Tensor& cos, Tensor& sin) {
+void rope_tables(Context& c, const Tensor& positions, const std::vector<int64_t>& axes, double theta,
+                 ops::RopeMath math, Tensor& cos, Tensor& sin) {
   const int64_t s = positions.shape[0];
   int64_t dim = 0;
   for (int64_t a : axes) dim += a;
   APUS_CHECK(positions.rank() == 2 && positions.dtype == DType::i64 && positions.shape[1] == int64_t(axes.size()) &&
                  axes.size() <= 8 && cos.shape == Shape({s, dim / 2}) && sin.shape == cos.shape &&
                  cos.dtype == DType::f32 && sin.dtype == DType::f32,
-             "rope_tables: positions ", shape_str(positions.shape), ", cos ", shape_str(cos.shape), " for ", axes.size(),
-             " axes of ", dim);
+             "rope_tables: positions ", shape_str(positions.shape), ", cos ", shape_str(cos.shape), " for ",
+             axes.size(), " axes of ", dim);
   RopePairs pairs{};
   APUS_CHECK(dim / 2 <= 128, "rope_tables: ", dim / 2, " pairs, at most 128 on cuda");
   int64_t j = 0;
@@ -162,8 +162,8 @@ void image_to_rgb8(Context& c, const Tensor& image, Tensor& rgb) {
   const int64_t h = image.shape[2], w = image.shape[3];
   APUS_CHECK(image.rank() == 4 && image.shape[0] == 1 && image.shape[1] == 3 && rgb.shape == Shape({h, w, 3}) &&
                  rgb.dtype == DType::u8 && image.contiguous(),
-             "image_to_rgb8: image ", shape_str(image.shape), ", rgb ", shape_str(rgb.shape), " ", dtype_name(rgb.dtype),
-             "; expected [1, 3, H, W] and u8 [H, W, 3]");
+             "image_to_rgb8: image ", shape_str(image.shape), ", rgb ", shape_str(rgb.shape), " ",
+             dtype_name(rgb.dtype), "; expected [1, 3, H, W] and u8 [H, W, 3]");
   APUS_CHECK(all_finite(c, image), "image_to_rgb8: the image holds a non-finite pixel");
   const DType dt = image.dtype;
   const void* in = image.data;

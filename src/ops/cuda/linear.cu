@@ -17,10 +17,14 @@ void check_lt(cublasStatus_t s, const char* what) {
 
 cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    case DType::f32: return CUDA_R_32F;
-    default: fail("linear: dtype ", dtype_name(dt), " is not supported on cuda");
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::f32:
+      return CUDA_R_32F;
+    default:
+      fail("linear: dtype ", dtype_name(dt), " is not supported on cuda");
   }
 }
 
@@ -100,8 +104,8 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   check_lt(l.layout_create(&b, t, uint64_t(k), uint64_t(m), x.row_stride()), "layout x");
   check_lt(l.layout_create(&d, t, uint64_t(n), uint64_t(m), y.row_stride()), "layout y");
   const float one = 1.0f, zero = 0.0f;
-  check_lt(l.matmul(l.handle, op, &one, wx.data, a, x.data, b, &zero, y.data, d, y.data, d, nullptr,
-                          l.workspace, l.workspace_bytes, stream()),
+  check_lt(l.matmul(l.handle, op, &one, wx.data, a, x.data, b, &zero, y.data, d, y.data, d, nullptr, l.workspace,
+                    l.workspace_bytes, stream()),
            "matmul");
   l.layout_destroy(a);
   l.layout_destroy(b);

@@ -7,12 +7,12 @@
 
 namespace apus::ref {
 
-void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
-               int64_t head_dim, float scale, const ops::AttentionOptions& mask) {
+void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, int64_t head_dim, float scale,
+               const ops::AttentionOptions& mask) {
   const int64_t batch = mask.batch, sq = q.shape[0] / batch, sk = k.shape[0] / batch, d = head_dim;
   const int64_t hq = q.shape[1] / d, hk = k.shape[1] / d;
-  APUS_CHECK(hk > 0 && hq % hk == 0 && v.shape == k.shape && o.shape == q.shape &&
-                 q.shape[0] % batch == 0 && k.shape[0] % batch == 0,
+  APUS_CHECK(hk > 0 && hq % hk == 0 && v.shape == k.shape && o.shape == q.shape && q.shape[0] % batch == 0 &&
+                 k.shape[0] % batch == 0,
              "attention: shapes do not agree");
   APUS_CHECK(!mask.key_valid || (mask.key_valid->dtype == DType::i64 && mask.key_valid->numel() == k.shape[0]),
              "attention: the key mask must be i64 [", k.shape[0], "]");
@@ -23,14 +23,12 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
     for (int64_t i = 0; i < sq; ++i) {
       double mx = -INFINITY;
       for (int64_t j = 0; j < sk; ++j) {
-        const bool visible = (!mask.causal || j <= i) &&
-                             (mask.window == 0 || std::abs(i - j) <= mask.window) &&
+        const bool visible = (!mask.causal || j <= i) && (mask.window == 0 || std::abs(i - j) <= mask.window) &&
                              (!key_valid || key_valid[b * sk + j]);
         double s = -INFINITY;
         if (visible) {
           s = 0;
-          for (int64_t e = 0; e < d; ++e)
-            s += get(q, b * sq + i, h * d + e) * get(k, b * sk + j, g * d + e);
+          for (int64_t e = 0; e < d; ++e) s += get(q, b * sq + i, h * d + e) * get(k, b * sk + j, g * d + e);
           const bool each = mask.rounding == ops::Rounding::each_step;
           const DType dt = q.dtype;
           if (each) s = as(dt, s);
@@ -59,9 +57,9 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
   }
 }
 
-void differential_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& q2,
-                            const Tensor& k2, const Tensor& v, Tensor& o, int64_t head_dim,
-                            float scale, const ops::AttentionOptions& mask) {
+void differential_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& q2, const Tensor& k2,
+                            const Tensor& v, Tensor& o, int64_t head_dim, float scale,
+                            const ops::AttentionOptions& mask) {
   ref::attention(c, q, k, v, o, head_dim, scale, mask);
   Tensor second = Tensor::heap(o.shape, o.dtype);
   ref::attention(c, q2, k2, v, second, head_dim, scale, mask);

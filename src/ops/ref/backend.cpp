@@ -11,27 +11,34 @@ namespace ref {
 double get(const Tensor& t, int64_t r, int64_t i) {
   const void* p = static_cast<const char*>(t.row(r)) + size_t(i) * dtype_size(t.dtype);
   switch (t.dtype) {
-    case DType::f32: return *static_cast<const float*>(p);
-    case DType::bf16: return bf16_to_f32(*static_cast<const uint16_t*>(p));
-    case DType::f16: return f16_to_f32(*static_cast<const uint16_t*>(p));
-    default: fail("reference backend: unsupported dtype ", dtype_name(t.dtype));
+    case DType::f32:
+      return *static_cast<const float*>(p);
+    case DType::bf16:
+      return bf16_to_f32(*static_cast<const uint16_t*>(p));
+    case DType::f16:
+      return f16_to_f32(*static_cast<const uint16_t*>(p));
+    default:
+      fail("reference backend: unsupported dtype ", dtype_name(t.dtype));
   }
 }
 
 void put(Tensor& t, int64_t r, int64_t i, double v) {
   void* p = static_cast<char*>(t.row(r)) + size_t(i) * dtype_size(t.dtype);
   switch (t.dtype) {
-    case DType::f32: *static_cast<float*>(p) = float(v); return;
-    case DType::bf16: *static_cast<uint16_t*>(p) = f32_to_bf16(float(v)); return;
-    default: fail("reference backend: cannot store ", dtype_name(t.dtype));
+    case DType::f32:
+      *static_cast<float*>(p) = float(v);
+      return;
+    case DType::bf16:
+      *static_cast<uint16_t*>(p) = f32_to_bf16(float(v));
+      return;
+    default:
+      fail("reference backend: cannot store ", dtype_name(t.dtype));
   }
 }
 
 double as(DType dt, double v) { return dt == DType::bf16 ? round_bf16(float(v)) : double(float(v)); }
 
-Tensor rows2d(const Tensor& t) {
-  return t.rank() == 2 ? t : t.reshape({t.numel() / t.shape.back(), t.shape.back()});
-}
+Tensor rows2d(const Tensor& t) { return t.rank() == 2 ? t : t.reshape({t.numel() / t.shape.back(), t.shape.back()}); }
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 

@@ -7,15 +7,15 @@
 
 namespace apus::ref {
 
-void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act,
-         ops::Rounding rounding) {
+void glu(Context& c, const Tensor& a, const Tensor& b, Tensor& y, ops::Activation act, ops::Rounding rounding) {
   for (int64_t r = 0; r < a.shape[0]; ++r)
     for (int64_t i = 0; i < a.shape[1]; ++i) {
       const double x = get(a, r, i);
       const bool each = rounding == ops::Rounding::each_step;
-      double s = act == ops::Activation::silu        ? silu(x)
-                 : act == ops::Activation::gelu_tanh ? gelu_tanh(x)
-                 : std::sin(as(each ? y.dtype : DType::f32, double(float(M_PI) * float(x))));
+      double s = act == ops::Activation::silu ? silu(x)
+                 : act == ops::Activation::gelu_tanh
+                     ? gelu_tanh(x)
+                     : std::sin(as(each ? y.dtype : DType::f32, double(float(M_PI) * float(x))));
       if (each) s = as(y.dtype, s);
       put(y, r, i, s * get(b, r, i));
     }
@@ -28,8 +28,7 @@ void silu(Context& c, const Tensor& x, Tensor& y) {
     for (int64_t i = 0; i < xr.shape[1]; ++i) put(yr, r, i, silu(get(xr, r, i)));
 }
 
-void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
-               ops::Rounding rounding) {
+void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate, ops::Rounding rounding) {
   const Tensor g = gate ? (gate->rank() == 2 ? *gate : rows2d(*gate)) : Tensor{};
   const int64_t per_sample = gate ? x.shape[0] / g.shape[0] : 1;
   for (int64_t r = 0; r < x.shape[0]; ++r)
@@ -43,8 +42,8 @@ void add_gated(Context& c, Tensor& x, const Tensor& y, const Tensor* gate,
     }
 }
 
-void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta,
-         Tensor& y, ops::Rounding rounding) {
+void dyt(Context& c, const Tensor& x, const Tensor& alpha, const Tensor& gamma, const Tensor& beta, Tensor& y,
+         ops::Rounding rounding) {
   const bool each = rounding == ops::Rounding::each_step;
   const Tensor g = rows2d(gamma), b = rows2d(beta);
   const double a = get(rows2d(alpha), 0, 0);
@@ -72,8 +71,7 @@ void gate_sigmoid(Context& c, const Tensor& x, Tensor& y, ops::Rounding rounding
     }
 }
 
-void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t,
-                     float t_next) {
+void pingpong_update(Context& c, Tensor& x, const Tensor& velocity, const Tensor& noise, float t, float t_next) {
   const DType dt = x.dtype;
   const double keep = as(dt, 1.0 - double(t_next));
   for (int64_t r = 0; r < x.shape[0]; ++r)
@@ -88,13 +86,12 @@ void blend(Context& c, const Tensor& a, const Tensor& b, const Tensor& w, Tensor
   for (int64_t r = 0; r < y.shape[0]; ++r) {
     const double wr = as(dt, double(w.ptr<float>()[w.numel() == 1 ? 0 : r]));
     const double keep = as(dt, 1.0 - wr);
-    for (int64_t i = 0; i < y.shape[1]; ++i)
-      put(y, r, i, as(dt, keep * get(a, r, i)) + as(dt, wr * get(b, r, i)));
+    for (int64_t i = 0; i < y.shape[1]; ++i) put(y, r, i, as(dt, keep * get(a, r, i)) + as(dt, wr * get(b, r, i)));
   }
 }
 
-void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y,
-                     float sigma, float scale, float apg, int64_t batch, int64_t valid) {
+void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tensor& uncond, Tensor& y, float sigma,
+                     float scale, float apg, int64_t batch, int64_t valid) {
   const int64_t rows = x.shape[0], ch = x.shape[1], t = rows / batch;
   const DType dt = y.dtype;
   std::vector<double> dc(size_t(rows * ch)), diff(size_t(rows * ch));
@@ -121,8 +118,7 @@ void guided_velocity(Context& c, const Tensor& x, const Tensor& cond, const Tens
     for (int64_t i = 0; i < t * ch; ++i) pd[i] = as(dt, pc[i] + as(dt, (double(scale) - 1) * pd[i]));
   }
   for (int64_t i = 0; i < rows; ++i)
-    for (int64_t k = 0; k < ch; ++k)
-      put(y, i, k, as(dt, get(x, i, k) - diff[size_t(i * ch + k)]) / sigma);
+    for (int64_t k = 0; k < ch; ++k) put(y, i, k, as(dt, get(x, i, k) - diff[size_t(i * ch + k)]) / sigma);
 }
 
 void euler_update(Context& c, Tensor& x, const Tensor& velocity, float step) {
@@ -159,8 +155,8 @@ void transpose(Context& c, const Tensor& x, Tensor& y) {
                   static_cast<const char*>(x.data) + size_t(i * n + j) * es, es);
 }
 
-void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim,
-          ops::RopeStyle style, ops::Rounding rounding) {
+void rope(Context& c, Tensor& x, const Tensor& cos, const Tensor& sin, int64_t head_dim, ops::RopeStyle style,
+          ops::Rounding rounding) {
   const int64_t s = x.shape[0], d = x.shape[1], half = cos.shape[1];
   APUS_CHECK(2 * half <= head_dim && d % head_dim == 0, "rope: table wider than a head");
   const bool each = rounding == ops::Rounding::each_step;

@@ -14,8 +14,8 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
     }
 }
 
-void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-            int64_t stride, int64_t pad, int64_t pad_end) {
+void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride, int64_t pad,
+            int64_t pad_end) {
   const int64_t n = x.shape[0], ci = x.shape[1], h = x.shape[2], wd = x.shape[3];
   const int64_t co = y.shape[1], ho = y.shape[2], wo = y.shape[3], kh = w.shape[2], kw = w.shape[3];
   APUS_CHECK(w.shape[1] == ci && w.shape[0] == co && y.shape[0] == n && ho == (h + pad + pad_end - kh) / stride + 1 &&

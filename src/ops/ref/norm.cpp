@@ -6,8 +6,8 @@
 
 namespace apus::ref {
 
-void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale,
-                         Tensor& y, float eps, ops::Rounding rounding) {
+void layer_norm_modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& scale, Tensor& y, float eps,
+                         ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
   const bool each = rounding == ops::Rounding::each_step;
   // [D] for every row, or [B, D]: sample b covers rows b*m/B .. (b+1)*m/B.
@@ -43,8 +43,8 @@ void modulate(Context& c, const Tensor& x, const Tensor& shift, const Tensor& sc
     }
 }
 
-void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps,
-              int64_t group, ops::Rounding rounding) {
+void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, float eps, int64_t group,
+              ops::Rounding rounding) {
   const int64_t m = x.shape[0], d = x.shape[1];
   APUS_CHECK(d % group == 0 && weight.numel() == group, "rms_norm: shapes do not agree");
   const Tensor w = weight.reshape({1, group});
@@ -64,8 +64,8 @@ void rms_norm(Context& c, const Tensor& x, const Tensor& weight, Tensor& y, floa
   }
 }
 
-void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
-                int64_t groups, float eps, bool fuse_silu, ops::Rounding rounding) {
+void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, int64_t groups,
+                float eps, bool fuse_silu, ops::Rounding rounding) {
   const int64_t n = x.shape[0], ch = x.shape[1], hw = x.shape[2] * x.shape[3], per = ch / groups;
   APUS_CHECK(ch % groups == 0 && y.shape == x.shape, "group_norm: shapes do not agree");
   const Tensor w = weight.reshape({1, ch}), b = bias.reshape({1, ch});

@@ -7,8 +7,8 @@
 
 namespace apus::ref {
 
-void rope_tables(Context& c, const Tensor& positions, const std::vector<int64_t>& axes,
-                 double theta, ops::RopeMath math, Tensor& cos, Tensor& sin) {
+void rope_tables(Context& c, const Tensor& positions, const std::vector<int64_t>& axes, double theta,
+                 ops::RopeMath math, Tensor& cos, Tensor& sin) {
   for (int64_t r = 0; r < positions.shape[0]; ++r) {
     int64_t j = 0;
     for (size_t a = 0; a < axes.size(); ++a) {
@@ -16,10 +16,9 @@ void rope_tables(Context& c, const Tensor& positions, const std::vector<int64_t>
       const float p = float(positions.ptr<int64_t>()[r * int64_t(axes.size()) + int64_t(a)]);
       for (int64_t i = 0; i < d / 2; ++i, ++j) {
         // The f32 convention is float arithmetic by definition (transformers' inv_freq).
-        const double angle =
-            math == ops::RopeMath::f32
-                ? double(p * (1.0f / std::pow(float(theta), float(2 * i) / float(d))))
-                : double(p) * (1.0 / std::pow(theta, double(2 * i) / double(d)));
+        const double angle = math == ops::RopeMath::f32
+                                 ? double(p * (1.0f / std::pow(float(theta), float(2 * i) / float(d))))
+                                 : double(p) * (1.0 / std::pow(theta, double(2 * i) / double(d)));
         put(cos, r, j, math == ops::RopeMath::f32 ? double(std::cos(float(angle))) : std::cos(angle));
         put(sin, r, j, math == ops::RopeMath::f32 ? double(std::sin(float(angle))) : std::sin(angle));
       }
@@ -57,8 +56,7 @@ void embedding(Context& c, const Tensor& table, const Tensor& ids, Tensor& y) {
   }
 }
 
-void affine(Context& c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
-            ops::Rounding rounding) {
+void affine(Context& c, const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, ops::Rounding rounding) {
   const Tensor sc = rows2d(scale), sh = rows2d(shift);
   for (int64_t r = 0; r < x.shape[0]; ++r)
     for (int64_t i = 0; i < x.shape[1]; ++i) {
@@ -82,8 +80,7 @@ void permute(Context& c, const Tensor& x, Tensor& y, const std::vector<int>& per
         if (perm[size_t(i)] == a) coord = index[size_t(i)];
       src += coord * stride;
     }
-    std::memcpy(static_cast<char*>(y.data) + size_t(out) * es,
-                static_cast<const char*>(x.data) + size_t(src) * es, es);
+    std::memcpy(static_cast<char*>(y.data) + size_t(out) * es, static_cast<const char*>(x.data) + size_t(src) * es, es);
     for (int i = rank - 1; i >= 0; --i) {
       if (++index[size_t(i)] < y.shape[size_t(i)]) break;
       index[size_t(i)] = 0;

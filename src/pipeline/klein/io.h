@@ -12,7 +12,7 @@ namespace apus {
 
 std::string infotext(const ImageRequest& request, const ImageResult& result, const ImageModel& model);
 // The PNG text chunks of a result: parameters (infotext) and Software.
-std::vector<std::pair<std::string, std::string>> image_metadata(const ImageRequest& request,
-                                                                const ImageResult& result, const ImageModel& model);
+std::vector<std::pair<std::string, std::string>> image_metadata(const ImageRequest& request, const ImageResult& result,
+                                                                const ImageModel& model);
 
 }  // namespace apus

@@ -44,7 +44,7 @@ class KleinModel final : public ImageModel {
     int64_t samples = 1;
     float cfg = 1;
     int steps = 0;
-    int64_t h = 0, w = 0;  // latent grid
+    int64_t h = 0, w = 0;      // latent grid
     std::vector<int32_t> ids;  // samples x kMaxSequence
     std::vector<int64_t> mask;
     // Reference images: their crops, their pixels (shared by the batch), and their packed tokens

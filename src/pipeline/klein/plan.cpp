@@ -60,8 +60,8 @@ void KleinModel::resolve_inpainting(ImageRequest& r) const {
   const int w = image.width / 16 * 16, h = image.height / 16 * 16;
   APUS_CHECK(w >= 16 && h >= 16, "the image to inpaint is ", image.width, "x", image.height,
              ": both sides must be at least 16 pixels");
-  APUS_CHECK(r.width.value_or(w) == w && r.height.value_or(h) == h, "inpainting renders at the image's size, ", w,
-             "x", h, ", not the ", r.width.value_or(w), "x", r.height.value_or(h), " asked");
+  APUS_CHECK(r.width.value_or(w) == w && r.height.value_or(h) == h, "inpainting renders at the image's size, ", w, "x",
+             h, ", not the ", r.width.value_or(w), "x", r.height.value_or(h), " asked");
   r.width = w;
   r.height = h;
   if (image.width != w || image.height != h) image = resize_lanczos(image, w, h);
@@ -100,10 +100,9 @@ ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   const char* why_not = reference_cache_
                             ? " is a Flux2KleinKVPipeline model (model_index.json), which runs without guidance: "
                             : " is step-distilled (model_index.json is_distilled: true) and runs without guidance: ";
-  APUS_CHECK_FIELD(takes_guidance() || (*r.cfg <= 1 && !r.negative_prompt),
-                   r.negative_prompt ? "negative_prompt" : "cfg", label_, why_not,
-                   r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", *r.cfg),
-                   " is for the -base models");
+  APUS_CHECK_FIELD(
+      takes_guidance() || (*r.cfg <= 1 && !r.negative_prompt), r.negative_prompt ? "negative_prompt" : "cfg", label_,
+      why_not, r.negative_prompt ? "a negative prompt" : detail::concat("cfg ", *r.cfg), " is for the -base models");
   using L = ImageLimits;
   for (const auto& [name, side] : {std::pair{"width", *r.width}, std::pair{"height", *r.height}})
     APUS_CHECK_FIELD(side >= L::min_side && side <= L::max_side, name, name, " ", side, " outside ", L::min_side, "..",
@@ -158,11 +157,11 @@ void KleinModel::check_batch_agrees(const std::vector<ImageRequest>& requests) c
                                 return a.width == b.width && a.height == b.height && a.rgb == b.rgb;
                               }) &&
                    bool(o.inpaint) == bool(r.inpaint) &&
-                   (!r.inpaint || (o.inpaint->strength == r.inpaint->strength &&
-                                   o.inpaint->image.rgb == r.inpaint->image.rgb &&
-                                   o.inpaint->mask.rgb == r.inpaint->mask.rgb)),
-               "a batch shares width, height, steps, guidance, precision, reference images and inpainting: ", *o.width, "x",
-               *o.height, ", ", *o.steps, " steps, cfg ", *o.cfg, " differs from ", *r.width, "x", *r.height, ", ",
+                   (!r.inpaint ||
+                    (o.inpaint->strength == r.inpaint->strength && o.inpaint->image.rgb == r.inpaint->image.rgb &&
+                     o.inpaint->mask.rgb == r.inpaint->mask.rgb)),
+               "a batch shares width, height, steps, guidance, precision, reference images and inpainting: ", *o.width,
+               "x", *o.height, ", ", *o.steps, " steps, cfg ", *o.cfg, " differs from ", *r.width, "x", *r.height, ", ",
                *r.steps, " steps, cfg ", *r.cfg);
 }
 

@@ -25,10 +25,7 @@ constexpr const char* kReferenceStage = "vae_encode";
 }  // namespace
 
 KleinModel::KleinModel(const ModelDir& dir, Weights weights)
-    : dir_(dir),
-      configs_(ModelDir::open(dir.root(), false)),
-      weights_(weights),
-      label_(model_label(dir.root())) {
+    : dir_(dir), configs_(ModelDir::open(dir.root(), false)), weights_(weights), label_(model_label(dir.root())) {
   const flux2::KleinIndex index = flux2::check_klein_index(dir_);
   distilled_ = index.distilled;
   reference_cache_ = index.reference_cache;
@@ -39,9 +36,9 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   scheduler_cfg_ = dir_.config("scheduler", "scheduler_config.json");
   if (weights_ == Weights::none) return;
   tokenizer_.emplace(BpeTokenizer::load(dir_.component("tokenizer") + "/tokenizer.json"));
-  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, dir_.component("tokenizer"),
-             "/tokenizer.json: token id ", tokenizer_->max_id(), " has no row in the text encoder's ",
-             text_cfg.vocab, "-entry embedding (text_encoder/config.json vocab_size)");
+  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, dir_.component("tokenizer"), "/tokenizer.json: token id ",
+             tokenizer_->max_id(), " has no row in the text encoder's ", text_cfg.vocab,
+             "-entry embedding (text_encoder/config.json vocab_size)");
   if (weights_ == Weights::resident) {
     text_.emplace(flux2::TextEncoder::load(dir_.config("text_encoder"), dir_.weights("text_encoder"), kTextTaps));
     dit_.emplace(flux2::Transformer::load(dir_.config("transformer"), dir_.weights("transformer")));
@@ -142,8 +139,7 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
       ops::copy(c, w.refs, tail);
     }
   }
-  dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity,
-              w.reference_kv ? &*w.reference_kv : nullptr);
+  dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity, w.reference_kv ? &*w.reference_kv : nullptr);
   CostScope scope(c, "sampler");
   if (refs > 0) {
     // The image tokens' velocities, sample by sample (the pipeline's noise_pred[:, :L]).
@@ -232,32 +228,47 @@ std::vector<std::unique_ptr<Part<KleinModel::Work>>> KleinModel::make_parts() co
   using Vae = flux2::VaeDecoder;
   std::vector<std::unique_ptr<Part<Work>>> parts;
   parts.push_back(model_part<Work, Text>(
-      {"text encoder load", [this](Weights wt, DType) {
+      {"text encoder load",
+       [this](Weights wt, DType) {
          return Text::load(source(wt).config("text_encoder"), source(wt).weights("text_encoder"), kTextTaps);
-       }, &text_,
+       },
+       &text_,
        {{kTextStage, "text encoder", [this](Context& c, const Text& m, Work& w, int) { encode_text(c, m, w); },
          &Work::prompt_embeds, "the text encoder"}}}));
   parts.push_back(model_part<Work, Encoder>(
-      {"vae encoder load", [this](Weights wt, DType) {
-         return Encoder::load(source(wt).config("vae"), source(wt).weights("vae"));
-       }, &vae_encoder_,
-       {{kReferenceStage, "vae encode",
-         [this](Context& c, const Encoder& m, Work& w, int) { encode_references(c, m, w); }, &Work::refs,
-         "the VAE encoder", {}, /*replicated=*/true}},
+      {"vae encoder load",
+       [this](Weights wt, DType) { return Encoder::load(source(wt).config("vae"), source(wt).weights("vae")); },
+       &vae_encoder_,
+       {{kReferenceStage,
+         "vae encode",
+         [this](Context& c, const Encoder& m, Work& w, int) { encode_references(c, m, w); },
+         &Work::refs,
+         "the VAE encoder",
+         {},
+         /*replicated=*/true}},
        [](const Work& w) { return w.ref_tokens > 0; }}));
   parts.push_back(model_part<Work, Dit>(
-      {"transformer load", [this](Weights wt, DType) {
+      {"transformer load",
+       [this](Weights wt, DType) {
          return Dit::load(source(wt).config("transformer"), source(wt).weights("transformer"));
-       }, &dit_,
+       },
+       &dit_,
        {{kPrologueStage, "transformer prologue", [this](Context& c, const Dit& m, Work& w, int) { prologue(c, m, w); }},
         {kStepStage, "", [this](Context& c, const Dit& m, Work& w, int i) { step(c, m, w, i); }, &Work::latents, "",
-         [](const Work& w) { return StepRange{w.first_step, w.steps, &w.schedule.sigmas}; }}}}));
+         [](const Work& w) {
+           return StepRange{w.first_step, w.steps, &w.schedule.sigmas};
+         }}}}));
   parts.push_back(model_part<Work, Vae>(
-      {"vae load", [this](Weights wt, DType) {
-         return Vae::load(source(wt).config("vae"), source(wt).weights("vae"));
-       }, &vae_,
-       {{kDecodeStage, "vae decode", [this](Context& c, const Vae& m, Work& w, int) { decode(c, m, w); },
-         &Work::image, "the VAE decoder", {}, /*replicated=*/true}}}));
+      {"vae load",
+       [this](Weights wt, DType) { return Vae::load(source(wt).config("vae"), source(wt).weights("vae")); },
+       &vae_,
+       {{kDecodeStage,
+         "vae decode",
+         [this](Context& c, const Vae& m, Work& w, int) { decode(c, m, w); },
+         &Work::image,
+         "the VAE decoder",
+         {},
+         /*replicated=*/true}}}));
   return parts;
 }
 
@@ -266,8 +277,9 @@ void KleinModel::finish(Context& c, Work& w, const std::vector<ImageRequest>& re
   const ImageRequest& r = requests.front();
   const int64_t batch = w.batch, plane = w.image.numel() / batch;
   for (int64_t i = 0; i < batch; ++i) {
-    const Tensor image = w.image.reshape({batch, plane}).rows(i, i + 1).reshape(
-        {1, w.image.shape[1], w.image.shape[2], w.image.shape[3]});
+    const Tensor image = w.image.reshape({batch, plane})
+                             .rows(i, i + 1)
+                             .reshape({1, w.image.shape[1], w.image.shape[2], w.image.shape[3]});
     Tensor rgb = ops::empty(c, {*r.height, *r.width, 3}, DType::u8);
     ops::image_to_rgb8(c, image, rgb);
     const Tensor bytes = ops::to_host(c, rgb);

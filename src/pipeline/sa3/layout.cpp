@@ -18,16 +18,17 @@ constexpr int64_t kMediumSampleSize = 16777216, kSmallSampleSize = 5324800;
 
 void check_sa3_index(const ModelDir& dir) {
   const std::string index = dir.root() + "/model_index.json";
-  const std::pair<const char*, const char*> components[] = {
-      {"transformer", "StableAudio3DiTModel"},       {"vae", "AutoencoderSAME"},
-      {"text_encoder", "T5GemmaEncoderModel"},       {"duration_embedder", "StableAudio3DurationEmbedder"},
-      {"scheduler", "FlowMatchEulerDiscreteScheduler"}};
+  const std::pair<const char*, const char*> components[] = {{"transformer", "StableAudio3DiTModel"},
+                                                            {"vae", "AutoencoderSAME"},
+                                                            {"text_encoder", "T5GemmaEncoderModel"},
+                                                            {"duration_embedder", "StableAudio3DurationEmbedder"},
+                                                            {"scheduler", "FlowMatchEulerDiscreteScheduler"}};
   for (const auto& [name, cls] : components)
-    APUS_CHECK(dir.component_class(name) == cls, index, ": ", name, " class '",
-               dir.component_class(name), "' is not supported (expected ", cls, ")");
+    APUS_CHECK(dir.component_class(name) == cls, index, ": ", name, " class '", dir.component_class(name),
+               "' is not supported (expected ", cls, ")");
   const std::string tok = dir.component_class("tokenizer");
-  APUS_CHECK(tok == "GemmaTokenizer" || tok == "GemmaTokenizerFast", index, ": tokenizer class '",
-             tok, "' is not supported (expected GemmaTokenizer)");
+  APUS_CHECK(tok == "GemmaTokenizer" || tok == "GemmaTokenizerFast", index, ": tokenizer class '", tok,
+             "' is not supported (expected GemmaTokenizer)");
 }
 
 }  // namespace
@@ -87,8 +88,8 @@ Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
             sa3::DurationEmbedder::load(layout_.duration,
                                         WeightLoader(checkpoint(layout_.root + "/duration_embedder", load), device_))};
   const auto file = checkpoint(layout_.root, load);
-  return {sa3::Dit::load(layout_.dit, WeightLoader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), device_),
-                         dt),
+  return {sa3::Dit::load(layout_.dit,
+                         WeightLoader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), device_), dt),
           sa3::DurationEmbedder::load_official(layout_.duration,
                                                WeightLoader(sa3::OfficialCheckpoint::duration(file), device_))};
 }
@@ -125,12 +126,12 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
   const std::string where = layout_.root + (layout_.official ? "/model_config.json" : "/model_index.json");
   APUS_CHECK(text_cfg_.hidden == dit_cfg_.cond_dim && layout_.duration.output_dim == dit_cfg_.cond_dim &&
                  layout_.duration.output_dim == dit_cfg_.global_dim,
-             where, ": the text encoder (", text_cfg_.hidden, "), duration embedder (",
-             layout_.duration.output_dim, ") and transformer (cond_token_dim ", dit_cfg_.cond_dim,
-             ", global_cond_dim ", dit_cfg_.global_dim, ") widths do not agree");
-  APUS_CHECK(same_cfg_.latent_dim == dit_cfg_.io_channels && dit_cfg_.local_dim == dit_cfg_.io_channels + 1,
-             where, ": the transformer's io_channels ", dit_cfg_.io_channels, " / local_add_cond_dim ",
-             dit_cfg_.local_dim, " do not fit the decoder's latent_dim ", same_cfg_.latent_dim);
+             where, ": the text encoder (", text_cfg_.hidden, "), duration embedder (", layout_.duration.output_dim,
+             ") and transformer (cond_token_dim ", dit_cfg_.cond_dim, ", global_cond_dim ", dit_cfg_.global_dim,
+             ") widths do not agree");
+  APUS_CHECK(same_cfg_.latent_dim == dit_cfg_.io_channels && dit_cfg_.local_dim == dit_cfg_.io_channels + 1, where,
+             ": the transformer's io_channels ", dit_cfg_.io_channels, " / local_add_cond_dim ", dit_cfg_.local_dim,
+             " do not fit the decoder's latent_dim ", same_cfg_.latent_dim);
   if (weights_ == Weights::none) return;
   const std::string& tok_dir = layout_.tokenizer_dir;
   APUS_CHECK(path_exists(tok_dir + "/tokenizer.model"), tok_dir,
@@ -138,9 +139,8 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
              "save_pretrained writes only tokenizer.json: copy tokenizer.model from the ",
              "t5gemma-b-b-ul2 folder of the published checkpoint)");
   tokenizer_.emplace(SentencePieceTokenizer::load(tok_dir + "/tokenizer.model"));
-  APUS_CHECK(tokenizer_->vocab_size() <= text_cfg_.vocab, tok_dir, "/tokenizer.model: ",
-             tokenizer_->vocab_size(), " pieces, more than the text encoder's ", text_cfg_.vocab,
-             "-entry embedding (config.json vocab_size)");
+  APUS_CHECK(tokenizer_->vocab_size() <= text_cfg_.vocab, tok_dir, "/tokenizer.model: ", tokenizer_->vocab_size(),
+             " pieces, more than the text encoder's ", text_cfg_.vocab, "-entry embedding (config.json vocab_size)");
   const std::string tok_config = tok_dir + "/tokenizer_config.json";
   if (path_exists(tok_config)) {
     padding_side_ = read_padding_side(tok_config);

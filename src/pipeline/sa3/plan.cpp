@@ -11,7 +11,7 @@ namespace apus {
 
 namespace {
 
-constexpr double kHeadroomSeconds = 6.0;  // generate()'s duration_padding_sec
+constexpr double kHeadroomSeconds = 6.0;          // generate()'s duration_padding_sec
 constexpr int64_t kGenerateSampleSize = 5292032;  // generate()'s sample_size default
 
 }  // namespace
@@ -21,8 +21,8 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   const int64_t rate = same_cfg_.sample_rate, spl = same_cfg_.samples_per_latent();
   // The output holds int(seconds x rate) frames, as the official code cuts it: at least one.
   APUS_CHECK_FIELD(std::isfinite(r.seconds) && int64_t(r.seconds * double(rate)) >= 1 && r.seconds <= limit, "seconds",
-                   "seconds ", r.seconds, " outside [", 1.0 / double(rate), ", ", limit, "] (one output frame at ", rate,
-                   " Hz .. this model's sample_size)");
+                   "seconds ", r.seconds, " outside [", 1.0 / double(rate), ", ", limit, "] (one output frame at ",
+                   rate, " Hz .. this model's sample_size)");
   APUS_CHECK_FIELD(r.steps >= 1 && r.steps <= AudioLimits::max_steps, "steps", "steps ", r.steps, " outside 1..",
                    AudioLimits::max_steps);
   check_batch(batch, AudioLimits::max_batch);
@@ -39,12 +39,12 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   const int64_t cap = w.canvas.samples <= kGenerateSampleSize ? std::min(kGenerateSampleSize, layout_.sample_size)
                                                               : layout_.sample_size;
   w.canvas.frames = std::min(ceil_div(ceil_div(padded, spl), align) * align, cap / spl);
-  w.canvas.valid = std::min(ceil_div(w.canvas.samples, spl) + int64_t(kHeadroomSeconds * double(rate)) / spl,
-                            w.canvas.frames);
+  w.canvas.valid =
+      std::min(ceil_div(w.canvas.samples, spl) + int64_t(kHeadroomSeconds * double(rate)) / spl, w.canvas.frames);
   w.init = r.init_audio.has_value();
   w.inpaint = r.inpaint_audio.has_value();
-  APUS_CHECK_FIELD(w.init || !r.init_noise_level, "init_noise_level", "init_noise_level ", r.init_noise_level.value_or(0),
-                   " is for audio-to-audio: it needs an init audio clip");
+  APUS_CHECK_FIELD(w.init || !r.init_noise_level, "init_noise_level", "init_noise_level ",
+                   r.init_noise_level.value_or(0), " is for audio-to-audio: it needs an init audio clip");
   w.init_level = w.init ? r.init_noise_level.value_or(kDefaultInitNoiseLevel) : 1.0;
   APUS_CHECK_FIELD(std::isfinite(w.init_level) && w.init_level > 0 && w.init_level <= 1, "init_noise_level",
                    "init_noise_level ", w.init_level, " outside (0, 1]");
@@ -53,8 +53,8 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
                    "an inpaint clip needs at least one region to generate (inpaint start and end)");
   for (const auto& [start, end] : r.inpaint_regions)
     APUS_CHECK_FIELD(std::isfinite(start) && std::isfinite(end) && start >= 0 && end > start && end <= r.seconds,
-                     "inpaint_regions", "inpaint region ", start, " .. ", end, " s is not a span inside the ", r.seconds,
-                     " s clip");
+                     "inpaint_regions", "inpaint region ", start, " .. ", end, " s is not a span inside the ",
+                     r.seconds, " s clip");
   APUS_CHECK(!(w.init || w.inpaint) || layout_.encoder_mask_noise == 0, layout_.root,
              "/model_config.json: the encoder's 'mask_noise' ", layout_.encoder_mask_noise,
              " is not supported (audio-to-audio and inpainting encode without noise)");
@@ -77,7 +77,8 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   // The official DiT guides whenever cfg is not 1, whatever the sampler.
   w.guided = r.cfg != 1;
   w.negative = w.guided && r.negative_prompt.has_value();
-  APUS_CHECK_FIELD(w.guided || !r.negative_prompt, "negative_prompt", "a negative prompt needs guidance (cfg other than 1)");
+  APUS_CHECK_FIELD(w.guided || !r.negative_prompt, "negative_prompt",
+                   "a negative prompt needs guidance (cfg other than 1)");
   w.cfg = r.cfg;
   w.apg = r.apg;
   w.chunked = r.chunked_decode.value_or(layout_.chunked_decode);
@@ -100,8 +101,8 @@ void Sa3Model::check_batch_agrees(const std::vector<AudioRequest>& requests) con
                    o.negative_prompt.has_value() == r.negative_prompt.has_value() &&
                    o.init_audio.has_value() == r.init_audio.has_value() && o.init_noise_level == r.init_noise_level &&
                    o.inpaint_audio.has_value() == r.inpaint_audio.has_value() && o.inpaint_regions == r.inpaint_regions,
-               "a batch shares seconds, steps, precision, guidance and its audio inputs' settings: ", o.seconds,
-               " s, ", o.steps, " steps differs from ", r.seconds, " s, ", r.steps, " steps");
+               "a batch shares seconds, steps, precision, guidance and its audio inputs' settings: ", o.seconds, " s, ",
+               o.steps, " steps differs from ", r.seconds, " s, ", r.steps, " steps");
 }
 
 PipelineCost Sa3Model::cost_header(const AudioRequest& r, const Work& w, int) const {

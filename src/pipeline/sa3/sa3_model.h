@@ -40,13 +40,13 @@ struct Sa3Layout {
   sa3::SameConfig encoder;  // the encoder: audio-to-audio and inpainting
   sa3::DurationConfig duration;
   std::string text_dir, tokenizer_dir;
-  int max_tokens = 256;          // the T5Gemma conditioner's max_length
+  int max_tokens = 256;                                         // the T5Gemma conditioner's max_length
   std::string max_tokens_key = "the pipeline's prompt length";  // where max_tokens comes from
-  int64_t sample_size = 0;       // the longest canvas, in samples
-  int64_t encoder_chunk = 32;    // the SAME encoder's chunk_size: canvases align to it
-  bool euler = false;            // rectified_flow (-base): Euler; rf_denoiser: ping-pong
-  bool chunked_decode = false;   // the official pretransform's `chunked`
-  float mask_noise = 0;          // the decoder's inference noise (official configs only)
+  int64_t sample_size = 0;                                      // the longest canvas, in samples
+  int64_t encoder_chunk = 32;                                   // the SAME encoder's chunk_size: canvases align to it
+  bool euler = false;                                           // rectified_flow (-base): Euler; rf_denoiser: ping-pong
+  bool chunked_decode = false;                                  // the official pretransform's `chunked`
+  float mask_noise = 0;                                         // the decoder's inference noise (official configs only)
   float encoder_mask_noise = 0;  // the encoder's (refused: the published encoders draw none)
   bool bottleneck_noise = false;
 };
@@ -61,10 +61,10 @@ class Sa3Model final : public AudioModel {
 
   // The latent canvas of a request, as the official _adapt_sample_size and padding mask size it.
   struct Canvas {
-    int64_t frames = 0;  // latents sampled: (d + 6) s rounded up to whole latents, then to the
-                         // encoder's chunk alignment, capped (generate()'s or the config's cap)
-    int64_t valid = 0;   // latents the padding mask keeps: ceil(d) + 6 s of headroom, capped
-    int64_t samples = 0; // int(d * rate): the output's length
+    int64_t frames = 0;   // latents sampled: (d + 6) s rounded up to whole latents, then to the
+                          // encoder's chunk alignment, capped (generate()'s or the config's cap)
+    int64_t valid = 0;    // latents the padding mask keeps: ceil(d) + 6 s of headroom, capped
+    int64_t samples = 0;  // int(d * rate): the output's length
   };
 
   struct Work {

@@ -103,9 +103,8 @@ void Sa3Model::condition(Context& c, const Transformer& parts, Work& w) const {
   Tensor local = ops::zeros(c, {samples * t, dit_cfg_.local_dim}, c.act);
   if (w.inpaint) {
     // The clip's latents where kept: blended into the zeros with the mask as weight (0 or 1, exact).
-    const Tensor keep = ops::host_filled(c, {t}, DType::f32, [&](Tensor& m) {
-      std::copy(w.keep.begin(), w.keep.end(), m.ptr<float>());
-    });
+    const Tensor keep = ops::host_filled(c, {t}, DType::f32,
+                                         [&](Tensor& m) { std::copy(w.keep.begin(), w.keep.end(), m.ptr<float>()); });
     for (int64_t s = 0; s < samples; ++s) {
       Tensor rows = local.rows(s * t, (s + 1) * t);
       Tensor mask_col = rows.cols(0, 1), latents = rows.cols(1, dit_cfg_.local_dim);
@@ -122,9 +121,8 @@ void Sa3Model::draw_noise(Context& c, Work& w, Tensor& out) const {
   const int64_t ch = dit_cfg_.io_channels, t = w.canvas.frames;
   // Counted too: the draw is host work, the transpose into the rows an op.
   for (int64_t s = 0; s < w.batch; ++s) {
-    const Tensor planes = ops::host_filled(c, {ch, t}, DType::f32, [&](Tensor& p) {
-      w.generators[size_t(s)].randn(p.ptr<float>(), p.numel());
-    });
+    const Tensor planes = ops::host_filled(
+        c, {ch, t}, DType::f32, [&](Tensor& p) { w.generators[size_t(s)].randn(p.ptr<float>(), p.numel()); });
     Tensor rows = out.rows(s * t, (s + 1) * t);
     ops::transpose(c, planes, rows);
   }
@@ -147,8 +145,8 @@ void Sa3Model::step(Context& c, const sa3::Dit& dit, Work& w, int i) const {
   CostScope scope(c, "sampler");
   Tensor v = w.velocity;
   if (w.guided) {
-    ops::guided_velocity(c, w.latents, w.velocity.rows(0, rows), w.velocity.rows(rows, 2 * rows),
-                         w.guided_velocity, t, w.cfg, w.apg, w.batch, w.canvas.valid);
+    ops::guided_velocity(c, w.latents, w.velocity.rows(0, rows), w.velocity.rows(rows, 2 * rows), w.guided_velocity, t,
+                         w.cfg, w.apg, w.batch, w.canvas.valid);
     v = w.guided_velocity;
   }
   if (layout_.euler) {
@@ -195,8 +193,8 @@ void Sa3Model::tokenize(Work& w, const std::vector<AudioRequest>& requests, std:
     const int n = int(ids.size());
     PaddedIds padded = pad_ids(std::move(ids), w.tokens, tokenizer_->pad_id(), padding_side_);
     if (padded.truncated)
-      say(std::string(what) + " truncated to " + std::to_string(w.tokens) + " tokens (it has " +
-          std::to_string(n) + "), as the official conditioner truncates");
+      say(std::string(what) + " truncated to " + std::to_string(w.tokens) + " tokens (it has " + std::to_string(n) +
+          "), as the official conditioner truncates");
     w.ids.insert(w.ids.end(), padded.ids.begin(), padded.ids.end());
     w.mask.insert(w.mask.end(), padded.mask.begin(), padded.mask.end());
     return n;
@@ -221,28 +219,40 @@ std::vector<std::unique_ptr<Part<Sa3Model::Work>>> Sa3Model::make_parts() const 
   using Decoder = sa3::SameDecoder;
   std::vector<std::unique_ptr<Part<Work>>> parts;
   parts.push_back(model_part<Work, Text>(
-      {"text encoder load", [this](Weights wt, DType) { return load_text(wt != Weights::none); }, &text_,
+      {"text encoder load",
+       [this](Weights wt, DType) { return load_text(wt != Weights::none); },
+       &text_,
        {{kTextStage, "text encoder", [this](Context& c, const Text& m, Work& w, int) { encode_text(c, m, w); },
          &Work::text, "the text encoder"}}}));
   // Audio-to-audio and inpainting encode their clips (the official encoder draws no noise).
-  parts.push_back(model_part<Work, Encoder>(
-      {"encoder load", [this](Weights wt, DType dt) { return load_encoder(dt, wt != Weights::none); }, &encoder_,
-       {{kEncodeStage, "encode",
-         [this](Context& c, const Encoder& m, Work& w, int) {
-           encode_clips(c, m, w);
-           if (w.init) start_from_clip(c, w);
-         },
-         &Work::clip_latents, "the SAME encoder"}},
-       [](const Work& w) { return w.init || w.inpaint; }}));
+  parts.push_back(
+      model_part<Work, Encoder>({"encoder load",
+                                 [this](Weights wt, DType dt) { return load_encoder(dt, wt != Weights::none); },
+                                 &encoder_,
+                                 {{kEncodeStage, "encode",
+                                   [this](Context& c, const Encoder& m, Work& w, int) {
+                                     encode_clips(c, m, w);
+                                     if (w.init) start_from_clip(c, w);
+                                   },
+                                   &Work::clip_latents, "the SAME encoder"}},
+                                 [](const Work& w) { return w.init || w.inpaint; }}));
   parts.push_back(model_part<Work, Transformer>(
-      {"transformer load", [this](Weights wt, DType dt) { return load_transformer(dt, wt != Weights::none); }, &dit_,
-       {{kPrologueStage, "conditioning", [this](Context& c, const Transformer& m, Work& w, int) { condition(c, m, w); }},
+      {"transformer load",
+       [this](Weights wt, DType dt) { return load_transformer(dt, wt != Weights::none); },
+       &dit_,
+       {{kPrologueStage, "conditioning",
+         [this](Context& c, const Transformer& m, Work& w, int) { condition(c, m, w); }},
         {kStepStage, "", [this](Context& c, const Transformer& m, Work& w, int i) { step(c, m.dit, w, i); },
-         &Work::latents, "", [](const Work& w) { return StepRange{0, int(w.sigmas.size()) - 1, &w.sigmas}; }}}}));
+         &Work::latents, "",
+         [](const Work& w) {
+           return StepRange{0, int(w.sigmas.size()) - 1, &w.sigmas};
+         }}}}));
   parts.push_back(model_part<Work, Decoder>(
-      {"decoder load", [this](Weights wt, DType dt) { return load_same(dt, wt != Weights::none); }, &same_,
-       {{kDecodeStage, "decode", [this](Context& c, const Decoder& m, Work& w, int) { decode(c, m, w); },
-         &Work::audio, "the SAME decoder"}}}));
+      {"decoder load",
+       [this](Weights wt, DType dt) { return load_same(dt, wt != Weights::none); },
+       &same_,
+       {{kDecodeStage, "decode", [this](Context& c, const Decoder& m, Work& w, int) { decode(c, m, w); }, &Work::audio,
+         "the SAME decoder"}}}));
   return parts;
 }
 
