@@ -62,6 +62,8 @@ struct OpCase {
   OpId op;
   Bound bound;
   std::function<Drawn(OpInputs&)> draw;
+  // Stored weight formats (GGUF blocks, fp8) run on the CPU backends only so far.
+  bool cpu_only = false;
 };
 
 constexpr Rounding kRoundings[] = {Rounding::once, Rounding::each_step};
@@ -545,6 +547,18 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                    ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], &t.in[2], yv);
                  }};
        }});
+  // Weights run as stored, expanded panel by panel (70 outputs: a full panel and a partial one at
+  // K = 512's panel of 64); K-formats need rows of 256.
+  for (DType stored : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k,
+                       DType::q6_k, DType::fp8_e4m3})
+    cases.push_back({"linear_" + std::string(dtype_name(stored)) + "_weights", OpId::linear, Bound::rounding,
+                     [stored](OpInputs& d) -> Drawn {
+                       const int64_t m = 9, k = 512, n = 70;
+                       return {{{d.random({m, k}), d.random_stored({n, k}, stored), d.random({n}, 1.0f, DType::bf16)},
+                                {d.poisoned({m, n})}},
+                               [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                     },
+                     /*cpu_only=*/true});
   cases.push_back({"linear", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
                      return {{{d.random({37, 96}), d.random({45, 96}, 0.2f, DType::bf16)}, {d.poisoned({37, 45})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], nullptr, t.out[0]); }};
@@ -623,6 +637,8 @@ TEST_P(OpTable, MatchesTheReference) {
   if (!backend) GTEST_SKIP() << target.name << " cannot run here: " << why;
   if (!backend->supports(k.op))
     GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
+  if (k.cpu_only && backend->device() != Device::cpu)
+    GTEST_SKIP() << "stored weight formats run on the CPU backends only";
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);
 
   OpInputs draw(target.act);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/error.h"
+
 namespace apus {
 
 size_t dtype_size(DType t) {
@@ -19,8 +21,46 @@ size_t dtype_size(DType t) {
       return 1;
     case DType::i64:
       return 8;
+    default:
+      fail("dtype ", dtype_name(t), " is block-quantised: it has no per-element size");
   }
-  return 0;
+}
+
+namespace {
+struct BlockFormat {
+  DType t;
+  int64_t elements;
+  size_t bytes;
+};
+// GGML's block_q8_0 ... block_q6_K (ggml-common.h).
+constexpr BlockFormat kBlockFormats[] = {
+    {DType::q8_0, 32, 34},  {DType::q4_0, 32, 18},  {DType::q4_1, 32, 20},  {DType::q5_0, 32, 22},
+    {DType::q5_1, 32, 24},  {DType::q4_k, 256, 144}, {DType::q5_k, 256, 176}, {DType::q6_k, 256, 210}};
+const BlockFormat* block_format(DType t) {
+  for (const auto& f : kBlockFormats)
+    if (f.t == t) return &f;
+  return nullptr;
+}
+}  // namespace
+
+bool is_block_quantized(DType t) { return block_format(t) != nullptr; }
+
+int64_t dtype_block(DType t) {
+  const BlockFormat* f = block_format(t);
+  return f ? f->elements : 1;
+}
+
+size_t dtype_block_bytes(DType t) {
+  const BlockFormat* f = block_format(t);
+  return f ? f->bytes : dtype_size(t);
+}
+
+size_t dtype_bytes(DType t, int64_t n) {
+  const BlockFormat* f = block_format(t);
+  if (!f) return size_t(n) * dtype_size(t);
+  APUS_CHECK(n % f->elements == 0, n, " elements of ", dtype_name(t), " are not whole ", f->elements,
+             "-element blocks");
+  return size_t(n / f->elements) * f->bytes;
 }
 
 std::string_view dtype_name(DType t) {
@@ -43,6 +83,22 @@ std::string_view dtype_name(DType t) {
       return "i64";
     case DType::boolean:
       return "bool";
+    case DType::q8_0:
+      return "q8_0";
+    case DType::q4_0:
+      return "q4_0";
+    case DType::q4_1:
+      return "q4_1";
+    case DType::q5_0:
+      return "q5_0";
+    case DType::q5_1:
+      return "q5_1";
+    case DType::q4_k:
+      return "q4_k";
+    case DType::q5_k:
+      return "q5_k";
+    case DType::q6_k:
+      return "q6_k";
   }
   return "?";
 }
@@ -80,6 +136,15 @@ float f16_to_f32(uint16_t h) {
   else if (exp == 31) v = mant ? NAN : INFINITY;
   else v = std::ldexp(float(mant | 0x400), exp - 25);
   return sign ? -v : v;
+}
+
+float fp8_e4m3_to_f32(uint8_t v) {
+  const int sign = v >> 7, exp = (v >> 3) & 0xf, mant = v & 7;
+  float f;
+  if (exp == 15 && mant == 7) f = NAN;
+  else if (exp == 0) f = std::ldexp(float(mant), -9);
+  else f = std::ldexp(float(mant | 8), exp - 10);
+  return sign ? -f : f;
 }
 
 }  // namespace apus

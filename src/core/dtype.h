@@ -6,9 +6,17 @@
 namespace apus {
 
 // Room for quantised tiers (i8, fp8) is kept in the enum; kernels accept only what they implement.
-enum class DType : uint8_t { f32, bf16, f16, i8, fp8_e4m3, u8, i32, i64, boolean };
+// q8_0 ... q6_k are GGML's block formats (core/quant_blocks.h): a block of dtype_block elements
+// takes dtype_block_bytes bytes, so they have no per-element size.
+enum class DType : uint8_t { f32, bf16, f16, i8, fp8_e4m3, u8, i32, i64, boolean, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k };
 
+// Bytes per element; refused for a block format.
 size_t dtype_size(DType t);
+bool is_block_quantized(DType t);
+int64_t dtype_block(DType t);       // elements per block: 1 for an element type
+size_t dtype_block_bytes(DType t);  // bytes per block
+// Bytes of n elements (a multiple of dtype_block(t)).
+size_t dtype_bytes(DType t, int64_t n);
 std::string_view dtype_name(DType t);
 // Parses a safetensors dtype string ("F32", "BF16", ...); returns false for unknown ones.
 bool dtype_from_safetensors(std::string_view s, DType& out);
@@ -36,5 +44,7 @@ inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 inline float round_as(DType dt, float f) { return dt == DType::bf16 ? round_bf16(f) : f; }
 
 float f16_to_f32(uint16_t h);
+// float8_e4m3fn, torch's: bias 7, no infinities, S.1111.111 is NaN.
+float fp8_e4m3_to_f32(uint8_t v);
 
 }  // namespace apus

@@ -8,6 +8,7 @@
 #include "core/clones.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/quant_blocks.h"
 
 namespace apus {
 
@@ -39,7 +40,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   Tensor t = *this;
   t.shape[0] = end - begin;
   const int64_t row_elems = rank() == 2 ? row_stride() : (shape[0] ? numel() / shape[0] : 0);
-  if (data) t.data = static_cast<char*>(data) + size_t(begin * row_elems) * dtype_size(dtype);
+  if (data) t.data = static_cast<char*>(data) + dtype_bytes(dtype, begin * row_elems);
   return t;
 }
 
@@ -49,7 +50,7 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
   Tensor t = *this;
   t.stride0 = row_stride();
   t.shape[1] = end - begin;
-  if (data) t.data = static_cast<char*>(data) + size_t(begin) * dtype_size(dtype);
+  if (data) t.data = static_cast<char*>(data) + dtype_bytes(dtype, begin);
   return t;
 }
 
@@ -119,13 +120,24 @@ float load_f32(const Tensor& t, int64_t i) {
       return float(t.ptr<int32_t>()[i]);
     case DType::i64:
       return float(t.ptr<int64_t>()[i]);
-    default:
-      fail("load_f32: unsupported dtype ", dtype_name(t.dtype));
+    case DType::fp8_e4m3:
+      return fp8_e4m3_to_f32(t.ptr<uint8_t>()[i]);
+    default: {
+      APUS_CHECK(is_block_quantized(t.dtype), "load_f32: unsupported dtype ", dtype_name(t.dtype));
+      const int64_t per = dtype_block(t.dtype);
+      float block[256];
+      dequantize_row(t.dtype, t.ptr<uint8_t>() + dtype_bytes(t.dtype, i / per * per), block, per);
+      return block[i % per];
+    }
   }
 }
 
 std::vector<float> to_f32_vector(const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
+  if (is_block_quantized(t.dtype)) {
+    dequantize_row(t.dtype, t.data, v.data(), t.numel());
+    return v;
+  }
   for (int64_t i = 0; i < t.numel(); ++i) v[size_t(i)] = load_f32(t, i);
   return v;
 }
@@ -155,6 +167,16 @@ Tensor to_dtype(const Tensor& t, DType dt) {
   // case in a loop the compiler vectorises.
   parallel_for((n + block - 1) / block, [&](int64_t b) {
     const int64_t begin = b * block, end = std::min(n, begin + block);
+    if (is_block_quantized(t.dtype)) {
+      // Whole blocks per chunk: the chunk is a multiple of every block size.
+      std::vector<float> buf(size_t(end - begin));
+      dequantize_row(t.dtype, t.ptr<uint8_t>() + dtype_bytes(t.dtype, begin), buf.data(), end - begin);
+      for (int64_t i = begin; i < end; ++i) {
+        if (dt == DType::f32) out.ptr<float>()[i] = buf[size_t(i - begin)];
+        else out.ptr<uint16_t>()[i] = f32_to_bf16(buf[size_t(i - begin)]);
+      }
+      return;
+    }
     if (f32_to_bf16_rows) {
       f32_to_bf16_block(t.ptr<float>() + begin, out.ptr<uint16_t>() + begin, end - begin);
       return;

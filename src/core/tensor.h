@@ -49,7 +49,7 @@ struct Tensor {
   int64_t stride0 = 0;
 
   int64_t numel() const { return shape_numel(shape); }
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  size_t nbytes() const { return dtype_bytes(dtype, numel()); }
   int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
   int rank() const { return int(shape.size()); }
   bool defined() const { return !shape.empty() || data; }
@@ -61,11 +61,12 @@ struct Tensor {
   Tensor reshape(Shape s) const;
   // Rows [begin, end) along dim 0 without a copy.
   Tensor rows(int64_t begin, int64_t end) const;
-  // Columns [begin, end) of a rank-2 tensor without a copy (sets stride0).
+  // Columns [begin, end) of a rank-2 tensor without a copy (sets stride0); for a block format,
+  // whole blocks.
   Tensor cols(int64_t begin, int64_t end) const;
   int64_t row_stride() const { return stride0 ? stride0 : shape.back(); }
   bool contiguous() const { return stride0 == 0 || stride0 == shape.back(); }
-  void* row(int64_t i) const { return static_cast<char*>(data) + size_t(i * row_stride()) * dtype_size(dtype); }
+  void* row(int64_t i) const { return static_cast<char*>(data) + dtype_bytes(dtype, i * row_stride()); }
 
   static Tensor heap(Shape s, DType t);
   // Memory from `a`, released through it when the last copy of the tensor goes.

@@ -1,6 +1,7 @@
 #include "io/files.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,6 +53,28 @@ int open_regular(const std::string& path, size_t& size) {
   }
   size = size_t(st.st_size);
   return fd;
+}
+
+MappedFile::~MappedFile() {
+  if (mapped && data && size) munmap(const_cast<uint8_t*>(data), size);
+}
+
+std::shared_ptr<MappedFile> map_file(const std::string& path) {
+  size_t size = 0;
+  const int fd = open_regular(path, size);
+  auto file = std::make_shared<MappedFile>();
+  file->path = path;
+  file->size = size;
+  if (file->size > 0) {
+    void* p = mmap(nullptr, file->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    APUS_CHECK(p != MAP_FAILED, path, ": mmap failed: ", std::strerror(err));
+    file->data = static_cast<const uint8_t*>(p);
+  } else {
+    ::close(fd);
+  }
+  return file;
 }
 
 std::string read_file(const std::string& path) {

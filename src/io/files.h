@@ -2,7 +2,9 @@
 // Files the engine reads and writes, with the guarantees a long-lived process needs: inputs must
 // be regular files (a FIFO or device in place of a weight file must not block or be mapped) and
 // outputs appear whole or not at all.
+#include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 namespace apus {
@@ -10,6 +12,17 @@ namespace apus {
 // Opens a regular file read-only without blocking on FIFOs; refuses directories, FIFOs, sockets
 // and devices naming the path. Returns the descriptor and sets `size`.
 int open_regular(const std::string& path, size_t& size);
+// File bytes: an mmap of a weight file, or a caller's buffer (mapped = false) for the fuzzer.
+struct MappedFile {
+  std::string path;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  bool mapped = true;
+  ~MappedFile();
+};
+// A regular file mapped read-only (open_regular's checks first).
+std::shared_ptr<MappedFile> map_file(const std::string& path);
+
 // A whole regular file's bytes.
 std::string read_file(const std::string& path);
 

@@ -16,27 +16,7 @@ namespace apus {
 
 using nlohmann::json;
 
-MappedFile::~MappedFile() {
-  if (mapped && data && size) munmap(const_cast<uint8_t*>(data), size);
-}
-
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  size_t size = 0;
-  const int fd = open_regular(path, size);
-  auto file = std::make_shared<MappedFile>();
-  file->path = path;
-  file->size = size;
-  if (file->size > 0) {
-    void* p = mmap(nullptr, file->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    APUS_CHECK(p != MAP_FAILED, path, ": mmap failed: ", std::strerror(err));
-    file->data = static_cast<const uint8_t*>(p);
-  } else {
-    ::close(fd);
-  }
-  return parse(std::move(file));
-}
+SafetensorsFile SafetensorsFile::open(const std::string& path) { return parse(map_file(path)); }
 
 SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file) {
   const std::string& path = file->path;

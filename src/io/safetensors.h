@@ -7,17 +7,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/files.h"
 
 namespace apus {
-
-// File bytes: an mmap of a weight file, or a caller's buffer (mapped = false) for the fuzzer.
-struct MappedFile {
-  std::string path;
-  const uint8_t* data = nullptr;
-  size_t size = 0;
-  bool mapped = true;
-  ~MappedFile();
-};
 
 struct SafetensorsEntry {
   std::string name;

@@ -14,7 +14,7 @@ namespace apus::ops {
 
 namespace {
 
-double bytes(const Tensor& t) { return double(t.numel()) * double(dtype_size(t.dtype)); }
+double bytes(const Tensor& t) { return double(t.nbytes()); }
 double elems(const Tensor& t) { return double(t.numel()); }
 
 // FLOPs, weight bytes, fused and unfused activation bytes of each op, with the op's parameters.

@@ -1,5 +1,7 @@
 #include <omp.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/dnnl_util.h"
@@ -135,6 +137,22 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
              "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ", shape_str(y.shape),
              " do not agree");
   const int64_t k = w.shape[1], n = w.shape[0];
+  if (is_block_quantized(w.dtype) || w.dtype == DType::fp8_e4m3) {
+    // Stored weights are expanded one panel of output features at a time into scratch the GEMM
+    // reads while it is in cache: the model is never held in x's dtype.
+    const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, (int64_t(2) << 20) / (2 * k)) / 16 * 16);
+    ArenaScope scope(*c.arena);
+    const Tensor bx = bias ? cpu::as_dtype(*c.arena, *bias, x.dtype) : Tensor{};
+    for (int64_t n0 = 0; n0 < n; n0 += panel) {
+      ArenaScope panel_scope(*c.arena);
+      const int64_t n1 = std::min(n, n0 + panel);
+      const Tensor wp = cpu::as_dtype(*c.arena, w.rows(n0, n1), x.dtype);
+      const Tensor bp = bias ? bx.reshape({n}).rows(n0, n1) : Tensor{};
+      Tensor yp = y.cols(n0, n1);
+      cpu::gemm(x, wp.data, wp.dtype, 1, k, bias ? &bp : nullptr, yp, k, n1 - n0);
+    }
+    return;
+  }
   if (x.dtype == w.dtype && (!bias || bias->dtype == w.dtype)) {
     cpu::gemm(x, w.data, w.dtype, 1, k, bias, y, k, n);
     return;

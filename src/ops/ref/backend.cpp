@@ -1,6 +1,7 @@
 // The reference backend object and the element helpers its ops share.
 #include <cmath>
 
+#include "core/quant_blocks.h"
 #include "ops/backend.h"
 #include "ops/ref/ref_ops.h"
 
@@ -9,6 +10,12 @@ namespace apus {
 namespace ref {
 
 double get(const Tensor& t, int64_t r, int64_t i) {
+  if (is_block_quantized(t.dtype)) {
+    const int64_t per = dtype_block(t.dtype);
+    float block[256];
+    dequantize_row(t.dtype, static_cast<const char*>(t.row(r)) + dtype_bytes(t.dtype, i / per * per), block, per);
+    return block[i % per];
+  }
   const void* p = static_cast<const char*>(t.row(r)) + size_t(i) * dtype_size(t.dtype);
   switch (t.dtype) {
     case DType::f32:
@@ -17,6 +24,8 @@ double get(const Tensor& t, int64_t r, int64_t i) {
       return bf16_to_f32(*static_cast<const uint16_t*>(p));
     case DType::f16:
       return f16_to_f32(*static_cast<const uint16_t*>(p));
+    case DType::fp8_e4m3:
+      return fp8_e4m3_to_f32(*static_cast<const uint8_t*>(p));
     default:
       fail("reference backend: unsupported dtype ", dtype_name(t.dtype));
   }
