@@ -65,10 +65,10 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
-int run_image(const std::string& model_dir, const std::vector<apus::ImageRequest>& requests, const std::string& out,
+int run_image(const apus::ModelParts& parts, const std::vector<apus::ImageRequest>& requests, const std::string& out,
               bool verbose, const std::string& trace_file, const std::string& device) {
   // One request per process: each stage's weights are mapped for that stage only.
-  const auto model = apus::ImageModel::open(model_dir, apus::Weights::per_stage, device);
+  const auto model = apus::ImageModel::open(parts, apus::Weights::per_stage, device);
   const int batch = int(requests.size());
   const std::vector<apus::ImageResult> results = model->generate_batch(requests, say);
   const auto t0 = std::chrono::steady_clock::now();
@@ -160,7 +160,8 @@ struct Command {
 Command image_command(CLI::App& app) {
   struct Options {
     apus::ImageRequest req;
-    std::string model_dir, out = "out.png", precision = "bf16", seed, mask_file, inpaint_reference, negative, trace,
+    apus::ModelParts parts;
+    std::string out = "out.png", precision = "bf16", seed, mask_file, inpaint_reference, negative, trace,
                            device = "cpu";
     bool verbose = false;
     int width = 0, height = 0, steps = 0, batch = 1;
@@ -172,7 +173,15 @@ Command image_command(CLI::App& app) {
   };
   const auto o = std::make_shared<Options>();
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
-  image->add_option("--model", o->model_dir, "model directory (diffusers layout)")->required();
+  image->add_option("--model", o->parts.model,
+                    "model: a diffusers folder, a cached ORG/NAME, or one transformer file (BFL or ComfyUI "
+                    "safetensors, GGUF)")
+      ->required();
+  image->add_option("--text-encoder", o->parts.text_encoder, "the text encoder as one file (transformers' names)");
+  image->add_option("--vae", o->parts.vae, "the VAE as one file (diffusers' names)");
+  image->add_option("--tokenizer", o->parts.tokenizer, "a folder holding the tokenizer's tokenizer.json");
+  image->add_option("--config", o->parts.config,
+                    "a diffusers folder (or cached ORG/NAME) whose configs serve a single-file --model");
   image->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
   o->width_opt = image->add_option("--width,-W", o->width,
                                    "image width, a multiple of 16 (default: the first --image's, or 1024)");
@@ -231,7 +240,7 @@ Command image_command(CLI::App& app) {
             const std::vector<apus::ImageRequest> requests = apus::batch_of(req, o->batch);
             check_output(o->out, o->batch);
             if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
-            return run_image(o->model_dir, requests, o->out, o->verbose, o->trace, o->device);
+            return run_image(o->parts, requests, o->out, o->verbose, o->trace, o->device);
           }};
 }
 

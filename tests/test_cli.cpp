@@ -339,7 +339,7 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"image --model " + model + " --prompt hi --seed -1", "--seed -1: expected a whole number"},
       {"audio --model /x --prompt hi --seed 1e3", "--seed 1e3: expected"},
       {"image --model " + test::fixture("klein_tiny_a_ref.json") + " --prompt hi",
-       "is a file, expected a model directory"},
+       "klein_tiny_a_ref.json: neither a GGUF nor a safetensors file"},
       {"image --model " + model + " --prompt hi -W 64 -H 48 -o /nonexistent-dir/x.png",
        "cannot create a file in /nonexistent-dir/"},
       {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(),

@@ -96,8 +96,23 @@ enum class Weights {
   none,       // configs only: counting (roofline, admission checks); generate() refuses
 };
 
+// An image model from its parts, as users download them: `model` a diffusers folder, a repository
+// id, or one transformer file (BFL's or ComfyUI's safetensors, a GGUF quantisation: recognised from
+// its tensor names, not its file name); the other parts, when given, replace the folder's.
+struct ModelParts {
+  std::string model;
+  std::string text_encoder;  // a file in transformers' names (ComfyUI's qwen_3_4b.safetensors)
+  std::string vae;           // a file in diffusers' names
+  std::string tokenizer;     // a folder holding tokenizer.json
+  // A diffusers folder whose configs (and, where not given above, other parts) serve a
+  // single-file transformer; by default the layout apus carries for its shape, which holds no
+  // text encoder, VAE or tokenizer.
+  std::string config;
+};
+
 class ImageModel {
  public:
+  static std::unique_ptr<ImageModel> open(const ModelParts& parts, Weights weights, const std::string& device = "cpu");
   // Recognises the directory from model_index.json's `_class_name` (or a published name the
   // engine carries the layout of, for Weights::none) and refuses anything else naming the class.
   // device: "cpu", or "cuda[:N]" where the build has the CUDA backend (its weights uploaded as

@@ -161,13 +161,39 @@ std::string ModelDir::component_class(const std::string& name) const {
 }
 
 std::string ModelDir::component(const std::string& name) const {
-  const std::string p = root_ + "/" + name;
+  const auto given = folders_.find(name);
+  const std::string p = given != folders_.end() ? given->second : root_ + "/" + name;
   APUS_CHECK(is_directory(p), p, ": component folder missing (model_index.json lists '", name, "')");
   return p;
 }
 
 WeightLoader ModelDir::weights(const std::string& name) const {
-  return WeightLoader(load_weights_ ? open_weights(component(name)) : std::make_shared<ShapesOnly>(), device_);
+  if (!load_weights_) return WeightLoader(std::make_shared<ShapesOnly>(), device_);
+  const auto given = sources_.find(name);
+  return WeightLoader(given != sources_.end() ? given->second : open_weights(component(name)), device_);
+}
+
+ModelDir& ModelDir::use_weights(const std::string& component, std::shared_ptr<const WeightSource> source) {
+  sources_[component] = std::move(source);
+  return *this;
+}
+
+ModelDir& ModelDir::use_folder(const std::string& component, const std::string& dir) {
+  APUS_CHECK(is_directory(dir), dir, ": not a folder (expected the ", component, " folder)");
+  folders_[component] = dir;
+  return *this;
+}
+
+ModelDir& ModelDir::set_label(std::string label) {
+  label_ = std::move(label);
+  return *this;
+}
+
+ModelDir ModelDir::without_weights() const {
+  ModelDir m = *this;
+  m.load_weights_ = false;
+  m.sources_.clear();
+  return m;
 }
 
 Config ModelDir::config(const std::string& name, const std::string& file) const {

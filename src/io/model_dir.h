@@ -1,5 +1,6 @@
 #pragma once
 // A diffusers-layout model directory: model_index.json plus one folder per component.
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -75,7 +76,8 @@ class ModelDir {
   // a device backend, weights() hands out the device copies of what the models fetch.
   static ModelDir open(const std::string& root, bool load_weights = true, Backend* device = nullptr);
   const std::string& root() const { return root_; }
-  std::string component(const std::string& name) const;  // path of the folder, checked to exist
+  // path of the folder, checked to exist (a folder given by use_folder first)
+  std::string component(const std::string& name) const;
   Config config(const std::string& name, const std::string& file = "config.json") const;
   WeightLoader weights(const std::string& name) const;
   const Json& index() const { return index_; }
@@ -85,11 +87,23 @@ class ModelDir {
   // The class model_index.json gives a component ("Flux2Transformer2DModel").
   std::string component_class(const std::string& name) const;
 
+  // A model assembled from parts: `component`'s weights from `source` (a single file) instead of
+  // its folder; its folder (configs, a tokenizer) at `dir`.
+  ModelDir& use_weights(const std::string& component, std::shared_ptr<const WeightSource> source);
+  ModelDir& use_folder(const std::string& component, const std::string& dir);
+  // What the model is called (a PNG's metadata): model_label(root) unless set.
+  const std::string& label() const { return label_; }
+  ModelDir& set_label(std::string label);
+  // The same parts without weights: what counting loads.
+  ModelDir without_weights() const;
+
  private:
-  std::string root_;
+  std::string root_, label_;
   Json index_;
   bool load_weights_ = true;
   Backend* device_ = nullptr;
+  std::map<std::string, std::shared_ptr<const WeightSource>> sources_;
+  std::map<std::string, std::string> folders_;
 };
 
 bool path_exists(const std::string& path);

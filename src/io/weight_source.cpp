@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
@@ -85,15 +86,25 @@ Tensor SafetensorsFolder::fetch(const std::string& name, const Shape& expected) 
 
 size_t SafetensorsFolder::make_resident(const std::vector<std::string>& names) const {
   std::vector<const Tensor*> tensors;
+  for (const std::string& name : names)
+    if (!released_.count(name)) tensors.push_back(&stored(name));
+  return read_pages(std::move(tensors));
+}
+
+void SafetensorsFolder::release(const std::string& name) const {
+  const Tensor& t = stored(name);
+  released_.insert(name);
+  drop_pages(t);
+}
+
+size_t read_pages(std::vector<const Tensor*> tensors) {
+  std::sort(tensors.begin(), tensors.end());
+  tensors.erase(std::unique(tensors.begin(), tensors.end()), tensors.end());
   size_t total = 0;
-  for (const std::string& name : names) {
-    if (released_.count(name)) continue;
-    tensors.push_back(&stored(name));
-    total += tensors.back()->nbytes();
-  }
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   // Read-ahead hint first, then one load per page from both cores.
   for (const Tensor* t : tensors) {
+    total += t->nbytes();
     const uintptr_t begin = reinterpret_cast<uintptr_t>(t->data) & ~(page - 1);
     const uintptr_t end = reinterpret_cast<uintptr_t>(t->data) + t->nbytes();
     madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
@@ -108,10 +119,7 @@ size_t SafetensorsFolder::make_resident(const std::vector<std::string>& names) c
   return total;
 }
 
-void SafetensorsFolder::release(const std::string& name) const {
-  const Tensor& t = stored(name);
-  released_.insert(name);
-  // Whole pages inside the tensor only: a neighbour that shares an edge page keeps it.
+void drop_pages(const Tensor& t) {
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) & ~(page - 1);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes()) & ~(page - 1);

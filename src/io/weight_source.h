@@ -105,6 +105,12 @@ class ShapesOnly final : public WeightSource {
   void release(const std::string&) const override {}
 };
 
+// The pages of mapped tensors read in now, from both cores (each tensor once); returns the bytes.
+size_t read_pages(std::vector<const Tensor*> tensors);
+// A mapped tensor's whole pages out of this process's resident set (a neighbour sharing an edge
+// page keeps it); they stay in the page cache.
+void drop_pages(const Tensor& t);
+
 // A component folder's weights: SyntheticValues where the folder or the one above holds
 // kSyntheticValuesFile (a checkpoint synth_on_demand made), else the SafetensorsFolder.
 std::shared_ptr<const WeightSource> open_weights(const std::string& dir);

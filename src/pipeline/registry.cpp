@@ -1,10 +1,12 @@
 #include "pipeline/registry.h"
 
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
 #include "io/hf_cache.h"
 #include "io/synth.h"
+#include "models/flux2/single_file.h"
 #include "ops/backend.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
@@ -39,10 +41,9 @@ bool single_checkpoint(const std::string& root) {
 
 // Opens `model` with the family its model_index.json names, or says which command serves it.
 template <typename Model, size_t N, size_t M, typename Other>
-std::unique_ptr<Model> open_family(const std::string& root, Weights weights, const Family<Model> (&families)[N],
-                                   const Family<Other> (&others)[M], const char* other_command,
-                                   Backend* device = nullptr) {
-  const ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
+std::unique_ptr<Model> open_family(const ModelDir& dir, Weights weights, const Family<Model> (&families)[N],
+                                   const Family<Other> (&others)[M], const char* other_command) {
+  const std::string& root = dir.root();
   for (const Family<Model>& f : families)
     if (dir.pipeline_class() == f.pipeline_class) return f.open(dir, weights);
   for (const Family<Other>& f : others)
@@ -127,20 +128,66 @@ AnyModel AnyModel::open(const std::string& model, Weights weights, const std::st
 }
 
 std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights weights, Backend* device) {
-  const std::string root = resolve_model_dir(model, weights);
-  APUS_CHECK(!single_checkpoint(root), root, "/model_config.json: a Stable Audio 3 checkpoint, served by ",
-             "`apus audio`");
-  return open_family(root, weights, kImageFamilies, kAudioFamilies, "audio", device);
+  return open_image_model(ModelParts{model}, weights, device);
+}
+
+std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights weights, Backend* device) {
+  const bool single_file = !parts.model.empty() && path_exists(parts.model) && !is_directory(parts.model);
+  std::string root;
+  std::optional<flux2::TransformerFile> transformer;
+  if (single_file) {
+    transformer = flux2::open_transformer_file(parts.model);
+    if (!parts.config.empty()) {
+      root = resolve_model_dir(parts.config, Weights::none);
+    } else {
+      // The published layout of the transformer's shape; it carries configs only.
+      const char* layout = transformer->double_blocks == 5 && transformer->single_blocks == 20 ? "flux2-klein-4b"
+                           : transformer->double_blocks == 8 && transformer->single_blocks == 24 ? "flux2-klein-9b"
+                                                                                              : nullptr;
+      APUS_CHECK(layout, parts.model, ": a FLUX.2 transformer of ", transformer->double_blocks, " double and ",
+                 transformer->single_blocks, " single blocks, not klein 4B's (5, 20) or 9B's (8, 24): pass --config ",
+                 "DIR, a diffusers folder of its configs");
+      root = published_layout_dir(layout);
+      APUS_CHECK(weights == Weights::none || (!parts.text_encoder.empty() && !parts.vae.empty() && !parts.tokenizer.empty()),
+                 parts.model, ": a single transformer file needs --text-encoder FILE, --vae FILE and --tokenizer DIR ",
+                 "(or --config DIR, a diffusers folder holding them)");
+    }
+  } else {
+    APUS_CHECK(parts.config.empty(), "--config ", parts.config, ": only for a single-file --model (", parts.model,
+               " is a folder with its own configs)");
+    root = resolve_model_dir(parts.model, weights);
+    APUS_CHECK(!single_checkpoint(root), root, "/model_config.json: a Stable Audio 3 checkpoint, served by ",
+               "`apus audio`");
+  }
+  ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
+  if (transformer) {
+    dir.use_weights("transformer", transformer->weights);
+    dir.set_label(std::filesystem::path(parts.model).filename().string());
+  }
+  if (weights != Weights::none) {
+    if (!parts.text_encoder.empty())
+      dir.use_weights("text_encoder", flux2::open_component_file(parts.text_encoder, "Qwen3 text encoder",
+                                                                 {"model.embed_tokens.weight", "embed_tokens.weight"}));
+    if (!parts.vae.empty())
+      dir.use_weights("vae", flux2::open_component_file(parts.vae, "FLUX.2 VAE", {"decoder.conv_in.weight"}));
+  }
+  if (!parts.tokenizer.empty()) dir.use_folder("tokenizer", parts.tokenizer);
+  return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");
 }
 
 std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device) {
   const std::string root = resolve_model_dir(model, weights);
   if (single_checkpoint(root)) return open_sa3_official(root, weights, device);
-  return open_family(root, weights, kAudioFamilies, kImageFamilies, "image", device);
+  return open_family(ModelDir::open(root, weights != Weights::none, device), weights, kAudioFamilies, kImageFamilies,
+                     "image");
 }
 
 std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights, const std::string& device) {
   return open_image_model(model, weights, backend_for(device));
+}
+
+std::unique_ptr<ImageModel> ImageModel::open(const ModelParts& parts, Weights weights, const std::string& device) {
+  return open_image_model(parts, weights, backend_for(device));
 }
 
 std::unique_ptr<AudioModel> AudioModel::open(const std::string& model, Weights weights, const std::string& device) {

@@ -20,6 +20,7 @@ Backend* backend_for(const std::string& device);
 
 // ImageModel::open and AudioModel::open on a backend rather than a device name (null: the CPU).
 std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights weights, Backend* device);
+std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights weights, Backend* device);
 std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device);
 
 // A directory, or for counting a published name whose layout (configs, no weights) ships in

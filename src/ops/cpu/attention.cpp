@@ -170,7 +170,13 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
           return;
         }
         Tensor both = outs.rows(t * stacked, t * stacked + 2 * nb);
-        gemm(pall, vbase, dt, d, 1, nullptr, both, nk, d);  // [P1; P2] · V
+        // Each term's P · V its own GEMM of the shape attention's is: a GEMM's rows are not the
+        // same bits at every row count on every CPU (oneDNN's AVX2 sgemm), and the difference
+        // of two attentions must be exactly that.
+        for (int64_t term = 0; term < terms; ++term) {
+          Tensor out_term = both.rows(term * nb, (term + 1) * nb);
+          gemm(pall.rows(term * nb, (term + 1) * nb), vbase, dt, d, 1, nullptr, out_term, nk, d);
+        }
         for (int64_t i = 0; i < nb; ++i) {
           float* first = static_cast<float*>(both.row(i));
           const float* second = static_cast<const float*>(both.row(nb + i));

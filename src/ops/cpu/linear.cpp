@@ -1,6 +1,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
@@ -81,6 +83,35 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
   using namespace dnnl;
   using dims = memory::dims;
   const int64_t m = a.shape[0];
+  if (!native_bf16() && !omp_in_parallel() && m > 0 && n > 0) {
+    // Without AVX512-BF16 oneDNN runs its sgemm, whose summation order depends on the call's shape
+    // and thread split: a row's bits would depend on how many rows came with it, and a batch of
+    // two would not equal two requests. Every call here is single-threaded on exactly kTile rows
+    // (the last tile padded with zero rows), so a row's result depends on its own values only.
+    constexpr int64_t kTile = 64;
+    const size_t a_es = dtype_size(a.dtype), c_es = dtype_size(c.dtype);
+#pragma omp parallel for schedule(static)
+    for (int64_t lo = 0; lo < m; lo += kTile) {
+      const int64_t rows = std::min(kTile, m - lo);
+      if (rows == kTile) {
+        Tensor cp = c.rows(lo, lo + kTile);
+        gemm(a.rows(lo, lo + kTile), b, b_type, b_stride_k, b_stride_n, bias, cp, k, n);
+        continue;
+      }
+      std::vector<char> a_pad(size_t(kTile * k) * a_es, 0), c_pad(size_t(kTile * n) * c_es);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(a_pad.data() + size_t(r * k) * a_es, a.row(lo + r), size_t(k) * a_es);
+      Tensor ap = a, cp = c;
+      ap.shape = {kTile, k};
+      ap.stride0 = 0;
+      ap.data = a_pad.data();
+      cp.shape = {kTile, n};
+      cp.stride0 = 0;
+      cp.data = c_pad.data();
+      gemm(ap, b, b_type, b_stride_k, b_stride_n, bias, cp, k, n);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(c.row(lo + r), c_pad.data() + size_t(r * n) * c_es, size_t(n) * c_es);
+    }
+    return;
+  }
   const bool any_bf16 =
       a.dtype == DType::bf16 || b_type == DType::bf16 || c.dtype == DType::bf16 || (bias && bias->dtype == DType::bf16);
   if (any_bf16 && !native_bf16()) {

@@ -25,7 +25,10 @@ constexpr const char* kReferenceStage = "vae_encode";
 }  // namespace
 
 KleinModel::KleinModel(const ModelDir& dir, Weights weights)
-    : dir_(dir), configs_(ModelDir::open(dir.root(), false)), weights_(weights), label_(model_label(dir.root())) {
+    : dir_(dir),
+      configs_(dir.without_weights()),
+      weights_(weights),
+      label_(dir.label().empty() ? model_label(dir.root()) : dir.label()) {
   const flux2::KleinIndex index = flux2::check_klein_index(dir_);
   distilled_ = index.distilled;
   reference_cache_ = index.reference_cache;

@@ -1,0 +1,84 @@
+#include "io/single_file.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "io/files.h"
+
+namespace apus {
+
+std::shared_ptr<SingleFile> SingleFile::open(const std::string& path) {
+  auto f = std::make_shared<SingleFile>();
+  f->path_ = path;
+  const std::shared_ptr<MappedFile> bytes = map_file(path);
+  if (bytes->size >= 4 && std::memcmp(bytes->data, "GGUF", 4) == 0) {
+    f->gguf_ = std::make_shared<GgufFile>(GgufFile::parse(bytes));
+    f->stored_names_ = f->gguf_->names();
+  } else {
+    try {
+      f->safetensors_ = std::make_shared<SafetensorsFile>(SafetensorsFile::parse(bytes));
+    } catch (const Error& e) {
+      fail(path, ": neither a GGUF nor a safetensors file (read as safetensors: ", e.what(), ")");
+    }
+    f->stored_names_ = f->safetensors_->names();
+  }
+  for (const std::string& name : f->stored_names_) f->entries_[name] = Entry{name};
+  return f;
+}
+
+const Tensor& SingleFile::stored(const std::string& name) const {
+  if (gguf_) return gguf_->get(name);
+  APUS_CHECK(safetensors_->contains(name), path_, ": no tensor '", name, "'");
+  return safetensors_->get(name);
+}
+
+std::string SingleFile::where(const std::string& name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) return path_ + ": tensor '" + name + "'";
+  const Entry& e = it->second;
+  std::string w = path_ + ": tensor '" + e.stored + "'";
+  if (e.end >= 0) w += " rows " + std::to_string(e.begin) + ".." + std::to_string(e.end);
+  return w;
+}
+
+Tensor SingleFile::fetch(const std::string& name, const Shape& expected) const {
+  const auto it = entries_.find(name);
+  APUS_CHECK(it != entries_.end(), path_, ": no tensor for '", name, "'");
+  const Entry& e = it->second;
+  const Tensor& t = stored(e.stored);
+  const DType dt = t.dtype;
+  APUS_CHECK(dt == DType::bf16 || dt == DType::f16 || dt == DType::f32 || dt == DType::fp8_e4m3 ||
+                 is_block_quantized(dt),
+             where(name), " has dtype ", dtype_name(dt), ", expected a float or GGML block format");
+  Tensor out = e.end >= 0 ? t.rows(e.begin, e.end) : t;
+  if (e.swap_halves) {
+    APUS_CHECK(out.rank() >= 1 && out.shape[0] % 2 == 0, where(name), ": ", shape_str(out.shape),
+               " has no two halves of rows to swap");
+    Tensor swapped = Tensor::heap(out.shape, dt);
+    const size_t half = out.nbytes() / 2;
+    if (out.data) {
+      std::memcpy(swapped.data, static_cast<const char*>(out.data) + half, half);
+      std::memcpy(static_cast<char*>(swapped.data) + half, out.data, half);
+    }
+    out = swapped;
+  }
+  APUS_CHECK(out.shape == expected, where(name), " has shape ", shape_str(out.shape), ", expected ",
+             shape_str(expected), " (for '", name, "')");
+  return out;
+}
+
+size_t SingleFile::make_resident(const std::vector<std::string>& names) const {
+  std::vector<const Tensor*> tensors;
+  for (const std::string& name : names) {
+    const auto it = entries_.find(name);
+    if (it != entries_.end() && !it->second.swap_halves) tensors.push_back(&stored(it->second.stored));
+  }
+  return read_pages(tensors);
+}
+
+void SingleFile::release(const std::string& name) const {
+  const auto it = entries_.find(name);
+  if (it != entries_.end() && !it->second.swap_halves) drop_pages(stored(it->second.stored));
+}
+
+}  // namespace apus

@@ -1,0 +1,141 @@
+#include "models/flux2/single_file.h"
+
+#include <map>
+
+#include "core/error.h"
+
+namespace apus::flux2 {
+
+namespace {
+
+// ComfyUI's and diffusers' prefixes for a checkpoint's diffusion model.
+const char* const kPrefixes[] = {"model.diffusion_model.", "diffusion_model."};
+
+std::string strip_prefix(const std::string& name) {
+  for (const char* p : kPrefixes)
+    if (name.rfind(p, 0) == 0) return name.substr(std::string(p).size());
+  return name;
+}
+
+// BFL's names of whole tensors -> diffusers', within a double block, a single block, and at the top.
+const std::map<std::string, std::string> kDouble = {
+    {"img_attn.norm.query_norm", "attn.norm_q"},     {"img_attn.norm.key_norm", "attn.norm_k"},
+    {"img_attn.proj", "attn.to_out.0"},              {"img_mlp.0", "ff.linear_in"},
+    {"img_mlp.2", "ff.linear_out"},                  {"txt_attn.norm.query_norm", "attn.norm_added_q"},
+    {"txt_attn.norm.key_norm", "attn.norm_added_k"}, {"txt_attn.proj", "attn.to_add_out"},
+    {"txt_mlp.0", "ff_context.linear_in"},           {"txt_mlp.2", "ff_context.linear_out"},
+};
+const std::map<std::string, std::string> kSingle = {
+    {"linear1", "attn.to_qkv_mlp_proj"},
+    {"linear2", "attn.to_out"},
+    {"norm.query_norm", "attn.norm_q"},
+    {"norm.key_norm", "attn.norm_k"},
+};
+const std::map<std::string, std::string> kTop = {
+    {"img_in", "x_embedder"},
+    {"txt_in", "context_embedder"},
+    {"time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1"},
+    {"time_in.out_layer", "time_guidance_embed.timestep_embedder.linear_2"},
+    {"guidance_in.in_layer", "time_guidance_embed.guidance_embedder.linear_1"},
+    {"guidance_in.out_layer", "time_guidance_embed.guidance_embedder.linear_2"},
+    {"double_stream_modulation_img.lin", "double_stream_modulation_img.linear"},
+    {"double_stream_modulation_txt.lin", "double_stream_modulation_txt.linear"},
+    {"single_stream_modulation.lin", "single_stream_modulation.linear"},
+    {"final_layer.linear", "proj_out"},
+};
+
+// "double_blocks.3.img_attn.qkv.weight" -> {"double_blocks", "3", "img_attn.qkv", "weight"}.
+struct Parts {
+  std::string group, index, module, param;
+};
+bool split_block_name(const std::string& name, Parts& p) {
+  const size_t a = name.find('.'), b = a == std::string::npos ? a : name.find('.', a + 1);
+  const size_t last = name.rfind('.');
+  if (b == std::string::npos || last <= b) return false;
+  p = {name.substr(0, a), name.substr(a + 1, b - a - 1), name.substr(b + 1, last - b - 1), name.substr(last + 1)};
+  return p.index.find_first_not_of("0123456789") == std::string::npos && !p.index.empty();
+}
+
+}  // namespace
+
+TransformerFile open_transformer_file(const std::string& path) {
+  auto file = SingleFile::open(path);
+  TransformerFile out;
+  std::map<std::string, SingleFile::Entry> entries;
+  std::map<std::string, std::string> stripped;  // stripped name -> stored
+  for (const std::string& s : file->stored_names()) stripped[strip_prefix(s)] = s;
+  const bool bfl = stripped.count("single_stream_modulation.lin.weight") > 0;
+  const bool diffusers = stripped.count("single_stream_modulation.linear.weight") > 0;
+  APUS_CHECK(bfl || diffusers, path, ": not a FLUX.2 transformer (expected BFL's 'single_stream_modulation.lin.weight' ",
+             "or diffusers' 'single_stream_modulation.linear.weight'; the file holds ", file->stored_names().size(),
+             " tensors", file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
+  out.layout = bfl ? "BFL" : "diffusers";
+  int64_t doubles = -1, singles = -1;
+  for (const auto& [name, stored] : stripped) {
+    Parts p;
+    const bool in_block = split_block_name(name, p);
+    if (in_block && (p.group == "double_blocks" || p.group == "transformer_blocks"))
+      doubles = std::max<int64_t>(doubles, std::stoll(p.index.substr(0, 9)));
+    if (in_block && (p.group == "single_blocks" || p.group == "single_transformer_blocks"))
+      singles = std::max<int64_t>(singles, std::stoll(p.index.substr(0, 9)));
+    if (!bfl) {
+      entries[name] = {stored};
+      continue;
+    }
+    const std::string param = in_block ? (p.param == "scale" ? "weight" : p.param) : "";
+    if (in_block && p.group == "double_blocks") {
+      const std::string to = "transformer_blocks." + p.index + ".";
+      if (p.module == "img_attn.qkv" || p.module == "txt_attn.qkv") {
+        const int64_t rows = file->stored(stored).dim(0);
+        APUS_CHECK(rows % 3 == 0, path, ": tensor '", stored, "' has ", rows, " rows, expected q, k and v stacked");
+        const bool img = p.module[0] == 'i';
+        const char* names[3] = {img ? "attn.to_q." : "attn.add_q_proj.", img ? "attn.to_k." : "attn.add_k_proj.",
+                                img ? "attn.to_v." : "attn.add_v_proj."};
+        for (int i = 0; i < 3; ++i) entries[to + names[i] + param] = {stored, i * rows / 3, (i + 1) * rows / 3};
+        continue;
+      }
+      const auto it = kDouble.find(p.module);
+      APUS_CHECK(it != kDouble.end(), path, ": tensor '", stored, "' is not a FLUX.2 double-block key");
+      entries[to + it->second + "." + param] = {stored};
+      continue;
+    }
+    if (in_block && p.group == "single_blocks") {
+      const auto it = kSingle.find(p.module);
+      APUS_CHECK(it != kSingle.end(), path, ": tensor '", stored, "' is not a FLUX.2 single-block key");
+      entries["single_transformer_blocks." + p.index + "." + it->second + "." + param] = {stored};
+      continue;
+    }
+    const size_t dot = name.rfind('.');
+    const std::string module = dot == std::string::npos ? name : name.substr(0, dot);
+    const std::string tail = dot == std::string::npos ? "" : name.substr(dot);
+    if (module == "final_layer.adaLN_modulation.1") {
+      entries["norm_out.linear" + tail] = {stored, 0, -1, /*swap_halves=*/true};
+      continue;
+    }
+    const auto it = kTop.find(module);
+    APUS_CHECK(it != kTop.end(), path, ": tensor '", stored, "' is not a FLUX.2 transformer key");
+    entries[it->second + tail] = {stored};
+  }
+  out.double_blocks = doubles + 1;
+  out.single_blocks = singles + 1;
+  const std::string embed = stripped.count("img_in.weight") ? "img_in.weight" : "x_embedder.weight";
+  APUS_CHECK(stripped.count(embed), path, ": no '", embed, "' (the image embedding)");
+  out.hidden = file->stored(stripped[embed]).dim(0);
+  file->rename(std::move(entries));
+  out.weights = std::move(file);
+  return out;
+}
+
+std::shared_ptr<const SingleFile> open_component_file(const std::string& path, const std::string& component,
+                                                      const std::vector<std::string>& markers) {
+  auto file = SingleFile::open(path);
+  bool found = false;
+  for (const std::string& s : file->stored_names())
+    for (const std::string& m : markers) found |= s == m;
+  APUS_CHECK(found, path, ": not a ", component, " in its diffusers/transformers names (expected tensor '", markers[0],
+             "'; the file holds ", file->stored_names().size(), " tensors",
+             file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
+  return file;
+}
+
+}  // namespace apus::flux2

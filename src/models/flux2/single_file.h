@@ -1,0 +1,29 @@
+#pragma once
+// FLUX.2's transformer as one file: BFL's original key names (flux-2-klein-4b.safetensors, its
+// GGUF quantisations, ComfyUI's split file under "model.diffusion_model."), or diffusers' names in
+// one file, handed under the names Transformer::load asks for. BFL's names map as diffusers'
+// convert_flux2_transformer_checkpoint_to_diffusers maps them: fused qkv split in three row
+// ranges, the final adaLN's (shift, scale) swapped to (scale, shift), norms' .scale as .weight.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/single_file.h"
+
+namespace apus::flux2 {
+
+struct TransformerFile {
+  std::shared_ptr<const SingleFile> weights;
+  int64_t double_blocks = 0, single_blocks = 0, hidden = 0;
+  std::string layout;  // "BFL" or "diffusers"
+};
+
+// Refuses a file that holds no FLUX.2 transformer, or a BFL key it does not know, naming both.
+TransformerFile open_transformer_file(const std::string& path);
+
+// A text encoder or VAE file in transformers' / diffusers' own names (ComfyUI's split files):
+// refused naming the file unless it holds one of `markers`.
+std::shared_ptr<const SingleFile> open_component_file(const std::string& path, const std::string& component,
+                                                      const std::vector<std::string>& markers);
+
+}  // namespace apus::flux2

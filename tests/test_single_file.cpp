@@ -1,0 +1,132 @@
+// Models from the files users download: klein's transformer as BFL's single file (which diffusers'
+// own converter turns back into klein_tiny_a's folder exactly: tools/oracle/
+// make_klein_single_file_fixtures.py), under ComfyUI's prefix, as a GGUF quantisation, and the
+// text encoder and VAE as single files; each renders what the folder renders.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "apus/apus.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "io/weight_source.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+using test::expect_error;
+using test::fixture;
+
+ImageRequest fox() {
+  ImageRequest r;
+  r.prompt = "a red fox in tall grass";
+  r.width = 64;
+  r.height = 48;
+  r.seed = 7;
+  return r;
+}
+
+std::vector<uint8_t> render(const ModelParts& parts, bool fp32 = false) {
+  ImageRequest r = fox();
+  r.fp32 = fp32;
+  return ImageModel::open(parts, Weights::per_stage)->generate(r).rgb;
+}
+
+ModelParts single(const std::string& file) {
+  ModelParts p;
+  p.model = file;
+  p.config = fixture("klein_tiny_a");
+  return p;
+}
+
+// Every tensor of `from` under `prefix` + its name, as one file.
+std::string rewritten(const std::string& name, const std::vector<std::string>& files, const std::string& prefix) {
+  std::vector<SafetensorsFile> opened;
+  std::vector<NamedTensor> tensors;
+  for (const std::string& f : files) opened.push_back(SafetensorsFile::open(f));
+  for (const SafetensorsFile& f : opened)
+    for (const std::string& n : f.names()) tensors.push_back({prefix + n, f.get(n)});
+  const std::string path = test::scratch_dir.path() + name;
+  write_safetensors(path, tensors);
+  return path;
+}
+
+TEST(SingleFile, BflTransformerRendersTheFoldersImage) {
+  const std::vector<uint8_t> folder = render(ModelParts{fixture("klein_tiny_a")});
+  EXPECT_EQ(render(single(fixture("klein_single/flux-2-klein-tiny.safetensors"))), folder);
+  // ComfyUI's split file: the same keys under model.diffusion_model.
+  const std::string comfy = rewritten("comfy-klein.safetensors", {fixture("klein_single/flux-2-klein-tiny.safetensors")},
+                                      "model.diffusion_model.");
+  EXPECT_EQ(render(single(comfy)), folder);
+}
+
+TEST(SingleFile, TextEncoderAndVaeFilesRenderTheFoldersImage) {
+  const std::string root = fixture("klein_tiny_a");
+  ModelParts p = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
+  std::vector<std::string> shards;
+  for (const auto& e : std::filesystem::directory_iterator(root + "/text_encoder"))
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path().string());
+  p.text_encoder = rewritten("qwen3-tiny.safetensors", shards, "");
+  p.vae = root + "/vae/diffusion_pytorch_model.safetensors";
+  p.tokenizer = root + "/tokenizer";
+  EXPECT_EQ(render(p), render(ModelParts{root}));
+}
+
+TEST(SingleFile, GgufQ8TransformerRendersWhatItsDequantisedWeightsRender) {
+  // gguf-py's dequantisation of the file, as f32 in BFL's names: the model the GGUF holds. The
+  // GGUF runs its blocks as stored, expanded panel by panel inside the linears.
+  for (const bool fp32 : {false, true}) {
+    const std::vector<uint8_t> want =
+        render(single(fixture("klein_single/flux-2-klein-tiny-Q8_0-dequantized.safetensors")), fp32);
+    EXPECT_EQ(render(single(fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf")), fp32), want)
+        << (fp32 ? "fp32" : "bf16");
+  }
+}
+
+TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
+  const std::string root = fixture("klein_tiny_a");
+  const std::string vae = root + "/vae/diffusion_pytorch_model.safetensors";
+  expect_error([&] { render(single(vae)); }, {vae, "not a FLUX.2 transformer", "single_stream_modulation"});
+  ModelParts p = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
+  p.vae = fixture("klein_single/flux-2-klein-tiny.safetensors");
+  expect_error([&] { render(p); }, {"flux-2-klein-tiny.safetensors", "not a FLUX.2 VAE", "decoder.conv_in.weight"});
+  // A BFL key no FLUX.2 transformer has.
+  SafetensorsFile bfl = SafetensorsFile::open(fixture("klein_single/flux-2-klein-tiny.safetensors"));
+  std::vector<NamedTensor> tensors;
+  for (const std::string& n : bfl.names()) tensors.push_back({n, bfl.get(n)});
+  tensors.push_back({"double_blocks.0.img_attn.lora_up.weight", bfl.get("img_in.weight")});
+  const std::string odd = test::scratch_dir.path() + "odd-klein.safetensors";
+  write_safetensors(odd, tensors);
+  expect_error([&] { render(single(odd)); }, {odd, "double_blocks.0.img_attn.lora_up.weight", "double-block key"});
+  // Without --config, the tiny shape is no published klein.
+  ModelParts bare;
+  bare.model = fixture("klein_single/flux-2-klein-tiny.safetensors");
+  expect_error([&] { render(bare); }, {"2 double and 3 single blocks", "--config"});
+  // A folder takes no --config.
+  ModelParts folder{root};
+  folder.config = root;
+  expect_error([&] { render(folder); }, {"--config", "only for a single-file --model"});
+  // A transformer whose shapes are not the config's: the error names the file and the stored tensor.
+  ModelParts other = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
+  other.config = fixture("klein_tiny_9b");
+  expect_error([&] { render(other); }, {"flux-2-klein-tiny.safetensors: tensor '", "has shape"});
+}
+
+TEST(SingleFile, TheCliTakesTheParts) {
+  const std::string out = test::scratch_dir.path() + "single.png", want = test::scratch_dir.path() + "folder.png";
+  const std::string common = " --prompt 'a red fox in tall grass' -W 64 -H 48 --seed 7";
+  ASSERT_EQ(test::run_cli("image --model " + fixture("klein_tiny_a") + common + " -o " + want).status, 0);
+  const test::CliRun r = test::run_cli("image --model " + fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf") +
+                                       " --config " + fixture("klein_tiny_a") + " --vae " + fixture("klein_tiny_a") +
+                                       "/vae/diffusion_pytorch_model.safetensors" + common + " -o " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::file_size(out) > 0);
+  const test::CliRun bad = test::run_cli("image --model " + fixture("klein_single/flux-2-klein-tiny.safetensors") +
+                                         common + " -o " + out);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("--config"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace apus

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Oracle for apus's single-file klein transformers: klein_tiny_a's DiT in BFL's original key
+names (as black-forest-labs/FLUX.2-klein-4B's flux-2-klein-4b.safetensors and the GGUF
+quantisations of it carry them), checked to convert back to the diffusers folder exactly with
+diffusers' own single-file converter (convert_flux2_transformer_checkpoint_to_diffusers).
+
+Writes, under tests/fixtures/klein_single/:
+  flux-2-klein-tiny.safetensors              BFL names, bf16 (the folder's values, qkv fused,
+                                             final adaLN's (shift, scale) order)
+  flux-2-klein-tiny-Q8_0.gguf                the same as GGUF via gguf-py: 2-D weights Q8_0 (from
+                                             the bf16 values), 1-D norms F32
+  flux-2-klein-tiny-Q8_0-dequantized.safetensors   gguf-py's dequantisation of that file, f32,
+                                             BFL names: what the GGUF's model is
+
+Usage: make_klein_single_file_fixtures.py [--out DIR]
+"""
+
+import argparse
+import os
+
+import numpy as np
+import torch
+import gguf
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+from safetensors.torch import load_file, save_file
+from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FOLDER = os.path.join(HERE, "..", "..", "tests", "fixtures", "klein_tiny_a", "transformer")
+
+DOUBLE = {  # diffusers' name within transformer_blocks.N -> BFL's within double_blocks.N
+    "attn.norm_q.weight": "img_attn.norm.query_norm.scale",
+    "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
+    "attn.to_out.0.weight": "img_attn.proj.weight",
+    "ff.linear_in.weight": "img_mlp.0.weight",
+    "ff.linear_out.weight": "img_mlp.2.weight",
+    "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
+    "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
+    "attn.to_add_out.weight": "txt_attn.proj.weight",
+    "ff_context.linear_in.weight": "txt_mlp.0.weight",
+    "ff_context.linear_out.weight": "txt_mlp.2.weight",
+}
+SINGLE = {
+    "attn.to_qkv_mlp_proj.weight": "linear1.weight",
+    "attn.to_out.weight": "linear2.weight",
+    "attn.norm_q.weight": "norm.query_norm.scale",
+    "attn.norm_k.weight": "norm.key_norm.scale",
+}
+TOP = {
+    "x_embedder.weight": "img_in.weight",
+    "context_embedder.weight": "txt_in.weight",
+    "time_guidance_embed.timestep_embedder.linear_1.weight": "time_in.in_layer.weight",
+    "time_guidance_embed.timestep_embedder.linear_2.weight": "time_in.out_layer.weight",
+    "double_stream_modulation_img.linear.weight": "double_stream_modulation_img.lin.weight",
+    "double_stream_modulation_txt.linear.weight": "double_stream_modulation_txt.lin.weight",
+    "single_stream_modulation.linear.weight": "single_stream_modulation.lin.weight",
+    "proj_out.weight": "final_layer.linear.weight",
+}
+
+
+def to_bfl(sd):
+    out = {}
+    blocks = sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")})
+    for n in blocks:
+        p = f"transformer_blocks.{n}."
+        out[f"double_blocks.{n}.img_attn.qkv.weight"] = torch.cat([sd[p + "attn.to_q.weight"], sd[p + "attn.to_k.weight"], sd[p + "attn.to_v.weight"]])
+        out[f"double_blocks.{n}.txt_attn.qkv.weight"] = torch.cat([sd[p + "attn.add_q_proj.weight"], sd[p + "attn.add_k_proj.weight"], sd[p + "attn.add_v_proj.weight"]])
+        for ours, theirs in DOUBLE.items():
+            out[f"double_blocks.{n}.{theirs}"] = sd[p + ours]
+    singles = sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_transformer_blocks.")})
+    for n in singles:
+        for ours, theirs in SINGLE.items():
+            out[f"single_blocks.{n}.{theirs}"] = sd[f"single_transformer_blocks.{n}.{ours}"]
+    for ours, theirs in TOP.items():
+        out[theirs] = sd[ours]
+    scale, shift = sd["norm_out.linear.weight"].chunk(2, dim=0)  # diffusers (scale, shift), BFL (shift, scale)
+    out["final_layer.adaLN_modulation.1.weight"] = torch.cat([shift, scale])
+    assert len(out) == len(sd) - 4 * len(blocks), (len(out), len(sd))
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def check_round_trip(bfl, sd):
+    back = convert_flux2_transformer_checkpoint_to_diffusers(dict(bfl))
+    assert sorted(back) == sorted(sd), sorted(set(back) ^ set(sd))
+    for k in sd:
+        assert torch.equal(back[k], sd[k]), k
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    out = os.path.join(ap.parse_args().out, "klein_single")
+    os.makedirs(out, exist_ok=True)
+    sd = load_file(os.path.join(FOLDER, "diffusion_pytorch_model.safetensors"))
+    bfl = to_bfl(sd)
+    check_round_trip(bfl, sd)
+    save_file(bfl, os.path.join(out, "flux-2-klein-tiny.safetensors"))
+
+    w = gguf.GGUFWriter(os.path.join(out, "flux-2-klein-tiny-Q8_0.gguf"), arch="flux")
+    w.add_file_type(T.Q8_0)
+    dequantized = {}
+    for name, t in bfl.items():
+        values = t.float().numpy()
+        if values.ndim == 2 and values.shape[-1] % 32 == 0:
+            q = quants.quantize(values, T.Q8_0)
+            w.add_tensor(name, q, raw_dtype=T.Q8_0)
+            dequantized[name] = torch.from_numpy(quants.dequantize(q, T.Q8_0).astype(np.float32))
+        else:
+            w.add_tensor(name, values)
+            dequantized[name] = torch.from_numpy(values.copy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-Q8_0-dequantized.safetensors"))
+
+
+if __name__ == "__main__":
+    main()
