@@ -94,37 +94,25 @@ void q5_1(const uint8_t* b, float* y) {
 }
 
 // Q4_K and Q5_K: 8 sub-blocks of 32, sub-block s scaled by d * sc[s] and offset by dmin * m[s];
-// byte l of 32-byte chunk c holds sub-block 2c's element l (low nibble) and 2c + 1's (high).
-void q4_k(const uint8_t* b, float* y) {
+// byte l of 32-byte chunk c holds sub-block 2c's element l (low nibble) and 2c + 1's (high). Q5_K
+// adds sub-block s's fifth bits as bit s of qh[0..31] (qh null for Q4_K).
+void k_quant(const uint8_t* b, const uint8_t* qh, const uint8_t* qs, float* y) {
   const float d = half(b), dmin = half(b + 2);
   const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
   for (int s = 0; s < 8; ++s) {
     uint8_t sc, m;
     scale_min_k4(scales, s, sc, m);
     const float ds = d * float(sc), ms = dmin * float(m);
     const uint8_t* q = qs + (s / 2) * 32;
     const int shift = (s % 2) * 4;
-    for (int l = 0; l < 32; ++l) y[s * 32 + l] = ds * float((q[l] >> shift) & 0xF) - ms;
+    for (int l = 0; l < 32; ++l) {
+      const int high = qh ? ((qh[l] >> s) & 1) << 4 : 0;
+      y[s * 32 + l] = ds * float(((q[l] >> shift) & 0xF) | high) - ms;
+    }
   }
 }
-
-// Q5_K: Q4_K with sub-block s's fifth bits in bit s of qh[0..31].
-void q5_k(const uint8_t* b, float* y) {
-  const float d = half(b), dmin = half(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
-  for (int s = 0; s < 8; ++s) {
-    uint8_t sc, m;
-    scale_min_k4(scales, s, sc, m);
-    const float ds = d * float(sc), ms = dmin * float(m);
-    const uint8_t* q = qs + (s / 2) * 32;
-    const int shift = (s % 2) * 4;
-    for (int l = 0; l < 32; ++l)
-      y[s * 32 + l] = ds * float(((q[l] >> shift) & 0xF) | (((qh[l] >> s) & 1) << 4)) - ms;
-  }
-}
+void q4_k(const uint8_t* b, float* y) { k_quant(b, nullptr, b + 16, y); }
+void q5_k(const uint8_t* b, float* y) { k_quant(b, b + 16, b + 48, y); }
 
 // Q6_K: 16 sub-blocks of 16 with signed 8-bit scales; each half of 128 takes 64 bytes of low
 // nibbles (ql) and 32 bytes of 2-bit high parts (qh), group g of 32 in a half from ql[l + 32 (g % 2)]
