@@ -99,6 +99,12 @@ TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   const std::string odd = test::scratch_dir.path() + "odd-klein.safetensors";
   write_safetensors(odd, tensors);
   expect_error([&] { render(single(odd)); }, {odd, "double_blocks.0.img_attn.lora_up.weight", "double-block key"});
+  // An fp8 checkpoint's scales are refused, not ignored.
+  tensors.pop_back();
+  tensors.push_back({"double_blocks.0.img_attn.qkv.weight_scale", bfl.get("double_blocks.0.img_attn.norm.key_norm.scale")});
+  const std::string fp8 = test::scratch_dir.path() + "fp8-klein.safetensors";
+  write_safetensors(fp8, tensors);
+  expect_error([&] { render(single(fp8)); }, {fp8, "double_blocks.0.img_attn.qkv.weight_scale", "fp8 scale"});
   // Without --config, the tiny shape is no published klein.
   ModelParts bare;
   bare.model = fixture("klein_single/flux-2-klein-tiny.safetensors");

@@ -70,6 +70,13 @@ TransformerFile open_transformer_file(const std::string& path) {
              "or diffusers' 'single_stream_modulation.linear.weight'; the file holds ", file->stored_names().size(),
              " tensors", file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
   out.layout = bfl ? "BFL" : "diffusers";
+  // fp8 checkpoints carry per-tensor scales (BFL's and ComfyUI's .weight_scale / .input_scale,
+  // ComfyUI's older .scale_weight and scaled_fp8 marker, .comfy_quant): not applied yet, so
+  // refused rather than run unscaled.
+  for (const auto& [name, stored] : stripped)
+    for (const char* scale : {".weight_scale", ".input_scale", ".scale_weight", ".scale_input", ".comfy_quant"})
+      APUS_CHECK(name.find(scale) == std::string::npos && name != "scaled_fp8", path, ": tensor '", stored,
+                 "' is an fp8 scale; apus does not apply fp8 checkpoints' scales yet (issue 20)");
   int64_t doubles = -1, singles = -1;
   for (const auto& [name, stored] : stripped) {
     Parts p;
@@ -82,6 +89,8 @@ TransformerFile open_transformer_file(const std::string& path) {
       entries[name] = {stored};
       continue;
     }
+    APUS_CHECK(!in_block || p.param == "weight" || p.param == "bias" || p.param == "scale", path, ": tensor '", stored,
+               "' is not a FLUX.2 transformer key (expected .weight, .bias or .scale)");
     const std::string param = in_block ? (p.param == "scale" ? "weight" : p.param) : "";
     if (in_block && p.group == "double_blocks") {
       const std::string to = "transformer_blocks." + p.index + ".";
