@@ -171,4 +171,11 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n / per; ++i) block(p + size_t(i) * bytes, dst + i * per);
 }
 
+float dequantize_element(DType t, const void* row, int64_t i) {
+  const int64_t per = dtype_block(t);
+  float block[256];
+  dequantize_row(t, static_cast<const uint8_t*>(row) + dtype_bytes(t, i / per * per), block, per);
+  return block[i % per];
+}
+
 }  // namespace apus

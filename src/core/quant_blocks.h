@@ -20,5 +20,8 @@ const char* ggml_type_name(uint32_t ggml_type);
 
 // n elements (a multiple of dtype_block(t)) of a block-quantised row at `src` as fp32.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+// Element i of the block-quantised row at `row` (its block expanded): element access for tests and
+// the reference backend, not for hot loops.
+float dequantize_element(DType t, const void* row, int64_t i);
 
 }  // namespace apus

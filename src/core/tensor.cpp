@@ -124,10 +124,7 @@ float load_f32(const Tensor& t, int64_t i) {
       return fp8_e4m3_to_f32(t.ptr<uint8_t>()[i]);
     default: {
       APUS_CHECK(is_block_quantized(t.dtype), "load_f32: unsupported dtype ", dtype_name(t.dtype));
-      const int64_t per = dtype_block(t.dtype);
-      float block[256];
-      dequantize_row(t.dtype, t.ptr<uint8_t>() + dtype_bytes(t.dtype, i / per * per), block, per);
-      return block[i % per];
+      return dequantize_element(t.dtype, t.data, i);
     }
   }
 }

@@ -140,14 +140,24 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
     if (!parts.config.empty()) {
       root = resolve_model_dir(parts.config, Weights::none);
     } else {
-      // The published layout of the transformer's shape; it carries configs only.
-      const char* layout = transformer->double_blocks == 5 && transformer->single_blocks == 20 ? "flux2-klein-4b"
-                           : transformer->double_blocks == 8 && transformer->single_blocks == 24 ? "flux2-klein-9b"
-                                                                                              : nullptr;
-      APUS_CHECK(layout, parts.model, ": a FLUX.2 transformer of ", transformer->double_blocks, " double and ",
-                 transformer->single_blocks, " single blocks, not klein 4B's (5, 20) or 9B's (8, 24): pass --config ",
-                 "DIR, a diffusers folder of its configs");
-      root = published_layout_dir(layout);
+      // The first published layout of the transformer's shape (configs only).
+      std::string shapes;
+      for (const std::string& name : kPublishedModels) {
+        const std::string config = published_layout_dir(name) + "/transformer/config.json";
+        if (!path_exists(config)) continue;
+        const Config c = read_config(config);
+        const int64_t doubles = c.get_int("num_layers"), singles = c.get_int("num_single_layers");
+        const int64_t hidden = c.get_int("num_attention_heads") * c.get_int("attention_head_dim");
+        if (doubles == transformer->double_blocks && singles == transformer->single_blocks &&
+            hidden == transformer->hidden) {
+          root = published_layout_dir(name);
+          break;
+        }
+        shapes += " " + name + " (" + std::to_string(doubles) + ", " + std::to_string(singles) + ")";
+      }
+      APUS_CHECK(!root.empty(), parts.model, ": a FLUX.2 transformer of ", transformer->double_blocks, " double and ",
+                 transformer->single_blocks, " single blocks, none of the published layouts':", shapes,
+                 "; pass --config DIR, a diffusers folder of its configs");
       APUS_CHECK(weights == Weights::none || (!parts.text_encoder.empty() && !parts.vae.empty() && !parts.tokenizer.empty()),
                  parts.model, ": a single transformer file needs --text-encoder FILE, --vae FILE and --tokenizer DIR ",
                  "(or --config DIR, a diffusers folder holding them)");

@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "core/error.h"
+#include "io/files.h"
 
 namespace apus::fuzz {
 
@@ -19,6 +21,16 @@ inline std::string scratch_dir() {
     return d;
   }();
   return dir;
+}
+
+// The input as a file already in memory, for parsers that take their bytes (MappedFile).
+inline std::shared_ptr<MappedFile> in_memory(const uint8_t* data, size_t size) {
+  auto file = std::make_shared<MappedFile>();
+  file->path = "fuzz-input";
+  file->data = data;
+  file->size = size;
+  file->mapped = false;
+  return file;
 }
 
 inline std::string write_input(const std::string& name, const uint8_t* data, size_t size) {

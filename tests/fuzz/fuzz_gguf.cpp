@@ -6,17 +6,13 @@
 #include <vector>
 
 #include "core/error.h"
+#include "fuzz_file.h"
 #include "core/quant_blocks.h"
 #include "io/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto file = std::make_shared<apus::MappedFile>();
-  file->path = "fuzz-input";
-  file->data = data;
-  file->size = size;
-  file->mapped = false;
   try {
-    const apus::GgufFile g = apus::GgufFile::parse(file);
+    const apus::GgufFile g = apus::GgufFile::parse(apus::fuzz::in_memory(data, size));
     (void)g.metadata().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     for (const auto& name : g.names()) {
       try {

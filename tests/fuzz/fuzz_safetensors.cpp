@@ -4,16 +4,12 @@
 #include <memory>
 
 #include "core/error.h"
+#include "fuzz_file.h"
 #include "io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto file = std::make_shared<apus::MappedFile>();
-  file->path = "fuzz-input";
-  file->data = data;
-  file->size = size;
-  file->mapped = false;
   try {
-    const apus::SafetensorsFile f = apus::SafetensorsFile::parse(file);
+    const apus::SafetensorsFile f = apus::SafetensorsFile::parse(apus::fuzz::in_memory(data, size));
     for (const auto& name : f.names()) {
       const apus::Tensor& t = f.get(name);
       // Touch the first and last byte of every view: out-of-range views crash here under ASan.

@@ -98,8 +98,11 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
         gemm(a.rows(lo, lo + kTile), b, b_type, b_stride_k, b_stride_n, bias, cp, k, n);
         continue;
       }
-      std::vector<char> a_pad(size_t(kTile * k) * a_es, 0), c_pad(size_t(kTile * n) * c_es);
+      thread_local std::vector<char> a_pad, c_pad;
+      a_pad.resize(size_t(kTile * k) * a_es);
+      c_pad.resize(size_t(kTile * n) * c_es);
       for (int64_t r = 0; r < rows; ++r) std::memcpy(a_pad.data() + size_t(r * k) * a_es, a.row(lo + r), size_t(k) * a_es);
+      std::memset(a_pad.data() + size_t(rows * k) * a_es, 0, size_t((kTile - rows) * k) * a_es);
       Tensor ap = a, cp = c;
       ap.shape = {kTile, k};
       ap.stride0 = 0;

@@ -10,12 +10,7 @@ namespace apus {
 namespace ref {
 
 double get(const Tensor& t, int64_t r, int64_t i) {
-  if (is_block_quantized(t.dtype)) {
-    const int64_t per = dtype_block(t.dtype);
-    float block[256];
-    dequantize_row(t.dtype, static_cast<const char*>(t.row(r)) + dtype_bytes(t.dtype, i / per * per), block, per);
-    return block[i % per];
-  }
+  if (is_block_quantized(t.dtype)) return dequantize_element(t.dtype, t.row(r), i);
   const void* p = static_cast<const char*>(t.row(r)) + size_t(i) * dtype_size(t.dtype);
   switch (t.dtype) {
     case DType::f32:
