@@ -73,6 +73,44 @@ TEST(SingleFile, TextEncoderAndVaeFilesRenderTheFoldersImage) {
   EXPECT_EQ(render(p), render(ModelParts{root}));
 }
 
+TEST(SingleFile, VaeInBflNamesRendersTheFoldersImage) {
+  // klein_tiny_a's VAE in BFL's ldm names (quant convs nested, attention as 1x1 convs) and in the
+  // convention diffusers' convert_ldm_vae_checkpoint reads ("vae.", quant convs at the top), both
+  // checked by the oracle to convert back to the folder exactly; first_stage_model. as ComfyUI's
+  // whole checkpoints carry it.
+  const std::string root = fixture("klein_tiny_a");
+  const std::vector<uint8_t> folder = render(ModelParts{root});
+  ModelParts p{root};
+  for (const std::string& vae : {fixture("klein_single/flux2-vae-tiny.safetensors"),
+                                 fixture("klein_single/flux2-vae-tiny-sd.safetensors"),
+                                 rewritten("ckpt-vae.safetensors", {fixture("klein_single/flux2-vae-tiny.safetensors")},
+                                           "first_stage_model.")}) {
+    p = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
+    p.vae = vae;
+    EXPECT_EQ(render(p), folder) << vae;
+  }
+  // Editing runs the encoder: its names map too.
+  ImageRequest edit = fox();
+  Rgb8Image reference{64, 64, std::vector<uint8_t>(64 * 64 * 3)};
+  for (size_t i = 0; i < reference.rgb.size(); ++i) reference.rgb[i] = uint8_t(i * 37 % 251);
+  edit.references.push_back(reference);
+  const auto folder_model = ImageModel::open(ModelParts{root}, Weights::per_stage);
+  EXPECT_EQ(ImageModel::open(p, Weights::per_stage)->generate(edit).rgb, folder_model->generate(edit).rgb);
+  // An ldm key FLUX.2's VAE does not have, and an ldm VAE without the latent batch norm.
+  SafetensorsFile ldm = SafetensorsFile::open(fixture("klein_single/flux2-vae-tiny.safetensors"));
+  std::vector<NamedTensor> tensors;
+  for (const std::string& n : ldm.names()) tensors.push_back({n, ldm.get(n)});
+  tensors.push_back({"decoder.up.0.attn.0.q.weight", ldm.get("decoder.conv_in.bias")});
+  p.vae = test::scratch_dir.path() + "odd-vae.safetensors";
+  write_safetensors(p.vae, tensors);
+  expect_error([&] { render(p); }, {p.vae, "decoder.up.0.attn.0.q.weight", "not a FLUX.2 VAE key"});
+  tensors.pop_back();
+  std::erase_if(tensors, [](const NamedTensor& t) { return t.name.rfind("bn.", 0) == 0; });
+  p.vae = test::scratch_dir.path() + "sd-vae.safetensors";
+  write_safetensors(p.vae, tensors);
+  expect_error([&] { render(p); }, {p.vae, "bn.running_mean", "not a FLUX.2 VAE"});
+}
+
 TEST(SingleFile, GgufQ8TransformerRendersWhatItsDequantisedWeightsRender) {
   // gguf-py's dequantisation of the file, as f32 in BFL's names: the model the GGUF holds. The
   // GGUF runs its blocks as stored, expanded panel by panel inside the linears.
@@ -90,7 +128,7 @@ TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   expect_error([&] { render(single(vae)); }, {vae, "not a FLUX.2 transformer", "single_stream_modulation"});
   ModelParts p = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
   p.vae = fixture("klein_single/flux-2-klein-tiny.safetensors");
-  expect_error([&] { render(p); }, {"flux-2-klein-tiny.safetensors", "not a FLUX.2 VAE", "decoder.conv_in.weight"});
+  expect_error([&] { render(p); }, {"flux-2-klein-tiny.safetensors", "not a FLUX.2 VAE", "decoder.up.0.block.0.conv1.weight"});
   // A BFL key no FLUX.2 transformer has.
   SafetensorsFile bfl = SafetensorsFile::open(fixture("klein_single/flux-2-klein-tiny.safetensors"));
   std::vector<NamedTensor> tensors;

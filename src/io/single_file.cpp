@@ -62,6 +62,11 @@ Tensor SingleFile::fetch(const std::string& name, const Shape& expected) const {
     }
     out = swapped;
   }
+  if (e.drop_unit_dims) {
+    Shape squeezed = out.shape;
+    while (squeezed.size() > 1 && squeezed.back() == 1) squeezed.pop_back();
+    out = out.reshape(squeezed);
+  }
   APUS_CHECK(out.shape == expected, where(name), " has shape ", shape_str(out.shape), ", expected ",
              shape_str(expected), " (for '", name, "')");
   return out;

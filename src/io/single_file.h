@@ -16,11 +16,13 @@ namespace apus {
 class SingleFile final : public WeightSource {
  public:
   // Where a name the model asks for is stored: rows [begin, end) of `stored` (end -1: all rows),
-  // or with its two halves of rows swapped.
+  // with its two halves of rows swapped, or with its trailing unit dimensions dropped (a 1x1
+  // convolution's weight read as a linear's).
   struct Entry {
     std::string stored;
     int64_t begin = 0, end = -1;
     bool swap_halves = false;
+    bool drop_unit_dims = false;
   };
   static std::shared_ptr<SingleFile> open(const std::string& path);
   const std::string& path() const { return path_; }

@@ -179,7 +179,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
       dir.use_weights("text_encoder", flux2::open_component_file(parts.text_encoder, "Qwen3 text encoder",
                                                                  {"model.embed_tokens.weight", "embed_tokens.weight"}));
     if (!parts.vae.empty())
-      dir.use_weights("vae", flux2::open_component_file(parts.vae, "FLUX.2 VAE", {"decoder.conv_in.weight"}));
+      dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
   if (!parts.tokenizer.empty()) dir.use_folder("tokenizer", parts.tokenizer);
   return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");

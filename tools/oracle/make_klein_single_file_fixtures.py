@@ -11,12 +11,21 @@ Writes, under tests/fixtures/klein_single/:
                                              the bf16 values), 1-D norms F32
   flux-2-klein-tiny-Q8_0-dequantized.safetensors   gguf-py's dequantisation of that file, f32,
                                              BFL names: what the GGUF's model is
+  flux2-vae-tiny.safetensors                 klein_tiny_a's VAE in BFL's ldm names (ae.safetensors:
+                                             encoder.quant_conv / decoder.post_quant_conv, attention
+                                             projections as 1x1 conv weights)
+  flux2-vae-tiny-sd.safetensors              the same under "vae." with the quant convs at the top
+                                             (the layout diffusers' convert_ldm_vae_checkpoint reads)
+Both VAE files are checked to convert back to the folder exactly with diffusers'
+convert_ldm_vae_checkpoint (the BFL one after ComfyUI's rename of its two quant convs).
 
 Usage: make_klein_single_file_fixtures.py [--out DIR]
 """
 
 import argparse
+import json
 import os
+import re
 
 import numpy as np
 import torch
@@ -24,10 +33,11 @@ import gguf
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 from safetensors.torch import load_file, save_file
-from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
+from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers, convert_ldm_vae_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FOLDER = os.path.join(HERE, "..", "..", "tests", "fixtures", "klein_tiny_a", "transformer")
+TINY = os.path.join(HERE, "..", "..", "tests", "fixtures", "klein_tiny_a")
+FOLDER = os.path.join(TINY, "transformer")
 
 DOUBLE = {  # diffusers' name within transformer_blocks.N -> BFL's within double_blocks.N
     "attn.norm_q.weight": "img_attn.norm.query_norm.scale",
@@ -87,6 +97,41 @@ def check_round_trip(bfl, sd):
         assert torch.equal(back[k], sd[k]), k
 
 
+def vae_to_ldm(sd, up_blocks):
+    """diffusers' AutoencoderKLFlux2 names -> BFL's ldm names (quant convs nested, as in ae.safetensors)."""
+    out = {}
+    attn = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+    for k, v in sd.items():
+        if k == "bn.num_batches_tracked":
+            continue
+        n = k.replace("conv_norm_out", "norm_out").replace("conv_shortcut", "nin_shortcut")
+        n = re.sub(r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block.", n)
+        n = re.sub(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample.", n)
+        n = re.sub(r"mid_block\.resnets\.(\d+)\.", lambda m: f"mid.block_{int(m.group(1)) + 1}.", n)
+        n = re.sub(r"^decoder\.up_blocks\.(\d+)\.resnets\.", lambda m: f"decoder.up.{up_blocks - 1 - int(m.group(1))}.block.", n)
+        n = re.sub(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda m: f"decoder.up.{up_blocks - 1 - int(m.group(1))}.upsample.", n)
+        m = re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(.+)\.(weight|bias)$", n)
+        if m:
+            n = f"{m.group(1)}.mid.attn_1.{attn[m.group(2)]}.{m.group(3)}"
+            if m.group(2) != "group_norm" and m.group(3) == "weight":
+                v = v[:, :, None, None]
+        n = {"quant_conv.weight": "encoder.quant_conv.weight", "quant_conv.bias": "encoder.quant_conv.bias",
+             "post_quant_conv.weight": "decoder.post_quant_conv.weight",
+             "post_quant_conv.bias": "decoder.post_quant_conv.bias"}.get(n, n)
+        out[n] = v.contiguous()
+    return out
+
+
+def check_vae_round_trip(ldm, sd, config):
+    back = convert_ldm_vae_checkpoint(dict(ldm), config)
+    for k in ("bn.running_mean", "bn.running_var"):  # FLUX.2's latent norm, outside the ldm converter
+        back[k] = ldm[k.replace("vae.", "")] if k in ldm else ldm["vae." + k]
+    expected = {k: v for k, v in sd.items() if k != "bn.num_batches_tracked"}
+    assert sorted(back) == sorted(expected), sorted(set(back) ^ set(expected))
+    for k in expected:
+        assert torch.equal(back[k], expected[k]), k
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -114,6 +159,22 @@ def main():
     w.write_tensors_to_file()
     w.close()
     save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-Q8_0-dequantized.safetensors"))
+
+    vae = load_file(os.path.join(TINY, "vae", "diffusion_pytorch_model.safetensors"))
+    with open(os.path.join(TINY, "vae", "config.json")) as f:
+        vae_config = json.load(f)
+    ldm = vae_to_ldm(vae, len(vae_config["up_block_types"]))
+    comfy = {}  # ComfyUI's rename of BFL's nested quant convs (comfy/sd.py, class VAE)
+    for k, v in ldm.items():
+        for nested, top in (("encoder.quant_conv.", "quant_conv."), ("decoder.post_quant_conv.", "post_quant_conv.")):
+            if k.startswith(nested):
+                k = top + k[len(nested):]
+        comfy[k] = v
+    check_vae_round_trip(comfy, vae, vae_config)
+    sd_layout = {"vae." + k: v for k, v in comfy.items()}
+    check_vae_round_trip(sd_layout, vae, vae_config)
+    save_file(ldm, os.path.join(out, "flux2-vae-tiny.safetensors"))
+    save_file(sd_layout, os.path.join(out, "flux2-vae-tiny-sd.safetensors"))
 
 
 if __name__ == "__main__":

@@ -135,6 +135,125 @@ TransformerFile open_transformer_file(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// "up.3.block.1.conv1.weight" after `head` ("up.") -> {3, "block.1.conv1.weight"}.
+bool split_index(const std::string& name, const std::string& head, int64_t& index, std::string& rest) {
+  if (name.rfind(head, 0) != 0) return false;
+  const size_t dot = name.find('.', head.size());
+  const std::string digits = name.substr(head.size(), dot == std::string::npos ? dot : dot - head.size());
+  if (dot == std::string::npos || digits.empty() || digits.size() > 6 ||
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  index = std::stoll(digits);
+  rest = name.substr(dot + 1);
+  return true;
+}
+
+// A resnet's parameter in ldm names ("conv1.weight", "nin_shortcut.bias") in diffusers'.
+std::string resnet_param(const std::string& p) {
+  return p.rfind("nin_shortcut.", 0) == 0 ? "conv_shortcut." + p.substr(13) : p;
+}
+
+// An ldm VAE name (prefix and quant-conv placement already normalised) in diffusers' names;
+// false if it is no FLUX.2 VAE key. `up_blocks` reverses the decoder's block order.
+bool ldm_vae_name(const std::string& name, int64_t up_blocks, std::string& to, bool& conv_as_linear) {
+  static const std::map<std::string, std::string> attention = {
+      {"norm", "group_norm"}, {"q", "to_q"}, {"k", "to_k"}, {"v", "to_v"}, {"proj_out", "to_out.0"}};
+  static const std::map<std::string, std::string> same = {
+      {"quant_conv", ""}, {"post_quant_conv", ""}, {"encoder.conv_in", ""}, {"encoder.conv_out", ""},
+      {"decoder.conv_in", ""}, {"decoder.conv_out", ""}, {"encoder.norm_out", "encoder.conv_norm_out"},
+      {"decoder.norm_out", "decoder.conv_norm_out"}};
+  conv_as_linear = false;
+  if (name == "bn.running_mean" || name == "bn.running_var" || name == "bn.num_batches_tracked") {
+    to = name;
+    return true;
+  }
+  const size_t last = name.rfind('.');
+  if (last == std::string::npos) return false;
+  const std::string module = name.substr(0, last), param = name.substr(last + 1);
+  if (param != "weight" && param != "bias") return false;
+  if (const auto it = same.find(module); it != same.end()) {
+    to = (it->second.empty() ? module : it->second) + "." + param;
+    return true;
+  }
+  const std::string coder = name.substr(0, 8);  // "encoder." or "decoder."
+  if (coder != "encoder." && coder != "decoder.") return false;
+  const std::string inner = name.substr(8);
+  int64_t i = 0, j = 0;
+  std::string rest, tail;
+  if (inner.rfind("mid.block_", 0) == 0 && split_index(inner, "mid.block_", i, rest) && (i == 1 || i == 2)) {
+    to = coder + "mid_block.resnets." + std::to_string(i - 1) + "." + resnet_param(rest);
+    return true;
+  }
+  if (inner.rfind("mid.attn_1.", 0) == 0) {
+    const std::string sub = inner.substr(11, inner.size() - 11 - param.size() - 1);
+    const auto it = attention.find(sub);
+    if (it == attention.end()) return false;
+    to = coder + "mid_block.attentions.0." + it->second + "." + param;
+    conv_as_linear = sub != "norm" && param == "weight";
+    return true;
+  }
+  const bool down = coder == "encoder.";
+  if (!split_index(inner, down ? "down." : "up.", i, rest)) return false;
+  const std::string blocks = down ? "down_blocks." : "up_blocks.";
+  if (!down) {
+    if (i >= up_blocks) return false;
+    i = up_blocks - 1 - i;
+  }
+  const std::string at = coder + blocks + std::to_string(i) + ".";
+  if (split_index(rest, "block.", j, tail)) {
+    to = at + "resnets." + std::to_string(j) + "." + resnet_param(tail);
+    return true;
+  }
+  const std::string sampler = down ? "downsample.conv." : "upsample.conv.";
+  if (rest.rfind(sampler, 0) != 0) return false;
+  to = at + (down ? "downsamplers.0.conv." : "upsamplers.0.conv.") + rest.substr(sampler.size());
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<const SingleFile> open_vae_file(const std::string& path) {
+  auto file = SingleFile::open(path);
+  std::map<std::string, std::string> bare;  // name without prefix, quant convs at the top -> stored
+  for (const std::string& s : file->stored_names()) {
+    std::string n = s;
+    for (const char* p : {"first_stage_model.", "vae."})
+      if (n.rfind(p, 0) == 0) n = n.substr(std::string(p).size());
+    for (const char* nested : {"encoder.quant_conv.", "decoder.post_quant_conv."})
+      if (n.rfind(nested, 0) == 0) n = n.substr(8);
+    bare[n] = s;
+  }
+  const bool diffusers = bare.count("decoder.up_blocks.0.resnets.0.conv1.weight") > 0;
+  const bool ldm = bare.count("decoder.up.0.block.0.conv1.weight") > 0;
+  APUS_CHECK(diffusers || ldm, path, ": not a FLUX.2 VAE (expected diffusers' 'decoder.up_blocks.0.resnets.0.conv1.weight' ",
+             "or BFL's 'decoder.up.0.block.0.conv1.weight'; the file holds ", file->stored_names().size(), " tensors",
+             file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
+  APUS_CHECK(bare.count("bn.running_mean") && bare.count("bn.running_var"), path,
+             ": a VAE without FLUX.2's latent batch norm ('bn.running_mean', 'bn.running_var'): not a FLUX.2 VAE");
+  int64_t up_blocks = 0, index = 0;
+  std::string rest;
+  for (const auto& [name, stored] : bare)
+    if (split_index(name, "decoder.up.", index, rest)) up_blocks = std::max(up_blocks, index + 1);
+  std::map<std::string, SingleFile::Entry> entries;
+  for (const auto& [name, stored] : bare) {
+    if (diffusers) {
+      entries[name] = {stored};
+      continue;
+    }
+    std::string to;
+    bool conv_as_linear = false;
+    APUS_CHECK(ldm_vae_name(name, up_blocks, to, conv_as_linear), path, ": tensor '", stored,
+               "' is not a FLUX.2 VAE key in BFL's names");
+    SingleFile::Entry e{stored};
+    e.drop_unit_dims = conv_as_linear;
+    entries[to] = e;
+  }
+  file->rename(std::move(entries));
+  return file;
+}
+
 std::shared_ptr<const SingleFile> open_component_file(const std::string& path, const std::string& component,
                                                       const std::vector<std::string>& markers) {
   auto file = SingleFile::open(path);

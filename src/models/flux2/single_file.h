@@ -21,8 +21,14 @@ struct TransformerFile {
 // Refuses a file that holds no FLUX.2 transformer, or a BFL key it does not know, naming both.
 TransformerFile open_transformer_file(const std::string& path);
 
-// A text encoder or VAE file in transformers' / diffusers' own names (ComfyUI's split files):
-// refused naming the file unless it holds one of `markers`.
+// FLUX.2's VAE as one file: diffusers' names, or BFL's ldm names (ae.safetensors, ComfyUI's
+// split flux2-vae.safetensors; bare or under "vae." / "first_stage_model.", the quant convs nested
+// in encoder/decoder or at the top) mapped as diffusers' convert_ldm_vae_checkpoint maps them.
+// Refuses a file that holds no FLUX.2 VAE, or an ldm key it does not know, naming both.
+std::shared_ptr<const SingleFile> open_vae_file(const std::string& path);
+
+// A text encoder file in transformers' own names (ComfyUI's split files): refused naming the file
+// unless it holds one of `markers`.
 std::shared_ptr<const SingleFile> open_component_file(const std::string& path, const std::string& component,
                                                       const std::vector<std::string>& markers);
 
