@@ -151,6 +151,18 @@ int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requ
 
 const char* const kDeviceHelp = "cpu, or cuda[:N] where the build has the CUDA backend (not yet run on a GPU)";
 
+const char* const kModelHelp =
+    "a diffusers folder, a cached ORG/NAME, or one transformer file (BFL or ComfyUI safetensors, GGUF)";
+
+// The parts a single-file --model needs beside it (or that replace a folder's).
+void add_part_options(CLI::App* app, apus::ModelParts& parts) {
+  app->add_option("--text-encoder", parts.text_encoder, "the text encoder as one file (transformers' names)");
+  app->add_option("--vae", parts.vae, "the VAE as one file (diffusers' or BFL's names)");
+  app->add_option("--tokenizer", parts.tokenizer, "a folder holding the tokenizer's tokenizer.json");
+  app->add_option("--config", parts.config,
+                  "a diffusers folder (or cached ORG/NAME) whose configs serve a single-file --model");
+}
+
 // A subcommand: its options registered on the app before parsing, `run` called if it was given.
 struct Command {
   CLI::App* app;
@@ -173,15 +185,8 @@ Command image_command(CLI::App& app) {
   };
   const auto o = std::make_shared<Options>();
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
-  image->add_option("--model", o->parts.model,
-                    "model: a diffusers folder, a cached ORG/NAME, or one transformer file (BFL or ComfyUI "
-                    "safetensors, GGUF)")
-      ->required();
-  image->add_option("--text-encoder", o->parts.text_encoder, "the text encoder as one file (transformers' names)");
-  image->add_option("--vae", o->parts.vae, "the VAE as one file (diffusers' names)");
-  image->add_option("--tokenizer", o->parts.tokenizer, "a folder holding the tokenizer's tokenizer.json");
-  image->add_option("--config", o->parts.config,
-                    "a diffusers folder (or cached ORG/NAME) whose configs serve a single-file --model");
+  image->add_option("--model", o->parts.model, kModelHelp)->required();
+  add_part_options(image, o->parts);
   image->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
   o->width_opt = image->add_option("--width,-W", o->width,
                                    "image width, a multiple of 16 (default: the first --image's, or 1024)");
@@ -380,13 +385,16 @@ Command calibrate_command(CLI::App& app) {
 Command serve_command(CLI::App& app) {
   struct Options {
     apus::server::ServeOptions serve;
+    std::vector<std::string> models;
+    apus::ModelParts parts;
     size_t max_body_mb = serve.max_body >> 20, kept_results_mb = serve.kept_results_bytes >> 20;
     double drain_seconds = 30;
   };
   const auto o = std::make_shared<Options>();
   apus::server::ServeOptions& s = o->serve;
   auto* serve = app.add_subcommand("serve", "serve the models over HTTP (OpenAI-style images and audio, jobs)");
-  serve->add_option("--model", s.models, "a model directory (repeatable), loaded once")->required();
+  serve->add_option("--model", o->models, std::string(kModelHelp) + " (repeatable), loaded once")->required();
+  add_part_options(serve, o->parts);
   serve->add_option("--host", s.host, "address to listen on (127.0.0.1)");
   serve->add_option("--port", s.port, "port (8080)")->check(CLI::Range(0, 65535));
   serve->add_option("--queue", s.queue, "requests that may wait per model (4); more get 429");
@@ -413,6 +421,21 @@ Command serve_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 86400.0));
   return {serve, [o] {
             apus::server::ServeOptions& s = o->serve;
+            // The parts options serve the single-file models among the --model's.
+            const bool parts = !o->parts.text_encoder.empty() || !o->parts.vae.empty() ||
+                               !o->parts.tokenizer.empty() || !o->parts.config.empty();
+            bool single_file = false;
+            for (const std::string& model : o->models) {
+              apus::ModelParts p{model};
+              if (apus::is_single_file(model)) {
+                p = o->parts;
+                p.model = model;
+                single_file = true;
+              }
+              s.models.push_back(p);
+            }
+            APUS_CHECK(!parts || single_file,
+                       "serve: --text-encoder/--vae/--tokenizer/--config are for a single-file --model");
             if (s.api_key.empty())
               if (const char* key = std::getenv("APUS_API_KEY")) s.api_key = key;
             if (s.api_key.empty() && s.host != "127.0.0.1" && s.host != "localhost" && s.host != "::1")
@@ -456,7 +479,8 @@ Command bench_command(CLI::App& app) {
   apus::BenchOptions& b = o->bench;
   b.image.prompt = "a red fox in fresh snow, morning light";
   auto* bench = app.add_subcommand("bench", "time requests stage by stage against this machine's calibrated ceiling");
-  o->model_opt = bench->add_option("--model", b.model, "model directory or cached ORG/NAME");
+  o->model_opt = bench->add_option("--model", b.model.model, kModelHelp);
+  add_part_options(bench, b.model);
   bench->add_option("--device", b.device, kDeviceHelp);
   o->synthetic_opt =
       bench
@@ -495,9 +519,9 @@ Command bench_command(CLI::App& app) {
             APUS_CHECK(*o->model_opt || *o->synthetic_opt, "bench: give --model DIR or --synthetic NAME");
             if (*o->synthetic_opt)
               // On a device the values are made as the models fetch them, straight into device memory.
-              b.model = apus::synthetic_model_dir(o->synthetic, say, b.device != "cpu");
+              b.model.model = apus::synthetic_model_dir(o->synthetic, say, b.device != "cpu");
             if (apus::model_kind(b.model) == apus::ModelKind::audio) {
-              APUS_CHECK(!*o->width_opt && !*o->height_opt && o->images.empty(), b.model,
+              APUS_CHECK(!*o->width_opt && !*o->height_opt && o->images.empty(), b.model.model,
                          ": --width/--height/--image are for image models");
               b.audio.prompt = b.image.prompt;
               if (*o->seconds_opt) b.audio.seconds = o->seconds;
@@ -506,7 +530,7 @@ Command bench_command(CLI::App& app) {
               b.audio.seed = o->seed.empty() ? 0 : parse_seed(o->seed);
               b.audio.fp32 = o->precision == "fp32";
             } else {
-              APUS_CHECK(!*o->seconds_opt, b.model, ": --seconds is for audio models");
+              APUS_CHECK(!*o->seconds_opt, b.model.model, ": --seconds is for audio models");
               for (const std::string& file : o->images)
                 b.image.references.push_back(apus::read_image(named_file(file, "--image")));
               b.image.width = if_given(o->width_opt, o->width);
@@ -535,7 +559,8 @@ Command report_command(CLI::App& app) {
 
 Command roofline_command(CLI::App& app) {
   struct Options {
-    std::string model = "flux2-klein-4b", chip = "h200";
+    apus::ModelParts model{"flux2-klein-4b"};
+    std::string chip = "h200";
     int chips = 1, width = 0, height = 0, steps = 0;
     double peak_tflops = 0, gbps = 0, link_gbps = 0, seconds = 0;
     bool json = false;
@@ -543,9 +568,10 @@ Command roofline_command(CLI::App& app) {
   };
   const auto o = std::make_shared<Options>();
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
-  roofline->add_option("--model", o->model,
-                       "model directory (configs only are read) or a published name (flux2-klein-4b, flux2-klein-9b, "
-                       "stable-audio-3-medium, ...)");
+  roofline->add_option("--model", o->model.model,
+                       "model directory or single file (configs and shapes only are read) or a published name "
+                       "(flux2-klein-4b, flux2-klein-9b, stable-audio-3-medium, ...)");
+  add_part_options(roofline, o->model);
   o->width_opt = roofline->add_option("--width,-W", o->width, "image width");
   o->height_opt = roofline->add_option("--height,-H", o->height, "image height");
   o->steps_opt = roofline->add_option("--steps", o->steps, "sampling steps");
@@ -571,14 +597,14 @@ Command roofline_command(CLI::App& app) {
               if (*o->steps_opt) a.steps = o->steps;
               cost = model.audio()->count(a);
             } else {
-              APUS_CHECK(!*o->seconds_opt, o->model, ": --seconds is for audio models");
+              APUS_CHECK(!*o->seconds_opt, o->model.model, ": --seconds is for audio models");
               apus::ImageRequest req;
               req.width = if_given(o->width_opt, o->width);
               req.height = if_given(o->height_opt, o->height);
               req.steps = if_given(o->steps_opt, o->steps);
               cost = model.image()->count(req);
             }
-            cost.model = o->model;
+            cost.model = o->model.model;
             if (o->json) std::printf("%s\n", apus::roofline_json(cost, r).dump(2).c_str());
             else std::printf("%s", apus::roofline_table(cost, r).c_str());
             return 0;

@@ -10,7 +10,7 @@
 namespace apus {
 
 struct BenchOptions {
-  std::string model;
+  ModelParts model;
   std::string device = "cpu";  // cpu, or cuda[:N]
   ImageRequest image;          // the request when the model makes images
   AudioRequest audio;          // ... and when it makes audio

@@ -108,7 +108,7 @@ class Serve : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     server::ServeOptions o;
-    o.models = {test::fixture("klein_tiny_a"), test::official_dir()};
+    o.models = {ModelParts{test::fixture("klein_tiny_a")}, ModelParts{test::official_dir()}};
     o.port = 0;
     o.queue = 1;
     o.api_key = "sekret";
@@ -678,7 +678,7 @@ TEST_F(Serve, AFullQueueRefusesBeforeDecodingAndFormsSayWhatIsWrong) {
 // Finished jobs are kept by the bytes of their files: past the bound the oldest is dropped.
 TEST(ServeKept, FinishedJobsAreKeptByBytes) {
   server::ServeOptions o;
-  o.models = {test::official_dir()};
+  o.models = {ModelParts{test::official_dir()}};
   o.port = 0;
   o.kept_results_bytes = 1;  // less than any clip: only the newest job stays
   server::Server srv(o);
@@ -862,7 +862,7 @@ TEST_F(Serve, TracedJobsServeTheirTimeline) {
 // the heap it holds live after the run is within 5 % of before it (after a warm-up round).
 TEST(ServeLoad, MixedRequestsFrom32ClientsLeaveMemoryFlat) {
   server::ServeOptions o;
-  o.models = {test::fixture("klein_tiny_a")};
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}};
   o.port = 0;
   o.queue = 4;
   server::Server srv(o);
@@ -977,7 +977,7 @@ TEST(ServeLoad, MixedRequestsFrom32ClientsLeaveMemoryFlat) {
 TEST(ServePage, RunsInHeadlessChromium) {
   if (std::system("command -v chromium > /dev/null 2>&1") != 0) GTEST_SKIP() << "chromium is not installed";
   server::ServeOptions o;
-  o.models = {test::fixture("klein_tiny_a"), test::official_dir()};
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}, ModelParts{test::official_dir()}};
   o.port = 0;
   server::Server srv(o);
   const std::string base = "http://127.0.0.1:" + std::to_string(srv.start()) + "/";
@@ -1013,11 +1013,38 @@ TEST(ServePage, RunsInHeadlessChromium) {
   std::printf("[ artifact ] %s\n", shot.c_str());
 }
 
+// A single transformer file served with its parts: listed under its file name, and its images the
+// folder's (the BFL file holds the folder's weights under BFL's names).
+TEST(ServeSingleFile, TheTransformerFileServesTheFoldersImages) {
+  server::ServeOptions o;
+  ModelParts parts{test::fixture("klein_single/flux-2-klein-tiny.safetensors")};
+  parts.config = test::fixture("klein_tiny_a");
+  o.models = {parts};
+  o.port = 0;
+  server::Server srv(o);
+  httplib::Client c("127.0.0.1", srv.start());
+  const Json models = Json::parse(c.Get("/v1/models")->body);
+  ASSERT_EQ(models["data"].size(), 1u);
+  EXPECT_EQ(models["data"][0]["id"], "flux-2-klein-tiny.safetensors");
+  const Json body = {{"prompt", "a red fox"}, {"size", "64x48"}, {"steps", 2}, {"seed", 9}};
+  const auto r = c.Post("/v1/images/generations", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  ImageRequest want;
+  want.prompt = "a red fox";
+  want.width = 64;
+  want.height = 48;
+  want.steps = 2;
+  want.seed = 9;
+  const PngImage png = read_png(as_file(unbase64(Json::parse(r->body)["data"][0]["b64_json"]), "single_file.png"));
+  EXPECT_EQ(png.rgb, ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage)->generate(want).rgb);
+}
+
 // Cancellation mid-job: DELETE on a running job, and a client that hangs up on a synchronous route
 // (its job is cancelled at the next sampler step, freeing the queue).
 TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
   server::ServeOptions o;
-  o.models = {test::fixture("klein_tiny_a")};
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}};
   o.port = 0;
   server::Server srv(o);
   const int port = srv.start();
@@ -1062,7 +1089,7 @@ TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
 TEST(ServeCancel, AServerDestroyedMidJobStopsIt) {
   auto srv = std::make_unique<server::Server>([] {
     server::ServeOptions o;
-    o.models = {test::fixture("klein_tiny_a")};
+    o.models = {ModelParts{test::fixture("klein_tiny_a")}};
     o.port = 0;
     return o;
   }());
@@ -1083,7 +1110,7 @@ TEST(ServeCors, OnlyTheGivenOrigin) {
   auto r = httplib::Client("127.0.0.1", 1).Get("/");  // nothing listens on port 1
   EXPECT_FALSE(r);
   server::ServeOptions o;
-  o.models = {test::fixture("klein_tiny_a")};
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}};
   o.port = 0;
   o.api_key = "k";
   o.cors = "http://localhost:3000";

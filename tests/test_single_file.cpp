@@ -172,5 +172,31 @@ TEST(SingleFile, TheCliTakesTheParts) {
   EXPECT_NE(bad.output.find("--config"), std::string::npos) << bad.output;
 }
 
+// roofline counts a single file as the folder it was made from; bench runs it; serve refuses the
+// parts options without a single-file model.
+TEST(SingleFile, RooflineBenchAndServeTakeTheParts) {
+  const std::string file = fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf"), root = fixture("klein_tiny_a");
+  const std::string size = " -W 64 -H 48 --json";
+  const test::CliRun folder = test::run_cli("roofline --chip cpu --model " + root + size);
+  ASSERT_EQ(folder.status, 0) << folder.output;
+  const test::CliRun single = test::run_cli("roofline --chip cpu --model " + file + " --config " + root + size);
+  ASSERT_EQ(single.status, 0) << single.output;
+  auto totals = [](const std::string& out) {
+    Json j = Json::parse(out.substr(out.find('{')));
+    return std::pair{j.at("total").at("flops"), j.at("total").at("weight_bytes")};
+  };
+  // The same FLOPs; the weights priced at what the file stores (Q8_0's 34 bytes per 32 values).
+  EXPECT_EQ(totals(single.output).first, totals(folder.output).first);
+  EXPECT_LT(totals(single.output).second.get<double>(), totals(folder.output).second.get<double>());
+  const std::string report = test::scratch_dir.path() + "single-bench.json";
+  const test::CliRun bench = test::run_cli("bench --model " + file + " --config " + root +
+                                           " -W 64 -H 48 --steps 1 --reps 1 --warmup 0 --json " + report);
+  ASSERT_EQ(bench.status, 0) << bench.output;
+  EXPECT_EQ(Json::parse(read_file(report)).at("model"), "flux-2-klein-tiny-Q8_0.gguf");
+  const test::CliRun serve = test::run_cli("serve --model " + root + " --vae " + file + " --port 0");
+  EXPECT_NE(serve.status, 0);
+  EXPECT_NE(serve.output.find("for a single-file --model"), std::string::npos) << serve.output;
+}
+
 }  // namespace
 }  // namespace apus

@@ -168,8 +168,12 @@ std::string ModelDir::component(const std::string& name) const {
 }
 
 WeightLoader ModelDir::weights(const std::string& name) const {
-  if (!load_weights_) return WeightLoader(std::make_shared<ShapesOnly>(), device_);
   const auto given = sources_.find(name);
+  if (!load_weights_)
+    return WeightLoader(given != sources_.end() ? std::shared_ptr<const WeightSource>(
+                                                      std::make_shared<StoredShapes>(given->second))
+                                                : std::make_shared<ShapesOnly>(),
+                        device_);
   return WeightLoader(given != sources_.end() ? given->second : open_weights(component(name)), device_);
 }
 
@@ -192,7 +196,6 @@ ModelDir& ModelDir::set_label(std::string label) {
 ModelDir ModelDir::without_weights() const {
   ModelDir m = *this;
   m.load_weights_ = false;
-  m.sources_.clear();
   return m;
 }
 

@@ -94,7 +94,8 @@ class ModelDir {
   // What the model is called (a PNG's metadata): model_label(root) unless set.
   const std::string& label() const { return label_; }
   ModelDir& set_label(std::string label);
-  // The same parts without weights: what counting loads.
+  // The same parts without weights: what counting loads (a source given by use_weights priced at
+  // its stored dtypes).
   ModelDir without_weights() const;
 
  private:

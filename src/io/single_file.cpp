@@ -41,7 +41,14 @@ std::string SingleFile::where(const std::string& name) const {
   return w;
 }
 
-Tensor SingleFile::fetch(const std::string& name, const Shape& expected) const {
+Tensor SingleFile::fetch(const std::string& name, const Shape& expected) const { return view(name, expected, true); }
+
+Tensor SingleFile::describe(const std::string& name, const Shape& expected) const {
+  const Tensor t = view(name, expected, false);
+  return Tensor::shape_only(t.shape, t.dtype);
+}
+
+Tensor SingleFile::view(const std::string& name, const Shape& expected, bool with_data) const {
   const auto it = entries_.find(name);
   APUS_CHECK(it != entries_.end(), path_, ": no tensor for '", name, "'");
   const Entry& e = it->second;
@@ -51,7 +58,7 @@ Tensor SingleFile::fetch(const std::string& name, const Shape& expected) const {
                  is_block_quantized(dt),
              where(name), " has dtype ", dtype_name(dt), ", expected a float or GGML block format");
   Tensor out = e.end >= 0 ? t.rows(e.begin, e.end) : t;
-  if (e.swap_halves) {
+  if (e.swap_halves && with_data) {
     APUS_CHECK(out.rank() >= 1 && out.shape[0] % 2 == 0, where(name), ": ", shape_str(out.shape),
                " has no two halves of rows to swap");
     Tensor swapped = Tensor::heap(out.shape, dt);

@@ -37,11 +37,14 @@ class SingleFile final : public WeightSource {
   bool contains(const std::string& name) const override { return entries_.count(name) > 0; }
   // Also refuses a dtype no op reads (integers, booleans).
   Tensor fetch(const std::string& name, const Shape& expected) const override;
+  Tensor describe(const std::string& name, const Shape& expected) const override;
   std::string where(const std::string& name) const override;
   size_t make_resident(const std::vector<std::string>& names) const override;
   void release(const std::string& name) const override;
 
  private:
+  // fetch's tensor; without data, a reordered tensor is not copied.
+  Tensor view(const std::string& name, const Shape& expected, bool with_data) const;
   std::string path_;
   std::shared_ptr<SafetensorsFile> safetensors_;
   std::shared_ptr<GgufFile> gguf_;

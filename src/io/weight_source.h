@@ -32,6 +32,11 @@ class WeightSource {
   // Tensor `name` in host memory, checked to have shape `expected` (errors name the file and the
   // stored name); in counting mode, a tensor of that shape without data.
   virtual Tensor fetch(const std::string& name, const Shape& expected) const = 0;
+  // The tensor fetch would hand, its shape and stored dtype without data: what counting prices.
+  virtual Tensor describe(const std::string& name, const Shape& expected) const {
+    const Tensor t = fetch(name, expected);
+    return Tensor::shape_only(t.shape, t.dtype);
+  }
   // "FILE: tensor 'STORED NAME'", for errors about a fetched tensor's values.
   virtual std::string where(const std::string& name) const = 0;
   // Reads the named tensors' pages into memory now, so that loading (disk or page cache) is timed
@@ -103,6 +108,23 @@ class ShapesOnly final : public WeightSource {
   std::string where(const std::string& name) const override { return "(no files): tensor '" + name + "'"; }
   size_t make_resident(const std::vector<std::string>&) const override { return 0; }
   void release(const std::string&) const override {}
+};
+
+// Counting a model whose weights were given as a source (a single file): each tensor's shape and
+// the dtype it is stored in (a GGUF's blocks priced at their bytes), never its data.
+class StoredShapes final : public WeightSource {
+ public:
+  explicit StoredShapes(std::shared_ptr<const WeightSource> source) : source_(std::move(source)) {}
+  bool contains(const std::string& name) const override { return source_->contains(name); }
+  Tensor fetch(const std::string& name, const Shape& expected) const override {
+    return source_->describe(name, expected);
+  }
+  std::string where(const std::string& name) const override { return source_->where(name); }
+  size_t make_resident(const std::vector<std::string>&) const override { return 0; }
+  void release(const std::string&) const override {}
+
+ private:
+  std::shared_ptr<const WeightSource> source_;
 };
 
 // The pages of mapped tensors read in now, from both cores (each tensor once); returns the bytes.

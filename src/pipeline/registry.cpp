@@ -111,7 +111,14 @@ std::string model_label(const std::string& dir) {
 
 const char* kind_name(ModelKind kind) { return kind == ModelKind::audio ? "audio" : "image"; }
 
-ModelKind model_kind(const std::string& model) {
+bool is_single_file(const std::string& model) {
+  return !model.empty() && path_exists(model) && !is_directory(model);
+}
+
+ModelKind model_kind(const ModelParts& parts) {
+  // The single files apus reads are FLUX.2 transformers (open_transformer_file refuses others).
+  if (is_single_file(parts.model)) return ModelKind::image;
+  const std::string& model = parts.model;
   const std::string root = resolve_model_dir(model, is_directory(model) ? Weights::per_stage : Weights::none);
   if (single_checkpoint(root)) return ModelKind::audio;
   const ModelDir dir = ModelDir::open(root, false);
@@ -120,10 +127,16 @@ ModelKind model_kind(const std::string& model) {
   return ModelKind::image;
 }
 
-AnyModel AnyModel::open(const std::string& model, Weights weights, const std::string& device) {
+AnyModel AnyModel::open(const ModelParts& parts, Weights weights, const std::string& device) {
   AnyModel m;
-  if (model_kind(model) == ModelKind::audio) m.audio_ = AudioModel::open(model, weights, device);
-  else m.image_ = ImageModel::open(model, weights, device);
+  if (model_kind(parts) == ModelKind::audio) {
+    for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
+      APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 model takes no --text-encoder, --vae, --tokenizer ",
+                 "or --config (", *part, ")");
+    m.audio_ = AudioModel::open(parts.model, weights, device);
+  } else {
+    m.image_ = ImageModel::open(parts, weights, device);
+  }
   return m;
 }
 
@@ -132,7 +145,7 @@ std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights w
 }
 
 std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights weights, Backend* device) {
-  const bool single_file = !parts.model.empty() && path_exists(parts.model) && !is_directory(parts.model);
+  const bool single_file = is_single_file(parts.model);
   std::string root;
   std::optional<flux2::TransformerFile> transformer;
   if (single_file) {

@@ -27,17 +27,21 @@ std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights w
 // data/ ("flux2-klein-4b").
 std::string resolve_model_dir(const std::string& model, Weights weights);
 
+// Whether --model names one file (a transformer checkpoint) rather than a folder or a name.
+bool is_single_file(const std::string& model);
+
 // What a model makes; each front end asks the registry rather than deciding from the files itself.
 enum class ModelKind { image, audio };
 // "image" or "audio", as the server's routes and answers name a kind.
 const char* kind_name(ModelKind kind);
-// What `model` (a directory, or a published name for counting) makes, from its configs alone.
-ModelKind model_kind(const std::string& model);
+// What `parts` (a directory, a published name for counting, or a single file with its parts)
+// makes, from its configs or tensor names alone.
+ModelKind model_kind(const ModelParts& parts);
 
 // A model of either kind, opened with the family its directory names.
 class AnyModel {
  public:
-  static AnyModel open(const std::string& model, Weights weights, const std::string& device = "cpu");
+  static AnyModel open(const ModelParts& parts, Weights weights, const std::string& device = "cpu");
   ModelKind kind() const { return image_ ? ModelKind::image : ModelKind::audio; }
   const ImageModel* image() const { return image_.get(); }  // null for an audio model
   const AudioModel* audio() const { return audio_.get(); }  // null for an image model

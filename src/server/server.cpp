@@ -111,12 +111,12 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   APUS_CHECK(!impl_->options.models.empty(), "serve: no --model given");
   APUS_CHECK(impl_->options.queue >= 1 && impl_->options.queue <= 1024, "serve: --queue ", impl_->options.queue,
              " outside 1..1024");
-  for (const std::string& dir : impl_->options.models) {
+  for (const ModelParts& parts : impl_->options.models) {
     Loaded m;
-    m.dir = dir;
-    m.model = AnyModel::open(dir, Weights::resident, impl_->options.device);
-    m.id = model_label(dir);
-    for (const Loaded& other : impl_->models) APUS_CHECK(other.id != m.id, dir, ": a second model named '", m.id, "'");
+    m.model = AnyModel::open(parts, Weights::resident, impl_->options.device);
+    m.id = model_label(parts.model);
+    for (const Loaded& other : impl_->models)
+      APUS_CHECK(other.id != m.id, parts.model, ": a second model named '", m.id, "'");
     Impl* impl = impl_.get();
     m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j, JobState s) {
       impl->metrics.job(j, s);

@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "apus/apus.h"
+
 namespace apus::server {
 
 struct ServeOptions {
-  std::vector<std::string> models;  // model directories
+  std::vector<ModelParts> models;  // model directories, or single files with their parts
   std::string host = "127.0.0.1";
   int port = 8080;                     // 0: any free port
   size_t queue = 4;                    // jobs that may wait per model beside the running one

@@ -22,7 +22,7 @@
 namespace apus::server {
 
 struct Loaded {
-  std::string id, dir;
+  std::string id;
   AnyModel model;
   std::unique_ptr<ModelWorker> worker;
 };
