@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <charconv>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -94,6 +95,22 @@ uint64_t parse_seed(const std::string& text) {
   return v;
 }
 
+// --lora FILE[:SCALE]: the scale after the last ':' when it reads as a number (a path may hold
+// colons), 1 otherwise.
+apus::Lora parse_lora(const std::string& text) {
+  apus::Lora lora{text, 1.0f};
+  const size_t colon = text.rfind(':');
+  if (colon != std::string::npos && colon + 1 < text.size()) {
+    const std::string tail = text.substr(colon + 1);
+    float scale = 0;
+    const auto [end, ec] = std::from_chars(tail.data(), tail.data() + tail.size(), scale);
+    if (ec == std::errc() && end == tail.data() + tail.size()) lora = {text.substr(0, colon), scale};
+  }
+  APUS_CHECK(!lora.file.empty(), "--lora ", text, ": expected FILE or FILE:SCALE");
+  APUS_CHECK(std::isfinite(lora.scale), "--lora ", text, ": the scale must be a finite number");
+  return lora;
+}
+
 // The file an option names: an empty name is refused naming the option (the engine's errors name
 // the path, and an empty one names nothing).
 const std::string& named_file(const std::string& path, const char* flag) {
@@ -179,7 +196,7 @@ Command image_command(CLI::App& app) {
     int width = 0, height = 0, steps = 0, batch = 1;
     float cfg = 0;
     double strength = apus::Inpainting{}.strength;
-    std::vector<std::string> reference_files;
+    std::vector<std::string> reference_files, loras;
     CLI::Option *width_opt, *height_opt, *steps_opt, *cfg_opt, *mask_opt, *strength_opt, *inpaint_reference_opt,
         *negative_opt, *seed_opt, *noise_opt, *trace_opt;
   };
@@ -217,8 +234,14 @@ Command image_command(CLI::App& app) {
   o->trace_opt = image->add_option("--trace", o->trace,
                                    "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
   image->add_option("--device", o->device, kDeviceHelp);
+  image
+      ->add_option("--lora", o->loras,
+                   "a LoRA for the transformer, FILE[:SCALE] (repeatable, applied in order; diffusers/PEFT, BFL or "
+                   "kohya safetensors)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   return {image, [o] {
             apus::ImageRequest& req = o->req;
+            for (const std::string& lora : o->loras) req.loras.push_back(parse_lora(lora));
             if (*o->seed_opt) req.seed = parse_seed(o->seed);
             req.fp32 = o->precision == "fp32";
             if (*o->negative_opt) req.negative_prompt = o->negative;

@@ -42,6 +42,14 @@ struct ImageLimits {
   static constexpr int max_batch = 64;  // requests rendered as one batch
 };
 
+// A low-rank adapter (LoRA) a request applies, in order with the others, at `scale` (PEFT's
+// adapter weight: the adapter's own alpha / rank times this). `file` is a safetensors file in any
+// layout the family reads (see docs/DESIGN.md "Adapters"); the model's weights are not changed.
+struct Lora {
+  std::string file;
+  float scale = 1;
+};
+
 // A setting left absent takes the model's default; a value given is checked as given (an
 // explicit 0 is refused, never read as "the default").
 struct ImageRequest {
@@ -66,6 +74,7 @@ struct ImageRequest {
   std::string noise_file;        // safetensors holding "noise" [1, C, H/16, W/16]; overrides seed
   bool fp32 = false;             // parity mode: fp32 activations (weights stay as stored)
   bool trace = false;            // record the request's timeline into ImageResult::trace
+  std::vector<Lora> loras;       // the transformer's adapters; every request of a batch the same
 };
 
 struct StageTime {

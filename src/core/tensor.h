@@ -47,6 +47,9 @@ struct Tensor {
   // Elements between consecutive rows of a rank-2 column view; 0 means contiguous. Column views
   // let one GEMM output feed several consumers (q, k, v, gate, up) without copies.
   int64_t stride0 = 0;
+  // A weight's name as its model's loader fetched it (null for activations): what a request's
+  // low-rank adapters are found by (ops/adapters.h). Owned by the loader, which the model keeps.
+  const std::string* weight_name = nullptr;
 
   int64_t numel() const { return shape_numel(shape); }
   size_t nbytes() const { return dtype_bytes(dtype, numel()); }

@@ -184,7 +184,7 @@ class TransformedSource final : public WeightSource {
 }  // namespace
 
 WeightLoader::WeightLoader(std::shared_ptr<const WeightSource> source, Backend* device)
-    : source_(std::move(source)), device_(device), fetched_(std::make_shared<std::map<std::string, int64_t>>()) {}
+    : source_(std::move(source)), device_(device), fetched_(std::make_shared<std::map<std::string, Shape>>()) {}
 
 WeightLoader WeightLoader::with(std::shared_ptr<const WeightTransform> transform) const {
   WeightLoader w = *this;
@@ -193,8 +193,17 @@ WeightLoader WeightLoader::with(std::shared_ptr<const WeightTransform> transform
 }
 
 Tensor WeightLoader::host(const std::string& name, const Shape& expected) const {
-  (*fetched_)[name] = shape_numel(expected);
-  return source_->fetch(name, expected);
+  const auto entry = fetched_->insert_or_assign(name, expected).first;
+  Tensor t = source_->fetch(name, expected);
+  t.weight_name = &entry->first;
+  return t;
+}
+
+Tensor WeightLoader::get(const std::string& name, const Shape& expected) const {
+  const Tensor host_tensor = host(name, expected);
+  Tensor t = place(host_tensor);
+  t.weight_name = host_tensor.weight_name;
+  return t;
 }
 
 Tensor WeightLoader::place(const Tensor& host_tensor) const {
@@ -203,14 +212,14 @@ Tensor WeightLoader::place(const Tensor& host_tensor) const {
 
 int64_t WeightLoader::fetched_elements() const {
   int64_t n = 0;
-  for (const auto& [name, elements] : *fetched_) n += elements;
+  for (const auto& [name, shape] : *fetched_) n += shape_numel(shape);
   return n;
 }
 
 size_t WeightLoader::make_resident() const {
   if (device_) return 0;
   std::vector<std::string> names;
-  for (const auto& [name, elements] : *fetched_) names.push_back(name);
+  for (const auto& [name, shape] : *fetched_) names.push_back(name);
   return source_->make_resident(names);
 }
 

@@ -155,7 +155,7 @@ class WeightLoader {
   // transforms already chained; the record of fetched tensors is shared.
   WeightLoader with(std::shared_ptr<const WeightTransform> transform) const;
   // The tensor the model holds: fetched, transformed, and on a device its device copy.
-  Tensor get(const std::string& name, const Shape& expected) const { return place(host(name, expected)); }
+  Tensor get(const std::string& name, const Shape& expected) const;
   // The same in host memory, for what a model computes from its weights at load; place() puts such
   // a result where get() would: the device copy of a host tensor, or itself.
   Tensor host(const std::string& name, const Shape& expected) const;
@@ -164,13 +164,15 @@ class WeightLoader {
   std::string where(const std::string& name) const { return source_->where(name); }
   // Elements of the distinct tensors fetched: the parameters a model uses, in both modes.
   int64_t fetched_elements() const;
+  // Every tensor fetched, by name, with the shape the model asked for.
+  const std::map<std::string, Shape>& fetched() const { return *fetched_; }
   // The fetched tensors' pages read in (nothing on a device: the copies are what stays).
   size_t make_resident() const;
 
  private:
   std::shared_ptr<const WeightSource> source_;
   Backend* device_;
-  std::shared_ptr<std::map<std::string, int64_t>> fetched_;
+  std::shared_ptr<std::map<std::string, Shape>> fetched_;
 };
 
 }  // namespace apus

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "ops/adapters.h"
 #include "ops/backend.h"
 
 namespace apus::ops {
@@ -236,18 +237,41 @@ template <typename... Args> std::string operands(Context&, const Args&... args) 
 
 Backend& backend_of(Context& c) { return c.backend ? *c.backend : cpu_backend(); }
 
+// What an op does after its backend has run (and in counting mode, after it was counted):
+// nothing, except linear, which adds the context's adapters of its weight.
+template <OpId op> struct After {
+  template <typename... Args> static void run(Args&&...) {}
+};
+template <> struct After<OpId::linear> {
+  static void run(Context& c, const Tensor& x, const Tensor& w, const Tensor*, Tensor& y) {
+    apply_adapters(c, x, w, y);
+  }
+};
+
 }  // namespace
 
-#define APUS_FRONT_END(ret, name, params, args)                                      \
-  ret name params {                                                                  \
-    const OpCost apus_cost = name##_cost args;                                       \
-    if (!account(c, apus_cost)) return counted<ret>();                               \
-    Backend& apus_backend = backend_of(c);                                           \
-    check_runs(apus_backend, OpId::name);                                            \
-    OperandCheck{apus_backend, #name}.check args;                                    \
-    std::optional<TraceSpan> apus_span;                                              \
-    if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
-    return apus_backend.name args;                                                   \
+#define APUS_FRONT_END(ret, name, params, args)                                        \
+  ret name params {                                                                    \
+    const OpCost apus_cost = name##_cost args;                                         \
+    if (!account(c, apus_cost)) {                                                      \
+      After<OpId::name>::run args;                                                     \
+      return counted<ret>();                                                           \
+    }                                                                                  \
+    Backend& apus_backend = backend_of(c);                                             \
+    check_runs(apus_backend, OpId::name);                                              \
+    OperandCheck{apus_backend, #name}.check args;                                      \
+    if constexpr (std::is_void_v<ret>) {                                               \
+      {                                                                                \
+        std::optional<TraceSpan> apus_span;                                            \
+        if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
+        apus_backend.name args;                                                        \
+      }                                                                                \
+      After<OpId::name>::run args;                                                     \
+    } else {                                                                           \
+      std::optional<TraceSpan> apus_span;                                              \
+      if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
+      return apus_backend.name args;                                                   \
+    }                                                                                  \
   }
 APUS_OPS(APUS_FRONT_END)
 #undef APUS_FRONT_END

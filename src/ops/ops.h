@@ -15,6 +15,7 @@
 namespace apus {
 
 class Backend;
+class Adapters;
 
 struct Context {
   Arena* arena = nullptr;
@@ -23,6 +24,7 @@ struct Context {
   bool count_only = false;     // shapes only: ops report and return; tensors may hold no data
   Backend* backend = nullptr;  // where ops run; null: the CPU backend
   Trace* trace = nullptr;      // when set, every module scope and op is a span on it
+  const Adapters* adapters = nullptr;  // the request's low-rank adapters (ops/adapters.h): linear applies them
 };
 
 // Names a module for the cost log, and the trace, for as long as it lives.

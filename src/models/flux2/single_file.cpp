@@ -58,6 +58,54 @@ bool split_block_name(const std::string& name, Parts& p) {
 
 }  // namespace
 
+bool bfl_module_targets(const std::string& module, std::vector<DiffusersTarget>& out) {
+  out.clear();
+  Parts p;
+  if (split_block_name(module + ".x", p) && p.group == "double_blocks") {
+    const std::string to = "transformer_blocks." + p.index + ".";
+    if (p.module == "img_attn.qkv" || p.module == "txt_attn.qkv") {
+      const bool img = p.module[0] == 'i';
+      const char* names[3] = {img ? "attn.to_q" : "attn.add_q_proj", img ? "attn.to_k" : "attn.add_k_proj",
+                              img ? "attn.to_v" : "attn.add_v_proj"};
+      for (int i = 0; i < 3; ++i) out.push_back({to + names[i], i, 3});
+      return true;
+    }
+    const auto it = kDouble.find(p.module);
+    if (it == kDouble.end()) return false;
+    out.push_back({to + it->second});
+    return true;
+  }
+  if (split_block_name(module + ".x", p) && p.group == "single_blocks") {
+    const auto it = kSingle.find(p.module);
+    if (it == kSingle.end()) return false;
+    out.push_back({"single_transformer_blocks." + p.index + "." + it->second});
+    return true;
+  }
+  if (module == "final_layer.adaLN_modulation.1") {
+    out.push_back({"norm_out.linear", 0, 1, /*swap_halves=*/true});
+    return true;
+  }
+  const auto it = kTop.find(module);
+  if (it == kTop.end()) return false;
+  out.push_back({it->second});
+  return true;
+}
+
+std::vector<std::string> bfl_modules(int64_t double_blocks, int64_t single_blocks) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < double_blocks; ++i) {
+    const std::string p = "double_blocks." + std::to_string(i) + ".";
+    out.push_back(p + "img_attn.qkv");
+    out.push_back(p + "txt_attn.qkv");
+    for (const auto& [bfl, diffusers] : kDouble) out.push_back(p + bfl);
+  }
+  for (int64_t i = 0; i < single_blocks; ++i)
+    for (const auto& [bfl, diffusers] : kSingle) out.push_back("single_blocks." + std::to_string(i) + "." + bfl);
+  for (const auto& [bfl, diffusers] : kTop) out.push_back(bfl);
+  out.push_back("final_layer.adaLN_modulation.1");
+  return out;
+}
+
 TransformerFile open_transformer_file(const std::string& path) {
   auto file = SingleFile::open(path);
   TransformerFile out;
@@ -78,6 +126,7 @@ TransformerFile open_transformer_file(const std::string& path) {
       APUS_CHECK(name.find(scale) == std::string::npos && name != "scaled_fp8", path, ": tensor '", stored,
                  "' is an fp8 scale; apus does not apply fp8 checkpoints' scales yet (issue 20)");
   int64_t doubles = -1, singles = -1;
+  std::vector<DiffusersTarget> targets;
   for (const auto& [name, stored] : stripped) {
     Parts p;
     const bool in_block = split_block_name(name, p);
@@ -89,41 +138,27 @@ TransformerFile open_transformer_file(const std::string& path) {
       entries[name] = {stored};
       continue;
     }
-    APUS_CHECK(!in_block || p.param == "weight" || p.param == "bias" || p.param == "scale", path, ": tensor '", stored,
-               "' is not a FLUX.2 transformer key (expected .weight, .bias or .scale)");
-    const std::string param = in_block ? (p.param == "scale" ? "weight" : p.param) : "";
-    if (in_block && p.group == "double_blocks") {
-      const std::string to = "transformer_blocks." + p.index + ".";
-      if (p.module == "img_attn.qkv" || p.module == "txt_attn.qkv") {
-        const int64_t rows = file->stored(stored).dim(0);
-        APUS_CHECK(rows % 3 == 0, path, ": tensor '", stored, "' has ", rows, " rows, expected q, k and v stacked");
-        const bool img = p.module[0] == 'i';
-        const char* names[3] = {img ? "attn.to_q." : "attn.add_q_proj.", img ? "attn.to_k." : "attn.add_k_proj.",
-                                img ? "attn.to_v." : "attn.add_v_proj."};
-        for (int i = 0; i < 3; ++i) entries[to + names[i] + param] = {stored, i * rows / 3, (i + 1) * rows / 3};
-        continue;
-      }
-      const auto it = kDouble.find(p.module);
-      APUS_CHECK(it != kDouble.end(), path, ": tensor '", stored, "' is not a FLUX.2 double-block key");
-      entries[to + it->second + "." + param] = {stored};
-      continue;
-    }
-    if (in_block && p.group == "single_blocks") {
-      const auto it = kSingle.find(p.module);
-      APUS_CHECK(it != kSingle.end(), path, ": tensor '", stored, "' is not a FLUX.2 single-block key");
-      entries["single_transformer_blocks." + p.index + "." + it->second + "." + param] = {stored};
-      continue;
-    }
     const size_t dot = name.rfind('.');
     const std::string module = dot == std::string::npos ? name : name.substr(0, dot);
-    const std::string tail = dot == std::string::npos ? "" : name.substr(dot);
-    if (module == "final_layer.adaLN_modulation.1") {
-      entries["norm_out.linear" + tail] = {stored, 0, -1, /*swap_halves=*/true};
-      continue;
+    const std::string param = dot == std::string::npos ? "" : name.substr(dot + 1);
+    APUS_CHECK(param == "weight" || param == "bias" || param == "scale", path, ": tensor '", stored,
+               "' is not a FLUX.2 transformer key (expected .weight, .bias or .scale)");
+    APUS_CHECK(bfl_module_targets(module, targets), path, ": tensor '", stored, "' is not a FLUX.2 ",
+               in_block && p.group == "double_blocks"   ? "double-block key"
+               : in_block && p.group == "single_blocks" ? "single-block key"
+                                                        : "transformer key");
+    const int64_t rows = file->stored(stored).dim(0);
+    for (const DiffusersTarget& t : targets) {
+      APUS_CHECK(rows % t.parts == 0, path, ": tensor '", stored, "' has ", rows, " rows, expected ", t.parts,
+                 " stacked parts");
+      SingleFile::Entry e{stored};
+      if (t.parts > 1) {
+        e.begin = t.part * rows / t.parts;
+        e.end = (t.part + 1) * rows / t.parts;
+      }
+      e.swap_halves = t.swap_halves;
+      entries[t.module + "." + (param == "scale" ? "weight" : param)] = e;
     }
-    const auto it = kTop.find(module);
-    APUS_CHECK(it != kTop.end(), path, ": tensor '", stored, "' is not a FLUX.2 transformer key");
-    entries[it->second + tail] = {stored};
   }
   out.double_blocks = doubles + 1;
   out.single_blocks = singles + 1;

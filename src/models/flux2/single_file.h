@@ -18,6 +18,19 @@ struct TransformerFile {
   std::string layout;  // "BFL" or "diffusers"
 };
 
+// Where the weight of a module in BFL's names ("double_blocks.3.img_attn.qkv") lands in
+// diffusers': rows part/parts of it (the fused qkv's three), or with its halves of rows swapped
+// (the final adaLN's (shift, scale) as diffusers' (scale, shift)).
+struct DiffusersTarget {
+  std::string module;
+  int part = 0, parts = 1;
+  bool swap_halves = false;
+};
+// False when `module` is no FLUX.2 transformer module in BFL's names.
+bool bfl_module_targets(const std::string& module, std::vector<DiffusersTarget>& out);
+// Every module of a transformer of that depth in BFL's names.
+std::vector<std::string> bfl_modules(int64_t double_blocks, int64_t single_blocks);
+
 // Refuses a file that holds no FLUX.2 transformer, or a BFL key it does not know, naming both.
 TransformerFile open_transformer_file(const std::string& path);
 

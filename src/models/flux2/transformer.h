@@ -41,6 +41,8 @@ class Transformer {
   static Transformer load(const Config& config, WeightLoader weights);
   const TransformerConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  // Every weight by name with its shape: what adapters are checked against.
+  const std::map<std::string, Shape>& weight_shapes() const { return weights_.fetched(); }
   size_t make_resident() const { return weights_.make_resident(); }
 
   // prompt_embeds [B*T, joint_dim], B samples one after another; txt_ids [T, 4], img_ids [L, 4]

@@ -16,6 +16,7 @@
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
 #include "models/flux2/vae_encoder.h"
+#include "ops/adapters.h"
 #include "pipeline/driver.h"
 #include "sampling/flow_match.h"
 #include "text/bpe_tokenizer.h"
@@ -66,6 +67,8 @@ class KleinModel final : public ImageModel {
     FlowSchedule schedule;
     Tensor prompt_embeds, latents, velocity, image;
     std::optional<flux2::TransformerPrologue> prologue;
+    // The requests' LoRAs, applied by every transformer linear they adapt.
+    std::shared_ptr<const Adapters> adapters;
   };
 
   KleinModel(const ModelDir& dir, Weights weights);
@@ -126,6 +129,7 @@ class KleinModel final : public ImageModel {
   std::string label_, sampler_ = "Euler (flow match)";
   std::optional<BpeTokenizer> tokenizer_;
   flux2::TransformerConfig dit_cfg_;
+  std::map<std::string, Shape> dit_weights_;  // the transformer's weight shapes, for adapters
   Config scheduler_cfg_;
   std::optional<flux2::TextEncoder> text_;
   std::optional<flux2::Transformer> dit_;

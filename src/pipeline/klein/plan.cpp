@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "io/resize.h"
+#include "models/flux2/lora.h"
 #include "pipeline/klein/klein_model.h"
 
 namespace apus {
@@ -144,6 +145,13 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   }
   for (const Crop& crop : w.crops) w.ref_tokens += crop.tokens();
   w.reference_cache = reference_cache_ && w.ref_tokens > 0;
+  if (!r.loras.empty()) {
+    APUS_CHECK_FIELD(!device(), "loras", label_, ": LoRAs run on the CPU only so far (the device path is issue 20's)");
+    auto adapters = std::make_shared<Adapters>();
+    for (const Lora& lora : r.loras)
+      flux2::read_lora(lora, dit_weights_, dit_cfg_.num_double, dit_cfg_.num_single, *adapters);
+    w.adapters = std::move(adapters);
+  }
   return w;
 }
 
@@ -157,10 +165,12 @@ void KleinModel::check_batch_agrees(const std::vector<ImageRequest>& requests) c
                                 return a.width == b.width && a.height == b.height && a.rgb == b.rgb;
                               }) &&
                    bool(o.inpaint) == bool(r.inpaint) &&
+                   std::equal(o.loras.begin(), o.loras.end(), r.loras.begin(), r.loras.end(),
+                              [](const Lora& a, const Lora& b) { return a.file == b.file && a.scale == b.scale; }) &&
                    (!r.inpaint ||
                     (o.inpaint->strength == r.inpaint->strength && o.inpaint->image.rgb == r.inpaint->image.rgb &&
                      o.inpaint->mask.rgb == r.inpaint->mask.rgb)),
-               "a batch shares width, height, steps, guidance, precision, reference images and inpainting: ", *o.width,
+               "a batch shares width, height, steps, guidance, precision, reference images, inpainting and LoRAs: ", *o.width,
                "x", *o.height, ", ", *o.steps, " steps, cfg ", *o.cfg, " differs from ", *r.width, "x", *r.height, ", ",
                *r.steps, " steps, cfg ", *r.cfg);
 }

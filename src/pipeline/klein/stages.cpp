@@ -35,6 +35,7 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   // Everything a directory can get wrong in its configs is found here, before any request.
   const auto text_cfg = flux2::TextEncoderConfig::read(dir_.config("text_encoder"));
   dit_cfg_ = flux2::TransformerConfig::read(dir_.config("transformer"));
+  dit_weights_ = flux2::Transformer::load(configs_.config("transformer"), configs_.weights("transformer")).weight_shapes();
   flux2::VaeConfig::read(dir_.config("vae"));
   scheduler_cfg_ = dir_.config("scheduler", "scheduler_config.json");
   if (weights_ == Weights::none) return;
@@ -96,6 +97,7 @@ void KleinModel::encode_text(Context& c, const flux2::TextEncoder& encoder, Work
 }
 
 void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) const {
+  const AdapterScope adapted(c, w.adapters.get());
   const int64_t l = w.h * w.w;
   const Tensor txt_ids = c.count_only ? Tensor::shape_only({kMaxSequence, 4}, DType::i64)
                                       : ops::to_context(c, flux2::text_position_ids(kMaxSequence));
@@ -142,7 +144,16 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
       ops::copy(c, w.refs, tail);
     }
   }
-  dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity, w.reference_kv ? &*w.reference_kv : nullptr);
+  {
+    const AdapterScope adapted(c, w.adapters.get());
+    dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity, w.reference_kv ? &*w.reference_kv : nullptr);
+  }
+  if (w.adapters) {
+    // The prologue and one step run every linear: an adapter left unapplied was lost on the way.
+    const std::vector<std::string> missing = w.adapters->unapplied();
+    APUS_CHECK(missing.empty(), label_, ": the LoRA for '", missing.empty() ? "" : missing.front(),
+               "' was never applied (its weight does not reach a linear as loaded)");
+  }
   CostScope scope(c, "sampler");
   if (refs > 0) {
     // The image tokens' velocities, sample by sample (the pipeline's noise_pred[:, :L]).

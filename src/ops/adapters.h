@@ -1,0 +1,61 @@
+#pragma once
+// Low-rank adapters (LoRA) a request applies to a model's weights without changing them: each
+// linear whose weight has adapters adds, after its own product, scale * (x·down^T)·up^T per
+// adapter in order, as PEFT's LoRA layer computes beside its base layer (the two products and
+// the scaled term each rounded to the activation dtype, then added). A resident model serves
+// requests with and without adapters from the same weights.
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace apus {
+
+struct Context;
+
+struct LowRank {
+  Tensor down;  // [rank, in]: PEFT's lora_A, kohya's lora_down
+  Tensor up;    // [out, rank]: lora_B, lora_up
+  float scale = 1;
+  std::string source;  // "FILE: key" for errors
+};
+
+class Adapters {
+ public:
+  // Adds `f` to the weight named `weight`, checked against that weight's [out, in] shape.
+  void add(const std::string& weight, const Shape& weight_shape, LowRank f);
+  const std::vector<LowRank>* find(const std::string& weight) const;
+  bool empty() const { return by_weight_.empty(); }
+  // The weights with adapters that no linear has applied yet (a model that copied the weight, or
+  // never runs it): an adapter must not be dropped silently.
+  std::vector<std::string> unapplied() const;
+  void mark_applied(const std::string& weight) const;
+
+ private:
+  std::map<std::string, std::vector<LowRank>> by_weight_;
+  mutable std::mutex mutex_;
+  mutable std::set<std::string> applied_;
+};
+
+// While it lives, the linears run on `c` apply `adapters` (null: none).
+class AdapterScope {
+ public:
+  AdapterScope(Context& c, const Adapters* adapters);
+  ~AdapterScope();
+  AdapterScope(const AdapterScope&) = delete;
+  AdapterScope& operator=(const AdapterScope&) = delete;
+
+ private:
+  Context& c_;
+  const Adapters* previous_;
+};
+
+namespace ops {
+// What linear runs after its product when the context carries adapters for w (ops.cpp).
+void apply_adapters(Context& c, const Tensor& x, const Tensor& w, Tensor& y);
+}  // namespace ops
+
+}  // namespace apus

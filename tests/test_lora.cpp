@@ -1,0 +1,197 @@
+// LoRAs on klein: each layout users have (diffusers/PEFT with its adapter metadata, BFL /
+// ai-toolkit with fused qkv, kohya with alpha), alone and two at once, renders diffusers' image
+// with the same adapters and scales (tools/oracle/make_klein_lora_fixtures.py: load_lora_weights +
+// set_adapters); a resident model serves adapted and plain requests from unchanged weights; what
+// does not fit is refused naming the file and key.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "apus/apus.h"
+#include "core/error.h"
+#include "io/files.h"
+#include "io/image.h"
+#include "io/safetensors.h"
+#include "pipeline/klein/io.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+using test::expect_error;
+using test::fixture;
+
+struct LoraReference {
+  SafetensorsFile file = SafetensorsFile::open(fixture("klein_lora/reference.safetensors"));
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(fixture("klein_lora/reference.json")));
+
+  ImageRequest request(const std::string& c, bool fp32) const {
+    const nlohmann::json& r = meta["request"];
+    ImageRequest q;
+    q.prompt = r["prompt"];
+    q.width = r["width"].get<int>();
+    q.height = r["height"].get<int>();
+    q.steps = r["steps"].get<int>();
+    q.seed = r["seed"].get<uint64_t>();
+    for (const nlohmann::json& a : meta["cases"][c])
+      q.loras.push_back({fixture("klein_lora/" + a["file"].get<std::string>()), a["scale"].get<float>()});
+    if (fp32) {
+      // The fp32 reference ran from the bf16 draw: handed over as a file.
+      q.fp32 = true;
+      q.noise_file = test::scratch_dir.path() + "lora_noise.safetensors";
+      write_safetensors(q.noise_file, {{"noise", file.get("fp32.noise")}});
+    }
+    return q;
+  }
+  const Tensor& image(const std::string& c, const char* precision) const {
+    return file.get(c + "." + precision + ".image_u8");
+  }
+};
+
+std::unique_ptr<ImageModel> tiny(Weights weights = Weights::per_stage) {
+  return ImageModel::open(fixture("klein_tiny_a"), weights);
+}
+
+class LoraLayout : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoraLayout, RendersDiffusersImageWithTheSameAdapters) {
+  const std::string c = GetParam();
+  const LoraReference ref;
+  const auto model = tiny();
+  // bf16 from the seed: the bound is the reference's own bf16-vs-fp32 disagreement on the bytes.
+  const std::vector<uint8_t> bf16 = model->generate(ref.request(c, false)).rgb;
+  const double disagreement = test::level_gap(ref.image(c, "bf16"), ref.image(c, "fp32")).mean;
+  const double to_bf16 = test::level_gap(bf16, ref.image(c, "bf16")).mean;
+  const double to_fp32 = test::level_gap(bf16, ref.image(c, "fp32")).mean;
+  // Without the adapter the image is far outside that bound: the test sees a dropped adapter.
+  const double moved = test::level_gap(bf16, ref.image("none", "bf16")).mean;
+  std::printf("[ measure ] lora %s: mean |d| to bf16 ref %.3f, to fp32 ref %.3f, ref disagreement %.3f, "
+              "to the no-LoRA image %.3f\n",
+              c.c_str(), to_bf16, to_fp32, disagreement, moved);
+  EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
+  EXPECT_LT(to_fp32, test::kBf16Factor * disagreement);
+  EXPECT_GT(moved, 2 * test::kBf16Factor * disagreement);
+  // fp32 from the same noise: PEFT's unmerged layers and ours differ only in fp32 rounding.
+  const std::vector<uint8_t> fp32 = model->generate(ref.request(c, true)).rgb;
+  EXPECT_LE(test::level_gap(fp32, ref.image(c, "fp32")).worst, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Klein, LoraLayout, ::testing::Values("peft", "bfl", "kohya", "pair"));
+
+TEST(Lora, AResidentModelAppliesAndDropsAdaptersPerRequest) {
+  const LoraReference ref;
+  const auto resident = tiny(Weights::resident);
+  const std::vector<uint8_t> plain = tiny()->generate(ref.request("none", false)).rgb;
+  const std::vector<uint8_t> pair = resident->generate(ref.request("pair", false)).rgb;
+  EXPECT_NE(pair, plain);
+  EXPECT_EQ(resident->generate(ref.request("none", false)).rgb, plain);
+  EXPECT_EQ(resident->generate(ref.request("pair", false)).rgb, pair);
+  // The adapters in the PNG's parameters.
+  const ImageRequest request = ref.request("pair", false);
+  const std::string text = infotext(request, resident->generate(request), *resident);
+  EXPECT_NE(text.find("Lora: peft.safetensors:0.7, Lora: kohya.safetensors:0.5"), std::string::npos) << text;
+}
+
+// BFL's final adaLN holds (shift, scale); diffusers' norm_out.linear (scale, shift). A BFL LoRA on
+// it adapts the swapped weight with its up's halves swapped (diffusers' converter leaves them
+// unswapped, which adapts shift with scale's delta): the same image as the diffusers-named LoRA
+// with the halves swapped by hand.
+TEST(Lora, BflFinalAdaLnIsAdaptedWithItsHalvesSwapped) {
+  const SafetensorsFile peft = SafetensorsFile::open(fixture("klein_lora/peft.safetensors"));
+  const Tensor& down = peft.get("transformer.norm_out.linear.lora_A.weight");
+  const Tensor& up = peft.get("transformer.norm_out.linear.lora_B.weight");
+  Tensor swapped = Tensor::heap(up.shape, up.dtype);
+  const size_t half = up.nbytes() / 2;
+  std::memcpy(swapped.data, static_cast<const char*>(up.data) + half, half);
+  std::memcpy(static_cast<char*>(swapped.data) + half, up.data, half);
+  const std::string diffusers = test::scratch_dir.path() + "adaln_diffusers.safetensors",
+                    bfl = test::scratch_dir.path() + "adaln_bfl.safetensors";
+  write_safetensors(diffusers, {{"transformer.norm_out.linear.lora_A.weight", down},
+                                {"transformer.norm_out.linear.lora_B.weight", up}});
+  write_safetensors(bfl, {{"diffusion_model.final_layer.adaLN_modulation.1.lora_A.weight", down},
+                          {"diffusion_model.final_layer.adaLN_modulation.1.lora_B.weight", swapped}});
+  const LoraReference ref;
+  ImageRequest a = ref.request("none", false), b = a;
+  a.loras = {{diffusers, 1}};
+  b.loras = {{bfl, 1}};
+  const auto model = tiny();
+  const std::vector<uint8_t> adapted = model->generate(a).rgb;
+  EXPECT_NE(adapted, model->generate(ref.request("none", false)).rgb);
+  EXPECT_EQ(model->generate(b).rgb, adapted);
+}
+
+TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
+  const LoraReference ref;
+  const auto model = tiny();
+  const SafetensorsFile kohya = SafetensorsFile::open(fixture("klein_lora/kohya.safetensors"));
+  auto with = [&](const std::string& name, std::vector<NamedTensor> tensors) {
+    const std::string path = test::scratch_dir.path() + name;
+    write_safetensors(path, tensors);
+    ImageRequest r = ref.request("none", false);
+    r.loras = {{path, 1}};
+    return std::pair{path, r};
+  };
+  const Tensor& down = kohya.get("lora_unet_img_in.lora_down.weight");
+  const Tensor& up = kohya.get("lora_unet_img_in.lora_up.weight");
+  {
+    const auto [path, r] = with("unknown.safetensors", {{"lora_unet_img_out.lora_down.weight", down},
+                                                        {"lora_unet_img_out.lora_up.weight", up}});
+    expect_error([&] { model->generate(r); }, {path, "lora_unet_img_out", "names no module"});
+  }
+  {
+    // An adapter for a wider model: up has the wrong out features.
+    const auto [path, r] = with("wider.safetensors", {{"diffusion_model.img_in.lora_A.weight", down},
+                                                      {"diffusion_model.img_in.lora_B.weight", kohya.get("lora_unet_final_layer_linear.lora_up.weight")}});
+    expect_error([&] { model->generate(r); }, {path, "diffusion_model.img_in.lora_B.weight", "do not fit 'x_embedder.weight'"});
+  }
+  {
+    const auto [path, r] = with("te.safetensors", {{"text_encoder.model.layers.0.mlp.up_proj.lora_A.weight", down}});
+    expect_error([&] { model->generate(r); }, {path, "text_encoder.model.layers.0", "text encoder"});
+  }
+  {
+    const auto [path, r] = with("dora.safetensors", {{"lora_unet_img_in.lora_down.weight", down},
+                                                     {"lora_unet_img_in.lora_up.weight", up},
+                                                     {"lora_unet_img_in.dora_scale", up}});
+    expect_error([&] { model->generate(r); }, {path, "lora_unet_img_in.dora_scale", "DoRA"});
+  }
+  {
+    const auto [path, r] = with("half.safetensors", {{"lora_unet_img_in.lora_down.weight", down}});
+    expect_error([&] { model->generate(r); }, {path, "lora_unet_img_in", "no up"});
+  }
+  {
+    // A truncated file.
+    const std::string whole = read_file(fixture("klein_lora/kohya.safetensors"));
+    const std::string path = test::scratch_dir.path() + "truncated.safetensors";
+    std::ofstream(path, std::ios::binary) << whole.substr(0, whole.size() / 2);
+    ImageRequest r = ref.request("none", false);
+    r.loras = {{path, 1}};
+    expect_error([&] { model->generate(r); }, {path});
+  }
+  {
+    ImageRequest r = ref.request("none", false), other = r;
+    r.loras = {{fixture("klein_lora/kohya.safetensors"), 1}};
+    expect_error([&] { model->generate_batch({r, other}); }, {"LoRAs"});
+  }
+}
+
+TEST(Lora, TheCliTakesLoraFileAndScale) {
+  const LoraReference ref;
+  const std::string out = test::scratch_dir.path() + "lora_cli.png";
+  const test::CliRun r = test::run_cli(
+      "image --model " + fixture("klein_tiny_a") + " --prompt 'a red fox in tall grass' -W 64 -H 48 --seed 7 --lora " +
+      fixture("klein_lora/peft.safetensors") + ":0.7 --lora " + fixture("klein_lora/kohya.safetensors") + ":0.5 -o " +
+      out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const PngImage png = read_png(out);
+  EXPECT_EQ(png.rgb, tiny()->generate(ref.request("pair", false)).rgb);
+  const test::CliRun bad = test::run_cli("image --model " + fixture("klein_tiny_a") + " --prompt x -W 64 -H 48 --lora " +
+                                         fixture("klein_lora/peft.safetensors") + ":inf -o " + out);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("finite"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace apus
