@@ -1040,6 +1040,63 @@ TEST(ServeSingleFile, TheTransformerFileServesTheFoldersImages) {
   EXPECT_EQ(png.rgb, ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage)->generate(want).rgb);
 }
 
+// LoRAs by name from --lora-dir: applied per request on the resident model (the same image as the
+// engine's with those files and scales), dropped for the next; paths and unlisted names refused.
+TEST(ServeLoras, RequestsApplyTheFoldersLorasByName) {
+  const std::string dir = test::scratch_dir.path() + "loras";
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"peft.safetensors", "kohya.safetensors"})
+    std::filesystem::copy_file(test::fixture(std::string("klein_lora/") + name), dir + "/" + name,
+                               std::filesystem::copy_options::overwrite_existing);
+  server::ServeOptions o;
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}};
+  o.port = 0;
+  o.lora_dir = dir;
+  server::Server srv(o);
+  httplib::Client c("127.0.0.1", srv.start());
+  const Json listed = Json::parse(c.Get("/v1/loras")->body);
+  ASSERT_EQ(listed["data"].size(), 2u);
+  EXPECT_EQ(listed["data"][0]["id"], "kohya.safetensors");
+  EXPECT_EQ(listed["data"][1]["id"], "peft.safetensors");
+  ImageRequest want;
+  want.prompt = "a red fox";
+  want.width = 64;
+  want.height = 48;
+  want.steps = 2;
+  want.seed = 9;
+  const auto engine = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  const std::vector<uint8_t> plain = engine->generate(want).rgb;
+  want.loras = {{dir + "/peft.safetensors", 0.7f}, {dir + "/kohya.safetensors", 0.5f}};
+  const std::vector<uint8_t> adapted = engine->generate(want).rgb;
+  ASSERT_NE(adapted, plain);
+  Json body = {{"prompt", "a red fox"}, {"size", "64x48"}, {"steps", 2}, {"seed", 9}};
+  auto served = [&](const Json& b) {
+    const auto r = c.Post("/v1/images/generations", b.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    const std::vector<uint8_t> png = unbase64(Json::parse(r->body)["data"][0]["b64_json"]);
+    return read_png(as_file(png, "lora_served.png"));
+  };
+  Json with = body;
+  with["loras"] = Json::array({{{"name", "peft.safetensors"}, {"scale", 0.7}}, {{"name", "kohya.safetensors"}, {"scale", 0.5}}});
+  const PngImage first = served(with);
+  EXPECT_EQ(first.rgb, adapted);
+  std::string params;
+  for (const auto& [k, v] : first.text)
+    if (k == "parameters") params = v;
+  EXPECT_NE(params.find("Lora: peft.safetensors:0.7, Lora: kohya.safetensors:0.5"), std::string::npos) << params;
+  EXPECT_EQ(served(body).rgb, plain);
+  EXPECT_EQ(served(with).rgb, adapted);
+  for (const std::string& name : {std::string("../peft.safetensors"), dir + "/peft.safetensors", std::string("other.safetensors")}) {
+    Json bad = body;
+    bad["loras"] = Json::array({{{"name", name}}});
+    const auto r = c.Post("/v1/images/generations", bad.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find("not one of the server's LoRAs"), std::string::npos) << r->body;
+    EXPECT_EQ(Json::parse(r->body)["error"]["param"], "loras") << r->body;
+  }
+}
+
 // Cancellation mid-job: DELETE on a running job, and a client that hangs up on a synchronous route
 // (its job is cancelled at the next sampler step, freeing the queue).
 TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {

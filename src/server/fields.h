@@ -22,6 +22,7 @@ using Json = nlohmann::json;
 // (whose bounds are the engine's, ImageLimits and AudioLimits, refused with its messages).
 constexpr size_t kMaxPrompt = 4000;   // characters
 constexpr size_t kMaxReferences = 4;  // reference images per edit
+constexpr size_t kMaxLoras = 8;       // adapters per request
 constexpr size_t kKeptJobs = 256;     // finished jobs kept for GET /v1/jobs/{id}, oldest dropped first
 
 // A client mistake: the status, the message and the request field it concerns.

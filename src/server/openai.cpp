@@ -1,7 +1,10 @@
 // OpenAI's image routes (generations, and edits as a multipart form) and the audio route shaped
 // like them.
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string_view>
 
 #include "core/error.h"
@@ -68,7 +71,7 @@ void check_image_headers(const ImageFiles& files) {
 std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles files, bool trace) {
   const Fields f{body};
   f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
-          "mask", "strength", "user", "quality", "style", "output_format", "output_compression", "background",
+          "mask", "strength", "loras", "user", "quality", "style", "output_format", "output_compression", "background",
           "moderation"});
   const Loaded& m = find(f, ModelKind::image);
   ImageRequest r;
@@ -117,6 +120,7 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
   r.seed = f.seed();
   if (f.has("cfg")) r.cfg = float(f.number("cfg", 0.0));
   if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
+  if (f.has("loras")) r.loras = requested_loras(body["loras"]);
   r.trace = trace;
   const std::string format = f.string("response_format", "b64_json");
   if (format != "b64_json")
@@ -127,6 +131,41 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
   if (f.string("background", "auto") != "auto" && f.string("background", "auto") != "opaque")
     refuse(400, "'background' transparent is not supported (the models render opaque images)", "background");
   return image_job(m, std::move(r), n, std::move(files), kOpenAiImageFields);
+}
+
+std::vector<std::string> Server::Impl::lora_names() const {
+  std::vector<std::string> names;
+  if (options.lora_dir.empty()) return names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(options.lora_dir, ec))
+    if (e.is_regular_file(ec) && e.path().extension() == ".safetensors") names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<Lora> Server::Impl::requested_loras(const Json& list) const {
+  if (!list.is_array() || list.size() > kMaxLoras)
+    refuse(400, "'loras' must be a list of at most " + std::to_string(kMaxLoras) + " {\"name\", \"scale\"}", "loras");
+  if (options.lora_dir.empty() && !list.empty())
+    refuse(400, "this server offers no LoRAs (started without --lora-dir)", "loras");
+  const std::vector<std::string> offered = lora_names();
+  std::vector<Lora> loras;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = "loras[" + std::to_string(i) + "]";
+    const Json& entry = list[i];
+    if (!entry.is_object()) refuse(400, "'" + at + "' must be an object {\"name\", \"scale\"}", "loras");
+    const Fields f{entry};
+    f.only({"name", "scale"});
+    const std::string name = f.string("name", "");
+    // Only the listed file names: no path, no other folder, nothing the listing does not show.
+    if (std::find(offered.begin(), offered.end(), name) == offered.end())
+      refuse(400, "'" + at + ".name' is \"" + name + "\", not one of the server's LoRAs (GET /v1/loras)", "loras");
+    const double scale = f.number("scale", 1.0);
+    if (!std::isfinite(scale) || std::abs(scale) > 100)
+      refuse(400, "'" + at + ".scale' must be a number in -100..100", "loras");
+    loras.push_back({options.lora_dir + "/" + name, float(scale)});
+  }
+  return loras;
 }
 
 std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files,

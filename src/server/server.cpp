@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "core/error.h"
@@ -103,12 +104,19 @@ void Server::Impl::routes() {
                       {"queue", m.worker->waiting()}});
     res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
   });
+  http->route("GET", "/v1/loras", [this](const http::Request&, http::Response& res) {
+    Json data = Json::array();
+    for (const std::string& name : lora_names()) data.push_back({{"id", name}, {"object", "lora"}});
+    res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
+  });
   register_openai();
 }
 
 Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   APUS_CHECK(!impl_->options.models.empty(), "serve: no --model given");
+  APUS_CHECK(impl_->options.lora_dir.empty() || std::filesystem::is_directory(impl_->options.lora_dir),
+             "serve: --lora-dir ", impl_->options.lora_dir, ": not a folder");
   APUS_CHECK(impl_->options.queue >= 1 && impl_->options.queue <= 1024, "serve: --queue ", impl_->options.queue,
              " outside 1..1024");
   for (const ModelParts& parts : impl_->options.models) {

@@ -30,6 +30,9 @@ struct ServeOptions {
   // Finished jobs' files kept for GET /v1/jobs/{id}, in bytes: the oldest are dropped beyond it
   // (the newest is kept whatever its size).
   size_t kept_results_bytes = size_t(256) << 20;
+  // The LoRAs clients may name ("loras": [{"name", "scale"}]): the safetensors files directly in
+  // this folder, by file name. Empty: requests take none. Clients never name paths.
+  std::string lora_dir;
 };
 
 class Server {

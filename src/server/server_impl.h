@@ -66,6 +66,10 @@ struct Server::Impl {
   // full or the files' headers claim too many pixels, then where the engine refuses its settings
   // (naming the field as `names` calls it); the files are decoded on the worker as it starts.
   std::shared_ptr<Job> image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files, FieldNames names);
+  // A request's "loras" ([{"name", "scale"}]) as files of options.lora_dir, refused naming the
+  // entry where a name is no file there; the names GET /v1/loras lists.
+  std::vector<Lora> requested_loras(const Json& list) const;
+  std::vector<std::string> lora_names() const;
   // An audio job: prompt, seconds, seed, steps, cfg, apg, negative_prompt, format (wav, wav-float,
   // flac), the input clips.
   std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name, bool trace = false);
