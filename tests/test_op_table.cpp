@@ -428,6 +428,16 @@ void add_layout_cases(std::vector<OpCase>& cases) {
                      return {{{d.random({40, 24}), ids}, {d.poisoned({6, 24})}},
                              [](Context& c, Operands& t) { ops::embedding(c, t.in[0], t.in[1], t.out[0]); }};
                    }});
+  // A GGUF's token table as stored (llama.cpp quantises it with the rest): rows expanded as looked up.
+  for (DType stored : {DType::q8_0, DType::q4_k})
+    cases.push_back({"embedding_" + std::string(dtype_name(stored)) + "_table", OpId::embedding, Bound::rounding,
+                     [stored](OpInputs& d) -> Drawn {
+                       Tensor ids = Tensor::heap({7}, DType::i32);
+                       for (int64_t i = 0; i < 7; ++i) ids.ptr<int32_t>()[i] = int32_t(d.rng() % 30);
+                       return {{{d.random_stored({30, 256}, stored), ids}, {d.poisoned({7, 256})}},
+                               [](Context& c, Operands& t) { ops::embedding(c, t.in[0], t.in[1], t.out[0]); }};
+                     },
+                     /*cpu_only=*/true});
   // The image's bytes, poisoned with a level a pixel rarely takes (255 is any clipped white).
   cases.push_back({"image_to_rgb8", OpId::image_to_rgb8, Bound::exact, [](OpInputs& d) -> Drawn {
                      Tensor rgb = Tensor::heap({5, 7, 3}, DType::u8);

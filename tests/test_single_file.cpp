@@ -122,6 +122,22 @@ TEST(SingleFile, GgufQ8TransformerRendersWhatItsDequantisedWeightsRender) {
   }
 }
 
+TEST(SingleFile, GgufTextEncoderRendersWhatItsDequantisedWeightsRender) {
+  // klein_tiny_a's Qwen3 as llama.cpp's GGUF (Q8_0, names from gguf-py's QWEN3 tensor map) against
+  // gguf-py's dequantisation of it in transformers' names. The embedding table is Q8_0 too.
+  const std::string root = fixture("klein_tiny_a");
+  for (const bool fp32 : {false, true}) {
+    ModelParts p{root};
+    p.text_encoder = fixture("klein_single/qwen3-tiny-Q8_0-dequantized.safetensors");
+    const std::vector<uint8_t> want = render(p, fp32);
+    p.text_encoder = fixture("klein_single/qwen3-tiny-Q8_0.gguf");
+    EXPECT_EQ(render(p, fp32), want) << (fp32 ? "fp32" : "bf16");
+  }
+  ModelParts wrong{root};
+  wrong.text_encoder = fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf");
+  expect_error([&] { render(wrong); }, {"flux-2-klein-tiny-Q8_0.gguf", "not a Qwen3 text encoder", "token_embd.weight"});
+}
+
 TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   const std::string root = fixture("klein_tiny_a");
   const std::string vae = root + "/vae/diffusion_pytorch_model.safetensors";

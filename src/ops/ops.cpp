@@ -155,7 +155,8 @@ OpCost upsample_nearest2x_cost(Context&, const Tensor& x, Tensor& y) {
 
 OpCost embedding_cost(Context&, const Tensor& table, const Tensor& ids, Tensor& y) {
   // The rows read count as weights: each id reads one row of the table.
-  return {0, elems(y) * double(dtype_size(table.dtype)), bytes(ids) + bytes(y), bytes(ids) + bytes(y)};
+  return {0, double(dtype_bytes(table.dtype, ids.numel() * table.shape.back())), bytes(ids) + bytes(y),
+          bytes(ids) + bytes(y)};
 }
 
 OpCost rope_tables_cost(Context&, const Tensor& positions, const std::vector<int64_t>&, double, RopeMath, Tensor& cos,

@@ -189,8 +189,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
   }
   if (weights != Weights::none) {
     if (!parts.text_encoder.empty())
-      dir.use_weights("text_encoder", flux2::open_component_file(parts.text_encoder, "Qwen3 text encoder",
-                                                                 {"model.embed_tokens.weight", "embed_tokens.weight"}));
+      dir.use_weights("text_encoder", flux2::open_text_encoder_file(parts.text_encoder));
     if (!parts.vae.empty())
       dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }

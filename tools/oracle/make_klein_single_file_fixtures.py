@@ -11,6 +11,11 @@ Writes, under tests/fixtures/klein_single/:
                                              the bf16 values), 1-D norms F32
   flux-2-klein-tiny-Q8_0-dequantized.safetensors   gguf-py's dequantisation of that file, f32,
                                              BFL names: what the GGUF's model is
+  qwen3-tiny-Q8_0.gguf                       klein_tiny_a's Qwen3 text encoder as llama.cpp's GGUF
+                                             (arch qwen3, names from gguf-py's tensor map for
+                                             MODEL_ARCH.QWEN3, as convert_hf_to_gguf writes them):
+                                             2-D weights Q8_0, norms F32
+  qwen3-tiny-Q8_0-dequantized.safetensors    gguf-py's dequantisation of it, f32, transformers' names
   flux2-vae-tiny.safetensors                 klein_tiny_a's VAE in BFL's ldm names (ae.safetensors:
                                              encoder.quant_conv / decoder.post_quant_conv, attention
                                              projections as 1x1 conv weights)
@@ -97,6 +102,47 @@ def check_round_trip(bfl, sd):
         assert torch.equal(back[k], sd[k]), k
 
 
+def write_qwen3_gguf(out):
+    """klein_tiny_a's text encoder under llama.cpp's names, Q8_0 where the rows allow it."""
+    folder = os.path.join(TINY, "text_encoder")
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    sd = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            sd.update(load_file(os.path.join(folder, name)))
+    layers = cfg["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, layers)
+    w = gguf.GGUFWriter(os.path.join(out, "qwen3-tiny-Q8_0.gguf"), arch="qwen3")
+    w.add_file_type(T.Q8_0)
+    w.add_block_count(layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    dequantized = {}
+    for hf_name, t in sd.items():
+        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name, hf_name
+        values = t.float().numpy()
+        if values.ndim == 2 and values.shape[-1] % 32 == 0:
+            q = quants.quantize(values, T.Q8_0)
+            w.add_tensor(gguf_name, q, raw_dtype=T.Q8_0)
+            dequantized[hf_name] = torch.from_numpy(quants.dequantize(q, T.Q8_0).astype(np.float32))
+        else:
+            w.add_tensor(gguf_name, values)
+            dequantized[hf_name] = torch.from_numpy(values.copy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_file(dequantized, os.path.join(out, "qwen3-tiny-Q8_0-dequantized.safetensors"))
+
+
 def vae_to_ldm(sd, up_blocks):
     """diffusers' AutoencoderKLFlux2 names -> BFL's ldm names (quant convs nested, as in ae.safetensors)."""
     out = {}
@@ -160,6 +206,7 @@ def main():
     w.close()
     save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-Q8_0-dequantized.safetensors"))
 
+    write_qwen3_gguf(out)
     vae = load_file(os.path.join(TINY, "vae", "diffusion_pytorch_model.safetensors"))
     with open(os.path.join(TINY, "vae", "config.json")) as f:
         vae_config = json.load(f)

@@ -1,5 +1,6 @@
 #include "models/flux2/single_file.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/error.h"
@@ -289,15 +290,44 @@ std::shared_ptr<const SingleFile> open_vae_file(const std::string& path) {
   return file;
 }
 
-std::shared_ptr<const SingleFile> open_component_file(const std::string& path, const std::string& component,
-                                                      const std::vector<std::string>& markers) {
+std::shared_ptr<const SingleFile> open_text_encoder_file(const std::string& path) {
   auto file = SingleFile::open(path);
-  bool found = false;
-  for (const std::string& s : file->stored_names())
-    for (const std::string& m : markers) found |= s == m;
-  APUS_CHECK(found, path, ": not a ", component, " in its diffusers/transformers names (expected tensor '", markers[0],
-             "'; the file holds ", file->stored_names().size(), " tensors",
-             file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
+  const std::vector<std::string>& names = file->stored_names();
+  auto holds = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  if (holds("model.embed_tokens.weight") || holds("embed_tokens.weight")) return file;
+  APUS_CHECK(holds("token_embd.weight"), path, ": not a Qwen3 text encoder (expected transformers' ",
+             "'model.embed_tokens.weight' or llama.cpp's 'token_embd.weight'; the file holds ", names.size(), " tensors",
+             names.empty() ? "" : ", the first '" + names.front() + "'", ")");
+  if (file->is_gguf()) {
+    const std::string arch = file->gguf()->metadata_string("general.architecture");
+    APUS_CHECK(arch == "qwen3", path, ": general.architecture is '", arch, "', expected qwen3 (FLUX.2 [klein]'s ",
+               "text encoder)");
+  }
+  // llama.cpp's names within a block -> transformers'.
+  static const std::map<std::string, std::string> block = {
+      {"attn_norm", "input_layernorm"},     {"attn_q", "self_attn.q_proj"},
+      {"attn_k", "self_attn.k_proj"},       {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"},  {"attn_q_norm", "self_attn.q_norm"},
+      {"attn_k_norm", "self_attn.k_norm"},  {"ffn_norm", "post_attention_layernorm"},
+      {"ffn_gate", "mlp.gate_proj"},        {"ffn_up", "mlp.up_proj"},
+      {"ffn_down", "mlp.down_proj"}};
+  std::map<std::string, SingleFile::Entry> entries;
+  for (const std::string& stored : names) {
+    if (stored == "token_embd.weight") {
+      entries["model.embed_tokens.weight"] = {stored};
+    } else if (stored == "output_norm.weight") {
+      entries["model.norm.weight"] = {stored};
+    } else if (stored == "output.weight") {
+      continue;  // the language-model head: klein reads hidden states only
+    } else {
+      Parts p;
+      const auto it = split_block_name(stored, p) && p.group == "blk" ? block.find(p.module) : block.end();
+      APUS_CHECK(it != block.end() && p.param == "weight", path, ": tensor '", stored,
+                 "' is not a Qwen3 GGUF key (expected blk.N.attn_q.weight ... as llama.cpp names them)");
+      entries["model.layers." + p.index + "." + it->second + ".weight"] = {stored};
+    }
+  }
+  file->rename(std::move(entries));
   return file;
 }
 

@@ -40,9 +40,10 @@ TransformerFile open_transformer_file(const std::string& path);
 // Refuses a file that holds no FLUX.2 VAE, or an ldm key it does not know, naming both.
 std::shared_ptr<const SingleFile> open_vae_file(const std::string& path);
 
-// A text encoder file in transformers' own names (ComfyUI's split files): refused naming the file
-// unless it holds one of `markers`.
-std::shared_ptr<const SingleFile> open_component_file(const std::string& path, const std::string& component,
-                                                      const std::vector<std::string>& markers);
+// The Qwen3 text encoder as one file: transformers' names (ComfyUI's qwen_3_4b.safetensors), or
+// llama.cpp's GGUF (general.architecture qwen3; blk.N.attn_q.weight ... as convert_hf_to_gguf
+// names them, unsloth/Qwen3-4B-GGUF), handed under transformers' names. Refuses a file that holds
+// neither, another GGUF architecture, or a GGUF name it does not know, naming the file and tensor.
+std::shared_ptr<const SingleFile> open_text_encoder_file(const std::string& path);
 
 }  // namespace apus::flux2
