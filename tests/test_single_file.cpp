@@ -122,6 +122,18 @@ TEST(SingleFile, GgufQ8TransformerRendersWhatItsDequantisedWeightsRender) {
   }
 }
 
+TEST(SingleFile, Fp8TransformerRendersWhatItsScaledWeightsRender) {
+  // BFL's fp8 layout: float8_e4m3fn weights with per-tensor .weight_scale (and .input_scale, for
+  // fp8 matmuls) against torch's weight.float() * weight_scale. Without the scales applied the
+  // weights would be amax-normalised (up to 448): the test sees a dropped scale.
+  for (const bool fp32 : {false, true}) {
+    const std::vector<uint8_t> want =
+        render(single(fixture("klein_single/flux-2-klein-tiny-fp8-dequantized.safetensors")), fp32);
+    EXPECT_EQ(render(single(fixture("klein_single/flux-2-klein-tiny-fp8.safetensors")), fp32), want)
+        << (fp32 ? "fp32" : "bf16");
+  }
+}
+
 TEST(SingleFile, GgufTextEncoderRendersWhatItsDequantisedWeightsRender) {
   // klein_tiny_a's Qwen3 as llama.cpp's GGUF (Q8_0, names from gguf-py's QWEN3 tensor map) against
   // gguf-py's dequantisation of it in transformers' names. The embedding table is Q8_0 too.
@@ -153,12 +165,19 @@ TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   const std::string odd = test::scratch_dir.path() + "odd-klein.safetensors";
   write_safetensors(odd, tensors);
   expect_error([&] { render(single(odd)); }, {odd, "double_blocks.0.img_attn.lora_up.weight", "double-block key"});
-  // An fp8 checkpoint's scales are refused, not ignored.
+  // A scale beside a weight that is not fp8, a scale of no weight, ComfyUI's mixed quantisation.
   tensors.pop_back();
-  tensors.push_back({"double_blocks.0.img_attn.qkv.weight_scale", bfl.get("double_blocks.0.img_attn.norm.key_norm.scale")});
+  const Tensor one = bfl.get("double_blocks.0.img_attn.norm.key_norm.scale").rows(0, 1).reshape({});
+  tensors.push_back({"double_blocks.0.img_attn.qkv.weight_scale", one});
   const std::string fp8 = test::scratch_dir.path() + "fp8-klein.safetensors";
   write_safetensors(fp8, tensors);
-  expect_error([&] { render(single(fp8)); }, {fp8, "double_blocks.0.img_attn.qkv.weight_scale", "fp8 scale"});
+  expect_error([&] { render(single(fp8)); }, {fp8, "double_blocks.0.img_attn.qkv.weight", "beside the scale", "fp8"});
+  tensors.back().name = "double_blocks.0.img_attn.qkvx.weight_scale";
+  write_safetensors(fp8, tensors);
+  expect_error([&] { render(single(fp8)); }, {fp8, "qkvx.weight_scale", "does not hold"});
+  tensors.back().name = "double_blocks.0.img_attn.qkv.comfy_quant";
+  write_safetensors(fp8, tensors);
+  expect_error([&] { render(single(fp8)); }, {fp8, "comfy_quant", "not read yet"});
   // Without --config, the tiny shape is no published klein.
   ModelParts bare;
   bare.model = fixture("klein_single/flux-2-klein-tiny.safetensors");

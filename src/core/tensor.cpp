@@ -121,7 +121,7 @@ float load_f32(const Tensor& t, int64_t i) {
     case DType::i64:
       return float(t.ptr<int64_t>()[i]);
     case DType::fp8_e4m3:
-      return fp8_e4m3_to_f32(t.ptr<uint8_t>()[i]);
+      return fp8_e4m3_to_f32(t.ptr<uint8_t>()[i]) * t.fp8_scale;
     default: {
       APUS_CHECK(is_block_quantized(t.dtype), "load_f32: unsupported dtype ", dtype_name(t.dtype));
       return dequantize_element(t.dtype, t.data, i);

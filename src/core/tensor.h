@@ -50,6 +50,9 @@ struct Tensor {
   // A weight's name as its model's loader fetched it (null for activations): what a request's
   // low-rank adapters are found by (ops/adapters.h). Owned by the loader, which the model keeps.
   const std::string* weight_name = nullptr;
+  // An fp8_e4m3 tensor's per-tensor factor: its values are the decoded bytes times this (fp8
+  // checkpoints' weight_scale). Every fp8 decode applies it; other dtypes ignore it.
+  float fp8_scale = 1;
 
   int64_t numel() const { return shape_numel(shape); }
   size_t nbytes() const { return dtype_bytes(dtype, numel()); }

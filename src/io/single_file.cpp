@@ -1,5 +1,6 @@
 #include "io/single_file.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -68,6 +69,19 @@ Tensor SingleFile::view(const std::string& name, const Shape& expected, bool wit
       std::memcpy(static_cast<char*>(swapped.data) + half, out.data, half);
     }
     out = swapped;
+  }
+  if (!e.fp8_scale.empty()) {
+    const Tensor& s = stored(e.fp8_scale);
+    APUS_CHECK(dt == DType::fp8_e4m3, where(name), " has dtype ", dtype_name(dt), " beside the scale '", e.fp8_scale,
+               "', expected fp8 e4m3");
+    APUS_CHECK(s.numel() == 1 && (s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16), path_,
+               ": tensor '", e.fp8_scale, "' is ", dtype_name(s.dtype), " ", shape_str(s.shape),
+               ", expected one float (a per-tensor fp8 scale)");
+    if (with_data) {
+      out.fp8_scale = load_f32(s, 0);
+      APUS_CHECK(std::isfinite(out.fp8_scale) && out.fp8_scale > 0, path_, ": tensor '", e.fp8_scale, "' is ",
+                 out.fp8_scale, ", expected a positive scale");
+    }
   }
   if (e.drop_unit_dims) {
     Shape squeezed = out.shape;

@@ -17,12 +17,14 @@ class SingleFile final : public WeightSource {
  public:
   // Where a name the model asks for is stored: rows [begin, end) of `stored` (end -1: all rows),
   // with its two halves of rows swapped, or with its trailing unit dimensions dropped (a 1x1
-  // convolution's weight read as a linear's).
+  // convolution's weight read as a linear's); an fp8 tensor with the stored one-value tensor
+  // `fp8_scale` as its factor (Tensor::fp8_scale).
   struct Entry {
     std::string stored;
     int64_t begin = 0, end = -1;
     bool swap_halves = false;
     bool drop_unit_dims = false;
+    std::string fp8_scale;
   };
   static std::shared_ptr<SingleFile> open(const std::string& path);
   const std::string& path() const { return path_; }

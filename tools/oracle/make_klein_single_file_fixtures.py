@@ -11,6 +11,11 @@ Writes, under tests/fixtures/klein_single/:
                                              the bf16 values), 1-D norms F32
   flux-2-klein-tiny-Q8_0-dequantized.safetensors   gguf-py's dequantisation of that file, f32,
                                              BFL names: what the GGUF's model is
+  flux-2-klein-tiny-fp8.safetensors          BFL names as flux-2-klein-4b-fp8.safetensors lays them
+                                             out: 2-D weights float8_e4m3fn scaled per tensor (amax /
+                                             448) with .weight_scale and .input_scale (F32 scalars),
+                                             norms bf16
+  flux-2-klein-tiny-fp8-dequantized.safetensors   torch's weight.float() * weight_scale, f32
   qwen3-tiny-Q8_0.gguf                       klein_tiny_a's Qwen3 text encoder as llama.cpp's GGUF
                                              (arch qwen3, names from gguf-py's tensor map for
                                              MODEL_ARCH.QWEN3, as convert_hf_to_gguf writes them):
@@ -100,6 +105,24 @@ def check_round_trip(bfl, sd):
     assert sorted(back) == sorted(sd), sorted(set(back) ^ set(sd))
     for k in sd:
         assert torch.equal(back[k], sd[k]), k
+
+
+def write_fp8(bfl, out):
+    fp8, dequantized = {}, {}
+    for name, t in bfl.items():
+        if t.ndim == 2:
+            values = t.float()
+            scale = (values.abs().max() / 448.0).reshape(())
+            q = (values / scale).to(torch.float8_e4m3fn)
+            fp8[name] = q
+            fp8[name[: -len(".weight")] + ".weight_scale"] = scale.clone()
+            fp8[name[: -len(".weight")] + ".input_scale"] = torch.tensor(1.0)
+            dequantized[name] = q.float() * scale
+        else:
+            fp8[name] = t
+            dequantized[name] = t.float()
+    save_file(fp8, os.path.join(out, "flux-2-klein-tiny-fp8.safetensors"))
+    save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-fp8-dequantized.safetensors"))
 
 
 def write_qwen3_gguf(out):
@@ -206,6 +229,7 @@ def main():
     w.close()
     save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-Q8_0-dequantized.safetensors"))
 
+    write_fp8(bfl, out)
     write_qwen3_gguf(out)
     vae = load_file(os.path.join(TINY, "vae", "diffusion_pytorch_model.safetensors"))
     with open(os.path.join(TINY, "vae", "config.json")) as f:

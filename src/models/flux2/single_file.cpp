@@ -1,6 +1,7 @@
 #include "models/flux2/single_file.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "core/error.h"
@@ -119,16 +120,37 @@ TransformerFile open_transformer_file(const std::string& path) {
              "or diffusers' 'single_stream_modulation.linear.weight'; the file holds ", file->stored_names().size(),
              " tensors", file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
   out.layout = bfl ? "BFL" : "diffusers";
-  // fp8 checkpoints carry per-tensor scales (BFL's and ComfyUI's .weight_scale / .input_scale,
-  // ComfyUI's older .scale_weight and scaled_fp8 marker, .comfy_quant): not applied yet, so
-  // refused rather than run unscaled.
-  for (const auto& [name, stored] : stripped)
-    for (const char* scale : {".weight_scale", ".input_scale", ".scale_weight", ".scale_input", ".comfy_quant"})
-      APUS_CHECK(name.find(scale) == std::string::npos && name != "scaled_fp8", path, ": tensor '", stored,
-                 "' is an fp8 scale; apus does not apply fp8 checkpoints' scales yet (issue 20)");
+  // fp8 checkpoints: a weight's per-tensor scale beside it (BFL's and ComfyUI's .weight_scale,
+  // ComfyUI's older .scale_weight under its scaled_fp8 marker) multiplies its values. The
+  // activation scales (.input_scale, .scale_input) are for fp8 matmuls; apus computes in bf16 (or
+  // fp32) from the dequantised weight, as ComfyUI does without fp8 matmuls. ComfyUI's .comfy_quant
+  // (mixed formats described per tensor) is not read yet.
+  std::map<std::string, std::string> weight_scales;  // the weight's stripped name -> its scale's stored name
+  for (auto it = stripped.begin(); it != stripped.end();) {
+    const std::string& name = it->first;
+    APUS_CHECK(name.find(".comfy_quant") == std::string::npos, path, ": tensor '", it->second,
+               "' describes ComfyUI's mixed quantisation, which apus does not read yet (issue 20)");
+    bool scale = false;
+    for (const char* suffix : {".weight_scale", ".scale_weight"}) {
+      const size_t n = std::strlen(suffix);
+      if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) {
+        weight_scales[name.substr(0, name.size() - n) + ".weight"] = it->second;
+        scale = true;
+      }
+    }
+    for (const char* suffix : {".input_scale", ".scale_input"}) {
+      const size_t n = std::strlen(suffix);
+      scale |= name.size() > n && name.compare(name.size() - n, n, suffix) == 0;
+    }
+    it = scale || name == "scaled_fp8" ? stripped.erase(it) : std::next(it);
+  }
+  for (const auto& [weight, scale] : weight_scales)
+    APUS_CHECK(stripped.count(weight), path, ": tensor '", scale, "' scales '", weight, "', which the file does not hold");
   int64_t doubles = -1, singles = -1;
   std::vector<DiffusersTarget> targets;
   for (const auto& [name, stored] : stripped) {
+    const auto scale = weight_scales.find(name);
+    const std::string fp8_scale = scale == weight_scales.end() ? "" : scale->second;
     Parts p;
     const bool in_block = split_block_name(name, p);
     if (in_block && (p.group == "double_blocks" || p.group == "transformer_blocks"))
@@ -136,7 +158,9 @@ TransformerFile open_transformer_file(const std::string& path) {
     if (in_block && (p.group == "single_blocks" || p.group == "single_transformer_blocks"))
       singles = std::max<int64_t>(singles, std::stoll(p.index.substr(0, 9)));
     if (!bfl) {
-      entries[name] = {stored};
+      SingleFile::Entry e{stored};
+      e.fp8_scale = fp8_scale;
+      entries[name] = e;
       continue;
     }
     const size_t dot = name.rfind('.');
@@ -158,6 +182,7 @@ TransformerFile open_transformer_file(const std::string& path) {
         e.end = (t.part + 1) * rows / t.parts;
       }
       e.swap_halves = t.swap_halves;
+      e.fp8_scale = fp8_scale;
       entries[t.module + "." + (param == "scale" ? "weight" : param)] = e;
     }
   }

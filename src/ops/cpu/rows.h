@@ -27,7 +27,7 @@ inline void load_row(const Tensor& t, int64_t r, float* out, int64_t n) {
       return;
     case DType::fp8_e4m3: {
       const uint8_t* s = static_cast<const uint8_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = fp8_e4m3_to_f32(s[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = fp8_e4m3_to_f32(s[i]) * t.fp8_scale;
       return;
     }
     default:

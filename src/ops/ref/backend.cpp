@@ -20,7 +20,7 @@ double get(const Tensor& t, int64_t r, int64_t i) {
     case DType::f16:
       return f16_to_f32(*static_cast<const uint16_t*>(p));
     case DType::fp8_e4m3:
-      return fp8_e4m3_to_f32(*static_cast<const uint8_t*>(p));
+      return fp8_e4m3_to_f32(*static_cast<const uint8_t*>(p)) * t.fp8_scale;
     default:
       fail("reference backend: unsupported dtype ", dtype_name(t.dtype));
   }
