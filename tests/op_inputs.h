@@ -32,6 +32,8 @@ class OpInputs {
     if (dt == DType::fp8_e4m3) {
       for (size_t i = 0; i < t.nbytes(); ++i)
         if ((p[i] & 0x7f) == 0x7f) p[i] &= 0xfe;
+      // A checkpoint's per-tensor scale: every decode must apply it (values up to 448 otherwise).
+      t.fp8_scale = scale * std::uniform_real_distribution<float>(0.002f, 0.004f)(rng);
       return t;
     }
     std::uniform_real_distribution<float> d(-scale / 8, scale / 8);
@@ -55,6 +57,7 @@ class OpInputs {
   static Tensor clone(const Tensor& t) {
     Tensor c = Tensor::heap(t.shape, t.dtype);
     std::memcpy(c.data, t.data, t.nbytes());
+    c.fp8_scale = t.fp8_scale;
     return c;
   }
   // Element i of an f32 or bf16 tensor set to v (rounded to bf16 there).
