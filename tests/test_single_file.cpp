@@ -122,6 +122,18 @@ TEST(SingleFile, GgufQ8TransformerRendersWhatItsDequantisedWeightsRender) {
   }
 }
 
+TEST(SingleFile, GgufKQuantTransformerRendersWhatItsDequantisedWeightsRender) {
+  // A mixed file as a Q4_K_M is: Q4_K and Q6_K where a row holds 256 values, Q8_0 elsewhere.
+  const std::vector<uint8_t> bfl = render(single(fixture("klein_single/flux-2-klein-tiny.safetensors")));
+  for (const bool fp32 : {false, true}) {
+    const std::vector<uint8_t> want =
+        render(single(fixture("klein_single/flux-2-klein-tiny-Q4_K_M-dequantized.safetensors")), fp32);
+    EXPECT_EQ(render(single(fixture("klein_single/flux-2-klein-tiny-Q4_K_M.gguf")), fp32), want)
+        << (fp32 ? "fp32" : "bf16");
+    if (!fp32) EXPECT_NE(want, bfl) << "the K blocks' random weights must change the image";
+  }
+}
+
 TEST(SingleFile, Fp8TransformerRendersWhatItsScaledWeightsRender) {
   // BFL's fp8 layout: float8_e4m3fn weights with per-tensor .weight_scale (and .input_scale, for
   // fp8 matmuls) against torch's weight.float() * weight_scale. Without the scales applied the

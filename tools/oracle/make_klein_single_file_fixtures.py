@@ -11,6 +11,13 @@ Writes, under tests/fixtures/klein_single/:
                                              the bf16 values), 1-D norms F32
   flux-2-klein-tiny-Q8_0-dequantized.safetensors   gguf-py's dequantisation of that file, f32,
                                              BFL names: what the GGUF's model is
+  flux-2-klein-tiny-Q4_K_M.gguf              a mixed file as the K-quant GGUFs are: the weights whose
+                                             rows hold 256 values (time_in.in_layer, the single
+                                             blocks' linear2) as Q4_K and Q6_K blocks, the rest
+                                             Q8_0, norms F32. gguf-py has no K-quant quantiser, so
+                                             the K blocks are random with small scales: their model
+                                             is what gguf-py dequantises them to
+  flux-2-klein-tiny-Q4_K_M-dequantized.safetensors   gguf-py's dequantisation of it, f32
   flux-2-klein-tiny-fp8.safetensors          BFL names as flux-2-klein-4b-fp8.safetensors lays them
                                              out: 2-D weights float8_e4m3fn scaled per tensor (amax /
                                              448) with .weight_scale and .input_scale (F32 scalars),
@@ -105,6 +112,46 @@ def check_round_trip(bfl, sd):
     assert sorted(back) == sorted(sd), sorted(set(back) ^ set(sd))
     for k in sd:
         assert torch.equal(back[k], sd[k]), k
+
+
+def random_k_blocks(rows, cols, kind, rng):
+    """Random K-quant blocks whose f16 scales keep the values near the tiny model's weights."""
+    block = {T.Q4_K: 144, T.Q6_K: 210}[kind]
+    raw = rng.integers(0, 256, size=(rows, cols // 256, block), dtype=np.uint8)
+    if kind == T.Q4_K:  # d and dmin lead the block: v = d * sc * q - dmin * m
+        raw[..., 0:2] = np.frombuffer(np.float16(5e-5).tobytes(), np.uint8)
+        raw[..., 2:4] = np.frombuffer(np.float16(3e-4).tobytes(), np.uint8)
+    else:  # d ends the block: v = d * sc * (q - 32), centred
+        raw[..., 208:210] = np.frombuffer(np.float16(2e-5).tobytes(), np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def write_k_quant_gguf(bfl, out):
+    rng = np.random.default_rng(20)
+    w = gguf.GGUFWriter(os.path.join(out, "flux-2-klein-tiny-Q4_K_M.gguf"), arch="flux")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    dequantized = {}
+    for name, t in bfl.items():
+        values = t.float().numpy()
+        kind = None
+        if values.ndim == 2 and values.shape[-1] % 256 == 0:
+            kind = T.Q4_K if name.startswith("time_in") else T.Q6_K
+            q = random_k_blocks(values.shape[0], values.shape[1], kind, rng)
+        elif values.ndim == 2 and values.shape[-1] % 32 == 0:
+            kind = T.Q8_0
+            q = quants.quantize(values, T.Q8_0)
+        if kind is None:
+            w.add_tensor(name, values)
+            dequantized[name] = torch.from_numpy(values.copy())
+        else:
+            w.add_tensor(name, q, raw_dtype=kind)
+            dequantized[name] = torch.from_numpy(quants.dequantize(q, kind).astype(np.float32).reshape(values.shape))
+    assert sum(1 for n in bfl if n.startswith("single_blocks") and n.endswith("linear2.weight")) > 0
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-Q4_K_M-dequantized.safetensors"))
 
 
 def write_fp8(bfl, out):
@@ -229,6 +276,7 @@ def main():
     w.close()
     save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-Q8_0-dequantized.safetensors"))
 
+    write_k_quant_gguf(bfl, out)
     write_fp8(bfl, out)
     write_qwen3_gguf(out)
     vae = load_file(os.path.join(TINY, "vae", "diffusion_pytorch_model.safetensors"))
