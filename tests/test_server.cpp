@@ -979,6 +979,11 @@ TEST(ServePage, RunsInHeadlessChromium) {
   server::ServeOptions o;
   o.models = {ModelParts{test::fixture("klein_tiny_a")}, ModelParts{test::official_dir()}};
   o.port = 0;
+  // The LoRA picker: the link picks one of the folder's adapters, and the card names it.
+  o.lora_dir = test::scratch_dir.path() + "page_loras";
+  std::filesystem::create_directories(o.lora_dir);
+  std::filesystem::copy_file(test::fixture("klein_lora/peft.safetensors"), o.lora_dir + "/peft.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
   server::Server srv(o);
   const std::string base = "http://127.0.0.1:" + std::to_string(srv.start()) + "/";
   const std::string audio_id = AudioModel::open(test::official_dir(), Weights::none)->label();
@@ -988,10 +993,12 @@ TEST(ServePage, RunsInHeadlessChromium) {
       ::testing::TempDir() + "apus_chromium_" + std::to_string(::getpid()) +
       " --virtual-time-budget=60000 --enable-logging=stderr --v=0 ";
   struct Case {
-    std::string query, media;
+    std::string query, media, text;
   };
-  for (const Case& k : {Case{"model=klein_tiny_a&prompt=a%20fox&size=64x48&steps=2&seed=5&run=1", "<img"},
-                        Case{"model=" + audio_id + "&prompt=rain&seconds=1.4&seed=3&run=1", "<audio"}}) {
+  for (const Case& k :
+       {Case{"model=klein_tiny_a&prompt=a%20fox&size=64x48&steps=2&seed=5&lora=peft.safetensors&lora_scale=0.7&run=1",
+             "<img", "LoRA peft.safetensors:0.7"},
+        Case{"model=" + audio_id + "&prompt=rain&seconds=1.4&seed=3&run=1", "<audio", "(seed 3)"}}) {
     const std::string dom = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".html",
                       log = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".log";
     const std::string url = test::shell_quote(base + "?" + k.query);
@@ -1000,13 +1007,14 @@ TEST(ServePage, RunsInHeadlessChromium) {
     EXPECT_NE(html.find("id=\"status\">done"), std::string::npos) << html;
     EXPECT_NE(html.find("width: 100%"), std::string::npos) << html;
     EXPECT_NE(html.find(k.media), std::string::npos) << html;
+    EXPECT_NE(html.find(k.text), std::string::npos) << html;
     EXPECT_NE(html.find("data-ready=\"yes\""), std::string::npos) << "the browser did not decode the result\n" << html;
     EXPECT_EQ(console.find(":ERROR:CONSOLE"), std::string::npos) << console;
     EXPECT_EQ(console.find("Uncaught"), std::string::npos) << console;
   }
   const std::string shot = ::testing::TempDir() + "apus_page.png";
   std::system((browser + "--window-size=1100,700 --screenshot=" + shot + " " +
-               test::shell_quote(base + "?model=klein_tiny_a&prompt=a%20red%20fox&size=256x256&steps=4&seed=7&run=1") +
+               test::shell_quote(base + "?model=klein_tiny_a&prompt=a%20red%20fox&size=256x256&steps=4&seed=7&lora=peft.safetensors&lora_scale=0.7&run=1") +
                " > /dev/null 2>&1")
                   .c_str());
   EXPECT_TRUE(std::filesystem::exists(shot));

@@ -28,6 +28,8 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <label class="audio hidden">seconds<input id="seconds" type="number" value="10" step="any" min="0.1"></label>
 <label>seed (empty: random)<input id="seed" type="number" min="0"></label>
 <label>steps (empty: the model's)<input id="steps" type="number" min="1"></label>
+<label class="image lora">LoRA<select id="lora"><option value="">(none)</option></select></label>
+<label class="image lora">LoRA scale<input id="lora_scale" type="number" value="1" step="0.05"></label>
 <textarea id="prompt" placeholder="prompt"></textarea>
 <button id="go" type="submit">Generate</button>
 </form>
@@ -49,12 +51,16 @@ async function loadModels() {
     kinds[m.id] = m.kind;
     $('model').add(new Option(m.id + ' (' + m.kind + ')', m.id));
   }
+  // The LoRAs the server offers (--lora-dir); the picker shows only where there are any.
+  const l = await fetch('/v1/loras', {headers: headers()});
+  if (l.ok) for (const a of (await l.json()).data) $('lora').add(new Option(a.id, a.id));
   showFields();
 }
 function showFields() {
   const kind = kinds[$('model').value];
   for (const e of document.querySelectorAll('.image')) e.classList.toggle('hidden', kind !== 'image');
   for (const e of document.querySelectorAll('.audio')) e.classList.toggle('hidden', kind !== 'audio');
+  if ($('lora').options.length < 2) for (const e of document.querySelectorAll('.lora')) e.classList.add('hidden');
 }
 $('model').onchange = showFields;
 $('form').onsubmit = async ev => {
@@ -65,6 +71,7 @@ $('form').onsubmit = async ev => {
   if ($('steps').value !== '') body.steps = Number($('steps').value);
   if (kind === 'image') body.size = $('width').value + 'x' + $('height').value;
   else body.seconds = Number($('seconds').value);
+  if (kind === 'image' && $('lora').value) body.loras = [{name: $('lora').value, scale: Number($('lora_scale').value)}];
   $('go').disabled = true;
   try {
     const r = await fetch('/v1/jobs', {method: 'POST', headers: headers(), body: JSON.stringify(body)});
@@ -97,20 +104,22 @@ function show(res, request) {
   const link = Object.assign(document.createElement('a'), {href: url, textContent: 'download',
     download: 'apus-' + res.seed + (res.mime === 'image/png' ? '.png' : res.mime === 'audio/flac' ? '.flac' : '.wav')});
   const text = document.createElement('div');
-  text.textContent = request.prompt + ' (seed ' + res.seed + ') ';
+  const loras = (request.loras || []).map(a => ' LoRA ' + a.name + ':' + a.scale).join('');
+  text.textContent = request.prompt + ' (seed ' + res.seed + loras + ') ';
   text.append(link);
   card.append(media, text);
   $('gallery').prepend(card);
   while ($('gallery').children.length > 12) $('gallery').lastChild.remove();
 }
-// A link can fill the form and run it: ?model=ID&prompt=...&size=WxH|seconds=S&seed=N&steps=N&run=1
+// A link can fill the form and run it:
+// ?model=ID&prompt=...&size=WxH|seconds=S&seed=N&steps=N&lora=NAME&lora_scale=S&run=1
 async function start() {
   await loadModels();
   const q = new URLSearchParams(location.search);
   if (q.has('model')) { $('model').value = q.get('model'); showFields(); }
   if (q.has('prompt')) $('prompt').value = q.get('prompt');
   if (q.has('size')) { const [w, h] = q.get('size').split('x'); $('width').value = w; $('height').value = h; }
-  for (const k of ['seconds', 'seed', 'steps']) if (q.has(k)) $(k).value = q.get(k);
+  for (const k of ['seconds', 'seed', 'steps', 'lora', 'lora_scale']) if (q.has(k)) $(k).value = q.get(k);
   if (q.get('run') === '1') $('form').requestSubmit();
 }
 start();
