@@ -73,6 +73,18 @@ std::string as_file(const std::vector<uint8_t>& bytes, const std::string& name) 
   return path;
 }
 
+// The engine's request a served image is checked against (sides absent: the references').
+ImageRequest engine_request(const std::string& prompt, std::optional<int> width, std::optional<int> height, int steps,
+                            uint64_t seed) {
+  ImageRequest r;
+  r.prompt = prompt;
+  r.width = width;
+  r.height = height;
+  r.steps = steps;
+  r.seed = seed;
+  return r;
+}
+
 // A PNG of 1 x 1 pixels whose header says width x height (its IHDR's CRC made to match).
 std::string png_claiming(uint32_t width, uint32_t height) {
   const std::vector<uint8_t> real = encode_png(1, 1, {7, 7, 7}, {}, "dot");
@@ -182,12 +194,7 @@ TEST_F(Serve, ImagesAreTheEnginesImages) {
   EXPECT_NEAR(double(j["created"].get<int64_t>()), double(std::time(nullptr)), 60.0);
   const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
   for (int i = 0; i < 2; ++i) {
-    ImageRequest want;
-    want.prompt = "a red fox in tall grass";
-    want.width = 64;
-    want.height = 48;
-    want.steps = 2;
-    want.seed = 42 + i;
+    ImageRequest want = engine_request("a red fox in tall grass", 64, 48, 2, 42 + i);
     const PngImage png = read_png(as_file(unbase64(j["data"][i]["b64_json"]), "serve_image.png"));
     EXPECT_EQ(png.width, 64);
     EXPECT_EQ(png.rgb, model->generate(want).rgb) << "image " << i;
@@ -310,10 +317,7 @@ TEST_F(Serve, ImageFileIsTheClisForTheSameRequest) {
 TEST_F(Serve, EditsAreTheEnginesEdits) {
   const std::string ref0 = read_file(test::fixture("klein_tiny_a_edit/ref0.png")),
                     ref1 = read_file(test::fixture("images/baseline.jpg"));
-  ImageRequest want;
-  want.prompt = "night";
-  want.steps = 2;
-  want.seed = 5;
+  ImageRequest want = engine_request("night", std::nullopt, std::nullopt, 2, 5);
   want.references = {decode_image(ref0, "ref0"), decode_image(ref1, "ref1")};
   const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
   // The JPEG is 40x24: under the pipeline's 64-pixel minimum.
@@ -364,10 +368,7 @@ TEST_F(Serve, InpaintingIsTheEnginesInpainting) {
   const std::string image = read_file(dir + "image.png"), mask = read_file(dir + "mask.png"),
                     openai = read_file(dir + "mask_openai.png"), reference = read_file(dir + "reference.png");
   const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
-  ImageRequest want;
-  want.prompt = "a door";
-  want.steps = 2;
-  want.seed = 3;
+  ImageRequest want = engine_request("a door", std::nullopt, std::nullopt, 2, 3);
   const PngImage transparent = decode_png(openai, "mask_openai.png", /*with_alpha=*/true);
   Rgb8Image white{transparent.width, transparent.height, std::vector<uint8_t>(transparent.rgb.size())};
   for (size_t i = 0; i < transparent.alpha.size(); ++i)
@@ -721,12 +722,7 @@ TEST_F(Serve, Automatic1111Txt2Img) {
   const Json info = Json::parse(j["info"].get<std::string>());
   EXPECT_EQ(info["seed"], 11);
   EXPECT_EQ(info["width"], 48);
-  ImageRequest want;
-  want.prompt = "a lighthouse at dawn";
-  want.width = 48;
-  want.height = 80;
-  want.steps = 2;
-  want.seed = 11;
+  ImageRequest want = engine_request("a lighthouse at dawn", 48, 80, 2, 11);
   const PngImage png = read_png(as_file(unbase64(j["images"][0]), "serve_a1111.png"));
   EXPECT_EQ(png.rgb, ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage)->generate(want).rgb);
   // A1111's response shapes, key by key and type by type (modules/api/models.py).
@@ -1038,12 +1034,7 @@ TEST(ServeSingleFile, TheTransformerFileServesTheFoldersImages) {
   const auto r = c.Post("/v1/images/generations", body.dump(), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
-  ImageRequest want;
-  want.prompt = "a red fox";
-  want.width = 64;
-  want.height = 48;
-  want.steps = 2;
-  want.seed = 9;
+  ImageRequest want = engine_request("a red fox", 64, 48, 2, 9);
   const PngImage png = read_png(as_file(unbase64(Json::parse(r->body)["data"][0]["b64_json"]), "single_file.png"));
   EXPECT_EQ(png.rgb, ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage)->generate(want).rgb);
 }
@@ -1066,12 +1057,7 @@ TEST(ServeLoras, RequestsApplyTheFoldersLorasByName) {
   ASSERT_EQ(listed["data"].size(), 2u);
   EXPECT_EQ(listed["data"][0]["id"], "kohya.safetensors");
   EXPECT_EQ(listed["data"][1]["id"], "peft.safetensors");
-  ImageRequest want;
-  want.prompt = "a red fox";
-  want.width = 64;
-  want.height = 48;
-  want.steps = 2;
-  want.seed = 9;
+  ImageRequest want = engine_request("a red fox", 64, 48, 2, 9);
   const auto engine = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
   const std::vector<uint8_t> plain = engine->generate(want).rgb;
   want.loras = {{dir + "/peft.safetensors", 0.7f}, {dir + "/kohya.safetensors", 0.5f}};

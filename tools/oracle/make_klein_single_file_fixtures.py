@@ -172,6 +172,26 @@ def write_fp8(bfl, out):
     save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-fp8-dequantized.safetensors"))
 
 
+def add_q8_0_tensors(w, tensors):
+    """(GGUF name, reference name, tensor): 2-D weights Q8_0 where rows allow it, the rest F32; the
+    file is written and closed, and gguf-py's dequantisation returned under the reference names."""
+    dequantized = {}
+    for gguf_name, name, t in tensors:
+        values = t.float().numpy()
+        if values.ndim == 2 and values.shape[-1] % 32 == 0:
+            q = quants.quantize(values, T.Q8_0)
+            w.add_tensor(gguf_name, q, raw_dtype=T.Q8_0)
+            dequantized[name] = torch.from_numpy(quants.dequantize(q, T.Q8_0).astype(np.float32))
+        else:
+            w.add_tensor(gguf_name, values)
+            dequantized[name] = torch.from_numpy(values.copy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dequantized
+
+
 def write_qwen3_gguf(out):
     """klein_tiny_a's text encoder under llama.cpp's names, Q8_0 where the rows allow it."""
     folder = os.path.join(TINY, "text_encoder")
@@ -194,22 +214,12 @@ def write_qwen3_gguf(out):
     w.add_key_length(cfg["head_dim"])
     w.add_value_length(cfg["head_dim"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    dequantized = {}
+    tensors = []
     for hf_name, t in sd.items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert gguf_name, hf_name
-        values = t.float().numpy()
-        if values.ndim == 2 and values.shape[-1] % 32 == 0:
-            q = quants.quantize(values, T.Q8_0)
-            w.add_tensor(gguf_name, q, raw_dtype=T.Q8_0)
-            dequantized[hf_name] = torch.from_numpy(quants.dequantize(q, T.Q8_0).astype(np.float32))
-        else:
-            w.add_tensor(gguf_name, values)
-            dequantized[hf_name] = torch.from_numpy(values.copy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        tensors.append((gguf_name, hf_name, t))
+    dequantized = add_q8_0_tensors(w, tensors)
     save_file(dequantized, os.path.join(out, "qwen3-tiny-Q8_0-dequantized.safetensors"))
 
 
@@ -260,20 +270,7 @@ def main():
 
     w = gguf.GGUFWriter(os.path.join(out, "flux-2-klein-tiny-Q8_0.gguf"), arch="flux")
     w.add_file_type(T.Q8_0)
-    dequantized = {}
-    for name, t in bfl.items():
-        values = t.float().numpy()
-        if values.ndim == 2 and values.shape[-1] % 32 == 0:
-            q = quants.quantize(values, T.Q8_0)
-            w.add_tensor(name, q, raw_dtype=T.Q8_0)
-            dequantized[name] = torch.from_numpy(quants.dequantize(q, T.Q8_0).astype(np.float32))
-        else:
-            w.add_tensor(name, values)
-            dequantized[name] = torch.from_numpy(values.copy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    dequantized = add_q8_0_tensors(w, [(name, name, t) for name, t in bfl.items()])
     save_file(dequantized, os.path.join(out, "flux-2-klein-tiny-Q8_0-dequantized.safetensors"))
 
     write_k_quant_gguf(bfl, out)
