@@ -4,11 +4,14 @@
 // text encoder and VAE as single files; each renders what the folder renders.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "apus/apus.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "io/synth.h"
 #include "io/weight_source.h"
 #include "test_util.h"
 
@@ -217,6 +220,35 @@ TEST(SingleFile, TheCliTakesTheParts) {
                                          common + " -o " + out);
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("--config"), std::string::npos) << bad.output;
+}
+
+// A single file of a published shape takes klein's tokenizer from the Hugging Face cache when
+// --tokenizer is absent (the layout apus carries holds a stand-in), and says where it looks when
+// the cache has none. klein 4B's layout as sparse files (no data: opening reads configs and the
+// tokenizer only).
+TEST(SingleFile, ThePublishedTokenizerComesFromTheHuggingFaceCache) {
+  const std::string layout = test::scratch_dir.path() + "klein4b_layout", cache = test::scratch_dir.path() + "hub";
+  synth_checkpoint(published_layout_dir("flux2-klein-4b"), layout, 1, {}, /*layout_only=*/true);
+  ModelParts p;
+  p.model = layout + "/transformer/diffusion_pytorch_model.safetensors";
+  p.vae = layout + "/vae/diffusion_pytorch_model.safetensors";
+  p.text_encoder = layout + "/text_encoder/model-00001-of-00002.safetensors";
+  std::filesystem::create_directories(cache);
+  ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  expect_error([&] { ImageModel::open(p, Weights::per_stage); },
+               {"--tokenizer DIR", "black-forest-labs/FLUX.2-klein-4B's tokenizer/ folder"});
+  const std::string repo = cache + "/models--black-forest-labs--FLUX.2-klein-4B";
+  std::filesystem::create_directories(repo + "/refs");
+  std::ofstream(repo + "/refs/main") << "0123abcd";
+  const std::string tokenizer = repo + "/snapshots/0123abcd/tokenizer";
+  std::filesystem::create_directories(tokenizer);
+  std::ofstream(tokenizer + "/tokenizer.json") << "{}";
+  // The cached folder is the one read: its (broken) tokenizer is refused naming it.
+  expect_error([&] { ImageModel::open(p, Weights::per_stage); }, {tokenizer});
+  std::filesystem::copy(published_layout_dir("flux2-klein-4b") + "/tokenizer", tokenizer,
+                        std::filesystem::copy_options::overwrite_existing | std::filesystem::copy_options::recursive);
+  EXPECT_EQ(ImageModel::open(p, Weights::per_stage)->label(), "diffusion_pytorch_model.safetensors");
+  ::unsetenv("HF_HUB_CACHE");
 }
 
 // roofline counts a single file as the folder it was made from; bench runs it; serve refuses the

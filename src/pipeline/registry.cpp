@@ -111,6 +111,25 @@ std::string model_label(const std::string& dir) {
 
 const char* kind_name(ModelKind kind) { return kind == ModelKind::audio ? "audio" : "image"; }
 
+namespace {
+
+// The repositories that publish a klein layout's tokenizer (the distilled and -base models share it).
+std::vector<std::string> klein_repos(const std::string& layout) {
+  if (layout == "flux2-klein-9b" || layout == "flux2-klein-9b-kv")
+    return {"black-forest-labs/FLUX.2-klein-9B", "black-forest-labs/FLUX.2-klein-base-9B"};
+  return {"black-forest-labs/FLUX.2-klein-4B", "black-forest-labs/FLUX.2-klein-base-4B"};
+}
+
+// The tokenizer/ folder of the first of those repositories the Hugging Face cache holds; empty if none.
+std::string cached_klein_tokenizer(const std::string& layout) {
+  for (const std::string& repo : klein_repos(layout))
+    if (const std::optional<std::string> snapshot = hf_cached_snapshot(repo))
+      if (path_exists(*snapshot + "/tokenizer/tokenizer.json")) return *snapshot + "/tokenizer";
+  return "";
+}
+
+}  // namespace
+
 bool is_single_file(const std::string& model) {
   return !model.empty() && path_exists(model) && !is_directory(model);
 }
@@ -148,13 +167,14 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
   const bool single_file = is_single_file(parts.model);
   std::string root;
   std::optional<flux2::TransformerFile> transformer;
+  std::string tokenizer = parts.tokenizer;
   if (single_file) {
     transformer = flux2::open_transformer_file(parts.model);
     if (!parts.config.empty()) {
       root = resolve_model_dir(parts.config, Weights::none);
     } else {
       // The first published layout of the transformer's shape (configs only).
-      std::string shapes;
+      std::string shapes, layout;
       for (const std::string& name : kPublishedModels) {
         const std::string config = published_layout_dir(name) + "/transformer/config.json";
         if (!path_exists(config)) continue;
@@ -164,6 +184,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
         if (doubles == transformer->double_blocks && singles == transformer->single_blocks &&
             hidden == transformer->hidden) {
           root = published_layout_dir(name);
+          layout = name;
           break;
         }
         shapes += " " + name + " (" + std::to_string(doubles) + ", " + std::to_string(singles) + ")";
@@ -171,9 +192,13 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
       APUS_CHECK(!root.empty(), parts.model, ": a FLUX.2 transformer of ", transformer->double_blocks, " double and ",
                  transformer->single_blocks, " single blocks, none of the published layouts':", shapes,
                  "; pass --config DIR, a diffusers folder of its configs");
-      APUS_CHECK(weights == Weights::none || (!parts.text_encoder.empty() && !parts.vae.empty() && !parts.tokenizer.empty()),
+      // The layout's tokenizer is a stand-in: the real one from --tokenizer or the model's
+      // repository in the Hugging Face cache.
+      if (parts.tokenizer.empty()) tokenizer = cached_klein_tokenizer(layout);
+      APUS_CHECK(weights == Weights::none || (!parts.text_encoder.empty() && !parts.vae.empty() && !tokenizer.empty()),
                  parts.model, ": a single transformer file needs --text-encoder FILE, --vae FILE and --tokenizer DIR ",
-                 "(or --config DIR, a diffusers folder holding them)");
+                 "(or --config DIR, a diffusers folder holding them); the tokenizer is also found in the Hugging Face ",
+                 "cache as ", klein_repos(layout).front(), "'s tokenizer/ folder");
     }
   } else {
     APUS_CHECK(parts.config.empty(), "--config ", parts.config, ": only for a single-file --model (", parts.model,
@@ -193,7 +218,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
     if (!parts.vae.empty())
       dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
-  if (!parts.tokenizer.empty()) dir.use_folder("tokenizer", parts.tokenizer);
+  if (!tokenizer.empty()) dir.use_folder("tokenizer", tokenizer);
   return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");
 }
 
