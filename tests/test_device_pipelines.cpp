@@ -94,6 +94,10 @@ std::vector<ImageRun> image_runs() {
     inpaint.request.inpaint->mask.rgb[i] = (i / 3) % 5 < 2 ? 255 : 0;
   runs.push_back(inpaint);
   runs.push_back({"9B-shaped", "klein_tiny_9b", request("a bridge at dusk", false)});
+  ImageRun lora{"two LoRAs", "klein_tiny_a", request("a red fox in the snow", false)};
+  lora.request.loras = {{test::fixture("klein_lora/peft.safetensors"), 0.7f},
+                        {test::fixture("klein_lora/bfl.safetensors"), 0.5f}};
+  runs.push_back(lora);
   ImageRun kv{"reference K/V cache", "klein_tiny_9b_kv", request("the same bridge in winter", false)};
   kv.request.width.reset();
   kv.request.height.reset();

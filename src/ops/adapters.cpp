@@ -1,6 +1,7 @@
 #include "ops/adapters.h"
 
 #include "core/error.h"
+#include "ops/backend.h"
 #include "ops/ops.h"
 
 namespace apus {
@@ -19,6 +20,14 @@ void Adapters::add(const std::string& weight, const Shape& weight_shape, LowRank
 const std::vector<LowRank>* Adapters::find(const std::string& weight) const {
   const auto it = by_weight_.find(weight);
   return it == by_weight_.end() ? nullptr : &it->second;
+}
+
+void Adapters::upload(Backend& device) {
+  for (auto& [weight, factors] : by_weight_)
+    for (LowRank& f : factors) {
+      f.down = device.upload(f.down);
+      f.up = device.upload(f.up);
+    }
 }
 
 void Adapters::mark_applied(const std::string& weight) const {

@@ -14,6 +14,7 @@
 
 namespace apus {
 
+class Backend;
 struct Context;
 
 struct LowRank {
@@ -33,6 +34,8 @@ class Adapters {
   // never runs it): an adapter must not be dropped silently.
   std::vector<std::string> unapplied() const;
   void mark_applied(const std::string& weight) const;
+  // Every factor copied into `device`'s memory, where the linears it adapts run.
+  void upload(Backend& device);
 
  private:
   std::map<std::string, std::vector<LowRank>> by_weight_;

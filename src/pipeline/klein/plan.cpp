@@ -146,10 +146,10 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   for (const Crop& crop : w.crops) w.ref_tokens += crop.tokens();
   w.reference_cache = reference_cache_ && w.ref_tokens > 0;
   if (!r.loras.empty()) {
-    APUS_CHECK_FIELD(!device(), "loras", label_, ": LoRAs run on the CPU only so far (the device path is issue 20's)");
     auto adapters = std::make_shared<Adapters>();
     for (const Lora& lora : r.loras)
       flux2::read_lora(lora, dit_weights_, dit_cfg_.num_double, dit_cfg_.num_single, *adapters);
+    if (device()) adapters->upload(*device());
     w.adapters = std::move(adapters);
   }
   return w;

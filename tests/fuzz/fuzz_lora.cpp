@@ -1,0 +1,50 @@
+// libFuzzer target for the LoRA reader: any file must be read into adapters or raise apus::Error,
+// never crash or read outside the file (ASan watches), against klein_tiny_a's transformer shapes
+// (one double and one single block, as the reader's name tables see them).
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "fuzz_file.h"
+#include "models/flux2/lora.h"
+
+namespace {
+
+const std::map<std::string, apus::Shape>& weights() {
+  static const std::map<std::string, apus::Shape> w = [] {
+    std::map<std::string, apus::Shape> m;
+    const int64_t h = 64, f = 192;
+    m["x_embedder.weight"] = {h, 128};
+    m["context_embedder.weight"] = {h, 96};
+    m["proj_out.weight"] = {128, h};
+    m["norm_out.linear.weight"] = {2 * h, h};
+    for (const char* n : {"to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"})
+      m[std::string("transformer_blocks.0.attn.") + n + ".weight"] = {h, h};
+    m["transformer_blocks.0.attn.to_out.0.weight"] = {h, h};
+    m["transformer_blocks.0.ff.linear_in.weight"] = {2 * f, h};
+    m["single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight"] = {3 * h + 2 * f, h};
+    m["single_transformer_blocks.0.attn.to_out.weight"] = {h, h + f};
+    m["single_transformer_blocks.0.attn.norm_q.weight"] = {32};
+    return m;
+  }();
+  return w;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string path = apus::fuzz::write_input("lora.safetensors", data, size);
+  apus::fuzz::expect_only_apus_errors([&] {
+    apus::Adapters adapters;
+    apus::flux2::read_lora({path, 0.75f}, weights(), 1, 1, adapters);
+    for (const auto& [name, shape] : weights())
+      if (const auto* factors = adapters.find(name))
+        for (const apus::LowRank& f : *factors) {
+          volatile float a = apus::load_f32(f.down, 0), b = apus::load_f32(f.up, f.up.numel() - 1);
+          (void)a;
+          (void)b;
+        }
+  });
+  return 0;
+}
