@@ -123,6 +123,34 @@ TEST(Lora, BflFinalAdaLnIsAdaptedWithItsHalvesSwapped) {
   EXPECT_EQ(model->generate(b).rgb, adapted);
 }
 
+// kohya-style names of diffusers' modules (lora_unet_ / lora_transformer_ + the module with _),
+// with .alpha: the same adapter as PEFT's names at alpha / rank.
+TEST(Lora, KohyaNamesOfDiffusersModulesAreRead) {
+  const SafetensorsFile peft = SafetensorsFile::open(fixture("klein_lora/peft.safetensors"));
+  const Tensor& down = peft.get("transformer.context_embedder.lora_A.weight");
+  const Tensor& up = peft.get("transformer.context_embedder.lora_B.weight");
+  Tensor alpha = Tensor::heap({}, DType::f32);
+  alpha.ptr<float>()[0] = float(down.dim(0)) / 2;  // alpha / rank = 1/2
+  const std::string named = test::scratch_dir.path() + "ctx_peft.safetensors";
+  write_safetensors(named, {{"transformer.context_embedder.lora_A.weight", down},
+                            {"transformer.context_embedder.lora_B.weight", up}});
+  const LoraReference ref;
+  ImageRequest want = ref.request("none", false);
+  want.loras = {{named, 0.5f}};
+  const auto model = tiny();
+  const std::vector<uint8_t> expected = model->generate(want).rgb;
+  EXPECT_NE(expected, model->generate(ref.request("none", false)).rgb);
+  for (const char* prefix : {"lora_unet_", "lora_transformer_"}) {
+    const std::string kohya = test::scratch_dir.path() + prefix + "ctx.safetensors";
+    write_safetensors(kohya, {{std::string(prefix) + "context_embedder.lora_down.weight", down},
+                              {std::string(prefix) + "context_embedder.lora_up.weight", up},
+                              {std::string(prefix) + "context_embedder.alpha", alpha}});
+    ImageRequest r = ref.request("none", false);
+    r.loras = {{kohya, 1.0f}};
+    EXPECT_EQ(model->generate(r).rgb, expected) << prefix;
+  }
+}
+
 TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
   const LoraReference ref;
   const auto model = tiny();

@@ -95,9 +95,11 @@ void read_lora(const Lora& lora, const std::map<std::string, Shape>& weights, in
     return s;
   };
   for (const std::string& m : bfl_modules(double_blocks, single_blocks)) underscored["lora_unet_" + underscore(m)] = m;
+  // Trainers that name diffusers' modules the kohya way use either prefix.
   for (const auto& [name, shape] : weights)
     if (ends_with(name, ".weight"))
-      underscored["lora_transformer_" + underscore(name.substr(0, name.size() - 7))] = name.substr(0, name.size() - 7);
+      for (const char* prefix : {"lora_transformer_", "lora_unet_"})
+        underscored.emplace(prefix + underscore(name.substr(0, name.size() - 7)), name.substr(0, name.size() - 7));
 
   std::map<std::string, Module> modules;  // dotted module name -> its tensors
   for (const std::string& key : file->names()) {
