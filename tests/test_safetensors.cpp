@@ -50,6 +50,25 @@ TEST(Safetensors, RoundTripsEveryDtype) {
   std::remove(path.c_str());
 }
 
+// Tensors packed back to back: an f32 one after a 2-byte one is not 4-aligned in the mapping (a
+// kohya LoRA's bf16 alpha before f32 factors). It reads as its bytes from aligned memory, and a
+// copy is never a view whose pages could be dropped.
+TEST(Safetensors, TensorsNotAlignedToTheirElementsAreReadFromAlignedCopies) {
+  std::mt19937 rng(test::test_seed());
+  Tensor alpha = Tensor::heap({}, DType::bf16), factor = Tensor::heap({3, 5}, DType::f32);
+  alpha.ptr<uint16_t>()[0] = 0x4000;
+  for (int64_t i = 0; i < factor.numel(); ++i) factor.ptr<float>()[i] = float(rng() % 1000) / 7.0f;
+  const std::string path = temp_path("packed.safetensors");
+  write_safetensors(path, {{"a.alpha", alpha}, {"b.lora_down.weight", factor}});
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  const Tensor& r = f.get("b.lora_down.weight");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(r.data) % 4, 0u);
+  EXPECT_FALSE(f.maps(r));
+  EXPECT_TRUE(f.maps(f.get("a.alpha")));
+  for (int64_t i = 0; i < factor.numel(); ++i) EXPECT_EQ(load_f32(r, i), factor.ptr<float>()[i]) << i;
+  std::remove(path.c_str());
+}
+
 TEST(Safetensors, RejectsHostileHeaders) {
   const std::string p = temp_path("bad.safetensors");
   struct Bad {

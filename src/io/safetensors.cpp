@@ -84,8 +84,18 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file) {
       if (end > beyond_end) beyond_name = name, beyond_end = end;
       continue;
     }
-    t.data = const_cast<uint8_t*>(base + begin);
-    t.owner = file;
+    if (reinterpret_cast<uintptr_t>(base + begin) % dtype_size(t.dtype) == 0) {
+      t.data = const_cast<uint8_t*>(base + begin);
+      t.owner = file;
+    } else {
+      // The format packs tensors back to back: one after an odd-sized one (a kohya LoRA's bf16
+      // alpha before f32 factors) is not aligned to its elements. Readers load whole elements, so
+      // such a tensor is copied to aligned memory.
+      Tensor aligned = Tensor::heap(t.shape, t.dtype);
+      std::memcpy(aligned.data, base + begin, end - begin);
+      t.data = aligned.data;
+      t.owner = aligned.owner;
+    }
     if (end > begin) ranges.push_back({begin, end});
     out.entries_.emplace(name, std::move(t));
   }

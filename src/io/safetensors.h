@@ -36,6 +36,12 @@ class SafetensorsFile {
   std::vector<std::string> names() const;
   const std::string& path() const { return file_->path; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Whether `t` is a view of this file's mapping (not an aligned copy): only then may its pages
+  // be dropped.
+  bool maps(const Tensor& t) const {
+    const auto* p = static_cast<const uint8_t*>(t.data);
+    return file_->mapped && p >= file_->data && p + t.nbytes() <= file_->data + file_->size;
+  }
 
  private:
   std::shared_ptr<MappedFile> file_;

@@ -104,7 +104,9 @@ size_t SingleFile::make_resident(const std::vector<std::string>& names) const {
 
 void SingleFile::release(const std::string& name) const {
   const auto it = entries_.find(name);
-  if (it != entries_.end() && !it->second.swap_halves) drop_pages(stored(it->second.stored));
+  if (it == entries_.end() || it->second.swap_halves) return;
+  const Tensor& t = stored(it->second.stored);
+  if (gguf_ || safetensors_->maps(t)) drop_pages(t);
 }
 
 }  // namespace apus

@@ -94,7 +94,7 @@ size_t SafetensorsFolder::make_resident(const std::vector<std::string>& names) c
 void SafetensorsFolder::release(const std::string& name) const {
   const Tensor& t = stored(name);
   released_.insert(name);
-  drop_pages(t);
+  if (where_.at(name)->maps(t)) drop_pages(t);
 }
 
 size_t read_pages(std::vector<const Tensor*> tensors) {
