@@ -43,6 +43,18 @@ ModelParts single(const std::string& file) {
   return p;
 }
 
+// A single-file transformer renders, in bf16 and in fp32, exactly what `reference` (its values as
+// another file: gguf-py's dequantisation, torch's scaled fp8) renders; returns the bf16 image.
+std::vector<uint8_t> expect_renders_as(const std::string& file, const std::string& reference) {
+  std::vector<uint8_t> bf16;
+  for (const bool fp32 : {false, true}) {
+    const std::vector<uint8_t> want = render(single(fixture(reference)), fp32);
+    EXPECT_EQ(render(single(fixture(file)), fp32), want) << file << (fp32 ? " fp32" : " bf16");
+    if (!fp32) bf16 = want;
+  }
+  return bf16;
+}
+
 // Every tensor of `from` under `prefix` + its name, as one file.
 std::string rewritten(const std::string& name, const std::vector<std::string>& files, const std::string& prefix) {
   std::vector<SafetensorsFile> opened;
@@ -117,36 +129,24 @@ TEST(SingleFile, VaeInBflNamesRendersTheFoldersImage) {
 TEST(SingleFile, GgufQ8TransformerRendersWhatItsDequantisedWeightsRender) {
   // gguf-py's dequantisation of the file, as f32 in BFL's names: the model the GGUF holds. The
   // GGUF runs its blocks as stored, expanded panel by panel inside the linears.
-  for (const bool fp32 : {false, true}) {
-    const std::vector<uint8_t> want =
-        render(single(fixture("klein_single/flux-2-klein-tiny-Q8_0-dequantized.safetensors")), fp32);
-    EXPECT_EQ(render(single(fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf")), fp32), want)
-        << (fp32 ? "fp32" : "bf16");
-  }
+  expect_renders_as("klein_single/flux-2-klein-tiny-Q8_0.gguf",
+                    "klein_single/flux-2-klein-tiny-Q8_0-dequantized.safetensors");
 }
 
 TEST(SingleFile, GgufKQuantTransformerRendersWhatItsDequantisedWeightsRender) {
   // A mixed file as a Q4_K_M is: Q4_K and Q6_K where a row holds 256 values, Q8_0 elsewhere.
-  const std::vector<uint8_t> bfl = render(single(fixture("klein_single/flux-2-klein-tiny.safetensors")));
-  for (const bool fp32 : {false, true}) {
-    const std::vector<uint8_t> want =
-        render(single(fixture("klein_single/flux-2-klein-tiny-Q4_K_M-dequantized.safetensors")), fp32);
-    EXPECT_EQ(render(single(fixture("klein_single/flux-2-klein-tiny-Q4_K_M.gguf")), fp32), want)
-        << (fp32 ? "fp32" : "bf16");
-    if (!fp32) EXPECT_NE(want, bfl) << "the K blocks' random weights must change the image";
-  }
+  const std::vector<uint8_t> bf16 = expect_renders_as("klein_single/flux-2-klein-tiny-Q4_K_M.gguf",
+                                                      "klein_single/flux-2-klein-tiny-Q4_K_M-dequantized.safetensors");
+  EXPECT_NE(bf16, render(single(fixture("klein_single/flux-2-klein-tiny.safetensors"))))
+      << "the K blocks' random weights must change the image";
 }
 
 TEST(SingleFile, Fp8TransformerRendersWhatItsScaledWeightsRender) {
   // BFL's fp8 layout: float8_e4m3fn weights with per-tensor .weight_scale (and .input_scale, for
   // fp8 matmuls) against torch's weight.float() * weight_scale. Without the scales applied the
   // weights would be amax-normalised (up to 448): the test sees a dropped scale.
-  for (const bool fp32 : {false, true}) {
-    const std::vector<uint8_t> want =
-        render(single(fixture("klein_single/flux-2-klein-tiny-fp8-dequantized.safetensors")), fp32);
-    EXPECT_EQ(render(single(fixture("klein_single/flux-2-klein-tiny-fp8.safetensors")), fp32), want)
-        << (fp32 ? "fp32" : "bf16");
-  }
+  expect_renders_as("klein_single/flux-2-klein-tiny-fp8.safetensors",
+                    "klein_single/flux-2-klein-tiny-fp8-dequantized.safetensors");
 }
 
 TEST(SingleFile, GgufTextEncoderRendersWhatItsDequantisedWeightsRender) {

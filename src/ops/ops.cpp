@@ -251,28 +251,25 @@ template <> struct After<OpId::linear> {
 
 }  // namespace
 
-#define APUS_FRONT_END(ret, name, params, args)                                        \
-  ret name params {                                                                    \
-    const OpCost apus_cost = name##_cost args;                                         \
-    if (!account(c, apus_cost)) {                                                      \
-      After<OpId::name>::run args;                                                     \
-      return counted<ret>();                                                           \
-    }                                                                                  \
-    Backend& apus_backend = backend_of(c);                                             \
-    check_runs(apus_backend, OpId::name);                                              \
-    OperandCheck{apus_backend, #name}.check args;                                      \
-    if constexpr (std::is_void_v<ret>) {                                               \
-      {                                                                                \
-        std::optional<TraceSpan> apus_span;                                            \
-        if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
-        apus_backend.name args;                                                        \
-      }                                                                                \
-      After<OpId::name>::run args;                                                     \
-    } else {                                                                           \
-      std::optional<TraceSpan> apus_span;                                              \
-      if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
-      return apus_backend.name args;                                                   \
-    }                                                                                  \
+#define APUS_FRONT_END(ret, name, params, args)                                      \
+  ret name params {                                                                  \
+    const OpCost apus_cost = name##_cost args;                                       \
+    if (!account(c, apus_cost)) {                                                    \
+      After<OpId::name>::run args;                                                   \
+      return counted<ret>();                                                         \
+    }                                                                                \
+    Backend& apus_backend = backend_of(c);                                           \
+    check_runs(apus_backend, OpId::name);                                            \
+    OperandCheck{apus_backend, #name}.check args;                                    \
+    std::optional<TraceSpan> apus_span;                                              \
+    if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
+    if constexpr (std::is_void_v<ret>) {                                             \
+      apus_backend.name args;                                                        \
+      apus_span.reset(); /* what runs after is spanned as its own ops */            \
+      After<OpId::name>::run args;                                                   \
+    } else {                                                                         \
+      return apus_backend.name args;                                                 \
+    }                                                                                \
   }
 APUS_OPS(APUS_FRONT_END)
 #undef APUS_FRONT_END

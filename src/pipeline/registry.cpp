@@ -128,6 +128,24 @@ std::string cached_klein_tokenizer(const std::string& layout) {
   return "";
 }
 
+// The first published layout of a single-file transformer's shape (configs only), refused naming
+// the shapes there are.
+std::string published_layout_of(const flux2::TransformerFile& transformer, const std::string& file) {
+  std::string shapes;
+  for (const std::string& name : kPublishedModels) {
+    const std::string config = published_layout_dir(name) + "/transformer/config.json";
+    if (!path_exists(config)) continue;
+    const Config c = read_config(config);
+    const int64_t doubles = c.get_int("num_layers"), singles = c.get_int("num_single_layers");
+    const int64_t hidden = c.get_int("num_attention_heads") * c.get_int("attention_head_dim");
+    if (doubles == transformer.double_blocks && singles == transformer.single_blocks && hidden == transformer.hidden)
+      return name;
+    shapes += " " + name + " (" + std::to_string(doubles) + ", " + std::to_string(singles) + ")";
+  }
+  fail(file, ": a FLUX.2 transformer of ", transformer.double_blocks, " double and ", transformer.single_blocks,
+       " single blocks, none of the published layouts':", shapes, "; pass --config DIR, a diffusers folder of its configs");
+}
+
 }  // namespace
 
 bool is_single_file(const std::string& model) {
@@ -173,25 +191,8 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
     if (!parts.config.empty()) {
       root = resolve_model_dir(parts.config, Weights::none);
     } else {
-      // The first published layout of the transformer's shape (configs only).
-      std::string shapes, layout;
-      for (const std::string& name : kPublishedModels) {
-        const std::string config = published_layout_dir(name) + "/transformer/config.json";
-        if (!path_exists(config)) continue;
-        const Config c = read_config(config);
-        const int64_t doubles = c.get_int("num_layers"), singles = c.get_int("num_single_layers");
-        const int64_t hidden = c.get_int("num_attention_heads") * c.get_int("attention_head_dim");
-        if (doubles == transformer->double_blocks && singles == transformer->single_blocks &&
-            hidden == transformer->hidden) {
-          root = published_layout_dir(name);
-          layout = name;
-          break;
-        }
-        shapes += " " + name + " (" + std::to_string(doubles) + ", " + std::to_string(singles) + ")";
-      }
-      APUS_CHECK(!root.empty(), parts.model, ": a FLUX.2 transformer of ", transformer->double_blocks, " double and ",
-                 transformer->single_blocks, " single blocks, none of the published layouts':", shapes,
-                 "; pass --config DIR, a diffusers folder of its configs");
+      const std::string layout = published_layout_of(*transformer, parts.model);
+      root = published_layout_dir(layout);
       // The layout's tokenizer is a stand-in: the real one from --tokenizer or the model's
       // repository in the Hugging Face cache.
       if (parts.tokenizer.empty()) tokenizer = cached_klein_tokenizer(layout);

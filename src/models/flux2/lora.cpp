@@ -14,10 +14,6 @@ namespace apus::flux2 {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
 
 // One adapted module's tensors as the file stores them.
 struct Module {
@@ -47,7 +43,7 @@ PeftConfig read_peft_config(const SafetensorsFile& file, const std::string& path
   APUS_CHECK(j.is_object(), path, ": metadata 'lora_adapter_metadata' is not a JSON object");
   for (const auto& [key, value] : j.items()) {
     std::string k = key;
-    if (starts_with(k, "transformer.")) k = k.substr(12);
+    if (k.starts_with("transformer.")) k = k.substr(12);
     if (k == "lora_alpha") {
       APUS_CHECK(value.is_number(), path, ": lora_adapter_metadata '", key, "' is ", value.dump(), ", expected a number");
       cfg.alpha = value.get<double>();
@@ -76,7 +72,7 @@ PeftConfig read_peft_config(const SafetensorsFile& file, const std::string& path
 // PEFT's alpha for `module`: the alpha_pattern entry it ends with (as PEFT's "(.*\.)?key$"), else lora_alpha.
 std::optional<double> peft_alpha(const PeftConfig& cfg, const std::string& module) {
   for (const auto& [pattern, alpha] : cfg.alpha_pattern)
-    if (module == pattern || ends_with(module, "." + pattern)) return alpha;
+    if (module == pattern || module.ends_with("." + pattern)) return alpha;
   return cfg.alpha;
 }
 
@@ -97,36 +93,37 @@ void read_lora(const Lora& lora, const std::map<std::string, Shape>& weights, in
   for (const std::string& m : bfl_modules(double_blocks, single_blocks)) underscored["lora_unet_" + underscore(m)] = m;
   // Trainers that name diffusers' modules the kohya way use either prefix.
   for (const auto& [name, shape] : weights)
-    if (ends_with(name, ".weight"))
+    if (name.ends_with(".weight"))
       for (const char* prefix : {"lora_transformer_", "lora_unet_"})
         underscored.emplace(prefix + underscore(name.substr(0, name.size() - 7)), name.substr(0, name.size() - 7));
 
   std::map<std::string, Module> modules;  // dotted module name -> its tensors
   for (const std::string& key : file->names()) {
     for (const char* te : {"text_encoder.", "lora_te_", "lora_te1_", "lora_te2_", "te."})
-      APUS_CHECK(!starts_with(key, te), path, ": key '", key,
+      APUS_CHECK(!key.starts_with(te), path, ": key '", key,
                  "' adapts the text encoder; apus applies adapters to the transformer only");
-    for (const char* kind : {".dora_scale", ".lokr_", ".hada_", ".diff", ".lora_mid"})
-      APUS_CHECK(key.find(kind) == std::string::npos, path, ": key '", key, "' is a ",
-                 std::string(kind) == ".dora_scale" ? "DoRA"
-                 : std::string(kind) == ".lokr_"    ? "LyCORIS LoKr"
-                 : std::string(kind) == ".hada_"    ? "LyCORIS LoHa"
-                 : std::string(kind) == ".diff"     ? "full-difference"
-                                                    : "LoCon mid",
+    // Adapter kinds other than plain LoRA, by the marker in their keys.
+    static const std::pair<const char*, const char*> kOtherKinds[] = {{".dora_scale", "DoRA"},
+                                                                      {".lokr_", "LyCORIS LoKr"},
+                                                                      {".hada_", "LyCORIS LoHa"},
+                                                                      {".diff", "full-difference"},
+                                                                      {".lora_mid", "LoCon mid"}};
+    for (const auto& [marker, kind] : kOtherKinds)
+      APUS_CHECK(key.find(marker) == std::string::npos, path, ": key '", key, "' is a ", kind,
                  " tensor; apus applies plain low-rank (LoRA) adapters only");
     std::string name = key;
     for (const char* prefix : {"base_model.model.", "transformer.", "model.diffusion_model.", "diffusion_model."})
-      if (starts_with(name, prefix)) name = name.substr(std::strlen(prefix));
+      if (name.starts_with(prefix)) name = name.substr(std::strlen(prefix));
     std::string role;
     for (const char* suffix : {".lora_A.weight", ".lora_B.weight", ".lora_down.weight", ".lora_up.weight", ".alpha"})
-      if (ends_with(name, suffix)) {
+      if (name.ends_with(suffix)) {
         role = suffix;
         name = name.substr(0, name.size() - role.size());
         break;
       }
     APUS_CHECK(!role.empty(), path, ": key '", key, "' is no LoRA tensor (expected .lora_A.weight / .lora_B.weight, ",
                ".lora_down.weight / .lora_up.weight or .alpha)");
-    if (starts_with(name, "lora_unet_") || starts_with(name, "lora_transformer_")) {
+    if (name.starts_with("lora_unet_") || name.starts_with("lora_transformer_")) {
       const auto it = underscored.find(name);
       APUS_CHECK(it != underscored.end(), path, ": key '", key, "' names no module of this FLUX.2 transformer");
       name = it->second;

@@ -15,7 +15,7 @@ const char* const kPrefixes[] = {"model.diffusion_model.", "diffusion_model."};
 
 std::string strip_prefix(const std::string& name) {
   for (const char* p : kPrefixes)
-    if (name.rfind(p, 0) == 0) return name.substr(std::string(p).size());
+    if (name.starts_with(p)) return name.substr(std::strlen(p));
   return name;
 }
 
@@ -131,17 +131,12 @@ TransformerFile open_transformer_file(const std::string& path) {
     APUS_CHECK(name.find(".comfy_quant") == std::string::npos, path, ": tensor '", it->second,
                "' describes ComfyUI's mixed quantisation, which apus does not read yet (issue 20)");
     bool scale = false;
-    for (const char* suffix : {".weight_scale", ".scale_weight"}) {
-      const size_t n = std::strlen(suffix);
-      if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) {
-        weight_scales[name.substr(0, name.size() - n) + ".weight"] = it->second;
+    for (const char* suffix : {".weight_scale", ".scale_weight"})
+      if (name.ends_with(suffix)) {
+        weight_scales[name.substr(0, name.size() - std::strlen(suffix)) + ".weight"] = it->second;
         scale = true;
       }
-    }
-    for (const char* suffix : {".input_scale", ".scale_input"}) {
-      const size_t n = std::strlen(suffix);
-      scale |= name.size() > n && name.compare(name.size() - n, n, suffix) == 0;
-    }
+    for (const char* suffix : {".input_scale", ".scale_input"}) scale |= name.ends_with(suffix);
     it = scale || name == "scaled_fp8" ? stripped.erase(it) : std::next(it);
   }
   for (const auto& [weight, scale] : weight_scales)
@@ -200,7 +195,7 @@ namespace {
 
 // "up.3.block.1.conv1.weight" after `head` ("up.") -> {3, "block.1.conv1.weight"}.
 bool split_index(const std::string& name, const std::string& head, int64_t& index, std::string& rest) {
-  if (name.rfind(head, 0) != 0) return false;
+  if (!name.starts_with(head)) return false;
   const size_t dot = name.find('.', head.size());
   const std::string digits = name.substr(head.size(), dot == std::string::npos ? dot : dot - head.size());
   if (dot == std::string::npos || digits.empty() || digits.size() > 6 ||
@@ -243,11 +238,11 @@ bool ldm_vae_name(const std::string& name, int64_t up_blocks, std::string& to, b
   const std::string inner = name.substr(8);
   int64_t i = 0, j = 0;
   std::string rest, tail;
-  if (inner.rfind("mid.block_", 0) == 0 && split_index(inner, "mid.block_", i, rest) && (i == 1 || i == 2)) {
+  if (split_index(inner, "mid.block_", i, rest) && (i == 1 || i == 2)) {
     to = coder + "mid_block.resnets." + std::to_string(i - 1) + "." + resnet_param(rest);
     return true;
   }
-  if (inner.rfind("mid.attn_1.", 0) == 0) {
+  if (inner.starts_with("mid.attn_1.")) {
     const std::string sub = inner.substr(11, inner.size() - 11 - param.size() - 1);
     const auto it = attention.find(sub);
     if (it == attention.end()) return false;
@@ -268,7 +263,7 @@ bool ldm_vae_name(const std::string& name, int64_t up_blocks, std::string& to, b
     return true;
   }
   const std::string sampler = down ? "downsample.conv." : "upsample.conv.";
-  if (rest.rfind(sampler, 0) != 0) return false;
+  if (!rest.starts_with(sampler)) return false;
   to = at + (down ? "downsamplers.0.conv." : "upsamplers.0.conv.") + rest.substr(sampler.size());
   return true;
 }
@@ -281,9 +276,9 @@ std::shared_ptr<const SingleFile> open_vae_file(const std::string& path) {
   for (const std::string& s : file->stored_names()) {
     std::string n = s;
     for (const char* p : {"first_stage_model.", "vae."})
-      if (n.rfind(p, 0) == 0) n = n.substr(std::string(p).size());
+      if (n.starts_with(p)) n = n.substr(std::strlen(p));
     for (const char* nested : {"encoder.quant_conv.", "decoder.post_quant_conv."})
-      if (n.rfind(nested, 0) == 0) n = n.substr(8);
+      if (n.starts_with(nested)) n = n.substr(8);
     bare[n] = s;
   }
   const bool diffusers = bare.count("decoder.up_blocks.0.resnets.0.conv1.weight") > 0;

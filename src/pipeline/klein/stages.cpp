@@ -34,8 +34,11 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   reference_cache_ = index.reference_cache;
   // Everything a directory can get wrong in its configs is found here, before any request.
   const auto text_cfg = flux2::TextEncoderConfig::read(dir_.config("text_encoder"));
-  dit_cfg_ = flux2::TransformerConfig::read(dir_.config("transformer"));
-  dit_weights_ = flux2::Transformer::load(configs_.config("transformer"), configs_.weights("transformer")).weight_shapes();
+  // The transformer counted once: its config, and its weights' shapes for adapters to fit.
+  const flux2::Transformer counted =
+      flux2::Transformer::load(configs_.config("transformer"), configs_.weights("transformer"));
+  dit_cfg_ = counted.config();
+  dit_weights_ = counted.weight_shapes();
   flux2::VaeConfig::read(dir_.config("vae"));
   scheduler_cfg_ = dir_.config("scheduler", "scheduler_config.json");
   if (weights_ == Weights::none) return;
@@ -148,7 +151,7 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
     const AdapterScope adapted(c, w.adapters.get());
     dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity, w.reference_kv ? &*w.reference_kv : nullptr);
   }
-  if (w.adapters) {
+  if (w.adapters && i == w.first_step) {
     // The prologue and one step run every linear: an adapter left unapplied was lost on the way.
     const std::vector<std::string> missing = w.adapters->unapplied();
     APUS_CHECK(missing.empty(), label_, ": the LoRA for '", missing.empty() ? "" : missing.front(),
