@@ -173,9 +173,11 @@ const char* const kModelHelp =
 
 // The parts a single-file --model needs beside it (or that replace a folder's).
 void add_part_options(CLI::App* app, apus::ModelParts& parts) {
-  app->add_option("--text-encoder", parts.text_encoder, "the text encoder as one file (transformers' names)");
+  app->add_option("--text-encoder", parts.text_encoder, "the text encoder as one file (transformers' names, or llama.cpp's GGUF)");
   app->add_option("--vae", parts.vae, "the VAE as one file (diffusers' or BFL's names)");
-  app->add_option("--tokenizer", parts.tokenizer, "a folder holding the tokenizer's tokenizer.json");
+  app->add_option("--tokenizer", parts.tokenizer,
+                  "the tokenizer: a folder holding tokenizer.json, the file itself, or a GGUF carrying one "
+                  "(a text encoder GGUF's own is used when this is absent)");
   app->add_option("--config", parts.config,
                   "a diffusers folder (or cached ORG/NAME) whose configs serve a single-file --model");
 }

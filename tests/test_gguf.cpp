@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/quant_blocks.h"
@@ -12,6 +15,8 @@
 #include "io/model_dir.h"
 #include "io/safetensors.h"
 #include "test_util.h"
+#include "text/bpe_tokenizer.h"
+#include "text/klein_prompt.h"
 
 namespace apus {
 namespace {
@@ -108,6 +113,21 @@ Bytes header(uint64_t tensors, uint64_t kvs) {
   return b;
 }
 
+// Metadata entries of GGUF's string (8), int32 (5) and array (9) types.
+Bytes& meta_string(Bytes& b, const std::string& key, const std::string& value) {
+  return b.str(key).put<uint32_t>(8).str(value);
+}
+Bytes& meta_strings(Bytes& b, const std::string& key, const std::vector<std::string>& values) {
+  b.str(key).put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(values.size());
+  for (const std::string& v : values) b.str(v);
+  return b;
+}
+Bytes& meta_ints(Bytes& b, const std::string& key, const std::vector<int32_t>& values) {
+  b.str(key).put<uint32_t>(9).put<uint32_t>(5).put<uint64_t>(values.size());
+  for (int32_t v : values) b.put<int32_t>(v);
+  return b;
+}
+
 // One tensor entry: name, dims (GGUF order), type, offset.
 Bytes& tensor(Bytes& b, const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t offset) {
   b.str(name).put<uint32_t>(uint32_t(ne.size()));
@@ -189,6 +209,75 @@ TEST(Gguf, EveryTruncationOfARealFileIsRefused) {
     b.s_ = whole.substr(0, cut);
     expect_error([&] { b.parse(); }, {"hostile.gguf"});
   }
+}
+
+// A GGUF carrying only a tokenizer, as llama.cpp's converter writes one, in a file.
+struct TokenizerMetadata {
+  std::string model = "gpt2", pre = "qwen2";
+  std::vector<std::string> tokens = {"a", "b", "ab", "\xc4\xa0", "<|x|>", "<y>", "[PAD6]"};
+  std::vector<int32_t> types = {1, 1, 1, 1, 3, 4, 5};
+  std::vector<std::string> merges = {"a b"};
+  std::string write(const std::string& name) const {
+    Bytes b = header(0, 5);
+    meta_string(b, "tokenizer.ggml.model", model);
+    meta_string(b, "tokenizer.ggml.pre", pre);
+    meta_strings(b, "tokenizer.ggml.tokens", tokens);
+    meta_ints(b, "tokenizer.ggml.token_type", types);
+    meta_strings(b, "tokenizer.ggml.merges", merges);
+    const std::string path = (std::filesystem::path(::testing::TempDir()) / name).string();
+    std::ofstream(path, std::ios::binary) << b.s_;
+    return path;
+  }
+};
+
+// The tokenizer a text encoder's GGUF carries (klein_tiny_a's, written as llama.cpp's
+// convert_hf_to_gguf writes it) tokenizes every reference case as Hugging Face's tokenizer.json does.
+TEST(GgufTokenizer, TheTextEncodersOwnEncodesAsHuggingFace) {
+  const BpeTokenizer gguf = BpeTokenizer::load(fixture("klein_single/qwen3-tiny-Q8_0.gguf"));
+  const BpeTokenizer folder = BpeTokenizer::load(fixture("klein_tiny_a/tokenizer"));
+  const Json cases = read_json(fixture("tokenizer_cases.json"));
+  ASSERT_EQ(cases["tokenizer"], "klein_tiny_a/tokenizer/tokenizer.json");
+  ASSERT_FALSE(cases["cases"].empty());
+  for (const Json& c : cases["cases"]) {
+    const auto text = c["text"].get<std::string>();
+    EXPECT_EQ(gguf.encode(text), c["ids"].get<std::vector<int32_t>>()) << Json(text).dump();
+  }
+  for (const Json& c : cases["templated"]) {
+    const auto prompt = c["prompt"].get<std::string>();
+    EXPECT_EQ(encode_klein_prompt(gguf, prompt, cases["max_length"].get<int>(), nullptr),
+              c["input_ids"].get<std::vector<int32_t>>()) << Json(prompt).dump();
+  }
+  for (const auto& [token, id] : cases["special_ids"].items()) EXPECT_EQ(gguf.token_id(token), id.get<int32_t>());
+  // The padding rows past the tokenizer ([PADn], unused) are no tokens.
+  EXPECT_EQ(gguf.max_id(), folder.max_id());
+  expect_error([&] { gguf.token_id("[PAD2687]"); }, {"[PAD2687]"});
+}
+
+TEST(GgufTokenizer, NormalControlAndUserDefinedTokensMerge) {
+  const BpeTokenizer t = BpeTokenizer::load(TokenizerMetadata().write("tok.gguf"));
+  EXPECT_EQ(t.encode("ab<|x|>a<y> b"), (std::vector<int32_t>{2, 4, 0, 5, 3, 1}));
+  EXPECT_EQ(t.max_id(), 5);
+}
+
+TEST(GgufTokenizer, WhatIsNotAByteLevelBpeIsRefusedNamingTheKey) {
+  TokenizerMetadata m;
+  m.model = "llama";
+  expect_error([&] { BpeTokenizer::load(m.write("spm.gguf")); }, {"spm.gguf", "tokenizer.ggml.model 'llama'", "gpt2"});
+  m = {};
+  m.pre = "llama-bpe";
+  expect_error([&] { BpeTokenizer::load(m.write("pre.gguf")); }, {"pre.gguf", "tokenizer.ggml.pre 'llama-bpe'"});
+  m = {};
+  m.types[1] = 6;
+  expect_error([&] { BpeTokenizer::load(m.write("byte.gguf")); }, {"byte.gguf", "tokenizer.ggml.token_type[1] is 6"});
+  m = {};
+  m.types.pop_back();
+  expect_error([&] { BpeTokenizer::load(m.write("count.gguf")); }, {"count.gguf", "token_type has 6 entries for 7"});
+  m = {};
+  m.merges = {"a c"};
+  expect_error([&] { BpeTokenizer::load(m.write("merge.gguf")); }, {"merge.gguf (tokenizer.ggml.*)", "model.merges[0]"});
+  // A GGUF without a tokenizer (a DiT's) is refused naming what a tokenizer GGUF has.
+  expect_error([] { BpeTokenizer::load(fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf")); },
+               {"flux-2-klein-tiny-Q8_0.gguf", "carries no tokenizer"});
 }
 
 }  // namespace

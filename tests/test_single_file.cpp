@@ -159,7 +159,13 @@ TEST(SingleFile, GgufTextEncoderRendersWhatItsDequantisedWeightsRender) {
     const std::vector<uint8_t> want = render(p, fp32);
     p.text_encoder = fixture("klein_single/qwen3-tiny-Q8_0.gguf");
     EXPECT_EQ(render(p, fp32), want) << (fp32 ? "fp32" : "bf16");
+    // The tokenizer it carries (tokenizer.ggml.*) serves as --tokenizer.
+    p.tokenizer = p.text_encoder;
+    EXPECT_EQ(render(p, fp32), want) << (fp32 ? "fp32" : "bf16");
   }
+  ModelParts no_tokenizer{root};
+  no_tokenizer.tokenizer = fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf");
+  expect_error([&] { render(no_tokenizer); }, {"flux-2-klein-tiny-Q8_0.gguf", "carries no tokenizer"});
   ModelParts wrong{root};
   wrong.text_encoder = fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf");
   expect_error([&] { render(wrong); }, {"flux-2-klein-tiny-Q8_0.gguf", "not a Qwen3 text encoder", "token_embd.weight"});
@@ -222,8 +228,9 @@ TEST(SingleFile, TheCliTakesTheParts) {
   EXPECT_NE(bad.output.find("--config"), std::string::npos) << bad.output;
 }
 
-// A single file of a published shape takes klein's tokenizer from the Hugging Face cache when
-// --tokenizer is absent (the layout apus carries holds a stand-in), and says where it looks when
+// A single file of a published shape takes klein's tokenizer from a text encoder GGUF that carries
+// one, else from the Hugging Face cache, when --tokenizer is absent (the layout apus carries holds
+// a stand-in), and says where it looks when
 // the cache has none. klein 4B's layout as sparse files (no data: opening reads configs and the
 // tokenizer only).
 TEST(SingleFile, ThePublishedTokenizerComesFromTheHuggingFaceCache) {
@@ -245,6 +252,10 @@ TEST(SingleFile, ThePublishedTokenizerComesFromTheHuggingFaceCache) {
   std::ofstream(tokenizer + "/tokenizer.json") << "{}";
   // The cached folder is the one read: its (broken) tokenizer is refused naming it.
   expect_error([&] { ImageModel::open(p, Weights::per_stage); }, {tokenizer});
+  // A text encoder GGUF's own tokenizer comes before the cache's.
+  ModelParts with_gguf = p;
+  with_gguf.text_encoder = fixture("klein_single/qwen3-tiny-Q8_0.gguf");
+  EXPECT_NO_THROW(ImageModel::open(with_gguf, Weights::per_stage));
   std::filesystem::copy(published_layout_dir("flux2-klein-4b") + "/tokenizer", tokenizer,
                         std::filesystem::copy_options::overwrite_existing | std::filesystem::copy_options::recursive);
   EXPECT_EQ(ImageModel::open(p, Weights::per_stage)->label(), "diffusion_pytorch_model.safetensors");

@@ -97,6 +97,11 @@ nlohmann::json value(Reader& r, uint32_t type, const std::string& key, const std
 
 }  // namespace
 
+bool is_gguf_file(const std::string& path) {
+  const std::shared_ptr<MappedFile> bytes = map_file(path);
+  return bytes->size >= 4 && std::memcmp(bytes->data, "GGUF", 4) == 0;
+}
+
 GgufFile GgufFile::open(const std::string& path) { return parse(map_file(path)); }
 
 GgufFile GgufFile::parse(std::shared_ptr<MappedFile> file) {

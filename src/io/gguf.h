@@ -14,6 +14,9 @@
 
 namespace apus {
 
+// Whether a regular file begins with GGUF's magic.
+bool is_gguf_file(const std::string& path);
+
 class GgufFile {
  public:
   // Throws apus::Error naming the file and what in it is wrong.

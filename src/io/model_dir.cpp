@@ -161,10 +161,15 @@ std::string ModelDir::component_class(const std::string& name) const {
 }
 
 std::string ModelDir::component(const std::string& name) const {
-  const auto given = folders_.find(name);
-  const std::string p = given != folders_.end() ? given->second : root_ + "/" + name;
+  const auto given = parts_.find(name);
+  const std::string p = given != parts_.end() ? given->second : root_ + "/" + name;
   APUS_CHECK(is_directory(p), p, ": component folder missing (model_index.json lists '", name, "')");
   return p;
+}
+
+std::string ModelDir::part(const std::string& name) const {
+  const auto given = parts_.find(name);
+  return given != parts_.end() ? given->second : component(name);
 }
 
 WeightLoader ModelDir::weights(const std::string& name) const {
@@ -182,9 +187,9 @@ ModelDir& ModelDir::use_weights(const std::string& component, std::shared_ptr<co
   return *this;
 }
 
-ModelDir& ModelDir::use_folder(const std::string& component, const std::string& dir) {
-  APUS_CHECK(is_directory(dir), dir, ": not a folder (expected the ", component, " folder)");
-  folders_[component] = dir;
+ModelDir& ModelDir::use_part(const std::string& component, const std::string& path) {
+  APUS_CHECK(path_exists(path), path, ": no such file or folder (expected the ", component, ")");
+  parts_[component] = path;
   return *this;
 }
 

@@ -76,8 +76,10 @@ class ModelDir {
   // a device backend, weights() hands out the device copies of what the models fetch.
   static ModelDir open(const std::string& root, bool load_weights = true, Backend* device = nullptr);
   const std::string& root() const { return root_; }
-  // path of the folder, checked to exist (a folder given by use_folder first)
+  // path of the folder, checked to exist (a folder given by use_part first)
   std::string component(const std::string& name) const;
+  // What use_part gave for the component (a folder or a file), else its folder.
+  std::string part(const std::string& name) const;
   Config config(const std::string& name, const std::string& file = "config.json") const;
   WeightLoader weights(const std::string& name) const;
   const Json& index() const { return index_; }
@@ -88,9 +90,10 @@ class ModelDir {
   std::string component_class(const std::string& name) const;
 
   // A model assembled from parts: `component`'s weights from `source` (a single file) instead of
-  // its folder; its folder (configs, a tokenizer) at `dir`.
+  // its folder; the component itself (configs, a tokenizer) at `path`, a folder or, where the
+  // component is one file (a tokenizer inside a GGUF), that file.
   ModelDir& use_weights(const std::string& component, std::shared_ptr<const WeightSource> source);
-  ModelDir& use_folder(const std::string& component, const std::string& dir);
+  ModelDir& use_part(const std::string& component, const std::string& path);
   // What the model is called (a PNG's metadata): model_label(root) unless set.
   const std::string& label() const { return label_; }
   ModelDir& set_label(std::string label);
@@ -104,7 +107,7 @@ class ModelDir {
   bool load_weights_ = true;
   Backend* device_ = nullptr;
   std::map<std::string, std::shared_ptr<const WeightSource>> sources_;
-  std::map<std::string, std::string> folders_;
+  std::map<std::string, std::string> parts_;
 };
 
 bool path_exists(const std::string& path);

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "io/gguf.h"
 #include "io/hf_cache.h"
 #include "io/synth.h"
 #include "models/flux2/single_file.h"
@@ -128,6 +129,12 @@ std::string cached_klein_tokenizer(const std::string& layout) {
   return "";
 }
 
+// A text encoder GGUF that carries its tokenizer, as llama.cpp's converter writes them.
+bool carries_tokenizer(const std::string& text_encoder) {
+  return is_single_file(text_encoder) && is_gguf_file(text_encoder) &&
+         GgufFile::open(text_encoder).metadata().contains("tokenizer.ggml.tokens");
+}
+
 // The first published layout of a single-file transformer's shape (configs only), refused naming
 // the shapes there are.
 std::string published_layout_of(const flux2::TransformerFile& transformer, const std::string& file) {
@@ -193,13 +200,15 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
     } else {
       const std::string layout = published_layout_of(*transformer, parts.model);
       root = published_layout_dir(layout);
-      // The layout's tokenizer is a stand-in: the real one from --tokenizer or the model's
-      // repository in the Hugging Face cache.
-      if (parts.tokenizer.empty()) tokenizer = cached_klein_tokenizer(layout);
+      // The layout's tokenizer is a stand-in: the real one from --tokenizer, the text encoder's
+      // GGUF or the model's repository in the Hugging Face cache.
+      if (tokenizer.empty() && carries_tokenizer(parts.text_encoder)) tokenizer = parts.text_encoder;
+      if (tokenizer.empty()) tokenizer = cached_klein_tokenizer(layout);
       APUS_CHECK(weights == Weights::none || (!parts.text_encoder.empty() && !parts.vae.empty() && !tokenizer.empty()),
                  parts.model, ": a single transformer file needs --text-encoder FILE, --vae FILE and --tokenizer DIR ",
-                 "(or --config DIR, a diffusers folder holding them); the tokenizer is also found in the Hugging Face ",
-                 "cache as ", klein_repos(layout).front(), "'s tokenizer/ folder");
+                 "(or --config DIR, a diffusers folder holding them); the tokenizer is also read from a text encoder ",
+                 "GGUF that carries one, or found in the Hugging Face cache as ", klein_repos(layout).front(),
+                 "'s tokenizer/ folder");
     }
   } else {
     APUS_CHECK(parts.config.empty(), "--config ", parts.config, ": only for a single-file --model (", parts.model,
@@ -219,7 +228,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
     if (!parts.vae.empty())
       dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
-  if (!tokenizer.empty()) dir.use_folder("tokenizer", tokenizer);
+  if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
   return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");
 }
 

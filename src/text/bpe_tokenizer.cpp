@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "io/gguf.h"
 #include "io/model_dir.h"
 #include "text/utf8.h"
 
@@ -229,6 +230,84 @@ void check_pipeline_ends(const json& root, const std::string& path) {
              member(root, "truncation").dump(), " (only null is supported)");
   APUS_CHECK(is_null_or_missing(root, "padding"), path, ": unsupported padding ", member(root, "padding").dump(),
              " (only null is supported)");
+}
+
+// --- a GGUF's vocabulary ---------------------------------------------------------------------
+
+// llama.cpp's token types (gguf-py TokenType) a byte-level BPE has; unknown (2) and byte (6) are
+// SentencePiece's.
+enum GgufTokenType { kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5 };
+
+// llama.cpp names a byte-level BPE's pre-tokenizer instead of storing its regex; these are the
+// regexes of the Hugging Face tokenizers those names stand for.
+const char* gguf_pre_tokenizer_regex(const std::string& pre) {
+  if (pre == "qwen2")
+    return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  return nullptr;
+}
+
+// The tokenizer.json a GGUF's tokenizer.ggml.* metadata stands for, as llama.cpp's
+// convert_hf_to_gguf writes a Hugging Face byte-level BPE: every id's token with its type (normal
+// tokens form the model's vocabulary, control and user-defined tokens are its added tokens, unused
+// ones are the padding rows past the tokenizer), the merges as "left right" strings and the
+// pre-tokenizer by name.
+json tokenizer_json_from_gguf(const GgufFile& gguf) {
+  const std::string& path = gguf.path();
+  const json& meta = gguf.metadata();
+  auto array = [&](const char* key) -> const json& {
+    const auto it = meta.find(key);
+    APUS_CHECK(it != meta.end(), path, ": no ", key, " (a GGUF carrying its tokenizer has tokenizer.ggml.tokens, ",
+               "token_type and merges)");
+    APUS_CHECK(it->is_array(), path, ": ", key, " is not an array");
+    return *it;
+  };
+  APUS_CHECK(meta.contains("tokenizer.ggml.model"), path, ": carries no tokenizer (no tokenizer.ggml.model)");
+  const std::string model = gguf.metadata_string("tokenizer.ggml.model");
+  APUS_CHECK(model == "gpt2", path, ": tokenizer.ggml.model '", model, "', expected 'gpt2' (a byte-level BPE)");
+  const std::string pre = gguf.metadata_string("tokenizer.ggml.pre");
+  const char* regex = gguf_pre_tokenizer_regex(pre);
+  APUS_CHECK(regex, path, ": tokenizer.ggml.pre '", pre, "' is not a pre-tokenizer apus knows (known: qwen2)");
+  const json& tokens = array("tokenizer.ggml.tokens");
+  const json& types = array("tokenizer.ggml.token_type");
+  const json& merges = array("tokenizer.ggml.merges");
+  APUS_CHECK(types.size() == tokens.size(), path, ": tokenizer.ggml.token_type has ", types.size(),
+             " entries for ", tokens.size(), " tokens");
+
+  json vocab = json::object();
+  json added = json::array();
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    APUS_CHECK(tokens[id].is_string(), path, ": tokenizer.ggml.tokens[", id, "] is not a string");
+    APUS_CHECK(types[id].is_number_integer(), path, ": tokenizer.ggml.token_type[", id, "] is not an integer");
+    const std::string& token = tokens[id].get_ref<const std::string&>();
+    switch (types[id].get<int64_t>()) {
+      case kNormal:
+        vocab[token] = id;
+        break;
+      case kControl:
+      case kUserDefined:
+        // Earlier converters marked the padding rows user-defined; they are still no tokens.
+        if (token == "[PAD" + std::to_string(id) + "]") break;
+        added.push_back({{"id", id}, {"content", token}, {"special", types[id] == kControl}, {"normalized", false}});
+        break;
+      case kUnused:
+        break;
+      default:
+        fail(path, ": tokenizer.ggml.token_type[", id, "] is ", types[id].get<int64_t>(), " ('", token,
+             "'); a byte-level BPE has normal (1), control (3), user-defined (4) and unused (5) tokens");
+    }
+  }
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+                           {"use_regex", false}};
+  return {{"normalizer", {{"type", "NFC"}}},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+              byte_level}}}},
+          {"model", {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", merges}}},
+          {"added_tokens", std::move(added)},
+          {"decoder", byte_level},
+          {"post_processor", nullptr}};
 }
 
 }  // namespace
@@ -540,11 +619,18 @@ BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
 BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 BpeTokenizer::~BpeTokenizer() = default;
 
-BpeTokenizer BpeTokenizer::load(const std::string& tokenizer_json_path) {
-  const std::string& path = tokenizer_json_path;
-  const json root = read_json(path);
-  APUS_CHECK(root.is_object(), path, ": tokenizer JSON must be an object");
+BpeTokenizer BpeTokenizer::load(const std::string& source) {
+  if (is_directory(source)) return load(source + "/tokenizer.json");
+  if (is_gguf_file(source)) return from_gguf(GgufFile::open(source));
+  return from_json(read_json(source), source);
+}
 
+BpeTokenizer BpeTokenizer::from_gguf(const GgufFile& gguf) {
+  return from_json(tokenizer_json_from_gguf(gguf), gguf.path() + " (tokenizer.ggml.*)");
+}
+
+BpeTokenizer BpeTokenizer::from_json(const json& root, const std::string& path) {
+  APUS_CHECK(root.is_object(), path, ": tokenizer JSON must be an object");
   auto impl = std::make_unique<Impl>();
   try {
     // The normalizer goes first: normalized added tokens are stored in normalized form.

@@ -1,5 +1,6 @@
 #pragma once
-// Byte-level BPE tokenizer (GPT-2 / Qwen2 family) read from a Hugging Face tokenizer.json.
+// Byte-level BPE tokenizer (GPT-2 / Qwen2 family) read from a Hugging Face tokenizer.json, or from
+// the tokenizer.ggml.* metadata llama.cpp's converter writes into a GGUF.
 // Output matches HF `tokenizers` encode(text, add_special_tokens=False) for the configurations
 // load() accepts; anything else is rejected at load time rather than tokenized differently.
 #include <cstdint>
@@ -8,13 +9,21 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace apus {
+
+class GgufFile;
 
 class BpeTokenizer {
  public:
+  // `source`: a tokenizer.json, a folder holding one, or a GGUF file carrying its vocabulary.
   // Throws apus::Error naming the file for a missing or malformed file and for any
   // normalizer / pre_tokenizer / model / decoder setting this implementation does not reproduce.
-  static BpeTokenizer load(const std::string& tokenizer_json_path);
+  static BpeTokenizer load(const std::string& source);
+  // The tokenizer a GGUF's tokenizer.ggml.* metadata describes (llama.cpp's gpt2 model with the
+  // qwen2 pre-tokenizer); anything else is refused naming the file and key.
+  static BpeTokenizer from_gguf(const GgufFile& gguf);
 
   BpeTokenizer(BpeTokenizer&&) noexcept;
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
@@ -37,6 +46,7 @@ class BpeTokenizer {
 
  private:
   struct Impl;
+  static BpeTokenizer from_json(const nlohmann::json& root, const std::string& path);
   explicit BpeTokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

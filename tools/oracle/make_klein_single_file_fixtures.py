@@ -26,7 +26,9 @@ Writes, under tests/fixtures/klein_single/:
   qwen3-tiny-Q8_0.gguf                       klein_tiny_a's Qwen3 text encoder as llama.cpp's GGUF
                                              (arch qwen3, names from gguf-py's tensor map for
                                              MODEL_ARCH.QWEN3, as convert_hf_to_gguf writes them):
-                                             2-D weights Q8_0, norms F32
+                                             2-D weights Q8_0, norms F32, and klein_tiny_a's
+                                             tokenizer as tokenizer.ggml.* metadata (gpt2 model,
+                                             qwen2 pre-tokenizer, as the converter writes it)
   qwen3-tiny-Q8_0-dequantized.safetensors    gguf-py's dequantisation of it, f32, transformers' names
   flux2-vae-tiny.safetensors                 klein_tiny_a's VAE in BFL's ldm names (ae.safetensors:
                                              encoder.quant_conv / decoder.post_quant_conv, attention
@@ -50,6 +52,7 @@ import gguf
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
 from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers, convert_ldm_vae_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -192,6 +195,34 @@ def add_q8_0_tensors(w, tensors):
     return dequantized
 
 
+def add_gpt2_vocab(w, tokenizer_dir, vocab_size):
+    """The tokenizer metadata llama.cpp's convert_hf_to_gguf writes for a Qwen2/Qwen3 model
+    (TextModel.get_vocab_base + _set_vocab_gpt2): one token per embedding row, [PAD{i}] (unused)
+    past the tokenizer, added tokens as control tokens when special or when they look special
+    (<|...|>), user-defined otherwise, merges and special ids from gguf-py's SpecialVocab."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    reverse = {i: t for t, i in tokenizer.vocab.items()}
+    added = tokenizer.get_added_vocab()
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        token = reverse[i]
+        tokens.append(token)
+        if token in added:
+            special = tokenizer.added_tokens_decoder[i].special or (token.startswith("<|") and token.endswith("|>"))
+            types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")  # what get_vocab_base_pre's hash names Qwen2's pre-tokenizer
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    gguf.SpecialVocab(tokenizer_dir, load_merges=True).add_to_gguf(w)
+
+
 def write_qwen3_gguf(out):
     """klein_tiny_a's text encoder under llama.cpp's names, Q8_0 where the rows allow it."""
     folder = os.path.join(TINY, "text_encoder")
@@ -214,6 +245,7 @@ def write_qwen3_gguf(out):
     w.add_key_length(cfg["head_dim"])
     w.add_value_length(cfg["head_dim"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    add_gpt2_vocab(w, os.path.join(TINY, "tokenizer"), cfg["vocab_size"])
     tensors = []
     for hf_name, t in sd.items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))

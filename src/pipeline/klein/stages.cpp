@@ -42,8 +42,8 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   flux2::VaeConfig::read(dir_.config("vae"));
   scheduler_cfg_ = dir_.config("scheduler", "scheduler_config.json");
   if (weights_ == Weights::none) return;
-  tokenizer_.emplace(BpeTokenizer::load(dir_.component("tokenizer") + "/tokenizer.json"));
-  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, dir_.component("tokenizer"), "/tokenizer.json: token id ",
+  tokenizer_.emplace(BpeTokenizer::load(dir_.part("tokenizer")));
+  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, dir_.part("tokenizer"), ": token id ",
              tokenizer_->max_id(), " has no row in the text encoder's ", text_cfg.vocab,
              "-entry embedding (text_encoder/config.json vocab_size)");
   if (weights_ == Weights::resident) {
