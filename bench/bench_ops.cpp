@@ -89,7 +89,7 @@ void BM_LinearAdapted(benchmark::State& st) {
   const std::string name = "w.weight";
   w.weight_name = &name;
   Adapters adapters;
-  if (r > 0) adapters.add(name, w.shape, LowRank{filled({r, k}, DType::bf16), filled({n, r}, DType::bf16), 0.8f, "bench"});
+  if (r > 0) adapters.add(name, w.shape, LowRank{{filled({r, k}, DType::bf16), filled({n, r}, DType::bf16)}, 0.8f, "bench"});
   const AdapterScope scope(c, &adapters);
   for (auto _ : st) ops::linear(c, x, w, nullptr, y);
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);

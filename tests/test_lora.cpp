@@ -24,9 +24,14 @@ namespace {
 using test::expect_error;
 using test::fixture;
 
+// The oracle's images: "reference" (diffusers with each LoRA layout), "lycoris_reference" (PEFT
+// with LoHa and LoKr).
 struct LoraReference {
-  SafetensorsFile file = SafetensorsFile::open(fixture("klein_lora/reference.safetensors"));
-  nlohmann::json meta = nlohmann::json::parse(std::ifstream(fixture("klein_lora/reference.json")));
+  explicit LoraReference(const std::string& name = "reference")
+      : file(SafetensorsFile::open(fixture("klein_lora/" + name + ".safetensors"))),
+        meta(nlohmann::json::parse(std::ifstream(fixture("klein_lora/" + name + ".json")))) {}
+  SafetensorsFile file;
+  nlohmann::json meta;
 
   ImageRequest request(const std::string& c, bool fp32) const {
     const nlohmann::json& r = meta["request"];
@@ -55,11 +60,9 @@ std::unique_ptr<ImageModel> tiny(Weights weights = Weights::per_stage) {
   return ImageModel::open(fixture("klein_tiny_a"), weights);
 }
 
-class LoraLayout : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(LoraLayout, RendersDiffusersImageWithTheSameAdapters) {
-  const std::string c = GetParam();
-  const LoraReference ref;
+// The case's image in bf16 within the reference's own bf16/fp32 disagreement of both reference
+// images and far from the adapter-free one; in fp32 within one level of the fp32 reference.
+void expect_renders_reference(const LoraReference& ref, const std::string& c) {
   const auto model = tiny();
   // bf16 from the seed: the bound is the reference's own bf16-vs-fp32 disagreement on the bytes.
   const std::vector<uint8_t> bf16 = model->generate(ref.request(c, false)).rgb;
@@ -68,8 +71,8 @@ TEST_P(LoraLayout, RendersDiffusersImageWithTheSameAdapters) {
   const double to_fp32 = test::level_gap(bf16, ref.image(c, "fp32")).mean;
   // Without the adapter the image is far outside that bound: the test sees a dropped adapter.
   const double moved = test::level_gap(bf16, ref.image("none", "bf16")).mean;
-  std::printf("[ measure ] lora %s: mean |d| to bf16 ref %.3f, to fp32 ref %.3f, ref disagreement %.3f, "
-              "to the no-LoRA image %.3f\n",
+  std::printf("[ measure ] adapter %s: mean |d| to bf16 ref %.3f, to fp32 ref %.3f, ref disagreement %.3f, "
+              "to the adapter-free image %.3f\n",
               c.c_str(), to_bf16, to_fp32, disagreement, moved);
   EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
   EXPECT_LT(to_fp32, test::kBf16Factor * disagreement);
@@ -78,6 +81,20 @@ TEST_P(LoraLayout, RendersDiffusersImageWithTheSameAdapters) {
   const std::vector<uint8_t> fp32 = model->generate(ref.request(c, true)).rgb;
   EXPECT_LE(test::level_gap(fp32, ref.image(c, "fp32")).worst, 1);
 }
+
+class LoraLayout : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoraLayout, RendersDiffusersImageWithTheSameAdapters) { expect_renders_reference(LoraReference(), GetParam()); }
+
+// LyCORIS's LoHa and LoKr (w1 whole, and w1 factorised too), alone and a pair, against PEFT's
+// layers of the same kind (diffusers' loaders read neither for FLUX.2).
+class LycorisKind : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LycorisKind, RendersPeftsImageWithTheSameAdapters) {
+  expect_renders_reference(LoraReference("lycoris_reference"), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Klein, LycorisKind, ::testing::Values("loha", "lokr", "lokr_both", "pair"));
 
 INSTANTIATE_TEST_SUITE_P(Klein, LoraLayout, ::testing::Values("peft", "bfl", "kohya", "pair"));
 
@@ -173,7 +190,7 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
     // An adapter for a wider model: up has the wrong out features.
     const auto [path, r] = with("wider.safetensors", {{"diffusion_model.img_in.lora_A.weight", down},
                                                       {"diffusion_model.img_in.lora_B.weight", kohya.get("lora_unet_final_layer_linear.lora_up.weight")}});
-    expect_error([&] { model->generate(r); }, {path, "diffusion_model.img_in.lora_B.weight", "do not fit 'x_embedder.weight'"});
+    expect_error([&] { model->generate(r); }, {path, "diffusion_model.img_in.lora_B.weight", "does not fit 'x_embedder.weight'"});
   }
   {
     const auto [path, r] = with("te.safetensors", {{"text_encoder.model.layers.0.mlp.up_proj.lora_A.weight", down}});
@@ -184,6 +201,24 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
                                                      {"lora_unet_img_in.lora_up.weight", up},
                                                      {"lora_unet_img_in.dora_scale", up}});
     expect_error([&] { model->generate(r); }, {path, "lora_unet_img_in.dora_scale", "DoRA"});
+  }
+  {
+    // LoKr's Tucker (convolution) core, and a LoKr without its second factor.
+    const SafetensorsFile lokr = SafetensorsFile::open(fixture("klein_lora/lokr.safetensors"));
+    const Tensor& w1 = lokr.get("lycoris_x_embedder.lokr_w1");
+    const auto [tucker, t] = with("tucker.safetensors", {{"lycoris_x_embedder.lokr_w1", w1},
+                                                         {"lycoris_x_embedder.lokr_t2", w1}});
+    expect_error([&] { model->generate(t); }, {tucker, "lycoris_x_embedder.lokr_t2", "Tucker"});
+    const auto [half, h] = with("lokr_half.safetensors", {{"lycoris_x_embedder.lokr_w1", w1}});
+    expect_error([&] { model->generate(h); }, {half, "lycoris_x_embedder.lokr_w1", "no lokr_w2_a"});
+    // A LoHa whose second pair has another rank's shapes.
+    const SafetensorsFile loha = SafetensorsFile::open(fixture("klein_lora/loha.safetensors"));
+    std::vector<NamedTensor> tensors;
+    for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a"})
+      tensors.push_back({std::string("lycoris_x_embedder.") + part, loha.get(std::string("lycoris_x_embedder.") + part)});
+    tensors.push_back({"lycoris_x_embedder.hada_w2_b", loha.get("lycoris_x_embedder.hada_w1_a")});
+    const auto [odd, o] = with("loha_odd.safetensors", tensors);
+    expect_error([&] { model->generate(o); }, {odd, "lycoris_x_embedder.hada_w2_b", "no LoHa"});
   }
   {
     const auto [path, r] = with("half.safetensors", {{"lora_unet_img_in.lora_down.weight", down}});

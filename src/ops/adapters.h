@@ -1,9 +1,11 @@
 #pragma once
-// Low-rank adapters (LoRA) a request applies to a model's weights without changing them: each
-// linear whose weight has adapters adds, after its own product, scale * (x·down^T)·up^T per
-// adapter in order, as PEFT's LoRA layer computes beside its base layer (the two products and
-// the scaled term each rounded to the activation dtype, then added). A resident model serves
-// requests with and without adapters from the same weights.
+// Adapters (LoRA and LyCORIS's LoHa and LoKr) a request applies to a model's weights without
+// changing them: each linear whose weight has adapters adds, after its own product,
+// scale * x·ΔW^T per adapter in order, as PEFT's layers compute beside their base layer (each
+// product and the scaled term rounded to the activation dtype, then added). ΔW is a product of
+// two factors (LoRA; LoHa as the exact rank r1·r2 expansion of its Hadamard product) or the
+// Kronecker product of two such matrices (LoKr), never expanded. A resident model serves requests
+// with and without adapters from the same weights.
 #include <map>
 #include <mutex>
 #include <set>
@@ -17,11 +19,24 @@ namespace apus {
 class Backend;
 struct Context;
 
+// A matrix [rows, cols] as up·down (up [rows, r], down [r, cols]), or whole in `up` (down undefined).
+struct Factor {
+  Tensor down;  // PEFT's lora_A, kohya's lora_down
+  Tensor up;    // lora_B, lora_up
+  int64_t rows() const { return up.dim(0); }
+  int64_t cols() const { return down.defined() ? down.dim(1) : up.dim(1); }
+};
+
+// ΔW = scale · inner (a LoRA, a LoHa), or scale · kron(outer, inner) when `outer` is defined (a
+// LoKr: ΔW[i·p + k, j·q + l] = outer[i, j] · inner[k, l]).
 struct LowRank {
-  Tensor down;  // [rank, in]: PEFT's lora_A, kohya's lora_down
-  Tensor up;    // [out, rank]: lora_B, lora_up
+  Factor inner;
   float scale = 1;
   std::string source;  // "FILE: key" for errors
+  Factor outer;
+  bool kronecker() const { return outer.up.defined(); }
+  int64_t rows() const { return kronecker() ? outer.rows() * inner.rows() : inner.rows(); }
+  int64_t cols() const { return kronecker() ? outer.cols() * inner.cols() : inner.cols(); }
 };
 
 class Adapters {

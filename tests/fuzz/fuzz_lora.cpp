@@ -41,9 +41,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& [name, shape] : weights())
       if (const auto* factors = adapters.find(name))
         for (const apus::LowRank& f : *factors) {
-          volatile float a = apus::load_f32(f.down, 0), b = apus::load_f32(f.up, f.up.numel() - 1);
-          (void)a;
-          (void)b;
+          for (const apus::Factor* part : {&f.inner, &f.outer})
+            for (const apus::Tensor* t : {&part->down, &part->up})
+              if (t->defined()) {
+                volatile float a = apus::load_f32(*t, 0), b = apus::load_f32(*t, t->numel() - 1);
+                (void)a;
+                (void)b;
+              }
         }
   });
   return 0;
