@@ -133,6 +133,11 @@ def render(out, dtype, adapters):
         # Every tensor of the file reached a LoRA layer (none dropped by a converter).
         lora_params = sum(1 for k in pipe.transformer.state_dict() if "lora_" in k)
         assert lora_params > 0
+    return generate(pipe, dtype)
+
+
+def generate(pipe, dtype):
+    """REQUEST's image (u8) and its noise from the pipeline as it stands."""
     r = REQUEST
     # As make_klein_fixtures: fp32 starts from the bf16 draw the bf16 pipeline makes from the seed.
     lh, lw = 2 * (r["height"] // 16), 2 * (r["width"] // 16)

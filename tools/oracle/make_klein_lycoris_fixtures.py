@@ -27,16 +27,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oracle_env import FIXTURES  # noqa: E402
+from make_klein_lora_fixtures import REQUEST, generate  # noqa: E402
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from diffusers import Flux2KleinPipeline  # noqa: E402
-from diffusers.utils.torch_utils import randn_tensor  # noqa: E402
 from peft import LoHaConfig, LoKrConfig, get_peft_model_state_dict, set_peft_model_state_dict  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 ROOT = os.path.join(FIXTURES, "klein_tiny_a")
-REQUEST = dict(prompt="a red fox in tall grass", width=64, height=48, seed=7, steps=4)
 KINDS = {
     "loha": (LoHaConfig, dict(r=4, alpha=2), 0.35),
     "lokr": (LoKrConfig, dict(r=2, alpha=3), 0.22),
@@ -98,14 +96,7 @@ def render(dtype, adapters, states):
         names.append(name)
     if names:
         pipe.transformer.set_adapters(names, [s for _, s in adapters])
-    r = REQUEST
-    lh, lw = 2 * (r["height"] // 16), 2 * (r["width"] // 16)
-    shape = (1, pipe.transformer.config.in_channels, lh // 2, lw // 2)
-    noise = randn_tensor(shape, generator=torch.Generator("cpu").manual_seed(r["seed"]), device=torch.device("cpu"),
-                         dtype=torch.bfloat16)
-    result = pipe(prompt=r["prompt"], height=r["height"], width=r["width"], num_inference_steps=r["steps"],
-                  guidance_scale=1.0, latents=noise.to(dtype), output_type="pil")
-    return np.asarray(result.images[0].convert("RGB"), dtype=np.uint8).copy(), noise
+    return generate(pipe, dtype)
 
 
 def main():
