@@ -131,11 +131,11 @@ template <typename T> std::optional<T> if_given(const CLI::Option* option, const
 }
 
 // clips: the input clips' files, empty where none was given.
-int run_audio(const std::string& model_dir, std::vector<apus::AudioRequest> requests, const apus::ClipNames& clips,
+int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> requests, const apus::ClipNames& clips,
               const std::string& out, const std::string& format_name, bool verbose, const std::string& trace_file,
               const std::string& device) {
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
-  const auto model = apus::AudioModel::open(model_dir, apus::Weights::per_stage, device);
+  const auto model = apus::AudioModel::open(parts, apus::Weights::per_stage, device);
   // Read once the model is open: no clip decodes past the longest the model can use.
   auto read_clip = [&](const std::string& path) {
     apus::Audio a = apus::read_audio(path, model->max_seconds());
@@ -277,8 +277,9 @@ Command image_command(CLI::App& app) {
 Command audio_command(CLI::App& app) {
   struct Options {
     apus::AudioRequest req;
-    std::string model, out = "out.wav", format = "wav", precision = "bf16", seed, negative, decode, init_audio,
-                       inpaint_audio, trace, device = "cpu";
+    apus::ModelParts parts;
+    std::string out = "out.wav", format = "wav", precision = "bf16", seed, negative, decode, init_audio,
+                inpaint_audio, trace, device = "cpu";
     int batch = 1;
     bool verbose = false;
     double init_noise_level = apus::kDefaultInitNoiseLevel;
@@ -288,9 +289,11 @@ Command audio_command(CLI::App& app) {
   const auto o = std::make_shared<Options>();
   auto* audio = app.add_subcommand("audio", "generate a clip from a prompt (Stable Audio 3)");
   audio
-      ->add_option("--model", o->model,
-                   "model directory: the published layout (model_config.json) or diffusers' folders")
+      ->add_option("--model", o->parts.model,
+                   "model directory: the published layout (model_config.json) or diffusers' folders; or one "
+                   "checkpoint file under the official keys (ComfyUI's stable_audio_3_*.safetensors)")
       ->required();
+  add_part_options(audio, o->parts);
   audio->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
   audio->add_option("--seconds", o->req.seconds, "clip length (up to 380 s medium, 120 s small)");
   audio->add_option("--steps", o->req.steps, "sampling steps (8 for the distilled models)");
@@ -347,7 +350,7 @@ Command audio_command(CLI::App& app) {
             std::vector<apus::AudioRequest> requests = apus::batch_of(req, o->batch);
             check_output(o->out, o->batch);
             if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
-            return run_audio(o->model, std::move(requests), clips, o->out, o->format, o->verbose, o->trace, o->device);
+            return run_audio(o->parts, std::move(requests), clips, o->out, o->format, o->verbose, o->trace, o->device);
           }};
 }
 

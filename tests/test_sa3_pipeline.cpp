@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,11 +15,13 @@
 #include "audio_distance.h"
 #include "core/cost.h"
 #include "io/audio.h"
+#include "io/files.h"
 #include "io/model_dir.h"
 #include "io/resample.h"
 #include "io/safetensors.h"
 #include "models/sa3/model_config.h"
 #include "models/sa3/official_checkpoint.h"
+#include "pipeline/registry.h"
 #include "sa3_fixtures.h"
 #include "sampling/logsnr.h"
 #include "test_util.h"
@@ -101,6 +104,52 @@ TEST(Sa3Pipeline, TextToAudioMatchesTheOfficialGenerate) {
     ASSERT_EQ(r.samples.size(), fp32_ref.size()) << "exactly int(seconds * rate) frames";
     test::expect_matches("sa3 pipeline audio", fp32 ? "fp32" : "bf16", r.samples, fp32_ref, bf16_ref);
   }
+}
+
+// ComfyUI's repackaging (Comfy-Org/stable-audio-3): the official model.safetensors keys as one file
+// without model_config.json, and T5Gemma as one file under transformers' names with "model."
+// (the decoder too) and Gemma's SentencePiece model as a u8 spiece_model tensor. Both give the
+// official folder's clip byte for byte: the same weights and tokenizer, read from other places.
+TEST(Sa3SingleFile, ComfyUiFilesGiveTheOfficialFoldersClip) {
+  AudioRequest r = reference_request(false);
+  const std::vector<float> want = AudioModel::open(official_dir(), Weights::per_stage)->generate(r).samples;
+  ModelParts p;
+  p.model = official_dir() + "/model.safetensors";
+  p.config = official_dir();
+  EXPECT_EQ(AudioModel::open(p, Weights::per_stage)->generate(r).samples, want);
+
+  const SafetensorsFile t5 = SafetensorsFile::open(test::fixture("t5gemma_tiny/model.safetensors"));
+  std::vector<NamedTensor> tensors;
+  for (const std::string& n : t5.names()) tensors.push_back({"model." + n, t5.get(n)});
+  tensors.push_back({"model.decoder.layers.0.self_attn.q_proj.weight", t5.get("encoder.layers.0.self_attn.q_proj.weight")});
+  const std::string spm = read_file(test::fixture("t5gemma_tok/tokenizer.model"));
+  Tensor bytes = Tensor::heap({int64_t(spm.size())}, DType::u8);
+  std::memcpy(bytes.data, spm.data(), spm.size());
+  tensors.push_back({"spiece_model", bytes});
+  p.text_encoder = test::scratch_dir.path() + "t5gemma_comfy.safetensors";
+  write_safetensors(p.text_encoder, tensors);
+  // The config folder's T5Gemma weights and tokenizer.model stand aside: a broken tokenizer given
+  // instead is refused naming it, so the file's own is the one read.
+  EXPECT_EQ(AnyModel::open(p, Weights::per_stage).audio()->generate(r).samples, want);
+  p.tokenizer = p.model;
+  test::expect_error([&] { AudioModel::open(p, Weights::per_stage); }, {p.model, "no 'spiece_model'"});
+  p.tokenizer.clear();
+  // The file's weights are the ones read: one missing is refused naming the file.
+  const std::string embed = "model.encoder.embed_tokens.weight";
+  std::erase_if(tensors, [&](const NamedTensor& t) { return t.name == embed; });
+  const std::string partial = test::scratch_dir.path() + "t5gemma_partial.safetensors";
+  write_safetensors(partial, tensors);
+  ModelParts missing = p;
+  missing.text_encoder = partial;
+  test::expect_error([&] { AudioModel::open(missing, Weights::per_stage)->generate(r); }, {"t5gemma_partial", "embed_tokens"});
+  // Without --config the tiny width is no published layout's.
+  ModelParts bare;
+  bare.model = p.model;
+  test::expect_error([&] { AudioModel::open(bare, Weights::per_stage); }, {p.model, "none of the published", "--config"});
+  // A folder takes no parts.
+  ModelParts folder{official_dir()};
+  folder.text_encoder = p.text_encoder;
+  test::expect_error([&] { AudioModel::open(folder, Weights::per_stage); }, {"single-file --model"});
 }
 
 // The official layout holds the same weights under the official names (a fused projection in

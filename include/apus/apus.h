@@ -214,6 +214,8 @@ class AudioModel {
   // Recognises the directory from model_index.json's `_class_name` (StableAudio3Pipeline) and
   // refuses anything else naming the class. device: as ImageModel::open's.
   static std::unique_ptr<AudioModel> open(const std::string& dir, Weights weights, const std::string& device = "cpu");
+  // A folder as above, or one checkpoint file with its parts (--text-encoder, --tokenizer, --config).
+  static std::unique_ptr<AudioModel> open(const ModelParts& parts, Weights weights, const std::string& device = "cpu");
   virtual ~AudioModel() = default;
 
   AudioResult generate(const AudioRequest& request, const Progress& progress = {}) const {

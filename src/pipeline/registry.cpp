@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "io/hf_cache.h"
+#include "io/single_file.h"
 #include "io/synth.h"
 #include "models/flux2/single_file.h"
 #include "ops/backend.h"
@@ -160,8 +161,10 @@ bool is_single_file(const std::string& model) {
 }
 
 ModelKind model_kind(const ModelParts& parts) {
-  // The single files apus reads are FLUX.2 transformers (open_transformer_file refuses others).
-  if (is_single_file(parts.model)) return ModelKind::image;
+  // The single files apus reads are Stable Audio 3 checkpoints under the official keys and FLUX.2
+  // transformers (open_transformer_file refuses others).
+  if (is_single_file(parts.model))
+    return SingleFile::open(parts.model)->contains(kSa3SingleFileKey) ? ModelKind::audio : ModelKind::image;
   const std::string& model = parts.model;
   const std::string root = resolve_model_dir(model, is_directory(model) ? Weights::per_stage : Weights::none);
   if (single_checkpoint(root)) return ModelKind::audio;
@@ -174,10 +177,7 @@ ModelKind model_kind(const ModelParts& parts) {
 AnyModel AnyModel::open(const ModelParts& parts, Weights weights, const std::string& device) {
   AnyModel m;
   if (model_kind(parts) == ModelKind::audio) {
-    for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
-      APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 model takes no --text-encoder, --vae, --tokenizer ",
-                 "or --config (", *part, ")");
-    m.audio_ = AudioModel::open(parts.model, weights, device);
+    m.audio_ = AudioModel::open(parts, weights, device);
   } else {
     m.image_ = ImageModel::open(parts, weights, device);
   }
@@ -249,6 +249,14 @@ std::unique_ptr<ImageModel> ImageModel::open(const ModelParts& parts, Weights we
 
 std::unique_ptr<AudioModel> AudioModel::open(const std::string& model, Weights weights, const std::string& device) {
   return open_audio_model(model, weights, backend_for(device));
+}
+
+std::unique_ptr<AudioModel> AudioModel::open(const ModelParts& parts, Weights weights, const std::string& device) {
+  if (is_single_file(parts.model)) return open_sa3_single_file(parts, weights, backend_for(device));
+  for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
+    APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 folder takes no --text-encoder, --vae, --tokenizer ",
+               "or --config (", *part, "); they are for a single-file --model");
+  return open_audio_model(parts.model, weights, backend_for(device));
 }
 
 }  // namespace apus

@@ -13,6 +13,12 @@ std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
 std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
 // Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
 std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device);
+// A Stable Audio 3 checkpoint as one file under the official model.safetensors keys (ComfyUI's
+// stable_audio_3_*.safetensors), told by this key.
+inline constexpr const char* kSa3SingleFileKey = "model.model.transformer.layers.0.self_attn.to_qkv.weight";
+// Its configs from --config (an official folder) or the published layout of its shape, T5Gemma
+// from --text-encoder, the tokenizer from --tokenizer or the text encoder file's spiece_model.
+std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weights weights, Backend* device);
 
 // The backend a device name means: null for "cpu", the GPU's for "cuda" or "cuda:N" (refused with
 // the reason where this build or machine has none).

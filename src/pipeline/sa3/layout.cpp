@@ -1,11 +1,15 @@
 // Stable Audio 3's two layouts (diffusers' StableAudio3Pipeline folders, the official single
 // checkpoint), the model opened on either, and its parts loaded from it.
 #include <algorithm>
+#include <filesystem>
 
 #include "core/error.h"
+#include "io/safetensors.h"
+#include "io/single_file.h"
 #include "models/sa3/official_checkpoint.h"
 #include "pipeline/registry.h"
 #include "pipeline/sa3/sa3_model.h"
+#include "io/synth.h"
 #include "sampling/logsnr.h"
 
 namespace apus {
@@ -31,6 +35,25 @@ void check_sa3_index(const ModelDir& dir) {
              "' is not supported (expected GemmaTokenizer)");
 }
 
+// Gemma's SentencePiece model from tokenizer.model, or from the u8 `spiece_model` tensor a
+// safetensors file carries it in (ComfyUI's T5Gemma file).
+SentencePieceTokenizer load_sentencepiece(const std::string& source) {
+  if (source.ends_with(".safetensors")) {
+    const SafetensorsFile file = SafetensorsFile::open(source);
+    APUS_CHECK(file.contains("spiece_model"), source, ": carries no tokenizer (no 'spiece_model' tensor, ",
+               "as ComfyUI's T5Gemma file has)");
+    const Tensor& t = file.get("spiece_model");
+    APUS_CHECK(t.dtype == DType::u8 && t.rank() == 1, source, ": 'spiece_model' is ", dtype_name(t.dtype), " ",
+               shape_str(t.shape), ", expected the bytes of a SentencePiece model (u8, one dimension)");
+    return SentencePieceTokenizer::parse(std::string(static_cast<const char*>(t.data), size_t(t.nbytes())),
+                                         source + ": spiece_model");
+  }
+  APUS_CHECK(path_exists(source), source,
+             ": missing; apus reads Gemma's SentencePiece model (transformers' save_pretrained writes only ",
+             "tokenizer.json: copy tokenizer.model from the t5gemma-b-b-ul2 folder of the published checkpoint)");
+  return SentencePieceTokenizer::load(source);
+}
+
 }  // namespace
 
 Sa3Layout diffusers_layout(const ModelDir& dir) {
@@ -44,7 +67,9 @@ Sa3Layout diffusers_layout(const ModelDir& dir) {
   l.encoder = sa3::SameConfig::read(dir.config("vae"), /*encoder=*/true);
   l.duration = sa3::DurationConfig::read(dir.config("duration_embedder"));
   l.text_dir = dir.component("text_encoder");
+  l.text_weights = l.text_dir;
   l.tokenizer_dir = dir.component("tokenizer");
+  l.tokenizer_model = l.tokenizer_dir + "/tokenizer.model";
   l.sample_size = l.dit.differential ? kMediumSampleSize : kSmallSampleSize;
   return l;
 }
@@ -59,8 +84,11 @@ Sa3Layout official_layout(const std::string& root) {
   l.encoder = o.encoder;
   l.encoder_mask_noise = o.encoder_mask_noise;
   l.duration = o.duration;
+  l.checkpoint = root;
   l.text_dir = root + "/" + o.text_encoder_folder;
+  l.text_weights = l.text_dir;
   l.tokenizer_dir = l.text_dir;
+  l.tokenizer_model = l.tokenizer_dir + "/tokenizer.model";
   APUS_CHECK(is_directory(l.text_dir), l.text_dir, ": missing; the T5Gemma encoder and tokenizer ",
              "folder model_config.json names (its 'subfolder')");
   l.max_tokens = o.max_tokens;
@@ -74,12 +102,14 @@ Sa3Layout official_layout(const std::string& root) {
   return l;
 }
 
-std::shared_ptr<const WeightSource> Sa3Model::checkpoint(const std::string& dir, bool load) const {
-  return load ? open_weights(dir) : std::make_shared<ShapesOnly>();
+std::shared_ptr<const WeightSource> Sa3Model::checkpoint(const std::string& path, bool load) const {
+  if (!load) return std::make_shared<ShapesOnly>();
+  if (is_directory(path)) return open_weights(path);
+  return SingleFile::open(path);
 }
 
 sa3::T5GemmaEncoder Sa3Model::load_text(bool load) const {
-  return sa3::T5GemmaEncoder::load(text_cfg_, WeightLoader(checkpoint(layout_.text_dir, load), device_));
+  return sa3::T5GemmaEncoder::load(text_cfg_, WeightLoader(checkpoint(layout_.text_weights, load), device_));
 }
 
 Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
@@ -87,7 +117,7 @@ Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
     return {sa3::Dit::load(layout_.dit, WeightLoader(checkpoint(layout_.root + "/transformer", load), device_), dt),
             sa3::DurationEmbedder::load(layout_.duration,
                                         WeightLoader(checkpoint(layout_.root + "/duration_embedder", load), device_))};
-  const auto file = checkpoint(layout_.root, load);
+  const auto file = checkpoint(layout_.checkpoint, load);
   return {sa3::Dit::load(layout_.dit,
                          WeightLoader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), device_), dt),
           sa3::DurationEmbedder::load_official(layout_.duration,
@@ -97,7 +127,7 @@ Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
 sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
   if (!layout_.official)
     return sa3::SameDecoder::load(layout_.same, WeightLoader(checkpoint(layout_.root + "/vae", load), device_), dt);
-  const auto file = checkpoint(layout_.root, load);
+  const auto file = checkpoint(layout_.checkpoint, load);
   const auto same = sa3::OfficialCheckpoint::same(file, "pretransform.model.", layout_.same.differential);
   return sa3::SameDecoder::load(layout_.same, WeightLoader(same, device_), dt);
 }
@@ -105,7 +135,7 @@ sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
 sa3::SameEncoder Sa3Model::load_encoder(DType dt, bool load) const {
   if (!layout_.official)
     return sa3::SameEncoder::load(layout_.encoder, WeightLoader(checkpoint(layout_.root + "/vae", load), device_), dt);
-  const auto file = checkpoint(layout_.root, load);
+  const auto file = checkpoint(layout_.checkpoint, load);
   const auto same = sa3::OfficialCheckpoint::same(file, "pretransform.model.", layout_.encoder.differential);
   return sa3::SameEncoder::load(layout_.encoder, WeightLoader(same, device_), dt);
 }
@@ -114,7 +144,7 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
     : layout_(std::move(layout)),
       weights_(weights),
       device_(device),
-      label_(model_label(layout_.root)),
+      label_(layout_.label.empty() ? model_label(layout_.root) : layout_.label),
       sampler_(layout_.euler ? "Euler (rectified_flow)" : "ping-pong (rf_denoiser)") {
   text_cfg_ = sa3::T5GemmaConfig::read(read_config(layout_.text_dir + "/config.json"));
   // Every prompt is padded to max_tokens, and the encoder runs a sliding layer only where the whole
@@ -134,12 +164,8 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
              " do not fit the decoder's latent_dim ", same_cfg_.latent_dim);
   if (weights_ == Weights::none) return;
   const std::string& tok_dir = layout_.tokenizer_dir;
-  APUS_CHECK(path_exists(tok_dir + "/tokenizer.model"), tok_dir,
-             "/tokenizer.model: missing; apus reads Gemma's SentencePiece model (transformers' ",
-             "save_pretrained writes only tokenizer.json: copy tokenizer.model from the ",
-             "t5gemma-b-b-ul2 folder of the published checkpoint)");
-  tokenizer_.emplace(SentencePieceTokenizer::load(tok_dir + "/tokenizer.model"));
-  APUS_CHECK(tokenizer_->vocab_size() <= text_cfg_.vocab, tok_dir, "/tokenizer.model: ", tokenizer_->vocab_size(),
+  tokenizer_.emplace(load_sentencepiece(layout_.tokenizer_model));
+  APUS_CHECK(tokenizer_->vocab_size() <= text_cfg_.vocab, layout_.tokenizer_model, ": ", tokenizer_->vocab_size(),
              " pieces, more than the text encoder's ", text_cfg_.vocab, "-entry embedding (config.json vocab_size)");
   const std::string tok_config = tok_dir + "/tokenizer_config.json";
   if (path_exists(tok_config)) {
@@ -164,6 +190,42 @@ std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights) {
 
 std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device) {
   return std::make_unique<Sa3Model>(official_layout(root), weights, device);
+}
+
+std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weights weights, Backend* device) {
+  const std::string& file = parts.model;
+  std::string root;
+  if (!parts.config.empty()) {
+    root = resolve_model_dir(parts.config, Weights::none);
+  } else {
+    // The published layout of its shape: medium's DiT is the differential one (the two small
+    // models share one config).
+    const Tensor& qkv = SafetensorsFile::open(file).get(kSa3SingleFileKey);
+    const bool differential = qkv.dim(0) == 5 * qkv.dim(1);
+    root = published_layout_dir(differential ? "stable-audio-3-medium" : "stable-audio-3-small-music");
+    const sa3::OfficialConfig o = sa3::read_official_config(root + "/model_config.json");
+    APUS_CHECK(o.dit.dim == qkv.dim(1), file, ": a Stable Audio 3 DiT of width ", qkv.dim(1),
+               ", none of the published layouts' (", o.dit.dim, "); pass --config DIR, an official folder ",
+               "(model_config.json beside its T5Gemma folder)");
+  }
+  Sa3Layout l = official_layout(root);
+  l.label = std::filesystem::path(file).filename().string();
+  l.checkpoint = file;
+  if (!parts.text_encoder.empty()) l.text_weights = parts.text_encoder;
+  bool own_tokenizer = true;
+  if (!parts.tokenizer.empty())
+    l.tokenizer_model = is_directory(parts.tokenizer) ? parts.tokenizer + "/tokenizer.model" : parts.tokenizer;
+  else if (parts.text_encoder.ends_with(".safetensors") &&
+           SafetensorsFile::open(parts.text_encoder).contains("spiece_model"))
+    l.tokenizer_model = parts.text_encoder;
+  else
+    own_tokenizer = !parts.config.empty();
+  // The layouts apus carries hold no weights and a stand-in tokenizer.
+  APUS_CHECK(weights == Weights::none || !parts.config.empty() || (!parts.text_encoder.empty() && own_tokenizer),
+             file, ": a single Stable Audio 3 checkpoint needs --text-encoder FILE (T5Gemma, as ComfyUI's ",
+             "t5gemma_b_b_ul2.safetensors, which carries its tokenizer) and, for a file without one, --tokenizer ",
+             "(Gemma's tokenizer.model), or --config DIR, an official folder holding them");
+  return std::make_unique<Sa3Model>(std::move(l), weights, device);
 }
 
 }  // namespace apus

@@ -39,7 +39,13 @@ struct Sa3Layout {
   sa3::SameConfig same;     // the decoder
   sa3::SameConfig encoder;  // the encoder: audio-to-audio and inpainting
   sa3::DurationConfig duration;
-  std::string text_dir, tokenizer_dir;
+  std::string label;       // what the model is called: model_label(root) unless set
+  std::string checkpoint;  // the official layout's weights: `root`, or one file (ComfyUI's repackaging)
+  std::string text_dir, tokenizer_dir;  // their configs (config.json, tokenizer_config.json)
+  std::string text_weights;             // the T5Gemma weights: text_dir, or one file
+  // Gemma's SentencePiece model: tokenizer_dir/tokenizer.model, the file itself, or a safetensors
+  // carrying it as a u8 `spiece_model` tensor (ComfyUI's T5Gemma file).
+  std::string tokenizer_model;
   int max_tokens = 256;                                         // the T5Gemma conditioner's max_length
   std::string max_tokens_key = "the pipeline's prompt length";  // where max_tokens comes from
   int64_t sample_size = 0;                                      // the longest canvas, in samples
@@ -152,7 +158,8 @@ class Sa3Model final : public AudioModel {
   void draw_noise(Context& c, Work& w, Tensor& out) const;
   // The weights in `dir`; load false: shapes only. Then each part's model from whichever layout
   // the directory has.
-  std::shared_ptr<const WeightSource> checkpoint(const std::string& dir, bool load) const;
+  // A component folder's weights, or one file's.
+  std::shared_ptr<const WeightSource> checkpoint(const std::string& path, bool load) const;
   sa3::T5GemmaEncoder load_text(bool load = true) const;
   Transformer load_transformer(DType dt, bool load = true) const;
   sa3::SameDecoder load_same(DType dt, bool load = true) const;
