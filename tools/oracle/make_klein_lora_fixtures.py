@@ -149,6 +149,24 @@ def generate(pipe, dtype):
     return np.asarray(result.images[0].convert("RGB"), dtype=np.uint8).copy(), noise
 
 
+def render_cases(cases, render_one):
+    """{case}.{bf16,fp32}.image_u8 and fp32.noise, render_one(dtype, adapters) -> (image, noise)
+    giving each; every adapted case checked to move the image well past its bf16/fp32 gap."""
+    tensors = {}
+    for case, adapters in cases.items():
+        for tag, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            image, noise = render_one(dtype, adapters)
+            tensors[f"{case}.{tag}.image_u8"] = torch.from_numpy(image)
+            tensors["fp32.noise"] = noise.to(torch.float32)
+    base = tensors["none.fp32.image_u8"].float()
+    for case in cases:
+        moved = (tensors[f"{case}.fp32.image_u8"].float() - base).abs().mean().item()
+        gap = (tensors[f"{case}.fp32.image_u8"].float() - tensors[f"{case}.bf16.image_u8"].float()).abs().mean().item()
+        print(f"{case}: mean |image - no adapter| {moved:.2f} levels, bf16 vs fp32 {gap:.2f}")
+        assert case == "none" or moved > 4 * gap, f"{case}: the adapter barely moves the image"
+    return tensors
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=FIXTURES)
@@ -160,18 +178,7 @@ def main():
     del pipe
     make_bfl(out, mods)
     make_kohya(out, mods)
-    tensors = {}
-    for case, adapters in CASES.items():
-        for tag, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-            image, noise = render(out, dtype, adapters)
-            tensors[f"{case}.{tag}.image_u8"] = torch.from_numpy(image)
-            tensors["fp32.noise"] = noise.to(torch.float32)
-    base = tensors["none.fp32.image_u8"].float()
-    for case in CASES:
-        moved = (tensors[f"{case}.fp32.image_u8"].float() - base).abs().mean().item()
-        gap = (tensors[f"{case}.fp32.image_u8"].float() - tensors[f"{case}.bf16.image_u8"].float()).abs().mean().item()
-        print(f"{case}: mean |image - no LoRA| {moved:.2f} levels, bf16 vs fp32 {gap:.2f}")
-        assert case == "none" or moved > 4 * gap, f"{case}: the adapter barely moves the image"
+    tensors = render_cases(CASES, lambda dtype, adapters: render(out, dtype, adapters))
     save_file(tensors, os.path.join(out, "reference.safetensors"))
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump({"request": REQUEST, "cases": {k: [{"file": a, "scale": s} for a, s in v] for k, v in CASES.items()}},
