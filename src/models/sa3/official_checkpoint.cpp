@@ -8,11 +8,6 @@ namespace apus::sa3 {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
-
 // Replaces the first of `renames` found in s.
 std::string renamed(std::string s, const std::vector<std::pair<std::string, std::string>>& renames) {
   for (const auto& [from, to] : renames) {
@@ -30,11 +25,11 @@ std::shared_ptr<const WeightSource> OfficialCheckpoint::dit(std::shared_ptr<cons
     if (n == "prompt_padding_embedding") return "conditioner.conditioners.prompt.padding_embedding";
     if (n == "proj_in.weight") return "model.model.transformer.project_in.weight";
     if (n == "proj_out.weight") return "model.model.transformer.project_out.weight";
-    if (starts_with(n, "transformer_blocks."))
+    if (n.starts_with("transformer_blocks."))
       return "model.model.transformer.layers." +
              renamed(n.substr(19), {{"ff.proj_in.", "ff.ff.0.proj."}, {"ff.proj_out.", "ff.ff.2."}});
     for (const char* inner : {"memory_tokens", "rotary_pos_emb.", "global_cond_embedder."})
-      if (starts_with(n, inner)) return "model.model.transformer." + n;
+      if (n.starts_with(inner)) return "model.model.transformer." + n;
     return "model.model." + n;
   };
   return std::make_shared<OfficialCheckpoint>(std::move(file), name, differential);
@@ -55,10 +50,10 @@ std::shared_ptr<const WeightSource> OfficialCheckpoint::same(std::shared_ptr<con
                            {"ff.proj_out.", "ff.ff.2."}});
   };
   auto name = [prefix, block](const std::string& n) -> std::string {
-    if (starts_with(n, "decoder.proj.")) return prefix + "decoder.layers.1." + n.substr(13);
-    if (starts_with(n, "decoder.blocks.0.")) return prefix + "decoder.layers.3." + block(n.substr(17));
-    if (starts_with(n, "encoder.proj.")) return prefix + "encoder.layers.2." + n.substr(13);
-    if (starts_with(n, "encoder.blocks.0.")) return prefix + "encoder.layers.0." + block(n.substr(17));
+    if (n.starts_with("decoder.proj.")) return prefix + "decoder.layers.1." + n.substr(13);
+    if (n.starts_with("decoder.blocks.0.")) return prefix + "decoder.layers.3." + block(n.substr(17));
+    if (n.starts_with("encoder.proj.")) return prefix + "encoder.layers.2." + n.substr(13);
+    if (n.starts_with("encoder.blocks.0.")) return prefix + "encoder.layers.0." + block(n.substr(17));
     if (n == "bottleneck.scale") return prefix + "bottleneck.scaling_factor";
     return prefix + n;
   };
@@ -75,7 +70,7 @@ std::shared_ptr<const WeightSource> OfficialCheckpoint::duration(std::shared_ptr
 Tensor OfficialCheckpoint::fetch(const std::string& name, const Shape& expected) const {
   const std::string stored = name_(name);
   const Tensor t = file_->fetch(stored, expected);
-  if (!differential_ || !t.data || !ends_with(name, "attn.to_qkv.weight")) return t;
+  if (!differential_ || !t.data || !name.ends_with("attn.to_qkv.weight")) return t;
   // [q | k | v | q2 | k2] -> [q | q2 | k | k2 | v]
   Tensor out = Tensor::heap(t.shape, t.dtype);
   const size_t block = t.nbytes() / 5;
