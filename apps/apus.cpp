@@ -284,6 +284,7 @@ Command audio_command(CLI::App& app) {
     bool verbose = false;
     double init_noise_level = apus::kDefaultInitNoiseLevel;
     std::vector<double> inpaint_starts, inpaint_ends;
+    std::vector<std::string> loras;
     CLI::Option *seed_opt, *negative_opt, *init_audio_opt, *init_level_opt, *inpaint_audio_opt, *trace_opt;
   };
   const auto o = std::make_shared<Options>();
@@ -325,8 +326,14 @@ Command audio_command(CLI::App& app) {
   o->trace_opt = audio->add_option("--trace", o->trace,
                                    "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
   audio->add_option("--device", o->device, kDeviceHelp);
+  audio
+      ->add_option("--lora", o->loras,
+                   "a LoRA for the DiT and duration conditioner, FILE[:SCALE] (SCALE: the official strength; "
+                   "repeatable, applied in order; the official lora / dora-rows format or PEFT's)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   return {audio, [o] {
             apus::AudioRequest& req = o->req;
+            for (const std::string& lora : o->loras) req.loras.push_back(parse_lora(lora));
             if (*o->seed_opt) req.seed = parse_seed(o->seed);
             req.fp32 = o->precision == "fp32";
             if (!o->decode.empty()) req.chunked_decode = o->decode == "chunked";

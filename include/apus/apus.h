@@ -198,6 +198,9 @@ struct AudioRequest {
   std::optional<AudioClip> inpaint_audio;
   std::vector<std::pair<double, double>> inpaint_regions;
   bool trace = false;  // record the request's timeline into AudioResult::trace
+  // The DiT's and duration conditioner's adapters (the official format, PEFT's), each at its
+  // strength; every request of a batch the same.
+  std::vector<Lora> loras;
 };
 
 struct AudioResult {

@@ -86,6 +86,9 @@ struct Tensor {
 float load_f32(const Tensor& t, int64_t i);
 std::vector<float> to_f32_vector(const Tensor& t);
 Tensor to_dtype(const Tensor& t, DType dt);  // heap copy
+// A heap copy of t (host, contiguous) cut along dim 0 into order.size() equal blocks, block i of
+// the copy being t's block order[i]: fused projections stored in another row order.
+Tensor row_blocks_permuted(const Tensor& t, const std::vector<int>& order);
 
 // Bump allocator: the hot loop takes scratch and activations from here, never from malloc.
 // Regions are grown in chunks; `mark`/`release` give stack-like scoping per block.

@@ -1,5 +1,8 @@
 #include "ops/adapters.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
@@ -25,7 +28,13 @@ void Adapters::add(const std::string& weight, const Shape& weight_shape, LowRank
   if (f.kronecker()) check_factor(f.outer, f.source);
   APUS_CHECK(f.cols() == weight_shape[1] && f.rows() == weight_shape[0], f.source, ": a change of shape ",
              shape_str({f.rows(), f.cols()}), " does not fit '", weight, "' ", shape_str(weight_shape));
-  by_weight_[weight].push_back(std::move(f));
+  std::vector<LowRank>& stacked = by_weight_[weight];
+  APUS_CHECK(!f.decomposed() || (!f.kronecker() && f.inner.down.defined() && f.magnitude.numel() == f.rows()),
+             f.source, ": a DoRA is a low-rank pair with one magnitude per output row");
+  APUS_CHECK(!f.decomposed() || stacked.empty(), f.source, ": a DoRA adapter of '", weight, "' follows ",
+             stacked.empty() ? "" : stacked.front().source,
+             " on the same weight; apus applies a DoRA as a weight's first adapter only");
+  stacked.push_back(std::move(f));
 }
 
 const std::vector<LowRank>* Adapters::find(const std::string& weight) const {
@@ -39,6 +48,59 @@ void Adapters::upload(Backend& device) {
       for (Factor* part : {&f.inner, &f.outer})
         for (Tensor* t : {&part->down, &part->up})
           if (t->defined()) *t = device.upload(*t);
+}
+
+const Adapters::Gain& Adapters::gain(Context& c, const LowRank& f, const Tensor& w, const Tensor* bias) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto cached = gains_.find(&f);
+  if (cached != gains_.end()) return cached->second;
+  const int64_t out = w.dim(0), in = w.dim(1), r = f.inner.down.dim(0);
+  Gain g;
+  if (c.count_only) {
+    static const Gain counted{Tensor::shape_only({out}, DType::f32), Tensor::shape_only({out}, DType::f32)};
+    return counted;
+  }
+  // ||W_o + sΔ_o||² = ||W_o||² + 2s B_o·(A W^T)_o + s² B_o (A A^T) B_o^T, all in fp32: A W^T as one
+  // GEMM of the weight as the linear reads it, the rest on the host (r is small).
+  const Tensor a = to_dtype(ops::to_host(c, f.inner.down), DType::f32), b = to_dtype(ops::to_host(c, f.inner.up), DType::f32);
+  Tensor aw;
+  {
+    ArenaScope arena(*c.arena);
+    const AdapterScope plain(c, nullptr);
+    const Tensor a_dev = ops::to_context(c, a);
+    Tensor product = Tensor::in(*c.arena, {r, out}, DType::f32);
+    ops::linear(c, a_dev, w, nullptr, product);
+    aw = to_dtype(ops::to_host(c, product), DType::f32);
+  }
+  const Tensor wh = to_dtype(ops::to_host(c, w), DType::f32);
+  std::vector<double> gram(size_t(r * r));  // A A^T
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < r; ++j) {
+      float acc = 0;
+      for (int64_t k = 0; k < in; ++k) acc += a.ptr<float>()[i * in + k] * a.ptr<float>()[j * in + k];
+      gram[size_t(i * r + j)] = acc;
+    }
+  const Tensor bias_h = bias ? to_dtype(ops::to_host(c, *bias), DType::f32) : Tensor();
+  Tensor scale = Tensor::heap({out}, DType::f32), shift = Tensor::heap({out}, DType::f32);
+  const double s = f.scale;
+  for (int64_t o = 0; o < out; ++o) {
+    const float* row = wh.ptr<float>() + o * in;
+    const float* bo = b.ptr<float>() + o * r;
+    float w2 = 0;
+    for (int64_t k = 0; k < in; ++k) w2 += row[k] * row[k];
+    double cross = 0, delta2 = 0;
+    for (int64_t i = 0; i < r; ++i) {
+      cross += double(bo[i]) * aw.ptr<float>()[i * out + o];
+      for (int64_t j = 0; j < r; ++j) delta2 += double(bo[i]) * gram[size_t(i * r + j)] * bo[j];
+    }
+    const double norm = std::sqrt(std::max(0.0, double(w2) + 2 * s * cross + s * s * delta2));
+    const float gain = float(double(load_f32(f.magnitude, o)) / (norm + 1e-12));
+    scale.ptr<float>()[o] = gain;
+    shift.ptr<float>()[o] = bias ? (1 - gain) * bias_h.ptr<float>()[o] : 0.0f;
+  }
+  g.scale = ops::to_context(c, scale);
+  g.shift = ops::to_context(c, shift);
+  return gains_.emplace(&f, std::move(g)).first->second;
 }
 
 void Adapters::mark_applied(const std::string& weight) const {
@@ -93,7 +155,7 @@ void apply_kronecker(Context& c, const Tensor& x, const LowRank& f, Tensor& term
 
 }  // namespace
 
-void apply_adapters(Context& c, const Tensor& x, const Tensor& w, Tensor& y) {
+void apply_adapters(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   if (!c.adapters || !w.weight_name) return;
   const std::vector<LowRank>* factors = c.adapters->find(*w.weight_name);
   if (!factors) return;
@@ -112,6 +174,10 @@ void apply_adapters(Context& c, const Tensor& x, const Tensor& w, Tensor& y) {
       for (int64_t i = 0; i < g.numel(); ++i) g.ptr<float>()[i] = scale;
     });
     add_gated(c, y, term, &gate, Rounding::each_step);
+    if (f.decomposed()) {
+      const Adapters::Gain& g = adapters->gain(c, f, w, bias);
+      affine(c, y, g.scale, g.shift, y, Rounding::once);
+    }
   }
   adapters->mark_applied(*w.weight_name);
 }

@@ -1,11 +1,14 @@
 #pragma once
-// Adapters (LoRA and LyCORIS's LoHa and LoKr) a request applies to a model's weights without
+// Adapters (LoRA, DoRA and LyCORIS's LoHa and LoKr) a request applies to a model's weights without
 // changing them: each linear whose weight has adapters adds, after its own product,
 // scale * x·ΔW^T per adapter in order, as PEFT's layers compute beside their base layer (each
 // product and the scaled term rounded to the activation dtype, then added). ΔW is a product of
 // two factors (LoRA; LoHa as the exact rank r1·r2 expansion of its Hadamard product) or the
-// Kronecker product of two such matrices (LoKr), never expanded. A resident model serves requests
-// with and without adapters from the same weights.
+// Kronecker product of two such matrices (LoKr), never expanded. A DoRA (Stable Audio 3's
+// dora-rows) then rescales each output: W' = diag(m / ||W + ΔW||_row) (W + ΔW), the row norms
+// found at the adapter's first use from the weight the linear multiplies by (||W||² + 2 B·(A W^T)
+// + ||B A||² per row, in fp32) and the bias kept out of the rescaling. A resident model serves
+// requests with and without adapters from the same weights.
 #include <map>
 #include <mutex>
 #include <set>
@@ -34,14 +37,18 @@ struct LowRank {
   float scale = 1;
   std::string source;  // "FILE: key" for errors
   Factor outer;
+  // DoRA's magnitude per output row [rows] (f32); undefined for every other kind.
+  Tensor magnitude;
   bool kronecker() const { return outer.up.defined(); }
+  bool decomposed() const { return magnitude.defined(); }
   int64_t rows() const { return kronecker() ? outer.rows() * inner.rows() : inner.rows(); }
   int64_t cols() const { return kronecker() ? outer.cols() * inner.cols() : inner.cols(); }
 };
 
 class Adapters {
  public:
-  // Adds `f` to the weight named `weight`, checked against that weight's [out, in] shape.
+  // Adds `f` to the weight named `weight`, checked against that weight's [out, in] shape. A DoRA
+  // must be a weight's first adapter (its norms are those of the weight alone plus its change).
   void add(const std::string& weight, const Shape& weight_shape, LowRank f);
   const std::vector<LowRank>* find(const std::string& weight) const;
   bool empty() const { return by_weight_.empty(); }
@@ -51,8 +58,16 @@ class Adapters {
   void mark_applied(const std::string& weight) const;
   // Every factor copied into `device`'s memory, where the linears it adapts run.
   void upload(Backend& device);
+  // A DoRA's per-output gain m / ||W + ΔW||_row and the shift (1 - gain) · bias that keeps the bias
+  // out of it, for the weight `w` (and `bias`) the linear uses: computed on c's backend at the
+  // first call, then kept.
+  struct Gain {
+    Tensor scale, shift;
+  };
+  const Gain& gain(Context& c, const LowRank& f, const Tensor& w, const Tensor* bias) const;
 
  private:
+  mutable std::map<const LowRank*, Gain> gains_;
   std::map<std::string, std::vector<LowRank>> by_weight_;
   mutable std::mutex mutex_;
   mutable std::set<std::string> applied_;
@@ -73,7 +88,7 @@ class AdapterScope {
 
 namespace ops {
 // What linear runs after its product when the context carries adapters for w (ops.cpp).
-void apply_adapters(Context& c, const Tensor& x, const Tensor& w, Tensor& y);
+void apply_adapters(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 }  // namespace ops
 
 }  // namespace apus

@@ -244,8 +244,8 @@ template <OpId op> struct After {
   template <typename... Args> static void run(Args&&...) {}
 };
 template <> struct After<OpId::linear> {
-  static void run(Context& c, const Tensor& x, const Tensor& w, const Tensor*, Tensor& y) {
-    apply_adapters(c, x, w, y);
+  static void run(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+    apply_adapters(c, x, w, bias, y);
   }
 };
 

@@ -215,7 +215,7 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
 std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& format_name, bool trace) {
   const Fields f{body};
   f.only({"model", "prompt", "seconds", "seed", "steps", "format", "negative_prompt", "cfg", "apg", "init_audio",
-          "init_noise_level", "inpaint_audio", "inpaint_regions"});
+          "init_noise_level", "inpaint_audio", "inpaint_regions", "loras"});
   const Loaded& m = find(f, ModelKind::audio);
   AudioRequest r;
   r.prompt = f.prompt();
@@ -226,6 +226,7 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
   r.apg = float(f.number("apg", r.apg));
   r.trace = trace;
   if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");
+  if (f.has("loras")) r.loras = requested_loras(body["loras"]);
   // Audio-to-audio and inpainting: the clips as base64 files (any rate libsndfile reads),
   // decoded on the model's worker as the job starts.
   std::optional<std::string> init_file, inpaint_file;

@@ -28,8 +28,8 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <label class="audio hidden">seconds<input id="seconds" type="number" value="10" step="any" min="0.1"></label>
 <label>seed (empty: random)<input id="seed" type="number" min="0"></label>
 <label>steps (empty: the model's)<input id="steps" type="number" min="1"></label>
-<label class="image lora">LoRA<select id="lora"><option value="">(none)</option></select></label>
-<label class="image lora">LoRA scale<input id="lora_scale" type="number" value="1" step="0.05"></label>
+<label class="lora">LoRA<select id="lora"><option value="">(none)</option></select></label>
+<label class="lora">LoRA scale<input id="lora_scale" type="number" value="1" step="0.05"></label>
 <textarea id="prompt" placeholder="prompt"></textarea>
 <button id="go" type="submit">Generate</button>
 </form>
@@ -71,7 +71,7 @@ $('form').onsubmit = async ev => {
   if ($('steps').value !== '') body.steps = Number($('steps').value);
   if (kind === 'image') body.size = $('width').value + 'x' + $('height').value;
   else body.seconds = Number($('seconds').value);
-  if (kind === 'image' && $('lora').value) body.loras = [{name: $('lora').value, scale: Number($('lora_scale').value)}];
+  if ($('lora').value) body.loras = [{name: $('lora').value, scale: Number($('lora_scale').value)}];
   $('go').disabled = true;
   try {
     const r = await fetch('/v1/jobs', {method: 'POST', headers: headers(), body: JSON.stringify(body)});

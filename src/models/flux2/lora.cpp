@@ -4,9 +4,8 @@
 #include <cstring>
 #include <optional>
 
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
+#include "io/peft_config.h"
 #include "io/safetensors.h"
 #include "models/flux2/single_file.h"
 
@@ -104,68 +103,7 @@ Delta module_delta(const Module& m, const std::string& path) {
 Factor factor_rows(const Factor& f, int64_t begin, int64_t end) { return Factor{f.down, f.up.rows(begin, end)}; }
 
 // A factor with its two halves of rows swapped.
-Factor swap_row_halves(const Factor& f) {
-  const int64_t half = f.up.dim(0) / 2;
-  Tensor swapped = Tensor::heap(f.up.shape, f.up.dtype);
-  const size_t bytes = f.up.rows(0, half).nbytes();
-  std::memcpy(swapped.data, f.up.rows(half, 2 * half).data, bytes);
-  std::memcpy(swapped.rows(half, 2 * half).data, f.up.data, bytes);
-  return Factor{f.down, swapped};
-}
-
-// PEFT's adapter config as diffusers' save_lora_weights writes it into the file's metadata
-// (lora_adapter_metadata, keys under "transformer."): the alpha of each module.
-struct PeftConfig {
-  std::optional<double> alpha;
-  std::map<std::string, double> alpha_pattern;
-  bool rslora = false;
-};
-
-PeftConfig read_peft_config(const SafetensorsFile& file, const std::string& path) {
-  PeftConfig cfg;
-  const auto it = file.metadata().find("lora_adapter_metadata");
-  if (it == file.metadata().end()) return cfg;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(it->second);
-  } catch (const std::exception& e) {
-    fail(path, ": metadata 'lora_adapter_metadata' is not JSON (", e.what(), ")");
-  }
-  APUS_CHECK(j.is_object(), path, ": metadata 'lora_adapter_metadata' is not a JSON object");
-  for (const auto& [key, value] : j.items()) {
-    std::string k = key;
-    if (k.starts_with("transformer.")) k = k.substr(12);
-    if (k == "lora_alpha") {
-      APUS_CHECK(value.is_number(), path, ": lora_adapter_metadata '", key, "' is ", value.dump(), ", expected a number");
-      cfg.alpha = value.get<double>();
-    } else if (k == "alpha_pattern") {
-      APUS_CHECK(value.is_object(), path, ": lora_adapter_metadata '", key, "' is not an object");
-      for (const auto& [pattern, a] : value.items()) {
-        APUS_CHECK(a.is_number(), path, ": lora_adapter_metadata alpha_pattern '", pattern, "' is not a number");
-        APUS_CHECK(pattern.find_first_of("*+?[](){}|^$\\") == std::string::npos, path,
-                   ": lora_adapter_metadata alpha_pattern '", pattern, "' is a regular expression; apus matches ",
-                   "module names only");
-        cfg.alpha_pattern[pattern] = a.get<double>();
-      }
-    } else if (k == "use_rslora") {
-      cfg.rslora = value.is_boolean() && value.get<bool>();
-    } else if (k == "use_dora") {
-      APUS_CHECK(!(value.is_boolean() && value.get<bool>()), path,
-                 ": lora_adapter_metadata use_dora is true; apus does not apply DoRA adapters");
-    } else if (k == "lora_bias") {
-      APUS_CHECK(!(value.is_boolean() && value.get<bool>()), path,
-                 ": lora_adapter_metadata lora_bias is true; apus does not apply adapter biases");
-    }
-  }
-  return cfg;
-}
-
-// PEFT's alpha for `module`: the alpha_pattern entry it ends with (as PEFT's "(.*\.)?key$"), else lora_alpha.
-std::optional<double> peft_alpha(const PeftConfig& cfg, const std::string& module) {
-  for (const auto& [pattern, alpha] : cfg.alpha_pattern)
-    if (module == pattern || module.ends_with("." + pattern)) return alpha;
-  return cfg.alpha;
-}
+Factor swap_row_halves(const Factor& f) { return Factor{f.down, row_blocks_permuted(f.up, {1, 0})}; }
 
 }  // namespace
 
@@ -240,7 +178,7 @@ void read_lora(const Lora& lora, const std::map<std::string, Shape>& weights, in
     APUS_CHECK(!m.tensors.empty(), path, ": the alpha of '", name, "' adapts nothing (no factors beside it)");
     Delta delta = module_delta(m, path);
     const double rank = double(delta.rank);
-    const std::optional<double> alpha = m.alpha ? std::optional<double>(*m.alpha) : peft_alpha(peft, name);
+    const std::optional<double> alpha = m.alpha ? std::optional<double>(*m.alpha) : peft.alpha_of(name);
     const double per_rank = alpha && delta.rank ? *alpha / (peft.rslora ? std::sqrt(rank) : rank) : 1.0;
     delta.change.scale = float(double(lora.scale) * per_rank);
     const std::string key = m.keys.count("up") ? m.keys.at("up") : m.any_key();

@@ -9,6 +9,7 @@
 // W2 SiLU(b1) + b2). In bf16 the timestep's Fourier features and the RoPE frequencies stay fp32
 // (the official model cast to a 16-bit dtype rounds t and inv_freq, which moves high angles by
 // radians); the rest follows the official module order and roundings.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,8 @@ class Dit {
   static Dit load(const DitConfig& config, WeightLoader weights, DType compute);
   const DitConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  // The weights fetched, by name, with the shapes asked for: what adapters must fit.
+  const std::map<std::string, Shape>& weight_shapes() const { return weights_.fetched(); }
   size_t make_resident() const { return weights_.make_resident(); }
 
   // cross [B*S, cond_dim]: the text tokens and the duration token of each sample, cross_valid

@@ -2,6 +2,7 @@
 // Stable Audio 3's duration conditioner (diffusers' StableAudio3DurationEmbedder, the reference's
 // NumberConditioner with expo Fourier features): seconds -> clamp, normalise -> fp32 Fourier
 // features -> Linear. Its vector is both the DiT's global condition and the last cross token.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ class DurationEmbedder {
   static DurationEmbedder load_official(const DurationConfig& config, WeightLoader weights);
   const DurationConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  // The weights fetched, by name, with the shapes asked for: what adapters must fit.
+  const std::map<std::string, Shape>& weight_shapes() const { return weights_.fetched(); }
   size_t make_resident() const { return weights_.make_resident(); }
   // One [B, output_dim] row per duration, in the activation dtype (heap). The Fourier features
   // stay fp32 with fp32 frequencies in a bf16 run too, as the official code keeps them (diffusers'

@@ -1,6 +1,5 @@
 #include "models/sa3/official_checkpoint.h"
 
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -19,20 +18,25 @@ std::string renamed(std::string s, const std::vector<std::pair<std::string, std:
 
 }  // namespace
 
+std::string OfficialCheckpoint::dit_name(const std::string& n) {
+  if (n == "prompt_padding_embedding") return "conditioner.conditioners.prompt.padding_embedding";
+  if (n == "proj_in.weight") return "model.model.transformer.project_in.weight";
+  if (n == "proj_out.weight") return "model.model.transformer.project_out.weight";
+  if (n.starts_with("transformer_blocks."))
+    return "model.model.transformer.layers." +
+           renamed(n.substr(19), {{"ff.proj_in.", "ff.ff.0.proj."}, {"ff.proj_out.", "ff.ff.2."}});
+  for (const char* inner : {"memory_tokens", "rotary_pos_emb.", "global_cond_embedder."})
+    if (n.starts_with(inner)) return "model.model.transformer." + n;
+  return "model.model." + n;
+}
+
+std::string OfficialCheckpoint::duration_name(const std::string& n) {
+  return "conditioner.conditioners.seconds_total.embedder.embedding.1." + n.substr(n.find('.') + 1);
+}
+
 std::shared_ptr<const WeightSource> OfficialCheckpoint::dit(std::shared_ptr<const WeightSource> file,
                                                             bool differential) {
-  auto name = [](const std::string& n) -> std::string {
-    if (n == "prompt_padding_embedding") return "conditioner.conditioners.prompt.padding_embedding";
-    if (n == "proj_in.weight") return "model.model.transformer.project_in.weight";
-    if (n == "proj_out.weight") return "model.model.transformer.project_out.weight";
-    if (n.starts_with("transformer_blocks."))
-      return "model.model.transformer.layers." +
-             renamed(n.substr(19), {{"ff.proj_in.", "ff.ff.0.proj."}, {"ff.proj_out.", "ff.ff.2."}});
-    for (const char* inner : {"memory_tokens", "rotary_pos_emb.", "global_cond_embedder."})
-      if (n.starts_with(inner)) return "model.model.transformer." + n;
-    return "model.model." + n;
-  };
-  return std::make_shared<OfficialCheckpoint>(std::move(file), name, differential);
+  return std::make_shared<OfficialCheckpoint>(std::move(file), dit_name, differential);
 }
 
 std::shared_ptr<const WeightSource> OfficialCheckpoint::same(std::shared_ptr<const WeightSource> file,
@@ -61,23 +65,14 @@ std::shared_ptr<const WeightSource> OfficialCheckpoint::same(std::shared_ptr<con
 }
 
 std::shared_ptr<const WeightSource> OfficialCheckpoint::duration(std::shared_ptr<const WeightSource> file) {
-  auto name = [](const std::string& n) {
-    return "conditioner.conditioners.seconds_total.embedder.embedding.1." + n.substr(n.find('.') + 1);
-  };
-  return std::make_shared<OfficialCheckpoint>(std::move(file), name, false);
+  return std::make_shared<OfficialCheckpoint>(std::move(file), duration_name, false);
 }
 
 Tensor OfficialCheckpoint::fetch(const std::string& name, const Shape& expected) const {
   const std::string stored = name_(name);
   const Tensor t = file_->fetch(stored, expected);
   if (!differential_ || !t.data || !name.ends_with("attn.to_qkv.weight")) return t;
-  // [q | k | v | q2 | k2] -> [q | q2 | k | k2 | v]
-  Tensor out = Tensor::heap(t.shape, t.dtype);
-  const size_t block = t.nbytes() / 5;
-  const int order[5] = {0, 3, 1, 4, 2};
-  for (int i = 0; i < 5; ++i)
-    std::memcpy(static_cast<char*>(out.data) + size_t(i) * block,
-                static_cast<const char*>(t.data) + size_t(order[i]) * block, block);
+  Tensor out = row_blocks_permuted(t, kDiffusersQkvOrder);
   file_->release(stored);  // the model reads the reordered copy only
   return out;
 }

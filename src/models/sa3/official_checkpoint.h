@@ -6,10 +6,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/weight_source.h"
 
 namespace apus::sa3 {
+
+// A differential fused to_qkv in diffusers' rows [q | q2 | k | k2 | v]: the blocks of the official
+// [q | k | v | q2 | k2] in this order.
+inline const std::vector<int> kDiffusersQkvOrder = {0, 3, 1, 4, 2};
 
 class OfficialCheckpoint final : public WeightSource {
  public:
@@ -21,6 +26,10 @@ class OfficialCheckpoint final : public WeightSource {
   static std::shared_ptr<const WeightSource> same(std::shared_ptr<const WeightSource> file, const std::string& prefix,
                                                   bool differential);
   static std::shared_ptr<const WeightSource> duration(std::shared_ptr<const WeightSource> file);
+  // The official checkpoint's name of a DiT or duration-conditioner weight named as diffusers
+  // names it ("transformer_blocks.0.ff.proj_in.weight" -> "model.model.transformer.layers.0.ff.ff.0.proj.weight").
+  static std::string dit_name(const std::string& diffusers);
+  static std::string duration_name(const std::string& diffusers);
 
   using Rename = std::function<std::string(const std::string&)>;  // diffusers name -> stored name
   OfficialCheckpoint(std::shared_ptr<const WeightSource> file, Rename name, bool differential)

@@ -15,9 +15,7 @@ std::string infotext(const ImageRequest& request, const ImageResult& result, con
   if (request.inpaint) s += ", Denoising strength: " + metadata_number(request.inpaint->strength);
   s += ", Model: " + model.label() + ", Precision: " + (request.fp32 ? "fp32" : "bf16");
   if (!request.noise_file.empty()) s += ", Noise: " + request.noise_file;
-  for (const Lora& lora : request.loras)
-    s += ", Lora: " + std::filesystem::path(lora.file).filename().string() + ":" + metadata_number(lora.scale);
-  return s;
+  return s + metadata_loras(request.loras);
 }
 
 std::vector<std::pair<std::string, std::string>> image_metadata(const ImageRequest& request, const ImageResult& result,

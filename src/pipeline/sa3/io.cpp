@@ -18,7 +18,7 @@ std::string audio_comment(const AudioRequest& request, const AudioResult& result
     for (const auto& [start, end] : request.inpaint_regions)
       s += " " + metadata_number(start) + "-" + metadata_number(end) + " s";
   }
-  return s;
+  return s + metadata_loras(request.loras);
 }
 
 AudioMetadata audio_metadata(const AudioRequest& request, const AudioResult& result, const AudioModel& model,

@@ -162,6 +162,11 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
   APUS_CHECK(same_cfg_.latent_dim == dit_cfg_.io_channels && dit_cfg_.local_dim == dit_cfg_.io_channels + 1, where,
              ": the transformer's io_channels ", dit_cfg_.io_channels, " / local_add_cond_dim ", dit_cfg_.local_dim,
              " do not fit the decoder's latent_dim ", same_cfg_.latent_dim);
+  {
+    const Transformer counted = load_transformer(DType::bf16, false);
+    lora_targets_ = sa3::lora_targets(counted.dit.weight_shapes(), counted.duration.weight_shapes(),
+                                      dit_cfg_.differential);
+  }
   if (weights_ == Weights::none) return;
   const std::string& tok_dir = layout_.tokenizer_dir;
   tokenizer_.emplace(load_sentencepiece(layout_.tokenizer_model));

@@ -82,6 +82,12 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   w.cfg = r.cfg;
   w.apg = r.apg;
   w.chunked = r.chunked_decode.value_or(layout_.chunked_decode);
+  if (!r.loras.empty()) {
+    auto adapters = std::make_shared<Adapters>();
+    for (const Lora& lora : r.loras) sa3::read_lora(lora, lora_targets_, *adapters);
+    if (device()) adapters->upload(*device());
+    w.adapters = std::move(adapters);
+  }
   return w;
 }
 
@@ -100,8 +106,10 @@ void Sa3Model::check_batch_agrees(const std::vector<AudioRequest>& requests) con
                    o.chunked_decode == r.chunked_decode && o.cfg == r.cfg && o.apg == r.apg &&
                    o.negative_prompt.has_value() == r.negative_prompt.has_value() &&
                    o.init_audio.has_value() == r.init_audio.has_value() && o.init_noise_level == r.init_noise_level &&
-                   o.inpaint_audio.has_value() == r.inpaint_audio.has_value() && o.inpaint_regions == r.inpaint_regions,
-               "a batch shares seconds, steps, precision, guidance and its audio inputs' settings: ", o.seconds, " s, ",
+                   o.inpaint_audio.has_value() == r.inpaint_audio.has_value() && o.inpaint_regions == r.inpaint_regions &&
+                   std::equal(o.loras.begin(), o.loras.end(), r.loras.begin(), r.loras.end(),
+                              [](const Lora& a, const Lora& b) { return a.file == b.file && a.scale == b.scale; }),
+               "a batch shares seconds, steps, precision, guidance, adapters and its audio inputs' settings: ", o.seconds, " s, ",
                o.steps, " steps differs from ", r.seconds, " s, ", r.steps, " steps");
 }
 

@@ -20,10 +20,12 @@
 #include "io/model_dir.h"
 #include "models/sa3/dit.h"
 #include "models/sa3/duration_embedder.h"
+#include "models/sa3/lora.h"
 #include "models/sa3/model_config.h"
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/same_encoder.h"
 #include "models/sa3/t5gemma_encoder.h"
+#include "ops/adapters.h"
 #include "pipeline/driver.h"
 #include "sampling/torch_rng.h"
 #include "text/sentencepiece_tokenizer.h"
@@ -94,6 +96,7 @@ class Sa3Model final : public AudioModel {
     Tensor clips, clip_latents;
     std::vector<float> keep;
     std::optional<sa3::DitPrologue> prologue;
+    std::shared_ptr<const Adapters> adapters;  // the request's LoRAs, or null
   };
 
   // The DiT with the duration conditioner its prologue embeds: one part of the pipeline.
@@ -180,6 +183,7 @@ class Sa3Model final : public AudioModel {
   std::optional<sa3::SameDecoder> same_;
   std::optional<sa3::SameEncoder> encoder_;
   DType resident_dtype_ = DType::bf16;
+  sa3::LoraTargets lora_targets_;  // the weights adapters may change
   std::vector<std::unique_ptr<Part<Work>>> parts_ = make_parts();
 };
 

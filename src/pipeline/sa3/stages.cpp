@@ -63,6 +63,7 @@ void Sa3Model::condition(Context& c, const Transformer& parts, Work& w) const {
   const sa3::Dit& dit = parts.dit;
   CostScope scope(c, "conditioning");
   ArenaScope arena(*c.arena);
+  const AdapterScope adapted(c, w.adapters.get());
   const int64_t b = w.batch, text = w.tokens, tokens = text + 1, d = dit_cfg_.cond_dim, t = w.canvas.frames;
   const int64_t samples = w.guided ? 2 * b : b;
   w.duration = duration.embed(c, w.seconds);
@@ -141,7 +142,16 @@ void Sa3Model::step(Context& c, const sa3::Dit& dit, Work& w, int i) const {
       ops::copy(c, w.latents, part);
     }
   }
-  dit.forward(c, *w.prologue, x, t, w.velocity);
+  {
+    const AdapterScope adapted(c, w.adapters.get());
+    dit.forward(c, *w.prologue, x, t, w.velocity);
+  }
+  if (w.adapters && i == 0) {
+    // The conditioning and one step run every linear: an adapter left unapplied was lost on the way.
+    const std::vector<std::string> missing = w.adapters->unapplied();
+    APUS_CHECK(missing.empty(), label_, ": the LoRA for '", missing.empty() ? "" : missing.front(),
+               "' was never applied (its weight does not reach a linear as loaded)");
+  }
   CostScope scope(c, "sampler");
   Tensor v = w.velocity;
   if (w.guided) {
