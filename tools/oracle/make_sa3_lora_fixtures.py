@@ -27,7 +27,6 @@ Needs APUS_SA3_OFFICIAL (a checkout of Stability-AI/stable-audio-3, commit 636f9
 Usage: make_sa3_lora_fixtures.py [--out DIR]
 """
 
-import argparse
 import json
 import os
 import sys
@@ -158,13 +157,7 @@ def make_peft(layer1, out):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=oracle_env.FIXTURES)
-    args = ap.parse_args()
-    official = os.environ.get("APUS_SA3_OFFICIAL")
-    if not official:
-        sys.exit("make_sa3_lora_fixtures: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
-    sys.path.insert(0, official)
+    args = oracle_env.official_sa3_args("make_sa3_lora_fixtures")
     out = os.path.join(args.out, "sa3_lora")
     os.makedirs(out, exist_ok=True)
     original = os.path.join(oracle_env.FIXTURES, "sa3_tiny", "original")

@@ -32,13 +32,11 @@ from correctly rounded exp, cos and sin (libm in double, rounded once): what apu
 measure of how much the official code disagrees with itself there. Deterministic.
 """
 
-import argparse
 import copy
 import json
 import math
 import os
 import shutil
-import sys
 
 import oracle_env  # noqa: F401  (environment before torch/diffusers load)
 import torch
@@ -727,13 +725,7 @@ def small_layout_fixture(out_dir, dit, duration):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=oracle_env.FIXTURES)
-    args = ap.parse_args()
-    official = os.environ.get("APUS_SA3_OFFICIAL")
-    if not official:
-        sys.exit("make_sa3_official_fixtures: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
-    sys.path.insert(0, official)
+    args = oracle_env.official_sa3_args("make_sa3_official_fixtures")
     same_decoder = same_fixtures(args.out)
 
     ref = {}

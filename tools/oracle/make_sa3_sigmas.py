@@ -10,7 +10,6 @@ torch's AVX-512 kernels (16 floats a vector), the machine the fixtures were made
     APUS_SA3_OFFICIAL=/path/to/stable-audio-3 python make_sa3_sigmas.py --out tests/fixtures
 """
 
-import argparse
 import json
 import os
 import sys
@@ -24,16 +23,10 @@ SIGMA_MAX = {"full": 1.0, "init_0.6": 0.6}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=oracle_env.FIXTURES)
-    args = ap.parse_args()
-    official = os.environ.get("APUS_SA3_OFFICIAL")
-    if not official:
-        sys.exit("make_sa3_sigmas: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
+    args = oracle_env.official_sa3_args("make_sa3_sigmas")
     capability = torch.backends.cpu.get_cpu_capability()
     if capability != "AVX512":
         sys.exit(f"make_sa3_sigmas: torch runs its {capability} kernels here; the fixture holds the AVX512 ones")
-    sys.path.insert(0, official)
     from stable_audio_3.inference.distribution_shift import LogSNRShift
     from stable_audio_3.inference.sampling import build_schedule
 

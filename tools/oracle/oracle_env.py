@@ -20,3 +20,19 @@ def save_pretrained_readable(model, out_dir):
     model.save_pretrained(out_dir, safe_serialization=True)
     for f in os.listdir(out_dir):
         os.chmod(os.path.join(out_dir, f), 0o644)
+
+
+def official_sa3_args(script):
+    """The script's --out, with the official Stable Audio 3 code (a checkout of
+    Stability-AI/stable-audio-3 named by APUS_SA3_OFFICIAL) made importable."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=FIXTURES)
+    args = ap.parse_args()
+    official = os.environ.get("APUS_SA3_OFFICIAL")
+    if not official:
+        sys.exit(f"{script}: set APUS_SA3_OFFICIAL to a checkout of Stability-AI/stable-audio-3")
+    sys.path.insert(0, official)
+    return args

@@ -40,6 +40,9 @@ if [ -n "${APUS_SA3_OFFICIAL:-}" ]; then
     "$VENV/bin/python" "$HERE/make_sa3_official_fixtures.py" --out "$REPO/tests/fixtures"
     # the official schedules for 1..200 steps (sa3_sigmas_ref.*; needs torch's AVX-512 kernels)
     "$VENV/bin/python" "$HERE/make_sa3_sigmas.py" --out "$REPO/tests/fixtures"
+    # LoRA and DoRA files made and loaded by the official code, one in PEFT's layout, and the
+    # official clips with them (tests/fixtures/sa3_lora)
+    "$VENV/bin/python" "$HERE/make_sa3_lora_fixtures.py" --out "$REPO/tests/fixtures"
 else
     echo "oracle: APUS_SA3_OFFICIAL unset, keeping the committed official Stable Audio 3 fixtures" >&2
 fi
