@@ -144,6 +144,7 @@ void read_official(const Lora& lora, const SafetensorsFile& file, const LoraTarg
              cfg.adapter_type, "' is not supported (apus applies lora and dora-rows adapters)");
   const bool dora = cfg.adapter_type == "dora-rows";
   const int64_t rank = cfg.rank.value_or(inferred);
+  APUS_CHECK(rank >= 1, path, ": its factors have rank 0");
   const double scaling = cfg.alpha.value_or(double(rank)) / double(rank);
   for (const auto& [module, m] : modules) {
     const std::string key = m.key.empty() ? module + kParametrized + "0.lora_A" : m.key;
@@ -197,8 +198,8 @@ void read_peft(const Lora& lora, const SafetensorsFile& file, const LoraTargets&
   APUS_CHECK(!modules.empty(), path, ": holds no adapter tensors");
   for (const auto& [module, m] : modules) {
     const std::string key = m.key.empty() ? module + ".lora_A.weight" : m.key;
-    APUS_CHECK(m.down.defined() && m.up.defined() && m.down.dim(0) == m.up.dim(1), path, ": key '", key,
-               "' has no lora_A / lora_B pair beside it (expected [r, in] and [out, r])");
+    APUS_CHECK(m.down.defined() && m.up.defined() && m.down.dim(0) == m.up.dim(1) && m.down.dim(0) >= 1, path,
+               ": key '", key, "' has no lora_A / lora_B pair beside it (expected [r, in] and [out, r], r >= 1)");
     const auto target = targets.diffusers.find(module);
     APUS_CHECK(target != targets.diffusers.end(), path, ": key '", key,
                "' names no linear of this Stable Audio 3 transformer (in diffusers' module names)");
