@@ -61,8 +61,9 @@ TEST_P(Sa3LoraCase, GivesTheOfficialClip) {
   ASSERT_EQ(fp32.samples.size(), want.size());
   const double err = test::rel_l2(fp32.samples, want);
   const double err_bf16 = test::rel_l2(model->generate(lora_request(c, false)).samples, want);
-  std::printf("[ measure ] sa3 lora %s: fp32 rel L2 %.3e, bf16 %.3e (official bf16's own %.3e); adapters move it %.3e\n",
-              c.c_str(), err, err_bf16, self, test::rel_l2(want, plain));
+  std::printf(
+      "[ measure ] sa3 lora %s: fp32 rel L2 %.3e, bf16 %.3e (official bf16's own %.3e); adapters move it %.3e\n",
+      c.c_str(), err, err_bf16, self, test::rel_l2(want, plain));
   EXPECT_LT(err, test::kFp32Tolerance) << c;
   EXPECT_LT(err_bf16, test::kBf16Factor * self) << c;
 }
@@ -100,12 +101,12 @@ TEST(Sa3Lora, AResidentModelAppliesAndDropsAdaptersPerRequest) {
   const std::vector<float> with_pair = resident->generate(pair).samples;
   EXPECT_NE(with_pair, plain);
   EXPECT_EQ(resident->generate(reference_request(false)).samples, plain);
-  EXPECT_EQ(resident->generate(dora).samples, AudioModel::open(official_dir(), Weights::per_stage)->generate(dora).samples);
+  EXPECT_EQ(resident->generate(dora).samples,
+            AudioModel::open(official_dir(), Weights::per_stage)->generate(dora).samples);
   EXPECT_EQ(resident->generate(pair).samples, with_pair);
   EXPECT_EQ(resident->generate(reference_request(false)).samples, plain);
   const std::string comment = audio_comment(pair, resident->generate(pair), *resident, {});
-  EXPECT_NE(comment.find("Lora: official.safetensors:0.7, Lora: layer1.safetensors:0.5"), std::string::npos)
-      << comment;
+  EXPECT_NE(comment.find("Lora: official.safetensors:0.7, Lora: layer1.safetensors:0.5"), std::string::npos) << comment;
 }
 
 // official.safetensors rewritten: its tensors through `change` (name, tensor -> kept?), its
@@ -120,7 +121,8 @@ std::string rewritten(const std::string& name, Change&& change, const std::strin
   }
   std::map<std::string, std::string> metadata = f.metadata();
   if (!config.empty()) metadata["lora_config"] = config;
-  const std::string path = ::testing::TempDir() + "sa3_lora_" + name + "_" + std::to_string(::getpid()) + ".safetensors";
+  const std::string path =
+      ::testing::TempDir() + "sa3_lora_" + name + "_" + std::to_string(::getpid()) + ".safetensors";
   write_safetensors(path, tensors, metadata);
   return path;
 }
@@ -133,13 +135,17 @@ TEST(Sa3Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
     test::expect_error([&] { model->count(r, 1); }, fragments);
   };
   const std::string qkv = "model.transformer.layers.0.self_attn.to_qkv.parametrizations.weight.0.lora_A";
-  refused(rewritten("bora", [](NamedTensor&) { return true; }, R"({"rank": 4, "alpha": 8, "adapter_type": "bora"})"),
+  refused(rewritten(
+              "bora", [](NamedTensor&) { return true; }, R"({"rank": 4, "alpha": 8, "adapter_type": "bora"})"),
           {"sa3_lora_bora", "adapter_type 'bora'"});
-  refused(rewritten("rank", [](NamedTensor&) { return true; }, R"({"rank": 3, "adapter_type": "lora"})"),
+  refused(rewritten(
+              "rank", [](NamedTensor&) { return true; }, R"({"rank": 3, "adapter_type": "lora"})"),
           {"sa3_lora_rank", "rank 4", "lora_config rank is 3"});
-  refused(rewritten("exclude", [](NamedTensor&) { return true; }, R"({"exclude": ["layers.[0-0].self_attn"]})"),
+  refused(rewritten(
+              "exclude", [](NamedTensor&) { return true; }, R"({"exclude": ["layers.[0-0].self_attn"]})"),
           {"sa3_lora_exclude", "model.transformer.layers.0.self_attn", "include / exclude"});
-  refused(rewritten("config_key", [](NamedTensor&) { return true; }, R"({"rank": 4, "svd": true})"),
+  refused(rewritten(
+              "config_key", [](NamedTensor&) { return true; }, R"({"rank": 4, "svd": true})"),
           {"lora_config", "'svd'"});
   refused(rewritten("unknown",
                     [](NamedTensor& t) {
@@ -179,7 +185,9 @@ TEST(Sa3Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
   AudioRequest stacked = reference_request(false);
   stacked.loras = {{lora_file("official.safetensors"), 1}, {lora_file("dora.safetensors"), 1}};
   test::expect_error([&] { model->count(stacked, 1); }, {"dora.safetensors", "first adapter only"});
-  refused(rewritten("zero", [](NamedTensor&) { return true; }, R"({"adapter_type": "bora"})"), {"'bora'"}, 0.0f);
+  refused(rewritten(
+              "zero", [](NamedTensor&) { return true; }, R"({"adapter_type": "bora"})"),
+          {"'bora'"}, 0.0f);
 }
 
 // A SA3 file on klein is no klein LoRA: klein's reader names its first key.
@@ -189,16 +197,17 @@ TEST(Sa3Lora, KleinRefusesAStableAudioLora) {
   r.prompt = "x";
   r.width = r.height = 64;
   r.loras = {{lora_file("official.safetensors"), 1}};
-  test::expect_error([&] { klein->count(r, 1); }, {"official.safetensors", "parametrizations.weight.0", "no adapter tensor"});
+  test::expect_error([&] { klein->count(r, 1); },
+                     {"official.safetensors", "parametrizations.weight.0", "no adapter tensor"});
 }
 
 TEST(Sa3Lora, TheCliTakesLoraFileAndStrength) {
   const AudioRequest req = lora_request("strength", true);
   const std::string out = ::testing::TempDir() + "sa3_lora_cli.wav";
-  const test::CliRun r = test::run_cli(
-      "audio --model " + official_dir() + " --prompt " + test::shell_quote(req.prompt) + " --seconds " +
-      std::to_string(req.seconds) + " --seed " + std::to_string(*req.seed) + " --precision fp32 --format wav-float --lora " +
-      req.loras[0].file + ":0.6 -o " + out);
+  const test::CliRun r =
+      test::run_cli("audio --model " + official_dir() + " --prompt " + test::shell_quote(req.prompt) + " --seconds " +
+                    std::to_string(req.seconds) + " --seed " + std::to_string(*req.seed) +
+                    " --precision fp32 --format wav-float --lora " + req.loras[0].file + ":0.6 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   const Audio a = read_audio(out, test::kTestClipSeconds);
   EXPECT_LT(test::rel_l2(a.samples, reference("strength")), test::kFp32Tolerance);

@@ -157,12 +157,14 @@ APUS_CLONES void f32_to_bf16_block(const float* src, uint16_t* dst, int64_t n) {
 
 Tensor row_blocks_permuted(const Tensor& t, const std::vector<int>& order) {
   const int64_t parts = int64_t(order.size());
-  APUS_CHECK(t.rank() >= 1 && parts > 0 && t.dim(0) % parts == 0 && t.contiguous(), "row_blocks_permuted: ",
-             shape_str(t.shape), " does not split into ", parts, " blocks of rows");
+  APUS_CHECK(t.rank() >= 1 && parts > 0 && t.dim(0) % parts == 0 && t.contiguous(),
+             "row_blocks_permuted: ", shape_str(t.shape), " does not split into ", parts, " blocks of rows");
   Tensor out = Tensor::heap(t.shape, t.dtype);
   const int64_t rows = t.dim(0) / parts;
   const size_t bytes = t.rows(0, rows).nbytes();
-  for (int64_t i = 0; i < parts; ++i) std::memcpy(out.rows(i * rows, (i + 1) * rows).data, t.rows(order[size_t(i)] * rows, (order[size_t(i)] + 1) * rows).data, bytes);
+  for (int64_t i = 0; i < parts; ++i)
+    std::memcpy(out.rows(i * rows, (i + 1) * rows).data,
+                t.rows(order[size_t(i)] * rows, (order[size_t(i)] + 1) * rows).data, bytes);
   return out;
 }
 

@@ -13,7 +13,9 @@ PeftConfig parse(const Json& j, const std::string& where) {
   APUS_CHECK(j.is_object(), where, " is not a JSON object");
   PeftConfig cfg;
   cfg.source = where;
-  for (const auto& [key, value] : j.items()) {
+  for (auto item = j.begin(); item != j.end(); ++item) {
+    const std::string& key = item.key();
+    const Json& value = item.value();
     std::string k = key;
     if (k.starts_with("transformer.")) k = k.substr(12);
     auto flag_off = [&](const char* what) {

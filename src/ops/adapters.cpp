@@ -29,8 +29,8 @@ void Adapters::add(const std::string& weight, const Shape& weight_shape, LowRank
   APUS_CHECK(f.cols() == weight_shape[1] && f.rows() == weight_shape[0], f.source, ": a change of shape ",
              shape_str({f.rows(), f.cols()}), " does not fit '", weight, "' ", shape_str(weight_shape));
   std::vector<LowRank>& stacked = by_weight_[weight];
-  APUS_CHECK(!f.decomposed() || (!f.kronecker() && f.inner.down.defined() && f.magnitude.numel() == f.rows()),
-             f.source, ": a DoRA is a low-rank pair with one magnitude per output row");
+  APUS_CHECK(!f.decomposed() || (!f.kronecker() && f.inner.down.defined() && f.magnitude.numel() == f.rows()), f.source,
+             ": a DoRA is a low-rank pair with one magnitude per output row");
   APUS_CHECK(!f.decomposed() || stacked.empty(), f.source, ": a DoRA adapter of '", weight, "' follows ",
              stacked.empty() ? "" : stacked.front().source,
              " on the same weight; apus applies a DoRA as a weight's first adapter only");
@@ -55,14 +55,14 @@ const Adapters::Gain& Adapters::gain(Context& c, const LowRank& f, const Tensor&
   const auto cached = gains_.find(&f);
   if (cached != gains_.end()) return cached->second;
   const int64_t out = w.dim(0), in = w.dim(1), r = f.inner.down.dim(0);
-  Gain g;
   if (c.count_only) {
     static const Gain counted{Tensor::shape_only({out}, DType::f32), Tensor::shape_only({out}, DType::f32)};
     return counted;
   }
   // ||W_o + sΔ_o||² = ||W_o||² + 2s B_o·(A W^T)_o + s² B_o (A A^T) B_o^T, all in fp32: A W^T as one
   // GEMM of the weight as the linear reads it, the rest on the host (r is small).
-  const Tensor a = to_dtype(ops::to_host(c, f.inner.down), DType::f32), b = to_dtype(ops::to_host(c, f.inner.up), DType::f32);
+  const Tensor a = to_dtype(ops::to_host(c, f.inner.down), DType::f32),
+               b = to_dtype(ops::to_host(c, f.inner.up), DType::f32);
   Tensor aw;
   {
     ArenaScope arena(*c.arena);
@@ -98,9 +98,7 @@ const Adapters::Gain& Adapters::gain(Context& c, const LowRank& f, const Tensor&
     scale.ptr<float>()[o] = gain;
     shift.ptr<float>()[o] = bias ? (1 - gain) * bias_h.ptr<float>()[o] : 0.0f;
   }
-  g.scale = ops::to_context(c, scale);
-  g.shift = ops::to_context(c, shift);
-  return gains_.emplace(&f, std::move(g)).first->second;
+  return gains_.emplace(&f, Gain{ops::to_context(c, scale), ops::to_context(c, shift)}).first->second;
 }
 
 void Adapters::mark_applied(const std::string& weight) const {

@@ -111,8 +111,8 @@ void read_official(const Lora& lora, const SafetensorsFile& file, const LoraTarg
     APUS_CHECK(at != std::string::npos, path, ": key '", key, "' is no adapter tensor of the official format ",
                "(expected <module>.parametrizations.weight.0.lora_A / lora_B)");
     const std::string module = key.substr(0, at), rest = key.substr(at + std::strlen(kParametrized));
-    APUS_CHECK(rest.starts_with("0."), path, ": key '", key,
-               "' is a stacked adapter's (index ", rest.substr(0, rest.find('.')), "); the official checkpoints save index 0");
+    APUS_CHECK(rest.starts_with("0."), path, ": key '", key, "' is a stacked adapter's (index ",
+               rest.substr(0, rest.find('.')), "); the official checkpoints save index 0");
     const std::string param = rest.substr(2);
     Module& m = modules[module];
     const Tensor& t = file.get(key);
@@ -124,8 +124,8 @@ void read_official(const Lora& lora, const SafetensorsFile& file, const LoraTarg
       m.key = key;
       if (!inferred) inferred = m.up.dim(1);
     } else if (param == "magnitude") {
-      APUS_CHECK(cfg.adapter_type.starts_with("dora"), path, ": key '", key, "' is a DoRA magnitude but lora_config's adapter_type is '",
-                 cfg.adapter_type, "'");
+      APUS_CHECK(cfg.adapter_type.starts_with("dora"), path, ": key '", key,
+                 "' is a DoRA magnitude but lora_config's adapter_type is '", cfg.adapter_type, "'");
       APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f16 || t.dtype == DType::f32, path, ": key '", key,
                  "' has dtype ", dtype_name(t.dtype), ", expected bf16, f16 or f32");
       // The legacy "dora" is dora-cols when its magnitudes are [1, fan_in], as the official loader resolves it.
@@ -167,11 +167,12 @@ void read_official(const Lora& lora, const SafetensorsFile& file, const LoraTarg
     APUS_CHECK(m.up.dim(0) == t.shape[0] && m.down.dim(1) == t.shape[1], path, ": key '", key, "' (lora_B ",
                shape_str(m.up.shape), ", lora_A ", shape_str(m.down.shape), ") does not fit '", module, "' ",
                shape_str(t.shape));
-    APUS_CHECK(!dora || m.magnitude.numel() == t.shape[0], path, ": key '", module, kParametrized,
-               "0.magnitude' has ", m.magnitude.numel(), " values, expected one per output row (", t.shape[0], ")");
+    APUS_CHECK(!dora || m.magnitude.numel() == t.shape[0], path, ": key '", module, kParametrized, "0.magnitude' has ",
+               m.magnitude.numel(), " values, expected one per output row (", t.shape[0], ")");
     LowRank change;
     change.inner = Factor{m.down, t.differential_qkv ? row_blocks_permuted(m.up, kDiffusersQkvOrder) : m.up};
-    if (dora) change.magnitude = t.differential_qkv ? row_blocks_permuted(m.magnitude, kDiffusersQkvOrder) : m.magnitude;
+    if (dora)
+      change.magnitude = t.differential_qkv ? row_blocks_permuted(m.magnitude, kDiffusersQkvOrder) : m.magnitude;
     change.scale = float(double(lora.scale) * scaling);
     change.source = path + ": '" + key + "'";
     into.add(t.weight, t.shape, std::move(change));
