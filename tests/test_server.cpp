@@ -1091,6 +1091,49 @@ TEST(ServeLoras, RequestsApplyTheFoldersLorasByName) {
   }
 }
 
+// The audio route takes "loras" as the image routes do: the engine's clip with that file and
+// strength (a DoRA here), dropped for the next request; names outside the folder refused.
+TEST(ServeLoras, AudioRequestsApplyTheFoldersLorasByName) {
+  const std::string dir = test::scratch_dir.path() + "audio_loras";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(test::fixture("sa3_lora/dora.safetensors"), dir + "/dora.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  server::ServeOptions o;
+  o.models = {ModelParts{test::official_dir()}};
+  o.port = 0;
+  o.lora_dir = dir;
+  server::Server srv(o);
+  httplib::Client c("127.0.0.1", srv.start());
+  AudioRequest want;
+  want.prompt = "warm lo-fi hip hop";
+  want.seconds = 1.4;
+  want.seed = 42;
+  const auto engine = AudioModel::open(test::official_dir(), Weights::per_stage);
+  const std::vector<float> plain = engine->generate(want).samples;
+  want.loras = {{dir + "/dora.safetensors", 0.5f}};
+  const std::vector<float> adapted = engine->generate(want).samples;
+  ASSERT_NE(adapted, plain);
+  const Json body = {{"prompt", want.prompt}, {"seconds", 1.4}, {"seed", 42}, {"format", "wav-float"}};
+  auto served = [&](const Json& b) {
+    const auto r = c.Post("/v1/audio/generations", b.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    if (!r || r->status != 200) return std::vector<float>{};
+    return read_audio(as_file(std::vector<uint8_t>(r->body.begin(), r->body.end()), "lora_clip.wav"),
+                      test::kTestClipSeconds)
+        .samples;
+  };
+  Json with = body;
+  with["loras"] = Json::array({{{"name", "dora.safetensors"}, {"scale", 0.5}}});
+  EXPECT_EQ(served(with), adapted);
+  EXPECT_EQ(served(body), plain);
+  Json bad = body;
+  bad["loras"] = Json::array({{{"name", "../dora.safetensors"}}});
+  const auto r = c.Post("/v1/audio/generations", bad.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["error"]["param"], "loras") << r->body;
+}
+
 // Cancellation mid-job: DELETE on a running job, and a client that hangs up on a synchronous route
 // (its job is cancelled at the next sampler step, freeing the queue).
 TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
