@@ -12,7 +12,6 @@ namespace {
 PeftConfig parse(const Json& j, const std::string& where) {
   APUS_CHECK(j.is_object(), where, " is not a JSON object");
   PeftConfig cfg;
-  cfg.source = where;
   for (auto item = j.begin(); item != j.end(); ++item) {
     const std::string& key = item.key();
     const Json& value = item.value();
@@ -55,9 +54,10 @@ std::optional<double> PeftConfig::alpha_of(const std::string& module) const {
 
 PeftConfig read_peft_config(const SafetensorsFile& file, const std::string& path) {
   const auto it = file.metadata().find("lora_adapter_metadata");
-  if (it != file.metadata().end())
-    return parse(parse_json(it->second, path + ": metadata 'lora_adapter_metadata'"),
-                 path + ": metadata 'lora_adapter_metadata'");
+  if (it != file.metadata().end()) {
+    const std::string where = path + ": metadata 'lora_adapter_metadata'";
+    return parse(parse_json(it->second, where), where);
+  }
   const std::filesystem::path p(path);
   const std::string beside = (p.parent_path() / "adapter_config.json").string();
   if (p.filename() == "adapter_model.safetensors" && std::filesystem::exists(beside))

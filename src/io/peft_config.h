@@ -12,7 +12,6 @@
 namespace apus {
 
 struct PeftConfig {
-  std::string source;  // where it was read; empty: the file has none
   std::optional<double> alpha;
   std::map<std::string, double> alpha_pattern;
   bool rslora = false;
@@ -20,7 +19,7 @@ struct PeftConfig {
   std::optional<double> alpha_of(const std::string& module) const;
 };
 
-// The config of the adapter file `file` at `path`.
+// The config of the adapter file `file` at `path` (empty where it has none).
 PeftConfig read_peft_config(const SafetensorsFile& file, const std::string& path);
 
 }  // namespace apus

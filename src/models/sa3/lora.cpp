@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <regex>
 
 #include "core/error.h"
 #include "io/model_dir.h"
@@ -18,42 +19,41 @@ namespace {
 
 constexpr const char* kParametrized = ".parametrizations.weight.";
 
-// A factor as a matrix: a convolution's [out, in, 1] (PEFT's lora_B of a Conv1d) as [out, in].
-Tensor matrix(const Tensor& t, const std::string& path, const std::string& key) {
+// A tensor of adapter values: bf16, f16 or f32.
+const Tensor& float_tensor(const Tensor& t, const std::string& path, const std::string& key) {
   APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f16 || t.dtype == DType::f32, path, ": key '", key,
              "' has dtype ", dtype_name(t.dtype), ", expected bf16, f16 or f32");
+  return t;
+}
+
+// A factor as a matrix: a convolution's [out, in, 1] (PEFT's lora_B of a Conv1d) as [out, in].
+Tensor matrix(const Tensor& t, const std::string& path, const std::string& key) {
+  float_tensor(t, path, key);
   if (t.rank() == 3 && t.dim(2) == 1) return t.reshape({t.dim(0), t.dim(1)});
   APUS_CHECK(t.rank() == 2, path, ": key '", key, "' has shape ", shape_str(t.shape), ", expected a matrix");
   return t;
 }
 
-// The official loader's bracket expansion and substring match of lora_config's include/exclude.
-bool matches_any(const std::string& module, const Json& patterns) {
-  for (const Json& p : patterns) {
-    std::vector<std::string> expanded = {p.get<std::string>()};
-    for (size_t i = 0; i < expanded.size();) {
-      const std::string s = expanded[i];
-      const size_t open = s.find('['), dash = s.find('-', open), close = s.find(']', open);
-      if (open == std::string::npos || dash == std::string::npos || close == std::string::npos || dash > close) {
-        ++i;
-        continue;
-      }
-      const std::string lo = s.substr(open + 1, dash - open - 1), hi = s.substr(dash + 1, close - dash - 1);
-      if (lo.empty() || hi.empty() || lo.find_first_not_of("0123456789") != std::string::npos ||
-          hi.find_first_not_of("0123456789") != std::string::npos) {
-        ++i;
-        continue;
-      }
-      expanded.erase(expanded.begin() + int64_t(i));
-      const int a = std::stoi(lo), b = std::stoi(hi), step = b >= a ? 1 : -1;
-      for (int n = a;; n += step) {
-        expanded.push_back(s.substr(0, open) + std::to_string(n) + s.substr(close + 1));
-        if (n == b) break;
-      }
+// The official loader's _expand: each "[a-b]" of a pattern replaced by every number from a to b.
+std::vector<std::string> expanded(const std::string& pattern) {
+  static const std::regex range(R"(\[(\d+)-(\d+)\])");
+  std::smatch m;
+  if (!std::regex_search(pattern, m, range)) return {pattern};
+  const int a = std::stoi(m[1]), b = std::stoi(m[2]), step = b >= a ? 1 : -1;
+  std::vector<std::string> out;
+  for (const std::string& rest : expanded(m.suffix()))
+    for (int n = a;; n += step) {
+      out.push_back(m.prefix().str() + std::to_string(n) + rest);
+      if (n == b) break;
     }
-    for (const std::string& e : expanded)
+  return out;
+}
+
+// Whether lora_config's include / exclude `patterns` name `module` (a substring, as the official loader matches).
+bool matches_any(const std::string& module, const Json& patterns) {
+  for (const Json& p : patterns)
+    for (const std::string& e : expanded(p.get<std::string>()))
       if (module.find(e) != std::string::npos) return true;
-  }
   return false;
 }
 
@@ -126,8 +126,7 @@ void read_official(const Lora& lora, const SafetensorsFile& file, const LoraTarg
     } else if (param == "magnitude") {
       APUS_CHECK(cfg.adapter_type.starts_with("dora"), path, ": key '", key,
                  "' is a DoRA magnitude but lora_config's adapter_type is '", cfg.adapter_type, "'");
-      APUS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f16 || t.dtype == DType::f32, path, ": key '", key,
-                 "' has dtype ", dtype_name(t.dtype), ", expected bf16, f16 or f32");
+      float_tensor(t, path, key);
       // The legacy "dora" is dora-cols when its magnitudes are [1, fan_in], as the official loader resolves it.
       if (cfg.adapter_type == "dora" && t.rank() == 2 && t.dim(0) == 1 && t.dim(1) != 1) cfg.adapter_type = "dora-cols";
       APUS_CHECK(t.rank() == 1 || (t.rank() == 2 && t.dim(1) == 1), path, ": key '", key, "' has shape ",
@@ -182,7 +181,7 @@ void read_official(const Lora& lora, const SafetensorsFile& file, const LoraTarg
 void read_peft(const Lora& lora, const SafetensorsFile& file, const LoraTargets& targets, Adapters& into) {
   const std::string& path = lora.file;
   const PeftConfig peft = read_peft_config(file, path);
-  APUS_CHECK(!peft.source.empty() && peft.alpha, path, ": a PEFT adapter needs its lora_alpha: in the file's ",
+  APUS_CHECK(peft.alpha, path, ": a PEFT adapter needs its lora_alpha: in the file's ",
              "lora_adapter_metadata, or in the adapter_config.json beside an adapter_model.safetensors");
   std::map<std::string, Module> modules;
   for (const std::string& key : file.names()) {
