@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/scaled_codes.h"
 #include "core/tensor.h"
 #include "test_util.h"
 
@@ -29,11 +30,14 @@ class OpInputs {
     auto* p = t.ptr<uint8_t>();
     std::uniform_int_distribution<int> byte(0, 255);
     for (size_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(byte(rng));
-    if (dt == DType::fp8_e4m3) {
-      for (size_t i = 0; i < t.nbytes(); ++i)
-        if ((p[i] & 0x7f) == 0x7f) p[i] &= 0xfe;
-      // A checkpoint's per-tensor scale: every decode must apply it (values up to 448 otherwise).
-      t.fp8_scale = scale * std::uniform_real_distribution<float>(0.002f, 0.004f)(rng);
+    if (is_code_format(dt)) {
+      for (size_t i = 0; i < t.nbytes(); ++i) {
+        if (dt == DType::fp8_e4m3 && (p[i] & 0x7f) == 0x7f) p[i] &= 0xfe;
+        if (dt == DType::fp8_e5m2 && (p[i] & 0x7c) == 0x7c) p[i] &= 0xfb;  // off infinities and NaNs
+      }
+      // A checkpoint's per-tensor scale: every decode must apply it (codes up to 448 otherwise).
+      const float largest = dt == DType::fp8_e5m2 ? 57344 : dt == DType::i8 ? 127 : dt == DType::fp4_e2m1 ? 6 : 448;
+      t.code_scale = scale / largest * std::uniform_real_distribution<float>(1.0f, 2.0f)(rng);
       return t;
     }
     std::uniform_real_distribution<float> d(-scale / 8, scale / 8);
@@ -48,6 +52,31 @@ class OpInputs {
       }
     return t;
   }
+  // Codes with a factor a block of `block` elements along each row, as ComfyUI stores them: one f32
+  // a row (int8, block = the row), e8m0 (mxfp8, 32) or fp8 e4m3 (nvfp4, 16) in cuBLAS's tiles.
+  // The factors spread over a factor of 4 or more, so a factor read from the wrong block shows.
+  Tensor random_block_scaled(Shape s, DType codes, DType factors, int64_t block) {
+    Tensor t = random_stored(s, codes);
+    const int64_t rows = s[0], per_row = s[1] / block;
+    const bool tiled = factors != DType::f32;
+    Tensor f = Tensor::heap(tiled ? Shape{(rows + 127) / 128 * 128, (per_row + 3) / 4 * 4} : Shape{rows}, factors);
+    std::uniform_int_distribution<int> exponent(125, 128);  // e8m0: 2^-2 .. 2^1
+    std::uniform_real_distribution<float> spread(0.25f, 2.0f);
+    for (int64_t i = 0; i < f.numel(); ++i) {
+      if (factors == DType::e8m0) f.ptr<uint8_t>()[i] = uint8_t(exponent(rng));
+      else if (factors == DType::fp8_e4m3) f.ptr<uint8_t>()[i] = uint8_t(0x30 + exponent(rng) % 16);  // 0.25 .. 0.94
+      else f.ptr<float>()[i] = t.code_scale * spread(rng);
+    }
+    if (!tiled) t.code_scale = 1;
+    if (factors == DType::e8m0) t.code_scale = 1;  // mxfp8 has no per-tensor factor
+    auto b = std::make_shared<BlockScales>();
+    b->factors = f;
+    b->block = block;
+    b->per_row = per_row;
+    b->tiled = tiled;
+    t.block_scales = std::move(b);
+    return t;
+  }
   // All bits set: NaN in f32 and bf16.
   Tensor poisoned(Shape s, DType dt = DType(255)) {
     Tensor t = Tensor::heap(std::move(s), dt == DType(255) ? act : dt);
@@ -57,7 +86,9 @@ class OpInputs {
   static Tensor clone(const Tensor& t) {
     Tensor c = Tensor::heap(t.shape, t.dtype);
     std::memcpy(c.data, t.data, t.nbytes());
-    c.fp8_scale = t.fp8_scale;
+    c.code_scale = t.code_scale;
+    c.block_scales = t.block_scales;
+    c.block_row0 = t.block_row0;
     return c;
   }
   // Element i of an f32 or bf16 tensor set to v (rounded to bf16 there).

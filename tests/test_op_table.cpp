@@ -560,11 +560,29 @@ void add_linear_cases(std::vector<OpCase>& cases) {
   // Weights run as stored, expanded panel by panel (70 outputs: a full panel and a partial one at
   // K = 512's panel of 64); K-formats need rows of 256.
   for (DType stored : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k,
-                       DType::q6_k, DType::fp8_e4m3})
+                       DType::q6_k, DType::fp8_e4m3, DType::fp8_e5m2, DType::i8, DType::fp4_e2m1})
     cases.push_back({"linear_" + std::string(dtype_name(stored)) + "_weights", OpId::linear, Bound::rounding,
                      [stored](OpInputs& d) -> Drawn {
                        const int64_t m = 9, k = 512, n = 70;
                        return {{{d.random({m, k}), d.random_stored({n, k}, stored), d.random({n}, 1.0f, DType::bf16)},
+                                {d.poisoned({m, n})}},
+                               [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                     },
+                     /*cpu_only=*/true});
+  // ComfyUI's block-scaled layouts: int8 with a scale a row, mxfp8, nvfp4 (the panel boundary at
+  // row 64 checks each panel reads its own rows' factors).
+  struct Scaled {
+    const char* name;
+    DType codes, factors;
+    int64_t block;
+  };
+  for (const Scaled s : {Scaled{"int8_row_scaled", DType::i8, DType::f32, 512}, Scaled{"mxfp8", DType::fp8_e4m3, DType::e8m0, 32},
+                         Scaled{"nvfp4", DType::fp4_e2m1, DType::fp8_e4m3, 16}})
+    cases.push_back({"linear_" + std::string(s.name) + "_weights", OpId::linear, Bound::rounding,
+                     [s](OpInputs& d) -> Drawn {
+                       const int64_t m = 9, k = 512, n = 70;
+                       return {{{d.random({m, k}), d.random_block_scaled({n, k}, s.codes, s.factors, s.block),
+                                 d.random({n}, 1.0f, DType::bf16)},
                                 {d.poisoned({m, n})}},
                                [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                      },

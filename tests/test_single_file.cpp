@@ -7,10 +7,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <cstring>
+#include <set>
+#include <functional>
 
 #include "apus/apus.h"
 #include "core/error.h"
+#include "core/scaled_codes.h"
 #include "io/safetensors.h"
+#include "io/single_file.h"
 #include "io/synth.h"
 #include "io/weight_source.h"
 #include "test_util.h"
@@ -149,6 +154,141 @@ TEST(SingleFile, Fp8TransformerRendersWhatItsScaledWeightsRender) {
                     "klein_single/flux-2-klein-tiny-fp8-dequantized.safetensors");
 }
 
+TEST(SingleFile, ComfyQuantisedTransformerRendersWhatItsDequantisedWeightsRender) {
+  // ComfyUI's mixed file (tools/oracle/make_comfy_quant_fixtures.py): every layout its loader reads
+  // (fp8 e4m3 and e5m2, int8 with one scale and one a row, mxfp8, nvfp4) rotating over the linears,
+  // tagged per layer or in the header, against comfy-kitchen's dequantisation of each weight.
+  const std::vector<uint8_t> bf16 = expect_renders_as("klein_single/flux-2-klein-tiny-comfy-mixed.safetensors",
+                                                      "klein_single/flux-2-klein-tiny-comfy-mixed-dequantized.safetensors");
+  expect_renders_as("klein_single/flux-2-klein-tiny-comfy-header.safetensors",
+                    "klein_single/flux-2-klein-tiny-comfy-mixed-dequantized.safetensors");
+  EXPECT_NE(bf16, render(single(fixture("klein_single/flux-2-klein-tiny.safetensors"))))
+      << "the quantisation must change the image";
+  // ComfyUI's older scaled fp8 (a scaled_fp8 marker, .scale_weight) of the fp8 file's values.
+  expect_renders_as("klein_single/flux-2-klein-tiny-scaled-fp8.safetensors",
+                    "klein_single/flux-2-klein-tiny-fp8-dequantized.safetensors");
+}
+
+TEST(SingleFile, ComfyQuantisedWeightsDecodeAsComfyKitchenDequantisesThem) {
+  // Each weight on its own, bit for bit: a block factor read from the wrong tile, nibble order,
+  // e8m0 decoding or per-row scale shows here before it blurs into an image.
+  const auto file = SingleFile::open(fixture("klein_single/flux-2-klein-tiny-comfy-mixed.safetensors"));
+  const SafetensorsFile want = SafetensorsFile::open(fixture("klein_single/flux-2-klein-tiny-comfy-mixed-dequantized.safetensors"));
+  std::set<std::string> layouts;
+  EXPECT_EQ(file->stored_names().size(), want.names().size()) << "scales and tags are no model tensors";
+  for (const std::string& name : want.names()) {
+    const Tensor expected = want.get(name);
+    const Tensor got = file->fetch(name, expected.shape);
+    layouts.insert(std::string(dtype_name(got.dtype)) + (got.block_scales ? " blocks" : ""));
+    const std::vector<float> a = to_f32_vector(got), b = to_f32_vector(expected);
+    ASSERT_EQ(a.size(), b.size()) << name;
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << name << " element " << i << " (" << dtype_name(got.dtype) << ")";
+  }
+  EXPECT_EQ(layouts, (std::set<std::string>{"bf16", "fp8_e4m3", "fp8_e4m3 blocks", "fp8_e5m2", "i8", "i8 blocks",
+                                            "fp4_e2m1 blocks"}));
+}
+
+TEST(SingleFile, ComfyQuantisedTextEncoderRendersWhatItsDequantisedWeightsRender) {
+  // Transformers' names with ComfyUI's tags (qwen_3_4b_fp8_mixed.safetensors's layout): the
+  // scales are the text encoder file's too.
+  const std::string root = fixture("klein_tiny_a");
+  for (const bool fp32 : {false, true}) {
+    ModelParts p{root};
+    p.text_encoder = fixture("klein_single/qwen3-tiny-comfy-mixed-dequantized.safetensors");
+    const std::vector<uint8_t> want = render(p, fp32);
+    p.text_encoder = fixture("klein_single/qwen3-tiny-comfy-mixed.safetensors");
+    EXPECT_EQ(render(p, fp32), want) << (fp32 ? "fp32" : "bf16");
+  }
+}
+
+TEST(SingleFile, ComfyQuantisationThatApusDoesNotReadIsRefusedNamingTheTensor) {
+  const std::string source = fixture("klein_single/flux-2-klein-tiny-comfy-mixed.safetensors");
+  const SafetensorsFile comfy = SafetensorsFile::open(source);
+  const std::string path = test::scratch_dir.path() + "comfy-klein.safetensors";
+  // The file with `edit` applied to its tensors, written to `path`.
+  auto rewrite = [&](const std::function<void(std::vector<NamedTensor>&)>& edit,
+                     const std::map<std::string, std::string>& metadata = {}) {
+    std::vector<NamedTensor> tensors;
+    for (const std::string& n : comfy.names()) tensors.push_back({n, comfy.get(n)});
+    edit(tensors);
+    write_safetensors(path, tensors, metadata);
+    return path;
+  };
+  // A tag's JSON in place of another.
+  auto tag = [](const std::string& json) {
+    Tensor t = Tensor::heap({int64_t(json.size())}, DType::u8);
+    std::memcpy(t.data, json.data(), json.size());
+    return t;
+  };
+  auto find = [](std::vector<NamedTensor>& ts, const std::string& name) -> NamedTensor& {
+    for (NamedTensor& t : ts)
+      if (t.name == name) return t;
+    throw std::runtime_error("no " + name);
+  };
+  auto tag_text = [&](const std::string& name) {
+    const Tensor t = comfy.get(name);
+    return std::string(static_cast<const char*>(t.data), size_t(t.numel()));
+  };
+  const std::string layer = "model.diffusion_model.double_blocks.0.img_attn.qkv";
+  ASSERT_NE(tag_text(layer + ".comfy_quant").find("\"format\""), std::string::npos);
+  struct Case {
+    std::string json;
+    std::vector<std::string> fragments;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"format": "convrot_w4a4"})", {"convrot_w4a4", "does not read", "nvfp4"}},
+           {R"({"format": "int8_tensorwise", "convrot": true})", {"convrot", "Hadamard"}},
+           {R"({"format": "mxfp8", "params": {"convrot": true}})", {"convrot"}},
+           {R"({"format": "mxfp8", "block_layout": "row"})", {"block_layout", "does not know"}},
+           {R"({"format": "mxfp8", "group_size": 16})", {"group_size 16", "expected 32"}},
+           {R"({"full_precision_matrix_mult": true})", {"names no format"}},
+           {R"({"format": "mxfp8")", {"not valid JSON"}},
+           {R"(["mxfp8"])", {"not a JSON object"}},
+       }) {
+    rewrite([&](std::vector<NamedTensor>& ts) { find(ts, layer + ".comfy_quant").tensor = tag(c.json); });
+    std::vector<std::string> fragments = {path, layer + ".comfy_quant"};
+    fragments.insert(fragments.end(), c.fragments.begin(), c.fragments.end());
+    expect_error([&] { render(single(path)); }, fragments);
+  }
+  // A format whose weight is stored otherwise, a missing scale, a tag of no weight, a block scale
+  // of the wrong shape, a non-finite one, an activation smoothing factor.
+  const std::string nvfp4 = "model.diffusion_model.final_layer.adaLN_modulation.1";
+  std::string mxfp8;
+  for (const std::string& n : comfy.names())
+    if (n.ends_with(".comfy_quant") && tag_text(n).find("mxfp8") != std::string::npos) mxfp8 = n.substr(0, n.size() - 12);
+  rewrite([&](std::vector<NamedTensor>& ts) { find(ts, mxfp8 + ".comfy_quant").tensor = tag(R"({"format": "int8_tensorwise"})"); });
+  expect_error([&] { render(single(path)); }, {path, mxfp8 + ".weight", "has dtype fp8_e4m3, expected i8 for int8_tensorwise"});
+  rewrite([&](std::vector<NamedTensor>& ts) { std::erase_if(ts, [&](const NamedTensor& t) { return t.name == nvfp4 + ".weight_scale_2"; }); });
+  expect_error([&] { render(single(path)); }, {path, nvfp4 + ".comfy_quant", "no per-tensor scale", "weight_scale_2"});
+  rewrite([&](std::vector<NamedTensor>& ts) { ts.push_back({"model.diffusion_model.img_out.comfy_quant", tag(R"({"format": "nvfp4"})")}); });
+  expect_error([&] { render(single(path)); }, {path, "img_out.comfy_quant", "describes", "does not hold"});
+  rewrite([&](std::vector<NamedTensor>& ts) {
+    NamedTensor& s = find(ts, nvfp4 + ".weight_scale");
+    s.tensor = s.tensor.rows(0, 64);
+  });
+  expect_error([&] { render(single(path)); }, {path, nvfp4 + ".weight_scale", "[64, 4]", "expected fp8_e4m3 [128, 4]", "tiled"});
+  rewrite([&](std::vector<NamedTensor>& ts) {
+    NamedTensor& s = find(ts, nvfp4 + ".weight_scale");
+    s.tensor = to_dtype(s.tensor, DType::f32);  // a heap copy to edit
+    Tensor bytes = Tensor::heap(s.tensor.shape, DType::fp8_e4m3);
+    std::memset(bytes.data, 0x38, bytes.nbytes());
+    bytes.ptr<uint8_t>()[5] = 0x7f;
+    s.tensor = bytes;
+  });
+  expect_error([&] { render(single(path)); }, {path, nvfp4 + ".weight_scale", "non-finite scale at 5"});
+  rewrite([&](std::vector<NamedTensor>& ts) { ts.push_back({nvfp4 + ".pre_quant_scale", comfy.get(nvfp4 + ".weight_scale_2")}); });
+  expect_error([&] { render(single(path)); }, {path, nvfp4 + ".pre_quant_scale", "not read"});
+  // The header's tags: a format apus does not read, keys it does not know.
+  const auto header_file = [&](const std::string& meta) {
+    return rewrite([](std::vector<NamedTensor>& ts) { std::erase_if(ts, [](const NamedTensor& t) { return t.name.ends_with(".comfy_quant"); }); },
+                   {{"_quantization_metadata", meta}});
+  };
+  header_file(R"({"format_version": "1.0", "layers": {")" + layer + R"(": {"format": "awq_w4a16"}}})");
+  expect_error([&] { render(single(path)); }, {path, "_quantization_metadata", layer, "awq_w4a16", "does not read"});
+  header_file(R"({"version": 2, "layers": {}})");
+  expect_error([&] { render(single(path)); }, {path, "_quantization_metadata", "'version'", "does not know"});
+}
+
 TEST(SingleFile, GgufTextEncoderRendersWhatItsDequantisedWeightsRender) {
   // klein_tiny_a's Qwen3 as llama.cpp's GGUF (Q8_0, names from gguf-py's QWEN3 tensor map) against
   // gguf-py's dequantisation of it in transformers' names. The embedding table is Q8_0 too.
@@ -196,9 +336,6 @@ TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   tensors.back().name = "double_blocks.0.img_attn.qkvx.weight_scale";
   write_safetensors(fp8, tensors);
   expect_error([&] { render(single(fp8)); }, {fp8, "qkvx.weight_scale", "does not hold"});
-  tensors.back().name = "double_blocks.0.img_attn.qkv.comfy_quant";
-  write_safetensors(fp8, tensors);
-  expect_error([&] { render(single(fp8)); }, {fp8, "comfy_quant", "not read yet"});
   // Without --config, the tiny shape is no published klein.
   ModelParts bare;
   bare.model = fixture("klein_single/flux-2-klein-tiny.safetensors");

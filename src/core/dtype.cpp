@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -16,6 +17,8 @@ size_t dtype_size(DType t) {
       return 2;
     case DType::i8:
     case DType::fp8_e4m3:
+    case DType::fp8_e5m2:
+    case DType::e8m0:
     case DType::u8:
     case DType::boolean:
       return 1;
@@ -32,10 +35,11 @@ struct BlockFormat {
   int64_t elements;
   size_t bytes;
 };
-// GGML's block_q8_0 ... block_q6_K (ggml-common.h).
+// GGML's block_q8_0 ... block_q6_K (ggml-common.h); packed fp4, two codes a byte.
 constexpr BlockFormat kBlockFormats[] = {
-    {DType::q8_0, 32, 34},  {DType::q4_0, 32, 18},  {DType::q4_1, 32, 20},  {DType::q5_0, 32, 22},
-    {DType::q5_1, 32, 24},  {DType::q4_k, 256, 144}, {DType::q5_k, 256, 176}, {DType::q6_k, 256, 210}};
+    {DType::q8_0, 32, 34},   {DType::q4_0, 32, 18},   {DType::q4_1, 32, 20},  {DType::q5_0, 32, 22},
+    {DType::q5_1, 32, 24},   {DType::q4_k, 256, 144}, {DType::q5_k, 256, 176}, {DType::q6_k, 256, 210},
+    {DType::fp4_e2m1, 2, 1}};
 const BlockFormat* block_format(DType t) {
   for (const auto& f : kBlockFormats)
     if (f.t == t) return &f;
@@ -43,7 +47,7 @@ const BlockFormat* block_format(DType t) {
 }
 }  // namespace
 
-bool is_block_quantized(DType t) { return block_format(t) != nullptr; }
+bool is_block_quantized(DType t) { return block_format(t) != nullptr && t != DType::fp4_e2m1; }
 
 int64_t dtype_block(DType t) {
   const BlockFormat* f = block_format(t);
@@ -99,6 +103,12 @@ std::string_view dtype_name(DType t) {
       return "q5_k";
     case DType::q6_k:
       return "q6_k";
+    case DType::fp8_e5m2:
+      return "fp8_e5m2";
+    case DType::e8m0:
+      return "e8m0";
+    case DType::fp4_e2m1:
+      return "fp4_e2m1";
   }
   return "?";
 }
@@ -111,7 +121,8 @@ struct SafetensorsName {
 constexpr SafetensorsName kSafetensorsNames[] = {
     {"F32", DType::f32}, {"BF16", DType::bf16},        {"F16", DType::f16},
     {"I8", DType::i8},   {"F8_E4M3", DType::fp8_e4m3}, {"U8", DType::u8},
-    {"I32", DType::i32}, {"I64", DType::i64},          {"BOOL", DType::boolean}};
+    {"I32", DType::i32}, {"I64", DType::i64},          {"BOOL", DType::boolean},
+    {"F8_E5M2", DType::fp8_e5m2}, {"F8_E8M0", DType::e8m0}};
 }  // namespace
 
 bool dtype_from_safetensors(std::string_view s, DType& out) {
@@ -145,6 +156,22 @@ float fp8_e4m3_to_f32(uint8_t v) {
   else if (exp == 0) f = std::ldexp(float(mant), -9);
   else f = std::ldexp(float(mant | 8), exp - 10);
   return sign ? -f : f;
+}
+
+float fp8_e5m2_to_f32(uint8_t v) {
+  const int sign = v >> 7, exp = (v >> 2) & 0x1f, mant = v & 3;
+  float f;
+  if (exp == 31) f = mant ? NAN : INFINITY;
+  else if (exp == 0) f = std::ldexp(float(mant), -16);
+  else f = std::ldexp(float(mant | 4), exp - 17);
+  return sign ? -f : f;
+}
+
+float e8m0_to_f32(uint8_t v) {
+  const uint32_t bits = v == 0 ? 0 : uint32_t(v) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 }  // namespace apus

@@ -8,7 +8,12 @@ namespace apus {
 // Room for quantised tiers (i8, fp8) is kept in the enum; kernels accept only what they implement.
 // q8_0 ... q6_k are GGML's block formats (core/quant_blocks.h): a block of dtype_block elements
 // takes dtype_block_bytes bytes, so they have no per-element size.
-enum class DType : uint8_t { f32, bf16, f16, i8, fp8_e4m3, u8, i32, i64, boolean, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k };
+// fp8_e5m2, e8m0 (power-of-two scale bytes, mxfp8's) and fp4_e2m1 (two codes a byte, the high
+// nibble first: nvfp4's) come from ComfyUI's quantised checkpoints (core/scaled_codes.h).
+enum class DType : uint8_t {
+  f32, bf16, f16, i8, fp8_e4m3, u8, i32, i64, boolean, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k,
+  fp8_e5m2, e8m0, fp4_e2m1
+};
 
 // Bytes per element; refused for a block format.
 size_t dtype_size(DType t);
@@ -46,5 +51,10 @@ inline float round_as(DType dt, float f) { return dt == DType::bf16 ? round_bf16
 float f16_to_f32(uint16_t h);
 // float8_e4m3fn, torch's: bias 7, no infinities, S.1111.111 is NaN.
 float fp8_e4m3_to_f32(uint8_t v);
+// float8_e5m2, torch's: bias 15, IEEE-style infinities and NaNs.
+float fp8_e5m2_to_f32(uint8_t v);
+// An e8m0 scale byte as comfy-kitchen's e8m0_to_f32 reads it: the byte as an fp32 exponent field,
+// 2^(v - 127), with 0 read as 0 and 255 as infinity (torch's float8_e8m0fnu has 2^-127 and NaN).
+float e8m0_to_f32(uint8_t v);
 
 }  // namespace apus

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/quant_blocks.h"
+#include "core/scaled_codes.h"
 
 namespace apus {
 
@@ -29,6 +30,8 @@ int64_t shape_numel(const Shape& s) {
 Tensor Tensor::reshape(Shape s) const {
   APUS_CHECK(contiguous(), "reshape of a strided view ", shape_str(shape));
   APUS_CHECK(shape_numel(s) == numel(), "reshape ", shape_str(shape), " -> ", shape_str(s), ": element counts differ");
+  APUS_CHECK(!block_scales || (!s.empty() && s[0] == shape[0]), "reshape ", shape_str(shape), " -> ", shape_str(s),
+             " of a block-scaled tensor must keep its rows");
   Tensor t = *this;
   t.shape = std::move(s);
   return t;
@@ -39,6 +42,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
              ") out of range for ", shape_str(shape));
   Tensor t = *this;
   t.shape[0] = end - begin;
+  t.block_row0 += begin;
   const int64_t row_elems = rank() == 2 ? row_stride() : (shape[0] ? numel() / shape[0] : 0);
   if (data) t.data = static_cast<char*>(data) + dtype_bytes(dtype, begin * row_elems);
   return t;
@@ -47,6 +51,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 Tensor Tensor::cols(int64_t begin, int64_t end) const {
   APUS_CHECK(rank() == 2 && 0 <= begin && begin <= end && end <= shape[1], "cols [", begin, ", ", end,
              ") out of range for ", shape_str(shape));
+  APUS_CHECK(!block_scales || begin == 0, "cols [", begin, ", ", end, ") of a block-scaled tensor");
   Tensor t = *this;
   t.stride0 = row_stride();
   t.shape[1] = end - begin;
@@ -114,15 +119,17 @@ float load_f32(const Tensor& t, int64_t i) {
       return f16_to_f32(t.ptr<uint16_t>()[i]);
     case DType::u8:
       return t.ptr<uint8_t>()[i];
-    case DType::i8:
-      return t.ptr<int8_t>()[i];
+    case DType::e8m0:
+      return e8m0_to_f32(t.ptr<uint8_t>()[i]);
     case DType::i32:
       return float(t.ptr<int32_t>()[i]);
     case DType::i64:
       return float(t.ptr<int64_t>()[i]);
-    case DType::fp8_e4m3:
-      return fp8_e4m3_to_f32(t.ptr<uint8_t>()[i]) * t.fp8_scale;
     default: {
+      if (is_code_format(t.dtype)) {
+        const int64_t rows = t.rank() >= 1 ? t.shape[0] : 1, row = rows ? t.numel() / rows : 1;
+        return decode_code_element(t.rank() == 2 ? t : t.reshape({rows, row}), i / row, i % row);
+      }
       APUS_CHECK(is_block_quantized(t.dtype), "load_f32: unsupported dtype ", dtype_name(t.dtype));
       return dequantize_element(t.dtype, t.data, i);
     }
@@ -133,6 +140,12 @@ std::vector<float> to_f32_vector(const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
   if (is_block_quantized(t.dtype)) {
     dequantize_row(t.dtype, t.data, v.data(), t.numel());
+    return v;
+  }
+  if (is_code_format(t.dtype) && t.rank() >= 1 && t.contiguous()) {
+    const int64_t row = t.shape[0] ? t.numel() / t.shape[0] : 0;
+    const Tensor rows = t.rank() == 2 ? t : t.reshape({t.shape[0], row});
+    for (int64_t r = 0; r < t.shape[0]; ++r) decode_code_row(rows, r, v.data() + r * row, row);
     return v;
   }
   for (int64_t i = 0; i < t.numel(); ++i) v[size_t(i)] = load_f32(t, i);
@@ -171,6 +184,14 @@ Tensor row_blocks_permuted(const Tensor& t, const std::vector<int>& order) {
 Tensor to_dtype(const Tensor& t, DType dt) {
   APUS_CHECK(dt == DType::f32 || dt == DType::bf16, "to_dtype: cannot convert to ", dtype_name(dt));
   Tensor out = Tensor::heap(t.shape, dt);
+  if (is_code_format(t.dtype)) {
+    const std::vector<float> v = to_f32_vector(t);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (dt == DType::f32) out.ptr<float>()[i] = v[i];
+      else out.ptr<uint16_t>()[i] = f32_to_bf16(v[i]);
+    }
+    return out;
+  }
   const int64_t n = t.numel(), block = int64_t(1) << 16;
   const bool f32_to_bf16_rows = t.dtype == DType::f32 && dt == DType::bf16;
   // Whole weight matrices go through here at load: spread over the cores, the common f32 -> bf16

@@ -19,6 +19,7 @@ std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
 
 class Arena;
+struct BlockScales;
 
 // Where the memory of one device comes from. Every backend is one (a GPU backend hands out device
 // memory); the host allocator serves host-side staging and the CPU backends.
@@ -50,9 +51,13 @@ struct Tensor {
   // A weight's name as its model's loader fetched it (null for activations): what a request's
   // low-rank adapters are found by (ops/adapters.h). Owned by the loader, which the model keeps.
   const std::string* weight_name = nullptr;
-  // An fp8_e4m3 tensor's per-tensor factor: its values are the decoded bytes times this (fp8
-  // checkpoints' weight_scale). Every fp8 decode applies it; other dtypes ignore it.
-  float fp8_scale = 1;
+  // A tensor of codes (fp8, int8, packed fp4: quantised checkpoints' weights) has these factors:
+  // its values are the decoded codes times code_scale (a weight_scale), and times the factor of
+  // their row's block when block_scales is set, its rows counted from block_row0
+  // (core/scaled_codes.h). Every decode of a code format applies them; other dtypes ignore them.
+  float code_scale = 1;
+  std::shared_ptr<const BlockScales> block_scales;
+  int64_t block_row0 = 0;
 
   int64_t numel() const { return shape_numel(shape); }
   size_t nbytes() const { return dtype_bytes(dtype, numel()); }

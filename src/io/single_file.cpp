@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/scaled_codes.h"
 #include "io/files.h"
 
 namespace apus {
@@ -21,7 +22,9 @@ std::shared_ptr<SingleFile> SingleFile::open(const std::string& path) {
     } catch (const Error& e) {
       fail(path, ": neither a GGUF nor a safetensors file (read as safetensors: ", e.what(), ")");
     }
-    f->stored_names_ = f->safetensors_->names();
+    f->quantized_ = read_quantized_layout(path, *f->safetensors_);
+    for (const std::string& name : f->safetensors_->names())
+      if (!f->quantized_.sidecars.count(name)) f->stored_names_.push_back(name);
   }
   for (const std::string& name : f->stored_names_) f->entries_[name] = Entry{name};
   return f;
@@ -53,34 +56,31 @@ Tensor SingleFile::view(const std::string& name, const Shape& expected, bool wit
   const auto it = entries_.find(name);
   APUS_CHECK(it != entries_.end(), path_, ": no tensor for '", name, "'");
   const Entry& e = it->second;
-  const Tensor& t = stored(e.stored);
+  const auto quantized = quantized_.weights.find(e.stored);
+  const Tensor t = quantized == quantized_.weights.end() ? stored(e.stored)
+                                                        : quantized_weight(path_, *safetensors_, e.stored, quantized->second);
   const DType dt = t.dtype;
-  APUS_CHECK(dt == DType::bf16 || dt == DType::f16 || dt == DType::f32 || dt == DType::fp8_e4m3 ||
-                 is_block_quantized(dt),
-             where(name), " has dtype ", dtype_name(dt), ", expected a float or GGML block format");
+  APUS_CHECK(dt == DType::bf16 || dt == DType::f16 || dt == DType::f32 || is_stored_quantized(dt), where(name),
+             " has dtype ", dtype_name(dt), ", expected a float, fp8, quantised or GGML block format");
   Tensor out = e.end >= 0 ? t.rows(e.begin, e.end) : t;
   if (e.swap_halves && with_data) {
     APUS_CHECK(out.rank() >= 1 && out.shape[0] % 2 == 0, where(name), ": ", shape_str(out.shape),
                " has no two halves of rows to swap");
-    Tensor swapped = Tensor::heap(out.shape, dt);
-    const size_t half = out.nbytes() / 2;
-    if (out.data) {
-      std::memcpy(swapped.data, static_cast<const char*>(out.data) + half, half);
-      std::memcpy(static_cast<char*>(swapped.data) + half, out.data, half);
-    }
-    out = swapped;
-  }
-  if (!e.fp8_scale.empty()) {
-    const Tensor& s = stored(e.fp8_scale);
-    APUS_CHECK(dt == DType::fp8_e4m3, where(name), " has dtype ", dtype_name(dt), " beside the scale '", e.fp8_scale,
-               "', expected fp8 e4m3");
-    APUS_CHECK(s.numel() == 1 && (s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16), path_,
-               ": tensor '", e.fp8_scale, "' is ", dtype_name(s.dtype), " ", shape_str(s.shape),
-               ", expected one float (a per-tensor fp8 scale)");
-    if (with_data) {
-      out.fp8_scale = load_f32(s, 0);
-      APUS_CHECK(std::isfinite(out.fp8_scale) && out.fp8_scale > 0, path_, ": tensor '", e.fp8_scale, "' is ",
-                 out.fp8_scale, ", expected a positive scale");
+    const int64_t half = out.shape[0] / 2;
+    if (out.block_scales) {
+      // Block factors follow their rows: the swapped weight is decoded, as fp32.
+      const Tensor values = to_dtype(out, DType::f32);
+      Tensor swapped = Tensor::heap(out.shape, DType::f32);
+      std::memcpy(swapped.data, values.rows(half, 2 * half).data, values.nbytes() / 2);
+      std::memcpy(swapped.rows(half, 2 * half).data, values.data, values.nbytes() / 2);
+      out = swapped;
+    } else {
+      Tensor swapped = Tensor::heap(out.shape, dt);
+      swapped.code_scale = out.code_scale;
+      const size_t bytes = out.nbytes() / 2;
+      std::memcpy(swapped.data, static_cast<const char*>(out.data) + bytes, bytes);
+      std::memcpy(static_cast<char*>(swapped.data) + bytes, out.data, bytes);
+      out = swapped;
     }
   }
   if (e.drop_unit_dims) {

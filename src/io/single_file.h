@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/gguf.h"
+#include "io/quantized_layout.h"
 #include "io/safetensors.h"
 #include "io/weight_source.h"
 
@@ -17,19 +18,19 @@ class SingleFile final : public WeightSource {
  public:
   // Where a name the model asks for is stored: rows [begin, end) of `stored` (end -1: all rows),
   // with its two halves of rows swapped, or with its trailing unit dimensions dropped (a 1x1
-  // convolution's weight read as a linear's); an fp8 tensor with the stored one-value tensor
-  // `fp8_scale` as its factor (Tensor::fp8_scale).
+  // convolution's weight read as a linear's). A quantised weight comes with its scales attached.
   struct Entry {
     std::string stored;
     int64_t begin = 0, end = -1;
     bool swap_halves = false;
     bool drop_unit_dims = false;
-    std::string fp8_scale;
   };
   static std::shared_ptr<SingleFile> open(const std::string& path);
   const std::string& path() const { return path_; }
   bool is_gguf() const { return gguf_ != nullptr; }
   const GgufFile* gguf() const { return gguf_.get(); }
+  // The stored tensors of the model: the tensors that describe a quantised weight (its scales and
+  // format tags, io/quantized_layout.h) are no names of their own.
   const std::vector<std::string>& stored_names() const { return stored_names_; }
   // A stored tensor's view (a GGUF type apus does not read is refused naming it).
   const Tensor& stored(const std::string& name) const;
@@ -51,6 +52,7 @@ class SingleFile final : public WeightSource {
   std::shared_ptr<SafetensorsFile> safetensors_;
   std::shared_ptr<GgufFile> gguf_;
   std::vector<std::string> stored_names_;
+  QuantizedLayout quantized_;
   std::map<std::string, Entry> entries_;
 };
 

@@ -53,10 +53,12 @@ fi
 # GGUF block formats from gguf-py (tests/fixtures/gguf) and klein_tiny_a's transformer as BFL's
 # single file, its VAE in BFL's names and a Q8_0 GGUF (tests/fixtures/klein_single), checked against
 # diffusers' converters; LoRAs in three layouts and diffusers' images with them, LoHa and LoKr and
-# PEFT's images with them (tests/fixtures/klein_lora)
+# PEFT's images with them (tests/fixtures/klein_lora); the DiT and text encoder in ComfyUI's
+# quantised layouts by comfy-kitchen, with its dequantisation (tests/fixtures/klein_single)
 if [ "$*" != "--only-tokenizer" ]; then
     "$VENV/bin/python" "$HERE/make_gguf_fixtures.py" --out "$REPO/tests/fixtures"
     "$VENV/bin/python" "$HERE/make_klein_single_file_fixtures.py" --out "$REPO/tests/fixtures"
+    "$VENV/bin/python" "$HERE/make_comfy_quant_fixtures.py" --out "$REPO/tests/fixtures"
     "$VENV/bin/python" "$HERE/make_klein_lora_fixtures.py" --out "$REPO/tests/fixtures"
     "$VENV/bin/python" "$HERE/make_klein_lycoris_fixtures.py" --out "$REPO/tests/fixtures"
 fi

@@ -120,32 +120,9 @@ TransformerFile open_transformer_file(const std::string& path) {
              "or diffusers' 'single_stream_modulation.linear.weight'; the file holds ", file->stored_names().size(),
              " tensors", file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
   out.layout = bfl ? "BFL" : "diffusers";
-  // fp8 checkpoints: a weight's per-tensor scale beside it (BFL's and ComfyUI's .weight_scale,
-  // ComfyUI's older .scale_weight under its scaled_fp8 marker) multiplies its values. The
-  // activation scales (.input_scale, .scale_input) are for fp8 matmuls; apus computes in bf16 (or
-  // fp32) from the dequantised weight, as ComfyUI does without fp8 matmuls. ComfyUI's .comfy_quant
-  // (mixed formats described per tensor) is not read yet.
-  std::map<std::string, std::string> weight_scales;  // the weight's stripped name -> its scale's stored name
-  for (auto it = stripped.begin(); it != stripped.end();) {
-    const std::string& name = it->first;
-    APUS_CHECK(name.find(".comfy_quant") == std::string::npos, path, ": tensor '", it->second,
-               "' describes ComfyUI's mixed quantisation, which apus does not read yet (issue 20)");
-    bool scale = false;
-    for (const char* suffix : {".weight_scale", ".scale_weight"})
-      if (name.ends_with(suffix)) {
-        weight_scales[name.substr(0, name.size() - std::strlen(suffix)) + ".weight"] = it->second;
-        scale = true;
-      }
-    for (const char* suffix : {".input_scale", ".scale_input"}) scale |= name.ends_with(suffix);
-    it = scale || name == "scaled_fp8" ? stripped.erase(it) : std::next(it);
-  }
-  for (const auto& [weight, scale] : weight_scales)
-    APUS_CHECK(stripped.count(weight), path, ": tensor '", scale, "' scales '", weight, "', which the file does not hold");
   int64_t doubles = -1, singles = -1;
   std::vector<DiffusersTarget> targets;
   for (const auto& [name, stored] : stripped) {
-    const auto scale = weight_scales.find(name);
-    const std::string fp8_scale = scale == weight_scales.end() ? "" : scale->second;
     Parts p;
     const bool in_block = split_block_name(name, p);
     if (in_block && (p.group == "double_blocks" || p.group == "transformer_blocks"))
@@ -153,9 +130,7 @@ TransformerFile open_transformer_file(const std::string& path) {
     if (in_block && (p.group == "single_blocks" || p.group == "single_transformer_blocks"))
       singles = std::max<int64_t>(singles, std::stoll(p.index.substr(0, 9)));
     if (!bfl) {
-      SingleFile::Entry e{stored};
-      e.fp8_scale = fp8_scale;
-      entries[name] = e;
+      entries[name] = {stored};
       continue;
     }
     const size_t dot = name.rfind('.');
@@ -177,7 +152,6 @@ TransformerFile open_transformer_file(const std::string& path) {
         e.end = (t.part + 1) * rows / t.parts;
       }
       e.swap_halves = t.swap_halves;
-      e.fp8_scale = fp8_scale;
       entries[t.module + "." + (param == "scale" ? "weight" : param)] = e;
     }
   }

@@ -171,7 +171,7 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
              "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ", shape_str(y.shape),
              " do not agree");
   const int64_t k = w.shape[1], n = w.shape[0];
-  if (is_block_quantized(w.dtype) || w.dtype == DType::fp8_e4m3) {
+  if (is_stored_quantized(w.dtype)) {
     // Stored weights are expanded one panel of output features at a time into scratch the GEMM
     // reads while it is in cache: the model is never held in x's dtype.
     const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, (int64_t(2) << 20) / (2 * k)) / 16 * 16);

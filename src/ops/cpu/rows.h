@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/quant_blocks.h"
+#include "core/scaled_codes.h"
 #include "core/tensor.h"
 #include "ops/cpu/vec.h"
 
@@ -25,12 +26,11 @@ inline void load_row(const Tensor& t, int64_t r, float* out, int64_t n) {
     case DType::f16:
       f16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
       return;
-    case DType::fp8_e4m3: {
-      const uint8_t* s = static_cast<const uint8_t*>(p);
-      for (int64_t i = 0; i < n; ++i) out[i] = fp8_e4m3_to_f32(s[i]) * t.fp8_scale;
-      return;
-    }
     default:
+      if (is_code_format(t.dtype)) {
+        decode_code_row(t, r, out, n);
+        return;
+      }
       APUS_CHECK(is_block_quantized(t.dtype), "load_row: unsupported dtype ", dtype_name(t.dtype));
       dequantize_row(t.dtype, p, out, n);
   }

@@ -116,7 +116,9 @@ Tensor to_device(Backend& backend, const Tensor& host) {
              shape_str(host.shape));
   Tensor t = Tensor::allocate(backend, host.shape, host.dtype);
   cuda::check(cudaMemcpy(t.data, host.data, host.nbytes(), cudaMemcpyHostToDevice), "copy to the device");
-  t.fp8_scale = host.fp8_scale;
+  t.code_scale = host.code_scale;
+  t.block_scales = host.block_scales;
+  t.block_row0 = host.block_row0;
   return t;
 }
 

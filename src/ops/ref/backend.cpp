@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "core/quant_blocks.h"
+#include "core/scaled_codes.h"
 #include "ops/backend.h"
 #include "ops/ref/ref_ops.h"
 
@@ -11,6 +12,7 @@ namespace ref {
 
 double get(const Tensor& t, int64_t r, int64_t i) {
   if (is_block_quantized(t.dtype)) return dequantize_element(t.dtype, t.row(r), i);
+  if (is_code_format(t.dtype)) return decode_code_element(t, r, i);
   const void* p = static_cast<const char*>(t.row(r)) + size_t(i) * dtype_size(t.dtype);
   switch (t.dtype) {
     case DType::f32:
@@ -19,8 +21,6 @@ double get(const Tensor& t, int64_t r, int64_t i) {
       return bf16_to_f32(*static_cast<const uint16_t*>(p));
     case DType::f16:
       return f16_to_f32(*static_cast<const uint16_t*>(p));
-    case DType::fp8_e4m3:
-      return fp8_e4m3_to_f32(*static_cast<const uint8_t*>(p)) * t.fp8_scale;
     default:
       fail("reference backend: unsupported dtype ", dtype_name(t.dtype));
   }
