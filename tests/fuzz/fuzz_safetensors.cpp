@@ -1,10 +1,12 @@
-// libFuzzer target for the safetensors header parser: any input must parse or raise
-// apus::Error, never crash, hang or read outside the buffer (ASan watches).
+// libFuzzer target for the safetensors header parser and the quantised layouts read from it
+// (ComfyUI's tags and scales): any input must parse or raise apus::Error, never crash, hang or read
+// outside the buffer (ASan watches); every quantised weight is decoded in full.
 #include <cstdint>
 #include <memory>
 
 #include "core/error.h"
 #include "fuzz_file.h"
+#include "io/quantized_layout.h"
 #include "io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -18,6 +20,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         volatile uint8_t b = static_cast<const uint8_t*>(t.data)[t.nbytes() - 1];
         (void)a;
         (void)b;
+      }
+    }
+    const apus::QuantizedLayout layout = apus::read_quantized_layout("fuzz", f);
+    for (const auto& [name, q] : layout.weights) {
+      try {
+        volatile float sum = 0;
+        for (const float v : apus::to_f32_vector(apus::quantized_weight("fuzz", f, name, q))) sum = sum + v;
+      } catch (const apus::Error&) {
       }
     }
   } catch (const apus::Error&) {

@@ -25,6 +25,8 @@ Writes, under tests/fixtures/klein_single/:
                                                    flux-2-klein-tiny-fp8-dequantized.safetensors)
   qwen3-tiny-comfy-mixed.safetensors               the text encoder, tags per layer
   qwen3-tiny-comfy-mixed-dequantized.safetensors   its dequantisation, f32
+and tests/fuzz/safetensors_corpus/comfy_quant.safetensors, a seed for fuzz_safetensors: one small
+layer in each layout, tagged, and an untagged fp8 one.
 
 Usage: make_comfy_quant_fixtures.py --out DIR (after make_klein_single_file_fixtures.py)
 """
@@ -121,6 +123,19 @@ def main():
     tensors, dequantized, tags = quantized_file(te, keep_bf16=("embed_tokens",), forced={})
     save_file(with_tag_tensors(tensors, tags), os.path.join(out, "qwen3-tiny-comfy-mixed.safetensors"))
     save_file(dequantized, os.path.join(out, "qwen3-tiny-comfy-mixed-dequantized.safetensors"))
+    write_fuzz_seed()
+
+
+def write_fuzz_seed():
+    gen = torch.Generator().manual_seed(1)
+    sd = {f"l{i}.weight": torch.randn(32, 64, generator=gen) for i in range(len(FORMATS))}
+    tensors, _, tags = {}, {}, {}
+    for i, fmt in enumerate(FORMATS):
+        quantize(f"l{i}.weight", sd[f"l{i}.weight"], fmt, tensors, {}, tags)
+    tensors["bfl.weight"] = torch.randn(32, 32, generator=gen).to(torch.float8_e4m3fn)
+    tensors["bfl.weight_scale"] = torch.tensor(0.01)
+    save_file(with_tag_tensors(tensors, tags), os.path.join(HERE, "..", "..", "tests", "fuzz", "safetensors_corpus",
+                                                            "comfy_quant.safetensors"))
 
 
 if __name__ == "__main__":
