@@ -96,6 +96,17 @@ TEST_P(LycorisKind, RendersPeftsImageWithTheSameAdapters) {
 
 INSTANTIATE_TEST_SUITE_P(Klein, LycorisKind, ::testing::Values("loha", "lokr", "lokr_both", "pair"));
 
+// LoKr and LoHa in BFL's names on the fused modules diffusers splits (img/txt qkv) or reorders (the
+// final adaLN's halves), against PEFT's layer of that kind on each fused linear: a LoKr's parts
+// and halves are rows of its outer Kronecker factor.
+class LycorisOnFusedModules : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LycorisOnFusedModules, RendersPeftsImageWithTheSameAdapters) {
+  expect_renders_reference(LoraReference("lycoris_bfl_reference"), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Klein, LycorisOnFusedModules, ::testing::Values("bfl_lokr", "bfl_loha", "bfl_pair"));
+
 INSTANTIATE_TEST_SUITE_P(Klein, LoraLayout, ::testing::Values("peft", "bfl", "kohya", "pair"));
 
 TEST(Lora, AResidentModelAppliesAndDropsAdaptersPerRequest) {
