@@ -199,6 +199,27 @@ TEST(SingleFile, ComfyQuantisedTextEncoderRendersWhatItsDequantisedWeightsRender
     p.text_encoder = fixture("klein_single/qwen3-tiny-comfy-mixed.safetensors");
     EXPECT_EQ(render(p, fp32), want) << (fp32 ? "fp32" : "bf16");
   }
+  // Its fp8 e4m3 layers untagged, as BFL's fp8 files leave them: the scale beside the weight still
+  // applies (it once did only in the transformer's reader).
+  const SafetensorsFile comfy = SafetensorsFile::open(fixture("klein_single/qwen3-tiny-comfy-mixed.safetensors"));
+  std::vector<NamedTensor> tensors;
+  int untagged = 0;
+  for (const std::string& n : comfy.names()) {
+    const Tensor t = comfy.get(n);
+    if (n.ends_with(".comfy_quant") &&
+        std::string(static_cast<const char*>(t.data), size_t(t.numel())).find("float8_e4m3fn") != std::string::npos) {
+      ++untagged;
+      continue;
+    }
+    tensors.push_back({n, t});
+  }
+  ASSERT_GT(untagged, 0);
+  ModelParts p{root};
+  p.text_encoder = test::scratch_dir.path() + "qwen3-untagged-fp8.safetensors";
+  write_safetensors(p.text_encoder, tensors);
+  const std::vector<uint8_t> got = render(p, true);
+  p.text_encoder = fixture("klein_single/qwen3-tiny-comfy-mixed-dequantized.safetensors");
+  EXPECT_EQ(got, render(p, true));
 }
 
 TEST(SingleFile, ComfyQuantisationThatApusDoesNotReadIsRefusedNamingTheTensor) {
