@@ -67,8 +67,7 @@ class OpInputs {
       else if (factors == DType::fp8_e4m3) f.ptr<uint8_t>()[i] = uint8_t(0x30 + exponent(rng) % 16);  // 0.25 .. 0.94
       else f.ptr<float>()[i] = t.code_scale * spread(rng);
     }
-    if (!tiled) t.code_scale = 1;
-    if (factors == DType::e8m0) t.code_scale = 1;  // mxfp8 has no per-tensor factor
+    if (factors != DType::fp8_e4m3) t.code_scale = 1;  // only nvfp4 has a per-tensor factor beside its blocks
     auto b = std::make_shared<BlockScales>();
     b->factors = f;
     b->block = block;

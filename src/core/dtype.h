@@ -5,7 +5,7 @@
 
 namespace apus {
 
-// Room for quantised tiers (i8, fp8) is kept in the enum; kernels accept only what they implement.
+// Kernels accept only the dtypes they implement.
 // q8_0 ... q6_k are GGML's block formats (core/quant_blocks.h): a block of dtype_block elements
 // takes dtype_block_bytes bytes, so they have no per-element size.
 // fp8_e5m2, e8m0 (power-of-two scale bytes, mxfp8's) and fp4_e2m1 (two codes a byte, the high
@@ -17,6 +17,8 @@ enum class DType : uint8_t {
 
 // Bytes per element; refused for a block format.
 size_t dtype_size(DType t);
+// GGML's block formats, whose blocks carry their own scales. fp4_e2m1 also has no per-element size
+// (blocks of two codes a byte) but its scales are the tensor's (core/scaled_codes.h): not one.
 bool is_block_quantized(DType t);
 int64_t dtype_block(DType t);       // elements per block: 1 for an element type
 size_t dtype_block_bytes(DType t);  // bytes per block

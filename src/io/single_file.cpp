@@ -1,6 +1,5 @@
 #include "io/single_file.h"
 
-#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
