@@ -82,10 +82,12 @@ Tensor SingleFile::view(const std::string& name, const Shape& expected, bool wit
       out = swapped;
     }
   }
-  if (e.drop_unit_dims) {
-    Shape squeezed = out.shape;
-    while (squeezed.size() > 1 && squeezed.back() == 1) squeezed.pop_back();
-    out = out.reshape(squeezed);
+  if (e.unit_dims_free) {
+    auto squeezed = [](Shape s) {
+      std::erase(s, int64_t{1});
+      return s;
+    };
+    if (squeezed(out.shape) == squeezed(expected)) out = out.reshape(expected);
   }
   APUS_CHECK(out.shape == expected, where(name), " has shape ", shape_str(out.shape), ", expected ",
              shape_str(expected), " (for '", name, "')");

@@ -17,13 +17,14 @@ namespace apus {
 class SingleFile final : public WeightSource {
  public:
   // Where a name the model asks for is stored: rows [begin, end) of `stored` (end -1: all rows),
-  // with its two halves of rows swapped, or with its trailing unit dimensions dropped (a 1x1
-  // convolution's weight read as a linear's). A quantised weight comes with its scales attached.
+  // with its two halves of rows swapped, or in a shape that differs from the stored one only by
+  // unit dimensions (a 1x1 convolution's weight read as a linear's, a squeezed [16] as [1, 16, 1]).
+  // A quantised weight comes with its scales attached.
   struct Entry {
     std::string stored;
     int64_t begin = 0, end = -1;
     bool swap_halves = false;
-    bool drop_unit_dims = false;
+    bool unit_dims_free = false;
   };
   static std::shared_ptr<SingleFile> open(const std::string& path);
   const std::string& path() const { return path_; }

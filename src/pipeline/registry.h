@@ -19,6 +19,9 @@ inline constexpr const char* kSa3SingleFileKey = "model.model.transformer.layers
 // Its configs from --config (an official folder) or the published layout of its shape, T5Gemma
 // from --text-encoder, the tokenizer from --tokenizer or the text encoder file's spiece_model.
 std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weights weights, Backend* device);
+// sa3.cpp's GGUF files: --model the DiT (general.architecture sa3-dit), the other parts from
+// --vae, --text-encoder and --tokenizer or beside it (pipeline/sa3/gguf_layout.cpp).
+std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weights, Backend* device);
 
 // The backend a device name means: null for "cpu", the GPU's for "cuda" or "cuda:N" (refused with
 // the reason where this build or machine has none).

@@ -46,6 +46,8 @@ if [ -n "${APUS_SA3_OFFICIAL:-}" ]; then
 else
     echo "oracle: APUS_SA3_OFFICIAL unset, keeping the committed official Stable Audio 3 fixtures" >&2
 fi
+# sa3.cpp's GGUF files of those tiny official checkpoints (tests/fixtures/sa3_gguf)
+"$VENV/bin/python" "$HERE/make_sa3_gguf_fixtures.py" --out "$REPO/tests/fixtures"
 # torch CPU randn fixtures (tests/fixtures/torch_randn.*), when that generator is present
 if [ -f "$HERE/make_rng_fixtures.py" ] && [ "$*" != "--only-tokenizer" ]; then
     "$VENV/bin/python" "$HERE/make_rng_fixtures.py"

@@ -277,7 +277,7 @@ std::shared_ptr<const SingleFile> open_vae_file(const std::string& path) {
     APUS_CHECK(ldm_vae_name(name, up_blocks, to, conv_as_linear), path, ": tensor '", stored,
                "' is not a FLUX.2 VAE key in BFL's names");
     SingleFile::Entry e{stored};
-    e.drop_unit_dims = conv_as_linear;
+    e.unit_dims_free = conv_as_linear;
     entries[to] = e;
   }
   file->rename(std::move(entries));

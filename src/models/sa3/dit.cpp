@@ -88,8 +88,11 @@ Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute) {
   // buffer; apus computes them (10000^(-2j/rope_dim) in fp32) and refuses a checkpoint whose buffer
   // says otherwise. A checkpoint saved in bf16 or f16 holds them rounded to its dtype, up to half
   // that dtype's ulp away. The official load copies the rounded values into the fp32 buffer; apus
-  // keeps the fp32 ones, as it keeps them in every 16-bit run (docs/DESIGN.md, Precision).
-  const Tensor inv_freq = m.weights_.host("rotary_pos_emb.inv_freq", {c.rope_dim / 2});
+  // keeps the fp32 ones, as it keeps them in every 16-bit run (docs/DESIGN.md, Precision). sa3.cpp's
+  // GGUF files drop the buffer.
+  const Tensor inv_freq = m.weights_.contains("rotary_pos_emb.inv_freq")
+                              ? m.weights_.host("rotary_pos_emb.inv_freq", {c.rope_dim / 2})
+                              : Tensor::shape_only({c.rope_dim / 2}, DType::f32);
   const float rounding = inv_freq.dtype == DType::bf16 ? 0x1p-8f : inv_freq.dtype == DType::f16 ? 0x1p-11f : 0.0f;
   if (inv_freq.data)
     for (int64_t j = 0; j < c.rope_dim / 2; ++j) {

@@ -171,6 +171,18 @@ void SameTransformer::run(Context& c, Tensor& x, int64_t batch) const {
 
 Tensor weight_normed_mapping(const WeightLoader& weights, DType compute, const std::string& prefix, int64_t out,
                              int64_t in, int64_t kernel) {
+  // A checkpoint may hold the weight with its norm folded in (sa3.cpp's GGUF files).
+  if (!weights.contains(prefix + ".weight_v") && weights.contains(prefix + ".weight")) {
+    const Tensor stored = weights.host(prefix + ".weight", {out, in, kernel});
+    if (!stored.data) return Tensor::shape_only({out, kernel * in}, compute);
+    const Tensor w = to_dtype(stored, DType::f32);
+    Tensor mapping = Tensor::heap({out, kernel * in}, DType::f32);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t t = 0; t < kernel; ++t)
+          mapping.ptr<float>()[o * kernel * in + t * in + i] = w.ptr<float>()[(o * in + i) * kernel + t];
+    return weights.place(compute == DType::f32 ? mapping : to_dtype(mapping, compute));
+  }
   const Tensor g = weights.host(prefix + ".weight_g", {out, 1, 1});
   const Tensor v = weights.host(prefix + ".weight_v", {out, in, kernel});
   if (!v.data) return Tensor::shape_only({out, kernel * in}, compute);

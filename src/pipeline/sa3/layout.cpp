@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "io/single_file.h"
 #include "models/sa3/official_checkpoint.h"
@@ -104,6 +105,7 @@ Sa3Layout official_layout(const std::string& root) {
 
 std::shared_ptr<const WeightSource> Sa3Model::checkpoint(const std::string& path, bool load) const {
   if (!load) return std::make_shared<ShapesOnly>();
+  if (layout_.gguf && (path.empty() || path == layout_.checkpoint)) return layout_.gguf;
   if (is_directory(path)) return open_weights(path);
   return SingleFile::open(path);
 }
@@ -199,6 +201,7 @@ std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights w
 
 std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weights weights, Backend* device) {
   const std::string& file = parts.model;
+  if (is_gguf_file(file)) return open_sa3_gguf(parts, weights, device);
   std::string root;
   if (!parts.config.empty()) {
     root = resolve_model_dir(parts.config, Weights::none);

@@ -43,8 +43,11 @@ struct Sa3Layout {
   sa3::DurationConfig duration;
   std::string label;       // what the model is called: model_label(root) unless set
   std::string checkpoint;  // the official layout's weights: `root`, or one file (ComfyUI's repackaging)
+  // sa3.cpp's GGUF files, under the official names and T5Gemma's: the weights of `checkpoint` and,
+  // where `text_weights` is empty, the text encoder's.
+  std::shared_ptr<const WeightSource> gguf;
   std::string text_dir, tokenizer_dir;  // their configs (config.json, tokenizer_config.json)
-  std::string text_weights;             // the T5Gemma weights: text_dir, or one file
+  std::string text_weights;             // the T5Gemma weights: text_dir, one file, or empty: in `gguf`
   // Gemma's SentencePiece model: tokenizer_dir/tokenizer.model, the file itself, or a safetensors
   // carrying it as a u8 `spiece_model` tensor (ComfyUI's T5Gemma file).
   std::string tokenizer_model;

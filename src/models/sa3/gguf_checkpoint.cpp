@@ -1,0 +1,269 @@
+#include "models/sa3/gguf_checkpoint.h"
+
+#include <utility>
+
+#include "core/error.h"
+#include "io/files.h"
+#include "io/gguf.h"
+
+namespace apus::sa3 {
+
+namespace {
+
+using Renames = std::vector<std::pair<std::string, std::string>>;
+
+// `name` with its first matching prefix replaced; false when none matches.
+bool replace_prefix(const std::string& name, const Renames& renames, std::string& out) {
+  for (const auto& [from, to] : renames)
+    if (name.starts_with(from)) {
+      out = to + name.substr(from.size());
+      return true;
+    }
+  return false;
+}
+
+// "7.self.qkv.weight" -> index 7 and "self.qkv.weight".
+bool split_block(const std::string& rest, std::string& index, std::string& inner) {
+  const size_t dot = rest.find('.');
+  if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789") != dot) return false;
+  index = rest.substr(0, dot);
+  inner = rest.substr(dot + 1);
+  return true;
+}
+
+std::string dit_official(const std::string& name) {
+  std::string out;
+  if (replace_prefix(name, {{"dit.pre_conv.", "model.model.preprocess_conv."},
+                            {"dit.post_conv.", "model.model.postprocess_conv."},
+                            {"dit.cond_embed.", "model.model.to_cond_embed."},
+                            {"dit.global_embed.", "model.model.to_global_embed."},
+                            {"dit.time_embed.", "model.model.to_timestep_embed."},
+                            {"dit.gce.", "model.model.transformer.global_cond_embedder."},
+                            {"dit.memory_tokens", "model.model.transformer.memory_tokens"},
+                            {"dit.proj_in.", "model.model.transformer.project_in."},
+                            {"dit.proj_out.", "model.model.transformer.project_out."}},
+                     out))
+    return out;
+  std::string index, inner;
+  if (!name.starts_with("dit.") || !split_block(name.substr(4), index, inner)) return "";
+  const std::string block = "model.model.transformer.layers." + index + ".";
+  if (inner == "ssg") return block + "to_scale_shift_gate";
+  if (replace_prefix(inner, {{"pre_norm.", "pre_norm."},
+                             {"ff_norm.", "ff_norm."},
+                             {"cross_norm.", "cross_attend_norm."},
+                             {"self.qkv.", "self_attn.to_qkv."},
+                             {"self.out.", "self_attn.to_out."},
+                             {"self.q_norm.", "self_attn.q_norm."},
+                             {"self.k_norm.", "self_attn.k_norm."},
+                             {"cross.q.", "cross_attn.to_q."},
+                             {"cross.kv.", "cross_attn.to_kv."},
+                             {"cross.out.", "cross_attn.to_out."},
+                             {"cross.q_norm.", "cross_attn.q_norm."},
+                             {"cross.k_norm.", "cross_attn.k_norm."},
+                             {"ff.proj.", "ff.ff.0.proj."},
+                             {"ff.out.", "ff.ff.2."},
+                             {"local.", "to_local_embed."}},
+                    out))
+    return block + out;
+  return "";
+}
+
+// SAME's names; `taps` is set for a mapping tap (w0, w1, ...), whose official name is its
+// convolution's weight.
+std::string ae_official(const std::string& name, int& tap) {
+  const std::string p = "pretransform.model.";
+  tap = -1;
+  for (const char* side : {"dec", "enc"}) {
+    const std::string mapping = std::string("ae.") + side + ".mapping.";
+    const std::string at = p + (side == std::string("dec") ? "decoder.layers.3." : "encoder.layers.0.");
+    if (name.starts_with(mapping)) {
+      const std::string rest = name.substr(mapping.size());
+      if (rest == "bias" || rest == "weight") return at + "mapping." + rest;
+      if (rest.size() >= 2 && rest[0] == 'w' && rest.find_first_not_of("0123456789", 1) == std::string::npos &&
+          rest.size() < 4) {
+        tap = std::stoi(rest.substr(1));
+        return at + "mapping.weight";
+      }
+      return "";
+    }
+    if (name == std::string("ae.") + side + ".new_tokens") return at + "new_tokens";
+    std::string index, inner;
+    const std::string blocks = std::string("ae.") + side + ".";
+    if (name.starts_with(blocks) && split_block(name.substr(blocks.size()), index, inner)) {
+      std::string out = inner;
+      replace_prefix(inner, {{"ff.proj.", "ff.ff.0.proj."}, {"ff.out.", "ff.ff.2."}}, out);
+      return at + "transformers." + index + "." + out;
+    }
+  }
+  std::string out;
+  if (name == "ae.running_std" || name == "ae.scaling_factor" || name == "ae.bias")
+    return p + "bottleneck." + name.substr(3);
+  if (replace_prefix(name, {{"ae.in_proj.", p + "decoder.layers.1."}, {"ae.out_proj.", p + "encoder.layers.2."}}, out))
+    return out;
+  return "";
+}
+
+std::string conditioner_official(const std::string& name) {
+  if (name == "te.padding_embedding") return "conditioner.conditioners.prompt.padding_embedding";
+  if (name == "te.secs.weight" || name == "te.secs.bias")
+    return "conditioner.conditioners.seconds_total.embedder.embedding.1." + name.substr(8);
+  return "";
+}
+
+// T5Gemma's names; `norm` is set for Gemma's RMSNorm weights, stored as 1 + w.
+std::string t5gemma_official(const std::string& name, bool& norm) {
+  norm = false;
+  if (name == "te.embed.weight") return "encoder.embed_tokens.weight";
+  if (name == "te.norm.weight") {
+    norm = true;
+    return "encoder.norm.weight";
+  }
+  std::string index, inner;
+  if (!name.starts_with("te.") || !split_block(name.substr(3), index, inner)) return "";
+  const std::string layer = "encoder.layers." + index + ".";
+  static const std::map<std::string, std::string> norms = {{"attn_norm.weight", "pre_self_attn_layernorm.weight"},
+                                                           {"attn_post_norm.weight", "post_self_attn_layernorm.weight"},
+                                                           {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+                                                           {"ffn_post_norm.weight", "post_feedforward_layernorm.weight"}};
+  static const std::map<std::string, std::string> linears = {
+      {"q.weight", "self_attn.q_proj.weight"}, {"k.weight", "self_attn.k_proj.weight"},
+      {"v.weight", "self_attn.v_proj.weight"}, {"o.weight", "self_attn.o_proj.weight"},
+      {"gate.weight", "mlp.gate_proj.weight"}, {"up.weight", "mlp.up_proj.weight"},
+      {"down.weight", "mlp.down_proj.weight"}};
+  if (const auto it = norms.find(inner); it != norms.end()) {
+    norm = true;
+    return layer + it->second;
+  }
+  if (const auto it = linears.find(inner); it != linears.end()) return layer + it->second;
+  return "";
+}
+
+}  // namespace
+
+std::string gguf_architecture(const std::string& path) {
+  if (!is_gguf_file(path)) return "";
+  return GgufFile::open(path).metadata_string("general.architecture");
+}
+
+GgufCheckpoint::GgufCheckpoint(const std::vector<std::shared_ptr<SingleFile>>& files) : files_(files) {
+  // The conditioner's own file goes last, so its tensors replace an older encoder file's.
+  std::vector<SingleFile*> order;
+  for (const auto& f : files_)
+    if (f->gguf()->metadata_string("general.architecture") != kGgufConditioner) order.push_back(f.get());
+  for (const auto& f : files_)
+    if (f->gguf()->metadata_string("general.architecture") == kGgufConditioner) order.push_back(f.get());
+  for (SingleFile* file : order) {
+    APUS_CHECK(file->is_gguf(), file->path(), ": not a GGUF file (expected one of sa3.cpp's)");
+    const std::string arch = file->gguf()->metadata_string("general.architecture");
+    std::map<std::string, SingleFile::Entry> entries;
+    for (const std::string& stored : file->stored_names()) {
+      std::string official;
+      Stored s{file, stored};
+      if (arch == kGgufDit) {
+        official = dit_official(stored);
+      } else if (arch == kGgufAutoencoder) {
+        int tap = -1;
+        official = ae_official(stored, tap);
+        if (tap >= 0) {
+          s.kind = Kind::taps;
+          s.name = stored.substr(0, stored.size() - std::to_string(tap).size() - 2);
+          Stored& taps = names_.try_emplace(official, s).first->second;
+          taps.taps = std::max(taps.taps, tap + 1);
+          entries[stored] = {stored};
+          continue;
+        }
+      } else if (arch == kGgufConditioner || arch == kGgufTextEncoder) {
+        official = conditioner_official(stored);
+        if (official.empty() && arch == kGgufTextEncoder) {
+          bool norm = false;
+          official = t5gemma_official(stored, norm);
+          if (norm) s.kind = Kind::less_one;
+        }
+      } else {
+        fail(file->path(), ": general.architecture is '", arch, "', expected one of sa3.cpp's model files (",
+             kGgufDit, ", ", kGgufAutoencoder, ", ", kGgufConditioner, ", ", kGgufTextEncoder, ")");
+      }
+      APUS_CHECK(!official.empty(), file->path(), ": tensor '", stored, "' is no tensor of sa3.cpp's ", arch,
+                 " files");
+      if (s.kind == Kind::stored) {
+        SingleFile::Entry e{stored};
+        e.unit_dims_free = true;
+        entries[official] = e;
+      } else {
+        entries[stored] = {stored};
+      }
+      names_[official] = s;
+    }
+    file->rename(std::move(entries));
+  }
+  for (const auto& [official, s] : names_)
+    if (s.kind == Kind::taps)
+      for (int t = 0; t < s.taps; ++t)
+        APUS_CHECK(s.file->contains(s.name + ".w" + std::to_string(t)), s.file->path(), ": tensor '", s.name, ".w",
+                   t, "' is missing (the mapping's taps are w0..w", s.taps - 1, ")");
+}
+
+const GgufCheckpoint::Stored& GgufCheckpoint::stored(const std::string& name) const {
+  const auto it = names_.find(name);
+  if (it != names_.end()) return it->second;
+  std::string files;
+  for (const auto& f : files_) files += (files.empty() ? "" : ", ") + f->path();
+  fail(files, ": no tensor for '", name, "' (sa3.cpp's files hold it under their own names: none maps to it)");
+}
+
+Tensor GgufCheckpoint::fetch(const std::string& name, const Shape& expected) const {
+  const Stored& s = stored(name);
+  switch (s.kind) {
+    case Kind::stored:
+      return s.file->fetch(name, expected);
+    case Kind::less_one: {
+      Tensor w = to_dtype(s.file->fetch(s.name, expected), DType::f32);
+      for (int64_t i = 0; i < w.numel(); ++i) w.ptr<float>()[i] -= 1.0f;
+      return w;
+    }
+    case Kind::taps: {
+      APUS_CHECK(expected.size() == 3 && expected[2] == s.taps, where(name), ": a convolution of ", s.taps,
+                 " taps, expected ", shape_str(expected), " (for '", name, "')");
+      const int64_t out = expected[0], in = expected[1];
+      Tensor w = Tensor::heap(expected, DType::f32);
+      for (int t = 0; t < s.taps; ++t) {
+        const Tensor tap = to_dtype(s.file->fetch(s.name + ".w" + std::to_string(t), {out, in}), DType::f32);
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < in; ++i) w.ptr<float>()[(o * in + i) * s.taps + t] = tap.ptr<float>()[o * in + i];
+      }
+      return w;
+    }
+  }
+  fail("unreachable");
+}
+
+Tensor GgufCheckpoint::describe(const std::string& name, const Shape& expected) const {
+  const Stored& s = stored(name);
+  if (s.kind == Kind::stored) return s.file->describe(name, expected);
+  return Tensor::shape_only(expected, DType::f32);
+}
+
+std::string GgufCheckpoint::where(const std::string& name) const {
+  const auto it = names_.find(name);
+  if (it == names_.end()) return files_.empty() ? name : files_.front()->path() + ": tensor '" + name + "'";
+  const Stored& s = it->second;
+  return s.file->path() + ": tensor '" + s.name + (s.kind == Kind::taps ? ".w*'" : "'");
+}
+
+size_t GgufCheckpoint::make_resident(const std::vector<std::string>& names) const {
+  std::map<const SingleFile*, std::vector<std::string>> by_file;
+  for (const std::string& name : names) {
+    const auto it = names_.find(name);
+    if (it != names_.end() && it->second.kind == Kind::stored) by_file[it->second.file].push_back(name);
+  }
+  size_t bytes = 0;
+  for (const auto& [file, stored] : by_file) bytes += file->make_resident(stored);
+  return bytes;
+}
+
+void GgufCheckpoint::release(const std::string& name) const {
+  const auto it = names_.find(name);
+  if (it != names_.end() && it->second.kind == Kind::stored) it->second.file->release(name);
+}
+
+}  // namespace apus::sa3
