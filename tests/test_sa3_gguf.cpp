@@ -17,6 +17,9 @@
 #include "models/sa3/same_encoder.h"
 #include "io/safetensors.h"
 #include "pipeline/registry.h"
+#include "pipeline/sa3/sa3_model.h"
+#include "text/bpe_tokenizer.h"
+#include "text/sentencepiece_tokenizer.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 
@@ -94,6 +97,8 @@ TEST(Sa3Gguf, Q8DitRendersItsDecodedWeights) {
   EXPECT_STREQ(q8.type_name("dit.0.self.qkv.weight"), "Q8_0");
   EXPECT_STREQ(q8.type_name("dit.pre_conv.weight"), "F32");
   EXPECT_STREQ(q8.type_name("dit.0.local.0.weight"), "F32");
+  // The DiT holds such a weight as stored; its linears decode a panel at a time.
+  EXPECT_EQ(ConvertTo(DType::bf16).apply("x.weight", q8.get("dit.0.self.qkv.weight")).dtype, DType::q8_0);
   const AudioRequest r = reference_request(true);
   const std::vector<float> got = AudioModel::open(gguf_parts(kDitQ8), Weights::per_stage)->generate(r).samples;
   const std::string decoded = decoded_official_folder("sa3_q8_decoded", {kDitQ8, kSame, kConditioner});
@@ -201,6 +206,64 @@ TEST(Sa3Gguf, WhatIsNotSa3cppsLayoutIsRefusedNamingTheFile) {
   p.model = missing;
   test::expect_error([&] { AudioModel::open(p, Weights::per_stage)->generate(reference_request(true)); },
                      {missing, "no tensor for 'model.model.transformer.layers.0.to_scale_shift_gate'"});
+}
+
+// sa3.cpp's vocabulary (tok.tokens and tok.merges of Gemma's tokenizer.json) and that
+// tokenizer.json itself give HF's GemmaTokenizer's ids on every prompt of the tokenizer fixture
+// (spaces, digits, tabs, unicode, byte fallback), and decode back to the text.
+TEST(Sa3Gguf, VocabularyFileTokenizesAsHuggingFace) {
+  const Json cases = read_json(test::fixture("t5gemma_tokenizer_cases.json"));
+  const BpeTokenizer vocab = BpeTokenizer::load(gguf_fixture(kVocab));
+  const BpeTokenizer json = BpeTokenizer::load(gguf_fixture("medium/gemma-tokenizer.json"));
+  EXPECT_EQ(vocab.max_id() + 1, cases["vocab_size"].get<int>());
+  EXPECT_EQ(vocab.token_id("<pad>"), 0);
+  int n = 0;
+  for (const Json& c : cases["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    const auto want = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(vocab.encode(text), want) << text;
+    EXPECT_EQ(json.encode(text), want) << text;
+    // Decoding turns every U+2581 into a space, a literal one in the text too (as HF's decoder).
+    std::string spaced = text;
+    for (size_t at; (at = spaced.find("\xE2\x96\x81")) != std::string::npos;) spaced.replace(at, 3, " ");
+    EXPECT_EQ(vocab.decode(want), spaced) << text;
+    ++n;
+  }
+  EXPECT_GE(n, 8);
+  // A folder saved by transformers 5 holds tokenizer.json alone: it serves where tokenizer.model is asked for.
+  const std::string saved = test::scratch_dir.path() + "gemma_json_only";
+  fs::create_directories(saved);
+  fs::copy_file(gguf_fixture("medium/gemma-tokenizer.json"), saved + "/tokenizer.json");
+  const GemmaTokenizer from_folder = GemmaTokenizer::load(saved + "/tokenizer.model");
+  const GemmaTokenizer from_vocab = GemmaTokenizer::load(gguf_fixture(kVocab));
+  const SentencePieceTokenizer spm = SentencePieceTokenizer::load(test::fixture("t5gemma_tok/tokenizer.model"));
+  for (const GemmaTokenizer* t : {&from_folder, &from_vocab}) {
+    EXPECT_EQ(t->encode(cases["cases"][0]["text"].get<std::string>()), cases["cases"][0]["ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(t->pad_id(), spm.pad_id());
+    EXPECT_EQ(t->bos_id(), spm.bos_id());
+    EXPECT_EQ(t->eos_id(), spm.eos_id());
+    EXPECT_EQ(t->vocab_size(), spm.vocab_size());
+  }
+  // HF matches Gemma's control tokens whole; the file's <name> pieces stand for them.
+  EXPECT_EQ(vocab.encode("a<eos>b"), json.encode("a<eos>b"));
+  EXPECT_EQ(vocab.encode("a<eos>b")[1], 1);
+}
+
+// The whole pipeline from sa3.cpp's files alone (no --config: the tiny widths are held to an
+// official folder made of the tiny config and nothing else, so the tokenizer is the vocabulary
+// file found beside the DiT) gives the official folder's clip.
+TEST(Sa3Gguf, FilesAloneWithTheirVocabularyGiveTheOfficialClip) {
+  const std::string config = test::scratch_dir.path() + "sa3_gguf_config_only";
+  fs::create_directories(config + "/t5gemma-b-b-ul2");
+  fs::create_symlink(fs::absolute(official_dir() + "/model_config.json"), config + "/model_config.json");
+  for (const char* f : {"config.json", "tokenizer_config.json"})
+    fs::create_symlink(fs::absolute(official_dir() + "/t5gemma-b-b-ul2/" + f), config + "/t5gemma-b-b-ul2/" + f);
+  ModelParts p;
+  p.model = gguf_fixture(kDit);
+  p.config = config;
+  const AudioRequest r = reference_request(true);
+  const std::vector<float> want = AudioModel::open(official_dir(), Weights::per_stage)->generate(r).samples;
+  EXPECT_EQ(AudioModel::open(p, Weights::per_stage)->generate(r).samples, want);
 }
 
 }  // namespace

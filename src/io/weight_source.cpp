@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/scaled_codes.h"
 #include "io/model_dir.h"
 #include "io/synth.h"
 #include "ops/backend.h"
@@ -152,8 +153,8 @@ std::shared_ptr<const WeightSource> open_weights(const std::string& dir) {
   return folder;
 }
 
-Tensor ConvertTo::apply(const std::string&, const Tensor& stored) const {
-  if (stored.dtype == dtype_) return stored;
+Tensor ConvertTo::apply(const std::string& name, const Tensor& stored) const {
+  if (stored.dtype == dtype_ || (is_stored_quantized(stored.dtype) && name.ends_with(".weight"))) return stored;
   return stored.data ? to_dtype(stored, dtype_) : Tensor::shape_only(stored.shape, dtype_);
 }
 

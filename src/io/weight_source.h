@@ -137,7 +137,8 @@ void drop_pages(const Tensor& t);
 // kSyntheticValuesFile (a checkpoint synth_on_demand made), else the SafetensorsFolder.
 std::shared_ptr<const WeightSource> open_weights(const std::string& dir);
 
-// Every tensor in `dtype`.
+// Every tensor in `dtype`, but a quantised weight (GGUF blocks, fp8 and the like), which stays as
+// stored: the linear decodes it a panel at a time (ops/cpu/linear.cpp), never the whole model.
 class ConvertTo final : public WeightTransform {
  public:
   explicit ConvertTo(DType dtype) : dtype_(dtype) {}

@@ -22,6 +22,9 @@ namespace {
 
 using nlohmann::json;
 
+// U+2581, SentencePiece's word-boundary mark, which Gemma's normalizer puts for every space.
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";
+
 // --- UTF-8 -----------------------------------------------------------------------------------
 
 // Only called on strings already known to be valid UTF-8 (JSON strings, validated text).
@@ -218,14 +221,40 @@ uint64_t pair_key(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
-void check_pipeline_ends(const json& root, const std::string& path) {
+// The pattern {"String": " "}: Gemma's normalizer replaces it, its pre-tokenizer splits at it.
+const json& space_pattern() {
+  static const json p = {{"String", " "}};
+  return p;
+}
+
+// Gemma's decoder: U+2581 back to spaces, <0xHH> tokens to their bytes, the pieces joined.
+const json& gemma_decoder() {
+  static const json d = {{"type", "Sequence"},
+                         {"decoders",
+                          {{{"type", "Replace"}, {"pattern", {{"String", std::string(kMetaspace)}}}, {"content", " "}},
+                           {{"type", "ByteFallback"}},
+                           {{"type", "Fuse"}}}}};
+  return d;
+}
+
+void check_pipeline_ends(const json& root, const std::string& path, bool byte_level) {
   const json& decoder = member(root, "decoder");
-  APUS_CHECK(type_name(decoder) == "ByteLevel", path, ": unsupported decoder.type '", type_name(decoder),
-             "' (supported: ByteLevel)");
-  // encode_klein_prompt relies on the post-processor adding no tokens, as ByteLevel does.
+  if (byte_level)
+    APUS_CHECK(type_name(decoder) == "ByteLevel", path, ": unsupported decoder.type '", type_name(decoder),
+               "' (supported: ByteLevel)");
+  else
+    APUS_CHECK(decoder == gemma_decoder(), path, ": unsupported decoder ", decoder.dump(),
+               " (supported with the Replace normalizer: Gemma's ", gemma_decoder().dump(), ")");
+  // encode_klein_prompt and the Stable Audio 3 prompts rely on the post-processor adding no
+  // tokens: ByteLevel's, or a template of the sequence alone.
   const json& post = member(root, "post_processor");
-  APUS_CHECK(post.is_null() || type_name(post) == "ByteLevel", path, ": unsupported post_processor.type '",
-             type_name(post), "' (supported: ByteLevel or null)");
+  const bool adds_nothing =
+      post.is_null() || type_name(post) == "ByteLevel" ||
+      (type_name(post) == "TemplateProcessing" &&
+       member(post, "single") == json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}) &&
+       (is_null_or_missing(post, "special_tokens") || member(post, "special_tokens").empty()));
+  APUS_CHECK(adds_nothing, path, ": unsupported post_processor ", post.dump(),
+             " (supported: ByteLevel, null, or a TemplateProcessing that adds no tokens)");
   APUS_CHECK(is_null_or_missing(root, "truncation"), path, ": unsupported truncation ",
              member(root, "truncation").dump(), " (only null is supported)");
   APUS_CHECK(is_null_or_missing(root, "padding"), path, ": unsupported padding ", member(root, "padding").dump(),
@@ -310,6 +339,56 @@ json tokenizer_json_from_gguf(const GgufFile& gguf) {
           {"post_processor", nullptr}};
 }
 
+// The tokenizer.json sa3.cpp's vocabulary file (general.architecture sa3-tokenizer) stands for:
+// Gemma's, which its converter read the tokens (tok.tokens, by id) and merges (tok.merges, by
+// rank) from. The file keeps no token types; the pieces written <name> (other than the <0xHH>
+// bytes) are taken as the added tokens they are in Gemma's tokenizer.json, matched whole.
+json tokenizer_json_from_sa3cpp(const GgufFile& gguf) {
+  const std::string& path = gguf.path();
+  const json& meta = gguf.metadata();
+  auto array = [&](const char* key) -> const json& {
+    const auto it = meta.find(key);
+    APUS_CHECK(it != meta.end() && it->is_array(), path, ": no ", key, " array (sa3.cpp's vocabulary has ",
+               "tok.tokens and tok.merges)");
+    return *it;
+  };
+  auto number = [&](const char* key) -> int64_t {
+    const auto it = meta.find(key);
+    APUS_CHECK(it != meta.end() && it->is_number_integer(), path, ": no ", key, " (an integer)");
+    return it->get<int64_t>();
+  };
+  const json& tokens = array("tok.tokens");
+  const json& merges = array("tok.merges");
+  const int64_t unk = number("tok.unk_id");
+  APUS_CHECK(unk >= 0 && size_t(unk) < tokens.size(), path, ": tok.unk_id ", unk, " is not one of the ",
+             tokens.size(), " tokens");
+  const auto fallback = meta.find("tok.byte_fallback");
+  APUS_CHECK(fallback == meta.end() || fallback->is_boolean(), path, ": tok.byte_fallback is not a boolean");
+  json vocab = json::object();
+  json added = json::array();
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    APUS_CHECK(tokens[id].is_string(), path, ": tok.tokens[", id, "] is not a string");
+    const std::string& token = tokens[id].get_ref<const std::string&>();
+    if (token.empty()) continue;  // ids the converter found no piece for
+    vocab[token] = id;
+    const bool named = token.size() > 2 && token.front() == '<' && token.back() == '>' &&
+                       token.find_first_of(" <>", 1) == token.size() - 1 && !token.starts_with("<0x");
+    if (named) added.push_back({{"id", id}, {"content", token}, {"special", true}, {"normalized", false}});
+  }
+  return {{"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", std::string(kMetaspace)}}},
+          {"pre_tokenizer", nullptr},
+          {"model",
+           {{"type", "BPE"},
+            {"vocab", std::move(vocab)},
+            {"merges", merges},
+            {"unk_token", tokens[size_t(unk)]},
+            {"fuse_unk", true},
+            {"byte_fallback", fallback == meta.end() || fallback->get<bool>()}}},
+          {"added_tokens", std::move(added)},
+          {"decoder", gemma_decoder()},
+          {"post_processor", nullptr}};
+}
+
 }  // namespace
 
 struct BpeTokenizer::Impl {
@@ -342,6 +421,14 @@ struct BpeTokenizer::Impl {
   std::unordered_map<uint64_t, Merge> merges;
   std::array<int32_t, 256> byte_ids{};  // -1: byte absent from the vocabulary, dropped like HF
   bool ignore_merges = false;
+  // Gemma's form: words of UTF-8 characters (no byte-level alphabet), spaces normalised to U+2581,
+  // a character outside the vocabulary as its bytes' <0xHH> tokens (byte_fallback) or unk_id
+  // (a run of them one unk_id where fuse_unk).
+  bool byte_level = true;
+  bool space_to_metaspace = false;
+  bool byte_fallback = false, fuse_unk = false;
+  int32_t unk_id = -1;
+  std::array<int32_t, 256> fallback_ids{};  // <0xHH>'s id, -1 if absent
   // HF's NFC (crate unicode-normalization-alignments) uses Unicode 9.0 tables. Restricting ICU's
   // NFC to characters assigned by 9.0 reproduces that: later characters were unassigned then, hence
   // ccc=0 starters that nothing composes with, which is how the filter treats them.
@@ -363,6 +450,11 @@ struct BpeTokenizer::Impl {
   }
 
   std::string normalize(std::string_view text) const {
+    if (space_to_metaspace) {
+      std::string out;
+      for (const char ch : text) out += ch == ' ' ? std::string(kMetaspace) : std::string(1, ch);
+      return out;
+    }
     if (!nfc) return std::string(text);
     APUS_CHECK(text.size() <= INT32_MAX, "text to encode is too long for NFC normalization (", text.size(), " bytes)");
     UErrorCode status = U_ZERO_ERROR;
@@ -378,6 +470,10 @@ struct BpeTokenizer::Impl {
 
   // HF's Split(behavior=Isolated): both the regex matches and the gaps between them become words.
   void encode_segment(std::string_view text, Workspace& ws, std::vector<int32_t>& ids) const {
+    if (!split_regex) {
+      if (!text.empty()) encode_word(text, ws, ids);
+      return;
+    }
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t emitted = 0;
     size_t search = 0;
@@ -402,13 +498,43 @@ struct BpeTokenizer::Impl {
     if (emitted < text.size()) encode_word(text.substr(emitted), ws, ids);
   }
 
+  // HF's BPE start for a word of characters: each character's id; one outside the vocabulary as
+  // its bytes' <0xHH> ids when byte_fallback has them all, else unk_id (a run of them fused into
+  // one where fuse_unk), else nothing.
+  template <typename Append> void append_characters(std::string_view word, Append&& append) const {
+    bool in_unk_run = false;
+    for (size_t i = 0; i < word.size();) {
+      const size_t length = utf8_step(word, i).length;
+      const std::string_view ch = word.substr(i, length);
+      i += length;
+      if (const auto it = vocab.find(std::string(ch)); it != vocab.end()) {
+        append(it->second);
+        in_unk_run = false;
+        continue;
+      }
+      if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char b) {
+            return fallback_ids[static_cast<unsigned char>(b)] >= 0;
+          })) {
+        for (const char b : ch) append(fallback_ids[static_cast<unsigned char>(b)]);
+        in_unk_run = false;
+        continue;
+      }
+      if (unk_id < 0) continue;
+      if (!(fuse_unk && in_unk_run)) append(unk_id);
+      in_unk_run = true;
+    }
+  }
+
   // Merges the lowest-ranked adjacent pair first, leftmost on ties, with the same stale-entry rule
   // as HF's Word::merge_all, so the result is identical even for vocabularies where two different
   // pairs produce the same token.
   void encode_word(std::string_view word, Workspace& ws, std::vector<int32_t>& ids) const {
     if (ignore_merges) {
       std::string mapped;
-      for (const unsigned char b : word) mapped += alphabet().symbol[b];
+      if (byte_level)
+        for (const unsigned char b : word) mapped += alphabet().symbol[b];
+      else
+        mapped = word;
       if (const auto it = vocab.find(mapped); it != vocab.end()) {
         ids.push_back(it->second);
         return;
@@ -416,10 +542,15 @@ struct BpeTokenizer::Impl {
     }
     auto& symbols = ws.symbols;
     symbols.clear();
-    for (const unsigned char b : word) {
-      if (byte_ids[b] < 0) continue;
+    const auto append = [&](int32_t id) {
       const auto n = static_cast<int32_t>(symbols.size());
-      symbols.push_back({byte_ids[b], n - 1, n + 1});
+      symbols.push_back({id, n - 1, n + 1});
+    };
+    if (byte_level) {
+      for (const unsigned char b : word)
+        if (byte_ids[b] >= 0) append(byte_ids[b]);
+    } else {
+      append_characters(word, append);
     }
     if (symbols.empty()) return;
     symbols.back().next = -1;
@@ -463,7 +594,13 @@ void BpeTokenizer::Impl::configure_normalizer(const json& root, const std::strin
   const json& normalizer = member(root, "normalizer");
   if (normalizer.is_null()) return;
   const std::string type = type_name(normalizer);
-  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type, "' (supported: NFC or null)");
+  if (type == "Replace") {
+    APUS_CHECK(member(normalizer, "pattern") == space_pattern() && member(normalizer, "content") == std::string(kMetaspace),
+               path, ": unsupported normalizer Replace ", normalizer.dump(), " (supported: \" \" -> \"\u2581\", Gemma's)");
+    space_to_metaspace = true;
+    return;
+  }
+  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type, "' (supported: NFC, Gemma's Replace or null)");
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* full_nfc = icu::Normalizer2::getNFCInstance(status);
   unicode9 = std::make_unique<icu::UnicodeSet>(icu::UnicodeString("[:age=9.0:]", ""), status);
@@ -479,6 +616,15 @@ void BpeTokenizer::Impl::configure_pre_tokenizer(const json& root, const std::st
       " (supported: Sequence[Split(Regex, Isolated), ByteLevel(add_prefix_space=false, "
       "use_regex=false)])";
   const json& pre = member(root, "pre_tokenizer");
+  if (space_to_metaspace) {
+    // Gemma's: no pre-tokenizer, or a split at spaces, which its normalizer has left none of.
+    APUS_CHECK(pre.is_null() || (type_name(pre) == "Split" && member(pre, "pattern") == space_pattern() &&
+                                 !is_true(pre, "invert")),
+               path, ": unsupported pre_tokenizer ", pre.dump(), " with the Replace normalizer (supported: null or ",
+               "Split at \" \", Gemma's)");
+    byte_level = false;
+    return;
+  }
   APUS_CHECK(type_name(pre) == "Sequence", path, ": unsupported pre_tokenizer.type '", type_name(pre), "'", expected);
   const json& steps = member(pre, "pretokenizers");
   APUS_CHECK(steps.is_array() && steps.size() == 2, path,
@@ -520,7 +666,8 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
   APUS_CHECK(type_name(model) == "BPE", path, ": unsupported model.type '", type_name(model), "' (supported: BPE)");
   APUS_CHECK(is_null_or_missing(model, "dropout"), path, ": unsupported model.dropout ",
              member(model, "dropout").dump(), " (only null is supported)");
-  APUS_CHECK(!is_true(model, "byte_fallback"), path, ": unsupported model.byte_fallback=true");
+  APUS_CHECK(!byte_level || !is_true(model, "byte_fallback"), path,
+             ": unsupported model.byte_fallback=true with a byte-level pre-tokenizer");
   APUS_CHECK(is_null_or_empty(model, "continuing_subword_prefix"), path,
              ": unsupported model.continuing_subword_prefix ", member(model, "continuing_subword_prefix").dump());
   APUS_CHECK(is_null_or_empty(model, "end_of_word_suffix"), path, ": unsupported model.end_of_word_suffix ",
@@ -541,9 +688,24 @@ void BpeTokenizer::Impl::configure_model(const json& root, const std::string& pa
     const auto it = vocab.find(alphabet().symbol[b]);
     byte_ids[b] = it == vocab.end() ? -1 : it->second;
   }
-  // With an unk token HF would emit it for bytes missing from the vocabulary; without one they are
-  // silently dropped, which byte_ids = -1 reproduces.
-  if (!is_null_or_missing(model, "unk_token")) {
+  if (!byte_level) {
+    byte_fallback = is_true(model, "byte_fallback");
+    fuse_unk = is_true(model, "fuse_unk");
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      const auto it = vocab.find(name);
+      fallback_ids[b] = it == vocab.end() ? -1 : it->second;
+    }
+    if (!is_null_or_missing(model, "unk_token")) {
+      const auto it = vocab.find(member(model, "unk_token").get<std::string>());
+      APUS_CHECK(it != vocab.end(), path, ": model.unk_token ", member(model, "unk_token").dump(),
+                 " is not in model.vocab");
+      unk_id = it->second;
+    }
+  } else if (!is_null_or_missing(model, "unk_token")) {
+    // With an unk token HF would emit it for bytes missing from the vocabulary; without one they
+    // are silently dropped, which byte_ids = -1 reproduces.
     for (int b = 0; b < 256; ++b) {
       APUS_CHECK(byte_ids[b] >= 0, path, ": model.unk_token is set but byte ", b, " (symbol '", alphabet().symbol[b],
                  "') has no model.vocab entry (unknown-token fallback is not supported)");
@@ -626,6 +788,7 @@ BpeTokenizer BpeTokenizer::load(const std::string& source) {
 }
 
 BpeTokenizer BpeTokenizer::from_gguf(const GgufFile& gguf) {
+  if (gguf.metadata().contains("tok.tokens")) return from_json(tokenizer_json_from_sa3cpp(gguf), gguf.path() + " (tok.*)");
   return from_json(tokenizer_json_from_gguf(gguf), gguf.path() + " (tokenizer.ggml.*)");
 }
 
@@ -638,7 +801,7 @@ BpeTokenizer BpeTokenizer::from_json(const json& root, const std::string& path) 
     impl->configure_pre_tokenizer(root, path);
     impl->configure_model(root, path);
     impl->configure_added_tokens(root, path);
-    check_pipeline_ends(root, path);
+    check_pipeline_ends(root, path, impl->byte_level);
   } catch (const json::exception& e) {
     fail(path, ": unexpected tokenizer JSON structure: ", e.what());
   }
@@ -649,8 +812,10 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   require_utf8(text, "text to encode");
   const Impl& t = *impl_;
   Impl::Workspace ws;
-  ws.match.reset(pcre2_match_data_create_from_pattern(t.split_regex.get(), nullptr));
-  APUS_CHECK(ws.match, "out of memory allocating regex match data");
+  if (t.split_regex) {
+    ws.match.reset(pcre2_match_data_create_from_pattern(t.split_regex.get(), nullptr));
+    APUS_CHECK(ws.match, "out of memory allocating regex match data");
+  }
 
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 8);
@@ -672,6 +837,22 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
     APUS_CHECK(found != t.id_to_token.end() && !found->second.empty(), "cannot decode token id ", id,
                ": not in the vocabulary");
     const std::string& token = found->second;
+    if (!t.byte_level) {
+      unsigned byte = 0;
+      if (token.size() == 6 && std::sscanf(token.c_str(), "<0x%2X>", &byte) == 1) {
+        bytes += static_cast<char>(byte);
+        continue;
+      }
+      for (size_t i = 0; i < token.size();) {
+        if (token.compare(i, kMetaspace.size(), kMetaspace) == 0) {
+          bytes += ' ';
+          i += kMetaspace.size();
+        } else {
+          bytes += token[i++];
+        }
+      }
+      continue;
+    }
     // HF's ByteLevel decoder maps a token back to bytes only if every character is in the byte
     // alphabet; otherwise (e.g. an added token containing a newline) the token's own UTF-8 is used.
     const size_t start = bytes.size();

@@ -1,6 +1,7 @@
 #pragma once
-// Byte-level BPE tokenizer (GPT-2 / Qwen2 family) read from a Hugging Face tokenizer.json, or from
-// the tokenizer.ggml.* metadata llama.cpp's converter writes into a GGUF.
+// BPE tokenizers read from a Hugging Face tokenizer.json: byte-level (GPT-2 / Qwen2 family), also
+// from the tokenizer.ggml.* metadata llama.cpp's converter writes into a GGUF, and Gemma's (spaces
+// as U+2581, words of characters, byte fallback), also from sa3.cpp's vocabulary GGUF (tok.*).
 // Output matches HF `tokenizers` encode(text, add_special_tokens=False) for the configurations
 // load() accepts; anything else is rejected at load time rather than tokenized differently.
 #include <cstdint>
@@ -22,7 +23,8 @@ class BpeTokenizer {
   // normalizer / pre_tokenizer / model / decoder setting this implementation does not reproduce.
   static BpeTokenizer load(const std::string& source);
   // The tokenizer a GGUF's tokenizer.ggml.* metadata describes (llama.cpp's gpt2 model with the
-  // qwen2 pre-tokenizer); anything else is refused naming the file and key.
+  // qwen2 pre-tokenizer), or sa3.cpp's tok.* (Gemma's); anything else is refused naming the file
+  // and key.
   static BpeTokenizer from_gguf(const GgufFile& gguf);
 
   BpeTokenizer(BpeTokenizer&&) noexcept;

@@ -19,7 +19,9 @@ official checkpoints, written with gguf-py in the layout sa3.cpp's converters gi
 
 Writes under tests/fixtures/sa3_gguf/:
   medium/   the DiT (F32 and Q8_0), SAME-L (F32), conditioner, T5Gemma encoder and vocabulary of
-            sa3_tiny/original (the tiny medium: differential DiT, SAME-L) and t5gemma_tiny
+            sa3_tiny/original (the tiny medium: differential DiT, SAME-L) and t5gemma_tiny, and the
+            tokenizer.json transformers converts t5gemma_tok's SentencePiece model to (what the
+            vocabulary is made from)
   small/    SAME-S (F16) of sa3_tiny/original_small: both mappings k=3, stored as taps
 Deterministic (no randomness: a re-layout of committed fixtures).
 """
@@ -290,7 +292,10 @@ def write_t5gemma(out, weights, config):
 
 
 def write_vocabulary(out, tokenizer_dir):
-    tj = json.loads(AutoTokenizer.from_pretrained(tokenizer_dir).backend_tokenizer.to_str())
+    text = AutoTokenizer.from_pretrained(tokenizer_dir).backend_tokenizer.to_str()
+    with open(os.path.join(out, "gemma-tokenizer.json"), "w") as f:
+        f.write(text)
+    tj = json.loads(text)
     model = tj["model"]
     assert model["type"] == "BPE", model["type"]
     vocab = model["vocab"]

@@ -200,9 +200,9 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
   l.gguf = std::make_shared<sa3::GgufCheckpoint>(files);
   l.label = fs::path(dit_path).filename().string();
   l.checkpoint = dit_path;
-  if (!parts.tokenizer.empty())
-    l.tokenizer_model = is_directory(parts.tokenizer) ? parts.tokenizer + "/tokenizer.model" : parts.tokenizer;
-  else if (parts.config.empty())
+  // The tokenizer: named, or the config folder's own (the layouts apus carries have a stand-in),
+  // or sa3.cpp's vocabulary beside the DiT.
+  if (!tokenizer_from_parts(parts, l) && (parts.config.empty() || !path_exists(l.tokenizer_model)))
     l.tokenizer_model = find_part("", dit_path, sa3::kGgufVocabulary, "", "--tokenizer", "tokenizer vocabulary", true);
   return std::make_unique<Sa3Model>(std::move(l), weights, device);
 }

@@ -36,26 +36,58 @@ void check_sa3_index(const ModelDir& dir) {
              "' is not supported (expected GemmaTokenizer)");
 }
 
-// Gemma's SentencePiece model from tokenizer.model, or from the u8 `spiece_model` tensor a
-// safetensors file carries it in (ComfyUI's T5Gemma file).
-SentencePieceTokenizer load_sentencepiece(const std::string& source) {
+}  // namespace
+
+GemmaTokenizer GemmaTokenizer::load(const std::string& source) {
+  GemmaTokenizer t;
+  // transformers 5 saves Gemma's tokenizer as tokenizer.json alone.
+  const std::string json = std::filesystem::path(source).replace_filename("tokenizer.json").string();
+  const bool json_instead = source.ends_with("tokenizer.model") && !path_exists(source) && path_exists(json);
+  if ((path_exists(source) && is_gguf_file(source)) || source.ends_with(".json") || json_instead) {
+    t.bpe_.emplace(BpeTokenizer::load(json_instead ? json : source));
+    t.pad_ = t.bpe_->token_id("<pad>");
+    t.bos_ = t.bpe_->token_id("<bos>");
+    t.eos_ = t.bpe_->token_id("<eos>");
+    t.vocab_ = t.bpe_->max_id() + 1;
+    return t;
+  }
   if (source.ends_with(".safetensors")) {
     const SafetensorsFile file = SafetensorsFile::open(source);
     APUS_CHECK(file.contains("spiece_model"), source, ": carries no tokenizer (no 'spiece_model' tensor, ",
                "as ComfyUI's T5Gemma file has)");
-    const Tensor& t = file.get("spiece_model");
-    APUS_CHECK(t.dtype == DType::u8 && t.rank() == 1, source, ": 'spiece_model' is ", dtype_name(t.dtype), " ",
-               shape_str(t.shape), ", expected the bytes of a SentencePiece model (u8, one dimension)");
-    return SentencePieceTokenizer::parse(std::string(static_cast<const char*>(t.data), size_t(t.nbytes())),
-                                         source + ": spiece_model");
+    const Tensor& b = file.get("spiece_model");
+    APUS_CHECK(b.dtype == DType::u8 && b.rank() == 1, source, ": 'spiece_model' is ", dtype_name(b.dtype), " ",
+               shape_str(b.shape), ", expected the bytes of a SentencePiece model (u8, one dimension)");
+    t.sentencepiece_.emplace(SentencePieceTokenizer::parse(
+        std::string(static_cast<const char*>(b.data), size_t(b.nbytes())), source + ": spiece_model"));
+  } else {
+    APUS_CHECK(path_exists(source), source,
+               ": missing, and no tokenizer.json beside it (apus reads Gemma's SentencePiece model, its ",
+               "tokenizer.json, or sa3.cpp's vocabulary GGUF)");
+    t.sentencepiece_.emplace(SentencePieceTokenizer::load(source));
   }
-  APUS_CHECK(path_exists(source), source,
-             ": missing; apus reads Gemma's SentencePiece model (transformers' save_pretrained writes only ",
-             "tokenizer.json: copy tokenizer.model from the t5gemma-b-b-ul2 folder of the published checkpoint)");
-  return SentencePieceTokenizer::load(source);
+  t.pad_ = t.sentencepiece_->pad_id();
+  t.bos_ = t.sentencepiece_->bos_id();
+  t.eos_ = t.sentencepiece_->eos_id();
+  t.vocab_ = t.sentencepiece_->vocab_size();
+  return t;
 }
 
-}  // namespace
+std::vector<int32_t> GemmaTokenizer::encode(std::string_view text) const {
+  return bpe_ ? bpe_->encode(text) : sentencepiece_->encode(text);
+}
+
+bool tokenizer_from_parts(const ModelParts& parts, Sa3Layout& l) {
+  if (!parts.tokenizer.empty()) {
+    l.tokenizer_model = is_directory(parts.tokenizer) ? parts.tokenizer + "/tokenizer.model" : parts.tokenizer;
+    return true;
+  }
+  if (parts.text_encoder.ends_with(".safetensors") && SafetensorsFile::open(parts.text_encoder).contains("spiece_model")) {
+    l.tokenizer_model = parts.text_encoder;
+    return true;
+  }
+  return false;
+}
 
 Sa3Layout diffusers_layout(const ModelDir& dir) {
   check_sa3_index(dir);
@@ -171,7 +203,7 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
   }
   if (weights_ == Weights::none) return;
   const std::string& tok_dir = layout_.tokenizer_dir;
-  tokenizer_.emplace(load_sentencepiece(layout_.tokenizer_model));
+  tokenizer_.emplace(GemmaTokenizer::load(layout_.tokenizer_model));
   APUS_CHECK(tokenizer_->vocab_size() <= text_cfg_.vocab, layout_.tokenizer_model, ": ", tokenizer_->vocab_size(),
              " pieces, more than the text encoder's ", text_cfg_.vocab, "-entry embedding (config.json vocab_size)");
   const std::string tok_config = tok_dir + "/tokenizer_config.json";
@@ -220,14 +252,7 @@ std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weight
   l.label = std::filesystem::path(file).filename().string();
   l.checkpoint = file;
   if (!parts.text_encoder.empty()) l.text_weights = parts.text_encoder;
-  bool own_tokenizer = true;
-  if (!parts.tokenizer.empty())
-    l.tokenizer_model = is_directory(parts.tokenizer) ? parts.tokenizer + "/tokenizer.model" : parts.tokenizer;
-  else if (parts.text_encoder.ends_with(".safetensors") &&
-           SafetensorsFile::open(parts.text_encoder).contains("spiece_model"))
-    l.tokenizer_model = parts.text_encoder;
-  else
-    own_tokenizer = !parts.config.empty();
+  const bool own_tokenizer = tokenizer_from_parts(parts, l) || !parts.config.empty();
   // The layouts apus carries hold no weights and a stand-in tokenizer.
   APUS_CHECK(weights == Weights::none || !parts.config.empty() || (!parts.text_encoder.empty() && own_tokenizer),
              file, ": a single Stable Audio 3 checkpoint needs --text-encoder FILE (T5Gemma, as ComfyUI's ",

@@ -28,6 +28,7 @@
 #include "ops/adapters.h"
 #include "pipeline/driver.h"
 #include "sampling/torch_rng.h"
+#include "text/bpe_tokenizer.h"
 #include "text/sentencepiece_tokenizer.h"
 
 namespace apus {
@@ -48,8 +49,7 @@ struct Sa3Layout {
   std::shared_ptr<const WeightSource> gguf;
   std::string text_dir, tokenizer_dir;  // their configs (config.json, tokenizer_config.json)
   std::string text_weights;             // the T5Gemma weights: text_dir, one file, or empty: in `gguf`
-  // Gemma's SentencePiece model: tokenizer_dir/tokenizer.model, the file itself, or a safetensors
-  // carrying it as a u8 `spiece_model` tensor (ComfyUI's T5Gemma file).
+  // Gemma's tokenizer (GemmaTokenizer::load): tokenizer_dir/tokenizer.model, or a file given.
   std::string tokenizer_model;
   int max_tokens = 256;                                         // the T5Gemma conditioner's max_length
   std::string max_tokens_key = "the pipeline's prompt length";  // where max_tokens comes from
@@ -62,7 +62,29 @@ struct Sa3Layout {
   bool bottleneck_noise = false;
 };
 
+// T5Gemma's tokenizer: Gemma's SentencePiece model (tokenizer.model, or a safetensors file carrying
+// it as a u8 `spiece_model` tensor, ComfyUI's T5Gemma file), or the BPE sa3.cpp's vocabulary GGUF
+// holds (HF's conversion of the same model).
+class GemmaTokenizer {
+ public:
+  static GemmaTokenizer load(const std::string& source);
+  // Ids without BOS/EOS.
+  std::vector<int32_t> encode(std::string_view text) const;
+  int32_t pad_id() const { return pad_; }
+  int32_t bos_id() const { return bos_; }
+  int32_t eos_id() const { return eos_; }
+  int32_t vocab_size() const { return vocab_; }
+
+ private:
+  std::optional<SentencePieceTokenizer> sentencepiece_;
+  std::optional<BpeTokenizer> bpe_;
+  int32_t pad_ = 0, bos_ = 0, eos_ = 0, vocab_ = 0;
+};
+
 Sa3Layout diffusers_layout(const ModelDir& dir);
+// The tokenizer a single-file model's parts name: --tokenizer, or the T5Gemma safetensors that
+// carries one; false (l unchanged) when they name none.
+bool tokenizer_from_parts(const ModelParts& parts, Sa3Layout& l);
 Sa3Layout official_layout(const std::string& root);
 
 class Sa3Model final : public AudioModel {
@@ -178,7 +200,7 @@ class Sa3Model final : public AudioModel {
   const sa3::DitConfig& dit_cfg_ = layout_.dit;
   const sa3::SameConfig& same_cfg_ = layout_.same;
   sa3::T5GemmaConfig text_cfg_;
-  std::optional<SentencePieceTokenizer> tokenizer_;
+  std::optional<GemmaTokenizer> tokenizer_;
   PaddingSide padding_side_ = PaddingSide::left;
   bool add_bos_ = true, add_eos_ = false;
   std::optional<sa3::T5GemmaEncoder> text_;
