@@ -1,6 +1,6 @@
 // libFuzzer target for the GGUF parser: any input must parse or raise apus::Error, never crash,
 // hang or read outside the buffer (ASan watches); every readable tensor's view is touched at both
-// ends and its first row dequantised, and a tokenizer in its metadata is built and run.
+// ends and its first row dequantised, and a tokenizer in its metadata (llama.cpp's or sa3.cpp's) is built and run.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const apus::GgufFile g = apus::GgufFile::parse(apus::fuzz::in_memory(data, size));
     (void)g.metadata().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    if (g.metadata().contains("tokenizer.ggml.model")) {
+    if (g.metadata().contains("tokenizer.ggml.model") || g.metadata().contains("tok.tokens")) {
       try {
         const apus::BpeTokenizer tokenizer = apus::BpeTokenizer::from_gguf(g);
         (void)tokenizer.decode(tokenizer.encode("a b<|im_end|>\n12"));
