@@ -32,6 +32,7 @@
 #include "io/image.h"
 #include "io/png.h"
 #include "sa3_fixtures.h"
+#include "server/fields.h"
 #include "server/server.h"
 #include "test_util.h"
 
@@ -1015,6 +1016,99 @@ TEST(ServePage, RunsInHeadlessChromium) {
                   .c_str());
   EXPECT_TRUE(std::filesystem::exists(shot));
   std::printf("[ artifact ] %s\n", shot.c_str());
+}
+
+// The page's inputs beyond the prompt, through links headless Chromium runs: a reference image
+// with a mask painted on it (the rectangle the link names, as the brush paints: white on black in
+// the image's pixels) gives the engine's inpainting of that image and mask; an init clip with its
+// noise level, and a clip to inpaint with its regions, give what the audio route gives for the same
+// fields, which is not the clip without them.
+TEST(ServePage, SendsReferencesMasksAndInitAudio) {
+  if (std::system("command -v chromium > /dev/null 2>&1") != 0) GTEST_SKIP() << "chromium is not installed";
+  server::ServeOptions o;
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}, ModelParts{test::official_dir()}};
+  o.port = 0;
+  server::Server srv(o);
+  const int port = srv.start();
+  const std::string base = "http://127.0.0.1:" + std::to_string(port) + "/";
+  const std::string browser = "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir=" +
+                              ::testing::TempDir() + "apus_chromium_inputs_" + std::to_string(::getpid()) +
+                              " --virtual-time-budget=60000 --enable-logging=stderr --v=0 --dump-dom ";
+  // The result's bytes in the page's DOM after the run.
+  auto run = [&](const std::string& query, const std::string& mime) {
+    const std::string dom = ::testing::TempDir() + "apus_page_inputs.html";
+    EXPECT_EQ(std::system((browser + test::shell_quote(base + "#" + query) + " > " + dom + " 2>/dev/null").c_str()), 0);
+    const std::string html = read_file(dom);
+    EXPECT_NE(html.find("id=\"status\">done"), std::string::npos) << html.substr(0, 4000);
+    const std::string marker = "src=\"data:" + mime + ";base64,";
+    const size_t at = html.find(marker, html.find("id=\"gallery\""));  // not the inputs' thumbnails
+    if (at == std::string::npos) return std::vector<uint8_t>{};
+    const size_t begin = at + marker.size();
+    return unbase64(html.substr(begin, html.find('"', begin) - begin));
+  };
+  auto data_url = [](const std::string& mime, const std::string& file) {
+    const std::string bytes = read_file(file);
+    return "data:" + mime + ";base64," + server::base64(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  };
+  auto url_encoded = [](const std::string& s) {
+    std::string out;
+    for (const unsigned char c : s) {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02X", c);
+      out += std::isalnum(c) ? std::string(1, char(c)) : std::string(hex);
+    }
+    return out;
+  };
+
+  const std::string image = test::fixture("klein_tiny_a_inpaint/image.png");
+  const std::vector<uint8_t> painted =
+      run("model=klein_tiny_a&prompt=a%20door&steps=2&seed=3&strength=0.7&mask_rect=10,20,40,30&ref=" +
+              url_encoded(data_url("image/png", image)) + "&run=1",
+          "image/png");
+  ASSERT_FALSE(painted.empty());
+  ImageRequest want = engine_request("a door", std::nullopt, std::nullopt, 2, 3);
+  const Rgb8Image source = decode_image(read_file(image), "image");
+  Rgb8Image mask{source.width, source.height, std::vector<uint8_t>(source.rgb.size(), 0)};
+  for (int y = 20; y < 50; ++y)
+    for (int x = 10; x < 50; ++x) std::memset(&mask.rgb[3 * size_t(y * source.width + x)], 255, 3);
+  want.inpaint = Inpainting{source, mask, 0.7};
+  const PngImage png = read_png(as_file(painted, "page_inpaint.png"));
+  EXPECT_EQ(png.rgb, ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage)->generate(want).rgb);
+
+  const std::string audio_id = AudioModel::open(test::official_dir(), Weights::none)->label();
+  const std::string clip = test::fixture("sa3_tiny/inputs/init.wav");
+  const std::vector<uint8_t> page = run("model=" + url_encoded(audio_id) + "&prompt=rain&seconds=1.4&seed=3" +
+                                            "&init_noise_level=0.6&init_audio=" +
+                                            url_encoded(data_url("audio/wav", clip)) + "&run=1",
+                                        "audio/wav");
+  ASSERT_FALSE(page.empty());
+  httplib::Client c("127.0.0.1", port);
+  Json body = {{"model", audio_id}, {"prompt", "rain"}, {"seconds", 1.4}, {"seed", 3}};
+  const auto plain = c.Post("/v1/audio/generations", body.dump(), "application/json");
+  const std::string bytes = read_file(clip);
+  body["init_audio"] = server::base64(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  body["init_noise_level"] = 0.6;
+  const auto direct = c.Post("/v1/audio/generations", body.dump(), "application/json");
+  ASSERT_TRUE(plain && direct);
+  ASSERT_EQ(direct->status, 200) << direct->body;
+  EXPECT_EQ(std::string(page.begin(), page.end()), direct->body);
+  EXPECT_NE(plain->body, direct->body);
+  // Inpainting a clip: its regions as the field's text lists them.
+  const std::string long_clip = test::fixture("sa3_tiny/inputs/inpaint.wav");
+  const std::vector<uint8_t> repainted =
+      run("model=" + url_encoded(audio_id) + "&prompt=rain&seconds=1.4&seed=3&inpaint_regions=" +
+              url_encoded("0.2-0.6, 0.9-1.1") + "&inpaint_audio=" + url_encoded(data_url("audio/wav", long_clip)) +
+              "&run=1",
+          "audio/wav");
+  const std::string inpaint_bytes = read_file(long_clip);
+  Json inpaint = {{"model", audio_id}, {"prompt", "rain"}, {"seconds", 1.4}, {"seed", 3},
+                  {"inpaint_audio", server::base64(std::vector<uint8_t>(inpaint_bytes.begin(), inpaint_bytes.end()))},
+                  {"inpaint_regions", Json::array({Json::array({0.2, 0.6}), Json::array({0.9, 1.1})})}};
+  const auto inpainted = c.Post("/v1/audio/generations", inpaint.dump(), "application/json");
+  ASSERT_TRUE(inpainted);
+  ASSERT_EQ(inpainted->status, 200) << inpainted->body;
+  EXPECT_EQ(std::string(repainted.begin(), repainted.end()), inpainted->body);
+  EXPECT_NE(inpainted->body, plain->body);
 }
 
 // A single transformer file served with its parts: listed under its file name, and its images the

@@ -17,6 +17,10 @@ button{grid-column:4;padding:.5em;font-size:1em}.hidden{display:none}
 #bar{height:.6em;background:#ddd;border-radius:3px;margin:.8em 0}#fill{height:100%;width:0;background:#3a7bd5;border-radius:3px}
 #status{font-size:.9em;min-height:1.2em}#gallery{display:grid;grid-template-columns:repeat(auto-fill,minmax(14em,1fr));gap:.8em}
 .card{background:#fff;padding:.5em;border-radius:6px;font-size:.8em}.card img{width:100%}.card audio{width:100%}
+#inputs{grid-column:1/5;display:flex;gap:1em;flex-wrap:wrap;align-items:flex-start}
+#paint{position:relative;display:inline-block}#paint canvas{max-width:24em;display:block}
+#maskcanvas{position:absolute;left:0;top:0;opacity:.45;cursor:crosshair;touch-action:none}
+#refs img{height:4em;margin-right:.3em}
 </style></head><body>
 <header><h1>apus</h1><form id="keyform" onsubmit="return false"><input id="key" type="password"
 autocomplete="off" placeholder="API key (if the server asks)"></form></header>
@@ -31,6 +35,18 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <label class="lora">LoRA<select id="lora"><option value="">(none)</option></select></label>
 <label class="lora">LoRA scale<input id="lora_scale" type="number" value="1" step="0.05"></label>
 <textarea id="prompt" placeholder="prompt"></textarea>
+<label>negative prompt (guided models)<input id="negative_prompt"></label>
+<label>guidance (empty: the model's)<input id="cfg" type="number" step="any" min="0"></label>
+<label class="image">reference images (editing)<input id="refs_in" type="file" accept="image/*" multiple></label>
+<label class="image">inpaint strength<input id="strength" type="number" value="1" step="0.05" min="0" max="1"></label>
+<label class="audio hidden">init audio (audio-to-audio)<input id="init_in" type="file" accept="audio/*"></label>
+<label class="audio hidden">init noise level<input id="init_noise_level" type="number" step="any" min="0"></label>
+<label class="audio hidden">inpaint audio<input id="inpaint_in" type="file" accept="audio/*"></label>
+<label class="audio hidden">regions to generate (s: 1-2.5, 4-5)<input id="inpaint_regions"></label>
+<div id="inputs" class="image"><div id="refs"></div>
+<div id="paint" class="hidden"><canvas id="imagecanvas"></canvas><canvas id="maskcanvas"></canvas>
+<div>brush <input id="brush" type="range" min="2" max="64" value="16"> <button id="clearmask" type="button">clear mask</button>
+(paint over the first image where it is to be repainted)</div></div></div>
 <button id="go" type="submit">Generate</button>
 </form>
 <div id="bar"><div id="fill"></div></div><div id="status"></div>
@@ -43,6 +59,55 @@ $('key').onchange = () => localStorage.setItem('apus-key', $('key').value);
 const headers = () => $('key').value ? {'Authorization': 'Bearer ' + $('key').value, 'Content-Type': 'application/json'}
                                      : {'Content-Type': 'application/json'};
 let kinds = {};
+// The form's files as base64 (no data: prefix), as the JSON routes take them.
+const files = {refs: [], init: null, inpaint: null};
+let masked = false;  // whether the brush has painted anything
+const base64 = url => url.slice(url.indexOf(',') + 1);
+const readUrl = file => new Promise((ok, fail) => {
+  const r = new FileReader();
+  r.onload = () => ok(r.result);
+  r.onerror = () => fail(r.error);
+  r.readAsDataURL(file);
+});
+// The reference images; the first is the one the mask repaints, drawn under the brush's canvas.
+async function setReferences(urls) {
+  files.refs = urls.map(base64);
+  $('refs').innerHTML = '';
+  for (const u of urls) $('refs').append(Object.assign(document.createElement('img'), {src: u}));
+  $('paint').classList.toggle('hidden', urls.length === 0);
+  if (!urls.length) return;
+  const img = new Image();
+  await new Promise((ok, fail) => { img.onload = ok; img.onerror = fail; img.src = urls[0]; });
+  for (const c of [$('imagecanvas'), $('maskcanvas')]) { c.width = img.naturalWidth; c.height = img.naturalHeight; }
+  $('imagecanvas').getContext('2d').drawImage(img, 0, 0);
+  clearMask();
+}
+function clearMask() {
+  const g = $('maskcanvas').getContext('2d');
+  g.fillStyle = '#000';
+  g.fillRect(0, 0, $('maskcanvas').width, $('maskcanvas').height);
+  masked = false;
+}
+// The brush paints white (repaint) on black (keep), in the image's own pixels.
+function paintAt(x, y) {
+  const c = $('maskcanvas'), box = c.getBoundingClientRect(), g = c.getContext('2d');
+  const sx = c.width / box.width, r = Number($('brush').value) * sx / 2;
+  g.fillStyle = '#fff';
+  g.beginPath();
+  g.arc((x - box.left) * sx, (y - box.top) * c.height / box.height, r, 0, 2 * Math.PI);
+  g.fill();
+  masked = true;
+}
+let painting = false;
+$('maskcanvas').onpointerdown = e => { painting = true; paintAt(e.clientX, e.clientY); };
+$('maskcanvas').onpointermove = e => { if (painting) paintAt(e.clientX, e.clientY); };
+window.onpointerup = () => { painting = false; };
+$('clearmask').onclick = clearMask;
+$('refs_in').onchange = async () => setReferences(await Promise.all([...$('refs_in').files].map(readUrl)));
+$('init_in').onchange = async () => { files.init = $('init_in').files[0] ? base64(await readUrl($('init_in').files[0])) : null; };
+$('inpaint_in').onchange = async () => { files.inpaint = $('inpaint_in').files[0] ? base64(await readUrl($('inpaint_in').files[0])) : null; };
+// "1-2.5, 4-5" -> [[1, 2.5], [4, 5]]
+const regions = text => text.split(',').filter(r => r.trim()).map(r => r.split('-').map(Number));
 async function loadModels() {
   const r = await fetch('/v1/models', {headers: headers()});
   if (!r.ok) { $('status').textContent = 'models: ' + (await r.json()).error.message; return; }
@@ -69,8 +134,23 @@ $('form').onsubmit = async ev => {
   const body = {kind, model, prompt: $('prompt').value};
   if ($('seed').value !== '') body.seed = Number($('seed').value);
   if ($('steps').value !== '') body.steps = Number($('steps').value);
-  if (kind === 'image') body.size = $('width').value + 'x' + $('height').value;
-  else body.seconds = Number($('seconds').value);
+  if ($('negative_prompt').value) body.negative_prompt = $('negative_prompt').value;
+  if ($('cfg').value !== '') body.cfg = Number($('cfg').value);
+  if (kind === 'image') {
+    body.size = $('width').value + 'x' + $('height').value;
+    if (files.refs.length) body.images = files.refs;
+    if (files.refs.length && masked) {
+      delete body.size;  // an inpainting keeps its image's size
+      body.mask = base64($('maskcanvas').toDataURL('image/png'));
+      body.strength = Number($('strength').value);
+    }
+  } else {
+    body.seconds = Number($('seconds').value);
+    if (files.init) body.init_audio = files.init;
+    if ($('init_noise_level').value !== '') body.init_noise_level = Number($('init_noise_level').value);
+    if (files.inpaint) body.inpaint_audio = files.inpaint;
+    if ($('inpaint_regions').value.trim()) body.inpaint_regions = regions($('inpaint_regions').value);
+  }
   if ($('lora').value) body.loras = [{name: $('lora').value, scale: Number($('lora_scale').value)}];
   $('go').disabled = true;
   try {
@@ -112,14 +192,29 @@ function show(res, request) {
   while ($('gallery').children.length > 12) $('gallery').lastChild.remove();
 }
 // A link can fill the form and run it:
-// ?model=ID&prompt=...&size=WxH|seconds=S&seed=N&steps=N&lora=NAME&lora_scale=S&run=1
+// ?model=ID&prompt=...&size=WxH|seconds=S&seed=N&steps=N&lora=NAME&lora_scale=S&negative_prompt=...&cfg=G
+//  &ref=IMAGE_URL (repeatable)&mask_rect=X,Y,W,H (painted on the first, in its pixels)&strength=S
+//  &init_audio=URL&init_noise_level=L&inpaint_audio=URL&inpaint_regions=A-B,C-D&run=1, after ? or #
 async function start() {
   await loadModels();
-  const q = new URLSearchParams(location.search);
+  // After # the link stays in the browser: room for data: URLs of whole files.
+  const q = new URLSearchParams(location.search + '&' + location.hash.slice(1));
   if (q.has('model')) { $('model').value = q.get('model'); showFields(); }
   if (q.has('prompt')) $('prompt').value = q.get('prompt');
   if (q.has('size')) { const [w, h] = q.get('size').split('x'); $('width').value = w; $('height').value = h; }
-  for (const k of ['seconds', 'seed', 'steps', 'lora', 'lora_scale']) if (q.has(k)) $(k).value = q.get(k);
+  for (const k of ['seconds', 'seed', 'steps', 'lora', 'lora_scale', 'negative_prompt', 'cfg', 'strength',
+                   'init_noise_level', 'inpaint_regions'])
+    if (q.has(k)) $(k).value = q.get(k);
+  const fetched = async url => readUrl(await (await fetch(url)).blob());
+  if (q.has('ref')) await setReferences(await Promise.all(q.getAll('ref').map(fetched)));
+  if (q.has('mask_rect')) {
+    const [x, y, w, h] = q.get('mask_rect').split(',').map(Number), g = $('maskcanvas').getContext('2d');
+    g.fillStyle = '#fff';
+    g.fillRect(x, y, w, h);
+    masked = true;
+  }
+  if (q.has('init_audio')) files.init = base64(await fetched(q.get('init_audio')));
+  if (q.has('inpaint_audio')) files.inpaint = base64(await fetched(q.get('inpaint_audio')));
   if (q.get('run') === '1') $('form').requestSubmit();
 }
 start();
