@@ -1,6 +1,7 @@
 // The engine's public shape: a model opened once serves requests from several threads with the
 // bytes one-shot runs give; directories are recognised by their pipeline class and anything else
 // is refused naming it.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -59,6 +60,33 @@ TEST(ImageModel, TwoThreadsOnOneResidentModelGiveTheOneShotBytes) {
 
 // Two requests with different prompts (so different key masks) and seeds, rendered as one batch
 // of two through every stage, give each request's own image.
+// Live previews: one after each step, 2 pixels a token side, numbered from 1; the image bytes are
+// the same with or without them; a model that does not hold its VAE refuses them. (How near the
+// projection is: test_vae.cpp, LatentPreviewExplainsTheDecodersColours.)
+TEST(ImageModel, PreviewsFollowEveryStepAndFitTheDecodedImage) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::resident);
+  ImageRequest r;
+  r.prompt = "a red fox";
+  r.width = 64;
+  r.height = 48;
+  r.steps = 3;
+  r.seed = 11;
+  const ImageResult plain = model->generate(r);
+  std::vector<Preview> previews;
+  r.preview = [&](const Preview& p) { previews.push_back(p); };
+  const ImageResult shown = model->generate(r);
+  EXPECT_EQ(shown.rgb, plain.rgb);
+  ASSERT_EQ(previews.size(), 3u);
+  for (size_t i = 0; i < previews.size(); ++i) {
+    EXPECT_EQ(previews[i].step, int(i) + 1);
+    EXPECT_EQ(previews[i].steps, 3);
+    EXPECT_EQ(previews[i].image.width, 64 / 8);
+    EXPECT_EQ(previews[i].image.height, 48 / 8);
+  }
+  test::expect_error([&] { ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage)->generate(r); },
+                     {"live previews come from a resident model"});
+}
+
 TEST(ImageModel, BatchOfTwoEqualsTwoSingleRequests) {
   for (const bool fp32 : {false, true}) {
     ImageRequest a = request("a red fox in tall grass", 64, 48, 7);

@@ -2,9 +2,12 @@
 // final packed latents through de-normalisation, unpatchify, vae.decode and the uint8
 // postprocessing) and the encoder path (a reference image to packed, normalised tokens).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <random>
 
 #include "io/safetensors.h"
+#include "models/flux2/latent_preview.h"
 #include "models/flux2/vae_decoder.h"
 #include "models/flux2/vae_encoder.h"
 #include "test_util.h"
@@ -139,6 +142,72 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Flux2Vae,
                                            Case{"klein_tiny_b", "fp32"}, Case{"klein_tiny_b", "bf16"},
                                            Case{"klein_tiny_9b", "fp32"}, Case{"klein_tiny_9b", "bf16"}),
                          [](const auto& info) { return info.param.variant + "_" + info.param.precision; });
+
+// The preview projection's fit and its image agree on the layout: colours planted as an exact
+// affine map of random tokens (a different map for each quarter of a token's pixels and each
+// colour) come back within half a level; fitted to the tiny VAE's own decode of random tokens, it
+// is nearer those colours than their mean is (least squares with a bias always is, unless the fit
+// and the image read the tokens, quarters or colours differently).
+TEST(Vae, LatentPreviewFitsWhatItIsShownInItsLayout) {
+  const int64_t side = 4, ch = 8, s = 4, px = side * s;
+  std::mt19937 rng(test::test_seed());
+  std::normal_distribution<float> normal;
+  Tensor tokens = Tensor::heap({side * side, ch}, DType::f32);
+  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.ptr<float>()[i] = normal(rng);
+  std::vector<float> gains(12 * ch), image(size_t(3 * px * px));
+  for (float& g : gains) g = 0.05f * normal(rng);
+  for (int64_t t = 0; t < side * side; ++t)
+    for (int q = 0; q < 4; ++q)
+      for (int colour = 0; colour < 3; ++colour) {
+        float v = 0.1f * float(colour) - 0.05f * float(q);
+        for (int64_t k = 0; k < ch; ++k) v += gains[size_t((q * 3 + colour) * ch + k)] * tokens.ptr<float>()[t * ch + k];
+        const int64_t y0 = (t / side) * s + (q / 2) * (s / 2), x0 = (t % side) * s + (q % 2) * (s / 2);
+        for (int64_t y = y0; y < y0 + s / 2; ++y)
+          for (int64_t x = x0; x < x0 + s / 2; ++x) image[size_t((colour * px + y) * px + x)] = v;
+      }
+  const Rgb8Image shown = flux2::LatentPreview::fit_to(tokens, image, side, s).image(tokens.ptr<float>(), side, side);
+  ASSERT_EQ(shown.width, 2 * side);
+  for (int64_t y = 0; y < 2 * side; ++y)
+    for (int64_t x = 0; x < 2 * side; ++x)
+      for (int colour = 0; colour < 3; ++colour) {
+        const float planted = image[size_t((colour * px + y * (s / 2)) * px + x * (s / 2))];
+        const double level = std::clamp((double(planted) + 1) * 127.5, 0.0, 255.0);
+        EXPECT_LE(std::fabs(shown.rgb[size_t((y * 2 * side + x) * 3 + colour)] - level), 0.5 + 1e-3)
+            << "pixel " << x << "," << y << " colour " << colour;
+      }
+
+  const auto vae = test::load_stage<flux2::VaeDecoder>(ModelDir::open(test::fixture("klein_tiny_a")), "vae");
+  const int64_t vch = vae.config().latent_channels * 4, vs = vae.config().pixels_per_token(), vside = 16;
+  Tensor random = Tensor::heap({vside * vside, vch}, DType::f32);
+  for (int64_t i = 0; i < random.numel(); ++i) random.ptr<float>()[i] = normal(rng);
+  Arena arena;
+  Context c{&arena, DType::f32};
+  Tensor decoded = ops::empty(c, {1, vae.config().out_channels, vside * vs, vside * vs}, DType::f32);
+  vae.decode(c, random, vside, vside, decoded);
+  const std::vector<float> pixels = to_f32_vector(decoded);
+  const Rgb8Image fitted = flux2::LatentPreview::fit_to(random, pixels, vside, vs).image(random.ptr<float>(), vside, vside);
+  const int64_t block = vs / 2, W = vside * vs, cells = 4 * vside * vside;
+  double err = 0, flat = 0;
+  for (int colour = 0; colour < 3; ++colour) {
+    std::vector<double> truth;
+    double mean = 0;
+    for (int64_t y = 0; y < 2 * vside; ++y)
+      for (int64_t x = 0; x < 2 * vside; ++x) {
+        double sum = 0;
+        for (int64_t dy = 0; dy < block; ++dy)
+          for (int64_t dx = 0; dx < block; ++dx) sum += pixels[size_t((colour * W + y * block + dy) * W + x * block + dx)];
+        truth.push_back((sum / double(block * block) + 1) * 127.5);
+        mean += truth.back() / double(cells);
+      }
+    for (size_t i = 0; i < truth.size(); ++i) {
+      err += std::pow(fitted.rgb[i * 3 + size_t(colour)] - truth[i], 2);
+      flat += std::pow(mean - truth[i], 2);
+    }
+  }
+  std::printf("[ measure ] latent preview on the tiny VAE's own decode: squared error %.1f levels^2 (the mean colour's "
+              "%.1f)\n", err / double(3 * cells), flat / double(3 * cells));
+  EXPECT_LT(err, flat);
+}
 
 }  // namespace
 }  // namespace apus

@@ -42,6 +42,16 @@ struct ImageLimits {
   static constexpr int max_batch = 64;  // requests rendered as one batch
 };
 
+// The sampler's current estimate of one request's result, after one of its steps: the image
+// through a cheap latent-to-RGB projection (klein), or the clip's waveform (Stable Audio 3).
+struct Preview {
+  int step = 0, steps = 0;   // after step `step` (from 1) of the `steps` the request runs
+  Rgb8Image image;           // klein: two pixels a latent token side, 1/8 of the image's
+  std::vector<float> peaks;  // Stable Audio 3: the waveform's (min, max) per bucket, channels mixed
+};
+// Called on the rendering thread right after each step; it must not block for long.
+using PreviewSink = std::function<void(const Preview&)>;
+
 // A low-rank adapter (LoRA) a request applies, in order with the others, at `scale` (PEFT's
 // adapter weight: the adapter's own alpha / rank times this). `file` is a safetensors file in any
 // layout the family reads (see docs/DESIGN.md "Adapters"); the model's weights are not changed.
@@ -75,6 +85,9 @@ struct ImageRequest {
   bool fp32 = false;             // parity mode: fp32 activations (weights stay as stored)
   bool trace = false;            // record the request's timeline into ImageResult::trace
   std::vector<Lora> loras;       // the transformer's adapters; every request of a batch the same
+  // Live previews after every step (a resident model's; others refuse it). The first call fits the
+  // projection to the model's VAE (one decode of two 256x256 images), once per model.
+  PreviewSink preview;
 };
 
 struct StageTime {

@@ -5,6 +5,7 @@
 // plan.cpp turns a request into a batch's plan (every default and bound); stages.cpp holds the
 // stages and the one table (pipeline/driver.h) that counting and running both walk.
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "models/flux2/klein.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
+#include "models/flux2/latent_preview.h"
 #include "models/flux2/vae_decoder.h"
 #include "models/flux2/vae_encoder.h"
 #include "ops/adapters.h"
@@ -69,6 +71,7 @@ class KleinModel final : public ImageModel {
     std::optional<flux2::TransformerPrologue> prologue;
     // The requests' LoRAs, applied by every transformer linear they adapt.
     std::shared_ptr<const Adapters> adapters;
+    std::vector<PreviewSink> previews;  // per request, where it asked for them
   };
 
   KleinModel(const ModelDir& dir, Weights weights);
@@ -116,6 +119,9 @@ class KleinModel final : public ImageModel {
   void prologue(Context& c, const flux2::Transformer& dit, Work& w) const;
   void step(Context& c, const flux2::Transformer& dit, Work& w, int i) const;
   void decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const;
+  // After step i: each request's estimate of its image (latents - sigma_next x velocity) through
+  // the preview projection, to the requests that asked.
+  void send_previews(Context& c, const Work& w, const Tensor& velocity, int i) const;
   // Each sample's image latents noised to `sigma` into `out` (the scheduler's scale_noise).
   void noised_image(Context& c, const Work& w, float sigma, Tensor& out) const;
   // The directory to load a part from: with weights, or its configs alone (counting).
@@ -135,6 +141,8 @@ class KleinModel final : public ImageModel {
   std::optional<flux2::Transformer> dit_;
   std::optional<flux2::VaeDecoder> vae_;
   std::optional<flux2::VaeEncoder> vae_encoder_;
+  mutable std::once_flag preview_fitted_;
+  mutable std::optional<flux2::LatentPreview> preview_;  // fitted from vae_ at the first preview
   std::vector<std::unique_ptr<Part<Work>>> parts_ = make_parts();
 };
 

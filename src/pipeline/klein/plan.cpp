@@ -78,6 +78,8 @@ void KleinModel::resolve_inpainting(ImageRequest& r) const {
 
 ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   ImageRequest r = request;
+  APUS_CHECK(!r.preview || weights_ == Weights::resident, label_,
+             ": live previews come from a resident model (apus serve), whose VAE stays loaded beside the transformer");
   APUS_CHECK(!reference_cache_ || !r.inpaint, label_, " is a Flux2KleinKVPipeline model (model_index.json), which ",
              "has no inpainting (Flux2KleinInpaintPipeline's)");
   if (r.inpaint) {

@@ -183,6 +183,26 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
     noised_image(c, w, w.schedule.sigmas[s + 1], image);
     ops::blend(c, image, w.latents, w.inpaint_mask, w.latents);
   }
+  if (!w.previews.empty() && !c.count_only) send_previews(c, w, conditional, i);
+}
+
+void KleinModel::send_previews(Context& c, const Work& w, const Tensor& velocity, int i) const {
+  std::call_once(preview_fitted_, [&] { preview_.emplace(flux2::LatentPreview::fit(*vae_, device())); });
+  const std::vector<float> x = to_f32_vector(ops::to_host(c, w.latents)), v = to_f32_vector(ops::to_host(c, velocity));
+  // The flow's estimate of the clean latents: x_next - sigma_next * velocity.
+  const float sigma = w.schedule.sigmas[size_t(i) + 1];
+  const int64_t l = w.h * w.w, ch = w.latents.shape[1];
+  std::vector<float> estimate(size_t(l * ch));
+  for (size_t b = 0; b < w.previews.size(); ++b) {
+    if (!w.previews[b]) continue;
+    for (size_t k = 0; k < estimate.size(); ++k)
+      estimate[k] = x[size_t(int64_t(b) * l * ch) + k] - sigma * v[size_t(int64_t(b) * l * ch) + k];
+    Preview p;
+    p.step = i - w.first_step + 1;
+    p.steps = w.steps - w.first_step;
+    p.image = preview_->image(estimate.data(), w.h, w.w);
+    w.previews[b](p);
+  }
 }
 
 void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const {
@@ -224,6 +244,8 @@ void KleinModel::initial_noise(Context& c, Work& w, const std::vector<ImageReque
   const int64_t channels = dit_cfg_.in_channels, l = w.h * w.w;
   const DType act = c.act;
   w.latents = ops::empty(c, {w.batch * l, channels}, act);
+  if (std::any_of(requests.begin(), requests.end(), [](const ImageRequest& r) { return bool(r.preview); }))
+    for (const ImageRequest& r : requests) w.previews.push_back(r.preview);
   for (size_t i = 0; i < requests.size(); ++i) {
     Tensor nchw;
     if (!requests[i].noise_file.empty()) {
