@@ -152,6 +152,44 @@ TEST(Sa3SingleFile, ComfyUiFilesGiveTheOfficialFoldersClip) {
   test::expect_error([&] { AudioModel::open(folder, Weights::per_stage); }, {"single-file --model"});
 }
 
+// Live previews: one after each step, numbered from 1, the clip the same with them as without
+// (the decode for a preview draws no noise); the last step's estimate is the clip's final latents
+// (ping-pong's last update keeps x - t v), so its peaks are the result's own, mixed and bucketed
+// the same way. A model that does not hold its decoder refuses them.
+TEST(Sa3Pipeline, PreviewsFollowEveryStepAndEndAtTheClip) {
+  const auto model = AudioModel::open(official_dir(), Weights::resident);
+  AudioRequest r = reference_request(false);
+  const AudioResult plain = model->generate(r);
+  std::vector<Preview> previews;
+  r.preview = [&](const Preview& p) { previews.push_back(p); };
+  const AudioResult shown = model->generate(r);
+  EXPECT_EQ(shown.samples, plain.samples);
+  ASSERT_EQ(previews.size(), size_t(r.steps));
+  const int64_t frames = int64_t(plain.samples.size()) / plain.channels, buckets = std::min<int64_t>(512, frames);
+  std::vector<float> peaks;
+  for (int64_t k = 0; k < buckets; ++k) {
+    float lo = 1, hi = -1;
+    for (int64_t f = k * frames / buckets; f < (k + 1) * frames / buckets; ++f) {
+      float mixed = 0;
+      for (int ch = 0; ch < plain.channels; ++ch) mixed += plain.samples[size_t(f * plain.channels + ch)];
+      mixed /= float(plain.channels);
+      lo = std::min(lo, mixed);
+      hi = std::max(hi, mixed);
+    }
+    peaks.push_back(lo);
+    peaks.push_back(hi);
+  }
+  for (size_t i = 0; i < previews.size(); ++i) {
+    EXPECT_EQ(previews[i].step, int(i) + 1);
+    EXPECT_EQ(previews[i].steps, r.steps);
+    EXPECT_EQ(previews[i].peaks.size(), size_t(2 * buckets));
+  }
+  EXPECT_EQ(previews.back().peaks, peaks);
+  EXPECT_NE(previews.front().peaks, peaks);
+  test::expect_error([&] { AudioModel::open(official_dir(), Weights::per_stage)->generate(r); },
+                     {"live previews come from a resident model"});
+}
+
 // The official layout holds the same weights under the official names (a fused projection in
 // the official row order, computed duration frequencies): the same clip, which the official
 // StableAudioModel.generate() made from that checkpoint (tools/oracle checks it equals the

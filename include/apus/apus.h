@@ -214,6 +214,9 @@ struct AudioRequest {
   // The DiT's and duration conditioner's adapters (the official format, PEFT's), each at its
   // strength; every request of a batch the same.
   std::vector<Lora> loras;
+  // Live previews after every step (a resident model's; others refuse it): the clip decoded from
+  // the sampler's current estimate, as peaks. Each costs a decode of the clip.
+  PreviewSink preview;
 };
 
 struct AudioResult {

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <random>
 
+#include "io/png.h"
 #include "server/server_impl.h"
 
 namespace apus::server {
@@ -19,6 +20,19 @@ std::string new_job_id() {
 namespace {
 [[noreturn]] void queue_full(const Loaded& m) { refuse(429, "the queue of model '" + m.id + "' is full"); }
 }  // namespace
+
+PreviewSink preview_sink(Job& j, int index) {
+  return [&j, index](const Preview& p) {
+    Json out = {{"index", index}, {"step", p.step}, {"steps", p.steps}};
+    if (!p.image.rgb.empty())
+      out["image"] = base64(encode_png(p.image.width, p.image.height, p.image.rgb, {}, "preview"));
+    if (!p.peaks.empty()) out["peaks"] = p.peaks;
+    std::lock_guard<std::mutex> lock(j.mutex);
+    j.preview = dump(out);
+    ++j.preview_count;
+    j.changed.notify_all();
+  };
+}
 
 void Server::Impl::refuse_if_full(const Loaded& m) const {
   if (m.worker->full()) queue_full(m);
@@ -109,6 +123,7 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
                                                      : 0.0}};
   if (!j.error.empty()) out["error"] = j.error;
   if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
+  if (!j.preview.empty() && j.state == JobState::running) out["preview"] = Json::parse(j.preview);
   if (j.state == JobState::done && with_results) {
     Json results = Json::array();
     for (const JobOutput& o : j.outputs)
@@ -119,12 +134,16 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
 }
 
 void Server::Impl::register_jobs() {
-  // Server-sent events: a "progress" event whenever the step or state changes, then "done"
-  // with the job's final state (its files included) and the stream ends. A client that goes
-  // away cancels the job.
+  // Server-sent events: a "preview" event with each preview a job asked for (its JSON: index,
+  // step, steps and a base64 PNG or the waveform's peaks), a "progress" event whenever the step
+  // or state changes, then "done" with the job's final state (its files included) and the stream
+  // ends. A client that goes away cancels the job.
   http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+)/events)", [this](const http::Request& req, http::Response& res) {
     const auto j = job(req.matches[1]);
-    auto sent = std::make_shared<std::pair<int, int>>(-1, -1);  // the (state, step) last sent
+    struct Sent {
+      int state = -1, step = -1, previews = 0;
+    };
+    auto sent = std::make_shared<Sent>();
     auto over = std::make_shared<bool>(false);
     res.set_header("Cache-Control", "no-cache");
     res.content_type = "text/event-stream";
@@ -133,17 +152,26 @@ void Server::Impl::register_jobs() {
                        if (*over) return std::nullopt;
                        JobState state;
                        int step;
+                       std::string events;
                        {
                          std::unique_lock<std::mutex> lock(j->mutex);
-                         j->changed.wait_for(lock, std::chrono::seconds(15),
-                                             [&] { return int(j->state) != sent->first || j->step != sent->second; });
+                         j->changed.wait_for(lock, std::chrono::seconds(15), [&] {
+                           return int(j->state) != sent->state || j->step != sent->step ||
+                                  j->preview_count != sent->previews;
+                         });
                          state = j->state;
                          step = j->step;
+                         // A slow reader gets the latest preview, not a backlog.
+                         if (j->preview_count != sent->previews) events = "event: preview\ndata: " + j->preview + "\n\n";
+                         sent->previews = j->preview_count;
                        }
                        *over = state == JobState::done || state == JobState::failed || state == JobState::cancelled;
-                       *sent = {int(state), step};
-                       return std::string("event: ") + (*over ? "done" : "progress") +
-                              "\ndata: " + dump(job_json(*j, *over)) + "\n\n";
+                       if (int(state) == sent->state && step == sent->step && !*over)
+                         return events.empty() ? std::string(": waiting\n\n") : events;  // a comment keeps it open
+                       sent->state = int(state);
+                       sent->step = step;
+                       return events + "event: " + (*over ? "done" : "progress") + "\ndata: " +
+                              dump(job_json(*j, *over)) + "\n\n";
                      },
                      [j] { j->cancel = true; }};
   });
@@ -152,11 +180,13 @@ void Server::Impl::register_jobs() {
     const Fields f{body};
     const std::string kind = f.string("kind", "");
     if (kind != "image" && kind != "audio") refuse(400, "'kind' must be \"image\" or \"audio\"", "kind");
-    const bool trace = f.boolean("trace", false);
+    const bool trace = f.boolean("trace", false), previews = f.boolean("preview", false);
     body.erase("kind");
     body.erase("trace");
+    body.erase("preview");
     std::string format;
     const auto j = kind == "image" ? openai_image_job(body, {}, trace) : audio_job(body, format, trace);
+    j->previews = previews;
     submit(j);
     res.status = 202;
     res.set_content(dump(job_json(*j)), "application/json");

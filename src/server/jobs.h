@@ -45,6 +45,9 @@ struct Job {
   std::vector<JobOutput> outputs;
   std::vector<std::pair<std::string, double>> stages;  // the run's stage times (name, seconds)
   bool traced = false;                                 // the request asked for its timeline (set before submitting)
+  bool previews = false;                               // ... for live previews (set before submitting)
+  std::string preview;                                 // the latest preview as JSON (see job_routes.cpp)
+  int preview_count = 0;                               // previews kept so far
   std::string trace;                                   // ... Chrome trace-event JSON once done (GET /v1/jobs/ID/trace)
   std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 

@@ -195,7 +195,9 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
       r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), files.strength};
       r.references.erase(r.references.begin());
     }
-    const std::vector<ImageRequest> batch = batch_of(r, n);
+    std::vector<ImageRequest> batch = batch_of(r, n);
+    if (j.previews)
+      for (size_t i = 0; i < batch.size(); ++i) batch[i].preview = preview_sink(j, int(i));
     std::vector<JobOutput> out;
     const std::vector<ImageResult> results =
         as_route(names, [&] { return model->generate_batch(batch, [&](const std::string& l) { j.progress(l); }); });
@@ -271,6 +273,7 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
     };
     if (init_file) r.init_audio = clip(*init_file, "init_audio");
     if (inpaint_file) r.inpaint_audio = clip(*inpaint_file, "inpaint_audio");
+    if (j.previews) r.preview = preview_sink(j, 0);
     const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
     for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(res.trace);

@@ -21,6 +21,9 @@
 
 namespace apus::server {
 
+// What keeps request `index` of job j's live previews (Job::preview, the events route).
+PreviewSink preview_sink(Job& j, int index);
+
 struct Loaded {
   std::string id;
   AnyModel model;

@@ -96,6 +96,8 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
 AudioRequest Sa3Model::resolved(const AudioRequest& r) const {
   APUS_CHECK(weights_ != Weights::resident || compute(r) == resident_dtype_,
              "this resident model serves bf16 requests only");
+  APUS_CHECK(!r.preview || weights_ == Weights::resident, label_,
+             ": live previews come from a resident model (apus serve), whose decoder stays loaded beside the DiT");
   return r;
 }
 

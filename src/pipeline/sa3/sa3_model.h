@@ -122,6 +122,7 @@ class Sa3Model final : public AudioModel {
     std::vector<float> keep;
     std::optional<sa3::DitPrologue> prologue;
     std::shared_ptr<const Adapters> adapters;  // the request's LoRAs, or null
+    std::vector<PreviewSink> previews;         // per request, where it asked for them
   };
 
   // The DiT with the duration conditioner its prologue embeds: one part of the pipeline.
@@ -181,6 +182,9 @@ class Sa3Model final : public AudioModel {
   void condition(Context& c, const Transformer& parts, Work& w) const;
   void step(Context& c, const sa3::Dit& dit, Work& w, int i) const;
   void decode(Context& c, const sa3::SameDecoder& same, Work& w) const;
+  // Before step i's update: each request's estimate of its clean latents (x - t v) decoded by the
+  // resident SAME, as peaks, to the requests that asked.
+  void send_previews(Context& c, const Work& w, const Tensor& velocity, int i) const;
   // Fills w.noise [B*T, C] (fp32) with each sample's next draw of C x T values, channel-major as
   // torch.randn([1, C, T]) lays them out.
   void draw_noise(Context& c, Work& w, Tensor& out) const;

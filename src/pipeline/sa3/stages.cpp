@@ -159,6 +159,7 @@ void Sa3Model::step(Context& c, const sa3::Dit& dit, Work& w, int i) const {
                          w.cfg, w.apg, w.batch, w.canvas.valid);
     v = w.guided_velocity;
   }
+  if (!w.previews.empty() && !c.count_only) send_previews(c, w, v, i);
   if (layout_.euler) {
     ops::euler_update(c, w.latents, v, t_next - t);
     return;
@@ -166,6 +167,44 @@ void Sa3Model::step(Context& c, const sa3::Dit& dit, Work& w, int i) const {
   // The official loop draws the next noise even on the last step, where t_next = 0 discards it.
   draw_noise(c, w, w.noise);
   ops::pingpong_update(c, w.latents, v, w.noise, t, t_next);
+}
+
+void Sa3Model::send_previews(Context& c, const Work& w, const Tensor& velocity, int i) const {
+  ArenaScope arena(*c.arena);
+  const float t = w.sigmas[size_t(i)];
+  const std::vector<float> x = to_f32_vector(ops::to_host(c, w.latents)), v = to_f32_vector(ops::to_host(c, velocity));
+  Tensor estimate = Tensor::heap(w.latents.shape, DType::f32);
+  for (size_t k = 0; k < x.size(); ++k) estimate.ptr<float>()[k] = x[k] - t * v[k];
+  Tensor z = ops::to_context(c, estimate);
+  if (c.act != DType::f32) {
+    z = Tensor::in(*c.arena, estimate.shape, c.act);
+    ops::copy(c, ops::to_context(c, estimate), z);
+  }
+  const std::vector<float> audio = to_f32_vector(ops::to_host(c, same_->decode(c, z, w.batch, w.chunked, {})));
+  // Each sample's first canvas.samples frames, channels mixed, as (min, max) over 512 buckets.
+  const int64_t channels = same_cfg_.audio_channels, n = int64_t(audio.size()) / (w.batch * channels);
+  const int64_t frames = std::min(n, w.canvas.samples), buckets = std::min<int64_t>(512, frames);
+  for (size_t b = 0; b < w.previews.size(); ++b) {
+    if (!w.previews[b]) continue;
+    Preview p;
+    p.step = i + 1;
+    p.steps = int(w.sigmas.size()) - 1;
+    for (int64_t k = 0; k < buckets; ++k) {
+      float lo = 1, hi = -1;
+      for (int64_t f = k * frames / buckets; f < (k + 1) * frames / buckets; ++f) {
+        float mixed = 0;
+        // Each channel clamped as the clip is, then mixed.
+        for (int64_t ch = 0; ch < channels; ++ch)
+          mixed += std::clamp(audio[size_t((int64_t(b) * channels + ch) * n + f)], -1.0f, 1.0f);
+        mixed /= float(channels);
+        lo = std::min(lo, mixed);
+        hi = std::max(hi, mixed);
+      }
+      p.peaks.push_back(lo);
+      p.peaks.push_back(hi);
+    }
+    w.previews[b](p);
+  }
 }
 
 void Sa3Model::decode(Context& c, const sa3::SameDecoder& same, Work& w) const {
@@ -217,6 +256,8 @@ void Sa3Model::tokenize(Work& w, const std::vector<AudioRequest>& requests, std:
 void Sa3Model::initial_noise(Context& c, Work& w, const std::vector<AudioRequest>& requests,
                              std::vector<AudioResult>& results) const {
   for (const AudioResult& res : results) w.generators.emplace_back(res.seed);
+  if (std::any_of(requests.begin(), requests.end(), [](const AudioRequest& r) { return bool(r.preview); }))
+    for (const AudioRequest& r : requests) w.previews.push_back(r.preview);
   w.latents = ops::empty(c, {w.batch * w.canvas.frames, dit_cfg_.io_channels}, DType::f32);
   w.noise = ops::empty(c, w.latents.shape, DType::f32);
   draw_noise(c, w, w.latents);
