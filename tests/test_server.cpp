@@ -799,6 +799,39 @@ TEST_F(Serve, EventsMetricsAndThePage) {
   const Json last = Json::parse(stream.substr(done + 18, stream.find("\n\n", done) - done - 18));
   EXPECT_EQ(last["state"], "done");
   EXPECT_EQ(last["step"], 2);
+  EXPECT_EQ(stream.find("event: preview"), std::string::npos) << "previews are opt-in";
+
+  // Opted in: preview events with the step and a PNG of 1/8 the image's sides (a slow reader gets
+  // the latest, so at most one a step).
+  const auto with_previews = client().Post("/v1/jobs",
+                                           Json{{"kind", "image"}, {"prompt", "a fox"}, {"size", "64x48"}, {"steps", 3},
+                                                {"seed", 5}, {"preview", true}}
+                                               .dump(),
+                                           "application/json");
+  ASSERT_TRUE(with_previews);
+  ASSERT_EQ(with_previews->status, 202) << with_previews->body;
+  std::string previews;
+  ASSERT_TRUE(client().Get(("/v1/jobs/" + std::string(Json::parse(with_previews->body)["id"]) + "/events").c_str(),
+                           [&](const char* data, size_t n) {
+                             previews.append(data, n);
+                             return true;
+                           }));
+  int seen = 0, last_step = 0;
+  for (size_t at = previews.find("event: preview\ndata: "); at != std::string::npos;
+       at = previews.find("event: preview\ndata: ", at + 1)) {
+    const Json p = Json::parse(previews.substr(at + 21, previews.find("\n\n", at) - at - 21));
+    EXPECT_GT(p["step"].get<int>(), last_step);
+    last_step = p["step"];
+    EXPECT_EQ(p["steps"], 3);
+    EXPECT_EQ(p["index"], 0);
+    const PngImage png = read_png(as_file(unbase64(p["image"]), "preview.png"));
+    EXPECT_EQ(png.width, 8);
+    EXPECT_EQ(png.height, 6);
+    ++seen;
+  }
+  EXPECT_GE(seen, 1) << previews;
+  EXPECT_LE(seen, 3);
+  EXPECT_EQ(last_step, 3) << "the last step's preview is always sent";
 
   const auto m = client().Get("/metrics");
   ASSERT_TRUE(m);
@@ -990,12 +1023,15 @@ TEST(ServePage, RunsInHeadlessChromium) {
       ::testing::TempDir() + "apus_chromium_" + std::to_string(::getpid()) +
       " --virtual-time-budget=60000 --enable-logging=stderr --v=0 ";
   struct Case {
-    std::string query, media, text;
+    std::string query, media, text, preview;
   };
+  // Live previews are on by default: the last step's stays shown (the projected image, the
+  // waveform drawn on its canvas).
   for (const Case& k :
        {Case{"model=klein_tiny_a&prompt=a%20fox&size=64x48&steps=2&seed=5&lora=peft.safetensors&lora_scale=0.7&run=1",
-             "<img", "LoRA peft.safetensors:0.7"},
-        Case{"model=" + audio_id + "&prompt=rain&seconds=1.4&seed=3&run=1", "<audio", "(seed 3)"}}) {
+             "<img", "LoRA peft.safetensors:0.7", "alt=\"preview\" src=\"data:image/png;base64,"},
+        Case{"model=" + audio_id + "&prompt=rain&seconds=1.4&seed=3&run=1", "<audio", "(seed 3)",
+             "width=\"512\" height=\"64\" data-step=\"8\""}}) {
     const std::string dom = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".html",
                       log = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".log";
     const std::string url = test::shell_quote(base + "?" + k.query);
@@ -1005,6 +1041,7 @@ TEST(ServePage, RunsInHeadlessChromium) {
     EXPECT_NE(html.find("width: 100%"), std::string::npos) << html;
     EXPECT_NE(html.find(k.media), std::string::npos) << html;
     EXPECT_NE(html.find(k.text), std::string::npos) << html;
+    EXPECT_NE(html.find(k.preview), std::string::npos) << html;
     EXPECT_NE(html.find("data-ready=\"yes\""), std::string::npos) << "the browser did not decode the result\n" << html;
     EXPECT_EQ(console.find(":ERROR:CONSOLE"), std::string::npos) << console;
     EXPECT_EQ(console.find("Uncaught"), std::string::npos) << console;

@@ -123,7 +123,7 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
                                                      : 0.0}};
   if (!j.error.empty()) out["error"] = j.error;
   if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
-  if (!j.preview.empty() && j.state == JobState::running) out["preview"] = Json::parse(j.preview);
+  if (!j.preview.empty()) out["preview"] = Json::parse(j.preview);
   if (j.state == JobState::done && with_results) {
     Json results = Json::array();
     for (const JobOutput& o : j.outputs)

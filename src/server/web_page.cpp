@@ -13,7 +13,7 @@ header h1{font-size:1.2em;margin:0}#keyform{margin-left:auto}
 main{max-width:64em;margin:1em auto;padding:0 1em}
 #form{display:grid;grid-template-columns:repeat(4,1fr);gap:.6em;background:#fff;padding:1em;border-radius:6px}
 #form textarea{grid-column:1/5;min-height:4em}label{display:flex;flex-direction:column;font-size:.85em}
-button{grid-column:4;padding:.5em;font-size:1em}.hidden{display:none}
+button{grid-column:4;padding:.5em;font-size:1em}.hidden{display:none!important}
 #bar{height:.6em;background:#ddd;border-radius:3px;margin:.8em 0}#fill{height:100%;width:0;background:#3a7bd5;border-radius:3px}
 #status{font-size:.9em;min-height:1.2em}#gallery{display:grid;grid-template-columns:repeat(auto-fill,minmax(14em,1fr));gap:.8em}
 .card{background:#fff;padding:.5em;border-radius:6px;font-size:.8em}.card img{width:100%}.card audio{width:100%}
@@ -21,6 +21,7 @@ button{grid-column:4;padding:.5em;font-size:1em}.hidden{display:none}
 #paint{position:relative;display:inline-block}#paint canvas{max-width:24em;display:block}
 #maskcanvas{position:absolute;left:0;top:0;opacity:.45;cursor:crosshair;touch-action:none}
 #refs img{height:4em;margin-right:.3em}
+#shown{width:16em;image-rendering:pixelated}#wave{width:32em;height:4em;background:#fff}
 </style></head><body>
 <header><h1>apus</h1><form id="keyform" onsubmit="return false"><input id="key" type="password"
 autocomplete="off" placeholder="API key (if the server asks)"></form></header>
@@ -32,6 +33,7 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <label class="audio hidden">seconds<input id="seconds" type="number" value="10" step="any" min="0.1"></label>
 <label>seed (empty: random)<input id="seed" type="number" min="0"></label>
 <label>steps (empty: the model's)<input id="steps" type="number" min="1"></label>
+<label>live preview<input id="preview" type="checkbox" checked></label>
 <label class="lora">LoRA<select id="lora"><option value="">(none)</option></select></label>
 <label class="lora">LoRA scale<input id="lora_scale" type="number" value="1" step="0.05"></label>
 <textarea id="prompt" placeholder="prompt"></textarea>
@@ -50,6 +52,7 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <button id="go" type="submit">Generate</button>
 </form>
 <div id="bar"><div id="fill"></div></div><div id="status"></div>
+<div id="live"><img id="shown" class="hidden" alt="preview"><canvas id="wave" class="hidden" width="512" height="64"></canvas></div>
 <div id="gallery"></div>
 </main>
 <script>
@@ -152,6 +155,7 @@ $('form').onsubmit = async ev => {
     if ($('inpaint_regions').value.trim()) body.inpaint_regions = regions($('inpaint_regions').value);
   }
   if ($('lora').value) body.loras = [{name: $('lora').value, scale: Number($('lora_scale').value)}];
+  if ($('preview').checked) body.preview = true;
   $('go').disabled = true;
   try {
     const r = await fetch('/v1/jobs', {method: 'POST', headers: headers(), body: JSON.stringify(body)});
@@ -161,14 +165,35 @@ $('form').onsubmit = async ev => {
   } catch (e) { $('status').textContent = 'error: ' + e.message; }
   $('go').disabled = false;
 };
+// Polls the job (its JSON carries the latest preview); an event stream would not carry the API key.
 async function follow(id, request) {
   for (;;) {
     const j = await (await fetch('/v1/jobs/' + id, {headers: headers()})).json();
     $('fill').style.width = (100 * j.progress) + '%';
     $('status').textContent = j.state + (j.steps ? ' step ' + j.step + '/' + j.steps : '');
+    if (j.preview) preview(j.preview);
     if (j.state === 'done') { for (const res of j.results) show(res, request); return; }
     if (j.state === 'failed' || j.state === 'cancelled') throw new Error(j.error || j.state);
     await new Promise(ok => setTimeout(ok, 300));
+  }
+}
+// A step's look at the result: the projected image, or the waveform's peaks.
+function preview(p) {
+  if (p.image) {
+    $('shown').src = 'data:image/png;base64,' + p.image;
+    $('shown').dataset.step = p.step;
+    $('shown').classList.remove('hidden');
+  }
+  if (p.peaks) {
+    const c = $('wave'), g = c.getContext('2d'), n = p.peaks.length / 2;
+    g.clearRect(0, 0, c.width, c.height);
+    g.fillStyle = '#3a7bd5';
+    for (let i = 0; i < n; ++i) {
+      const lo = p.peaks[2 * i], hi = p.peaks[2 * i + 1], x = i * c.width / n;
+      g.fillRect(x, (1 - hi) * c.height / 2, Math.max(1, c.width / n), Math.max(1, (hi - lo) * c.height / 2));
+    }
+    c.dataset.step = p.step;
+    c.classList.remove('hidden');
   }
 }
 function show(res, request) {
@@ -192,7 +217,7 @@ function show(res, request) {
   while ($('gallery').children.length > 12) $('gallery').lastChild.remove();
 }
 // A link can fill the form and run it:
-// ?model=ID&prompt=...&size=WxH|seconds=S&seed=N&steps=N&lora=NAME&lora_scale=S&negative_prompt=...&cfg=G
+// ?model=ID&prompt=...&size=WxH|seconds=S&seed=N&steps=N&lora=NAME&lora_scale=S&negative_prompt=...&cfg=G&preview=0|1
 //  &ref=IMAGE_URL (repeatable)&mask_rect=X,Y,W,H (painted on the first, in its pixels)&strength=S
 //  &init_audio=URL&init_noise_level=L&inpaint_audio=URL&inpaint_regions=A-B,C-D&run=1, after ? or #
 async function start() {
@@ -205,6 +230,7 @@ async function start() {
   for (const k of ['seconds', 'seed', 'steps', 'lora', 'lora_scale', 'negative_prompt', 'cfg', 'strength',
                    'init_noise_level', 'inpaint_regions'])
     if (q.has(k)) $(k).value = q.get(k);
+  if (q.has('preview')) $('preview').checked = q.get('preview') === '1';
   const fetched = async url => readUrl(await (await fetch(url)).blob());
   if (q.has('ref')) await setReferences(await Promise.all(q.getAll('ref').map(fetched)));
   if (q.has('mask_rect')) {
