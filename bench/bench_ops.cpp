@@ -78,26 +78,37 @@ BENCHMARK(BM_LinearStored)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// A linear with a request's LoRA beside it (ops/adapters.h): the two rank-r products and the
-// scaled add over what the bare linear costs, at klein's 1024 x 3072 x 3072. args: tokens, in,
-// out, rank (0: no adapter). FLOP/s counts the base GEMM's FLOPs only, so the rates compare.
+// A linear with a request's adapter beside it (ops/adapters.h): its products and the scaled add
+// over what the bare linear costs, at klein's 1024 x 3072 x 3072. args: tokens, in, out, kind, rank:
+// kind 0 none, 1 a LoRA (bf16 factors, rank r), 2 a LoHa of ranks r x r (read as the f32 rank-r^2
+// pair it is exactly), 3 a LoKr of LyCORIS's factor-16 default (outer [16, 16] and inner
+// [out/16, in/16], whole f32). FLOP/s counts the base GEMM's FLOPs only, so the rates compare.
 void BM_LinearAdapted(benchmark::State& st) {
   Arena arena;
   Context c{&arena, DType::bf16};
-  const int64_t m = st.range(0), k = st.range(1), n = st.range(2), r = st.range(3);
+  const int64_t m = st.range(0), k = st.range(1), n = st.range(2), kind = st.range(3), r = st.range(4);
   Tensor x = filled({m, k}, DType::bf16), w = filled({n, k}, DType::bf16), y = Tensor::heap({m, n}, DType::bf16);
   const std::string name = "w.weight";
   w.weight_name = &name;
   Adapters adapters;
-  if (r > 0) adapters.add(name, w.shape, LowRank{{filled({r, k}, DType::bf16), filled({n, r}, DType::bf16)}, 0.8f, "bench"});
+  if (kind == 1) adapters.add(name, w.shape, LowRank{{filled({r, k}, DType::bf16), filled({n, r}, DType::bf16)}, 0.8f, "bench"});
+  if (kind == 2)
+    adapters.add(name, w.shape, LowRank{{filled({r * r, k}, DType::f32), filled({n, r * r}, DType::f32)}, 0.8f, "bench"});
+  if (kind == 3) {
+    LowRank f{{Tensor{}, filled({n / 16, k / 16}, DType::f32)}, 0.8f, "bench"};
+    f.outer = Factor{Tensor{}, filled({16, 16}, DType::f32)};
+    adapters.add(name, w.shape, f);
+  }
   const AdapterScope scope(c, &adapters);
   for (auto _ : st) ops::linear(c, x, w, nullptr, y);
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LinearAdapted)
-    ->Args({1024, 3072, 3072, 0})
-    ->Args({1024, 3072, 3072, 16})
-    ->Args({1024, 3072, 3072, 64})
+    ->Args({1024, 3072, 3072, 0, 0})
+    ->Args({1024, 3072, 3072, 1, 16})
+    ->Args({1024, 3072, 3072, 1, 64})
+    ->Args({1024, 3072, 3072, 2, 16})
+    ->Args({1024, 3072, 3072, 3, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -60,6 +60,10 @@ TEST(Sa3Gguf, Sa3cppFilesGiveTheOfficialFoldersClip) {
                 err);
     EXPECT_EQ(got, want);
   }
+  // Resident (as apus serve holds it), through AnyModel (what the file is, from its metadata).
+  const AudioRequest r = reference_request(false);
+  EXPECT_EQ(AnyModel::open(gguf_parts(), Weights::resident).audio()->generate(r).samples,
+            AudioModel::open(official_dir(), Weights::per_stage)->generate(r).samples);
 }
 
 // The weights of `files` under the official names, decoded to f32, as an official folder's

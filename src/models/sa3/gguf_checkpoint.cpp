@@ -148,12 +148,13 @@ std::string gguf_architecture(const std::string& path) {
 GgufCheckpoint::GgufCheckpoint(const std::vector<std::shared_ptr<SingleFile>>& files) : files_(files) {
   // The conditioner's own file goes last, so its tensors replace an older encoder file's.
   std::vector<SingleFile*> order;
-  for (const auto& f : files_)
+  for (const auto& f : files_) {
+    APUS_CHECK(f->is_gguf(), f->path(), ": not a GGUF file (expected one of sa3.cpp's)");
     if (f->gguf()->metadata_string("general.architecture") != kGgufConditioner) order.push_back(f.get());
+  }
   for (const auto& f : files_)
     if (f->gguf()->metadata_string("general.architecture") == kGgufConditioner) order.push_back(f.get());
   for (SingleFile* file : order) {
-    APUS_CHECK(file->is_gguf(), file->path(), ": not a GGUF file (expected one of sa3.cpp's)");
     const std::string arch = file->gguf()->metadata_string("general.architecture");
     std::map<std::string, SingleFile::Entry> entries;
     for (const std::string& stored : file->stored_names()) {

@@ -110,9 +110,10 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
   if (!parts.config.empty()) {
     root = resolve_model_dir(parts.config, Weights::none);
   } else {
+    static const char* const kVariants[] = {"medium", "small-music", "small-sfx"};
     std::string names;
-    for (const char* v : {"medium", "small-music", "small-sfx"}) names += std::string(names.empty() ? "" : ", ") + v;
-    APUS_CHECK(variant.name == "medium" || variant.name == "small-music" || variant.name == "small-sfx", dit_path,
+    for (const char* v : kVariants) names += std::string(names.empty() ? "" : ", ") + v;
+    APUS_CHECK(std::find(std::begin(kVariants), std::end(kVariants), variant.name) != std::end(kVariants), dit_path,
                ": general.finetune is '", dit_meta.metadata_string("general.finetune"), "', none of the published ",
                "variants (", names, "); pass --config DIR, the official folder of this model");
     APUS_CHECK(!variant.base, dit_path, ": a -base (training) DiT; its sampler and guidance are in the official ",
