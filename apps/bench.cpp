@@ -166,6 +166,14 @@ Chip device_ceiling(const std::string& device, bool refresh, bool* cached, std::
   return calibrated_ceiling(ctx, refresh, cached);
 }
 
+void forget_device_ceiling(const std::string& device) {
+  Backend* backend = backend_for(device);
+  Arena arena(size_t(1) << 20, false, backend ? static_cast<Allocator&>(*backend) : host_allocator());
+  Context ctx{&arena};
+  ctx.backend = backend;
+  forget_calibration(ctx);
+}
+
 int run_bench(const BenchOptions& o) {
   APUS_CHECK(o.reps >= 1 && o.reps <= 1000 && o.warmup >= 0 && o.warmup <= 100, "bench: --reps ", o.reps,
              " / --warmup ", o.warmup, " outside 1..1000 / 0..100");

@@ -26,6 +26,8 @@ struct BenchOptions {
 // which), kept under `key`.
 Chip device_ceiling(const std::string& device, bool refresh = false, bool* cached = nullptr,
                     std::string* key = nullptr);
+// Drops that device's cached calibration (forget_calibration).
+void forget_device_ceiling(const std::string& device);
 
 // Writes a request's trace (Chrome trace-event JSON) to `path` and says so on stderr.
 void write_trace_file(const std::string& path, const std::string& trace);

@@ -1,6 +1,9 @@
 // The machine's calibration (measured, plausible, cached per machine) and `apus bench` on the tiny
 // fixture models: every counted stage timed, its costs and floors those `apus roofline` counts
 // from the same model code at the same calibration.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -64,6 +67,35 @@ TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
   EXPECT_GT(remeasured.bf16_flops, 1e9);
   EXPECT_TRUE(read_json_file(calibration_file()).contains(calibration_key(ctx)));
   ::unsetenv("APUS_CACHE_DIR");
+}
+
+// The ceiling is the machine's: within 10 % of the best rate this process's own timing of the
+// bf16 linear reaches over the same shapes (a plain loop of runs after a warm-up, as bench_ops'
+// BM_Linear times it), measured in between two calibrations so that a busy moment cannot favour
+// one side. Runs alone (RUN_SERIAL in CMakeLists.txt): a second test process would share the cores.
+TEST(CalibrationSerial, CeilingIsTheBestLinearRateOfTheSameProcess) {
+  Arena arena;
+  Context ctx{&arena};
+  const double first = measure_ceiling(ctx).bf16_flops;
+  double own = 0;
+  for (const GemmShape& g : ceiling_shapes()) {
+    Tensor x = Tensor::heap({g.m, g.k}, DType::bf16), w = Tensor::heap({g.n, g.k}, DType::bf16),
+           y = Tensor::heap({g.m, g.n}, DType::bf16);
+    std::fill_n(x.ptr<uint16_t>(), x.numel(), f32_to_bf16(0.01f));
+    std::fill_n(w.ptr<uint16_t>(), w.numel(), f32_to_bf16(0.01f));
+    Context c{&arena, DType::bf16};
+    for (int i = 0; i < 3; ++i) ops::linear(c, x, w, nullptr, y);
+    for (int i = 0; i < 10; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ops::linear(c, x, w, nullptr, y);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      own = std::max(own, 2.0 * double(g.m) * double(g.k) * double(g.n) / s);
+    }
+  }
+  const double ceiling = std::max(first, measure_ceiling(ctx).bf16_flops);
+  std::printf("[ measure ] ceiling %.0f GFLOP/s (first calibration %.0f); the linear's best in this process %.0f\n",
+              ceiling / 1e9, first / 1e9, own / 1e9);
+  EXPECT_LT(std::fabs(ceiling - own), 0.10 * own);
 }
 
 // Runs `apus bench` and `apus roofline --chip cpu --json` on one model at one calibration and

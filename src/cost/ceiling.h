@@ -1,13 +1,29 @@
 #pragma once
 // The machine's own ceilings, measured in this process on the backend that runs the request: what
 // `-v` prices each stage against, instead of a table entry written on another machine.
+#include <vector>
+
 #include "cost/chips.h"
 #include "ops/ops.h"
 
 namespace apus {
 
-// Best of a few runs: a bf16 GEMM of the DiT's shape class ([1024, 3072] x [3072, 3072]^T) for
-// the FLOP rate, a 256 MiB copy for the memory bandwidth. About a second.
+// A bf16 GEMM y[m, n] = x[m, k] w[n, k]^T.
+struct GemmShape {
+  int64_t m, k, n;
+};
+// The shapes the ceiling is measured at: the models' own linears.
+std::vector<GemmShape> ceiling_shapes();
+// One shape's rates (FLOP/s) over the runs of `seconds` after a third of that in warm-up runs.
+struct GemmRates {
+  double best, median, worst;
+  int runs;
+};
+GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds);
+
+// The FLOP rate: the best rate of the bf16 linear over ceiling_shapes() (each warmed up, then
+// timed long enough for the clocks to settle; the spread goes into the note); the memory
+// bandwidth: the best of three 256 MiB copies. About three seconds.
 Chip measure_ceiling(Context& c);
 
 // What a calibration is kept under: on the CPU its model name, the threads the process runs and
@@ -20,5 +36,8 @@ std::string calibration_file();
 // This machine's ceilings: the cached calibration for calibration_key(), or a measurement (then
 // cached) when there is none or `refresh`. `cached` says which.
 Chip calibrated_ceiling(Context& c, bool refresh = false, bool* cached = nullptr);
+// Drops the cached calibration of c's machine (a run beat it: it understated the machine), so the
+// next calibrated_ceiling measures again.
+void forget_calibration(const Context& c);
 
 }  // namespace apus
