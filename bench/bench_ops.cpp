@@ -10,6 +10,7 @@
 #include "ops/adapters.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
+#include "ops/variants.h"
 
 namespace apus {
 namespace {
@@ -75,6 +76,29 @@ BENCHMARK(BM_LinearStored)
     ->Args({1024, 3072, 3072, int64_t(DType::q4_k)})
     ->Args({1024, 3072, 3072, int64_t(DType::q6_k)})
     ->Args({1024, 3072, 3072, int64_t(DType::fp8_e4m3)})
+    ->Args({1536, 3072, 27648, int64_t(DType::q8_0)})
+    ->Args({1536, 3072, 27648, int64_t(DType::fp8_e4m3)})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The stored formats' panel split alone: bf16 weights run whole (arm 0) or a panel of output
+// features at a time as GGUF blocks and fp8 run (arm 1, knob cpu.linear_panels), no decode.
+// args: tokens, in, out, arm. With BM_LinearStored's rows it parts a stored format's cost into the
+// split's and the decode's.
+void BM_LinearSplit(benchmark::State& st) {
+  Knob& panels = find_knob("cpu.linear_panels");
+  panels.set(int(st.range(3)));
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
+  Tensor x = filled({m, k}, DType::bf16), w = filled({n, k}, DType::bf16), y = Tensor::heap({m, n}, DType::bf16);
+  for (auto _ : st) ops::linear(c, x, w, nullptr, y);
+  panels.set(0);
+  st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_LinearSplit)
+    ->ArgsProduct({{1024}, {3072}, {3072}, {0, 1}})
+    ->ArgsProduct({{1536}, {3072}, {27648}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -617,6 +617,7 @@ struct Target {
   DType act;
   bool widened;  // the CPU's f32 path for bf16 (cpu::native_bf16_knob off)
   Backend* (*backend)(std::string& why);
+  bool panels = false;  // weights split into output panels as stored formats' (cpu::linear_panels_knob)
 };
 
 Backend* cpu(std::string&) { return &cpu_backend(); }
@@ -630,6 +631,7 @@ const std::vector<Target>& targets() {
     {"cpu_f32", DType::f32, false, cpu},
     {"cpu_bf16", DType::bf16, false, cpu},
     {"cpu_bf16_widened", DType::bf16, true, cpu},
+    {"cpu_bf16_panels", DType::bf16, false, cpu, true},
     {"shadow_f32", DType::f32, false, shadow},
 #if APUS_HAS_CUDA
     {"cuda_f32", DType::f32, false, cuda},
@@ -654,7 +656,10 @@ std::vector<Tensor> uploaded(Backend& backend, const std::vector<Tensor>& tensor
 // (target, case), indices into targets() and op_cases().
 class OpTable : public ::testing::TestWithParam<std::tuple<size_t, size_t>> {
  protected:
-  void TearDown() override { cpu::native_bf16_knob.set(0); }
+  void TearDown() override {
+    cpu::native_bf16_knob.set(0);
+    cpu::linear_panels_knob.set(0);
+  }
 };
 
 TEST_P(OpTable, MatchesTheReference) {
@@ -668,6 +673,7 @@ TEST_P(OpTable, MatchesTheReference) {
   if (k.cpu_only && backend->device() != Device::cpu)
     GTEST_SKIP() << "stored weight formats run on the CPU backends only";
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);
+  cpu::linear_panels_knob.set(target.panels ? 1 : 0);
 
   OpInputs draw(target.act);
   const Drawn drawn = k.draw(draw);

@@ -165,13 +165,22 @@ Tensor as_dtype(Arena& arena, const Tensor& t, DType dt) {
 
 namespace apus::cpu {
 
+// Stored formats run their GEMM a panel of output features at a time; "panels" runs weights in
+// the activation dtype the same way, which tells the split's cost from the decode's (an A/B).
+Knob linear_panels_knob("cpu.linear_panels",
+                        "weights already in the activation dtype in one GEMM, or a panel of output features at a "
+                        "time as stored formats run",
+                        {"whole", "panels"});
+
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   APUS_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.shape[1] == w.shape[1] && y.shape[0] == x.shape[0] &&
                  y.shape[1] == w.shape[0],
              "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ", shape_str(y.shape),
              " do not agree");
   const int64_t k = w.shape[1], n = w.shape[0];
-  if (is_stored_quantized(w.dtype)) {
+  const bool split = linear_panels_knob.value() == 1 && w.dtype == x.dtype;
+  if (w.dtype == x.dtype) linear_panels_knob.took(split ? 1 : 0);
+  if (is_stored_quantized(w.dtype) || split) {
     // Stored weights are expanded one panel of output features at a time into scratch the GEMM
     // reads while it is in cache: the model is never held in x's dtype.
     const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, (int64_t(2) << 20) / (2 * k)) / 16 * 16);
