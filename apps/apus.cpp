@@ -181,12 +181,13 @@ int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> req
 const char* const kDeviceHelp = "cpu, or cuda[:N] where the build has the CUDA backend (not yet run on a GPU)";
 
 const char* const kModelHelp =
-    "a diffusers folder, a cached ORG/NAME, or one transformer file (BFL or ComfyUI safetensors, GGUF)";
+    "a diffusers folder, a cached ORG/NAME, or one transformer file (BFL or ComfyUI safetensors, GGUF; for audio the "
+    "official keys' safetensors or sa3.cpp's DiT GGUF)";
 
 // The parts a single-file --model needs beside it (or that replace a folder's).
 void add_part_options(CLI::App* app, apus::ModelParts& parts) {
   app->add_option("--text-encoder", parts.text_encoder, "the text encoder as one file (transformers' names, or llama.cpp's GGUF)");
-  app->add_option("--vae", parts.vae, "the VAE as one file (diffusers' or BFL's names)");
+  app->add_option("--vae", parts.vae, "the VAE as one file (diffusers' or BFL's names; sa3.cpp's SAME GGUF)");
   app->add_option("--tokenizer", parts.tokenizer,
                   "the tokenizer: a folder holding tokenizer.json, the file itself, or a GGUF carrying one "
                   "(a text encoder GGUF's own is used when this is absent)");

@@ -146,6 +146,10 @@ TEST(Sa3SingleFile, ComfyUiFilesGiveTheOfficialFoldersClip) {
   ModelParts bare;
   bare.model = p.model;
   test::expect_error([&] { AudioModel::open(bare, Weights::per_stage); }, {p.model, "none of the published", "--config"});
+  // The checkpoint holds its SAME: a --vae is refused, not ignored.
+  ModelParts with_vae = p;
+  with_vae.vae = p.text_encoder;
+  test::expect_error([&] { AudioModel::open(with_vae, Weights::per_stage); }, {p.model, "--vae", "sa3.cpp's GGUF"});
   // A folder takes no parts.
   ModelParts folder{official_dir()};
   folder.text_encoder = p.text_encoder;

@@ -234,6 +234,8 @@ std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights w
 std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weights weights, Backend* device) {
   const std::string& file = parts.model;
   if (is_gguf_file(file)) return open_sa3_gguf(parts, weights, device);
+  APUS_CHECK(parts.vae.empty(), file, ": the checkpoint holds its own SAME autoencoder; --vae ", parts.vae,
+             " is for sa3.cpp's GGUF files (a SAME .gguf beside their DiT)");
   std::string root;
   if (!parts.config.empty()) {
     root = resolve_model_dir(parts.config, Weights::none);
