@@ -56,9 +56,12 @@ BENCHMARK(BM_Linear)
     ->UseRealTime();
 
 // A linear whose weights run as stored (GGUF blocks, fp8 e4m3): what the panel-wise expansion costs
-// over bf16 weights at klein's 1024 x 3072 x 3072. args: tokens, in, out, DType. Random bytes with
+// over bf16 weights at klein's 1024 x 3072 x 3072. args: tokens, in, out, DType, panel size (the
+// cpu.linear_panel_mb choice: 0 the default 32 MiB, 1 8 MiB, 2 2 MiB). Random bytes with
 // small f16 scales: the values do not matter to the time.
 void BM_LinearStored(benchmark::State& st) {
+  Knob& panel_mb = find_knob("cpu.linear_panel_mb");
+  panel_mb.set(int(st.range(4)));
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
@@ -68,16 +71,15 @@ void BM_LinearStored(benchmark::State& st) {
   auto* bytes = w.ptr<uint8_t>();
   for (size_t i = 0; i < w.nbytes(); ++i) bytes[i] = uint8_t(rng() & 0x3f);  // small codes, finite scales
   for (auto _ : st) ops::linear(c, x, w, nullptr, y);
-  st.SetLabel(std::string(dtype_name(stored)));
+  panel_mb.set(0);
+  st.SetLabel(std::string(dtype_name(stored)) + " panels of " + panel_mb.choices()[size_t(st.range(4))] + " MiB");
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LinearStored)
-    ->Args({1024, 3072, 3072, int64_t(DType::q8_0)})
-    ->Args({1024, 3072, 3072, int64_t(DType::q4_k)})
-    ->Args({1024, 3072, 3072, int64_t(DType::q6_k)})
-    ->Args({1024, 3072, 3072, int64_t(DType::fp8_e4m3)})
-    ->Args({1536, 3072, 27648, int64_t(DType::q8_0)})
-    ->Args({1536, 3072, 27648, int64_t(DType::fp8_e4m3)})
+    ->ArgsProduct({{1024}, {3072}, {3072}, {int64_t(DType::q8_0), int64_t(DType::q4_k), int64_t(DType::q6_k),
+                                           int64_t(DType::fp8_e4m3)}, {0}})
+    ->ArgsProduct({{1024, 1536}, {3072}, {3072, 27648}, {int64_t(DType::q8_0), int64_t(DType::fp8_e4m3)}, {1, 2}})
+    ->ArgsProduct({{1536}, {3072}, {27648}, {int64_t(DType::q8_0), int64_t(DType::fp8_e4m3)}, {0}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

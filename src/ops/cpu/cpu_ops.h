@@ -15,6 +15,7 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
 extern Knob native_bf16_knob;      // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
 extern Knob conv_layout_knob;      // "blocked" (oneDNN's own layout) or "plain" (NCHW)
 extern Knob attention_block_knob;  // query rows per attention task
+extern Knob linear_panel_mb_knob;  // MiB of expanded weights a stored format's panel holds: "32" (the default), "8", "2"
 extern Knob linear_panels_knob;    // "whole", or "panels": weights in the activation dtype split as stored formats'
 
 APUS_DECLARE_OPS

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -172,6 +173,11 @@ Knob linear_panels_knob("cpu.linear_panels",
                         "time as stored formats run",
                         {"whole", "panels"});
 
+// 32 MiB: the GEMM of a panel that small (2 MiB: ~340 features at k = 3072) ran at two thirds of
+// the rate (docs/SPEED.md, session 15).
+Knob linear_panel_mb_knob("cpu.linear_panel_mb", "MiB of expanded weights a stored format's panel holds",
+                          {"32", "8", "2"});
+
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   APUS_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.shape[1] == w.shape[1] && y.shape[0] == x.shape[0] &&
                  y.shape[1] == w.shape[0],
@@ -183,7 +189,10 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   if (is_stored_quantized(w.dtype) || split) {
     // Stored weights are expanded one panel of output features at a time into scratch the GEMM
     // reads while it is in cache: the model is never held in x's dtype.
-    const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, (int64_t(2) << 20) / (2 * k)) / 16 * 16);
+    const int choice = linear_panel_mb_knob.value();
+    linear_panel_mb_knob.took(choice);
+    const int64_t bytes = int64_t(std::stoi(linear_panel_mb_knob.choices()[size_t(choice)])) << 20;
+    const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, bytes / (2 * k)) / 16 * 16);
     ArenaScope scope(*c.arena);
     const Tensor bx = bias ? cpu::as_dtype(*c.arena, *bias, x.dtype) : Tensor{};
     for (int64_t n0 = 0; n0 < n; n0 += panel) {
