@@ -17,6 +17,7 @@
 //   void initial_noise(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;
 //   const std::vector<std::unique_ptr<Part<Work>>>& parts() const;
 //   void finish(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -36,6 +37,15 @@ using Say = std::function<void(const std::string&)>;
 constexpr const char* kTextStage = "text_encoder";
 constexpr const char* kPrologueStage = "dit_prologue";
 constexpr const char* kStepStage = "dit_step";
+
+// Each request's preview sink, in batch order; empty when no request asked for previews (the
+// steps then skip them altogether).
+template <typename Request> std::vector<PreviewSink> preview_sinks(const std::vector<Request>& requests) {
+  std::vector<PreviewSink> sinks;
+  for (const Request& r : requests) sinks.push_back(r.preview);
+  if (std::none_of(sinks.begin(), sinks.end(), [](const PreviewSink& p) { return bool(p); })) sinks.clear();
+  return sinks;
+}
 
 // The sampler's loop: steps first..end-1 of a schedule's sigmas.
 struct StepRange {

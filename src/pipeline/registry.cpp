@@ -9,6 +9,7 @@
 #include "io/single_file.h"
 #include "io/synth.h"
 #include "models/flux2/single_file.h"
+#include "models/sa3/gguf_checkpoint.h"
 #include "ops/backend.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
@@ -164,8 +165,7 @@ ModelKind model_kind(const ModelParts& parts) {
   // The single files apus reads are Stable Audio 3 checkpoints (under the official keys, or
   // sa3.cpp's GGUF files) and FLUX.2 transformers (open_transformer_file refuses others).
   if (is_single_file(parts.model) && is_gguf_file(parts.model))
-    return GgufFile::open(parts.model).metadata_string("general.architecture").starts_with("sa3-") ? ModelKind::audio
-                                                                                                  : ModelKind::image;
+    return sa3::gguf_architecture(parts.model).starts_with("sa3-") ? ModelKind::audio : ModelKind::image;
   if (is_single_file(parts.model))
     return SingleFile::open(parts.model)->contains(kSa3SingleFileKey) ? ModelKind::audio : ModelKind::image;
   const std::string& model = parts.model;

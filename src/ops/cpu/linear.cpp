@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -175,6 +174,7 @@ Knob linear_panels_knob("cpu.linear_panels",
 
 // 32 MiB: the GEMM of a panel that small (2 MiB: ~340 features at k = 3072) ran at two thirds of
 // the rate (docs/SPEED.md, session 15).
+constexpr int64_t kPanelMiB[] = {32, 8, 2};
 Knob linear_panel_mb_knob("cpu.linear_panel_mb", "MiB of expanded weights a stored format's panel holds",
                           {"32", "8", "2"});
 
@@ -191,7 +191,7 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
     // reads while it is in cache: the model is never held in x's dtype.
     const int choice = linear_panel_mb_knob.value();
     linear_panel_mb_knob.took(choice);
-    const int64_t bytes = int64_t(std::stoi(linear_panel_mb_knob.choices()[size_t(choice)])) << 20;
+    const int64_t bytes = kPanelMiB[choice] << 20;
     const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, bytes / (2 * k)) / 16 * 16);
     ArenaScope scope(*c.arena);
     const Tensor bx = bias ? cpu::as_dtype(*c.arena, *bias, x.dtype) : Tensor{};

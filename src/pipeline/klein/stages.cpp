@@ -244,8 +244,7 @@ void KleinModel::initial_noise(Context& c, Work& w, const std::vector<ImageReque
   const int64_t channels = dit_cfg_.in_channels, l = w.h * w.w;
   const DType act = c.act;
   w.latents = ops::empty(c, {w.batch * l, channels}, act);
-  if (std::any_of(requests.begin(), requests.end(), [](const ImageRequest& r) { return bool(r.preview); }))
-    for (const ImageRequest& r : requests) w.previews.push_back(r.preview);
+  w.previews = preview_sinks(requests);
   for (size_t i = 0; i < requests.size(); ++i) {
     Tensor nchw;
     if (!requests[i].noise_file.empty()) {

@@ -38,35 +38,40 @@ Variant variant_of(const GgufFile& f) {
   return v;
 }
 
-// The GGUF files beside `anchor` whose general.architecture is `arch` (and, where `finetune` is
-// not empty, whose general.finetune is that).
-std::vector<std::string> beside(const std::string& anchor, const char* arch, const std::string& finetune) {
-  std::vector<std::string> found;
-  const fs::path dir = fs::absolute(anchor).parent_path();
+// A GGUF file beside the DiT: what it is (general.architecture) and the variant it names.
+struct Sibling {
+  std::string path, arch, variant;
+};
+
+// The GGUF files in `anchor`'s folder, read once, in name order.
+std::vector<Sibling> siblings_of(const std::string& anchor) {
+  std::vector<Sibling> found;
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+  for (const fs::directory_entry& e : fs::directory_iterator(fs::absolute(anchor).parent_path(), ec)) {
     const std::string path = e.path().string();
     if (!path.ends_with(".gguf") || !e.is_regular_file(ec) || !is_gguf_file(path)) continue;
     const GgufFile f = GgufFile::open(path);
-    if (f.metadata_string("general.architecture") != arch) continue;
-    if (!finetune.empty() && variant_of(f).name != finetune) continue;
-    found.push_back(path);
+    found.push_back({path, f.metadata_string("general.architecture"), variant_of(f).name});
   }
-  std::sort(found.begin(), found.end());
+  std::sort(found.begin(), found.end(), [](const Sibling& a, const Sibling& b) { return a.path < b.path; });
   return found;
 }
 
-// The part `given` names (checked to be `arch`), or the one such file beside the DiT; empty when
-// there is none and `required` is false.
-std::string find_part(const std::string& given, const std::string& dit, const char* arch, const std::string& finetune,
-                      const char* flag, const char* what, bool required) {
+// The part `given` names (checked to be `arch`), or the one sibling of the DiT that is `arch`
+// (and, where `finetune` is not empty, of that variant); empty when there is none and `required`
+// is false.
+std::string find_part(const std::string& given, const std::vector<Sibling>& siblings, const std::string& dit,
+                      const char* arch, const std::string& finetune, const char* flag, const char* what,
+                      bool required) {
   if (!given.empty()) {
     const std::string a = sa3::gguf_architecture(given);
     APUS_CHECK(a == arch, given, ": ", a.empty() ? "not a GGUF file" : "general.architecture is '" + a + "'",
                ", expected ", arch, " (sa3.cpp's ", what, ")");
     return given;
   }
-  const std::vector<std::string> found = beside(dit, arch, finetune);
+  std::vector<std::string> found;
+  for (const Sibling& f : siblings)
+    if (f.arch == arch && (finetune.empty() || f.variant == finetune)) found.push_back(f.path);
   std::string list;
   for (const std::string& f : found) list += " " + f;
   APUS_CHECK(found.size() <= 1, dit, ": ", found.size(), " files beside it are sa3.cpp's ", what, ":", list,
@@ -139,8 +144,9 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
     check("dit.norm_eps", d.norm_eps);
     check("dit.qk_eps", d.qk_norm_eps);
   }
+  const std::vector<Sibling> siblings = siblings_of(dit_path);
   const std::string same_path =
-      find_part(parts.vae, dit_path, sa3::kGgufAutoencoder, variant.name, "--vae", "SAME autoencoder", true);
+      find_part(parts.vae, siblings, dit_path, sa3::kGgufAutoencoder, variant.name, "--vae", "SAME autoencoder", true);
   auto same = SingleFile::open(same_path);
   {
     const MetadataCheck check(*same->gguf(), config);
@@ -163,7 +169,7 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
   const bool text_gguf = parts.text_encoder.empty() || is_gguf_file(parts.text_encoder);
   std::shared_ptr<SingleFile> text;
   if (text_gguf) {
-    text = SingleFile::open(find_part(parts.text_encoder, dit_path, sa3::kGgufTextEncoder, "", "--text-encoder",
+    text = SingleFile::open(find_part(parts.text_encoder, siblings, dit_path, sa3::kGgufTextEncoder, "", "--text-encoder",
                                       "T5Gemma encoder", true));
     files.push_back(text);
     l.text_weights.clear();
@@ -184,7 +190,7 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
   }
   // The duration conditioner and prompt padding: their own file, or (older files) the encoder's.
   const std::string conditioner_path =
-      find_part("", dit_path, sa3::kGgufConditioner, variant.name, "", "conditioner", false);
+      find_part("", siblings, dit_path, sa3::kGgufConditioner, variant.name, "", "conditioner", false);
   if (!conditioner_path.empty()) {
     files.push_back(SingleFile::open(conditioner_path));
   } else {
@@ -204,7 +210,7 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
   // The tokenizer: named, or the config folder's own (the layouts apus carries have a stand-in),
   // or sa3.cpp's vocabulary beside the DiT.
   if (!tokenizer_from_parts(parts, l) && (parts.config.empty() || !path_exists(l.tokenizer_model)))
-    l.tokenizer_model = find_part("", dit_path, sa3::kGgufVocabulary, "", "--tokenizer", "tokenizer vocabulary", true);
+    l.tokenizer_model = find_part("", siblings, dit_path, sa3::kGgufVocabulary, "", "--tokenizer", "tokenizer vocabulary", true);
   return std::make_unique<Sa3Model>(std::move(l), weights, device);
 }
 

@@ -175,10 +175,11 @@ void Sa3Model::send_previews(Context& c, const Work& w, const Tensor& velocity, 
   const std::vector<float> x = to_f32_vector(ops::to_host(c, w.latents)), v = to_f32_vector(ops::to_host(c, velocity));
   Tensor estimate = Tensor::heap(w.latents.shape, DType::f32);
   for (size_t k = 0; k < x.size(); ++k) estimate.ptr<float>()[k] = x[k] - t * v[k];
-  Tensor z = ops::to_context(c, estimate);
+  const Tensor f32 = ops::to_context(c, estimate);
+  Tensor z = f32;
   if (c.act != DType::f32) {
     z = Tensor::in(*c.arena, estimate.shape, c.act);
-    ops::copy(c, ops::to_context(c, estimate), z);
+    ops::copy(c, f32, z);
   }
   const std::vector<float> audio = to_f32_vector(ops::to_host(c, same_->decode(c, z, w.batch, w.chunked, {})));
   // Each sample's first canvas.samples frames, channels mixed, as (min, max) over 512 buckets.
@@ -256,8 +257,7 @@ void Sa3Model::tokenize(Work& w, const std::vector<AudioRequest>& requests, std:
 void Sa3Model::initial_noise(Context& c, Work& w, const std::vector<AudioRequest>& requests,
                              std::vector<AudioResult>& results) const {
   for (const AudioResult& res : results) w.generators.emplace_back(res.seed);
-  if (std::any_of(requests.begin(), requests.end(), [](const AudioRequest& r) { return bool(r.preview); }))
-    for (const AudioRequest& r : requests) w.previews.push_back(r.preview);
+  w.previews = preview_sinks(requests);
   w.latents = ops::empty(c, {w.batch * w.canvas.frames, dit_cfg_.io_channels}, DType::f32);
   w.noise = ops::empty(c, w.latents.shape, DType::f32);
   draw_noise(c, w, w.latents);
