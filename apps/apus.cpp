@@ -193,6 +193,12 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts) {
                   "(a text encoder GGUF's own is used when this is absent)");
   app->add_option("--config", parts.config,
                   "a diffusers folder (or cached ORG/NAME) whose configs serve a single-file --model");
+  const std::map<std::string, apus::Quant> quants{{"none", apus::Quant::none}, {"int8", apus::Quant::int8}};
+  app->add_option("--quant", parts.quant,
+                  "none, or int8: the transformer's and text encoder's linears in int8 (a scale per output feature, "
+                  "activations per token; CPUs with VNNI), faster and further from the official output: "
+                  "measure it with `apus gate`")
+      ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8}"));
 }
 
 // A subcommand: its options registered on the app before parsing, `run` called if it was given.
@@ -477,6 +483,7 @@ Command serve_command(CLI::App& app) {
             bool single_file = false;
             for (const std::string& model : o->models) {
               apus::ModelParts p{model};
+              p.quant = o->parts.quant;
               if (apus::is_single_file(model)) {
                 p = o->parts;
                 p.model = model;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "io/int8_weights.h"
 #include "models/flux2/vae_decoder.h"
 #include "ops/adapters.h"
 #include "ops/cpu/cpu_ops.h"
@@ -80,6 +81,27 @@ BENCHMARK(BM_LinearStored)
                                            int64_t(DType::fp8_e4m3)}, {0}})
     ->ArgsProduct({{1024, 1536}, {3072}, {3072, 27648}, {int64_t(DType::q8_0), int64_t(DType::fp8_e4m3)}, {1, 2}})
     ->ArgsProduct({{1536}, {3072}, {27648}, {int64_t(DType::q8_0), int64_t(DType::fp8_e4m3)}, {0}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The int8 tier's linear (io/int8_weights.h) beside BM_Linear's bf16 at the same shapes: the
+// activations' quantisation, the s8 GEMM and the scaling pass together. args: tokens, in, out.
+void BM_LinearInt8(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
+  Tensor x = filled({m, k}, DType::bf16), y = Tensor::heap({m, n}, DType::bf16);
+  const Tensor w = quantize_int8_weight(filled({n, k}, DType::bf16), "w");
+  for (auto _ : st) ops::linear(c, x, w, nullptr, y);
+  st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_LinearInt8)
+    ->Args({1536, 3072, 27648})
+    ->Args({1536, 12288, 3072})
+    ->Args({1024, 3072, 3072})
+    ->Args({512, 2560, 9728})
+    ->Args({452, 1536, 7680})
+    ->Args({6596, 1536, 7680})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -88,6 +88,7 @@ class OpInputs {
     c.code_scale = t.code_scale;
     c.block_scales = t.block_scales;
     c.block_row0 = t.block_row0;
+    c.int8_matmul = t.int8_matmul;
     return c;
   }
   // Element i of an f32 or bf16 tensor set to v (rounded to bf16 there).

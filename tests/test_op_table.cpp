@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "op_bounds.h"
+#include "io/int8_weights.h"
 #include "op_inputs.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
@@ -587,6 +588,41 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                                [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                      },
                      /*cpu_only=*/true});
+  // The int8 tier: integer sums are exact, the scales' arithmetic is spelled out, so every element
+  // equals the reference's. A row of zeros (scale 0) among them; x and y column views; a checkpoint's
+  // int8 codes with a scale a row and a tensor scale (ComfyUI's), flagged as the tier flags them.
+  cases.push_back({"linear_int8_tier", OpId::linear, Bound::exact,
+                   [](OpInputs& d) -> Drawn {
+                     const int64_t m = 37, k = 512, n = 70;
+                     Tensor x = d.random({m, k}, 3.0f);
+                     std::memset(x.row(5), 0, size_t(k) * dtype_size(x.dtype));
+                     const Tensor w = quantize_int8_weight(d.random({n, k}, 0.1f, DType::bf16), "w");
+                     return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
+                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                   },
+                   /*cpu_only=*/true});
+  cases.push_back({"linear_int8_tier_views", OpId::linear, Bound::exact,
+                   [](OpInputs& d) -> Drawn {
+                     const int64_t m = 9, k = 96, n = 45;
+                     Tensor y = d.poisoned({m, n + 5});
+                     for (int64_t r = 0; r < m; ++r) std::memset(y.row(r), 0, 5 * dtype_size(d.act));
+                     const Tensor w = quantize_int8_weight(d.random({n, k}, 0.2f, DType::f32), "w");
+                     return {{{d.random({m, k + 9}), w}, {y}}, [](Context& c, Operands& t) {
+                               Tensor yv = t.out[0].cols(5, 5 + n);
+                               ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);
+                             }};
+                   },
+                   /*cpu_only=*/true});
+  cases.push_back({"linear_int8_tier_row_scaled_checkpoint", OpId::linear, Bound::exact,
+                   [](OpInputs& d) -> Drawn {
+                     const int64_t m = 9, k = 512, n = 70;
+                     Tensor w = d.random_block_scaled({n, k}, DType::i8, DType::f32, k);
+                     w.code_scale = 0.75f;
+                     w.int8_matmul = true;
+                     return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
+                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                   },
+                   /*cpu_only=*/true});
   cases.push_back({"linear", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
                      return {{{d.random({37, 96}), d.random({45, 96}, 0.2f, DType::bf16)}, {d.poisoned({37, 45})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], nullptr, t.out[0]); }};

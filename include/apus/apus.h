@@ -118,6 +118,12 @@ enum class Weights {
   none,       // configs only: counting (roofline, admission checks); generate() refuses
 };
 
+// How the transformer's and text encoder's linears hold their weights: as the files give them, or
+// the int8 tier: int8 codes with a scale per output feature, multiplied with the activations
+// quantised per token (CPUs with VNNI; opt-in, it moves outputs away from the official code's:
+// `apus gate` measures how far).
+enum class Quant { none, int8 };
+
 // An image model from its parts, as users download them: `model` a diffusers folder, a repository
 // id, or one transformer file (BFL's or ComfyUI's safetensors, a GGUF quantisation: recognised from
 // its tensor names, not its file name); the other parts, when given, replace the folder's.
@@ -130,6 +136,7 @@ struct ModelParts {
   // single-file transformer; by default the layout apus carries for its shape, which holds no
   // text encoder, VAE or tokenizer.
   std::string config;
+  Quant quant = Quant::none;
 };
 
 class ImageModel {

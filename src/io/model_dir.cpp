@@ -174,12 +174,24 @@ std::string ModelDir::part(const std::string& name) const {
 
 WeightLoader ModelDir::weights(const std::string& name) const {
   const auto given = sources_.find(name);
-  if (!load_weights_)
-    return WeightLoader(given != sources_.end() ? std::shared_ptr<const WeightSource>(
-                                                      std::make_shared<StoredShapes>(given->second))
-                                                : std::make_shared<ShapesOnly>(),
-                        device_);
-  return WeightLoader(given != sources_.end() ? given->second : open_weights(component(name)), device_);
+  const WeightLoader stored =
+      !load_weights_ ? WeightLoader(given != sources_.end()
+                                        ? std::shared_ptr<const WeightSource>(std::make_shared<StoredShapes>(given->second))
+                                        : std::make_shared<ShapesOnly>(),
+                                    device_)
+                     : WeightLoader(given != sources_.end() ? given->second : open_weights(component(name)), device_);
+  const auto transform = transforms_.find(name);
+  return transform != transforms_.end() ? stored.with(transform->second) : stored;
+}
+
+std::shared_ptr<const WeightTransform> ModelDir::transform(const std::string& component) const {
+  const auto it = transforms_.find(component);
+  return it != transforms_.end() ? it->second : nullptr;
+}
+
+ModelDir& ModelDir::use_transform(const std::string& component, std::shared_ptr<const WeightTransform> transform) {
+  transforms_[component] = std::move(transform);
+  return *this;
 }
 
 ModelDir& ModelDir::use_weights(const std::string& component, std::shared_ptr<const WeightSource> source) {

@@ -94,6 +94,9 @@ class ModelDir {
   // component is one file (a tokenizer inside a GGUF), that file.
   ModelDir& use_weights(const std::string& component, std::shared_ptr<const WeightSource> source);
   ModelDir& use_part(const std::string& component, const std::string& path);
+  // `component`'s weights through `transform` (the int8 tier's quantisation), in counting too.
+  ModelDir& use_transform(const std::string& component, std::shared_ptr<const WeightTransform> transform);
+  std::shared_ptr<const WeightTransform> transform(const std::string& component) const;  // null: none
   // What the model is called (a PNG's metadata): model_label(root) unless set.
   const std::string& label() const { return label_; }
   ModelDir& set_label(std::string label);
@@ -108,6 +111,7 @@ class ModelDir {
   Backend* device_ = nullptr;
   std::map<std::string, std::shared_ptr<const WeightSource>> sources_;
   std::map<std::string, std::string> parts_;
+  std::map<std::string, std::shared_ptr<const WeightTransform>> transforms_;
 };
 
 bool path_exists(const std::string& path);

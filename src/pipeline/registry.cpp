@@ -6,11 +6,13 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "io/hf_cache.h"
+#include "io/int8_weights.h"
 #include "io/single_file.h"
 #include "io/synth.h"
 #include "models/flux2/single_file.h"
 #include "models/sa3/gguf_checkpoint.h"
 #include "ops/backend.h"
+#include "ops/cpu/cpu_ops.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
@@ -232,14 +234,40 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
       dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
   if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
+  if (const auto linears = linear_weights_transform(parts.quant, device)) {
+    dir.use_transform("transformer", linears);
+    dir.use_transform("text_encoder", linears);
+  }
   return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");
 }
 
 std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device) {
-  const std::string root = resolve_model_dir(model, weights);
-  if (single_checkpoint(root)) return open_sa3_official(root, weights, device);
-  return open_family(ModelDir::open(root, weights != Weights::none, device), weights, kAudioFamilies, kImageFamilies,
-                     "image");
+  return open_audio_model(ModelParts{model}, weights, device);
+}
+
+std::unique_ptr<AudioModel> open_audio_model(const ModelParts& parts, Weights weights, Backend* device) {
+  if (is_single_file(parts.model)) return open_sa3_single_file(parts, weights, device);
+  for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
+    APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 folder takes no --text-encoder, --vae, --tokenizer ",
+               "or --config (", *part, "); they are for a single-file --model");
+  const auto linears = linear_weights_transform(parts.quant, device);
+  const std::string root = resolve_model_dir(parts.model, weights);
+  if (single_checkpoint(root)) return open_sa3_official(root, weights, device, linears);
+  ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
+  if (linears) {
+    dir.use_transform("transformer", linears);
+    dir.use_transform("text_encoder", linears);
+  }
+  return open_family(dir, weights, kAudioFamilies, kImageFamilies, "image");
+}
+
+std::shared_ptr<const WeightTransform> linear_weights_transform(Quant quant, Backend* device) {
+  if (quant == Quant::none) return nullptr;
+  APUS_CHECK(!device, "--quant int8 runs on the CPU only so far (the device is ", device ? device->name() : "", ")");
+  APUS_CHECK(cpu::exact_int8_products(), "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where ",
+             "oneDNN's int8 products are exact; this one has none");
+  // Token embeddings feed a lookup, not a linear.
+  return std::make_shared<Int8Linears>(std::vector<std::string>{"embed_tokens.weight"});
 }
 
 std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights, const std::string& device) {
@@ -255,11 +283,7 @@ std::unique_ptr<AudioModel> AudioModel::open(const std::string& model, Weights w
 }
 
 std::unique_ptr<AudioModel> AudioModel::open(const ModelParts& parts, Weights weights, const std::string& device) {
-  if (is_single_file(parts.model)) return open_sa3_single_file(parts, weights, backend_for(device));
-  for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
-    APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 folder takes no --text-encoder, --vae, --tokenizer ",
-               "or --config (", *part, "); they are for a single-file --model");
-  return open_audio_model(parts.model, weights, backend_for(device));
+  return open_audio_model(parts, weights, backend_for(device));
 }
 
 }  // namespace apus

@@ -11,6 +11,11 @@ namespace apus::cpu {
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, const Tensor* bias,
           Tensor& c, int64_t k, int64_t n);
 
+// Whether oneDNN's int8 products are exact here: the VNNI instructions (AVX512-VNNI, AVX-VNNI;
+// AMX-INT8 comes with the first). Without them it sums u8 x s8 pairs in saturating 16-bit lanes,
+// so the int8 tier refuses such a CPU.
+bool exact_int8_products();
+
 // The CPU backend's variant knobs (ops/variants.h), read at each call.
 extern Knob native_bf16_knob;      // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
 extern Knob conv_layout_knob;      // "blocked" (oneDNN's own layout) or "plain" (NCHW)

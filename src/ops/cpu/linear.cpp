@@ -1,10 +1,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
+#include "core/int8_rows.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/dnnl_util.h"
 #include "ops/cpu/rows.h"
@@ -178,11 +181,76 @@ constexpr int64_t kPanelMiB[] = {32, 8, 2};
 Knob linear_panel_mb_knob("cpu.linear_panel_mb", "MiB of expanded weights a stored format's panel holds",
                           {"32", "8", "2"});
 
+bool exact_int8_products() {
+  static const bool vnni = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+  return vnni;
+}
+
+namespace {
+
+// The int8 tier's linear (ops/op_list.h): x's rows as codes, one oneDNN s8 x s8 -> s32 GEMM over
+// the whole weight, the scales and bias applied row by row.
+void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  using namespace dnnl;
+  using dims = memory::dims;
+  const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
+  APUS_CHECK(w.dtype == DType::i8 && w.contiguous() && k <= kInt8MaxDot,
+             "linear: an int8_matmul weight must be contiguous i8 with rows of at most ", kInt8MaxDot, ", got ",
+             dtype_name(w.dtype), " ", shape_str(w.shape));
+  APUS_CHECK(exact_int8_products(), "the int8 tier needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where "
+             "oneDNN's int8 products are exact; this one has none");
+  ArenaScope scope(*c.arena);
+  Tensor codes = Tensor::in(*c.arena, {m, k}, DType::i8);
+  Tensor x_scale = Tensor::in(*c.arena, {m}, DType::f32);
+  parallel_for(m, [&](int64_t r) {
+    float* row = thread_scratch(0, k);
+    load_row(x, r, row, k);
+    x_scale.ptr<float>()[r] = quantize_int8_row(row, k, static_cast<int8_t*>(codes.row(r)));
+  });
+  Tensor w_scale = Tensor::in(*c.arena, {n}, DType::f32);
+  for (int64_t j = 0; j < n; ++j)
+    w_scale.ptr<float>()[j] =
+        w.block_scales ? w.code_scale * w.block_scales->at(w.block_row0 + j, 0) : w.code_scale;
+  Tensor b = bias ? Tensor::in(*c.arena, {n}, DType::f32) : Tensor{};
+  if (bias) {
+    load_row(vector_row(*bias), 0, b.ptr<float>(), n);
+    round_to(x.dtype, b.ptr<float>(), n);
+  }
+  Tensor acc = Tensor::in(*c.arena, {m, n}, DType::i32);
+  const KernelKey key("matmul_s8", {m, k, n});
+  const memory::desc a_md(dims{m, k}, memory::data_type::s8, dims{k, 1});
+  const memory::desc b_md(dims{k, n}, memory::data_type::s8, dims{1, k});
+  const memory::desc c_md(dims{m, n}, memory::data_type::s32, dims{n, 1});
+  auto& prim = cached_primitive<matmul>(
+      key, [&] { return matmul(matmul::primitive_desc(matmul::desc(a_md, b_md, c_md), dnnl_engine())); });
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(a_md, dnnl_engine(), codes.data)},
+                                       {DNNL_ARG_WEIGHTS, memory(b_md, dnnl_engine(), w.data)},
+                                       {DNNL_ARG_DST, memory(c_md, dnnl_engine(), acc.data)}};
+  run_primitive(key, [&] { prim.execute(dnnl_stream(), args); });
+  parallel_for(m, [&](int64_t r) {
+    float* row = thread_scratch(0, n);
+    const float s = x_scale.ptr<float>()[r];
+    if (std::isnan(s)) {
+      std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
+    } else {
+      int8_products_row(acc.ptr<int32_t>() + r * n, s, w_scale.ptr<float>(), bias ? b.ptr<float>() : nullptr, row,
+                        n);
+    }
+    store_row(y, r, row, n);
+  });
+}
+
+}  // namespace
+
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   APUS_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.shape[1] == w.shape[1] && y.shape[0] == x.shape[0] &&
                  y.shape[1] == w.shape[0],
              "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ", shape_str(y.shape),
              " do not agree");
+  if (w.int8_matmul) {
+    linear_int8(c, x, w, bias, y);
+    return;
+  }
   const int64_t k = w.shape[1], n = w.shape[0];
   const bool split = linear_panels_knob.value() == 1 && w.dtype == x.dtype;
   if (w.dtype == x.dtype) linear_panels_knob.took(split ? 1 : 0);

@@ -119,6 +119,7 @@ Tensor to_device(Backend& backend, const Tensor& host) {
   t.code_scale = host.code_scale;
   t.block_scales = host.block_scales;
   t.block_row0 = host.block_row0;
+  t.int8_matmul = host.int8_matmul;
   return t;
 }
 

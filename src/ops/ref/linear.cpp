@@ -1,11 +1,62 @@
 // linear and conv2d as explicit sums in f64.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/int8_rows.h"
+#include "core/scaled_codes.h"
 #include "ops/ref/ref_ops.h"
 
 namespace apus::ref {
 
+namespace {
+
+// The int8 tier's linear, step by step as the op contract writes it, in fp32 where it says so.
+void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
+  APUS_CHECK(w.dtype == DType::i8 && k <= kInt8MaxDot, "linear: an int8_matmul weight must be i8 with rows of at most ",
+             kInt8MaxDot, ", got ", dtype_name(w.dtype), " ", shape_str(w.shape));
+  std::vector<float> w_scale(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j)
+    w_scale[size_t(j)] = w.block_scales ? w.code_scale * w.block_scales->at(w.block_row0 + j, 0) : w.code_scale;
+  std::vector<int8_t> q(static_cast<size_t>(k));
+  for (int64_t i = 0; i < m; ++i) {
+    float amax = 0;
+    bool finite = true;
+    for (int64_t t = 0; t < k; ++t) {
+      const float v = float(get(x, i, t));
+      finite = finite && std::isfinite(v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    const float x_scale = amax / 127.0f;
+    for (int64_t t = 0; t < k; ++t) {
+      const float v = amax == 0 ? 0.0f : std::nearbyint(float(get(x, i, t)) * (127.0f / amax));
+      q[size_t(t)] = int8_t(std::clamp(v, -127.0f, 127.0f));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      if (!finite) {
+        put(y, i, j, std::nan(""));
+        continue;
+      }
+      const int8_t* wr = static_cast<const int8_t*>(w.row(j));
+      int64_t dot = 0;
+      for (int64_t t = 0; t < k; ++t) dot += int64_t(q[size_t(t)]) * wr[t];
+      const float scale = x_scale * w_scale[size_t(j)];
+      const float v = bias ? std::fma(float(dot), scale, float(as(x.dtype, get(rows2d(*bias), 0, j)))) : float(dot) * scale;
+      put(y, i, j, v);
+    }
+  }
+}
+
+}  // namespace
+
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
   APUS_CHECK(x.shape[1] == k && y.shape == Shape({m, n}), "linear: shapes do not agree");
+  if (w.int8_matmul) {
+    linear_int8(x, w, bias, y);
+    return;
+  }
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = bias ? as(x.dtype, get(rows2d(*bias), 0, j)) : 0.0;

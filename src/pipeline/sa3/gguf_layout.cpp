@@ -126,6 +126,7 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
     root = published_layout_dir("stable-audio-3-" + variant.name);
   }
   Sa3Layout l = official_layout(root);
+  l.linears = linear_weights_transform(parts.quant, device);
   const std::string config = root + "/model_config.json";
   {
     const MetadataCheck check(dit_meta, config);

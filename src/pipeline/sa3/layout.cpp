@@ -104,6 +104,7 @@ Sa3Layout diffusers_layout(const ModelDir& dir) {
   l.tokenizer_dir = dir.component("tokenizer");
   l.tokenizer_model = l.tokenizer_dir + "/tokenizer.model";
   l.sample_size = l.dit.differential ? kMediumSampleSize : kSmallSampleSize;
+  l.linears = dir.transform("transformer");
   return l;
 }
 
@@ -142,18 +143,22 @@ std::shared_ptr<const WeightSource> Sa3Model::checkpoint(const std::string& path
   return SingleFile::open(path);
 }
 
+WeightLoader Sa3Model::linear_loader(std::shared_ptr<const WeightSource> source) const {
+  const WeightLoader stored(std::move(source), device_);
+  return layout_.linears ? stored.with(layout_.linears) : stored;
+}
+
 sa3::T5GemmaEncoder Sa3Model::load_text(bool load) const {
-  return sa3::T5GemmaEncoder::load(text_cfg_, WeightLoader(checkpoint(layout_.text_weights, load), device_));
+  return sa3::T5GemmaEncoder::load(text_cfg_, linear_loader(checkpoint(layout_.text_weights, load)));
 }
 
 Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
   if (!layout_.official)
-    return {sa3::Dit::load(layout_.dit, WeightLoader(checkpoint(layout_.root + "/transformer", load), device_), dt),
+    return {sa3::Dit::load(layout_.dit, linear_loader(checkpoint(layout_.root + "/transformer", load)), dt),
             sa3::DurationEmbedder::load(layout_.duration,
                                         WeightLoader(checkpoint(layout_.root + "/duration_embedder", load), device_))};
   const auto file = checkpoint(layout_.checkpoint, load);
-  return {sa3::Dit::load(layout_.dit,
-                         WeightLoader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), device_), dt),
+  return {sa3::Dit::load(layout_.dit, linear_loader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential)), dt),
           sa3::DurationEmbedder::load_official(layout_.duration,
                                                WeightLoader(sa3::OfficialCheckpoint::duration(file), device_))};
 }
@@ -227,8 +232,11 @@ std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights) {
   return std::make_unique<Sa3Model>(diffusers_layout(dir), weights, dir.device());
 }
 
-std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device) {
-  return std::make_unique<Sa3Model>(official_layout(root), weights, device);
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device,
+                                              std::shared_ptr<const WeightTransform> linears) {
+  Sa3Layout l = official_layout(root);
+  l.linears = std::move(linears);
+  return std::make_unique<Sa3Model>(std::move(l), weights, device);
 }
 
 std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weights weights, Backend* device) {
@@ -251,6 +259,7 @@ std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weight
                "(model_config.json beside its T5Gemma folder)");
   }
   Sa3Layout l = official_layout(root);
+  l.linears = linear_weights_transform(parts.quant, device);
   l.label = std::filesystem::path(file).filename().string();
   l.checkpoint = file;
   if (!parts.text_encoder.empty()) l.text_weights = parts.text_encoder;

@@ -1,0 +1,76 @@
+#include "io/int8_weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/int8_rows.h"
+#include "core/parallel.h"
+#include "core/scaled_codes.h"
+
+namespace apus {
+
+Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
+  APUS_CHECK(w.rank() == 2 && w.contiguous() &&
+                 (w.dtype == DType::bf16 || w.dtype == DType::f16 || w.dtype == DType::f32),
+             what, ": the int8 tier quantises bf16, f16 or f32 matrices, got ", dtype_name(w.dtype), " ",
+             shape_str(w.shape));
+  const int64_t n = w.shape[0], k = w.shape[1];
+  APUS_CHECK(k <= kInt8MaxDot, what, ": rows of ", k, " values; the int8 tier's integer sums hold at most ",
+             kInt8MaxDot);
+  Tensor q = Tensor::heap(w.shape, DType::i8);
+  auto scales = std::make_shared<BlockScales>();
+  scales->factors = Tensor::heap({n, 1}, DType::f32);
+  scales->block = k;
+  scales->per_row = 1;
+  float* factor = scales->factors.ptr<float>();
+  int64_t bad_row = -1;
+  parallel_for(n, [&](int64_t r) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(k));
+    const void* src = w.row(r);
+    if (w.dtype == DType::bf16) {
+      for (int64_t c = 0; c < k; ++c) row[size_t(c)] = bf16_to_f32(static_cast<const uint16_t*>(src)[c]);
+    } else {
+      for (int64_t c = 0; c < k; ++c) row[size_t(c)] = load_f32(w, r * k + c);
+    }
+    factor[r] = quantize_int8_row(row.data(), k, static_cast<int8_t*>(q.row(r)));
+    if (std::isnan(factor[r])) {
+#pragma omp critical(apus_int8_bad_row)
+      bad_row = bad_row < 0 ? r : std::min(bad_row, r);
+    }
+  });
+  APUS_CHECK(bad_row < 0, what, ": row ", bad_row, " holds a NaN or an infinity; the int8 tier cannot scale it");
+  q.block_scales = std::move(scales);
+  q.int8_matmul = true;
+  return q;
+}
+
+Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
+  if (stored.rank() != 2 || !name.ends_with(".weight")) return stored;
+  for (const std::string& suffix : not_linear_)
+    if (name.ends_with(suffix)) return stored;
+  const std::string what = "tensor '" + name + "'";
+  if (stored.dtype == DType::i8) {
+    APUS_CHECK(!stored.block_scales || stored.block_scales->per_row == 1, what,
+               ": int8 codes with ", stored.block_scales ? stored.block_scales->per_row : 0,
+               " scales per row; the int8 tier multiplies rows of one scale");
+    APUS_CHECK(stored.shape[1] <= kInt8MaxDot, what, ": rows of ", stored.shape[1],
+               " values; the int8 tier's integer sums hold at most ", kInt8MaxDot);
+    Tensor flagged = stored;
+    flagged.int8_matmul = true;
+    return flagged;
+  }
+  APUS_CHECK(!is_stored_quantized(stored.dtype), what, " is stored as ", dtype_name(stored.dtype),
+             "; --quant int8 takes bf16, f16 or f32 weights (or int8 with a scale per row), not a weight that is "
+             "quantised already");
+  if (!stored.data) {
+    Tensor t = Tensor::shape_only(stored.shape, DType::i8);
+    t.int8_matmul = true;
+    return t;
+  }
+  return quantize_int8_weight(stored, what);
+}
+
+}  // namespace apus

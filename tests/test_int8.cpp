@@ -1,0 +1,227 @@
+// The int8 tier (io/int8_weights.h): how weights are quantised, which tensors the transform takes,
+// the linear's non-finite rows, and both families run with it against the official renders. The
+// linear's arithmetic itself is held to the reference backend bit for bit in the op table
+// (linear_int8_tier*).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <random>
+
+#include "apus/apus.h"
+#include "audio_distance.h"
+#include "core/cost.h"
+#include "core/scaled_codes.h"
+#include "io/int8_weights.h"
+#include "io/safetensors.h"
+#include "ops/backend.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/ops.h"
+#include "pipeline/registry.h"
+#include "sa3_fixtures.h"
+#include "shadow_device.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+Tensor random_weight(int64_t n, int64_t k, DType dt, std::mt19937& rng) {
+  Tensor w = Tensor::heap({n, k}, dt);
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  for (int64_t i = 0; i < n * k; ++i) {
+    const float v = d(rng);
+    if (dt == DType::bf16) w.ptr<uint16_t>()[i] = f32_to_bf16(v);
+    else w.ptr<float>()[i] = v;
+  }
+  return w;
+}
+
+// Each row's scale is its largest magnitude / 127, its largest element gets code +-127, and every
+// code is the nearest: within half a step of the value (a truncating rule misses by up to a step).
+TEST(Int8Weights, RowsQuantiseToTheNearestCodeOfTheirOwnScale) {
+  std::mt19937 rng(test::test_seed());
+  for (const DType dt : {DType::bf16, DType::f32}) {
+    const int64_t n = 40, k = 300;
+    Tensor w = random_weight(n, k, dt, rng);
+    std::memset(w.row(7), 0, size_t(k) * dtype_size(dt));  // row 7 all zeros: scale 0, codes 0
+    const Tensor q = quantize_int8_weight(w, "w");
+    ASSERT_EQ(q.dtype, DType::i8);
+    ASSERT_TRUE(q.int8_matmul);
+    ASSERT_TRUE(q.block_scales);
+    int64_t worst_row = -1;
+    double worst = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      float amax = 0;
+      for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(load_f32(w, r * k + c)));
+      const float scale = q.block_scales->at(r, 0);
+      EXPECT_EQ(scale, amax / 127.0f) << "row " << r;
+      int largest = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const int code = static_cast<const int8_t*>(q.row(r))[c];
+        largest = std::max(largest, std::abs(code));
+        const double miss = std::fabs(double(load_f32(w, r * k + c)) - double(code) * scale);
+        if (scale > 0 && miss / scale > worst) {
+          worst = miss / scale;
+          worst_row = r;
+        }
+        EXPECT_EQ(decode_code_element(q, r, c), float(code) * scale);
+      }
+      EXPECT_EQ(largest, r == 7 ? 0 : 127) << "row " << r;
+    }
+    std::printf("[ measure ] %s: worst |w - code * scale| = %.6f steps (row %lld)\n", std::string(dtype_name(dt)).c_str(),
+                worst, static_cast<long long>(worst_row));
+    EXPECT_LE(worst, 0.5 + 1e-5);
+  }
+}
+
+TEST(Int8Weights, NonFiniteWeightsAreRefusedNamingTheRow) {
+  std::mt19937 rng(test::test_seed());
+  Tensor w = random_weight(8, 64, DType::f32, rng);
+  w.ptr<float>()[3 * 64 + 5] = std::numeric_limits<float>::infinity();
+  test::expect_error([&] { quantize_int8_weight(w, "tensor 'blocks.0.to_q.weight'"); },
+                     {"tensor 'blocks.0.to_q.weight'", "row 3", "NaN or an infinity"});
+}
+
+// What the transform takes: rank-2 "*.weight" tensors but the token embeddings; int8 codes with a
+// scale a row are flagged as they are; weights quantised otherwise are refused, naming them.
+TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
+  std::mt19937 rng(test::test_seed());
+  const Int8Linears t({"embed_tokens.weight"});
+  const Tensor w = random_weight(16, 32, DType::bf16, rng);
+  const Tensor q = t.apply("layers.0.mlp.up_proj.weight", w);
+  EXPECT_TRUE(q.int8_matmul);
+  EXPECT_EQ(q.dtype, DType::i8);
+  for (const char* kept : {"model.embed_tokens.weight", "layers.0.mlp.up_proj.bias", "memory_tokens"}) {
+    const Tensor same = t.apply(kept, w);
+    EXPECT_EQ(same.data, w.data) << kept;
+    EXPECT_FALSE(same.int8_matmul) << kept;
+  }
+  const Tensor norm = Tensor::heap({32}, DType::bf16);
+  EXPECT_EQ(t.apply("norm.weight", norm).data, norm.data);
+  // Counting mode: the dtype and flag without data.
+  const Tensor counted = t.apply("proj_out.weight", Tensor::shape_only({16, 32}, DType::bf16));
+  EXPECT_EQ(counted.dtype, DType::i8);
+  EXPECT_TRUE(counted.int8_matmul);
+  EXPECT_EQ(counted.data, nullptr);
+  // A checkpoint's int8 codes with one scale a row: flagged, the codes untouched.
+  Tensor stored = Tensor::heap({16, 32}, DType::i8);
+  auto scales = std::make_shared<BlockScales>();
+  scales->factors = Tensor::heap({16}, DType::f32);
+  scales->block = 32;
+  scales->per_row = 1;
+  stored.block_scales = scales;
+  const Tensor flagged = t.apply("to_out.weight", stored);
+  EXPECT_TRUE(flagged.int8_matmul);
+  EXPECT_EQ(flagged.data, stored.data);
+  auto halves = std::make_shared<BlockScales>(*scales);
+  halves->block = 16;
+  halves->per_row = 2;
+  stored.block_scales = halves;
+  test::expect_error([&] { t.apply("to_out.weight", stored); }, {"to_out.weight", "2 scales per row"});
+  test::expect_error([&] { t.apply("to_q.weight", Tensor::heap({16, 32}, DType::q8_0)); },
+                     {"tensor 'to_q.weight'", "q8_0", "quantised already"});
+}
+
+// A row of x holding an infinity or a NaN gives a row of NaN on both backends; the other rows are
+// the reference's exactly.
+TEST(Int8Weights, ANonFiniteInputRowGivesANanRow) {
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  std::mt19937 rng(test::test_seed());
+  const int64_t m = 6, k = 64, n = 20;
+  const Tensor w = quantize_int8_weight(random_weight(n, k, DType::bf16, rng), "w");
+  Tensor x = random_weight(m, k, DType::f32, rng);
+  x.ptr<float>()[2 * k + 9] = std::numeric_limits<float>::infinity();
+  x.ptr<float>()[4 * k] = std::numeric_limits<float>::quiet_NaN();
+  for (Backend* b : {&cpu_backend(), &reference_backend()}) {
+    Arena arena;
+    Context c{&arena, DType::f32, nullptr, false, b};
+    Tensor y = Tensor::heap({m, n}, DType::f32);
+    ops::linear(c, x, w, nullptr, y);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j)
+        EXPECT_EQ(std::isnan(y.ptr<float>()[r * n + j]), r == 2 || r == 4) << b->name() << " row " << r;
+  }
+}
+
+// Both families with the tier, in fp32 activations from the oracle's fp32 noise: the tier moves
+// the render, by less than the official code's own bf16 run is from its fp32 run.
+TEST(Int8Tier, KleinRendersWithinTheOfficialBf16Disagreement) {
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  const std::string variant = "klein_tiny_a";
+  const test::Reference ref(variant);
+  const std::string noise = ::testing::TempDir() + "int8_noise.safetensors";
+  write_safetensors(noise, {{"noise", ref.file.get("fp32.noise")}});
+  ImageRequest r;
+  r.prompt = ref.meta["prompt"].get<std::string>();
+  r.width = ref.meta["width"].get<int>();
+  r.height = ref.meta["height"].get<int>();
+  r.steps = ref.meta["steps"].get<int>();
+  r.noise_file = noise;
+  r.fp32 = true;
+  ModelParts parts{test::fixture(variant)};
+  const std::vector<uint8_t> plain = ImageModel::open(parts, Weights::per_stage)->generate(r).rgb;
+  parts.quant = Quant::int8;
+  const std::vector<uint8_t> int8 = ImageModel::open(parts, Weights::per_stage)->generate(r).rgb;
+  const Tensor& fp32 = ref.file.get("fp32.image_u8");
+  const double official_gap = test::level_gap(ref.file.get("bf16.image_u8"), fp32).mean;
+  const double gap = test::level_gap(int8, fp32).mean;
+  std::printf("[ measure ] klein int8 tier (fp32 activations): mean |d| to the official fp32 image %.3f levels, "
+              "the official bf16 image's %.3f\n", gap, official_gap);
+  EXPECT_NE(int8, plain) << "the tier changed nothing: is it applied?";
+  EXPECT_LT(gap, official_gap);
+  std::filesystem::remove(noise);
+}
+
+TEST(Int8Tier, Sa3ClipWithinTheOfficialBf16Disagreement) {
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
+  const auto fp32 = test::interleaved(ref.get("fp32.audio")), bf16 = test::interleaved(ref.get("bf16.audio"));
+  ModelParts parts{test::official_dir()};
+  const AudioRequest r = test::reference_request(true);
+  const std::vector<float> plain = AudioModel::open(parts, Weights::per_stage)->generate(r).samples;
+  parts.quant = Quant::int8;
+  const AudioResult int8 = AudioModel::open(parts, Weights::per_stage)->generate(r);
+  const test::AudioDistance official = test::audio_distance(bf16, fp32, 2, int8.sample_rate);
+  const test::AudioDistance ours = test::audio_distance(int8.samples, fp32, 2, int8.sample_rate);
+  std::printf("[ measure ] sa3 int8 tier (fp32 activations) to the official fp32 clip: MR-STFT %.4f, log-mel %.4f; "
+              "the official bf16 clip's %.4f, %.4f\n", ours.stft, ours.log_mel, official.stft, official.log_mel);
+  EXPECT_NE(int8.samples, plain) << "the tier changed nothing: is it applied?";
+  EXPECT_LT(ours.stft, official.stft);
+  EXPECT_LT(ours.log_mel, official.log_mel);
+}
+
+TEST(Int8Tier, RefusedOnADevice) {
+  test::expect_error([] { linear_weights_transform(Quant::int8, &test::shadow_device()); },
+                     {"--quant int8", "CPU only", test::shadow_device().name()});
+  EXPECT_EQ(linear_weights_transform(Quant::none, &test::shadow_device()), nullptr);
+}
+
+TEST(Int8Tier, CountsItsWeightsAtAByte) {
+  ModelParts parts{test::fixture("klein_tiny_a")};
+  parts.quant = Quant::int8;
+  if (!cpu::exact_int8_products()) {
+    test::expect_error([&] { ImageModel::open(parts, Weights::none); }, {"--quant int8", "VNNI"});
+    return;
+  }
+  // Counting prices the tier's weights at a byte each: the transformer's weight bytes halve.
+  const auto bf16 = ImageModel::open(ModelParts{parts.model}, Weights::none);
+  const auto int8 = ImageModel::open(parts, Weights::none);
+  ImageRequest r;
+  r.prompt = "a fox";
+  r.width = 64;
+  r.height = 48;
+  const PipelineCost a = bf16->count(r), b = int8->count(r);
+  auto dit_bytes = [](const PipelineCost& p) {
+    for (const StageCost& s : p.stages)
+      if (s.name == "dit_step") return s.per_call.weight_bytes;
+    return 0.0;
+  };
+  std::printf("[ measure ] klein tiny DiT step bytes: bf16 weights %.0f, int8 tier %.0f\n", dit_bytes(a), dit_bytes(b));
+  EXPECT_GT(dit_bytes(a), 0);
+  EXPECT_LT(dit_bytes(b), dit_bytes(a));
+}
+
+}  // namespace
+}  // namespace apus
