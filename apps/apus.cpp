@@ -17,6 +17,7 @@
 #include "bench.h"
 #include "core/cost.h"
 #include "core/error.h"
+#include "gate/gate.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "hub/hf_pull.h"
@@ -668,6 +669,51 @@ Command roofline_command(CLI::App& app) {
           }};
 }
 
+Command gate_command(CLI::App& app) {
+  struct Options {
+    apus::GateOptions gate;
+    std::string candidate, json;
+    int width = 0, height = 0, steps = 0;
+    CLI::Option *width_opt, *height_opt, *steps_opt;
+  };
+  const auto o = std::make_shared<Options>();
+  apus::GateOptions& g = o->gate;
+  auto* gate = app.add_subcommand(
+      "gate", "judge a tier or variant against the model's own bf16-vs-fp32 disagreement over a prompt set");
+  gate->add_option("--model", g.reference.model, kModelHelp)->required();
+  add_part_options(gate, g.reference);
+  gate->add_option("--candidate", o->candidate,
+                   "another file of the same transformer's weights to judge (a GGUF quantisation, fp8), with the "
+                   "same other parts");
+  gate->add_option("--knob", g.knob, "NAME=CHOICE: a kernel variant to judge (apus bench --list-variants)");
+  gate->add_option("--prompts", g.prompts, "prompts of the family's set (10)")->check(CLI::Range(1, 10));
+  gate->add_option("--seeds", g.seeds, "seeds per prompt, from 0 (2)")->check(CLI::Range(1, 100));
+  o->width_opt = gate->add_option("--width,-W", o->width, "image width (512)");
+  o->height_opt = gate->add_option("--height,-H", o->height, "image height (512)");
+  o->steps_opt = gate->add_option("--steps", o->steps, "sampling steps (the model's default)");
+  gate->add_option("--seconds", g.seconds, "clip length for audio models (10)");
+  gate->add_option("--json", o->json, "write the report here");
+  return {gate, [o] {
+            apus::GateOptions& g = o->gate;
+            // --quant names the candidate's tier; the reference is the model as published.
+            g.candidate = g.reference;
+            g.reference.quant = apus::Quant::none;
+            if (!o->candidate.empty()) g.candidate.model = o->candidate;
+            g.width = if_given(o->width_opt, o->width);
+            g.height = if_given(o->height_opt, o->height);
+            g.steps = if_given(o->steps_opt, o->steps);
+            if (!o->json.empty()) apus::check_writable(o->json);
+            const apus::GateReport r =
+                apus::run_gate(g, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+            std::printf("%s", r.table().c_str());
+            if (!o->json.empty()) {
+              const std::string text = r.json().dump(2) + "\n";
+              apus::write_whole_file(o->json, text.data(), text.size());
+            }
+            return r.pass ? 0 : 3;
+          }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -675,7 +721,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const Command commands[] = {image_command(app), audio_command(app),     synth_command(app),
                               pull_command(app),  calibrate_command(app), serve_command(app),
-                              bench_command(app), report_command(app),    roofline_command(app)};
+                              bench_command(app), report_command(app),    roofline_command(app),
+                              gate_command(app)};
   CLI11_PARSE(app, argc, argv);
   try {
     for (const Command& c : commands)

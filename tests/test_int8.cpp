@@ -11,7 +11,7 @@
 #include <random>
 
 #include "apus/apus.h"
-#include "audio_distance.h"
+#include "gate/metrics.h"
 #include "core/cost.h"
 #include "core/scaled_codes.h"
 #include "io/int8_weights.h"
@@ -183,8 +183,8 @@ TEST(Int8Tier, Sa3ClipWithinTheOfficialBf16Disagreement) {
   const std::vector<float> plain = AudioModel::open(parts, Weights::per_stage)->generate(r).samples;
   parts.quant = Quant::int8;
   const AudioResult int8 = AudioModel::open(parts, Weights::per_stage)->generate(r);
-  const test::AudioDistance official = test::audio_distance(bf16, fp32, 2, int8.sample_rate);
-  const test::AudioDistance ours = test::audio_distance(int8.samples, fp32, 2, int8.sample_rate);
+  const AudioScores official = audio_scores(bf16, fp32, 2, int8.sample_rate);
+  const AudioScores ours = audio_scores(int8.samples, fp32, 2, int8.sample_rate);
   std::printf("[ measure ] sa3 int8 tier (fp32 activations) to the official fp32 clip: MR-STFT %.4f, log-mel %.4f; "
               "the official bf16 clip's %.4f, %.4f\n", ours.stft, ours.log_mel, official.stft, official.log_mel);
   EXPECT_NE(int8.samples, plain) << "the tier changed nothing: is it applied?";

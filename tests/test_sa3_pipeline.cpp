@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "apus/apus.h"
-#include "audio_distance.h"
+#include "gate/metrics.h"
 #include "core/cost.h"
 #include "io/audio.h"
 #include "io/files.h"
@@ -794,9 +794,9 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   ASSERT_EQ(b.status, 0) << b.output;
   const auto ours = read_audio(out_bf16, test::kTestClipSeconds).samples;
   const auto ref_bf16 = interleaved(ref.get("bf16.audio")), other = interleaved(ref.get("fp32_decoder_noise.audio"));
-  const test::AudioDistance self = test::audio_distance(ref_bf16, want, 2, 2048);
-  const test::AudioDistance mine = test::audio_distance(ours, want, 2, 2048);
-  const test::AudioDistance far = test::audio_distance(other, want, 2, 2048);
+  const AudioScores self = audio_scores(ref_bf16, want, 2, 2048);
+  const AudioScores mine = audio_scores(ours, want, 2, 2048);
+  const AudioScores far = audio_scores(other, want, 2, 2048);
   std::printf(
       "[ measure ] sa3 cli bf16 vs official fp32: STFT %.4f, log-mel %.4f; official bf16 vs fp32: STFT %.4f, "
       "log-mel %.4f; a different clip: STFT %.4f, log-mel %.4f\n",
