@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "gate/metrics.h"
@@ -115,9 +116,13 @@ GateReport run_gate(const GateOptions& o, const std::function<void(const std::st
   auto say = [&](const std::string& s) {
     if (progress) progress(s);
   };
-  // One model in memory at a time: each loads its stages per request.
+  // The reference loads its stages per request; a candidate of other weights (the int8 tier's
+  // quantisation, another file) is made resident once, and a knob alone renders with the reference.
   const AnyModel reference = AnyModel::open(o.reference, Weights::per_stage);
-  const AnyModel candidate = AnyModel::open(o.candidate, Weights::per_stage);
+  const bool own_weights = o.candidate.model != o.reference.model || o.candidate.quant != o.reference.quant;
+  const std::optional<AnyModel> other =
+      own_weights ? std::optional<AnyModel>(AnyModel::open(o.candidate, Weights::resident)) : std::nullopt;
+  const AnyModel& candidate = other ? *other : reference;
   r.model = reference.label();
   std::vector<std::vector<double>> floor(3), cand(3);
   for (int p = 0; p < o.prompts; ++p)

@@ -174,14 +174,14 @@ std::string ModelDir::part(const std::string& name) const {
 
 WeightLoader ModelDir::weights(const std::string& name) const {
   const auto given = sources_.find(name);
-  const WeightLoader stored =
-      !load_weights_ ? WeightLoader(given != sources_.end()
-                                        ? std::shared_ptr<const WeightSource>(std::make_shared<StoredShapes>(given->second))
-                                        : std::make_shared<ShapesOnly>(),
-                                    device_)
-                     : WeightLoader(given != sources_.end() ? given->second : open_weights(component(name)), device_);
-  const auto transform = transforms_.find(name);
-  return transform != transforms_.end() ? stored.with(transform->second) : stored;
+  std::shared_ptr<const WeightSource> source;
+  if (!load_weights_)
+    source = given != sources_.end() ? std::shared_ptr<const WeightSource>(std::make_shared<StoredShapes>(given->second))
+                                     : std::make_shared<ShapesOnly>();
+  else source = given != sources_.end() ? given->second : open_weights(component(name));
+  const WeightLoader stored(source, device_);
+  const auto t = transform(name);
+  return t ? stored.with(t) : stored;
 }
 
 std::shared_ptr<const WeightTransform> ModelDir::transform(const std::string& component) const {

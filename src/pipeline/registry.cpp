@@ -157,6 +157,13 @@ std::string published_layout_of(const flux2::TransformerFile& transformer, const
        " single blocks, none of the published layouts':", shapes, "; pass --config DIR, a diffusers folder of its configs");
 }
 
+// The transformer's and text encoder's weights through `linears` (none when null).
+void use_linear_weights(ModelDir& dir, const std::shared_ptr<const WeightTransform>& linears) {
+  if (!linears) return;
+  dir.use_transform("transformer", linears);
+  dir.use_transform("text_encoder", linears);
+}
+
 }  // namespace
 
 bool is_single_file(const std::string& model) {
@@ -234,10 +241,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
       dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
   if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
-  if (const auto linears = linear_weights_transform(parts.quant, device)) {
-    dir.use_transform("transformer", linears);
-    dir.use_transform("text_encoder", linears);
-  }
+  use_linear_weights(dir, linear_weights_transform(parts.quant, device));
   return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");
 }
 
@@ -254,10 +258,7 @@ std::unique_ptr<AudioModel> open_audio_model(const ModelParts& parts, Weights we
   const std::string root = resolve_model_dir(parts.model, weights);
   if (single_checkpoint(root)) return open_sa3_official(root, weights, device, linears);
   ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
-  if (linears) {
-    dir.use_transform("transformer", linears);
-    dir.use_transform("text_encoder", linears);
-  }
+  use_linear_weights(dir, linears);
   return open_family(dir, weights, kAudioFamilies, kImageFamilies, "image");
 }
 
