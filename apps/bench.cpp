@@ -13,7 +13,7 @@
 #include "cost/roofline.h"
 #include "io/files.h"
 #include "ops/backend.h"
-#include "ops/variants.h"
+#include "core/variants.h"
 #include "pipeline/registry.h"
 
 namespace apus {

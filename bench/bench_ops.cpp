@@ -11,7 +11,7 @@
 #include "ops/adapters.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
-#include "ops/variants.h"
+#include "core/variants.h"
 
 namespace apus {
 namespace {
@@ -258,6 +258,17 @@ BENCHMARK(BM_Conv3x3)
     ->ArgsProduct({{128}, {128}, {512}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// The VAE decoder's last upsample (256 channels, 256 -> 512). args: channels, input side
+void BM_Upsample(benchmark::State& st) {
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t ch = st.range(0), hw = st.range(1);
+  Tensor x = filled({1, ch, hw, hw}, DType::bf16), y = Tensor::heap({1, ch, 2 * hw, 2 * hw}, DType::bf16);
+  for (auto _ : st) ops::upsample_nearest2x(c, x, y);
+  st.counters["B/s"] = benchmark::Counter(10.0 * ch * hw * hw, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Upsample)->Args({256, 256})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: rows, features
 void BM_LayerNormModulate(benchmark::State& st) {

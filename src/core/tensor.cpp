@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include "core/parallel.h"
 #include "core/quant_blocks.h"
 #include "core/scaled_codes.h"
+#include "core/variants.h"
 
 namespace apus {
 
@@ -59,14 +62,27 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
   return t;
 }
 
+Knob host_pages_knob("host.pages",
+                     "large host blocks (arena chunks, converted weights) on 2 MiB transparent huge pages or the "
+                     "kernel's default pages",
+                     {"huge", "default"});
+
 namespace {
 class HostAllocator final : public Allocator {
  public:
   HostAllocator() : Allocator(Device::cpu, 0) {}
   void* allocate(size_t bytes) override {
-    const size_t size = std::max<size_t>((bytes + 63) & ~size_t(63), 64);
-    void* p = std::aligned_alloc(64, size);
+    // A request's activations are touched first inside its ops (the VAE's upsampled maps, a
+    // conv's reordered input): on 4 KiB pages each first touch is a page fault, on huge pages one
+    // in 512.
+    constexpr size_t kHuge = size_t(2) << 20;
+    const bool large = bytes >= kHuge, huge = large && host_pages_knob.value() == 0;
+    if (large) host_pages_knob.took(huge ? 0 : 1);
+    const size_t align = huge ? kHuge : 64;
+    const size_t size = std::max<size_t>((bytes + align - 1) & ~(align - 1), 64);
+    void* p = std::aligned_alloc(align, size);
     APUS_CHECK(p, "out of memory allocating ", bytes, " bytes");
+    if (huge) madvise(p, size, MADV_HUGEPAGE);  // advice only: without THP the pages stay small
     return p;
   }
   void release(void* p) override { std::free(p); }

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "gate/metrics.h"
-#include "ops/variants.h"
+#include "core/variants.h"
 #include "pipeline/registry.h"
 
 namespace apus {

@@ -2,7 +2,7 @@
 // The CPU backend: every op of ops/op_list.h (backend.cpp puts them behind the Backend interface).
 // Files: linear (oneDNN matmul), conv (oneDNN), attention, norm, elementwise.
 #include "ops/ops.h"
-#include "ops/variants.h"
+#include "core/variants.h"
 
 namespace apus::cpu {
 
@@ -16,7 +16,7 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
 // so the int8 tier refuses such a CPU.
 bool exact_int8_products();
 
-// The CPU backend's variant knobs (ops/variants.h), read at each call.
+// The CPU backend's variant knobs (core/variants.h), read at each call.
 extern Knob native_bf16_knob;      // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
 extern Knob conv_layout_knob;      // "blocked" (oneDNN's own layout) or "plain" (NCHW)
 extern Knob attention_block_knob;  // query rows per attention task

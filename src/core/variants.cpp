@@ -1,4 +1,4 @@
-#include "ops/variants.h"
+#include "core/variants.h"
 
 #include "core/error.h"
 
