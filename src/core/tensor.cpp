@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "core/clones.h"
 #include "core/error.h"
@@ -236,11 +239,65 @@ Tensor to_dtype(const Tensor& t, DType dt) {
   return out;
 }
 
+Knob arena_chunks_knob("host.arena_chunks",
+                        "a finished request's host arena chunks kept for the next request, or released",
+                        {"kept", "released"});
+
+namespace {
+// Chunks of finished host arenas. The next request's activations land on pages already mapped
+// instead of faulting each page in again inside its ops (a VAE decode touches gigabytes first
+// inside its convs). The pool holds no more than the arenas that ran at once ever held.
+class ChunkPool {
+ public:
+  ~ChunkPool() {
+    for (auto& [size, base] : free_) host_allocator().release(base);
+  }
+  // The smallest kept chunk of at least `bytes`, or null.
+  std::pair<void*, size_t> take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_.lower_bound(bytes);
+    if (it == free_.end()) return {nullptr, 0};
+    const std::pair<void*, size_t> chunk{it->second, it->first};
+    free_.erase(it);
+    return chunk;
+  }
+  void keep(void* base, size_t size) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.emplace(size, base);
+  }
+  size_t bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t sum = 0;
+    for (const auto& [size, base] : free_) sum += size;
+    return sum;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_;
+};
+
+ChunkPool& chunk_pool() {
+  static ChunkPool pool;
+  return pool;
+}
+}  // namespace
+
+size_t pooled_host_bytes() { return chunk_pool().bytes(); }
+
 Arena::Arena(size_t chunk_bytes, bool measure_only, Allocator& allocator)
-    : chunk_bytes_(chunk_bytes), measure_only_(measure_only), allocator_(allocator) {}
+    : chunk_bytes_(chunk_bytes),
+      measure_only_(measure_only),
+      allocator_(allocator),
+      pooled_(&allocator == &host_allocator() && arena_chunks_knob.value() == 0) {
+  arena_chunks_knob.took(pooled_ ? 0 : 1);
+}
 
 Arena::~Arena() {
-  for (auto& c : chunks_) allocator_.release(c.base);
+  for (auto& c : chunks_) {
+    if (pooled_) chunk_pool().keep(c.base, c.size);
+    else allocator_.release(c.base);
+  }
 }
 
 void* Arena::alloc(size_t bytes) {
@@ -255,8 +312,13 @@ void* Arena::alloc(size_t bytes) {
     offset_ = 0;
   }
   if (current_ == chunks_.size()) {
-    const size_t size = std::max(bytes, chunk_bytes_);
-    void* p = allocator_.allocate(size);
+    size_t size = std::max(bytes, chunk_bytes_);
+    void* p = nullptr;
+    if (pooled_) std::tie(p, size) = chunk_pool().take(size);
+    if (!p) {
+      size = std::max(bytes, chunk_bytes_);
+      p = allocator_.allocate(size);
+    }
     chunks_.push_back({p, size});
     offset_ = 0;
   }

@@ -98,6 +98,9 @@ Tensor to_dtype(const Tensor& t, DType dt);  // heap copy
 // the copy being t's block order[i]: fused projections stored in another row order.
 Tensor row_blocks_permuted(const Tensor& t, const std::vector<int>& order);
 
+// Bytes of finished host arenas' chunks the process keeps for the next arena (knob host.arena_chunks).
+size_t pooled_host_bytes();
+
 // Bump allocator: the hot loop takes scratch and activations from here, never from malloc.
 // Regions are grown in chunks; `mark`/`release` give stack-like scoping per block.
 class Arena {
@@ -135,6 +138,7 @@ class Arena {
   size_t chunk_bytes_, current_ = 0, offset_ = 0, high_water_ = 0;
   bool measure_only_;
   Allocator& allocator_;
+  bool pooled_;  // host chunks come from and go back to the process's pool (knob host.arena_chunks)
 };
 
 // Releases everything allocated after construction when it leaves scope.
