@@ -212,8 +212,10 @@ void BM_Sa3DifferentialAttention(benchmark::State& st) {
 }
 BENCHMARK(BM_Sa3DifferentialAttention)->ArgsProduct({{452, 257}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// SAME's band. args: tokens, query rows per task, kernel (0 direct, 1 GEMM tiles)
 void BM_BandAttention(benchmark::State& st) {
   cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(1))));
+  cpu::band_attention_knob.set(int(st.range(2)));
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = 24, d = 64;
@@ -224,8 +226,9 @@ void BM_BandAttention(benchmark::State& st) {
     ops::differential_attention(c, q.cols(0, h * d), k.cols(0, h * d), q.cols(h * d, 2 * h * d),
                                 k.cols(h * d, 2 * h * d), v, o, d, 0.125f, band);
   cpu::attention_block_knob.set(0);
+  cpu::band_attention_knob.set(0);
 }
-BENCHMARK(BM_BandAttention)->ArgsProduct({{6596}, {32, 64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_BandAttention)->ArgsProduct({{6596}, {32, 128}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: tokens, heads, query rows per task
 void BM_Attention(benchmark::State& st) {

@@ -211,6 +211,24 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                                                 {false, pad ? &t.in[3] : nullptr, 2, 0.0f, Rounding::once, 17});
                                }};
                      }});
+  // The band through the CPU's other kernel (GEMM tiles; the direct AVX512-BF16 kernel is the
+  // default where the CPU has it), and causal, capped and rounded step by step through both.
+  for (const int tiles : {0, 1})
+    for (const bool shaped : {false, true}) {
+      if (!tiles && !shaped) continue;  // attention_band_padded above
+      const ops::AttentionOptions band{shaped, nullptr, 2, shaped ? 5.0f : 0.0f,
+                                       shaped ? Rounding::each_step : Rounding::once, 17};
+      cases.push_back({std::string("attention_band") + (shaped ? "_causal_capped" : "_padded") + (tiles ? "_tiles" : ""),
+                       OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+                         return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
+                                   cpu::band_attention_knob.set(tiles);
+                                   ops::AttentionOptions with_pad = band;
+                                   with_pad.key_valid = &t.in[3];
+                                   ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, with_pad);
+                                   cpu::band_attention_knob.set(0);
+                                 }};
+                       }});
+    }
   // Gemma's scores: capped at 5 (small enough that tanh bends these scores), formed in fp32 or
   // rounded step by step as eager PyTorch does in bf16.
   for (const Rounding r : kRoundings)
@@ -233,17 +251,21 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                              ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {causal, &t.in[3], 2});
                            }};
                      }});
-  // Two samples of 75 rows; with SAME's band |i - j| <= 17.
-  for (const int64_t window : {0, 17})
-    cases.push_back({window ? "differential_attention_band" : "differential_attention", OpId::differential_attention,
-                     Bound::inner_rounding, [window](OpInputs& in) -> Drawn {
+  // Two samples of 75 rows; with SAME's band |i - j| <= 17 through both CPU kernels.
+  for (const int64_t window : {0, 17, -17})
+    cases.push_back({window == 0  ? "differential_attention"
+                     : window > 0 ? "differential_attention_band"
+                                  : "differential_attention_band_tiles",
+                     OpId::differential_attention, Bound::inner_rounding, [window](OpInputs& in) -> Drawn {
                        const int64_t n = 150, hd = 64, h = 2;
                        std::vector<Tensor> q_k_q2_k2_v;
                        for (int i = 0; i < 5; ++i) q_k_q2_k2_v.push_back(in.random({n, h * hd}));
                        return {{q_k_q2_k2_v, {in.poisoned({n, h * hd})}}, [=](Context& c, Operands& t) {
+                                 cpu::band_attention_knob.set(window < 0);
                                  ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0],
                                                              hd, 0.125f,
-                                                             {false, nullptr, 2, 0.0f, Rounding::once, window});
+                                                             {false, nullptr, 2, 0.0f, Rounding::once, std::abs(window)});
+                                 cpu::band_attention_knob.set(0);
                                }};
                      }});
   // Grouped: 4 query heads over 2 key heads, two samples of 150 rows.

@@ -1,6 +1,8 @@
 // Attention as the reference's CPU kernels compute it: Q·K^T and P·V through the GEMM library
 // with fp32 accumulation, softmax in fp32, P rounded to the activation dtype before P·V.
 // Heads and query blocks are spread over threads; each thread runs its GEMMs single-threaded.
+#include <cpuid.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -15,6 +17,19 @@
 namespace apus::cpu {
 
 Knob attention_block_knob("cpu.attention_block", "query rows per attention task", {"128", "32", "64", "256", "512"});
+Knob band_attention_knob("cpu.band_attention",
+                         "a band's attention (SAME's |i - j| <= w) by a direct AVX512-BF16 kernel over each row's own "
+                         "keys, or by GEMM tiles over its query block's keys",
+                         {"direct", "tiles"});
+
+bool avx512_bf16() {
+  static const bool supported = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+  }();
+  return supported;
+}
 
 namespace {
 
@@ -31,13 +46,10 @@ void split_heads(const Tensor& x, int64_t d, Tensor& out) {
   });
 }
 
-// Sets the scores of keys a query may not see to -inf: those outside [first, end) (causal, band)
-// and those whose key_valid entry is 0 (padding). s covers n keys; key_valid is indexed alike.
-void mask_row(float* s, int64_t n, int64_t first, int64_t end, const int64_t* key_valid) {
-  for (int64_t j = 0; j < std::min(first, n); ++j) s[j] = kNegInf;
-  for (int64_t j = std::max<int64_t>(end, 0); j < n; ++j) s[j] = kNegInf;
+// Sets the scores of padding keys (key_valid entry 0) to -inf; s and key_valid cover n keys.
+void mask_padding(float* s, int64_t n, const int64_t* key_valid) {
   if (key_valid)
-    for (int64_t j = std::max<int64_t>(first, 0); j < std::min(end, n); ++j)
+    for (int64_t j = 0; j < n; ++j)
       if (!key_valid[j]) s[j] = kNegInf;
 }
 
@@ -58,6 +70,193 @@ void shape_scores(float* s, int64_t n, float scale, float softcap, bool round_st
   if (round_steps) round_row_bf16(s, n);
   for (int64_t j = 0; j < n; ++j) s[j] *= softcap;
   if (round_steps) round_row_bf16(s, n);
+}
+
+// What each attention row does with its scores s over the n keys it may see: shaped (capped,
+// rounded step by step) when asked, padding keys masked, softmax into p (the activation dtype).
+struct RowSoftmax {
+  float scale, softcap;
+  bool round_steps;
+  DType dt;
+
+  void operator()(float* s, int64_t n, const int64_t* key_valid, char* p) const {
+    const bool transformed = softcap > 0 || round_steps;
+    // The plain case leaves the scale to the softmax's fused exp.
+    if (transformed) shape_scores(s, n, scale, softcap, round_steps);
+    mask_padding(s, n, key_valid);
+    if (dt == DType::bf16) softmax_row_bf16(s, n, transformed ? 1.0f : scale, reinterpret_cast<uint16_t*>(p));
+    else softmax_row_f32(s, n, transformed ? 1.0f : scale, reinterpret_cast<float*>(p));
+  }
+};
+
+// GCC 12's AVX-512 headers start vectors from _mm512_undefined_*, which -Wmaybe-uninitialized
+// reports at every inlined call.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define APUS_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// Lanes [0, n) of a vector of `width` (n may be 0 or past the width).
+inline uint32_t lanes(int64_t n, int64_t width) {
+  return n >= width ? uint32_t(~0u >> (32 - width)) : n <= 0 ? 0u : (1u << n) - 1u;
+}
+
+// Keys [0, n) of d bf16 elements (key j at k + j * k_stride) re-laid pair-major: kt[p * ld + j]
+// holds key j's elements 2p and 2p + 1, so one vdpbf16ps forms a pair's products for 16 keys.
+// 16 keys x 16 pairs at a time through a register transpose; columns past n are zeros.
+APUS_AVX512_BF16 void pair_major(const uint16_t* k, int64_t k_stride, int64_t n, int64_t d, uint32_t* kt,
+                                 int64_t ld) {
+  const int64_t pairs = d / 2;
+  for (int64_t j0 = 0; j0 < ld; j0 += 16)
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      const __mmask16 m = lanes(pairs - p0, 16);
+      __m512i r[16], t[16];
+      for (int j = 0; j < 16; ++j)
+        r[j] = j0 + j < n ? _mm512_maskz_loadu_epi32(m, k + (j0 + j) * k_stride + 2 * p0) : _mm512_setzero_si512();
+      for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+      }
+      // r[4i + c] <- within each 128-bit lane L: column 4L + c of keys 4i .. 4i + 3.
+      for (int i = 0; i < 4; ++i) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m512i x0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
+        const __m512i y0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44),
+                      y1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
+        const __m512i cols[4] = {_mm512_shuffle_i32x4(x0, y0, 0x88), _mm512_shuffle_i32x4(x0, y0, 0xDD),
+                                 _mm512_shuffle_i32x4(x1, y1, 0x88), _mm512_shuffle_i32x4(x1, y1, 0xDD)};
+        for (int l = 0; l < 4; ++l)
+          if (p0 + 4 * l + c < pairs) _mm512_storeu_si512(kt + (p0 + 4 * l + c) * ld + j0, cols[l]);
+      }
+    }
+}
+
+// Scores of R consecutive query rows (q_r at q + r * q_stride) over 48 keys of a pair-major kt
+// from column j0: s[r * 48 + j] = q_r · k_(j0 + j), the products summed in fp32 by vdpbf16ps as the
+// GEMM library's bf16 kernels do. Up to 13 band rows of 35 keys share one 48-key window, so each
+// key load serves R rows and no horizontal sums are needed.
+template <int R>
+APUS_AVX512_BF16 void band_scores(const uint16_t* q, int64_t q_stride, const uint32_t* kt, int64_t ld, int64_t j0,
+                                  int64_t d, float* s) {
+  __m512 acc[R][3];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < d / 2; ++p) {
+    const uint32_t* keys = kt + p * ld + j0;
+    const __m512bh k0 = (__m512bh)_mm512_loadu_si512(keys), k1 = (__m512bh)_mm512_loadu_si512(keys + 16),
+                   k2 = (__m512bh)_mm512_loadu_si512(keys + 32);
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, q + r * q_stride + 2 * p, 4);
+      const __m512bh qp = (__m512bh)_mm512_set1_epi32(int32_t(pair));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qp, k0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qp, k1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], qp, k2);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 3; ++c) _mm512_storeu_ps(s + r * 48 + c * 16, acc[r][c]);
+}
+
+// 16 bf16 values widened to fp32 (their bits shifted into the high half).
+APUS_AVX512_BF16 inline __attribute__((always_inline)) __m512 widen_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// out = sum_j p_j v_j over n keys (v_j at v + j * v_stride, d wide), in fp32, 64 columns at a time.
+APUS_AVX512_BF16 void band_weighted_sum(const uint16_t* p, const uint16_t* v, int64_t v_stride, int64_t n, int64_t d,
+                                        float* out) {
+  for (int64_t c = 0; c < d; c += 64) {
+    const __mmask16 m0 = lanes(d - c, 16), m1 = lanes(d - c - 16, 16), m2 = lanes(d - c - 32, 16),
+                    m3 = lanes(d - c - 48, 16);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint16_t* vj = v + j * v_stride + c;
+      const __m512 pj = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(uint32_t(p[j]) << 16)));
+      a0 = _mm512_fmadd_ps(pj, widen_bf16(_mm256_maskz_loadu_epi16(m0, vj)), a0);
+      a1 = _mm512_fmadd_ps(pj, widen_bf16(_mm256_maskz_loadu_epi16(m1, vj + 16)), a1);
+      a2 = _mm512_fmadd_ps(pj, widen_bf16(_mm256_maskz_loadu_epi16(m2, vj + 32)), a2);
+      a3 = _mm512_fmadd_ps(pj, widen_bf16(_mm256_maskz_loadu_epi16(m3, vj + 48)), a3);
+    }
+    _mm512_mask_storeu_ps(out + c, m0, a0);
+    _mm512_mask_storeu_ps(out + c + 16, m1, a1);
+    _mm512_mask_storeu_ps(out + c + 32, m2, a2);
+    _mm512_mask_storeu_ps(out + c + 48, m3, a3);
+  }
+}
+
+#pragma GCC diagnostic pop
+
+// A band's attention row by row: each query row's scores over its own 2w + 1 keys only, heads read
+// in place from the projections (no head-major copies), no GEMM calls. The same roundings as the
+// tiles: P in bf16 before P·V, each term's output rounded before the difference.
+void attend_band_direct(const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks, const Tensor& v,
+                        Tensor& o, int64_t d, const ops::AttentionOptions& mask, const RowSoftmax& softmax,
+                        const int64_t* key_valid, int64_t block) {
+  const int64_t terms = int64_t(qs.size()), batch = mask.batch, w = mask.window;
+  const int64_t sq = qs[0]->shape[0] / batch, hq = qs[0]->shape[1] / d, hk = ks[0]->shape[1] / d;
+  const int64_t blocks = (sq + block - 1) / block;
+  // Query rows whose scores are formed together: their windows (2w + 1 keys, starting one key
+  // apart) fit one 48-key window.
+  constexpr int64_t kGroup = 8;
+  APUS_CHECK(2 * w + kGroup <= 48, "attention: the direct band kernel takes windows up to ", (48 - kGroup) / 2,
+             ", got ", w);
+  parallel_for(
+      batch * hq * blocks,
+      [&](int64_t task) {
+        const int64_t b = task / (hq * blocks), h = (task / blocks) % hq;
+        const int64_t r0 = (task % blocks) * block, r1 = std::min(sq, r0 + block);
+        const int64_t g = h / (hq / hk);
+        // The keys any row of the block sees, pair-major per term; 48 columns of slack past the
+        // last so every row group's 48-key window stays inside.
+        const int64_t key_lo = std::max<int64_t>(0, r0 - w), key_hi = std::min(sq, r1 + w);
+        const int64_t ld = (key_hi - key_lo + 15) / 16 * 16 + 48, term_kt = d / 2 * ld;
+        uint32_t* kt = reinterpret_cast<uint32_t*>(thread_scratch(0, terms * term_kt));
+        for (int64_t term = 0; term < terms; ++term)
+          pair_major(static_cast<const uint16_t*>(ks[size_t(term)]->row(b * sq + key_lo)) + g * d,
+                     ks[size_t(term)]->row_stride(), key_hi - key_lo, d, kt + term * term_kt, ld);
+        float* scores = thread_scratch(1, terms * kGroup * 48);
+        char* probs = reinterpret_cast<char*>(thread_scratch(2, w + 1));  // 2w + 1 bf16
+        float* outs[2] = {thread_scratch(3, 2 * d), nullptr};
+        outs[1] = outs[0] + d;
+        Tensor ob = o.rows(b * sq + r0, b * sq + r1).cols(h * d, (h + 1) * d);
+        for (int64_t i0 = r0; i0 < r1; i0 += kGroup) {
+          const int64_t rows = std::min(kGroup, r1 - i0), base = std::max<int64_t>(0, i0 - w);
+          for (int64_t term = 0; term < terms; ++term) {
+            const Tensor& q = *qs[size_t(term)];
+            const uint16_t* q0 = static_cast<const uint16_t*>(q.row(b * sq + i0)) + h * d;
+            const uint32_t* kterm = kt + term * term_kt;
+            float* st = scores + term * kGroup * 48;
+            if (rows == kGroup) band_scores<kGroup>(q0, q.row_stride(), kterm, ld, base - key_lo, d, st);
+            else
+              for (int64_t r = 0; r < rows; ++r)
+                band_scores<1>(q0 + r * q.row_stride(), 0, kterm, ld, base - key_lo, d, st + r * 48);
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            int64_t lo = std::max<int64_t>(0, i - w), hi = std::min(sq, i + w + 1);
+            if (mask.causal) hi = std::min(hi, i + 1);
+            const int64_t n = hi - lo;
+            for (int64_t term = 0; term < terms; ++term) {
+              float* srow = scores + term * kGroup * 48 + r * 48 + (lo - base);
+              softmax(srow, n, key_valid ? key_valid + b * sq + lo : nullptr, probs);
+              band_weighted_sum(reinterpret_cast<const uint16_t*>(probs),
+                                static_cast<const uint16_t*>(v.row(b * sq + lo)) + g * d, v.row_stride(), n, d,
+                                outs[term]);
+            }
+            if (terms > 1) {
+              round_to(DType::bf16, outs[0], d);
+              round_to(DType::bf16, outs[1], d);
+              for (int64_t j = 0; j < d; ++j) outs[0][j] -= outs[1][j];
+            }
+            store_row(ob, i - r0, outs[0], d);
+          }
+        }
+      },
+      Schedule::dynamic);
 }
 
 // softmax(q k^T * scale) v for each (q, k) term; two terms give the differential attention's
@@ -93,6 +292,14 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
   attention_block_knob.took(choice);
   const int64_t block = std::min<int64_t>(sq, std::stoll(attention_block_knob.choices()[size_t(choice)]));
   const int64_t blocks = (sq + block - 1) / block;
+  const bool round_steps = mask.rounding == ops::Rounding::each_step && dt == DType::bf16;
+  const RowSoftmax softmax{scale, mask.softcap, round_steps, dt};
+  if (mask.window > 0) {
+    const bool direct = band_attention_knob.value() == 0 && dt == DType::bf16 && d % 2 == 0 && 2 * mask.window + 8 <= 48 &&
+                        avx512_bf16();
+    band_attention_knob.took(direct ? 0 : 1);
+    if (direct) return attend_band_direct(qs, ks, v, o, d, mask, softmax, key_valid, block);
+  }
   std::vector<Tensor> qh, kh;
   for (int64_t i = 0; i < terms; ++i) {
     qh.push_back(Tensor::in(*c.arena, {hq, rows_q, d}, dt));
@@ -102,8 +309,6 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
   }
   Tensor vh = Tensor::in(*c.arena, {hk, rows_k, d}, dt);
   split_heads(v, d, vh);
-  const bool round_steps = mask.rounding == ops::Rounding::each_step && dt == DType::bf16;
-  const bool transformed = mask.softcap > 0 || round_steps;
   const int threads = omp_get_max_threads();
   // A band needs scores for its block's rows and the window on either side only.
   const int64_t max_keys = mask.window > 0 ? std::min(sk, block + 2 * mask.window) : sk;
@@ -143,10 +348,6 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
           gemm(qb, kbase, dt, 1, d, nullptr, sbn, d, nk);  // Q · K^T
           for (int64_t i = 0; i < nb; ++i) {
             float* srow = static_cast<float*>(sbn.row(i));
-            // Scores formed outside the softmax when they are capped or rounded step by step; the
-            // plain case leaves the scale to the softmax's fused exp.
-            const float softmax_scale = transformed ? 1.0f : scale;
-            if (transformed) shape_scores(srow, nk, scale, mask.softcap, round_steps);
             const int64_t qi = r0 + i;  // this row's position; the visible keys, relative to key_lo
             int64_t first = 0, end = nk;
             if (w > 0) {
@@ -156,13 +357,10 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
             if (mask.causal) end = std::min(end, qi + 1 - key_lo);
             // The softmax runs over the keys this row can see; the others get probability 0.
             const int64_t lo = std::clamp<int64_t>(first, 0, nk), hi = std::clamp<int64_t>(end, lo, nk);
-            mask_row(srow + lo, hi - lo, 0, hi - lo, valid ? valid + lo : nullptr);
             char* prow = static_cast<char*>(pbn.row(i));
             std::memset(prow, 0, size_t(lo) * es);
             std::memset(prow + size_t(hi) * es, 0, size_t(nk - hi) * es);
-            if (dt == DType::bf16)
-              softmax_row_bf16(srow + lo, hi - lo, softmax_scale, reinterpret_cast<uint16_t*>(prow) + lo);
-            else softmax_row_f32(srow + lo, hi - lo, softmax_scale, reinterpret_cast<float*>(prow) + lo);
+            softmax(srow + lo, hi - lo, valid ? valid + lo : nullptr, prow + size_t(lo) * es);
           }
         }
         if (terms == 1) {
