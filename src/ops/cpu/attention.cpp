@@ -1,6 +1,8 @@
 // Attention as the reference's CPU kernels compute it: Q·K^T and P·V through the GEMM library
 // with fp32 accumulation, softmax in fp32, P rounded to the activation dtype before P·V.
 // Heads and query blocks are spread over threads; each thread runs its GEMMs single-threaded.
+// A band (SAME's |i - j| <= 17) has its own kernel on AVX512-BF16 CPUs: each row's scores over its
+// own keys only, with the same roundings.
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -22,6 +24,9 @@ Knob band_attention_knob("cpu.band_attention",
                          "keys, or by GEMM tiles over its query block's keys",
                          {"direct", "tiles"});
 
+namespace {
+
+// AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5) with the AVX-512 parts the band kernel uses.
 bool avx512_bf16() {
   static const bool supported = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -30,8 +35,6 @@ bool avx512_bf16() {
   }();
   return supported;
 }
-
-namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -91,8 +94,10 @@ struct RowSoftmax {
 
 // GCC 12's AVX-512 headers start vectors from _mm512_undefined_*, which -Wmaybe-uninitialized
 // reports at every inlined call.
+#if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define APUS_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 // Lanes [0, n) of a vector of `width` (n may be 0 or past the width).
@@ -188,7 +193,9 @@ APUS_AVX512_BF16 void band_weighted_sum(const uint16_t* p, const uint16_t* v, in
   }
 }
 
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 // A band's attention row by row: each query row's scores over its own 2w + 1 keys only, heads read
 // in place from the projections (no head-major copies), no GEMM calls. The same roundings as the
