@@ -215,7 +215,7 @@ BENCHMARK(BM_Sa3DifferentialAttention)->ArgsProduct({{452, 257}, {0, 1}})->Unit(
 // SAME's band. args: tokens, query rows per task, kernel (0 direct, 1 GEMM tiles)
 void BM_BandAttention(benchmark::State& st) {
   cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(1))));
-  cpu::band_attention_knob.set(int(st.range(2)));
+  cpu::band_attention_knob.set(st.range(2) ? 2 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = 24, d = 64;

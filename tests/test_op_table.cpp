@@ -221,7 +221,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
       cases.push_back({std::string("attention_band") + (shaped ? "_causal_capped" : "_padded") + (tiles ? "_tiles" : ""),
                        OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
                          return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
-                                   cpu::band_attention_knob.set(tiles);
+                                   cpu::band_attention_knob.set(tiles ? 2 : 1);
                                    ops::AttentionOptions with_pad = band;
                                    with_pad.key_valid = &t.in[3];
                                    ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, with_pad);
@@ -261,7 +261,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                        std::vector<Tensor> q_k_q2_k2_v;
                        for (int i = 0; i < 5; ++i) q_k_q2_k2_v.push_back(in.random({n, h * hd}));
                        return {{q_k_q2_k2_v, {in.poisoned({n, h * hd})}}, [=](Context& c, Operands& t) {
-                                 cpu::band_attention_knob.set(window < 0);
+                                 cpu::band_attention_knob.set(window < 0 ? 2 : 1);
                                  ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0],
                                                              hd, 0.125f,
                                                              {false, nullptr, 2, 0.0f, Rounding::once, std::abs(window)});

@@ -21,8 +21,8 @@ namespace apus::cpu {
 Knob attention_block_knob("cpu.attention_block", "query rows per attention task", {"128", "32", "64", "256", "512"});
 Knob band_attention_knob("cpu.band_attention",
                          "a band's attention (SAME's |i - j| <= w) by a direct AVX512-BF16 kernel over each row's own "
-                         "keys, or by GEMM tiles over its query block's keys",
-                         {"direct", "tiles"});
+                         "keys, or by GEMM tiles over its query block's keys; auto: direct unless the CPU has AMX",
+                         {"auto", "direct", "tiles"});
 
 namespace {
 
@@ -34,6 +34,16 @@ bool avx512_bf16() {
            __builtin_cpu_supports("avx512vl") && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
   }();
   return supported;
+}
+
+// AMX-BF16 (CPUID leaf 7, EDX bit 22): oneDNN's GEMM tiles run on AMX there, and session 6
+// measured them twice as fast as a direct band kernel (docs/SPEED.md).
+bool amx_bf16() {
+  static const bool present = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
+  }();
+  return present;
 }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -302,9 +312,10 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
   const bool round_steps = mask.rounding == ops::Rounding::each_step && dt == DType::bf16;
   const RowSoftmax softmax{scale, mask.softcap, round_steps, dt};
   if (mask.window > 0) {
-    const bool direct = band_attention_knob.value() == 0 && dt == DType::bf16 && d % 2 == 0 && 2 * mask.window + 8 <= 48 &&
-                        avx512_bf16();
-    band_attention_knob.took(direct ? 0 : 1);
+    const int asked = band_attention_knob.value();
+    const bool direct = (asked == 1 || (asked == 0 && !amx_bf16())) && dt == DType::bf16 && d % 2 == 0 &&
+                        2 * mask.window + 8 <= 48 && avx512_bf16();
+    band_attention_knob.took(direct ? (asked == 0 ? 0 : 1) : asked == 0 ? 0 : 2);
     if (direct) return attend_band_direct(qs, ks, v, o, d, mask, softmax, key_valid, block);
   }
   std::vector<Tensor> qh, kh;

@@ -20,7 +20,7 @@ bool exact_int8_products();
 extern Knob native_bf16_knob;      // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
 extern Knob conv_layout_knob;      // "blocked" (oneDNN's own layout) or "plain" (NCHW)
 extern Knob attention_block_knob;  // query rows per attention task
-extern Knob band_attention_knob;   // "direct" (AVX512-BF16, row by row over its own keys) or "tiles" (GEMM)
+extern Knob band_attention_knob;   // "auto" (direct unless AMX), "direct" (AVX512-BF16, over each row's own keys) or "tiles" (GEMM)
 extern Knob linear_panel_mb_knob;  // MiB of expanded weights a stored format's panel holds: "32" (the default), "8", "2"
 extern Knob linear_panels_knob;    // "whole", or "panels": weights in the activation dtype split as stored formats'
 
