@@ -185,30 +185,20 @@ void BM_Sa3Attention(benchmark::State& st) {
 }
 BENCHMARK(BM_Sa3Attention)->Arg(128)->Arg(256)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The same DiT's differential attention, self (452 keys) and cross (257 text tokens + duration):
-// arm 0 the op (both softmaxes of a block into one stacked P·V), arm 1 composed as the op did
-// before: two attentions and a subtraction (the same-process A/B of that change).
+// The same DiT's differential attention, self (452 keys) and cross (257 text tokens + duration).
+// args: keys, kernel (0 direct, 1 GEMM tiles)
 void BM_Sa3DifferentialAttention(benchmark::State& st) {
   cpu::attention_block_knob.set(0);
+  cpu::attention_kernel_knob.set(st.range(1) ? 2 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = 452, keys = st.range(0), h = 24, d = 64;
   Tensor q = filled({s, h * d}, DType::bf16), q2 = filled({s, h * d}, DType::bf16),
          k = filled({keys, h * d}, DType::bf16), k2 = filled({keys, h * d}, DType::bf16),
-         v = filled({keys, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16),
-         o2 = Tensor::heap({s, h * d}, DType::bf16);
-  Tensor minus = Tensor::heap({h * d}, DType::f32);
-  std::fill(minus.ptr<float>(), minus.ptr<float>() + h * d, -1.0f);
-  for (auto _ : st) {
-    if (st.range(1) == 0) {
-      ops::differential_attention(c, q, k, q2, k2, v, o, d, 0.125f, {});
-    } else {
-      ops::attention(c, q, k, v, o, d, 0.125f, {});
-      ops::attention(c, q2, k2, v, o2, d, 0.125f, {});
-      ops::add_gated(c, o, o2, &minus, ops::Rounding::each_step);
-    }
-  }
+         v = filled({keys, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16);
+  for (auto _ : st) ops::differential_attention(c, q, k, q2, k2, v, o, d, 0.125f, {});
   st.counters["FLOP/s"] = benchmark::Counter(8.0 * s * keys * h * d, benchmark::Counter::kIsIterationInvariantRate);
+  cpu::attention_kernel_knob.set(0);
 }
 BENCHMARK(BM_Sa3DifferentialAttention)->ArgsProduct({{452, 257}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -230,18 +220,43 @@ void BM_BandAttention(benchmark::State& st) {
 }
 BENCHMARK(BM_BandAttention)->ArgsProduct({{6596}, {32, 128}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// args: tokens, heads, query rows per task
+// args: tokens, heads, query rows per task, causal, kernel (0 direct, 1 GEMM tiles)
 void BM_Attention(benchmark::State& st) {
   cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(2))));
+  cpu::attention_kernel_knob.set(st.range(4) ? 2 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = st.range(1), d = 128;
   Tensor q = filled({s, h * d}, DType::bf16), k = filled({s, h * d}, DType::bf16), v = filled({s, h * d}, DType::bf16),
          o = Tensor::heap({s, h * d}, DType::bf16);
-  for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.088f, {});
-  st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
+  const bool causal = st.range(3) != 0;
+  for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.088f, {causal});
+  st.counters["FLOP/s"] =
+      benchmark::Counter((causal ? 2.0 : 4.0) * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
+  cpu::attention_block_knob.set(0);
+  cpu::attention_kernel_knob.set(0);
 }
-BENCHMARK(BM_Attention)->ArgsProduct({{1536, 4608}, {24}, {128, 512}})->Unit(benchmark::kMillisecond)->UseRealTime();
+// klein's joint attention at 512x512 and 1024x1024 (24 heads); Qwen3's causal prompt (32 heads, 512 tokens)
+BENCHMARK(BM_Attention)
+    ->ArgsProduct({{1536, 4608}, {24}, {128}, {0}, {0, 1}})
+    ->ArgsProduct({{512}, {32}, {128}, {1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The FLUX.2 VAE's mid-block attention: one head of 512 channels over the latent's tokens (4096 at
+// 512x512, 16384 at 1024x1024). args: tokens, kernel (0 direct, 1 GEMM tiles)
+void BM_VaeAttention(benchmark::State& st) {
+  cpu::attention_kernel_knob.set(st.range(1) ? 2 : 1);
+  Arena arena;
+  Context c{&arena, DType::bf16};
+  const int64_t s = st.range(0), d = 512;
+  Tensor q = filled({s, d}, DType::bf16), k = filled({s, d}, DType::bf16), v = filled({s, d}, DType::bf16),
+         o = Tensor::heap({s, d}, DType::bf16);
+  for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.044f, {});
+  st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * d, benchmark::Counter::kIsIterationInvariantRate);
+  cpu::attention_kernel_knob.set(0);
+}
+BENCHMARK(BM_VaeAttention)->ArgsProduct({{4096, 16384}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: channels in, channels out, spatial side, layout (0 plain, 1 blocked)
 void BM_Conv3x3(benchmark::State& st) {

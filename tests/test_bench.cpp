@@ -10,6 +10,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "core/variants.h"
 #include "cost/ceiling.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
@@ -269,6 +270,19 @@ TEST(BenchAb, ListsTheKnobsAndRefusesUnknownOnes) {
   const test::CliRun shape = test::run_cli("bench" + model + " --ab cpu.conv_layout");
   EXPECT_NE(shape.status, 0);
   EXPECT_NE(shape.output.find("expected KNOB=A,B"), std::string::npos) << shape.output;
+}
+
+// Every knob an A/B can name has its row, with its choices in order, in docs/BENCH.md's table.
+TEST(BenchAb, EveryKnobHasItsRowInTheBenchGuide) {
+  std::ifstream in(std::string(APUS_FIXTURES) + "/../../docs/BENCH.md");
+  ASSERT_TRUE(in) << "docs/BENCH.md beside the fixtures";
+  const std::string guide((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(knobs().empty());
+  for (const Knob* knob : knobs()) {
+    std::string row = "| `" + knob->name() + "` | ";
+    for (size_t i = 0; i < knob->choices().size(); ++i) row += (i ? ", `" : "`") + knob->choices()[i] + "`";
+    EXPECT_NE(guide.find(row + " |"), std::string::npos) << "no row " << row << " | in docs/BENCH.md";
+  }
 }
 
 TEST(Bench, ReportRefusesFilesThatAreNotBenchReports) {

@@ -194,13 +194,26 @@ void add_attention_cases(std::vector<OpCase>& cases) {
     return t;
   };
   auto padded = [] { return key_mask(s, [](int64_t j) { return j < 250; }); };
+  // Attention without a band, each case through both CPU kernels (below).
+  std::vector<OpCase> full;
   for (const bool causal : {false, true})
-    cases.push_back({causal ? "attention_causal_padded" : "attention_padded", OpId::attention, Bound::inner_rounding,
+    full.push_back({causal ? "attention_causal_padded" : "attention_padded", OpId::attention, Bound::inner_rounding,
                      [=](OpInputs& in) -> Drawn {
                        return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
                                  ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {causal, &t.in[3]});
                                }};
                      }});
+  // Over a thousand keys in heads of 64: the direct kernel's key panels, its P·V in runs of 512 keys
+  // added up and two column panels, causal rows reaching into different runs.
+  full.push_back({"attention_long_causal_padded", OpId::attention, Bound::inner_rounding, [](OpInputs& in) -> Drawn {
+                    const int64_t n = 1100, hd = 64;
+                    const Tensor valid = key_mask(n, [](int64_t j) { return j < 1000; });
+                    return {{{in.random({n, 2 * hd}), in.random({n, hd}), in.random({n, hd}), valid},
+                             {in.poisoned({n, 2 * hd})}},
+                            [](Context& c, Operands& t) {
+                              ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], hd, 0.125f, {true, &t.in[3]});
+                            }};
+                  }});
   // A band |i - j| <= 17 (SAME's decoder), alone and with padding, per sample of a batch of two.
   for (const bool pad : {false, true})
     cases.push_back({pad ? "attention_band_padded" : "attention_band", OpId::attention, Bound::inner_rounding,
@@ -232,7 +245,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
   // Gemma's scores: capped at 5 (small enough that tanh bends these scores), formed in fp32 or
   // rounded step by step as eager PyTorch does in bf16.
   for (const Rounding r : kRoundings)
-    cases.push_back(
+    full.push_back(
         {"attention_softcap_" + tag(r), OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
            return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
                      ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {false, &t.in[3], 1, 5.0f, r});
@@ -240,7 +253,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
          }});
   // A batch of two samples of 70 rows with a key mask each (50 and 61 real keys).
   for (const bool causal : {false, true})
-    cases.push_back({causal ? "attention_batch_2_causal" : "attention_batch_2", OpId::attention, Bound::inner_rounding,
+    full.push_back({causal ? "attention_batch_2_causal" : "attention_batch_2", OpId::attention, Bound::inner_rounding,
                      [=](OpInputs& in) -> Drawn {
                        const int64_t n = 70;
                        const Tensor valid = key_mask(2 * n, [](int64_t j) { return j < n ? j < 50 : j < n + 61; });
@@ -253,7 +266,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                      }});
   // Two samples of 75 rows; with SAME's band |i - j| <= 17 through both CPU kernels.
   for (const int64_t window : {0, 17, -17})
-    cases.push_back({window == 0  ? "differential_attention"
+    (window == 0 ? full : cases).push_back({window == 0  ? "differential_attention"
                      : window > 0 ? "differential_attention_band"
                                   : "differential_attention_band_tiles",
                      OpId::differential_attention, Bound::inner_rounding, [window](OpInputs& in) -> Drawn {
@@ -269,7 +282,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                                }};
                      }});
   // Grouped: 4 query heads over 2 key heads, two samples of 150 rows.
-  cases.push_back({"differential_attention_grouped", OpId::differential_attention, Bound::inner_rounding,
+  full.push_back({"differential_attention_grouped", OpId::differential_attention, Bound::inner_rounding,
                    [=](OpInputs& in) -> Drawn {
                      const std::vector<Tensor> q_k_v = qkv(in);
                      const Tensor q2 = in.random({s, hq * d}), k2 = in.random({s, hk * d});
@@ -279,6 +292,22 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                                                            0.25f, {false, nullptr, 2});
                              }};
                    }});
+  // The direct AVX512-BF16 kernel (the default where the CPU has it and no AMX) and the GEMM tiles.
+  for (const OpCase& one : full)
+    for (const int tiles : {0, 1}) {
+      OpCase arm = one;
+      if (tiles) arm.name += "_tiles";
+      arm.draw = [tiles, draw = one.draw](OpInputs& in) -> Drawn {
+        Drawn drawn = draw(in);
+        drawn.call = [tiles, call = drawn.call](Context& c, Operands& t) {
+          cpu::attention_kernel_knob.set(tiles ? 2 : 1);
+          call(c, t);
+          cpu::attention_kernel_knob.set(0);
+        };
+        return drawn;
+      };
+      cases.push_back(arm);
+    }
 }
 
 void add_activation_cases(std::vector<OpCase>& cases) {

@@ -1,8 +1,9 @@
 // Attention as the reference's CPU kernels compute it: Q·K^T and P·V through the GEMM library
 // with fp32 accumulation, softmax in fp32, P rounded to the activation dtype before P·V.
 // Heads and query blocks are spread over threads; each thread runs its GEMMs single-threaded.
-// A band (SAME's |i - j| <= 17) has its own kernel on AVX512-BF16 CPUs: each row's scores over its
-// own keys only, with the same roundings.
+// On AVX512-BF16 CPUs two direct kernels replace the GEMM tiles, with the same roundings: a band
+// (SAME's |i - j| <= 17) forms each row's scores over its own keys only; full attention reads every
+// head's keys and values re-laid once per call for vdpbf16ps, without head copies or GEMM calls.
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/dnnl_util.h"
 #include "ops/cpu/rows.h"
 #include "ops/cpu/vec.h"
 
@@ -23,6 +25,11 @@ Knob band_attention_knob("cpu.band_attention",
                          "a band's attention (SAME's |i - j| <= w) by a direct AVX512-BF16 kernel over each row's own "
                          "keys, or by GEMM tiles over its query block's keys; auto: direct unless the CPU has AMX",
                          {"auto", "direct", "tiles"});
+Knob attention_kernel_knob("cpu.attention",
+                           "attention without a band by a direct AVX512-BF16 kernel (keys and values re-laid once per "
+                           "call, scores and P.V by vdpbf16ps), or by GEMM tiles over head copies; auto: direct "
+                           "unless the CPU has AMX",
+                           {"auto", "direct", "tiles"});
 
 namespace {
 
@@ -115,13 +122,15 @@ inline uint32_t lanes(int64_t n, int64_t width) {
   return n >= width ? uint32_t(~0u >> (32 - width)) : n <= 0 ? 0u : (1u << n) - 1u;
 }
 
-// Keys [0, n) of d bf16 elements (key j at k + j * k_stride) re-laid pair-major: kt[p * ld + j]
-// holds key j's elements 2p and 2p + 1, so one vdpbf16ps forms a pair's products for 16 keys.
-// 16 keys x 16 pairs at a time through a register transpose; columns past n are zeros.
+// Keys [0, n) of d bf16 elements (key j at k + j * k_stride) re-laid pair-major in panels of `panel`
+// keys: key j's elements 2p and 2p + 1 at kt[(j / panel) * (d / 2) * panel + p * panel + j % panel],
+// so one vdpbf16ps forms a pair's products for 16 keys and a panel's keys lie together. `cols`
+// columns in all (a multiple of the panel, which is one of 16), those past n zeros. 16 keys x 16
+// pairs at a time through a register transpose.
 APUS_AVX512_BF16 void pair_major(const uint16_t* k, int64_t k_stride, int64_t n, int64_t d, uint32_t* kt,
-                                 int64_t ld) {
+                                 int64_t cols, int64_t panel) {
   const int64_t pairs = d / 2;
-  for (int64_t j0 = 0; j0 < ld; j0 += 16)
+  for (int64_t j0 = 0; j0 < cols; j0 += 16)
     for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
       const __mmask16 m = lanes(pairs - p0, 16);
       __m512i r[16], t[16];
@@ -142,21 +151,22 @@ APUS_AVX512_BF16 void pair_major(const uint16_t* k, int64_t k_stride, int64_t n,
         const __m512i x0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
         const __m512i y0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44),
                       y1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
-        const __m512i cols[4] = {_mm512_shuffle_i32x4(x0, y0, 0x88), _mm512_shuffle_i32x4(x0, y0, 0xDD),
-                                 _mm512_shuffle_i32x4(x1, y1, 0x88), _mm512_shuffle_i32x4(x1, y1, 0xDD)};
+        const __m512i out[4] = {_mm512_shuffle_i32x4(x0, y0, 0x88), _mm512_shuffle_i32x4(x0, y0, 0xDD),
+                                _mm512_shuffle_i32x4(x1, y1, 0x88), _mm512_shuffle_i32x4(x1, y1, 0xDD)};
         for (int l = 0; l < 4; ++l)
-          if (p0 + 4 * l + c < pairs) _mm512_storeu_si512(kt + (p0 + 4 * l + c) * ld + j0, cols[l]);
+          if (p0 + 4 * l + c < pairs)
+            _mm512_storeu_si512(kt + j0 / panel * pairs * panel + (p0 + 4 * l + c) * panel + j0 % panel, out[l]);
       }
     }
 }
 
 // Scores of R consecutive query rows (q_r at q + r * q_stride) over 48 keys of a pair-major kt
-// from column j0: s[r * 48 + j] = q_r · k_(j0 + j), the products summed in fp32 by vdpbf16ps as the
-// GEMM library's bf16 kernels do. Up to 13 band rows of 35 keys share one 48-key window, so each
-// key load serves R rows and no horizontal sums are needed.
+// from column j0: s[r * s_stride + j] = q_r · k_(j0 + j), the products summed in fp32 by vdpbf16ps as
+// the GEMM library's bf16 kernels do. Each key load serves R rows and no horizontal sums are needed
+// (up to 13 band rows of 35 keys share one 48-key window).
 template <int R>
-APUS_AVX512_BF16 void band_scores(const uint16_t* q, int64_t q_stride, const uint32_t* kt, int64_t ld, int64_t j0,
-                                  int64_t d, float* s) {
+APUS_AVX512_BF16 void key_scores(const uint16_t* q, int64_t q_stride, const uint32_t* kt, int64_t ld, int64_t j0,
+                                 int64_t d, float* s, int64_t s_stride) {
   __m512 acc[R][3];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
   for (int64_t p = 0; p < d / 2; ++p) {
@@ -173,7 +183,59 @@ APUS_AVX512_BF16 void band_scores(const uint16_t* q, int64_t q_stride, const uin
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 3; ++c) _mm512_storeu_ps(s + r * 48 + c * 16, acc[r][c]);
+    for (int c = 0; c < 3; ++c) _mm512_storeu_ps(s + r * s_stride + c * 16, acc[r][c]);
+}
+
+// Values [0, n) of d bf16 elements (value j at v + j * v_stride) re-laid key-pair-major in panels
+// of 32 columns: column c of values 2m and 2m + 1 at vt[(c / 32) * pairs * 32 + m * 32 + c % 32]
+// (pairs = (n + 1) / 2), so one vdpbf16ps adds a pair of keys' weighted values to 16 columns and a
+// panel's values lie together. A missing last odd value and the columns past d are zeros.
+APUS_AVX512_BF16 void key_pair_major(const uint16_t* v, int64_t v_stride, int64_t n, int64_t d, uint32_t* vt) {
+  // Lanes 2i and 2i + 1 of the first half take element i of each row, the second half's element 16 + i.
+  alignas(64) static const uint16_t first[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512(first), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t m = 0; m < pairs; ++m) {
+    const uint16_t* a = v + 2 * m * v_stride;
+    for (int64_t c = 0; c < d; c += 32) {
+      const __mmask32 cols = lanes(d - c, 32);
+      const __m512i x = _mm512_maskz_loadu_epi16(cols, a + c);
+      const __m512i y = 2 * m + 1 < n ? _mm512_maskz_loadu_epi16(cols, a + v_stride + c) : _mm512_setzero_si512();
+      uint32_t* out = vt + c / 32 * pairs * 32 + m * 32;
+      _mm512_storeu_si512(out, _mm512_permutex2var_epi16(x, lo, y));
+      _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(x, hi, y));
+    }
+  }
+}
+
+// out_r[0 .. 32) (+)= sum over key pairs m < pairs of (p_r[2m] v_2m + p_r[2m + 1] v_(2m + 1)) in
+// fp32, over one 32-column panel of a key-pair-major vt, for R probability rows p_r (bf16 at
+// p + r * p_stride, zeros past each row's keys); added to what out holds when `accumulate`. Each
+// value load serves R rows.
+template <int R>
+APUS_AVX512_BF16 void pair_weighted_sum(const uint16_t* p, int64_t p_stride, const uint32_t* panel, int64_t pairs,
+                                        bool accumulate, float* out, int64_t out_stride) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = accumulate ? _mm512_loadu_ps(out + r * out_stride) : _mm512_setzero_ps();
+    acc[r][1] = accumulate ? _mm512_loadu_ps(out + r * out_stride + 16) : _mm512_setzero_ps();
+  }
+  for (int64_t m = 0; m < pairs; ++m) {
+    const __m512bh v0 = (__m512bh)_mm512_loadu_si512(panel + m * 32),
+                   v1 = (__m512bh)_mm512_loadu_si512(panel + m * 32 + 16);
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, p + r * p_stride + 2 * m, 4);
+      const __m512bh pp = (__m512bh)_mm512_set1_epi32(int32_t(pair));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], pp, v0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], pp, v1);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(out + r * out_stride, acc[r][0]);
+    _mm512_storeu_ps(out + r * out_stride + 16, acc[r][1]);
+  }
 }
 
 // 16 bf16 values widened to fp32 (their bits shifted into the high half).
@@ -234,7 +296,7 @@ void attend_band_direct(const std::vector<const Tensor*>& qs, const std::vector<
         uint32_t* kt = reinterpret_cast<uint32_t*>(thread_scratch(0, terms * term_kt));
         for (int64_t term = 0; term < terms; ++term)
           pair_major(static_cast<const uint16_t*>(ks[size_t(term)]->row(b * sq + key_lo)) + g * d,
-                     ks[size_t(term)]->row_stride(), key_hi - key_lo, d, kt + term * term_kt, ld);
+                     ks[size_t(term)]->row_stride(), key_hi - key_lo, d, kt + term * term_kt, ld, ld);
         float* scores = thread_scratch(1, terms * kGroup * 48);
         char* probs = reinterpret_cast<char*>(thread_scratch(2, w + 1));  // 2w + 1 bf16
         float* outs[2] = {thread_scratch(3, 2 * d), nullptr};
@@ -247,10 +309,10 @@ void attend_band_direct(const std::vector<const Tensor*>& qs, const std::vector<
             const uint16_t* q0 = static_cast<const uint16_t*>(q.row(b * sq + i0)) + h * d;
             const uint32_t* kterm = kt + term * term_kt;
             float* st = scores + term * kGroup * 48;
-            if (rows == kGroup) band_scores<kGroup>(q0, q.row_stride(), kterm, ld, base - key_lo, d, st);
+            if (rows == kGroup) key_scores<kGroup>(q0, q.row_stride(), kterm, ld, base - key_lo, d, st, 48);
             else
               for (int64_t r = 0; r < rows; ++r)
-                band_scores<1>(q0 + r * q.row_stride(), 0, kterm, ld, base - key_lo, d, st + r * 48);
+                key_scores<1>(q0 + r * q.row_stride(), 0, kterm, ld, base - key_lo, d, st + r * 48, 48);
           }
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
@@ -274,6 +336,113 @@ void attend_band_direct(const std::vector<const Tensor*>& qs, const std::vector<
         }
       },
       Schedule::dynamic);
+}
+
+// Attention without a band, directly: every key head's keys re-laid pair-major and its values
+// key-pair-major once per call (in the arena, in panels that lie together), then per query block:
+// the scores of all its rows a 48-key panel at a time (each panel loaded once for the block, each
+// load serving eight rows), the row softmax into bf16 probabilities, and P·V a 32-column panel and
+// a run of key pairs at a time (each run loaded once for the block), a pair of keys per vdpbf16ps.
+// The tiles' roundings: P in bf16 before P·V, each term's output rounded before the difference.
+void attend_direct(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks,
+                   const Tensor& v, Tensor& o, int64_t d, const ops::AttentionOptions& mask,
+                   const RowSoftmax& softmax, const int64_t* key_valid, int64_t block) {
+  constexpr int64_t kGroup = 8, kKeyPanel = 48, kColPanel = 32, kPairRun = 256;
+  const int64_t terms = int64_t(qs.size()), batch = mask.batch;
+  const int64_t sq = qs[0]->shape[0] / batch, sk = ks[0]->shape[0] / batch;
+  const int64_t hq = qs[0]->shape[1] / d, hk = ks[0]->shape[1] / d, blocks = (sq + block - 1) / block;
+  const int64_t ldk = (sk + kKeyPanel - 1) / kKeyPanel * kKeyPanel, col_panels = (d + kColPanel - 1) / kColPanel;
+  const int64_t pairs_all = (sk + 1) / 2, ldv = col_panels * kColPanel;
+  const int64_t k_heads = batch * hk, k_size = d / 2 * ldk, v_size = pairs_all * ldv;
+  uint32_t* kp = static_cast<uint32_t*>(Tensor::in(*c.arena, {terms * k_heads, k_size}, DType::f32).data);
+  uint32_t* vp = static_cast<uint32_t*>(Tensor::in(*c.arena, {k_heads, v_size}, DType::f32).data);
+  parallel_for(terms * k_heads, [&](int64_t t) {
+    const Tensor& k = *ks[size_t(t / k_heads)];
+    const int64_t b = t % k_heads / hk, g = t % hk;
+    pair_major(static_cast<const uint16_t*>(k.row(b * sk)) + g * d, k.row_stride(), sk, d, kp + t * k_size, ldk,
+               kKeyPanel);
+  });
+  parallel_for(k_heads, [&](int64_t t) {
+    key_pair_major(static_cast<const uint16_t*>(v.row(t / hk * sk)) + t % hk * d, v.row_stride(), sk, d,
+                   vp + t * v_size);
+  });
+  parallel_for(
+      batch * hq * blocks,
+      [&](int64_t task) {
+        const int64_t b = task / (hq * blocks), h = (task / blocks) % hq;
+        const int64_t r0 = (task % blocks) * block, rows = std::min(sq, r0 + block) - r0;
+        const int64_t kv_head = b * hk + h / (hq / hk);
+        const int64_t* valid = key_valid ? key_valid + b * sk : nullptr;
+        // The keys a row sees, and those of a group of rows starting at row i.
+        auto keys_of = [&](int64_t i) { return mask.causal ? std::min(sk, i + 1) : sk; };
+        auto group_keys = [&](int64_t i) { return keys_of(i + std::min(kGroup, r0 + rows - i) - 1); };
+        const int64_t pairs = (group_keys(r0 + rows - 1) + 1) / 2;  // the block's, for its probability rows
+        float* scores = thread_scratch(0, terms * block * ldk);
+        uint16_t* probs = reinterpret_cast<uint16_t*>(thread_scratch(1, terms * block * pairs));
+        float* outs = thread_scratch(2, terms * block * ldv);
+        for (int64_t term = 0; term < terms; ++term) {
+          const Tensor& q = *qs[size_t(term)];
+          const uint32_t* kt = kp + (term * k_heads + kv_head) * k_size;
+          float* st = scores + term * block * ldk;
+          for (int64_t j0 = 0; j0 < ldk; j0 += kKeyPanel) {
+            const uint32_t* panel = kt + j0 * (d / 2);
+            for (int64_t g0 = 0; g0 < rows; g0 += kGroup) {
+              if (j0 >= group_keys(r0 + g0)) continue;
+              const uint16_t* q0 = static_cast<const uint16_t*>(q.row(b * sq + r0 + g0)) + h * d;
+              if (rows - g0 >= kGroup) key_scores<kGroup>(q0, q.row_stride(), panel, kKeyPanel, 0, d, st + g0 * ldk + j0, ldk);
+              else
+                for (int64_t r = g0; r < rows; ++r)
+                  key_scores<1>(q0 + (r - g0) * q.row_stride(), 0, panel, kKeyPanel, 0, d, st + r * ldk + j0, ldk);
+            }
+          }
+          uint16_t* pt = probs + term * block * 2 * pairs;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t n = keys_of(r0 + r);
+            uint16_t* prow = pt + r * 2 * pairs;
+            softmax(st + r * ldk, n, valid, reinterpret_cast<char*>(prow));
+            std::fill(prow + n, prow + 2 * pairs, uint16_t(0));
+          }
+          const uint32_t* vt = vp + kv_head * v_size;
+          float* ot = outs + term * block * ldv;
+          for (int64_t cp = 0; cp < col_panels; ++cp)
+            for (int64_t m0 = 0; m0 < pairs; m0 += kPairRun) {
+              const uint32_t* run = vt + cp * pairs_all * kColPanel + m0 * kColPanel;
+              for (int64_t g0 = 0; g0 < rows; g0 += kGroup) {
+                const int64_t n = std::min((group_keys(r0 + g0) + 1) / 2, m0 + kPairRun) - m0;
+                if (n <= 0) continue;
+                const uint16_t* p0 = pt + g0 * 2 * pairs + 2 * m0;
+                float* out = ot + g0 * ldv + cp * kColPanel;
+                if (rows - g0 >= kGroup) pair_weighted_sum<kGroup>(p0, 2 * pairs, run, n, m0 > 0, out, ldv);
+                else
+                  for (int64_t r = 0; r < rows - g0; ++r)
+                    pair_weighted_sum<1>(p0 + r * 2 * pairs, 0, run, n, m0 > 0, out + r * ldv, 0);
+              }
+            }
+        }
+        Tensor ob = o.rows(b * sq + r0, b * sq + r0 + rows).cols(h * d, (h + 1) * d);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* out = outs + r * ldv;
+          if (terms > 1) {
+            float* second = outs + (block + r) * ldv;
+            round_to(DType::bf16, out, d);
+            round_to(DType::bf16, second, d);
+            for (int64_t j = 0; j < d; ++j) out[j] -= second[j];
+          }
+          store_row(ob, r, out, d);
+        }
+      },
+      Schedule::dynamic);
+}
+
+// Whether a kernel knob (auto | direct | tiles) sends this call to a direct AVX512-BF16 kernel that
+// can run it; records the choice taken. auto: direct unless the CPU has AMX, where oneDNN's tiles
+// run on it. Widened bf16 (cpu.native_bf16 off, as an AVX2-only CPU runs) takes the tiles.
+bool takes_direct(Knob& knob, bool runnable) {
+  const int asked = knob.value();
+  const bool direct =
+      (asked == 1 || (asked == 0 && !amx_bf16())) && runnable && avx512_bf16() && native_bf16();
+  knob.took(direct ? (asked == 0 ? 0 : 1) : asked == 0 ? 0 : 2);
+  return direct;
 }
 
 // softmax(q k^T * scale) v for each (q, k) term; two terms give the differential attention's
@@ -311,13 +480,11 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
   const int64_t blocks = (sq + block - 1) / block;
   const bool round_steps = mask.rounding == ops::Rounding::each_step && dt == DType::bf16;
   const RowSoftmax softmax{scale, mask.softcap, round_steps, dt};
-  if (mask.window > 0) {
-    const int asked = band_attention_knob.value();
-    const bool direct = (asked == 1 || (asked == 0 && !amx_bf16())) && dt == DType::bf16 && d % 2 == 0 &&
-                        2 * mask.window + 8 <= 48 && avx512_bf16();
-    band_attention_knob.took(direct ? (asked == 0 ? 0 : 1) : asked == 0 ? 0 : 2);
-    if (direct) return attend_band_direct(qs, ks, v, o, d, mask, softmax, key_valid, block);
-  }
+  const bool pairs_of_bf16 = dt == DType::bf16 && d % 2 == 0;
+  if (mask.window > 0 && takes_direct(band_attention_knob, pairs_of_bf16 && 2 * mask.window + 8 <= 48))
+    return attend_band_direct(qs, ks, v, o, d, mask, softmax, key_valid, block);
+  if (mask.window == 0 && takes_direct(attention_kernel_knob, pairs_of_bf16))
+    return attend_direct(c, qs, ks, v, o, d, mask, softmax, key_valid, block);
   std::vector<Tensor> qh, kh;
   for (int64_t i = 0; i < terms; ++i) {
     qh.push_back(Tensor::in(*c.arena, {hq, rows_q, d}, dt));

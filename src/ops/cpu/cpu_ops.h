@@ -21,6 +21,7 @@ extern Knob native_bf16_knob;      // "on" (the CPU's bf16 instructions, when it
 extern Knob conv_layout_knob;      // "blocked" (oneDNN's own layout) or "plain" (NCHW)
 extern Knob attention_block_knob;  // query rows per attention task
 extern Knob band_attention_knob;   // "auto" (direct unless AMX), "direct" (AVX512-BF16, over each row's own keys) or "tiles" (GEMM)
+extern Knob attention_kernel_knob;  // the same choices for attention without a band
 extern Knob linear_panel_mb_knob;  // MiB of expanded weights a stored format's panel holds: "32" (the default), "8", "2"
 extern Knob linear_panels_knob;    // "whole", or "panels": weights in the activation dtype split as stored formats'
 
