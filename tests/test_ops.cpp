@@ -358,11 +358,30 @@ TEST(OpsRows, F16ConversionIsExactForEveryHalf) {
   std::vector<uint16_t> all(65536);
   for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i);
   std::vector<float> out(all.size(), 0.0f);
-  cpu::f16_to_f32_row(all.data(), out.data(), int64_t(all.size()));
+  f16_to_f32_row(all.data(), out.data(), int64_t(all.size()));
   for (size_t i = 0; i < all.size(); ++i) {
     const float want = f16_to_f32(uint16_t(i));
     if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[i])) << i;
     else EXPECT_EQ(std::memcmp(&out[i], &want, 4), 0) << std::hex << i << " " << out[i] << " " << want;
+  }
+}
+
+// Weights converted at load (sa3.cpp's F16 GGUFs): every half, through the chunks to_dtype spreads
+// over the cores, to f32 exactly and to bf16 as f32_to_bf16 rounds the exact value.
+TEST(OpsRows, F16TensorsConvertExactlyAtLoad) {
+  const int64_t n = 3 * 65536 + 5;  // several chunks and a ragged end
+  Tensor halves = Tensor::heap({n}, DType::f16);
+  for (int64_t i = 0; i < n; ++i) halves.ptr<uint16_t>()[i] = uint16_t(i * 40503);
+  const Tensor wide = to_dtype(halves, DType::f32), narrow = to_dtype(halves, DType::bf16);
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = f16_to_f32(halves.ptr<uint16_t>()[i]);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(wide.ptr<float>()[i])) << i;
+      EXPECT_TRUE(std::isnan(bf16_to_f32(narrow.ptr<uint16_t>()[i]))) << i;
+      continue;
+    }
+    EXPECT_EQ(std::memcmp(&wide.ptr<float>()[i], &want, 4), 0) << i;
+    EXPECT_EQ(narrow.ptr<uint16_t>()[i], f32_to_bf16(want)) << i;
   }
 }
 

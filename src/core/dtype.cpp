@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/clones.h"
 #include "core/error.h"
 
 namespace apus {
@@ -147,6 +148,22 @@ float f16_to_f32(uint16_t h) {
   else if (exp == 31) v = mant ? NAN : INFINITY;
   else v = std::ldexp(float(mant | 0x400), exp - 25);
   return sign ? -v : v;
+}
+
+APUS_CLONES void f16_to_f32_row(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    // Exponent and mantissa moved into float position and rebased by 2^(127-15): exact for normal
+    // and subnormal halves alike; the all-ones exponent (Inf, NaN) is set directly.
+    const uint32_t magnitude = uint32_t(in[i] & 0x7fffu) << 13;
+    float f;
+    std::memcpy(&f, &magnitude, 4);
+    f *= 0x1p112f;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (magnitude >= (0x7c00u << 13)) u = magnitude | 0x7f800000u;
+    u |= uint32_t(in[i] & 0x8000u) << 16;
+    std::memcpy(&out[i], &u, 4);
+  }
 }
 
 float fp8_e4m3_to_f32(uint8_t v) {

@@ -51,6 +51,8 @@ inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 inline float round_as(DType dt, float f) { return dt == DType::bf16 ? round_bf16(f) : f; }
 
 float f16_to_f32(uint16_t h);
+// f16_to_f32 over a row, vectorised (per-ISA clones): exact, subnormals, infinities and NaN included.
+void f16_to_f32_row(const uint16_t* in, float* out, int64_t n);
 // float8_e4m3fn, torch's: bias 7, no infinities, S.1111.111 is NaN.
 float fp8_e4m3_to_f32(uint8_t v);
 // float8_e5m2, torch's: bias 15, IEEE-style infinities and NaNs.

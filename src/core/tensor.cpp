@@ -231,6 +231,17 @@ Tensor to_dtype(const Tensor& t, DType dt) {
       f32_to_bf16_block(t.ptr<float>() + begin, out.ptr<uint16_t>() + begin, end - begin);
       return;
     }
+    if (t.dtype == DType::f16) {  // sa3.cpp's and ComfyUI's F16 weights at load
+      float* wide = dt == DType::f32 ? out.ptr<float>() + begin : nullptr;
+      std::vector<float> buf;
+      if (!wide) {
+        buf.resize(size_t(end - begin));
+        wide = buf.data();
+      }
+      f16_to_f32_row(t.ptr<uint16_t>() + begin, wide, end - begin);
+      if (dt == DType::bf16) f32_to_bf16_block(wide, out.ptr<uint16_t>() + begin, end - begin);
+      return;
+    }
     for (int64_t i = begin; i < end; ++i) {
       if (dt == DType::f32) out.ptr<float>()[i] = load_f32(t, i);
       else out.ptr<uint16_t>()[i] = f32_to_bf16(load_f32(t, i));

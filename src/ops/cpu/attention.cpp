@@ -160,30 +160,39 @@ APUS_AVX512_BF16 void pair_major(const uint16_t* k, int64_t k_stride, int64_t n,
     }
 }
 
-// Scores of R consecutive query rows (q_r at q + r * q_stride) over 48 keys of a pair-major kt
-// from column j0: s[r * s_stride + j] = q_r · k_(j0 + j), the products summed in fp32 by vdpbf16ps as
-// the GEMM library's bf16 kernels do. Each key load serves R rows and no horizontal sums are needed
-// (up to 13 band rows of 35 keys share one 48-key window).
-template <int R>
-APUS_AVX512_BF16 void key_scores(const uint16_t* q, int64_t q_stride, const uint32_t* kt, int64_t ld, int64_t j0,
-                                 int64_t d, float* s, int64_t s_stride) {
-  __m512 acc[R][3];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < d / 2; ++p) {
-    const uint32_t* keys = kt + p * ld + j0;
-    const __m512bh k0 = (__m512bh)_mm512_loadu_si512(keys), k1 = (__m512bh)_mm512_loadu_si512(keys + 16),
-                   k2 = (__m512bh)_mm512_loadu_si512(keys + 32);
+// The kernel under the scores and P·V: for R rows a_r of bf16 pairs (a_r at a + r * a_stride) and a
+// panel of uint32 pair rows (row p at panel + p * ld), out_r[0 .. 16V) (+)= sum over p < pairs of
+// a_r's pair p times panel row p's 16V columns, each vdpbf16ps adding both products of a pair to one
+// fp32 lane as the GEMM library's bf16 kernels do. Each panel load serves R rows and no horizontal
+// sums are needed. Scores: a = query rows over pair-major keys (V = 3: 48 keys; up to 13 band rows
+// of 35 keys share one 48-key window); P·V: a = probability rows over key-pair-major values (V = 2).
+template <int R, int V>
+APUS_AVX512_BF16 void pair_products(const uint16_t* a, int64_t a_stride, const uint32_t* panel, int64_t ld,
+                                    int64_t pairs, bool accumulate, float* out, int64_t out_stride) {
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < V; ++c)
+      acc[r][c] = accumulate ? _mm512_loadu_ps(out + r * out_stride + 16 * c) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh cols[V];
+    for (int c = 0; c < V; ++c) cols[c] = (__m512bh)_mm512_loadu_si512(panel + p * ld + 16 * c);
     for (int r = 0; r < R; ++r) {
       uint32_t pair;
-      std::memcpy(&pair, q + r * q_stride + 2 * p, 4);
-      const __m512bh qp = (__m512bh)_mm512_set1_epi32(int32_t(pair));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qp, k0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qp, k1);
-      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], qp, k2);
+      std::memcpy(&pair, a + r * a_stride + 2 * p, 4);
+      const __m512bh ap = (__m512bh)_mm512_set1_epi32(int32_t(pair));
+      for (int c = 0; c < V; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], ap, cols[c]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 3; ++c) _mm512_storeu_ps(s + r * s_stride + c * 16, acc[r][c]);
+    for (int c = 0; c < V; ++c) _mm512_storeu_ps(out + r * out_stride + 16 * c, acc[r][c]);
+}
+
+// Scores of R consecutive query rows (q_r at q + r * q_stride) over 48 keys of a pair-major kt
+// from column j0: s[r * s_stride + j] = q_r · k_(j0 + j).
+template <int R>
+APUS_AVX512_BF16 void key_scores(const uint16_t* q, int64_t q_stride, const uint32_t* kt, int64_t ld, int64_t j0,
+                                 int64_t d, float* s, int64_t s_stride) {
+  pair_products<R, 3>(q, q_stride, kt + j0, ld, d / 2, false, s, s_stride);
 }
 
 // Values [0, n) of d bf16 elements (value j at v + j * v_stride) re-laid key-pair-major in panels
@@ -211,31 +220,11 @@ APUS_AVX512_BF16 void key_pair_major(const uint16_t* v, int64_t v_stride, int64_
 
 // out_r[0 .. 32) (+)= sum over key pairs m < pairs of (p_r[2m] v_2m + p_r[2m + 1] v_(2m + 1)) in
 // fp32, over one 32-column panel of a key-pair-major vt, for R probability rows p_r (bf16 at
-// p + r * p_stride, zeros past each row's keys); added to what out holds when `accumulate`. Each
-// value load serves R rows.
+// p + r * p_stride, zeros past each row's keys); added to what out holds when `accumulate`.
 template <int R>
 APUS_AVX512_BF16 void pair_weighted_sum(const uint16_t* p, int64_t p_stride, const uint32_t* panel, int64_t pairs,
                                         bool accumulate, float* out, int64_t out_stride) {
-  __m512 acc[R][2];
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = accumulate ? _mm512_loadu_ps(out + r * out_stride) : _mm512_setzero_ps();
-    acc[r][1] = accumulate ? _mm512_loadu_ps(out + r * out_stride + 16) : _mm512_setzero_ps();
-  }
-  for (int64_t m = 0; m < pairs; ++m) {
-    const __m512bh v0 = (__m512bh)_mm512_loadu_si512(panel + m * 32),
-                   v1 = (__m512bh)_mm512_loadu_si512(panel + m * 32 + 16);
-    for (int r = 0; r < R; ++r) {
-      uint32_t pair;
-      std::memcpy(&pair, p + r * p_stride + 2 * m, 4);
-      const __m512bh pp = (__m512bh)_mm512_set1_epi32(int32_t(pair));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], pp, v0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], pp, v1);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(out + r * out_stride, acc[r][0]);
-    _mm512_storeu_ps(out + r * out_stride + 16, acc[r][1]);
-  }
+  pair_products<R, 2>(p, p_stride, panel, 32, pairs, accumulate, out, out_stride);
 }
 
 // 16 bf16 values widened to fp32 (their bits shifted into the high half).

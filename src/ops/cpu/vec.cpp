@@ -76,22 +76,6 @@ APUS_CLONES void f32_to_bf16_row(const float* in, uint16_t* out, int64_t n) {
   }
 }
 
-APUS_CLONES void f16_to_f32_row(const uint16_t* in, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    // Exponent and mantissa moved into float position and rebased by 2^(127-15): exact for normal
-    // and subnormal halves alike; the all-ones exponent (Inf, NaN) is set directly.
-    const uint32_t magnitude = uint32_t(in[i] & 0x7fffu) << 13;
-    float f;
-    std::memcpy(&f, &magnitude, 4);
-    f *= 0x1p112f;
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if (magnitude >= (0x7c00u << 13)) u = magnitude | 0x7f800000u;
-    u |= uint32_t(in[i] & 0x8000u) << 16;
-    std::memcpy(&out[i], &u, 4);
-  }
-}
-
 APUS_CLONES bool finite_row(const float* v, int64_t n) {
   int bad = 0;
 #pragma omp simd reduction(| : bad)

@@ -7,8 +7,6 @@ namespace apus::cpu {
 
 void bf16_to_f32_row(const uint16_t* in, float* out, int64_t n);
 void f32_to_bf16_row(const float* in, uint16_t* out, int64_t n);
-// Exact, subnormals, infinities and NaN included.
-void f16_to_f32_row(const uint16_t* in, float* out, int64_t n);
 // Whether every value is finite (no NaN, no Inf).
 bool finite_row(const float* v, int64_t n);
 // v <- silu(v) = v / (1 + exp(-v))
