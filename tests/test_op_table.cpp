@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "op_bounds.h"
 #include "io/int8_weights.h"
+#include "op_bounds.h"
 #include "op_inputs.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
@@ -198,22 +198,22 @@ void add_attention_cases(std::vector<OpCase>& cases) {
   std::vector<OpCase> full;
   for (const bool causal : {false, true})
     full.push_back({causal ? "attention_causal_padded" : "attention_padded", OpId::attention, Bound::inner_rounding,
-                     [=](OpInputs& in) -> Drawn {
-                       return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
-                                 ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {causal, &t.in[3]});
-                               }};
-                     }});
+                    [=](OpInputs& in) -> Drawn {
+                      return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
+                                ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {causal, &t.in[3]});
+                              }};
+                    }});
   // Over a thousand keys in heads of 64: the direct kernel's key panels, its P·V in runs of 512 keys
   // added up and two column panels, causal rows reaching into different runs.
-  full.push_back({"attention_long_causal_padded", OpId::attention, Bound::inner_rounding, [](OpInputs& in) -> Drawn {
-                    const int64_t n = 1100, hd = 64;
-                    const Tensor valid = key_mask(n, [](int64_t j) { return j < 1000; });
-                    return {{{in.random({n, 2 * hd}), in.random({n, hd}), in.random({n, hd}), valid},
-                             {in.poisoned({n, 2 * hd})}},
-                            [](Context& c, Operands& t) {
-                              ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], hd, 0.125f, {true, &t.in[3]});
-                            }};
-                  }});
+  full.push_back(
+      {"attention_long_causal_padded", OpId::attention, Bound::inner_rounding, [](OpInputs& in) -> Drawn {
+         const int64_t n = 1100, hd = 64;
+         const Tensor valid = key_mask(n, [](int64_t j) { return j < 1000; });
+         return {{{in.random({n, 2 * hd}), in.random({n, hd}), in.random({n, hd}), valid}, {in.poisoned({n, 2 * hd})}},
+                 [](Context& c, Operands& t) {
+                   ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], hd, 0.125f, {true, &t.in[3]});
+                 }};
+       }});
   // A band |i - j| <= 17 (SAME's decoder), alone and with padding, per sample of a batch of two.
   for (const bool pad : {false, true})
     cases.push_back({pad ? "attention_band_padded" : "attention_band", OpId::attention, Bound::inner_rounding,
@@ -229,18 +229,19 @@ void add_attention_cases(std::vector<OpCase>& cases) {
   for (const int tiles : {0, 1})
     for (const bool shaped : {false, true}) {
       if (!tiles && !shaped) continue;  // attention_band_padded above
-      const ops::AttentionOptions band{shaped, nullptr, 2, shaped ? 5.0f : 0.0f,
-                                       shaped ? Rounding::each_step : Rounding::once, 17};
-      cases.push_back({std::string("attention_band") + (shaped ? "_causal_capped" : "_padded") + (tiles ? "_tiles" : ""),
-                       OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
-                         return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
-                                   cpu::band_attention_knob.set(tiles ? 2 : 1);
-                                   ops::AttentionOptions with_pad = band;
-                                   with_pad.key_valid = &t.in[3];
-                                   ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, with_pad);
-                                   cpu::band_attention_knob.set(0);
-                                 }};
-                       }});
+      const ops::AttentionOptions band{
+          shaped, nullptr, 2, shaped ? 5.0f : 0.0f, shaped ? Rounding::each_step : Rounding::once, 17};
+      cases.push_back(
+          {std::string("attention_band") + (shaped ? "_causal_capped" : "_padded") + (tiles ? "_tiles" : ""),
+           OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+             return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
+                       cpu::band_attention_knob.set(tiles ? 2 : 1);
+                       ops::AttentionOptions with_pad = band;
+                       with_pad.key_valid = &t.in[3];
+                       ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, with_pad);
+                       cpu::band_attention_knob.set(0);
+                     }};
+           }});
     }
   // Gemma's scores: capped at 5 (small enough that tanh bends these scores), formed in fp32 or
   // rounded step by step as eager PyTorch does in bf16.
@@ -254,44 +255,45 @@ void add_attention_cases(std::vector<OpCase>& cases) {
   // A batch of two samples of 70 rows with a key mask each (50 and 61 real keys).
   for (const bool causal : {false, true})
     full.push_back({causal ? "attention_batch_2_causal" : "attention_batch_2", OpId::attention, Bound::inner_rounding,
-                     [=](OpInputs& in) -> Drawn {
-                       const int64_t n = 70;
-                       const Tensor valid = key_mask(2 * n, [](int64_t j) { return j < n ? j < 50 : j < n + 61; });
-                       return {
-                           {{in.random({2 * n, hq * d}), in.random({2 * n, hk * d}), in.random({2 * n, hk * d}), valid},
-                            {in.poisoned({2 * n, hq * d})}},
-                           [=](Context& c, Operands& t) {
-                             ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {causal, &t.in[3], 2});
-                           }};
-                     }});
+                    [=](OpInputs& in) -> Drawn {
+                      const int64_t n = 70;
+                      const Tensor valid = key_mask(2 * n, [](int64_t j) { return j < n ? j < 50 : j < n + 61; });
+                      return {
+                          {{in.random({2 * n, hq * d}), in.random({2 * n, hk * d}), in.random({2 * n, hk * d}), valid},
+                           {in.poisoned({2 * n, hq * d})}},
+                          [=](Context& c, Operands& t) {
+                            ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {causal, &t.in[3], 2});
+                          }};
+                    }});
   // Two samples of 75 rows; with SAME's band |i - j| <= 17 through both CPU kernels.
   for (const int64_t window : {0, 17, -17})
-    (window == 0 ? full : cases).push_back({window == 0  ? "differential_attention"
-                     : window > 0 ? "differential_attention_band"
-                                  : "differential_attention_band_tiles",
-                     OpId::differential_attention, Bound::inner_rounding, [window](OpInputs& in) -> Drawn {
-                       const int64_t n = 150, hd = 64, h = 2;
-                       std::vector<Tensor> q_k_q2_k2_v;
-                       for (int i = 0; i < 5; ++i) q_k_q2_k2_v.push_back(in.random({n, h * hd}));
-                       return {{q_k_q2_k2_v, {in.poisoned({n, h * hd})}}, [=](Context& c, Operands& t) {
-                                 cpu::band_attention_knob.set(window < 0 ? 2 : 1);
-                                 ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0],
-                                                             hd, 0.125f,
-                                                             {false, nullptr, 2, 0.0f, Rounding::once, std::abs(window)});
-                                 cpu::band_attention_knob.set(0);
-                               }};
-                     }});
+    (window == 0 ? full : cases)
+        .push_back({window == 0  ? "differential_attention"
+                    : window > 0 ? "differential_attention_band"
+                                 : "differential_attention_band_tiles",
+                    OpId::differential_attention, Bound::inner_rounding, [window](OpInputs& in) -> Drawn {
+                      const int64_t n = 150, hd = 64, h = 2;
+                      std::vector<Tensor> q_k_q2_k2_v;
+                      for (int i = 0; i < 5; ++i) q_k_q2_k2_v.push_back(in.random({n, h * hd}));
+                      return {{q_k_q2_k2_v, {in.poisoned({n, h * hd})}}, [=](Context& c, Operands& t) {
+                                cpu::band_attention_knob.set(window < 0 ? 2 : 1);
+                                ops::differential_attention(
+                                    c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], hd, 0.125f,
+                                    {false, nullptr, 2, 0.0f, Rounding::once, std::abs(window)});
+                                cpu::band_attention_knob.set(0);
+                              }};
+                    }});
   // Grouped: 4 query heads over 2 key heads, two samples of 150 rows.
   full.push_back({"differential_attention_grouped", OpId::differential_attention, Bound::inner_rounding,
-                   [=](OpInputs& in) -> Drawn {
-                     const std::vector<Tensor> q_k_v = qkv(in);
-                     const Tensor q2 = in.random({s, hq * d}), k2 = in.random({s, hk * d});
-                     return {{{q_k_v[0], q_k_v[1], q2, k2, q_k_v[2]}, {in.poisoned({s, hq * d})}},
-                             [=](Context& c, Operands& t) {
-                               ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], d,
-                                                           0.25f, {false, nullptr, 2});
-                             }};
-                   }});
+                  [=](OpInputs& in) -> Drawn {
+                    const std::vector<Tensor> q_k_v = qkv(in);
+                    const Tensor q2 = in.random({s, hq * d}), k2 = in.random({s, hk * d});
+                    return {{{q_k_v[0], q_k_v[1], q2, k2, q_k_v[2]}, {in.poisoned({s, hq * d})}},
+                            [=](Context& c, Operands& t) {
+                              ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], d,
+                                                          0.25f, {false, nullptr, 2});
+                            }};
+                  }});
   // The direct AVX512-BF16 kernel (the default where the CPU has it and no AMX) and the GEMM tiles.
   for (const OpCase& one : full)
     for (const int tiles : {0, 1}) {
@@ -628,8 +630,9 @@ void add_linear_cases(std::vector<OpCase>& cases) {
     DType codes, factors;
     int64_t block;
   };
-  for (const Scaled s : {Scaled{"int8_row_scaled", DType::i8, DType::f32, 512}, Scaled{"mxfp8", DType::fp8_e4m3, DType::e8m0, 32},
-                         Scaled{"nvfp4", DType::fp4_e2m1, DType::fp8_e4m3, 16}})
+  for (const Scaled s :
+       {Scaled{"int8_row_scaled", DType::i8, DType::f32, 512}, Scaled{"mxfp8", DType::fp8_e4m3, DType::e8m0, 32},
+        Scaled{"nvfp4", DType::fp4_e2m1, DType::fp8_e4m3, 16}})
     cases.push_back({"linear_" + std::string(s.name) + "_weights", OpId::linear, Bound::rounding,
                      [s](OpInputs& d) -> Drawn {
                        const int64_t m = 9, k = 512, n = 70;

@@ -217,29 +217,18 @@ Tensor to_dtype(const Tensor& t, DType dt) {
   // case in a loop the compiler vectorises.
   parallel_for((n + block - 1) / block, [&](int64_t b) {
     const int64_t begin = b * block, end = std::min(n, begin + block);
-    if (is_block_quantized(t.dtype)) {
-      // Whole blocks per chunk: the chunk is a multiple of every block size.
-      std::vector<float> buf(size_t(end - begin));
-      dequantize_row(t.dtype, t.ptr<uint8_t>() + dtype_bytes(t.dtype, begin), buf.data(), end - begin);
-      for (int64_t i = begin; i < end; ++i) {
-        if (dt == DType::f32) out.ptr<float>()[i] = buf[size_t(i - begin)];
-        else out.ptr<uint16_t>()[i] = f32_to_bf16(buf[size_t(i - begin)]);
-      }
+    if (is_block_quantized(t.dtype) || t.dtype == DType::f16) {
+      // Decoded to fp32 a chunk at a time (whole blocks: the chunk is a multiple of every block
+      // size), then stored: GGUF blocks, and sa3.cpp's and ComfyUI's F16 weights at load.
+      std::vector<float> buf(dt == DType::f32 ? 0 : size_t(end - begin));
+      float* wide = dt == DType::f32 ? out.ptr<float>() + begin : buf.data();
+      if (t.dtype == DType::f16) f16_to_f32_row(t.ptr<uint16_t>() + begin, wide, end - begin);
+      else dequantize_row(t.dtype, t.ptr<uint8_t>() + dtype_bytes(t.dtype, begin), wide, end - begin);
+      if (dt == DType::bf16) f32_to_bf16_block(wide, out.ptr<uint16_t>() + begin, end - begin);
       return;
     }
     if (f32_to_bf16_rows) {
       f32_to_bf16_block(t.ptr<float>() + begin, out.ptr<uint16_t>() + begin, end - begin);
-      return;
-    }
-    if (t.dtype == DType::f16) {  // sa3.cpp's and ComfyUI's F16 weights at load
-      float* wide = dt == DType::f32 ? out.ptr<float>() + begin : nullptr;
-      std::vector<float> buf;
-      if (!wide) {
-        buf.resize(size_t(end - begin));
-        wide = buf.data();
-      }
-      f16_to_f32_row(t.ptr<uint16_t>() + begin, wide, end - begin);
-      if (dt == DType::bf16) f32_to_bf16_block(wide, out.ptr<uint16_t>() + begin, end - begin);
       return;
     }
     for (int64_t i = begin; i < end; ++i) {
@@ -251,8 +240,8 @@ Tensor to_dtype(const Tensor& t, DType dt) {
 }
 
 Knob arena_chunks_knob("host.arena_chunks",
-                        "a finished request's host arena chunks kept for the next request, or released",
-                        {"kept", "released"});
+                       "a finished request's host arena chunks kept for the next request, or released",
+                       {"kept", "released"});
 
 namespace {
 // Chunks of finished host arenas. The next request's activations land on pages already mapped

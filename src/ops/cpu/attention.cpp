@@ -117,6 +117,9 @@ struct RowSoftmax {
 #endif
 #define APUS_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
+// Columns of a value panel (key_pair_major's layout, pair_weighted_sum's width).
+constexpr int64_t kValuePanel = 32;
+
 // Lanes [0, n) of a vector of `width` (n may be 0 or past the width).
 inline uint32_t lanes(int64_t n, int64_t width) {
   return n >= width ? uint32_t(~0u >> (32 - width)) : n <= 0 ? 0u : (1u << n) - 1u;
@@ -127,8 +130,8 @@ inline uint32_t lanes(int64_t n, int64_t width) {
 // so one vdpbf16ps forms a pair's products for 16 keys and a panel's keys lie together. `cols`
 // columns in all (a multiple of the panel, which is one of 16), those past n zeros. 16 keys x 16
 // pairs at a time through a register transpose.
-APUS_AVX512_BF16 void pair_major(const uint16_t* k, int64_t k_stride, int64_t n, int64_t d, uint32_t* kt,
-                                 int64_t cols, int64_t panel) {
+APUS_AVX512_BF16 void pair_major(const uint16_t* k, int64_t k_stride, int64_t n, int64_t d, uint32_t* kt, int64_t cols,
+                                 int64_t panel) {
   const int64_t pairs = d / 2;
   for (int64_t j0 = 0; j0 < cols; j0 += 16)
     for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
@@ -166,9 +169,9 @@ APUS_AVX512_BF16 void pair_major(const uint16_t* k, int64_t k_stride, int64_t n,
 // fp32 lane as the GEMM library's bf16 kernels do. Each panel load serves R rows and no horizontal
 // sums are needed. Scores: a = query rows over pair-major keys (V = 3: 48 keys; up to 13 band rows
 // of 35 keys share one 48-key window); P·V: a = probability rows over key-pair-major values (V = 2).
-template <int R, int V>
-APUS_AVX512_BF16 void pair_products(const uint16_t* a, int64_t a_stride, const uint32_t* panel, int64_t ld,
-                                    int64_t pairs, bool accumulate, float* out, int64_t out_stride) {
+template <int R, int V> APUS_AVX512_BF16 void pair_products(const uint16_t* a, int64_t a_stride, const uint32_t* panel,
+                                                            int64_t ld, int64_t pairs, bool accumulate, float* out,
+                                                            int64_t out_stride) {
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < V; ++c)
@@ -189,14 +192,13 @@ APUS_AVX512_BF16 void pair_products(const uint16_t* a, int64_t a_stride, const u
 
 // Scores of R consecutive query rows (q_r at q + r * q_stride) over 48 keys of a pair-major kt
 // from column j0: s[r * s_stride + j] = q_r · k_(j0 + j).
-template <int R>
-APUS_AVX512_BF16 void key_scores(const uint16_t* q, int64_t q_stride, const uint32_t* kt, int64_t ld, int64_t j0,
-                                 int64_t d, float* s, int64_t s_stride) {
+template <int R> APUS_AVX512_BF16 void key_scores(const uint16_t* q, int64_t q_stride, const uint32_t* kt, int64_t ld,
+                                                  int64_t j0, int64_t d, float* s, int64_t s_stride) {
   pair_products<R, 3>(q, q_stride, kt + j0, ld, d / 2, false, s, s_stride);
 }
 
 // Values [0, n) of d bf16 elements (value j at v + j * v_stride) re-laid key-pair-major in panels
-// of 32 columns: column c of values 2m and 2m + 1 at vt[(c / 32) * pairs * 32 + m * 32 + c % 32]
+// of P = kValuePanel columns: column c of values 2m and 2m + 1 at vt[(c / P) * pairs * P + m * P + c % P]
 // (pairs = (n + 1) / 2), so one vdpbf16ps adds a pair of keys' weighted values to 16 columns and a
 // panel's values lie together. A missing last odd value and the columns past d are zeros.
 APUS_AVX512_BF16 void key_pair_major(const uint16_t* v, int64_t v_stride, int64_t n, int64_t d, uint32_t* vt) {
@@ -207,11 +209,11 @@ APUS_AVX512_BF16 void key_pair_major(const uint16_t* v, int64_t v_stride, int64_
   const int64_t pairs = (n + 1) / 2;
   for (int64_t m = 0; m < pairs; ++m) {
     const uint16_t* a = v + 2 * m * v_stride;
-    for (int64_t c = 0; c < d; c += 32) {
+    for (int64_t c = 0; c < d; c += kValuePanel) {
       const __mmask32 cols = lanes(d - c, 32);
       const __m512i x = _mm512_maskz_loadu_epi16(cols, a + c);
       const __m512i y = 2 * m + 1 < n ? _mm512_maskz_loadu_epi16(cols, a + v_stride + c) : _mm512_setzero_si512();
-      uint32_t* out = vt + c / 32 * pairs * 32 + m * 32;
+      uint32_t* out = vt + c / kValuePanel * pairs * kValuePanel + m * kValuePanel;
       _mm512_storeu_si512(out, _mm512_permutex2var_epi16(x, lo, y));
       _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(x, hi, y));
     }
@@ -221,10 +223,10 @@ APUS_AVX512_BF16 void key_pair_major(const uint16_t* v, int64_t v_stride, int64_
 // out_r[0 .. 32) (+)= sum over key pairs m < pairs of (p_r[2m] v_2m + p_r[2m + 1] v_(2m + 1)) in
 // fp32, over one 32-column panel of a key-pair-major vt, for R probability rows p_r (bf16 at
 // p + r * p_stride, zeros past each row's keys); added to what out holds when `accumulate`.
-template <int R>
-APUS_AVX512_BF16 void pair_weighted_sum(const uint16_t* p, int64_t p_stride, const uint32_t* panel, int64_t pairs,
-                                        bool accumulate, float* out, int64_t out_stride) {
-  pair_products<R, 2>(p, p_stride, panel, 32, pairs, accumulate, out, out_stride);
+template <int R> APUS_AVX512_BF16 void pair_weighted_sum(const uint16_t* p, int64_t p_stride, const uint32_t* panel,
+                                                         int64_t pairs, bool accumulate, float* out,
+                                                         int64_t out_stride) {
+  pair_products<R, kValuePanel / 16>(p, p_stride, panel, kValuePanel, pairs, accumulate, out, out_stride);
 }
 
 // 16 bf16 values widened to fp32 (their bits shifted into the high half).
@@ -334,14 +336,14 @@ void attend_band_direct(const std::vector<const Tensor*>& qs, const std::vector<
 // a run of key pairs at a time (each run loaded once for the block), a pair of keys per vdpbf16ps.
 // The tiles' roundings: P in bf16 before P·V, each term's output rounded before the difference.
 void attend_direct(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks,
-                   const Tensor& v, Tensor& o, int64_t d, const ops::AttentionOptions& mask,
-                   const RowSoftmax& softmax, const int64_t* key_valid, int64_t block) {
-  constexpr int64_t kGroup = 8, kKeyPanel = 48, kColPanel = 32, kPairRun = 256;
+                   const Tensor& v, Tensor& o, int64_t d, const ops::AttentionOptions& mask, const RowSoftmax& softmax,
+                   const int64_t* key_valid, int64_t block) {
+  constexpr int64_t kGroup = 8, kKeyPanel = 48, kPairRun = 256;
   const int64_t terms = int64_t(qs.size()), batch = mask.batch;
   const int64_t sq = qs[0]->shape[0] / batch, sk = ks[0]->shape[0] / batch;
   const int64_t hq = qs[0]->shape[1] / d, hk = ks[0]->shape[1] / d, blocks = (sq + block - 1) / block;
-  const int64_t ldk = (sk + kKeyPanel - 1) / kKeyPanel * kKeyPanel, col_panels = (d + kColPanel - 1) / kColPanel;
-  const int64_t pairs_all = (sk + 1) / 2, ldv = col_panels * kColPanel;
+  const int64_t ldk = (sk + kKeyPanel - 1) / kKeyPanel * kKeyPanel, col_panels = (d + kValuePanel - 1) / kValuePanel;
+  const int64_t pairs_all = (sk + 1) / 2, ldv = col_panels * kValuePanel;
   const int64_t k_heads = batch * hk, k_size = d / 2 * ldk, v_size = pairs_all * ldv;
   uint32_t* kp = static_cast<uint32_t*>(Tensor::in(*c.arena, {terms * k_heads, k_size}, DType::f32).data);
   uint32_t* vp = static_cast<uint32_t*>(Tensor::in(*c.arena, {k_heads, v_size}, DType::f32).data);
@@ -378,7 +380,8 @@ void attend_direct(Context& c, const std::vector<const Tensor*>& qs, const std::
             for (int64_t g0 = 0; g0 < rows; g0 += kGroup) {
               if (j0 >= group_keys(r0 + g0)) continue;
               const uint16_t* q0 = static_cast<const uint16_t*>(q.row(b * sq + r0 + g0)) + h * d;
-              if (rows - g0 >= kGroup) key_scores<kGroup>(q0, q.row_stride(), panel, kKeyPanel, 0, d, st + g0 * ldk + j0, ldk);
+              if (rows - g0 >= kGroup)
+                key_scores<kGroup>(q0, q.row_stride(), panel, kKeyPanel, 0, d, st + g0 * ldk + j0, ldk);
               else
                 for (int64_t r = g0; r < rows; ++r)
                   key_scores<1>(q0 + (r - g0) * q.row_stride(), 0, panel, kKeyPanel, 0, d, st + r * ldk + j0, ldk);
@@ -395,12 +398,12 @@ void attend_direct(Context& c, const std::vector<const Tensor*>& qs, const std::
           float* ot = outs + term * block * ldv;
           for (int64_t cp = 0; cp < col_panels; ++cp)
             for (int64_t m0 = 0; m0 < pairs; m0 += kPairRun) {
-              const uint32_t* run = vt + cp * pairs_all * kColPanel + m0 * kColPanel;
+              const uint32_t* run = vt + cp * pairs_all * kValuePanel + m0 * kValuePanel;
               for (int64_t g0 = 0; g0 < rows; g0 += kGroup) {
                 const int64_t n = std::min((group_keys(r0 + g0) + 1) / 2, m0 + kPairRun) - m0;
                 if (n <= 0) continue;
                 const uint16_t* p0 = pt + g0 * 2 * pairs + 2 * m0;
-                float* out = ot + g0 * ldv + cp * kColPanel;
+                float* out = ot + g0 * ldv + cp * kValuePanel;
                 if (rows - g0 >= kGroup) pair_weighted_sum<kGroup>(p0, 2 * pairs, run, n, m0 > 0, out, ldv);
                 else
                   for (int64_t r = 0; r < rows - g0; ++r)
@@ -428,8 +431,7 @@ void attend_direct(Context& c, const std::vector<const Tensor*>& qs, const std::
 // run on it. Widened bf16 (cpu.native_bf16 off, as an AVX2-only CPU runs) takes the tiles.
 bool takes_direct(Knob& knob, bool runnable) {
   const int asked = knob.value();
-  const bool direct =
-      (asked == 1 || (asked == 0 && !amx_bf16())) && runnable && avx512_bf16() && native_bf16();
+  const bool direct = (asked == 1 || (asked == 0 && !amx_bf16())) && runnable && avx512_bf16() && native_bf16();
   knob.took(direct ? (asked == 0 ? 0 : 1) : asked == 0 ? 0 : 2);
   return direct;
 }
