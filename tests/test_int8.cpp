@@ -15,6 +15,7 @@
 #include "core/cost.h"
 #include "core/scaled_codes.h"
 #include "io/int8_weights.h"
+#include "models/sa3/model_config.h"
 #include "io/safetensors.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
@@ -88,7 +89,7 @@ TEST(Int8Weights, NonFiniteWeightsAreRefusedNamingTheRow) {
 // scale a row are flagged as they are; weights quantised otherwise are refused, naming them.
 TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
   std::mt19937 rng(test::test_seed());
-  const Int8Linears t({"embed_tokens.weight"});
+  const Int8Linears t(Int8Scope{{"embed_tokens.weight"}});
   const Tensor w = random_weight(16, 32, DType::bf16, rng);
   const Tensor q = t.apply("layers.0.mlp.up_proj.weight", w);
   EXPECT_TRUE(q.int8_matmul);
@@ -122,6 +123,24 @@ TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
   test::expect_error([&] { t.apply("to_out.weight", stored); }, {"to_out.weight", "2 scales per row"});
   test::expect_error([&] { t.apply("to_q.weight", Tensor::heap({16, 32}, DType::q8_0)); },
                      {"tensor 'to_q.weight'", "q8_0", "quantised already"});
+}
+
+// A scope of a few names (the tier's share of SAME's decoder): those quantised, the others and any
+// weight stored quantised otherwise left as stored.
+TEST(Int8Weights, AScopeTakesItsNamesOnly) {
+  std::mt19937 rng(test::test_seed());
+  const Int8Linears t(Int8Scope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true});
+  const Tensor w = random_weight(16, 32, DType::bf16, rng);
+  for (const char* taken : {"decoder.blocks.0.transformers.3.attn.to_qkv.weight", "transformers.0.attn.to_out.weight"})
+    EXPECT_TRUE(t.apply(taken, w).int8_matmul) << taken;
+  for (const char* kept : {"decoder.blocks.0.transformers.3.ff.proj_in.weight", "transformers.0.ff.proj_out.weight",
+                           "decoder.proj.weight", "transformers.0.attn.to_qkv.bias"}) {
+    const Tensor same = t.apply(kept, w);
+    EXPECT_EQ(same.data, w.data) << kept;
+    EXPECT_FALSE(same.int8_matmul) << kept;
+  }
+  const Tensor q8 = Tensor::heap({16, 32}, DType::q8_0);
+  EXPECT_EQ(t.apply("transformers.0.attn.to_qkv.weight", q8).data, q8.data);
 }
 
 // A row of x holding an infinity or a NaN gives a row of NaN on both backends; the other rows are
@@ -193,9 +212,11 @@ TEST(Int8Tier, Sa3ClipWithinTheOfficialBf16Disagreement) {
 }
 
 TEST(Int8Tier, RefusedOnADevice) {
-  test::expect_error([] { linear_weights_transform(Quant::int8, &test::shadow_device()); },
+  test::expect_error([] { quant_transforms(Quant::int8, &test::shadow_device()); },
                      {"--quant int8", "CPU only", test::shadow_device().name()});
-  EXPECT_EQ(linear_weights_transform(Quant::none, &test::shadow_device()), nullptr);
+  const QuantTransforms none = quant_transforms(Quant::none, &test::shadow_device());
+  EXPECT_EQ(none.linears, nullptr);
+  EXPECT_EQ(none.decoder, nullptr);
 }
 
 TEST(Int8Tier, CountsItsWeightsAtAByte) {
@@ -221,6 +242,35 @@ TEST(Int8Tier, CountsItsWeightsAtAByte) {
   std::printf("[ measure ] klein tiny DiT step bytes: bf16 weights %.0f, int8 tier %.0f\n", dit_bytes(a), dit_bytes(b));
   EXPECT_GT(dit_bytes(a), 0);
   EXPECT_LT(dit_bytes(b), dit_bytes(a));
+}
+
+// The tier takes SAME's attention projections and leaves its feed-forward: counted, the decoder's
+// weight bytes drop by a byte for each element of to_qkv and to_out in every block, as the
+// official config sizes them.
+TEST(Int8Tier, TakesSameDecodersAttentionProjectionsOnly) {
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  const sa3::SameConfig same = sa3::read_official_config(test::official_dir() + "/model_config.json").same;
+  const double projections = double(same.depth) * ((same.differential ? 5 : 3) + 1) * same.dim * same.dim;
+  AudioRequest r;
+  r.prompt = "rain";
+  r.seconds = 1;
+  auto decode_bytes = [&](const ModelParts& parts) {
+    for (const StageCost& s : AudioModel::open(parts, Weights::none)->count(r).stages)
+      if (s.name == "same_decode") return s.per_call.weight_bytes;
+    return 0.0;
+  };
+  // The same tiny model in the official layout, in diffusers' and as sa3.cpp's GGUF files.
+  ModelParts gguf{test::fixture("sa3_gguf/medium/stable-audio-3-medium-dit-tiny-v1.0-F32.gguf")};
+  gguf.config = test::official_dir();
+  for (ModelParts parts : {ModelParts{test::official_dir()}, ModelParts{test::pipeline_dir()}, gguf}) {
+    const std::string dir = parts.model;
+    const double bf16 = decode_bytes(parts);
+    parts.quant = Quant::int8;
+    const double int8 = decode_bytes(parts);
+    std::printf("[ measure ] %s: SAME decode weight bytes bf16 %.0f, int8 tier %.0f; projections %.0f elements\n",
+                dir.c_str(), bf16, int8, projections);
+    EXPECT_EQ(bf16 - int8, projections) << dir;
+  }
 }
 
 }  // namespace

@@ -49,8 +49,10 @@ Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
 
 Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
   if (stored.rank() != 2 || !name.ends_with(".weight")) return stored;
-  for (const std::string& suffix : not_linear_)
-    if (name.ends_with(suffix)) return stored;
+  auto named = [&](const std::vector<std::string>& ends) {
+    return std::any_of(ends.begin(), ends.end(), [&](const std::string& end) { return name.ends_with(end); });
+  };
+  if (named(scope_.skip) || (!scope_.only.empty() && !named(scope_.only))) return stored;
   const std::string what = "tensor '" + name + "'";
   if (stored.dtype == DType::i8) {
     APUS_CHECK(!stored.block_scales || stored.block_scales->per_row == 1, what,
@@ -62,6 +64,7 @@ Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
     flagged.int8_matmul = true;
     return flagged;
   }
+  if (is_stored_quantized(stored.dtype) && scope_.keep_quantized) return stored;
   APUS_CHECK(!is_stored_quantized(stored.dtype), what, " is stored as ", dtype_name(stored.dtype),
              "; --quant int8 takes bf16, f16 or f32 weights (or int8 with a scale per row), not a weight that is "
              "quantised already");

@@ -14,17 +14,24 @@ namespace apus {
 // copy. `what` names the tensor in the error a non-finite weight gets.
 Tensor quantize_int8_weight(const Tensor& w, const std::string& what);
 
-// Every rank-2 "*.weight" but those ending in one of `not_linear` (token embeddings, which feed a
-// lookup): quantised, or, stored as int8 with a scale per row already (a quantised checkpoint's),
-// flagged as it is. Other stored quantisations (GGUF blocks, fp8) are refused naming the tensor:
-// requantising them would round twice.
+// Which "*.weight" matrices a model part's int8 tier takes, by the ends of their names.
+struct Int8Scope {
+  std::vector<std::string> skip;  // left as stored: token embeddings, which feed a lookup
+  std::vector<std::string> only;  // when not empty, these alone
+  // A weight stored quantised otherwise (GGUF blocks, fp8): refused naming it, requantising would
+  // round twice; or, where the tier takes only a few of the part's matrices, run as stored.
+  bool keep_quantized = false;
+};
+
+// Every rank-2 "*.weight" in scope: quantised, or, stored as int8 with a scale per row already (a
+// quantised checkpoint's), flagged as it is.
 class Int8Linears final : public WeightTransform {
  public:
-  explicit Int8Linears(std::vector<std::string> not_linear) : not_linear_(std::move(not_linear)) {}
+  explicit Int8Linears(Int8Scope scope) : scope_(std::move(scope)) {}
   Tensor apply(const std::string& name, const Tensor& stored) const override;
 
  private:
-  std::vector<std::string> not_linear_;
+  Int8Scope scope_;
 };
 
 }  // namespace apus

@@ -164,6 +164,15 @@ void use_linear_weights(ModelDir& dir, const std::shared_ptr<const WeightTransfo
   dir.use_transform("text_encoder", linears);
 }
 
+// Whether `quant` asks for the int8 tier, refused where its products would not be exact.
+bool int8_tier(Quant quant, Backend* device) {
+  if (quant == Quant::none) return false;
+  APUS_CHECK(!device, "--quant int8 runs on the CPU only so far (the device is ", device ? device->name() : "", ")");
+  APUS_CHECK(cpu::exact_int8_products(), "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where ",
+             "oneDNN's int8 products are exact; this one has none");
+  return true;
+}
+
 }  // namespace
 
 bool is_single_file(const std::string& model) {
@@ -241,7 +250,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
       dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
   if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
-  use_linear_weights(dir, linear_weights_transform(parts.quant, device));
+  use_linear_weights(dir, quant_transforms(parts.quant, device).linears);
   return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");
 }
 
@@ -254,21 +263,23 @@ std::unique_ptr<AudioModel> open_audio_model(const ModelParts& parts, Weights we
   for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
     APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 folder takes no --text-encoder, --vae, --tokenizer ",
                "or --config (", *part, "); they are for a single-file --model");
-  const auto linears = linear_weights_transform(parts.quant, device);
+  const QuantTransforms quant = quant_transforms(parts.quant, device);
   const std::string root = resolve_model_dir(parts.model, weights);
-  if (single_checkpoint(root)) return open_sa3_official(root, weights, device, linears);
+  if (single_checkpoint(root)) return open_sa3_official(root, weights, device, quant);
   ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
-  use_linear_weights(dir, linears);
+  use_linear_weights(dir, quant.linears);
+  if (quant.decoder) dir.use_transform("vae", quant.decoder);
   return open_family(dir, weights, kAudioFamilies, kImageFamilies, "image");
 }
 
-std::shared_ptr<const WeightTransform> linear_weights_transform(Quant quant, Backend* device) {
-  if (quant == Quant::none) return nullptr;
-  APUS_CHECK(!device, "--quant int8 runs on the CPU only so far (the device is ", device ? device->name() : "", ")");
-  APUS_CHECK(cpu::exact_int8_products(), "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where ",
-             "oneDNN's int8 products are exact; this one has none");
-  // Token embeddings feed a lookup, not a linear.
-  return std::make_shared<Int8Linears>(std::vector<std::string>{"embed_tokens.weight"});
+QuantTransforms quant_transforms(Quant quant, Backend* device) {
+  if (!int8_tier(quant, device)) return {};
+  // Token embeddings feed a lookup, not a linear. SAME's feed-forward stays in bf16: with it the
+  // tiny model's clips moved ~5x further from fp32 in `apus gate` than with the attention
+  // projections alone, which moved them no further than the DiT's tier does (docs/SPEED.md).
+  // A decoder stored quantised keeps its own formats.
+  return {std::make_shared<Int8Linears>(Int8Scope{{"embed_tokens.weight"}}),
+          std::make_shared<Int8Linears>(Int8Scope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true})};
 }
 
 std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights, const std::string& device) {

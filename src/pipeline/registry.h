@@ -9,11 +9,20 @@
 
 namespace apus {
 
+// What `quant` makes of a model's weights (io/int8_weights.h; null: nothing): `linears` for the
+// transformer's and text encoder's, `decoder` for the linears of SAME's decoder the tier takes (its
+// attention projections). Both null for Quant::none; the int8 tier is refused on a GPU and on a CPU
+// without VNNI.
+struct QuantTransforms {
+  std::shared_ptr<const WeightTransform> linears, decoder;
+};
+QuantTransforms quant_transforms(Quant quant, Backend* device);
+
 std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
 std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
 // Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
 std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device,
-                                              std::shared_ptr<const WeightTransform> linears);
+                                              const QuantTransforms& quant);
 // A Stable Audio 3 checkpoint as one file under the official model.safetensors keys (ComfyUI's
 // stable_audio_3_*.safetensors), told by this key.
 inline constexpr const char* kSa3SingleFileKey = "model.model.transformer.layers.0.self_attn.to_qkv.weight";
@@ -33,11 +42,6 @@ std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights w
 std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights weights, Backend* device);
 std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device);
 std::unique_ptr<AudioModel> open_audio_model(const ModelParts& parts, Weights weights, Backend* device);
-
-// What `quant` makes of the transformer's and text encoder's weights: null for Quant::none, the
-// int8 tier's quantisation (io/int8_weights.h) otherwise; refused on a GPU and on a CPU without
-// VNNI.
-std::shared_ptr<const WeightTransform> linear_weights_transform(Quant quant, Backend* device);
 
 // A directory, or for counting a published name whose layout (configs, no weights) ships in
 // data/ ("flux2-klein-4b").

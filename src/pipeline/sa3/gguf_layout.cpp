@@ -126,7 +126,9 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
     root = published_layout_dir("stable-audio-3-" + variant.name);
   }
   Sa3Layout l = official_layout(root);
-  l.linears = linear_weights_transform(parts.quant, device);
+  const QuantTransforms quant = quant_transforms(parts.quant, device);
+  l.linears = quant.linears;
+  l.decoder_linears = quant.decoder;
   const std::string config = root + "/model_config.json";
   {
     const MetadataCheck check(dit_meta, config);

@@ -105,6 +105,7 @@ Sa3Layout diffusers_layout(const ModelDir& dir) {
   l.tokenizer_model = l.tokenizer_dir + "/tokenizer.model";
   l.sample_size = l.dit.differential ? kMediumSampleSize : kSmallSampleSize;
   l.linears = dir.transform("transformer");
+  l.decoder_linears = dir.transform("vae");
   return l;
 }
 
@@ -143,32 +144,34 @@ std::shared_ptr<const WeightSource> Sa3Model::checkpoint(const std::string& path
   return SingleFile::open(path);
 }
 
-WeightLoader Sa3Model::linear_loader(std::shared_ptr<const WeightSource> source) const {
+WeightLoader Sa3Model::loader(std::shared_ptr<const WeightSource> source,
+                              const std::shared_ptr<const WeightTransform>& transform) const {
   const WeightLoader stored(std::move(source), device_);
-  return layout_.linears ? stored.with(layout_.linears) : stored;
+  return transform ? stored.with(transform) : stored;
 }
 
 sa3::T5GemmaEncoder Sa3Model::load_text(bool load) const {
-  return sa3::T5GemmaEncoder::load(text_cfg_, linear_loader(checkpoint(layout_.text_weights, load)));
+  return sa3::T5GemmaEncoder::load(text_cfg_, loader(checkpoint(layout_.text_weights, load), layout_.linears));
 }
 
 Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
   if (!layout_.official)
-    return {sa3::Dit::load(layout_.dit, linear_loader(checkpoint(layout_.root + "/transformer", load)), dt),
+    return {sa3::Dit::load(layout_.dit, loader(checkpoint(layout_.root + "/transformer", load), layout_.linears), dt),
             sa3::DurationEmbedder::load(layout_.duration,
                                         WeightLoader(checkpoint(layout_.root + "/duration_embedder", load), device_))};
   const auto file = checkpoint(layout_.checkpoint, load);
-  return {sa3::Dit::load(layout_.dit, linear_loader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential)), dt),
+  return {sa3::Dit::load(layout_.dit, loader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), layout_.linears), dt),
           sa3::DurationEmbedder::load_official(layout_.duration,
                                                WeightLoader(sa3::OfficialCheckpoint::duration(file), device_))};
 }
 
 sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
   if (!layout_.official)
-    return sa3::SameDecoder::load(layout_.same, WeightLoader(checkpoint(layout_.root + "/vae", load), device_), dt);
+    return sa3::SameDecoder::load(layout_.same, loader(checkpoint(layout_.root + "/vae", load), layout_.decoder_linears),
+                                  dt);
   const auto file = checkpoint(layout_.checkpoint, load);
   const auto same = sa3::OfficialCheckpoint::same(file, "pretransform.model.", layout_.same.differential);
-  return sa3::SameDecoder::load(layout_.same, WeightLoader(same, device_), dt);
+  return sa3::SameDecoder::load(layout_.same, loader(same, layout_.decoder_linears), dt);
 }
 
 sa3::SameEncoder Sa3Model::load_encoder(DType dt, bool load) const {
@@ -233,9 +236,10 @@ std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights) {
 }
 
 std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device,
-                                              std::shared_ptr<const WeightTransform> linears) {
+                                              const QuantTransforms& quant) {
   Sa3Layout l = official_layout(root);
-  l.linears = std::move(linears);
+  l.linears = quant.linears;
+  l.decoder_linears = quant.decoder;
   return std::make_unique<Sa3Model>(std::move(l), weights, device);
 }
 
@@ -259,7 +263,9 @@ std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weight
                "(model_config.json beside its T5Gemma folder)");
   }
   Sa3Layout l = official_layout(root);
-  l.linears = linear_weights_transform(parts.quant, device);
+  const QuantTransforms quant = quant_transforms(parts.quant, device);
+  l.linears = quant.linears;
+  l.decoder_linears = quant.decoder;
   l.label = std::filesystem::path(file).filename().string();
   l.checkpoint = file;
   if (!parts.text_encoder.empty()) l.text_weights = parts.text_encoder;

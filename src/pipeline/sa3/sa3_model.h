@@ -60,8 +60,9 @@ struct Sa3Layout {
   float mask_noise = 0;                                         // the decoder's inference noise (official configs only)
   float encoder_mask_noise = 0;  // the encoder's (refused: the published encoders draw none)
   bool bottleneck_noise = false;
-  // What the DiT's and T5Gemma's weights pass through first (the int8 tier); null: nothing.
-  std::shared_ptr<const WeightTransform> linears;
+  // What the DiT's and T5Gemma's weights, and the SAME decoder's, pass through first (the int8
+  // tier, pipeline/registry.h); null: nothing.
+  std::shared_ptr<const WeightTransform> linears, decoder_linears;
 };
 
 // T5Gemma's tokenizer: Gemma's SentencePiece model (tokenizer.model, or a safetensors file carrying
@@ -194,8 +195,9 @@ class Sa3Model final : public AudioModel {
   // the directory has.
   // A component folder's weights, or one file's.
   std::shared_ptr<const WeightSource> checkpoint(const std::string& path, bool load) const;
-  // A loader of `source` through layout_.linears (the DiT and T5Gemma: the int8 tier).
-  WeightLoader linear_loader(std::shared_ptr<const WeightSource> source) const;
+  // A loader of `source` through `transform` when there is one (the int8 tier).
+  WeightLoader loader(std::shared_ptr<const WeightSource> source,
+                      const std::shared_ptr<const WeightTransform>& transform) const;
   sa3::T5GemmaEncoder load_text(bool load = true) const;
   Transformer load_transformer(DType dt, bool load = true) const;
   sa3::SameDecoder load_same(DType dt, bool load = true) const;
