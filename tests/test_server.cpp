@@ -751,6 +751,91 @@ TEST_F(Serve, Automatic1111Txt2Img) {
   EXPECT_EQ(stop->status, 200);
 }
 
+// A1111's img2img is klein's inpainting: with a mask its white repainted (its black with
+// inpainting_mask_invert), without one the whole image, from denoising_strength of the way; the
+// image as base64 or as a data URL. Each the engine's own render of the same inputs.
+TEST_F(Serve, Automatic1111Img2ImgIsTheEnginesInpainting) {
+  const std::string dir = test::fixture("klein_tiny_a_inpaint/");
+  const std::string image = read_file(dir + "image.png"), mask = read_file(dir + "mask.png");
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  const Rgb8Image picture = decode_image(image, "image"), white = decode_image(mask, "mask");
+  Rgb8Image inverted = white, whole = white;
+  for (uint8_t& v : inverted.rgb) v = uint8_t(255 - v);
+  std::fill(whole.rgb.begin(), whole.rgb.end(), uint8_t(255));
+  struct Case {
+    Json fields;
+    Rgb8Image mask;
+    double strength;
+  };
+  const std::vector<Case> cases = {
+      {{{"mask", base64_of(mask)}, {"denoising_strength", 0.6}}, white, 0.6},
+      {{{"mask", "data:image/png;base64," + base64_of(mask)}, {"inpainting_mask_invert", 1}}, inverted, 0.75},
+      {{{"denoising_strength", 0.5}, {"mask_blur", 4}, {"sampler_name", "Euler"}}, whole, 0.5},
+  };
+  for (const Case& c : cases) {
+    Json body = {{"prompt", "a door"},
+                 {"steps", 4},
+                 {"seed", 9},
+                 {"cfg_scale", 7},
+                 {"init_images", Json::array({base64_of(image)})}};
+    body.update(c.fields);
+    ImageRequest want = engine_request("a door", std::nullopt, std::nullopt, 4, 9);
+    want.inpaint = Inpainting{picture, c.mask, c.strength};
+    const ImageResult expected = model->generate(want);
+    const auto r = client().Post("/sdapi/v1/img2img", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const Json j = Json::parse(r->body);
+    const PngImage png = read_png(as_file(unbase64(j["images"][0]), "serve_img2img.png"));
+    EXPECT_EQ(png.width, expected.width);
+    EXPECT_EQ(png.rgb, expected.rgb) << "mask marks / strength " << c.strength;
+    EXPECT_EQ(Json::parse(j["info"].get<std::string>())["denoising_strength"], c.strength);
+  }
+  auto post = [&](const Json& fields) {
+    Json body = {{"prompt", "x"}, {"init_images", Json::array({base64_of(image)})}};
+    body.update(fields);
+    return client().Post("/sdapi/v1/img2img", body.dump(), "application/json");
+  };
+  expect_refusal(post({{"init_images", Json::array()}}), 400, "'init_images' must hold the image", "init_images");
+  expect_refusal(post({{"init_images", Json::array({base64_of(image), base64_of(image)})}}), 400,
+                 "'init_images' holds 2 images", "init_images");
+  expect_refusal(post({{"init_images", Json::array({"%%"})}}), 400, "'init_images[0]' must be an image", "init_images");
+  expect_refusal(post({{"init_images", Json::array({base64_of("not an image")})}}), 400, "init_images[0]",
+                 "init_images");
+  expect_refusal(post({{"denoising_strength", 2}}), 400, "strength 2 outside [0, 1]", "denoising_strength");
+  expect_refusal(post({{"width", 512}, {"height", 512}}), 400, "inpainting renders at the image's size");
+  expect_refusal(post({{"inpainting_mask_invert", 2}}), 400, "'inpainting_mask_invert' is 2", "inpainting_mask_invert");
+}
+
+// The checkpoint A1111's routes render with: listed by sd-models, read and set through options
+// (other option keys ignored, as A1111 ignores keys it does not know).
+TEST_F(Serve, Automatic1111OptionsPickTheCheckpoint) {
+  const auto listed = client().Get("/sdapi/v1/sd-models");
+  ASSERT_TRUE(listed);
+  ASSERT_EQ(listed->status, 200) << listed->body;
+  const Json models = Json::parse(listed->body);
+  ASSERT_EQ(models.size(), 1u) << models.dump();  // the audio model is no checkpoint of A1111's
+  const std::string id = models[0]["title"];
+  EXPECT_EQ(models[0]["model_name"], id);
+  const Json options = Json::parse(client().Get("/sdapi/v1/options")->body);
+  EXPECT_EQ(options["sd_model_checkpoint"], id);
+  const auto set =
+      client().Post("/sdapi/v1/options", Json{{"sd_model_checkpoint", id}, {"CLIP_stop_at_last_layers", 2}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(set);
+  EXPECT_EQ(set->status, 200) << set->body;
+  expect_refusal(
+      client().Post("/sdapi/v1/options", Json{{"sd_model_checkpoint", "sd_xl_base_1.0"}}.dump(), "application/json"),
+      400, "'sd_xl_base_1.0' is not loaded", "sd_model_checkpoint");
+  const Json audio = Json::parse(client().Get("/v1/models")->body)["data"];
+  for (const Json& m : audio)
+    if (m["kind"] == "audio")
+      expect_refusal(
+          client().Post("/sdapi/v1/options", Json{{"sd_model_checkpoint", m["id"]}}.dump(), "application/json"), 400,
+          "makes audio, not image", "sd_model_checkpoint");
+  EXPECT_EQ(Json::parse(client().Get("/sdapi/v1/options")->body)["sd_model_checkpoint"], id);
+}
+
 // txt2img's refusals name A1111's own fields, never the OpenAI fields apus has beside them.
 TEST_F(Serve, Automatic1111RefusalsNameItsFields) {
   struct Case {

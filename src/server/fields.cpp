@@ -5,7 +5,8 @@
 namespace apus::server {
 
 const FieldNames kOpenAiImageFields = {{"width", "size"}, {"height", "size"}, {"batch", "n"}};
-const FieldNames kA1111Fields = {{"batch", "batch_size"}, {"cfg", "cfg_scale"}};
+const FieldNames kA1111Fields = {
+    {"batch", "batch_size"}, {"cfg", "cfg_scale"}, {"images", "init_images"}, {"strength", "denoising_strength"}};
 const FieldNames kAudioFields = {};
 
 [[noreturn]] void refuse(int status, const std::string& message, const std::string& param) {

@@ -58,11 +58,18 @@ Rgb8Image openai_mask(const std::string& bytes, const std::string& what) {
   return white;
 }
 
+// What a route calls the engine's field `field`.
+std::string route_name(const FieldNames& names, const std::string& field) {
+  const auto it = names.find(field);
+  return it == names.end() ? field : it->second;
+}
+
 // Image files refused from their headers alone, before anything is decoded: what does not open,
 // and more pixels than the decoders take.
-void check_image_headers(const ImageFiles& files) {
+void check_image_headers(const ImageFiles& files, const FieldNames& names) {
+  const std::string images = route_name(names, "images");
   for (size_t i = 0; i < files.images.size(); ++i)
-    read_field("images", [&] { return probe_image(files.images[i], "images[" + std::to_string(i) + "]"); });
+    read_field(images, [&] { return probe_image(files.images[i], images + "[" + std::to_string(i) + "]"); });
   if (files.mask) read_field("mask", [&] { return probe_image(*files.mask, "mask"); });
 }
 
@@ -171,7 +178,7 @@ std::vector<Lora> Server::Impl::requested_loras(const Json& list) const {
 std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, int n, ImageFiles files,
                                              FieldNames names) {
   refuse_if_full(m);
-  check_image_headers(files);
+  check_image_headers(files, names);
   // With image files, whose sizes decide what the request needs, the memory admission runs as
   // the job starts, once they are decoded.
   admit(names, [&] {
@@ -184,14 +191,22 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
   job->traced = r.trace;
   const ImageModel* model = m.model.image();
   job->work = [model, r, n, files = std::move(files), names](Job& j) mutable {
+    const std::string images = route_name(names, "images");
     for (size_t i = 0; i < files.images.size(); ++i)
       r.references.push_back(
-          read_field("images", [&] { return decode_image(files.images[i], "images[" + std::to_string(i) + "]"); }));
+          read_field(images, [&] { return decode_image(files.images[i], images + "[" + std::to_string(i) + "]"); }));
     files.images.clear();
-    if (files.mask) {
-      Rgb8Image mask = read_field("mask", [&] {
-        return files.alpha_mask ? openai_mask(*files.mask, "mask") : decode_image(*files.mask, "mask");
-      });
+    if (files.mask || files.repaint_whole) {
+      const Rgb8Image& image = r.references.front();
+      Rgb8Image mask{image.width, image.height, std::vector<uint8_t>(image.rgb.size(), 255)};
+      if (files.mask)
+        mask = read_field("mask", [&] {
+          if (files.marks == MaskMarks::transparent) return openai_mask(*files.mask, "mask");
+          Rgb8Image m = decode_image(*files.mask, "mask");
+          if (files.marks == MaskMarks::black)
+            for (uint8_t& v : m.rgb) v = uint8_t(255 - v);
+          return m;
+        });
       r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), files.strength};
       r.references.erase(r.references.begin());
     }
@@ -322,7 +337,7 @@ void Server::Impl::register_openai() {
         body[name] = v;
       } else if (name == "mask") {
         files.mask = file.content;
-        files.alpha_mask = true;
+        files.marks = MaskMarks::transparent;
       } else if (name == "images") {
         refuse(400, "the edits form sends its images as 'image' files", "images");
       } else {

@@ -34,10 +34,15 @@ std::string new_job_id();
 
 // The image files of a request, as sent: decoded on the model's worker as its job starts, so a
 // request waiting in the queue (or refused by it) holds compressed bytes, never pixels.
+// How a request's mask marks the area to repaint: white (diffusers', A1111's), fully transparent
+// (OpenAI's edits) or black (A1111's inpainting_mask_invert).
+enum class MaskMarks { white, transparent, black };
+
 struct ImageFiles {
   std::vector<std::string> images;  // to edit from; with a mask, the first is the one repainted
   std::optional<std::string> mask;
-  bool alpha_mask = false;                  // OpenAI's edits mask (alpha 0 repaints), else white repaints
+  MaskMarks marks = MaskMarks::white;       // how the mask marks what to repaint
+  bool repaint_whole = false;               // no mask: the first image repainted whole (A1111's img2img)
   double strength = Inpainting{}.strength;  // with the mask
 };
 
@@ -54,6 +59,7 @@ struct Server::Impl {
   Metrics metrics;
   std::atomic<bool> draining{false};
   std::shared_ptr<Job> a1111_current;  // the AUTOMATIC1111 routes' latest job (progress, interrupt)
+  std::string a1111_checkpoint;        // the image model they render with (options' sd_model_checkpoint)
 
   // Before a job is queued: the engine's own checks of the request, and whether its counted
   // activations fit in the memory left beside the resident weights; a refusal is a 400 with the
