@@ -28,7 +28,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
-from make_klein_single_file_fixtures import DOUBLE, SINGLE, TOP, random_k_blocks  # noqa: E402
+from klein_names import bfl_transformer_plan  # noqa: E402
+from make_klein_single_file_fixtures import random_k_blocks  # noqa: E402
 
 
 def bfl_tensors(folder):
@@ -37,21 +38,8 @@ def bfl_tensors(folder):
     handles = [safe_open(os.path.join(folder, f), framework="pt") for f in files]
     where = {k: h for h in handles for k in h.keys()}
     get = lambda k: where[k].get_tensor(k)  # noqa: E731
-    blocks = sorted({int(k.split(".")[1]) for k in where if k.startswith("transformer_blocks.")})
-    for n in blocks:
-        p = f"transformer_blocks.{n}."
-        yield f"double_blocks.{n}.img_attn.qkv.weight", torch.cat([get(p + "attn.to_q.weight"), get(p + "attn.to_k.weight"), get(p + "attn.to_v.weight")])
-        yield f"double_blocks.{n}.txt_attn.qkv.weight", torch.cat([get(p + "attn.add_q_proj.weight"), get(p + "attn.add_k_proj.weight"), get(p + "attn.add_v_proj.weight")])
-        for ours, theirs in DOUBLE.items():
-            yield f"double_blocks.{n}.{theirs}", get(p + ours)
-    singles = sorted({int(k.split(".")[1]) for k in where if k.startswith("single_transformer_blocks.")})
-    for n in singles:
-        for ours, theirs in SINGLE.items():
-            yield f"single_blocks.{n}.{theirs}", get(f"single_transformer_blocks.{n}.{ours}")
-    for ours, theirs in TOP.items():
-        yield theirs, get(ours)
-    scale, shift = get("norm_out.linear.weight").chunk(2, dim=0)
-    yield "final_layer.adaLN_modulation.1.weight", torch.cat([shift, scale])
+    for name, parts in bfl_transformer_plan(where):
+        yield name, torch.cat([get(k) if half is None else get(k).chunk(2, dim=0)[half] for k, half in parts])
 
 
 def main():

@@ -44,7 +44,6 @@ Usage: make_klein_single_file_fixtures.py [--out DIR]
 import argparse
 import json
 import os
-import re
 
 import numpy as np
 import torch
@@ -55,58 +54,15 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers, convert_ldm_vae_checkpoint
 
+from klein_names import bfl_transformer_plan, vae_ldm_name
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = os.path.join(HERE, "..", "..", "tests", "fixtures", "klein_tiny_a")
 FOLDER = os.path.join(TINY, "transformer")
 
-DOUBLE = {  # diffusers' name within transformer_blocks.N -> BFL's within double_blocks.N
-    "attn.norm_q.weight": "img_attn.norm.query_norm.scale",
-    "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
-    "attn.to_out.0.weight": "img_attn.proj.weight",
-    "ff.linear_in.weight": "img_mlp.0.weight",
-    "ff.linear_out.weight": "img_mlp.2.weight",
-    "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
-    "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
-    "attn.to_add_out.weight": "txt_attn.proj.weight",
-    "ff_context.linear_in.weight": "txt_mlp.0.weight",
-    "ff_context.linear_out.weight": "txt_mlp.2.weight",
-}
-SINGLE = {
-    "attn.to_qkv_mlp_proj.weight": "linear1.weight",
-    "attn.to_out.weight": "linear2.weight",
-    "attn.norm_q.weight": "norm.query_norm.scale",
-    "attn.norm_k.weight": "norm.key_norm.scale",
-}
-TOP = {
-    "x_embedder.weight": "img_in.weight",
-    "context_embedder.weight": "txt_in.weight",
-    "time_guidance_embed.timestep_embedder.linear_1.weight": "time_in.in_layer.weight",
-    "time_guidance_embed.timestep_embedder.linear_2.weight": "time_in.out_layer.weight",
-    "double_stream_modulation_img.linear.weight": "double_stream_modulation_img.lin.weight",
-    "double_stream_modulation_txt.linear.weight": "double_stream_modulation_txt.lin.weight",
-    "single_stream_modulation.linear.weight": "single_stream_modulation.lin.weight",
-    "proj_out.weight": "final_layer.linear.weight",
-}
-
-
 def to_bfl(sd):
-    out = {}
-    blocks = sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")})
-    for n in blocks:
-        p = f"transformer_blocks.{n}."
-        out[f"double_blocks.{n}.img_attn.qkv.weight"] = torch.cat([sd[p + "attn.to_q.weight"], sd[p + "attn.to_k.weight"], sd[p + "attn.to_v.weight"]])
-        out[f"double_blocks.{n}.txt_attn.qkv.weight"] = torch.cat([sd[p + "attn.add_q_proj.weight"], sd[p + "attn.add_k_proj.weight"], sd[p + "attn.add_v_proj.weight"]])
-        for ours, theirs in DOUBLE.items():
-            out[f"double_blocks.{n}.{theirs}"] = sd[p + ours]
-    singles = sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_transformer_blocks.")})
-    for n in singles:
-        for ours, theirs in SINGLE.items():
-            out[f"single_blocks.{n}.{theirs}"] = sd[f"single_transformer_blocks.{n}.{ours}"]
-    for ours, theirs in TOP.items():
-        out[theirs] = sd[ours]
-    scale, shift = sd["norm_out.linear.weight"].chunk(2, dim=0)  # diffusers (scale, shift), BFL (shift, scale)
-    out["final_layer.adaLN_modulation.1.weight"] = torch.cat([shift, scale])
-    assert len(out) == len(sd) - 4 * len(blocks), (len(out), len(sd))
+    out = {name: torch.cat([sd[k] if half is None else sd[k].chunk(2, dim=0)[half] for k, half in parts])
+           for name, parts in bfl_transformer_plan(sd)}
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -258,25 +214,10 @@ def write_qwen3_gguf(out):
 def vae_to_ldm(sd, up_blocks):
     """diffusers' AutoencoderKLFlux2 names -> BFL's ldm names (quant convs nested, as in ae.safetensors)."""
     out = {}
-    attn = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
     for k, v in sd.items():
-        if k == "bn.num_batches_tracked":
-            continue
-        n = k.replace("conv_norm_out", "norm_out").replace("conv_shortcut", "nin_shortcut")
-        n = re.sub(r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block.", n)
-        n = re.sub(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample.", n)
-        n = re.sub(r"mid_block\.resnets\.(\d+)\.", lambda m: f"mid.block_{int(m.group(1)) + 1}.", n)
-        n = re.sub(r"^decoder\.up_blocks\.(\d+)\.resnets\.", lambda m: f"decoder.up.{up_blocks - 1 - int(m.group(1))}.block.", n)
-        n = re.sub(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda m: f"decoder.up.{up_blocks - 1 - int(m.group(1))}.upsample.", n)
-        m = re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(.+)\.(weight|bias)$", n)
-        if m:
-            n = f"{m.group(1)}.mid.attn_1.{attn[m.group(2)]}.{m.group(3)}"
-            if m.group(2) != "group_norm" and m.group(3) == "weight":
-                v = v[:, :, None, None]
-        n = {"quant_conv.weight": "encoder.quant_conv.weight", "quant_conv.bias": "encoder.quant_conv.bias",
-             "post_quant_conv.weight": "decoder.post_quant_conv.weight",
-             "post_quant_conv.bias": "decoder.post_quant_conv.bias"}.get(n, n)
-        out[n] = v.contiguous()
+        named = vae_ldm_name(k, up_blocks)
+        if named:
+            out[named[0]] = (v[:, :, None, None] if named[1] else v).contiguous()
     return out
 
 
