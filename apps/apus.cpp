@@ -57,8 +57,8 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
       if (s["name"] == stage) return s["per_call"]["floor_s"].get<double>();
     return 0;
   };
-  std::fprintf(stderr, "floors at %.0f GFLOP/s bf16 and %.1f GB/s, this machine's calibration (%s)\n",
-               here.bf16_flops / 1e9, here.memory_bps / 1e9, apus::calibration_file().c_str());
+  std::fprintf(stderr, "floors at %s, this machine's calibration (%s)\n", apus::describe_rates(here).c_str(),
+               apus::calibration_file().c_str());
   std::fprintf(stderr, "%-20s %10s %10s %6s\n", "stage", "measured", "floor", "ratio");
   double fastest = 1e30;
   for (const auto& s : stages) {
@@ -424,16 +424,15 @@ Command calibrate_command(CLI::App& app) {
   };
   const auto o = std::make_shared<Options>();
   auto* calibrate = app.add_subcommand(
-      "calibrate", "measure this machine's ceilings (bf16 GEMM rate, memory bandwidth) and cache them");
+      "calibrate", "measure this machine's ceilings (bf16 GEMM rate, the int8 tier's where the CPU has VNNI, memory bandwidth) and cache them");
   calibrate->add_flag("--refresh", o->refresh, "measure again even when a calibration is cached");
   calibrate->add_option("--device", o->device, "cpu, or cuda[:N]: the device whose ceilings to measure");
   return {calibrate, [o] {
             bool cached = false;
             std::string key;
             const apus::Chip chip = apus::device_ceiling(o->device, o->refresh, &cached, &key);
-            std::printf("%s\n  bf16 GEMM %.0f GFLOP/s, memory %.1f GB/s\n  %s (%s)\n  %s\n", key.c_str(),
-                        chip.bf16_flops / 1e9, chip.memory_bps / 1e9, cached ? "cached" : "measured now",
-                        apus::calibration_file().c_str(), chip.note.c_str());
+            std::printf("%s\n  %s\n  %s (%s)\n  %s\n", key.c_str(), apus::describe_rates(chip).c_str(),
+                        cached ? "cached" : "measured now", apus::calibration_file().c_str(), chip.note.c_str());
             return 0;
           }};
 }

@@ -206,6 +206,7 @@ int run_bench(const BenchOptions& o) {
   report["warmup"] = o.warmup;
   report["load_s"] = load_s;
   report["ceiling"] = {{"bf16_flops_per_s", chip.bf16_flops},
+                       {"int8_ops_per_s", chip.int8_ops},
                        {"memory_bytes_per_s", chip.memory_bps},
                        {"machine", machine},
                        {"how", chip.note},
@@ -264,8 +265,8 @@ int run_bench(const BenchOptions& o) {
   }
   std::printf("%-16s %6s %8.4f s %8.4f s %8.4f s %8.4f s %12.1f %7.1f%%\n", "whole request", "", wall.min, wall.p50,
               wall.max, floor_total, flops_total / wall.p50 / 1e9, 100 * floor_total / wall.p50);
-  std::printf("load %.3f s, peak memory %.2f GiB; ceiling %.0f GFLOP/s bf16, %.1f GB/s (%s)\n", load_s,
-              double(peak_rss_bytes()) / double(1u << 30), chip.bf16_flops / 1e9, chip.memory_bps / 1e9,
+  std::printf("load %.3f s, peak memory %.2f GiB; ceiling %s (%s)\n", load_s,
+              double(peak_rss_bytes()) / double(1u << 30), describe_rates(chip).c_str(),
               cached ? "calibration cached" : "calibrated now");
   if (!o.json.empty()) {
     const std::string text = report.dump(1) + "\n";

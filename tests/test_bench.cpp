@@ -12,6 +12,7 @@
 
 #include "core/variants.h"
 #include "cost/ceiling.h"
+#include "io/int8_weights.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 
@@ -52,11 +53,29 @@ TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
   const Json file = read_json_file(calibration_file());
   ASSERT_TRUE(file.contains(calibration_key(ctx))) << file.dump();
   EXPECT_EQ(file[calibration_key(ctx)]["bf16_flops"].get<double>(), measured.bf16_flops);
+  EXPECT_EQ(file[calibration_key(ctx)]["int8_ops"].get<double>(), measured.int8_ops);
+  // The int8 tier's rate where this CPU runs it: more than the bf16 rate's half (VNNI's products
+  // are at least as fast as bf16's), under 1 POP/s; none where it does not.
+  if (runs_int8(ctx)) {
+    EXPECT_GT(measured.int8_ops, 0.5 * measured.bf16_flops);
+    EXPECT_LT(measured.int8_ops, 1e15);
+  } else {
+    EXPECT_EQ(measured.int8_ops, 0);
+  }
 
   const Chip again = calibrated_ceiling(ctx, false, &cached);
   EXPECT_TRUE(cached);
   EXPECT_EQ(again.bf16_flops, measured.bf16_flops);
+  EXPECT_EQ(again.int8_ops, measured.int8_ops);
   EXPECT_EQ(again.memory_bps, measured.memory_bps);
+
+  // An entry written before the int8 rate was measured is measured again, not read as "no int8".
+  Json old = read_json_file(calibration_file());
+  old[calibration_key(ctx)].erase("int8_ops");
+  std::ofstream(calibration_file()) << old.dump();
+  calibrated_ceiling(ctx, false, &cached);
+  EXPECT_FALSE(cached);
+  EXPECT_TRUE(read_json_file(calibration_file())[calibration_key(ctx)].contains("int8_ops"));
 
   calibrated_ceiling(ctx, true, &cached);
   EXPECT_FALSE(cached) << "--refresh measures again";
@@ -77,26 +96,38 @@ TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
 TEST(CalibrationSerial, CeilingIsTheBestLinearRateOfTheSameProcess) {
   Arena arena;
   Context ctx{&arena};
-  const double first = measure_ceiling(ctx).bf16_flops;
-  double own = 0;
+  const Chip first = measure_ceiling(ctx);
+  double own = 0, own_int8 = 0;
   for (const GemmShape& g : ceiling_shapes()) {
     Tensor x = Tensor::heap({g.m, g.k}, DType::bf16), w = Tensor::heap({g.n, g.k}, DType::bf16),
            y = Tensor::heap({g.m, g.n}, DType::bf16);
     std::fill_n(x.ptr<uint16_t>(), x.numel(), f32_to_bf16(0.01f));
     std::fill_n(w.ptr<uint16_t>(), w.numel(), f32_to_bf16(0.01f));
     Context c{&arena, DType::bf16};
-    for (int i = 0; i < 3; ++i) ops::linear(c, x, w, nullptr, y);
-    for (int i = 0; i < 10; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      ops::linear(c, x, w, nullptr, y);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      own = std::max(own, 2.0 * double(g.m) * double(g.k) * double(g.n) / s);
-    }
+    auto best_rate = [&](const Tensor& weight) {
+      double best = 0;
+      for (int i = 0; i < 3; ++i) ops::linear(c, x, weight, nullptr, y);
+      for (int i = 0; i < 10; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ops::linear(c, x, weight, nullptr, y);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::max(best, 2.0 * double(g.m) * double(g.k) * double(g.n) / s);
+      }
+      return best;
+    };
+    own = std::max(own, best_rate(w));
+    if (runs_int8(ctx)) own_int8 = std::max(own_int8, best_rate(quantize_int8_weight(w, "w")));
   }
-  const double ceiling = std::max(first, measure_ceiling(ctx).bf16_flops);
+  const Chip second = measure_ceiling(ctx);
+  const double ceiling = std::max(first.bf16_flops, second.bf16_flops);
   std::printf("[ measure ] ceiling %.0f GFLOP/s (first calibration %.0f); the linear's best in this process %.0f\n",
-              ceiling / 1e9, first / 1e9, own / 1e9);
+              ceiling / 1e9, first.bf16_flops / 1e9, own / 1e9);
   EXPECT_LT(std::fabs(ceiling - own), 0.10 * own);
+  if (!runs_int8(ctx)) return;
+  const double int8 = std::max(first.int8_ops, second.int8_ops);
+  std::printf("[ measure ] int8 ceiling %.0f GOP/s (first %.0f); the int8 linear's best in this process %.0f\n",
+              int8 / 1e9, first.int8_ops / 1e9, own_int8 / 1e9);
+  EXPECT_LT(std::fabs(int8 - own_int8), 0.10 * own_int8);
 }
 
 // Runs `apus bench` and `apus roofline --chip cpu --json` on one model at one calibration and

@@ -18,8 +18,10 @@ struct OpCost {
   // (sequence parallelism, Ulysses, all_to_all's them).
   double tp_bytes = 0;
   double ulysses_bytes = 0;
+  double int8_ops = 0;  // the part of flops the int8 tier runs as integer products
   OpCost& operator+=(const OpCost& o) {
     flops += o.flops;
+    int8_ops += o.int8_ops;
     weight_bytes += o.weight_bytes;
     bytes_fused += o.bytes_fused;
     bytes_unfused += o.bytes_unfused;

@@ -13,7 +13,9 @@
 
 #include "io/cache_dir.h"
 #include "io/files.h"
+#include "io/int8_weights.h"
 #include "ops/backend.h"
+#include "ops/cpu/cpu_ops.h"
 
 namespace apus {
 
@@ -44,14 +46,17 @@ std::vector<GemmShape> ceiling_shapes() {
   return {{1024, 3072, 3072}, {1536, 3072, 9216}, {452, 1536, 7680}};
 }
 
-GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds) {
+bool runs_int8(const Context& c) { return (!c.backend || c.backend->device() == Device::cpu) && cpu::exact_int8_products(); }
+
+GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8) {
   // Small values of one sign keep the products finite; what is measured is the rate, not them.
   auto small = [&](Shape s) {
     Tensor t = Tensor::heap(std::move(s), DType::bf16);
     std::fill_n(t.ptr<uint16_t>(), t.numel(), f32_to_bf16(0.01f));
-    return ops::to_context(c, t);
+    return t;
   };
-  const Tensor x = small({g.m, g.k}), w = small({g.n, g.k});
+  const Tensor x = ops::to_context(c, small({g.m, g.k}));
+  const Tensor w = ops::to_context(c, int8 ? quantize_int8_weight(small({g.n, g.k}), "ceiling") : small({g.n, g.k}));
   Tensor y = ops::empty(c, {g.m, g.n}, DType::bf16);
   Context bf16 = c;
   bf16.act = DType::bf16;
@@ -67,17 +72,23 @@ GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds) {
 Chip measure_ceiling(Context& c) {
   Chip chip = find_chip("cpu");
   chip.name = "this machine (measured)";
-  chip.bf16_flops = 0;
-  std::string how = "bf16 GEMM best rate over the models' shapes, each warmed 0.25 s then timed 0.75 s (GFLOP/s best / "
-                    "median / worst):";
-  for (const GemmShape& g : ceiling_shapes()) {
-    const GemmRates r = measure_gemm(c, g, 0.75);
-    chip.bf16_flops = std::max(chip.bf16_flops, r.best);
-    char line[160];
-    std::snprintf(line, sizeof line, " %lldx%lldx%lld %.0f / %.0f / %.0f (%d runs);", static_cast<long long>(g.m),
-                  static_cast<long long>(g.k), static_cast<long long>(g.n), r.best / 1e9, r.median / 1e9,
-                  r.worst / 1e9, r.runs);
-    how += line;
+  chip.bf16_flops = chip.int8_ops = 0;
+  std::string how;
+  for (const bool int8 : {false, true}) {
+    if (int8 && !runs_int8(c)) break;
+    how += int8 ? " int8 GEMM (the int8 tier's linear):"
+                : "bf16 GEMM best rate over the models' shapes, each warmed 0.25 s then timed 0.75 s (G[FL]OP/s best / "
+                  "median / worst):";
+    for (const GemmShape& g : ceiling_shapes()) {
+      const GemmRates r = measure_gemm(c, g, 0.75, int8);
+      double& best = int8 ? chip.int8_ops : chip.bf16_flops;
+      best = std::max(best, r.best);
+      char line[160];
+      std::snprintf(line, sizeof line, " %lldx%lldx%lld %.0f / %.0f / %.0f (%d runs);", static_cast<long long>(g.m),
+                    static_cast<long long>(g.k), static_cast<long long>(g.n), r.best / 1e9, r.median / 1e9,
+                    r.worst / 1e9, r.runs);
+      how += line;
+    }
   }
   const int64_t words = int64_t(64) << 20;  // 256 MiB of f32 each way
   const Tensor a = ops::zeros(c, {words / 1024, 1024}, DType::f32);
@@ -91,6 +102,15 @@ Chip measure_ceiling(Context& c) {
   chip.memory_bps = 2.0 * double(a.nbytes()) / copies.front();
   chip.note = how + " best of 3 256 MiB copies";
   return chip;
+}
+
+std::string describe_rates(const Chip& chip) {
+  char text[128];
+  if (chip.int8_ops > 0)
+    std::snprintf(text, sizeof text, "%.0f GFLOP/s bf16, %.0f GOP/s int8, %.1f GB/s", chip.bf16_flops / 1e9,
+                  chip.int8_ops / 1e9, chip.memory_bps / 1e9);
+  else std::snprintf(text, sizeof text, "%.0f GFLOP/s bf16, %.1f GB/s", chip.bf16_flops / 1e9, chip.memory_bps / 1e9);
+  return text;
 }
 
 std::string calibration_key(const Context& c) {
@@ -128,11 +148,13 @@ Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
     if (!all.is_object()) all = nlohmann::json::object();  // a damaged cache is measured over
   }
   const nlohmann::json* entry = all.contains(key) ? &all[key] : nullptr;
+  // An entry without the int8 rate predates it and is measured again.
   if (!refresh && entry && entry->is_object() && entry->value("bf16_flops", 0.0) > 0 &&
-      entry->value("memory_bps", 0.0) > 0) {
+      entry->value("memory_bps", 0.0) > 0 && entry->value("int8_ops", -1.0) >= 0) {
     Chip chip = find_chip("cpu");
     chip.name = "this machine (calibrated)";
     chip.bf16_flops = (*entry)["bf16_flops"];
+    chip.int8_ops = (*entry)["int8_ops"];
     chip.memory_bps = (*entry)["memory_bps"];
     chip.note = entry->value("how", "") + ", " + entry->value("measured_at", "");
     if (cached) *cached = true;
@@ -142,8 +164,11 @@ Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
   char when[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  all[key] = {
-      {"bf16_flops", chip.bf16_flops}, {"memory_bps", chip.memory_bps}, {"how", chip.note}, {"measured_at", when}};
+  all[key] = {{"bf16_flops", chip.bf16_flops},
+              {"int8_ops", chip.int8_ops},
+              {"memory_bps", chip.memory_bps},
+              {"how", chip.note},
+              {"measured_at", when}};
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   const std::string text = all.dump(1);

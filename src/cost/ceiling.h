@@ -14,17 +14,24 @@ struct GemmShape {
 };
 // The shapes the ceiling is measured at: the models' own linears.
 std::vector<GemmShape> ceiling_shapes();
-// One shape's rates (FLOP/s) over the runs of `seconds` after a third of that in warm-up runs.
+// One shape's rates (FLOP/s, or OP/s of int8 products) over the runs of `seconds` after a third
+// of that in warm-up runs; int8: the int8 tier's linear (an int8_matmul weight).
 struct GemmRates {
   double best, median, worst;
   int runs;
 };
-GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds);
+GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8 = false);
+// Whether c's backend runs the int8 tier's linear (the CPU with exact VNNI products).
+bool runs_int8(const Context& c);
 
 // The FLOP rate: the best rate of the bf16 linear over ceiling_shapes() (each warmed up, then
-// timed long enough for the clocks to settle; the spread goes into the note); the memory
-// bandwidth: the best of three 256 MiB copies. About three seconds.
+// timed long enough for the clocks to settle; the spread goes into the note); the int8 rate the
+// same way where runs_int8 (0 elsewhere); the memory bandwidth: the best of three 256 MiB copies.
+// About three seconds, six with int8.
 Chip measure_ceiling(Context& c);
+
+// "444 GFLOP/s bf16, 760 GOP/s int8, 26.1 GB/s" (int8 where the chip has a rate for it).
+std::string describe_rates(const Chip& chip);
 
 // What a calibration is kept under: on the CPU its model name, the threads the process runs and
 // the GEMM library's version; on a device the backend's name and hardware (a change to any of them

@@ -11,29 +11,41 @@ namespace apus {
 
 namespace {
 
-double floor_seconds(const OpCost& c, double peak, double bandwidth) {
-  const double compute = c.flops / peak;
-  const double memory = bandwidth > 0 ? (c.weight_bytes + c.bytes_fused) / bandwidth : 0;
-  return std::max(compute, memory);
+// The rates a floor is priced at: int8 products at the int8 rate where the chip has one (else as
+// bf16), every other FLOP at the bf16 rate, bytes at the bandwidth.
+struct Rates {
+  double bf16, int8, bandwidth;
+};
+
+double compute_seconds(const OpCost& c, const Rates& r) {
+  return (c.flops - c.int8_ops) / r.bf16 + c.int8_ops / (r.int8 > 0 ? r.int8 : r.bf16);
 }
 
-nlohmann::json cost_json(const OpCost& c, double peak, double bw) {
-  return {{"flops", c.flops},
-          {"weight_bytes", c.weight_bytes},
-          {"bytes_fused", c.bytes_fused},
-          {"bytes_unfused", c.bytes_unfused},
-          {"floor_s", floor_seconds(c, peak, bw)}};
+double floor_seconds(const OpCost& c, const Rates& r) {
+  const double memory = r.bandwidth > 0 ? (c.weight_bytes + c.bytes_fused) / r.bandwidth : 0;
+  return std::max(compute_seconds(c, r), memory);
+}
+
+nlohmann::json cost_json(const OpCost& c, const Rates& r) {
+  nlohmann::json j = {{"flops", c.flops},
+                      {"weight_bytes", c.weight_bytes},
+                      {"bytes_fused", c.bytes_fused},
+                      {"bytes_unfused", c.bytes_unfused},
+                      {"floor_s", floor_seconds(c, r)}};
+  if (c.int8_ops > 0) j["int8_ops"] = c.int8_ops;
+  return j;
 }
 
 // Modules run one after another, so a stage's floor is the sum of its modules' floors.
-double stage_floor_per_call(const StageCost& s, double peak, double bw) {
+double stage_floor_per_call(const StageCost& s, const Rates& r) {
   double f = 0;
-  for (const auto& m : s.modules) f += floor_seconds(m.cost, peak, bw);
+  for (const auto& m : s.modules) f += floor_seconds(m.cost, r);
   return f;
 }
 
 OpCost times(OpCost c, double n) {
   c.flops *= n;
+  c.int8_ops *= n;
   c.weight_bytes *= n;
   c.bytes_fused *= n;
   c.bytes_unfused *= n;
@@ -48,9 +60,11 @@ double all_to_all_wire_bytes(double s, int n) { return double(n - 1) / (double(n
 
 nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   const double peak = r.chip.bf16_flops, bw = r.chip.memory_bps, ridge = bw > 0 ? peak / bw : 0;
+  const Rates rates{peak, r.chip.int8_ops, bw};
   nlohmann::json out;
   out["chip"] = {{"name", r.chip.name},
                  {"bf16_flops", peak},
+                 {"int8_ops", r.chip.int8_ops},
                  {"memory_bps", bw},
                  {"link_bps", r.chip.link_bps},
                  {"ridge_flops_per_byte", ridge}};
@@ -62,19 +76,20 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   out["conventions"] =
       "MAC = 2 FLOPs; GEMM 2mkn; attention score 4*head_dim+5 FLOPs over heads*queries*keys "
       "(causal at the full square); per element: rmsnorm 4, layernorm 6, rope 4, gated "
-      "activation 5, modulate 2, residual add 1, silu 4; bf16 bytes; floor = max(FLOPs/peak, "
+      "activation 5, modulate 2, residual add 1, silu 4; bf16 bytes; floor = max(FLOPs/peak (the int8 "
+      "tier's products at the int8 rate where the chip has one), "
       "(weight + fused bytes)/bandwidth) per module, summed over modules; bound classified on "
       "the unfused bytes";
   OpCost total;
   double floor_total = 0;
   out["stages"] = nlohmann::json::array();
   for (const StageCost& s : p.stages) {
-    const double per_call_floor = stage_floor_per_call(s, peak, bw);
+    const double per_call_floor = stage_floor_per_call(s, rates);
     const double stage_floor = double(s.calls) * per_call_floor;
     nlohmann::json js = {{"name", s.name},
                          {"calls", s.calls},
-                         {"per_call", cost_json(s.per_call, peak, bw)},
-                         {"total", cost_json(times(s.per_call, double(s.calls)), peak, bw)}};
+                         {"per_call", cost_json(s.per_call, rates)},
+                         {"total", cost_json(times(s.per_call, double(s.calls)), rates)}};
     js["per_call"]["floor_s"] = per_call_floor;
     js["activation_bytes"] = s.activation_bytes;
     js["total"]["floor_s"] = stage_floor;
@@ -83,7 +98,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
     total += times(s.per_call, double(s.calls));
     js["modules"] = nlohmann::json::array();
     for (const auto& m : s.modules) {
-      nlohmann::json jm = cost_json(m.cost, peak, bw);
+      nlohmann::json jm = cost_json(m.cost, rates);
       jm["name"] = m.path;
       const double fused = m.cost.weight_bytes + m.cost.bytes_fused;
       const double unfused = m.cost.weight_bytes + m.cost.bytes_unfused;
@@ -94,7 +109,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
     }
     out["stages"].push_back(js);
   }
-  out["total"] = cost_json(total, peak, bw);
+  out["total"] = cost_json(total, rates);
   out["total"]["floor_s"] = floor_total;
 
   // Collectives. At batch 1 only tensor and sequence (Ulysses) parallelism split the work of
@@ -106,7 +121,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   double split = 0, replicated = 0;  // floors of the shardable stages and the rest
   double fsdp = 0, tp = 0, ulysses = 0, depth = 0;
   for (const StageCost& s : p.stages) {
-    const double f = double(s.calls) * stage_floor_per_call(s, peak, bw);
+    const double f = double(s.calls) * stage_floor_per_call(s, rates);
     (s.replicated ? replicated : split) += f;
     fsdp += double(s.calls) * allgather_wire_bytes(s.per_call.weight_bytes, n);
     // A replicated stage runs whole on every chip: nothing of it is split or exchanged.
@@ -116,7 +131,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
     }
     depth += double(s.calls) * (n - 1) * s.boundary_bytes;
   }
-  const double ideal = total.flops / (double(n) * peak);
+  const double ideal = compute_seconds(total, rates) / double(n);
   auto strategy = [&](double wire, double compute_floor) {
     const double sec = seconds(wire);
     const double fl = compute_floor + sec;
