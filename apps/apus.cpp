@@ -423,8 +423,9 @@ Command calibrate_command(CLI::App& app) {
     std::string device = "cpu";
   };
   const auto o = std::make_shared<Options>();
-  auto* calibrate = app.add_subcommand(
-      "calibrate", "measure this machine's ceilings (bf16 GEMM rate, the int8 tier's where the CPU has VNNI, memory bandwidth) and cache them");
+  auto* calibrate = app.add_subcommand("calibrate",
+                                       "measure this machine's ceilings (bf16 GEMM rate, the int8 tier's where the CPU "
+                                       "has VNNI, memory bandwidth) and cache them");
   calibrate->add_flag("--refresh", o->refresh, "measure again even when a calibration is cached");
   calibrate->add_option("--device", o->device, "cpu, or cuda[:N]: the device whose ceilings to measure");
   return {calibrate, [o] {

@@ -46,7 +46,9 @@ std::vector<GemmShape> ceiling_shapes() {
   return {{1024, 3072, 3072}, {1536, 3072, 9216}, {452, 1536, 7680}};
 }
 
-bool runs_int8(const Context& c) { return (!c.backend || c.backend->device() == Device::cpu) && cpu::exact_int8_products(); }
+bool runs_int8(const Context& c) {
+  return (!c.backend || c.backend->device() == Device::cpu) && cpu::exact_int8_products();
+}
 
 GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8) {
   // Small values of one sign keep the products finite; what is measured is the rate, not them.

@@ -62,12 +62,8 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   const double peak = r.chip.bf16_flops, bw = r.chip.memory_bps, ridge = bw > 0 ? peak / bw : 0;
   const Rates rates{peak, r.chip.int8_ops, bw};
   nlohmann::json out;
-  out["chip"] = {{"name", r.chip.name},
-                 {"bf16_flops", peak},
-                 {"int8_ops", r.chip.int8_ops},
-                 {"memory_bps", bw},
-                 {"link_bps", r.chip.link_bps},
-                 {"ridge_flops_per_byte", ridge}};
+  out["chip"] = {{"name", r.chip.name}, {"bf16_flops", peak},          {"int8_ops", r.chip.int8_ops},
+                 {"memory_bps", bw},    {"link_bps", r.chip.link_bps}, {"ridge_flops_per_byte", ridge}};
   out["request"] = {{"model", p.model}, {"steps", p.steps}, {"parameters", p.parameters}};
   if (p.references > 0) out["request"]["references"] = p.references;
   if (p.cfg > 1) out["request"]["cfg"] = p.cfg;
