@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
 from klein_names import bfl_transformer_plan  # noqa: E402
-from make_klein_single_file_fixtures import random_k_blocks  # noqa: E402
+from make_klein_single_file_fixtures import bfl_tensor, random_k_blocks  # noqa: E402
 
 
 def bfl_tensors(folder):
@@ -39,7 +39,7 @@ def bfl_tensors(folder):
     where = {k: h for h in handles for k in h.keys()}
     get = lambda k: where[k].get_tensor(k)  # noqa: E731
     for name, parts in bfl_transformer_plan(where):
-        yield name, torch.cat([get(k) if half is None else get(k).chunk(2, dim=0)[half] for k, half in parts])
+        yield name, bfl_tensor(get, parts)
 
 
 def main():

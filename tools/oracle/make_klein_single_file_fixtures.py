@@ -60,10 +60,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = os.path.join(HERE, "..", "..", "tests", "fixtures", "klein_tiny_a")
 FOLDER = os.path.join(TINY, "transformer")
 
+def bfl_tensor(get, parts):
+    """One BFL tensor of a bfl_transformer_plan entry, get(name) giving diffusers' tensors."""
+    return torch.cat([get(k) if half is None else get(k).chunk(2, dim=0)[half] for k, half in parts]).contiguous()
+
+
 def to_bfl(sd):
-    out = {name: torch.cat([sd[k] if half is None else sd[k].chunk(2, dim=0)[half] for k, half in parts])
-           for name, parts in bfl_transformer_plan(sd)}
-    return {k: v.contiguous() for k, v in out.items()}
+    return {name: bfl_tensor(sd.__getitem__, parts) for name, parts in bfl_transformer_plan(sd)}
 
 
 def check_round_trip(bfl, sd):
