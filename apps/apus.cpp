@@ -5,8 +5,8 @@
 #include <CLI/CLI.hpp>
 
 #include <charconv>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -18,9 +18,9 @@
 #include "bench.h"
 #include "core/cost.h"
 #include "core/error.h"
-#include "gate/gate.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
+#include "gate/gate.h"
 #include "hub/hf_pull.h"
 #include "io/audio.h"
 #include "io/files.h"
@@ -180,7 +180,7 @@ int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> req
   return 0;
 }
 
-const char* const kDeviceHelp = "cpu, or cuda[:N] where the build has the CUDA backend (not yet run on a GPU)";
+const char* const kDeviceHelp = "cpu, or cuda[:N] where the build has the CUDA backend";
 
 const char* const kModelHelp =
     "a diffusers folder, a cached ORG/NAME, or one transformer file (BFL or ComfyUI safetensors, GGUF; for audio the "
@@ -188,7 +188,8 @@ const char* const kModelHelp =
 
 // The parts a single-file --model needs beside it (or that replace a folder's).
 void add_part_options(CLI::App* app, apus::ModelParts& parts) {
-  app->add_option("--text-encoder", parts.text_encoder, "the text encoder as one file (transformers' names, or llama.cpp's GGUF)");
+  app->add_option("--text-encoder", parts.text_encoder,
+                  "the text encoder as one file (transformers' names, or llama.cpp's GGUF)");
   app->add_option("--vae", parts.vae, "the VAE as one file (diffusers' or BFL's names; sa3.cpp's SAME GGUF)");
   app->add_option("--tokenizer", parts.tokenizer,
                   "the tokenizer: a folder holding tokenizer.json, the file itself, or a GGUF carrying one "
@@ -198,7 +199,8 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts) {
   const std::map<std::string, apus::Quant> quants{{"none", apus::Quant::none}, {"int8", apus::Quant::int8}};
   app->add_option("--quant", parts.quant,
                   "none, or int8: the transformer's and text encoder's linears in int8, and SAME's attention "
-                  "projections (a scale per output feature, activations per token; CPUs with VNNI), faster and further from the official output: "
+                  "projections (a scale per output feature, activations per token; CPUs with VNNI), faster and further "
+                  "from the official output: "
                   "measure it with `apus gate`")
       ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8}"));
 }
@@ -214,7 +216,7 @@ Command image_command(CLI::App& app) {
     apus::ImageRequest req;
     apus::ModelParts parts;
     std::string out = "out.png", precision = "bf16", seed, mask_file, inpaint_reference, negative, trace,
-                           device = "cpu";
+                device = "cpu";
     bool verbose = false;
     int width = 0, height = 0, steps = 0, batch = 1;
     float cfg = 0;
@@ -299,8 +301,8 @@ Command audio_command(CLI::App& app) {
   struct Options {
     apus::AudioRequest req;
     apus::ModelParts parts;
-    std::string out = "out.wav", format = "wav", precision = "bf16", seed, negative, decode, init_audio,
-                inpaint_audio, trace, device = "cpu";
+    std::string out = "out.wav", format = "wav", precision = "bf16", seed, negative, decode, init_audio, inpaint_audio,
+                trace, device = "cpu";
     int batch = 1;
     bool verbose = false;
     double init_noise_level = apus::kDefaultInitNoiseLevel;
@@ -480,8 +482,8 @@ Command serve_command(CLI::App& app) {
   return {serve, [o] {
             apus::server::ServeOptions& s = o->serve;
             // The parts options serve the single-file models among the --model's.
-            const bool parts = !o->parts.text_encoder.empty() || !o->parts.vae.empty() ||
-                               !o->parts.tokenizer.empty() || !o->parts.config.empty();
+            const bool parts = !o->parts.text_encoder.empty() || !o->parts.vae.empty() || !o->parts.tokenizer.empty() ||
+                               !o->parts.config.empty();
             bool single_file = false;
             for (const std::string& model : o->models) {
               apus::ModelParts p{model};
@@ -720,10 +722,9 @@ Command gate_command(CLI::App& app) {
 int main(int argc, char** argv) {
   CLI::App app{"apus: diffusion transformers on one device"};
   app.require_subcommand(1);
-  const Command commands[] = {image_command(app), audio_command(app),     synth_command(app),
-                              pull_command(app),  calibrate_command(app), serve_command(app),
-                              bench_command(app), report_command(app),    roofline_command(app),
-                              gate_command(app)};
+  const Command commands[] = {image_command(app),     audio_command(app), synth_command(app), pull_command(app),
+                              calibrate_command(app), serve_command(app), bench_command(app), report_command(app),
+                              roofline_command(app),  gate_command(app)};
   CLI11_PARSE(app, argc, argv);
   try {
     for (const Command& c : commands)

@@ -23,8 +23,10 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/variants.h"
 #include "io/int8_weights.h"
 #include "op_bounds.h"
 #include "op_inputs.h"
@@ -708,6 +710,8 @@ struct Target {
   bool widened;  // the CPU's f32 path for bf16 (cpu::native_bf16_knob off)
   Backend* (*backend)(std::string& why);
   bool panels = false;  // weights split into output panels as stored formats' (cpu::linear_panels_knob)
+  // Other variant knobs set for this target (knob, choice): a backend's correct-first kernels.
+  std::vector<std::pair<std::string, std::string>> choices = {};
 };
 
 Backend* cpu(std::string&) { return &cpu_backend(); }
@@ -726,6 +730,7 @@ const std::vector<Target>& targets() {
 #if APUS_HAS_CUDA
     {"cuda_f32", DType::f32, false, cuda},
     {"cuda_bf16", DType::bf16, false, cuda},
+    {"cuda_bf16_first", DType::bf16, false, cuda, false, {{"cuda.attention", "rows"}, {"cuda.conv", "direct"}}},
 #endif
   };
   return all;
@@ -747,8 +752,7 @@ std::vector<Tensor> uploaded(Backend& backend, const std::vector<Tensor>& tensor
 class OpTable : public ::testing::TestWithParam<std::tuple<size_t, size_t>> {
  protected:
   void TearDown() override {
-    cpu::native_bf16_knob.set(0);
-    cpu::linear_panels_knob.set(0);
+    for (Knob* knob : knobs()) knob->set(0);
   }
 };
 
@@ -764,6 +768,7 @@ TEST_P(OpTable, MatchesTheReference) {
     GTEST_SKIP() << "stored weight formats run on the CPU backends only";
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);
   cpu::linear_panels_knob.set(target.panels ? 1 : 0);
+  for (const auto& [name, choice] : target.choices) find_knob(name).set(find_knob(name).index_of(choice));
 
   OpInputs draw(target.act);
   const Drawn drawn = k.draw(draw);

@@ -1,25 +1,27 @@
 #!/bin/bash
-# The device check for a lent GPU machine (issue 11), one command within the device budget:
-#   tools/device-check.sh         # the CUDA op, stage and pipeline tests; the GPU's calibration;
-#                                 # apus bench on the GPU for klein 1024x1024 4 steps and SA3
-#                                 # medium 120 s (synthetic full-size weights made straight into
-#                                 # device memory), each stage against the GPU's floor
-#   tools/device-check.sh trace   # one traced request of each instead of the benches
+# The device check for a lent GPU machine (issue 38), one command within the device budget:
+#   tools/device-check.sh [STEP...]     # default: tests calibrate klein sa3 diffusers ab
+# Steps, each with its own time limit so a hang costs that step, not the session, and none stopping
+# the next: `tests` the CUDA op table and the CUDA stage and pipeline tests against the oracle
+# fixtures; `calibrate` the GPU's ceilings; `klein` apus bench at 1024x1024, 4 steps, and `sa3` at
+# 120 s of SA3 medium (synthetic full-size weights made straight into device memory), each stage
+# against its floor, with a trace of one more request; `diffusers` diffusers' own pipelines on the
+# same configs (tools/diffusers_bench.py; its wheels carried in .whl/, see docs/TESTING.md;
+# `diffusers-klein` or `diffusers-sa3` for one); `ab` the CUDA variant knobs A/B'd on SA3 medium.
 # The lent machine cannot build apus (none of its Debian libraries are there, nothing can be
 # installed): tools/device-bundle.sh, run beforehand on a machine that builds it, leaves the
-# binaries and their libraries in parts under .device/, carried there one call at a time (its
-# header says how). With the parts present this script runs that bundle; without them it builds
-# here with CMake (a machine that has the libraries).
-# Reports, traces and logs go to $OUT when set (the device tool brings that folder back), else here.
-# Each step has its own time limit, so a hang costs that step, not the session.
-set -euo pipefail
-mode=${1:-bench}
-[ "$mode" = bench ] || [ "$mode" = trace ] || { echo "usage: tools/device-check.sh [bench|trace]" >&2; exit 2; }
+# binaries and their libraries in parts under .device/, carried with the call. With the parts
+# present this script runs that bundle; without them it builds here with CMake.
+# Reports, traces and logs go to $OUT when set (the device tool brings that folder back), else ./device-out.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-.}
+steps=${*:-tests calibrate klein sa3 diffusers ab}
+out=${OUT:-./device-out}
 mkdir -p "$out"
-export PATH=/usr/local/cuda/bin:$PATH
-command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
+summary=()
+note() { summary+=("$1"); }
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 if ls .device/bundle.part.* > /dev/null 2>&1; then
   rm -rf /tmp/apus-bundle
   unxz() { if command -v xz > /dev/null; then xz -dc; else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)'; fi; }
@@ -37,28 +39,47 @@ if ls .device/bundle.part.* > /dev/null 2>&1; then
   export APUS_FIXTURES_DIR=$PWD/tests/fixtures APUS_DATA_DIR=$PWD/data
   echo "device-check: running the prebuilt bundle ($LD_LIBRARY_PATH)"
 else
-  jobs=$(nproc)
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPUS_CUDA=ON > "$out/build-cuda.log" 2>&1 ||
     { tail -30 "$out/build-cuda.log"; echo "device-check: cannot configure here; run tools/device-bundle.sh where apus builds" >&2; exit 1; }
-  grep "apus: CUDA backend" "$out/build-cuda.log"
-  timeout 300 ninja -C build-cuda -j "$jobs" apus apus_tests > "$out/build-cuda-ninja.log" 2>&1 ||
+  timeout 300 ninja -C build-cuda -j "$(nproc)" apus apus_tests > "$out/build-cuda-ninja.log" 2>&1 ||
     { tail -40 "$out/build-cuda-ninja.log"; exit 1; }
   bin=./build-cuda
 fi
 apus=$bin/apus
-if [ "$mode" = bench ]; then
-  # The op tests first: a wrong kernel makes every later figure meaningless. (The CLI tests stay
-  # home: they run the binary at the path it was built at.)
-  timeout 180 "$bin/apus_tests" --gtest_filter='Backends/OpTable.*/cuda_*:Cuda*:ShadowDevice*' 2>&1 | tee "$out/cuda-tests.log" |
-    grep -E "measure|OK \]|FAILED|Skipped|skip" || true
-  timeout 60 "$apus" calibrate --device cuda || echo "calibration failed or ran out of time"
-  timeout 240 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 3 \
-    --json "$out/klein-1024-h200.json" || echo "klein bench failed or ran out of time"
-  timeout 240 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 3 \
-    --json "$out/sa3-medium-120s-h200.json" || echo "sa3 bench failed or ran out of time"
-else
-  timeout 240 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 1 \
-    --trace "$out/klein-1024-h200-trace.json" || echo "klein trace failed or ran out of time"
-  timeout 240 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 1 \
-    --trace "$out/sa3-medium-120s-h200-trace.json" || echo "sa3 trace failed or ran out of time"
-fi
+step() {  # step NAME SECONDS COMMAND...: runs it, logs to $out/NAME.log, notes how it ended
+  local name=$1 limit=$2 t0=$SECONDS
+  shift 2
+  echo "== $name (limit ${limit}s): $*"
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -25 "$out/$name.log"
+  note "$name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
+}
+for s in $steps; do
+  case $s in
+    tests)
+      step tests 120 "$bin/apus_tests" --gtest_filter='Backends/OpTable.*/cuda_*:Cuda*' --gtest_brief=1
+      grep -E "^\[  FAILED|measure" "$out/tests.log" | head -40 ;;
+    calibrate) step calibrate 45 "$apus" calibrate --device cuda ;;
+    klein)
+      step klein 150 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 3 \
+        --json "$out/klein-1024-h200.json" --trace "$out/klein-1024-h200-trace.json" ;;
+    sa3)
+      step sa3 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 3 \
+        --json "$out/sa3-medium-120s-h200.json" --trace "$out/sa3-medium-120s-h200-trace.json" ;;
+    diffusers | diffusers-klein | diffusers-sa3)
+      if [ -d .whl ]; then
+        only=${s#diffusers}
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+          step "$s" 150 env PYTHONPATH=/tmp/site python3 tools/diffusers_bench.py --reps 5 ${only:+--only ${only#-}}
+      else note "$s: skipped (no .whl/ carried)"; fi ;;
+    ab)  # the CUDA kernels' variants against their correct-first arms, on SA3 medium (the cheaper model)
+      for knob in cuda.attention=gemm,rows cuda.conv=gemm,direct; do
+        step "ab-${knob%%=*}" 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 1 \
+          --ab "$knob" --json "$out/sa3-ab-${knob%%=*}.json"
+      done ;;
+    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab)" >&2; exit 2 ;;
+  esac
+done
+echo "== summary"
+printf '%s\n' "${summary[@]}"

@@ -145,7 +145,7 @@ class ImageModel {
   // Recognises the directory from model_index.json's `_class_name` (or a published name the
   // engine carries the layout of, for Weights::none) and refuses anything else naming the class.
   // device: "cpu", or "cuda[:N]" where the build has the CUDA backend (its weights uploaded as
-  // the models fetch them; the CUDA path has not yet run on a GPU, see docs/ROADMAP.md).
+  // the models fetch them; docs/ROADMAP.md says what runs there and how fast).
   static std::unique_ptr<ImageModel> open(const std::string& dir, Weights weights, const std::string& device = "cpu");
   virtual ~ImageModel() = default;
 

@@ -263,10 +263,13 @@ template <> struct After<OpId::linear> {
     check_runs(apus_backend, OpId::name);                                            \
     OperandCheck{apus_backend, #name}.check args;                                    \
     std::optional<TraceSpan> apus_span;                                              \
+    /* a traced op on a device is waited for on both sides: its span is its time */  \
+    if (c.trace) apus_backend.synchronize();                                         \
     if (c.trace) apus_span.emplace(c.trace, #name, "op", operands args, &apus_cost); \
     if constexpr (std::is_void_v<ret>) {                                             \
       apus_backend.name args;                                                        \
-      apus_span.reset(); /* what runs after is spanned as its own ops */            \
+      if (c.trace) apus_backend.synchronize();                                       \
+      apus_span.reset(); /* what runs after is spanned as its own ops */             \
       After<OpId::name>::run args;                                                   \
     } else {                                                                         \
       return apus_backend.name args;                                                 \

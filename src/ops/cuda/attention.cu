@@ -1,23 +1,32 @@
-// Attention on the GPU with the contract's numerics, one thread block per (query row, head):
-// scores in fp32 over the keys the row may see (causal, band, padding), shaped as the reference
-// shapes them (softcap, step-by-step rounding), softmax in fp32, probabilities rounded to the
-// activation dtype, P·V summed in fp32; the differential form rounds each term before the
-// difference. Correct first: a fused flash-style kernel (issue 11) replaces it once this one has
-// proven the numerics on a device.
+// Attention on the GPU with the contract's numerics: scores in fp32 over the keys a row may see
+// (causal, band, padding), shaped as the reference shapes them (softcap, step-by-step rounding),
+// softmax in fp32, probabilities rounded to the activation dtype, P·V summed in fp32; the
+// differential form rounds each term before the difference. Two kernels (knob cuda.attention):
+//   gemm  the scores of a chunk of heads materialised by one cuBLASLt product (tensor cores), a
+//         softmax kernel per row, P·V by a second product; every attention without a band
+//   rows  one thread block per (query row, head), the correct-first kernel: bands, and operands
+//         the products cannot take (head widths off 8 elements, unaligned views)
+// A fused flash-style kernel that never writes the scores is the next step (issue 38).
+#include <algorithm>
+
+#include "core/variants.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
 
 namespace apus::cuda {
 
+Knob attention_knob("cuda.attention", "attention kernel: scores by cuBLASLt products, or one block per query row",
+                    {"gemm", "rows"});
+
 namespace {
 
-struct Operand {
+struct Rows {
   const void* data;
   int64_t stride;  // elements between rows
 };
 
 struct Params {
-  Operand q[2], k[2], v;
+  Rows q[2], k[2], v;
   void* o;
   int64_t o_stride;
   DType dt;
@@ -27,6 +36,24 @@ struct Params {
   bool causal, round_steps;
   const int64_t* key_valid;
 };
+
+// A raw score q·k as the reference shapes it: times the scale, and with a softcap or step-by-step
+// rounding each sub-step as eager PyTorch evaluates it.
+__device__ float shaped_score(float s, float scale, float softcap, bool round_steps) {
+  if (softcap <= 0 && !round_steps) return s * scale;
+  if (round_steps) s = round_to(DType::bf16, s);
+  s *= scale;
+  if (round_steps) s = round_to(DType::bf16, s);
+  if (softcap > 0) {
+    s /= softcap;
+    if (round_steps) s = round_to(DType::bf16, s);
+    s = tanhf(s);
+    if (round_steps) s = round_to(DType::bf16, s);
+    s *= softcap;
+    if (round_steps) s = round_to(DType::bf16, s);
+  }
+  return s;
+}
 
 __global__ void attention_kernel(Params p) {
   extern __shared__ float probs[];  // the visible keys' scores, then probabilities
@@ -47,23 +74,9 @@ __global__ void attention_kernel(Params p) {
       for (int64_t e = 0; e < p.d; ++e)
         s += load(p.dt, p.q[t].data, row * p.q[t].stride + h * p.d + e) *
              load(p.dt, p.k[t].data, key * p.k[t].stride + g * p.d + e);
-      float scale = p.scale;
-      if (p.softcap > 0 || p.round_steps) {
-        if (p.round_steps) s = round_to(DType::bf16, s);
-        s *= p.scale;
-        if (p.round_steps) s = round_to(DType::bf16, s);
-        if (p.softcap > 0) {
-          s /= p.softcap;
-          if (p.round_steps) s = round_to(DType::bf16, s);
-          s = tanhf(s);
-          if (p.round_steps) s = round_to(DType::bf16, s);
-          s *= p.softcap;
-          if (p.round_steps) s = round_to(DType::bf16, s);
-        }
-        scale = 1.0f;
-      }
+      s = shaped_score(s, p.scale, p.softcap, p.round_steps);
       if (p.key_valid && !p.key_valid[key]) s = -INFINITY;
-      probs[j] = s * scale;
+      probs[j] = s;
     }
     __syncthreads();
     float mx = -INFINITY;
@@ -95,8 +108,110 @@ __global__ void attention_kernel(Params p) {
   else static_cast<float*>(p.o)[at] = result;
 }
 
-void attend(const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks, const Tensor& v, Tensor& o,
-            int64_t head_dim, float scale, const ops::AttentionOptions& mask) {
+// The gemm kernel's softmax: one block per row of a chunk's scores S [rows, sk] (f32, the scale
+// already applied unless `shape` is set), written as probabilities P in the activation dtype.
+// Row r is query r % sq of the chunk's head r / sq.
+struct SoftmaxParams {
+  const float* s;
+  void* p;
+  DType dt;
+  int64_t sq, sk, ld;  // ld: elements between rows of s and p (sk rounded up to 8, aligned rows)
+  float scale, softcap;
+  bool shape, round_steps, causal;
+  const int64_t* key_valid;  // this sample's keys, or null
+};
+
+__global__ void softmax_kernel(SoftmaxParams a) {
+  const int64_t row = blockIdx.x, qi = row % a.sq;
+  const float* s = a.s + row * a.ld;
+  const int64_t n = a.causal ? min(qi + 1, a.sk) : a.sk;
+  auto score = [&](int64_t j) {
+    float v = a.shape ? shaped_score(s[j], a.scale, a.softcap, a.round_steps) : s[j];
+    return a.key_valid && !a.key_valid[j] ? -INFINITY : v;
+  };
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, score(j));
+  mx = block_reduce(mx, true);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += mx == -INFINITY ? 0.0f : expf(score(j) - mx);
+  sum = block_reduce(sum, false);
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const int64_t out = row * a.ld;
+  for (int64_t j = threadIdx.x; j < a.sk; j += blockDim.x)
+    store(a.dt, a.p, out + j, j < n && mx != -INFINITY ? round_to(a.dt, expf(score(j) - mx) * inv) : 0.0f);
+}
+
+// o = t1 - t2 over a chunk of heads: [sq, count * d] rows of the two terms (each already rounded
+// to the activation dtype), into o's rows from `o_at` with o's row stride.
+__global__ void difference_kernel(const void* t1, const void* t2, void* o, DType dt, int64_t sq, int64_t width,
+                                  int64_t o_stride) {
+  const int64_t n = sq * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    store(dt, o, (i / width) * o_stride + i % width, load(dt, t1, i) - load(dt, t2, i));
+}
+
+const char* element(const Tensor& t, int64_t row, int64_t col) {
+  return static_cast<const char*>(t.data) + dtype_bytes(t.dtype, row * t.row_stride() + col);
+}
+
+bool gemm_ready(const Tensor& t, int64_t d) {
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && dtype_bytes(t.dtype, t.row_stride()) % 16 == 0 &&
+         dtype_bytes(t.dtype, d) % 16 == 0;
+}
+
+// Scores as cuBLASLt products: per sample, chunks of heads whose scores fit a scratch budget; heads
+// sharing a key/value head (grouped queries) one product each.
+void attend_by_products(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks,
+                        const Tensor& v, Tensor& o, const Params& p) {
+  const int64_t sq = p.sq, sk = p.sk, d = p.d, rep = p.hq / p.hk, act = dtype_bytes(p.dt, 1);
+  const int64_t ld = (sk + 7) / 8 * 8, per_head = sq * ld * (4 + act), budget = int64_t(1) << 30;
+  const int64_t chunk = rep == 1 ? std::max<int64_t>(1, std::min<int64_t>(p.hq, budget / per_head)) : 1;
+  const bool shape = p.softcap > 0 || p.round_steps;
+  ArenaScope scope(*c.arena);
+  const Tensor scores = Tensor::in(*c.arena, {chunk * sq, ld}, DType::f32);
+  const Tensor probs = Tensor::in(*c.arena, {chunk * sq, ld}, p.dt);
+  Tensor terms[2];
+  if (p.terms > 1)
+    for (Tensor& t : terms) t = Tensor::in(*c.arena, {sq, chunk * d}, p.dt);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h0 = 0; h0 < p.hq; h0 += chunk) {
+      const int64_t count = std::min(chunk, p.hq - h0), g = h0 / rep;
+      for (int t = 0; t < p.terms; ++t) {
+        const Tensor &q = *qs[size_t(t)], &k = *ks[size_t(t)];
+        gemm({element(q, b * sq, h0 * d), q.dtype, q.row_stride(), d},
+             {element(k, b * sk, g * d), k.dtype, k.row_stride(), d}, true, {scores.data, DType::f32, ld, sq * ld}, sq,
+             sk, d, count, shape ? 1.0f : p.scale);
+        SoftmaxParams a{};
+        a.s = scores.ptr<float>();
+        a.p = probs.data;
+        a.dt = p.dt;
+        a.sq = sq;
+        a.sk = sk;
+        a.ld = ld;
+        a.scale = p.scale;
+        a.softcap = p.softcap;
+        a.shape = shape;
+        a.round_steps = p.round_steps;
+        a.causal = p.causal;
+        a.key_valid = p.key_valid ? p.key_valid + b * sk : nullptr;
+        softmax_kernel<<<unsigned(count * sq), kThreads, 0, stream()>>>(a);
+        check(cudaGetLastError(), "attention softmax launch");
+        const Operand out = p.terms > 1 ? Operand{terms[t].data, p.dt, chunk * d, d}
+                                        : Operand{element(o, b * sq, h0 * d), p.dt, o.row_stride(), d};
+        gemm({probs.data, p.dt, ld, sq * ld}, {element(v, b * sk, g * d), v.dtype, v.row_stride(), d}, false, out, sq,
+             d, sk, count, 1.0f);
+      }
+      if (p.terms > 1) {
+        difference_kernel<<<blocks_for(sq * count * d), kThreads, 0, stream()>>>(
+            terms[0].data, terms[1].data, const_cast<char*>(element(o, b * sq, h0 * d)), p.dt, sq, count * d,
+            o.row_stride());
+        check(cudaGetLastError(), "differential attention launch");
+      }
+    }
+}
+
+void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks, const Tensor& v,
+            Tensor& o, int64_t head_dim, float scale, const ops::AttentionOptions& mask) {
   const Tensor &q = *qs[0], &k = *ks[0];
   const int64_t batch = mask.batch, d = head_dim;
   APUS_CHECK(batch >= 1 && q.shape[0] % batch == 0 && k.shape[0] % batch == 0 && q.shape[1] % d == 0 &&
@@ -134,6 +249,12 @@ void attend(const std::vector<const Tensor*>& qs, const std::vector<const Tensor
                                  mask.key_valid->contiguous()),
              "attention: the key mask must be i64 [", k.shape[0], "]");
   p.key_valid = mask.key_valid ? mask.key_valid->ptr<int64_t>() : nullptr;  // staged by the caller
+  bool products = attention_knob.value() == 0 && p.window == 0;
+  for (const std::vector<const Tensor*>* side : {&qs, &ks})
+    for (const Tensor* t : *side) products = products && gemm_ready(*t, d);
+  products = products && gemm_ready(v, d) && gemm_ready(o, d);
+  attention_knob.took(products ? 0 : 1);
+  if (products) return attend_by_products(c, qs, ks, v, o, p);
   const int threads = int(std::max<int64_t>(32, std::min<int64_t>(1024, (d + 31) / 32 * 32)));
   const size_t shared = size_t(p.window > 0 ? std::min(p.sk, 2 * p.window + 1) : p.sk) * sizeof(float);
   check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
@@ -146,13 +267,13 @@ void attend(const std::vector<const Tensor*>& qs, const std::vector<const Tensor
 
 void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, int64_t head_dim, float scale,
                const ops::AttentionOptions& mask) {
-  attend({&q}, {&k}, v, o, head_dim, scale, mask);
+  attend(c, {&q}, {&k}, v, o, head_dim, scale, mask);
 }
 
 void differential_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& q2, const Tensor& k2,
                             const Tensor& v, Tensor& o, int64_t head_dim, float scale,
                             const ops::AttentionOptions& mask) {
-  attend({&q, &q2}, {&k, &k2}, v, o, head_dim, scale, mask);
+  attend(c, {&q, &q2}, {&k, &k2}, v, o, head_dim, scale, mask);
 }
 
 }  // namespace apus::cuda

@@ -14,4 +14,18 @@ void check(cudaError_t e, const char* what);
 // The stream every op of this backend is queued on.
 cudaStream_t stream();
 
+// A row-major matrix on the device: rows `ld` elements apart, `batch_stride` elements between
+// the matrices of a batch.
+struct Operand {
+  const void* p;
+  DType dt;
+  int64_t ld;
+  int64_t batch_stride = 0;
+};
+// c[i] = alpha * a[i] · b[i]^T (b [N, K], b_transposed) or alpha * a[i] · b[i] (b [K, N]), plus
+// bias[N] when given, for i < batch, through cuBLASLt: fp32 accumulation, c rounded once to its
+// dtype (f32 or the inputs').
+void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
+          int64_t batch, float alpha, const void* bias = nullptr);
+
 }  // namespace apus::cuda

@@ -1,12 +1,58 @@
-// Convolution, group norm, gathers and tables on the GPU, with the contract's numerics. conv2d is
-// a direct kernel (one thread per output, fp32 sums): correct first, cuDNN's NHWC kernels replace
-// it once the numerics have been proven on a device (issue 11).
+// Convolution, group norm, gathers and tables on the GPU, with the contract's numerics. conv2d
+// has two kernels (knob cuda.conv): `gemm` lays each output pixel's receptive field out as a row
+// (im2col) and multiplies by the weights through cuBLASLt (fp32 sums on tensor cores, the bias
+// added in fp32 as the result is laid back to NCHW); `direct` is the correct-first kernel, one
+// thread per output. cuDNN's NHWC kernels with GroupNorm+SiLU fused are the next step (issue 38).
+#include <algorithm>
+
+#include "core/variants.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
 
 namespace apus::cuda {
 
+Knob conv_knob("cuda.conv", "convolution kernel: im2col and a cuBLASLt product, or one thread per output",
+               {"gemm", "direct"});
+
 namespace {
+
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// Rows [p0, p0 + rows) of sample b's im2col matrix: row p holds output pixel p's receptive field
+// (channel, ky, kx), zeros where it falls in the padding and past K up to the row stride kp.
+__global__ void im2col_kernel(const void* x, DType dt, void* col, int64_t ci, int64_t h, int64_t wd, int64_t k,
+                              int64_t ow, int64_t stride, int64_t pad, int64_t p0, int64_t rows, int64_t kp) {
+  const int64_t total = rows * kp, kk = k * k;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / kp, e = i % kp, p = p0 + r;
+    float v = 0.0f;
+    if (e < ci * kk) {
+      const int64_t c = e / kk, ky = e % kk / k, kx = e % k;
+      const int64_t iy = p / ow * stride - pad + ky, ix = p % ow * stride - pad + kx;
+      if (iy >= 0 && iy < h && ix >= 0 && ix < wd) v = load(dt, x, (c * h + iy) * wd + ix);
+    }
+    store(dt, col, i, v);
+  }
+}
+
+// The weights [co, K] in the activation dtype, rows padded with zeros to kp.
+__global__ void pack_weights_kernel(const void* w, DType wt, void* out, DType dt, int64_t co, int64_t kdim,
+                                    int64_t kp) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < co * kp; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = i / kp, e = i % kp;
+    store(dt, out, i, e < kdim ? load(wt, w, o * kdim + e) : 0.0f);
+  }
+}
+
+// y[o][p0 + r] = product[r][o] + bias[o], rounded once to y's dtype (the direct kernel's sum).
+__global__ void to_nchw_kernel(const float* product, int64_t ldp, const void* bias, DType bt, void* y, DType dt,
+                               int64_t co, int64_t pixels, int64_t p0, int64_t rows) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * co;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = i / rows, r = i % rows;
+    store(dt, y, o * pixels + p0 + r, product[r * ldp + o] + (bias ? load(bt, bias, o) : 0.0f));
+  }
+}
 
 // Pair j of a RoPE table turns as the index[j]-th pair of axis[j], whose width is width[j].
 struct RopePairs {
@@ -37,23 +83,44 @@ __global__ void conv2d_kernel(const void* x, DType xt, const void* w, DType wt, 
   }
 }
 
-// One block per (sample, group): mean and variance over the group's channels x H x W, then the
-// affine per channel, SiLU after it when fused.
-__global__ void group_norm_kernel(const void* x, const void* w, DType wt, const void* b, DType bt, void* y, DType dt,
-                                  int64_t ch, int64_t hw, int64_t groups, float eps, bool silu, bool each_step) {
-  const int64_t sample = blockIdx.x / groups, g = blockIdx.x % groups, per = ch / groups;
-  const int64_t base = (sample * ch + g * per) * hw, count = per * hw;
-  float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += load(dt, x, base + i);
-  const float mean = block_sum(s) / float(count);
-  float q = 0.0f;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-    const float v = load(dt, x, base + i) - mean;
-    q += v * v;
+// Group norm in three passes over many blocks (a block per (sample, group) and slice of it, so a
+// 1024x1024 VAE activation with 32 groups fills the GPU): the slices' sums, then their squared
+// distances from the group's mean, then the affine per channel (SiLU after it when fused). The
+// mean and variance are the two-pass ones the reference computes.
+struct GroupSlices {
+  int64_t ch, hw, groups, splits;
+  __device__ int64_t per() const { return ch / groups; }
+  __device__ int64_t count() const { return per() * hw; }
+  __device__ int64_t base(int64_t ng) const { return (ng / groups * ch + ng % groups * per()) * hw; }
+  __device__ int64_t lo(int64_t split) const { return (count() + splits - 1) / splits * split; }
+  __device__ int64_t hi(int64_t split) const { return min(count(), lo(split + 1)); }
+  // The group's value from its slices' partial sums, over its element count.
+  __device__ float total(const float* partial, int64_t ng) const {
+    float t = 0.0f;
+    for (int64_t j = 0; j < splits; ++j) t += partial[ng * splits + j];
+    return t / float(count());
   }
-  const float rstd = 1.0f / sqrtf(block_sum(q) / float(count) + eps);
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-    const int64_t c = g * per + i / hw;
+};
+
+__global__ void group_sums_kernel(const void* x, DType dt, GroupSlices g, const float* sums, float* out) {
+  const int64_t ng = blockIdx.x, split = blockIdx.y, base = g.base(ng);
+  const float mean = sums ? g.total(sums, ng) : 0.0f;
+  float s = 0.0f;
+  for (int64_t i = g.lo(split) + threadIdx.x; i < g.hi(split); i += blockDim.x) {
+    const float v = load(dt, x, base + i);
+    s += sums ? (v - mean) * (v - mean) : v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) out[ng * g.splits + split] = s;
+}
+
+__global__ void group_apply_kernel(const void* x, const void* w, DType wt, const void* b, DType bt, void* y, DType dt,
+                                   GroupSlices g, const float* sums, const float* squares, float eps, bool silu,
+                                   bool each_step) {
+  const int64_t ng = blockIdx.x, split = blockIdx.y, base = g.base(ng);
+  const float mean = g.total(sums, ng), rstd = 1.0f / sqrtf(g.total(squares, ng) + eps);
+  for (int64_t i = g.lo(split) + threadIdx.x; i < g.hi(split); i += blockDim.x) {
+    const int64_t c = ng % g.groups * g.per() + i / g.hw;
     const float a = rstd * load(wt, w, c), b0 = load(bt, b, c) - mean * a;
     float v = load(dt, x, base + i) * a + b0;
     if (silu) {
@@ -62,6 +129,40 @@ __global__ void group_norm_kernel(const void* x, const void* w, DType wt, const 
     }
     store(dt, y, base + i, v);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// conv2d as im2col and a product, per sample, in chunks of output pixels whose im2col rows fit a
+// scratch budget.
+void conv2d_by_products(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride,
+                        int64_t pad, int64_t oh, int64_t ow) {
+  const int64_t n = x.shape[0], ci = x.shape[1], h = x.shape[2], wd = x.shape[3], co = w.shape[0], k = w.shape[2];
+  const DType dt = x.dtype;
+  const int64_t kdim = ci * k * k, kp = round_up(kdim, 8), cop = round_up(co, 4), pixels = oh * ow;
+  const int64_t budget = int64_t(1) << 30;
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(pixels, budget / int64_t(dtype_bytes(dt, kp) + 4 * cop)));
+  ArenaScope scope(*c.arena);
+  const Tensor packed = Tensor::in(*c.arena, {co, kp}, dt);
+  pack_weights_kernel<<<blocks_for(co * kp), kThreads, 0, stream()>>>(w.data, w.dtype, packed.data, dt, co, kdim, kp);
+  const Tensor col = Tensor::in(*c.arena, {rows, kp}, dt);
+  const Tensor product = Tensor::in(*c.arena, {rows, cop}, DType::f32);
+  for (int64_t b = 0; b < n; ++b) {
+    const char* xb = static_cast<const char*>(x.data) + dtype_bytes(dt, b * ci * h * wd);
+    char* yb = static_cast<char*>(y.data) + dtype_bytes(dt, b * co * pixels);
+    for (int64_t p0 = 0; p0 < pixels; p0 += rows) {
+      const int64_t r = std::min(rows, pixels - p0);
+      im2col_kernel<<<blocks_for(r * kp), kThreads, 0, stream()>>>(xb, dt, col.data, ci, h, wd, k, ow, stride, pad, p0,
+                                                                   r, kp);
+      gemm({col.data, dt, kp}, {packed.data, dt, kp}, true, {product.data, DType::f32, cop}, r, co, kdim, 1, 1.0f);
+      to_nchw_kernel<<<blocks_for(r * co), kThreads, 0, stream()>>>(
+          product.ptr<float>(), cop, bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32, yb, dt, co, pixels,
+          p0, r);
+    }
+  }
+  check(cudaGetLastError(), "conv2d kernels launch");
 }
 
 }  // namespace
@@ -77,6 +178,9 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
              stride, ", pad ", pad, "+", pad_end);
   const int64_t total = n * co * oh * ow;
   if (total == 0) return;
+  const bool products = conv_knob.value() == 0 && (x.dtype == DType::bf16 || x.dtype == DType::f32);
+  conv_knob.took(products ? 0 : 1);
+  if (products) return conv2d_by_products(c, x, w, bias, y, stride, pad, oh, ow);
   conv2d_kernel<<<blocks_for(total), kThreads, 0, stream()>>>(
       x.data, x.dtype, w.data, w.dtype, bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32, y.data, n, ci, h,
       wd, co, k, oh, ow, stride, pad);
@@ -89,9 +193,17 @@ void group_norm(Context& c, const Tensor& x, const Tensor& weight, const Tensor&
                  weight.numel() == x.shape[1] && bias.numel() == x.shape[1],
              "group_norm: x ", shape_str(x.shape), " with ", groups, " groups");
   if (x.numel() == 0) return;
-  group_norm_kernel<<<unsigned(x.shape[0] * groups), kThreads, 0, stream()>>>(
-      x.data, weight.data, weight.dtype, bias.data, bias.dtype, y.data, x.dtype, x.shape[1], x.shape[2] * x.shape[3],
-      groups, eps, fuse_silu, rounding == ops::Rounding::each_step);
+  const int64_t ng = x.shape[0] * groups, count = x.shape[1] / groups * x.shape[2] * x.shape[3];
+  const GroupSlices g{x.shape[1], x.shape[2] * x.shape[3], groups, std::min<int64_t>(64, (count + 16383) / 16384)};
+  ArenaScope scope(*c.arena);
+  Tensor sums = Tensor::in(*c.arena, {ng, g.splits}, DType::f32),
+         squares = Tensor::in(*c.arena, {ng, g.splits}, DType::f32);
+  const dim3 grid(unsigned(ng), unsigned(g.splits));
+  group_sums_kernel<<<grid, kThreads, 0, stream()>>>(x.data, x.dtype, g, nullptr, sums.ptr<float>());
+  group_sums_kernel<<<grid, kThreads, 0, stream()>>>(x.data, x.dtype, g, sums.ptr<float>(), squares.ptr<float>());
+  group_apply_kernel<<<grid, kThreads, 0, stream()>>>(x.data, weight.data, weight.dtype, bias.data, bias.dtype, y.data,
+                                                      x.dtype, g, sums.ptr<float>(), squares.ptr<float>(), eps,
+                                                      fuse_silu, rounding == ops::Rounding::each_step);
   check(cudaGetLastError(), "group_norm kernel launch");
 }
 
