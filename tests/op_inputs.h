@@ -77,6 +77,13 @@ class OpInputs {
     return t;
   }
   // All bits set: NaN in f32 and bf16.
+  // An output for inputs that hold NaN or infinities: every element a finite sentinel (1e30), so
+  // that one an op leaves unwritten still shows.
+  Tensor sentinel(Shape s) {
+    Tensor t = Tensor::heap(std::move(s), act);
+    for (int64_t i = 0; i < t.numel(); ++i) store(t, i, 1e30f);
+    return t;
+  }
   Tensor poisoned(Shape s, DType dt = DType(255)) {
     Tensor t = Tensor::heap(std::move(s), dt == DType(255) ? act : dt);
     std::memset(t.data, 0xff, t.nbytes());

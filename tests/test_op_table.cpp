@@ -67,6 +67,10 @@ struct OpCase {
   std::function<Drawn(OpInputs&)> draw;
   // Stored weight formats (GGUF blocks, fp8) run on the CPU backends only so far.
   bool cpu_only = false;
+  // Inputs holding NaN or infinities: the outputs must be non-finite exactly where the
+  // reference's are (their poison is a finite sentinel, so an unwritten one shows), the finite
+  // rest within the bound.
+  bool nonfinite = false;
 };
 
 constexpr Rounding kRoundings[] = {Rounding::once, Rounding::each_step};
@@ -187,6 +191,14 @@ void add_rope_cases(std::vector<OpCase>& cases) {
                    }});
 }
 
+// One operand of [q, k, v] spoiled with `bad`: query row 5 of head 1, key 7 of key head 0, or
+// value 9 of key head 1 (heads of width d).
+void spoil(std::vector<Tensor>& qkv, const std::string& operand, float bad, int64_t d) {
+  Tensor& t = qkv[operand == "q" ? 0 : operand == "k" ? 1 : 2];
+  const int64_t row = operand == "q" ? 5 : operand == "k" ? 7 : 9, head = operand == "k" ? 0 : 1;
+  for (int64_t e = 0; e < d; ++e) OpInputs::store(t, row * t.shape[1] + head * d + e, bad);
+}
+
 void add_attention_cases(std::vector<OpCase>& cases) {
   // 300 rows: two full 128-row query blocks and a partial one; 4 query heads over 2 key heads.
   const int64_t s = 300, d = 16, hq = 4, hk = 2;
@@ -296,6 +308,57 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                                                           0.25f, {false, nullptr, 2});
                             }};
                   }});
+  // NaN and +Inf in each operand, as torch propagates them: a NaN score or an infinite maximum
+  // makes its row NaN (query row 5 of head 1, key 7 of key head 0: every row that sees it), a
+  // non-finite value reaches every row of its head. Without a band through both CPU kernels
+  // (`full`), with SAME's band (window 4) and the differential form's second query below.
+  for (const float bad : {NAN, INFINITY})
+    for (const char* operand : {"q", "k", "v"})
+      for (const bool causal : {false, true}) {
+        if (causal && operand[0] == 'v') continue;  // a value is seen or not: causal adds nothing
+        OpCase one{
+            std::string("attention_") + (std::isnan(bad) ? "nan_" : "inf_") + operand + (causal ? "_causal" : ""),
+            OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+              std::vector<Tensor> t = qkv(in);
+              spoil(t, operand, bad, d);
+              return {{t, {in.sentinel({s, hq * d})}}, [=](Context& c, Operands& o) {
+                        ops::attention(c, o.in[0], o.in[1], o.in[2], o.out[0], d, 0.25f, {causal});
+                      }};
+            }};
+        one.nonfinite = true;
+        full.push_back(one);
+      }
+  // (A value outside a row's band is not tested: the GEMM tiles' P·V spans the block's keys, so a
+  // NaN there reaches the block's rows as 0 x NaN, where the reference sums the band alone.)
+  for (const int tiles : {0, 1})
+    for (const char* operand : {"q", "k"}) {
+      OpCase band{std::string("attention_band_nan_") + operand + (tiles ? "_tiles" : ""), OpId::attention,
+                  Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+                    std::vector<Tensor> t = qkv(in);
+                    spoil(t, operand, NAN, d);
+                    return {{t, {in.sentinel({s, hq * d})}}, [=](Context& c, Operands& o) {
+                              cpu::band_attention_knob.set(tiles ? 2 : 1);
+                              ops::attention(c, o.in[0], o.in[1], o.in[2], o.out[0], d, 0.25f,
+                                             {false, nullptr, 2, 0.0f, Rounding::once, 4});
+                              cpu::band_attention_knob.set(0);
+                            }};
+                  }};
+      band.nonfinite = true;
+      cases.push_back(band);
+    }
+  OpCase second_query{
+      "differential_attention_nan_q2", OpId::differential_attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+        std::vector<Tensor> t = qkv(in);
+        Tensor q2 = in.random({s, hq * d}), k2 = in.random({s, hk * d});
+        std::vector<Tensor> only_q2 = {q2};
+        spoil(only_q2, "q", NAN, d);
+        return {{{t[0], t[1], only_q2[0], k2, t[2]}, {in.sentinel({s, hq * d})}}, [=](Context& c, Operands& o) {
+                  ops::differential_attention(c, o.in[0], o.in[1], o.in[2], o.in[3], o.in[4], o.out[0], d, 0.25f,
+                                              {false, nullptr, 2});
+                }};
+      }};
+  second_query.nonfinite = true;
+  full.push_back(second_query);
   // The direct AVX512-BF16 kernel (the default where the CPU has it and no AMX) and the GEMM tiles.
   for (const OpCase& one : full)
     for (const int tiles : {0, 1}) {
@@ -748,6 +811,26 @@ std::vector<Tensor> uploaded(Backend& backend, const std::vector<Tensor>& tensor
   return copies;
 }
 
+// Output i non-finite exactly where the reference's is (NaN where it is NaN), those elements then
+// zeroed in both so that the finite rest is compared as usual. The reference must have some.
+void expect_same_nonfinite(Tensor& mine, Tensor& want, size_t i) {
+  const std::vector<float> a = to_f32_vector(mine), b = to_f32_vector(want);
+  int64_t nonfinite = 0, wrong = 0;
+  for (size_t j = 0; j < a.size(); ++j) {
+    if (std::isfinite(b[j])) {
+      wrong += !std::isfinite(a[j]);
+      continue;
+    }
+    ++nonfinite;
+    wrong += std::isfinite(a[j]) || std::isnan(a[j]) != std::isnan(b[j]);
+    OpInputs::store(mine, int64_t(j), 0.0f);
+    OpInputs::store(want, int64_t(j), 0.0f);
+  }
+  EXPECT_GT(nonfinite, 0) << "output " << i << ": the reference has no NaN or infinity to propagate";
+  EXPECT_EQ(wrong, 0) << "output " << i << ": " << wrong << " of " << a.size()
+                      << " elements finite where the reference's are not, or the other way";
+}
+
 // (target, case), indices into targets() and op_cases().
 class OpTable : public ::testing::TestWithParam<std::tuple<size_t, size_t>> {
  protected:
@@ -781,12 +864,16 @@ TEST_P(OpTable, MatchesTheReference) {
   drawn.call(dev, got);
 
   for (size_t i = 0; i < want.out.size(); ++i) {
-    const Tensor mine = backend->download(got.out[i]);
-    for (float v : to_f32_vector(mine)) {
-      EXPECT_TRUE(std::isfinite(v)) << "output " << i << " left unwritten or NaN";
-      if (!std::isfinite(v)) break;
+    Tensor mine = backend->download(got.out[i]), wanted = OpInputs::clone(want.out[i]);
+    if (k.nonfinite) {
+      expect_same_nonfinite(mine, wanted, i);
+    } else {
+      for (float v : to_f32_vector(mine)) {
+        EXPECT_TRUE(std::isfinite(v)) << "output " << i << " left unwritten or NaN";
+        if (!std::isfinite(v)) break;
+      }
     }
-    const Agreement g = agreement(mine, want.out[i]);
+    const Agreement g = agreement(mine, wanted);
     std::printf("[ measure ] %s %s output %zu: rel L2 %.2e, %.3f%% differ, worst %.2f ulp\n", target.name.c_str(),
                 k.name.c_str(), i, g.rel_l2, 100 * g.differing, g.worst_ulps);
     EXPECT_TRUE(holds(k.bound, g, mine.dtype))

@@ -175,6 +175,35 @@ TEST(Robustness, NonFiniteWeightStopsTheRequestNamingTheStage) {
   expect_refused_after_progress(test::run_cli(render_args(m.dir, out)), out, {"text encoder", "NaN or Inf"});
 }
 
+// NaN queries used to vanish in the softmax (its maximum skipped NaN, so the row came out as a
+// fully masked one: zeros) and the request rendered; torch propagates them. An all-NaN query
+// projection, a query norm's NaN scale (double and single blocks) and one NaN row in the query
+// third of a single block's fused projection each stop the request, in bf16 and fp32.
+TEST(Robustness, NanQueriesStopTheRequestNamingTheStage) {
+  const std::string file = "transformer/diffusion_pytorch_model.safetensors";
+  struct Spoil {
+    std::string tensor;
+    int64_t rows;  // leading rows made NaN (0: all)
+  };
+  for (const Spoil& spoil : {Spoil{"transformer_blocks.0.attn.to_q.weight", 0},
+                             Spoil{"transformer_blocks.0.attn.norm_q.weight", 0},
+                             Spoil{"single_transformer_blocks.0.attn.norm_q.weight", 0},
+                             Spoil{"single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight", 1}})
+    for (const std::string precision : {"bf16", "fp32"}) {
+      SCOPED_TRACE(spoil.tensor + " " + precision);
+      ModelCopy m;
+      m.edit_tensor(file, spoil.tensor, [&](const Tensor& t) {
+        Tensor c = t;
+        const int64_t n = spoil.rows ? spoil.rows * t.shape.back() : t.numel();
+        for (int64_t i = 0; i < n; ++i) c.ptr<uint16_t>()[i] = f32_to_bf16(NAN);
+        return c;
+      });
+      const std::string out = temp_out("nan_query.png");
+      expect_refused_after_progress(test::run_cli(render_args(m.dir, out) + " --precision " + precision), out,
+                                    {"transformer step 1/4", "NaN or Inf"});
+    }
+}
+
 TEST(Robustness, NonFiniteNoiseFileIsRefusedNamingTheFile) {
   const std::string noise = temp_out("nan_noise.safetensors"), out = temp_out("nan_noise.png");
   Tensor n = Tensor::heap({1, 128, 3, 4}, DType::f32);

@@ -230,11 +230,21 @@ __attribute__((always_inline)) inline float exp_and_sum(float* s, int64_t n, flo
   // A vector max reduction: one running max is a chain of dependent vmaxss (2/3 of the whole
   // attention at 452 keys), and 16 lanes in an array compiled to scalar loads and compares.
   float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-  for (int64_t i = 0; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
-  if (mx == -INFINITY) {
+  int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+  for (int64_t i = 0; i < n; ++i) {
+    mx = s[i] > mx ? s[i] : mx;
+    nan |= s[i] != s[i];
+  }
+  if (mx == -INFINITY && !nan) {  // no key seen (all padding): a zero row
     std::fill(s, s + n, 0.0f);
     return 0.0f;
+  }
+  if (nan || mx == INFINITY) {
+    // As torch's softmax: a NaN score, or an infinite maximum (exp(inf - inf)), makes the row NaN
+    // (the max above skips NaN, and the exp's clamps would turn it finite).
+    std::fill(s, s + n, NAN);
+    return NAN;
   }
   const float shift = mx * scale;
   float sum = 0.0f;
@@ -259,7 +269,7 @@ APUS_CLONES void softmax_row_bf16(float* s, int64_t n, float scale, uint16_t* ou
     uint32_t u;
     const float v = s[i] * inv;
     std::memcpy(&u, &v, 4);
-    out[i] = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // probabilities are finite
+    out[i] = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // finite, or a NaN that stays quiet
   }
 }
 

@@ -1,7 +1,9 @@
 // Attention on the GPU with the contract's numerics: scores in fp32 over the keys a row may see
 // (causal, band, padding), shaped as the reference shapes them (softcap, step-by-step rounding),
 // softmax in fp32, probabilities rounded to the activation dtype, P·V summed in fp32; the
-// differential form rounds each term before the difference. Two kernels (knob cuda.attention):
+// differential form rounds each term before the difference. NaN propagates as torch's softmax
+// propagates it: a NaN score, or an infinite maximum, makes the row's probabilities NaN (a row
+// that sees no key stays zero). Two kernels (knob cuda.attention):
 //   gemm  the scores of a chunk of heads materialised by one cuBLASLt product (tensor cores), a
 //         softmax kernel per row, P·V by a second product; every attention without a band
 //   rows  one thread block per (query row, head), the correct-first kernel: bands, and operands
@@ -79,17 +81,21 @@ __global__ void attention_kernel(Params p) {
       probs[j] = s;
     }
     __syncthreads();
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, probs[j]);
+    float mx = -INFINITY, nan = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      mx = fmaxf(mx, probs[j]);
+      nan = fmaxf(nan, isnan(probs[j]) ? 1.0f : 0.0f);
+    }
     mx = block_reduce(mx, true);
+    const bool poisoned = block_reduce(nan, true) > 0.0f || mx == INFINITY;
     float sum = 0.0f;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float e = mx == -INFINITY ? 0.0f : expf(probs[j] - mx);
+      const float e = poisoned ? NAN : mx == -INFINITY ? 0.0f : expf(probs[j] - mx);
       probs[j] = e;
       sum += e;
     }
     sum = block_reduce(sum, false);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = poisoned ? NAN : sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) probs[j] = round_to(p.dt, probs[j] * inv);
     __syncthreads();
     if (c < p.d) {
@@ -129,16 +135,23 @@ __global__ void softmax_kernel(SoftmaxParams a) {
     float v = a.shape ? shaped_score(s[j], a.scale, a.softcap, a.round_steps) : s[j];
     return a.key_valid && !a.key_valid[j] ? -INFINITY : v;
   };
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, score(j));
+  float mx = -INFINITY, nan = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    mx = fmaxf(mx, score(j));
+    nan = fmaxf(nan, isnan(score(j)) ? 1.0f : 0.0f);
+  }
   mx = block_reduce(mx, true);
+  const bool poisoned = block_reduce(nan, true) > 0.0f || mx == INFINITY;
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += mx == -INFINITY ? 0.0f : expf(score(j) - mx);
   sum = block_reduce(sum, false);
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   const int64_t out = row * a.ld;
   for (int64_t j = threadIdx.x; j < a.sk; j += blockDim.x)
-    store(a.dt, a.p, out + j, j < n && mx != -INFINITY ? round_to(a.dt, expf(score(j) - mx) * inv) : 0.0f);
+    store(a.dt, a.p, out + j,
+          poisoned                   ? NAN
+          : j < n && mx != -INFINITY ? round_to(a.dt, expf(score(j) - mx) * inv)
+                                     : 0.0f);
 }
 
 // o = t1 - t2 over a chunk of heads: [sq, count * d] rows of the two terms (each already rounded

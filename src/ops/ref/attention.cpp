@@ -18,10 +18,14 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
              "attention: the key mask must be i64 [", k.shape[0], "]");
   const int64_t* key_valid = mask.key_valid ? mask.key_valid->ptr<int64_t>() : nullptr;
   std::vector<double> p(static_cast<size_t>(sk));
+  std::vector<char> seen_by_row(static_cast<size_t>(sk));
   for (int64_t task = 0; task < batch * hq; ++task) {
     const int64_t b = task / hq, h = task % hq, g = h / (hq / hk);
     for (int64_t i = 0; i < sq; ++i) {
+      // NaN propagates as torch's softmax propagates it: a NaN score (or an infinite maximum,
+      // whose exp(inf - inf) is NaN) makes the whole row NaN; a row that sees no key is zero.
       double mx = -INFINITY;
+      int64_t seen = 0;
       for (int64_t j = 0; j < sk; ++j) {
         const bool visible = (!mask.causal || j <= i) && (mask.window == 0 || std::abs(i - j) <= mask.window) &&
                              (!key_valid || key_valid[b * sk + j]);
@@ -40,17 +44,22 @@ void attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Te
           }
         }
         p[size_t(j)] = s;
-        mx = std::max(mx, s);
+        seen_by_row[size_t(j)] = visible;
+        seen += visible;
+        mx = std::isnan(s) || std::isnan(mx) ? NAN : std::max(mx, s);
       }
       double sum = 0;
       for (int64_t j = 0; j < sk; ++j) {
-        p[size_t(j)] = mx == -INFINITY ? 0.0 : std::exp(p[size_t(j)] - mx);
+        p[size_t(j)] = seen == 0 ? 0.0 : std::exp(p[size_t(j)] - mx);
         sum += p[size_t(j)];
       }
-      for (int64_t j = 0; j < sk; ++j) p[size_t(j)] = sum > 0 ? as(q.dtype, p[size_t(j)] / sum) : 0.0;
+      for (int64_t j = 0; j < sk; ++j) p[size_t(j)] = seen == 0 ? 0.0 : as(q.dtype, p[size_t(j)] / sum);
       for (int64_t e = 0; e < d; ++e) {
         double acc = 0;
-        for (int64_t j = 0; j < sk; ++j) acc += p[size_t(j)] * get(v, b * sk + j, g * d + e);
+        // Over the keys the row sees: a NaN value outside its band, causal range or padding
+        // does not reach it (as the kernels, which never read those keys).
+        for (int64_t j = 0; j < sk; ++j)
+          if (seen_by_row[size_t(j)]) acc += p[size_t(j)] * get(v, b * sk + j, g * d + e);
         put(o, b * sq + i, h * d + e, acc);
       }
     }
