@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -155,48 +156,116 @@ TEST(Gguf, HostileFilesAreRefusedNamingTheFileAndField) {
                {"metadata 'k'", "claims"});
   expect_error([] { header(0, 1).str("k").put<uint32_t>(13).parse(); }, {"metadata 'k'", "value type 13"});
   expect_error([] { header(0, 1).str("k").put<uint32_t>(7).put<uint8_t>(2).parse(); }, {"'k'", "bool"});
-  expect_error([] { header(0, 2).str("k").put<uint32_t>(0).put<uint8_t>(1).str("k").put<uint32_t>(0).put<uint8_t>(1).parse(); },
-               {"'k'", "twice"});
+  expect_error(
+      [] { header(0, 2).str("k").put<uint32_t>(0).put<uint8_t>(1).str("k").put<uint32_t>(0).put<uint8_t>(1).parse(); },
+      {"'k'", "twice"});
   expect_error([] { header(0, 1).str("general.alignment").put<uint32_t>(4).put<uint32_t>(48).parse(); },
                {"general.alignment", "power of two"});
-  expect_error([] {
-    Bytes b = header(1, 0);
-    tensor(b, "w", {64, 2}, 8, 0).pad(32).raw(100);
-    b.parse();
-  }, {"hostile.gguf", "tensor 'w'", "Q8_0", "runs past the end"});
-  expect_error([] {
-    Bytes b = header(1, 0);
-    tensor(b, "w", {48, 2}, 8, 0).pad(32).raw(1000);
-    b.parse();
-  }, {"tensor 'w'", "not whole 32-element blocks"});
-  expect_error([] {
-    Bytes b = header(1, 0);
-    tensor(b, "w", {32}, 8, 8).pad(32).raw(1000);
-    b.parse();
-  }, {"tensor 'w'", "alignment"});
-  expect_error([] {
-    Bytes b = header(1, 0);
-    tensor(b, "w", {uint64_t(1) << 30, uint64_t(1) << 30}, 0, 0);
-    b.parse();
-  }, {"tensor 'w'", "2^40"});
-  expect_error([] {
-    Bytes c = header(1, 0);
-    tensor(c, "w", {1, 1, 1, 1, 1}, 0, 0);
-    c.parse();
-  }, {"5 dimensions"});
-  expect_error([] {
-    Bytes b = header(2, 0);
-    tensor(b, "w", {32}, 0, 0);
-    tensor(b, "w", {32}, 0, 128);
-    b.pad(32).raw(1024);
-    b.parse();
-  }, {"tensor 'w'", "twice"});
+  expect_error(
+      [] {
+        Bytes b = header(1, 0);
+        tensor(b, "w", {64, 2}, 8, 0).pad(32).raw(100);
+        b.parse();
+      },
+      {"hostile.gguf", "tensor 'w'", "Q8_0", "runs past the end"});
+  expect_error(
+      [] {
+        Bytes b = header(1, 0);
+        tensor(b, "w", {48, 2}, 8, 0).pad(32).raw(1000);
+        b.parse();
+      },
+      {"tensor 'w'", "not whole 32-element blocks"});
+  expect_error(
+      [] {
+        Bytes b = header(1, 0);
+        tensor(b, "w", {32}, 8, 8).pad(32).raw(1000);
+        b.parse();
+      },
+      {"tensor 'w'", "alignment"});
+  expect_error(
+      [] {
+        Bytes b = header(1, 0);
+        tensor(b, "w", {uint64_t(1) << 30, uint64_t(1) << 30}, 0, 0);
+        b.parse();
+      },
+      {"tensor 'w'", "2^40"});
+  expect_error(
+      [] {
+        Bytes c = header(1, 0);
+        tensor(c, "w", {1, 1, 1, 1, 1}, 0, 0);
+        c.parse();
+      },
+      {"5 dimensions"});
+  expect_error(
+      [] {
+        Bytes b = header(2, 0);
+        tensor(b, "w", {32}, 0, 0);
+        tensor(b, "w", {32}, 0, 128);
+        b.pad(32).raw(1024);
+        b.parse();
+      },
+      {"tensor 'w'", "twice"});
   // A type apus does not read opens, and is refused when fetched, by name.
   Bytes b = header(1, 0);
   tensor(b, "iq", {256}, 16, 0).pad(32).raw(1024);
   const GgufFile g = b.parse();
   expect_error([&] { g.get("iq"); }, {"hostile.gguf", "tensor 'iq'", "IQ2_XXS", "does not read"});
   expect_error([&] { g.get("missing"); }, {"hostile.gguf", "no tensor 'missing'"});
+}
+
+// As ggml's reader, the tensors' data must tile the data section in the order of their infos (each
+// where the previous ends, padded to the alignment): sharing, swapping or relabelling is refused.
+TEST(Gguf, TensorDataMustFollowOneAnother) {
+  auto file = [](std::vector<std::tuple<std::string, uint32_t, uint64_t>> entries, size_t data_bytes) {
+    Bytes b = header(entries.size(), 0);
+    for (const auto& [name, type, offset] : entries) tensor(b, name, {16}, type, offset);
+    b.pad(32).raw(data_bytes);
+    return b;
+  };
+  // Two F32 tensors of 64 bytes, the second at 64: reads.
+  EXPECT_EQ(file({{"a", 0, 0}, {"b", 0, 64}}, 128).parse().get("b").numel(), 16);
+  expect_error(
+      [&] {
+        file({{"a", 0, 0}, {"b", 0, 0}}, 128).parse();
+      },
+      {"hostile.gguf", "tensor 'b'", "data offset 0, expected 64", "tensor 'a'", "follow one another"});
+  expect_error(
+      [&] {
+        file({{"a", 0, 64}, {"b", 0, 0}}, 128).parse();
+      },
+      {"tensor 'a'", "data offset 64, expected 0", "the start of the data"});
+  // An F32 tensor relabelled F16 (type 1): read from half its bytes, the next one no longer where it
+  // ends; as the last tensor, its other half left over.
+  expect_error([&] { file({{"a", 1, 0}, {"b", 0, 64}}, 128).parse(); }, {"tensor 'b'", "data offset 64, expected 32"});
+  expect_error(
+      [&] {
+        file({{"a", 0, 0}, {"b", 1, 64}}, 128).parse();
+      },
+      {"hostile.gguf", "32 bytes of tensor data follow the last tensor 'b'", "does not match"});
+}
+
+// A block's f16 scale (or min) that is NaN or infinite is refused when the tensor is fetched,
+// naming the tensor, the block and its row: Q8_0's d, Q4_K's dmin, Q6_K's d at the block's end.
+TEST(Gguf, NonFiniteBlockScalesAreRefusedNamingTheBlock) {
+  struct Case {
+    uint32_t type;
+    uint64_t row, block_bytes, at;
+    const char* name;
+  };
+  for (const Case& c : {Case{8, 32, 34, 0, "Q8_0"}, Case{12, 256, 144, 2, "Q4_K"}, Case{14, 256, 210, 208, "Q6_K"}})
+    for (const uint16_t bad : {uint16_t(0x7e00), uint16_t(0x7c00), uint16_t(0xfc00)}) {
+      SCOPED_TRACE(std::string(c.name) + " " + std::to_string(bad));
+      Bytes b = header(1, 0);
+      tensor(b, "w", {c.row, 3}, c.type, 0).pad(32);
+      const size_t data = b.s_.size();
+      b.s_.append(3 * c.block_bytes, '\0');  // zero scales: finite
+      EXPECT_NO_THROW(b.parse().get("w"));
+      std::memcpy(&b.s_[data + 2 * c.block_bytes + c.at], &bad, 2);
+      const GgufFile g = b.parse();
+      expect_error([&] { g.get("w"); },
+                   {"hostile.gguf", "tensor 'w'", c.name, "block 2 (row 2)", "NaN or infinite scale"});
+      expect_error([&] { g.get("w"); }, {"block 2"});  // refused again, not let through the second time
+    }
 }
 
 TEST(Gguf, EveryTruncationOfARealFileIsRefused) {
@@ -245,7 +314,8 @@ TEST(GgufTokenizer, TheTextEncodersOwnEncodesAsHuggingFace) {
   for (const Json& c : cases["templated"]) {
     const auto prompt = c["prompt"].get<std::string>();
     EXPECT_EQ(encode_klein_prompt(gguf, prompt, cases["max_length"].get<int>(), nullptr),
-              c["input_ids"].get<std::vector<int32_t>>()) << Json(prompt).dump();
+              c["input_ids"].get<std::vector<int32_t>>())
+        << Json(prompt).dump();
   }
   for (const auto& [token, id] : cases["special_ids"].items()) EXPECT_EQ(gguf.token_id(token), id.get<int32_t>());
   // The padding rows past the tokenizer ([PADn], unused) are no tokens.
@@ -274,7 +344,8 @@ TEST(GgufTokenizer, WhatIsNotAByteLevelBpeIsRefusedNamingTheKey) {
   expect_error([&] { BpeTokenizer::load(m.write("count.gguf")); }, {"count.gguf", "token_type has 6 entries for 7"});
   m = {};
   m.merges = {"a c"};
-  expect_error([&] { BpeTokenizer::load(m.write("merge.gguf")); }, {"merge.gguf (tokenizer.ggml.*)", "model.merges[0]"});
+  expect_error([&] { BpeTokenizer::load(m.write("merge.gguf")); },
+               {"merge.gguf (tokenizer.ggml.*)", "model.merges[0]"});
   // A GGUF without a tokenizer (a DiT's) is refused naming what a tokenizer GGUF has.
   expect_error([] { BpeTokenizer::load(fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf")); },
                {"flux-2-klein-tiny-Q8_0.gguf", "carries no tokenizer"});

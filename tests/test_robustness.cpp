@@ -185,10 +185,10 @@ TEST(Robustness, NanQueriesStopTheRequestNamingTheStage) {
     std::string tensor;
     int64_t rows;  // leading rows made NaN (0: all)
   };
-  for (const Spoil& spoil : {Spoil{"transformer_blocks.0.attn.to_q.weight", 0},
-                             Spoil{"transformer_blocks.0.attn.norm_q.weight", 0},
-                             Spoil{"single_transformer_blocks.0.attn.norm_q.weight", 0},
-                             Spoil{"single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight", 1}})
+  for (const Spoil& spoil :
+       {Spoil{"transformer_blocks.0.attn.to_q.weight", 0}, Spoil{"transformer_blocks.0.attn.norm_q.weight", 0},
+        Spoil{"single_transformer_blocks.0.attn.norm_q.weight", 0},
+        Spoil{"single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight", 1}})
     for (const std::string precision : {"bf16", "fp32"}) {
       SCOPED_TRACE(spoil.tensor + " " + precision);
       ModelCopy m;

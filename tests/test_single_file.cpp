@@ -5,15 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
-#include <set>
 #include <functional>
+#include <set>
 
 #include "apus/apus.h"
 #include "core/error.h"
 #include "core/scaled_codes.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "io/single_file.h"
 #include "io/synth.h"
@@ -76,8 +77,8 @@ TEST(SingleFile, BflTransformerRendersTheFoldersImage) {
   const std::vector<uint8_t> folder = render(ModelParts{fixture("klein_tiny_a")});
   EXPECT_EQ(render(single(fixture("klein_single/flux-2-klein-tiny.safetensors"))), folder);
   // ComfyUI's split file: the same keys under model.diffusion_model.
-  const std::string comfy = rewritten("comfy-klein.safetensors", {fixture("klein_single/flux-2-klein-tiny.safetensors")},
-                                      "model.diffusion_model.");
+  const std::string comfy = rewritten(
+      "comfy-klein.safetensors", {fixture("klein_single/flux-2-klein-tiny.safetensors")}, "model.diffusion_model.");
   EXPECT_EQ(render(single(comfy)), folder);
 }
 
@@ -101,10 +102,10 @@ TEST(SingleFile, VaeInBflNamesRendersTheFoldersImage) {
   const std::string root = fixture("klein_tiny_a");
   const std::vector<uint8_t> folder = render(ModelParts{root});
   ModelParts p{root};
-  for (const std::string& vae : {fixture("klein_single/flux2-vae-tiny.safetensors"),
-                                 fixture("klein_single/flux2-vae-tiny-sd.safetensors"),
-                                 rewritten("ckpt-vae.safetensors", {fixture("klein_single/flux2-vae-tiny.safetensors")},
-                                           "first_stage_model.")}) {
+  for (const std::string& vae :
+       {fixture("klein_single/flux2-vae-tiny.safetensors"), fixture("klein_single/flux2-vae-tiny-sd.safetensors"),
+        rewritten("ckpt-vae.safetensors", {fixture("klein_single/flux2-vae-tiny.safetensors")},
+                  "first_stage_model.")}) {
     p = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
     p.vae = vae;
     EXPECT_EQ(render(p), folder) << vae;
@@ -138,6 +139,59 @@ TEST(SingleFile, GgufQ8TransformerRendersWhatItsDequantisedWeightsRender) {
                     "klein_single/flux-2-klein-tiny-Q8_0-dequantized.safetensors");
 }
 
+// A Q8_0 block whose f16 scale is infinite or NaN used to render (its block's elements infinite):
+// the request is refused naming the file, the tensor and the block.
+// A BFL file with blocks its --config does not have (double_blocks.5 where num_layers is 2) used
+// to render the smaller model without a word; one missing a block is refused too.
+TEST(SingleFile, BlocksTheConfigDoesNotHaveAreRefusedNamingTheKey) {
+  const SafetensorsFile bfl = SafetensorsFile::open(fixture("klein_single/flux-2-klein-tiny.safetensors"));
+  const std::string path = ::testing::TempDir() + "apus_extra_blocks_" + std::to_string(::getpid()) + ".safetensors";
+  for (const bool extra : {true, false}) {
+    std::vector<NamedTensor> tensors;
+    for (const std::string& n : bfl.names()) {
+      const bool last_single =
+          n.find("single_blocks.") != std::string::npos && n.find("single_blocks.0.") == std::string::npos;
+      if (!extra && last_single) continue;  // only single block 0 left
+      tensors.push_back({n, bfl.get(n)});
+      if (extra && n.find("double_blocks.1.") != std::string::npos) {
+        std::string copy = n;
+        copy.replace(copy.find("double_blocks.1."), 16, "double_blocks.5.");
+        tensors.push_back({copy, bfl.get(n)});
+      }
+    }
+    write_safetensors(path, tensors);
+    const std::string config = fixture("klein_tiny_a") + "/transformer/config.json";
+    expect_error([&] { render(single(path)); },
+                 extra
+                     ? std::vector<std::string>{path, "double blocks up to index 5 (6)", config, "num_layers 2"}
+                     : std::vector<std::string>{path, "single blocks up to index 0 (1)", config, "num_single_layers"});
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(SingleFile, GgufBlockWithANonFiniteScaleIsRefusedNamingTheBlock) {
+  const std::string source = fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf");
+  const std::string name = "double_blocks.0.img_attn.qkv.weight";
+  const GgufFile original = GgufFile::open(source);
+  ASSERT_EQ(original.get(name).dtype, DType::q8_0);
+  std::ifstream in(source, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string first_block(static_cast<const char*>(original.get(name).data), 34);
+  const size_t at = bytes.find(first_block);
+  ASSERT_NE(at, std::string::npos);
+  const int64_t block = 5, row_blocks = original.get(name).shape.back() / 32;
+  for (const uint16_t bad : {uint16_t(0x7c00), uint16_t(0x7e00)}) {
+    std::string spoiled = bytes;
+    std::memcpy(&spoiled[at + size_t(block) * 34], &bad, 2);
+    const std::string path = ::testing::TempDir() + "apus_q8_bad_scale_" + std::to_string(::getpid()) + ".gguf";
+    std::ofstream(path, std::ios::binary) << spoiled;
+    expect_error([&] { render(single(path)); },
+                 {path, "tensor '" + name + "'", "Q8_0", "block 5 (row " + std::to_string(block / row_blocks) + ")",
+                  "NaN or infinite scale"});
+    std::filesystem::remove(path);
+  }
+}
+
 TEST(SingleFile, GgufKQuantTransformerRendersWhatItsDequantisedWeightsRender) {
   // A mixed file as a Q4_K_M is: Q4_K and Q6_K where a row holds 256 values, Q8_0 elsewhere.
   const std::vector<uint8_t> bf16 = expect_renders_as("klein_single/flux-2-klein-tiny-Q4_K_M.gguf",
@@ -158,8 +212,9 @@ TEST(SingleFile, ComfyQuantisedTransformerRendersWhatItsDequantisedWeightsRender
   // ComfyUI's mixed file (tools/oracle/make_comfy_quant_fixtures.py): every layout its loader reads
   // (fp8 e4m3 and e5m2, int8 with one scale and one a row, mxfp8, nvfp4) rotating over the linears,
   // tagged per layer or in the header, against comfy-kitchen's dequantisation of each weight.
-  const std::vector<uint8_t> bf16 = expect_renders_as("klein_single/flux-2-klein-tiny-comfy-mixed.safetensors",
-                                                      "klein_single/flux-2-klein-tiny-comfy-mixed-dequantized.safetensors");
+  const std::vector<uint8_t> bf16 =
+      expect_renders_as("klein_single/flux-2-klein-tiny-comfy-mixed.safetensors",
+                        "klein_single/flux-2-klein-tiny-comfy-mixed-dequantized.safetensors");
   expect_renders_as("klein_single/flux-2-klein-tiny-comfy-header.safetensors",
                     "klein_single/flux-2-klein-tiny-comfy-mixed-dequantized.safetensors");
   EXPECT_NE(bf16, render(single(fixture("klein_single/flux-2-klein-tiny.safetensors"))))
@@ -173,7 +228,8 @@ TEST(SingleFile, ComfyQuantisedWeightsDecodeAsComfyKitchenDequantisesThem) {
   // Each weight on its own, bit for bit: a block factor read from the wrong tile, nibble order,
   // e8m0 decoding or per-row scale shows here before it blurs into an image.
   const auto file = SingleFile::open(fixture("klein_single/flux-2-klein-tiny-comfy-mixed.safetensors"));
-  const SafetensorsFile want = SafetensorsFile::open(fixture("klein_single/flux-2-klein-tiny-comfy-mixed-dequantized.safetensors"));
+  const SafetensorsFile want =
+      SafetensorsFile::open(fixture("klein_single/flux-2-klein-tiny-comfy-mixed-dequantized.safetensors"));
   std::set<std::string> layouts;
   EXPECT_EQ(file->stored_names().size(), want.names().size()) << "scales and tags are no model tensors";
   for (const std::string& name : want.names()) {
@@ -182,7 +238,8 @@ TEST(SingleFile, ComfyQuantisedWeightsDecodeAsComfyKitchenDequantisesThem) {
     layouts.insert(std::string(dtype_name(got.dtype)) + (got.block_scales ? " blocks" : ""));
     const std::vector<float> a = to_f32_vector(got), b = to_f32_vector(expected);
     ASSERT_EQ(a.size(), b.size()) << name;
-    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << name << " element " << i << " (" << dtype_name(got.dtype) << ")";
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(a[i], b[i]) << name << " element " << i << " (" << dtype_name(got.dtype) << ")";
   }
   EXPECT_EQ(layouts, (std::set<std::string>{"bf16", "fp8_e4m3", "fp8_e4m3 blocks", "fp8_e5m2", "i8", "i8 blocks",
                                             "fp4_e2m1 blocks"}));
@@ -276,18 +333,27 @@ TEST(SingleFile, ComfyQuantisationThatApusDoesNotReadIsRefusedNamingTheTensor) {
   const std::string nvfp4 = "model.diffusion_model.final_layer.adaLN_modulation.1";
   std::string mxfp8;
   for (const std::string& n : comfy.names())
-    if (n.ends_with(".comfy_quant") && tag_text(n).find("mxfp8") != std::string::npos) mxfp8 = n.substr(0, n.size() - 12);
-  rewrite([&](std::vector<NamedTensor>& ts) { find(ts, mxfp8 + ".comfy_quant").tensor = tag(R"({"format": "int8_tensorwise"})"); });
-  expect_error([&] { render(single(path)); }, {path, mxfp8 + ".weight", "has dtype fp8_e4m3, expected i8 for int8_tensorwise"});
-  rewrite([&](std::vector<NamedTensor>& ts) { std::erase_if(ts, [&](const NamedTensor& t) { return t.name == nvfp4 + ".weight_scale_2"; }); });
+    if (n.ends_with(".comfy_quant") && tag_text(n).find("mxfp8") != std::string::npos)
+      mxfp8 = n.substr(0, n.size() - 12);
+  rewrite([&](std::vector<NamedTensor>& ts) {
+    find(ts, mxfp8 + ".comfy_quant").tensor = tag(R"({"format": "int8_tensorwise"})");
+  });
+  expect_error([&] { render(single(path)); },
+               {path, mxfp8 + ".weight", "has dtype fp8_e4m3, expected i8 for int8_tensorwise"});
+  rewrite([&](std::vector<NamedTensor>& ts) {
+    std::erase_if(ts, [&](const NamedTensor& t) { return t.name == nvfp4 + ".weight_scale_2"; });
+  });
   expect_error([&] { render(single(path)); }, {path, nvfp4 + ".comfy_quant", "no per-tensor scale", "weight_scale_2"});
-  rewrite([&](std::vector<NamedTensor>& ts) { ts.push_back({"model.diffusion_model.img_out.comfy_quant", tag(R"({"format": "nvfp4"})")}); });
+  rewrite([&](std::vector<NamedTensor>& ts) {
+    ts.push_back({"model.diffusion_model.img_out.comfy_quant", tag(R"({"format": "nvfp4"})")});
+  });
   expect_error([&] { render(single(path)); }, {path, "img_out.comfy_quant", "describes", "does not hold"});
   rewrite([&](std::vector<NamedTensor>& ts) {
     NamedTensor& s = find(ts, nvfp4 + ".weight_scale");
     s.tensor = s.tensor.rows(0, 64);
   });
-  expect_error([&] { render(single(path)); }, {path, nvfp4 + ".weight_scale", "[64, 4]", "expected fp8_e4m3 [128, 4]", "tiled"});
+  expect_error([&] { render(single(path)); },
+               {path, nvfp4 + ".weight_scale", "[64, 4]", "expected fp8_e4m3 [128, 4]", "tiled"});
   rewrite([&](std::vector<NamedTensor>& ts) {
     NamedTensor& s = find(ts, nvfp4 + ".weight_scale");
     s.tensor = to_dtype(s.tensor, DType::f32);  // a heap copy to edit
@@ -297,12 +363,17 @@ TEST(SingleFile, ComfyQuantisationThatApusDoesNotReadIsRefusedNamingTheTensor) {
     s.tensor = bytes;
   });
   expect_error([&] { render(single(path)); }, {path, nvfp4 + ".weight_scale", "non-finite scale at 5"});
-  rewrite([&](std::vector<NamedTensor>& ts) { ts.push_back({nvfp4 + ".pre_quant_scale", comfy.get(nvfp4 + ".weight_scale_2")}); });
+  rewrite([&](std::vector<NamedTensor>& ts) {
+    ts.push_back({nvfp4 + ".pre_quant_scale", comfy.get(nvfp4 + ".weight_scale_2")});
+  });
   expect_error([&] { render(single(path)); }, {path, nvfp4 + ".pre_quant_scale", "not read"});
   // The header's tags: a format apus does not read, keys it does not know.
   const auto header_file = [&](const std::string& meta) {
-    return rewrite([](std::vector<NamedTensor>& ts) { std::erase_if(ts, [](const NamedTensor& t) { return t.name.ends_with(".comfy_quant"); }); },
-                   {{"_quantization_metadata", meta}});
+    return rewrite(
+        [](std::vector<NamedTensor>& ts) {
+          std::erase_if(ts, [](const NamedTensor& t) { return t.name.ends_with(".comfy_quant"); });
+        },
+        {{"_quantization_metadata", meta}});
   };
   header_file(R"({"format_version": "1.0", "layers": {")" + layer + R"(": {"format": "awq_w4a16"}}})");
   expect_error([&] { render(single(path)); }, {path, "_quantization_metadata", layer, "awq_w4a16", "does not read"});
@@ -329,7 +400,8 @@ TEST(SingleFile, GgufTextEncoderRendersWhatItsDequantisedWeightsRender) {
   expect_error([&] { render(no_tokenizer); }, {"flux-2-klein-tiny-Q8_0.gguf", "carries no tokenizer"});
   ModelParts wrong{root};
   wrong.text_encoder = fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf");
-  expect_error([&] { render(wrong); }, {"flux-2-klein-tiny-Q8_0.gguf", "not a Qwen3 text encoder", "token_embd.weight"});
+  expect_error([&] { render(wrong); },
+               {"flux-2-klein-tiny-Q8_0.gguf", "not a Qwen3 text encoder", "token_embd.weight"});
 }
 
 TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
@@ -338,7 +410,8 @@ TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   expect_error([&] { render(single(vae)); }, {vae, "not a FLUX.2 transformer", "single_stream_modulation"});
   ModelParts p = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
   p.vae = fixture("klein_single/flux-2-klein-tiny.safetensors");
-  expect_error([&] { render(p); }, {"flux-2-klein-tiny.safetensors", "not a FLUX.2 VAE", "decoder.up.0.block.0.conv1.weight"});
+  expect_error([&] { render(p); },
+               {"flux-2-klein-tiny.safetensors", "not a FLUX.2 VAE", "decoder.up.0.block.0.conv1.weight"});
   // A BFL key no FLUX.2 transformer has.
   SafetensorsFile bfl = SafetensorsFile::open(fixture("klein_single/flux-2-klein-tiny.safetensors"));
   std::vector<NamedTensor> tensors;
@@ -357,6 +430,15 @@ TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   tensors.back().name = "double_blocks.0.img_attn.qkvx.weight_scale";
   write_safetensors(fp8, tensors);
   expect_error([&] { render(single(fp8)); }, {fp8, "qkvx.weight_scale", "does not hold"});
+  // An int8 weight with no scale beside it: its codes are not its values.
+  tensors.pop_back();
+  Tensor codes = Tensor::heap(bfl.get("img_in.weight").shape, DType::i8);
+  std::memset(codes.data, 3, codes.nbytes());
+  for (NamedTensor& t : tensors)
+    if (t.name == "img_in.weight") t.tensor = codes;
+  const std::string int8 = test::scratch_dir.path() + "int8-klein.safetensors";
+  write_safetensors(int8, tensors);
+  expect_error([&] { render(single(int8)); }, {int8, "tensor 'img_in.weight'", "int8 codes without a scale"});
   // Without --config, the tiny shape is no published klein.
   ModelParts bare;
   bare.model = fixture("klein_single/flux-2-klein-tiny.safetensors");
@@ -365,10 +447,11 @@ TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   ModelParts folder{root};
   folder.config = root;
   expect_error([&] { render(folder); }, {"--config", "only for a single-file --model"});
-  // A transformer whose shapes are not the config's: the error names the file and the stored tensor.
+  // A transformer that is not the config's model: the error names the file, the config and its key.
   ModelParts other = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
   other.config = fixture("klein_tiny_9b");
-  expect_error([&] { render(other); }, {"flux-2-klein-tiny.safetensors: tensor '", "has shape"});
+  expect_error([&] { render(other); }, {"flux-2-klein-tiny.safetensors: holds single blocks up to index 2 (3)",
+                                        "klein_tiny_9b/transformer/config.json", "num_single_layers 6"});
 }
 
 TEST(SingleFile, TheCliTakesTheParts) {
@@ -380,8 +463,8 @@ TEST(SingleFile, TheCliTakesTheParts) {
                                        "/vae/diffusion_pytorch_model.safetensors" + common + " -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(std::filesystem::file_size(out) > 0);
-  const test::CliRun bad = test::run_cli("image --model " + fixture("klein_single/flux-2-klein-tiny.safetensors") +
-                                         common + " -o " + out);
+  const test::CliRun bad =
+      test::run_cli("image --model " + fixture("klein_single/flux-2-klein-tiny.safetensors") + common + " -o " + out);
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("--config"), std::string::npos) << bad.output;
 }

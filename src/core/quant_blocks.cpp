@@ -24,10 +24,9 @@ constexpr GgmlType kGgmlTypes[] = {
 };
 // The rest of ggml's ids, named so a refusal says what the file holds.
 constexpr std::pair<uint32_t, const char*> kUnreadGgmlTypes[] = {
-    {9, "Q8_1"},     {10, "Q2_K"},    {11, "Q3_K"},   {15, "Q8_K"},    {16, "IQ2_XXS"}, {17, "IQ2_XS"},
-    {18, "IQ3_XXS"}, {19, "IQ1_S"},   {20, "IQ4_NL"}, {21, "IQ3_S"},   {22, "IQ2_S"},   {23, "IQ4_XS"},
-    {24, "I8"},      {25, "I16"},     {26, "I32"},    {27, "I64"},     {28, "F64"},     {29, "IQ1_M"},
-    {34, "TQ1_0"},   {35, "TQ2_0"},   {39, "MXFP4"}};
+    {9, "Q8_1"},   {10, "Q2_K"},   {11, "Q3_K"},  {15, "Q8_K"},  {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"},
+    {19, "IQ1_S"}, {20, "IQ4_NL"}, {21, "IQ3_S"}, {22, "IQ2_S"}, {23, "IQ4_XS"},  {24, "I8"},     {25, "I16"},
+    {26, "I32"},   {27, "I64"},    {28, "F64"},   {29, "IQ1_M"}, {34, "TQ1_0"},   {35, "TQ2_0"},  {39, "MXFP4"}};
 
 float half(const uint8_t* p) {
   uint16_t h;
@@ -154,21 +153,69 @@ const char* ggml_type_name(uint32_t ggml_type) {
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   void (*block)(const uint8_t*, float*) = nullptr;
   switch (t) {
-    case DType::q8_0: block = q8_0; break;
-    case DType::q4_0: block = q4_0; break;
-    case DType::q4_1: block = q4_1; break;
-    case DType::q5_0: block = q5_0; break;
-    case DType::q5_1: block = q5_1; break;
-    case DType::q4_k: block = q4_k; break;
-    case DType::q5_k: block = q5_k; break;
-    case DType::q6_k: block = q6_k; break;
-    default: fail("dequantize_row: ", dtype_name(t), " is not a block format");
+    case DType::q8_0:
+      block = q8_0;
+      break;
+    case DType::q4_0:
+      block = q4_0;
+      break;
+    case DType::q4_1:
+      block = q4_1;
+      break;
+    case DType::q5_0:
+      block = q5_0;
+      break;
+    case DType::q5_1:
+      block = q5_1;
+      break;
+    case DType::q4_k:
+      block = q4_k;
+      break;
+    case DType::q5_k:
+      block = q5_k;
+      break;
+    case DType::q6_k:
+      block = q6_k;
+      break;
+    default:
+      fail("dequantize_row: ", dtype_name(t), " is not a block format");
   }
   const int64_t per = dtype_block(t);
   APUS_CHECK(n % per == 0, "dequantize_row: ", n, " elements are not whole ", dtype_name(t), " blocks");
   const auto* p = static_cast<const uint8_t*>(src);
   const size_t bytes = dtype_block_bytes(t);
   for (int64_t i = 0; i < n / per; ++i) block(p + size_t(i) * bytes, dst + i * per);
+}
+
+int64_t first_nonfinite_scale(DType t, const void* src, int64_t blocks) {
+  // Byte offsets of each block's f16 scale and min (-1: none), from ggml's block structs.
+  int scale = 0, min = -1;
+  switch (t) {
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q5_0:
+      break;
+    case DType::q4_1:
+    case DType::q5_1:
+    case DType::q4_k:
+    case DType::q5_k:
+      min = 2;
+      break;
+    case DType::q6_k:
+      scale = 208;
+      break;  // ql[128], qh[64], scales[16], then d
+    default:
+      fail("first_nonfinite_scale: ", dtype_name(t), " is not a block format");
+  }
+  const auto* p = static_cast<const uint8_t*>(src);
+  const size_t bytes = dtype_block_bytes(t);
+  for (int64_t i = 0; i < blocks; ++i) {
+    const uint8_t* b = p + size_t(i) * bytes;
+    // f16 is non-finite when its five exponent bits are all set.
+    auto nonfinite = [b](int at) { return (b[at + 1] & 0x7c) == 0x7c; };
+    if (nonfinite(scale) || (min >= 0 && nonfinite(min))) return i;
+  }
+  return -1;
 }
 
 float dequantize_element(DType t, const void* row, int64_t i) {

@@ -20,6 +20,10 @@ const char* ggml_type_name(uint32_t ggml_type);
 
 // n elements (a multiple of dtype_block(t)) of a block-quantised row at `src` as fp32.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+// The first of `blocks` consecutive blocks of format t at `src` whose f16 scale (or min) is NaN or
+// infinite, or -1 when every block's are finite: a block format's scales are what turn its codes
+// into values, and a non-finite one makes every element of its block NaN or infinite.
+int64_t first_nonfinite_scale(DType t, const void* src, int64_t blocks);
 // Element i of the block-quantised row at `row` (its block expanded): element access for tests and
 // the reference backend, not for hot loops.
 float dequantize_element(DType t, const void* row, int64_t i);

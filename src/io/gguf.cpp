@@ -15,7 +15,19 @@ constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
 
 enum ValueType : uint32_t {
-  kU8 = 0, kI8, kU16, kI16, kU32, kI32, kF32, kBool, kString, kArray, kU64, kI64, kF64,
+  kU8 = 0,
+  kI8,
+  kU16,
+  kI16,
+  kU32,
+  kI32,
+  kF32,
+  kBool,
+  kString,
+  kArray,
+  kU64,
+  kI64,
+  kF64,
 };
 
 // A bounds-checked cursor over the header; every read names the file and the field.
@@ -50,16 +62,26 @@ class Reader {
 
 nlohmann::json scalar(Reader& r, uint32_t type, const std::string& key, const std::string& path) {
   switch (type) {
-    case kU8: return r.read<uint8_t>("a u8 value");
-    case kI8: return r.read<int8_t>("an i8 value");
-    case kU16: return r.read<uint16_t>("a u16 value");
-    case kI16: return r.read<int16_t>("an i16 value");
-    case kU32: return r.read<uint32_t>("a u32 value");
-    case kI32: return r.read<int32_t>("an i32 value");
-    case kF32: return r.read<float>("an f32 value");
-    case kU64: return r.read<uint64_t>("a u64 value");
-    case kI64: return r.read<int64_t>("an i64 value");
-    case kF64: return r.read<double>("an f64 value");
+    case kU8:
+      return r.read<uint8_t>("a u8 value");
+    case kI8:
+      return r.read<int8_t>("an i8 value");
+    case kU16:
+      return r.read<uint16_t>("a u16 value");
+    case kI16:
+      return r.read<int16_t>("an i16 value");
+    case kU32:
+      return r.read<uint32_t>("a u32 value");
+    case kI32:
+      return r.read<int32_t>("an i32 value");
+    case kF32:
+      return r.read<float>("an f32 value");
+    case kU64:
+      return r.read<uint64_t>("a u64 value");
+    case kI64:
+      return r.read<int64_t>("an i64 value");
+    case kF64:
+      return r.read<double>("an f64 value");
     case kBool: {
       const uint8_t b = r.read<uint8_t>("a bool value");
       APUS_CHECK(b <= 1, path, ": metadata '", key, "' is a bool of value ", int(b), ", expected 0 or 1");
@@ -75,10 +97,19 @@ nlohmann::json scalar(Reader& r, uint32_t type, const std::string& key, const st
 // past what the file can hold.
 uint64_t min_bytes(uint32_t type) {
   switch (type) {
-    case kU8: case kI8: case kBool: return 1;
-    case kU16: case kI16: return 2;
-    case kU32: case kI32: case kF32: return 4;
-    default: return 8;  // u64, i64, f64, a string's length, an array's header
+    case kU8:
+    case kI8:
+    case kBool:
+      return 1;
+    case kU16:
+    case kI16:
+      return 2;
+    case kU32:
+    case kI32:
+    case kF32:
+      return 4;
+    default:
+      return 8;  // u64, i64, f64, a string's length, an array's header
   }
 }
 
@@ -165,6 +196,13 @@ GgufFile GgufFile::parse(std::shared_ptr<MappedFile> file) {
   APUS_CHECK(data_start <= file->size || infos.empty(), path, ": the tensor data would start at byte ", data_start,
              ", past the file's end (", file->size, " bytes)");
   const uint64_t data_size = data_start <= file->size ? file->size - data_start : 0;
+  // As ggml's reader requires, the tensors' data follow one another in the order of their infos,
+  // each at the previous one's end padded to the alignment: two tensors sharing bytes, swapped
+  // offsets or a type relabelled to a smaller one (an F32 read as F16 from half its bytes) are
+  // refused. After a type apus cannot read (its size unknown here) only the order is checked.
+  uint64_t expected = 0;
+  bool size_known = true;
+  std::string previous = "the start of the data";
   for (Info& t : infos) {
     Entry e;
     e.ggml_type = t.type;
@@ -184,9 +222,23 @@ GgufFile GgufFile::parse(std::shared_ptr<MappedFile> file) {
       e.tensor.data = const_cast<uint8_t*>(file->data) + data_start + t.offset;
       e.tensor.owner = file;
     }
+    APUS_CHECK(size_known ? t.offset == expected : t.offset >= expected, path, ": tensor '", t.name,
+               "' starts at data offset ", t.offset, ", expected ", size_known ? "" : "at least ", expected, " (where ",
+               previous, " ends, padded to the alignment ", alignment,
+               "): the tensors' data must follow one another in the order of their infos");
+    size_known = e.readable;
+    expected = e.readable ? t.offset + (dtype_bytes(e.tensor.dtype, shape_numel(t.shape)) + alignment - 1) / alignment *
+                                           alignment
+                          : t.offset + 1;
+    previous = "tensor '" + t.name + "'";
     g.order_.push_back(t.name);
     g.tensors_.emplace(t.name, std::move(e));
   }
+  // Bytes past the last tensor beyond its padding: what a tensor relabelled smaller leaves behind.
+  APUS_CHECK(!size_known || infos.empty() || data_size <= expected, path, ": ", data_size - expected,
+             " bytes of tensor data follow the last tensor '", infos.back().name,
+             "' past its padding (it ends at data offset ", expected,
+             "): a tensor's type or shape does not match the bytes stored for it");
   return g;
 }
 
@@ -202,7 +254,17 @@ const Tensor& GgufFile::get(const std::string& name) const {
   APUS_CHECK(it != tensors_.end(), path(), ": no tensor '", name, "'");
   APUS_CHECK(it->second.readable, path(), ": tensor '", name, "' is stored as ", ggml_type_name(it->second.ggml_type),
              ", which apus does not read (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
-  return it->second.tensor;
+  const Tensor& t = it->second.tensor;
+  if (is_block_quantized(t.dtype)) {
+    // The blocks' scales, checked as the weights are fetched (once: the file is read-only).
+    std::call_once(*it->second.scales_checked, [&] {
+      const int64_t block = first_nonfinite_scale(t.dtype, t.data, t.numel() / dtype_block(t.dtype));
+      APUS_CHECK(block < 0, path(), ": tensor '", name, "' (", ggml_type_name(it->second.ggml_type), ", ",
+                 shape_str(t.shape), ") block ", block, " (row ", block * dtype_block(t.dtype) / t.shape.back(),
+                 ") has a NaN or infinite scale");
+    });
+  }
+  return t;
 }
 
 const char* GgufFile::type_name(const std::string& name) const {

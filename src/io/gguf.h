@@ -4,6 +4,7 @@
 // file before a view is handed out. Shapes are torch's order (GGUF's ne[] reversed).
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,8 @@ class GgufFile {
     Tensor tensor;  // dtype valid only when `readable`
     uint32_t ggml_type;
     bool readable;
+    // A block format's scales are checked once, when the tensor is first fetched.
+    std::shared_ptr<std::once_flag> scales_checked = std::make_shared<std::once_flag>();
   };
   std::shared_ptr<MappedFile> file_;
   uint32_t version_ = 0;

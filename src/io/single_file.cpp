@@ -56,11 +56,17 @@ Tensor SingleFile::view(const std::string& name, const Shape& expected, bool wit
   APUS_CHECK(it != entries_.end(), path_, ": no tensor for '", name, "'");
   const Entry& e = it->second;
   const auto quantized = quantized_.weights.find(e.stored);
-  const Tensor t = quantized == quantized_.weights.end() ? stored(e.stored)
-                                                        : quantized_weight(path_, *safetensors_, e.stored, quantized->second);
+  const Tensor t = quantized == quantized_.weights.end()
+                       ? stored(e.stored)
+                       : quantized_weight(path_, *safetensors_, e.stored, quantized->second);
   const DType dt = t.dtype;
   APUS_CHECK(dt == DType::bf16 || dt == DType::f16 || dt == DType::f32 || is_stored_quantized(dt), where(name),
              " has dtype ", dtype_name(dt), ", expected a float, fp8, quantised or GGML block format");
+  // Integer codes are values only through their scale (ComfyUI's int8 layers carry one in
+  // `.weight_scale` and a `.comfy_quant` tag); untagged, they would be read as the codes times 1.
+  APUS_CHECK(dt != DType::i8 || quantized != quantized_.weights.end(), where(name),
+             " holds int8 codes without a scale (no '.weight_scale' and '.comfy_quant' tag beside it): integer ",
+             "weights need their scale");
   Tensor out = e.end >= 0 ? t.rows(e.begin, e.end) : t;
   if (e.swap_halves && with_data) {
     APUS_CHECK(out.rank() >= 1 && out.shape[0] % 2 == 0, where(name), ": ", shape_str(out.shape),

@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -154,7 +156,19 @@ std::string published_layout_of(const flux2::TransformerFile& transformer, const
     shapes += " " + name + " (" + std::to_string(doubles) + ", " + std::to_string(singles) + ")";
   }
   fail(file, ": a FLUX.2 transformer of ", transformer.double_blocks, " double and ", transformer.single_blocks,
-       " single blocks, none of the published layouts':", shapes, "; pass --config DIR, a diffusers folder of its configs");
+       " single blocks, none of the published layouts':", shapes,
+       "; pass --config DIR, a diffusers folder of its configs");
+}
+
+// A single transformer file holds the blocks its --config folder's transformer/config.json says,
+// no more (extra blocks would be dropped without a word) and no fewer.
+void check_blocks_match(const flux2::TransformerFile& transformer, const std::string& file, const std::string& root) {
+  const std::string config = root + "/transformer/config.json";
+  const Config c = read_config(config);
+  for (const auto& [key, held, kind] : {std::tuple{"num_layers", transformer.double_blocks, "double"},
+                                        std::tuple{"num_single_layers", transformer.single_blocks, "single"}})
+    APUS_CHECK(held == c.get_int(key), file, ": holds ", kind, " blocks up to index ", held - 1, " (", held, "), but ",
+               config, " says ", key, " ", c.get_int(key));
 }
 
 // The transformer's and text encoder's weights through `linears` (none when null).
@@ -175,9 +189,7 @@ bool int8_tier(Quant quant, Backend* device) {
 
 }  // namespace
 
-bool is_single_file(const std::string& model) {
-  return !model.empty() && path_exists(model) && !is_directory(model);
-}
+bool is_single_file(const std::string& model) { return !model.empty() && path_exists(model) && !is_directory(model); }
 
 ModelKind model_kind(const ModelParts& parts) {
   // The single files apus reads are Stable Audio 3 checkpoints (under the official keys, or
@@ -218,6 +230,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
     transformer = flux2::open_transformer_file(parts.model);
     if (!parts.config.empty()) {
       root = resolve_model_dir(parts.config, Weights::none);
+      check_blocks_match(*transformer, parts.model, root);
     } else {
       const std::string layout = published_layout_of(*transformer, parts.model);
       root = published_layout_dir(layout);
@@ -244,10 +257,8 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
     dir.set_label(std::filesystem::path(parts.model).filename().string());
   }
   if (weights != Weights::none) {
-    if (!parts.text_encoder.empty())
-      dir.use_weights("text_encoder", flux2::open_text_encoder_file(parts.text_encoder));
-    if (!parts.vae.empty())
-      dir.use_weights("vae", flux2::open_vae_file(parts.vae));
+    if (!parts.text_encoder.empty()) dir.use_weights("text_encoder", flux2::open_text_encoder_file(parts.text_encoder));
+    if (!parts.vae.empty()) dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
   if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
   use_linear_weights(dir, quant_transforms(parts.quant, device).linears);
