@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <tuple>
 
 #include "apus/apus.h"
 #include "bench.h"
@@ -625,7 +626,7 @@ Command roofline_command(CLI::App& app) {
     int chips = 1, width = 0, height = 0, steps = 0;
     double peak_tflops = 0, gbps = 0, link_gbps = 0, seconds = 0;
     bool json = false;
-    CLI::Option *width_opt, *height_opt, *steps_opt, *seconds_opt;
+    CLI::Option *width_opt, *height_opt, *steps_opt, *seconds_opt, *peak_opt, *gbps_opt, *link_opt;
   };
   const auto o = std::make_shared<Options>();
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
@@ -638,17 +639,24 @@ Command roofline_command(CLI::App& app) {
   o->steps_opt = roofline->add_option("--steps", o->steps, "sampling steps");
   o->seconds_opt = roofline->add_option("--seconds", o->seconds, "clip length (audio models)");
   roofline->add_option("--chip", o->chip, "v6e, h200, h100, l4, rtx-pro-6000 or cpu");
-  roofline->add_option("--chips", o->chips, "chips for the collective comparison")->check(CLI::PositiveNumber);
-  roofline->add_option("--peak-tflops", o->peak_tflops, "override the chip's dense bf16 TFLOP/s");
-  roofline->add_option("--gbps", o->gbps, "override the chip's memory GB/s");
-  roofline->add_option("--link-gbps", o->link_gbps, "override the chip's link GB/s (each way)");
+  roofline->add_option("--chips", o->chips, "chips for the collective comparison (1..4096)")
+      ->check(CLI::Range(1, 4096).description(""));
+  o->peak_opt = roofline->add_option("--peak-tflops", o->peak_tflops, "override the chip's dense bf16 TFLOP/s");
+  o->gbps_opt = roofline->add_option("--gbps", o->gbps, "override the chip's memory GB/s");
+  o->link_opt = roofline->add_option("--link-gbps", o->link_gbps, "override the chip's link GB/s (each way)");
   roofline->add_flag("--json", o->json, "print the JSON interface instead of the table");
   return {roofline, [o] {
+            // An override is a rate a chip could have: positive, finite, below a petascale bound.
+            for (const auto& [opt, value, unit, most] :
+                 {std::tuple{o->peak_opt, o->peak_tflops, "TFLOP/s", 1e6},
+                  std::tuple{o->gbps_opt, o->gbps, "GB/s", 1e6}, std::tuple{o->link_opt, o->link_gbps, "GB/s", 1e6}})
+              APUS_CHECK(!*opt || (std::isfinite(value) && value >= 1e-3 && value <= most), opt->get_name(), " ", value,
+                         ": expected a rate in ", unit, " from 0.001 to ", most);
             // "cpu" is this machine: its calibration, not a table entry measured elsewhere.
             apus::Roofline r{o->chip == "cpu" ? apus::device_ceiling("cpu") : apus::find_chip(o->chip), o->chips};
-            if (o->peak_tflops > 0) r.chip.bf16_flops = o->peak_tflops * 1e12;
-            if (o->gbps > 0) r.chip.memory_bps = o->gbps * 1e9;
-            if (o->link_gbps > 0) r.chip.link_bps = o->link_gbps * 1e9;
+            if (*o->peak_opt) r.chip.bf16_flops = o->peak_tflops * 1e12;
+            if (*o->gbps_opt) r.chip.memory_bps = o->gbps * 1e9;
+            if (*o->link_opt) r.chip.link_bps = o->link_gbps * 1e9;
             // Audio models (Stable Audio 3) count a clip; image models a picture.
             const apus::AnyModel model = apus::AnyModel::open(o->model, apus::Weights::none);
             apus::PipelineCost cost;
@@ -677,7 +685,8 @@ Command gate_command(CLI::App& app) {
     apus::GateOptions gate;
     std::string candidate, json;
     int width = 0, height = 0, steps = 0;
-    CLI::Option *width_opt, *height_opt, *steps_opt;
+    double seconds = 0;
+    CLI::Option *width_opt, *height_opt, *steps_opt, *seconds_opt;
   };
   const auto o = std::make_shared<Options>();
   apus::GateOptions& g = o->gate;
@@ -694,7 +703,7 @@ Command gate_command(CLI::App& app) {
   o->width_opt = gate->add_option("--width,-W", o->width, "image width (512)");
   o->height_opt = gate->add_option("--height,-H", o->height, "image height (512)");
   o->steps_opt = gate->add_option("--steps", o->steps, "sampling steps (the model's default)");
-  gate->add_option("--seconds", g.seconds, "clip length for audio models (10)");
+  o->seconds_opt = gate->add_option("--seconds", o->seconds, "clip length for audio models (10)");
   gate->add_option("--json", o->json, "write the report here");
   return {gate, [o] {
             apus::GateOptions& g = o->gate;
@@ -705,6 +714,7 @@ Command gate_command(CLI::App& app) {
             g.width = if_given(o->width_opt, o->width);
             g.height = if_given(o->height_opt, o->height);
             g.steps = if_given(o->steps_opt, o->steps);
+            g.seconds = if_given(o->seconds_opt, o->seconds);
             if (!o->json.empty()) apus::check_writable(o->json);
             const apus::GateReport r =
                 apus::run_gate(g, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });

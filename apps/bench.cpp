@@ -9,11 +9,11 @@
 
 #include "chart.h"
 #include "core/error.h"
+#include "core/variants.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "io/files.h"
 #include "ops/backend.h"
-#include "core/variants.h"
 #include "pipeline/registry.h"
 
 namespace apus {
@@ -121,21 +121,50 @@ void write_chart(const std::string& path, const std::string& title, const std::v
 }
 
 // "512x512, 4 steps" or "30 s, 8 steps" from a report's request block.
+// A report's fields, read by name: a missing one or one of another type is refused naming it (a
+// report may be hand-edited or from another version), counts held to what a bench can have run.
+const Json& field(const Json& j, const std::string& name) {
+  APUS_CHECK(j.is_object() && j.contains(name), "no field '", name, "'");
+  return j.at(name);
+}
+std::string text_field(const Json& j, const std::string& name) {
+  const Json& v = field(j, name);
+  APUS_CHECK(v.is_string(), "field '", name, "' is ", v.type_name(), ", expected a string");
+  return v.get<std::string>();
+}
+double number_field(const Json& j, const std::string& name) {
+  const Json& v = field(j, name);
+  APUS_CHECK(v.is_number() && std::isfinite(v.get<double>()), "field '", name, "' is ", v.dump(),
+             ", expected a finite number");
+  return v.get<double>();
+}
+const Json& array_field(const Json& j, const std::string& name) {
+  const Json& v = field(j, name);
+  APUS_CHECK(v.is_array(), "field '", name, "' is ", v.type_name(), ", expected an array");
+  return v;
+}
+int64_t count_field(const Json& j, const std::string& name) {
+  const double v = number_field(j, name);
+  APUS_CHECK(v >= 0 && v <= 1e9 && v == std::floor(v), "field '", name, "' is ", v,
+             ", expected a whole number from 0 to 10^9");
+  return int64_t(v);
+}
+
 std::string request_text(const Json& request) {
-  std::string steps = ", " + std::to_string(request.at("steps").get<int>()) + " steps";
+  std::string steps = ", " + std::to_string(count_field(request, "steps")) + " steps";
   if (request.contains("cfg")) {
     char g[32];
-    std::snprintf(g, sizeof g, ", cfg %g", request.at("cfg").get<double>());
+    std::snprintf(g, sizeof g, ", cfg %g", number_field(request, "cfg"));
     steps += g;
   }
   if (request.contains("references"))
-    steps += ", " + std::to_string(request.at("references").get<int>()) + " reference image(s)";
+    steps += ", " + std::to_string(count_field(request, "references")) + " reference image(s)";
   if (request.contains("seconds")) {
     char s[32];
-    std::snprintf(s, sizeof s, "%g s", request.at("seconds").get<double>());
+    std::snprintf(s, sizeof s, "%g s", number_field(request, "seconds"));
     return s + steps;
   }
-  return std::to_string(request.at("width").get<int>()) + "x" + std::to_string(request.at("height").get<int>()) + steps;
+  return std::to_string(count_field(request, "width")) + "x" + std::to_string(count_field(request, "height")) + steps;
 }
 
 // Seconds per call of each counted stage in one request, in pipeline order.
@@ -428,52 +457,53 @@ std::string bench_table(const std::vector<std::string>& reports) {
   std::string ab =
       "| model | request | knob: A vs B | B/A whole request [per-rep spread] | B/A per stage | outputs |\n"
       "|---|---|---|---|---|---|\n";
-  // A table cell's text: a '|' would end the cell.
+  // A table cell's text: a '|' would end the cell and a line break the row.
   auto cell = [](const std::string& text) {
     std::string out;
-    for (char ch : text) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
+    for (char ch : text) out += ch == '|' ? std::string("\\|") : ch == '\n' || ch == '\r' ? " " : std::string(1, ch);
     return out;
   };
+  auto text = [&](const Json& j, const std::string& name) { return cell(text_field(j, name)); };
   bool any_bench = false, any_ab = false;
   for (const std::string& path : reports) {
     try {
       const Json r = Json::parse(read_file(path), nullptr, false);
-      APUS_CHECK(r.is_object() && r.contains("model") && (r.contains("stages") || r.contains("ab")), path,
-                 ": not an apus bench report (--json)");
+      APUS_CHECK(r.is_object() && r.contains("model") && (r.contains("stages") || r.contains("ab")),
+                 "no 'model' and 'stages' or 'ab' fields: not written by apus bench --json");
       if (r.contains("ab")) {
-        const Json& a = r.at("ab");
+        const Json& a = field(r, "ab");
         std::string stages;
-        for (const Json& st : a.at("stages"))
-          stages += (stages.empty() ? "" : ", ") + st.at("name").get<std::string>() +
-                    num(" %.3f", st.at("ratio").get<double>());
-        const Json& w = a.at("whole_request");
-        ab += "| " + cell(r.at("model").get<std::string>()) + " | " + r.at("kind").get<std::string>() + ", " +
-              std::to_string(r.at("reps").get<int>()) + " reps | `" + a.at("knob").get<std::string>() + "` " +
-              a.at("arms").at(0).get<std::string>() + " vs " + a.at("arms").at(1).get<std::string>() + " | " +
-              num("%.3f", w.at("ratio").get<double>()) + num(" [%.3f, ", w.at("ratio_min").get<double>()) +
-              num("%.3f]", w.at("ratio_max").get<double>()) + " | " + stages + " | mean abs diff " +
-              num("%.3g", a.at("output").at("mean_abs_diff").get<double>()) +
-              num(" (bound %.3g) |\n", a.at("output").at("bound").get<double>());
+        for (const Json& st : array_field(a, "stages"))
+          stages += (stages.empty() ? "" : ", ") + text(st, "name") + num(" %.3f", number_field(st, "ratio"));
+        const Json& w = field(a, "whole_request");
+        const Json& arms = field(a, "arms");
+        APUS_CHECK(arms.is_array() && arms.size() == 2 && arms[0].is_string() && arms[1].is_string(),
+                   "field 'arms' is ", arms.dump(), ", expected two names");
+        ab += "| " + text(r, "model") + " | " + text(r, "kind") + ", " + std::to_string(count_field(r, "reps")) +
+              " reps | `" + text(a, "knob") + "` " + cell(arms[0].get<std::string>()) + " vs " +
+              cell(arms[1].get<std::string>()) + " | " + num("%.3f", number_field(w, "ratio")) +
+              num(" [%.3f, ", number_field(w, "ratio_min")) + num("%.3f]", number_field(w, "ratio_max")) + " | " +
+              stages + " | mean abs diff " + num("%.3g", number_field(field(a, "output"), "mean_abs_diff")) +
+              num(" (bound %.3g) |\n", number_field(field(a, "output"), "bound"));
         any_ab = true;
         continue;
       }
       std::string stages;
-      for (const Json& st : r.at("stages"))
-        stages += (stages.empty() ? "" : ", ") + st.at("name").get<std::string>() +
-                  num(" %.3f s", st.at("p50_s").get<double>()) +
-                  num(" (%.0f %%)", 100 * st.at("ceiling_share").get<double>());
-      const Json& w = r.at("whole_request");
-      const Json& c = r.at("ceiling");
-      bench += "| " + cell(r.at("model").get<std::string>()) + " | " + request_text(r.at("request")) + " | **" +
-               num("%.2f s**", w.at("p50_s").get<double>()) +
-               num(" (%.0f %%)", 100 * w.at("ceiling_share").get<double>()) + " | " + stages + " | " +
-               num("%.1f s", r.at("load_s").get<double>()) + " | " +
-               num("%.2f GiB", r.at("peak_rss_bytes").get<double>() / double(1u << 30)) + " | " +
-               num("%.0f GFLOP/s bf16, ", c.at("bf16_flops_per_s").get<double>() / 1e9) +
-               num("%.1f GB/s", c.at("memory_bytes_per_s").get<double>() / 1e9) + " (" +
-               cell(c.at("machine").get<std::string>()) + ") |\n";
+      for (const Json& st : array_field(r, "stages"))
+        stages += (stages.empty() ? "" : ", ") + text(st, "name") + num(" %.3f s", number_field(st, "p50_s")) +
+                  num(" (%.0f %%)", 100 * number_field(st, "ceiling_share"));
+      const Json& w = field(r, "whole_request");
+      const Json& c = field(r, "ceiling");
+      bench += "| " + text(r, "model") + " | " + cell(request_text(field(r, "request"))) + " | **" +
+               num("%.2f s**", number_field(w, "p50_s")) + num(" (%.0f %%)", 100 * number_field(w, "ceiling_share")) +
+               " | " + stages + " | " + num("%.1f s", number_field(r, "load_s")) + " | " +
+               num("%.2f GiB", number_field(r, "peak_rss_bytes") / double(1u << 30)) + " | " +
+               num("%.0f GFLOP/s bf16, ", number_field(c, "bf16_flops_per_s") / 1e9) +
+               num("%.1f GB/s", number_field(c, "memory_bytes_per_s") / 1e9) + " (" + text(c, "machine") + ") |\n";
       any_bench = true;
     } catch (const Json::exception& e) {
+      fail(path, ": not an apus bench report (", e.what(), ")");
+    } catch (const Error& e) {
       fail(path, ": not an apus bench report (", e.what(), ")");
     }
   }

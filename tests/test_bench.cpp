@@ -321,7 +321,37 @@ TEST(Bench, ReportRefusesFilesThatAreNotBenchReports) {
   std::ofstream(path) << R"({"model": "x", "stages": 3})";
   const test::CliRun r = test::run_cli("report " + path);
   EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.output.find(path + ": not an apus bench report"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(path + ": not an apus bench report (field 'stages' is number, expected an array)"),
+            std::string::npos)
+      << r.output;
+}
+
+// A report's values are checked as they are read: counts of 1e300 (once printed as -2147483648),
+// fields of the wrong type named, and a name holding a line break or a '|' kept inside its cell.
+TEST(Bench, ReportChecksItsFieldsAndKeepsTheTableWhole) {
+  const std::string path = ::testing::TempDir() + "odd_report_" + std::to_string(::getpid()) + ".json";
+  auto report = [&](const std::string& steps, const std::string& model) {
+    std::ofstream(path) << R"({"model": )" << model
+                        << R"(, "kind": "image", "reps": 1, "load_s": 1, "peak_rss_bytes": 1,
+      "request": {"steps": )"
+                        << steps << R"(, "width": 64, "height": 48},
+      "stages": [{"name": "dit_step", "p50_s": 0.5, "ceiling_share": 0.5}],
+      "whole_request": {"p50_s": 1, "ceiling_share": 0.5},
+      "ceiling": {"bf16_flops_per_s": 1e12, "memory_bytes_per_s": 1e10, "machine": "m"}})";
+    return test::run_cli("report " + path);
+  };
+  const test::CliRun huge = report("1e300", R"("x")");
+  EXPECT_NE(huge.status, 0);
+  EXPECT_NE(huge.output.find(path + ": not an apus bench report (field 'steps' is 1e+300, expected a whole number"),
+            std::string::npos)
+      << huge.output;
+  const test::CliRun typed = report(R"("four")", R"("x")");
+  EXPECT_NE(typed.output.find("field 'steps' is \"four\", expected a finite number"), std::string::npos)
+      << typed.output;
+  const test::CliRun odd = report("4", R"("two\nlines | and a bar")");
+  ASSERT_EQ(odd.status, 0) << odd.output;
+  EXPECT_NE(odd.output.find("| two lines \\| and a bar | 64x48, 4 steps |"), std::string::npos) << odd.output;
+  std::filesystem::remove(path);
 }
 
 TEST(Bench, RefusesIncompleteOrMismatchedOptions) {

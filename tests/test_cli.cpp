@@ -14,6 +14,7 @@
 #include "ops/cuda/cuda.h"
 #endif
 #include "io/safetensors.h"
+#include "sa3_fixtures.h"
 #include "test_util.h"
 
 namespace apus {
@@ -354,6 +355,34 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
     for (char ch : r.output) lines += ch == '\n';
     EXPECT_LE(lines, 1u) << r.output;
   }
+}
+
+// Settings a tool would otherwise accept and ignore or print nonsense for: the gate's --seconds
+// on an image model (and -W on an audio one), roofline's rate overrides outside what a chip can
+// have (a negative one used to be dropped, inf gave floors of 0 s, 1e308 300-digit figures).
+TEST(CliErrors, ToolSettingsOutsideTheirMeaningAreRefusedNamingTheFlag) {
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"gate --model " + test::fixture("klein_tiny_a") + " --quant int8 --seconds 5", "--seconds is for audio models"},
+      {"gate --model " + test::pipeline_dir() + " --quant int8 -W 64", "--width and --height are for image models"},
+      {"roofline --peak-tflops -1", "--peak-tflops -1: expected a rate in TFLOP/s from 0.001 to 1e+06"},
+      {"roofline --peak-tflops nan", "--peak-tflops nan: expected a rate"},
+      {"roofline --json --peak-tflops inf", "--peak-tflops inf: expected a rate"},
+      {"roofline --peak-tflops 1e308", "--peak-tflops 1e+308: expected a rate"},
+      {"roofline --gbps 1e-300", "--gbps 1e-300: expected a rate in GB/s"},
+      {"roofline --link-gbps 0", "--link-gbps 0: expected a rate in GB/s"},
+  };
+  for (const Case& c : cases) {
+    const test::CliRun r = test::run_cli(c.args);
+    EXPECT_EQ(r.status, 1) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+  }
+  const test::CliRun chips = test::run_cli("roofline --chips 0");
+  EXPECT_NE(chips.status, 0);
+  EXPECT_NE(chips.output.find("--chips: Value 0 not in range 1 to 4096"), std::string::npos) << chips.output;
 }
 
 // An explicit 0 is a value the engine checks, not "absent": it must not render at a default size,

@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "core/error.h"
-#include "gate/metrics.h"
 #include "core/variants.h"
+#include "gate/metrics.h"
 #include "pipeline/registry.h"
 
 namespace apus {
@@ -113,6 +113,8 @@ GateReport run_gate(const GateOptions& o, const std::function<void(const std::st
   const KnobChoice knob(o.knob);
   const bool audio = model_kind(o.reference) == ModelKind::audio;
   r.kind = audio ? "audio" : "image";
+  APUS_CHECK(!audio || (!o.width && !o.height), o.reference.model, ": --width and --height are for image models");
+  APUS_CHECK(audio || !o.seconds, o.reference.model, ": --seconds is for audio models");
   auto say = [&](const std::string& s) {
     if (progress) progress(s);
   };
@@ -133,7 +135,7 @@ GateReport run_gate(const GateOptions& o, const std::function<void(const std::st
       if (audio) {
         AudioRequest q;
         q.prompt = prompt;
-        q.seconds = o.seconds;
+        q.seconds = o.seconds.value_or(10.0);
         q.seed = uint64_t(s);
         if (o.steps) q.steps = *o.steps;
         q.fp32 = true;
@@ -219,8 +221,8 @@ std::string GateReport::table() const {
                   m.threshold, m.candidate_median, m.candidate_worst, m.pass ? "pass" : "FAIL");
     t += line;
   }
-  return t + (pass ? "PASS" : "FAIL") + " (threshold: the bf16 renders' worst pair; " +
-         (pass ? "every" : "not every") + " metric's candidate median within it)\n";
+  return t + (pass ? "PASS" : "FAIL") + " (threshold: the bf16 renders' worst pair; " + (pass ? "every" : "not every") +
+         " metric's candidate median within it)\n";
 }
 
 }  // namespace apus

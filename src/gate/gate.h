@@ -18,12 +18,12 @@
 namespace apus {
 
 struct GateOptions {
-  ModelParts reference;  // the model as published
-  ModelParts candidate;  // the same model with the change (quant, another file of its weights)
-  std::string knob;      // "NAME=CHOICE": a kernel variant the candidate renders with (empty: none)
+  ModelParts reference;         // the model as published
+  ModelParts candidate;         // the same model with the change (quant, another file of its weights)
+  std::string knob;             // "NAME=CHOICE": a kernel variant the candidate renders with (empty: none)
   int prompts = 10, seeds = 2;  // the first `prompts` of the family's set, seeds 0 .. seeds - 1
   std::optional<int> width, height, steps;
-  double seconds = 10;  // audio clips
+  std::optional<double> seconds;  // audio clips (10 s when not given)
 };
 
 struct GateMetric {
