@@ -119,7 +119,10 @@ apus::Lora parse_lora(const std::string& text) {
     const std::string tail = text.substr(colon + 1);
     float scale = 0;
     const auto [end, ec] = std::from_chars(tail.data(), tail.data() + tail.size(), scale);
-    if (ec == std::errc() && end == tail.data() + tail.size()) lora = {text.substr(0, colon), scale};
+    const bool number = end == tail.data() + tail.size();
+    APUS_CHECK(!number || ec != std::errc::result_out_of_range, "--lora ", text, ": the scale ", tail,
+               " is beyond a float's range");
+    if (number && ec == std::errc()) lora = {text.substr(0, colon), scale};
   }
   APUS_CHECK(!lora.file.empty(), "--lora ", text, ": expected FILE or FILE:SCALE");
   APUS_CHECK(std::isfinite(lora.scale), "--lora ", text, ": the scale must be a finite number");

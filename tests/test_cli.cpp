@@ -367,6 +367,9 @@ TEST(CliErrors, ToolSettingsOutsideTheirMeaningAreRefusedNamingTheFlag) {
   const std::vector<Case> cases = {
       {"gate --model " + test::fixture("klein_tiny_a") + " --quant int8 --seconds 5", "--seconds is for audio models"},
       {"gate --model " + test::pipeline_dir() + " --quant int8 -W 64", "--width and --height are for image models"},
+      {"gate --model " + test::fixture("klein_tiny_a") + " --candidate " +
+           test::fixture("sa3_gguf/medium/stable-audio-3-medium-dit-tiny-v1.0-F32.gguf"),
+       "is an audio model's file, and --model"},
       {"roofline --peak-tflops -1", "--peak-tflops -1: expected a rate in TFLOP/s from 0.001 to 1e+06"},
       {"roofline --peak-tflops nan", "--peak-tflops nan: expected a rate"},
       {"roofline --json --peak-tflops inf", "--peak-tflops inf: expected a rate"},

@@ -13,6 +13,7 @@
 #include "io/model_dir.h"
 #include "io/synth.h"
 #include "ops/cpu/cpu_ops.h"
+#include "pipeline/registry.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 
@@ -100,9 +101,13 @@ GateOptions tiny_gate(const std::string& model) {
   o.candidate = o.reference;
   o.prompts = 3;
   o.seeds = 2;
-  o.width = 64;
-  o.height = 48;
-  o.seconds = 1;
+  // Each kind's own size settings (the gate refuses the other kind's).
+  if (model_kind(o.reference) == ModelKind::audio) {
+    o.seconds = 1;
+  } else {
+    o.width = 64;
+    o.height = 48;
+  }
   return o;
 }
 

@@ -161,6 +161,15 @@ TEST(Gguf, HostileFilesAreRefusedNamingTheFileAndField) {
       {"'k'", "twice"});
   expect_error([] { header(0, 1).str("general.alignment").put<uint32_t>(4).put<uint32_t>(48).parse(); },
                {"general.alignment", "power of two"});
+  expect_error([] { header(0, 1).str("general.alignment").put<uint32_t>(5).put<int32_t>(32).parse(); },
+               {"general.alignment is stored as a signed integer (32)", "expected a uint32"});
+  expect_error(
+      [] {
+        Bytes b = header(1, 0);
+        tensor(b, "w", {32, 0}, 0, 0);
+        b.parse();
+      },
+      {"tensor 'w'", "has a dimension of 0"});
   expect_error(
       [] {
         Bytes b = header(1, 0);

@@ -71,9 +71,10 @@ void expect_renders_reference(const LoraReference& ref, const std::string& c) {
   const double to_fp32 = test::level_gap(bf16, ref.image(c, "fp32")).mean;
   // Without the adapter the image is far outside that bound: the test sees a dropped adapter.
   const double moved = test::level_gap(bf16, ref.image("none", "bf16")).mean;
-  std::printf("[ measure ] adapter %s: mean |d| to bf16 ref %.3f, to fp32 ref %.3f, ref disagreement %.3f, "
-              "to the adapter-free image %.3f\n",
-              c.c_str(), to_bf16, to_fp32, disagreement, moved);
+  std::printf(
+      "[ measure ] adapter %s: mean |d| to bf16 ref %.3f, to fp32 ref %.3f, ref disagreement %.3f, "
+      "to the adapter-free image %.3f\n",
+      c.c_str(), to_bf16, to_fp32, disagreement, moved);
   EXPECT_LT(to_bf16, test::kBf16Factor * disagreement);
   EXPECT_LT(to_fp32, test::kBf16Factor * disagreement);
   EXPECT_GT(moved, 2 * test::kBf16Factor * disagreement);
@@ -199,9 +200,12 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
   }
   {
     // An adapter for a wider model: up has the wrong out features.
-    const auto [path, r] = with("wider.safetensors", {{"diffusion_model.img_in.lora_A.weight", down},
-                                                      {"diffusion_model.img_in.lora_B.weight", kohya.get("lora_unet_final_layer_linear.lora_up.weight")}});
-    expect_error([&] { model->generate(r); }, {path, "diffusion_model.img_in.lora_B.weight", "does not fit 'x_embedder.weight'"});
+    const auto [path, r] =
+        with("wider.safetensors",
+             {{"diffusion_model.img_in.lora_A.weight", down},
+              {"diffusion_model.img_in.lora_B.weight", kohya.get("lora_unet_final_layer_linear.lora_up.weight")}});
+    expect_error([&] { model->generate(r); },
+                 {path, "diffusion_model.img_in.lora_B.weight", "does not fit 'x_embedder.weight'"});
   }
   {
     const auto [path, r] = with("te.safetensors", {{"text_encoder.model.layers.0.mlp.up_proj.lora_A.weight", down}});
@@ -217,8 +221,8 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
     // LoKr's Tucker (convolution) core, and a LoKr without its second factor.
     const SafetensorsFile lokr = SafetensorsFile::open(fixture("klein_lora/lokr.safetensors"));
     const Tensor& w1 = lokr.get("lycoris_x_embedder.lokr_w1");
-    const auto [tucker, t] = with("tucker.safetensors", {{"lycoris_x_embedder.lokr_w1", w1},
-                                                         {"lycoris_x_embedder.lokr_t2", w1}});
+    const auto [tucker, t] =
+        with("tucker.safetensors", {{"lycoris_x_embedder.lokr_w1", w1}, {"lycoris_x_embedder.lokr_t2", w1}});
     expect_error([&] { model->generate(t); }, {tucker, "lycoris_x_embedder.lokr_t2", "Tucker"});
     const auto [half, h] = with("lokr_half.safetensors", {{"lycoris_x_embedder.lokr_w1", w1}});
     expect_error([&] { model->generate(h); }, {half, "lycoris_x_embedder.lokr_w1", "no lokr_w2_a"});
@@ -226,7 +230,8 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
     const SafetensorsFile loha = SafetensorsFile::open(fixture("klein_lora/loha.safetensors"));
     std::vector<NamedTensor> tensors;
     for (const char* part : {"hada_w1_a", "hada_w1_b", "hada_w2_a"})
-      tensors.push_back({std::string("lycoris_x_embedder.") + part, loha.get(std::string("lycoris_x_embedder.") + part)});
+      tensors.push_back(
+          {std::string("lycoris_x_embedder.") + part, loha.get(std::string("lycoris_x_embedder.") + part)});
     tensors.push_back({"lycoris_x_embedder.hada_w2_b", loha.get("lycoris_x_embedder.hada_w1_a")});
     const auto [odd, o] = with("loha_odd.safetensors", tensors);
     expect_error([&] { model->generate(o); }, {odd, "lycoris_x_embedder.hada_w2_b", "no LoHa"});
@@ -254,17 +259,24 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
 TEST(Lora, TheCliTakesLoraFileAndScale) {
   const LoraReference ref;
   const std::string out = test::scratch_dir.path() + "lora_cli.png";
-  const test::CliRun r = test::run_cli(
-      "image --model " + fixture("klein_tiny_a") + " --prompt 'a red fox in tall grass' -W 64 -H 48 --seed 7 --lora " +
-      fixture("klein_lora/peft.safetensors") + ":0.7 --lora " + fixture("klein_lora/kohya.safetensors") + ":0.5 -o " +
-      out);
+  const test::CliRun r = test::run_cli("image --model " + fixture("klein_tiny_a") +
+                                       " --prompt 'a red fox in tall grass' -W 64 -H 48 --seed 7 --lora " +
+                                       fixture("klein_lora/peft.safetensors") + ":0.7 --lora " +
+                                       fixture("klein_lora/kohya.safetensors") + ":0.5 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   const PngImage png = read_png(out);
   EXPECT_EQ(png.rgb, tiny()->generate(ref.request("pair", false)).rgb);
-  const test::CliRun bad = test::run_cli("image --model " + fixture("klein_tiny_a") + " --prompt x -W 64 -H 48 --lora " +
-                                         fixture("klein_lora/peft.safetensors") + ":inf -o " + out);
+  const test::CliRun bad =
+      test::run_cli("image --model " + fixture("klein_tiny_a") + " --prompt x -W 64 -H 48 --lora " +
+                    fixture("klein_lora/peft.safetensors") + ":inf -o " + out);
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("finite"), std::string::npos) << bad.output;
+  // A scale past a float's range is a scale, not part of the file's name.
+  const test::CliRun huge =
+      test::run_cli("image --model " + fixture("klein_tiny_a") + " --prompt x -W 64 -H 48 --lora " +
+                    fixture("klein_lora/peft.safetensors") + ":1e39 -o " + out);
+  EXPECT_NE(huge.status, 0);
+  EXPECT_NE(huge.output.find("the scale 1e39 is beyond a float's range"), std::string::npos) << huge.output;
 }
 
 }  // namespace

@@ -214,6 +214,12 @@ TEST(Robustness, NonFiniteNoiseFileIsRefusedNamingTheFile) {
                                noise + " -o " + out),
                  out, {noise, "non-finite", "element 17"});
   fs::remove(noise);
+  // A PNG given as the noise: said to be no safetensors file (once "header length 727905341920923785
+  // runs past the end of the file").
+  const std::string png = test::fixture("klein_tiny_a_edit/ref0.png");
+  expect_refused(test::run_cli("image --model " + test::fixture("klein_tiny_a") + " --prompt hi -W 64 -H 48 --noise " +
+                               png + " -o " + out),
+                 out, {png, "not a safetensors file", "past the file's end"});
 }
 
 TEST(Robustness, MeaninglessConfigValuesAreRefusedNamingFileAndKey) {

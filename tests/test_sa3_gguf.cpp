@@ -9,19 +9,19 @@
 #include "apus/apus.h"
 #include "io/files.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
 #include "io/single_file.h"
 #include "models/sa3/gguf_checkpoint.h"
 #include "models/sa3/model_config.h"
 #include "models/sa3/official_checkpoint.h"
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/same_encoder.h"
-#include "io/safetensors.h"
 #include "pipeline/registry.h"
 #include "pipeline/sa3/sa3_model.h"
-#include "text/bpe_tokenizer.h"
-#include "text/sentencepiece_tokenizer.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
+#include "text/bpe_tokenizer.h"
+#include "text/sentencepiece_tokenizer.h"
 
 namespace apus {
 namespace {
@@ -83,8 +83,8 @@ std::string decoded_official_folder(const std::string& name, const std::vector<s
     tensors.push_back({n, to_dtype(gguf.fetch(n, official.get(n).shape), DType::f32)});
   }
   // The folded mappings, under the name the folded weight goes by.
-  for (const char* mapping : {"pretransform.model.decoder.layers.3.mapping.weight",
-                              "pretransform.model.encoder.layers.0.mapping.weight"}) {
+  for (const char* mapping :
+       {"pretransform.model.decoder.layers.3.mapping.weight", "pretransform.model.encoder.layers.0.mapping.weight"}) {
     const Shape v = official.get(std::string(mapping) + "_v").shape;
     tensors.push_back({mapping, to_dtype(gguf.fetch(mapping, v), DType::f32)});
   }
@@ -108,10 +108,10 @@ TEST(Sa3Gguf, Q8DitRendersItsDecodedWeights) {
   const std::string decoded = decoded_official_folder("sa3_q8_decoded", {kDitQ8, kSame, kConditioner});
   EXPECT_EQ(got, AudioModel::open(decoded, Weights::per_stage)->generate(r).samples);
   const std::vector<float> f32 = AudioModel::open(gguf_parts(), Weights::per_stage)->generate(r).samples;
-  const std::vector<float> bf16 = AudioModel::open(gguf_parts(), Weights::per_stage)->generate(reference_request(false)).samples;
+  const std::vector<float> bf16 =
+      AudioModel::open(gguf_parts(), Weights::per_stage)->generate(reference_request(false)).samples;
   const double err = test::rel_l2(got, f32), bf16_gap = test::rel_l2(bf16, f32);
-  std::printf("[ measure ] sa3 gguf Q8_0 DiT fp32: rel L2 to the F32 files' clip %.3e (bf16's: %.3e)\n", err,
-              bf16_gap);
+  std::printf("[ measure ] sa3 gguf Q8_0 DiT fp32: rel L2 to the F32 files' clip %.3e (bf16's: %.3e)\n", err, bf16_gap);
   EXPECT_GT(err, 0);
   EXPECT_LT(err, bf16_gap);
 }
@@ -198,6 +198,19 @@ TEST(Sa3Gguf, WhatIsNotSa3cppsLayoutIsRefusedNamingTheFile) {
                      {"2 files beside it are sa3.cpp's SAME autoencoder", "copy-same-l.gguf", "--vae"});
   p.vae = gguf_fixture(kSame);
   EXPECT_NO_THROW(AudioModel::open(p, Weights::per_stage));
+  // Two conditioners: no flag names one, so the refusal says what to do instead.
+  link_medium(root + "two_conditioners");
+  fs::copy_file(gguf_fixture(kConditioner), root + "two_conditioners/copy-conditioner.gguf");
+  p = gguf_parts();
+  p.model = root + "two_conditioners/" + fs::path(kDit).filename().string();
+  test::expect_error([&] { AudioModel::open(p, Weights::per_stage); },
+                     {"2 files beside it are sa3.cpp's conditioner", "keep only one beside the DiT"});
+  // A corrupt GGUF, or one whose general.architecture is no string, beside the DiT is no part of
+  // it: skipped (once it stopped every run, even with every part named).
+  link_medium(root + "junk");
+  std::ofstream(root + "junk/junk.gguf", std::ios::binary) << std::string("GGUF\xff\xff\xff\xff", 8);
+  p.model = root + "junk/" + fs::path(kDit).filename().string();
+  EXPECT_NO_THROW(AudioModel::open(p, Weights::per_stage)->count(reference_request(true)));
   // Every tensor is one of the layout's: an unknown name is refused, a missing one named.
   const std::string unknown = patched_copy(kDit, root + "unknown", "dit.0.ssg", "dit.0.sss");
   link_medium(root + "unknown", {kDit});
@@ -242,7 +255,8 @@ TEST(Sa3Gguf, VocabularyFileTokenizesAsHuggingFace) {
   const GemmaTokenizer from_vocab = GemmaTokenizer::load(gguf_fixture(kVocab));
   const SentencePieceTokenizer spm = SentencePieceTokenizer::load(test::fixture("t5gemma_tok/tokenizer.model"));
   for (const GemmaTokenizer* t : {&from_folder, &from_vocab}) {
-    EXPECT_EQ(t->encode(cases["cases"][0]["text"].get<std::string>()), cases["cases"][0]["ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(t->encode(cases["cases"][0]["text"].get<std::string>()),
+              cases["cases"][0]["ids"].get<std::vector<int32_t>>());
     EXPECT_EQ(t->pad_id(), spm.pad_id());
     EXPECT_EQ(t->bos_id(), spm.bos_id());
     EXPECT_EQ(t->eos_id(), spm.eos_id());

@@ -215,6 +215,13 @@ TEST(Sa3Lora, TheCliTakesLoraFileAndStrength) {
                                          fs::absolute(test::fixture("klein_lora/peft.safetensors")).string());
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("names no linear of this Stable Audio 3"), std::string::npos) << bad.output;
+  // klein's kohya LoRA: named for what it is not (once "a PEFT adapter needs its lora_alpha").
+  const std::string kohya = fs::absolute(test::fixture("klein_lora/kohya.safetensors")).string();
+  const test::CliRun image_lora =
+      test::run_cli("audio --model " + official_dir() + " --prompt x --seconds 1 --lora " + kohya);
+  EXPECT_NE(image_lora.status, 0);
+  EXPECT_NE(image_lora.output.find(kohya + ": not a Stable Audio 3 adapter"), std::string::npos) << image_lora.output;
+  EXPECT_NE(image_lora.output.find("kohya's layout"), std::string::npos) << image_lora.output;
 }
 
 }  // namespace

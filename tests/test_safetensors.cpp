@@ -109,7 +109,7 @@ TEST(Safetensors, RejectsTruncatedFiles) {
     f.write(reinterpret_cast<const char*>(&n), 8);
     f << "{}";
   }
-  expect_error([&] { SafetensorsFile::open(p); }, {p, "past the end"});
+  expect_error([&] { SafetensorsFile::open(p); }, {p, "not a safetensors file", "past the file's end"});
   // A valid file cut short inside its data section: named truncated, with how much of it is there
   // and the tensor reaching furthest.
   const std::string header =

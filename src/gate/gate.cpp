@@ -115,6 +115,12 @@ GateReport run_gate(const GateOptions& o, const std::function<void(const std::st
   r.kind = audio ? "audio" : "image";
   APUS_CHECK(!audio || (!o.width && !o.height), o.reference.model, ": --width and --height are for image models");
   APUS_CHECK(audio || !o.seconds, o.reference.model, ": --seconds is for audio models");
+  if (o.candidate.model != o.reference.model) {
+    const bool candidate_audio = model_kind(o.candidate) == ModelKind::audio;
+    APUS_CHECK(candidate_audio == audio, "--candidate ", o.candidate.model, " is ",
+               candidate_audio ? "an audio" : "an image", " model's file, and --model ", o.reference.model, " is ",
+               audio ? "an audio" : "an image", " model: the candidate must be the same model's weights");
+  }
   auto say = [&](const std::string& s) {
     if (progress) progress(s);
   };

@@ -159,9 +159,13 @@ GgufFile GgufFile::parse(std::shared_ptr<MappedFile> file) {
   uint64_t alignment = kDefaultAlignment;
   if (g.metadata_.contains("general.alignment")) {
     const nlohmann::json& a = g.metadata_["general.alignment"];
-    APUS_CHECK(a.is_number_unsigned() && a.get<uint64_t>() > 0 && a.get<uint64_t>() <= 65536 &&
-                   (a.get<uint64_t>() & (a.get<uint64_t>() - 1)) == 0,
-               path, ": general.alignment is ", a.dump(), ", expected a power of two up to 65536");
+    // The spec's type is uint32: a signed or float one is refused for its type, whatever its value.
+    APUS_CHECK(a.is_number_unsigned(), path, ": general.alignment is stored as a ",
+               a.is_number_integer() ? "signed integer" : a.type_name(), " (", a.dump(),
+               "), expected a uint32 as the GGUF spec says");
+    APUS_CHECK(
+        a.get<uint64_t>() > 0 && a.get<uint64_t>() <= 65536 && (a.get<uint64_t>() & (a.get<uint64_t>() - 1)) == 0, path,
+        ": general.alignment is ", a.dump(), ", expected a power of two up to 65536");
     alignment = a.get<uint64_t>();
   }
   struct Info {
@@ -184,7 +188,9 @@ GgufFile GgufFile::parse(std::shared_ptr<MappedFile> file) {
     t.offset = r.read<uint64_t>("a tensor's offset");
     uint64_t numel = 1;
     for (uint64_t n : ne) {
-      APUS_CHECK(n >= 1 && n <= (uint64_t(1) << 40) && numel <= (uint64_t(1) << 40) / n, path, ": tensor '", t.name,
+      APUS_CHECK(n >= 1, path, ": tensor '", t.name, "' has a dimension of 0 (", dims,
+                 "-D): a tensor holds at least one element");
+      APUS_CHECK(n <= (uint64_t(1) << 40) && numel <= (uint64_t(1) << 40) / n, path, ": tensor '", t.name,
                  "' has dimension ", n, " (", dims, "-D), beyond 2^40 elements in all");
       numel *= n;
     }

@@ -24,8 +24,8 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<MappedFile> file) {
              " bytes, expected at least an 8-byte header length)");
   uint64_t header_len = 0;
   std::memcpy(&header_len, file->data, 8);  // little-endian by format; x86 and ARM hosts are LE
-  APUS_CHECK(header_len <= file->size - 8, path, ": header length ", header_len, " runs past the end of the file (",
-             file->size, " bytes)");
+  APUS_CHECK(header_len <= file->size - 8, path, ": not a safetensors file (its first 8 bytes, read as the header's ",
+             "length, say ", header_len, " bytes, past the file's end at ", file->size, ")");
   APUS_CHECK(header_len <= (size_t(100) << 20), path, ": header length ", header_len,
              " exceeds the 100 MB the format allows");
   const char* hdr = reinterpret_cast<const char*>(file->data + 8);

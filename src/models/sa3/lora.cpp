@@ -238,6 +238,14 @@ void read_lora(const Lora& lora, const LoraTargets& targets, Adapters& into) {
   Adapters& to = lora.scale == 0 ? dropped : into;
   bool official = false;
   for (const std::string& key : file->names()) official = official || key.find(kParametrized) != std::string::npos;
+  // Anything else is read as PEFT's: a file of other keys (kohya's lora_unet_*, an image model's
+  // LyCORIS) is named for what it is not before PEFT's own requirements are asked of it.
+  if (!official)
+    for (const std::string& key : file->names())
+      APUS_CHECK(key.ends_with(".lora_A.weight") || key.ends_with(".lora_B.weight"), lora.file,
+                 ": not a Stable Audio 3 adapter (the official code's parametrized LoRA/DoRA or PEFT's lora_A / ",
+                 "lora_B): key '", key, "' is neither",
+                 key.starts_with("lora_unet_") ? " (kohya's layout, an image model's)" : "");
   if (official) read_official(lora, *file, targets, to);
   else read_peft(lora, *file, targets, to);
 }

@@ -43,15 +43,21 @@ struct Sibling {
   std::string path, arch, variant;
 };
 
-// The GGUF files in `anchor`'s folder, read once, in name order.
+// The GGUF files in `anchor`'s folder that are sa3.cpp's (a string general.architecture), read
+// once, in name order. Others, corrupt ones too, are skipped: they are only searched for the
+// parts no flag names, and a part a flag names is checked where it is opened.
 std::vector<Sibling> siblings_of(const std::string& anchor) {
   std::vector<Sibling> found;
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(fs::absolute(anchor).parent_path(), ec)) {
     const std::string path = e.path().string();
     if (!path.ends_with(".gguf") || !e.is_regular_file(ec) || !is_gguf_file(path)) continue;
-    const GgufFile f = GgufFile::open(path);
-    found.push_back({path, f.metadata_string("general.architecture"), variant_of(f).name});
+    try {
+      const GgufFile f = GgufFile::open(path);
+      found.push_back({path, f.metadata_string("general.architecture"), variant_of(f).name});
+    } catch (const Error&) {
+      continue;  // not a GGUF apus can read, or no architecture: not one of sa3.cpp's parts
+    }
   }
   std::sort(found.begin(), found.end(), [](const Sibling& a, const Sibling& b) { return a.path < b.path; });
   return found;
@@ -74,10 +80,12 @@ std::string find_part(const std::string& given, const std::vector<Sibling>& sibl
     if (f.arch == arch && (finetune.empty() || f.variant == finetune)) found.push_back(f.path);
   std::string list;
   for (const std::string& f : found) list += " " + f;
-  APUS_CHECK(found.size() <= 1, dit, ": ", found.size(), " files beside it are sa3.cpp's ", what, ":", list,
-             "; name one with ", flag);
-  APUS_CHECK(!found.empty() || !required, dit, ": no ", what, " beside it (a GGUF whose general.architecture is ",
-             arch, finetune.empty() ? "" : " and general.finetune " + finetune, "); name one with ", flag);
+  // The conditioner has no flag: it is always the one beside the DiT.
+  const std::string choose = *flag ? std::string("name one with ") + flag : "keep only one beside the DiT";
+  APUS_CHECK(found.size() <= 1, dit, ": ", found.size(), " files beside it are sa3.cpp's ", what, ":", list, "; ",
+             choose);
+  APUS_CHECK(!found.empty() || !required, dit, ": no ", what, " beside it (a GGUF whose general.architecture is ", arch,
+             finetune.empty() ? "" : " and general.finetune " + finetune, "); ", choose);
   return found.empty() ? "" : found.front();
 }
 
@@ -172,8 +180,8 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
   const bool text_gguf = parts.text_encoder.empty() || is_gguf_file(parts.text_encoder);
   std::shared_ptr<SingleFile> text;
   if (text_gguf) {
-    text = SingleFile::open(find_part(parts.text_encoder, siblings, dit_path, sa3::kGgufTextEncoder, "", "--text-encoder",
-                                      "T5Gemma encoder", true));
+    text = SingleFile::open(find_part(parts.text_encoder, siblings, dit_path, sa3::kGgufTextEncoder, "",
+                                      "--text-encoder", "T5Gemma encoder", true));
     files.push_back(text);
     l.text_weights.clear();
     const sa3::T5GemmaConfig t = sa3::T5GemmaConfig::read(read_config(l.text_dir + "/config.json"));
@@ -213,7 +221,8 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
   // The tokenizer: named, or the config folder's own (the layouts apus carries have a stand-in),
   // or sa3.cpp's vocabulary beside the DiT.
   if (!tokenizer_from_parts(parts, l) && (parts.config.empty() || !path_exists(l.tokenizer_model)))
-    l.tokenizer_model = find_part("", siblings, dit_path, sa3::kGgufVocabulary, "", "--tokenizer", "tokenizer vocabulary", true);
+    l.tokenizer_model =
+        find_part("", siblings, dit_path, sa3::kGgufVocabulary, "", "--tokenizer", "tokenizer vocabulary", true);
   return std::make_unique<Sa3Model>(std::move(l), weights, device);
 }
 
