@@ -242,6 +242,43 @@ TEST(Robustness, MeaninglessConfigValuesAreRefusedNamingFileAndKey) {
   }
 }
 
+// Values that fit each config alone but not the pipeline: once blamed on another component
+// ("vae: packed latents ...", the transformer's joint_attention_dim for a text encoder's width) or
+// a shape error naming neither file; now both files and keys are named when the model opens.
+TEST(Robustness, ConfigsThatDisagreeAreRefusedNamingBothFilesAndKeys) {
+  struct Case {
+    std::string file, from, to;
+    std::vector<std::string> names;
+  };
+  const std::vector<Case> cases = {
+      {"transformer/config.json",
+       "\"in_channels\": 128",
+       "\"in_channels\": 16777216",
+       {"transformer/config.json in_channels is 16777216", "vae/config.json latent_channels 32"}},
+      {"text_encoder/config.json",
+       "\"hidden_size\": 32",
+       "\"hidden_size\": 33",
+       {"text_encoder/config.json hidden_size 33", "transformer/config.json joint_attention_dim is 96"}},
+      {"vae/config.json",
+       "\"latent_channels\": 32",
+       "\"latent_channels\": 31",
+       {"transformer/config.json in_channels is 128", "vae/config.json latent_channels 31"}},
+      {"transformer/config.json",
+       "\"joint_attention_dim\": 96",
+       "\"joint_attention_dim\": 97",
+       {"text_encoder/config.json hidden_size 32", "joint_attention_dim is 97"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.to);
+    ModelCopy m;
+    m.edit(c.file, c.from, c.to);
+    const std::string out = temp_out("disagree.png");
+    const test::CliRun r = test::run_cli(render_args(m.dir, out));
+    expect_refused(r, out, {});
+    for (const std::string& name : c.names) EXPECT_NE(r.output.find(name), std::string::npos) << r.output;
+  }
+}
+
 // The prompt is checked before the chat template wraps it: the offset is the user's own byte.
 TEST(Robustness, InvalidUtf8InThePromptNamesThePromptAndItsOwnOffset) {
   const std::string out = temp_out("utf8.png");

@@ -13,9 +13,9 @@
 #include "apus/apus.h"
 #include "io/model_dir.h"
 #include "models/flux2/klein.h"
+#include "models/flux2/latent_preview.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
-#include "models/flux2/latent_preview.h"
 #include "models/flux2/vae_decoder.h"
 #include "models/flux2/vae_encoder.h"
 #include "ops/adapters.h"
@@ -123,6 +123,7 @@ class KleinModel final : public ImageModel {
   // the preview projection, to the requests that asked.
   void send_previews(Context& c, const Work& w, const Tensor& velocity, int i) const;
   // Each sample's image latents noised to `sigma` into `out` (the scheduler's scale_noise).
+  void check_configs_agree(const flux2::TextEncoderConfig& text, const flux2::VaeConfig& vae) const;
   void noised_image(Context& c, const Work& w, float sigma, Tensor& out) const;
   // The directory to load a part from: with weights, or its configs alone (counting).
   const ModelDir& source(Weights weights) const { return weights == Weights::none ? configs_ : dir_; }

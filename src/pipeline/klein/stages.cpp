@@ -39,15 +39,16 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
       flux2::Transformer::load(configs_.config("transformer"), configs_.weights("transformer"));
   dit_cfg_ = counted.config();
   dit_weights_ = counted.weight_shapes();
-  flux2::VaeConfig::read(dir_.config("vae"));
+  const flux2::VaeConfig vae_cfg = flux2::VaeConfig::read(dir_.config("vae"));
+  check_configs_agree(text_cfg, vae_cfg);
   scheduler_cfg_ = dir_.config("scheduler", "scheduler_config.json");
   if (weights_ == Weights::none) return;
   // The tokenizer folder's tokenizer.json, or a file given for it (a GGUF carrying one).
   const std::string tokenizer = dir_.part("tokenizer");
   const std::string tokenizer_file = is_directory(tokenizer) ? tokenizer + "/tokenizer.json" : tokenizer;
   tokenizer_.emplace(BpeTokenizer::load(tokenizer_file));
-  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, tokenizer_file, ": token id ",
-             tokenizer_->max_id(), " has no row in the text encoder's ", text_cfg.vocab,
+  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, tokenizer_file, ": token id ", tokenizer_->max_id(),
+             " has no row in the text encoder's ", text_cfg.vocab,
              "-entry embedding (text_encoder/config.json vocab_size)");
   if (weights_ == Weights::resident) {
     text_.emplace(flux2::TextEncoder::load(dir_.config("text_encoder"), dir_.weights("text_encoder"), kTextTaps));
@@ -59,6 +60,22 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
     vae_->make_resident();
     vae_encoder_->make_resident();
   }
+}
+
+// The three models' configs describe one pipeline: the text encoder's taps feed the transformer's
+// context embedding, the VAE's packed latents are the transformer's tokens. A disagreement is
+// named by both files and keys here, not found later as a shape error blamed on one stage.
+void KleinModel::check_configs_agree(const flux2::TextEncoderConfig& text, const flux2::VaeConfig& vae) const {
+  const std::string root = dir_.root() + "/";
+  const int64_t prompt_features = int64_t(kTextTaps.size()) * text.hidden;
+  APUS_CHECK(prompt_features == dit_cfg_.joint_dim, root, "text_encoder/config.json hidden_size ", text.hidden,
+             " gives ", kTextTaps.size(), " taps x ", text.hidden, " = ", prompt_features, " prompt features, but ",
+             root, "transformer/config.json joint_attention_dim is ", dit_cfg_.joint_dim);
+  for (const auto& [key, channels] :
+       {std::pair{"in_channels", dit_cfg_.in_channels}, std::pair{"out_channels", dit_cfg_.out_channels}})
+    APUS_CHECK(channels == vae.packed_channels(), root, "transformer/config.json ", key, " is ", channels, ", but ",
+               root, "vae/config.json latent_channels ", vae.latent_channels, " packed ", vae.patch, "x", vae.patch,
+               " gives ", vae.packed_channels(), " features a token");
 }
 
 void KleinModel::noised_image(Context& c, const Work& w, float sigma, Tensor& out) const {
