@@ -888,11 +888,11 @@ TEST_F(Serve, EventsMetricsAndThePage) {
 
   // Opted in: preview events with the step and a PNG of 1/8 the image's sides (a slow reader gets
   // the latest, so at most one a step).
-  const auto with_previews = client().Post("/v1/jobs",
-                                           Json{{"kind", "image"}, {"prompt", "a fox"}, {"size", "64x48"}, {"steps", 3},
-                                                {"seed", 5}, {"preview", true}}
-                                               .dump(),
-                                           "application/json");
+  const auto with_previews = client().Post(
+      "/v1/jobs",
+      Json{{"kind", "image"}, {"prompt", "a fox"}, {"size", "64x48"}, {"steps", 3}, {"seed", 5}, {"preview", true}}
+          .dump(),
+      "application/json");
   ASSERT_TRUE(with_previews);
   ASSERT_EQ(with_previews->status, 202) << with_previews->body;
   std::string previews;
@@ -1133,7 +1133,8 @@ TEST(ServePage, RunsInHeadlessChromium) {
   }
   const std::string shot = ::testing::TempDir() + "apus_page.png";
   std::system((browser + "--window-size=1100,700 --screenshot=" + shot + " " +
-               test::shell_quote(base + "?model=klein_tiny_a&prompt=a%20red%20fox&size=256x256&steps=4&seed=7&lora=peft.safetensors&lora_scale=0.7&run=1") +
+               test::shell_quote(base + "?model=klein_tiny_a&prompt=a%20red%20fox&size=256x256&steps=4&seed=7&lora="
+                                        "peft.safetensors&lora_scale=0.7&run=1") +
                " > /dev/null 2>&1")
                   .c_str());
   EXPECT_TRUE(std::filesystem::exists(shot));
@@ -1153,9 +1154,10 @@ TEST(ServePage, SendsReferencesMasksAndInitAudio) {
   server::Server srv(o);
   const int port = srv.start();
   const std::string base = "http://127.0.0.1:" + std::to_string(port) + "/";
-  const std::string browser = "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir=" +
-                              ::testing::TempDir() + "apus_chromium_inputs_" + std::to_string(::getpid()) +
-                              " --virtual-time-budget=600000 --enable-logging=stderr --v=0 --dump-dom ";
+  const std::string browser =
+      "chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir=" + ::testing::TempDir() +
+      "apus_chromium_inputs_" + std::to_string(::getpid()) +
+      " --virtual-time-budget=600000 --enable-logging=stderr --v=0 --dump-dom ";
   // The result's bytes in the page's DOM after the run.
   auto run = [&](const std::string& query, const std::string& mime) {
     const std::string dom = ::testing::TempDir() + "apus_page_inputs.html";
@@ -1203,10 +1205,10 @@ TEST(ServePage, SendsReferencesMasksAndInitAudio) {
 
   const std::string audio_id = AudioModel::open(test::official_dir(), Weights::none)->label();
   const std::string clip = test::fixture("sa3_tiny/inputs/init.wav");
-  const std::vector<uint8_t> page = run("model=" + url_encoded(audio_id) + "&prompt=rain&seconds=1.4&seed=3" +
-                                            "&init_noise_level=0.6&init_audio=" +
-                                            url_encoded(data_url("audio/wav", clip)) + "&run=1",
-                                        "audio/wav");
+  const std::vector<uint8_t> page =
+      run("model=" + url_encoded(audio_id) + "&prompt=rain&seconds=1.4&seed=3" +
+              "&init_noise_level=0.6&init_audio=" + url_encoded(data_url("audio/wav", clip)) + "&run=1",
+          "audio/wav");
   ASSERT_FALSE(page.empty());
   httplib::Client c("127.0.0.1", port);
   Json body = {{"model", audio_id}, {"prompt", "rain"}, {"seconds", 1.4}, {"seed", 3}};
@@ -1222,12 +1224,15 @@ TEST(ServePage, SendsReferencesMasksAndInitAudio) {
   // Inpainting a clip: its regions as the field's text lists them.
   const std::string long_clip = test::fixture("sa3_tiny/inputs/inpaint.wav");
   const std::vector<uint8_t> repainted =
-      run("model=" + url_encoded(audio_id) + "&prompt=rain&seconds=1.4&seed=3&inpaint_regions=" +
-              url_encoded("0.2-0.6, 0.9-1.1") + "&inpaint_audio=" + url_encoded(data_url("audio/wav", long_clip)) +
-              "&run=1",
+      run("model=" + url_encoded(audio_id) +
+              "&prompt=rain&seconds=1.4&seed=3&inpaint_regions=" + url_encoded("0.2-0.6, 0.9-1.1") +
+              "&inpaint_audio=" + url_encoded(data_url("audio/wav", long_clip)) + "&run=1",
           "audio/wav");
   const std::string inpaint_bytes = read_file(long_clip);
-  Json inpaint = {{"model", audio_id}, {"prompt", "rain"}, {"seconds", 1.4}, {"seed", 3},
+  Json inpaint = {{"model", audio_id},
+                  {"prompt", "rain"},
+                  {"seconds", 1.4},
+                  {"seed", 3},
                   {"inpaint_audio", server::base64(std::vector<uint8_t>(inpaint_bytes.begin(), inpaint_bytes.end()))},
                   {"inpaint_regions", Json::array({Json::array({0.2, 0.6}), Json::array({0.9, 1.1})})}};
   const auto inpainted = c.Post("/v1/audio/generations", inpaint.dump(), "application/json");
@@ -1291,7 +1296,8 @@ TEST(ServeLoras, RequestsApplyTheFoldersLorasByName) {
     return read_png(as_file(png, "lora_served.png"));
   };
   Json with = body;
-  with["loras"] = Json::array({{{"name", "peft.safetensors"}, {"scale", 0.7}}, {{"name", "kohya.safetensors"}, {"scale", 0.5}}});
+  with["loras"] =
+      Json::array({{{"name", "peft.safetensors"}, {"scale", 0.7}}, {{"name", "kohya.safetensors"}, {"scale", 0.5}}});
   const PngImage first = served(with);
   EXPECT_EQ(first.rgb, adapted);
   std::string params;
@@ -1300,7 +1306,8 @@ TEST(ServeLoras, RequestsApplyTheFoldersLorasByName) {
   EXPECT_NE(params.find("Lora: peft.safetensors:0.7, Lora: kohya.safetensors:0.5"), std::string::npos) << params;
   EXPECT_EQ(served(body).rgb, plain);
   EXPECT_EQ(served(with).rgb, adapted);
-  for (const std::string& name : {std::string("../peft.safetensors"), dir + "/peft.safetensors", std::string("other.safetensors")}) {
+  for (const std::string& name :
+       {std::string("../peft.safetensors"), dir + "/peft.safetensors", std::string("other.safetensors")}) {
     Json bad = body;
     bad["loras"] = Json::array({{{"name", name}}});
     const auto r = c.Post("/v1/images/generations", bad.dump(), "application/json");
@@ -1396,6 +1403,65 @@ TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
   ::close(fd);
   EXPECT_TRUE(eventually("apus_jobs_total{model=\"klein_tiny_a\",state=\"cancelled\"} 2"));
   EXPECT_TRUE(eventually("apus_jobs_running{model=\"klein_tiny_a\"} 0"));
+}
+
+// Event streams hold no handler thread while they wait: thirty of them open on a queued job while
+// another runs (more than the 16 handler threads) once left /health unanswered; now it answers
+// at once, and the streams still end with the job.
+TEST(ServeLoad, WaitingEventStreamsLeaveTheOtherRoutesAnswering) {
+  server::ServeOptions o;
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}};
+  o.port = 0;
+  server::Server srv(o);
+  const int port = srv.start();
+  httplib::Client c("127.0.0.1", port);
+  const Json big = {{"kind", "image"}, {"prompt", "a fox"}, {"size", "1024x1024"}, {"steps", 100}, {"seed", 1}};
+  const auto running = c.Post("/v1/jobs", big.dump(), "application/json");
+  ASSERT_TRUE(running);
+  const std::string running_id = Json::parse(running->body)["id"];
+  Json small = big;
+  small["size"] = "64x64";
+  small["steps"] = 1;
+  const auto queued = c.Post("/v1/jobs", small.dump(), "application/json");
+  ASSERT_TRUE(queued);
+  const std::string queued_id = Json::parse(queued->body)["id"];
+  ASSERT_TRUE(metrics_show(port, {"apus_jobs_running{model=\"klein_tiny_a\"} 1"}));
+  std::vector<int> streams;
+  for (int i = 0; i < 30; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string request = "GET /v1/jobs/" + queued_id + "/events HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
+    streams.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // every stream is waiting now
+  httplib::Client health("127.0.0.1", port);
+  health.set_read_timeout(3, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto answer = health.Get("/health");
+  ASSERT_TRUE(answer) << "/health did not answer within 3 s with 30 event streams waiting";
+  EXPECT_EQ(answer->status, 200);
+  std::printf("[ measure ] /health with 30 waiting event streams: %.1f ms\n",
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  ASSERT_TRUE(c.Delete(("/v1/jobs/" + running_id).c_str()));
+  // The queued job runs and ends; each stream receives its "done" event and the stream's end.
+  for (const int fd : streams) {
+    timeval wait{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    std::string got;
+    char buf[4096];
+    while (got.find("\r\n0\r\n\r\n") == std::string::npos) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, size_t(n));
+    }
+    EXPECT_NE(got.find("event: done"), std::string::npos) << got.substr(0, 400);
+    ::close(fd);
+  }
 }
 
 // A server destroyed while a job runs: the job is cancelled at its next step and reports its end

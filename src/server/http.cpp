@@ -105,7 +105,7 @@ namespace {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(Server::Impl& server, tcp::socket socket, std::string address)
-      : server_(server), socket_(std::move(socket)), timer_(server.io), address_(std::move(address)) {
+      : server_(server), socket_(std::move(socket)), timer_(server.io), poll_(server.io), address_(std::move(address)) {
     std::lock_guard<std::mutex> lock(server_.mutex);
     server_.sessions.insert(this);
   }
@@ -126,12 +126,16 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ignored;
     socket_.close(ignored);
     disarm();
+    poll_.cancel();
   }
 
  private:
+  // How soon a stream with nothing to send is asked again.
+  static constexpr std::chrono::milliseconds kStreamPoll{50};
+
   Server::Impl& server_;
   tcp::socket socket_;
-  asio::steady_timer timer_;
+  asio::steady_timer timer_, poll_;
   unsigned deadline_ = 0;  // which arm() the pending timer belongs to
   std::string address_;
   beast::flat_buffer buffer_;
@@ -272,13 +276,19 @@ class Session : public std::enable_shared_from_this<Session> {
     linger();
   }
 
-  // A streamed body's next piece, made on a handler thread (it may wait) and sent as a chunk.
+  // A streamed body's next piece, made on a handler thread and sent as a chunk. Nothing yet (an
+  // empty piece) is asked again a moment later from a timer, so a waiting stream holds no handler
+  // thread: thirty event streams on a queued job once held them all and /health timed out.
   void next_piece() {
     asio::post(server_.pool, [self = shared_from_this()] {
-      std::optional<std::string> piece;
-      do piece = self->stream_->next();
-      while (piece && piece->empty());
+      std::optional<std::string> piece = self->stream_->next();
       asio::post(self->server_.io, [self, piece = std::move(piece)] {
+        if (piece && piece->empty()) {
+          self->poll_.expires_after(kStreamPoll);
+          return self->poll_.async_wait([self](beast::error_code ec) {
+            if (!ec && self->socket_.is_open()) self->next_piece();
+          });
+        }
         if (!piece) {
           self->stream_.reset();
           self->head_ = "0\r\n\r\n";

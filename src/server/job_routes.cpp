@@ -142,38 +142,40 @@ void Server::Impl::register_jobs() {
     const auto j = job(req.matches[1]);
     struct Sent {
       int state = -1, step = -1, previews = 0;
+      std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
     };
     auto sent = std::make_shared<Sent>();
     auto over = std::make_shared<bool>(false);
     res.set_header("Cache-Control", "no-cache");
     res.content_type = "text/event-stream";
-    res.stream =
-        http::Stream{[this, j, sent, over]() -> std::optional<std::string> {
-                       if (*over) return std::nullopt;
-                       JobState state;
-                       int step;
-                       std::string events;
-                       {
-                         std::unique_lock<std::mutex> lock(j->mutex);
-                         j->changed.wait_for(lock, std::chrono::seconds(15), [&] {
-                           return int(j->state) != sent->state || j->step != sent->step ||
-                                  j->preview_count != sent->previews;
-                         });
-                         state = j->state;
-                         step = j->step;
-                         // A slow reader gets the latest preview, not a backlog.
-                         if (j->preview_count != sent->previews) events = "event: preview\ndata: " + j->preview + "\n\n";
-                         sent->previews = j->preview_count;
-                       }
-                       *over = state == JobState::done || state == JobState::failed || state == JobState::cancelled;
-                       if (int(state) == sent->state && step == sent->step && !*over)
-                         return events.empty() ? std::string(": waiting\n\n") : events;  // a comment keeps it open
-                       sent->state = int(state);
-                       sent->step = step;
-                       return events + "event: " + (*over ? "done" : "progress") + "\ndata: " +
-                              dump(job_json(*j, *over)) + "\n\n";
-                     },
-                     [j] { j->cancel = true; }};
+    res.stream = http::Stream{
+        [this, j, sent, over]() -> std::optional<std::string> {
+          if (*over) return std::nullopt;
+          JobState state;
+          int step;
+          std::string events;
+          {
+            std::lock_guard<std::mutex> lock(j->mutex);
+            state = j->state;
+            step = j->step;
+            // A slow reader gets the latest preview, not a backlog.
+            if (j->preview_count != sent->previews) events = "event: preview\ndata: " + j->preview + "\n\n";
+            sent->previews = j->preview_count;
+          }
+          *over = state == JobState::done || state == JobState::failed || state == JobState::cancelled;
+          const auto now = std::chrono::steady_clock::now();
+          if (int(state) == sent->state && step == sent->step && !*over) {
+            if (!events.empty()) return events;
+            if (now - sent->at < std::chrono::seconds(15)) return std::string();  // nothing yet
+            sent->at = now;
+            return std::string(": waiting\n\n");  // a comment every 15 s keeps it open
+          }
+          sent->at = now;
+          sent->state = int(state);
+          sent->step = step;
+          return events + "event: " + (*over ? "done" : "progress") + "\ndata: " + dump(job_json(*j, *over)) + "\n\n";
+        },
+        [j] { j->cancel = true; }};
   });
   http->route("POST", "/v1/jobs", [this](const http::Request& req, http::Response& res) {
     Json body = parse_body(req);
