@@ -483,6 +483,11 @@ Command serve_command(CLI::App& app) {
                     "the LoRAs clients may apply by file name (\"loras\": [{\"name\", \"scale\"}]; GET /v1/loras)");
   serve->add_option("--drain-seconds", o->drain_seconds, "on SIGTERM / SIGINT, let running jobs finish this long (30)")
       ->check(CLI::Range(0.0, 86400.0));
+  serve
+      ->add_option("--max-request-seconds", s.max_request_seconds,
+                   "refuse (413) a request whose floor at this machine's calibrated rate passes this many seconds "
+                   "(900; 0: no bound)")
+      ->check(CLI::Range(0.0, 1e6));
   return {serve, [o] {
             apus::server::ServeOptions& s = o->serve;
             // The parts options serve the single-file models among the --model's.

@@ -1464,6 +1464,34 @@ TEST(ServeLoad, WaitingEventStreamsLeaveTheOtherRoutesAnswering) {
   }
 }
 
+// A request whose floor at this machine's calibrated rate passes --max-request-seconds is refused
+// before it is queued (413, naming the estimate), on the OpenAI and jobs routes alike; a small one
+// is not, and needs no calibration (it fits the bound even at 1 GFLOP/s).
+TEST(ServeLoad, RequestsBeyondTheTimeBoundAreRefusedWithTheirEstimate) {
+  server::ServeOptions o;
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}};
+  o.port = 0;
+  o.max_request_seconds = 0.05;
+  server::Server srv(o);
+  const int port = srv.start();
+  httplib::Client c("127.0.0.1", port);
+  const Json big = {{"prompt", "a fox"}, {"size", "1024x1024"}, {"steps", 50}, {"seed", 1}};
+  const auto sync = c.Post("/v1/images/generations", big.dump(), "application/json");
+  ASSERT_TRUE(sync);
+  EXPECT_EQ(sync->status, 413) << sync->body;
+  EXPECT_NE(sync->body.find("this request would take at least"), std::string::npos) << sync->body;
+  EXPECT_NE(sync->body.find("--max-request-seconds 0"), std::string::npos) << sync->body;
+  Json job = big;
+  job["kind"] = "image";
+  const auto queued = c.Post("/v1/jobs", job.dump(), "application/json");
+  ASSERT_TRUE(queued);
+  EXPECT_EQ(queued->status, 413) << queued->body;
+  const Json small = {{"prompt", "a fox"}, {"size", "64x64"}, {"steps", 1}, {"seed", 1}};
+  const auto fine = c.Post("/v1/images/generations", small.dump(), "application/json");
+  ASSERT_TRUE(fine);
+  EXPECT_EQ(fine->status, 200) << fine->body;
+}
+
 // A server destroyed while a job runs: the job is cancelled at its next step and reports its end
 // to what outlives it (under ASan, a use of the freed metrics or jobs fails this).
 TEST(ServeCancel, AServerDestroyedMidJobStopsIt) {

@@ -77,8 +77,25 @@ void check_image_headers(const ImageFiles& files, const FieldNames& names) {
 
 std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles files, bool trace) {
   const Fields f{body};
-  f.only({"model", "prompt", "n", "size", "response_format", "seed", "steps", "cfg", "negative_prompt", "images",
-          "mask", "strength", "loras", "user", "quality", "style", "output_format", "output_compression", "background",
+  f.only({"model",
+          "prompt",
+          "n",
+          "size",
+          "response_format",
+          "seed",
+          "steps",
+          "cfg",
+          "negative_prompt",
+          "images",
+          "mask",
+          "strength",
+          "loras",
+          "user",
+          "quality",
+          "style",
+          "output_format",
+          "output_compression",
+          "background",
           "moderation"});
   const Loaded& m = find(f, ModelKind::image);
   ImageRequest r;
@@ -184,6 +201,7 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
   admit(names, [&] {
     const PipelineCost cost = m.model.image()->count(r, n);
     if (files.images.empty()) check_memory(cost, true, "this request");
+    check_time(cost);
   });
   auto job = std::make_shared<Job>();
   job->model = m.id;
@@ -275,7 +293,11 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
   AudioRequest counted = r;
   if (init_file) counted.init_audio = AudioClip{};
   if (inpaint_file) counted.inpaint_audio = AudioClip{};
-  admit(kAudioFields, [&] { check_memory(m.model.audio()->count(counted), true, "this request"); });
+  admit(kAudioFields, [&] {
+    const PipelineCost cost = m.model.audio()->count(counted);
+    check_memory(cost, true, "this request");
+    check_time(cost);
+  });
   auto job = std::make_shared<Job>();
   job->model = m.id;
   job->kind = "audio";

@@ -5,6 +5,9 @@
 #include <thread>
 
 #include "core/error.h"
+#include "cost/ceiling.h"
+#include "cost/roofline.h"
+#include "ops/backend.h"
 #include "server/server_impl.h"
 #include "server/web_page.h"
 
@@ -17,6 +20,31 @@ void Server::Impl::admit(const FieldNames& names, const std::function<void()>& c
     refuse(400, e.what(), e.field);
   } catch (const Error& e) {
     refuse(400, e.what());
+  }
+}
+
+void Server::Impl::check_time(const PipelineCost& cost) {
+  const double bound = options.max_request_seconds;
+  if (bound <= 0) return;
+  auto floor_at = [&](const Chip& chip) {
+    return roofline_json(cost, Roofline{chip, 1})["total"]["floor_s"].get<double>();
+  };
+  if (floor_at(Chip{"slow", 1e9, 0, 0, 1e9, 1e9, ""}) <= bound) return;
+  std::call_once(calibrated, [&] {
+    Backend* backend = backend_for(options.device);
+    Arena arena(size_t(64) << 20, false, backend ? static_cast<Allocator&>(*backend) : host_allocator());
+    Context ctx{&arena};
+    ctx.backend = backend;
+    ceiling = calibrated_ceiling(ctx);
+  });
+  const double floor = floor_at(ceiling);
+  if (floor > bound) {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "this request would take at least %.0f s here (its floor at this machine's calibrated %.0f GFLOP/s "
+                  "and %.1f GB/s), beyond the server's --max-request-seconds %.0f",
+                  floor, ceiling.bf16_flops / 1e9, ceiling.memory_bps / 1e9, bound);
+    refuse(413, text);
   }
 }
 

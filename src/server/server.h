@@ -33,6 +33,10 @@ struct ServeOptions {
   // The LoRAs clients may name ("loras": [{"name", "scale"}]): the safetensors files directly in
   // this folder, by file name. Empty: requests take none. Clients never name paths.
   std::string lora_dir;
+  // A request whose floor (the cost model's count at this machine's calibrated rate: a time no
+  // run can beat) passes this many seconds is refused with 413 naming the estimate, so one
+  // request cannot hold a model's worker for longer unasked. 0: no bound.
+  double max_request_seconds = 900;
 };
 
 class Server {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apus/apus.h"
+#include "cost/chips.h"
 #include "pipeline/registry.h"
 #include "server/fields.h"
 #include "server/http.h"
@@ -65,6 +66,11 @@ struct Server::Impl {
   // activations fit in the memory left beside the resident weights; a refusal is a 400 with the
   // engine's message, naming the route's field where the engine names one.
   static void admit(const FieldNames& names, const std::function<void()>& check);
+  // A counted request against options.max_request_seconds (413 past it). The machine's rate is
+  // calibrated only when a request could pass the bound even at 1 GFLOP/s and 1 GB/s.
+  void check_time(const PipelineCost& cost);
+  std::once_flag calibrated;
+  Chip ceiling;
   const Loaded& find(const Fields& f, ModelKind kind);
 
   // An image job from an OpenAI images request: prompt, n, size "WxH", response_format
