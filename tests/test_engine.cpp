@@ -1,6 +1,7 @@
 // The engine's public shape: a model opened once serves requests from several threads with the
 // bytes one-shot runs give; directories are recognised by their pipeline class and anything else
 // is refused naming it.
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "apus/apus.h"
 #include "core/cost.h"
 #include "models/flux2/klein.h"
+#include "sa3_fixtures.h"
 #include "test_util.h"
 
 namespace apus {
@@ -63,6 +65,36 @@ TEST(ImageModel, TwoThreadsOnOneResidentModelGiveTheOneShotBytes) {
 // Live previews: one after each step, 2 pixels a token side, numbered from 1; the image bytes are
 // the same with or without them; a model that does not hold its VAE refuses them. (How near the
 // projection is: test_vae.cpp, LatentPreviewExplainsTheDecodersColours.)
+// A stop set while a request runs ends it at the next op, not at the next sampler step: set
+// here as soon as the seed is announced, before the text encoder, the request ends before any
+// step for both families (a server's DELETE and drain reach a stage that takes minutes).
+TEST(ImageModel, AStopEndsTheRequestAtItsNextOp) {
+  std::atomic<bool> stop{false};
+  std::vector<std::string> lines;
+  auto progress = [&](const std::string& line) {
+    lines.push_back(line);
+    if (line.starts_with("seed")) stop = true;
+  };
+  ImageRequest r;
+  r.prompt = "a red fox";
+  r.width = 64;
+  r.height = 48;
+  const auto image = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  test::expect_error([&] { image->generate(r, progress, &stop); }, {"cancelled"});
+  for (const std::string& line : lines) EXPECT_EQ(line.find("step"), std::string::npos) << line;
+  stop = false;
+  lines.clear();
+  AudioRequest a;
+  a.prompt = "rain";
+  a.seconds = 1;
+  const auto audio = AudioModel::open(test::official_dir(), Weights::per_stage);
+  test::expect_error([&] { audio->generate(a, progress, &stop); }, {"cancelled"});
+  for (const std::string& line : lines) EXPECT_EQ(line.find("step"), std::string::npos) << line;
+  // Unset, the same requests render.
+  stop = false;
+  EXPECT_NO_THROW(image->generate(r, {}, &stop));
+}
+
 TEST(ImageModel, PreviewsFollowEveryStepAndFitTheDecodedImage) {
   const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::resident);
   ImageRequest r;

@@ -6,6 +6,7 @@
 //
 // A resident model keeps its weights (and what is derived from them) for its lifetime and serves
 // generate() from several threads at once, each request with its own scratch memory.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -150,15 +151,19 @@ class ImageModel {
   virtual ~ImageModel() = default;
 
   // Validates everything a request can get wrong before any weight is read, then renders it.
-  // Progress lines ("step 2/4 ...") go to `progress` as they happen. Thread-safe.
-  ImageResult generate(const ImageRequest& request, const Progress& progress = {}) const {
-    return generate_batch({request}, progress).front();
+  // Progress lines ("step 2/4 ...") go to `progress` as they happen. Setting `*stop` from any
+  // thread ends the run between two ops (an apus::Error "cancelled"), not only between steps, so
+  // a stage that takes minutes still stops at once. Thread-safe.
+  ImageResult generate(const ImageRequest& request, const Progress& progress = {},
+                       const std::atomic<bool>* stop = nullptr) const {
+    return generate_batch({request}, progress, stop).front();
   }
   // Renders several requests (at most ImageLimits::max_batch) as one batch through every stage:
   // they must agree on size, steps and precision; prompts, seeds and noise are their own. Each
   // result equals its request rendered alone.
   virtual std::vector<ImageResult> generate_batch(const std::vector<ImageRequest>& requests,
-                                                  const Progress& progress = {}) const = 0;
+                                                  const Progress& progress = {},
+                                                  const std::atomic<bool>* stop = nullptr) const = 0;
   // The FLOPs, bytes and peak activations per stage of `batch` such requests, counted by walking
   // the same stage code in counting mode. What generate_batch would refuse of the requests'
   // settings, count refuses with the same message.
@@ -244,13 +249,15 @@ class AudioModel {
   static std::unique_ptr<AudioModel> open(const ModelParts& parts, Weights weights, const std::string& device = "cpu");
   virtual ~AudioModel() = default;
 
-  AudioResult generate(const AudioRequest& request, const Progress& progress = {}) const {
-    return generate_batch({request}, progress).front();
+  AudioResult generate(const AudioRequest& request, const Progress& progress = {},
+                       const std::atomic<bool>* stop = nullptr) const {
+    return generate_batch({request}, progress, stop).front();
   }
   // Several requests (at most AudioLimits::max_batch) as one batch through every stage: they must
   // agree on seconds, steps and precision. Each result equals its request rendered alone.
   virtual std::vector<AudioResult> generate_batch(const std::vector<AudioRequest>& requests,
-                                                  const Progress& progress = {}) const = 0;
+                                                  const Progress& progress = {},
+                                                  const std::atomic<bool>* stop = nullptr) const = 0;
   // As ImageModel::count, refusing what generate_batch would refuse of the settings.
   virtual PipelineCost count(const AudioRequest& request, int batch = 1) const = 0;
   virtual double max_seconds() const = 0;

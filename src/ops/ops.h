@@ -3,6 +3,7 @@
 // under the current CostScope, returns early in counting mode, checks that its operands live on
 // the Context's backend and runs there. The ops and their contracts are listed once in
 // ops/op_list.h.
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,12 +20,14 @@ class Adapters;
 
 struct Context {
   Arena* arena = nullptr;
-  DType act = DType::bf16;     // activation dtype: bf16 (as the official pipeline) or f32 (parity)
-  CostLog* cost = nullptr;     // when set, every op reports its cost under the current scope
-  bool count_only = false;     // shapes only: ops report and return; tensors may hold no data
-  Backend* backend = nullptr;  // where ops run; null: the CPU backend
-  Trace* trace = nullptr;      // when set, every module scope and op is a span on it
+  DType act = DType::bf16;             // activation dtype: bf16 (as the official pipeline) or f32 (parity)
+  CostLog* cost = nullptr;             // when set, every op reports its cost under the current scope
+  bool count_only = false;             // shapes only: ops report and return; tensors may hold no data
+  Backend* backend = nullptr;          // where ops run; null: the CPU backend
+  Trace* trace = nullptr;              // when set, every module scope and op is a span on it
   const Adapters* adapters = nullptr;  // the request's low-rank adapters (ops/adapters.h): linear applies them
+  // Set by the request's owner to end it: every op checks it first and throws "cancelled".
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // Names a module for the cost log, and the trace, for as long as it lives.

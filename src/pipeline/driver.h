@@ -144,9 +144,9 @@ template <typename F> PipelineCost count_batch(const F& f, const typename F::Req
 // Renders a batch: every setting checked (and the batch held to agree) before any weight loads,
 // admitted against memory by its count, seeded, then run part by part with each stage timed,
 // traced and checked finite.
-template <typename F> std::vector<typename F::Result> generate_batch_of(const F& f,
-                                                                        const std::vector<typename F::Request>& given,
-                                                                        const Progress& progress) {
+template <typename F>
+std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<typename F::Request>& given,
+                                                  const Progress& progress, const std::atomic<bool>* stop = nullptr) {
   using Request = typename F::Request;
   APUS_CHECK(f.weights() != Weights::none, f.root(), ": opened for counting only");
   APUS_CHECK(!given.empty(), "no request to render");
@@ -171,6 +171,7 @@ template <typename F> std::vector<typename F::Result> generate_batch_of(const F&
   Context ctx{&arena, f.compute(r)};
   ctx.backend = device;
   ctx.trace = trace.get();
+  ctx.stop = stop;
 
   // Everything that can reject the request (prompts, noise files, input images or clips) comes
   // before any weight loads.

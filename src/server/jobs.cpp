@@ -42,7 +42,7 @@ ModelWorker::~ModelWorker() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
     for (const auto& job : queue_) job->cancel = true;
-    if (running_) running_->cancel = true;  // it stops at its next sampler step
+    if (running_) running_->cancel = true;  // it stops at its next op
   }
   wake_.notify_all();
   thread_.join();

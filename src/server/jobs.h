@@ -34,7 +34,7 @@ struct Job {
   // Runs the request, reporting each step; fills outputs or throws. Set before submitting.
   std::function<std::vector<JobOutput>(Job&)> work;
 
-  std::atomic<bool> cancel{false};  // checked between sampler steps
+  std::atomic<bool> cancel{false};  // checked before every op of the run
   mutable std::mutex mutex;
   std::condition_variable changed;
   JobState state = JobState::queued;

@@ -232,8 +232,10 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
     if (j.previews)
       for (size_t i = 0; i < batch.size(); ++i) batch[i].preview = preview_sink(j, int(i));
     std::vector<JobOutput> out;
-    const std::vector<ImageResult> results =
-        as_route(names, [&] { return model->generate_batch(batch, [&](const std::string& l) { j.progress(l); }); });
+    const std::vector<ImageResult> results = as_route(names, [&] {
+      return model->generate_batch(
+          batch, [&](const std::string& l) { j.progress(l); }, &j.cancel);
+    });
     for (const StageTime& t : results.front().stages)
       j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(results.front().trace);
@@ -311,7 +313,8 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
     if (init_file) r.init_audio = clip(*init_file, "init_audio");
     if (inpaint_file) r.inpaint_audio = clip(*inpaint_file, "inpaint_audio");
     if (j.previews) r.preview = preview_sink(j, 0);
-    const AudioResult res = model->generate(r, [&](const std::string& l) { j.progress(l); });
+    const AudioResult res = model->generate(
+        r, [&](const std::string& l) { j.progress(l); }, &j.cancel);
     for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(res.trace);
     const Audio a{res.sample_rate, res.channels, res.samples};

@@ -76,9 +76,9 @@ class KleinModel final : public ImageModel {
 
   KleinModel(const ModelDir& dir, Weights weights);
 
-  std::vector<ImageResult> generate_batch(const std::vector<ImageRequest>& requests,
-                                          const Progress& progress) const override {
-    return generate_batch_of(*this, requests, progress);
+  std::vector<ImageResult> generate_batch(const std::vector<ImageRequest>& requests, const Progress& progress,
+                                          const std::atomic<bool>* stop) const override {
+    return generate_batch_of(*this, requests, progress, stop);
   }
   PipelineCost count(const ImageRequest& request, int batch) const override {
     return count_batch(*this, resolved(request), batch);

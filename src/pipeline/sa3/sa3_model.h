@@ -141,9 +141,9 @@ class Sa3Model final : public AudioModel {
 
   // device: the backend the models' weights and each request's activations live on; null: the CPU.
   Sa3Model(Sa3Layout layout, Weights weights, Backend* device);
-  std::vector<AudioResult> generate_batch(const std::vector<AudioRequest>& requests,
-                                          const Progress& progress) const override {
-    return generate_batch_of(*this, requests, progress);
+  std::vector<AudioResult> generate_batch(const std::vector<AudioRequest>& requests, const Progress& progress,
+                                          const std::atomic<bool>* stop) const override {
+    return generate_batch_of(*this, requests, progress, stop);
   }
   PipelineCost count(const AudioRequest& request, int batch) const override {
     return count_batch(*this, resolved(request), batch);
