@@ -73,11 +73,14 @@ for s in $steps; do
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
           step "$s" 150 env PYTHONPATH=/tmp/site python3 tools/diffusers_bench.py --reps 5 ${only:+--only ${only#-}}
       else note "$s: skipped (no .whl/ carried)"; fi ;;
-    ab)  # the CUDA kernels' variants against their correct-first arms, on SA3 medium (the cheaper model)
-      for knob in cuda.attention=gemm,rows cuda.conv=gemm,direct; do
-        step "ab-${knob%%=*}" 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 1 \
-          --ab "$knob" --json "$out/sa3-ab-${knob%%=*}.json"
-      done ;;
+    ab)  # the CUDA kernels' variants A/B'd where each matters: the flash attention on both models'
+      # DiTs, the conv on klein's VAE (at 512x512: the correct-first conv is slow at 1024)
+      step ab-sa3-flash 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
+        --ab cuda.attention=flash,gemm --json "$out/sa3-ab-flash.json"
+      step ab-klein-flash 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
+        --reps 2 --ab cuda.attention=flash,gemm --json "$out/klein-ab-flash.json"
+      step ab-klein-conv 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 512 -H 512 --steps 4 --reps 1 \
+        --ab cuda.conv=gemm,direct --json "$out/klein-ab-conv.json" ;;
     *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab)" >&2; exit 2 ;;
   esac
 done

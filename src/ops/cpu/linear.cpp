@@ -1,3 +1,4 @@
+#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -182,7 +183,13 @@ Knob linear_panel_mb_knob("cpu.linear_panel_mb", "MiB of expanded weights a stor
                           {"32", "8", "2"});
 
 bool exact_int8_products() {
-  static const bool vnni = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+  // AVX-VNNI (CPUID leaf 7, subleaf 1, EAX bit 4) read directly: clang 14's
+  // __builtin_cpu_supports does not know the name "avxvnni" (the fuzz build is clang's).
+  static const bool vnni = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool avx_vnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1u);
+    return __builtin_cpu_supports("avx512vnni") || avx_vnni;
+  }();
   return vnni;
 }
 

@@ -8,17 +8,22 @@
 //         softmax kernel per row, P·V by a second product; every attention without a band
 //   rows  one thread block per (query row, head), the correct-first kernel: bands, and operands
 //         the products cannot take (head widths off 8 elements, unaligned views)
+//   flash the scores never written (flash_attention.cu), bf16 heads of 64 and 128 without softcap
+//         or step rounding; the others take the products
 // A fused flash-style kernel that never writes the scores is the next step (issue 38).
 #include <algorithm>
 
 #include "core/variants.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
+#include "ops/cuda/flash_attention.h"
 
 namespace apus::cuda {
 
-Knob attention_knob("cuda.attention", "attention kernel: scores by cuBLASLt products, or one block per query row",
-                    {"gemm", "rows"});
+Knob attention_knob("cuda.attention",
+                    "attention kernel: scores by cuBLASLt products, one block per query row, or flash (not yet proven "
+                    "on a device)",
+                    {"gemm", "rows", "flash"});
 
 namespace {
 
@@ -223,6 +228,47 @@ void attend_by_products(Context& c, const std::vector<const Tensor*>& qs, const 
     }
 }
 
+// Each term by the flash kernel; two terms (the differential form) into rows of their own, then
+// their difference.
+void attend_by_flash(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks,
+                     const Tensor& v, Tensor& o, const Params& p) {
+  ArenaScope scope(*c.arena);
+  const int64_t rows = p.batch * p.sq, width = p.hq * p.d;
+  Tensor terms[2];
+  for (int t = 0; t < p.terms; ++t) {
+    FlashParams f{};
+    f.q = qs[size_t(t)]->data;
+    f.k = ks[size_t(t)]->data;
+    f.v = v.data;
+    f.q_stride = qs[size_t(t)]->row_stride();
+    f.k_stride = ks[size_t(t)]->row_stride();
+    f.v_stride = v.row_stride();
+    if (p.terms == 1) {
+      f.o = o.data;
+      f.o_stride = o.row_stride();
+    } else {
+      terms[t] = Tensor::in(*c.arena, {rows, width}, p.dt);
+      f.o = terms[t].data;
+      f.o_stride = width;
+    }
+    f.batch = p.batch;
+    f.sq = p.sq;
+    f.sk = p.sk;
+    f.hq = p.hq;
+    f.hk = p.hk;
+    f.d = p.d;
+    f.scale = p.scale;
+    f.causal = p.causal;
+    f.key_valid = p.key_valid;
+    flash_attention(f);
+  }
+  if (p.terms > 1) {
+    difference_kernel<<<blocks_for(rows * width), kThreads, 0, stream()>>>(terms[0].data, terms[1].data, o.data,
+                                                                            p.dt, rows, width, o.row_stride());
+    check(cudaGetLastError(), "differential attention launch");
+  }
+}
+
 void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks, const Tensor& v,
             Tensor& o, int64_t head_dim, float scale, const ops::AttentionOptions& mask) {
   const Tensor &q = *qs[0], &k = *ks[0];
@@ -262,10 +308,15 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
                                  mask.key_valid->contiguous()),
              "attention: the key mask must be i64 [", k.shape[0], "]");
   p.key_valid = mask.key_valid ? mask.key_valid->ptr<int64_t>() : nullptr;  // staged by the caller
-  bool products = attention_knob.value() == 0 && p.window == 0;
+  bool aligned = gemm_ready(v, d) && gemm_ready(o, d);
   for (const std::vector<const Tensor*>* side : {&qs, &ks})
-    for (const Tensor* t : *side) products = products && gemm_ready(*t, d);
-  products = products && gemm_ready(v, d) && gemm_ready(o, d);
+    for (const Tensor* t : *side) aligned = aligned && gemm_ready(*t, d);
+  const bool plain = p.window == 0 && p.softcap <= 0 && !p.round_steps;
+  if (attention_knob.value() == 2 && aligned && flash_takes(d, p.dt, plain)) {
+    attention_knob.took(2);
+    return attend_by_flash(c, qs, ks, v, o, p);
+  }
+  const bool products = attention_knob.value() != 1 && p.window == 0 && aligned;
   attention_knob.took(products ? 0 : 1);
   if (products) return attend_by_products(c, qs, ks, v, o, p);
   const int threads = int(std::max<int64_t>(32, std::min<int64_t>(1024, (d + 31) / 32 * 32)));
