@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "fuzz_file.h"
 #include "core/quant_blocks.h"
+#include "fuzz_file.h"
 #include "io/gguf.h"
 #include "text/bpe_tokenizer.h"
 

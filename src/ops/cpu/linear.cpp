@@ -105,7 +105,8 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
       thread_local std::vector<char> a_pad, c_pad;
       a_pad.resize(size_t(kTile * k) * a_es);
       c_pad.resize(size_t(kTile * n) * c_es);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(a_pad.data() + size_t(r * k) * a_es, a.row(lo + r), size_t(k) * a_es);
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(a_pad.data() + size_t(r * k) * a_es, a.row(lo + r), size_t(k) * a_es);
       std::memset(a_pad.data() + size_t(rows * k) * a_es, 0, size_t((kTile - rows) * k) * a_es);
       Tensor ap = a, cp = c;
       ap.shape = {kTile, k};
@@ -115,7 +116,8 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
       cp.stride0 = 0;
       cp.data = c_pad.data();
       gemm(ap, b, b_type, b_stride_k, b_stride_n, bias, cp, k, n);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(c.row(lo + r), c_pad.data() + size_t(r * n) * c_es, size_t(n) * c_es);
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(c.row(lo + r), c_pad.data() + size_t(r * n) * c_es, size_t(n) * c_es);
     }
     return;
   }
@@ -204,7 +206,8 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   APUS_CHECK(w.dtype == DType::i8 && w.contiguous() && k <= kInt8MaxDot,
              "linear: an int8_matmul weight must be contiguous i8 with rows of at most ", kInt8MaxDot, ", got ",
              dtype_name(w.dtype), " ", shape_str(w.shape));
-  APUS_CHECK(exact_int8_products(), "the int8 tier needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where "
+  APUS_CHECK(exact_int8_products(),
+             "the int8 tier needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where "
              "oneDNN's int8 products are exact; this one has none");
   ArenaScope scope(*c.arena);
   Tensor codes = Tensor::in(*c.arena, {m, k}, DType::i8);
@@ -216,8 +219,7 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   });
   Tensor w_scale = Tensor::in(*c.arena, {n}, DType::f32);
   for (int64_t j = 0; j < n; ++j)
-    w_scale.ptr<float>()[j] =
-        w.block_scales ? w.code_scale * w.block_scales->at(w.block_row0 + j, 0) : w.code_scale;
+    w_scale.ptr<float>()[j] = w.block_scales ? w.code_scale * w.block_scales->at(w.block_row0 + j, 0) : w.code_scale;
   Tensor b = bias ? Tensor::in(*c.arena, {n}, DType::f32) : Tensor{};
   if (bias) {
     load_row(vector_row(*bias), 0, b.ptr<float>(), n);
@@ -240,8 +242,7 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
     if (std::isnan(s)) {
       std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
     } else {
-      int8_products_row(acc.ptr<int32_t>() + r * n, s, w_scale.ptr<float>(), bias ? b.ptr<float>() : nullptr, row,
-                        n);
+      int8_products_row(acc.ptr<int32_t>() + r * n, s, w_scale.ptr<float>(), bias ? b.ptr<float>() : nullptr, row, n);
     }
     store_row(y, r, row, n);
   });

@@ -263,8 +263,8 @@ void attend_by_flash(Context& c, const std::vector<const Tensor*>& qs, const std
     flash_attention(f);
   }
   if (p.terms > 1) {
-    difference_kernel<<<blocks_for(rows * width), kThreads, 0, stream()>>>(terms[0].data, terms[1].data, o.data,
-                                                                            p.dt, rows, width, o.row_stride());
+    difference_kernel<<<blocks_for(rows * width), kThreads, 0, stream()>>>(terms[0].data, terms[1].data, o.data, p.dt,
+                                                                           rows, width, o.row_stride());
     check(cudaGetLastError(), "differential attention launch");
   }
 }

@@ -24,16 +24,15 @@ constexpr int kRows = 64, kKeys = 64, kWarps = 4;
 
 template <int D> struct Shared {
   __nv_bfloat16 q[kRows][D], k[kKeys][D], v[kKeys][D];
-  float s[kWarps][16][kKeys];            // a warp's scores for the tile
-  __nv_bfloat16 p[kWarps][16][kKeys];    // its probabilities, unnormalised
-  float o[kWarps][16][D];                // its output rows so far
+  float s[kWarps][16][kKeys];          // a warp's scores for the tile
+  __nv_bfloat16 p[kWarps][16][kKeys];  // its probabilities, unnormalised
+  float o[kWarps][16][D];              // its output rows so far
 };
 
 // Rows [row0, row0 + 64) of a [rows, cols] bf16 matrix (row stride `stride`, from column `col`)
 // into shared memory, 16 bytes a thread at a time; rows past `rows` are zeros.
-template <int D>
-__device__ void load_tile(__nv_bfloat16 (*dst)[D], const __nv_bfloat16* src, int64_t stride, int64_t row0,
-                          int64_t rows) {
+template <int D> __device__ void load_tile(__nv_bfloat16 (*dst)[D], const __nv_bfloat16* src, int64_t stride,
+                                           int64_t row0, int64_t rows) {
   constexpr int kChunks = D / 8;  // 8 bf16 per 16 bytes
   for (int i = threadIdx.x; i < kRows * kChunks; i += blockDim.x) {
     const int r = i / kChunks, c = i % kChunks * 8;
@@ -137,7 +136,9 @@ template <int D> void launch(const FlashParams& p) {
 
 }  // namespace
 
-bool flash_takes(int64_t head_dim, DType dt, bool plain) { return plain && dt == DType::bf16 && (head_dim == 64 || head_dim == 128); }
+bool flash_takes(int64_t head_dim, DType dt, bool plain) {
+  return plain && dt == DType::bf16 && (head_dim == 64 || head_dim == 128);
+}
 
 void flash_attention(const FlashParams& p) {
   if (p.d == 64) return launch<64>(p);
