@@ -7,6 +7,8 @@
 #   tools/device-tree.sh drop       # untrack what the CUDA tests never read, print what travels
 #   tools/device-tree.sh restore    # the index as it was (run before any commit)
 #   tools/device-tree.sh size       # what would travel now
+#   tools/device-tree.sh check      # fails (naming the biggest files) when what a dropped tree
+#                                   # carries passes 40 MiB: the bundle (~25 MiB) must fit beside it
 # The fixtures the CUDA tests read (tests/test_cuda_ops.cpp) stay: keep KEEP in step with them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,5 +33,17 @@ case ${1:-} in
     fi
     echo "device-tree: index restored; travelling: $(($(travelling) / 1048576)) MiB" ;;
   size) echo "device-tree: travelling now: $(($(travelling) / 1048576)) MiB (+ carried paths)" ;;
-  *) echo "usage: tools/device-tree.sh drop|restore|size" >&2; exit 2 ;;
+  check)
+    # What `drop` would leave travelling, computed without touching the index.
+    mapfile -t kept < <(git ls-files | grep -Ev '^tests/fixtures/' ; git ls-files tests/fixtures | grep -E "$KEEP";
+                        git ls-files --others --exclude-standard)
+    bytes=$(printf '%s\0' "${kept[@]}" | xargs -0 du -cb 2> /dev/null | tail -1 | cut -f1)
+    limit=$((40 * 1048576))
+    if [ "$bytes" -gt "$limit" ]; then
+      echo "device-tree: a device call would carry $((bytes / 1048576)) MiB after drop, over 40 MiB; the biggest:" >&2
+      printf '%s\0' "${kept[@]}" | xargs -0 du -b 2> /dev/null | sort -rn | head -10 >&2 || true
+      exit 1
+    fi
+    echo "device-tree: a device call carries $((bytes / 1048576)) MiB after drop (limit 40)" ;;
+  *) echo "usage: tools/device-tree.sh drop|restore|size|check" >&2; exit 2 ;;
 esac

@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/build.sh
+# What a lent GPU session's device call carries stays small enough for the bundle beside it.
+tools/device-tree.sh check
 # The build uses Ninja; a plain `cmake -S . -B build` picks Unix Makefiles, whose CUDA handling
 # differs: configure with it too (configure only, into a scratch folder).
 makefiles="$(mktemp -d)"
