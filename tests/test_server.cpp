@@ -117,6 +117,18 @@ bool metrics_show(int port, const std::vector<std::string>& lines) {
   return false;
 }
 
+// A raw TCP connection to the server on loopback (for what an HTTP client library would not do:
+// hang up mid-request, hold many streams open).
+int raw_connection(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  return fd;
+}
+
 class Serve : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -1362,7 +1374,7 @@ TEST(ServeLoras, AudioRequestsApplyTheFoldersLorasByName) {
 }
 
 // Cancellation mid-job: DELETE on a running job, and a client that hangs up on a synchronous route
-// (its job is cancelled at the next sampler step, freeing the queue).
+// (its job is cancelled at its next op, freeing the queue).
 TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
   server::ServeOptions o;
   o.models = {ModelParts{test::fixture("klein_tiny_a")}};
@@ -1387,12 +1399,7 @@ TEST(ServeCancel, RunningJobsStopWhenDeletedOrAbandoned) {
   EXPECT_LT(state["step"].get<int>(), 100);
 
   // A raw client that sends the request and hangs up while the job runs.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int fd = raw_connection(port);
   const std::string payload = big.dump();
   const std::string request =
       "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -1428,12 +1435,7 @@ TEST(ServeLoad, WaitingEventStreamsLeaveTheOtherRoutesAnswering) {
   ASSERT_TRUE(metrics_show(port, {"apus_jobs_running{model=\"klein_tiny_a\"} 1"}));
   std::vector<int> streams;
   for (int i = 0; i < 30; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(uint16_t(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = raw_connection(port);
     const std::string request = "GET /v1/jobs/" + queued_id + "/events HTTP/1.1\r\nHost: x\r\n\r\n";
     ASSERT_EQ(::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
     streams.push_back(fd);
