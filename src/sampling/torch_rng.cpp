@@ -1,9 +1,11 @@
 #include "sampling/torch_rng.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/parallel.h"
 
 // Exactness notes (all verified against torch 2.9.1, see tests/test_torch_rng.cpp):
 // * Every std::fma below stands where torch's GCC build (-mfma, -ffp-contract=fast) fused an
@@ -221,7 +223,17 @@ void TorchGenerator::randn(float* out, int64_t n) {
     for (int64_t b = 0; b < count; ++b) box_muller16_scalar(d + 16 * b);
   };
   for (int64_t i = 0; i < n; ++i) out[i] = uniform_f32(random32());
-  blocks(out, n / 16);
+  // The uniforms come from one sequential stream; their transform is block by block, so large
+  // draws (SAME's decoder noise: millions a chunk) spread it over the threads.
+  const int64_t count = n / 16, per_task = 4096;
+  if (count <= per_task) {
+    blocks(out, count);
+  } else {
+    parallel_for((count + per_task - 1) / per_task, [&](int64_t task) {
+      const int64_t first = task * per_task;
+      blocks(out + 16 * first, std::min(per_task, count - first));
+    });
+  }
   if (n % 16 != 0) {
     float* tail = out + n - 16;
     for (int i = 0; i < 16; ++i) tail[i] = uniform_f32(random32());
