@@ -1,6 +1,5 @@
 // GEMMs through cuBLASLt: linear's y = x · w^T (+ bias), and the strided-batched products the
-// attention and convolution paths build on.
-// y = x · w^T (+ bias) through cuBLASLt: bf16 (or f32) operands, f32 accumulation, the bias added
+// attention and convolution paths build on. bf16 (or f32) operands, f32 accumulation, the bias added
 // in the epilogue. Row-major [M, K] x and [N, K] w are column-major K x M and K x N, so the
 // product is computed as y^T = w · x^T with w transposed. cuBLASLt (half a gigabyte) is opened at
 // the first GEMM, not linked: a CPU run of the same binary never maps it.
@@ -86,7 +85,7 @@ Lt& lt() {
 // The algorithm for one product's shape, chosen by cuBLASLt's heuristic once and kept. Split-K
 // reductions are held to the compute type (fp32): cuBLASLt's default also allows summing the
 // partial products in the output's buffer and dtype, which on the H200 rounded a bf16 product's
-// partial sums to bf16 (up to 223 ulp from the reference on a 37x45x70 linear with a bias).
+// partial sums to bf16 (a long causal attention's P·V came out 6965 ulp from the reference).
 using AlgoKey = std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, bool>;
 
