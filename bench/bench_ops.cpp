@@ -6,12 +6,12 @@
 #include <cstring>
 #include <random>
 
+#include "core/variants.h"
 #include "io/int8_weights.h"
 #include "models/flux2/vae_decoder.h"
 #include "ops/adapters.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
-#include "core/variants.h"
 
 namespace apus {
 namespace {
@@ -56,6 +56,20 @@ BENCHMARK(BM_Linear)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The linear as a CPU without bf16 dot products runs it (cpu.native_bf16=off: bf16 widened to f32,
+// single-threaded sgemm tiles of 64 rows for bit-stable rows), at klein's 1024 x 3072 x 3072.
+void BM_LinearWidened(benchmark::State& st) {
+  Knob& native = find_knob("cpu.native_bf16");
+  native.set(native.index_of("off"));
+  BM_Linear(st);
+  native.set(0);
+}
+BENCHMARK(BM_LinearWidened)
+    ->Args({1024, 3072, 3072})
+    ->Args({452, 1536, 7680})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // A linear whose weights run as stored (GGUF blocks, fp8 e4m3): what the panel-wise expansion costs
 // over bf16 weights at klein's 1024 x 3072 x 3072. args: tokens, in, out, DType, panel size (the
 // cpu.linear_panel_mb choice: 0 the default 32 MiB, 1 8 MiB, 2 2 MiB). Random bytes with
@@ -77,8 +91,11 @@ void BM_LinearStored(benchmark::State& st) {
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LinearStored)
-    ->ArgsProduct({{1024}, {3072}, {3072}, {int64_t(DType::q8_0), int64_t(DType::q4_k), int64_t(DType::q6_k),
-                                           int64_t(DType::fp8_e4m3)}, {0}})
+    ->ArgsProduct({{1024},
+                   {3072},
+                   {3072},
+                   {int64_t(DType::q8_0), int64_t(DType::q4_k), int64_t(DType::q6_k), int64_t(DType::fp8_e4m3)},
+                   {0}})
     ->ArgsProduct({{1024, 1536}, {3072}, {3072, 27648}, {int64_t(DType::q8_0), int64_t(DType::fp8_e4m3)}, {1, 2}})
     ->ArgsProduct({{1536}, {3072}, {27648}, {int64_t(DType::q8_0), int64_t(DType::fp8_e4m3)}, {0}})
     ->Unit(benchmark::kMillisecond)
@@ -139,9 +156,11 @@ void BM_LinearAdapted(benchmark::State& st) {
   const std::string name = "w.weight";
   w.weight_name = &name;
   Adapters adapters;
-  if (kind == 1) adapters.add(name, w.shape, LowRank{{filled({r, k}, DType::bf16), filled({n, r}, DType::bf16)}, 0.8f, "bench"});
+  if (kind == 1)
+    adapters.add(name, w.shape, LowRank{{filled({r, k}, DType::bf16), filled({n, r}, DType::bf16)}, 0.8f, "bench"});
   if (kind == 2)
-    adapters.add(name, w.shape, LowRank{{filled({r * r, k}, DType::f32), filled({n, r * r}, DType::f32)}, 0.8f, "bench"});
+    adapters.add(name, w.shape,
+                 LowRank{{filled({r * r, k}, DType::f32), filled({n, r * r}, DType::f32)}, 0.8f, "bench"});
   if (kind == 3) {
     LowRank f{{Tensor{}, filled({n / 16, k / 16}, DType::f32)}, 0.8f, "bench"};
     f.outer = Factor{Tensor{}, filled({16, 16}, DType::f32)};
