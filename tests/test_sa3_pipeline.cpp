@@ -533,7 +533,7 @@ TEST(Sa3Pipeline, UnsupportedOfficialSettingsAreRefusedNamingFileAndKey) {
   fs::remove_all(d);
 }
 
-// A checkpoint saved in bf16 throughout (docs/USAGE.md: bf16 weights are accepted) runs; its RoPE buffer
+// A checkpoint saved in bf16 throughout runs; its RoPE buffer
 // holds the inverse frequencies rounded to bf16. The official bf16 run casts the model to the same
 // bf16 weights, so the clip keeps the bf16 bound against the official run. A buffer holding other
 // frequencies is still refused, naming the file and tensor.
