@@ -254,7 +254,10 @@ std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weight
   } else {
     // The published layout of its shape: medium's DiT is the differential one (the two small
     // models share one config).
-    const Tensor& qkv = SafetensorsFile::open(file).get(kSa3SingleFileKey);
+    // The file held while its tensor is read (a reference into a temporary's table dangled: an
+    // intermittent crash of Sa3SingleFile.ComfyUiFilesGiveTheOfficialFoldersClip, session 21).
+    const SafetensorsFile checkpoint = SafetensorsFile::open(file);
+    const Tensor& qkv = checkpoint.get(kSa3SingleFileKey);
     const bool differential = qkv.dim(0) == 5 * qkv.dim(1);
     root = published_layout_dir(differential ? "stable-audio-3-medium" : "stable-audio-3-small-music");
     const sa3::OfficialConfig o = sa3::read_official_config(root + "/model_config.json");
