@@ -47,7 +47,7 @@ class OpInputs {
     const int halves = dt == DType::q4_1 || dt == DType::q5_1 || dt == DType::q4_k || dt == DType::q5_k ? 2 : 1;
     for (size_t b = 0; b < t.nbytes() / bytes; ++b)
       for (int h = 0; h < halves; ++h) {
-        const _Float16 f = _Float16(h == 0 ? d(rng) : std::fabs(d(rng)) / 4);
+        const uint16_t f = test::f16_bits(h == 0 ? d(rng) : std::fabs(d(rng)) / 4);
         std::memcpy(p + b * bytes + at + 2 * h, &f, 2);
       }
     return t;

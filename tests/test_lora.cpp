@@ -196,7 +196,7 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
   {
     const auto [path, r] = with("unknown.safetensors", {{"lora_unet_img_out.lora_down.weight", down},
                                                         {"lora_unet_img_out.lora_up.weight", up}});
-    expect_error([&] { model->generate(r); }, {path, "lora_unet_img_out", "names no module"});
+    expect_error([&, req = r] { model->generate(req); }, {path, "lora_unet_img_out", "names no module"});
   }
   {
     // An adapter for a wider model: up has the wrong out features.
@@ -204,18 +204,18 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
         with("wider.safetensors",
              {{"diffusion_model.img_in.lora_A.weight", down},
               {"diffusion_model.img_in.lora_B.weight", kohya.get("lora_unet_final_layer_linear.lora_up.weight")}});
-    expect_error([&] { model->generate(r); },
+    expect_error([&, req = r] { model->generate(req); },
                  {path, "diffusion_model.img_in.lora_B.weight", "does not fit 'x_embedder.weight'"});
   }
   {
     const auto [path, r] = with("te.safetensors", {{"text_encoder.model.layers.0.mlp.up_proj.lora_A.weight", down}});
-    expect_error([&] { model->generate(r); }, {path, "text_encoder.model.layers.0", "text encoder"});
+    expect_error([&, req = r] { model->generate(req); }, {path, "text_encoder.model.layers.0", "text encoder"});
   }
   {
     const auto [path, r] = with("dora.safetensors", {{"lora_unet_img_in.lora_down.weight", down},
                                                      {"lora_unet_img_in.lora_up.weight", up},
                                                      {"lora_unet_img_in.dora_scale", up}});
-    expect_error([&] { model->generate(r); }, {path, "lora_unet_img_in.dora_scale", "DoRA"});
+    expect_error([&, req = r] { model->generate(req); }, {path, "lora_unet_img_in.dora_scale", "DoRA"});
   }
   {
     // LoKr's Tucker (convolution) core, and a LoKr without its second factor.
@@ -223,9 +223,9 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
     const Tensor& w1 = lokr.get("lycoris_x_embedder.lokr_w1");
     const auto [tucker, t] =
         with("tucker.safetensors", {{"lycoris_x_embedder.lokr_w1", w1}, {"lycoris_x_embedder.lokr_t2", w1}});
-    expect_error([&] { model->generate(t); }, {tucker, "lycoris_x_embedder.lokr_t2", "Tucker"});
+    expect_error([&, req = t] { model->generate(req); }, {tucker, "lycoris_x_embedder.lokr_t2", "Tucker"});
     const auto [half, h] = with("lokr_half.safetensors", {{"lycoris_x_embedder.lokr_w1", w1}});
-    expect_error([&] { model->generate(h); }, {half, "lycoris_x_embedder.lokr_w1", "no lokr_w2_a"});
+    expect_error([&, req = h] { model->generate(req); }, {half, "lycoris_x_embedder.lokr_w1", "no lokr_w2_a"});
     // A LoHa whose second pair has another rank's shapes.
     const SafetensorsFile loha = SafetensorsFile::open(fixture("klein_lora/loha.safetensors"));
     std::vector<NamedTensor> tensors;
@@ -238,7 +238,7 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
   }
   {
     const auto [path, r] = with("half.safetensors", {{"lora_unet_img_in.lora_down.weight", down}});
-    expect_error([&] { model->generate(r); }, {path, "lora_unet_img_in", "no up"});
+    expect_error([&, req = r] { model->generate(req); }, {path, "lora_unet_img_in", "no up"});
   }
   {
     // A truncated file.
@@ -247,7 +247,7 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
     std::ofstream(path, std::ios::binary) << whole.substr(0, whole.size() / 2);
     ImageRequest r = ref.request("none", false);
     r.loras = {{path, 1}};
-    expect_error([&] { model->generate(r); }, {path});
+    expect_error([&, req = r] { model->generate(req); }, {path});
   }
   {
     ImageRequest r = ref.request("none", false), other = r;

@@ -106,20 +106,6 @@ void expect_refused_after_progress(const test::CliRun& r, const std::string& out
   EXPECT_FALSE(fs::exists(out)) << out;
 }
 
-// f32 -> f16 bits for values a bf16 tensor holds; exactness is checked by the caller.
-uint16_t to_f16_bits(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const float a = std::fabs(v);
-  if (a == 0) return uint16_t(sign);
-  if (a < 0x1p-14f) return uint16_t(sign | uint32_t(std::nearbyint(a * 0x1p24f)));  // subnormal
-  int e;
-  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  const uint32_t mant = uint32_t(std::nearbyint((m * 2 - 1) * 1024));
-  return uint16_t(sign | (uint32_t(e - 1 + 15) << 10) | mant);
-}
-
 TEST(Robustness, Fp16WeightsRunAndGiveTheSameImage) {
   const std::string base = temp_out("fp16_base.png"), out = temp_out("fp16.png");
   ASSERT_EQ(test::run_cli(render_args(test::fixture("klein_tiny_a"), base)).status, 0);
@@ -129,7 +115,7 @@ TEST(Robustness, Fp16WeightsRunAndGiveTheSameImage) {
     Tensor h = Tensor::heap(t.shape, DType::f16);
     for (int64_t i = 0; i < t.numel(); ++i) {
       const float v = load_f32(t, i);
-      h.ptr<uint16_t>()[i] = to_f16_bits(v);
+      h.ptr<uint16_t>()[i] = test::f16_bits(v);
       lossless &= f16_to_f32(h.ptr<uint16_t>()[i]) == v;
     }
     return h;

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include <cmath>
@@ -19,6 +20,21 @@
 #include "io/safetensors.h"
 
 namespace apus::test {
+
+// f32 -> f16 bits, rounded to nearest even (normal and subnormal range; a carry out of the
+// mantissa lands in the exponent, as it should). Not _Float16: clang 14 has it on no x86 target.
+inline uint16_t f16_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const float a = std::fabs(v);
+  if (a == 0) return uint16_t(sign);
+  if (a < 0x1p-14f) return uint16_t(sign | uint32_t(std::nearbyint(a * 0x1p24f)));  // subnormal
+  int e;
+  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const uint32_t mant = uint32_t(std::nearbyint((m * 2 - 1) * 1024));
+  return uint16_t(sign | ((uint32_t(e - 1 + 15) << 10) + mant));
+}
 
 // This test process's scratch folder, below the one the run was given (gtest's TempDir():
 // $TEST_TMPDIR, else $TMPDIR, else /tmp): made before any test runs and handed to every later

@@ -288,8 +288,12 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
     refuse(400, e.what(), "format");
   }
   refuse_if_full(m);
-  for (const auto& [file, name] : {std::pair{&init_file, "init_audio"}, std::pair{&inpaint_file, "inpaint_audio"}})
+  // (Not structured bindings: clang 14, the sanitizer builds' compiler, cannot capture them.)
+  for (const auto& clip : {std::pair{&init_file, "init_audio"}, std::pair{&inpaint_file, "inpaint_audio"}}) {
+    const auto* file = clip.first;
+    const char* name = clip.second;
     if (*file) read_field(name, [&] { return probe_audio(**file, name, m.model.audio()->max_seconds()); });
+  }
   // The clips' samples change nothing the engine checks or counts: empty ones stand in for the
   // files, decoded as the job starts.
   AudioRequest counted = r;
