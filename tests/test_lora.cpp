@@ -234,7 +234,7 @@ TEST(Lora, WhatDoesNotFitIsRefusedNamingTheFileAndKey) {
           {std::string("lycoris_x_embedder.") + part, loha.get(std::string("lycoris_x_embedder.") + part)});
     tensors.push_back({"lycoris_x_embedder.hada_w2_b", loha.get("lycoris_x_embedder.hada_w1_a")});
     const auto [odd, o] = with("loha_odd.safetensors", tensors);
-    expect_error([&] { model->generate(o); }, {odd, "lycoris_x_embedder.hada_w2_b", "no LoHa"});
+    expect_error([&, req = o] { model->generate(req); }, {odd, "lycoris_x_embedder.hada_w2_b", "no LoHa"});
   }
   {
     const auto [path, r] = with("half.safetensors", {{"lora_unet_img_in.lora_down.weight", down}});
