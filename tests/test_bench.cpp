@@ -107,7 +107,10 @@ TEST(CalibrationSerial, CeilingIsTheBestLinearRateOfTheSameProcess) {
     auto best_rate = [&](const Tensor& weight) {
       double best = 0;
       for (int i = 0; i < 3; ++i) ops::linear(c, x, weight, nullptr, y);
-      for (int i = 0; i < 10; ++i) {
+      // The best over at least a second of runs, as the calibration takes its best over 0.75 s:
+      // the best of ten alone fell 10.1 % short of it once on a 2-core AMX machine.
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < 10 || std::chrono::steady_clock::now() - start < std::chrono::seconds(1); ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         ops::linear(c, x, weight, nullptr, y);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
