@@ -794,7 +794,7 @@ const std::vector<Target>& targets() {
     {"cuda_f32", DType::f32, false, cuda},
     {"cuda_bf16", DType::bf16, false, cuda},
     {"cuda_bf16_first", DType::bf16, false, cuda, false, {{"cuda.attention", "rows"}, {"cuda.conv", "direct"}}},
-    {"cuda_bf16_flash", DType::bf16, false, cuda, false, {{"cuda.attention", "flash"}}},
+    {"cuda_bf16_products", DType::bf16, false, cuda, false, {{"cuda.attention", "gemm"}}},
 #endif
   };
   return all;

@@ -194,7 +194,7 @@ TEST(SameDecodeLong, ChunkedDecodeAndInferenceNoiseMatchTheOfficialDecodeAudio) 
        {Case{"chunked", true, false}, Case{"noise_chunked", true, true}, Case{"noise_whole", false, true}}) {
     std::vector<TorchGenerator> gens{TorchGenerator(5)};
     sa3::DecodeNoise noise;
-    if (k.noise) noise = {true, 0.1f, &gens};
+    if (k.noise) noise = sa3::DecodeNoise::from(true, 0.1f, gens);
     const Tensor audio = decoder.decode(ctx, latents, 1, k.chunked, noise);
     const auto want = to_f32_vector(ref.get(std::string("long.") + k.name + ".audio"));
     const double err = test::rel_l2(to_f32_vector(audio), want);

@@ -12,7 +12,9 @@
 
 #include "core/dtype.h"
 #include "io/safetensors.h"
+#include "sampling/draws_ahead.h"
 #include "sampling/torch_rng.h"
+#include "test_util.h"
 
 namespace {
 
@@ -132,6 +134,36 @@ TEST(TorchRng, EmptyDrawLeavesStateAlone) {
   a.randn(x.data(), 20);
   b.randn(y.data(), 20);
   EXPECT_EQ(0, std::memcmp(x.data(), y.data(), 20 * sizeof(float)));
+}
+
+// Draws made ahead on their own thread are the generator's own, in order, after the skipped ones,
+// with a budget smaller than one draw (each waits for the previous to be taken) and larger.
+TEST(DrawsAhead, AreTheGeneratorsDrawsAfterTheSkippedOnes) {
+  const uint32_t seed = apus::test::test_seed();
+  const std::vector<int64_t> skip = {5, 70000}, sizes = {17, 100003, 3, 65536};
+  for (const int64_t budget : {int64_t(10), int64_t(1) << 20}) {
+    TorchGenerator direct(seed), source(seed);
+    std::vector<float> scratch(70000);
+    source.randn(scratch.data(), 9);  // the caller's own draws before; the copy starts after them
+    direct.randn(scratch.data(), 9);
+    apus::DrawsAhead ahead(source, skip, sizes, budget);
+    for (const int64_t n : skip) direct.randn(scratch.data(), n);
+    for (const int64_t n : sizes) {
+      std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), -1.0f);
+      direct.randn(want.data(), n);
+      ahead.take(got.data(), n);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), size_t(n) * sizeof(float)))
+          << n << " values, budget " << budget;
+    }
+  }
+}
+
+TEST(DrawsAhead, AnUnplannedDrawIsRefusedAndAnUntakenOneStops) {
+  apus::DrawsAhead ahead(TorchGenerator(1), {}, {100, 200}, 1);
+  std::vector<float> out(300);
+  apus::test::expect_error([&] { ahead.take(out.data(), 99); }, {"draw 1 asked for 99 values, planned 100"});
+  ahead.take(out.data(), 100);
+  // The second draw is never taken: destruction stops the thread without waiting for a taker.
 }
 
 }  // namespace

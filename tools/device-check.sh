@@ -7,7 +7,8 @@
 # 120 s of SA3 medium (synthetic full-size weights made straight into device memory), each stage
 # against its floor, with a trace of one more request; `diffusers` diffusers' own pipelines on the
 # same configs (tools/diffusers_bench.py; its wheels carried in .whl/, see docs/TESTING.md;
-# `diffusers-klein` or `diffusers-sa3` for one); `ab` the CUDA variant knobs A/B'd on SA3 medium.
+# `diffusers-klein` or `diffusers-sa3` for one); `ab` the flash attention A/B'd against the products on
+# both DiTs; `ab-conv` the conv variants on klein's VAE.
 # The lent machine cannot build apus (none of its Debian libraries are there, nothing can be
 # installed): tools/device-bundle.sh, run beforehand on a machine that builds it, leaves the
 # binaries and their libraries in parts under .device/, carried with the call. With the parts
@@ -58,8 +59,10 @@ step() {  # step NAME SECONDS COMMAND...: runs it, logs to $out/NAME.log, notes 
 for s in $steps; do
   case $s in
     tests)
-      step tests 120 "$bin/apus_tests" --gtest_filter='Backends/OpTable.*/cuda_*:Cuda*' --gtest_brief=1
-      grep -E "^\[  FAILED|measure" "$out/tests.log" | head -40 ;;
+      # The op table and the stage tests in two processes: a kernel that faults ends only its own.
+      step tests-ops 120 "$bin/apus_tests" --gtest_filter='Backends/OpTable.*/cuda_*' --gtest_brief=1
+      step tests-stages 120 "$bin/apus_tests" --gtest_filter='Cuda*' --gtest_brief=1
+      grep -hE "^\[  FAILED|measure" "$out/tests-ops.log" "$out/tests-stages.log" | head -40 ;;
     calibrate) step calibrate 45 "$apus" calibrate --device cuda ;;
     klein)
       step klein 150 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 3 \
@@ -73,15 +76,15 @@ for s in $steps; do
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
           step "$s" 150 env PYTHONPATH=/tmp/site python3 tools/diffusers_bench.py --reps 5 ${only:+--only ${only#-}}
       else note "$s: skipped (no .whl/ carried)"; fi ;;
-    ab)  # the CUDA kernels' variants A/B'd where each matters: the flash attention on both models'
-      # DiTs, the conv on klein's VAE (at 512x512: the correct-first conv is slow at 1024)
+    ab)  # the CUDA kernels' variants A/B'd where each matters: the flash attention on both models' DiTs
       step ab-sa3-flash 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
         --ab cuda.attention=flash,gemm --json "$out/sa3-ab-flash.json"
       step ab-klein-flash 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
-        --reps 2 --ab cuda.attention=flash,gemm --json "$out/klein-ab-flash.json"
+        --reps 2 --ab cuda.attention=flash,gemm --json "$out/klein-ab-flash.json" ;;
+    ab-conv)  # the conv on klein's VAE (at 512x512: the correct-first conv is slow at 1024)
       step ab-klein-conv 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 512 -H 512 --steps 4 --reps 1 \
         --ab cuda.conv=gemm,direct --json "$out/klein-ab-conv.json" ;;
-    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab)" >&2; exit 2 ;;
+    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-conv)" >&2; exit 2 ;;
   esac
 done
 echo "== summary"

@@ -37,15 +37,14 @@ namespace {
 // Each sample's next draw of rows x cols normals, laid out [B*rows, cols] (f32, arena), scaled by
 // `scale` factors one after another in fp32 as the reference multiplies them. transposed: the
 // draw fills cols x rows planes (torch's (C, T) order) and lands transposed.
-Tensor draw(Context& c, std::vector<TorchGenerator>& gens, int64_t rows, int64_t cols,
-            std::initializer_list<float> scales, bool transposed) {
-  const int64_t b = int64_t(gens.size());
-  Tensor out = Tensor::in(*c.arena, {b * rows, cols}, DType::f32);
-  for (int64_t s = 0; s < b; ++s) {
+Tensor draw(Context& c, const DecodeNoise& noise, int64_t rows, int64_t cols, std::initializer_list<float> scales,
+            bool transposed) {
+  Tensor out = Tensor::in(*c.arena, {noise.samples * rows, cols}, DType::f32);
+  for (int64_t s = 0; s < noise.samples; ++s) {
     const Tensor plane =
         ops::host_filled(c, {transposed ? cols : rows, transposed ? rows : cols}, DType::f32, [&](Tensor& t) {
           float* p = t.ptr<float>();
-          gens[size_t(s)].randn(p, rows * cols);
+          noise.draw(s, p, rows * cols);
           for (int64_t i = 0; i < rows * cols; ++i)
             for (const float k : scales) p[i] *= k;
         });
@@ -57,6 +56,29 @@ Tensor draw(Context& c, std::vector<TorchGenerator>& gens, int64_t rows, int64_t
 }
 
 }  // namespace
+
+DecodeNoise DecodeNoise::from(bool bottleneck, float mask, std::vector<TorchGenerator>& generators) {
+  DecodeNoise n;
+  n.bottleneck = bottleneck;
+  n.mask = mask;
+  n.samples = int64_t(generators.size());
+  n.draw = [&generators](int64_t s, float* out, int64_t count) { generators[size_t(s)].randn(out, count); };
+  return n;
+}
+
+std::vector<int64_t> same_noise_draws(const SameConfig& config, int64_t frames, bool chunked,
+                                      const DecodeNoise& noise) {
+  // As decode() cuts the latents: whole, or the official chunks.
+  const bool whole = !chunked || frames < kSameChunk;
+  const size_t pieces = whole ? 1 : same_chunks(frames).size();
+  const int64_t n = whole ? frames : kSameChunk;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < pieces; ++i) {
+    if (noise.bottleneck) sizes.push_back(n * config.latent_dim);
+    if (noise.mask > 0) sizes.push_back(n * config.stride * config.dim);
+  }
+  return sizes;
+}
 
 Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, bool chunked,
                            const DecodeNoise& noise) const {
@@ -95,10 +117,10 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   // `stride` copies of the learned placeholder: one gather from [projected rows; placeholder].
   Tensor scaled = Tensor::in(*c.arena, {batch * frames, g.latent_dim}, c.act);
   ops::affine(c, latents, scale_, zeros_, scaled, ops::Rounding::each_step);
-  APUS_CHECK(!noise.any() || int64_t(noise.generators->size()) == batch,
-             "SAME decoder: ", noise.any() ? noise.generators->size() : 0, " noise generators for a batch of ", batch);
+  APUS_CHECK(!noise.any() || noise.samples == batch, "SAME decoder: noise for ", noise.samples, " samples, a batch of ",
+             batch);
   if (noise.any() && noise.bottleneck) {
-    const Tensor n = draw(c, *noise.generators, frames, g.latent_dim, {noise_scale_, 1e-3f}, true);
+    const Tensor n = draw(c, noise, frames, g.latent_dim, {noise_scale_, 1e-3f}, true);
     ops::add_gated(c, scaled, n, nullptr, ops::Rounding::each_step);
   }
   Tensor table = Tensor::in(*c.arena, {batch * frames + 1, d}, c.act);
@@ -114,7 +136,7 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   Tensor x = Tensor::in(*c.arena, {batch * tokens, d}, c.act);
   ops::embedding(c, table, ids, x);
   if (noise.any() && noise.mask > 0) {
-    const Tensor n = draw(c, *noise.generators, frames, g.stride * d, {noise.mask}, false);
+    const Tensor n = draw(c, noise, frames, g.stride * d, {noise.mask}, false);
     Tensor placeholders = x.reshape({batch * frames, group * d}).cols(d, group * d);
     ops::add_gated(c, placeholders, n, nullptr, ops::Rounding::each_step);
   }

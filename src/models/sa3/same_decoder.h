@@ -12,6 +12,8 @@
 // kernel-3 convolution; diffusers' class cannot hold it, so it comes from official checkpoints.
 #include <vector>
 
+#include <functional>
+
 #include "models/sa3/same_transformer.h"
 #include "sampling/torch_rng.h"
 
@@ -23,9 +25,18 @@ namespace apus::sa3 {
 struct DecodeNoise {
   bool bottleneck = false;
   float mask = 0;
-  std::vector<TorchGenerator>* generators = nullptr;  // one per sample; null: no noise
-  bool any() const { return generators && (bottleneck || mask > 0); }
+  // Sample s's next n normals into out: its generator's next torch.randn(n), or the same values
+  // drawn ahead (DrawsAhead). Null: no noise.
+  std::function<void(int64_t s, float* out, int64_t n)> draw;
+  int64_t samples = 0;  // how many samples `draw` has
+  bool any() const { return draw && (bottleneck || mask > 0); }
+  // Noise from one generator per sample.
+  static DecodeNoise from(bool bottleneck, float mask, std::vector<TorchGenerator>& generators);
 };
+
+// The sizes of each sample's decoder draws, in order, for a decode of `frames` latents: what
+// DrawsAhead makes ahead.
+std::vector<int64_t> same_noise_draws(const SameConfig& config, int64_t frames, bool chunked, const DecodeNoise& noise);
 
 class SameDecoder {
  public:

@@ -3,14 +3,14 @@
 // softmax in fp32, probabilities rounded to the activation dtype, P·V summed in fp32; the
 // differential form rounds each term before the difference. NaN propagates as torch's softmax
 // propagates it: a NaN score, or an infinite maximum, makes the row's probabilities NaN (a row
-// that sees no key stays zero). Two kernels (knob cuda.attention):
+// that sees no key stays zero). Three kernels (knob cuda.attention):
+//   flash the default: the scores never written (flash_attention.cu: two passes, the contract's
+//         roundings), bf16 heads of 64 and 128 without softcap or step rounding, bands included;
+//         the rest goes to the products (or, with a band, the rows kernel)
 //   gemm  the scores of a chunk of heads materialised by one cuBLASLt product (tensor cores), a
 //         softmax kernel per row, P·V by a second product; every attention without a band
 //   rows  one thread block per (query row, head), the correct-first kernel: bands, and operands
 //         the products cannot take (head widths off 8 elements, unaligned views)
-//   flash the scores never written (flash_attention.cu), bf16 heads of 64 and 128 without softcap
-//         or step rounding; the others take the products
-// A fused flash-style kernel that never writes the scores is the next step (issue 38).
 #include <algorithm>
 
 #include "core/variants.h"
@@ -21,9 +21,11 @@
 namespace apus::cuda {
 
 Knob attention_knob("cuda.attention",
-                    "attention kernel: scores by cuBLASLt products, one block per query row, or flash (not yet proven "
-                    "on a device)",
-                    {"gemm", "rows", "flash"});
+                    "attention kernel: flash (two passes, the scores never written), scores by cuBLASLt products, "
+                    "or one block per query row",
+                    {"flash", "gemm", "rows"});
+
+enum AttentionChoice { kFlash, kProducts, kRows };
 
 namespace {
 
@@ -228,45 +230,32 @@ void attend_by_products(Context& c, const std::vector<const Tensor*>& qs, const 
     }
 }
 
-// Each term by the flash kernel; two terms (the differential form) into rows of their own, then
-// their difference.
-void attend_by_flash(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks,
-                     const Tensor& v, Tensor& o, const Params& p) {
-  ArenaScope scope(*c.arena);
-  const int64_t rows = p.batch * p.sq, width = p.hq * p.d;
-  Tensor terms[2];
+// Both terms in one launch of the flash kernel.
+void attend_by_flash(const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks, const Tensor& v,
+                     Tensor& o, const Params& p) {
+  FlashParams f{};
   for (int t = 0; t < p.terms; ++t) {
-    FlashParams f{};
-    f.q = qs[size_t(t)]->data;
-    f.k = ks[size_t(t)]->data;
-    f.v = v.data;
-    f.q_stride = qs[size_t(t)]->row_stride();
-    f.k_stride = ks[size_t(t)]->row_stride();
-    f.v_stride = v.row_stride();
-    if (p.terms == 1) {
-      f.o = o.data;
-      f.o_stride = o.row_stride();
-    } else {
-      terms[t] = Tensor::in(*c.arena, {rows, width}, p.dt);
-      f.o = terms[t].data;
-      f.o_stride = width;
-    }
-    f.batch = p.batch;
-    f.sq = p.sq;
-    f.sk = p.sk;
-    f.hq = p.hq;
-    f.hk = p.hk;
-    f.d = p.d;
-    f.scale = p.scale;
-    f.causal = p.causal;
-    f.key_valid = p.key_valid;
-    flash_attention(f);
+    f.q[t] = qs[size_t(t)]->data;
+    f.k[t] = ks[size_t(t)]->data;
+    f.q_stride[t] = qs[size_t(t)]->row_stride();
+    f.k_stride[t] = ks[size_t(t)]->row_stride();
   }
-  if (p.terms > 1) {
-    difference_kernel<<<blocks_for(rows * width), kThreads, 0, stream()>>>(terms[0].data, terms[1].data, o.data, p.dt,
-                                                                           rows, width, o.row_stride());
-    check(cudaGetLastError(), "differential attention launch");
-  }
+  f.v = v.data;
+  f.v_stride = v.row_stride();
+  f.o = o.data;
+  f.o_stride = o.row_stride();
+  f.terms = p.terms;
+  f.batch = p.batch;
+  f.sq = p.sq;
+  f.sk = p.sk;
+  f.hq = p.hq;
+  f.hk = p.hk;
+  f.d = p.d;
+  f.window = p.window;
+  f.scale = p.scale;
+  f.causal = p.causal;
+  f.key_valid = p.key_valid;
+  flash_attention(f);
 }
 
 void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks, const Tensor& v,
@@ -311,13 +300,12 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
   bool aligned = gemm_ready(v, d) && gemm_ready(o, d);
   for (const std::vector<const Tensor*>* side : {&qs, &ks})
     for (const Tensor* t : *side) aligned = aligned && gemm_ready(*t, d);
-  const bool plain = p.window == 0 && p.softcap <= 0 && !p.round_steps;
-  if (attention_knob.value() == 2 && aligned && flash_takes(d, p.dt, plain)) {
-    attention_knob.took(2);
-    return attend_by_flash(c, qs, ks, v, o, p);
+  if (attention_knob.value() == kFlash && aligned && flash_takes(d, p.dt, p.softcap <= 0 && !p.round_steps)) {
+    attention_knob.took(kFlash);
+    return attend_by_flash(qs, ks, v, o, p);
   }
-  const bool products = attention_knob.value() != 1 && p.window == 0 && aligned;
-  attention_knob.took(products ? 0 : 1);
+  const bool products = attention_knob.value() != kRows && p.window == 0 && aligned;
+  attention_knob.took(products ? kProducts : kRows);
   if (products) return attend_by_products(c, qs, ks, v, o, p);
   const int threads = int(std::max<int64_t>(32, std::min<int64_t>(1024, (d + 31) / 32 * 32)));
   const size_t shared = size_t(p.window > 0 ? std::min(p.sk, 2 * p.window + 1) : p.sk) * sizeof(float);

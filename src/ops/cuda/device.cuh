@@ -61,9 +61,9 @@ inline unsigned blocks_for(int64_t n) {
   return unsigned(n <= 0 ? 1 : (n + kThreads - 1) / kThreads < 65535 ? (n + kThreads - 1) / kThreads : 65535);
 }
 
-// f(i) for every i < n.
-template <typename F> __global__ void for_each_index(int64_t n, F f) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) f(i);
+// f(i) for every i < n (Index: int64_t, or uint32_t where n fits).
+template <typename Index, typename F> __global__ void for_each_index(Index n, F f) {
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < n; i += Index(gridDim.x) * blockDim.x) f(i);
 }
 
 }  // namespace apus::cuda

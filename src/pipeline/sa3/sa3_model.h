@@ -22,6 +22,7 @@
 #include "models/sa3/duration_embedder.h"
 #include "models/sa3/lora.h"
 #include "models/sa3/model_config.h"
+#include "sampling/draws_ahead.h"
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/same_encoder.h"
 #include "models/sa3/t5gemma_encoder.h"
@@ -115,6 +116,7 @@ class Sa3Model final : public AudioModel {
     std::vector<float> seconds;
     std::vector<float> sigmas;
     std::vector<TorchGenerator> generators;  // one per sample, as each request alone would draw
+    std::vector<std::unique_ptr<DrawsAhead>> decode_draws;  // on a device: each sample's decoder noise
     Tensor text, duration, latents, noise, velocity, guided_velocity, audio;
     // Audio-to-audio and inpainting: each sample's clip [B, C, frames x 4096] (fp32) and its
     // latents; inpainting's per-latent mask (1: kept from the clip).

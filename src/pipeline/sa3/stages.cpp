@@ -215,8 +215,11 @@ void Sa3Model::decode(Context& c, const sa3::SameDecoder& same, Work& w) const {
     z = Tensor::in(*c.arena, w.latents.shape, c.act);
     ops::copy(c, w.latents, z);
   }
-  // The official decode's noise continues each sample's generator after the sampler's draws.
-  const sa3::DecodeNoise noise{layout_.bottleneck_noise, layout_.mask_noise, &w.generators};
+  // The official decode's noise continues each sample's generator after the sampler's draws
+  // (drawn ahead on a device: initial_noise).
+  sa3::DecodeNoise noise = sa3::DecodeNoise::from(layout_.bottleneck_noise, layout_.mask_noise, w.generators);
+  if (!w.decode_draws.empty())
+    noise.draw = [&w](int64_t s, float* out, int64_t n) { w.decode_draws[size_t(s)]->take(out, n); };
   w.audio = same.decode(c, z, w.batch, w.chunked, noise);
 }
 
@@ -262,6 +265,16 @@ void Sa3Model::initial_noise(Context& c, Work& w, const std::vector<AudioRequest
   w.noise = ops::empty(c, w.latents.shape, DType::f32);
   draw_noise(c, w, w.latents);
   if (w.init || w.inpaint) w.clips = prepare_clips(c, requests, w);
+  // On a device the host would make the decoder's noise while the device waits (millions of
+  // normals a chunk): each sample's is drawn ahead, past the sampler's draws, while the text
+  // encoder and the DiT run. On the CPU the cores are busy with the model: nothing to gain.
+  const sa3::DecodeNoise noise = sa3::DecodeNoise::from(layout_.bottleneck_noise, layout_.mask_noise, w.generators);
+  if (!device_ || !noise.any()) return;
+  const std::vector<int64_t> sampler(layout_.euler ? 0 : w.sigmas.size() - 1, dit_cfg_.io_channels * w.canvas.frames);
+  const std::vector<int64_t> decoder = sa3::same_noise_draws(same_cfg_, w.canvas.frames, w.chunked, noise);
+  constexpr int64_t kBudget = int64_t(128) << 20;  // values (512 MiB) waiting at most, per sample
+  for (const TorchGenerator& g : w.generators)
+    w.decode_draws.push_back(std::make_unique<DrawsAhead>(g, sampler, decoder, kBudget));
 }
 
 std::vector<std::unique_ptr<Part<Sa3Model::Work>>> Sa3Model::make_parts() const {
