@@ -795,6 +795,7 @@ const std::vector<Target>& targets() {
     {"cuda_bf16", DType::bf16, false, cuda},
     {"cuda_bf16_first", DType::bf16, false, cuda, false, {{"cuda.attention", "rows"}, {"cuda.conv", "direct"}}},
     {"cuda_bf16_products", DType::bf16, false, cuda, false, {{"cuda.attention", "gemm"}}},
+    {"cuda_bf16_flash_lean", DType::bf16, false, cuda, false, {{"cuda.flash_code", "lean"}}},
 #endif
   };
   return all;

@@ -8,7 +8,8 @@
 # against its floor, with a trace of one more request; `diffusers` diffusers' own pipelines on the
 # same configs (tools/diffusers_bench.py; its wheels carried in .whl/, see docs/TESTING.md;
 # `diffusers-klein` or `diffusers-sa3` for one); `ab` the flash attention A/B'd against the products on
-# both DiTs; `ab-conv` the conv variants on klein's VAE.
+# both DiTs; `ab-lean` the flash kernel's lean element code against the proven one; `ab-conv` the
+# conv variants on klein's VAE.
 # The lent machine cannot build apus (none of its Debian libraries are there, nothing can be
 # installed): tools/device-bundle.sh, run beforehand on a machine that builds it, leaves the
 # binaries and their libraries in parts under .device/, carried with the call. With the parts
@@ -81,10 +82,15 @@ for s in $steps; do
         --ab cuda.attention=flash,gemm --json "$out/sa3-ab-flash.json"
       step ab-klein-flash 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
         --reps 2 --ab cuda.attention=flash,gemm --json "$out/klein-ab-flash.json" ;;
+    ab-lean)  # the flash kernel's lean element code against the proven one (bit-identical outputs expected)
+      step ab-sa3-lean 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
+        --ab cuda.flash_code=lean,branches --json "$out/sa3-ab-lean.json"
+      step ab-klein-lean 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
+        --reps 2 --ab cuda.flash_code=lean,branches --json "$out/klein-ab-lean.json" ;;
     ab-conv)  # the conv on klein's VAE (at 512x512: the correct-first conv is slow at 1024)
       step ab-klein-conv 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 512 -H 512 --steps 4 --reps 1 \
         --ab cuda.conv=gemm,direct --json "$out/klein-ab-conv.json" ;;
-    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-conv)" >&2; exit 2 ;;
+    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-lean ab-conv)" >&2; exit 2 ;;
   esac
 done
 echo "== summary"

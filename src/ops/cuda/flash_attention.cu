@@ -18,13 +18,22 @@
 // from a 64-bit mask of the tile's keys; the differential form runs both terms in one block,
 // each rounded before the difference. A NaN score or an infinite maximum makes the row NaN; a row
 // that sees no key is zero.
+#include "core/variants.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
 #include "ops/cuda/flash_attention.h"
 
 namespace apus::cuda {
 
+Knob flash_code_knob("cuda.flash_code",
+                     "the flash kernel's element code: masks and live rows by branches, K's fragments by 32-bit "
+                     "shared loads (proven on the H200, session 22), or by selects and ldmatrix (prepared without "
+                     "a device)",
+                     {"branches", "lean"});
+
 namespace {
+
+enum FlashCode { kBranches, kLean };
 
 constexpr int kRows = 64, kKeys = 64, kWarps = 4, kStages = 2;
 
@@ -44,7 +53,16 @@ __device__ inline void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four 8x8 bf16 matrices from shared memory, transposed: lane t names row t % 8 of matrix t / 8.
+// Four 8x8 bf16 matrices from shared memory: lane t names row t % 8 of matrix t / 8 and receives
+// row t / 4, columns 2 (t % 4) and the next, of each.
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  const auto at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(at));
+}
+
+// The same, transposed: lane t receives rows 2 (t % 4) and the next, column t / 4.
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* row) {
   const auto at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -97,7 +115,7 @@ struct TileMask {
   int rel[2];     // each row's index less k0, clamped (causal and band tests in 32 bits)
 };
 
-template <int D> struct Block {
+template <int D, bool Lean> struct Block {
   const FlashParams& p;
   Tiles<D>& sh;
   Lane t;
@@ -129,6 +147,20 @@ template <int D> struct Block {
     return m;
   }
 
+  // Bits 0..hi set (none for hi < 0, all from 63).
+  __device__ static uint64_t upto(int hi) { return hi < 0 ? 0 : hi >= 63 ? ~uint64_t(0) : (uint64_t(2) << hi) - 1; }
+
+  // The keys of the tile row r of the thread sees, as bits (the lean code's one test per key).
+  __device__ uint64_t row_keys(const TileMask& m, int r) const {
+    uint64_t bits = m.keys;
+    if (p.causal) bits &= upto(m.rel[r]);
+    if (p.window > 0) {
+      const int w = int(min(p.window, int64_t(1) << 24));
+      bits &= upto(m.rel[r] + w) & ~upto(m.rel[r] - w - 1);
+    }
+    return bits;
+  }
+
   // Whether row r of the thread sees key j of the tile.
   __device__ bool sees(const TileMask& m, int r, int j) const {
     if (!((m.keys >> j) & 1) || (p.causal && j > m.rel[r])) return false;
@@ -142,12 +174,25 @@ template <int D> struct Block {
 #pragma unroll
     for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
+    for (int kk = 0; kk < D / 16; ++kk) {
+      if constexpr (Lean) {
+        // Two slices' B fragments (8 keys x 16 of the width each) by one ldmatrix.
+        const int key = (t.lane >> 4) * 8 + (t.lane & 7), at = kk * 16 + ((t.lane >> 3) & 1) * 8;
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        const __nv_bfloat16* krow = sh.k[stage][n * 8 + t.group] + kk * 16 + t.col;
-        mma(s[n], qf[kk], pair(krow), pair(krow + 8));
+        for (int n = 0; n < kKeys / 8; n += 2) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, &sh.k[stage][n * 8 + key][at]);
+          mma(s[n], qf[kk], kb[0], kb[1]);
+          mma(s[n + 1], qf[kk], kb[2], kb[3]);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+          const __nv_bfloat16* krow = sh.k[stage][n * 8 + t.group] + kk * 16 + t.col;
+          mma(s[n], qf[kk], pair(krow), pair(krow + 8));
+        }
       }
+    }
   }
 
   // One term: the output rows, rounded to bf16 as floats, into out (NaN for a poisoned row).
@@ -187,12 +232,17 @@ template <int D> struct Block {
       const TileMask mk = mask(stage, k0);
       scores(qf, stage, s);
       float tile_max[2] = {-INFINITY, -INFINITY};
+      uint64_t seen[2] = {0, 0};  // the lean code's keys seen, from the thread's first column
+      if constexpr (Lean)
+        for (int r = 0; r < 2; ++r) seen[r] = row_keys(mk, r) >> t.col;
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2;
-          const float x = mk.open || sees(mk, r, n * 8 + t.col + e % 2) ? s[n][e] * p.scale : -INFINITY;
+          const float scaled = s[n][e] * p.scale;
+          const float x = Lean ? ((seen[r] >> (n * 8 + e % 2)) & 1 ? scaled : -INFINITY)
+                               : (mk.open || sees(mk, r, n * 8 + t.col + e % 2) ? scaled : -INFINITY);
           s[n][e] = x;
           nan[r] = nan[r] || isnan(x);
           tile_max[r] = fmaxf(tile_max[r], x);
@@ -220,6 +270,14 @@ template <int D> struct Block {
       poisoned[r] = nan[r] || m[r] == INFINITY;
       inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     }
+    // Rows whose probabilities pass 2 computes (not poisoned, some key seen), and the maximum
+    // each subtracts (0 for the others, whose exponentials are selected away unread).
+    bool live[2];
+    float shift[2];
+    for (int r = 0; r < 2; ++r) {
+      live[r] = !poisoned[r] && m[r] != -INFINITY;
+      shift[r] = live[r] ? m[r] : 0.0f;
+    }
     // Pass 2: the probabilities rounded to bf16 as the reference rounds them, times V.
     float o[D / 8][4];
 #pragma unroll
@@ -236,13 +294,22 @@ template <int D> struct Block {
       __syncthreads();
       const TileMask mk = mask(stage, k0);
       scores(qf, stage, s);
+      uint64_t seen[2] = {0, 0};
+      if constexpr (Lean)
+        for (int r = 0; r < 2; ++r) seen[r] = live[r] ? row_keys(mk, r) >> t.col : 0;
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2;
-          const bool seen = mk.open || sees(mk, r, n * 8 + t.col + e % 2);
-          s[n][e] = seen && !poisoned[r] && m[r] != -INFINITY ? expf(s[n][e] * p.scale - m[r]) * inv[r] : 0.0f;
+          if constexpr (Lean) {
+            // Every exponential computed and the masked ones selected away: no branch per key.
+            const float prob = expf(s[n][e] * p.scale - shift[r]) * inv[r];
+            s[n][e] = (seen[r] >> (n * 8 + e % 2)) & 1 ? prob : 0.0f;
+          } else {
+            const bool seen = mk.open || sees(mk, r, n * 8 + t.col + e % 2);
+            s[n][e] = seen && !poisoned[r] && m[r] != -INFINITY ? expf(s[n][e] * p.scale - m[r]) * inv[r] : 0.0f;
+          }
         }
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
@@ -267,11 +334,11 @@ template <int D> struct Block {
   }
 };
 
-template <int D, int Terms> __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 3 : 2)
+template <int D, int Terms, bool Lean> __global__ void __launch_bounds__(kWarps * 32, D == 64 ? 3 : 2)
     flash_kernel(FlashParams p) {
   extern __shared__ __align__(128) unsigned char raw[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  Block<D> blk{p, *reinterpret_cast<Tiles<D>*>(raw)};
+  Block<D, Lean> blk{p, *reinterpret_cast<Tiles<D>*>(raw)};
   blk.t.lane = lane;
   blk.t.group = lane / 4;
   blk.t.col = lane % 4 * 2;
@@ -304,20 +371,20 @@ template <int D, int Terms> __global__ void __launch_bounds__(kWarps * 32, D == 
   }
 }
 
-template <int D, int Terms> void launch(const FlashParams& p) {
+template <int D, int Terms, bool Lean> void launch(const FlashParams& p) {
   const size_t shared = sizeof(Tiles<D>);
   static const bool opted = [&] {
-    check(cudaFuncSetAttribute(flash_kernel<D, Terms>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
+    check(cudaFuncSetAttribute(flash_kernel<D, Terms, Lean>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
           "flash attention shared memory");
     // All of the SM's L1 as shared memory: the default split may fit one block of 88 KiB per SM.
-    check(cudaFuncSetAttribute(flash_kernel<D, Terms>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    check(cudaFuncSetAttribute(flash_kernel<D, Terms, Lean>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                int(cudaSharedmemCarveoutMaxShared)),
           "flash attention shared memory carveout");
     return true;
   }();
   (void)opted;
   const dim3 grid(unsigned((p.sq + kRows - 1) / kRows), unsigned(p.hq), unsigned(p.batch));
-  flash_kernel<D, Terms><<<grid, kWarps * 32, shared, stream()>>>(p);
+  flash_kernel<D, Terms, Lean><<<grid, kWarps * 32, shared, stream()>>>(p);
   check(cudaGetLastError(), "flash attention launch");
 }
 
@@ -328,8 +395,14 @@ bool flash_takes(int64_t head_dim, DType dt, bool plain) {
 }
 
 void flash_attention(const FlashParams& p) {
-  if (p.d == 64) return p.terms > 1 ? launch<64, 2>(p) : launch<64, 1>(p);
-  p.terms > 1 ? launch<128, 2>(p) : launch<128, 1>(p);
+  const bool lean = flash_code_knob.value() == kLean;
+  flash_code_knob.took(lean ? kLean : kBranches);
+  if (p.d == 64) {
+    if (p.terms > 1) return lean ? launch<64, 2, true>(p) : launch<64, 2, false>(p);
+    return lean ? launch<64, 1, true>(p) : launch<64, 1, false>(p);
+  }
+  if (p.terms > 1) return lean ? launch<128, 2, true>(p) : launch<128, 2, false>(p);
+  lean ? launch<128, 1, true>(p) : launch<128, 1, false>(p);
 }
 
 }  // namespace apus::cuda
