@@ -142,6 +142,34 @@ void check_output(const std::string& out, int batch) {
   for (int i = 0; i < batch; ++i) apus::check_writable(output_name(out, i, batch));
 }
 
+// The lower-cased extension of a file name, with its dot ("" when it has none).
+std::string extension_of(const std::string& path) {
+  const size_t dot = path.rfind('.'), slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return "";
+  std::string ext = path.substr(dot);
+  for (char& ch : ext) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return ext;
+}
+
+// `apus image` writes PNG (the parameters in a tEXt chunk, as AUTOMATIC1111 reads them): a name
+// promising another format is refused rather than filled with PNG bytes.
+void check_image_output(const std::string& out) {
+  APUS_CHECK(extension_of(out) == ".png", "-o ", out, ": apus image writes PNG files; name the output .png");
+}
+
+// The audio format to write: --format's when given (its extension must agree), else the one -o's
+// extension names.
+std::string audio_format_for(const std::string& out, const std::string& format) {
+  const std::string ext = extension_of(out);
+  const std::string implied = ext == ".flac" ? "flac" : ext == ".wav" ? "wav" : "";
+  APUS_CHECK(!implied.empty(), "-o ", out, ": apus audio writes .wav or .flac files");
+  if (format.empty()) return implied;
+  apus::parse_audio_format(format);  // names the formats when this one is none of them
+  APUS_CHECK((format == "flac") == (implied == "flac"), "--format ", format, " and -o ", out,
+             ": the file's extension names another format");
+  return format;
+}
+
 // The value of an option given on the command line; absent otherwise, which the engine reads as
 // the model's default.
 template <typename T> std::optional<T> if_given(const CLI::Option* option, const T& value) {
@@ -189,12 +217,23 @@ const char* const kDeviceHelp = "cpu, or cuda[:N] where the build has the CUDA b
 const char* const kModelHelp =
     "a diffusers folder, a cached ORG/NAME, or one transformer file (BFL or ComfyUI safetensors, GGUF; for audio the "
     "official keys' safetensors or sa3.cpp's DiT GGUF)";
+const char* const kImageModelHelp =
+    "a diffusers folder, a cached ORG/NAME, or one transformer file (BFL or ComfyUI safetensors, GGUF)";
+
+// Which family's files a command's part options describe: `image` and `audio` take one family,
+// the tools (serve, bench, roofline, gate) either.
+enum class Family { image, audio, either };
 
 // The parts a single-file --model needs beside it (or that replace a folder's).
-void add_part_options(CLI::App* app, apus::ModelParts& parts) {
-  app->add_option("--text-encoder", parts.text_encoder,
-                  "the text encoder as one file (transformers' names, or llama.cpp's GGUF)");
-  app->add_option("--vae", parts.vae, "the VAE as one file (diffusers' or BFL's names; sa3.cpp's SAME GGUF)");
+void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Family::either) {
+  const char* const text_encoder[] = {"Qwen3, the text encoder, as one file (transformers' names, or llama.cpp's GGUF)",
+                                      "T5Gemma, the text encoder, as one file (transformers' names, or sa3.cpp's GGUF)",
+                                      "the text encoder as one file (transformers' names, or llama.cpp's GGUF)"};
+  const char* const vae[] = {"the VAE as one file (diffusers' or BFL's names)",
+                             "SAME, the autoencoder, as one file (sa3.cpp's SAME GGUF)",
+                             "the VAE as one file (diffusers' or BFL's names; sa3.cpp's SAME GGUF)"};
+  app->add_option("--text-encoder", parts.text_encoder, text_encoder[int(family)]);
+  app->add_option("--vae", parts.vae, vae[int(family)]);
   app->add_option("--tokenizer", parts.tokenizer,
                   "the tokenizer: a folder holding tokenizer.json, the file itself, or a GGUF carrying one "
                   "(a text encoder GGUF's own is used when this is absent)");
@@ -231,8 +270,8 @@ Command image_command(CLI::App& app) {
   };
   const auto o = std::make_shared<Options>();
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
-  image->add_option("--model", o->parts.model, kModelHelp)->required();
-  add_part_options(image, o->parts);
+  image->add_option("--model", o->parts.model, kImageModelHelp)->required();
+  add_part_options(image, o->parts, Family::image);
   image->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
   o->width_opt = image->add_option("--width,-W", o->width,
                                    "image width, a multiple of 16 (default: the first --image's, or 1024)");
@@ -251,14 +290,14 @@ Command image_command(CLI::App& app) {
       image->add_option("--reference", o->inpaint_reference, "inpainting: a reference image for the repainted area");
   o->negative_opt = image->add_option("--negative-prompt", o->negative,
                                       "guidance's unconditional prompt (-base models; default \"\")");
-  o->seed_opt = image->add_option("--seed,-s", o->seed, "seed of torch's CPU generator");
+  o->seed_opt = image->add_option("--seed,-s", o->seed, "seed of torch's CPU generator")->type_name("UINT64");
   o->noise_opt =
       image->add_option("--noise", o->req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
   image->add_option("--precision", o->precision, "bf16 (as the official pipeline) or fp32 (parity)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   image->add_option("--batch,-n", o->batch,
                     "images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)");
-  image->add_option("-o,--output", o->out, "output PNG");
+  image->add_option("-o,--output", o->out, "output PNG (out.png); -n adds -1, -2, ... before .png");
   image->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
   o->trace_opt = image->add_option("--trace", o->trace,
                                    "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
@@ -296,6 +335,7 @@ Command image_command(CLI::App& app) {
             // -n as the engine takes a batch, before any output name is tried.
             const std::vector<apus::ImageRequest> requests = apus::batch_of(req, o->batch);
             check_output(o->out, o->batch);
+            check_image_output(o->out);
             if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
             return run_image(o->parts, requests, o->out, o->verbose, o->trace, o->device);
           }};
@@ -312,7 +352,8 @@ Command audio_command(CLI::App& app) {
     double init_noise_level = apus::kDefaultInitNoiseLevel;
     std::vector<double> inpaint_starts, inpaint_ends;
     std::vector<std::string> loras;
-    CLI::Option *seed_opt, *negative_opt, *init_audio_opt, *init_level_opt, *inpaint_audio_opt, *trace_opt;
+    CLI::Option *seed_opt, *negative_opt, *init_audio_opt, *init_level_opt, *inpaint_audio_opt, *trace_opt, *format_opt,
+        *out_opt;
   };
   const auto o = std::make_shared<Options>();
   auto* audio = app.add_subcommand("audio", "generate a clip from a prompt (Stable Audio 3)");
@@ -321,14 +362,15 @@ Command audio_command(CLI::App& app) {
                    "model directory: the published layout (model_config.json) or diffusers' folders; or one "
                    "checkpoint file under the official keys (ComfyUI's stable_audio_3_*.safetensors)")
       ->required();
-  add_part_options(audio, o->parts);
+  add_part_options(audio, o->parts, Family::audio);
   audio->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
   audio->add_option("--seconds", o->req.seconds, "clip length (up to 380 s medium, 120 s small)");
   audio->add_option("--steps", o->req.steps, "sampling steps (8 for the distilled models)");
-  o->seed_opt = audio->add_option("--seed,-s", o->seed, "seed of torch's CPU generator");
+  o->seed_opt = audio->add_option("--seed,-s", o->seed, "seed of torch's CPU generator")->type_name("UINT64");
   audio->add_option("--precision", o->precision, "bf16 (fast) or fp32 (the official CPU run)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  audio->add_option("--format", o->format, "wav (16-bit), wav-float or flac");
+  o->format_opt = audio->add_option("--format", o->format,
+                                    "wav (16-bit), wav-float or flac (default: from -o's extension, .wav or .flac)");
   audio->add_option("--cfg", o->req.cfg, "classifier-free guidance scale (1: off, the default; ~7 for -base models)");
   audio->add_option("--apg", o->req.apg, "adaptive projected guidance share, 0..1 (1: the official default)");
   o->negative_opt =
@@ -348,7 +390,8 @@ Command audio_command(CLI::App& app) {
                    "chunked (the official 128-latent chunks) or whole; default: the model's config")
       ->check(CLI::IsMember({"chunked", "whole"}));
   audio->add_option("--batch,-n", o->batch, "clips generated together, seeds seed, seed+1, ...");
-  audio->add_option("-o,--output", o->out, "output file");
+  o->out_opt =
+      audio->add_option("-o,--output", o->out, "output file, .wav or .flac (out.wav; out.flac with --format flac)");
   audio->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
   o->trace_opt = audio->add_option("--trace", o->trace,
                                    "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
@@ -382,7 +425,9 @@ Command audio_command(CLI::App& app) {
             // -n as the engine takes a batch, before any output name is tried; the clips join
             // each request once the model is open.
             std::vector<apus::AudioRequest> requests = apus::batch_of(req, o->batch);
+            if (!*o->out_opt && o->format == "flac") o->out = "out.flac";
             check_output(o->out, o->batch);
+            o->format = audio_format_for(o->out, *o->format_opt ? o->format : "");
             if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
             return run_audio(o->parts, std::move(requests), clips, o->out, o->format, o->verbose, o->trace, o->device);
           }};
@@ -401,7 +446,7 @@ Command synth_command(CLI::App& app) {
                     ->check(CLI::ExistingDirectory);
   model_opt->excludes(o->like_opt);
   synth->add_option("--out", o->out, "output directory")->required();
-  synth->add_option("--seed", o->seed, "weight seed");
+  synth->add_option("--seed", o->seed, "weight seed")->type_name("UINT64");
   return {synth, [o] {
             if (*o->like_opt) apus::synth_checkpoint(o->like, o->out, parse_seed(o->seed), say);
             else apus::synth_published(o->model, o->out, parse_seed(o->seed), say);
@@ -739,6 +784,12 @@ Command gate_command(CLI::App& app) {
 
 int main(int argc, char** argv) {
   CLI::App app{"apus: diffusion transformers on one device"};
+#if APUS_HAS_CUDA
+  const char* const backends = " (CPU and CUDA backends)";
+#else
+  const char* const backends = " (CPU backend)";
+#endif
+  app.set_version_flag("--version", std::string("apus ") + APUS_VERSION + backends);
   app.require_subcommand(1);
   const Command commands[] = {image_command(app),     audio_command(app), synth_command(app), pull_command(app),
                               calibrate_command(app), serve_command(app), bench_command(app), report_command(app),

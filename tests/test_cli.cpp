@@ -314,6 +314,29 @@ TEST(Cli, BatchWritesOneFilePerSeedEachAsItsOwnRun) {
   for (const char* f : {"apus_batch-1.png", "apus_batch-2.png", "apus_single.png"}) std::filesystem::remove(dir + f);
 }
 
+// The format written is the one the output's name promises: -o x.flac writes FLAC without --format
+// (it used to write a WAV under that name), -o x.wav a WAV.
+TEST(Cli, AudioFormatFollowsTheOutputsExtension) {
+  const std::string dir = ::testing::TempDir();
+  for (const auto& [name, magic] : {std::pair{"apus_ext.flac", "fLaC"}, std::pair{"apus_ext.wav", "RIFF"}}) {
+    const test::CliRun r =
+        test::run_cli("audio --model " + test::official_dir() + " -p hi --seconds 1 --seed 3 -o " + dir + name);
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::ifstream f(dir + name, std::ios::binary);
+    char head[4] = {};
+    f.read(head, 4);
+    EXPECT_EQ(std::string(head, 4), magic) << name;
+    std::filesystem::remove(dir + name);
+  }
+}
+
+TEST(Cli, VersionNamesTheReleaseAndBackends) {
+  const test::CliRun r = test::run_cli("--version");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("apus 0.", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("backend"), std::string::npos) << r.output;
+}
+
 TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
   const std::string model = test::fixture("klein_tiny_a");
   std::string long_prompt;  // digits tokenise one by one: well over 512 tokens
@@ -345,6 +368,13 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
        "cannot create a file in /nonexistent-dir/"},
       {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(),
        "is a directory, not a regular file"},
+      // An output name promising another format than the one written.
+      {"image --model " + model + " --prompt hi -o " + ::testing::TempDir() + "apus_x.jpg",
+       "apus_x.jpg: apus image writes PNG files"},
+      {"audio --model /x --prompt hi -o " + ::testing::TempDir() + "apus_x.mp3", "apus_x.mp3: apus audio writes .wav"},
+      {"audio --model /x --prompt hi --format flac -o " + ::testing::TempDir() + "apus_x.wav",
+       "--format flac and -o " + ::testing::TempDir() + "apus_x.wav: the file's extension names another format"},
+      {"audio --model /x --prompt hi --format ogg", "audio format 'ogg' is not one of wav, wav-float, flac"},
   };
   for (const auto& c : cases) {
     const test::CliRun r = test::run_cli(c.args);
