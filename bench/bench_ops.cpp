@@ -70,6 +70,20 @@ BENCHMARK(BM_LinearWidened)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The same with apus's AVX2 kernel (cpu.widened_gemm=avx2, the default on CPUs without AVX-512):
+// beside BM_LinearWidened under ONEDNN_MAX_CPU_ISA=AVX2, what an AVX2-only CPU runs either way.
+void BM_LinearWidenedAvx2(benchmark::State& st) {
+  Knob& kernel = find_knob("cpu.widened_gemm");
+  kernel.set(kernel.index_of("avx2"));
+  BM_LinearWidened(st);
+  kernel.set(0);
+}
+BENCHMARK(BM_LinearWidenedAvx2)
+    ->Args({1024, 3072, 3072})
+    ->Args({452, 1536, 7680})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // A linear whose weights run as stored (GGUF blocks, fp8 e4m3): what the panel-wise expansion costs
 // over bf16 weights at klein's 1024 x 3072 x 3072. args: tokens, in, out, DType, panel size (the
 // cpu.linear_panel_mb choice: 0 the default 32 MiB, 1 8 MiB, 2 2 MiB). Random bytes with

@@ -788,6 +788,7 @@ const std::vector<Target>& targets() {
     {"cpu_f32", DType::f32, false, cpu},
     {"cpu_bf16", DType::bf16, false, cpu},
     {"cpu_bf16_widened", DType::bf16, true, cpu},
+    {"cpu_bf16_widened_avx2", DType::bf16, true, cpu, false, {{"cpu.widened_gemm", "avx2"}}},
     {"cpu_bf16_panels", DType::bf16, false, cpu, true},
     {"shadow_f32", DType::f32, false, shadow},
 #if APUS_HAS_CUDA

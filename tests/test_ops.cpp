@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/variants.h"
 #include "op_bounds.h"
 #include "op_inputs.h"
 #include "ops/backend.h"
@@ -337,6 +338,40 @@ TEST_P(Ops, F16WeightsReadExactly) {
 // silu(x) = x / (1 + exp(-x)) inherits the exp's relative error where exp(-x) dominates (x < 0),
 // so this bounds the vectorised exp over the whole clamped range. With ln2's low part applied
 // before its high part the worst case is ~60 ulp; in the right order a few.
+// The widened GEMM (CPUs without bf16 dot products) computes each row from that row alone: a batch
+// must equal its requests run one by one, and threads must not move bits. Both kernels, at shapes
+// off every block size (rows past a 6-row micro-panel and a 72-row block, columns past a 16-wide
+// panel, an inner dimension past a 256 block), with a bias.
+TEST(WidenedGemm, ARowsBitsDoNotDependOnTheRowsBesideIt) {
+  Knob& native = find_knob("cpu.native_bf16");
+  Knob& kernel = find_knob("cpu.widened_gemm");
+  native.set(native.index_of("off"));
+  const int64_t m = 150, k = 300, n = 70;
+  for (const char* choice : {"onednn", "avx2"}) {
+    if (std::string(choice) == "avx2" && !cpu::sgemm_avx2_supported()) continue;
+    SCOPED_TRACE(choice);
+    kernel.set(kernel.index_of(choice));
+    test::OpInputs in(DType::bf16);
+    Arena arena;
+    Context ctx{&arena, DType::bf16};
+    const Tensor x = in.random({m, k}), w = in.random({n, k}, 0.1f), bias = in.random({n});
+    Tensor all = in.poisoned({m, n});
+    ops::linear(ctx, x, w, &bias, all);
+    const std::vector<float> want = to_f32_vector(all);
+    for (const int64_t rows : {int64_t(1), int64_t(7), int64_t(64), int64_t(73)})
+      for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        const int64_t r1 = std::min(m, r0 + rows);
+        Tensor part = in.poisoned({r1 - r0, n});
+        ops::linear(ctx, x.rows(r0, r1), w, &bias, part);
+        const std::vector<float> got = to_f32_vector(part);
+        ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin() + r0 * n))
+            << "rows " << r0 << ".." << r1 << " in calls of " << rows;
+      }
+  }
+  kernel.set(0);
+  native.set(0);
+}
+
 TEST(OpsRows, SiluAndItsExpStayWithinAFewUlp) {
   const int64_t n = 200001;
   std::vector<float> x(static_cast<size_t>(n)), y;

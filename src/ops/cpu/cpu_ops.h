@@ -1,13 +1,18 @@
 #pragma once
 // The CPU backend: every op of ops/op_list.h (backend.cpp puts them behind the Backend interface).
 // Files: linear (oneDNN matmul), conv (oneDNN), attention, norm, elementwise.
-#include "ops/ops.h"
 #include "core/variants.h"
+#include "ops/ops.h"
 
 namespace apus::cpu {
 
 // C[M,N] = A[M,K] · B (+ bias) through oneDNN; B is given by its strides (row-major [K,N] or a
 // transposed [N,K] weight); all strides in elements; fp32 accumulation.
+// The widened GEMM on AVX2 and FMA (sgemm.cpp): c = a · b + bias in f32, every output one FMA chain
+// over k in order (a row's bits independent of the rows beside it and of the threads).
+bool sgemm_avx2_supported();
+void sgemm_avx2(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n,
+                const Tensor* bias, Tensor& c, int64_t k, int64_t n);
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, const Tensor* bias,
           Tensor& c, int64_t k, int64_t n);
 
@@ -17,13 +22,15 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
 bool exact_int8_products();
 
 // The CPU backend's variant knobs (core/variants.h), read at each call.
-extern Knob native_bf16_knob;      // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
-extern Knob conv_layout_knob;      // "blocked" (oneDNN's own layout) or "plain" (NCHW)
-extern Knob attention_block_knob;  // query rows per attention task
-extern Knob band_attention_knob;   // "auto" (direct unless AMX), "direct" (AVX512-BF16, over each row's own keys) or "tiles" (GEMM)
+extern Knob native_bf16_knob;       // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
+extern Knob conv_layout_knob;       // "blocked" (oneDNN's own layout) or "plain" (NCHW)
+extern Knob attention_block_knob;   // query rows per attention task
+extern Knob band_attention_knob;    // "auto" (direct unless AMX), "direct" (AVX512-BF16, over each row's own keys) or
+                                    // "tiles" (GEMM)
 extern Knob attention_kernel_knob;  // the same choices for attention without a band
-extern Knob linear_panel_mb_knob;  // MiB of expanded weights a stored format's panel holds: "32" (the default), "8", "2"
-extern Knob linear_panels_knob;    // "whole", or "panels": weights in the activation dtype split as stored formats'
+extern Knob
+    linear_panel_mb_knob;        // MiB of expanded weights a stored format's panel holds: "32" (the default), "8", "2"
+extern Knob linear_panels_knob;  // "whole", or "panels": weights in the activation dtype split as stored formats'
 
 APUS_DECLARE_OPS
 

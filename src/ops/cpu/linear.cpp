@@ -59,7 +59,30 @@ bool native_bf16() {
   return native;
 }
 
+Knob widened_gemm_knob("cpu.widened_gemm",
+                       "the widened (f32) GEMM: auto (apus's AVX2 kernel unless the CPU has AVX-512), apus's AVX2 "
+                       "kernel over weights packed once per call, or oneDNN's sgemm on single-threaded 64-row tiles",
+                       {"auto", "avx2", "onednn"});
+
 namespace {
+
+enum WidenedGemm { kAuto, kOwnAvx2, kOneDnnTiles };
+
+// The AVX2 kernel where the knob asks for it, or by default on CPUs without AVX-512 (where
+// oneDNN's tiles ran at 0.5-0.65x OpenBLAS; with AVX-512 oneDNN's wider kernel is the better one).
+bool widened_by_sgemm_avx2() {
+  if (!sgemm_avx2_supported()) return false;
+  switch (widened_gemm_knob.value()) {
+    case kOwnAvx2:
+      return true;
+    case kOneDnnTiles:
+      return false;
+    default: {
+      static const bool avx512 = __builtin_cpu_supports("avx512f");
+      return !avx512;
+    }
+  }
+}
 
 // n contiguous elements of a float dtype as f32, by the vectorised row kernels.
 void widen_row(const void* p, DType dt, float* out, int64_t n) {
@@ -95,7 +118,12 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
   using namespace dnnl;
   using dims = memory::dims;
   const int64_t m = a.shape[0];
+  if (!native_bf16() && !omp_in_parallel() && m > 0 && n > 0 && widened_by_sgemm_avx2()) {
+    widened_gemm_knob.took(kOwnAvx2);
+    return sgemm_avx2(a, b, b_type, b_stride_k, b_stride_n, bias, c, k, n);
+  }
   if (!native_bf16() && !omp_in_parallel() && m > 0 && n > 0) {
+    widened_gemm_knob.took(kOneDnnTiles);
     // Without AVX512-BF16 oneDNN runs its sgemm, whose summation order depends on the call's shape
     // and thread split: a row's bits would depend on how many rows came with it, and a batch of
     // two would not equal two requests. Every call here is single-threaded on exactly kTile rows
