@@ -276,6 +276,16 @@ BENCHMARK(BM_Attention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The same attention as a CPU without bf16 dot products runs it (cpu.native_bf16=off: the GEMM tiles
+// on widened f32), at klein 512x512's joint attention.
+void BM_AttentionWidened(benchmark::State& st) {
+  Knob& native = find_knob("cpu.native_bf16");
+  native.set(native.index_of("off"));
+  BM_Attention(st);
+  native.set(0);
+}
+BENCHMARK(BM_AttentionWidened)->Args({1536, 24, 128, 0, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // The FLUX.2 VAE's mid-block attention: one head of 512 channels over the latent's tokens (4096 at
 // 512x512, 16384 at 1024x1024). args: tokens, kernel (0 direct, 1 GEMM tiles)
 void BM_VaeAttention(benchmark::State& st) {
