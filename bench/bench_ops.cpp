@@ -278,13 +278,21 @@ BENCHMARK(BM_Attention)
 
 // The same attention as a CPU without bf16 dot products runs it (cpu.native_bf16=off: the GEMM tiles
 // on widened f32), at klein 512x512's joint attention.
+// args as BM_Attention's, then the widened GEMM (cpu.widened_gemm: 1 apus's AVX2 kernel, 2 oneDNN's tiles).
 void BM_AttentionWidened(benchmark::State& st) {
   Knob& native = find_knob("cpu.native_bf16");
+  Knob& kernel = find_knob("cpu.widened_gemm");
   native.set(native.index_of("off"));
+  kernel.set(int(st.range(5)));
   BM_Attention(st);
+  kernel.set(0);
   native.set(0);
 }
-BENCHMARK(BM_AttentionWidened)->Args({1536, 24, 128, 0, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionWidened)
+    ->Args({1536, 24, 128, 0, 1, 1})
+    ->Args({1536, 24, 128, 0, 1, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The FLUX.2 VAE's mid-block attention: one head of 512 channels over the latent's tokens (4096 at
 // 512x512, 16384 at 1024x1024). args: tokens, kernel (0 direct, 1 GEMM tiles)
