@@ -138,6 +138,23 @@ TEST(ImageModel, BatchOfTwoEqualsTwoSingleRequests) {
   ImageRequest wide = request("x", 64, 48, 1), tall = request("y", 48, 64, 2);
   const auto rendering = ImageModel::open(test::fixture("klein_tiny_b"), Weights::per_stage);
   test::expect_error([&] { rendering->generate_batch({wide, tall}); }, {"a batch shares width"});
+  // Each shared setting is held, named (pipeline/batch.h).
+  {
+    ImageRequest narrow = wide;
+    narrow.height = 32;
+    test::expect_error([&] { rendering->generate_batch({wide, narrow}); }, {"a batch shares height"});
+    ImageRequest longer = wide;
+    longer.steps = 3;
+    wide.steps = 2;
+    test::expect_error([&] { rendering->generate_batch({wide, longer}); }, {"a batch shares steps"});
+    ImageRequest exact = wide;
+    exact.fp32 = true;
+    test::expect_error([&] { rendering->generate_batch({wide, exact}); }, {"a batch shares precision"});
+    ImageRequest other_seed = wide;
+    other_seed.seed = 99;
+    other_seed.prompt = "another prompt";
+    EXPECT_EQ(rendering->generate_batch({wide, other_seed}).size(), 2u);  // per sample: no refusal
+  }
   // Counting a batch: twice the FLOPs of one request, but for the DiT step's timestep embedding
   // and modulation, computed once for the batch (one timestep).
   const PipelineCost one = model->count(wide), two = model->count(wide, 2);

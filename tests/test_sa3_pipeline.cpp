@@ -640,6 +640,17 @@ TEST(Sa3Pipeline, BatchOfTwoEqualsTwoSingleRequests) {
   const double apart = test::rel_l2(both[0].samples, both[1].samples);
   std::printf("[ measure ] sa3 batch: the two clips %.3e apart\n", apart);
   EXPECT_GT(apart, 1e-3);
+  // Each shared setting is held, named (pipeline/batch.h).
+  AudioRequest longer = a, fewer = a, guided = a, negative = a;
+  longer.seconds = a.seconds + 0.5;
+  fewer.steps = a.steps - 1;
+  guided.apg = 0.5f;
+  negative.negative_prompt = "hiss";
+  test::expect_error([&] { model->generate_batch({a, longer}); }, {"a batch shares seconds"});
+  test::expect_error([&] { model->generate_batch({a, fewer}); }, {"a batch shares steps"});
+  test::expect_error([&] { model->generate_batch({a, guided}); }, {"a batch shares guidance's apg"});
+  test::expect_error([&] { model->generate_batch({a, negative}); },
+                     {"a batch shares whether a negative prompt is given"});
 }
 
 // A resident model (bf16) serves two threads at once, each request its own arena and generator:

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/resize.h"
 #include "models/flux2/lora.h"
+#include "pipeline/batch.h"
 #include "pipeline/klein/klein_model.h"
 
 namespace apus {
@@ -157,24 +158,46 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   return w;
 }
 
+namespace {
+
+bool same_loras(const std::vector<Lora>& a, const std::vector<Lora>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const Lora& x, const Lora& y) { return x.file == y.file && x.scale == y.scale; });
+}
+
+bool same_image(const Rgb8Image& a, const Rgb8Image& b) {
+  return a.width == b.width && a.height == b.height && a.rgb == b.rgb;
+}
+
+// What a batch of image requests shares; per sample: the prompt, negative prompt, seed, noise
+// file, trace and preview sink.
+constexpr std::size_t kPerSample = 6;
+constexpr std::array<SharedSetting<ImageRequest>, 8> kShared = {{
+    {"width", [](const ImageRequest& a, const ImageRequest& b) { return a.width == b.width; }},
+    {"height", [](const ImageRequest& a, const ImageRequest& b) { return a.height == b.height; }},
+    {"steps", [](const ImageRequest& a, const ImageRequest& b) { return a.steps == b.steps; }},
+    {"guidance", [](const ImageRequest& a, const ImageRequest& b) { return a.cfg == b.cfg; }},
+    {"precision", [](const ImageRequest& a, const ImageRequest& b) { return a.fp32 == b.fp32; }},
+    {"reference images",
+     [](const ImageRequest& a, const ImageRequest& b) {
+       return std::equal(a.references.begin(), a.references.end(), b.references.begin(), b.references.end(),
+                         same_image);
+     }},
+    {"inpainting",
+     [](const ImageRequest& a, const ImageRequest& b) {
+       return bool(a.inpaint) == bool(b.inpaint) && (!a.inpaint || (a.inpaint->strength == b.inpaint->strength &&
+                                                                    same_image(a.inpaint->image, b.inpaint->image) &&
+                                                                    same_image(a.inpaint->mask, b.inpaint->mask)));
+     }},
+    {"LoRAs", [](const ImageRequest& a, const ImageRequest& b) { return same_loras(a.loras, b.loras); }},
+}};
+static_assert(field_count<ImageRequest>() == kShared.size() + kPerSample,
+              "ImageRequest has a field kShared does not list: list it there, or count it per sample");
+
+}  // namespace
+
 void KleinModel::check_batch_agrees(const std::vector<ImageRequest>& requests) const {
-  const ImageRequest& r = requests.front();
-  for (const ImageRequest& o : requests)
-    APUS_CHECK(o.width == r.width && o.height == r.height && o.steps == r.steps && o.cfg == r.cfg && o.fp32 == r.fp32 &&
-                   o.references.size() == r.references.size() &&
-                   std::equal(o.references.begin(), o.references.end(), r.references.begin(),
-                              [](const Rgb8Image& a, const Rgb8Image& b) {
-                                return a.width == b.width && a.height == b.height && a.rgb == b.rgb;
-                              }) &&
-                   bool(o.inpaint) == bool(r.inpaint) &&
-                   std::equal(o.loras.begin(), o.loras.end(), r.loras.begin(), r.loras.end(),
-                              [](const Lora& a, const Lora& b) { return a.file == b.file && a.scale == b.scale; }) &&
-                   (!r.inpaint ||
-                    (o.inpaint->strength == r.inpaint->strength && o.inpaint->image.rgb == r.inpaint->image.rgb &&
-                     o.inpaint->mask.rgb == r.inpaint->mask.rgb)),
-               "a batch shares width, height, steps, guidance, precision, reference images, inpainting and LoRAs: ", *o.width,
-               "x", *o.height, ", ", *o.steps, " steps, cfg ", *o.cfg, " differs from ", *r.width, "x", *r.height, ", ",
-               *r.steps, " steps, cfg ", *r.cfg);
+  check_batch_shares(requests, kShared);
 }
 
 PipelineCost KleinModel::cost_header(const ImageRequest& r, const Work& w, int) const {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "pipeline/batch.h"
 #include "pipeline/sa3/sa3_model.h"
 #include "sampling/logsnr.h"
 
@@ -101,18 +102,45 @@ AudioRequest Sa3Model::resolved(const AudioRequest& r) const {
   return r;
 }
 
+namespace {
+
+// What a batch of audio requests shares; per sample: the prompt, seed, trace and preview sink,
+// and the negative prompt's and input clips' contents (their presence is shared).
+constexpr std::size_t kPerSample = 4;
+constexpr std::array<SharedSetting<AudioRequest>, 12> kShared = {{
+    {"seconds", [](const AudioRequest& a, const AudioRequest& b) { return a.seconds == b.seconds; }},
+    {"steps", [](const AudioRequest& a, const AudioRequest& b) { return a.steps == b.steps; }},
+    {"precision", [](const AudioRequest& a, const AudioRequest& b) { return a.fp32 == b.fp32; }},
+    {"decode", [](const AudioRequest& a, const AudioRequest& b) { return a.chunked_decode == b.chunked_decode; }},
+    {"guidance", [](const AudioRequest& a, const AudioRequest& b) { return a.cfg == b.cfg; }},
+    {"guidance's apg", [](const AudioRequest& a, const AudioRequest& b) { return a.apg == b.apg; }},
+    {"whether a negative prompt is given",
+     [](const AudioRequest& a, const AudioRequest& b) {
+       return a.negative_prompt.has_value() == b.negative_prompt.has_value();
+     }},
+    {"whether an init clip is given",
+     [](const AudioRequest& a, const AudioRequest& b) { return a.init_audio.has_value() == b.init_audio.has_value(); }},
+    {"init noise level",
+     [](const AudioRequest& a, const AudioRequest& b) { return a.init_noise_level == b.init_noise_level; }},
+    {"whether an inpainting clip is given",
+     [](const AudioRequest& a, const AudioRequest& b) {
+       return a.inpaint_audio.has_value() == b.inpaint_audio.has_value();
+     }},
+    {"inpainting regions",
+     [](const AudioRequest& a, const AudioRequest& b) { return a.inpaint_regions == b.inpaint_regions; }},
+    {"LoRAs",
+     [](const AudioRequest& a, const AudioRequest& b) {
+       return std::equal(a.loras.begin(), a.loras.end(), b.loras.begin(), b.loras.end(),
+                         [](const Lora& x, const Lora& y) { return x.file == y.file && x.scale == y.scale; });
+     }},
+}};
+static_assert(field_count<AudioRequest>() == kShared.size() + kPerSample,
+              "AudioRequest has a field kShared does not list: list it there, or count it per sample");
+
+}  // namespace
+
 void Sa3Model::check_batch_agrees(const std::vector<AudioRequest>& requests) const {
-  const AudioRequest& r = requests.front();
-  for (const AudioRequest& o : requests)
-    APUS_CHECK(o.seconds == r.seconds && o.steps == r.steps && o.fp32 == r.fp32 &&
-                   o.chunked_decode == r.chunked_decode && o.cfg == r.cfg && o.apg == r.apg &&
-                   o.negative_prompt.has_value() == r.negative_prompt.has_value() &&
-                   o.init_audio.has_value() == r.init_audio.has_value() && o.init_noise_level == r.init_noise_level &&
-                   o.inpaint_audio.has_value() == r.inpaint_audio.has_value() && o.inpaint_regions == r.inpaint_regions &&
-                   std::equal(o.loras.begin(), o.loras.end(), r.loras.begin(), r.loras.end(),
-                              [](const Lora& a, const Lora& b) { return a.file == b.file && a.scale == b.scale; }),
-               "a batch shares seconds, steps, precision, guidance, adapters and its audio inputs' settings: ", o.seconds, " s, ",
-               o.steps, " steps differs from ", r.seconds, " s, ", r.steps, " steps");
+  check_batch_shares(requests, kShared);
 }
 
 PipelineCost Sa3Model::cost_header(const AudioRequest& r, const Work& w, int) const {
