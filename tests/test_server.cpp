@@ -31,6 +31,7 @@
 #include "io/files.h"
 #include "io/image.h"
 #include "io/png.h"
+#include "io/resize.h"
 #include "sa3_fixtures.h"
 #include "server/fields.h"
 #include "server/server.h"
@@ -755,9 +756,29 @@ TEST_F(Serve, Automatic1111Txt2Img) {
     EXPECT_TRUE(progress["state"][key].is_number_integer()) << key;
   EXPECT_EQ(progress["state"]["job_count"], 0);
   EXPECT_EQ(progress["state"]["sampling_steps"], 2);
-  expect_refusal(
-      client().Post("/sdapi/v1/txt2img", R"({"prompt": "x", "negative_prompt": "blur"})", "application/json"), 400,
-      "a negative prompt is for the -base models", "negative_prompt");
+  // A distilled model runs no guidance, so a negative prompt (which A1111's clients send) has
+  // nothing to steer, as in A1111 and Forge: the same image, the prompt echoed in the info.
+  Json negative = body;
+  negative["negative_prompt"] = "blur";
+  const auto n = client().Post("/sdapi/v1/txt2img", negative.dump(), "application/json");
+  ASSERT_TRUE(n);
+  ASSERT_EQ(n->status, 200) << n->body;
+  const Json nj = Json::parse(n->body);
+  EXPECT_EQ(read_png(as_file(unbase64(nj["images"][0]), "serve_a1111_negative.png")).rgb, png.rgb);
+  EXPECT_EQ(Json::parse(nj["info"].get<std::string>())["negative_prompt"], "blur");
+  // n_iter batches of batch_size: seeds 11, 12, ..., each image the one it is alone.
+  Json iterations = body;
+  iterations["n_iter"] = 2;
+  const auto it = client().Post("/sdapi/v1/txt2img", iterations.dump(), "application/json");
+  ASSERT_TRUE(it);
+  ASSERT_EQ(it->status, 200) << it->body;
+  const Json ij = Json::parse(it->body);
+  ASSERT_EQ(ij["images"].size(), 2u);
+  const Json iinfo = Json::parse(ij["info"].get<std::string>());
+  EXPECT_EQ(iinfo["all_seeds"], Json::array({11, 12}));
+  EXPECT_EQ(iinfo["n_iter"], 2);
+  EXPECT_EQ(iinfo["batch_size"], 1);
+  EXPECT_EQ(read_png(as_file(unbase64(ij["images"][0]), "serve_a1111_iter.png")).rgb, png.rgb);
   const auto stop = client().Post("/sdapi/v1/interrupt", "", "application/json");
   ASSERT_TRUE(stop);
   EXPECT_EQ(stop->status, 200);
@@ -815,7 +836,28 @@ TEST_F(Serve, Automatic1111Img2ImgIsTheEnginesInpainting) {
   expect_refusal(post({{"init_images", Json::array({base64_of("not an image")})}}), 400, "init_images[0]",
                  "init_images");
   expect_refusal(post({{"denoising_strength", 2}}), 400, "strength 2 outside [0, 1]", "denoising_strength");
-  expect_refusal(post({{"width", 512}, {"height", 512}}), 400, "inpainting renders at the image's size");
+  // Another size than the image's: the image and mask resized to it first (A1111's "just resize").
+  {
+    Json body = {{"prompt", "a door"},
+                 {"steps", 4},
+                 {"seed", 9},
+                 {"cfg_scale", 7},
+                 {"width", 32},
+                 {"height", 48},
+                 {"mask", base64_of(mask)},
+                 {"init_images", Json::array({base64_of(image)})}};
+    ImageRequest want = engine_request("a door", std::nullopt, std::nullopt, 4, 9);
+    want.inpaint = Inpainting{resize_lanczos(picture, 32, 48), resize_lanczos(white, 32, 48), 0.75};
+    const ImageResult expected = model->generate(want);
+    const auto r = client().Post("/sdapi/v1/img2img", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const PngImage png = read_png(as_file(unbase64(Json::parse(r->body)["images"][0]), "serve_img2img_resized.png"));
+    EXPECT_EQ(png.width, 32);
+    EXPECT_EQ(png.height, 48);
+    EXPECT_EQ(png.rgb, expected.rgb);
+  }
+  expect_refusal(post({{"resize_mode", 1}}), 400, "'resize_mode' is 1", "resize_mode");
   expect_refusal(post({{"inpainting_mask_invert", 2}}), 400, "'inpainting_mask_invert' is 2", "inpainting_mask_invert");
 }
 
@@ -848,6 +890,45 @@ TEST_F(Serve, Automatic1111OptionsPickTheCheckpoint) {
   EXPECT_EQ(Json::parse(client().Get("/sdapi/v1/options")->body)["sd_model_checkpoint"], id);
 }
 
+// What A1111 clients read at start: the sampler and schedule (the model's own), upscalers (none),
+// LoRAs, flags, memory; refresh routes answer; png-info reads back what txt2img wrote.
+TEST_F(Serve, Automatic1111ListsAndTools) {
+  auto get = [&](const char* route) {
+    const auto r = client().Get(route);
+    EXPECT_TRUE(r && r->status == 200) << route << ": " << (r ? r->body : "no answer");
+    return Json::parse(r ? r->body : "null");
+  };
+  EXPECT_EQ(get("/sdapi/v1/samplers")[0]["name"], "Euler");
+  EXPECT_EQ(get("/sdapi/v1/schedulers")[0]["label"], "Automatic");
+  EXPECT_EQ(get("/sdapi/v1/upscalers")[0]["name"], "None");
+  EXPECT_TRUE(get("/sdapi/v1/loras").is_array());
+  EXPECT_EQ(get("/sdapi/v1/cmd-flags")["api"], true);
+  const Json memory = get("/sdapi/v1/memory");
+  EXPECT_GT(memory["ram"]["total"].get<double>(), 0);
+  EXPECT_LE(memory["ram"]["free"].get<double>(), memory["ram"]["total"].get<double>());
+  for (const char* route : {"/sdapi/v1/refresh-checkpoints", "/sdapi/v1/refresh-loras"}) {
+    const auto r = client().Post(route, "", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << route;
+  }
+  const Json body = {
+      {"prompt", "a lighthouse"}, {"negative_prompt", "fog"}, {"width", 48}, {"height", 32}, {"steps", 2}, {"seed", 5}};
+  const auto made = client().Post("/sdapi/v1/txt2img", body.dump(), "application/json");
+  ASSERT_TRUE(made && made->status == 200) << (made ? made->body : "no answer");
+  const std::string image = Json::parse(made->body)["images"][0];
+  const auto read = client().Post("/sdapi/v1/png-info", Json{{"image", image}}.dump(), "application/json");
+  ASSERT_TRUE(read && read->status == 200) << (read ? read->body : "no answer");
+  const Json info = Json::parse(read->body);
+  EXPECT_NE(info["info"].get<std::string>().find("Steps: 2"), std::string::npos) << info.dump();
+  EXPECT_EQ(info["parameters"]["Prompt"], "a lighthouse") << info.dump();
+  EXPECT_EQ(info["parameters"]["Steps"], "2") << info.dump();
+  EXPECT_EQ(info["parameters"]["Seed"], "5") << info.dump();
+  expect_refusal(
+      client().Post("/sdapi/v1/png-info", Json{{"image", base64_of("not a png")}}.dump(), "application/json"), 400, "",
+      "image");
+  expect_refusal(client().Post("/sdapi/v1/png-info", "{}", "application/json"), 400, "'image'", "image");
+}
+
 // txt2img's refusals name A1111's own fields, never the OpenAI fields apus has beside them.
 TEST_F(Serve, Automatic1111RefusalsNameItsFields) {
   struct Case {
@@ -860,13 +941,43 @@ TEST_F(Serve, Automatic1111RefusalsNameItsFields) {
       {{{"height", 4112}}, "height 4112 outside 16..4096", "height"},
       {{{"steps", 0}}, "steps 0 outside 1..200", "steps"},
       {{{"batch_size", 65}}, "batch 65 outside 1..64", "batch_size"},
-      {{{"n_iter", 2}}, "'n_iter' is 2", "n_iter"},
+      {{{"n_iter", 65}}, "'n_iter' is 65", "n_iter"},
+      {{{"n_iter", 3}, {"batch_size", 32}}, "'batch_size' x 'n_iter' is 96", "n_iter"},
       {{{"seed", -2}}, "'seed' is -2", "seed"},
-      {{{"negative_prompt", "blur"}}, "a negative prompt is for the -base models", "negative_prompt"},
+      // What apus does not do, refused naming the field (the values clients send by default pass).
+      {{{"sampler_name", "Euler a"}},
+       "'sampler_name' is 'Euler a': apus runs the model's own sampler, 'Euler'",
+       "sampler_name"},
+      {{{"sampler_index", "DPM++ 2M"}}, "'sampler_index' is 'DPM++ 2M'", "sampler_index"},
+      {{{"scheduler", "Karras"}}, "'scheduler' is 'Karras'", "scheduler"},
+      {{{"enable_hr", true}}, "'enable_hr' is true: apus has no hires fix", "enable_hr"},
+      {{{"restore_faces", true}}, "'restore_faces' is true", "restore_faces"},
+      {{{"tiling", true}}, "'tiling' is true", "tiling"},
+      {{{"subseed_strength", 0.3}}, "no variation seeds", "subseed_strength"},
+      {{{"styles", Json::array({"cinematic"})}}, "no saved styles", "styles"},
+      {{{"alwayson_scripts", {{"controlnet", Json::object()}}}}, "runs no scripts", "alwayson_scripts"},
+      {{{"override_settings", {{"sd_model_checkpoint", "sd_xl_base_1.0"}}}},
+       "'sd_xl_base_1.0' is not loaded",
+       "override_settings"},
+      {{{"prompt", "a fox <lora:style:0.8>"}}, "offers no LoRAs", "loras"},
+      {{{"prompt", "a fox <lora:style:strong>"}}, "has the weight 'strong', expected a number", "prompt"},
       {{{"width", "wide"}}, "'width' must be an integer", "width"},
   };
   for (const Case& c : cases) {
-    Json body = {{"prompt", "x"}, {"cfg_scale", 7}};
+    // With what clients send by default beside (webuiapi's txt2img fields at their defaults).
+    Json body = {{"prompt", "x"},
+                 {"cfg_scale", 7},
+                 {"enable_hr", false},
+                 {"styles", Json::array()},
+                 {"subseed_strength", 0.0},
+                 {"restore_faces", false},
+                 {"tiling", false},
+                 {"s_churn", 0},
+                 {"sampler_name", "Euler"},
+                 {"alwayson_scripts", Json::object()},
+                 {"override_settings", Json::object()},
+                 {"seed_resize_from_h", -1},
+                 {"script_name", nullptr}};
     body.update(c.fields);
     const auto r = client().Post("/sdapi/v1/txt2img", body.dump(), "application/json");
     expect_refusal(r, 400, c.message, c.param);
@@ -1318,6 +1429,22 @@ TEST(ServeLoras, RequestsApplyTheFoldersLorasByName) {
   EXPECT_NE(params.find("Lora: peft.safetensors:0.7, Lora: kohya.safetensors:0.5"), std::string::npos) << params;
   EXPECT_EQ(served(body).rgb, plain);
   EXPECT_EQ(served(with).rgb, adapted);
+  // A1111's routes: the same adapters from the prompt's <lora:NAME:WEIGHT> tags, listed by
+  // /sdapi/v1/loras under those names.
+  const Json a1111_listed = Json::parse(c.Get("/sdapi/v1/loras")->body);
+  ASSERT_EQ(a1111_listed.size(), 2u);
+  EXPECT_EQ(a1111_listed[1]["name"], "peft");
+  // The tags taken out as A1111 takes them, the text around them left as it is.
+  const Json tagged = {
+      {"prompt", "<lora:peft:0.7>a red fox<lora:kohya:0.5>"}, {"width", 64}, {"height", 48}, {"steps", 2}, {"seed", 9}};
+  const auto r1111 = c.Post("/sdapi/v1/txt2img", tagged.dump(), "application/json");
+  ASSERT_TRUE(r1111 && r1111->status == 200) << (r1111 ? r1111->body : "no answer");
+  EXPECT_EQ(read_png(as_file(unbase64(Json::parse(r1111->body)["images"][0]), "lora_a1111.png")).rgb, adapted);
+  const Json missing = {{"prompt", "a red fox <lora:absent:1>"}, {"width", 64}, {"height", 48}, {"steps", 2}};
+  const auto refused = c.Post("/sdapi/v1/txt2img", missing.dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_NE(refused->body.find("absent.safetensors"), std::string::npos) << refused->body;
   for (const std::string& name :
        {std::string("../peft.safetensors"), dir + "/peft.safetensors", std::string("other.safetensors")}) {
     Json bad = body;

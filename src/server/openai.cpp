@@ -11,6 +11,7 @@
 #include "io/audio.h"
 #include "io/image.h"
 #include "io/png.h"
+#include "io/resize.h"
 #include "pipeline/klein/io.h"
 #include "pipeline/sa3/io.h"
 #include "pipeline/stage.h"
@@ -225,7 +226,13 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
             for (uint8_t& v : m.rgb) v = uint8_t(255 - v);
           return m;
         });
-      r.inpaint = Inpainting{std::move(r.references.front()), std::move(mask), files.strength};
+      Rgb8Image image_to_paint = std::move(r.references.front());
+      if (files.resize_to &&
+          (image_to_paint.width != files.resize_to->first || image_to_paint.height != files.resize_to->second)) {
+        image_to_paint = resize_lanczos(image_to_paint, files.resize_to->first, files.resize_to->second);
+        mask = resize_lanczos(mask, files.resize_to->first, files.resize_to->second);
+      }
+      r.inpaint = Inpainting{std::move(image_to_paint), std::move(mask), files.strength};
       r.references.erase(r.references.begin());
     }
     std::vector<ImageRequest> batch = batch_of(r, n);

@@ -45,6 +45,8 @@ struct ImageFiles {
   MaskMarks marks = MaskMarks::white;       // how the mask marks what to repaint
   bool repaint_whole = false;               // no mask: the first image repainted whole (A1111's img2img)
   double strength = Inpainting{}.strength;  // with the mask
+  // The repainted image and its mask resized to these sides first (A1111's img2img), or as given.
+  std::optional<std::pair<int, int>> resize_to;
 };
 
 struct Server::Impl {
