@@ -82,7 +82,8 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
 }
 
 int run_image(const apus::ModelParts& parts, const std::vector<apus::ImageRequest>& requests, const std::string& out,
-              bool verbose, const std::string& trace_file, const std::string& device) {
+              int quality, bool verbose, const std::string& trace_file, const std::string& device) {
+  const apus::ImageFormat format = apus::image_format_of_file(out, "-o");
   // One request per process: each stage's weights are mapped for that stage only.
   const auto model = apus::ImageModel::open(parts, apus::Weights::per_stage, device);
   const int batch = int(requests.size());
@@ -90,12 +91,14 @@ int run_image(const apus::ModelParts& parts, const std::vector<apus::ImageReques
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < batch; ++i) {
     const apus::ImageResult& r = results[size_t(i)];
-    apus::write_png(output_name(out, i, batch), r.width, r.height, r.rgb,
-                    apus::image_metadata(requests[size_t(i)], r, *model));
+    const std::string name = output_name(out, i, batch);
+    const std::vector<uint8_t> bytes = apus::encode_image(format, apus::Rgb8Image{r.width, r.height, r.rgb}, quality,
+                                                          apus::image_metadata(requests[size_t(i)], r, *model), name);
+    apus::write_whole_file(name, bytes.data(), bytes.size());
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose)
-    report_stages(model->count(requests.front(), batch), results.front().stages, "write png", write_s, device);
+    report_stages(model->count(requests.front(), batch), results.front().stages, "write image", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
   return 0;
@@ -149,12 +152,6 @@ std::string extension_of(const std::string& path) {
   std::string ext = path.substr(dot);
   for (char& ch : ext) ch = char(std::tolower(static_cast<unsigned char>(ch)));
   return ext;
-}
-
-// `apus image` writes PNG (the parameters in a tEXt chunk, as AUTOMATIC1111 reads them): a name
-// promising another format is refused rather than filled with PNG bytes.
-void check_image_output(const std::string& out) {
-  APUS_CHECK(extension_of(out) == ".png", "-o ", out, ": apus image writes PNG files; name the output .png");
 }
 
 // The audio format to write: --format's when given (its extension must agree), else the one -o's
@@ -261,7 +258,7 @@ Command image_command(CLI::App& app) {
     std::string out = "out.png", precision = "bf16", seed, mask_file, inpaint_reference, negative, trace,
                 device = "cpu";
     bool verbose = false;
-    int width = 0, height = 0, steps = 0, batch = 1;
+    int width = 0, height = 0, steps = 0, batch = 1, quality = 95;
     float cfg = 0;
     double strength = apus::Inpainting{}.strength;
     std::vector<std::string> reference_files, loras;
@@ -297,7 +294,10 @@ Command image_command(CLI::App& app) {
       ->check(CLI::IsMember({"bf16", "fp32"}));
   image->add_option("--batch,-n", o->batch,
                     "images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)");
-  image->add_option("-o,--output", o->out, "output PNG (out.png); -n adds -1, -2, ... before .png");
+  image->add_option("-o,--output", o->out,
+                    "output file: .png, .jpg or .webp, the parameters inside as A1111 writes them (out.png); -n adds "
+                    "-1, -2, ... before the extension");
+  image->add_option("--quality", o->quality, "JPEG and WebP quality, 1..100 (95; WebP 100: lossless)");
   image->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
   o->trace_opt = image->add_option("--trace", o->trace,
                                    "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
@@ -335,9 +335,10 @@ Command image_command(CLI::App& app) {
             // -n as the engine takes a batch, before any output name is tried.
             const std::vector<apus::ImageRequest> requests = apus::batch_of(req, o->batch);
             check_output(o->out, o->batch);
-            check_image_output(o->out);
+            apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
+            APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
             if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
-            return run_image(o->parts, requests, o->out, o->verbose, o->trace, o->device);
+            return run_image(o->parts, requests, o->out, o->quality, o->verbose, o->trace, o->device);
           }};
 }
 

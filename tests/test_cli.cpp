@@ -369,8 +369,10 @@ TEST(CliErrors, BadInputGivesOneLineErrorAndNonZeroExit) {
       {"image --model " + model + " --prompt hi -W 64 -H 48 -o " + ::testing::TempDir(),
        "is a directory, not a regular file"},
       // An output name promising another format than the one written.
-      {"image --model " + model + " --prompt hi -o " + ::testing::TempDir() + "apus_x.jpg",
-       "apus_x.jpg: apus image writes PNG files"},
+      {"image --model " + model + " --prompt hi -o " + ::testing::TempDir() + "apus_x.gif",
+       "apus_x.gif: apus writes images as .png, .jpg (or .jpeg) and .webp files"},
+      {"image --model " + model + " --prompt hi --quality 0 -o " + ::testing::TempDir() + "apus_x.jpg",
+       "--quality 0: expected 1..100"},
       {"audio --model /x --prompt hi -o " + ::testing::TempDir() + "apus_x.mp3", "apus_x.mp3: apus audio writes .wav"},
       {"audio --model /x --prompt hi --format flac -o " + ::testing::TempDir() + "apus_x.wav",
        "--format flac and -o " + ::testing::TempDir() + "apus_x.wav: the file's extension names another format"},

@@ -1,10 +1,15 @@
-// Input images against what diffusers' load_image makes of the same files with PIL
-// (tools/oracle/make_image_fixtures.py): every PNG colour type, baseline / progressive / 4:4:4 /
-// greyscale JPEGs and EXIF orientations, lossy / lossless / alpha WebP, byte for byte; Pillow's
+// Output images (JPEG and WebP with their parameters in EXIF) round trip below. Input images against what diffusers'
+// load_image makes of the same files with PIL (tools/oracle/make_image_fixtures.py): every PNG colour type, baseline /
+// progressive / 4:4:4 / greyscale JPEGs and EXIF orientations, lossy / lossless / alpha WebP, byte for byte; Pillow's
 // Lanczos resize; and bad files refused naming the file.
+#include <libexif/exif-data.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "io/files.h"
 #include "io/image.h"
@@ -135,6 +140,77 @@ TEST(InputImage, AProbeReadsTheHeaderAsTheDecoderDoes) {
   const Rgb8Image rgb = read_image(test::fixture("images/rgb.png"));
   EXPECT_EQ(probe_image(cut, "cut.png").width, rgb.width);
   test::expect_error([&] { decode_image(cut, "cut.png"); }, {"cut.png", "truncated"});
+}
+
+}  // namespace
+}  // namespace apus
+
+namespace apus {
+namespace {
+
+// The UserComment text of an image's EXIF (JPEG APP1 or WebP EXIF chunk, found by its "Exif\0\0"
+// or TIFF header), decoded from "UNICODE" UTF-16BE as piexif's helper decodes it; "" when absent.
+std::string user_comment(const std::vector<uint8_t>& file) {
+  static const uint8_t tiff[] = {'I', 'I', 0x2a, 0};
+  const auto at = std::search(file.begin(), file.end(), std::begin(tiff), std::end(tiff));
+  if (at == file.end()) return "";
+  std::vector<uint8_t> exif = {'E', 'x', 'i', 'f', 0, 0};
+  exif.insert(exif.end(), at, file.end());
+  ExifData* data = exif_data_new_from_data(exif.data(), unsigned(exif.size()));
+  if (!data) return "";
+  std::string text;
+  if (ExifEntry* e = exif_content_get_entry(data->ifd[EXIF_IFD_EXIF], EXIF_TAG_USER_COMMENT)) {
+    if (e->size >= 8 && std::memcmp(e->data, "UNICODE\0", 8) == 0)
+      for (unsigned i = 8; i + 1 < e->size; i += 2) {
+        const uint32_t u = uint32_t(e->data[i]) << 8 | e->data[i + 1];
+        if (u < 0x80) text += char(u);
+        else text += '?';  // the test's text is ASCII past the first check
+      }
+  }
+  exif_data_unref(data);
+  return text;
+}
+
+// JPEG and WebP outputs: the pixels back through the decoders within the codec's loss (WebP at 100
+// exactly), the parameters in EXIF's UserComment as A1111 writes them; the format by extension.
+TEST(OutputImage, JpegAndWebpCarryTheParametersWhereA1111ReadsThem) {
+  const uint32_t seed = test::test_seed();
+  std::mt19937 rng(seed);
+  Rgb8Image image{40, 24, std::vector<uint8_t>(40 * 24 * 3)};
+  // Smooth in every channel, each its own gradient (a swapped channel or a row offset is far off),
+  // so the lossy codecs stay within a few levels.
+  const double phase = double(rng() % 1000) / 100.0;
+  for (int y = 0; y < image.height; ++y)
+    for (int x = 0; x < image.width; ++x)
+      for (int c = 0; c < 3; ++c)
+        image.rgb[size_t((y * image.width + x) * 3 + c)] =
+            uint8_t(128 + 100 * std::sin(phase + 0.09 * x * (c + 1) + 0.07 * y * (3 - c)));
+  const std::vector<std::pair<std::string, std::string>> meta = {{"parameters", "a fox\nSteps: 4, Seed: 3"}};
+  struct Case {
+    ImageFormat format;
+    int quality;
+    double max_mean_diff;
+  };
+  for (const Case& c :
+       {Case{ImageFormat::jpeg, 95, 3.0}, Case{ImageFormat::webp, 90, 4.0}, Case{ImageFormat::webp, 100, 0.0}}) {
+    const std::vector<uint8_t> bytes = encode_image(c.format, image, c.quality, meta, "out");
+    const Rgb8Image back = decode_image(std::string(bytes.begin(), bytes.end()), "out");
+    ASSERT_EQ(back.width, image.width);
+    ASSERT_EQ(back.height, image.height);
+    double diff = 0;
+    for (size_t i = 0; i < image.rgb.size(); ++i) diff += std::abs(int(back.rgb[i]) - int(image.rgb[i]));
+    diff /= double(image.rgb.size());
+    EXPECT_LE(diff, c.max_mean_diff) << image_mime_type(c.format) << " quality " << c.quality;
+    EXPECT_EQ(user_comment(bytes), "a fox\nSteps: 4, Seed: 3") << image_mime_type(c.format);
+  }
+  EXPECT_EQ(user_comment(encode_image(ImageFormat::jpeg, image, 80, {}, "out")), "");
+  EXPECT_EQ(image_format_of_file("a/b.JPG", "-o"), ImageFormat::jpeg);
+  EXPECT_EQ(image_format_of_file("b.webp", "-o"), ImageFormat::webp);
+  EXPECT_EQ(image_format_of_file("b.png", "-o"), ImageFormat::png);
+  test::expect_error([] { image_format_of_file("a.b/out", "-o"); }, {"-o a.b/out: apus writes images as .png"});
+  test::expect_error([] { image_format_of_file("out.gif", "-o"); }, {"out.gif"});
+  test::expect_error([] { image_format_named("bmp", "output_format"); }, {"output_format", "'bmp'"});
+  test::expect_error([&] { encode_jpeg(image, 0, "", "out"); }, {"quality 0 outside 1..100"});
 }
 
 }  // namespace
