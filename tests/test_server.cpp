@@ -216,6 +216,55 @@ TEST_F(Serve, ImagesAreTheEnginesImages) {
   }
 }
 
+// What apps written for OpenAI send: its model names (the server's image model answers), url
+// responses (the job's kept file, fetched), JPEG and WebP outputs (output_compression their
+// quality; WebP at 100 lossless, the engine's pixels exactly).
+TEST_F(Serve, OpenAiModelNamesUrlsAndOutputFormats) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  const std::vector<uint8_t> want = model->generate(engine_request("a red fox", 64, 48, 2, 42)).rgb;
+  for (const char* name : {"gpt-image-1", "dall-e-3"}) {
+    const Json body = {
+        {"model", name}, {"prompt", "a red fox"},    {"size", "64x48"},         {"seed", 42},
+        {"steps", 2},    {"response_format", "url"}, {"output_format", "webp"}, {"output_compression", 100}};
+    const auto r = client().Post("/v1/images/generations", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::string url = Json::parse(r->body)["data"][0]["url"];
+    const size_t path = url.find("/v1/jobs/");
+    ASSERT_NE(path, std::string::npos) << url;
+    EXPECT_EQ(url.rfind("http://", 0), 0u) << url;
+    const auto file = client().Get(url.substr(path).c_str());
+    ASSERT_TRUE(file);
+    ASSERT_EQ(file->status, 200) << file->body;
+    EXPECT_EQ(file->get_header_value("Content-Type"), "image/webp");
+    const Rgb8Image got = decode_image(file->body, "webp");
+    EXPECT_EQ(got.rgb, want) << name;
+    expect_refusal(client().Get((url.substr(path, url.rfind('/') - path) + "/5").c_str()), 404, "not a file 5",
+                   "files");
+  }
+  const Json jpeg = {{"prompt", "a red fox"},   {"size", "64x48"},         {"seed", 42}, {"steps", 2},
+                     {"output_format", "jpeg"}, {"output_compression", 90}};
+  const auto r = client().Post("/v1/images/generations", jpeg.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<uint8_t> bytes = unbase64(Json::parse(r->body)["data"][0]["b64_json"]);
+  ASSERT_GT(bytes.size(), 4u);
+  EXPECT_EQ(bytes[0], 0xff);
+  EXPECT_EQ(bytes[1], 0xd8);  // a JPEG's start of image
+  // The engine's pixels through the same encoder at quality 90: the same JPEG pixels.
+  const std::vector<uint8_t> same = encode_jpeg(Rgb8Image{64, 48, want}, 90, "", "want");
+  EXPECT_EQ(decode_image(std::string(bytes.begin(), bytes.end()), "jpeg").rgb,
+            decode_image(std::string(same.begin(), same.end()), "want").rgb);
+  expect_refusal(
+      client().Post("/v1/images/generations", R"({"prompt": "x", "output_format": "gif"})", "application/json"), 400,
+      "'gif' is not one of png, jpeg, webp", "output_format");
+  expect_refusal(
+      client().Post("/v1/images/generations", R"({"prompt": "x", "response_format": "file"})", "application/json"), 400,
+      "expected b64_json or url", "response_format");
+  expect_refusal(client().Post("/v1/images/generations", R"({"prompt": "x", "model": "sd_xl"})", "application/json"),
+                 404, "'sd_xl' is not loaded", "model");
+}
+
 // A clip: the file itself, the engine's samples (bf16, as the resident model serves).
 TEST_F(Serve, AudioIsTheEnginesClip) {
   const Json body = {{"prompt", "warm lo-fi hip hop"}, {"seconds", 1.4}, {"seed", 42}, {"format", "wav-float"}};
@@ -584,7 +633,7 @@ TEST_F(Serve, BadRequestsAreRefusedNamingTheField) {
   expect_refusal(post(images, R"({"prompt": 7})"), 400, "'prompt' must be a string", "prompt");
   expect_refusal(post(images, R"({"prompt": "x", "size": "100x100"})"), 400, "multiples of 16", "size");
   expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "n": 65})"), 400, "batch 65 outside 1..64", "n");
-  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "response_format": "url"})"), 400, "b64_json",
+  expect_refusal(post(images, R"({"prompt": "x", "size": "64x64", "response_format": "link"})"), 400, "b64_json or url",
                  "response_format");
   expect_refusal(post(images, R"({"prompt": "x", "model": "nope"})"), 404, "'nope' is not loaded", "model");
   expect_refusal(post(images, Json{{"prompt", std::string(5000, 'a')}}.dump()), 400, "longer than", "prompt");

@@ -196,6 +196,23 @@ void Server::Impl::register_jobs() {
   http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const http::Request& req, http::Response& res) {
     res.set_content(dump(job_json(*job(req.matches[1]))), "application/json");
   });
+  // A finished job's n-th result file as it was made (what an OpenAI url response names), while
+  // the job is kept.
+  http->route(
+      "GET", R"(/v1/jobs/([A-Za-z0-9-]+)/files/([0-9]{1,4}))", [this](const http::Request& req, http::Response& res) {
+        const auto j = job(req.matches[1]);
+        std::lock_guard<std::mutex> lock(j->mutex);
+        if (j->state != JobState::done)
+          refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its files come when it is done", "files");
+        const size_t n = std::stoul(req.matches[2]);
+        if (n >= j->outputs.size())
+          refuse(404,
+                 "job " + j->id + " made " + std::to_string(j->outputs.size()) + " file(s), not a file " +
+                     std::to_string(n),
+                 "files");
+        const JobOutput& o = j->outputs[n];
+        res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);
+      });
   // A traced job's timeline, for ui.perfetto.dev (docs/BENCH.md describes it).
   http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+)/trace)", [this](const http::Request& req, http::Response& res) {
     const auto j = job(req.matches[1]);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string_view>
 
 #include "core/error.h"
@@ -98,7 +99,13 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
           "output_compression",
           "background",
           "moderation"});
-  const Loaded& m = find(f, ModelKind::image);
+  // Apps that name OpenAI's own image models get the server's image model.
+  static const std::set<std::string> kOpenAiImageModels = {"gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5",
+                                                           "dall-e-2", "dall-e-3"};
+  const std::string asked = f.string("model", "");
+  const bool alias = kOpenAiImageModels.count(asked) &&
+                     std::none_of(models.begin(), models.end(), [&](const Loaded& l) { return l.id == asked; });
+  const Loaded& m = alias ? find(Fields{Json::object()}, ModelKind::image) : find(f, ModelKind::image);
   ImageRequest r;
   r.prompt = f.prompt();
   const int n = f.setting("n").value_or(1);
@@ -148,9 +155,15 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
   if (f.has("loras")) r.loras = requested_loras(body["loras"]);
   r.trace = trace;
   const std::string format = f.string("response_format", "b64_json");
-  if (format != "b64_json")
-    refuse(400, "'response_format' \"" + format + "\" is not supported (b64_json)", "response_format");
-  if (f.string("output_format", "png") != "png") refuse(400, "'output_format' must be png", "output_format");
+  if (format != "b64_json" && format != "url")
+    refuse(400, "'response_format' is \"" + format + "\", expected b64_json or url", "response_format");
+  try {
+    files.format = image_format_named(f.string("output_format", "png"), "output_format");
+  } catch (const Error& e) {
+    refuse(400, e.what(), "output_format");
+  }
+  files.quality = int(f.integer("output_compression", 100, 0, 100));
+  if (files.format == ImageFormat::jpeg) files.quality = std::max(files.quality, 1);  // libjpeg's least
   // OpenAI's other image fields: accepted where apus has nothing to change (quality, style,
   // moderation, a PNG's compression), refused where it would change the image.
   if (f.string("background", "auto") != "auto" && f.string("background", "auto") != "opaque")
@@ -248,8 +261,9 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
     j.keep_trace(results.front().trace);
     for (size_t i = 0; i < results.size(); ++i) {
       const ImageResult& res = results[i];
-      out.push_back({encode_png(res.width, res.height, res.rgb, image_metadata(batch[i], res, *model), "image"),
-                     "image/png", res.seed});
+      out.push_back({encode_image(files.format, Rgb8Image{res.width, res.height, res.rgb}, files.quality,
+                                  image_metadata(batch[i], res, *model), "image"),
+                     image_mime_type(files.format), res.seed});
     }
     return out;
   };
@@ -336,10 +350,23 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
   return job;
 }
 
-void Server::Impl::respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j) {
-  run_sync(req, j);
+void Server::Impl::respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j,
+                                  bool urls) {
+  submit(j);
+  wait_for_client(req, *j);
+  // With urls the job stays kept, as an asynchronous job's results are, for its files' routes.
+  if (urls) fail_job(*j);
+  else finish_sync(*j);
   Json data = Json::array();
-  for (const JobOutput& o : j->outputs) data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
+  // A url names the job's kept file (GET /v1/jobs/{id}/files/{n}) on the host the client called.
+  const std::string host = req.header("Host").empty() ? "127.0.0.1" : req.header("Host");
+  for (size_t i = 0; i < j->outputs.size(); ++i) {
+    const JobOutput& o = j->outputs[i];
+    if (urls)
+      data.push_back(
+          {{"url", "http://" + host + "/v1/jobs/" + j->id + "/files/" + std::to_string(i)}, {"seed", o.seed}});
+    else data.push_back({{"b64_json", base64(o.bytes)}, {"seed", o.seed}});
+  }
   res.set_content(dump(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}), "application/json");
 }
 
@@ -359,7 +386,7 @@ void Server::Impl::register_openai() {
       const std::string& name = file.name;
       if (name == "image" || name == "image[]") {
         files.images.push_back(file.content);
-      } else if (name == "n" || name == "seed" || name == "steps") {
+      } else if (name == "n" || name == "seed" || name == "steps" || name == "output_compression") {
         int64_t v = 0;
         const auto [end, ec] = std::from_chars(file.content.data(), file.content.data() + file.content.size(), v);
         if (ec != std::errc() || end != file.content.data() + file.content.size())
@@ -381,10 +408,13 @@ void Server::Impl::register_openai() {
       }
     }
     if (files.images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
-    respond_images(req, res, openai_image_job(body, std::move(files)));
+    const bool urls = Fields{body}.string("response_format", "b64_json") == "url";
+    respond_images(req, res, openai_image_job(body, std::move(files)), urls);
   });
   http->route("POST", "/v1/images/generations", [this](const http::Request& req, http::Response& res) {
-    respond_images(req, res, openai_image_job(parse_body(req), {}));
+    const Json body = parse_body(req);
+    const bool urls = Fields{body}.string("response_format", "b64_json") == "url";
+    respond_images(req, res, openai_image_job(body, {}), urls);
   });
   http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
     std::string format;

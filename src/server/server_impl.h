@@ -13,6 +13,7 @@
 
 #include "apus/apus.h"
 #include "cost/chips.h"
+#include "io/image.h"
 #include "pipeline/registry.h"
 #include "server/fields.h"
 #include "server/http.h"
@@ -47,6 +48,9 @@ struct ImageFiles {
   double strength = Inpainting{}.strength;  // with the mask
   // The repainted image and its mask resized to these sides first (A1111's img2img), or as given.
   std::optional<std::pair<int, int>> resize_to;
+  // What the results are written as (OpenAI's output_format and output_compression).
+  ImageFormat format = ImageFormat::png;
+  int quality = 100;
 };
 
 struct Server::Impl {
@@ -100,7 +104,8 @@ struct Server::Impl {
   // A synchronous route's wait: the job cancelled if its client goes away meanwhile.
   static void wait_for_client(const http::Request& req, Job& j);
   // Runs an image job for a synchronous route and answers OpenAI's ImagesResponse.
-  void respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j);
+  // The finished job's images as OpenAI answers them: base64, or urls of GET /v1/jobs/{id}/files/{n}.
+  void respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j, bool urls);
   // A synchronous route's job, once finished: forgotten (nobody polls it), its error raised.
   void finish_sync(const Job& j);
   // On the model's worker, as a job ends (its files in place, before its waiters learn of it).
