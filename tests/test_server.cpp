@@ -939,6 +939,42 @@ TEST_F(Serve, Automatic1111OptionsPickTheCheckpoint) {
   EXPECT_EQ(Json::parse(client().Get("/sdapi/v1/options")->body)["sd_model_checkpoint"], id);
 }
 
+// A1111's progress while a render runs: the step, the time left, and the live preview as
+// current_image; jobs of the other routes count too.
+TEST_F(Serve, Automatic1111ProgressFollowsTheRunningJob) {
+  const Json body = {{"prompt", "a lighthouse"}, {"width", 128}, {"height", 128}, {"steps", 40}, {"seed", 3}};
+  std::atomic<bool> done{false};
+  std::thread render([&] {
+    const auto r = client().Post("/sdapi/v1/txt2img", body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    done = true;
+  });
+  bool seen_midway = false, seen_image = false;
+  while (!done) {
+    const auto p = client().Get("/sdapi/v1/progress");
+    ASSERT_TRUE(p);
+    const Json j = Json::parse(p->body);
+    const int step = j["state"]["sampling_step"];
+    if (step > 0 && step < 40 && j["state"]["job"] != "") {
+      seen_midway = true;
+      EXPECT_EQ(j["state"]["sampling_steps"], 40);
+      EXPECT_NEAR(j["progress"].get<double>(), step / 40.0, 1e-9);
+      EXPECT_GE(j["eta_relative"].get<double>(), 0.0);
+      EXPECT_GE(j["state"]["job_count"].get<int>(), 1);
+      if (j["current_image"].is_string()) {
+        seen_image = true;
+        const PngImage preview = read_png(as_file(unbase64(j["current_image"]), "serve_progress.png"));
+        EXPECT_GT(preview.width, 0);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  render.join();
+  EXPECT_TRUE(seen_midway) << "no progress seen between the first and last step of 40";
+  EXPECT_TRUE(seen_image) << "no live preview seen as current_image";
+  EXPECT_EQ(Json::parse(client().Get("/sdapi/v1/progress")->body)["state"]["job_count"], 0);
+}
+
 // What A1111 clients read at start: the sampler and schedule (the model's own), upscalers (none),
 // LoRAs, flags, memory; refresh routes answer; png-info reads back what txt2img wrote.
 TEST_F(Serve, Automatic1111ListsAndTools) {

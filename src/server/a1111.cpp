@@ -237,6 +237,7 @@ void Server::Impl::register_a1111() {
       refuse(400, e.message + " (GET /sdapi/v1/loras lists them; in the prompt as <lora:NAME:WEIGHT>)", "loras");
     }
     const auto j = image_job(m, a.r, a.n, std::move(files), kA1111Fields);
+    j->previews = true;  // progress's current_image
     submit(j);
     {
       std::lock_guard<std::mutex> lock(jobs_mutex);
@@ -287,29 +288,47 @@ void Server::Impl::register_a1111() {
     files.strength = strength;
     run(req, res, in, a, std::move(files), Json{{"denoising_strength", strength}});
   });
+  // A1111's progress: its own route's current job, or else any image job running on the server
+  // (the page's, the jobs API's, OpenAI's), with the time left at the rate of the steps so far and
+  // the latest live preview as current_image.
   http->route("GET", "/sdapi/v1/progress", [this](const http::Request&, http::Response& res) {
     std::shared_ptr<Job> j;
+    int active_jobs = 0;
     {
       std::lock_guard<std::mutex> lock(jobs_mutex);
       j = a1111_current;
+      for (const auto& [id, job] : jobs) {
+        std::lock_guard<std::mutex> job_lock(job->mutex);
+        if (job->kind != "image" || (job->state != JobState::queued && job->state != JobState::running)) continue;
+        ++active_jobs;
+        if (job->state == JobState::running && (!j || j->state != JobState::running)) j = job;
+      }
     }
-    Json state = {{"skipped", false},     {"interrupted", false}, {"job", ""},          {"job_count", 0},
+    Json state = {{"skipped", false},     {"interrupted", false}, {"job", ""},          {"job_count", active_jobs},
                   {"job_timestamp", "0"}, {"job_no", 0},          {"sampling_step", 0}, {"sampling_steps", 0}};
-    double progress = 0;
+    double progress = 0, eta = 0;
+    Json current_image = nullptr;
     if (j) {
       std::lock_guard<std::mutex> lock(j->mutex);
       const bool active = j->state == JobState::queued || j->state == JobState::running;
       state["interrupted"] = j->state == JobState::cancelled;
       state["job"] = active ? j->id : "";
-      state["job_count"] = active ? 1 : 0;
       state["sampling_step"] = j->step;
       state["sampling_steps"] = j->steps;
       progress = active && j->steps ? double(j->step) / j->steps : 0.0;
+      if (j->state == JobState::running && progress > 0) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - j->started).count();
+        eta = elapsed / progress - elapsed;
+      }
+      if (active && !j->preview.empty()) {
+        const Json p = Json::parse(j->preview, nullptr, false);
+        if (p.is_object() && p.contains("image")) current_image = p["image"];
+      }
     }
     res.set_content(dump(Json{{"progress", progress},
-                              {"eta_relative", 0.0},
+                              {"eta_relative", eta},
                               {"state", state},
-                              {"current_image", nullptr},
+                              {"current_image", current_image},
                               {"textinfo", nullptr}}),
                     "application/json");
   });

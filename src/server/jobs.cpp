@@ -120,6 +120,7 @@ void ModelWorker::run() {
     {
       std::lock_guard<std::mutex> lock(job->mutex);
       job->state = JobState::running;
+      job->started = std::chrono::steady_clock::now();
       job->changed.notify_all();
     }
     try {

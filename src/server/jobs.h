@@ -50,6 +50,7 @@ struct Job {
   int preview_count = 0;                               // previews kept so far
   std::string trace;                                   // ... Chrome trace-event JSON once done (GET /v1/jobs/ID/trace)
   std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point started;  // when it began to run (its state running)
 
   // Records "step i/n" progress lines; throws to stop the run when the job is cancelled.
   void progress(const std::string& line);
