@@ -1542,6 +1542,39 @@ TEST(ServeLoras, RequestsApplyTheFoldersLorasByName) {
   }
 }
 
+// What a server makes is kept: every finished job's files written to --output-dir as they end (the
+// bytes the client got), and GET /v1/jobs lists the jobs it holds with their files' urls.
+TEST(ServeKept, FilesAreWrittenAndJobsListed) {
+  const std::string dir = test::scratch_dir.path() + "serve_outputs/made_by_serve";
+  std::filesystem::remove_all(dir);
+  server::ServeOptions o;
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}};
+  o.port = 0;
+  o.output_dir = dir;
+  server::Server srv(o);
+  httplib::Client c("127.0.0.1", srv.start());
+  const Json body = {{"prompt", "a red fox"},   {"size", "64x48"}, {"steps", 2}, {"seed", 9}, {"n", 2},
+                     {"response_format", "url"}};
+  const auto r = c.Post("/v1/images/generations", body.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+  const std::string url = Json::parse(r->body)["data"][1]["url"];
+  const std::string id = url.substr(url.find("/v1/jobs/") + 9, url.find("/files/") - url.find("/v1/jobs/") - 9);
+  const auto served = c.Get(url.substr(url.find("/v1/jobs/")).c_str());
+  ASSERT_TRUE(served && served->status == 200);
+  EXPECT_EQ(read_file(dir + "/" + id + "-1.png"), served->body);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + id + "-0.png"));
+  const Json listed = Json::parse(c.Get("/v1/jobs")->body);
+  ASSERT_EQ(listed["data"].size(), 1u) << listed.dump();
+  EXPECT_EQ(listed["data"][0]["id"], id);
+  EXPECT_EQ(listed["data"][0]["state"], "done");
+  EXPECT_EQ(listed["data"][0]["files"][1], "/v1/jobs/" + id + "/files/1");
+  EXPECT_FALSE(listed["data"][0].contains("results"));  // files by url, not inline
+  // An output folder that cannot be one is refused at start.
+  server::ServeOptions bad = o;
+  bad.output_dir = dir + "/" + id + "-0.png/x";
+  test::expect_error([&] { server::Server refused(bad); }, {"--output-dir", "not a folder"});
+}
+
 // The audio route takes "loras" as the image routes do: the engine's clip with that file and
 // strength (a DoRA here), dropped for the next request; names outside the folder refused.
 TEST(ServeLoras, AudioRequestsApplyTheFoldersLorasByName) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <random>
 
+#include "io/files.h"
 #include "io/png.h"
 #include "server/server_impl.h"
 
@@ -104,6 +105,25 @@ void Server::Impl::job_finished(const Job& j) {
   }
 }
 
+void Server::Impl::write_outputs(const Job& j) const {
+  if (options.output_dir.empty()) return;
+  std::lock_guard<std::mutex> lock(j.mutex);
+  for (size_t n = 0; n < j.outputs.size(); ++n) {
+    const JobOutput& o = j.outputs[n];
+    const std::string ext = o.mime == "image/png"    ? ".png"
+                            : o.mime == "image/jpeg" ? ".jpg"
+                            : o.mime == "image/webp" ? ".webp"
+                            : o.mime == "audio/flac" ? ".flac"
+                                                     : ".wav";
+    const std::string path = options.output_dir + "/" + j.id + "-" + std::to_string(n) + ext;
+    try {
+      write_whole_file(path, o.bytes.data(), o.bytes.size());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "serve: job %s's file %zu was not written: %s\n", j.id.c_str(), n, e.what());
+    }
+  }
+}
+
 void Server::Impl::fail_job(const Job& j) {
   std::lock_guard<std::mutex> lock(j.mutex);
   if (j.state == JobState::failed) refuse(j.error_status, j.error, j.error_field);
@@ -124,6 +144,11 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
   if (!j.error.empty()) out["error"] = j.error;
   if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
   if (!j.preview.empty()) out["preview"] = Json::parse(j.preview);
+  if (j.state == JobState::done) {
+    Json files = Json::array();
+    for (size_t n = 0; n < j.outputs.size(); ++n) files.push_back("/v1/jobs/" + j.id + "/files/" + std::to_string(n));
+    out["files"] = files;
+  }
   if (j.state == JobState::done && with_results) {
     Json results = Json::array();
     for (const JobOutput& o : j.outputs)
@@ -192,6 +217,18 @@ void Server::Impl::register_jobs() {
     submit(j);
     res.status = 202;
     res.set_content(dump(job_json(*j)), "application/json");
+  });
+  // Every job the server holds, oldest first: those queued and running, and the finished ones it
+  // keeps (their files by url, not inline).
+  http->route("GET", "/v1/jobs", [this](const http::Request&, http::Response& res) {
+    std::vector<std::shared_ptr<Job>> all;
+    {
+      std::lock_guard<std::mutex> lock(jobs_mutex);
+      for (const auto& [id, j] : jobs) all.push_back(j);
+    }
+    Json data = Json::array();
+    for (const auto& j : all) data.push_back(job_json(*j, false));
+    res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
   });
   http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const http::Request& req, http::Response& res) {
     res.set_content(dump(job_json(*job(req.matches[1]))), "application/json");

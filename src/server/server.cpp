@@ -1,4 +1,5 @@
 #include "server/server.h"
+#include "io/files.h"
 
 #include <chrono>
 #include <filesystem>
@@ -145,6 +146,13 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   APUS_CHECK(!impl_->options.models.empty(), "serve: no --model given");
   APUS_CHECK(impl_->options.lora_dir.empty() || std::filesystem::is_directory(impl_->options.lora_dir),
              "serve: --lora-dir ", impl_->options.lora_dir, ": not a folder");
+  if (!impl_->options.output_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(impl_->options.output_dir, ec);
+    APUS_CHECK(std::filesystem::is_directory(impl_->options.output_dir), "serve: --output-dir ",
+               impl_->options.output_dir, ": not a folder and cannot be made one");
+    check_writable(impl_->options.output_dir + "/.apus-write-test");
+  }
   APUS_CHECK(impl_->options.queue >= 1 && impl_->options.queue <= 1024, "serve: --queue ", impl_->options.queue,
              " outside 1..1024");
   for (const ModelParts& parts : impl_->options.models) {
@@ -156,6 +164,7 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     Impl* impl = impl_.get();
     m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j, JobState s) {
       impl->metrics.job(j, s);
+      if (s == JobState::done) impl->write_outputs(j);
       impl->job_finished(j);
     });
     impl_->models.push_back(std::move(m));

@@ -37,6 +37,9 @@ struct ServeOptions {
   // run can beat) passes this many seconds is refused with 413 naming the estimate, so one
   // request cannot hold a model's worker for longer unasked. 0: no bound.
   double max_request_seconds = 900;
+  // Every finished job's files are also written here as they end (ID-N.png, .jpg, .webp, .wav,
+  // .flac), so nothing made is lost when the kept copies are dropped. Empty: none written.
+  std::string output_dir;
 };
 
 class Server {

@@ -111,6 +111,9 @@ struct Server::Impl {
   // On the model's worker, as a job ends (its files in place, before its waiters learn of it).
   void job_finished(const Job& j);
   static void fail_job(const Job& j);
+  // A done job's files into options.output_dir (when set), ID-N with the extension of its type;
+  // a file that cannot be written is reported on stderr, the job stays done.
+  void write_outputs(const Job& j) const;
   Json job_json(const Job& j, bool with_results = true);
 
   // The routes: the transport's hooks and the service's own (server.cpp), then each API's.
