@@ -1318,13 +1318,14 @@ TEST(ServePage, RunsInHeadlessChromium) {
   struct Case {
     std::string query, media, text, preview;
   };
-  // Live previews are on by default: the last step's stays shown (the projected image, the
-  // waveform drawn on its canvas).
+  // Live previews are on by default: the last step's was drawn (the projected image, the
+  // waveform on its canvas) and the result replaced it (hidden once done); Cancel shows while the
+  // job runs only.
   for (const Case& k :
        {Case{"model=klein_tiny_a&prompt=a%20fox&size=64x48&steps=2&seed=5&lora=peft.safetensors&lora_scale=0.7&run=1",
-             "<img", "LoRA peft.safetensors:0.7", "alt=\"preview\" src=\"data:image/png;base64,"},
+             "<img", "LoRA peft.safetensors:0.7", "class=\"hidden\" alt=\"preview\" src=\"data:image/png;base64,"},
         Case{"model=" + audio_id + "&prompt=rain&seconds=1.4&seed=3&run=1", "<audio", "(seed 3)",
-             "width=\"512\" height=\"64\" data-step=\"8\""}}) {
+             "id=\"wave\" class=\"hidden\" width=\"512\" height=\"64\" data-step=\"8\""}}) {
     const std::string dom = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".html",
                       log = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".log";
     const std::string url = test::shell_quote(base + "?" + k.query);
@@ -1335,6 +1336,7 @@ TEST(ServePage, RunsInHeadlessChromium) {
     EXPECT_NE(html.find(k.media), std::string::npos) << html;
     EXPECT_NE(html.find(k.text), std::string::npos) << html;
     EXPECT_NE(html.find(k.preview), std::string::npos) << html;
+    EXPECT_NE(html.find("id=\"cancel\" type=\"button\" class=\"hidden\""), std::string::npos) << html;
     EXPECT_NE(html.find("data-ready=\"yes\""), std::string::npos) << "the browser did not decode the result\n" << html;
     EXPECT_EQ(console.find(":ERROR:CONSOLE"), std::string::npos) << console;
     EXPECT_EQ(console.find("Uncaught"), std::string::npos) << console;
@@ -1525,6 +1527,18 @@ TEST(ServeLoras, RequestsApplyTheFoldersLorasByName) {
   const auto r1111 = c.Post("/sdapi/v1/txt2img", tagged.dump(), "application/json");
   ASSERT_TRUE(r1111 && r1111->status == 200) << (r1111 ? r1111->body : "no answer");
   EXPECT_EQ(read_png(as_file(unbase64(Json::parse(r1111->body)["images"][0]), "lora_a1111.png")).rgb, adapted);
+  // An adapter for another model (an audio DoRA here) is refused naming the file, never the
+  // server's folder.
+  std::filesystem::copy_file(test::fixture("sa3_lora/dora.safetensors"), dir + "/dora.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  Json foreign = body;
+  foreign["loras"] = Json::array({{{"name", "dora.safetensors"}}});
+  const auto wrong = c.Post("/v1/images/generations", foreign.dump(), "application/json");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 400) << wrong->body;
+  EXPECT_NE(wrong->body.find("dora.safetensors"), std::string::npos) << wrong->body;
+  EXPECT_EQ(wrong->body.find(dir), std::string::npos) << wrong->body;
+  std::filesystem::remove(dir + "/dora.safetensors");
   const Json missing = {{"prompt", "a red fox <lora:absent:1>"}, {"width", 64}, {"height", 48}, {"steps", 2}};
   const auto refused = c.Post("/sdapi/v1/txt2img", missing.dump(), "application/json");
   ASSERT_TRUE(refused);

@@ -124,9 +124,19 @@ void Server::Impl::write_outputs(const Job& j) const {
   }
 }
 
-void Server::Impl::fail_job(const Job& j) {
+std::string Server::Impl::public_message(const std::string& message) const {
+  std::string out = message;
+  for (const std::string& dir : {options.lora_dir, options.output_dir}) {
+    if (dir.empty()) continue;
+    const std::string prefix = dir + "/";
+    for (size_t at = out.find(prefix); at != std::string::npos; at = out.find(prefix, at)) out.erase(at, prefix.size());
+  }
+  return out;
+}
+
+void Server::Impl::fail_job(const Job& j) const {
   std::lock_guard<std::mutex> lock(j.mutex);
-  if (j.state == JobState::failed) refuse(j.error_status, j.error, j.error_field);
+  if (j.state == JobState::failed) refuse(j.error_status, j.error, j.error_field);  // made public as it is sent
   if (j.state == JobState::cancelled) refuse(499, "the job was cancelled");
 }
 
@@ -141,7 +151,7 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
               {"progress", j.state == JobState::done ? 1.0
                            : j.steps                 ? double(j.step) / j.steps
                                                      : 0.0}};
-  if (!j.error.empty()) out["error"] = j.error;
+  if (!j.error.empty()) out["error"] = public_message(j.error);
   if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
   if (!j.preview.empty()) out["preview"] = Json::parse(j.preview);
   if (j.state == JobState::done) {

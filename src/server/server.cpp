@@ -92,18 +92,19 @@ void Server::Impl::routes() {
     send_error(res, 401, "missing or wrong API key (Authorization: Bearer KEY)", "");
     return true;
   };
-  http->exception = [](http::Response& res, std::exception_ptr ep) {
+  // Every refusal as a client sees it (public_message: no server folders in the paths).
+  http->exception = [this](http::Response& res, std::exception_ptr ep) {
     try {
       std::rethrow_exception(ep);
     } catch (const HttpError& e) {
-      send_error(res, e.status, e.message, e.param);
+      send_error(res, e.status, public_message(e.message), e.param);
       if (e.status == 429) res.set_header("Retry-After", "5");
     } catch (const FieldError& e) {
-      send_error(res, 400, e.what(), e.field);
+      send_error(res, 400, public_message(e.what()), e.field);
     } catch (const std::bad_alloc&) {
       send_error(res, 503, "the server has not the memory to take this request now (an allocation failed)", "");
     } catch (const std::exception& e) {
-      send_error(res, 500, e.what(), "");
+      send_error(res, 500, public_message(e.what()), "");
     }
   };
   http->refusal = [](http::Response& res, int status, const std::string& message) {

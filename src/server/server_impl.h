@@ -110,7 +110,10 @@ struct Server::Impl {
   void finish_sync(const Job& j);
   // On the model's worker, as a job ends (its files in place, before its waiters learn of it).
   void job_finished(const Job& j);
-  static void fail_job(const Job& j);
+  void fail_job(const Job& j) const;
+  // An engine message as a client sees it: the server's own folders (--lora-dir, --output-dir)
+  // taken out of the paths it names, which are the server's business.
+  std::string public_message(const std::string& message) const;
   // A done job's files into options.output_dir (when set), ID-N with the extension of its type;
   // a file that cannot be written is reported on stderr, the job stays done.
   void write_outputs(const Job& j) const;

@@ -22,6 +22,12 @@ button{grid-column:4;padding:.5em;font-size:1em}.hidden{display:none!important}
 #maskcanvas{position:absolute;left:0;top:0;opacity:.45;cursor:crosshair;touch-action:none}
 #refs img{height:4em;margin-right:.3em}
 #shown{width:16em;image-rendering:pixelated}#wave{width:32em;height:4em;background:#fff}
+#cancel{grid-column:3}
+/* A phone's width: two columns, the buttons across, Generate in reach. */
+@media (max-width:40em){#form{grid-template-columns:minmax(0,1fr) minmax(0,1fr)}#form textarea,#inputs{grid-column:1/3}
+button,#cancel{grid-column:1/3}#form label{min-width:0}
+#form input:not([type=checkbox]),#form select,#form textarea{width:100%;box-sizing:border-box;min-width:0}
+#wave{width:100%}#paint canvas{max-width:100%}header input{width:10em}}
 </style></head><body>
 <header><h1>apus</h1><form id="keyform" onsubmit="return false"><input id="key" type="password"
 autocomplete="off" placeholder="API key (if the server asks)"></form></header>
@@ -30,7 +36,7 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <label>model<select id="model"></select></label>
 <label class="image">width<input id="width" type="number" value="1024" step="16" min="16"></label>
 <label class="image">height<input id="height" type="number" value="1024" step="16" min="16"></label>
-<label class="audio hidden">seconds<input id="seconds" type="number" value="10" step="any" min="0.1"></label>
+<label class="audio hidden">seconds<input id="seconds" type="number" value="30" step="any" min="0.1"></label>
 <label>seed (empty: random)<input id="seed" type="number" min="0"></label>
 <label>steps (empty: the model's)<input id="steps" type="number" min="1"></label>
 <label>live preview<input id="preview" type="checkbox" checked></label>
@@ -40,7 +46,7 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <label>negative prompt (guided models)<input id="negative_prompt"></label>
 <label>guidance (empty: the model's)<input id="cfg" type="number" step="any" min="0"></label>
 <label class="image">reference images (editing)<input id="refs_in" type="file" accept="image/*" multiple></label>
-<label class="image">inpaint strength<input id="strength" type="number" value="1" step="0.05" min="0" max="1"></label>
+<label class="image">inpaint strength<input id="strength" type="number" value="0.8" step="0.05" min="0" max="1"></label>
 <label class="audio hidden">init audio (audio-to-audio)<input id="init_in" type="file" accept="audio/*"></label>
 <label class="audio hidden">init noise level<input id="init_noise_level" type="number" step="any" min="0"></label>
 <label class="audio hidden">inpaint audio<input id="inpaint_in" type="file" accept="audio/*"></label>
@@ -49,6 +55,7 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <div id="paint" class="hidden"><canvas id="imagecanvas"></canvas><canvas id="maskcanvas"></canvas>
 <div>brush <input id="brush" type="range" min="2" max="64" value="16"> <button id="clearmask" type="button">clear mask</button>
 (paint over the first image where it is to be repainted)</div></div></div>
+<button id="cancel" type="button" class="hidden">Cancel</button>
 <button id="go" type="submit">Generate</button>
 </form>
 <div id="bar"><div id="fill"></div></div><div id="status"></div>
@@ -58,7 +65,8 @@ autocomplete="off" placeholder="API key (if the server asks)"></form></header>
 <script>
 const $ = id => document.getElementById(id);
 $('key').value = localStorage.getItem('apus-key') || '';
-$('key').onchange = () => localStorage.setItem('apus-key', $('key').value);
+// A key typed in is used at once: the models and LoRAs it may see are listed again.
+$('key').onchange = () => { localStorage.setItem('apus-key', $('key').value); loadModels(); };
 const headers = () => $('key').value ? {'Authorization': 'Bearer ' + $('key').value, 'Content-Type': 'application/json'}
                                      : {'Content-Type': 'application/json'};
 let kinds = {};
@@ -115,12 +123,14 @@ async function loadModels() {
   const r = await fetch('/v1/models', {headers: headers()});
   if (!r.ok) { $('status').textContent = 'models: ' + (await r.json()).error.message; return; }
   $('model').innerHTML = '';
+  $('status').textContent = '';
   for (const m of (await r.json()).data) {
     kinds[m.id] = m.kind;
     $('model').add(new Option(m.id + ' (' + m.kind + ')', m.id));
   }
   // The LoRAs the server offers (--lora-dir); the picker shows only where there are any.
   const l = await fetch('/v1/loras', {headers: headers()});
+  while ($('lora').options.length > 1) $('lora').remove(1);
   if (l.ok) for (const a of (await l.json()).data) $('lora').add(new Option(a.id, a.id));
   showFields();
 }
@@ -161,8 +171,12 @@ $('form').onsubmit = async ev => {
     const r = await fetch('/v1/jobs', {method: 'POST', headers: headers(), body: JSON.stringify(body)});
     const job = await r.json();
     if (!r.ok) throw new Error(job.error.message);
+    // Cancel asks the server to stop the job (DELETE /v1/jobs/ID): it ends within a step.
+    $('cancel').onclick = () => fetch('/v1/jobs/' + job.id, {method: 'DELETE', headers: headers()});
+    $('cancel').classList.remove('hidden');
     await follow(job.id, body);
   } catch (e) { $('status').textContent = 'error: ' + e.message; }
+  $('cancel').classList.add('hidden');
   $('go').disabled = false;
 };
 // Polls the job (its JSON carries the latest preview); an event stream would not carry the API key.
@@ -172,7 +186,12 @@ async function follow(id, request) {
     $('fill').style.width = (100 * j.progress) + '%';
     $('status').textContent = j.state + (j.steps ? ' step ' + j.step + '/' + j.steps : '');
     if (j.preview) preview(j.preview);
-    if (j.state === 'done') { for (const res of j.results) show(res, request); return; }
+    if (j.state === 'done') {
+      // The results replace the step's look at them.
+      for (const e of [$('shown'), $('wave')]) e.classList.add('hidden');
+      for (const res of j.results) show(res, request);
+      return;
+    }
     if (j.state === 'failed' || j.state === 'cancelled') throw new Error(j.error || j.state);
     await new Promise(ok => setTimeout(ok, 300));
   }
@@ -207,7 +226,8 @@ function show(res, request) {
   if (res.mime.startsWith('image')) media.addEventListener('load', () => card.dataset.ready = 'yes');
   else if (media.canPlayType(res.mime)) card.dataset.ready = 'yes';
   const link = Object.assign(document.createElement('a'), {href: url, textContent: 'download',
-    download: 'apus-' + res.seed + (res.mime === 'image/png' ? '.png' : res.mime === 'audio/flac' ? '.flac' : '.wav')});
+    download: 'apus-' + res.seed + ({'image/png': '.png', 'image/jpeg': '.jpg', 'image/webp': '.webp',
+                                     'audio/flac': '.flac'}[res.mime] || '.wav')});
   const text = document.createElement('div');
   const loras = (request.loras || []).map(a => ' LoRA ' + a.name + ':' + a.scale).join('');
   text.textContent = request.prompt + ' (seed ' + res.seed + loras + ') ';
