@@ -119,6 +119,26 @@ TEST(ImageModel, PreviewsFollowEveryStepAndFitTheDecodedImage) {
                      {"live previews come from a resident model"});
 }
 
+// finish_steps ends the sampling after the step running when it is set (here from the progress
+// line of step 2 of 4): the image is decoded from the latents as they are, and says how many ran.
+TEST(ImageModel, FinishingEarlyDecodesTheLatentsAsTheyAre) {
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  ImageRequest r = request("a red fox", 64, 48, 7);
+  r.steps = 4;
+  const ImageResult full = model->generate(r);
+  EXPECT_EQ(full.steps_run, 4);
+  std::atomic<bool> finish{false};
+  r.finish_steps = &finish;
+  const ImageResult early = model->generate(r, [&](const std::string& line) {
+    if (line.rfind("step 2/4", 0) == 0) finish = true;
+  });
+  EXPECT_EQ(early.steps_run, 2);
+  EXPECT_EQ(early.rgb.size(), full.rgb.size());
+  EXPECT_NE(early.rgb, full.rgb);
+  // Set before the run: no step runs, the noise itself is decoded.
+  EXPECT_EQ(model->generate(r).steps_run, 0);
+}
+
 TEST(ImageModel, BatchOfTwoEqualsTwoSingleRequests) {
   for (const bool fp32 : {false, true}) {
     ImageRequest a = request("a red fox in tall grass", 64, 48, 7);

@@ -944,11 +944,15 @@ TEST_F(Serve, Automatic1111OptionsPickTheCheckpoint) {
 TEST_F(Serve, Automatic1111ProgressFollowsTheRunningJob) {
   const Json body = {{"prompt", "a lighthouse"}, {"width", 128}, {"height", 128}, {"steps", 40}, {"seed", 3}};
   std::atomic<bool> done{false};
-  std::thread render([&] {
+  int status = 0;
+  std::string answered;
+  auto post = [&] {
     const auto r = client().Post("/sdapi/v1/txt2img", body.dump(), "application/json");
-    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    status = r ? r->status : 0;
+    answered = r ? r->body : "no answer";
     done = true;
-  });
+  };
+  std::thread render(post);
   bool seen_midway = false, seen_image = false;
   while (!done) {
     const auto p = client().Get("/sdapi/v1/progress");
@@ -970,8 +974,26 @@ TEST_F(Serve, Automatic1111ProgressFollowsTheRunningJob) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   render.join();
+  EXPECT_EQ(status, 200) << answered;
   EXPECT_TRUE(seen_midway) << "no progress seen between the first and last step of 40";
   EXPECT_TRUE(seen_image) << "no live preview seen as current_image";
+  // Interrupted midway: the call answers 200 with the image decoded from where it got (A1111's
+  // interrupt), long before its 40 steps.
+  done = false;
+  std::thread stopped(post);
+  for (;;) {
+    const Json j = Json::parse(client().Get("/sdapi/v1/progress")->body);
+    if (done || j["state"]["sampling_step"].get<int>() >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto stop = client().Post("/sdapi/v1/interrupt", "", "application/json");
+  ASSERT_TRUE(stop);
+  EXPECT_EQ(stop->status, 200);
+  stopped.join();
+  ASSERT_EQ(status, 200) << answered;
+  const Json answer = Json::parse(answered);
+  ASSERT_EQ(answer["images"].size(), 1u);
+  EXPECT_EQ(read_png(as_file(unbase64(answer["images"][0]), "serve_interrupted.png")).width, 128);
   EXPECT_EQ(Json::parse(client().Get("/sdapi/v1/progress")->body)["state"]["job_count"], 0);
 }
 

@@ -88,7 +88,9 @@ struct ImageRequest {
   std::vector<Lora> loras;       // the transformer's adapters; every request of a batch the same
   // Live previews after every step (a resident model's; others refuse it). The first call fits the
   // projection to the model's VAE (one decode of two 256x256 images), once per model.
-  PreviewSink preview;
+  PreviewSink preview;  // Set from any thread to end the sampling early: no step starts after it, and the image is
+  // decoded from the latents as they are (ImageResult::steps_run says how many ran). Null: none.
+  const std::atomic<bool>* finish_steps = nullptr;
 };
 
 struct StageTime {
@@ -228,7 +230,8 @@ struct AudioRequest {
   std::vector<Lora> loras;
   // Live previews after every step (a resident model's; others refuse it): the clip decoded from
   // the sampler's current estimate, as peaks. Each costs a decode of the clip.
-  PreviewSink preview;
+  PreviewSink preview;  // As ImageRequest::finish_steps: no step starts after it is set; the clip is decoded as it is.
+  const std::atomic<bool>* finish_steps = nullptr;
 };
 
 struct AudioResult {

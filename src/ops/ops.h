@@ -28,6 +28,9 @@ struct Context {
   const Adapters* adapters = nullptr;  // the request's low-rank adapters (ops/adapters.h): linear applies them
   // Set by the request's owner to end it: every op checks it first and throws "cancelled".
   const std::atomic<bool>* stop = nullptr;
+  // Set by the request's owner to end the sampling early: no step starts after it is set, and the
+  // later stages run on the latents as they are (AUTOMATIC1111's interrupt).
+  const std::atomic<bool>* finish_steps = nullptr;
 };
 
 // Names a module for the cost log, and the trace, for as long as it lives.

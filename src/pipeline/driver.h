@@ -114,10 +114,12 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
               continue;
             }
             const StepRange range = stage.steps(w);
-            for (int i = range.first; i < range.end; ++i)
+            for (int i = range.first; i < range.end; ++i) {
+              if (c.finish_steps && c.finish_steps->load(std::memory_order_relaxed)) break;
               timed_step(c, clock, say, i - range.first, range.end - range.first, (*range.sigmas)[size_t(i)],
                          w.*stage.output, stage.name,
                          [&] { run_stage(c, stage.name, [&] { stage.run(c, model, w, i); }); });
+            }
           }
         });
   }
@@ -172,6 +174,7 @@ std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<
   ctx.backend = device;
   ctx.trace = trace.get();
   ctx.stop = stop;
+  ctx.finish_steps = r.finish_steps;
 
   // Everything that can reject the request (prompts, noise files, input images or clips) comes
   // before any weight loads.

@@ -311,7 +311,7 @@ void Server::Impl::register_a1111() {
     if (j) {
       std::lock_guard<std::mutex> lock(j->mutex);
       const bool active = j->state == JobState::queued || j->state == JobState::running;
-      state["interrupted"] = j->state == JobState::cancelled;
+      state["interrupted"] = j->state == JobState::cancelled || j->finish;
       state["job"] = active ? j->id : "";
       state["sampling_step"] = j->step;
       state["sampling_steps"] = j->steps;
@@ -332,9 +332,11 @@ void Server::Impl::register_a1111() {
                               {"textinfo", nullptr}}),
                     "application/json");
   });
+  // As A1111's interrupt: the sampling ends after its current step and the call answers with the
+  // image decoded from where it got.
   http->route("POST", "/sdapi/v1/interrupt", [this](const http::Request&, http::Response& res) {
     std::lock_guard<std::mutex> lock(jobs_mutex);
-    if (a1111_current) a1111_current->cancel = true;
+    if (a1111_current) a1111_current->finish = true;
     res.set_content("{}", "application/json");
   });
   http->route("GET", "/sdapi/v1/sd-models", [this](const http::Request&, http::Response& res) {

@@ -35,6 +35,7 @@ struct Job {
   std::function<std::vector<JobOutput>(Job&)> work;
 
   std::atomic<bool> cancel{false};  // checked before every op of the run
+  std::atomic<bool> finish{false};  // ends the sampling after its current step; the rest runs (A1111's interrupt)
   mutable std::mutex mutex;
   std::condition_variable changed;
   JobState state = JobState::queued;

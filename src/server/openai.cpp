@@ -248,6 +248,7 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
       r.inpaint = Inpainting{std::move(image_to_paint), std::move(mask), files.strength};
       r.references.erase(r.references.begin());
     }
+    r.finish_steps = &j.finish;
     std::vector<ImageRequest> batch = batch_of(r, n);
     if (j.previews)
       for (size_t i = 0; i < batch.size(); ++i) batch[i].preview = preview_sink(j, int(i));

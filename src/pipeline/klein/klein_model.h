@@ -61,6 +61,7 @@ class KleinModel final : public ImageModel {
     // the image (noised to the next sigma) in proportion 1 - inpaint_mask, per token.
     bool inpainting = false;
     int first_step = 0;
+    int steps_run = 0;  // the sampler steps run (fewer than planned when finish_steps ended it)
     // Flux2KleinKVPipeline with references: their keys and values, computed once in the prologue,
     // stand in for their tokens at every step.
     bool reference_cache = false;

@@ -172,7 +172,7 @@ bool same_image(const Rgb8Image& a, const Rgb8Image& b) {
 // What a batch of image requests shares; per sample: the prompt, negative prompt, seed, noise
 // file, trace and preview sink.
 constexpr std::size_t kPerSample = 6;
-constexpr std::array<SharedSetting<ImageRequest>, 8> kShared = {{
+constexpr std::array<SharedSetting<ImageRequest>, 9> kShared = {{
     {"width", [](const ImageRequest& a, const ImageRequest& b) { return a.width == b.width; }},
     {"height", [](const ImageRequest& a, const ImageRequest& b) { return a.height == b.height; }},
     {"steps", [](const ImageRequest& a, const ImageRequest& b) { return a.steps == b.steps; }},
@@ -190,6 +190,7 @@ constexpr std::array<SharedSetting<ImageRequest>, 8> kShared = {{
                                                                     same_image(a.inpaint->mask, b.inpaint->mask)));
      }},
     {"LoRAs", [](const ImageRequest& a, const ImageRequest& b) { return same_loras(a.loras, b.loras); }},
+    {"finish flag", [](const ImageRequest& a, const ImageRequest& b) { return a.finish_steps == b.finish_steps; }},
 }};
 static_assert(field_count<ImageRequest>() == kShared.size() + kPerSample,
               "ImageRequest has a field kShared does not list: list it there, or count it per sample");

@@ -149,6 +149,7 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
 }
 
 void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i) const {
+  ++w.steps_run;
   const size_t s = size_t(i);
   ArenaScope arena(*c.arena);
   const int64_t refs = w.reference_cache ? 0 : w.ref_tokens;  // reference tokens in the sequence
@@ -344,7 +345,7 @@ void KleinModel::finish(Context& c, Work& w, const std::vector<ImageRequest>& re
     ImageResult& res = results[size_t(i)];
     res.rgb.assign(bytes.ptr<uint8_t>(), bytes.ptr<uint8_t>() + bytes.numel());
     res.steps = w.steps;
-    res.steps_run = w.steps - w.first_step;
+    res.steps_run = w.steps_run;
     res.cfg = w.guided ? *r.cfg : 1.0f;
     res.width = *r.width;
     res.height = *r.height;

@@ -107,7 +107,7 @@ namespace {
 // What a batch of audio requests shares; per sample: the prompt, seed, trace and preview sink,
 // and the negative prompt's and input clips' contents (their presence is shared).
 constexpr std::size_t kPerSample = 4;
-constexpr std::array<SharedSetting<AudioRequest>, 12> kShared = {{
+constexpr std::array<SharedSetting<AudioRequest>, 13> kShared = {{
     {"seconds", [](const AudioRequest& a, const AudioRequest& b) { return a.seconds == b.seconds; }},
     {"steps", [](const AudioRequest& a, const AudioRequest& b) { return a.steps == b.steps; }},
     {"precision", [](const AudioRequest& a, const AudioRequest& b) { return a.fp32 == b.fp32; }},
@@ -133,6 +133,7 @@ constexpr std::array<SharedSetting<AudioRequest>, 12> kShared = {{
        return std::equal(a.loras.begin(), a.loras.end(), b.loras.begin(), b.loras.end(),
                          [](const Lora& x, const Lora& y) { return x.file == y.file && x.scale == y.scale; });
      }},
+    {"finish flag", [](const AudioRequest& a, const AudioRequest& b) { return a.finish_steps == b.finish_steps; }},
 }};
 static_assert(field_count<AudioRequest>() == kShared.size() + kPerSample,
               "AudioRequest has a field kShared does not list: list it there, or count it per sample");
