@@ -3,11 +3,13 @@
 // 41): each shared setting as a name and a comparison, and a compile-time count that fails when the
 // request type gains a field listed neither as shared nor as one of the per-sample fields (a field
 // forgotten here would silently mix settings in a batch).
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <string>
 #include <vector>
 
+#include "apus/apus.h"
 #include "core/error.h"
 
 namespace apus {
@@ -28,6 +30,12 @@ template <typename Request> struct SharedSetting {
   const char* name;
   bool (*same)(const Request&, const Request&);
 };
+
+// The same adapters, in the same order, at the same scales.
+inline bool same_loras(const std::vector<Lora>& a, const std::vector<Lora>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const Lora& x, const Lora& y) { return x.file == y.file && x.scale == y.scale; });
+}
 
 // Refuses a batch whose requests differ in a shared setting, naming the first that does.
 template <typename Request, std::size_t N>

@@ -195,6 +195,25 @@ template <int D, bool Lean> struct Block {
     }
   }
 
+  // The key tiles the block sees, two in flight: body(stage, k0, mask) for each once it is in
+  // shared memory (its values too, with v), the stage refilled only after every warp is done.
+  template <typename Body>
+  __device__ void over_tiles(const __nv_bfloat16* k, int64_t k_stride, const __nv_bfloat16* v, Body&& body) {
+    int stage = 0;
+    if (tile_lo < tile_hi) issue(0, k, k_stride, v, tile_lo);
+    for (int64_t k0 = tile_lo; k0 < tile_hi; k0 += kKeys, stage ^= 1) {
+      if (k0 + kKeys < tile_hi) {
+        issue(stage ^ 1, k, k_stride, v, k0 + kKeys);
+        wait_copies<1>();
+      } else {
+        wait_copies<0>();
+      }
+      __syncthreads();
+      body(stage, k0, mask(stage, k0));
+      __syncthreads();
+    }
+  }
+
   // One term: the output rows, rounded to bf16 as floats, into out (NaN for a poisoned row).
   __device__ void term(int which, float (&out)[D / 8][4]) {
     const auto* q = static_cast<const __nv_bfloat16*>(p.q[which]) + b * p.sq * p.q_stride[which] + h * D;
@@ -219,17 +238,7 @@ template <int D, bool Lean> struct Block {
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     bool nan[2] = {false, false};
     float s[kKeys / 8][4];
-    int stage = 0;
-    if (tile_lo < tile_hi) issue(0, k, k_stride, nullptr, tile_lo);
-    for (int64_t k0 = tile_lo; k0 < tile_hi; k0 += kKeys, stage ^= 1) {
-      if (k0 + kKeys < tile_hi) {
-        issue(stage ^ 1, k, k_stride, nullptr, k0 + kKeys);
-        wait_copies<1>();
-      } else {
-        wait_copies<0>();
-      }
-      __syncthreads();
-      const TileMask mk = mask(stage, k0);
+    over_tiles(k, k_stride, nullptr, [&](int stage, int64_t, const TileMask& mk) {
       scores(qf, stage, s);
       float tile_max[2] = {-INFINITY, -INFINITY};
       uint64_t seen[2] = {0, 0};  // the lean code's keys seen, from the thread's first column
@@ -258,8 +267,7 @@ template <int D, bool Lean> struct Block {
         l[r] = l[r] * expf(m[r] - m_new) + sum;
         m[r] = m_new;
       }
-      __syncthreads();  // this stage is refilled next
-    }
+    });
     float inv[2];
     bool poisoned[2];
     for (int r = 0; r < 2; ++r) {
@@ -282,17 +290,7 @@ template <int D, bool Lean> struct Block {
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    stage = 0;
-    if (tile_lo < tile_hi) issue(0, k, k_stride, v, tile_lo);
-    for (int64_t k0 = tile_lo; k0 < tile_hi; k0 += kKeys, stage ^= 1) {
-      if (k0 + kKeys < tile_hi) {
-        issue(stage ^ 1, k, k_stride, v, k0 + kKeys);
-        wait_copies<1>();
-      } else {
-        wait_copies<0>();
-      }
-      __syncthreads();
-      const TileMask mk = mask(stage, k0);
+    over_tiles(k, k_stride, v, [&](int stage, int64_t, const TileMask& mk) {
       scores(qf, stage, s);
       uint64_t seen[2] = {0, 0};
       if constexpr (Lean)
@@ -325,8 +323,7 @@ template <int D, bool Lean> struct Block {
           mma(o[2 * dt + 1], a, bv[2], bv[3]);
         }
       }
-      __syncthreads();  // this stage is refilled next
-    }
+    });
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
 #pragma unroll

@@ -160,11 +160,6 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
 
 namespace {
 
-bool same_loras(const std::vector<Lora>& a, const std::vector<Lora>& b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                    [](const Lora& x, const Lora& y) { return x.file == y.file && x.scale == y.scale; });
-}
-
 bool same_image(const Rgb8Image& a, const Rgb8Image& b) {
   return a.width == b.width && a.height == b.height && a.rgb == b.rgb;
 }

@@ -128,11 +128,7 @@ constexpr std::array<SharedSetting<AudioRequest>, 13> kShared = {{
      }},
     {"inpainting regions",
      [](const AudioRequest& a, const AudioRequest& b) { return a.inpaint_regions == b.inpaint_regions; }},
-    {"LoRAs",
-     [](const AudioRequest& a, const AudioRequest& b) {
-       return std::equal(a.loras.begin(), a.loras.end(), b.loras.begin(), b.loras.end(),
-                         [](const Lora& x, const Lora& y) { return x.file == y.file && x.scale == y.scale; });
-     }},
+    {"LoRAs", [](const AudioRequest& a, const AudioRequest& b) { return same_loras(a.loras, b.loras); }},
     {"finish flag", [](const AudioRequest& a, const AudioRequest& b) { return a.finish_steps == b.finish_steps; }},
 }};
 static_assert(field_count<AudioRequest>() == kShared.size() + kPerSample,
