@@ -19,6 +19,7 @@
 #include "io/single_file.h"
 #include "io/synth.h"
 #include "io/weight_source.h"
+#include "pipeline/registry.h"
 #include "test_util.h"
 
 namespace apus {
@@ -408,6 +409,12 @@ TEST(SingleFile, FilesThatAreNotWhatTheyAreGivenAsAreRefusedNamingTheFile) {
   const std::string root = fixture("klein_tiny_a");
   const std::string vae = root + "/vae/diffusion_pytorch_model.safetensors";
   expect_error([&] { render(single(vae)); }, {vae, "not a FLUX.2 transformer", "single_stream_modulation"});
+  // Which family a single file is, from what it holds; a file no family claims, refused naming
+  // what each looks for.
+  EXPECT_EQ(model_kind(single(fixture("klein_single/flux-2-klein-tiny.safetensors"))), ModelKind::image);
+  EXPECT_EQ(model_kind(single(fixture("klein_single/flux-2-klein-tiny-Q8_0.gguf"))), ModelKind::image);
+  expect_error([&] { model_kind(single(vae)); },
+               {vae, "neither a Stable Audio 3 checkpoint", "nor a FLUX.2 transformer"});
   ModelParts p = single(fixture("klein_single/flux-2-klein-tiny.safetensors"));
   p.vae = fixture("klein_single/flux-2-klein-tiny.safetensors");
   expect_error([&] { render(p); },

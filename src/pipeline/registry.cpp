@@ -191,13 +191,36 @@ bool int8_tier(Quant quant, Backend* device) {
 
 bool is_single_file(const std::string& model) { return !model.empty() && path_exists(model) && !is_directory(model); }
 
+namespace {
+
+// The single files each family reads, recognised by what they hold (never by the file's name), in
+// the order they are asked: a new family's files are one more line.
+struct SingleFileFamily {
+  ModelKind kind;
+  const char* holds;  // what the family looks for, for the refusal
+  bool (*claims)(const std::string& path);
+};
+const SingleFileFamily kSingleFileFamilies[] = {
+    {ModelKind::audio, "a Stable Audio 3 checkpoint (the official keys, or sa3.cpp's GGUF)",
+     [](const std::string& path) {
+       return is_gguf_file(path) ? sa3::gguf_architecture(path).starts_with("sa3-")
+                                 : SingleFile::open(path)->contains(kSa3SingleFileKey);
+     }},
+    {ModelKind::image, "a FLUX.2 transformer (BFL's, ComfyUI's or diffusers' names, or a GGUF)",
+     [](const std::string& path) { return flux2::holds_transformer(*SingleFile::open(path)); }},
+};
+
+}  // namespace
+
 ModelKind model_kind(const ModelParts& parts) {
-  // The single files apus reads are Stable Audio 3 checkpoints (under the official keys, or
-  // sa3.cpp's GGUF files) and FLUX.2 transformers (open_transformer_file refuses others).
-  if (is_single_file(parts.model) && is_gguf_file(parts.model))
-    return sa3::gguf_architecture(parts.model).starts_with("sa3-") ? ModelKind::audio : ModelKind::image;
-  if (is_single_file(parts.model))
-    return SingleFile::open(parts.model)->contains(kSa3SingleFileKey) ? ModelKind::audio : ModelKind::image;
+  if (is_single_file(parts.model)) {
+    std::string holds;
+    for (const SingleFileFamily& f : kSingleFileFamilies) {
+      if (f.claims(parts.model)) return f.kind;
+      holds += std::string(holds.empty() ? "" : ", nor ") + f.holds;
+    }
+    fail(parts.model, ": neither ", holds);
+  }
   const std::string& model = parts.model;
   const std::string root = resolve_model_dir(model, is_directory(model) ? Weights::per_stage : Weights::none);
   if (single_checkpoint(root)) return ModelKind::audio;

@@ -21,11 +21,16 @@ std::string strip_prefix(const std::string& name) {
 
 // BFL's names of whole tensors -> diffusers', within a double block, a single block, and at the top.
 const std::map<std::string, std::string> kDouble = {
-    {"img_attn.norm.query_norm", "attn.norm_q"},     {"img_attn.norm.key_norm", "attn.norm_k"},
-    {"img_attn.proj", "attn.to_out.0"},              {"img_mlp.0", "ff.linear_in"},
-    {"img_mlp.2", "ff.linear_out"},                  {"txt_attn.norm.query_norm", "attn.norm_added_q"},
-    {"txt_attn.norm.key_norm", "attn.norm_added_k"}, {"txt_attn.proj", "attn.to_add_out"},
-    {"txt_mlp.0", "ff_context.linear_in"},           {"txt_mlp.2", "ff_context.linear_out"},
+    {"img_attn.norm.query_norm", "attn.norm_q"},
+    {"img_attn.norm.key_norm", "attn.norm_k"},
+    {"img_attn.proj", "attn.to_out.0"},
+    {"img_mlp.0", "ff.linear_in"},
+    {"img_mlp.2", "ff.linear_out"},
+    {"txt_attn.norm.query_norm", "attn.norm_added_q"},
+    {"txt_attn.norm.key_norm", "attn.norm_added_k"},
+    {"txt_attn.proj", "attn.to_add_out"},
+    {"txt_mlp.0", "ff_context.linear_in"},
+    {"txt_mlp.2", "ff_context.linear_out"},
 };
 const std::map<std::string, std::string> kSingle = {
     {"linear1", "attn.to_qkv_mlp_proj"},
@@ -108,6 +113,14 @@ std::vector<std::string> bfl_modules(int64_t double_blocks, int64_t single_block
   return out;
 }
 
+bool holds_transformer(const SingleFile& file) {
+  for (const std::string& s : file.stored_names()) {
+    const std::string name = strip_prefix(s);
+    if (name == "single_stream_modulation.lin.weight" || name == "single_stream_modulation.linear.weight") return true;
+  }
+  return false;
+}
+
 TransformerFile open_transformer_file(const std::string& path) {
   auto file = SingleFile::open(path);
   TransformerFile out;
@@ -116,7 +129,8 @@ TransformerFile open_transformer_file(const std::string& path) {
   for (const std::string& s : file->stored_names()) stripped[strip_prefix(s)] = s;
   const bool bfl = stripped.count("single_stream_modulation.lin.weight") > 0;
   const bool diffusers = stripped.count("single_stream_modulation.linear.weight") > 0;
-  APUS_CHECK(bfl || diffusers, path, ": not a FLUX.2 transformer (expected BFL's 'single_stream_modulation.lin.weight' ",
+  APUS_CHECK(bfl || diffusers, path,
+             ": not a FLUX.2 transformer (expected BFL's 'single_stream_modulation.lin.weight' ",
              "or diffusers' 'single_stream_modulation.linear.weight'; the file holds ", file->stored_names().size(),
              " tensors", file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
   out.layout = bfl ? "BFL" : "diffusers";
@@ -190,10 +204,14 @@ std::string resnet_param(const std::string& p) {
 bool ldm_vae_name(const std::string& name, int64_t up_blocks, std::string& to, bool& conv_as_linear) {
   static const std::map<std::string, std::string> attention = {
       {"norm", "group_norm"}, {"q", "to_q"}, {"k", "to_k"}, {"v", "to_v"}, {"proj_out", "to_out.0"}};
-  static const std::map<std::string, std::string> same = {
-      {"quant_conv", ""}, {"post_quant_conv", ""}, {"encoder.conv_in", ""}, {"encoder.conv_out", ""},
-      {"decoder.conv_in", ""}, {"decoder.conv_out", ""}, {"encoder.norm_out", "encoder.conv_norm_out"},
-      {"decoder.norm_out", "decoder.conv_norm_out"}};
+  static const std::map<std::string, std::string> same = {{"quant_conv", ""},
+                                                          {"post_quant_conv", ""},
+                                                          {"encoder.conv_in", ""},
+                                                          {"encoder.conv_out", ""},
+                                                          {"decoder.conv_in", ""},
+                                                          {"decoder.conv_out", ""},
+                                                          {"encoder.norm_out", "encoder.conv_norm_out"},
+                                                          {"decoder.norm_out", "decoder.conv_norm_out"}};
   conv_as_linear = false;
   if (name == "bn.running_mean" || name == "bn.running_var" || name == "bn.num_batches_tracked") {
     to = name;
@@ -257,7 +275,8 @@ std::shared_ptr<const SingleFile> open_vae_file(const std::string& path) {
   }
   const bool diffusers = bare.count("decoder.up_blocks.0.resnets.0.conv1.weight") > 0;
   const bool ldm = bare.count("decoder.up.0.block.0.conv1.weight") > 0;
-  APUS_CHECK(diffusers || ldm, path, ": not a FLUX.2 VAE (expected diffusers' 'decoder.up_blocks.0.resnets.0.conv1.weight' ",
+  APUS_CHECK(diffusers || ldm, path,
+             ": not a FLUX.2 VAE (expected diffusers' 'decoder.up_blocks.0.resnets.0.conv1.weight' ",
              "or BFL's 'decoder.up.0.block.0.conv1.weight'; the file holds ", file->stored_names().size(), " tensors",
              file->stored_names().empty() ? "" : ", the first '" + file->stored_names().front() + "'", ")");
   APUS_CHECK(bare.count("bn.running_mean") && bare.count("bn.running_var"), path,
@@ -290,8 +309,8 @@ std::shared_ptr<const SingleFile> open_text_encoder_file(const std::string& path
   auto holds = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
   if (holds("model.embed_tokens.weight") || holds("embed_tokens.weight")) return file;
   APUS_CHECK(holds("token_embd.weight"), path, ": not a Qwen3 text encoder (expected transformers' ",
-             "'model.embed_tokens.weight' or llama.cpp's 'token_embd.weight'; the file holds ", names.size(), " tensors",
-             names.empty() ? "" : ", the first '" + names.front() + "'", ")");
+             "'model.embed_tokens.weight' or llama.cpp's 'token_embd.weight'; the file holds ", names.size(),
+             " tensors", names.empty() ? "" : ", the first '" + names.front() + "'", ")");
   if (file->is_gguf()) {
     const std::string arch = file->gguf()->metadata_string("general.architecture");
     APUS_CHECK(arch == "qwen3", path, ": general.architecture is '", arch, "', expected qwen3 (FLUX.2 [klein]'s ",
@@ -299,11 +318,11 @@ std::shared_ptr<const SingleFile> open_text_encoder_file(const std::string& path
   }
   // llama.cpp's names within a block -> transformers'.
   static const std::map<std::string, std::string> block = {
-      {"attn_norm", "input_layernorm"},     {"attn_q", "self_attn.q_proj"},
-      {"attn_k", "self_attn.k_proj"},       {"attn_v", "self_attn.v_proj"},
-      {"attn_output", "self_attn.o_proj"},  {"attn_q_norm", "self_attn.q_norm"},
-      {"attn_k_norm", "self_attn.k_norm"},  {"ffn_norm", "post_attention_layernorm"},
-      {"ffn_gate", "mlp.gate_proj"},        {"ffn_up", "mlp.up_proj"},
+      {"attn_norm", "input_layernorm"},    {"attn_q", "self_attn.q_proj"},
+      {"attn_k", "self_attn.k_proj"},      {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"}, {"attn_q_norm", "self_attn.q_norm"},
+      {"attn_k_norm", "self_attn.k_norm"}, {"ffn_norm", "post_attention_layernorm"},
+      {"ffn_gate", "mlp.gate_proj"},       {"ffn_up", "mlp.up_proj"},
       {"ffn_down", "mlp.down_proj"}};
   std::map<std::string, SingleFile::Entry> entries;
   for (const std::string& stored : names) {

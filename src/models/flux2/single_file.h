@@ -31,6 +31,9 @@ bool bfl_module_targets(const std::string& module, std::vector<DiffusersTarget>&
 // Every module of a transformer of that depth in BFL's names.
 std::vector<std::string> bfl_modules(int64_t double_blocks, int64_t single_blocks);
 
+// Whether a file holds a FLUX.2 transformer (BFL's or diffusers' names, bare or under ComfyUI's
+// prefixes): what open_transformer_file looks for first.
+bool holds_transformer(const SingleFile& file);
 // Refuses a file that holds no FLUX.2 transformer, or a BFL key it does not know, naming both.
 TransformerFile open_transformer_file(const std::string& path);
 
