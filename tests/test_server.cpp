@@ -265,6 +265,35 @@ TEST_F(Serve, OpenAiModelNamesUrlsAndOutputFormats) {
                  404, "'sd_xl' is not loaded", "model");
 }
 
+// OpenAI's streamed generation (the SDK's images.generate(stream=True, partial_images=N)): the live
+// previews as partial images spread over the steps, then the completed image, the engine's own.
+TEST_F(Serve, OpenAiStreamsPartialImagesThenTheImage) {
+  const Json body = {{"prompt", "a red fox"}, {"size", "64x48"},    {"seed", 42}, {"steps", 4},
+                     {"stream", true},        {"partial_images", 2}};
+  const auto r = client().Post("/v1/images/generations", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/event-stream", 0), 0u);
+  std::vector<Json> events;
+  for (size_t at = r->body.find("data: "); at != std::string::npos; at = r->body.find("data: ", at + 1))
+    events.push_back(Json::parse(r->body.substr(at + 6, r->body.find('\n', at) - at - 6)));
+  ASSERT_EQ(events.size(), 3u) << r->body;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(events[size_t(i)]["type"], "image_generation.partial_image");
+    EXPECT_EQ(events[size_t(i)]["partial_image_index"], i);
+    EXPECT_GT(read_png(as_file(unbase64(events[size_t(i)]["b64_json"]), "serve_partial.png")).width, 0);
+  }
+  EXPECT_EQ(events[2]["type"], "image_generation.completed");
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage);
+  EXPECT_EQ(read_png(as_file(unbase64(events[2]["b64_json"]), "serve_streamed.png")).rgb,
+            model->generate(engine_request("a red fox", 64, 48, 4, 42)).rgb);
+  expect_refusal(
+      client().Post("/v1/images/generations", R"({"prompt": "x", "stream": true, "n": 2})", "application/json"), 400,
+      "one image", "n");
+  expect_refusal(client().Post("/v1/images/generations", R"({"prompt": "x", "partial_images": 2})", "application/json"),
+                 400, "stream: true", "partial_images");
+}
+
 // A clip: the file itself, the engine's samples (bf16, as the resident model serves).
 TEST_F(Serve, AudioIsTheEnginesClip) {
   const Json body = {{"prompt", "warm lo-fi hip hop"}, {"seconds", 1.4}, {"seed", 42}, {"format", "wav-float"}};

@@ -31,8 +31,6 @@ struct Request {
   bool client_gone() const;
 };
 
-// A body made piece by piece (server-sent events), sent chunked: `next` blocks until it has a
-// piece and returns nullopt at the end; `abandoned` is told when the client went away instead.
 // A body sent in pieces as they come. next() must not wait: it returns the next piece, an empty
 // string when there is nothing yet (it is asked again shortly, no thread held meanwhile), or
 // nullopt at the end. abandoned() runs when the client goes away first.

@@ -75,17 +75,19 @@ void Server::Impl::wait_for_client(const http::Request& req, Job& j) {
   }
 }
 
+void Server::Impl::drop_kept(const Job& j) {
+  std::lock_guard<std::mutex> lock(jobs_mutex);
+  jobs.erase(j.id);
+  for (auto it = finished.begin(); it != finished.end(); ++it)
+    if (it->first == j.id) {
+      finished_bytes -= it->second;
+      finished.erase(it);
+      break;
+    }
+}
+
 void Server::Impl::finish_sync(const Job& j) {
-  {
-    std::lock_guard<std::mutex> lock(jobs_mutex);
-    jobs.erase(j.id);
-    for (auto it = finished.begin(); it != finished.end(); ++it)
-      if (it->first == j.id) {
-        finished_bytes -= it->second;
-        finished.erase(it);
-        break;
-      }
-  }
+  drop_kept(j);
   fail_job(j);
 }
 

@@ -98,7 +98,9 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
           "output_format",
           "output_compression",
           "background",
-          "moderation"});
+          "moderation",
+          "stream",
+          "partial_images"});
   // Apps that name OpenAI's own image models get the server's image model.
   static const std::set<std::string> kOpenAiImageModels = {"gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5",
                                                            "dall-e-2", "dall-e-3"};
@@ -371,6 +373,61 @@ void Server::Impl::respond_images(const http::Request& req, http::Response& res,
   res.set_content(dump(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}), "application/json");
 }
 
+void Server::Impl::stream_image(http::Response& res, const std::shared_ptr<Job>& j, int partials,
+                                const std::string& format, const std::string& size) {
+  j->previews = partials > 0;
+  submit(j);
+  struct Sent {
+    int previews = 0, partials = 0;
+    bool over = false;
+  };
+  auto sent = std::make_shared<Sent>();
+  res.set_header("Cache-Control", "no-cache");
+  res.content_type = "text/event-stream";
+  res.stream = http::Stream{
+      [this, j, sent, partials, format, size]() -> std::optional<std::string> {
+        if (sent->over) return std::nullopt;
+        std::string events;
+        auto event = [&](const char* type, Json data) {
+          data["type"] = type;
+          data["created_at"] = int64_t(std::time(nullptr));
+          data["size"] = size;
+          data["output_format"] = format;
+          events += std::string("event: ") + type + "\ndata: " + dump(data) + "\n\n";
+        };
+        {
+          std::lock_guard<std::mutex> lock(j->mutex);
+          // Partial i once the steps pass (i + 1) / (partials + 1) of the way: the latest live
+          // preview (previews that came between two looks count once: the last step's passes
+          // every mark, so all partials precede the image).
+          if (j->preview_count != sent->previews && sent->partials < partials) {
+            sent->previews = j->preview_count;
+            const Json p = Json::parse(j->preview, nullptr, false);
+            while (p.is_object() && p.contains("image") && sent->partials < partials &&
+                   p.value("step", 0) * (partials + 1) >= (sent->partials + 1) * p.value("steps", 1)) {
+              event("image_generation.partial_image",
+                    {{"b64_json", p["image"]}, {"partial_image_index", sent->partials}});
+              ++sent->partials;
+            }
+          }
+          if (j->state == JobState::done) {
+            event("image_generation.completed",
+                  {{"b64_json", base64(j->outputs.front().bytes)}, {"seed", j->outputs.front().seed}});
+            sent->over = true;
+          } else if (j->state == JobState::failed || j->state == JobState::cancelled) {
+            const std::string message =
+                j->state == JobState::failed ? public_message(j->error) : "the job was cancelled";
+            events +=
+                "event: error\ndata: " + dump(Json{{"type", "error"}, {"error", {{"message", message}}}}) + "\n\n";
+            sent->over = true;
+          }
+        }
+        if (sent->over) drop_kept(*j);
+        return events;
+      },
+      [j] { j->cancel = true; }};
+}
+
 void Server::Impl::register_openai() {
   // OpenAI's edits take a multipart form: the fields as text, the images as files (image or
   // image[], repeatable) in the order sent, the mask a PNG whose transparent pixels repaint.
@@ -409,13 +466,24 @@ void Server::Impl::register_openai() {
       }
     }
     if (files.images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
+    if (body.contains("stream")) refuse(400, "apus streams /v1/images/generations only", "stream");
     const bool urls = Fields{body}.string("response_format", "b64_json") == "url";
     respond_images(req, res, openai_image_job(body, std::move(files)), urls);
   });
   http->route("POST", "/v1/images/generations", [this](const http::Request& req, http::Response& res) {
     const Json body = parse_body(req);
-    const bool urls = Fields{body}.string("response_format", "b64_json") == "url";
-    respond_images(req, res, openai_image_job(body, {}), urls);
+    const Fields f{body};
+    const bool urls = f.string("response_format", "b64_json") == "url";
+    if (!f.boolean("stream", false)) {
+      if (f.has("partial_images"))
+        refuse(400, "'partial_images' is for a streamed request (stream: true)", "partial_images");
+      return respond_images(req, res, openai_image_job(body, {}), urls);
+    }
+    if (f.integer("n", 1, 1, ImageLimits::max_batch) != 1)
+      refuse(400, "a streamed request makes one image ('n' 1)", "n");
+    if (urls) refuse(400, "a streamed request answers b64_json", "response_format");
+    stream_image(res, openai_image_job(body, {}), int(f.integer("partial_images", 0, 0, 3)),
+                 f.string("output_format", "png"), f.string("size", "auto"));
   });
   http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
     std::string format;

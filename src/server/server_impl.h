@@ -106,6 +106,13 @@ struct Server::Impl {
   // Runs an image job for a synchronous route and answers OpenAI's ImagesResponse.
   // The finished job's images as OpenAI answers them: base64, or urls of GET /v1/jobs/{id}/files/{n}.
   void respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j, bool urls);
+  // OpenAI's streamed generation (stream: true): server-sent events, the live previews as up to
+  // `partials` "image_generation.partial_image" events spread over the steps, then
+  // "image_generation.completed" with the image (or "error").
+  void stream_image(http::Response& res, const std::shared_ptr<Job>& j, int partials, const std::string& format,
+                    const std::string& size);
+  // Forgets a finished job a synchronous route answered (it is not kept for GET /v1/jobs/{id}).
+  void drop_kept(const Job& j);
   // A synchronous route's job, once finished: forgotten (nobody polls it), its error raised.
   void finish_sync(const Job& j);
   // On the model's worker, as a job ends (its files in place, before its waiters learn of it).
