@@ -311,6 +311,31 @@ TEST_F(Serve, AudioIsTheEnginesClip) {
   EXPECT_EQ(got.samples, AudioModel::open(test::official_dir(), Weights::per_stage)->generate(want).samples);
 }
 
+// OpenAI's speech route, as its SDK calls it (client.audio.speech.create(model="tts-1", voice=...,
+// input=..., response_format="flac")): the same clip as /v1/audio/generations with that prompt.
+TEST_F(Serve, OpenAiSpeechIsTheAudioRoute) {
+  const Json speech = {{"model", "tts-1"},          {"voice", "alloy"}, {"input", "warm lo-fi hip hop"},
+                       {"response_format", "flac"}, {"seconds", 1.4},   {"seed", 42}};
+  const auto r = client().Post("/v1/audio/speech", speech.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "audio/flac");
+  const Json same = {{"prompt", "warm lo-fi hip hop"}, {"format", "flac"}, {"seconds", 1.4}, {"seed", 42}};
+  const auto g = client().Post("/v1/audio/generations", same.dump(), "application/json");
+  ASSERT_TRUE(g && g->status == 200);
+  EXPECT_EQ(r->body, g->body);
+  auto post = [&](const Json& extra) {
+    Json b = {{"model", "tts-1"}, {"voice", "alloy"}, {"input", "rain"}, {"seconds", 1.4}};
+    b.update(extra);
+    return client().Post("/v1/audio/speech", b.dump(), "application/json");
+  };
+  expect_refusal(post({{"response_format", "mp3"}}), 400, "expected wav or flac", "response_format");
+  expect_refusal(post({{"speed", 1.5}}), 400, "'speed'", "speed");
+  expect_refusal(post({{"instructions", "whisper"}}), 400, "'instructions'", "instructions");
+  expect_refusal(client().Post("/v1/audio/speech", R"({"voice": "alloy"})", "application/json"), 400, "'input'",
+                 "input");
+}
+
 std::string base64_of(const std::string& bytes) {
   static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;

@@ -487,12 +487,43 @@ void Server::Impl::register_openai() {
   });
   http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
     std::string format;
-    const auto j = audio_job(parse_body(req), format);
-    run_sync(req, j);
-    const JobOutput& o = j->outputs.front();
-    res.set_header("X-Seed", std::to_string(o.seed));
-    res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);
+    respond_audio(req, res, audio_job(parse_body(req), format));
   });
+  // OpenAI's speech route, the audio call its SDK has (client.audio.speech.create): `input` is the
+  // prompt of the server's audio model (OpenAI's model names, tts-1 and the like, answer with it),
+  // `response_format` wav or flac. `voice`, which the SDK requires, names a speaker a text-to-audio
+  // model does not have: accepted, and it changes nothing, as `quality` on the image routes.
+  // apus's own fields (seconds, seed, steps, cfg, ...) pass through as on /v1/audio/generations.
+  http->route("POST", "/v1/audio/speech", [this](const http::Request& req, http::Response& res) {
+    Json body = parse_body(req);
+    const Fields f{body};
+    static const std::set<std::string> kOpenAiAudioModels = {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"};
+    if (kOpenAiAudioModels.count(f.string("model", ""))) body.erase("model");
+    if (!f.has("input")) refuse(400, "'input' is required: what the clip should sound like", "input");
+    if (f.has("prompt")) refuse(400, "the speech route takes its prompt as 'input'", "prompt");
+    body["prompt"] = body["input"];
+    body.erase("input");
+    const std::string format = f.string("response_format", "wav");
+    if (format != "wav" && format != "flac")
+      refuse(400, "'response_format' is \"" + format + "\", expected wav or flac (apus writes those)",
+             "response_format");
+    body["format"] = format;
+    body.erase("response_format");
+    if (f.number("speed", 1.0) != 1.0) refuse(400, "'speed' other than 1 is not supported", "speed");
+    if (!f.string("instructions", "").empty())
+      refuse(400, "'instructions': put what the clip should sound like in 'input'", "instructions");
+    if (f.has("stream_format")) refuse(400, "'stream_format': apus answers the whole clip", "stream_format");
+    for (const char* k : {"voice", "speed", "instructions"}) body.erase(k);
+    std::string name;
+    respond_audio(req, res, audio_job(body, name));
+  });
+}
+
+void Server::Impl::respond_audio(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j) {
+  run_sync(req, j);
+  const JobOutput& o = j->outputs.front();
+  res.set_header("X-Seed", std::to_string(o.seed));
+  res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);
 }
 
 }  // namespace apus::server

@@ -111,6 +111,8 @@ struct Server::Impl {
   // "image_generation.completed" with the image (or "error").
   void stream_image(http::Response& res, const std::shared_ptr<Job>& j, int partials, const std::string& format,
                     const std::string& size);
+  // The finished job's clip as the answer's body (its seed in X-Seed).
+  void respond_audio(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j);
   // Forgets a finished job a synchronous route answered (it is not kept for GET /v1/jobs/{id}).
   void drop_kept(const Job& j);
   // A synchronous route's job, once finished: forgotten (nobody polls it), its error raised.
