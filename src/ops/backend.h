@@ -3,7 +3,7 @@
 // supports() answers for. The Context names the backend its ops run on; the front end (ops.cpp)
 // checks that the backend runs the op and that every operand lives on its device before
 // dispatching. A new backend is a folder src/ops/<name>/ implementing the
-// list plus one Backend subclass, and its device name in backend_for (pipeline/registry.cpp);
+// list plus one Backend subclass, and its device name in backend_for (below, ops/backend.cpp);
 // model code does not change.
 #include <string>
 
@@ -61,5 +61,9 @@ Backend& cpu_backend();
 // Plain loops in f64 with the op contract's roundings and no library calls: the oracle the op
 // tests check every other backend against, op by op.
 Backend& reference_backend();
+
+// The backend a device name means: null for "cpu", the GPU's for "cuda" or "cuda:N" (refused with
+// the reason where this build or machine has none).
+Backend* backend_for(const std::string& device);
 
 }  // namespace apus

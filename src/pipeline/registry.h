@@ -6,6 +6,7 @@
 
 #include "apus/apus.h"
 #include "io/model_dir.h"
+#include "ops/backend.h"
 
 namespace apus {
 
@@ -32,10 +33,6 @@ std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weight
 // sa3.cpp's GGUF files: --model the DiT (general.architecture sa3-dit), the other parts from
 // --vae, --text-encoder and --tokenizer or beside it (pipeline/sa3/gguf_layout.cpp).
 std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weights, Backend* device);
-
-// The backend a device name means: null for "cpu", the GPU's for "cuda" or "cuda:N" (refused with
-// the reason where this build or machine has none).
-Backend* backend_for(const std::string& device);
 
 // ImageModel::open and AudioModel::open on a backend rather than a device name (null: the CPU).
 std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights weights, Backend* device);
