@@ -35,7 +35,7 @@ void DrawsAhead::produce(TorchGenerator generator, const std::vector<int64_t>& s
         changed_.wait(lock, [&] { return stop_ || held_ == 0 || held_ + sizes_[i] <= budget_; });
         if (stop_) return;
       }
-      std::vector<float> values(size_t(sizes_[i]));
+      std::vector<float> values(static_cast<size_t>(sizes_[i]));
       generator.randn(values.data(), sizes_[i]);
       {
         const std::lock_guard<std::mutex> lock(mutex_);
