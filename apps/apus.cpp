@@ -41,9 +41,8 @@ void say(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); 
 // out.png for one image; out-1.png, out-2.png, ... for a batch.
 std::string output_name(const std::string& out, int i, int n) {
   if (n == 1) return out;
-  const size_t dot = out.rfind('.'), slash = out.rfind('/');
-  const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
-  return (has_ext ? out.substr(0, dot) : out) + "-" + std::to_string(i + 1) + (has_ext ? out.substr(dot) : "");
+  const size_t dot = apus::extension_at(out);
+  return out.substr(0, dot) + "-" + std::to_string(i + 1) + (dot == std::string::npos ? "" : out.substr(dot));
 }
 
 // -v: each stage against its floor on the device that ran it, counted from the same stage code,
@@ -145,19 +144,10 @@ void check_output(const std::string& out, int batch) {
   for (int i = 0; i < batch; ++i) apus::check_writable(output_name(out, i, batch));
 }
 
-// The lower-cased extension of a file name, with its dot ("" when it has none).
-std::string extension_of(const std::string& path) {
-  const size_t dot = path.rfind('.'), slash = path.rfind('/');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return "";
-  std::string ext = path.substr(dot);
-  for (char& ch : ext) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  return ext;
-}
-
 // The audio format to write: --format's when given (its extension must agree), else the one -o's
 // extension names.
 std::string audio_format_for(const std::string& out, const std::string& format) {
-  const std::string ext = extension_of(out);
+  const std::string ext = apus::extension_of(out);
   const std::string implied = ext == ".flac" ? "flac" : ext == ".wav" ? "wav" : "";
   APUS_CHECK(!implied.empty(), "-o ", out, ": apus audio writes .wav or .flac files");
   if (format.empty()) return implied;

@@ -1,5 +1,7 @@
 #include "io/files.h"
 
+#include <cctype>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -75,6 +77,18 @@ std::shared_ptr<MappedFile> map_file(const std::string& path) {
     ::close(fd);
   }
   return file;
+}
+
+size_t extension_at(const std::string& path) {
+  const size_t dot = path.rfind('.'), slash = path.rfind('/');
+  return dot == std::string::npos || (slash != std::string::npos && dot < slash) ? std::string::npos : dot;
+}
+
+std::string extension_of(const std::string& path) {
+  const size_t dot = extension_at(path);
+  std::string ext = dot == std::string::npos ? "" : path.substr(dot);
+  for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return ext;
 }
 
 std::string read_file(const std::string& path) {

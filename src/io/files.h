@@ -26,6 +26,11 @@ std::shared_ptr<MappedFile> map_file(const std::string& path);
 // A whole regular file's bytes.
 std::string read_file(const std::string& path);
 
+// Where a path's extension starts (its last '.' past the last '/'), or npos when it has none.
+size_t extension_at(const std::string& path);
+// The extension, dot included, lower-cased ("" when none): what the writers read a format from.
+std::string extension_of(const std::string& path);
+
 // Refuses, before any work, an output path that cannot be written: empty, a missing or read-only
 // folder, or anything but a regular file in the file's place (a directory, device, FIFO or
 // socket, which the atomic rename would replace), naming the path and what it is.

@@ -10,19 +10,12 @@
 
 #include "core/error.h"
 #include "io/files.h"
+#include "io/jpeg_errors.h"
 #include "io/png.h"
 
 namespace apus {
 
 namespace {
-
-// libjpeg reports fatal errors by longjmp back to the decoder, which turns them into an Error
-// once no libjpeg frame is left on the stack.
-struct JpegErrors {
-  jpeg_error_mgr mgr;
-  std::jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
 
 // The EXIF orientation (1..8) of an APP1 Exif payload, 1 when absent or unreadable.
 int exif_orientation(const uint8_t* data, unsigned size) {
@@ -86,12 +79,7 @@ Rgb8Image upright(Rgb8Image src, int orientation) {
 int decode_jpeg_raw(const std::string& bytes, Rgb8Image& out, std::string& error, bool header_only) {
   jpeg_decompress_struct info;
   JpegErrors errors;
-  info.err = jpeg_std_error(&errors.mgr);
-  errors.mgr.error_exit = [](j_common_ptr c) {
-    auto* e = reinterpret_cast<JpegErrors*>(c->err);
-    (*c->err->format_message)(c, e->message);
-    std::longjmp(e->jump, 1);
-  };
+  info.err = jpeg_errors(errors);
   // Corrupt or truncated data is only a warning to libjpeg (it pads the image with grey); to
   // PIL it is an error, and here too: the last one is kept and reported after decoding.
   errors.mgr.emit_message = [](j_common_ptr c, int level) {

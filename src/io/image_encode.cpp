@@ -1,7 +1,6 @@
 // Output images beside PNG (png.cpp): JPEG through libjpeg and WebP through libwebp, with the
 // generation parameters where AUTOMATIC1111 writes them in such files, EXIF's UserComment
 // ("UNICODE" and UTF-16 big-endian, as piexif's helper writes and reads it).
-#include <cctype>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -12,7 +11,9 @@
 #include <webp/mux.h>
 
 #include "core/error.h"
+#include "io/files.h"
 #include "io/image.h"
+#include "io/jpeg_errors.h"
 
 namespace apus {
 
@@ -73,24 +74,13 @@ std::vector<uint8_t> exif_user_comment(const std::string& text) {
   return out;
 }
 
-struct JpegWriteErrors {
-  jpeg_error_mgr mgr;
-  std::jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-
 // libjpeg's compression into `out`; fills `error` and returns false on its errors. No object with
 // a destructor lives in this frame across the setjmp.
 bool jpeg_compress(const Rgb8Image& image, int quality, const std::vector<uint8_t>& exif, unsigned char** out,
                    unsigned long* size, std::string& error) {
   jpeg_compress_struct info;
-  JpegWriteErrors errors;
-  info.err = jpeg_std_error(&errors.mgr);
-  errors.mgr.error_exit = [](j_common_ptr c) {
-    auto* e = reinterpret_cast<JpegWriteErrors*>(c->err);
-    (*c->err->format_message)(c, e->message);
-    std::longjmp(e->jump, 1);
-  };
+  JpegErrors errors;
+  info.err = jpeg_errors(errors);
   if (setjmp(errors.jump)) {
     error = errors.message;
     jpeg_destroy_compress(&info);
@@ -182,12 +172,10 @@ ImageFormat image_format_named(const std::string& name, const std::string& what)
 }
 
 ImageFormat image_format_of_file(const std::string& path, const std::string& what) {
-  const size_t dot = path.rfind('.'), slash = path.rfind('/');
-  std::string ext = dot == std::string::npos || (slash != std::string::npos && dot < slash) ? "" : path.substr(dot + 1);
-  for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
-  APUS_CHECK(ext == "png" || ext == "jpg" || ext == "jpeg" || ext == "webp", what, " ", path,
+  const std::string ext = extension_of(path);
+  APUS_CHECK(ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp", what, " ", path,
              ": apus writes images as .png, .jpg (or .jpeg) and .webp files");
-  return image_format_named(ext, what);
+  return image_format_named(ext.substr(1), what);
 }
 
 const char* image_mime_type(ImageFormat format) {

@@ -8,6 +8,9 @@ namespace apus::cpu {
 
 // C[M,N] = A[M,K] · B (+ bias) through oneDNN; B is given by its strides (row-major [K,N] or a
 // transposed [N,K] weight); all strides in elements; fp32 accumulation.
+// n contiguous elements of a float dtype (bf16, f16, f32) as f32, by the vectorised row kernels.
+void widen_row(const void* p, DType dt, float* out, int64_t n);
+
 // The widened GEMM on AVX2 and FMA (sgemm.cpp): c = a · b + bias in f32, every output one FMA chain
 // over k in order (a row's bits independent of the rows beside it and of the threads).
 bool sgemm_avx2_supported();

@@ -59,6 +59,13 @@ bool native_bf16() {
   return native;
 }
 
+void widen_row(const void* p, DType dt, float* out, int64_t n) {
+  if (dt == DType::bf16) return bf16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
+  if (dt == DType::f16) return f16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
+  APUS_CHECK(dt == DType::f32, "linear: widening ", dtype_name(dt), " is not supported");
+  std::memcpy(out, p, size_t(n) * sizeof(float));
+}
+
 Knob widened_gemm_knob("cpu.widened_gemm",
                        "the widened (f32) GEMM: auto (apus's AVX2 kernel unless the CPU has AVX-512), apus's AVX2 "
                        "kernel over weights packed once per call, or oneDNN's sgemm on single-threaded 64-row tiles",
@@ -82,14 +89,6 @@ bool widened_by_sgemm_avx2() {
       return !avx512;
     }
   }
-}
-
-// n contiguous elements of a float dtype as f32, by the vectorised row kernels.
-void widen_row(const void* p, DType dt, float* out, int64_t n) {
-  if (dt == DType::bf16) return bf16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
-  if (dt == DType::f16) return f16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
-  APUS_CHECK(dt == DType::f32, "linear: widening ", dtype_name(dt), " is not supported");
-  std::memcpy(out, p, size_t(n) * sizeof(float));
 }
 
 // A [rows, cols] view as contiguous f32 in `buf` (strides in elements).

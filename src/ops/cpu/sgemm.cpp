@@ -28,14 +28,6 @@ constexpr int64_t kKC = 256;          // inner block: a 16 KiB weight micro-pane
 constexpr int64_t kMC = 72;           // rows a task packs (12 micro-panels, 72 KiB at kKC)
 constexpr int64_t kNC = 768;          // columns a task covers (48 panels)
 
-// n contiguous elements of a float dtype as f32.
-void widen(const void* p, DType dt, float* out, int64_t n) {
-  if (dt == DType::bf16) return bf16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
-  if (dt == DType::f16) return f16_to_f32_row(static_cast<const uint16_t*>(p), out, n);
-  APUS_CHECK(dt == DType::f32, "sgemm: widening ", dtype_name(dt), " is not supported");
-  std::copy_n(static_cast<const float*>(p), n, out);
-}
-
 // The weight [k, n] (element (i, j) at b + i * sk + j * sn) as f32 panels of 16 columns:
 // panel p holds columns 16p.. as [k][16], columns past n zero.
 // Into the calling thread's buffer, kept from call to call: a fresh one each call cost page
@@ -55,10 +47,10 @@ const float* pack_weight(const void* b, DType bt, int64_t sk, int64_t sn, int64_
       const int64_t j = p * kNR + c;
       float* line = lines.data() + c * k;
       if (j >= n) std::fill_n(line, k, 0.0f);
-      else if (sk == 1) widen(static_cast<const char*>(b) + size_t(j * sn) * es, bt, line, k);  // row j of [n][k]
+      else if (sk == 1) widen_row(static_cast<const char*>(b) + size_t(j * sn) * es, bt, line, k);  // row j of [n][k]
       else
         for (int64_t i = 0; i < k; ++i)
-          widen(static_cast<const char*>(b) + size_t(i * sk + j * sn) * es, bt, line + i, 1);
+          widen_row(static_cast<const char*>(b) + size_t(i * sk + j * sn) * es, bt, line + i, 1);
     }
     float* dst = out + p * k * kNR;
     for (int64_t i = 0; i < k; ++i)
@@ -77,7 +69,7 @@ void pack_rows(const Tensor& a, int64_t r0, int64_t rows, int64_t p0, int64_t kc
   for (int64_t r = 0; r < padded; ++r) {
     float* dst = out + (r / kMR) * kc * kMR + r % kMR;
     if (r < rows) {
-      widen(static_cast<const char*>(a.row(r0 + r)) + dtype_bytes(a.dtype, p0), a.dtype, line, kc);
+      widen_row(static_cast<const char*>(a.row(r0 + r)) + dtype_bytes(a.dtype, p0), a.dtype, line, kc);
       for (int64_t i = 0; i < kc; ++i) dst[i * kMR] = line[i];
     } else {
       for (int64_t i = 0; i < kc; ++i) dst[i * kMR] = 0.0f;
@@ -150,7 +142,7 @@ void sgemm_avx2(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k
   if (m == 0 || n == 0) return;
   const float* w = pack_weight(b, b_type, b_stride_k, b_stride_n, k, n);
   std::vector<float> bias_f32(size_t(n), 0.0f);
-  if (bias) widen(bias->data, bias->dtype, bias_f32.data(), n);
+  if (bias) widen_row(bias->data, bias->dtype, bias_f32.data(), n);
   const int64_t row_blocks = (m + kMC - 1) / kMC, col_blocks = (n + kNC - 1) / kNC;
   // Tasks column-block major, so a thread's consecutive tasks reuse the same weight panels.
   parallel_for(row_blocks * col_blocks, [&](int64_t task) {
