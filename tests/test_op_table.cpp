@@ -71,6 +71,8 @@ struct OpCase {
   // reference's are (their poison is a finite sentinel, so an unwritten one shows), the finite
   // rest within the bound.
   bool nonfinite = false;
+  // The int8 tier's exact products: CPUs without VNNI refuse the tier, so its cases skip there.
+  bool int8_tier = false;
 };
 
 constexpr Rounding kRoundings[] = {Rounding::once, Rounding::each_step};
@@ -719,7 +721,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                      return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
-                   /*cpu_only=*/true});
+                   /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
   cases.push_back({"linear_int8_tier_views", OpId::linear, Bound::exact,
                    [](OpInputs& d) -> Drawn {
                      const int64_t m = 9, k = 96, n = 45;
@@ -731,7 +733,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                                ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);
                              }};
                    },
-                   /*cpu_only=*/true});
+                   /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
   cases.push_back({"linear_int8_tier_row_scaled_checkpoint", OpId::linear, Bound::exact,
                    [](OpInputs& d) -> Drawn {
                      const int64_t m = 9, k = 512, n = 70;
@@ -741,7 +743,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                      return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
-                   /*cpu_only=*/true});
+                   /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
   cases.push_back({"linear", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
                      return {{{d.random({37, 96}), d.random({45, 96}, 0.2f, DType::bf16)}, {d.poisoned({37, 45})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], nullptr, t.out[0]); }};
@@ -852,6 +854,7 @@ TEST_P(OpTable, MatchesTheReference) {
     GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
   if (k.cpu_only && backend->device() != Device::cpu)
     GTEST_SKIP() << "stored weight formats run on the CPU backends only";
+  if (k.int8_tier && !cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);
   cpu::linear_panels_knob.set(target.panels ? 1 : 0);
   for (const auto& [name, choice] : target.choices) find_knob(name).set(find_knob(name).index_of(choice));

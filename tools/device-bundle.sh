@@ -5,8 +5,9 @@
 # CUDA backend (sm_90a), packs them with every shared library they load except the C runtime
 # (glibc, libstdc++, libgcc: the machine's own serve where they are at least this build's, glibc
 # 2.34 and GCC 12's libstdc++ from Debian 12: Ubuntu 22.04 and later) and splits the archive into
-# parts under .device/ (ignored by git) small enough to travel beside the working tree, which
-# already takes ~56 of the 64 MiB a device call may carry.
+# parts under .device/ (ignored by git) small enough to travel beside the working tree (under 40
+# of the 64 MiB a device call may carry: tools/device-tree.sh check). fixture_gen travels too: the
+# weight fixtures are ignored files there, rebuilt from their recipes before the tests.
 #
 #   tools/device-bundle.sh          # -> .device/bundle.part.00, .01, ... and the calls to make
 #
@@ -29,18 +30,18 @@ command -v ccache > /dev/null &&
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache) &&
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(cd .. && pwd)}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPUS_CUDA=ON "${launcher[@]}" > /dev/null
-ninja -C "$build" apus apus_tests
+ninja -C "$build" apus apus_tests fixture_gen
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/apus-bundle/lib"
-cp "$build/apus" "$build/apus_tests" "$stage/apus-bundle/"
-for lib in $(ldd "$build/apus_tests" "$build/apus" | awk '/=> \//{print $3}' | sort -u); do
+cp "$build/apus" "$build/apus_tests" "$build/fixture_gen" "$stage/apus-bundle/"
+for lib in $(ldd "$build/apus_tests" "$build/apus" "$build/fixture_gen" | awk '/=> \//{print $3}' | sort -u); do
   case $(basename "$lib") in
     libc.so* | libm.so* | libstdc++.so* | libgcc_s.so* | ld-linux* | libpthread.so* | libdl.so* | librt.so*) ;;
     *) cp -L "$lib" "$stage/apus-bundle/lib/" ;;
   esac
 done
-strip --strip-unneeded "$stage/apus-bundle/apus" "$stage/apus-bundle/apus_tests" "$stage/apus-bundle/lib/"* 2> /dev/null || true
+strip --strip-unneeded "$stage/apus-bundle/apus" "$stage/apus-bundle/apus_tests" "$stage/apus-bundle/fixture_gen" "$stage/apus-bundle/lib/"* 2> /dev/null || true
 rm -rf .device
 mkdir -p .device
 tar -C "$stage" -cf - apus-bundle | xz -9 -T0 | split -d -b "${part_mb}M" - .device/bundle.part.

@@ -43,11 +43,13 @@ if ls .device/bundle.part.* > /dev/null 2>&1; then
 else
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPUS_CUDA=ON > "$out/build-cuda.log" 2>&1 ||
     { tail -30 "$out/build-cuda.log"; echo "device-check: cannot configure here; run tools/device-bundle.sh where apus builds" >&2; exit 1; }
-  timeout 300 ninja -C build-cuda -j "$(nproc)" apus apus_tests > "$out/build-cuda-ninja.log" 2>&1 ||
+  timeout 300 ninja -C build-cuda -j "$(nproc)" apus apus_tests fixture_gen > "$out/build-cuda-ninja.log" 2>&1 ||
     { tail -40 "$out/build-cuda-ninja.log"; exit 1; }
   bin=./build-cuda
 fi
 apus=$bin/apus
+# The weight fixtures travel as recipes (ignored files are not carried): written here, ~1 s.
+"$bin/fixture_gen" tests/fixtures || exit 1
 step() {  # step NAME SECONDS COMMAND...: runs it, logs to $out/NAME.log, notes how it ended
   local name=$1 limit=$2 t0=$SECONDS
   shift 2

@@ -241,6 +241,10 @@ void TorchGenerator::randn(float* out, int64_t n) {
   }
 }
 
+void TorchGenerator::rand(float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = uniform_f32(random32());
+}
+
 void TorchGenerator::randn_bf16(uint16_t* out, int64_t n) {
   if (n <= 0) return;
   if (n < 16) {

@@ -24,6 +24,8 @@ class TorchGenerator {
   void randn(float* out, int64_t n);
   // torch.randn(n, dtype=torch.bfloat16); `out` receives bf16 bit patterns.
   void randn_bf16(uint16_t* out, int64_t n);
+  // torch.rand(n, dtype=torch.float32): one 24-bit uniform per element, in order.
+  void rand(float* out, int64_t n);
 
   uint64_t initial_seed() const { return seed_; }
 
