@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "core/error.h"
@@ -28,6 +29,14 @@ constexpr int64_t kKC = 256;          // inner block: a 16 KiB weight micro-pane
 constexpr int64_t kMC = 72;           // rows a task packs (12 micro-panels, 72 KiB at kKC)
 constexpr int64_t kNC = 768;          // columns a task covers (48 panels)
 
+// A thread's buffer of at least n floats from a cache line on: the kernel's 32-byte loads of a
+// 64-byte panel row split across two lines otherwise (glibc's large blocks start 16 bytes past a
+// page), 3-8 % of the GEMM on an AVX2-only EPYC (docs/SPEED.md, session 23).
+float* line_aligned(std::vector<float>& buf, size_t n) {
+  if (buf.size() < n + 16) buf.resize(n + 16);
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+}
+
 // The weight [k, n] (element (i, j) at b + i * sk + j * sn) as f32 panels of 16 columns:
 // panel p holds columns 16p.. as [k][16], columns past n zero.
 // Into the calling thread's buffer, kept from call to call: a fresh one each call cost page
@@ -35,8 +44,7 @@ constexpr int64_t kNC = 768;          // columns a task covers (48 panels)
 const float* pack_weight(const void* b, DType bt, int64_t sk, int64_t sn, int64_t k, int64_t n) {
   const int64_t panels = (n + kNR - 1) / kNR;
   thread_local std::vector<float> packed;
-  if (packed.size() < size_t(panels * k * kNR)) packed.resize(size_t(panels * k * kNR));
-  float* const out = packed.data();  // the caller's buffer: a worker's `packed` is its own
+  float* const out = line_aligned(packed, size_t(panels * k * kNR));  // the caller's: a worker's `packed` is its own
   const size_t es = dtype_size(bt);
   parallel_for(panels, [&](int64_t p) {
     // The panel's 16 columns widened side by side, then interleaved in order of k (the writes
@@ -150,10 +158,10 @@ void sgemm_avx2(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k
     const int64_t j0 = task / row_blocks * kNC, cols = std::min(kNC, n - j0);
     const int64_t panels = (cols + kNR - 1) / kNR, micro = (rows + kMR - 1) / kMR;
     // Buffers of this file's own (the caller may hold the shared thread_scratch rows).
-    thread_local std::vector<float> acc_buf(static_cast<size_t>(kMC * kNC));
+    thread_local std::vector<float> acc_buf;
     thread_local std::vector<float> packed_buf(static_cast<size_t>(kMC * kKC));
     thread_local std::vector<float> line_buf(static_cast<size_t>(kNC));
-    float* acc = acc_buf.data();  // [kMC][kNC]: the block's sums so far
+    float* acc = line_aligned(acc_buf, size_t(kMC * kNC));  // [kMC][kNC]: the block's sums so far
     float* rows_packed = packed_buf.data();
     for (int64_t p0 = 0; p0 < std::max<int64_t>(k, 1); p0 += kKC) {
       const int64_t kc = std::min(kKC, k - p0);
