@@ -212,11 +212,10 @@ TEST(Int8Tier, Sa3ClipWithinTheOfficialBf16Disagreement) {
 }
 
 TEST(Int8Tier, RefusedOnADevice) {
-  test::expect_error([] { quant_transforms(Quant::int8, &test::shadow_device()); },
+  test::expect_error([] { int8_linears(Quant::int8, &test::shadow_device()); },
                      {"--quant int8", "CPU only", test::shadow_device().name()});
-  const QuantTransforms none = quant_transforms(Quant::none, &test::shadow_device());
-  EXPECT_EQ(none.linears, nullptr);
-  EXPECT_EQ(none.decoder, nullptr);
+  EXPECT_EQ(int8_linears(Quant::none, &test::shadow_device()), nullptr);
+  EXPECT_EQ(same_decoder_int8(Quant::none), nullptr);
 }
 
 TEST(Int8Tier, CountsItsWeightsAtAByte) {

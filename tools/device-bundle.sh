@@ -9,15 +9,12 @@
 # of the 64 MiB a device call may carry: tools/device-tree.sh check). fixture_gen travels too: the
 # weight fixtures are ignored files there, rebuilt from their recipes before the tests.
 #
-#   tools/device-bundle.sh          # -> .device/bundle.part.00, .01, ... and the calls to make
+#   tools/device-bundle.sh          # -> .device/bundle.part.00, .01, ... and the call to make
 #
-# Then, with the device tool, one call per part while the machine stays warm (30 s), each carrying
-# only its part (parts already sent stay there between calls, as ignored files do), the last one
-# running the check:
-#   run(command="true", carry=[".device/bundle.part.00"])
-#   ...
-#   run(command="tools/device-check.sh", carry=[".device/bundle.part.NN"], timeout_s=540)
-# device-check.sh joins the parts it finds and runs the bundle instead of building.
+# Then one device call carrying the whole folder beside the tree (~25 + ~25 MiB of the 64):
+#   run(command="tools/device-check.sh tests sa3 klein ab", carry=[".device"], timeout_s=420)
+# device-check.sh joins the parts, writes the weight fixtures with the bundle's fixture_gen and runs
+# the bundle instead of building (docs/TESTING.md, "A lent session").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part_mb=${APUS_DEVICE_PART_MB:-7}
@@ -47,12 +44,5 @@ mkdir -p .device
 tar -C "$stage" -cf - apus-bundle | xz -9 -T0 | split -d -b "${part_mb}M" - .device/bundle.part.
 ls -l .device
 n=$(ls .device/bundle.part.* | wc -l)
-echo "device-bundle: $n part(s). Calls, one after the other while the machine is warm:"
-last=$(ls .device/bundle.part.* | tail -1)
-for p in .device/bundle.part.*; do
-  if [ "$p" = "$last" ]; then
-    echo "  run(command=\"tools/device-check.sh\", carry=[\"$p\"], timeout_s=540)"
-  else
-    echo "  run(command=\"true\", carry=[\"$p\"])"
-  fi
-done
+echo "device-bundle: $n part(s), $(du -sm .device | cut -f1) MiB; the call (the tree: $(tools/device-tree.sh size | grep -o '[0-9]* MiB')):"
+echo "  run(command=\"tools/device-check.sh tests sa3 klein ab\", carry=[\".device\"], timeout_s=420)"

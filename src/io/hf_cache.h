@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "apus/apus.h"
+
 namespace apus {
 
 std::string hf_hub_cache();
@@ -15,5 +17,13 @@ bool is_repo_id(const std::string& id);
 std::string hf_repo_dir(const std::string& repo_id);
 // The snapshot folder of `revision` (a branch named in refs/, or a commit hash) if downloaded.
 std::optional<std::string> hf_cached_snapshot(const std::string& repo_id, const std::string& revision = "main");
+
+// What --model names as a directory: itself, a repository id's snapshot of main in the cache, or
+// for counting a published name whose layout (configs, no weights) ships in data/ ("flux2-klein-4b").
+std::string resolve_model_dir(const std::string& model, Weights weights);
+
+// "org/name" for a cache snapshot (models--org--name/snapshots/<rev>), else the folder's own name:
+// what a PNG's metadata calls the model.
+std::string model_label(const std::string& dir);
 
 }  // namespace apus

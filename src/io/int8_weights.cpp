@@ -8,6 +8,7 @@
 #include "core/int8_rows.h"
 #include "core/parallel.h"
 #include "core/scaled_codes.h"
+#include "ops/cpu/cpu_ops.h"
 
 namespace apus {
 
@@ -74,6 +75,14 @@ Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
     return t;
   }
   return quantize_int8_weight(stored, what);
+}
+
+std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device) {
+  if (quant == Quant::none) return nullptr;
+  APUS_CHECK(!device, "--quant int8 runs on the CPU only so far (the device is ", device ? device->name() : "", ")");
+  APUS_CHECK(cpu::exact_int8_products(), "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where ",
+             "oneDNN's int8 products are exact; this one has none");
+  return std::make_shared<Int8Linears>(Int8Scope{{"embed_tokens.weight"}});
 }
 
 }  // namespace apus

@@ -3,10 +3,13 @@
 // per output feature (max |row| / 127, codes rounded to nearest), and flagged so that the linears
 // quantise their input per row and multiply in integers (ops/op_list.h, linear). Opt-in: it
 // trades exactness against the official code for speed, which `apus gate` measures.
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "apus/apus.h"
 #include "io/weight_source.h"
+#include "ops/backend.h"
 
 namespace apus {
 
@@ -33,5 +36,10 @@ class Int8Linears final : public WeightTransform {
  private:
   Int8Scope scope_;
 };
+
+// What `--quant` makes of the linears of a transformer and a text encoder: the int8 tier's
+// transform (token embeddings, which feed a lookup, stay as stored), null for Quant::none.
+// Refused on a GPU and on a CPU without VNNI, where oneDNN's int8 products are not exact.
+std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device);
 
 }  // namespace apus

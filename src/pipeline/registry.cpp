@@ -13,7 +13,6 @@
 #include "models/flux2/single_file.h"
 #include "models/sa3/gguf_checkpoint.h"
 #include "ops/backend.h"
-#include "ops/cpu/cpu_ops.h"
 #include "pipeline/klein/single_file_layout.h"
 
 namespace apus {
@@ -60,41 +59,6 @@ std::unique_ptr<Model> open_family(const ModelDir& dir, Weights weights, const F
 
 }  // namespace
 
-std::string resolve_model_dir(const std::string& model, Weights weights) {
-  if (is_directory(model)) return model;
-  APUS_CHECK(!path_exists(model), model, ": is a file, expected a model directory");
-  // A repository id as Hugging Face users name models: its snapshot of main in the local cache.
-  if (const std::optional<std::string> snapshot = hf_cached_snapshot(model)) return *snapshot;
-  APUS_CHECK(!is_repo_id(model), model, ": not a directory, and not in the Hugging Face cache ", hf_repo_dir(model),
-             " (download it with `apus pull ", model, "` or huggingface-cli download)");
-  // Counting may name a published model whose configs ship in data/ ("flux2-klein-4b",
-  // "stable-audio-3-medium").
-  const bool plain_name = !model.empty() && model.find('/') == std::string::npos && model[0] != '.';
-  const std::string published = plain_name ? published_layout_dir(model) : "";
-  std::string names;
-  for (const std::string& name : kPublishedModels) names += (names.empty() ? "" : ", ") + name;
-  APUS_CHECK(weights == Weights::none && plain_name &&
-                 (path_exists(published + "/model_index.json") || path_exists(published + "/model_config.json")),
-             model, ": model directory does not exist",
-             weights == Weights::none ? " (nor is it a published name: " + names + ")" : "");
-  return published;
-}
-
-std::string model_label(const std::string& dir) {
-  const std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
-  for (const auto& part : p) {
-    const std::string s = part.string();
-    if (s.rfind("models--", 0) == 0) {
-      std::string id = s.substr(8);
-      const size_t sep = id.find("--");
-      if (sep != std::string::npos) id.replace(sep, 2, "/");
-      return id;
-    }
-  }
-  const std::string name = (p.has_filename() ? p : p.parent_path()).filename().string();
-  return name.empty() ? dir : name;
-}
-
 const char* kind_name(ModelKind kind) { return kind == ModelKind::audio ? "audio" : "image"; }
 
 namespace {
@@ -104,15 +68,6 @@ void use_linear_weights(ModelDir& dir, const std::shared_ptr<const WeightTransfo
   if (!linears) return;
   dir.use_transform("transformer", linears);
   dir.use_transform("text_encoder", linears);
-}
-
-// Whether `quant` asks for the int8 tier, refused where its products would not be exact.
-bool int8_tier(Quant quant, Backend* device) {
-  if (quant == Quant::none) return false;
-  APUS_CHECK(!device, "--quant int8 runs on the CPU only so far (the device is ", device ? device->name() : "", ")");
-  APUS_CHECK(cpu::exact_int8_products(), "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where ",
-             "oneDNN's int8 products are exact; this one has none");
-  return true;
 }
 
 }  // namespace
@@ -196,7 +151,7 @@ std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights we
     if (!parts.vae.empty()) dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
   if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
-  use_linear_weights(dir, quant_transforms(parts.quant, device).linears);
+  use_linear_weights(dir, int8_linears(parts.quant, device));
   return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");
 }
 
@@ -209,23 +164,13 @@ std::unique_ptr<AudioModel> open_audio_model(const ModelParts& parts, Weights we
   for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
     APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 folder takes no --text-encoder, --vae, --tokenizer ",
                "or --config (", *part, "); they are for a single-file --model");
-  const QuantTransforms quant = quant_transforms(parts.quant, device);
+  const std::shared_ptr<const WeightTransform> linears = int8_linears(parts.quant, device);
   const std::string root = resolve_model_dir(parts.model, weights);
-  if (single_checkpoint(root)) return open_sa3_official(root, weights, device, quant);
+  if (single_checkpoint(root)) return open_sa3_official(root, weights, device, parts.quant);
   ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
-  use_linear_weights(dir, quant.linears);
-  if (quant.decoder) dir.use_transform("vae", quant.decoder);
+  use_linear_weights(dir, linears);
+  if (const auto decoder = same_decoder_int8(parts.quant)) dir.use_transform("vae", decoder);
   return open_family(dir, weights, kAudioFamilies, kImageFamilies, "image");
-}
-
-QuantTransforms quant_transforms(Quant quant, Backend* device) {
-  if (!int8_tier(quant, device)) return {};
-  // Token embeddings feed a lookup, not a linear. SAME's feed-forward stays in bf16: with it the
-  // tiny model's MR-STFT median in `apus gate` went from 0.50 to 0.66 against a threshold of 0.48,
-  // where the attention projections moved it no further than the DiT's share does (docs/SPEED.md).
-  // A decoder stored quantised keeps its own formats.
-  return {std::make_shared<Int8Linears>(Int8Scope{{"embed_tokens.weight"}}),
-          std::make_shared<Int8Linears>(Int8Scope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true})};
 }
 
 std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights, const std::string& device) {

@@ -10,20 +10,13 @@
 
 namespace apus {
 
-// What `quant` makes of a model's weights (io/int8_weights.h; null: nothing): `linears` for the
-// transformer's and text encoder's, `decoder` for the linears of SAME's decoder the tier takes (its
-// attention projections). Both null for Quant::none; the int8 tier is refused on a GPU and on a CPU
-// without VNNI.
-struct QuantTransforms {
-  std::shared_ptr<const WeightTransform> linears, decoder;
-};
-QuantTransforms quant_transforms(Quant quant, Backend* device);
-
 std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
 std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
 // Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
-std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device,
-                                              const QuantTransforms& quant);
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device, Quant quant);
+// What `--quant` makes of SAME's decoder: the int8 tier on its attention projections alone (null
+// for Quant::none).
+std::shared_ptr<const WeightTransform> same_decoder_int8(Quant quant);
 // A Stable Audio 3 checkpoint as one file under the official model.safetensors keys (ComfyUI's
 // stable_audio_3_*.safetensors), told by this key.
 inline constexpr const char* kSa3SingleFileKey = "model.model.transformer.layers.0.self_attn.to_qkv.weight";
@@ -39,10 +32,6 @@ std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights w
 std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights weights, Backend* device);
 std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device);
 std::unique_ptr<AudioModel> open_audio_model(const ModelParts& parts, Weights weights, Backend* device);
-
-// A directory, or for counting a published name whose layout (configs, no weights) ships in
-// data/ ("flux2-klein-4b").
-std::string resolve_model_dir(const std::string& model, Weights weights);
 
 // Whether --model names one file (a transformer checkpoint) rather than a folder or a name.
 bool is_single_file(const std::string& model);
@@ -68,9 +57,5 @@ class AnyModel {
   std::unique_ptr<ImageModel> image_;
   std::unique_ptr<AudioModel> audio_;
 };
-
-// "org/name" for a Hugging Face cache snapshot (models--org--name/snapshots/<rev>), else the
-// folder's own name: what a PNG's metadata calls the model.
-std::string model_label(const std::string& dir);
 
 }  // namespace apus

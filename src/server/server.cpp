@@ -1,3 +1,4 @@
+#include "io/hf_cache.h"
 #include "server/server.h"
 #include "io/files.h"
 

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "io/hf_cache.h"
 #include "ops/backend.h"
 #include "pipeline/klein/klein_model.h"
 #include "pipeline/registry.h"

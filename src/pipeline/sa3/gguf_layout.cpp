@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "io/files.h"
+#include "io/hf_cache.h"
 #include "io/single_file.h"
 #include "io/synth.h"
 #include "models/sa3/gguf_checkpoint.h"
@@ -134,9 +135,7 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
     root = published_layout_dir("stable-audio-3-" + variant.name);
   }
   Sa3Layout l = official_layout(root);
-  const QuantTransforms quant = quant_transforms(parts.quant, device);
-  l.linears = quant.linears;
-  l.decoder_linears = quant.decoder;
+  use_quant(l, parts.quant, device);
   const std::string config = root + "/model_config.json";
   {
     const MetadataCheck check(dit_meta, config);
