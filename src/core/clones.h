@@ -1,6 +1,9 @@
 #pragma once
 // Functions compiled once per instruction set and chosen at load by an ifunc resolver
-// (AVX-512, AVX2, baseline), so one binary runs every x86-64 CPU at its width. Under TSan the
+// (AVX-512, x86-64-v3, baseline), so one binary runs every x86-64 CPU at its width. Not "avx2":
+// GCC's avx2 clone has no FMA, so each std::fma of the math helpers was a call to libm's fmaf and
+// nothing vectorised (GLU and DyT at 0.2-0.3 GFLOP/s on an AVX2-only EPYC, docs/SPEED.md session
+// 23); x86-64-v3 is AVX2 with FMA, and GCC picks it by the CPU's features. Under TSan the
 // resolvers, instrumented, run while the dynamic loader relocates the program, before TSan's
 // runtime exists, and crash: a TSan build gets the baseline code only.
 #if defined(__SANITIZE_THREAD__)
@@ -11,5 +14,5 @@
 #endif
 #endif
 #ifndef APUS_CLONES
-#define APUS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define APUS_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #endif

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/clones.h"
 #include "core/dtype.h"
 #include "core/parallel.h"
 
@@ -135,12 +136,7 @@ inline __attribute__((always_inline)) void box_muller16_avx2(float* d) {
 // `blocks` consecutive blocks of 16 through the x86 kernel, compiled per instruction set: its
 // std::fma is one instruction where the CPU has FMA, and a libm call on baseline x86-64 (29 ns a
 // value, which made SAME's decoder noise 1.7 s of a 2.5 s request on an H200 host).
-#if defined(__SANITIZE_THREAD__)
-#define APUS_FMA_CLONES
-#else
-#define APUS_FMA_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
-#endif
-APUS_FMA_CLONES void box_muller_blocks_avx2(float* d, int64_t blocks) {
+APUS_CLONES void box_muller_blocks_avx2(float* d, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b) box_muller16_avx2(d + 16 * b);
 }
 
