@@ -59,10 +59,8 @@ BENCHMARK(BM_Linear)
 // The linear as a CPU without bf16 dot products runs it (cpu.native_bf16=off: bf16 widened to f32,
 // single-threaded sgemm tiles of 64 rows for bit-stable rows), at klein's 1024 x 3072 x 3072.
 void BM_LinearWidened(benchmark::State& st) {
-  Knob& native = find_knob("cpu.native_bf16");
-  native.set(native.index_of("off"));
+  const KnobScope widened("cpu.native_bf16", "off");
   BM_Linear(st);
-  native.set(0);
 }
 BENCHMARK(BM_LinearWidened)
     ->Args({1024, 3072, 3072})
@@ -73,10 +71,8 @@ BENCHMARK(BM_LinearWidened)
 // The same with apus's AVX2 kernel (cpu.widened_gemm=avx2, the default on CPUs without AVX-512):
 // beside BM_LinearWidened under ONEDNN_MAX_CPU_ISA=AVX2, what an AVX2-only CPU runs either way.
 void BM_LinearWidenedAvx2(benchmark::State& st) {
-  Knob& kernel = find_knob("cpu.widened_gemm");
-  kernel.set(kernel.index_of("avx2"));
+  const KnobScope kernel("cpu.widened_gemm", "avx2");
   BM_LinearWidened(st);
-  kernel.set(0);
 }
 BENCHMARK(BM_LinearWidenedAvx2)
     ->Args({1024, 3072, 3072})
@@ -90,7 +86,7 @@ BENCHMARK(BM_LinearWidenedAvx2)
 // small f16 scales: the values do not matter to the time.
 void BM_LinearStored(benchmark::State& st) {
   Knob& panel_mb = find_knob("cpu.linear_panel_mb");
-  panel_mb.set(int(st.range(4)));
+  const KnobScope panel(panel_mb, int(st.range(4)));
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
@@ -100,7 +96,6 @@ void BM_LinearStored(benchmark::State& st) {
   auto* bytes = w.ptr<uint8_t>();
   for (size_t i = 0; i < w.nbytes(); ++i) bytes[i] = uint8_t(rng() & 0x3f);  // small codes, finite scales
   for (auto _ : st) ops::linear(c, x, w, nullptr, y);
-  panel_mb.set(0);
   st.SetLabel(std::string(dtype_name(stored)) + " panels of " + panel_mb.choices()[size_t(st.range(4))] + " MiB");
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -141,14 +136,12 @@ BENCHMARK(BM_LinearInt8)
 // args: tokens, in, out, arm. With BM_LinearStored's rows it parts a stored format's cost into the
 // split's and the decode's.
 void BM_LinearSplit(benchmark::State& st) {
-  Knob& panels = find_knob("cpu.linear_panels");
-  panels.set(int(st.range(3)));
+  const KnobScope panels(find_knob("cpu.linear_panels"), int(st.range(3)));
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
   Tensor x = filled({m, k}, DType::bf16), w = filled({n, k}, DType::bf16), y = Tensor::heap({m, n}, DType::bf16);
   for (auto _ : st) ops::linear(c, x, w, nullptr, y);
-  panels.set(0);
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LinearSplit)
@@ -207,7 +200,7 @@ BENCHMARK(BM_AttentionTileGemm)->Args({128, 162})->Args({128, 452})->Args({8, 8}
 // Stable Audio 3 medium's DiT self-attention at 30 s: 452 tokens, 24 heads of 64, one softmax;
 // arg: query rows per task
 void BM_Sa3Attention(benchmark::State& st) {
-  cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(0))));
+  const KnobScope block(cpu::attention_block_knob, cpu::attention_block_knob.index_of(std::to_string(st.range(0))));
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = 452, h = 24, d = 64;
@@ -221,8 +214,8 @@ BENCHMARK(BM_Sa3Attention)->Arg(128)->Arg(256)->Arg(512)->Unit(benchmark::kMilli
 // The same DiT's differential attention, self (452 keys) and cross (257 text tokens + duration).
 // args: keys, kernel (0 direct, 1 GEMM tiles)
 void BM_Sa3DifferentialAttention(benchmark::State& st) {
-  cpu::attention_block_knob.set(0);
-  cpu::attention_kernel_knob.set(st.range(1) ? 2 : 1);
+  const KnobScope block(cpu::attention_block_knob, 0);
+  const KnobScope kernel(cpu::attention_kernel_knob, st.range(1) ? 2 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = 452, keys = st.range(0), h = 24, d = 64;
@@ -231,14 +224,13 @@ void BM_Sa3DifferentialAttention(benchmark::State& st) {
          v = filled({keys, h * d}, DType::bf16), o = Tensor::heap({s, h * d}, DType::bf16);
   for (auto _ : st) ops::differential_attention(c, q, k, q2, k2, v, o, d, 0.125f, {});
   st.counters["FLOP/s"] = benchmark::Counter(8.0 * s * keys * h * d, benchmark::Counter::kIsIterationInvariantRate);
-  cpu::attention_kernel_knob.set(0);
 }
 BENCHMARK(BM_Sa3DifferentialAttention)->ArgsProduct({{452, 257}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // SAME's band. args: tokens, query rows per task, kernel (0 direct, 1 GEMM tiles)
 void BM_BandAttention(benchmark::State& st) {
-  cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(1))));
-  cpu::band_attention_knob.set(st.range(2) ? 2 : 1);
+  const KnobScope block(cpu::attention_block_knob, cpu::attention_block_knob.index_of(std::to_string(st.range(1))));
+  const KnobScope kernel(cpu::band_attention_knob, st.range(2) ? 2 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = 24, d = 64;
@@ -248,15 +240,13 @@ void BM_BandAttention(benchmark::State& st) {
   for (auto _ : st)
     ops::differential_attention(c, q.cols(0, h * d), k.cols(0, h * d), q.cols(h * d, 2 * h * d),
                                 k.cols(h * d, 2 * h * d), v, o, d, 0.125f, band);
-  cpu::attention_block_knob.set(0);
-  cpu::band_attention_knob.set(0);
 }
 BENCHMARK(BM_BandAttention)->ArgsProduct({{6596}, {32, 128}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: tokens, heads, query rows per task, causal, kernel (0 direct, 1 GEMM tiles)
 void BM_Attention(benchmark::State& st) {
-  cpu::attention_block_knob.set(cpu::attention_block_knob.index_of(std::to_string(st.range(2))));
-  cpu::attention_kernel_knob.set(st.range(4) ? 2 : 1);
+  const KnobScope block(cpu::attention_block_knob, cpu::attention_block_knob.index_of(std::to_string(st.range(2))));
+  const KnobScope kernel(cpu::attention_kernel_knob, st.range(4) ? 2 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), h = st.range(1), d = 128;
@@ -266,8 +256,6 @@ void BM_Attention(benchmark::State& st) {
   for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.088f, {causal});
   st.counters["FLOP/s"] =
       benchmark::Counter((causal ? 2.0 : 4.0) * s * s * h * d, benchmark::Counter::kIsIterationInvariantRate);
-  cpu::attention_block_knob.set(0);
-  cpu::attention_kernel_knob.set(0);
 }
 // klein's joint attention at 512x512 and 1024x1024 (24 heads); Qwen3's causal prompt (32 heads, 512 tokens)
 BENCHMARK(BM_Attention)
@@ -280,13 +268,9 @@ BENCHMARK(BM_Attention)
 // on widened f32), at klein 512x512's joint attention.
 // args as BM_Attention's, then the widened GEMM (cpu.widened_gemm: 1 apus's AVX2 kernel, 2 oneDNN's tiles).
 void BM_AttentionWidened(benchmark::State& st) {
-  Knob& native = find_knob("cpu.native_bf16");
-  Knob& kernel = find_knob("cpu.widened_gemm");
-  native.set(native.index_of("off"));
-  kernel.set(int(st.range(5)));
+  const KnobScope widened("cpu.native_bf16", "off");
+  const KnobScope kernel(find_knob("cpu.widened_gemm"), int(st.range(5)));
   BM_Attention(st);
-  kernel.set(0);
-  native.set(0);
 }
 BENCHMARK(BM_AttentionWidened)
     ->Args({1536, 24, 128, 0, 1, 1})
@@ -297,7 +281,7 @@ BENCHMARK(BM_AttentionWidened)
 // The FLUX.2 VAE's mid-block attention: one head of 512 channels over the latent's tokens (4096 at
 // 512x512, 16384 at 1024x1024). args: tokens, kernel (0 direct, 1 GEMM tiles)
 void BM_VaeAttention(benchmark::State& st) {
-  cpu::attention_kernel_knob.set(st.range(1) ? 2 : 1);
+  const KnobScope kernel(cpu::attention_kernel_knob, st.range(1) ? 2 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t s = st.range(0), d = 512;
@@ -305,13 +289,12 @@ void BM_VaeAttention(benchmark::State& st) {
          o = Tensor::heap({s, d}, DType::bf16);
   for (auto _ : st) ops::attention(c, q, k, v, o, d, 0.044f, {});
   st.counters["FLOP/s"] = benchmark::Counter(4.0 * s * s * d, benchmark::Counter::kIsIterationInvariantRate);
-  cpu::attention_kernel_knob.set(0);
 }
 BENCHMARK(BM_VaeAttention)->ArgsProduct({{4096, 16384}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // args: channels in, channels out, spatial side, layout (0 plain, 1 blocked)
 void BM_Conv3x3(benchmark::State& st) {
-  cpu::conv_layout_knob.set(st.range(3) ? 0 : 1);
+  const KnobScope layout(cpu::conv_layout_knob, st.range(3) ? 0 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t ci = st.range(0), co = st.range(1), hw = st.range(2);

@@ -16,15 +16,6 @@
 namespace apus {
 namespace {
 
-// Restores a knob's default when the test ends.
-struct KnobChoice {
-  Knob& knob;
-  KnobChoice(const std::string& name, const std::string& choice) : knob(find_knob(name)) {
-    knob.set(knob.index_of(choice));
-  }
-  ~KnobChoice() { knob.set(0); }
-};
-
 // The kernel's transparent huge page mode: always, madvise or never ("" when it has none).
 std::string thp_mode() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -63,7 +54,7 @@ TEST(HostMemory, LargeBlocksAreHugePageAlignedAndAdvised) {
   if (mode == "madvise" || mode == "always") EXPECT_EQ(thp_eligible(p), 1) << "a 6 MiB block is not huge-page eligible";
   host.release(p);
 
-  KnobChoice small("host.pages", "default");
+  KnobScope small("host.pages", "default");
   void* q = host.allocate(bytes);
   std::memset(q, 1, bytes);
   if (mode == "madvise") EXPECT_EQ(thp_eligible(q), 0) << "a default-pages block was advised huge";
@@ -94,7 +85,7 @@ TEST(HostMemory, FinishedArenasLendTheirChunksToTheNext) {
   }
   EXPECT_GE(pooled_host_bytes(), before + odd);
 
-  KnobChoice released("host.arena_chunks", "released");
+  KnobScope released("host.arena_chunks", "released");
   const size_t kept = pooled_host_bytes();
   {
     Arena c(size_t(1) << 20);

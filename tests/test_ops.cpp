@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "core/variants.h"
@@ -399,6 +400,25 @@ TEST(OpsRows, F16ConversionIsExactForEveryHalf) {
     if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[i])) << i;
     else EXPECT_EQ(std::memcmp(&out[i], &want, 4), 0) << std::hex << i << " " << out[i] << " " << want;
   }
+}
+
+// f32_to_f16 against the exact value, for every half and for the floats between two neighbours:
+// the midpoint goes to the even one, a float either side of it to the nearer one; past the
+// largest half's midpoint, infinity (the recipes' F16 GGUF fixtures and apus synth use it).
+TEST(OpsRows, F16RoundingIsToNearestEven) {
+  for (uint32_t h = 0; h < 0x7c00u; ++h) {
+    const float x = f16_to_f32(uint16_t(h));
+    ASSERT_EQ(f32_to_f16(x), h) << std::hex << h;
+    ASSERT_EQ(f32_to_f16(-x), h | 0x8000u) << std::hex << h;
+    const double next = h + 1 < 0x7c00u ? double(f16_to_f32(uint16_t(h + 1))) : 65536.0;
+    const float mid = float((double(x) + next) / 2);  // exact in float: halves carry 11 bits
+    ASSERT_EQ(f32_to_f16(mid), (h & 1) ? h + 1 : h) << std::hex << h;
+    ASSERT_EQ(f32_to_f16(std::nextafter(mid, 0.0f)), h) << std::hex << h;
+    ASSERT_EQ(f32_to_f16(std::nextafter(mid, 1e9f)), h + 1) << std::hex << h;
+  }
+  EXPECT_EQ(f32_to_f16(std::numeric_limits<float>::infinity()), 0x7c00u);
+  EXPECT_EQ(f32_to_f16(1e-9f), 0u);
+  EXPECT_EQ(f32_to_f16(std::nanf("")) & 0x7e00u, 0x7e00u);
 }
 
 // Weights converted at load (sa3.cpp's F16 GGUFs): every half, through the chunks to_dtype spreads

@@ -7,11 +7,8 @@
 // as their streams (draw_streams.json: a seed and the draws made from it) and each file as the
 // bytes that are not draws plus where the draws go (tools/oracle/fixture_recipes.py writes both).
 // A file already there with the right size and hash is left alone; a wrong one is rewritten.
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,12 +17,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "hub/hf_pull.h"
+#include "io/files.h"
 #include "sampling/torch_rng.h"
 
 namespace fs = std::filesystem;
@@ -38,46 +36,6 @@ struct Failure : std::runtime_error {
 };
 
 [[noreturn]] void fail(const std::string& what) { throw Failure(what); }
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail(p.string() + ": cannot read");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::string sha256_hex(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  if (EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_sha256(), nullptr) != 1) fail("sha256 failed");
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < n; ++i) out += {hex[digest[i] >> 4], hex[digest[i] & 15]};
-  return out;
-}
-
-// IEEE binary16, round to nearest even (numpy's astype(float16), which wrote the GGUF F16 files).
-uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);
-  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to infinity
-  if (abs < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
-    const int exponent = int(abs >> 23);
-    if (exponent < 102) return uint16_t(sign);  // under 2^-25
-    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const int drop = 126 - exponent;
-    const uint32_t q = mant >> drop, rest = mant & ((1u << drop) - 1), mid = 1u << (drop - 1);
-    return uint16_t(sign | (q + (rest > mid || (rest == mid && (q & 1)))));
-  }
-  uint32_t h = ((abs >> 13) - (112u << 10));
-  const uint32_t rest = abs & 0x1fffu;
-  h += rest > 0x1000u || (rest == 0x1000u && (h & 1));
-  return uint16_t(sign | h);
-}
 
 struct Call {
   std::string kind, dtype;
@@ -134,24 +92,19 @@ void append_draw(std::string& out, const std::vector<float>& r, const json& piec
   const std::string store = piece.at("store").get<std::string>();
   const size_t first = piece.value("first", size_t(0)), count = piece.value("count", r.size());
   if (first + count > r.size()) fail("a piece reads past its draw");
-  for (size_t i = first; i < first + count; ++i) {
-    float x = r[i];
-    for (auto [op, c] : ops) x = op == 'm' ? x * c : op == 'd' ? x / c : x + c;
-    if (store == "f32") {
-      out.append(reinterpret_cast<const char*>(&x), 4);
-    } else if (store == "f32_of_bf16") {
-      const float y = apus::round_bf16(x);
-      out.append(reinterpret_cast<const char*>(&y), 4);
-    } else if (store == "bf16") {
-      const uint16_t b = apus::f32_to_bf16(x);
-      out.append(reinterpret_cast<const char*>(&b), 2);
-    } else if (store == "f16") {
-      const uint16_t h = f32_to_f16(x);
-      out.append(reinterpret_cast<const char*>(&h), 2);
-    } else {
-      fail("unknown store " + store);
+  auto each = [&](auto put) {
+    for (size_t i = first; i < first + count; ++i) {
+      float x = r[i];
+      for (auto [op, c] : ops) x = op == 'm' ? x * c : op == 'd' ? x / c : x + c;
+      put(x);
     }
-  }
+  };
+  auto append = [&out](auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  if (store == "f32") each([&](float x) { append(x); });
+  else if (store == "f32_of_bf16") each([&](float x) { append(apus::round_bf16(x)); });
+  else if (store == "bf16") each([&](float x) { append(apus::f32_to_bf16(x)); });
+  else if (store == "f16") each([&](float x) { append(apus::f32_to_f16(x)); });
+  else fail("unknown store " + store);
 }
 
 // gguf-py's Q8_0 dequantisation (the reference it wrote): each 34-byte block is an f16 scale and
@@ -175,7 +128,7 @@ struct Recipe {
 };
 
 Recipe read_recipe(const fs::path& p) {
-  const std::string all = read_all(p);
+  const std::string all = apus::read_file(p);
   const size_t nl = all.find('\n');
   if (nl == std::string::npos) fail(p.string() + ": no header line");
   return {json::parse(all.substr(0, nl)), all.substr(nl + 1)};
@@ -204,7 +157,7 @@ class Fixtures {
         if (piece.contains("draw")) needed.insert({piece["draw"][0].get<int>(), piece["draw"][1].get<int>()});
     }
     if (!needed.empty()) {
-      const json streams = json::parse(read_all(dir_ / "draw_streams.json")).at("streams");
+      const json streams = json::parse(apus::read_file(dir_ / "draw_streams.json")).at("streams");
       draws_ = std::make_unique<Draws>(streams, needed);
     }
     int written = 0;
@@ -221,14 +174,14 @@ class Fixtures {
     std::error_code ec;
     const fs::path target = dir_ / rel;
     if (fs::file_size(target, ec) != r.head.at("size").get<uintmax_t>() || ec) return false;
-    return sha256_hex(read_all(target)) == r.head.at("sha256").get<std::string>();
+    return apus::sha256_of(target) == r.head.at("sha256").get<std::string>();
   }
 
   // A file a copy reads: written first when it is a recipe's and is not there yet.
   const std::string& source(const std::string& rel) {
     if (recipes_.count(rel) && !fresh_.count(rel)) write(rel);
     auto it = sources_.find(rel);
-    if (it == sources_.end()) it = sources_.emplace(rel, read_all(dir_ / rel)).first;
+    if (it == sources_.end()) it = sources_.emplace(rel, apus::read_file(dir_ / rel)).first;
     return it->second;
   }
 
@@ -257,15 +210,17 @@ class Fixtures {
         append_draw(out, draws_->at(piece.at("draw")[0].get<int>(), piece.at("draw")[1].get<int>()), piece);
       }
     }
-    const std::string sum = sha256_hex(out);
-    if (out.size() != r.head.at("size").get<size_t>() || sum != r.head.at("sha256").get<std::string>())
-      fail(rel + ": rebuilt " + std::to_string(out.size()) + " bytes with sha256 " + sum + ", its recipe says " +
-           r.head.at("size").dump() + " bytes with " + r.head.at("sha256").get<std::string>());
     const fs::path target = dir_ / rel, tmp = target.string() + ".tmp";
     {
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
       f.write(out.data(), std::streamsize(out.size()));
       if (!f) fail(tmp.string() + ": cannot write");
+    }
+    const std::string sum = apus::sha256_of(tmp);
+    if (out.size() != r.head.at("size").get<size_t>() || sum != r.head.at("sha256").get<std::string>()) {
+      fs::remove(tmp);
+      fail(rel + ": rebuilt " + std::to_string(out.size()) + " bytes with sha256 " + sum + ", its recipe says " +
+           r.head.at("size").dump() + " bytes with " + r.head.at("sha256").get<std::string>());
     }
     fs::rename(tmp, target);
     sources_[rel] = std::move(out);

@@ -141,6 +141,27 @@ std::string_view dtype_safetensors_name(DType t) {
   return "?";
 }
 
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);
+  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to infinity
+  if (abs < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
+    const int exponent = int(abs >> 23);
+    if (exponent < 102) return uint16_t(sign);  // under 2^-25
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const int drop = 126 - exponent;
+    const uint32_t q = mant >> drop, rest = mant & ((1u << drop) - 1), mid = 1u << (drop - 1);
+    return uint16_t(sign | (q + (rest > mid || (rest == mid && (q & 1)))));
+  }
+  uint32_t h = ((abs >> 13) - (112u << 10));
+  const uint32_t rest = abs & 0x1fffu;
+  h += rest > 0x1000u || (rest == 0x1000u && (h & 1));
+  return uint16_t(sign | h);
+}
+
 float f16_to_f32(uint16_t h) {
   const int sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
   float v;

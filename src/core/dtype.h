@@ -51,6 +51,9 @@ inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 inline float round_as(DType dt, float f) { return dt == DType::bf16 ? round_bf16(f) : f; }
 
 float f16_to_f32(uint16_t h);
+// IEEE binary16, rounded to nearest even (numpy's astype(float16)): subnormals, overflow to
+// infinity and NaN included.
+uint16_t f32_to_f16(float f);
 // f16_to_f32 over a row, vectorised (per-ISA clones): exact, subnormals, infinities and NaN included.
 void f16_to_f32_row(const uint16_t* in, float* out, int64_t n);
 // float8_e4m3fn, torch's: bias 7, no infinities, S.1111.111 is NaN.

@@ -44,4 +44,20 @@ const std::vector<Knob*>& knobs();
 // The knob named `name`, or an error listing them.
 Knob& find_knob(const std::string& name);
 
+// A knob at one choice until the scope ends, then back at the choice it had (a bench arm, a test,
+// a gate candidate).
+class KnobScope {
+ public:
+  KnobScope(Knob& knob, int choice) : knob_(knob), before_(knob.value()) { knob.set(choice); }
+  KnobScope(const std::string& name, const std::string& choice)
+      : KnobScope(find_knob(name), find_knob(name).index_of(choice)) {}
+  KnobScope(const KnobScope&) = delete;
+  KnobScope& operator=(const KnobScope&) = delete;
+  ~KnobScope() { knob_.set(before_); }
+
+ private:
+  Knob& knob_;
+  int before_;
+};
+
 }  // namespace apus

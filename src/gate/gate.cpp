@@ -32,13 +32,7 @@ class KnobChoice {
   }
   template <typename F> auto with(F&& f) const {
     if (!knob_) return f();
-    const int before = knob_->value();
-    knob_->set(choice_);
-    struct Restore {
-      Knob* k;
-      int v;
-      ~Restore() { k->set(v); }
-    } restore{knob_, before};
+    const KnobScope scope(*knob_, choice_);
     return f();
   }
 

@@ -99,6 +99,19 @@ std::string status_hint(long status) {
   return "";
 }
 
+// A repository path from the hub, as a relative path that stays inside the snapshot.
+void check_path(const std::string& repo, const std::string& p) {
+  bool ok = !p.empty() && p[0] != '/' && p.find('\\') == std::string::npos && p.find('\0') == std::string::npos;
+  for (const auto& part : fs::path(p)) ok = ok && part != ".." && part != "." && !part.empty();
+  APUS_CHECK(ok, repo, ": the hub lists a file '", p, "' outside the repository; refusing it");
+}
+
+bool is_hex(const std::string& s, size_t n) {
+  return s.size() == n && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace
+
 std::string sha256_of(const std::string& path) {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   APUS_CHECK(ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1, path, ": cannot hash");
@@ -119,19 +132,6 @@ std::string sha256_of(const std::string& path) {
   }
   return hex;
 }
-
-// A repository path from the hub, as a relative path that stays inside the snapshot.
-void check_path(const std::string& repo, const std::string& p) {
-  bool ok = !p.empty() && p[0] != '/' && p.find('\\') == std::string::npos && p.find('\0') == std::string::npos;
-  for (const auto& part : fs::path(p)) ok = ok && part != ".." && part != "." && !part.empty();
-  APUS_CHECK(ok, repo, ": the hub lists a file '", p, "' outside the repository; refusing it");
-}
-
-bool is_hex(const std::string& s, size_t n) {
-  return s.size() == n && s.find_first_not_of("0123456789abcdef") == std::string::npos;
-}
-
-}  // namespace
 
 std::string hf_pull(const std::string& repo_id, const std::string& revision,
                     const std::function<void(const std::string&)>& say) {

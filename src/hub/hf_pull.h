@@ -15,4 +15,7 @@ namespace apus {
 std::string hf_pull(const std::string& repo_id, const std::string& revision,
                     const std::function<void(const std::string&)>& say);
 
+// A file's sha256 as 64 lowercase hex digits (what the hub lists for LFS files).
+std::string sha256_of(const std::string& path);
+
 }  // namespace apus

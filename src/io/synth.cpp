@@ -158,22 +158,6 @@ uint64_t tensor_key(uint64_t seed, const std::string& rel, const std::string& na
   return mix(seed ^ mix(h));
 }
 
-uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
-  u &= 0x7fffffffu;
-  // Values here stay within +-2, far from f16 overflow; below 2^-14 they are f16 subnormals.
-  if (u < 0x38800000u) {
-    float a;
-    std::memcpy(&a, &u, 4);
-    return uint16_t(sign | uint16_t(std::lrint(std::ldexp(a, 24))));
-  }
-  u -= (127u - 15u) << 23;
-  u += 0xfffu + ((u >> 13) & 1u);
-  return uint16_t(sign | uint16_t(u >> 13));
-}
-
 // How a tensor is initialised: values a trained model's loader and kernels see as ordinary,
 // and that keep every stage finite (unit norms, identity batch-norm statistics).
 struct Init {
