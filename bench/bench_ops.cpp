@@ -264,17 +264,21 @@ BENCHMARK(BM_Attention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The same attention as a CPU without bf16 dot products runs it (cpu.native_bf16=off: the GEMM tiles
-// on widened f32), at klein 512x512's joint attention.
-// args as BM_Attention's, then the widened GEMM (cpu.widened_gemm: 1 apus's AVX2 kernel, 2 oneDNN's tiles).
+// The same attention as a CPU without bf16 dot products runs it (cpu.native_bf16=off: the widened
+// direct kernel, or the GEMM tiles on widened f32), at klein 512x512's joint attention and Qwen3's
+// causal prompt. args as BM_Attention's, then the tiles' widened GEMM (cpu.widened_gemm: 1 apus's
+// AVX2 kernel, 2 oneDNN's tiles).
 void BM_AttentionWidened(benchmark::State& st) {
   const KnobScope widened("cpu.native_bf16", "off");
   const KnobScope kernel(find_knob("cpu.widened_gemm"), int(st.range(5)));
   BM_Attention(st);
 }
 BENCHMARK(BM_AttentionWidened)
+    ->Args({1536, 24, 128, 0, 0, 1})
     ->Args({1536, 24, 128, 0, 1, 1})
     ->Args({1536, 24, 128, 0, 1, 2})
+    ->Args({512, 32, 128, 1, 0, 1})
+    ->Args({512, 32, 128, 1, 1, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -336,9 +336,6 @@ TEST_P(Ops, F16WeightsReadExactly) {
   EXPECT_EQ(to_f32_vector(r16), to_f32_vector(r32));
 }
 
-// silu(x) = x / (1 + exp(-x)) inherits the exp's relative error where exp(-x) dominates (x < 0),
-// so this bounds the vectorised exp over the whole clamped range. With ln2's low part applied
-// before its high part the worst case is ~60 ulp; in the right order a few.
 // The widened GEMM (CPUs without bf16 dot products) computes each row from that row alone: a batch
 // must equal its requests run one by one, and threads must not move bits. Both kernels, at shapes
 // off every block size (rows past a 6-row micro-panel and a 72-row block, columns past a 16-wide
@@ -373,6 +370,43 @@ TEST(WidenedGemm, ARowsBitsDoNotDependOnTheRowsBesideIt) {
   native.set(0);
 }
 
+// The widened attention kernel (attention without a band where bf16 is widened) computes each
+// query row from its own scores: the query block it lands in (the block size), the samples of a
+// batch beside it and a second term must not move its bits. Causal and not, grouped heads, padded
+// keys, a head of 80 (past a 16-wide panel) and 300 keys (past the kernel's 256 block of P·V).
+TEST(WidenedAttention, ARowsBitsDoNotDependOnItsQueryBlockOrBatch) {
+  if (!cpu::sgemm_avx2_supported()) GTEST_SKIP() << "no AVX2 and FMA";
+  KnobScope widened("cpu.native_bf16", "off");
+  KnobScope direct("cpu.attention", "direct");
+  const int64_t s = 300, d = 80, hq = 4, hk = 2;
+  test::OpInputs in(DType::bf16);
+  Arena arena;
+  Context ctx{&arena, DType::bf16};
+  const Tensor q = in.random({2 * s, hq * d}), k = in.random({2 * s, hk * d}), v = in.random({2 * s, hk * d});
+  Tensor valid = Tensor::heap({2 * s}, DType::i64);
+  for (int64_t j = 0; j < 2 * s; ++j) valid.ptr<int64_t>()[j] = j % s < 260;
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    auto attend = [&](const char* block, int64_t batch) {
+      KnobScope rows("cpu.attention_block", block);
+      Tensor o = in.poisoned({2 * s, hq * d});
+      ops::attention(ctx, q, k, v, o, d, 0.125f, {causal, &valid, batch});
+      return to_f32_vector(o);
+    };
+    const std::vector<float> want = attend("128", 2);
+    for (const char* block : {"32", "512"}) EXPECT_EQ(attend(block, 2), want) << "blocks of " << block;
+    // The first sample alone.
+    Tensor first = in.poisoned({s, hq * d});
+    const Tensor first_valid = valid.rows(0, s);
+    ops::attention(ctx, q.rows(0, s), k.rows(0, s), v.rows(0, s), first, d, 0.125f, {causal, &first_valid});
+    const std::vector<float> alone = to_f32_vector(first);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), want.begin())) << "the first sample of a batch of two";
+  }
+}
+
+// silu(x) = x / (1 + exp(-x)) inherits the exp's relative error where exp(-x) dominates (x < 0),
+// so this bounds the vectorised exp over the whole clamped range. With ln2's low part applied
+// before its high part the worst case is ~60 ulp; in the right order a few.
 TEST(OpsRows, SiluAndItsExpStayWithinAFewUlp) {
   const int64_t n = 200001;
   std::vector<float> x(static_cast<size_t>(n)), y;

@@ -4,12 +4,15 @@
 // On AVX512-BF16 CPUs two direct kernels replace the GEMM tiles, with the same roundings: a band
 // (SAME's |i - j| <= 17) forms each row's scores over its own keys only; full attention reads every
 // head's keys and values re-laid once per call for vdpbf16ps, without head copies or GEMM calls.
+// Where bf16 is widened to f32 (AVX2-only CPUs), attention without a band runs the widened GEMM's
+// kernel over keys and values widened once per call.
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -27,7 +30,8 @@ Knob band_attention_knob("cpu.band_attention",
                          {"auto", "direct", "tiles"});
 Knob attention_kernel_knob("cpu.attention",
                            "attention without a band by a direct AVX512-BF16 kernel (keys and values re-laid once per "
-                           "call, scores and P.V by vdpbf16ps), or by GEMM tiles over head copies; auto: direct "
+                           "call, scores and P.V by vdpbf16ps; where bf16 is widened, the widened GEMM's kernel over "
+                           "keys and values widened once per call), or by GEMM tiles over head copies; auto: direct "
                            "unless the CPU has AMX",
                            {"auto", "direct", "tiles"});
 
@@ -426,6 +430,83 @@ void attend_direct(Context& c, const std::vector<const Tensor*>& qs, const std::
       Schedule::dynamic);
 }
 
+// Attention without a band where bf16 is widened (CPUs without bf16 dot products): the widened
+// GEMM's kernel (sgemm.cpp) over every key head's keys and values widened to f32 panels once per
+// call (the tiles widened them again for each query block), then per query block the scores of
+// all its rows, the row softmax into the activation dtype, and P·V over the block's keys. The
+// tiles' roundings: P in the activation dtype before P·V, each term's output rounded before the
+// difference; each score and output one FMA chain in order, whatever the block.
+void attend_widened(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks,
+                    const Tensor& v, Tensor& o, int64_t d, const ops::AttentionOptions& mask,
+                    const RowSoftmax& softmax, const int64_t* key_valid, int64_t block) {
+  constexpr int64_t kPanel = kWidenedPanel, kRowsPadding = 6;  // the kernel's columns and rows
+  const int64_t terms = int64_t(qs.size()), batch = mask.batch;
+  const int64_t sq = qs[0]->shape[0] / batch, sk = ks[0]->shape[0] / batch;
+  const int64_t hq = qs[0]->shape[1] / d, hk = ks[0]->shape[1] / d, blocks = (sq + block - 1) / block;
+  const int64_t key_panels = (sk + kPanel - 1) / kPanel, ldk = key_panels * kPanel;
+  const int64_t value_panels = (d + kPanel - 1) / kPanel, ldv = value_panels * kPanel;
+  const int64_t k_heads = batch * hk, k_size = key_panels * d * kPanel, v_size = value_panels * sk * kPanel;
+  const DType dt = v.dtype;
+  const size_t es = dtype_size(dt);
+  float* kp = static_cast<float*>(Tensor::in(*c.arena, {terms * k_heads, k_size}, DType::f32).data);
+  float* vp = static_cast<float*>(Tensor::in(*c.arena, {k_heads, v_size}, DType::f32).data);
+  // Head g of sample b in a [rows, H*D] tensor, from its first row.
+  auto head = [&](const Tensor& x, int64_t b, int64_t g) {
+    return static_cast<const char*>(x.row(b * sk)) + size_t(g * d) * es;
+  };
+  parallel_for(terms * k_heads * key_panels, [&](int64_t t) {  // K^T: [d, keys]
+    const int64_t kh = t / key_panels, p = t % key_panels;
+    const Tensor& k = *ks[size_t(kh / k_heads)];
+    pack_widened_panel(head(k, kh % k_heads / hk, kh % hk), dt, 1, k.row_stride(), d, sk, p,
+                       kp + kh * k_size + p * d * kPanel);
+  });
+  parallel_for(k_heads * value_panels, [&](int64_t t) {  // V: [keys, d]
+    const int64_t kh = t / value_panels, p = t % value_panels;
+    pack_widened_panel(head(v, kh / hk, kh % hk), dt, v.row_stride(), 1, sk, d, p, vp + kh * v_size + p * sk * kPanel);
+  });
+  parallel_for(
+      batch * hq * blocks,
+      [&](int64_t task) {
+        const int64_t b = task / (hq * blocks), h = (task / blocks) % hq;
+        const int64_t r0 = (task % blocks) * block, rows = std::min(sq, r0 + block) - r0;
+        const int64_t padded = (rows + kRowsPadding - 1) / kRowsPadding * kRowsPadding;
+        const int64_t kv_head = b * hk + h / (hq / hk);
+        const int64_t keys = mask.causal ? std::min(sk, r0 + rows) : sk;  // the block's
+        const int64_t* valid = key_valid ? key_valid + b * sk : nullptr;
+        float* scores = thread_scratch(0, padded * ldk);
+        Tensor probs;  // each term's probability rows over the block's keys
+        probs.dtype = dt;
+        probs.shape = {terms * rows, keys};
+        probs.data = thread_scratch(1, (terms * rows * keys * int64_t(es) + 3) / 4);
+        float* outs = thread_scratch(2, terms * padded * ldv);
+        for (int64_t term = 0; term < terms; ++term) {
+          const Tensor qb = qs[size_t(term)]->rows(b * sq + r0, b * sq + r0 + rows).cols(h * d, (h + 1) * d);
+          widened_panel_products(qb, kp + (term * k_heads + kv_head) * k_size, d * kPanel, d,
+                                 (keys + kPanel - 1) / kPanel, scores, ldk);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t n = mask.causal ? std::min(sk, r0 + r + 1) : sk;
+            char* prow = static_cast<char*>(probs.row(term * rows + r));
+            softmax(scores + r * ldk, n, valid, prow);
+            std::memset(prow + size_t(n) * es, 0, size_t(keys - n) * es);
+          }
+          widened_panel_products(probs.rows(term * rows, (term + 1) * rows), vp + kv_head * v_size, sk * kPanel, keys,
+                                 value_panels, outs + term * padded * ldv, ldv);
+        }
+        Tensor ob = o.rows(b * sq + r0, b * sq + r0 + rows).cols(h * d, (h + 1) * d);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* out = outs + r * ldv;
+          if (terms > 1) {
+            float* second = outs + (padded + r) * ldv;
+            round_to(dt, out, d);
+            round_to(dt, second, d);
+            for (int64_t j = 0; j < d; ++j) out[j] -= second[j];
+          }
+          store_row(ob, r, out, d);
+        }
+      },
+      Schedule::dynamic);
+}
+
 // Whether a kernel knob (auto | direct | tiles) sends this call to a direct AVX512-BF16 kernel that
 // can run it; records the choice taken. auto: direct unless the CPU has AMX, where oneDNN's tiles
 // run on it. Widened bf16 (cpu.native_bf16 off, as an AVX2-only CPU runs) takes the tiles.
@@ -433,6 +514,16 @@ bool takes_direct(Knob& knob, bool runnable) {
   const int asked = knob.value();
   const bool direct = (asked == 1 || (asked == 0 && !amx_bf16())) && runnable && avx512_bf16() && native_bf16();
   knob.took(direct ? (asked == 0 ? 0 : 1) : asked == 0 ? 0 : 2);
+  return direct;
+}
+
+// Whether attention without a band takes the widened direct kernel: bf16 widened (an AVX2-only
+// CPU, or cpu.native_bf16 off), the kernel's AVX2 and FMA present, the knob auto or direct.
+bool takes_widened_direct(const Tensor& q) {
+  const int asked = attention_kernel_knob.value();
+  const bool widened = q.dtype != DType::f32 && !native_bf16();
+  const bool direct = asked != 2 && widened && sgemm_avx2_supported();
+  if (direct) attention_kernel_knob.took(asked);
   return direct;
 }
 
@@ -474,6 +565,8 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
   const bool pairs_of_bf16 = dt == DType::bf16 && d % 2 == 0;
   if (mask.window > 0 && takes_direct(band_attention_knob, pairs_of_bf16 && 2 * mask.window + 8 <= 48))
     return attend_band_direct(qs, ks, v, o, d, mask, softmax, key_valid, block);
+  if (mask.window == 0 && takes_widened_direct(q))
+    return attend_widened(c, qs, ks, v, o, d, mask, softmax, key_valid, block);
   if (mask.window == 0 && takes_direct(attention_kernel_knob, pairs_of_bf16))
     return attend_direct(c, qs, ks, v, o, d, mask, softmax, key_valid, block);
   std::vector<Tensor> qh, kh;

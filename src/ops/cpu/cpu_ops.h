@@ -18,6 +18,16 @@ void sgemm_avx2(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k
                 const Tensor* bias, Tensor& c, int64_t k, int64_t n);
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, const Tensor* bias,
           Tensor& c, int64_t k, int64_t n);
+// Its parts, for other products on the same kernel (attention's): a matrix [k, n] (element (i, j) at
+// b + i * b_stride_k + j * b_stride_n) is laid out as f32 panels of kWidenedPanel columns, panel p
+// as [k][kWidenedPanel] with the columns past n zero; then c (ld ldc, its rows padded to a multiple
+// of 6 and its columns to the panel) = a · (`count` panels, panel q at panels + q * panel_stride,
+// their first k rows), each output one FMA chain over k in order, single-threaded.
+constexpr int64_t kWidenedPanel = 16;
+void pack_widened_panel(const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, int64_t k, int64_t n,
+                        int64_t p, float* out);
+void widened_panel_products(const Tensor& a, const float* panels, int64_t panel_stride, int64_t k, int64_t count,
+                            float* c, int64_t ldc);
 
 // Whether oneDNN's int8 products are exact here: the VNNI instructions (AVX512-VNNI, AVX-VNNI;
 // AMX-INT8 comes with the first). Without them it sums u8 x s8 pairs in saturating 16-bit lanes,

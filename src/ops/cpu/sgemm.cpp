@@ -24,7 +24,7 @@ namespace apus::cpu {
 
 namespace {
 
-constexpr int64_t kMR = 6, kNR = 16;  // the kernel's tile: 6 rows x 2 vectors of 8
+constexpr int64_t kMR = 6, kNR = kWidenedPanel;  // the kernel's tile: 6 rows x 2 vectors of 8
 constexpr int64_t kKC = 256;          // inner block: a 16 KiB weight micro-panel stays in L1
 constexpr int64_t kMC = 72;           // rows a task packs (12 micro-panels, 72 KiB at kKC)
 constexpr int64_t kNC = 768;          // columns a task covers (48 panels)
@@ -37,33 +37,14 @@ float* line_aligned(std::vector<float>& buf, size_t n) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
 }
 
-// The weight [k, n] (element (i, j) at b + i * sk + j * sn) as f32 panels of 16 columns:
-// panel p holds columns 16p.. as [k][16], columns past n zero.
-// Into the calling thread's buffer, kept from call to call: a fresh one each call cost page
-// faults and zeroing (47 MB for SA3's feed-forward, ~7 % of the call).
+// The weight [k, n] as f32 panels of 16 columns (pack_panel's), in the calling thread's buffer,
+// kept from call to call: a fresh one each call cost page faults and zeroing (47 MB for SA3's
+// feed-forward, ~7 % of the call).
 const float* pack_weight(const void* b, DType bt, int64_t sk, int64_t sn, int64_t k, int64_t n) {
   const int64_t panels = (n + kNR - 1) / kNR;
   thread_local std::vector<float> packed;
   float* const out = line_aligned(packed, size_t(panels * k * kNR));  // the caller's: a worker's `packed` is its own
-  const size_t es = dtype_size(bt);
-  parallel_for(panels, [&](int64_t p) {
-    // The panel's 16 columns widened side by side, then interleaved in order of k (the writes
-    // sequential, 16 read streams).
-    thread_local std::vector<float> lines;
-    lines.resize(size_t(kNR * k));
-    for (int64_t c = 0; c < kNR; ++c) {
-      const int64_t j = p * kNR + c;
-      float* line = lines.data() + c * k;
-      if (j >= n) std::fill_n(line, k, 0.0f);
-      else if (sk == 1) widen_row(static_cast<const char*>(b) + size_t(j * sn) * es, bt, line, k);  // row j of [n][k]
-      else
-        for (int64_t i = 0; i < k; ++i)
-          widen_row(static_cast<const char*>(b) + size_t(i * sk + j * sn) * es, bt, line + i, 1);
-    }
-    float* dst = out + p * k * kNR;
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t c = 0; c < kNR; ++c) dst[i * kNR + c] = lines[size_t(c * k + i)];
-  });
+  parallel_for(panels, [&](int64_t p) { pack_widened_panel(b, bt, sk, sn, k, n, p, out + p * k * kNR); });
   return out;
 }
 
@@ -138,6 +119,51 @@ __attribute__((target("avx2,fma"))) void kernel_6x16(int64_t kc, const float* a,
 
 }  // namespace
 
+void pack_widened_panel(const void* b, DType bt, int64_t sk, int64_t sn, int64_t k, int64_t n, int64_t p, float* dst) {
+  const size_t es = dtype_size(bt);
+  const int64_t j0 = p * kNR, width = std::min(kNR, n - j0);
+  auto at = [&](int64_t i, int64_t j) { return static_cast<const char*>(b) + size_t(i * sk + j * sn) * es; };
+  if (sn == 1) {  // rows of [k][n] (a value matrix): each row's 16 columns are a panel row already
+    for (int64_t i = 0; i < k; ++i) {
+      widen_row(at(i, j0), bt, dst + i * kNR, width);
+      std::fill(dst + i * kNR + width, dst + (i + 1) * kNR, 0.0f);
+    }
+    return;
+  }
+  // The panel's 16 columns widened side by side, then interleaved in order of k (the writes
+  // sequential, 16 read streams).
+  thread_local std::vector<float> lines;
+  lines.resize(size_t(kNR * k));
+  for (int64_t c = 0; c < kNR; ++c) {
+    float* line = lines.data() + c * k;
+    if (c >= width) std::fill_n(line, k, 0.0f);
+    else if (sk == 1) widen_row(at(0, j0 + c), bt, line, k);  // row j of [n][k]: a linear's weight, keys
+    else
+      for (int64_t i = 0; i < k; ++i) widen_row(at(i, j0 + c), bt, line + i, 1);
+  }
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t c = 0; c < kNR; ++c) dst[i * kNR + c] = lines[size_t(c * k + i)];
+}
+
+
+void widened_panel_products(const Tensor& a, const float* panels, int64_t panel_stride, int64_t k, int64_t count,
+                            float* c, int64_t ldc) {
+  const int64_t rows = a.shape[0], micro = (rows + kMR - 1) / kMR;
+  // Buffers of this file's own (the caller may hold the shared thread_scratch rows).
+  thread_local std::vector<float> packed_buf;
+  float* rows_packed = line_aligned(packed_buf, size_t(micro * kMR * kKC));
+  for (int64_t p0 = 0; p0 < std::max<int64_t>(k, 1); p0 += kKC) {
+    const int64_t kc = std::min(kKC, k - p0);
+    if (kc > 0) pack_rows(a, 0, rows, p0, kc, rows_packed);
+    for (int64_t jp = 0; jp < count; ++jp) {
+      const float* wp = panels + jp * panel_stride + p0 * kNR;
+      for (int64_t ip = 0; ip < micro; ++ip)
+        kernel_6x16(std::max<int64_t>(kc, 0), rows_packed + ip * kc * kMR, wp, c + ip * kMR * ldc + jp * kNR, ldc,
+                    p0 == 0);
+    }
+  }
+}
+
 bool sgemm_avx2_supported() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
@@ -156,23 +182,10 @@ void sgemm_avx2(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k
   parallel_for(row_blocks * col_blocks, [&](int64_t task) {
     const int64_t r0 = task % row_blocks * kMC, rows = std::min(kMC, m - r0);
     const int64_t j0 = task / row_blocks * kNC, cols = std::min(kNC, n - j0);
-    const int64_t panels = (cols + kNR - 1) / kNR, micro = (rows + kMR - 1) / kMR;
-    // Buffers of this file's own (the caller may hold the shared thread_scratch rows).
     thread_local std::vector<float> acc_buf;
-    thread_local std::vector<float> packed_buf(static_cast<size_t>(kMC * kKC));
     thread_local std::vector<float> line_buf(static_cast<size_t>(kNC));
-    float* acc = line_aligned(acc_buf, size_t(kMC * kNC));  // [kMC][kNC]: the block's sums so far
-    float* rows_packed = packed_buf.data();
-    for (int64_t p0 = 0; p0 < std::max<int64_t>(k, 1); p0 += kKC) {
-      const int64_t kc = std::min(kKC, k - p0);
-      if (kc > 0) pack_rows(a, r0, rows, p0, kc, rows_packed);
-      for (int64_t jp = 0; jp < panels; ++jp) {
-        const float* wp = w + ((j0 / kNR + jp) * k + p0) * kNR;
-        for (int64_t ip = 0; ip < micro; ++ip)
-          kernel_6x16(std::max<int64_t>(kc, 0), rows_packed + ip * kc * kMR, wp, acc + ip * kMR * kNC + jp * kNR, kNC,
-                      p0 == 0);
-      }
-    }
+    float* acc = line_aligned(acc_buf, size_t(kMC * kNC));  // [kMC][kNC]: the block's sums
+    widened_panel_products(a.rows(r0, r0 + rows), w + j0 * k, k * kNR, k, (cols + kNR - 1) / kNR, acc, kNC);
     float* line = line_buf.data();
     for (int64_t r = 0; r < rows; ++r) {
       Tensor out = c.rows(r0 + r, r0 + r + 1).cols(j0, j0 + cols);
