@@ -229,7 +229,7 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
   const std::map<std::string, apus::Quant> quants{{"none", apus::Quant::none}, {"int8", apus::Quant::int8}};
   app->add_option("--quant", parts.quant,
                   "none, or int8: the transformer's and text encoder's linears in int8, and SAME's attention "
-                  "projections (a scale per output feature, activations per token; CPUs with VNNI), faster and further "
+                  "projections (a scale per output feature, activations per token; CPUs with VNNI or AVX2), faster and further "
                   "from the official output: "
                   "measure it with `apus gate`")
       ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8}"));
@@ -467,7 +467,7 @@ Command calibrate_command(CLI::App& app) {
   const auto o = std::make_shared<Options>();
   auto* calibrate = app.add_subcommand("calibrate",
                                        "measure this machine's ceilings (bf16 GEMM rate, the int8 tier's where the CPU "
-                                       "has VNNI, memory bandwidth) and cache them");
+                                       "has VNNI or AVX2, memory bandwidth) and cache them");
   calibrate->add_flag("--refresh", o->refresh, "measure again even when a calibration is cached");
   calibrate->add_option("--device", o->device, "cpu, or cuda[:N]: the device whose ceilings to measure");
   return {calibrate, [o] {

@@ -76,6 +76,13 @@ TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
   calibrated_ceiling(ctx, false, &cached);
   EXPECT_FALSE(cached);
   EXPECT_TRUE(read_json_file(calibration_file())[calibration_key(ctx)].contains("int8_ops"));
+  // So is one whose int8 rate says the opposite of what this build runs here (a build before
+  // AVX2 CPUs had the tier wrote 0 on them).
+  old = read_json_file(calibration_file());
+  old[calibration_key(ctx)]["int8_ops"] = runs_int8(ctx) ? 0.0 : 1e12;
+  std::ofstream(calibration_file()) << old.dump();
+  calibrated_ceiling(ctx, false, &cached);
+  EXPECT_FALSE(cached);
 
   calibrated_ceiling(ctx, true, &cached);
   EXPECT_FALSE(cached) << "--refresh measures again";

@@ -115,7 +115,7 @@ GateOptions tiny_gate(const std::string& model) {
 // session 16: over the full 20 pairs MR-STFT's median 0.5579 against a threshold of 0.5571, a
 // FAIL; log-mel passes), so its verdict is reported, and the report's shape held.
 TEST(Gate, Int8TierOnTheTinyModels) {
-  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   for (const std::string& model : {test::fixture("klein_tiny_a"), test::official_dir()}) {
     GateOptions o = tiny_gate(model);
     o.candidate.quant = Quant::int8;

@@ -146,7 +146,7 @@ TEST(Int8Weights, AScopeTakesItsNamesOnly) {
 // A row of x holding an infinity or a NaN gives a row of NaN on both backends; the other rows are
 // the reference's exactly.
 TEST(Int8Weights, ANonFiniteInputRowGivesANanRow) {
-  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   std::mt19937 rng(test::test_seed());
   const int64_t m = 6, k = 64, n = 20;
   const Tensor w = quantize_int8_weight(random_weight(n, k, DType::bf16, rng), "w");
@@ -167,7 +167,7 @@ TEST(Int8Weights, ANonFiniteInputRowGivesANanRow) {
 // Both families with the tier, in fp32 activations from the oracle's fp32 noise: the tier moves
 // the render, by less than the official code's own bf16 run is from its fp32 run.
 TEST(Int8Tier, KleinRendersWithinTheOfficialBf16Disagreement) {
-  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   const std::string variant = "klein_tiny_a";
   const test::Reference ref(variant);
   const std::string noise = ::testing::TempDir() + "int8_noise.safetensors";
@@ -194,7 +194,7 @@ TEST(Int8Tier, KleinRendersWithinTheOfficialBf16Disagreement) {
 }
 
 TEST(Int8Tier, Sa3ClipWithinTheOfficialBf16Disagreement) {
-  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_pipeline_ref.safetensors"));
   const auto fp32 = test::interleaved(ref.get("fp32.audio")), bf16 = test::interleaved(ref.get("bf16.audio"));
   ModelParts parts{test::official_dir()};
@@ -247,7 +247,7 @@ TEST(Int8Tier, CountsItsWeightsAtAByte) {
 // weight bytes drop by a byte for each element of to_qkv and to_out in every block, as the
 // official config sizes them.
 TEST(Int8Tier, TakesSameDecodersAttentionProjectionsOnly) {
-  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   const sa3::SameConfig same = sa3::read_official_config(test::official_dir() + "/model_config.json").same;
   const double projections = double(same.depth) * ((same.differential ? 5 : 3) + 1) * same.dim * same.dim;
   AudioRequest r;

@@ -71,7 +71,7 @@ struct OpCase {
   // reference's are (their poison is a finite sentinel, so an unwritten one shows), the finite
   // rest within the bound.
   bool nonfinite = false;
-  // The int8 tier's exact products: CPUs without VNNI refuse the tier, so its cases skip there.
+  // The int8 tier's exact products: CPUs with neither VNNI nor AVX2 refuse the tier, so its cases skip there.
   bool int8_tier = false;
 };
 
@@ -722,6 +722,24 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
                    /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
+  // Past every block of apus's AVX2 kernel (rows past a 72-row task, columns past a 768-column task
+  // and a 16-wide panel, an odd k past a 512-code block), with rows and weights whose codes are all
+  // +-127: the largest sums, exact only where no 16-bit lane saturates.
+  cases.push_back({"linear_int8_tier_blocks", OpId::linear, Bound::exact,
+                   [](OpInputs& d) -> Drawn {
+                     const int64_t m = 80, k = 1031, n = 790;
+                     Tensor x = d.random({m, k}, 3.0f);
+                     Tensor w = d.random({n, k}, 0.1f, DType::bf16);
+                     for (int64_t i = 0; i < k; ++i) {
+                       const float sign = (i * 7919) % 3 ? 1.0f : -1.0f;
+                       OpInputs::store(x, 2 * k + i, 2.5f * sign);
+                       OpInputs::store(x, 3 * k + i, -2.5f * sign);
+                       OpInputs::store(w, 4 * k + i, 0.125f * sign);
+                     }
+                     return {{{x, quantize_int8_weight(w, "w"), d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
+                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                   },
+                   /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
   cases.push_back({"linear_int8_tier_views", OpId::linear, Bound::exact,
                    [](OpInputs& d) -> Drawn {
                      const int64_t m = 9, k = 96, n = 45;
@@ -790,7 +808,7 @@ const std::vector<Target>& targets() {
     {"cpu_f32", DType::f32, false, cpu},
     {"cpu_bf16", DType::bf16, false, cpu},
     {"cpu_bf16_widened", DType::bf16, true, cpu},
-    {"cpu_bf16_widened_avx2", DType::bf16, true, cpu, false, {{"cpu.widened_gemm", "avx2"}}},
+    {"cpu_bf16_widened_avx2", DType::bf16, true, cpu, false, {{"cpu.widened_gemm", "avx2"}, {"cpu.int8_gemm", "avx2"}}},
     {"cpu_bf16_panels", DType::bf16, false, cpu, true},
     {"shadow_f32", DType::f32, false, shadow},
 #if APUS_HAS_CUDA
@@ -854,7 +872,7 @@ TEST_P(OpTable, MatchesTheReference) {
     GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
   if (k.cpu_only && backend->device() != Device::cpu)
     GTEST_SKIP() << "stored weight formats run on the CPU backends only";
-  if (k.int8_tier && !cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no VNNI: the int8 tier refuses it";
+  if (k.int8_tier && !cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);
   cpu::linear_panels_knob.set(target.panels ? 1 : 0);
   for (const auto& [name, choice] : target.choices) find_knob(name).set(find_knob(name).index_of(choice));

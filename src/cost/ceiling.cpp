@@ -150,9 +150,11 @@ Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
     if (!all.is_object()) all = nlohmann::json::object();  // a damaged cache is measured over
   }
   const nlohmann::json* entry = all.contains(key) ? &all[key] : nullptr;
-  // An entry without the int8 rate predates it and is measured again.
+  // An entry without the int8 rate predates it, and one without a rate where the tier runs now
+  // (AVX2 CPUs gained it in session 24), is measured again.
   if (!refresh && entry && entry->is_object() && entry->value("bf16_flops", 0.0) > 0 &&
-      entry->value("memory_bps", 0.0) > 0 && entry->value("int8_ops", -1.0) >= 0) {
+      entry->value("memory_bps", 0.0) > 0 && entry->value("int8_ops", -1.0) >= 0 &&
+      (entry->value("int8_ops", 0.0) > 0) == runs_int8(c)) {
     Chip chip = find_chip("cpu");
     chip.name = "this machine (calibrated)";
     chip.bf16_flops = (*entry)["bf16_flops"];

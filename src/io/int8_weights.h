@@ -39,7 +39,7 @@ class Int8Linears final : public WeightTransform {
 
 // What `--quant` makes of the linears of a transformer and a text encoder: the int8 tier's
 // transform (token embeddings, which feed a lookup, stay as stored), null for Quant::none.
-// Refused on a GPU and on a CPU without VNNI, where oneDNN's int8 products are not exact.
+// Refused on a GPU and on a CPU with neither VNNI nor AVX2, where no int8 product here is exact.
 std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device);
 
 }  // namespace apus

@@ -29,10 +29,12 @@ void pack_widened_panel(const void* b, DType b_type, int64_t b_stride_k, int64_t
 void widened_panel_products(const Tensor& a, const float* panels, int64_t panel_stride, int64_t k, int64_t count,
                             float* c, int64_t ldc);
 
-// Whether oneDNN's int8 products are exact here: the VNNI instructions (AVX512-VNNI, AVX-VNNI;
-// AMX-INT8 comes with the first). Without them it sums u8 x s8 pairs in saturating 16-bit lanes,
-// so the int8 tier refuses such a CPU.
+// Whether the int8 tier's products are exact here: oneDNN's on the VNNI instructions (AVX512-VNNI,
+// AVX-VNNI; AMX-INT8 comes with the first), or apus's AVX2 kernel (igemm.cpp). Without VNNI
+// oneDNN sums u8 x s8 pairs in saturating 16-bit lanes; without AVX2 either the tier is refused.
 bool exact_int8_products();
+// c[m][n] = a[m][k] · w[n][k]^T over int8 codes in [-127, 127], exact int32 sums (igemm.cpp).
+void int8_gemm_avx2(const int8_t* a, int64_t m, int64_t k, const int8_t* w, int64_t n, int32_t* c);
 
 // The CPU backend's variant knobs (core/variants.h), read at each call.
 extern Knob native_bf16_knob;       // "on" (the CPU's bf16 instructions, when it has them) or "off" (f32, as AVX2)
@@ -41,6 +43,7 @@ extern Knob attention_block_knob;   // query rows per attention task
 extern Knob band_attention_knob;    // "auto" (direct unless AMX), "direct" (AVX512-BF16, over each row's own keys) or
                                     // "tiles" (GEMM)
 extern Knob attention_kernel_knob;  // the same choices for attention without a band
+extern Knob int8_gemm_knob;         // the int8 tier's GEMM: "auto" (oneDNN on VNNI, else AVX2) or "avx2"
 extern Knob
     linear_panel_mb_knob;        // MiB of expanded weights a stored format's panel holds: "32" (the default), "8", "2"
 extern Knob linear_panels_knob;  // "whole", or "panels": weights in the activation dtype split as stored formats'

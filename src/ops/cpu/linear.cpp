@@ -249,21 +249,33 @@ constexpr int64_t kPanelMiB[] = {32, 8, 2};
 Knob linear_panel_mb_knob("cpu.linear_panel_mb", "MiB of expanded weights a stored format's panel holds",
                           {"32", "8", "2"});
 
-bool exact_int8_products() {
-  // AVX-VNNI (CPUID leaf 7, subleaf 1, EAX bit 4) read directly: clang 14's
-  // __builtin_cpu_supports does not know the name "avxvnni" (the fuzz build is clang's).
-  static const bool vnni = [] {
+namespace {
+
+// VNNI (AVX512-VNNI, or AVX-VNNI: CPUID leaf 7, subleaf 1, EAX bit 4, read directly: clang 14's
+// __builtin_cpu_supports does not know the name "avxvnni"; the fuzz build is clang's).
+bool vnni() {
+  static const bool present = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     const bool avx_vnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1u);
     return __builtin_cpu_supports("avx512vnni") || avx_vnni;
   }();
-  return vnni;
+  return present;
 }
+
+}  // namespace
+
+bool exact_int8_products() { return vnni() || sgemm_avx2_supported(); }
+
+Knob int8_gemm_knob("cpu.int8_gemm",
+                    "the int8 tier's integer GEMM: auto (oneDNN's where the CPU has VNNI, else apus's AVX2 kernel), "
+                    "or apus's AVX2 kernel (vpmaddwd on int16-widened codes: exact without VNNI)",
+                    {"auto", "avx2"});
 
 namespace {
 
-// The int8 tier's linear (ops/op_list.h): x's rows as codes, one oneDNN s8 x s8 -> s32 GEMM over
-// the whole weight, the scales and bias applied row by row.
+// The int8 tier's linear (ops/op_list.h): x's rows as codes, one s8 x s8 -> s32 GEMM over the
+// whole weight (oneDNN's on VNNI, apus's AVX2 kernel otherwise: the same integers), the scales and
+// bias applied row by row.
 void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   using namespace dnnl;
   using dims = memory::dims;
@@ -271,9 +283,8 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   APUS_CHECK(w.dtype == DType::i8 && w.contiguous() && k <= kInt8MaxDot,
              "linear: an int8_matmul weight must be contiguous i8 with rows of at most ", kInt8MaxDot, ", got ",
              dtype_name(w.dtype), " ", shape_str(w.shape));
-  APUS_CHECK(exact_int8_products(),
-             "the int8 tier needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX), where "
-             "oneDNN's int8 products are exact; this one has none");
+  APUS_CHECK(exact_int8_products(), "the int8 tier needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX) or AVX2, ",
+             "where its int8 products are exact; this one has neither");
   ArenaScope scope(*c.arena);
   Tensor codes = Tensor::in(*c.arena, {m, k}, DType::i8);
   Tensor x_scale = Tensor::in(*c.arena, {m}, DType::f32);
@@ -291,16 +302,23 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
     round_to(x.dtype, b.ptr<float>(), n);
   }
   Tensor acc = Tensor::in(*c.arena, {m, n}, DType::i32);
-  const KernelKey key("matmul_s8", {m, k, n});
-  const memory::desc a_md(dims{m, k}, memory::data_type::s8, dims{k, 1});
-  const memory::desc b_md(dims{k, n}, memory::data_type::s8, dims{1, k});
-  const memory::desc c_md(dims{m, n}, memory::data_type::s32, dims{n, 1});
-  auto& prim = cached_primitive<matmul>(
-      key, [&] { return matmul(matmul::primitive_desc(matmul::desc(a_md, b_md, c_md), dnnl_engine())); });
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(a_md, dnnl_engine(), codes.data)},
-                                       {DNNL_ARG_WEIGHTS, memory(b_md, dnnl_engine(), w.data)},
-                                       {DNNL_ARG_DST, memory(c_md, dnnl_engine(), acc.data)}};
-  run_primitive(key, [&] { prim.execute(dnnl_stream(), args); });
+  const bool own = int8_gemm_knob.value() == 1 || !vnni();
+  int8_gemm_knob.took(own && vnni() ? 1 : 0);
+  if (own) {
+    int8_gemm_avx2(static_cast<const int8_t*>(codes.data), m, k, static_cast<const int8_t*>(w.data), n,
+                   acc.ptr<int32_t>());
+  } else {
+    const KernelKey key("matmul_s8", {m, k, n});
+    const memory::desc a_md(dims{m, k}, memory::data_type::s8, dims{k, 1});
+    const memory::desc b_md(dims{k, n}, memory::data_type::s8, dims{1, k});
+    const memory::desc c_md(dims{m, n}, memory::data_type::s32, dims{n, 1});
+    auto& prim = cached_primitive<matmul>(
+        key, [&] { return matmul(matmul::primitive_desc(matmul::desc(a_md, b_md, c_md), dnnl_engine())); });
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(a_md, dnnl_engine(), codes.data)},
+                                         {DNNL_ARG_WEIGHTS, memory(b_md, dnnl_engine(), w.data)},
+                                         {DNNL_ARG_DST, memory(c_md, dnnl_engine(), acc.data)}};
+    run_primitive(key, [&] { prim.execute(dnnl_stream(), args); });
+  }
   parallel_for(m, [&](int64_t r) {
     float* row = thread_scratch(0, n);
     const float s = x_scale.ptr<float>()[r];
