@@ -28,9 +28,8 @@
 #include "io/image.h"
 #include "io/png.h"
 #include "io/synth.h"
-#include "pipeline/klein/io.h"
+#include "pipeline/metadata.h"
 #include "pipeline/registry.h"
-#include "pipeline/sa3/io.h"
 #include "server/server.h"
 
 namespace {
@@ -229,9 +228,8 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
   const std::map<std::string, apus::Quant> quants{{"none", apus::Quant::none}, {"int8", apus::Quant::int8}};
   app->add_option("--quant", parts.quant,
                   "none, or int8: the transformer's and text encoder's linears in int8, and SAME's attention "
-                  "projections (a scale per output feature, activations per token; CPUs with VNNI or AVX2), faster and further "
-                  "from the official output: "
-                  "measure it with `apus gate`")
+                  "projections (a scale per output feature, activations per token; CPUs with VNNI or AVX2), faster "
+                  "and further from the official output: measure it with `apus gate`")
       ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8}"));
 }
 

@@ -11,12 +11,12 @@
 #include <random>
 
 #include "apus/apus.h"
-#include "gate/metrics.h"
 #include "core/cost.h"
 #include "core/scaled_codes.h"
+#include "gate/metrics.h"
 #include "io/int8_weights.h"
-#include "models/sa3/model_config.h"
 #include "io/safetensors.h"
+#include "models/sa3/model_config.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
@@ -71,8 +71,8 @@ TEST(Int8Weights, RowsQuantiseToTheNearestCodeOfTheirOwnScale) {
       }
       EXPECT_EQ(largest, r == 7 ? 0 : 127) << "row " << r;
     }
-    std::printf("[ measure ] %s: worst |w - code * scale| = %.6f steps (row %lld)\n", std::string(dtype_name(dt)).c_str(),
-                worst, static_cast<long long>(worst_row));
+    std::printf("[ measure ] %s: worst |w - code * scale| = %.6f steps (row %lld)\n",
+                std::string(dtype_name(dt)).c_str(), worst, static_cast<long long>(worst_row));
     EXPECT_LE(worst, 0.5 + 1e-5);
   }
 }
@@ -121,8 +121,11 @@ TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
   halves->per_row = 2;
   stored.block_scales = halves;
   test::expect_error([&] { t.apply("to_out.weight", stored); }, {"to_out.weight", "2 scales per row"});
-  test::expect_error([&] { t.apply("to_q.weight", Tensor::heap({16, 32}, DType::q8_0)); },
-                     {"tensor 'to_q.weight'", "q8_0", "quantised already"});
+  test::expect_error(
+      [&] {
+        t.apply("to_q.weight", Tensor::heap({16, 32}, DType::q8_0));
+      },
+      {"tensor 'to_q.weight'", "q8_0", "quantised already"});
 }
 
 // A scope of a few names (the tier's share of SAME's decoder): those quantised, the others and any
@@ -186,8 +189,10 @@ TEST(Int8Tier, KleinRendersWithinTheOfficialBf16Disagreement) {
   const Tensor& fp32 = ref.file.get("fp32.image_u8");
   const double official_gap = test::level_gap(ref.file.get("bf16.image_u8"), fp32).mean;
   const double gap = test::level_gap(int8, fp32).mean;
-  std::printf("[ measure ] klein int8 tier (fp32 activations): mean |d| to the official fp32 image %.3f levels, "
-              "the official bf16 image's %.3f\n", gap, official_gap);
+  std::printf(
+      "[ measure ] klein int8 tier (fp32 activations): mean |d| to the official fp32 image %.3f levels, "
+      "the official bf16 image's %.3f\n",
+      gap, official_gap);
   EXPECT_NE(int8, plain) << "the tier changed nothing: is it applied?";
   EXPECT_LT(gap, official_gap);
   std::filesystem::remove(noise);
@@ -204,8 +209,10 @@ TEST(Int8Tier, Sa3ClipWithinTheOfficialBf16Disagreement) {
   const AudioResult int8 = AudioModel::open(parts, Weights::per_stage)->generate(r);
   const AudioScores official = audio_scores(bf16, fp32, 2, int8.sample_rate);
   const AudioScores ours = audio_scores(int8.samples, fp32, 2, int8.sample_rate);
-  std::printf("[ measure ] sa3 int8 tier (fp32 activations) to the official fp32 clip: MR-STFT %.4f, log-mel %.4f; "
-              "the official bf16 clip's %.4f, %.4f\n", ours.stft, ours.log_mel, official.stft, official.log_mel);
+  std::printf(
+      "[ measure ] sa3 int8 tier (fp32 activations) to the official fp32 clip: MR-STFT %.4f, log-mel %.4f; "
+      "the official bf16 clip's %.4f, %.4f\n",
+      ours.stft, ours.log_mel, official.stft, official.log_mel);
   EXPECT_NE(int8.samples, plain) << "the tier changed nothing: is it applied?";
   EXPECT_LT(ours.stft, official.stft);
   EXPECT_LT(ours.log_mel, official.log_mel);

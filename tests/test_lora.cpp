@@ -15,7 +15,7 @@
 #include "io/files.h"
 #include "io/image.h"
 #include "io/safetensors.h"
-#include "pipeline/klein/io.h"
+#include "pipeline/metadata.h"
 #include "test_util.h"
 
 namespace apus {

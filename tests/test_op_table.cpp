@@ -872,7 +872,8 @@ TEST_P(OpTable, MatchesTheReference) {
     GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
   if (k.cpu_only && backend->device() != Device::cpu)
     GTEST_SKIP() << "stored weight formats run on the CPU backends only";
-  if (k.int8_tier && !cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
+  if (k.int8_tier && !cpu::exact_int8_products())
+    GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);
   cpu::linear_panels_knob.set(target.panels ? 1 : 0);
   for (const auto& [name, choice] : target.choices) find_knob(name).set(find_knob(name).index_of(choice));

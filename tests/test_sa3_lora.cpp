@@ -13,7 +13,7 @@
 #include "io/audio.h"
 #include "io/model_dir.h"
 #include "io/safetensors.h"
-#include "pipeline/sa3/io.h"
+#include "pipeline/metadata.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 

@@ -649,8 +649,11 @@ TEST(Sa3Pipeline, BatchOfTwoEqualsTwoSingleRequests) {
   test::expect_error([&] { model->generate_batch({a, longer}); }, {"a batch shares seconds"});
   test::expect_error([&] { model->generate_batch({a, fewer}); }, {"a batch shares steps"});
   test::expect_error([&] { model->generate_batch({a, guided}); }, {"a batch shares guidance's apg"});
-  test::expect_error([&] { model->generate_batch({a, negative}); },
-                     {"a batch shares whether a negative prompt is given"});
+  test::expect_error(
+      [&] {
+        model->generate_batch({a, negative});
+      },
+      {"a batch shares whether a negative prompt is given"});
 }
 
 // A resident model (bf16) serves two threads at once, each request its own arena and generator:

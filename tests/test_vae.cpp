@@ -160,7 +160,8 @@ TEST(Vae, LatentPreviewFitsWhatItIsShownInItsLayout) {
     for (int q = 0; q < 4; ++q)
       for (int colour = 0; colour < 3; ++colour) {
         float v = 0.1f * float(colour) - 0.05f * float(q);
-        for (int64_t k = 0; k < ch; ++k) v += gains[size_t((q * 3 + colour) * ch + k)] * tokens.ptr<float>()[t * ch + k];
+        for (int64_t k = 0; k < ch; ++k)
+          v += gains[size_t((q * 3 + colour) * ch + k)] * tokens.ptr<float>()[t * ch + k];
         const int64_t y0 = (t / side) * s + (q / 2) * (s / 2), x0 = (t % side) * s + (q % 2) * (s / 2);
         for (int64_t y = y0; y < y0 + s / 2; ++y)
           for (int64_t x = x0; x < x0 + s / 2; ++x) image[size_t((colour * px + y) * px + x)] = v;
@@ -185,7 +186,8 @@ TEST(Vae, LatentPreviewFitsWhatItIsShownInItsLayout) {
   Tensor decoded = ops::empty(c, {1, vae.config().out_channels, vside * vs, vside * vs}, DType::f32);
   vae.decode(c, random, vside, vside, decoded);
   const std::vector<float> pixels = to_f32_vector(decoded);
-  const Rgb8Image fitted = flux2::LatentPreview::fit_to(random, pixels, vside, vs).image(random.ptr<float>(), vside, vside);
+  const Rgb8Image fitted =
+      flux2::LatentPreview::fit_to(random, pixels, vside, vs).image(random.ptr<float>(), vside, vside);
   const int64_t block = vs / 2, W = vside * vs, cells = 4 * vside * vside;
   double err = 0, flat = 0;
   for (int colour = 0; colour < 3; ++colour) {
@@ -195,7 +197,8 @@ TEST(Vae, LatentPreviewFitsWhatItIsShownInItsLayout) {
       for (int64_t x = 0; x < 2 * vside; ++x) {
         double sum = 0;
         for (int64_t dy = 0; dy < block; ++dy)
-          for (int64_t dx = 0; dx < block; ++dx) sum += pixels[size_t((colour * W + y * block + dy) * W + x * block + dx)];
+          for (int64_t dx = 0; dx < block; ++dx)
+            sum += pixels[size_t((colour * W + y * block + dy) * W + x * block + dx)];
         truth.push_back((sum / double(block * block) + 1) * 127.5);
         mean += truth.back() / double(cells);
       }
@@ -204,8 +207,10 @@ TEST(Vae, LatentPreviewFitsWhatItIsShownInItsLayout) {
       flat += std::pow(mean - truth[i], 2);
     }
   }
-  std::printf("[ measure ] latent preview on the tiny VAE's own decode: squared error %.1f levels^2 (the mean colour's "
-              "%.1f)\n", err / double(3 * cells), flat / double(3 * cells));
+  std::printf(
+      "[ measure ] latent preview on the tiny VAE's own decode: squared error %.1f levels^2 (the mean colour's "
+      "%.1f)\n",
+      err / double(3 * cells), flat / double(3 * cells));
   EXPECT_LT(err, flat);
 }
 

@@ -53,7 +53,8 @@ class Draws {
       const json& st = streams[s];
       apus::TorchGenerator gen(st.at("seed").get<uint64_t>());
       const json& calls = st.at("calls");
-      if (upto >= int(calls.size())) fail("draw_streams.json: stream " + std::to_string(s) + " has no draw " + std::to_string(upto));
+      if (upto >= int(calls.size()))
+        fail("draw_streams.json: stream " + std::to_string(s) + " has no draw " + std::to_string(upto));
       for (int c = 0; c <= upto; ++c) {
         const Call call{calls[c][0].get<std::string>(), calls[c][1].get<std::string>(), calls[c][2].get<int64_t>()};
         std::vector<float> v = draw(gen, call);
@@ -88,7 +89,8 @@ float parse_hex_float(const std::string& s) { return float(std::strtod(s.c_str()
 // stores it.
 void append_draw(std::string& out, const std::vector<float>& r, const json& piece) {
   std::vector<std::pair<char, float>> ops;
-  for (const json& op : piece.at("ops")) ops.emplace_back(op[0].get<std::string>()[0], parse_hex_float(op[1].get<std::string>()));
+  for (const json& op : piece.at("ops"))
+    ops.emplace_back(op[0].get<std::string>()[0], parse_hex_float(op[1].get<std::string>()));
   const std::string store = piece.at("store").get<std::string>();
   const size_t first = piece.value("first", size_t(0)), count = piece.value("count", r.size());
   if (first + count > r.size()) fail("a piece reads past its draw");
@@ -202,10 +204,8 @@ class Fixtures {
         const size_t at = piece.at("at").get<size_t>(), n = piece.at("count").get<size_t>();
         if (at + n > from.size()) fail(rel + ".recipe: a copy reads past " + piece["copy"].get<std::string>());
         const std::string_view bytes = std::string_view(from).substr(at, n);
-        if (piece.contains("dequantize"))
-          append_q8_0_dequantized(out, bytes);
-        else
-          out.append(bytes);
+        if (piece.contains("dequantize")) append_q8_0_dequantized(out, bytes);
+        else out.append(bytes);
       } else {
         append_draw(out, draws_->at(piece.at("draw")[0].get<int>(), piece.at("draw")[1].get<int>()), piece);
       }

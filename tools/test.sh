@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/build.sh
+# The sources follow .clang-format (Debian's clang-format 14, installed by tools/install-deps.sh).
+tools/format.sh check
 # What a lent GPU session's device call carries stays small enough for the bundle beside it.
 tools/device-tree.sh check
 # The build uses Ninja; a plain `cmake -S . -B build` picks Unix Makefiles, whose CUDA handling

@@ -37,10 +37,9 @@ struct BlockFormat {
   size_t bytes;
 };
 // GGML's block_q8_0 ... block_q6_K (ggml-common.h); packed fp4, two codes a byte.
-constexpr BlockFormat kBlockFormats[] = {
-    {DType::q8_0, 32, 34},   {DType::q4_0, 32, 18},   {DType::q4_1, 32, 20},  {DType::q5_0, 32, 22},
-    {DType::q5_1, 32, 24},   {DType::q4_k, 256, 144}, {DType::q5_k, 256, 176}, {DType::q6_k, 256, 210},
-    {DType::fp4_e2m1, 2, 1}};
+constexpr BlockFormat kBlockFormats[] = {{DType::q8_0, 32, 34},   {DType::q4_0, 32, 18},   {DType::q4_1, 32, 20},
+                                         {DType::q5_0, 32, 22},   {DType::q5_1, 32, 24},   {DType::q4_k, 256, 144},
+                                         {DType::q5_k, 256, 176}, {DType::q6_k, 256, 210}, {DType::fp4_e2m1, 2, 1}};
 const BlockFormat* block_format(DType t) {
   for (const auto& f : kBlockFormats)
     if (f.t == t) return &f;
@@ -119,11 +118,12 @@ struct SafetensorsName {
   std::string_view name;
   DType t;
 };
-constexpr SafetensorsName kSafetensorsNames[] = {
-    {"F32", DType::f32}, {"BF16", DType::bf16},        {"F16", DType::f16},
-    {"I8", DType::i8},   {"F8_E4M3", DType::fp8_e4m3}, {"U8", DType::u8},
-    {"I32", DType::i32}, {"I64", DType::i64},          {"BOOL", DType::boolean},
-    {"F8_E5M2", DType::fp8_e5m2}, {"F8_E8M0", DType::e8m0}};
+constexpr SafetensorsName kSafetensorsNames[] = {{"F32", DType::f32},          {"BF16", DType::bf16},
+                                                 {"F16", DType::f16},          {"I8", DType::i8},
+                                                 {"F8_E4M3", DType::fp8_e4m3}, {"U8", DType::u8},
+                                                 {"I32", DType::i32},          {"I64", DType::i64},
+                                                 {"BOOL", DType::boolean},     {"F8_E5M2", DType::fp8_e5m2},
+                                                 {"F8_E8M0", DType::e8m0}};
 }  // namespace
 
 bool dtype_from_safetensors(std::string_view s, DType& out) {
@@ -148,7 +148,7 @@ uint16_t f32_to_f16(float f) {
   const uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);
   if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to infinity
-  if (abs < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
+  if (abs < 0x38800000u) {                                  // below 2^-14: a subnormal half, in units of 2^-24
     const int exponent = int(abs >> 23);
     if (exponent < 102) return uint16_t(sign);  // under 2^-25
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;

@@ -11,8 +11,26 @@ namespace apus {
 // fp8_e5m2, e8m0 (power-of-two scale bytes, mxfp8's) and fp4_e2m1 (two codes a byte, the high
 // nibble first: nvfp4's) come from ComfyUI's quantised checkpoints (core/scaled_codes.h).
 enum class DType : uint8_t {
-  f32, bf16, f16, i8, fp8_e4m3, u8, i32, i64, boolean, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k,
-  fp8_e5m2, e8m0, fp4_e2m1
+  f32,
+  bf16,
+  f16,
+  i8,
+  fp8_e4m3,
+  u8,
+  i32,
+  i64,
+  boolean,
+  q8_0,
+  q4_0,
+  q4_1,
+  q5_0,
+  q5_1,
+  q4_k,
+  q5_k,
+  q6_k,
+  fp8_e5m2,
+  e8m0,
+  fp4_e2m1
 };
 
 // Bytes per element; refused for a block format.

@@ -1,5 +1,5 @@
-#include "core/error.h"
 #include "io/hf_cache.h"
+#include "core/error.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -13,10 +13,9 @@
 namespace apus {
 
 Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
-  APUS_CHECK(w.rank() == 2 && w.contiguous() &&
-                 (w.dtype == DType::bf16 || w.dtype == DType::f16 || w.dtype == DType::f32),
-             what, ": the int8 tier quantises bf16, f16 or f32 matrices, got ", dtype_name(w.dtype), " ",
-             shape_str(w.shape));
+  APUS_CHECK(
+      w.rank() == 2 && w.contiguous() && (w.dtype == DType::bf16 || w.dtype == DType::f16 || w.dtype == DType::f32),
+      what, ": the int8 tier quantises bf16, f16 or f32 matrices, got ", dtype_name(w.dtype), " ", shape_str(w.shape));
   const int64_t n = w.shape[0], k = w.shape[1];
   APUS_CHECK(k <= kInt8MaxDot, what, ": rows of ", k, " values; the int8 tier's integer sums hold at most ",
              kInt8MaxDot);
@@ -56,8 +55,8 @@ Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
   if (named(scope_.skip) || (!scope_.only.empty() && !named(scope_.only))) return stored;
   const std::string what = "tensor '" + name + "'";
   if (stored.dtype == DType::i8) {
-    APUS_CHECK(!stored.block_scales || stored.block_scales->per_row == 1, what,
-               ": int8 codes with ", stored.block_scales ? stored.block_scales->per_row : 0,
+    APUS_CHECK(!stored.block_scales || stored.block_scales->per_row == 1, what, ": int8 codes with ",
+               stored.block_scales ? stored.block_scales->per_row : 0,
                " scales per row; the int8 tier multiplies rows of one scale");
     APUS_CHECK(stored.shape[1] <= kInt8MaxDot, what, ": rows of ", stored.shape[1],
                " values; the int8 tier's integer sums hold at most ", kInt8MaxDot);

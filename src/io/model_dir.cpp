@@ -176,8 +176,9 @@ WeightLoader ModelDir::weights(const std::string& name) const {
   const auto given = sources_.find(name);
   std::shared_ptr<const WeightSource> source;
   if (!load_weights_)
-    source = given != sources_.end() ? std::shared_ptr<const WeightSource>(std::make_shared<StoredShapes>(given->second))
-                                     : std::make_shared<ShapesOnly>();
+    source = given != sources_.end()
+                 ? std::shared_ptr<const WeightSource>(std::make_shared<StoredShapes>(given->second))
+                 : std::make_shared<ShapesOnly>();
   else source = given != sources_.end() ? given->second : open_weights(component(name));
   const WeightLoader stored(source, device_);
   const auto t = transform(name);

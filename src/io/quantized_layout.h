@@ -21,7 +21,7 @@
 namespace apus {
 
 struct QuantizedWeight {
-  std::string format;  // ComfyUI's name: float8_e4m3fn, float8_e5m2, int8_tensorwise, mxfp8, nvfp4
+  std::string format;          // ComfyUI's name: float8_e4m3fn, float8_e5m2, int8_tensorwise, mxfp8, nvfp4
   std::string scale, scale_2;  // stored names of the weight's scales (scale_2: nvfp4's per-tensor one)
 };
 

@@ -2,27 +2,18 @@
 // One driver for every family's pipeline. A family describes its pipeline as a table: its parts
 // (one model each: the text encoder, the transformer, the decoder), each with the stages that run
 // on it, in order. count() walks the table in counting mode and generate() runs it, so a stage
-// exists once. What a family supplies besides the table (a type F below):
-//
-//   using Request, Result, Work;            Work: what a batch carries from stage to stage
-//   Weights weights() const; const std::string& root() const; Backend* device() const;
-//   Request resolved(const Request&) const; the model's defaults in place, every bound checked
-//   Work plan(const Request&, int64_t batch) const;   the batch's shapes and schedule
-//   void check_batch_agrees(const std::vector<Request>&) const;
-//   PipelineCost cost_header(const Request&, const Work&, int batch) const;
-//   void count_inputs(Work&, int batch) const;      the shapes of what prepare's two steps fill
-//   std::string describe(const Request&) const;     "512x512", "30 s": what admission names
-//   DType compute(const Request&) const;
-//   void tokenize(Work&, const std::vector<Request>&, std::vector<Result>&, Say) const;
-//   void initial_noise(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;
-//   const std::vector<std::unique_ptr<Part<Work>>>& parts() const;
-//   void finish(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;
+// exists once. What a family supplies besides the table is the concept PipelineFamily below;
+// each family asserts it under its class, so a member missing or misspelt is named there.
 #include <algorithm>
+#include <atomic>
+#include <concepts>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/backend.h"
@@ -133,9 +124,39 @@ std::unique_ptr<Part<Work>> model_part(typename ModelPart<Work, Model>::Spec spe
   return std::make_unique<ModelPart<Work, Model>>(std::move(spec));
 }
 
+// A family's side of the driver. Work is what a batch carries from stage to stage.
+template <typename F>
+concept PipelineFamily = requires(const F& f, const typename F::Request& r, const std::vector<typename F::Request>& rs,
+                                  typename F::Work& w, std::vector<typename F::Result>& results, Context& c,
+                                  const Say& say, int batch) {
+  { f.weights() } -> std::same_as<Weights>;
+  { f.root() } -> std::convertible_to<std::string>;
+  { f.device() } -> std::same_as<Backend*>;
+  // The model's defaults in place of the request's absent settings, every bound checked.
+  { f.resolved(r) } -> std::same_as<typename F::Request>;
+  { f.plan(r, int64_t(batch)) } -> std::same_as<typename F::Work>;  // the batch's shapes and schedule
+  f.check_batch_agrees(rs);
+  { f.cost_header(r, std::as_const(w), batch) } -> std::same_as<PipelineCost>;
+  f.count_inputs(w, batch);                        // the shapes of what tokenize and initial_noise fill
+  { f.describe(r) } -> std::same_as<std::string>;  // "512x512", "30 s": what admission names
+  { f.compute(r) } -> std::same_as<DType>;
+  f.tokenize(w, rs, results, say);
+  f.initial_noise(c, w, rs, results);
+  { f.parts() } -> std::same_as<const std::vector<std::unique_ptr<Part<typename F::Work>>>&>;
+  f.finish(c, w, rs, results);
+  // What the driver reads of every request and writes into every result.
+  { r.seed } -> std::convertible_to<std::optional<uint64_t>>;
+  { r.trace } -> std::convertible_to<bool>;
+  { r.preview } -> std::convertible_to<PreviewSink>;
+  { r.finish_steps } -> std::convertible_to<const std::atomic<bool>*>;
+  results[0].seed = uint64_t(0);
+  results[0].stages = std::vector<StageTime>{};
+  results[0].trace = std::string{};
+};
+
 // The cost of `batch` requests like `resolved` (a family's resolved() request), counted by
 // walking the table.
-template <typename F> PipelineCost count_batch(const F& f, const typename F::Request& resolved, int batch) {
+template <PipelineFamily F> PipelineCost count_batch(const F& f, const typename F::Request& resolved, int batch) {
   typename F::Work w = f.plan(resolved, batch);
   PipelineCost p = f.cost_header(resolved, w, batch);
   f.count_inputs(w, batch);
@@ -146,7 +167,7 @@ template <typename F> PipelineCost count_batch(const F& f, const typename F::Req
 // Renders a batch: every setting checked (and the batch held to agree) before any weight loads,
 // admitted against memory by its count, seeded, then run part by part with each stage timed,
 // traced and checked finite.
-template <typename F>
+template <PipelineFamily F>
 std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<typename F::Request>& given,
                                                   const Progress& progress, const std::atomic<bool>* stop = nullptr) {
   using Request = typename F::Request;

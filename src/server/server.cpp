@@ -1,6 +1,6 @@
-#include "io/hf_cache.h"
 #include "server/server.h"
 #include "io/files.h"
+#include "io/hf_cache.h"
 
 #include <chrono>
 #include <filesystem>

@@ -248,11 +248,10 @@ void check_pipeline_ends(const json& root, const std::string& path, bool byte_le
   // encode_klein_prompt and the Stable Audio 3 prompts rely on the post-processor adding no
   // tokens: ByteLevel's, or a template of the sequence alone.
   const json& post = member(root, "post_processor");
-  const bool adds_nothing =
-      post.is_null() || type_name(post) == "ByteLevel" ||
-      (type_name(post) == "TemplateProcessing" &&
-       member(post, "single") == json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}) &&
-       (is_null_or_missing(post, "special_tokens") || member(post, "special_tokens").empty()));
+  const bool adds_nothing = post.is_null() || type_name(post) == "ByteLevel" ||
+                            (type_name(post) == "TemplateProcessing" &&
+                             member(post, "single") == json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}) &&
+                             (is_null_or_missing(post, "special_tokens") || member(post, "special_tokens").empty()));
   APUS_CHECK(adds_nothing, path, ": unsupported post_processor ", post.dump(),
              " (supported: ByteLevel, null, or a TemplateProcessing that adds no tokens)");
   APUS_CHECK(is_null_or_missing(root, "truncation"), path, ": unsupported truncation ",
@@ -299,8 +298,8 @@ json tokenizer_json_from_gguf(const GgufFile& gguf) {
   const json& tokens = array("tokenizer.ggml.tokens");
   const json& types = array("tokenizer.ggml.token_type");
   const json& merges = array("tokenizer.ggml.merges");
-  APUS_CHECK(types.size() == tokens.size(), path, ": tokenizer.ggml.token_type has ", types.size(),
-             " entries for ", tokens.size(), " tokens");
+  APUS_CHECK(types.size() == tokens.size(), path, ": tokenizer.ggml.token_type has ", types.size(), " entries for ",
+             tokens.size(), " tokens");
 
   json vocab = json::object();
   json added = json::array();
@@ -325,8 +324,8 @@ json tokenizer_json_from_gguf(const GgufFile& gguf) {
              "'); a byte-level BPE has normal (1), control (3), user-defined (4) and unused (5) tokens");
     }
   }
-  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
-                           {"use_regex", false}};
+  const json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
   return {{"normalizer", {{"type", "NFC"}}},
           {"pre_tokenizer",
            {{"type", "Sequence"},
@@ -360,8 +359,8 @@ json tokenizer_json_from_sa3cpp(const GgufFile& gguf) {
   const json& tokens = array("tok.tokens");
   const json& merges = array("tok.merges");
   const int64_t unk = number("tok.unk_id");
-  APUS_CHECK(unk >= 0 && size_t(unk) < tokens.size(), path, ": tok.unk_id ", unk, " is not one of the ",
-             tokens.size(), " tokens");
+  APUS_CHECK(unk >= 0 && size_t(unk) < tokens.size(), path, ": tok.unk_id ", unk, " is not one of the ", tokens.size(),
+             " tokens");
   const auto fallback = meta.find("tok.byte_fallback");
   APUS_CHECK(fallback == meta.end() || fallback->is_boolean(), path, ": tok.byte_fallback is not a boolean");
   json vocab = json::object();
@@ -512,9 +511,8 @@ struct BpeTokenizer::Impl {
         in_unk_run = false;
         continue;
       }
-      if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char b) {
-            return fallback_ids[static_cast<unsigned char>(b)] >= 0;
-          })) {
+      if (byte_fallback &&
+          std::all_of(ch.begin(), ch.end(), [&](char b) { return fallback_ids[static_cast<unsigned char>(b)] >= 0; })) {
         for (const char b : ch) append(fallback_ids[static_cast<unsigned char>(b)]);
         in_unk_run = false;
         continue;
@@ -533,8 +531,7 @@ struct BpeTokenizer::Impl {
       std::string mapped;
       if (byte_level)
         for (const unsigned char b : word) mapped += alphabet().symbol[b];
-      else
-        mapped = word;
+      else mapped = word;
       if (const auto it = vocab.find(mapped); it != vocab.end()) {
         ids.push_back(it->second);
         return;
@@ -595,12 +592,14 @@ void BpeTokenizer::Impl::configure_normalizer(const json& root, const std::strin
   if (normalizer.is_null()) return;
   const std::string type = type_name(normalizer);
   if (type == "Replace") {
-    APUS_CHECK(member(normalizer, "pattern") == space_pattern() && member(normalizer, "content") == std::string(kMetaspace),
-               path, ": unsupported normalizer Replace ", normalizer.dump(), " (supported: \" \" -> \"\u2581\", Gemma's)");
+    APUS_CHECK(
+        member(normalizer, "pattern") == space_pattern() && member(normalizer, "content") == std::string(kMetaspace),
+        path, ": unsupported normalizer Replace ", normalizer.dump(), " (supported: \" \" -> \"\u2581\", Gemma's)");
     space_to_metaspace = true;
     return;
   }
-  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type, "' (supported: NFC, Gemma's Replace or null)");
+  APUS_CHECK(type == "NFC", path, ": unsupported normalizer.type '", type,
+             "' (supported: NFC, Gemma's Replace or null)");
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* full_nfc = icu::Normalizer2::getNFCInstance(status);
   unicode9 = std::make_unique<icu::UnicodeSet>(icu::UnicodeString("[:age=9.0:]", ""), status);
@@ -618,8 +617,8 @@ void BpeTokenizer::Impl::configure_pre_tokenizer(const json& root, const std::st
   const json& pre = member(root, "pre_tokenizer");
   if (space_to_metaspace) {
     // Gemma's: no pre-tokenizer, or a split at spaces, which its normalizer has left none of.
-    APUS_CHECK(pre.is_null() || (type_name(pre) == "Split" && member(pre, "pattern") == space_pattern() &&
-                                 !is_true(pre, "invert")),
+    APUS_CHECK(pre.is_null() ||
+                   (type_name(pre) == "Split" && member(pre, "pattern") == space_pattern() && !is_true(pre, "invert")),
                path, ": unsupported pre_tokenizer ", pre.dump(), " with the Replace normalizer (supported: null or ",
                "Split at \" \", Gemma's)");
     byte_level = false;
@@ -788,7 +787,8 @@ BpeTokenizer BpeTokenizer::load(const std::string& source) {
 }
 
 BpeTokenizer BpeTokenizer::from_gguf(const GgufFile& gguf) {
-  if (gguf.metadata().contains("tok.tokens")) return from_json(tokenizer_json_from_sa3cpp(gguf), gguf.path() + " (tok.*)");
+  if (gguf.metadata().contains("tok.tokens"))
+    return from_json(tokenizer_json_from_sa3cpp(gguf), gguf.path() + " (tok.*)");
   return from_json(tokenizer_json_from_gguf(gguf), gguf.path() + " (tokenizer.ggml.*)");
 }
 

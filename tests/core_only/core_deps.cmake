@@ -1,7 +1,10 @@
 # What the engine must not reach, checked where its link cannot see it (header-only Boost links
 # without complaint): no source of apus_core and no public header includes the server's or the
 # hub's headers, Boost, libcurl or OpenSSL; the public headers include nothing of src/; and
-# libapus_core.a defines or asks for no Boost, libcurl or libcrypto symbol.
+# libapus_core.a defines or asks for no Boost, libcurl or libcrypto symbol. Then the layers: the
+# networks (models/) never include a pipeline; ops, io, core, text, sampling and cost include
+# neither; the front ends (apps/, server, hub, gate) include no family's folder (models/<family>/,
+# pipeline/<family>/), only what every family shares.
 #   cmake -DSOURCE_DIR=<tree> -DARCHIVE=<libapus_core.a> -DNM=<nm> -P core_deps.cmake
 file(GLOB_RECURSE files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/src/* ${SOURCE_DIR}/include/*)
 list(FILTER files EXCLUDE REGEX "^src/(server|hub)/")
@@ -17,6 +20,22 @@ foreach(file IN LISTS files)
 endforeach()
 if(found)
   message(FATAL_ERROR "the engine includes what is not its own:${found}")
+endif()
+
+file(GLOB_RECURSE sources RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/src/* ${SOURCE_DIR}/apps/*)
+set(crossed "")
+foreach(file IN LISTS sources)
+  file(STRINGS ${SOURCE_DIR}/${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+  foreach(line IN LISTS includes)
+    if((file MATCHES "^src/models/" AND line MATCHES "\"pipeline/") OR
+       (file MATCHES "^src/(ops|io|core|text|sampling|cost)/" AND line MATCHES "\"(models|pipeline)/") OR
+       (file MATCHES "^(apps|src/server|src/hub|src/gate)/" AND line MATCHES "\"(models|pipeline)/[a-z0-9_]+/"))
+      string(APPEND crossed "\n  ${file}: ${line}")
+    endif()
+  endforeach()
+endforeach()
+if(crossed)
+  message(FATAL_ERROR "a layer includes one it must not (tests/core_only/core_deps.cmake):${crossed}")
 endif()
 
 execute_process(COMMAND ${NM} -C ${ARCHIVE} COMMAND grep -E "boost::| (curl|EVP|OPENSSL|SSL)_"

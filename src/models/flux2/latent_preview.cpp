@@ -77,8 +77,8 @@ LatentPreview LatentPreview::fit_to(const Tensor& tokens, const std::vector<floa
                                     int64_t pixels_per_token) {
   const int64_t ch = tokens.shape[1], count = tokens.shape[0], grid = side * side, s = pixels_per_token;
   const int64_t px = side * s, planes = int64_t(images.size()) / (px * px), grids = count / grid;
-  APUS_CHECK(count % grid == 0 && planes == grids * (planes / grids) && planes / grids >= 3, "latent preview: ",
-             count, " tokens and ", images.size(), " pixels are no grids of ", side, "x", side, " tokens");
+  APUS_CHECK(count % grid == 0 && planes == grids * (planes / grids) && planes / grids >= 3, "latent preview: ", count,
+             " tokens and ", images.size(), " pixels are no grids of ", side, "x", side, " tokens");
   const int64_t colours = planes / grids;
   // Least squares of the 12 quarter colours on [token, 1], in double.
   const int64_t n = ch + 1, out = 12, half = s / 2;

@@ -13,7 +13,6 @@ namespace apus::flux2 {
 
 namespace {
 
-
 // One adapted module's tensors as the file stores them, by role (down/up, LoHa's hada_w1_a ...,
 // LoKr's lokr_w1 ...), with the key each came from.
 struct Module {
@@ -26,11 +25,11 @@ struct Module {
 
 // The tensor suffixes of each adapter kind, and the role each names.
 const std::pair<const char*, const char*> kRoles[] = {
-    {".lora_A.weight", "down"},   {".lora_down.weight", "down"}, {".lora_B.weight", "up"},
-    {".lora_up.weight", "up"},    {".hada_w1_a", "hada_w1_a"},   {".hada_w1_b", "hada_w1_b"},
-    {".hada_w2_a", "hada_w2_a"},  {".hada_w2_b", "hada_w2_b"},   {".lokr_w1", "lokr_w1"},
-    {".lokr_w1_a", "lokr_w1_a"},  {".lokr_w1_b", "lokr_w1_b"},   {".lokr_w2", "lokr_w2"},
-    {".lokr_w2_a", "lokr_w2_a"},  {".lokr_w2_b", "lokr_w2_b"},   {".alpha", "alpha"}};
+    {".lora_A.weight", "down"},  {".lora_down.weight", "down"}, {".lora_B.weight", "up"},
+    {".lora_up.weight", "up"},   {".hada_w1_a", "hada_w1_a"},   {".hada_w1_b", "hada_w1_b"},
+    {".hada_w2_a", "hada_w2_a"}, {".hada_w2_b", "hada_w2_b"},   {".lokr_w1", "lokr_w1"},
+    {".lokr_w1_a", "lokr_w1_a"}, {".lokr_w1_b", "lokr_w1_b"},   {".lokr_w2", "lokr_w2"},
+    {".lokr_w2_a", "lokr_w2_a"}, {".lokr_w2_b", "lokr_w2_b"},   {".alpha", "alpha"}};
 
 // The ΔW of a module's tensors and the rank its alpha divides (0: alpha is not used, as LyCORIS
 // ignores it for a LoKr of two whole matrices).
@@ -50,8 +49,8 @@ Tensor role(const Module& m, const std::string& name, const std::string& path) {
 // A LoKr factor: whole (lokr_wN) or a low-rank pair (lokr_wN_a · lokr_wN_b).
 Factor lokr_factor(const Module& m, const std::string& w, const std::string& path, int64_t& rank) {
   if (m.has(w)) {
-    APUS_CHECK(!m.has(w + "_a") && !m.has(w + "_b"), path, ": key '", m.keys.at(w), "' stands beside ", w, "_a / ",
-               w, "_b; a LoKr factor is one or the other");
+    APUS_CHECK(!m.has(w + "_a") && !m.has(w + "_b"), path, ": key '", m.keys.at(w), "' stands beside ", w, "_a / ", w,
+               "_b; a LoKr factor is one or the other");
     return Factor{Tensor(), role(m, w, path)};
   }
   const Tensor a = role(m, w + "_a", path), b = role(m, w + "_b", path);

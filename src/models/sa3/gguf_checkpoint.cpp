@@ -33,37 +33,39 @@ bool split_block(const std::string& rest, std::string& index, std::string& inner
 
 std::string dit_official(const std::string& name) {
   std::string out;
-  if (replace_prefix(name, {{"dit.pre_conv.", "model.model.preprocess_conv."},
-                            {"dit.post_conv.", "model.model.postprocess_conv."},
-                            {"dit.cond_embed.", "model.model.to_cond_embed."},
-                            {"dit.global_embed.", "model.model.to_global_embed."},
-                            {"dit.time_embed.", "model.model.to_timestep_embed."},
-                            {"dit.gce.", "model.model.transformer.global_cond_embedder."},
-                            {"dit.memory_tokens", "model.model.transformer.memory_tokens"},
-                            {"dit.proj_in.", "model.model.transformer.project_in."},
-                            {"dit.proj_out.", "model.model.transformer.project_out."}},
+  if (replace_prefix(name,
+                     {{"dit.pre_conv.", "model.model.preprocess_conv."},
+                      {"dit.post_conv.", "model.model.postprocess_conv."},
+                      {"dit.cond_embed.", "model.model.to_cond_embed."},
+                      {"dit.global_embed.", "model.model.to_global_embed."},
+                      {"dit.time_embed.", "model.model.to_timestep_embed."},
+                      {"dit.gce.", "model.model.transformer.global_cond_embedder."},
+                      {"dit.memory_tokens", "model.model.transformer.memory_tokens"},
+                      {"dit.proj_in.", "model.model.transformer.project_in."},
+                      {"dit.proj_out.", "model.model.transformer.project_out."}},
                      out))
     return out;
   std::string index, inner;
   if (!name.starts_with("dit.") || !split_block(name.substr(4), index, inner)) return "";
   const std::string block = "model.model.transformer.layers." + index + ".";
   if (inner == "ssg") return block + "to_scale_shift_gate";
-  if (replace_prefix(inner, {{"pre_norm.", "pre_norm."},
-                             {"ff_norm.", "ff_norm."},
-                             {"cross_norm.", "cross_attend_norm."},
-                             {"self.qkv.", "self_attn.to_qkv."},
-                             {"self.out.", "self_attn.to_out."},
-                             {"self.q_norm.", "self_attn.q_norm."},
-                             {"self.k_norm.", "self_attn.k_norm."},
-                             {"cross.q.", "cross_attn.to_q."},
-                             {"cross.kv.", "cross_attn.to_kv."},
-                             {"cross.out.", "cross_attn.to_out."},
-                             {"cross.q_norm.", "cross_attn.q_norm."},
-                             {"cross.k_norm.", "cross_attn.k_norm."},
-                             {"ff.proj.", "ff.ff.0.proj."},
-                             {"ff.out.", "ff.ff.2."},
-                             {"local.", "to_local_embed."}},
-                    out))
+  if (replace_prefix(inner,
+                     {{"pre_norm.", "pre_norm."},
+                      {"ff_norm.", "ff_norm."},
+                      {"cross_norm.", "cross_attend_norm."},
+                      {"self.qkv.", "self_attn.to_qkv."},
+                      {"self.out.", "self_attn.to_out."},
+                      {"self.q_norm.", "self_attn.q_norm."},
+                      {"self.k_norm.", "self_attn.k_norm."},
+                      {"cross.q.", "cross_attn.to_q."},
+                      {"cross.kv.", "cross_attn.to_kv."},
+                      {"cross.out.", "cross_attn.to_out."},
+                      {"cross.q_norm.", "cross_attn.q_norm."},
+                      {"cross.k_norm.", "cross_attn.k_norm."},
+                      {"ff.proj.", "ff.ff.0.proj."},
+                      {"ff.out.", "ff.ff.2."},
+                      {"local.", "to_local_embed."}},
+                     out))
     return block + out;
   return "";
 }
@@ -121,10 +123,11 @@ std::string t5gemma_official(const std::string& name, bool& norm) {
   std::string index, inner;
   if (!name.starts_with("te.") || !split_block(name.substr(3), index, inner)) return "";
   const std::string layer = "encoder.layers." + index + ".";
-  static const std::map<std::string, std::string> norms = {{"attn_norm.weight", "pre_self_attn_layernorm.weight"},
-                                                           {"attn_post_norm.weight", "post_self_attn_layernorm.weight"},
-                                                           {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
-                                                           {"ffn_post_norm.weight", "post_feedforward_layernorm.weight"}};
+  static const std::map<std::string, std::string> norms = {
+      {"attn_norm.weight", "pre_self_attn_layernorm.weight"},
+      {"attn_post_norm.weight", "post_self_attn_layernorm.weight"},
+      {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+      {"ffn_post_norm.weight", "post_feedforward_layernorm.weight"}};
   static const std::map<std::string, std::string> linears = {
       {"q.weight", "self_attn.q_proj.weight"}, {"k.weight", "self_attn.k_proj.weight"},
       {"v.weight", "self_attn.v_proj.weight"}, {"o.weight", "self_attn.o_proj.weight"},
@@ -181,11 +184,10 @@ GgufCheckpoint::GgufCheckpoint(const std::vector<std::shared_ptr<SingleFile>>& f
           if (norm) s.kind = Kind::less_one;
         }
       } else {
-        fail(file->path(), ": general.architecture is '", arch, "', expected one of sa3.cpp's model files (",
-             kGgufDit, ", ", kGgufAutoencoder, ", ", kGgufConditioner, ", ", kGgufTextEncoder, ")");
+        fail(file->path(), ": general.architecture is '", arch, "', expected one of sa3.cpp's model files (", kGgufDit,
+             ", ", kGgufAutoencoder, ", ", kGgufConditioner, ", ", kGgufTextEncoder, ")");
       }
-      APUS_CHECK(!official.empty(), file->path(), ": tensor '", stored, "' is no tensor of sa3.cpp's ", arch,
-                 " files");
+      APUS_CHECK(!official.empty(), file->path(), ": tensor '", stored, "' is no tensor of sa3.cpp's ", arch, " files");
       if (s.kind == Kind::stored) {
         SingleFile::Entry e{stored};
         e.unit_dims_free = true;
@@ -200,8 +202,8 @@ GgufCheckpoint::GgufCheckpoint(const std::vector<std::shared_ptr<SingleFile>>& f
   for (const auto& [official, s] : names_)
     if (s.kind == Kind::taps)
       for (int t = 0; t < s.taps; ++t)
-        APUS_CHECK(s.file->contains(s.name + ".w" + std::to_string(t)), s.file->path(), ": tensor '", s.name, ".w",
-                   t, "' is missing (the mapping's taps are w0..w", s.taps - 1, ")");
+        APUS_CHECK(s.file->contains(s.name + ".w" + std::to_string(t)), s.file->path(), ": tensor '", s.name, ".w", t,
+                   "' is missing (the mapping's taps are w0..w", s.taps - 1, ")");
 }
 
 const GgufCheckpoint::Stored& GgufCheckpoint::stored(const std::string& name) const {

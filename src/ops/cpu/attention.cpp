@@ -437,8 +437,8 @@ void attend_direct(Context& c, const std::vector<const Tensor*>& qs, const std::
 // tiles' roundings: P in the activation dtype before P·V, each term's output rounded before the
 // difference; each score and output one FMA chain in order, whatever the block.
 void attend_widened(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks,
-                    const Tensor& v, Tensor& o, int64_t d, const ops::AttentionOptions& mask,
-                    const RowSoftmax& softmax, const int64_t* key_valid, int64_t block) {
+                    const Tensor& v, Tensor& o, int64_t d, const ops::AttentionOptions& mask, const RowSoftmax& softmax,
+                    const int64_t* key_valid, int64_t block) {
   constexpr int64_t kPanel = kWidenedPanel, kRowsPadding = 6;  // the kernel's columns and rows
   const int64_t terms = int64_t(qs.size()), batch = mask.batch;
   const int64_t sq = qs[0]->shape[0] / batch, sk = ks[0]->shape[0] / batch;

@@ -87,9 +87,9 @@ __attribute__((target("avx2"))) void kernel_6x16(int64_t kp, const int32_t* a, c
   }
 // Row r's pair times the two B vectors into its two accumulators (a macro: a lambda would not
 // inherit the function's AVX2 target).
-#define APUS_IGEMM_ROW(r, lo, hi)                       \
-  do {                                                  \
-    const __m256i x = _mm256_set1_epi32(a[r]);          \
+#define APUS_IGEMM_ROW(r, lo, hi)                        \
+  do {                                                   \
+    const __m256i x = _mm256_set1_epi32(a[r]);           \
     lo = _mm256_add_epi32(lo, _mm256_madd_epi16(x, b0)); \
     hi = _mm256_add_epi32(hi, _mm256_madd_epi16(x, b1)); \
   } while (0)

@@ -25,9 +25,9 @@ namespace apus::cpu {
 namespace {
 
 constexpr int64_t kMR = 6, kNR = kWidenedPanel;  // the kernel's tile: 6 rows x 2 vectors of 8
-constexpr int64_t kKC = 256;          // inner block: a 16 KiB weight micro-panel stays in L1
-constexpr int64_t kMC = 72;           // rows a task packs (12 micro-panels, 72 KiB at kKC)
-constexpr int64_t kNC = 768;          // columns a task covers (48 panels)
+constexpr int64_t kKC = 256;                     // inner block: a 16 KiB weight micro-panel stays in L1
+constexpr int64_t kMC = 72;                      // rows a task packs (12 micro-panels, 72 KiB at kKC)
+constexpr int64_t kNC = 768;                     // columns a task covers (48 panels)
 
 // A thread's buffer of at least n floats from a cache line on: the kernel's 32-byte loads of a
 // 64-byte panel row split across two lines otherwise (glibc's large blocks start 16 bytes past a
@@ -144,7 +144,6 @@ void pack_widened_panel(const void* b, DType bt, int64_t sk, int64_t sn, int64_t
   for (int64_t i = 0; i < k; ++i)
     for (int64_t c = 0; c < kNR; ++c) dst[i * kNR + c] = lines[size_t(c * k + i)];
 }
-
 
 void widened_panel_products(const Tensor& a, const float* panels, int64_t panel_stride, int64_t k, int64_t count,
                             float* c, int64_t ldc) {

@@ -42,7 +42,8 @@ void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y
       int64_t dot = 0;
       for (int64_t t = 0; t < k; ++t) dot += int64_t(q[size_t(t)]) * wr[t];
       const float scale = x_scale * w_scale[size_t(j)];
-      const float v = bias ? std::fma(float(dot), scale, float(as(x.dtype, get(rows2d(*bias), 0, j)))) : float(dot) * scale;
+      const float v =
+          bias ? std::fma(float(dot), scale, float(as(x.dtype, get(rows2d(*bias), 0, j)))) : float(dot) * scale;
       put(y, i, j, v);
     }
   }

@@ -147,5 +147,6 @@ class KleinModel final : public ImageModel {
   mutable std::optional<flux2::LatentPreview> preview_;  // fitted from vae_ at the first preview
   std::vector<std::unique_ptr<Part<Work>>> parts_ = make_parts();
 };
+static_assert(PipelineFamily<KleinModel>);
 
 }  // namespace apus

@@ -6,13 +6,13 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "io/hf_cache.h"
+#include "io/int8_weights.h"
 #include "io/safetensors.h"
 #include "io/single_file.h"
+#include "io/synth.h"
 #include "models/sa3/official_checkpoint.h"
-#include "io/int8_weights.h"
 #include "pipeline/registry.h"
 #include "pipeline/sa3/sa3_model.h"
-#include "io/synth.h"
 #include "sampling/logsnr.h"
 
 namespace apus {
@@ -84,7 +84,8 @@ bool tokenizer_from_parts(const ModelParts& parts, Sa3Layout& l) {
     l.tokenizer_model = is_directory(parts.tokenizer) ? parts.tokenizer + "/tokenizer.model" : parts.tokenizer;
     return true;
   }
-  if (parts.text_encoder.ends_with(".safetensors") && SafetensorsFile::open(parts.text_encoder).contains("spiece_model")) {
+  if (parts.text_encoder.ends_with(".safetensors") &&
+      SafetensorsFile::open(parts.text_encoder).contains("spiece_model")) {
     l.tokenizer_model = parts.text_encoder;
     return true;
   }
@@ -162,15 +163,16 @@ Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
             sa3::DurationEmbedder::load(layout_.duration,
                                         WeightLoader(checkpoint(layout_.root + "/duration_embedder", load), device_))};
   const auto file = checkpoint(layout_.checkpoint, load);
-  return {sa3::Dit::load(layout_.dit, loader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), layout_.linears), dt),
+  return {sa3::Dit::load(layout_.dit,
+                         loader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), layout_.linears), dt),
           sa3::DurationEmbedder::load_official(layout_.duration,
                                                WeightLoader(sa3::OfficialCheckpoint::duration(file), device_))};
 }
 
 sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
   if (!layout_.official)
-    return sa3::SameDecoder::load(layout_.same, loader(checkpoint(layout_.root + "/vae", load), layout_.decoder_linears),
-                                  dt);
+    return sa3::SameDecoder::load(layout_.same,
+                                  loader(checkpoint(layout_.root + "/vae", load), layout_.decoder_linears), dt);
   const auto file = checkpoint(layout_.checkpoint, load);
   const auto same = sa3::OfficialCheckpoint::same(file, "pretransform.model.", layout_.same.differential);
   return sa3::SameDecoder::load(layout_.same, loader(same, layout_.decoder_linears), dt);
@@ -208,8 +210,8 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
              " do not fit the decoder's latent_dim ", same_cfg_.latent_dim);
   {
     const Transformer counted = load_transformer(DType::bf16, false);
-    lora_targets_ = sa3::lora_targets(counted.dit.weight_shapes(), counted.duration.weight_shapes(),
-                                      dit_cfg_.differential);
+    lora_targets_ =
+        sa3::lora_targets(counted.dit.weight_shapes(), counted.duration.weight_shapes(), dit_cfg_.differential);
   }
   if (weights_ == Weights::none) return;
   const std::string& tok_dir = layout_.tokenizer_dir;
@@ -285,8 +287,8 @@ std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weight
   if (!parts.text_encoder.empty()) l.text_weights = parts.text_encoder;
   const bool own_tokenizer = tokenizer_from_parts(parts, l) || !parts.config.empty();
   // The layouts apus carries hold no weights and a stand-in tokenizer.
-  APUS_CHECK(weights == Weights::none || !parts.config.empty() || (!parts.text_encoder.empty() && own_tokenizer),
-             file, ": a single Stable Audio 3 checkpoint needs --text-encoder FILE (T5Gemma, as ComfyUI's ",
+  APUS_CHECK(weights == Weights::none || !parts.config.empty() || (!parts.text_encoder.empty() && own_tokenizer), file,
+             ": a single Stable Audio 3 checkpoint needs --text-encoder FILE (T5Gemma, as ComfyUI's ",
              "t5gemma_b_b_ul2.safetensors, which carries its tokenizer) and, for a file without one, --tokenizer ",
              "(Gemma's tokenizer.model), or --config DIR, an official folder holding them");
   return std::make_unique<Sa3Model>(std::move(l), weights, device);

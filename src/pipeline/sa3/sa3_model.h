@@ -22,12 +22,12 @@
 #include "models/sa3/duration_embedder.h"
 #include "models/sa3/lora.h"
 #include "models/sa3/model_config.h"
-#include "sampling/draws_ahead.h"
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/same_encoder.h"
 #include "models/sa3/t5gemma_encoder.h"
 #include "ops/adapters.h"
 #include "pipeline/driver.h"
+#include "sampling/draws_ahead.h"
 #include "sampling/torch_rng.h"
 #include "text/bpe_tokenizer.h"
 #include "text/sentencepiece_tokenizer.h"
@@ -118,7 +118,7 @@ class Sa3Model final : public AudioModel {
     std::vector<int64_t> mask;
     std::vector<float> seconds;
     std::vector<float> sigmas;
-    std::vector<TorchGenerator> generators;  // one per sample, as each request alone would draw
+    std::vector<TorchGenerator> generators;                 // one per sample, as each request alone would draw
     std::vector<std::unique_ptr<DrawsAhead>> decode_draws;  // on a device: each sample's decoder noise
     Tensor text, duration, latents, noise, velocity, guided_velocity, audio;
     // Audio-to-audio and inpainting: each sample's clip [B, C, frames x 4096] (fp32) and its
@@ -226,5 +226,6 @@ class Sa3Model final : public AudioModel {
   sa3::LoraTargets lora_targets_;  // the weights adapters may change
   std::vector<std::unique_ptr<Part<Work>>> parts_ = make_parts();
 };
+static_assert(PipelineFamily<Sa3Model>);
 
 }  // namespace apus

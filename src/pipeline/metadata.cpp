@@ -1,0 +1,61 @@
+#include "pipeline/metadata.h"
+
+#include <cstdio>
+#include <filesystem>
+
+namespace apus {
+
+std::string metadata_number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
+std::string metadata_loras(const std::vector<Lora>& loras) {
+  std::string s;
+  for (const Lora& lora : loras)
+    s += ", Lora: " + std::filesystem::path(lora.file).filename().string() + ":" + metadata_number(lora.scale);
+  return s;
+}
+
+std::string infotext(const ImageRequest& request, const ImageResult& result, const ImageModel& model) {
+  std::string s = request.prompt;
+  if (request.negative_prompt) s += "\nNegative prompt: " + *request.negative_prompt;
+  s += "\nSteps: " + std::to_string(result.steps) + ", Sampler: " + model.sampler() +
+       ", CFG scale: " + metadata_number(result.cfg) + ", Seed: " + std::to_string(result.seed) +
+       ", Size: " + std::to_string(result.width) + "x" + std::to_string(result.height);
+  if (request.inpaint) s += ", Denoising strength: " + metadata_number(request.inpaint->strength);
+  s += ", Model: " + model.label() + ", Precision: " + (request.fp32 ? "fp32" : "bf16");
+  if (!request.noise_file.empty()) s += ", Noise: " + request.noise_file;
+  return s + metadata_loras(request.loras);
+}
+
+std::vector<std::pair<std::string, std::string>> image_metadata(const ImageRequest& request, const ImageResult& result,
+                                                                const ImageModel& model) {
+  return {{"parameters", infotext(request, result, model)}, {"Software", "apus"}};
+}
+
+
+std::string audio_comment(const AudioRequest& request, const AudioResult& result, const AudioModel& model,
+                          const ClipNames& inputs) {
+  std::string s = "Seconds: " + metadata_number(request.seconds) + ", Steps: " + std::to_string(request.steps);
+  if (request.cfg != 1) s += ", CFG scale: " + metadata_number(request.cfg) + ", APG: " + metadata_number(request.apg);
+  s += ", Sampler: " + model.sampler() + ", Seed: " + std::to_string(result.seed) + ", Model: " + model.label() +
+       ", Precision: " + (request.fp32 ? "fp32" : "bf16");
+  if (request.init_audio)
+    s += ", Init audio: " + inputs.init +
+         ", Init noise level: " + metadata_number(request.init_noise_level.value_or(kDefaultInitNoiseLevel));
+  if (request.inpaint_audio) {
+    s += ", Inpaint audio: " + inputs.inpaint + ", Inpaint:";
+    for (const auto& [start, end] : request.inpaint_regions)
+      s += " " + metadata_number(start) + "-" + metadata_number(end) + " s";
+  }
+  return s + metadata_loras(request.loras);
+}
+
+AudioMetadata audio_metadata(const AudioRequest& request, const AudioResult& result, const AudioModel& model,
+                             const ClipNames& inputs) {
+  return {request.prompt, audio_comment(request, result, model, inputs), "apus"};
+}
+
+}  // namespace apus
