@@ -31,8 +31,7 @@ template <bool WithDescribe> struct ToyFamily {
   void check_batch_agrees(const std::vector<Request>&) const;
   PipelineCost cost_header(const Request&, const Work&, int batch) const;
   void count_inputs(Work&, int batch) const;
-  std::string describe(const Request&) const
-    requires WithDescribe;
+  std::string describe(const Request&) const requires WithDescribe;
   DType compute(const Request&) const;
   void tokenize(Work&, const std::vector<Request>&, std::vector<Result>&, const Say&) const;
   void initial_noise(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;

@@ -21,6 +21,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "pipeline/registry.h"
+#include "pipeline/sa3/sa3_model.h"
 #include "sa3_fixtures.h"
 #include "shadow_device.h"
 #include "test_util.h"

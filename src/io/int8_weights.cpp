@@ -84,4 +84,11 @@ std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device
   return std::make_shared<Int8Linears>(Int8Scope{{"embed_tokens.weight"}});
 }
 
+void use_int8_linears(ModelDir& dir, Quant quant, Backend* device) {
+  const std::shared_ptr<const WeightTransform> linears = int8_linears(quant, device);
+  if (!linears) return;
+  dir.use_transform("transformer", linears);
+  dir.use_transform("text_encoder", linears);
+}
+
 }  // namespace apus

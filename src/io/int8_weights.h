@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "apus/apus.h"
+#include "io/model_dir.h"
 #include "io/weight_source.h"
 #include "ops/backend.h"
 
@@ -41,5 +42,7 @@ class Int8Linears final : public WeightTransform {
 // transform (token embeddings, which feed a lookup, stay as stored), null for Quant::none.
 // Refused on a GPU and on a CPU with neither VNNI nor AVX2, where no int8 product here is exact.
 std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device);
+// A diffusers folder's transformer and text encoder through int8_linears (nothing for Quant::none).
+void use_int8_linears(ModelDir& dir, Quant quant, Backend* device);
 
 }  // namespace apus

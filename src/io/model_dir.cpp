@@ -19,6 +19,8 @@ bool is_directory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool is_single_file(const std::string& model) { return !model.empty() && path_exists(model) && !is_directory(model); }
+
 Json parse_json(const std::string& text, const std::string& path) {
   try {
     return Json::parse(text);

@@ -116,5 +116,7 @@ class ModelDir {
 
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
+// Whether --model names one file (a transformer checkpoint) rather than a folder or a name.
+bool is_single_file(const std::string& model);
 
 }  // namespace apus

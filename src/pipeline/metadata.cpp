@@ -35,7 +35,6 @@ std::vector<std::pair<std::string, std::string>> image_metadata(const ImageReque
   return {{"parameters", infotext(request, result, model)}, {"Software", "apus"}};
 }
 
-
 std::string audio_comment(const AudioRequest& request, const AudioResult& result, const AudioModel& model,
                           const ClipNames& inputs) {
   std::string s = "Seconds: " + metadata_number(request.seconds) + ", Steps: " + std::to_string(request.steps);

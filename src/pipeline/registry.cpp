@@ -1,116 +1,102 @@
 #include "pipeline/registry.h"
 
-#include <filesystem>
-#include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "core/error.h"
-#include "io/gguf.h"
 #include "io/hf_cache.h"
-#include "io/int8_weights.h"
-#include "io/single_file.h"
-#include "io/synth.h"
-#include "models/flux2/single_file.h"
-#include "models/sa3/gguf_checkpoint.h"
 #include "ops/backend.h"
-#include "pipeline/klein/single_file_layout.h"
 
 namespace apus {
-
-namespace {
-
-template <typename Model> struct Family {
-  const char* pipeline_class;
-  std::unique_ptr<Model> (*open)(const ModelDir&, Weights);
-};
-
-const Family<ImageModel> kImageFamilies[] = {
-    {"Flux2KleinPipeline", open_klein},
-    {"Flux2KleinKVPipeline", open_klein},
-};
-const Family<AudioModel> kAudioFamilies[] = {
-    {"StableAudio3Pipeline", open_sa3},
-};
-
-// Whether a model directory is in the official single-checkpoint layout (model_config.json, no
-// model_index.json) rather than diffusers' (model_index.json); a directory with neither is refused
-// naming both.
-bool single_checkpoint(const std::string& root) {
-  if (path_exists(root + "/model_index.json")) return false;
-  APUS_CHECK(path_exists(root + "/model_config.json"), root, ": neither a diffusers folder (model_index.json) ",
-             "nor a Stable Audio 3 checkpoint (model_config.json)");
-  return true;
-}
-
-// Opens `model` with the family its model_index.json names, or says which command serves it.
-template <typename Model, size_t N, size_t M, typename Other>
-std::unique_ptr<Model> open_family(const ModelDir& dir, Weights weights, const Family<Model> (&families)[N],
-                                   const Family<Other> (&others)[M], const char* other_command) {
-  const std::string& root = dir.root();
-  for (const Family<Model>& f : families)
-    if (dir.pipeline_class() == f.pipeline_class) return f.open(dir, weights);
-  for (const Family<Other>& f : others)
-    APUS_CHECK(dir.pipeline_class() != f.pipeline_class, root, "/model_index.json: ", dir.pipeline_class(),
-               " is served by `apus ", other_command, "`");
-  std::string known;
-  for (const Family<Model>& f : families) known += std::string(known.empty() ? "" : ", ") + f.pipeline_class;
-  fail(root, "/model_index.json: _class_name '", dir.pipeline_class(), "' is not supported (supported: ", known, ")");
-}
-
-}  // namespace
 
 const char* kind_name(ModelKind kind) { return kind == ModelKind::audio ? "audio" : "image"; }
 
 namespace {
 
-// The transformer's and text encoder's weights through `linears` (none when null).
-void use_linear_weights(ModelDir& dir, const std::shared_ptr<const WeightTransform>& linears) {
-  if (!linears) return;
-  dir.use_transform("transformer", linears);
-  dir.use_transform("text_encoder", linears);
+// A folder's family: the one serving its model_index.json's pipeline class (none for a class no
+// family serves), or, without model_index.json, the one whose own layout's config it holds;
+// refused naming both kinds of folder when it has neither.
+struct FolderFamily {
+  const FamilyDescriptor* family = nullptr;
+  std::string pipeline_class;  // empty for a family's own layout
+};
+FolderFamily folder_family(const std::string& root) {
+  if (!path_exists(root + "/model_index.json")) {
+    std::string layouts;
+    for (const FamilyDescriptor& f : families()) {
+      if (!f.own_layout_config) continue;
+      if (path_exists(root + "/" + f.own_layout_config)) return {&f, ""};
+      layouts += std::string(" nor a ") + f.name + " checkpoint (" + f.own_layout_config + ")";
+    }
+    fail(root, ": neither a diffusers folder (model_index.json)", layouts);
+  }
+  FolderFamily found{nullptr, ModelDir::open(root, false).pipeline_class()};
+  for (const FamilyDescriptor& f : families())
+    for (const std::string& c : f.pipeline_classes)
+      if (c == found.pipeline_class) found.family = &f;
+  return found;
+}
+
+// The first family (of `kind`, or of any kind when null) that claims a single file; refused naming
+// what each looks for.
+const FamilyDescriptor& claiming_family(const std::string& path, const ModelKind* kind) {
+  std::string holds;
+  for (const FamilyDescriptor& f : families()) {
+    if (kind && f.kind != *kind) continue;
+    if (f.claims_single_file(path)) return f;
+    holds += std::string(holds.empty() ? "" : ", nor ") + f.single_file_holds;
+  }
+  fail(path, ": neither ", holds);
+}
+
+// The family of `kind` that opens a single file: the kind's only family (whose own checks name
+// what is wrong with a file it cannot read), else the first that claims it.
+const FamilyDescriptor& single_file_family(const std::string& path, ModelKind kind) {
+  const FamilyDescriptor* only = nullptr;
+  for (const FamilyDescriptor& f : families())
+    if (f.kind == kind) {
+      if (only) return claiming_family(path, &kind);
+      only = &f;
+    }
+  APUS_CHECK(only, path, ": no model family makes ", kind_name(kind));
+  return *only;
+}
+
+// Opens `parts` as a model of Model's kind with the family that serves it, or says which command
+// does.
+template <typename Model>
+std::unique_ptr<Model> open_model(ModelKind kind, const ModelParts& parts, Weights weights, Backend* device) {
+  auto open_with = [&](const FamilyDescriptor& f, const std::string& root) {
+    if constexpr (std::is_same_v<Model, ImageModel>) return f.open_image(parts, root, weights, device);
+    else return f.open_audio(parts, root, weights, device);
+  };
+  if (is_single_file(parts.model)) return open_with(single_file_family(parts.model, kind), "");
+  const std::string root = resolve_model_dir(parts.model, weights);
+  const auto [family, pipeline_class] = folder_family(root);
+  if (family && family->kind != kind) {
+    const std::string command = std::string("`apus ") + kind_name(family->kind) + "`";
+    if (!pipeline_class.empty()) fail(root, "/model_index.json: ", pipeline_class, " is served by ", command);
+    fail(root, "/", family->own_layout_config, ": a ", family->name, " checkpoint, served by ", command);
+  }
+  if (!family) {
+    std::string known;
+    for (const FamilyDescriptor& f : families())
+      if (f.kind == kind)
+        for (const std::string& c : f.pipeline_classes) known += (known.empty() ? "" : ", ") + c;
+    fail(root, "/model_index.json: _class_name '", pipeline_class, "' is not supported (supported: ", known, ")");
+  }
+  return open_with(*family, root);
 }
 
 }  // namespace
 
-bool is_single_file(const std::string& model) { return !model.empty() && path_exists(model) && !is_directory(model); }
-
-namespace {
-
-// The single files each family reads, recognised by what they hold (never by the file's name), in
-// the order they are asked: a new family's files are one more line.
-struct SingleFileFamily {
-  ModelKind kind;
-  const char* holds;  // what the family looks for, for the refusal
-  bool (*claims)(const std::string& path);
-};
-const SingleFileFamily kSingleFileFamilies[] = {
-    {ModelKind::audio, "a Stable Audio 3 checkpoint (the official keys, or sa3.cpp's GGUF)",
-     [](const std::string& path) {
-       return is_gguf_file(path) ? sa3::gguf_architecture(path).starts_with("sa3-")
-                                 : SingleFile::open(path)->contains(kSa3SingleFileKey);
-     }},
-    {ModelKind::image, "a FLUX.2 transformer (BFL's, ComfyUI's or diffusers' names, or a GGUF)",
-     [](const std::string& path) { return flux2::holds_transformer(*SingleFile::open(path)); }},
-};
-
-}  // namespace
-
 ModelKind model_kind(const ModelParts& parts) {
-  if (is_single_file(parts.model)) {
-    std::string holds;
-    for (const SingleFileFamily& f : kSingleFileFamilies) {
-      if (f.claims(parts.model)) return f.kind;
-      holds += std::string(holds.empty() ? "" : ", nor ") + f.holds;
-    }
-    fail(parts.model, ": neither ", holds);
-  }
+  if (is_single_file(parts.model)) return claiming_family(parts.model, nullptr).kind;
   const std::string& model = parts.model;
   const std::string root = resolve_model_dir(model, is_directory(model) ? Weights::per_stage : Weights::none);
-  if (single_checkpoint(root)) return ModelKind::audio;
-  const ModelDir dir = ModelDir::open(root, false);
-  for (const Family<AudioModel>& f : kAudioFamilies)
-    if (dir.pipeline_class() == f.pipeline_class) return ModelKind::audio;
-  return ModelKind::image;
+  const FamilyDescriptor* family = folder_family(root).family;
+  return family ? family->kind : ModelKind::image;  // an unknown class: `apus image` names the supported ones
 }
 
 AnyModel AnyModel::open(const ModelParts& parts, Weights weights, const std::string& device) {
@@ -128,31 +114,7 @@ std::unique_ptr<ImageModel> open_image_model(const std::string& model, Weights w
 }
 
 std::unique_ptr<ImageModel> open_image_model(const ModelParts& parts, Weights weights, Backend* device) {
-  std::optional<KleinSingleFile> single;
-  std::string root, tokenizer = parts.tokenizer;
-  if (is_single_file(parts.model)) {
-    single = klein_single_file(parts, weights);
-    root = single->root;
-    tokenizer = single->tokenizer;
-  } else {
-    APUS_CHECK(parts.config.empty(), "--config ", parts.config, ": only for a single-file --model (", parts.model,
-               " is a folder with its own configs)");
-    root = resolve_model_dir(parts.model, weights);
-    APUS_CHECK(!single_checkpoint(root), root, "/model_config.json: a Stable Audio 3 checkpoint, served by ",
-               "`apus audio`");
-  }
-  ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
-  if (single) {
-    dir.use_weights("transformer", single->transformer.weights);
-    dir.set_label(std::filesystem::path(parts.model).filename().string());
-  }
-  if (weights != Weights::none) {
-    if (!parts.text_encoder.empty()) dir.use_weights("text_encoder", flux2::open_text_encoder_file(parts.text_encoder));
-    if (!parts.vae.empty()) dir.use_weights("vae", flux2::open_vae_file(parts.vae));
-  }
-  if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
-  use_linear_weights(dir, int8_linears(parts.quant, device));
-  return open_family(dir, weights, kImageFamilies, kAudioFamilies, "audio");
+  return open_model<ImageModel>(ModelKind::image, parts, weights, device);
 }
 
 std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights weights, Backend* device) {
@@ -160,17 +122,7 @@ std::unique_ptr<AudioModel> open_audio_model(const std::string& model, Weights w
 }
 
 std::unique_ptr<AudioModel> open_audio_model(const ModelParts& parts, Weights weights, Backend* device) {
-  if (is_single_file(parts.model)) return open_sa3_single_file(parts, weights, device);
-  for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
-    APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 folder takes no --text-encoder, --vae, --tokenizer ",
-               "or --config (", *part, "); they are for a single-file --model");
-  const std::shared_ptr<const WeightTransform> linears = int8_linears(parts.quant, device);
-  const std::string root = resolve_model_dir(parts.model, weights);
-  if (single_checkpoint(root)) return open_sa3_official(root, weights, device, parts.quant);
-  ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
-  use_linear_weights(dir, linears);
-  if (const auto decoder = same_decoder_int8(parts.quant)) dir.use_transform("vae", decoder);
-  return open_family(dir, weights, kAudioFamilies, kImageFamilies, "image");
+  return open_model<AudioModel>(ModelKind::audio, parts, weights, device);
 }
 
 std::unique_ptr<ImageModel> ImageModel::open(const std::string& model, Weights weights, const std::string& device) {

@@ -149,4 +149,7 @@ class KleinModel final : public ImageModel {
 };
 static_assert(PipelineFamily<KleinModel>);
 
+// A diffusers folder of the family (pipeline/klein/family.cpp opens what else it reads).
+std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
+
 }  // namespace apus

@@ -10,7 +10,6 @@
 #include "io/hf_cache.h"
 #include "io/model_dir.h"
 #include "io/synth.h"
-#include "pipeline/registry.h"
 
 namespace apus {
 

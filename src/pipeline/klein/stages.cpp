@@ -7,7 +7,6 @@
 #include "io/hf_cache.h"
 #include "ops/backend.h"
 #include "pipeline/klein/klein_model.h"
-#include "pipeline/registry.h"
 #include "sampling/noise.h"
 #include "sampling/torch_rng.h"
 #include "text/klein_prompt.h"

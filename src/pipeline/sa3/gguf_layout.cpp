@@ -12,7 +12,6 @@
 #include "io/single_file.h"
 #include "io/synth.h"
 #include "models/sa3/gguf_checkpoint.h"
-#include "pipeline/registry.h"
 #include "pipeline/sa3/sa3_model.h"
 
 namespace apus {

@@ -228,4 +228,21 @@ class Sa3Model final : public AudioModel {
 };
 static_assert(PipelineFamily<Sa3Model>);
 
+// The family's openers (pipeline/sa3/family.cpp picks one). A diffusers folder:
+std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
+// Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device, Quant quant);
+// What `--quant` makes of SAME's decoder: the int8 tier on its attention projections alone (null
+// for Quant::none).
+std::shared_ptr<const WeightTransform> same_decoder_int8(Quant quant);
+// A Stable Audio 3 checkpoint as one file under the official model.safetensors keys (ComfyUI's
+// stable_audio_3_*.safetensors), told by this key.
+inline constexpr const char* kSa3SingleFileKey = "model.model.transformer.layers.0.self_attn.to_qkv.weight";
+// Its configs from --config (an official folder) or the published layout of its shape, T5Gemma
+// from --text-encoder, the tokenizer from --tokenizer or the text encoder file's spiece_model.
+std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weights weights, Backend* device);
+// sa3.cpp's GGUF files: --model the DiT (general.architecture sa3-dit), the other parts from
+// --vae, --text-encoder and --tokenizer or beside it (pipeline/sa3/gguf_layout.cpp).
+std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weights, Backend* device);
+
 }  // namespace apus
