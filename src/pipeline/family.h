@@ -35,5 +35,8 @@ struct FamilyDescriptor {
 
 // Every family, in the order a single file is offered to them (the most specific test first).
 const std::vector<FamilyDescriptor>& families();
+// A family built outside the engine (a plug-in's, a test's), asked after the engine's own. Add it
+// before any model is opened: the table is not guarded against a concurrent open.
+void add_family(FamilyDescriptor family);
 
 }  // namespace apus

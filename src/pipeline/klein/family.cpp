@@ -1,5 +1,7 @@
 // FLUX.2 [klein]'s descriptor (pipeline/family.h): diffusers folders of its three pipelines and
 // one transformer file (BFL's, ComfyUI's or diffusers' names, or a GGUF) with its other parts.
+#include "pipeline/family.h"
+
 #include <filesystem>
 #include <optional>
 
@@ -8,7 +10,6 @@
 #include "io/model_dir.h"
 #include "io/single_file.h"
 #include "models/flux2/single_file.h"
-#include "pipeline/family.h"
 #include "pipeline/klein/klein_model.h"
 #include "pipeline/klein/single_file_layout.h"
 

@@ -1,6 +1,8 @@
 // Stable Audio 3's descriptor (pipeline/family.h): diffusers folders, the official checkpoint
 // folder (model_config.json beside model.safetensors), and one file: the official keys
 // (ComfyUI's stable_audio_3_*.safetensors) or sa3.cpp's DiT GGUF, with the other parts.
+#include "pipeline/family.h"
+
 #include "core/error.h"
 #include "io/files.h"
 #include "io/gguf.h"
@@ -8,7 +10,6 @@
 #include "io/model_dir.h"
 #include "io/single_file.h"
 #include "models/sa3/gguf_checkpoint.h"
-#include "pipeline/family.h"
 #include "pipeline/sa3/sa3_model.h"
 
 namespace apus {
