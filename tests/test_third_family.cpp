@@ -22,7 +22,7 @@ namespace apus {
 namespace {
 
 constexpr const char* kToyWeight = "toy.proj.weight";  // what tells the toy's single file
-constexpr int kChannels = 4;                            // latent channels per 16x16 token
+constexpr int kChannels = 4;                           // latent channels per 16x16 token
 
 // The toy: one linear "DiT" (kChannels -> 3) over a seeded latent of kChannels per 16x16 token,
 // and a pass-through "decoder" painting each token's three values as its tile's colour.
@@ -48,7 +48,8 @@ class ToyModel final : public ImageModel {
       for (int y = 0; y < out.height; ++y)
         for (int x = 0; x < out.width; ++x)
           for (int ch = 0; ch < 3; ++ch)
-            out.rgb[size_t((y * out.width + x) * 3 + ch)] = pixel(colour.ptr<float>()[(y / 16 * (out.width / 16) + x / 16) * 3 + ch]);
+            out.rgb[size_t((y * out.width + x) * 3 + ch)] =
+                pixel(colour.ptr<float>()[(y / 16 * (out.width / 16) + x / 16) * 3 + ch]);
       results.push_back(std::move(out));
     }
     return results;
@@ -121,7 +122,8 @@ TEST(ThirdFamily, RegisteredByItsDescriptorAloneOpensFromAFolderAndItsSingleFile
       for (int ch = 0; ch < 3; ++ch) {
         double v = 0;
         for (int k = 0; k < kChannels; ++k)
-          v += double(latent.ptr<float>()[(y / 16 * 3 + x / 16) * kChannels + k]) * double(w.ptr<float>()[ch * kChannels + k]);
+          v += double(latent.ptr<float>()[(y / 16 * 3 + x / 16) * kChannels + k]) *
+               double(w.ptr<float>()[ch * kChannels + k]);
         want[size_t((y * 48 + x) * 3 + ch)] = ToyModel::pixel(float(v));
       }
   for (const std::string& model : {dir, single}) {
