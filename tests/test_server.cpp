@@ -780,6 +780,14 @@ TEST_F(Serve, AFullQueueRefusesBeforeDecodingAndFormsSayWhatIsWrong) {
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 202) << r->body;
     ids.push_back(Json::parse(r->body)["id"]);
+    // The first leaves the queue for the worker before the second comes: on a loaded machine the
+    // second could otherwise find it still waiting and the queue full.
+    for (int wait = 0; i == 0 && wait < 200; ++wait) {
+      const auto job = client().Get("/v1/jobs/" + ids[0]);
+      ASSERT_TRUE(job);
+      if (Json::parse(job->body)["state"] != "queued") break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   // Its image is no image at all: a 400 if it were decoded first.
   const Json with_junk = {{"prompt", "x"}, {"images", Json::array({"bm90IGFuIGltYWdl"})}};
