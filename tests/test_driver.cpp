@@ -1,11 +1,9 @@
 // The family contract (pipeline/driver.h): a type with every member the driver calls is a
 // PipelineFamily; one without a member (here describe(), as a misspelling would leave it) is not,
-// so the static_assert under a family's class names the gap there.
+// so the static_assert under a family's class (klein_model.h, sa3_model.h) names the gap there.
 #include <gtest/gtest.h>
 
 #include "pipeline/driver.h"
-#include "pipeline/klein/klein_model.h"
-#include "pipeline/sa3/sa3_model.h"
 
 namespace apus {
 namespace {
@@ -42,8 +40,6 @@ template <bool WithDescribe> struct ToyFamily {
 TEST(FamilyContract, NamesAFamilyMissingAMember) {
   EXPECT_TRUE(PipelineFamily<ToyFamily<true>>);
   EXPECT_FALSE(PipelineFamily<ToyFamily<false>>);
-  EXPECT_TRUE(PipelineFamily<KleinModel>);
-  EXPECT_TRUE(PipelineFamily<Sa3Model>);
 }
 
 }  // namespace

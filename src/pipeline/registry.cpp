@@ -54,13 +54,10 @@ const FamilyDescriptor& claiming_family(const std::string& path, const ModelKind
 // what is wrong with a file it cannot read), else the first that claims it.
 const FamilyDescriptor& single_file_family(const std::string& path, ModelKind kind) {
   const FamilyDescriptor* only = nullptr;
+  int of_kind = 0;
   for (const FamilyDescriptor& f : families())
-    if (f.kind == kind) {
-      if (only) return claiming_family(path, &kind);
-      only = &f;
-    }
-  APUS_CHECK(only, path, ": no model family makes ", kind_name(kind));
-  return *only;
+    if (f.kind == kind) ++of_kind, only = &f;
+  return of_kind == 1 ? *only : claiming_family(path, &kind);
 }
 
 // Opens `parts` as a model of Model's kind with the family that serves it, or says which command

@@ -1,6 +1,9 @@
 #pragma once
 // The CPU backend: every op of ops/op_list.h (backend.cpp puts them behind the Backend interface).
 // Files: linear (oneDNN matmul), conv (oneDNN), attention, norm, elementwise.
+#include <cstdint>
+#include <vector>
+
 #include "core/variants.h"
 #include "ops/ops.h"
 
@@ -24,6 +27,14 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
 // of 6 and its columns to the panel) = a · (`count` panels, panel q at panels + q * panel_stride,
 // their first k rows), each output one FMA chain over k in order, single-threaded.
 constexpr int64_t kWidenedPanel = 16;
+// A thread's buffer of at least n elements from a cache line on, grown and never shrunk (a shrunk
+// one is zeroed again when it grows): the kernels' 32-byte loads of a 64-byte panel row split
+// across two lines otherwise (glibc's large blocks start 16 bytes past a page), 3-8 % of the GEMM
+// on an AVX2-only EPYC (docs/SPEED.md, session 23).
+template <typename T> T* line_aligned(std::vector<T>& buf, size_t n) {
+  if (buf.size() < n + 64 / sizeof(T)) buf.resize(n + 64 / sizeof(T));
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+}
 void pack_widened_panel(const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, int64_t k, int64_t n,
                         int64_t p, float* out);
 void widened_panel_products(const Tensor& a, const float* panels, int64_t panel_stride, int64_t k, int64_t count,

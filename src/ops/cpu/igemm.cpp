@@ -27,12 +27,6 @@ constexpr int64_t kKP = 256;          // pairs of k a block (a 16 KiB weight mic
 constexpr int64_t kMC = 72;           // rows a task packs
 constexpr int64_t kNC = 768;          // columns a task covers
 
-// A thread's buffer of at least n elements from a cache line on.
-template <typename T> T* line_aligned(std::vector<T>& buf, size_t n) {
-  buf.resize(n + 64 / sizeof(T));
-  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-}
-
 // The codes w [n][k] as int16 panels of 16 columns: panel p at out + p * pairs * 32 holds
 // [pair i][column c][2] = w[16p + c][2i], w[16p + c][2i + 1]; an odd k's last pair and the columns
 // past n zero.

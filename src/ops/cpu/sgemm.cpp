@@ -29,15 +29,7 @@ constexpr int64_t kKC = 256;                     // inner block: a 16 KiB weight
 constexpr int64_t kMC = 72;                      // rows a task packs (12 micro-panels, 72 KiB at kKC)
 constexpr int64_t kNC = 768;                     // columns a task covers (48 panels)
 
-// A thread's buffer of at least n floats from a cache line on: the kernel's 32-byte loads of a
-// 64-byte panel row split across two lines otherwise (glibc's large blocks start 16 bytes past a
-// page), 3-8 % of the GEMM on an AVX2-only EPYC (docs/SPEED.md, session 23).
-float* line_aligned(std::vector<float>& buf, size_t n) {
-  if (buf.size() < n + 16) buf.resize(n + 16);
-  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-}
-
-// The weight [k, n] as f32 panels of 16 columns (pack_panel's), in the calling thread's buffer,
+// The weight [k, n] as f32 panels of 16 columns (pack_widened_panel's), in the calling thread's buffer,
 // kept from call to call: a fresh one each call cost page faults and zeroing (47 MB for SA3's
 // feed-forward, ~7 % of the call).
 const float* pack_weight(const void* b, DType bt, int64_t sk, int64_t sn, int64_t k, int64_t n) {
