@@ -11,8 +11,6 @@
 
 namespace apus::server {
 
-namespace {
-
 // The fields txt2img and img2img share, as A1111 reads them.
 struct A1111Request {
   ImageRequest r;
@@ -20,6 +18,8 @@ struct A1111Request {
   int n = 1, batch_size = 1, iterations = 1;
   std::string checkpoint;  // override_settings.sd_model_checkpoint, else empty: the options' one
 };
+
+namespace {
 
 // The sampler and scheduler apus runs: the model's own (klein's official FlowMatchEulerDiscreteScheduler
 // on its shifted schedule), under the names A1111's lists give them.
@@ -206,248 +206,262 @@ Json parse_infotext(const std::string& text) {
 
 }  // namespace
 
-void Server::Impl::register_a1111() {
-  for (const Loaded& m : models)
-    if (m.model.kind() == ModelKind::image && a1111_checkpoint.empty()) a1111_checkpoint = m.id;
-  // Runs an A1111 request on the checkpoint options chose, waits for it and answers.
-  auto run = [this](const http::Request& req, http::Response& res, const Json& in, A1111Request& a, ImageFiles files,
-                    Json extra_info) {
-    std::string checkpoint = a.checkpoint;
-    if (checkpoint.empty()) {
-      std::lock_guard<std::mutex> lock(jobs_mutex);
-      checkpoint = a1111_checkpoint;
+// Runs an A1111 request on the checkpoint options chose, waits for it and answers.
+void Server::Impl::a1111_run(const http::Request& req, http::Response& res, const Json& in, A1111Request& a,
+                             ImageFiles files, Json extra_info) {
+  std::string checkpoint = a.checkpoint;
+  if (checkpoint.empty()) {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    checkpoint = a1111_checkpoint;
+  }
+  const Loaded& m = [&]() -> const Loaded& {
+    try {
+      return find(Fields{Json{{"model", checkpoint}}}, ModelKind::image);
+    } catch (const HttpError& e) {
+      refuse(400, e.message + " (GET /sdapi/v1/sd-models lists them)", "override_settings");
     }
+  }();
+  // LoRAs from the prompt's <lora:NAME:WEIGHT> tags, then apus's "loras" field.
+  Json loras = Json::array();
+  for (Json& l : prompt_loras(a.r.prompt)) loras.push_back(std::move(l));
+  if (in.contains("loras") && in["loras"].is_array())
+    for (const Json& l : in["loras"]) loras.push_back(l);
+  else if (in.contains("loras") && !in["loras"].is_null())
+    refuse(400, "'loras' must be a list of {\"name\", \"scale\"}", "loras");
+  try {
+    a.r.loras = requested_loras(loras);
+  } catch (const HttpError& e) {
+    refuse(400, e.message + " (GET /sdapi/v1/loras lists them; in the prompt as <lora:NAME:WEIGHT>)", "loras");
+  }
+  const auto j = image_job(m, a.r, a.n, std::move(files), kA1111Fields);
+  j->previews = true;  // progress's current_image
+  submit(j);
+  {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    a1111_current = j;
+  }
+  wait_for_client(req, *j);
+  finish_sync(*j);
+  res.set_content(a1111_answer(*j, a, *m.model.image(), in, std::move(extra_info)), "application/json");
+}
+
+const ImageModel& Server::Impl::a1111_model() {
+  std::lock_guard<std::mutex> lock(jobs_mutex);
+  return *find(Fields{Json{{"model", a1111_checkpoint}}}, ModelKind::image).model.image();
+}
+
+void Server::Impl::a1111_txt2img(const http::Request& req, http::Response& res) {
+  const Json in = parse_body(req);
+  // A1111's own defaults, for the sides its clients always send.
+  A1111Request a = a1111_request(Fields{in}, a1111_model(), 512);
+  a1111_run(req, res, in, a, {}, Json::object());
+}
+
+// img2img on klein is its inpainting (which the official pipeline runs with a strength): the
+// mask's white repainted (its black with inpainting_mask_invert), or without a mask the whole
+// image, from denoising_strength of the way.
+void Server::Impl::a1111_img2img(const http::Request& req, http::Response& res) {
+  const Json in = parse_body(req);
+  const Fields f{in};
+  // Sides absent: the image's, at which the engine renders it.
+  A1111Request a = a1111_request(f, a1111_model(), std::nullopt);
+  // A1111 renders img2img at the size asked, the image resized to it first (resize_mode 0,
+  // "just resize", what its clients send; webuiapi always asks 512x512).
+  if (f.integer("resize_mode", 0, 0, 3) != 0)
+    refuse(400,
+           "'resize_mode' is " + std::to_string(f.integer("resize_mode", 0, 0, 3)) +
+               ": apus resizes the image to the size asked (0, just resize)",
+           "resize_mode");
+  if (!f.has("init_images") || !in["init_images"].is_array() || in["init_images"].empty())
+    refuse(400, "'init_images' must hold the image to repaint, as base64", "init_images");
+  if (in["init_images"].size() > 1)
+    refuse(400, "'init_images' holds " + std::to_string(in["init_images"].size()) + " images; apus repaints one",
+           "init_images");
+  ImageFiles files;
+  files.images.push_back(a1111_image(in["init_images"][0], "init_images[0]", "init_images"));
+  if (f.has("mask")) files.mask = a1111_image(in["mask"], "mask", "mask");
+  else files.repaint_whole = true;
+  files.marks = f.integer("inpainting_mask_invert", 0, 0, 1) ? MaskMarks::black : MaskMarks::white;
+  if (a.r.width && a.r.height) files.resize_to = std::pair{*a.r.width, *a.r.height};
+  // A1111's default strength.
+  const double strength = f.number("denoising_strength", 0.75);
+  files.strength = strength;
+  a1111_run(req, res, in, a, std::move(files), Json{{"denoising_strength", strength}});
+}
+
+// A1111's progress: its own route's current job, or else any image job running on the server
+// (the page's, the jobs API's, OpenAI's), with the time left at the rate of the steps so far and
+// the latest live preview as current_image.
+void Server::Impl::a1111_progress(const http::Request&, http::Response& res) {
+  std::shared_ptr<Job> j;
+  int active_jobs = 0;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    j = a1111_current;
+    for (const auto& [id, job] : jobs) {
+      std::lock_guard<std::mutex> job_lock(job->mutex);
+      if (job->kind != "image" || (job->state != JobState::queued && job->state != JobState::running)) continue;
+      ++active_jobs;
+      if (job->state == JobState::running && (!j || j->state != JobState::running)) j = job;
+    }
+  }
+  Json state = {{"skipped", false},     {"interrupted", false}, {"job", ""},          {"job_count", active_jobs},
+                {"job_timestamp", "0"}, {"job_no", 0},          {"sampling_step", 0}, {"sampling_steps", 0}};
+  double progress = 0, eta = 0;
+  Json current_image = nullptr;
+  if (j) {
+    std::lock_guard<std::mutex> lock(j->mutex);
+    const bool active = j->state == JobState::queued || j->state == JobState::running;
+    state["interrupted"] = j->state == JobState::cancelled || j->finish;
+    state["job"] = active ? j->id : "";
+    state["sampling_step"] = j->step;
+    state["sampling_steps"] = j->steps;
+    progress = active && j->steps ? double(j->step) / j->steps : 0.0;
+    if (j->state == JobState::running && progress > 0) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - j->started).count();
+      eta = elapsed / progress - elapsed;
+    }
+    if (active && !j->preview.empty()) {
+      const Json p = Json::parse(j->preview, nullptr, false);
+      if (p.is_object() && p.contains("image")) current_image = p["image"];
+    }
+  }
+  res.set_content(dump(Json{{"progress", progress},
+                            {"eta_relative", eta},
+                            {"state", state},
+                            {"current_image", current_image},
+                            {"textinfo", nullptr}}),
+                  "application/json");
+}
+
+// As A1111's interrupt: the sampling ends after its current step and the call answers with the
+// image decoded from where it got.
+void Server::Impl::a1111_interrupt(const http::Request&, http::Response& res) {
+  std::lock_guard<std::mutex> lock(jobs_mutex);
+  if (a1111_current) a1111_current->finish = true;
+  res.set_content("{}", "application/json");
+}
+
+void Server::Impl::a1111_sd_models(const http::Request&, http::Response& res) {
+  Json list = Json::array();
+  for (const Loaded& m : models)
+    if (m.model.kind() == ModelKind::image)
+      list.push_back({{"title", m.id},
+                      {"model_name", m.id},
+                      {"hash", nullptr},
+                      {"sha256", nullptr},
+                      {"filename", m.id},
+                      {"config", nullptr}});
+  res.set_content(dump(list), "application/json");
+}
+
+void Server::Impl::a1111_options(const http::Request&, http::Response& res) {
+  std::lock_guard<std::mutex> lock(jobs_mutex);
+  res.set_content(dump(Json{{"sd_model_checkpoint", a1111_checkpoint}}), "application/json");
+}
+
+// Only the checkpoint is apus's to set; A1111 ignores option keys it does not know, and so do
+// these routes.
+void Server::Impl::a1111_set_options(const http::Request& req, http::Response& res) {
+  const Json in = parse_body(req);
+  const Fields f{in};
+  if (f.has("sd_model_checkpoint")) {
+    const std::string name = f.string("sd_model_checkpoint", "");
     const Loaded& m = [&]() -> const Loaded& {
       try {
-        return find(Fields{Json{{"model", checkpoint}}}, ModelKind::image);
+        return find(Fields{Json{{"model", name}}}, ModelKind::image);
       } catch (const HttpError& e) {
-        refuse(400, e.message + " (GET /sdapi/v1/sd-models lists them)", "override_settings");
+        refuse(400, e.message + " (GET /sdapi/v1/sd-models lists them)", "sd_model_checkpoint");
       }
     }();
-    // LoRAs from the prompt's <lora:NAME:WEIGHT> tags, then apus's "loras" field.
-    Json loras = Json::array();
-    for (Json& l : prompt_loras(a.r.prompt)) loras.push_back(std::move(l));
-    if (in.contains("loras") && in["loras"].is_array())
-      for (const Json& l : in["loras"]) loras.push_back(l);
-    else if (in.contains("loras") && !in["loras"].is_null())
-      refuse(400, "'loras' must be a list of {\"name\", \"scale\"}", "loras");
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    a1111_checkpoint = m.id;
+  }
+  res.set_content("null", "application/json");
+}
+
+// What A1111 clients list at start. The one sampler and schedule are the model's own.
+void Server::Impl::a1111_samplers(const http::Request&, http::Response& res) {
+  res.set_content(
+      dump(Json::array({{{"name", kSampler}, {"aliases", Json::array({"k_euler"})}, {"options", Json::object()}}})),
+      "application/json");
+}
+
+void Server::Impl::a1111_schedulers(const http::Request&, http::Response& res) {
+  res.set_content(dump(Json::array({{{"name", "automatic"},
+                                     {"label", kScheduler},
+                                     {"aliases", nullptr},
+                                     {"default_rho", -1},
+                                     {"need_inner_model", false}}})),
+                  "application/json");
+}
+
+void Server::Impl::a1111_upscalers(const http::Request&, http::Response& res) {
+  res.set_content(dump(Json::array({{{"name", "None"},
+                                     {"model_name", nullptr},
+                                     {"model_path", nullptr},
+                                     {"model_url", nullptr},
+                                     {"scale", 1}}})),
+                  "application/json");
+}
+
+// --lora-dir's files, named as <lora:NAME:WEIGHT> names them (the path: the file's name only).
+void Server::Impl::a1111_loras(const http::Request&, http::Response& res) {
+  Json list = Json::array();
+  for (const std::string& file : lora_names()) {
+    const std::string name = file.substr(0, file.size() - std::string(".safetensors").size());
+    list.push_back({{"name", name}, {"alias", name}, {"path", file}, {"metadata", Json::object()}});
+  }
+  res.set_content(dump(list), "application/json");
+}
+
+void Server::Impl::a1111_refresh_loras(const http::Request&, http::Response& res) {
+  res.set_content("null", "application/json");  // listed from the folder at every call
+}
+
+// The models are the ones `apus serve` opened: nothing to rescan.
+void Server::Impl::a1111_refresh_checkpoints(const http::Request&, http::Response& res) {
+  res.set_content("null", "application/json");
+}
+
+void Server::Impl::a1111_cmd_flags(const http::Request&, http::Response& res) {
+  res.set_content(dump(Json{{"api", true},
+                            {"nowebui", false},
+                            {"device", options.device},
+                            {"lora_dir", options.lora_dir.empty() ? Json(nullptr) : Json("(set)")},
+                            {"server_name", "apus"}}),
+                  "application/json");
+}
+
+void Server::Impl::a1111_memory(const http::Request&, http::Response& res) {
+  const double page = double(sysconf(_SC_PAGESIZE)), total = double(sysconf(_SC_PHYS_PAGES)) * page,
+               free = double(sysconf(_SC_AVPHYS_PAGES)) * page;
+  res.set_content(dump(Json{{"ram", {{"free", free}, {"used", total - free}, {"total", total}}},
+                            {"cuda", {{"error", "apus serve reports device memory at GET /metrics"}}}}),
+                  "application/json");
+}
+
+// The parameters an image carries (A1111's, or apus's, which writes them the same way).
+void Server::Impl::a1111_png_info(const http::Request& req, http::Response& res) {
+  const Json in = parse_body(req);
+  const Fields f{in};
+  if (!f.has("image")) refuse(400, "'image' must hold a PNG as base64", "image");
+  const std::string bytes = a1111_image(in["image"], "image", "image");
+  const PngImage png = [&] {
     try {
-      a.r.loras = requested_loras(loras);
-    } catch (const HttpError& e) {
-      refuse(400, e.message + " (GET /sdapi/v1/loras lists them; in the prompt as <lora:NAME:WEIGHT>)", "loras");
+      return decode_png(bytes, "image");
+    } catch (const Error& e) {
+      refuse(400, e.what(), "image");
     }
-    const auto j = image_job(m, a.r, a.n, std::move(files), kA1111Fields);
-    j->previews = true;  // progress's current_image
-    submit(j);
-    {
-      std::lock_guard<std::mutex> lock(jobs_mutex);
-      a1111_current = j;
-    }
-    wait_for_client(req, *j);
-    finish_sync(*j);
-    res.set_content(a1111_answer(*j, a, *m.model.image(), in, std::move(extra_info)), "application/json");
-  };
-  auto model_of = [this]() -> const ImageModel& {
-    std::lock_guard<std::mutex> lock(jobs_mutex);
-    return *find(Fields{Json{{"model", a1111_checkpoint}}}, ModelKind::image).model.image();
-  };
-  http->route("POST", "/sdapi/v1/txt2img", [this, run, model_of](const http::Request& req, http::Response& res) {
-    const Json in = parse_body(req);
-    // A1111's own defaults, for the sides its clients always send.
-    A1111Request a = a1111_request(Fields{in}, model_of(), 512);
-    run(req, res, in, a, {}, Json::object());
-  });
-  // img2img on klein is its inpainting (which the official pipeline runs with a strength): the
-  // mask's white repainted (its black with inpainting_mask_invert), or without a mask the whole
-  // image, from denoising_strength of the way.
-  http->route("POST", "/sdapi/v1/img2img", [this, run, model_of](const http::Request& req, http::Response& res) {
-    const Json in = parse_body(req);
-    const Fields f{in};
-    // Sides absent: the image's, at which the engine renders it.
-    A1111Request a = a1111_request(f, model_of(), std::nullopt);
-    // A1111 renders img2img at the size asked, the image resized to it first (resize_mode 0,
-    // "just resize", what its clients send; webuiapi always asks 512x512).
-    if (f.integer("resize_mode", 0, 0, 3) != 0)
-      refuse(400,
-             "'resize_mode' is " + std::to_string(f.integer("resize_mode", 0, 0, 3)) +
-                 ": apus resizes the image to the size asked (0, just resize)",
-             "resize_mode");
-    if (!f.has("init_images") || !in["init_images"].is_array() || in["init_images"].empty())
-      refuse(400, "'init_images' must hold the image to repaint, as base64", "init_images");
-    if (in["init_images"].size() > 1)
-      refuse(400, "'init_images' holds " + std::to_string(in["init_images"].size()) + " images; apus repaints one",
-             "init_images");
-    ImageFiles files;
-    files.images.push_back(a1111_image(in["init_images"][0], "init_images[0]", "init_images"));
-    if (f.has("mask")) files.mask = a1111_image(in["mask"], "mask", "mask");
-    else files.repaint_whole = true;
-    files.marks = f.integer("inpainting_mask_invert", 0, 0, 1) ? MaskMarks::black : MaskMarks::white;
-    if (a.r.width && a.r.height) files.resize_to = std::pair{*a.r.width, *a.r.height};
-    // A1111's default strength.
-    const double strength = f.number("denoising_strength", 0.75);
-    files.strength = strength;
-    run(req, res, in, a, std::move(files), Json{{"denoising_strength", strength}});
-  });
-  // A1111's progress: its own route's current job, or else any image job running on the server
-  // (the page's, the jobs API's, OpenAI's), with the time left at the rate of the steps so far and
-  // the latest live preview as current_image.
-  http->route("GET", "/sdapi/v1/progress", [this](const http::Request&, http::Response& res) {
-    std::shared_ptr<Job> j;
-    int active_jobs = 0;
-    {
-      std::lock_guard<std::mutex> lock(jobs_mutex);
-      j = a1111_current;
-      for (const auto& [id, job] : jobs) {
-        std::lock_guard<std::mutex> job_lock(job->mutex);
-        if (job->kind != "image" || (job->state != JobState::queued && job->state != JobState::running)) continue;
-        ++active_jobs;
-        if (job->state == JobState::running && (!j || j->state != JobState::running)) j = job;
-      }
-    }
-    Json state = {{"skipped", false},     {"interrupted", false}, {"job", ""},          {"job_count", active_jobs},
-                  {"job_timestamp", "0"}, {"job_no", 0},          {"sampling_step", 0}, {"sampling_steps", 0}};
-    double progress = 0, eta = 0;
-    Json current_image = nullptr;
-    if (j) {
-      std::lock_guard<std::mutex> lock(j->mutex);
-      const bool active = j->state == JobState::queued || j->state == JobState::running;
-      state["interrupted"] = j->state == JobState::cancelled || j->finish;
-      state["job"] = active ? j->id : "";
-      state["sampling_step"] = j->step;
-      state["sampling_steps"] = j->steps;
-      progress = active && j->steps ? double(j->step) / j->steps : 0.0;
-      if (j->state == JobState::running && progress > 0) {
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - j->started).count();
-        eta = elapsed / progress - elapsed;
-      }
-      if (active && !j->preview.empty()) {
-        const Json p = Json::parse(j->preview, nullptr, false);
-        if (p.is_object() && p.contains("image")) current_image = p["image"];
-      }
-    }
-    res.set_content(dump(Json{{"progress", progress},
-                              {"eta_relative", eta},
-                              {"state", state},
-                              {"current_image", current_image},
-                              {"textinfo", nullptr}}),
-                    "application/json");
-  });
-  // As A1111's interrupt: the sampling ends after its current step and the call answers with the
-  // image decoded from where it got.
-  http->route("POST", "/sdapi/v1/interrupt", [this](const http::Request&, http::Response& res) {
-    std::lock_guard<std::mutex> lock(jobs_mutex);
-    if (a1111_current) a1111_current->finish = true;
-    res.set_content("{}", "application/json");
-  });
-  http->route("GET", "/sdapi/v1/sd-models", [this](const http::Request&, http::Response& res) {
-    Json list = Json::array();
-    for (const Loaded& m : models)
-      if (m.model.kind() == ModelKind::image)
-        list.push_back({{"title", m.id},
-                        {"model_name", m.id},
-                        {"hash", nullptr},
-                        {"sha256", nullptr},
-                        {"filename", m.id},
-                        {"config", nullptr}});
-    res.set_content(dump(list), "application/json");
-  });
-  http->route("GET", "/sdapi/v1/options", [this](const http::Request&, http::Response& res) {
-    std::lock_guard<std::mutex> lock(jobs_mutex);
-    res.set_content(dump(Json{{"sd_model_checkpoint", a1111_checkpoint}}), "application/json");
-  });
-  // Only the checkpoint is apus's to set; A1111 ignores option keys it does not know, and so do
-  // these routes.
-  http->route("POST", "/sdapi/v1/options", [this](const http::Request& req, http::Response& res) {
-    const Json in = parse_body(req);
-    const Fields f{in};
-    if (f.has("sd_model_checkpoint")) {
-      const std::string name = f.string("sd_model_checkpoint", "");
-      const Loaded& m = [&]() -> const Loaded& {
-        try {
-          return find(Fields{Json{{"model", name}}}, ModelKind::image);
-        } catch (const HttpError& e) {
-          refuse(400, e.message + " (GET /sdapi/v1/sd-models lists them)", "sd_model_checkpoint");
-        }
-      }();
-      std::lock_guard<std::mutex> lock(jobs_mutex);
-      a1111_checkpoint = m.id;
-    }
-    res.set_content("null", "application/json");
-  });
-  // What A1111 clients list at start. The one sampler and schedule are the model's own.
-  http->route("GET", "/sdapi/v1/samplers", [](const http::Request&, http::Response& res) {
-    res.set_content(
-        dump(Json::array({{{"name", kSampler}, {"aliases", Json::array({"k_euler"})}, {"options", Json::object()}}})),
-        "application/json");
-  });
-  http->route("GET", "/sdapi/v1/schedulers", [](const http::Request&, http::Response& res) {
-    res.set_content(dump(Json::array({{{"name", "automatic"},
-                                       {"label", kScheduler},
-                                       {"aliases", nullptr},
-                                       {"default_rho", -1},
-                                       {"need_inner_model", false}}})),
-                    "application/json");
-  });
-  http->route("GET", "/sdapi/v1/upscalers", [](const http::Request&, http::Response& res) {
-    res.set_content(dump(Json::array({{{"name", "None"},
-                                       {"model_name", nullptr},
-                                       {"model_path", nullptr},
-                                       {"model_url", nullptr},
-                                       {"scale", 1}}})),
-                    "application/json");
-  });
-  // --lora-dir's files, named as <lora:NAME:WEIGHT> names them (the path: the file's name only).
-  http->route("GET", "/sdapi/v1/loras", [this](const http::Request&, http::Response& res) {
-    Json list = Json::array();
-    for (const std::string& file : lora_names()) {
-      const std::string name = file.substr(0, file.size() - std::string(".safetensors").size());
-      list.push_back({{"name", name}, {"alias", name}, {"path", file}, {"metadata", Json::object()}});
-    }
-    res.set_content(dump(list), "application/json");
-  });
-  http->route("POST", "/sdapi/v1/refresh-loras", [](const http::Request&, http::Response& res) {
-    res.set_content("null", "application/json");  // listed from the folder at every call
-  });
-  // The models are the ones `apus serve` opened: nothing to rescan.
-  http->route("POST", "/sdapi/v1/refresh-checkpoints",
-              [](const http::Request&, http::Response& res) { res.set_content("null", "application/json"); });
-  http->route("GET", "/sdapi/v1/cmd-flags", [this](const http::Request&, http::Response& res) {
-    res.set_content(dump(Json{{"api", true},
-                              {"nowebui", false},
-                              {"device", options.device},
-                              {"lora_dir", options.lora_dir.empty() ? Json(nullptr) : Json("(set)")},
-                              {"server_name", "apus"}}),
-                    "application/json");
-  });
-  http->route("GET", "/sdapi/v1/memory", [](const http::Request&, http::Response& res) {
-    const double page = double(sysconf(_SC_PAGESIZE)), total = double(sysconf(_SC_PHYS_PAGES)) * page,
-                 free = double(sysconf(_SC_AVPHYS_PAGES)) * page;
-    res.set_content(dump(Json{{"ram", {{"free", free}, {"used", total - free}, {"total", total}}},
-                              {"cuda", {{"error", "apus serve reports device memory at GET /metrics"}}}}),
-                    "application/json");
-  });
-  // The parameters an image carries (A1111's, or apus's, which writes them the same way).
-  http->route("POST", "/sdapi/v1/png-info", [](const http::Request& req, http::Response& res) {
-    const Json in = parse_body(req);
-    const Fields f{in};
-    if (!f.has("image")) refuse(400, "'image' must hold a PNG as base64", "image");
-    const std::string bytes = a1111_image(in["image"], "image", "image");
-    const PngImage png = [&] {
-      try {
-        return decode_png(bytes, "image");
-      } catch (const Error& e) {
-        refuse(400, e.what(), "image");
-      }
-    }();
-    std::string info;
-    Json items = Json::object();
-    for (const auto& [key, value] : png.text) {
-      if (key == "parameters") info = value;
-      else items[key] = value;
-    }
-    res.set_content(dump(Json{{"info", info}, {"items", items}, {"parameters", parse_infotext(info)}}),
-                    "application/json");
-  });
+  }();
+  std::string info;
+  Json items = Json::object();
+  for (const auto& [key, value] : png.text) {
+    if (key == "parameters") info = value;
+    else items[key] = value;
+  }
+  res.set_content(dump(Json{{"info", info}, {"items", items}, {"parameters", parse_infotext(info)}}),
+                  "application/json");
 }
 
 }  // namespace apus::server

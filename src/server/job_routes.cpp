@@ -170,112 +170,114 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
   return out;
 }
 
-void Server::Impl::register_jobs() {
-  // Server-sent events: a "preview" event with each preview a job asked for (its JSON: index,
-  // step, steps and a base64 PNG or the waveform's peaks), a "progress" event whenever the step
-  // or state changes, then "done" with the job's final state (its files included) and the stream
-  // ends. A client that goes away cancels the job.
-  http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+)/events)", [this](const http::Request& req, http::Response& res) {
-    const auto j = job(req.matches[1]);
-    struct Sent {
-      int state = -1, step = -1, previews = 0;
-      std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
-    };
-    auto sent = std::make_shared<Sent>();
-    auto over = std::make_shared<bool>(false);
-    res.set_header("Cache-Control", "no-cache");
-    res.content_type = "text/event-stream";
-    res.stream = http::Stream{
-        [this, j, sent, over]() -> std::optional<std::string> {
-          if (*over) return std::nullopt;
-          JobState state;
-          int step;
-          std::string events;
-          {
-            std::lock_guard<std::mutex> lock(j->mutex);
-            state = j->state;
-            step = j->step;
-            // A slow reader gets the latest preview, not a backlog.
-            if (j->preview_count != sent->previews) events = "event: preview\ndata: " + j->preview + "\n\n";
-            sent->previews = j->preview_count;
-          }
-          *over = state == JobState::done || state == JobState::failed || state == JobState::cancelled;
-          const auto now = std::chrono::steady_clock::now();
-          if (int(state) == sent->state && step == sent->step && !*over) {
-            if (!events.empty()) return events;
-            if (now - sent->at < std::chrono::seconds(15)) return std::string();  // nothing yet
-            sent->at = now;
-            return std::string(": waiting\n\n");  // a comment every 15 s keeps it open
-          }
+// Server-sent events: a "preview" event with each preview a job asked for (its JSON: index,
+// step, steps and a base64 PNG or the waveform's peaks), a "progress" event whenever the step
+// or state changes, then "done" with the job's final state (its files included) and the stream
+// ends. A client that goes away cancels the job.
+void Server::Impl::job_events(const http::Request& req, http::Response& res) {
+  const auto j = job(req.matches[1]);
+  struct Sent {
+    int state = -1, step = -1, previews = 0;
+    std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
+  };
+  auto sent = std::make_shared<Sent>();
+  auto over = std::make_shared<bool>(false);
+  res.set_header("Cache-Control", "no-cache");
+  res.content_type = "text/event-stream";
+  res.stream = http::Stream{
+      [this, j, sent, over]() -> std::optional<std::string> {
+        if (*over) return std::nullopt;
+        JobState state;
+        int step;
+        std::string events;
+        {
+          std::lock_guard<std::mutex> lock(j->mutex);
+          state = j->state;
+          step = j->step;
+          // A slow reader gets the latest preview, not a backlog.
+          if (j->preview_count != sent->previews) events = "event: preview\ndata: " + j->preview + "\n\n";
+          sent->previews = j->preview_count;
+        }
+        *over = state == JobState::done || state == JobState::failed || state == JobState::cancelled;
+        const auto now = std::chrono::steady_clock::now();
+        if (int(state) == sent->state && step == sent->step && !*over) {
+          if (!events.empty()) return events;
+          if (now - sent->at < std::chrono::seconds(15)) return std::string();  // nothing yet
           sent->at = now;
-          sent->state = int(state);
-          sent->step = step;
-          return events + "event: " + (*over ? "done" : "progress") + "\ndata: " + dump(job_json(*j, *over)) + "\n\n";
-        },
-        [j] { j->cancel = true; }};
-  });
-  http->route("POST", "/v1/jobs", [this](const http::Request& req, http::Response& res) {
-    Json body = parse_body(req);
-    const Fields f{body};
-    const std::string kind = f.string("kind", "");
-    if (kind != "image" && kind != "audio") refuse(400, "'kind' must be \"image\" or \"audio\"", "kind");
-    const bool trace = f.boolean("trace", false), previews = f.boolean("preview", false);
-    body.erase("kind");
-    body.erase("trace");
-    body.erase("preview");
-    std::string format;
-    const auto j = kind == "image" ? openai_image_job(body, {}, trace) : audio_job(body, format, trace);
-    j->previews = previews;
-    submit(j);
-    res.status = 202;
-    res.set_content(dump(job_json(*j)), "application/json");
-  });
-  // Every job the server holds, oldest first: those queued and running, and the finished ones it
-  // keeps (their files by url, not inline).
-  http->route("GET", "/v1/jobs", [this](const http::Request&, http::Response& res) {
-    std::vector<std::shared_ptr<Job>> all;
-    {
-      std::lock_guard<std::mutex> lock(jobs_mutex);
-      for (const auto& [id, j] : jobs) all.push_back(j);
-    }
-    Json data = Json::array();
-    for (const auto& j : all) data.push_back(job_json(*j, false));
-    res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
-  });
-  http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const http::Request& req, http::Response& res) {
-    res.set_content(dump(job_json(*job(req.matches[1]))), "application/json");
-  });
-  // A finished job's n-th result file as it was made (what an OpenAI url response names), while
-  // the job is kept.
-  http->route(
-      "GET", R"(/v1/jobs/([A-Za-z0-9-]+)/files/([0-9]{1,4}))", [this](const http::Request& req, http::Response& res) {
-        const auto j = job(req.matches[1]);
-        std::lock_guard<std::mutex> lock(j->mutex);
-        if (j->state != JobState::done)
-          refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its files come when it is done", "files");
-        const size_t n = std::stoul(req.matches[2]);
-        if (n >= j->outputs.size())
-          refuse(404,
-                 "job " + j->id + " made " + std::to_string(j->outputs.size()) + " file(s), not a file " +
-                     std::to_string(n),
-                 "files");
-        const JobOutput& o = j->outputs[n];
-        res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);
-      });
-  // A traced job's timeline, for ui.perfetto.dev (docs/BENCH.md describes it).
-  http->route("GET", R"(/v1/jobs/([A-Za-z0-9-]+)/trace)", [this](const http::Request& req, http::Response& res) {
-    const auto j = job(req.matches[1]);
-    if (!j->traced) refuse(404, "job " + j->id + " was not traced (submit it with \"trace\": true)", "trace");
-    std::lock_guard<std::mutex> lock(j->mutex);
-    if (j->state != JobState::done)
-      refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its trace comes when it is done", "trace");
-    res.set_content(j->trace, "application/json");
-  });
-  http->route("DELETE", R"(/v1/jobs/([A-Za-z0-9-]+))", [this](const http::Request& req, http::Response& res) {
-    const auto j = job(req.matches[1]);
-    j->cancel = true;
-    res.set_content(dump(job_json(*j)), "application/json");
-  });
+          return std::string(": waiting\n\n");  // a comment every 15 s keeps it open
+        }
+        sent->at = now;
+        sent->state = int(state);
+        sent->step = step;
+        return events + "event: " + (*over ? "done" : "progress") + "\ndata: " + dump(job_json(*j, *over)) + "\n\n";
+      },
+      [j] { j->cancel = true; }};
+}
+
+void Server::Impl::submit_job(const http::Request& req, http::Response& res) {
+  Json body = parse_body(req);
+  const Fields f{body};
+  const std::string kind = f.string("kind", "");
+  if (kind != "image" && kind != "audio") refuse(400, "'kind' must be \"image\" or \"audio\"", "kind");
+  const bool trace = f.boolean("trace", false), previews = f.boolean("preview", false);
+  body.erase("kind");
+  body.erase("trace");
+  body.erase("preview");
+  std::string format;
+  const auto j = kind == "image" ? openai_image_job(body, {}, trace) : audio_job(body, format, trace);
+  j->previews = previews;
+  submit(j);
+  res.status = 202;
+  res.set_content(dump(job_json(*j)), "application/json");
+}
+
+// Every job the server holds, oldest first: those queued and running, and the finished ones it
+// keeps (their files by url, not inline).
+void Server::Impl::list_jobs(const http::Request&, http::Response& res) {
+  std::vector<std::shared_ptr<Job>> all;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    for (const auto& [id, j] : jobs) all.push_back(j);
+  }
+  Json data = Json::array();
+  for (const auto& j : all) data.push_back(job_json(*j, false));
+  res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
+}
+
+void Server::Impl::job_status(const http::Request& req, http::Response& res) {
+  res.set_content(dump(job_json(*job(req.matches[1]))), "application/json");
+}
+
+// A finished job's n-th result file as it was made (what an OpenAI url response names), while
+// the job is kept.
+void Server::Impl::job_file(const http::Request& req, http::Response& res) {
+  const auto j = job(req.matches[1]);
+  std::lock_guard<std::mutex> lock(j->mutex);
+  if (j->state != JobState::done)
+    refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its files come when it is done", "files");
+  const size_t n = std::stoul(req.matches[2]);
+  if (n >= j->outputs.size())
+    refuse(404,
+           "job " + j->id + " made " + std::to_string(j->outputs.size()) + " file(s), not a file " + std::to_string(n),
+           "files");
+  const JobOutput& o = j->outputs[n];
+  res.set_content(std::string(o.bytes.begin(), o.bytes.end()), o.mime);
+}
+
+// A traced job's timeline, for ui.perfetto.dev (docs/BENCH.md describes it).
+void Server::Impl::job_trace(const http::Request& req, http::Response& res) {
+  const auto j = job(req.matches[1]);
+  if (!j->traced) refuse(404, "job " + j->id + " was not traced (submit it with \"trace\": true)", "trace");
+  std::lock_guard<std::mutex> lock(j->mutex);
+  if (j->state != JobState::done)
+    refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its trace comes when it is done", "trace");
+  res.set_content(j->trace, "application/json");
+}
+
+void Server::Impl::cancel_job(const http::Request& req, http::Response& res) {
+  const auto j = job(req.matches[1]);
+  j->cancel = true;
+  res.set_content(dump(job_json(*j)), "application/json");
 }
 
 }  // namespace apus::server

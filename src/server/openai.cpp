@@ -427,95 +427,94 @@ void Server::Impl::stream_image(http::Response& res, const std::shared_ptr<Job>&
       [j] { j->cancel = true; }};
 }
 
-void Server::Impl::register_openai() {
-  // OpenAI's edits take a multipart form: the fields as text, the images as files (image or
-  // image[], repeatable) in the order sent, the mask a PNG whose transparent pixels repaint.
-  http->route("POST", "/v1/images/edits", [this](const http::Request& req, http::Response& res) {
-    std::vector<FormPart> parts;
-    try {
-      parts = parse_multipart(req.header("Content-Type"), req.body);
-    } catch (const Error& e) {
-      refuse(400, e.what());
+// OpenAI's edits take a multipart form: the fields as text, the images as files (image or
+// image[], repeatable) in the order sent, the mask a PNG whose transparent pixels repaint.
+void Server::Impl::image_edits(const http::Request& req, http::Response& res) {
+  std::vector<FormPart> parts;
+  try {
+    parts = parse_multipart(req.header("Content-Type"), req.body);
+  } catch (const Error& e) {
+    refuse(400, e.what());
+  }
+  Json body = Json::object();
+  ImageFiles files;
+  for (const FormPart& file : parts) {
+    const std::string& name = file.name;
+    if (name == "image" || name == "image[]") {
+      files.images.push_back(file.content);
+    } else if (name == "n" || name == "seed" || name == "steps" || name == "output_compression") {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(file.content.data(), file.content.data() + file.content.size(), v);
+      if (ec != std::errc() || end != file.content.data() + file.content.size())
+        refuse(400, "'" + name + "' must be an integer", name);
+      body[name] = v;
+    } else if (name == "cfg" || name == "strength") {
+      char* end = nullptr;
+      const double v = std::strtod(file.content.c_str(), &end);
+      if (file.content.empty() || end != file.content.c_str() + file.content.size())
+        refuse(400, "'" + name + "' must be a number", name);
+      body[name] = v;
+    } else if (name == "mask") {
+      files.mask = file.content;
+      files.marks = MaskMarks::transparent;
+    } else if (name == "images") {
+      refuse(400, "the edits form sends its images as 'image' files", "images");
+    } else {
+      body[name] = file.content;
     }
-    Json body = Json::object();
-    ImageFiles files;
-    for (const FormPart& file : parts) {
-      const std::string& name = file.name;
-      if (name == "image" || name == "image[]") {
-        files.images.push_back(file.content);
-      } else if (name == "n" || name == "seed" || name == "steps" || name == "output_compression") {
-        int64_t v = 0;
-        const auto [end, ec] = std::from_chars(file.content.data(), file.content.data() + file.content.size(), v);
-        if (ec != std::errc() || end != file.content.data() + file.content.size())
-          refuse(400, "'" + name + "' must be an integer", name);
-        body[name] = v;
-      } else if (name == "cfg" || name == "strength") {
-        char* end = nullptr;
-        const double v = std::strtod(file.content.c_str(), &end);
-        if (file.content.empty() || end != file.content.c_str() + file.content.size())
-          refuse(400, "'" + name + "' must be a number", name);
-        body[name] = v;
-      } else if (name == "mask") {
-        files.mask = file.content;
-        files.marks = MaskMarks::transparent;
-      } else if (name == "images") {
-        refuse(400, "the edits form sends its images as 'image' files", "images");
-      } else {
-        body[name] = file.content;
-      }
-    }
-    if (files.images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
-    if (body.contains("stream")) refuse(400, "apus streams /v1/images/generations only", "stream");
-    const bool urls = Fields{body}.string("response_format", "b64_json") == "url";
-    respond_images(req, res, openai_image_job(body, std::move(files)), urls);
-  });
-  http->route("POST", "/v1/images/generations", [this](const http::Request& req, http::Response& res) {
-    const Json body = parse_body(req);
-    const Fields f{body};
-    const bool urls = f.string("response_format", "b64_json") == "url";
-    if (!f.boolean("stream", false)) {
-      if (f.has("partial_images"))
-        refuse(400, "'partial_images' is for a streamed request (stream: true)", "partial_images");
-      return respond_images(req, res, openai_image_job(body, {}), urls);
-    }
-    if (f.integer("n", 1, 1, ImageLimits::max_batch) != 1)
-      refuse(400, "a streamed request makes one image ('n' 1)", "n");
-    if (urls) refuse(400, "a streamed request answers b64_json", "response_format");
-    stream_image(res, openai_image_job(body, {}), int(f.integer("partial_images", 0, 0, 3)),
-                 f.string("output_format", "png"), f.string("size", "auto"));
-  });
-  http->route("POST", "/v1/audio/generations", [this](const http::Request& req, http::Response& res) {
-    std::string format;
-    respond_audio(req, res, audio_job(parse_body(req), format));
-  });
-  // OpenAI's speech route, the audio call its SDK has (client.audio.speech.create): `input` is the
-  // prompt of the server's audio model (OpenAI's model names, tts-1 and the like, answer with it),
-  // `response_format` wav or flac. `voice`, which the SDK requires, names a speaker a text-to-audio
-  // model does not have: accepted, and it changes nothing, as `quality` on the image routes.
-  // apus's own fields (seconds, seed, steps, cfg, ...) pass through as on /v1/audio/generations.
-  http->route("POST", "/v1/audio/speech", [this](const http::Request& req, http::Response& res) {
-    Json body = parse_body(req);
-    const Fields f{body};
-    static const std::set<std::string> kOpenAiAudioModels = {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"};
-    if (kOpenAiAudioModels.count(f.string("model", ""))) body.erase("model");
-    if (!f.has("input")) refuse(400, "'input' is required: what the clip should sound like", "input");
-    if (f.has("prompt")) refuse(400, "the speech route takes its prompt as 'input'", "prompt");
-    body["prompt"] = body["input"];
-    body.erase("input");
-    const std::string format = f.string("response_format", "wav");
-    if (format != "wav" && format != "flac")
-      refuse(400, "'response_format' is \"" + format + "\", expected wav or flac (apus writes those)",
-             "response_format");
-    body["format"] = format;
-    body.erase("response_format");
-    if (f.number("speed", 1.0) != 1.0) refuse(400, "'speed' other than 1 is not supported", "speed");
-    if (!f.string("instructions", "").empty())
-      refuse(400, "'instructions': put what the clip should sound like in 'input'", "instructions");
-    if (f.has("stream_format")) refuse(400, "'stream_format': apus answers the whole clip", "stream_format");
-    for (const char* k : {"voice", "speed", "instructions"}) body.erase(k);
-    std::string name;
-    respond_audio(req, res, audio_job(body, name));
-  });
+  }
+  if (files.images.empty()) refuse(400, "'image' is required: the image(s) to edit", "image");
+  if (body.contains("stream")) refuse(400, "apus streams /v1/images/generations only", "stream");
+  const bool urls = Fields{body}.string("response_format", "b64_json") == "url";
+  respond_images(req, res, openai_image_job(body, std::move(files)), urls);
+}
+
+void Server::Impl::image_generations(const http::Request& req, http::Response& res) {
+  const Json body = parse_body(req);
+  const Fields f{body};
+  const bool urls = f.string("response_format", "b64_json") == "url";
+  if (!f.boolean("stream", false)) {
+    if (f.has("partial_images"))
+      refuse(400, "'partial_images' is for a streamed request (stream: true)", "partial_images");
+    return respond_images(req, res, openai_image_job(body, {}), urls);
+  }
+  if (f.integer("n", 1, 1, ImageLimits::max_batch) != 1) refuse(400, "a streamed request makes one image ('n' 1)", "n");
+  if (urls) refuse(400, "a streamed request answers b64_json", "response_format");
+  stream_image(res, openai_image_job(body, {}), int(f.integer("partial_images", 0, 0, 3)),
+               f.string("output_format", "png"), f.string("size", "auto"));
+}
+
+void Server::Impl::audio_generations(const http::Request& req, http::Response& res) {
+  std::string format;
+  respond_audio(req, res, audio_job(parse_body(req), format));
+}
+
+// OpenAI's speech route, the audio call its SDK has (client.audio.speech.create): `input` is the
+// prompt of the server's audio model (OpenAI's model names, tts-1 and the like, answer with it),
+// `response_format` wav or flac. `voice`, which the SDK requires, names a speaker a text-to-audio
+// model does not have: accepted, and it changes nothing, as `quality` on the image routes.
+// apus's own fields (seconds, seed, steps, cfg, ...) pass through as on /v1/audio/generations.
+void Server::Impl::audio_speech(const http::Request& req, http::Response& res) {
+  Json body = parse_body(req);
+  const Fields f{body};
+  static const std::set<std::string> kOpenAiAudioModels = {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"};
+  if (kOpenAiAudioModels.count(f.string("model", ""))) body.erase("model");
+  if (!f.has("input")) refuse(400, "'input' is required: what the clip should sound like", "input");
+  if (f.has("prompt")) refuse(400, "the speech route takes its prompt as 'input'", "prompt");
+  body["prompt"] = body["input"];
+  body.erase("input");
+  const std::string format = f.string("response_format", "wav");
+  if (format != "wav" && format != "flac")
+    refuse(400, "'response_format' is \"" + format + "\", expected wav or flac (apus writes those)", "response_format");
+  body["format"] = format;
+  body.erase("response_format");
+  if (f.number("speed", 1.0) != 1.0) refuse(400, "'speed' other than 1 is not supported", "speed");
+  if (!f.string("instructions", "").empty())
+    refuse(400, "'instructions': put what the clip should sound like in 'input'", "instructions");
+  if (f.has("stream_format")) refuse(400, "'stream_format': apus answers the whole clip", "stream_format");
+  for (const char* k : {"voice", "speed", "instructions"}) body.erase(k);
+  std::string name;
+  respond_audio(req, res, audio_job(body, name));
 }
 
 void Server::Impl::respond_audio(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j) {

@@ -62,85 +62,33 @@ const Loaded& Server::Impl::find(const Fields& f, ModelKind kind) {
   refuse(404, "model '" + name + "' is not loaded (GET /v1/models lists them)", "model");
 }
 
-void Server::Impl::routes() {
-  http::Limits limits;
-  limits.max_body = options.max_body;
-  limits.header_seconds = options.header_seconds;
-  limits.max_connections = options.max_connections;
-  limits.max_connections_per_address = options.max_connections_per_address;
-  // A synchronous request holds a handler thread while its job waits and runs: enough for
-  // every model's full queue plus the quick routes and event streams beside them.
-  limits.threads = 16 + models.size() * (options.queue + 1);
-  http = std::make_unique<http::Server>(limits);
-  if (!options.cors.empty()) {
-    // The one allowed origin on every answer, and the browser's preflight answered without a key.
-    http->after = [this](const http::Request&, http::Response& res) {
-      res.set_header("Access-Control-Allow-Origin", options.cors);
-      res.set_header("Vary", "Origin");
-    };
-    http->route("OPTIONS", R"(/.*)", [](const http::Request&, http::Response& res) {
-      res.status = 204;
-      res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
-      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
-      res.set_header("Access-Control-Max-Age", "600");
-    });
-  }
-  http->before = [this](const http::Request& req, http::Response& res) {
-    // The health check and the page itself (static, it holds no data) need no key; the page
-    // sends the key the user types with its API calls.
-    if (options.api_key.empty() || req.path == "/health" || req.path == "/" || req.method == "OPTIONS") return false;
-    if (req.header("Authorization") == "Bearer " + options.api_key) return false;
-    send_error(res, 401, "missing or wrong API key (Authorization: Bearer KEY)", "");
-    return true;
-  };
-  // Every refusal as a client sees it (public_message: no server folders in the paths).
-  http->exception = [this](http::Response& res, std::exception_ptr ep) {
-    try {
-      std::rethrow_exception(ep);
-    } catch (const HttpError& e) {
-      send_error(res, e.status, public_message(e.message), e.param);
-      if (e.status == 429) res.set_header("Retry-After", "5");
-    } catch (const FieldError& e) {
-      send_error(res, 400, public_message(e.what()), e.field);
-    } catch (const std::bad_alloc&) {
-      send_error(res, 503, "the server has not the memory to take this request now (an allocation failed)", "");
-    } catch (const std::exception& e) {
-      send_error(res, 500, public_message(e.what()), "");
-    }
-  };
-  http->refusal = [](http::Response& res, int status, const std::string& message) {
-    send_error(res, status, message, "");
-  };
-  http->log = [this](const http::Request& req, const std::string& pattern, int status) {
-    metrics.request(route_name(req, pattern), status);
-  };
-  http->route("GET", "/metrics", [this](const http::Request&, http::Response& res) {
-    std::vector<std::tuple<std::string, size_t, bool>> queues;
-    for (const Loaded& m : models) queues.emplace_back(m.id, m.worker->waiting(), m.worker->running());
-    res.set_content(metrics.text(queues), "text/plain; version=0.0.4");
-  });
-  register_jobs();
-  register_a1111();
-  http->route("GET", "/", [](const http::Request&, http::Response& res) { res.set_content(web_page(), "text/html"); });
-  http->route("GET", "/health", [](const http::Request&, http::Response& res) {
-    res.set_content(R"({"status":"ok"})", "application/json");
-  });
-  http->route("GET", "/v1/models", [this](const http::Request&, http::Response& res) {
-    Json data = Json::array();
-    for (const Loaded& m : models)
-      data.push_back({{"id", m.id},
-                      {"object", "model"},
-                      {"owned_by", "apus"},
-                      {"kind", kind_name(m.model.kind())},
-                      {"queue", m.worker->waiting()}});
-    res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
-  });
-  http->route("GET", "/v1/loras", [this](const http::Request&, http::Response& res) {
-    Json data = Json::array();
-    for (const std::string& name : lora_names()) data.push_back({{"id", name}, {"object", "lora"}});
-    res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
-  });
-  register_openai();
+void Server::Impl::metrics_text(const http::Request&, http::Response& res) {
+  std::vector<std::tuple<std::string, size_t, bool>> queues;
+  for (const Loaded& m : models) queues.emplace_back(m.id, m.worker->waiting(), m.worker->running());
+  res.set_content(metrics.text(queues), "text/plain; version=0.0.4");
+}
+
+void Server::Impl::page(const http::Request&, http::Response& res) { res.set_content(web_page(), "text/html"); }
+
+void Server::Impl::health(const http::Request&, http::Response& res) {
+  res.set_content(R"({"status":"ok"})", "application/json");
+}
+
+void Server::Impl::list_models(const http::Request&, http::Response& res) {
+  Json data = Json::array();
+  for (const Loaded& m : models)
+    data.push_back({{"id", m.id},
+                    {"object", "model"},
+                    {"owned_by", "apus"},
+                    {"kind", kind_name(m.model.kind())},
+                    {"queue", m.worker->waiting()}});
+  res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
+}
+
+void Server::Impl::list_loras(const http::Request&, http::Response& res) {
+  Json data = Json::array();
+  for (const std::string& name : lora_names()) data.push_back({{"id", name}, {"object", "lora"}});
+  res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
 }
 
 Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
@@ -171,6 +119,9 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     });
     impl_->models.push_back(std::move(m));
   }
+  // The image model the AUTOMATIC1111 routes render with until options name another.
+  for (const Loaded& m : impl_->models)
+    if (m.model.kind() == ModelKind::image && impl_->a1111_checkpoint.empty()) impl_->a1111_checkpoint = m.id;
   impl_->routes();
 }
 

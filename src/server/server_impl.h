@@ -1,6 +1,7 @@
 #pragma once
-// The server's state and its routes' shared steps, which the route files (openai.cpp, a1111.cpp,
-// job_routes.cpp) and the lifecycle (server.cpp) define between them.
+// The server's state, its routes' handlers and their shared steps, which the route files (openai.cpp,
+// a1111.cpp, job_routes.cpp), the route table (routes.cpp) and the lifecycle (server.cpp) define
+// between them.
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -52,6 +53,8 @@ struct ImageFiles {
   ImageFormat format = ImageFormat::png;
   int quality = 100;
 };
+
+struct A1111Request;  // a1111.cpp
 
 struct Server::Impl {
   ServeOptions options;
@@ -128,15 +131,56 @@ struct Server::Impl {
   void write_outputs(const Job& j) const;
   Json job_json(const Job& j, bool with_results = true);
 
-  // The routes: the transport's hooks and the service's own (server.cpp), then each API's.
+  // The transport's hooks and the route table (routes.cpp).
   void routes();
-  // OpenAI's images (generations, edits) and apus's audio generations (openai.cpp).
-  void register_openai();
-  // The AUTOMATIC1111 routes front ends call: txt2img (its field names; fields apus does not know
-  // are ignored, as A1111 ignores them), progress of the latest txt2img, interrupt.
-  void register_a1111();
-  // The asynchronous jobs: submit, poll, trace, cancel, and their event stream (job_routes.cpp).
-  void register_jobs();
+  struct Route {
+    const char* method;
+    const char* pattern;  // matched against the whole path; its groups are Request::matches
+    void (Impl::*handler)(const http::Request&, http::Response&);
+  };
+  static const Route kRoutes[];
+  // The routes' handlers, each named in routes.cpp's table with its method and path.
+  // The service's own (server.cpp).
+  void metrics_text(const http::Request& req, http::Response& res);
+  void page(const http::Request& req, http::Response& res);
+  void health(const http::Request& req, http::Response& res);
+  void list_models(const http::Request& req, http::Response& res);
+  void list_loras(const http::Request& req, http::Response& res);
+  // The asynchronous jobs: submit, poll, files, trace, cancel, and their event stream (job_routes.cpp).
+  void job_events(const http::Request& req, http::Response& res);
+  void submit_job(const http::Request& req, http::Response& res);
+  void list_jobs(const http::Request& req, http::Response& res);
+  void job_status(const http::Request& req, http::Response& res);
+  void job_file(const http::Request& req, http::Response& res);
+  void job_trace(const http::Request& req, http::Response& res);
+  void cancel_job(const http::Request& req, http::Response& res);
+  // OpenAI's images (generations, edits) and audio (apus's generations, its SDK's speech) (openai.cpp).
+  void image_edits(const http::Request& req, http::Response& res);
+  void image_generations(const http::Request& req, http::Response& res);
+  void audio_generations(const http::Request& req, http::Response& res);
+  void audio_speech(const http::Request& req, http::Response& res);
+  // The AUTOMATIC1111 routes front ends call (a1111.cpp).
+  void a1111_txt2img(const http::Request& req, http::Response& res);
+  void a1111_img2img(const http::Request& req, http::Response& res);
+  void a1111_progress(const http::Request& req, http::Response& res);
+  void a1111_interrupt(const http::Request& req, http::Response& res);
+  void a1111_sd_models(const http::Request& req, http::Response& res);
+  void a1111_options(const http::Request& req, http::Response& res);
+  void a1111_set_options(const http::Request& req, http::Response& res);
+  void a1111_samplers(const http::Request& req, http::Response& res);
+  void a1111_schedulers(const http::Request& req, http::Response& res);
+  void a1111_upscalers(const http::Request& req, http::Response& res);
+  void a1111_loras(const http::Request& req, http::Response& res);
+  void a1111_refresh_loras(const http::Request& req, http::Response& res);
+  void a1111_refresh_checkpoints(const http::Request& req, http::Response& res);
+  void a1111_cmd_flags(const http::Request& req, http::Response& res);
+  void a1111_memory(const http::Request& req, http::Response& res);
+  void a1111_png_info(const http::Request& req, http::Response& res);
+  // An A1111 image request run on the checkpoint the options chose (or its override), waited for and
+  // answered; the checkpoint's model.
+  void a1111_run(const http::Request& req, http::Response& res, const Json& in, A1111Request& a, ImageFiles files,
+                 Json extra_info);
+  const ImageModel& a1111_model();
 };
 
 }  // namespace apus::server
