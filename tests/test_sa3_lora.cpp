@@ -206,7 +206,7 @@ TEST(Sa3Lora, TheCliTakesLoraFileAndStrength) {
   const std::string out = ::testing::TempDir() + "sa3_lora_cli.wav";
   const test::CliRun r =
       test::run_cli("audio --model " + official_dir() + " --prompt " + test::shell_quote(req.prompt) + " --seconds " +
-                    std::to_string(req.seconds) + " --seed " + std::to_string(*req.seed) +
+                    std::to_string(*req.seconds) + " --seed " + std::to_string(*req.seed) +
                     " --precision fp32 --format wav-float --lora " + req.loras[0].file + ":0.6 -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   const Audio a = read_audio(out, test::kTestClipSeconds);

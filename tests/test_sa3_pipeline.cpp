@@ -171,7 +171,7 @@ TEST(Sa3Pipeline, PreviewsFollowEveryStepAndEndAtTheClip) {
   r.preview = [&](const Preview& p) { previews.push_back(p); };
   const AudioResult shown = model->generate(r);
   EXPECT_EQ(shown.samples, plain.samples);
-  ASSERT_EQ(previews.size(), size_t(r.steps));
+  ASSERT_EQ(previews.size(), size_t(*r.steps));
   const int64_t frames = int64_t(plain.samples.size()) / plain.channels, buckets = std::min<int64_t>(512, frames);
   std::vector<float> peaks;
   for (int64_t k = 0; k < buckets; ++k) {
@@ -642,8 +642,8 @@ TEST(Sa3Pipeline, BatchOfTwoEqualsTwoSingleRequests) {
   EXPECT_GT(apart, 1e-3);
   // Each shared setting is held, named (pipeline/batch.h).
   AudioRequest longer = a, fewer = a, guided = a, negative = a;
-  longer.seconds = a.seconds + 0.5;
-  fewer.steps = a.steps - 1;
+  longer.seconds = *a.seconds + 0.5;
+  fewer.steps = *a.steps - 1;
   guided.apg = 0.5f;
   negative.negative_prompt = "hiss";
   test::expect_error([&] { model->generate_batch({a, longer}); }, {"a batch shares seconds"});
@@ -794,7 +794,7 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   const AudioRequest req = reference_request(true);
   const std::string out = ::testing::TempDir() + "sa3_cli.wav";
   const test::CliRun r = test::run_cli("audio --model " + pipeline_dir() + " --prompt " +
-                                       test::shell_quote(req.prompt) + " --seconds " + std::to_string(req.seconds) +
+                                       test::shell_quote(req.prompt) + " --seconds " + std::to_string(*req.seconds) +
                                        " --seed " + std::to_string(*req.seed) + " --precision fp32 -v -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("seed 42"), std::string::npos) << r.output;
@@ -817,7 +817,7 @@ TEST(Sa3Cli, SeededRunWritesTheOfficialClipWithItsRequest) {
   const std::string out_bf16 = ::testing::TempDir() + "sa3_cli_bf16.wav";
   const test::CliRun b =
       test::run_cli("audio --model " + pipeline_dir() + " --prompt " + test::shell_quote(req.prompt) + " --seconds " +
-                    std::to_string(req.seconds) + " --seed 42 --format wav-float -o " + out_bf16);
+                    std::to_string(*req.seconds) + " --seed 42 --format wav-float -o " + out_bf16);
   ASSERT_EQ(b.status, 0) << b.output;
   const auto ours = read_audio(out_bf16, test::kTestClipSeconds).samples;
   const auto ref_bf16 = interleaved(ref.get("bf16.audio")), other = interleaved(ref.get("fp32_decoder_noise.audio"));

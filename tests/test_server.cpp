@@ -625,7 +625,7 @@ TEST_F(Serve, LimitsAreRefusedWithOneMessageByTheCliTheServerAndCount) {
   AudioRequest long_clip, many_steps;
   long_clip.seconds = std::floor(audio->max_seconds()) + 1;
   char too_long[32];
-  std::snprintf(too_long, sizeof too_long, "%g", long_clip.seconds);
+  std::snprintf(too_long, sizeof too_long, "%g", *long_clip.seconds);
   many_steps.seconds = 1;
   many_steps.steps = 201;
   const std::string klein = "image --model " + test::fixture("klein_tiny_a") + " -p x -o " + out + ".png ";
@@ -644,7 +644,7 @@ TEST_F(Serve, LimitsAreRefusedWithOneMessageByTheCliTheServerAndCount) {
        [&] { image->count(square, 65); }},
       {sa3 + "--seconds " + too_long,
        "/v1/audio/generations",
-       {{"seconds", long_clip.seconds}},
+       {{"seconds", *long_clip.seconds}},
        "seconds",
        [&] { audio->count(long_clip); }},
       {sa3 + "--seconds 1 --steps 201",

@@ -203,17 +203,20 @@ struct AudioLimits {
 // The defaults of a request are its members' initial values, for every front end.
 struct AudioRequest {
   std::string prompt;
-  double seconds = 30;           // the clip's length, within AudioLimits'
-  int steps = 8;                 // the distilled models' 8 ping-pong steps; 1..max_steps
-  std::optional<uint64_t> seed;  // drawn from the OS when absent; reported in the result
-  bool fp32 = false;             // parity mode: fp32 activations and weights
+  // Absent settings take the model's defaults (AudioModel::default_seconds, default_steps,
+  // default_cfg), as ImageRequest's do; a given one is checked as given.
+  std::optional<double> seconds;  // the clip's length, within AudioLimits'
+  std::optional<int> steps;       // ping-pong sampler steps, 1..max_steps
+  std::optional<uint64_t> seed;   // drawn from the OS when absent; reported in the result
+  bool fp32 = false;              // parity mode: fp32 activations and weights
   // The decoder over chunks of 128 latents (the official decode_audio) or the whole sequence in
   // one piece; absent: as the model's config says (official checkpoints: chunked).
   std::optional<bool> chunked_decode;
-  // Classifier-free guidance as the official DiT does it (1: off, the official default; the -base
-  // models are meant for ~7): the unconditional branch is all-zero cross tokens, or the negative
-  // prompt's with its padding zeroed; apg is the adaptive projected guidance share (1: full).
-  float cfg = 1, apg = 1;
+  // Classifier-free guidance as the official DiT does it (1: off; the -base models are meant for
+  // ~7): the unconditional branch is all-zero cross tokens, or the negative prompt's with its
+  // padding zeroed; apg is the adaptive projected guidance share (1: full, the official default).
+  std::optional<float> cfg;
+  float apg = 1;
   std::optional<std::string> negative_prompt;
   // Audio-to-audio (the official init_audio): the clip, encoded by SAME, starts the sampler at
   // (1 - level) x clip + level x noise on a schedule from `level` down, level in (0, 1] (1: the
@@ -266,6 +269,13 @@ class AudioModel {
   virtual double max_seconds() const = 0;
   virtual const std::string& label() const = 0;
   virtual const std::string& sampler() const = 0;
+  // What a request leaving seconds, steps and cfg absent runs: the official generate()'s 8 steps
+  // without guidance on every checkpoint (-base included: its docs suggest ~50 steps at cfg ~7
+  // there, its code does not), and 30 s (the official default is 120 s, which on a CPU is minutes
+  // of waiting for a first try).
+  virtual double default_seconds() const = 0;
+  virtual int default_steps() const = 0;
+  virtual float default_cfg() const = 0;
 };
 
 // `n` copies of `request` to render as one batch, seeds seed, seed + 1, ... (without a seed, each

@@ -37,8 +37,10 @@ std::vector<std::pair<std::string, std::string>> image_metadata(const ImageReque
 
 std::string audio_comment(const AudioRequest& request, const AudioResult& result, const AudioModel& model,
                           const ClipNames& inputs) {
-  std::string s = "Seconds: " + metadata_number(request.seconds) + ", Steps: " + std::to_string(request.steps);
-  if (request.cfg != 1) s += ", CFG scale: " + metadata_number(request.cfg) + ", APG: " + metadata_number(request.apg);
+  const float cfg = request.cfg.value_or(model.default_cfg());
+  std::string s = "Seconds: " + metadata_number(request.seconds.value_or(model.default_seconds())) +
+                  ", Steps: " + std::to_string(request.steps.value_or(model.default_steps()));
+  if (cfg != 1) s += ", CFG scale: " + metadata_number(cfg) + ", APG: " + metadata_number(request.apg);
   s += ", Sampler: " + model.sampler() + ", Seed: " + std::to_string(result.seed) + ", Model: " + model.label() +
        ", Precision: " + (request.fp32 ? "fp32" : "bf16");
   if (request.init_audio)

@@ -279,10 +279,10 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
   const Loaded& m = find(f, ModelKind::audio);
   AudioRequest r;
   r.prompt = f.prompt();
-  r.seconds = f.number("seconds", r.seconds);
-  r.steps = f.setting("steps").value_or(r.steps);
+  if (f.has("seconds")) r.seconds = f.number("seconds", 0.0);
+  r.steps = f.setting("steps");
   r.seed = f.seed();
-  r.cfg = float(f.number("cfg", r.cfg));
+  if (f.has("cfg")) r.cfg = float(f.number("cfg", 0.0));
   r.apg = float(f.number("apg", r.apg));
   r.trace = trace;
   if (f.has("negative_prompt")) r.negative_prompt = f.string("negative_prompt", "");

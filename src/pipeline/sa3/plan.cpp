@@ -18,22 +18,25 @@ constexpr int64_t kGenerateSampleSize = 5292032;  // generate()'s sample_size de
 }  // namespace
 
 Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
+  const double seconds = *r.seconds;  // resolved: present
+  const int steps = *r.steps;
+  const float cfg = *r.cfg;
   const double limit = max_seconds();
   const int64_t rate = same_cfg_.sample_rate, spl = same_cfg_.samples_per_latent();
   // The output holds int(seconds x rate) frames, as the official code cuts it: at least one.
-  APUS_CHECK_FIELD(std::isfinite(r.seconds) && int64_t(r.seconds * double(rate)) >= 1 && r.seconds <= limit, "seconds",
-                   "seconds ", r.seconds, " outside [", 1.0 / double(rate), ", ", limit, "] (one output frame at ",
-                   rate, " Hz .. this model's sample_size)");
-  APUS_CHECK_FIELD(r.steps >= 1 && r.steps <= AudioLimits::max_steps, "steps", "steps ", r.steps, " outside 1..",
+  APUS_CHECK_FIELD(std::isfinite(seconds) && int64_t(seconds * double(rate)) >= 1 && seconds <= limit, "seconds",
+                   "seconds ", seconds, " outside [", 1.0 / double(rate), ", ", limit, "] (one output frame at ", rate,
+                   " Hz .. this model's sample_size)");
+  APUS_CHECK_FIELD(steps >= 1 && steps <= AudioLimits::max_steps, "steps", "steps ", steps, " outside 1..",
                    AudioLimits::max_steps);
   check_batch(batch, AudioLimits::max_batch);
   const int64_t align = std::max<int64_t>(1, layout_.encoder_chunk / same_cfg_.stride);
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   Work w;
   w.batch = batch;
-  w.seconds.assign(size_t(batch), float(r.seconds));  // a batch agrees on its length
-  const int64_t padded = int64_t((r.seconds + kHeadroomSeconds) * double(rate));
-  w.canvas.samples = int64_t(r.seconds * double(rate));
+  w.seconds.assign(size_t(batch), float(seconds));  // a batch agrees on its length
+  const int64_t padded = int64_t((seconds + kHeadroomSeconds) * double(rate));
+  w.canvas.samples = int64_t(seconds * double(rate));
   // The official generate() caps the canvas at its sample_size argument, 5292032 samples by
   // default (the config's larger value reaches it only through the official UI): clips up to that
   // length get generate()'s canvas; longer ones (medium, to 380 s) the config's.
@@ -53,9 +56,9 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   APUS_CHECK_FIELD(!w.inpaint || !r.inpaint_regions.empty(), "inpaint_regions",
                    "an inpaint clip needs at least one region to generate (inpaint start and end)");
   for (const auto& [start, end] : r.inpaint_regions)
-    APUS_CHECK_FIELD(std::isfinite(start) && std::isfinite(end) && start >= 0 && end > start && end <= r.seconds,
-                     "inpaint_regions", "inpaint region ", start, " .. ", end, " s is not a span inside the ",
-                     r.seconds, " s clip");
+    APUS_CHECK_FIELD(std::isfinite(start) && std::isfinite(end) && start >= 0 && end > start && end <= seconds,
+                     "inpaint_regions", "inpaint region ", start, " .. ", end, " s is not a span inside the ", seconds,
+                     " s clip");
   APUS_CHECK(!(w.init || w.inpaint) || layout_.encoder_mask_noise == 0, layout_.root,
              "/model_config.json: the encoder's 'mask_noise' ", layout_.encoder_mask_noise,
              " is not supported (audio-to-audio and inpainting encode without noise)");
@@ -71,16 +74,16 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
       if (generated) w.keep[size_t(i)] = 0.0f;
     }
   }
-  w.sigmas = logsnr_sigmas(r.steps, float(w.init_level));
+  w.sigmas = logsnr_sigmas(steps, float(w.init_level));
   w.tokens = layout_.max_tokens;
-  APUS_CHECK_FIELD(std::isfinite(r.cfg) && r.cfg > 0 && r.cfg <= 100, "cfg", "cfg ", r.cfg, " outside (0, 100]");
+  APUS_CHECK_FIELD(std::isfinite(cfg) && cfg > 0 && cfg <= 100, "cfg", "cfg ", cfg, " outside (0, 100]");
   APUS_CHECK_FIELD(std::isfinite(r.apg) && r.apg >= 0 && r.apg <= 1, "apg", "apg ", r.apg, " outside [0, 1]");
   // The official DiT guides whenever cfg is not 1, whatever the sampler.
-  w.guided = r.cfg != 1;
+  w.guided = cfg != 1;
   w.negative = w.guided && r.negative_prompt.has_value();
   APUS_CHECK_FIELD(w.guided || !r.negative_prompt, "negative_prompt",
                    "a negative prompt needs guidance (cfg other than 1)");
-  w.cfg = r.cfg;
+  w.cfg = cfg;
   w.apg = r.apg;
   w.chunked = r.chunked_decode.value_or(layout_.chunked_decode);
   if (!r.loras.empty()) {
@@ -92,9 +95,12 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   return w;
 }
 
-// Every setting of an audio request is its own (none takes a default from the model), so plan()
-// checks it.
-AudioRequest Sa3Model::resolved(const AudioRequest& r) const {
+// The request with the model's defaults for what it leaves absent; plan() checks every setting.
+AudioRequest Sa3Model::resolved(const AudioRequest& given) const {
+  AudioRequest r = given;
+  if (!r.seconds) r.seconds = default_seconds();
+  if (!r.steps) r.steps = default_steps();
+  if (!r.cfg) r.cfg = default_cfg();
   APUS_CHECK(weights_ != Weights::resident || compute(r) == resident_dtype_,
              "this resident model serves bf16 requests only");
   APUS_CHECK(!r.preview || weights_ == Weights::resident, label_,
@@ -143,9 +149,9 @@ void Sa3Model::check_batch_agrees(const std::vector<AudioRequest>& requests) con
 PipelineCost Sa3Model::cost_header(const AudioRequest& r, const Work& w, int) const {
   PipelineCost p;
   p.model = label_;
-  p.seconds = r.seconds;
-  p.steps = r.steps;
-  p.cfg = w.guided ? r.cfg : 1.0;
+  p.seconds = *r.seconds;  // r resolved
+  p.steps = *r.steps;
+  p.cfg = w.guided ? *r.cfg : 1.0;
   return p;
 }
 

@@ -156,6 +156,9 @@ class Sa3Model final : public AudioModel {
   double max_seconds() const override { return double(layout_.sample_size) / double(layout_.same.sample_rate); }
   const std::string& label() const override { return label_; }
   const std::string& sampler() const override { return sampler_; }
+  double default_seconds() const override { return 30; }
+  int default_steps() const override { return 8; }
+  float default_cfg() const override { return 1; }
 
   // The family's side of the driver (pipeline/driver.h).
   Weights weights() const { return weights_; }
@@ -166,7 +169,7 @@ class Sa3Model final : public AudioModel {
   void check_batch_agrees(const std::vector<AudioRequest>& requests) const;
   PipelineCost cost_header(const AudioRequest& r, const Work& w, int batch) const;
   void count_inputs(Work& w, int batch) const;
-  std::string describe(const AudioRequest& r) const { return std::to_string(r.seconds) + " s"; }
+  std::string describe(const AudioRequest& r) const { return std::to_string(*r.seconds) + " s"; }  // r resolved
   DType compute(const AudioRequest& r) const { return r.fp32 ? DType::f32 : DType::bf16; }
   // The prompts, then (for guidance by negative prompts) the negative prompts, one batch through
   // the text encoder.
