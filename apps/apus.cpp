@@ -156,10 +156,13 @@ std::string audio_format_for(const std::string& out, const std::string& format) 
   return format;
 }
 
+// Whether an option was given on the command line (null: the command does not take it).
+bool given(const CLI::Option* option) { return option && *option; }
+
 // The value of an option given on the command line; absent otherwise, which the engine reads as
 // the model's default.
 template <typename T> std::optional<T> if_given(const CLI::Option* option, const T& value) {
-  return *option ? std::optional<T>(value) : std::nullopt;
+  return given(option) ? std::optional<T>(value) : std::nullopt;
 }
 
 // clips: the input clips' files, empty where none was given.
@@ -233,6 +236,116 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
       ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8}"));
 }
 
+// The request options the commands share, each declared once (add_request_options): a command
+// names those it takes and what an absent one means there. A value reaches the request only when
+// given on the command line, so the model's defaults apply otherwise.
+struct RequestOptions {
+  std::string prompt, seed, precision = "bf16", negative, trace, device = "cpu";
+  int width = 0, height = 0, steps = 0, batch = 1;
+  double seconds = 0;
+  float cfg = 0;
+  bool verbose = false;
+  std::vector<std::string> images, loras;
+  CLI::Option *width_opt = nullptr, *height_opt = nullptr, *seconds_opt = nullptr, *steps_opt = nullptr,
+              *cfg_opt = nullptr, *seed_opt = nullptr, *negative_opt = nullptr, *trace_opt = nullptr;
+
+  // What was given, into a request of either kind; images and LoRAs are the command's to place.
+  void into(apus::ImageRequest& r) const {
+    r.width = if_given(width_opt, width);
+    r.height = if_given(height_opt, height);
+    r.steps = if_given(steps_opt, steps);
+    r.cfg = if_given(cfg_opt, cfg);
+    common_into(r);
+  }
+  void into(apus::AudioRequest& r) const {
+    r.seconds = if_given(seconds_opt, seconds);
+    r.steps = if_given(steps_opt, steps);
+    r.cfg = if_given(cfg_opt, cfg);
+    common_into(r);
+  }
+  // For a command taking either kind (bench, roofline): the options of the other kind refused.
+  void refuse_other_kind(bool audio, const std::string& model) const {
+    if (audio)
+      APUS_CHECK(!given(width_opt) && !given(height_opt) && images.empty(), model,
+                 ": --width/--height/--image are for image models");
+    else APUS_CHECK(!given(seconds_opt), model, ": --seconds is for audio models");
+  }
+
+ private:
+  template <typename Request> void common_into(Request& r) const {
+    if (given(seed_opt)) r.seed = parse_seed(seed);
+    r.fp32 = precision == "fp32";
+    if (given(negative_opt)) r.negative_prompt = negative;
+    for (const std::string& lora : loras) r.loras.push_back(parse_lora(lora));
+    r.trace = given(trace_opt);
+  }
+};
+
+// Which of the shared request options a command takes; a default note is what an absent one
+// means in that command.
+enum class Need { no, optional, required };
+struct Takes {
+  Need prompt = Need::no;         // --prompt/-p
+  const char* sides = nullptr;    // -W/-H
+  const char* seconds = nullptr;  // --seconds
+  bool steps = false, cfg = false, precision = false, images = false, negative = false;
+  const char* seed = nullptr;  // --seed/-s
+  bool run = false;            // -n, --lora, --trace, -v, --device: a command that renders and writes
+};
+
+void add_request_options(CLI::App* app, RequestOptions& o, Family family, const Takes& takes) {
+  const int f = int(family);
+  if (takes.prompt != Need::no)
+    app->add_option("--prompt,-p", o.prompt, "text prompt")->required(takes.prompt == Need::required);
+  if (takes.sides) {
+    const std::string note = std::string(", a multiple of 16 (default: ") + takes.sides + ")";
+    o.width_opt = app->add_option("--width,-W", o.width, "image width" + note);
+    o.height_opt = app->add_option("--height,-H", o.height, "image height" + note);
+  }
+  if (takes.seconds)
+    o.seconds_opt =
+        app->add_option("--seconds", o.seconds,
+                        std::string("clip length (default: ") + takes.seconds + "; up to 380 s medium, 120 s small)");
+  const char* const steps[] = {"sampling steps (default: 4 distilled, 50 -base)", "sampling steps (default: 8)",
+                               "sampling steps (default: the model's: klein 4 distilled, 50 -base; Stable Audio 3 8)"};
+  if (takes.steps) o.steps_opt = app->add_option("--steps", o.steps, steps[f]);
+  const char* const cfg[] = {"guidance scale for the -base models (default 4; 1: off)",
+                             "classifier-free guidance scale (1: off, the default; ~7 for -base models)",
+                             "guidance scale (default: the model's)"};
+  if (takes.cfg) o.cfg_opt = app->add_option("--cfg", o.cfg, cfg[f]);
+  const char* const precision[] = {"bf16 (as the official pipeline) or fp32 (parity)",
+                                   "bf16 (fast) or fp32 (the official CPU run)", "bf16 or fp32"};
+  if (takes.precision)
+    app->add_option("--precision", o.precision, precision[f])->check(CLI::IsMember({"bf16", "fp32"}));
+  const char* const images[] = {
+      "a reference image to edit from (PNG, JPEG or WebP; repeatable); with --mask, the image to repaint", "",
+      "a reference image to edit from (image models; PNG, JPEG or WebP; repeatable)"};
+  if (takes.images)
+    app->add_option("--image,-i", o.images, images[f])->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  const char* const negative[] = {"guidance's unconditional prompt (-base models; default \"\")",
+                                  "the unconditional branch's prompt (with --cfg)", ""};
+  if (takes.negative) o.negative_opt = app->add_option("--negative-prompt", o.negative, negative[f]);
+  if (takes.seed)
+    o.seed_opt =
+        app->add_option("--seed,-s", o.seed, std::string("seed of torch's CPU generator (default: ") + takes.seed + ")")
+            ->type_name("UINT64");
+  if (!takes.run) return;
+  const char* const batch[] = {"images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)",
+                               "clips generated together, seeds seed, seed+1, ...", ""};
+  app->add_option("--batch,-n", o.batch, batch[f]);
+  const char* const lora[] = {
+      "a LoRA for the transformer, FILE[:SCALE] (repeatable, applied in order; diffusers/PEFT, BFL or kohya "
+      "safetensors)",
+      "a LoRA for the DiT and duration conditioner, FILE[:SCALE] (SCALE: the official strength; repeatable, applied in "
+      "order; the official lora / dora-rows format or PEFT's)",
+      ""};
+  app->add_option("--lora", o.loras, lora[f])->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app->add_flag("-v,--verbose", o.verbose, "print per-stage times and peak memory");
+  o.trace_opt =
+      app->add_option("--trace", o.trace, "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
+  app->add_option("--device", o.device, kDeviceHelp);
+}
+
 // A subcommand: its options registered on the app before parsing, `run` called if it was given.
 struct Command {
   CLI::App* app;
@@ -241,108 +354,75 @@ struct Command {
 
 Command image_command(CLI::App& app) {
   struct Options {
-    apus::ImageRequest req;
+    RequestOptions r;
     apus::ModelParts parts;
-    std::string out = "out.png", precision = "bf16", seed, mask_file, inpaint_reference, negative, trace,
-                device = "cpu";
-    bool verbose = false;
-    int width = 0, height = 0, steps = 0, batch = 1, quality = 95;
-    float cfg = 0;
+    std::string out = "out.png", mask_file, inpaint_reference, noise;
+    int quality = 95;
     double strength = apus::Inpainting{}.strength;
-    std::vector<std::string> reference_files, loras;
-    CLI::Option *width_opt, *height_opt, *steps_opt, *cfg_opt, *mask_opt, *strength_opt, *inpaint_reference_opt,
-        *negative_opt, *seed_opt, *noise_opt, *trace_opt;
+    CLI::Option *mask_opt, *strength_opt, *inpaint_reference_opt, *noise_opt;
   };
   const auto o = std::make_shared<Options>();
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
   image->add_option("--model", o->parts.model, kImageModelHelp)->required();
   add_part_options(image, o->parts, Family::image);
-  image->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
-  o->width_opt = image->add_option("--width,-W", o->width,
-                                   "image width, a multiple of 16 (default: the first --image's, or 1024)");
-  o->height_opt = image->add_option("--height,-H", o->height,
-                                    "image height, a multiple of 16 (default: the first --image's, or 1024)");
-  o->steps_opt = image->add_option("--steps", o->steps, "sampling steps (default: 4 distilled, 50 -base)");
-  o->cfg_opt = image->add_option("--cfg", o->cfg, "guidance scale for the -base models (default 4; 1: off)");
-  image
-      ->add_option("--image,-i", o->reference_files,
-                   "a reference image to edit from (PNG, JPEG or WebP; repeatable); with --mask, the image to repaint")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_request_options(image, o->r, Family::image,
+                      {.prompt = Need::required,
+                       .sides = "the first --image's, or 1024",
+                       .steps = true,
+                       .cfg = true,
+                       .precision = true,
+                       .images = true,
+                       .negative = true,
+                       .seed = "drawn from the OS, reported",
+                       .run = true});
   o->mask_opt = image->add_option("--mask", o->mask_file, "inpainting: repaint the --image where this image is white");
   o->strength_opt =
       image->add_option("--strength", o->strength, "inpainting: the share of the schedule run, 0..1 (default 0.8)");
   o->inpaint_reference_opt =
       image->add_option("--reference", o->inpaint_reference, "inpainting: a reference image for the repainted area");
-  o->negative_opt = image->add_option("--negative-prompt", o->negative,
-                                      "guidance's unconditional prompt (-base models; default \"\")");
-  o->seed_opt = image->add_option("--seed,-s", o->seed, "seed of torch's CPU generator")->type_name("UINT64");
-  o->noise_opt =
-      image->add_option("--noise", o->req.noise_file, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
-  image->add_option("--precision", o->precision, "bf16 (as the official pipeline) or fp32 (parity)")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
-  image->add_option("--batch,-n", o->batch,
-                    "images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)");
+  o->noise_opt = image->add_option("--noise", o->noise, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
   image->add_option("-o,--output", o->out,
                     "output file: .png, .jpg or .webp, the parameters inside as A1111 writes them (out.png); -n adds "
                     "-1, -2, ... before the extension");
   image->add_option("--quality", o->quality, "JPEG and WebP quality, 1..100 (95; WebP 100: lossless)");
-  image->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
-  o->trace_opt = image->add_option("--trace", o->trace,
-                                   "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
-  image->add_option("--device", o->device, kDeviceHelp);
-  image
-      ->add_option("--lora", o->loras,
-                   "a LoRA for the transformer, FILE[:SCALE] (repeatable, applied in order; diffusers/PEFT, BFL or "
-                   "kohya safetensors)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   return {image, [o] {
-            apus::ImageRequest& req = o->req;
-            for (const std::string& lora : o->loras) req.loras.push_back(parse_lora(lora));
-            if (*o->seed_opt) req.seed = parse_seed(o->seed);
-            req.fp32 = o->precision == "fp32";
-            if (*o->negative_opt) req.negative_prompt = o->negative;
+            const RequestOptions& given = o->r;
+            apus::ImageRequest req;
+            req.prompt = given.prompt;
+            given.into(req);
             if (*o->mask_opt) {
-              APUS_CHECK(o->reference_files.size() == 1, "--mask repaints one --image, not ", o->reference_files.size(),
+              APUS_CHECK(given.images.size() == 1, "--mask repaints one --image, not ", given.images.size(),
                          " (a reference for the repainted area goes in --reference)");
-              req.inpaint = apus::Inpainting{apus::read_image(named_file(o->reference_files[0], "--image")),
+              req.inpaint = apus::Inpainting{apus::read_image(named_file(given.images[0], "--image")),
                                              apus::read_image(named_file(o->mask_file, "--mask")), o->strength};
               if (*o->inpaint_reference_opt)
                 req.references.push_back(apus::read_image(named_file(o->inpaint_reference, "--reference")));
             } else {
               APUS_CHECK(!*o->strength_opt && !*o->inpaint_reference_opt,
                          "--strength and --reference are for inpainting (--mask)");
-              for (const std::string& file : o->reference_files)
+              for (const std::string& file : given.images)
                 req.references.push_back(apus::read_image(named_file(file, "--image")));
             }
-            if (*o->noise_opt) named_file(req.noise_file, "--noise");
-            req.width = if_given(o->width_opt, o->width);
-            req.height = if_given(o->height_opt, o->height);
-            req.steps = if_given(o->steps_opt, o->steps);
-            req.cfg = if_given(o->cfg_opt, o->cfg);
-            req.trace = bool(*o->trace_opt);
+            if (*o->noise_opt) req.noise_file = named_file(o->noise, "--noise");
             // -n as the engine takes a batch, before any output name is tried.
-            const std::vector<apus::ImageRequest> requests = apus::batch_of(req, o->batch);
-            check_output(o->out, o->batch);
+            const std::vector<apus::ImageRequest> requests = apus::batch_of(req, given.batch);
+            check_output(o->out, given.batch);
             apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
             APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
-            if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
-            return run_image(o->parts, requests, o->out, o->quality, o->verbose, o->trace, o->device);
+            if (req.trace) apus::check_writable(named_file(given.trace, "--trace"));
+            return run_image(o->parts, requests, o->out, o->quality, given.verbose, given.trace, given.device);
           }};
 }
 
 Command audio_command(CLI::App& app) {
   struct Options {
-    apus::AudioRequest req;
+    RequestOptions r;
     apus::ModelParts parts;
-    std::string out = "out.wav", format = "wav", precision = "bf16", seed, negative, decode, init_audio, inpaint_audio,
-                trace, device = "cpu";
-    int batch = 1;
-    bool verbose = false;
+    std::string out = "out.wav", format = "wav", decode, init_audio, inpaint_audio;
     double init_noise_level = apus::kDefaultInitNoiseLevel;
+    float apg = 1;
     std::vector<double> inpaint_starts, inpaint_ends;
-    std::vector<std::string> loras;
-    CLI::Option *seed_opt, *negative_opt, *init_audio_opt, *init_level_opt, *inpaint_audio_opt, *trace_opt, *format_opt,
-        *out_opt;
+    CLI::Option *init_audio_opt, *init_level_opt, *inpaint_audio_opt, *format_opt, *out_opt;
   };
   const auto o = std::make_shared<Options>();
   auto* audio = app.add_subcommand("audio", "generate a clip from a prompt (Stable Audio 3)");
@@ -352,18 +432,18 @@ Command audio_command(CLI::App& app) {
                    "checkpoint file under the official keys (ComfyUI's stable_audio_3_*.safetensors)")
       ->required();
   add_part_options(audio, o->parts, Family::audio);
-  audio->add_option("--prompt,-p", o->req.prompt, "text prompt")->required();
-  audio->add_option("--seconds", o->req.seconds, "clip length (up to 380 s medium, 120 s small)");
-  audio->add_option("--steps", o->req.steps, "sampling steps (8 for the distilled models)");
-  o->seed_opt = audio->add_option("--seed,-s", o->seed, "seed of torch's CPU generator")->type_name("UINT64");
-  audio->add_option("--precision", o->precision, "bf16 (fast) or fp32 (the official CPU run)")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
+  add_request_options(audio, o->r, Family::audio,
+                      {.prompt = Need::required,
+                       .seconds = "30",
+                       .steps = true,
+                       .cfg = true,
+                       .precision = true,
+                       .negative = true,
+                       .seed = "drawn from the OS, reported",
+                       .run = true});
   o->format_opt = audio->add_option("--format", o->format,
                                     "wav (16-bit), wav-float or flac (default: from -o's extension, .wav or .flac)");
-  audio->add_option("--cfg", o->req.cfg, "classifier-free guidance scale (1: off, the default; ~7 for -base models)");
-  audio->add_option("--apg", o->req.apg, "adaptive projected guidance share, 0..1 (1: the official default)");
-  o->negative_opt =
-      audio->add_option("--negative-prompt", o->negative, "the unconditional branch's prompt (with --cfg)");
+  audio->add_option("--apg", o->apg, "adaptive projected guidance share, 0..1 (1: the official default)");
   o->init_audio_opt =
       audio->add_option("--init-audio", o->init_audio, "audio-to-audio: start from this clip (any rate: resampled)");
   o->init_level_opt = audio->add_option("--init-noise-level", o->init_noise_level,
@@ -378,25 +458,15 @@ Command audio_command(CLI::App& app) {
       ->add_option("--decode", o->decode,
                    "chunked (the official 128-latent chunks) or whole; default: the model's config")
       ->check(CLI::IsMember({"chunked", "whole"}));
-  audio->add_option("--batch,-n", o->batch, "clips generated together, seeds seed, seed+1, ...");
   o->out_opt =
       audio->add_option("-o,--output", o->out, "output file, .wav or .flac (out.wav; out.flac with --format flac)");
-  audio->add_flag("-v,--verbose", o->verbose, "print per-stage times and peak memory");
-  o->trace_opt = audio->add_option("--trace", o->trace,
-                                   "write the request's timeline (Chrome trace events, ui.perfetto.dev) here");
-  audio->add_option("--device", o->device, kDeviceHelp);
-  audio
-      ->add_option("--lora", o->loras,
-                   "a LoRA for the DiT and duration conditioner, FILE[:SCALE] (SCALE: the official strength; "
-                   "repeatable, applied in order; the official lora / dora-rows format or PEFT's)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   return {audio, [o] {
-            apus::AudioRequest& req = o->req;
-            for (const std::string& lora : o->loras) req.loras.push_back(parse_lora(lora));
-            if (*o->seed_opt) req.seed = parse_seed(o->seed);
-            req.fp32 = o->precision == "fp32";
+            const RequestOptions& given = o->r;
+            apus::AudioRequest req;
+            req.prompt = given.prompt;
+            given.into(req);
+            req.apg = o->apg;
             if (!o->decode.empty()) req.chunked_decode = o->decode == "chunked";
-            if (*o->negative_opt) req.negative_prompt = o->negative;
             // As the official CLI: regions in pairs, and only with the clip they cut into.
             APUS_CHECK(o->inpaint_starts.size() == o->inpaint_ends.size(),
                        "--inpaint-start and --inpaint-end must be given ", "the same number of times (",
@@ -410,15 +480,15 @@ Command audio_command(CLI::App& app) {
             if (*o->inpaint_audio_opt) clips.inpaint = named_file(o->inpaint_audio, "--inpaint-audio");
             for (size_t i = 0; i < o->inpaint_starts.size(); ++i)
               req.inpaint_regions.emplace_back(o->inpaint_starts[i], o->inpaint_ends[i]);
-            req.trace = bool(*o->trace_opt);
             // -n as the engine takes a batch, before any output name is tried; the clips join
             // each request once the model is open.
-            std::vector<apus::AudioRequest> requests = apus::batch_of(req, o->batch);
+            std::vector<apus::AudioRequest> requests = apus::batch_of(req, given.batch);
             if (!*o->out_opt && o->format == "flac") o->out = "out.flac";
-            check_output(o->out, o->batch);
+            check_output(o->out, given.batch);
             o->format = audio_format_for(o->out, *o->format_opt ? o->format : "");
-            if (req.trace) apus::check_writable(named_file(o->trace, "--trace"));
-            return run_audio(o->parts, std::move(requests), clips, o->out, o->format, o->verbose, o->trace, o->device);
+            if (req.trace) apus::check_writable(named_file(given.trace, "--trace"));
+            return run_audio(o->parts, std::move(requests), clips, o->out, o->format, given.verbose, given.trace,
+                             given.device);
           }};
 }
 
@@ -572,18 +642,14 @@ Command serve_command(CLI::App& app) {
 Command bench_command(CLI::App& app) {
   struct Options {
     apus::BenchOptions bench;
-    std::string synthetic, seed, precision = "bf16";
-    double seconds = 0;
-    int steps = 0, width = 0, height = 0;
-    float cfg = 0;
-    std::vector<std::string> images;
+    RequestOptions r;
+    std::string synthetic;
     bool list_variants = false;
-    CLI::Option *model_opt, *synthetic_opt, *width_opt, *height_opt, *seconds_opt, *steps_opt, *cfg_opt, *json_opt,
-        *chart_opt, *trace_opt;
+    CLI::Option *model_opt, *synthetic_opt, *json_opt, *chart_opt, *trace_opt;
   };
   const auto o = std::make_shared<Options>();
   apus::BenchOptions& b = o->bench;
-  b.image.prompt = "a red fox in fresh snow, morning light";
+  o->r.prompt = "a red fox in fresh snow, morning light";
   auto* bench = app.add_subcommand("bench", "time requests stage by stage against this machine's calibrated ceiling");
   o->model_opt = bench->add_option("--model", b.model.model, kModelHelp);
   add_part_options(bench, b.model);
@@ -593,16 +659,15 @@ Command bench_command(CLI::App& app) {
           ->add_option("--synthetic", o->synthetic, "bench `apus synth` weights of this published model (written once)")
           ->check(CLI::IsMember(apus::kPublishedModels));
   o->model_opt->excludes(o->synthetic_opt);
-  bench->add_option("--prompt,-p", b.image.prompt, "text prompt");
-  o->width_opt = bench->add_option("--width,-W", o->width, "image width");
-  o->height_opt = bench->add_option("--height,-H", o->height, "image height");
-  o->seconds_opt = bench->add_option("--seconds", o->seconds, "clip length (audio models)");
-  o->steps_opt = bench->add_option("--steps", o->steps, "sampling steps (the model's default)");
-  bench->add_option("--image,-i", o->images, "a reference image to edit from (image models; repeatable)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  o->cfg_opt = bench->add_option("--cfg", o->cfg, "guidance scale (the model's default)");
-  bench->add_option("--seed,-s", o->seed, "seed (0)");
-  bench->add_option("--precision", o->precision, "bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  add_request_options(bench, o->r, Family::either,
+                      {.prompt = Need::optional,
+                       .sides = "the first --image's, or 1024",
+                       .seconds = "30",
+                       .steps = true,
+                       .cfg = true,
+                       .precision = true,
+                       .images = true,
+                       .seed = "0"});
   bench->add_option("--reps", b.reps, "timed requests (3)")->check(CLI::Range(1, 1000));
   bench->add_option("--warmup", b.warmup, "untimed requests first (1)")->check(CLI::Range(0, 100));
   o->json_opt = bench->add_option("--json", b.json, "write the report (docs/BENCH.md) to this file");
@@ -626,25 +691,18 @@ Command bench_command(CLI::App& app) {
             if (*o->synthetic_opt)
               // On a device the values are made as the models fetch them, straight into device memory.
               b.model.model = apus::synthetic_model_dir(o->synthetic, say, b.device != "cpu");
-            if (apus::model_kind(b.model) == apus::ModelKind::audio) {
-              APUS_CHECK(!*o->width_opt && !*o->height_opt && o->images.empty(), b.model.model,
-                         ": --width/--height/--image are for image models");
-              b.audio.prompt = b.image.prompt;
-              if (*o->seconds_opt) b.audio.seconds = o->seconds;
-              if (*o->steps_opt) b.audio.steps = o->steps;
-              if (*o->cfg_opt) b.audio.cfg = o->cfg;
-              b.audio.seed = o->seed.empty() ? 0 : parse_seed(o->seed);
-              b.audio.fp32 = o->precision == "fp32";
+            const bool audio = apus::model_kind(b.model) == apus::ModelKind::audio;
+            o->r.refuse_other_kind(audio, b.model.model);
+            if (audio) {
+              b.audio.prompt = o->r.prompt;
+              b.audio.seed = 0;
+              o->r.into(b.audio);
             } else {
-              APUS_CHECK(!*o->seconds_opt, b.model.model, ": --seconds is for audio models");
-              for (const std::string& file : o->images)
+              b.image.prompt = o->r.prompt;
+              b.image.seed = 0;
+              o->r.into(b.image);
+              for (const std::string& file : o->r.images)
                 b.image.references.push_back(apus::read_image(named_file(file, "--image")));
-              b.image.width = if_given(o->width_opt, o->width);
-              b.image.height = if_given(o->height_opt, o->height);
-              b.image.steps = if_given(o->steps_opt, o->steps);
-              b.image.cfg = if_given(o->cfg_opt, o->cfg);
-              b.image.seed = o->seed.empty() ? 0 : parse_seed(o->seed);
-              b.image.fp32 = o->precision == "fp32";
             }
             for (const auto& [option, file] : {std::pair{o->json_opt, &b.json}, std::pair{o->trace_opt, &b.trace},
                                                std::pair{o->chart_opt, &b.chart}})
@@ -667,10 +725,11 @@ Command roofline_command(CLI::App& app) {
   struct Options {
     apus::ModelParts model{"flux2-klein-4b"};
     std::string chip = "h200";
-    int chips = 1, width = 0, height = 0, steps = 0;
-    double peak_tflops = 0, gbps = 0, link_gbps = 0, seconds = 0;
+    RequestOptions r;
+    int chips = 1;
+    double peak_tflops = 0, gbps = 0, link_gbps = 0;
     bool json = false;
-    CLI::Option *width_opt, *height_opt, *steps_opt, *seconds_opt, *peak_opt, *gbps_opt, *link_opt;
+    CLI::Option *peak_opt, *gbps_opt, *link_opt;
   };
   const auto o = std::make_shared<Options>();
   auto* roofline = app.add_subcommand("roofline", "FLOPs, bytes and floors counted from the model code");
@@ -678,10 +737,7 @@ Command roofline_command(CLI::App& app) {
                        "model directory or single file (configs and shapes only are read) or a published name "
                        "(flux2-klein-4b, flux2-klein-9b, stable-audio-3-medium, ...)");
   add_part_options(roofline, o->model);
-  o->width_opt = roofline->add_option("--width,-W", o->width, "image width");
-  o->height_opt = roofline->add_option("--height,-H", o->height, "image height");
-  o->steps_opt = roofline->add_option("--steps", o->steps, "sampling steps");
-  o->seconds_opt = roofline->add_option("--seconds", o->seconds, "clip length (audio models)");
+  add_request_options(roofline, o->r, Family::either, {.sides = "1024", .seconds = "30", .steps = true});
   roofline->add_option("--chip", o->chip, "v6e, h200, h100, l4, rtx-pro-6000 or cpu");
   roofline->add_option("--chips", o->chips, "chips for the collective comparison (1..4096)")
       ->check(CLI::Range(1, 4096).description(""));
@@ -704,17 +760,14 @@ Command roofline_command(CLI::App& app) {
             // Audio models (Stable Audio 3) count a clip; image models a picture.
             const apus::AnyModel model = apus::AnyModel::open(o->model, apus::Weights::none);
             apus::PipelineCost cost;
+            o->r.refuse_other_kind(bool(model.audio()), o->model.model);
             if (model.audio()) {
               apus::AudioRequest a;
-              if (*o->seconds_opt) a.seconds = o->seconds;
-              if (*o->steps_opt) a.steps = o->steps;
+              o->r.into(a);
               cost = model.audio()->count(a);
             } else {
-              APUS_CHECK(!*o->seconds_opt, o->model.model, ": --seconds is for audio models");
               apus::ImageRequest req;
-              req.width = if_given(o->width_opt, o->width);
-              req.height = if_given(o->height_opt, o->height);
-              req.steps = if_given(o->steps_opt, o->steps);
+              o->r.into(req);
               cost = model.image()->count(req);
             }
             cost.model = o->model.model;
@@ -727,10 +780,8 @@ Command roofline_command(CLI::App& app) {
 Command gate_command(CLI::App& app) {
   struct Options {
     apus::GateOptions gate;
+    RequestOptions r;
     std::string candidate, json;
-    int width = 0, height = 0, steps = 0;
-    double seconds = 0;
-    CLI::Option *width_opt, *height_opt, *steps_opt, *seconds_opt;
   };
   const auto o = std::make_shared<Options>();
   apus::GateOptions& g = o->gate;
@@ -744,10 +795,7 @@ Command gate_command(CLI::App& app) {
   gate->add_option("--knob", g.knob, "NAME=CHOICE: a kernel variant to judge (apus bench --list-variants)");
   gate->add_option("--prompts", g.prompts, "prompts of the family's set (10)")->check(CLI::Range(1, 10));
   gate->add_option("--seeds", g.seeds, "seeds per prompt, from 0 (2)")->check(CLI::Range(1, 100));
-  o->width_opt = gate->add_option("--width,-W", o->width, "image width (512)");
-  o->height_opt = gate->add_option("--height,-H", o->height, "image height (512)");
-  o->steps_opt = gate->add_option("--steps", o->steps, "sampling steps (the model's default)");
-  o->seconds_opt = gate->add_option("--seconds", o->seconds, "clip length for audio models (10)");
+  add_request_options(gate, o->r, Family::either, {.sides = "512", .seconds = "10", .steps = true});
   gate->add_option("--json", o->json, "write the report here");
   return {gate, [o] {
             apus::GateOptions& g = o->gate;
@@ -755,10 +803,10 @@ Command gate_command(CLI::App& app) {
             g.candidate = g.reference;
             g.reference.quant = apus::Quant::none;
             if (!o->candidate.empty()) g.candidate.model = o->candidate;
-            g.width = if_given(o->width_opt, o->width);
-            g.height = if_given(o->height_opt, o->height);
-            g.steps = if_given(o->steps_opt, o->steps);
-            g.seconds = if_given(o->seconds_opt, o->seconds);
+            g.width = if_given(o->r.width_opt, o->r.width);
+            g.height = if_given(o->r.height_opt, o->r.height);
+            g.steps = if_given(o->r.steps_opt, o->r.steps);
+            g.seconds = if_given(o->r.seconds_opt, o->r.seconds);
             if (!o->json.empty()) apus::check_writable(o->json);
             const apus::GateReport r =
                 apus::run_gate(g, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
