@@ -8,8 +8,8 @@
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
-#include "models/sa3/model_config.h"
 #include "models/sa3/t5gemma_encoder.h"
+#include "pipeline/sa3/model_config.h"
 #include "sampling/flow_match.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "fuzz_file.h"
-#include "models/flux2/lora.h"
-#include "models/sa3/lora.h"
+#include "pipeline/klein/lora.h"
+#include "pipeline/sa3/lora.h"
 
 namespace {
 

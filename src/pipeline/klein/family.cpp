@@ -9,8 +9,8 @@
 #include "io/int8_weights.h"
 #include "io/model_dir.h"
 #include "io/single_file.h"
-#include "models/flux2/single_file.h"
 #include "pipeline/klein/klein_model.h"
+#include "pipeline/klein/single_file.h"
 #include "pipeline/klein/single_file_layout.h"
 
 namespace apus {

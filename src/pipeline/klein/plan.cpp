@@ -5,9 +5,9 @@
 
 #include "core/error.h"
 #include "io/resize.h"
-#include "models/flux2/lora.h"
 #include "pipeline/batch.h"
 #include "pipeline/klein/klein_model.h"
+#include "pipeline/klein/lora.h"
 
 namespace apus {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "apus/apus.h"
-#include "models/flux2/single_file.h"
+#include "pipeline/klein/single_file.h"
 
 namespace apus {
 

@@ -9,7 +9,7 @@
 #include "io/int8_weights.h"
 #include "io/model_dir.h"
 #include "io/single_file.h"
-#include "models/sa3/gguf_checkpoint.h"
+#include "pipeline/sa3/gguf_checkpoint.h"
 #include "pipeline/sa3/sa3_model.h"
 
 namespace apus {

@@ -11,7 +11,7 @@
 #include "io/hf_cache.h"
 #include "io/single_file.h"
 #include "io/synth.h"
-#include "models/sa3/gguf_checkpoint.h"
+#include "pipeline/sa3/gguf_checkpoint.h"
 #include "pipeline/sa3/sa3_model.h"
 
 namespace apus {

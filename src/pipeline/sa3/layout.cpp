@@ -10,7 +10,7 @@
 #include "io/safetensors.h"
 #include "io/single_file.h"
 #include "io/synth.h"
-#include "models/sa3/official_checkpoint.h"
+#include "pipeline/sa3/official_checkpoint.h"
 #include "pipeline/sa3/sa3_model.h"
 #include "sampling/logsnr.h"
 

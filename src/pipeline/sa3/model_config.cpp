@@ -1,4 +1,4 @@
-#include "models/sa3/model_config.h"
+#include "pipeline/sa3/model_config.h"
 
 #include <algorithm>
 #include <set>

@@ -1,4 +1,4 @@
-#include "models/flux2/single_file.h"
+#include "pipeline/klein/single_file.h"
 
 #include <algorithm>
 #include <cstring>

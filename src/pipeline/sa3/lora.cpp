@@ -1,4 +1,4 @@
-#include "models/sa3/lora.h"
+#include "pipeline/sa3/lora.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "io/model_dir.h"
 #include "io/peft_config.h"
 #include "io/safetensors.h"
-#include "models/sa3/official_checkpoint.h"
+#include "pipeline/sa3/official_checkpoint.h"
 
 namespace apus::sa3 {
 

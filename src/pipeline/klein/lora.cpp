@@ -1,4 +1,4 @@
-#include "models/flux2/lora.h"
+#include "pipeline/klein/lora.h"
 
 #include <cmath>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "io/peft_config.h"
 #include "io/safetensors.h"
-#include "models/flux2/single_file.h"
+#include "pipeline/klein/single_file.h"
 
 namespace apus::flux2 {
 

@@ -1,4 +1,4 @@
-#include "models/sa3/official_checkpoint.h"
+#include "pipeline/sa3/official_checkpoint.h"
 
 #include <utility>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "models/sa3/gguf_checkpoint.h"
+#include "pipeline/sa3/gguf_checkpoint.h"
 
 #include <utility>
 
