@@ -7,7 +7,7 @@
 #include <random>
 
 #include "core/variants.h"
-#include "io/int8_weights.h"
+#include "io/weights/int8_weights.h"
 #include "models/flux2/vae_decoder.h"
 #include "ops/adapters.h"
 #include "ops/cpu/cpu_ops.h"

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "apus/apus.h"
-#include "io/audio.h"
+#include "io/media/audio.h"
 #include "test_util.h"
 
 namespace apus::test {

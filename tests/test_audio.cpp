@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "io/audio.h"
 #include "io/files.h"
+#include "io/media/audio.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 

@@ -9,11 +9,11 @@
 #include <cstring>
 #include <filesystem>
 
-#include "io/png.h"
+#include "io/media/png.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "cost/roofline.h"
 #include "io/model_dir.h"
-#include "io/synth.h"
+#include "io/weights/synth.h"
 #include "ops/ops.h"
 #include "test_util.h"
 

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "apus/apus.h"
-#include "io/image.h"
-#include "io/safetensors.h"
+#include "io/media/image.h"
+#include "io/weights/safetensors.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae_decoder.h"
 #include "ops/backend.h"

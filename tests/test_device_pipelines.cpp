@@ -7,9 +7,9 @@
 
 #include "apus/apus.h"
 #include "cost/ceiling.h"
-#include "io/image.h"
-#include "io/safetensors.h"
-#include "io/synth.h"
+#include "io/media/image.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/synth.h"
 #include "pipeline/registry.h"
 #include "sa3_fixtures.h"
 #include "shadow_device.h"

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <optional>
 
-#include "io/image.h"
-#include "io/safetensors.h"
+#include "io/media/image.h"
+#include "io/weights/safetensors.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"

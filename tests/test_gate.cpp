@@ -11,7 +11,7 @@
 #include "gate/gate.h"
 #include "gate/metrics.h"
 #include "io/model_dir.h"
-#include "io/synth.h"
+#include "io/weights/synth.h"
 #include "ops/cpu/cpu_ops.h"
 #include "pipeline/registry.h"
 #include "sa3_fixtures.h"

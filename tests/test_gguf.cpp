@@ -12,9 +12,9 @@
 
 #include "core/error.h"
 #include "core/quant_blocks.h"
-#include "io/gguf.h"
 #include "io/model_dir.h"
-#include "io/safetensors.h"
+#include "io/weights/gguf.h"
+#include "io/weights/safetensors.h"
 #include "test_util.h"
 #include "text/bpe_tokenizer.h"
 #include "text/klein_prompt.h"

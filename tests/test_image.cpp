@@ -12,9 +12,9 @@
 #include <random>
 
 #include "io/files.h"
-#include "io/image.h"
-#include "io/resize.h"
-#include "io/safetensors.h"
+#include "io/media/image.h"
+#include "io/media/resize.h"
+#include "io/weights/safetensors.h"
 #include "test_util.h"
 
 namespace apus {

@@ -1,4 +1,4 @@
-// The int8 tier (io/int8_weights.h): how weights are quantised, which tensors the transform takes,
+// The int8 tier (io/weights/int8_weights.h): how weights are quantised, which tensors the transform takes,
 // the linear's non-finite rows, and both families run with it against the official renders. The
 // linear's arithmetic itself is held to the reference backend bit for bit in the op table
 // (linear_int8_tier*).
@@ -14,8 +14,8 @@
 #include "core/cost.h"
 #include "core/scaled_codes.h"
 #include "gate/metrics.h"
-#include "io/int8_weights.h"
-#include "io/safetensors.h"
+#include "io/weights/int8_weights.h"
+#include "io/weights/safetensors.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"

@@ -13,8 +13,8 @@
 #include "apus/apus.h"
 #include "core/error.h"
 #include "io/files.h"
-#include "io/image.h"
-#include "io/safetensors.h"
+#include "io/media/image.h"
+#include "io/weights/safetensors.h"
 #include "pipeline/metadata.h"
 #include "test_util.h"
 

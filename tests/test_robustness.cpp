@@ -17,7 +17,7 @@
 
 #include "core/parallel.h"
 #include "io/files.h"
-#include "io/png.h"
+#include "io/media/png.h"
 #include "test_util.h"
 #include "text/bpe_tokenizer.h"
 

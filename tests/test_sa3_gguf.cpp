@@ -8,9 +8,9 @@
 
 #include "apus/apus.h"
 #include "io/files.h"
-#include "io/gguf.h"
-#include "io/safetensors.h"
-#include "io/single_file.h"
+#include "io/weights/gguf.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/single_file.h"
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/same_encoder.h"
 #include "pipeline/registry.h"

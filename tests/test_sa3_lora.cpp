@@ -10,9 +10,9 @@
 
 #include "apus/apus.h"
 #include "core/cost.h"
-#include "io/audio.h"
+#include "io/media/audio.h"
 #include "io/model_dir.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 #include "pipeline/metadata.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "io/model_dir.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 #include "test_util.h"
 
 namespace apus {

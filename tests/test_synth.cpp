@@ -11,7 +11,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "io/synth.h"
+#include "io/weights/synth.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/text_encoder.h"
 #include "models/flux2/transformer.h"

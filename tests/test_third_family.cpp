@@ -10,8 +10,8 @@
 #include <fstream>
 
 #include "core/cost.h"
-#include "io/safetensors.h"
-#include "io/single_file.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/single_file.h"
 #include "op_inputs.h"
 #include "ops/ops.h"
 #include "pipeline/family.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 #include "sampling/draws_ahead.h"
 #include "sampling/torch_rng.h"
 #include "test_util.h"

@@ -7,8 +7,8 @@
 
 #include "apus/apus.h"
 #include "core/cost.h"
-#include "io/image.h"
-#include "io/png.h"
+#include "io/media/image.h"
+#include "io/media/png.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 

@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "io/model_dir.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 
 namespace apus::test {
 

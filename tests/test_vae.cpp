@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <random>
 
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 #include "models/flux2/latent_preview.h"
 #include "models/flux2/vae_decoder.h"
 #include "models/flux2/vae_encoder.h"

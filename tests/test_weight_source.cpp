@@ -10,7 +10,7 @@
 #include <set>
 
 #include "core/cost.h"
-#include "io/weight_source.h"
+#include "io/weights/weight_source.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/transformer.h"
 #include "models/sa3/same_decoder.h"

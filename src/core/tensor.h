@@ -58,7 +58,7 @@ struct Tensor {
   float code_scale = 1;
   std::shared_ptr<const BlockScales> block_scales;
   int64_t block_row0 = 0;
-  // An i8 weight of the int8 tier (`quant int8`, io/int8_weights.h): linears quantise their input
+  // An i8 weight of the int8 tier (`quant int8`, io/weights/int8_weights.h): linears quantise their input
   // per row to int8 and multiply in integers (ops/op_list.h, linear) instead of decoding it.
   bool int8_matmul = false;
 

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "io/model_dir.h"
-#include "io/synth.h"
+#include "io/weights/synth.h"
 
 namespace apus {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "apus/apus.h"
-#include "io/audio.h"
+#include "io/media/audio.h"
 
 namespace apus {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 
 namespace apus {
 

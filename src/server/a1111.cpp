@@ -5,8 +5,8 @@
 
 #include <regex>
 
-#include "io/png.h"
-#include "io/resize.h"
+#include "io/media/png.h"
+#include "io/media/resize.h"
 #include "server/server_impl.h"
 
 namespace apus::server {

@@ -4,7 +4,7 @@
 #include <random>
 
 #include "io/files.h"
-#include "io/png.h"
+#include "io/media/png.h"
 #include "server/server_impl.h"
 
 namespace apus::server {

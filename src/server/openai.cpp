@@ -9,10 +9,10 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "io/audio.h"
-#include "io/image.h"
-#include "io/png.h"
-#include "io/resize.h"
+#include "io/media/audio.h"
+#include "io/media/image.h"
+#include "io/media/png.h"
+#include "io/media/resize.h"
 #include "pipeline/metadata.h"
 #include "pipeline/stage.h"
 #include "server/bodies.h"

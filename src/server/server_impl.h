@@ -14,7 +14,7 @@
 
 #include "apus/apus.h"
 #include "cost/chips.h"
-#include "io/image.h"
+#include "io/media/image.h"
 #include "pipeline/registry.h"
 #include "server/fields.h"
 #include "server/http.h"

@@ -13,8 +13,8 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "io/gguf.h"
 #include "io/model_dir.h"
+#include "io/weights/gguf.h"
 #include "text/utf8.h"
 
 namespace apus {

@@ -2,8 +2,8 @@
 // clip or raise apus::Error naming the file, and a clip that reads was probed alike from its
 // header (libsndfile itself is not instrumented: its crashes count, the coverage is ours).
 #include "fuzz_file.h"
-#include "io/audio.h"
 #include "io/files.h"
+#include "io/media/audio.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr double kMaxSeconds = 400;  // the longest model's 380 s, with room

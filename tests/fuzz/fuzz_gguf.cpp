@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/quant_blocks.h"
 #include "fuzz_file.h"
-#include "io/gguf.h"
+#include "io/weights/gguf.h"
 #include "text/bpe_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -6,8 +6,8 @@
 
 #include "fuzz_file.h"
 #include "io/files.h"
-#include "io/image.h"
-#include "io/png.h"
+#include "io/media/image.h"
+#include "io/media/png.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = apus::fuzz::write_input("input.img", data, size);

@@ -6,8 +6,8 @@
 
 #include "core/error.h"
 #include "fuzz_file.h"
-#include "io/quantized_layout.h"
-#include "io/safetensors.h"
+#include "io/weights/quantized_layout.h"
+#include "io/weights/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

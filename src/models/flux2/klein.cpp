@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "io/image.h"
-#include "io/resize.h"
+#include "io/media/image.h"
+#include "io/media/resize.h"
 
 namespace apus {
 

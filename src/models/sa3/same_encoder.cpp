@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
-#include "io/resample.h"
+#include "io/media/resample.h"
 
 namespace apus::sa3 {
 

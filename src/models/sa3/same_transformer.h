@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "io/model_dir.h"
-#include "io/weight_source.h"
+#include "io/weights/weight_source.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {

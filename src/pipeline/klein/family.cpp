@@ -6,9 +6,9 @@
 #include <optional>
 
 #include "core/error.h"
-#include "io/int8_weights.h"
 #include "io/model_dir.h"
-#include "io/single_file.h"
+#include "io/weights/int8_weights.h"
+#include "io/weights/single_file.h"
 #include "pipeline/klein/klein_model.h"
 #include "pipeline/klein/single_file.h"
 #include "pipeline/klein/single_file_layout.h"

@@ -5,8 +5,8 @@
 #include <optional>
 
 #include "core/error.h"
-#include "io/peft_config.h"
-#include "io/safetensors.h"
+#include "io/weights/peft_config.h"
+#include "io/weights/safetensors.h"
 #include "pipeline/klein/single_file.h"
 
 namespace apus::flux2 {

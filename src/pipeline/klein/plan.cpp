@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "io/resize.h"
+#include "io/media/resize.h"
 #include "pipeline/batch.h"
 #include "pipeline/klein/klein_model.h"
 #include "pipeline/klein/lora.h"

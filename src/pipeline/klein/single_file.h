@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/single_file.h"
+#include "io/weights/single_file.h"
 
 namespace apus::flux2 {
 

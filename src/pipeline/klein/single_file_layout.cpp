@@ -6,10 +6,10 @@
 
 #include "core/error.h"
 #include "io/files.h"
-#include "io/gguf.h"
 #include "io/hf_cache.h"
 #include "io/model_dir.h"
-#include "io/synth.h"
+#include "io/weights/gguf.h"
+#include "io/weights/synth.h"
 
 namespace apus {
 

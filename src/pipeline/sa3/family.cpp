@@ -5,10 +5,10 @@
 
 #include "core/error.h"
 #include "io/files.h"
-#include "io/gguf.h"
-#include "io/int8_weights.h"
 #include "io/model_dir.h"
-#include "io/single_file.h"
+#include "io/weights/gguf.h"
+#include "io/weights/int8_weights.h"
+#include "io/weights/single_file.h"
 #include "pipeline/sa3/gguf_checkpoint.h"
 #include "pipeline/sa3/sa3_model.h"
 

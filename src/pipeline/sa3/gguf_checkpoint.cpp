@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "io/files.h"
-#include "io/gguf.h"
+#include "io/weights/gguf.h"
 
 namespace apus::sa3 {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "io/single_file.h"
-#include "io/weight_source.h"
+#include "io/weights/single_file.h"
+#include "io/weights/weight_source.h"
 
 namespace apus::sa3 {
 

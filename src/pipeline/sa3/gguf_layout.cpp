@@ -9,8 +9,8 @@
 #include "core/error.h"
 #include "io/files.h"
 #include "io/hf_cache.h"
-#include "io/single_file.h"
-#include "io/synth.h"
+#include "io/weights/single_file.h"
+#include "io/weights/synth.h"
 #include "pipeline/sa3/gguf_checkpoint.h"
 #include "pipeline/sa3/sa3_model.h"
 

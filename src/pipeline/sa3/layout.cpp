@@ -4,12 +4,12 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "io/gguf.h"
 #include "io/hf_cache.h"
-#include "io/int8_weights.h"
-#include "io/safetensors.h"
-#include "io/single_file.h"
-#include "io/synth.h"
+#include "io/weights/gguf.h"
+#include "io/weights/int8_weights.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/single_file.h"
+#include "io/weights/synth.h"
 #include "pipeline/sa3/official_checkpoint.h"
 #include "pipeline/sa3/sa3_model.h"
 #include "sampling/logsnr.h"

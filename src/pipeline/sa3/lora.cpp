@@ -9,8 +9,8 @@
 
 #include "core/error.h"
 #include "io/model_dir.h"
-#include "io/peft_config.h"
-#include "io/safetensors.h"
+#include "io/weights/peft_config.h"
+#include "io/weights/safetensors.h"
 #include "pipeline/sa3/official_checkpoint.h"
 
 namespace apus::sa3 {

@@ -7,7 +7,7 @@
 //              stable_audio_3.models.lora saves them: lora_config in the metadata (rank, else the
 //              factors' rank; alpha, else the rank; adapter_type lora or dora-rows; include/exclude)
 //   PEFT:      [base_model.model.|transformer.]<diffusers module>.lora_A.weight / lora_B.weight of
-//              diffusers' StableAudio3DiTModel, alpha from the config (io/peft_config.h)
+//              diffusers' StableAudio3DiTModel, alpha from the config (io/weights/peft_config.h)
 // ΔW = strength · alpha / rank · B A as the official parametrization merges it; the differential
 // attention's fused to_qkv rows come reordered as its weight. Other adapter types (bora, -xs,
 // dora-cols), keys of no module, ranks that disagree and modules lora_config's filters leave out are

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/weight_source.h"
+#include "io/weights/weight_source.h"
 
 namespace apus::sa3 {
 

@@ -90,7 +90,7 @@ Sa3Layout diffusers_layout(const ModelDir& dir);
 // carries one; false (l unchanged) when they name none.
 bool tokenizer_from_parts(const ModelParts& parts, Sa3Layout& l);
 Sa3Layout official_layout(const std::string& root);
-// --quant on a layout: the int8 tier on the DiT's and T5Gemma's linears (io/int8_weights.h) and
+// --quant on a layout: the int8 tier on the DiT's and T5Gemma's linears (io/weights/int8_weights.h) and
 // on SAME's decoder as same_decoder_int8 scopes it.
 void use_quant(Sa3Layout& l, Quant quant, Backend* device);
 

@@ -12,8 +12,8 @@
 
 #include "core/error.h"
 #include "io/files.h"
-#include "io/image.h"
-#include "io/jpeg_errors.h"
+#include "io/media/image.h"
+#include "io/media/jpeg_errors.h"
 
 namespace apus {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "apus/apus.h"
-#include "io/png.h"
+#include "io/media/png.h"
 
 namespace apus {
 

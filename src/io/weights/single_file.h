@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "io/gguf.h"
-#include "io/quantized_layout.h"
-#include "io/safetensors.h"
-#include "io/weight_source.h"
+#include "io/weights/gguf.h"
+#include "io/weights/quantized_layout.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weight_source.h"
 
 namespace apus {
 
@@ -31,7 +31,7 @@ class SingleFile final : public WeightSource {
   bool is_gguf() const { return gguf_ != nullptr; }
   const GgufFile* gguf() const { return gguf_.get(); }
   // The stored tensors of the model: the tensors that describe a quantised weight (its scales and
-  // format tags, io/quantized_layout.h) are no names of their own.
+  // format tags, io/weights/quantized_layout.h) are no names of their own.
   const std::vector<std::string>& stored_names() const { return stored_names_; }
   // A stored tensor's view (a GGUF type apus does not read is refused naming it).
   const Tensor& stored(const std::string& name) const;

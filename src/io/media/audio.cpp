@@ -1,4 +1,4 @@
-#include "io/audio.h"
+#include "io/media/audio.h"
 
 #include <sndfile.h>
 

@@ -1,4 +1,4 @@
-#include "io/png.h"
+#include "io/media/png.h"
 
 #include <png.h>
 

@@ -1,4 +1,4 @@
-#include "io/quantized_layout.h"
+#include "io/weights/quantized_layout.h"
 
 #include <cmath>
 #include <memory>

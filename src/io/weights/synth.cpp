@@ -1,4 +1,4 @@
-#include "io/synth.h"
+#include "io/weights/synth.h"
 
 #include <fcntl.h>
 #include <sys/statvfs.h>
@@ -20,7 +20,7 @@
 #include "io/cache_dir.h"
 #include "io/files.h"
 #include "io/model_dir.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 
 namespace apus {
 namespace {

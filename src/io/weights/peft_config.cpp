@@ -1,4 +1,4 @@
-#include "io/peft_config.h"
+#include "io/weights/peft_config.h"
 
 #include <filesystem>
 

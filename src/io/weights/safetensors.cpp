@@ -1,4 +1,4 @@
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

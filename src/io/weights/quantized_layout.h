@@ -16,7 +16,7 @@
 #include <set>
 #include <string>
 
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 
 namespace apus {
 

@@ -1,4 +1,4 @@
-#include "io/gguf.h"
+#include "io/weights/gguf.h"
 
 #include <cstring>
 #include <set>

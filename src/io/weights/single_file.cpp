@@ -1,4 +1,4 @@
-#include "io/single_file.h"
+#include "io/weights/single_file.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "io/resize.h"
+#include "io/media/resize.h"
 
 #include <cmath>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "io/image.h"
+#include "io/media/image.h"
 
 #include <csetjmp>
 #include <cstdio>
@@ -10,8 +10,8 @@
 
 #include "core/error.h"
 #include "io/files.h"
-#include "io/jpeg_errors.h"
-#include "io/png.h"
+#include "io/media/jpeg_errors.h"
+#include "io/media/png.h"
 
 namespace apus {
 

@@ -1,4 +1,4 @@
-#include "io/resample.h"
+#include "io/media/resample.h"
 
 #include <algorithm>
 #include <cmath>

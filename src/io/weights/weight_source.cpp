@@ -1,4 +1,4 @@
-#include "io/weight_source.h"
+#include "io/weights/weight_source.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/scaled_codes.h"
 #include "io/model_dir.h"
-#include "io/synth.h"
+#include "io/weights/synth.h"
 #include "ops/backend.h"
 
 namespace apus {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 
 namespace apus {
 

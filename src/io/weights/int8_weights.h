@@ -9,7 +9,7 @@
 
 #include "apus/apus.h"
 #include "io/model_dir.h"
-#include "io/weight_source.h"
+#include "io/weights/weight_source.h"
 #include "ops/backend.h"
 
 namespace apus {

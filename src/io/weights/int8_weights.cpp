@@ -1,4 +1,4 @@
-#include "io/int8_weights.h"
+#include "io/weights/int8_weights.h"
 
 #include <algorithm>
 #include <cmath>

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 
 namespace apus {
 
