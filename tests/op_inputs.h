@@ -37,7 +37,7 @@ class OpInputs {
       }
       // A checkpoint's per-tensor scale: every decode must apply it (codes up to 448 otherwise).
       const float largest = dt == DType::fp8_e5m2 ? 57344 : dt == DType::i8 ? 127 : dt == DType::fp4_e2m1 ? 6 : 448;
-      t.code_scale = scale / largest * std::uniform_real_distribution<float>(1.0f, 2.0f)(rng);
+      t.encoding.code_scale = scale / largest * std::uniform_real_distribution<float>(1.0f, 2.0f)(rng);
       return t;
     }
     std::uniform_real_distribution<float> d(-scale / 8, scale / 8);
@@ -65,15 +65,15 @@ class OpInputs {
     for (int64_t i = 0; i < f.numel(); ++i) {
       if (factors == DType::e8m0) f.ptr<uint8_t>()[i] = uint8_t(exponent(rng));
       else if (factors == DType::fp8_e4m3) f.ptr<uint8_t>()[i] = uint8_t(0x30 + exponent(rng) % 16);  // 0.25 .. 0.94
-      else f.ptr<float>()[i] = t.code_scale * spread(rng);
+      else f.ptr<float>()[i] = t.encoding.code_scale * spread(rng);
     }
-    if (factors != DType::fp8_e4m3) t.code_scale = 1;  // only nvfp4 has a per-tensor factor beside its blocks
+    if (factors != DType::fp8_e4m3) t.encoding.code_scale = 1;  // only nvfp4 has a per-tensor factor beside its blocks
     auto b = std::make_shared<BlockScales>();
     b->factors = f;
     b->block = block;
     b->per_row = per_row;
     b->tiled = tiled;
-    t.block_scales = std::move(b);
+    t.encoding.block_scales = std::move(b);
     return t;
   }
   // All bits set: NaN in f32 and bf16.
@@ -92,10 +92,7 @@ class OpInputs {
   static Tensor clone(const Tensor& t) {
     Tensor c = Tensor::heap(t.shape, t.dtype);
     std::memcpy(c.data, t.data, t.nbytes());
-    c.code_scale = t.code_scale;
-    c.block_scales = t.block_scales;
-    c.block_row0 = t.block_row0;
-    c.int8_matmul = t.int8_matmul;
+    c.encoding = t.encoding;
     return c;
   }
   // Element i of an f32 or bf16 tensor set to v (rounded to bf16 there).

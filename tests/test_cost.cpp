@@ -57,7 +57,7 @@ TEST(Cost, Int8ProductsPricedAtTheInt8Rate) {
   ops::linear(k.c, x, w, &b, y);
   EXPECT_EQ(k.log.total().int8_ops, 0) << "a bf16 weight runs no int8 products";
   w.dtype = DType::i8;
-  w.int8_matmul = true;
+  w.encoding.int8_matmul = true;
   ops::linear(k.c, x, w, &b, y);
   const OpCost both = k.log.total();
   EXPECT_EQ(both.int8_ops, 2.0 * 7 * 5 * 3);

@@ -50,14 +50,14 @@ TEST(Int8Weights, RowsQuantiseToTheNearestCodeOfTheirOwnScale) {
     std::memset(w.row(7), 0, size_t(k) * dtype_size(dt));  // row 7 all zeros: scale 0, codes 0
     const Tensor q = quantize_int8_weight(w, "w");
     ASSERT_EQ(q.dtype, DType::i8);
-    ASSERT_TRUE(q.int8_matmul);
-    ASSERT_TRUE(q.block_scales);
+    ASSERT_TRUE(q.encoding.int8_matmul);
+    ASSERT_TRUE(q.encoding.block_scales);
     int64_t worst_row = -1;
     double worst = 0;
     for (int64_t r = 0; r < n; ++r) {
       float amax = 0;
       for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(load_f32(w, r * k + c)));
-      const float scale = q.block_scales->at(r, 0);
+      const float scale = q.encoding.block_scales->at(r, 0);
       EXPECT_EQ(scale, amax / 127.0f) << "row " << r;
       int largest = 0;
       for (int64_t c = 0; c < k; ++c) {
@@ -93,19 +93,19 @@ TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
   const Int8Linears t(Int8Scope{{"embed_tokens.weight"}});
   const Tensor w = random_weight(16, 32, DType::bf16, rng);
   const Tensor q = t.apply("layers.0.mlp.up_proj.weight", w);
-  EXPECT_TRUE(q.int8_matmul);
+  EXPECT_TRUE(q.encoding.int8_matmul);
   EXPECT_EQ(q.dtype, DType::i8);
   for (const char* kept : {"model.embed_tokens.weight", "layers.0.mlp.up_proj.bias", "memory_tokens"}) {
     const Tensor same = t.apply(kept, w);
     EXPECT_EQ(same.data, w.data) << kept;
-    EXPECT_FALSE(same.int8_matmul) << kept;
+    EXPECT_FALSE(same.encoding.int8_matmul) << kept;
   }
   const Tensor norm = Tensor::heap({32}, DType::bf16);
   EXPECT_EQ(t.apply("norm.weight", norm).data, norm.data);
   // Counting mode: the dtype and flag without data.
   const Tensor counted = t.apply("proj_out.weight", Tensor::shape_only({16, 32}, DType::bf16));
   EXPECT_EQ(counted.dtype, DType::i8);
-  EXPECT_TRUE(counted.int8_matmul);
+  EXPECT_TRUE(counted.encoding.int8_matmul);
   EXPECT_EQ(counted.data, nullptr);
   // A checkpoint's int8 codes with one scale a row: flagged, the codes untouched.
   Tensor stored = Tensor::heap({16, 32}, DType::i8);
@@ -113,14 +113,14 @@ TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
   scales->factors = Tensor::heap({16}, DType::f32);
   scales->block = 32;
   scales->per_row = 1;
-  stored.block_scales = scales;
+  stored.encoding.block_scales = scales;
   const Tensor flagged = t.apply("to_out.weight", stored);
-  EXPECT_TRUE(flagged.int8_matmul);
+  EXPECT_TRUE(flagged.encoding.int8_matmul);
   EXPECT_EQ(flagged.data, stored.data);
   auto halves = std::make_shared<BlockScales>(*scales);
   halves->block = 16;
   halves->per_row = 2;
-  stored.block_scales = halves;
+  stored.encoding.block_scales = halves;
   test::expect_error([&] { t.apply("to_out.weight", stored); }, {"to_out.weight", "2 scales per row"});
   test::expect_error(
       [&] {
@@ -136,12 +136,12 @@ TEST(Int8Weights, AScopeTakesItsNamesOnly) {
   const Int8Linears t(Int8Scope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true});
   const Tensor w = random_weight(16, 32, DType::bf16, rng);
   for (const char* taken : {"decoder.blocks.0.transformers.3.attn.to_qkv.weight", "transformers.0.attn.to_out.weight"})
-    EXPECT_TRUE(t.apply(taken, w).int8_matmul) << taken;
+    EXPECT_TRUE(t.apply(taken, w).encoding.int8_matmul) << taken;
   for (const char* kept : {"decoder.blocks.0.transformers.3.ff.proj_in.weight", "transformers.0.ff.proj_out.weight",
                            "decoder.proj.weight", "transformers.0.attn.to_qkv.bias"}) {
     const Tensor same = t.apply(kept, w);
     EXPECT_EQ(same.data, w.data) << kept;
-    EXPECT_FALSE(same.int8_matmul) << kept;
+    EXPECT_FALSE(same.encoding.int8_matmul) << kept;
   }
   const Tensor q8 = Tensor::heap({16, 32}, DType::q8_0);
   EXPECT_EQ(t.apply("transformers.0.attn.to_qkv.weight", q8).data, q8.data);

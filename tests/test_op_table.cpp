@@ -756,8 +756,8 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                    [](OpInputs& d) -> Drawn {
                      const int64_t m = 9, k = 512, n = 70;
                      Tensor w = d.random_block_scaled({n, k}, DType::i8, DType::f32, k);
-                     w.code_scale = 0.75f;
-                     w.int8_matmul = true;
+                     w.encoding.code_scale = 0.75f;
+                     w.encoding.int8_matmul = true;
                      return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },

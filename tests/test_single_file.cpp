@@ -236,7 +236,7 @@ TEST(SingleFile, ComfyQuantisedWeightsDecodeAsComfyKitchenDequantisesThem) {
   for (const std::string& name : want.names()) {
     const Tensor expected = want.get(name);
     const Tensor got = file->fetch(name, expected.shape);
-    layouts.insert(std::string(dtype_name(got.dtype)) + (got.block_scales ? " blocks" : ""));
+    layouts.insert(std::string(dtype_name(got.dtype)) + (got.encoding.block_scales ? " blocks" : ""));
     const std::vector<float> a = to_f32_vector(got), b = to_f32_vector(expected);
     ASSERT_EQ(a.size(), b.size()) << name;
     for (size_t i = 0; i < a.size(); ++i)

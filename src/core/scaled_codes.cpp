@@ -74,15 +74,15 @@ float BlockScales::at(int64_t r, int64_t j) const {
 void decode_code_row(const Tensor& t, int64_t r, float* out, int64_t n) {
   const void* row = t.row(r);
   decode_codes(t.dtype, row, 0, n, out);
-  if (!t.block_scales) {
-    if (t.code_scale != 1)
-      for (int64_t c = 0; c < n; ++c) out[c] *= t.code_scale;
+  if (!t.encoding.block_scales) {
+    if (t.encoding.code_scale != 1)
+      for (int64_t c = 0; c < n; ++c) out[c] *= t.encoding.code_scale;
     return;
   }
-  const BlockScales& s = *t.block_scales;
-  const int64_t rr = t.block_row0 + r;
+  const BlockScales& s = *t.encoding.block_scales;
+  const int64_t rr = t.encoding.block_row0 + r;
   for (int64_t c0 = 0; c0 < n; c0 += s.block) {
-    const float f = t.code_scale * s.at(rr, c0 / s.block);
+    const float f = t.encoding.code_scale * s.at(rr, c0 / s.block);
     const int64_t c1 = std::min(n, c0 + s.block);
     for (int64_t c = c0; c < c1; ++c) out[c] *= f;
   }
@@ -91,9 +91,9 @@ void decode_code_row(const Tensor& t, int64_t r, float* out, int64_t n) {
 float decode_code_element(const Tensor& t, int64_t r, int64_t c) {
   float v;
   decode_codes(t.dtype, t.row(r), c, c + 1, &v);
-  if (!t.block_scales) return v * t.code_scale;
-  const BlockScales& s = *t.block_scales;
-  return v * (t.code_scale * s.at(t.block_row0 + r, c / s.block));
+  if (!t.encoding.block_scales) return v * t.encoding.code_scale;
+  const BlockScales& s = *t.encoding.block_scales;
+  return v * (t.encoding.code_scale * s.at(t.encoding.block_row0 + r, c / s.block));
 }
 
 }  // namespace apus

@@ -36,8 +36,8 @@ int64_t shape_numel(const Shape& s) {
 Tensor Tensor::reshape(Shape s) const {
   APUS_CHECK(contiguous(), "reshape of a strided view ", shape_str(shape));
   APUS_CHECK(shape_numel(s) == numel(), "reshape ", shape_str(shape), " -> ", shape_str(s), ": element counts differ");
-  APUS_CHECK(!block_scales || (!s.empty() && s[0] == shape[0]), "reshape ", shape_str(shape), " -> ", shape_str(s),
-             " of a block-scaled tensor must keep its rows");
+  APUS_CHECK(!encoding.block_scales || (!s.empty() && s[0] == shape[0]), "reshape ", shape_str(shape), " -> ",
+             shape_str(s), " of a block-scaled tensor must keep its rows");
   Tensor t = *this;
   t.shape = std::move(s);
   return t;
@@ -48,7 +48,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
              ") out of range for ", shape_str(shape));
   Tensor t = *this;
   t.shape[0] = end - begin;
-  t.block_row0 += begin;
+  t.encoding.block_row0 += begin;
   const int64_t row_elems = rank() == 2 ? row_stride() : (shape[0] ? numel() / shape[0] : 0);
   if (data) t.data = static_cast<char*>(data) + dtype_bytes(dtype, begin * row_elems);
   return t;
@@ -57,7 +57,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 Tensor Tensor::cols(int64_t begin, int64_t end) const {
   APUS_CHECK(rank() == 2 && 0 <= begin && begin <= end && end <= shape[1], "cols [", begin, ", ", end,
              ") out of range for ", shape_str(shape));
-  APUS_CHECK(!block_scales || begin == 0, "cols [", begin, ", ", end, ") of a block-scaled tensor");
+  APUS_CHECK(!encoding.block_scales || begin == 0, "cols [", begin, ", ", end, ") of a block-scaled tensor");
   Tensor t = *this;
   t.stride0 = row_stride();
   t.shape[1] = end - begin;

@@ -38,6 +38,20 @@ class Allocator {
 };
 Allocator& host_allocator();
 
+// How a weight's stored values become its numbers, one value on Tensor for every feature of it.
+// A tensor of codes (fp8, int8, packed fp4: quantised checkpoints' weights) has factors: its
+// values are the decoded codes times code_scale (a weight_scale), and times the factor of their
+// row's block when block_scales is set, its rows counted from block_row0 (core/scaled_codes.h).
+// Every decode of a code format applies them. An i8 weight of the int8 tier (`quant int8`,
+// io/weights/int8_weights.h) has int8_matmul: linears quantise their input per row to int8 and
+// multiply in integers (ops/op_list.h, linear) instead of decoding it.
+struct WeightEncoding {
+  float code_scale = 1;
+  std::shared_ptr<const BlockScales> block_scales;
+  int64_t block_row0 = 0;
+  bool int8_matmul = false;
+};
+
 struct Tensor {
   DType dtype = DType::f32;
   Device device = Device::cpu;
@@ -51,16 +65,8 @@ struct Tensor {
   // A weight's name as its model's loader fetched it (null for activations): what a request's
   // low-rank adapters are found by (ops/adapters.h). Owned by the loader, which the model keeps.
   const std::string* weight_name = nullptr;
-  // A tensor of codes (fp8, int8, packed fp4: quantised checkpoints' weights) has these factors:
-  // its values are the decoded codes times code_scale (a weight_scale), and times the factor of
-  // their row's block when block_scales is set, its rows counted from block_row0
-  // (core/scaled_codes.h). Every decode of a code format applies them; other dtypes ignore them.
-  float code_scale = 1;
-  std::shared_ptr<const BlockScales> block_scales;
-  int64_t block_row0 = 0;
-  // An i8 weight of the int8 tier (`quant int8`, io/weights/int8_weights.h): linears quantise their input
-  // per row to int8 and multiply in integers (ops/op_list.h, linear) instead of decoding it.
-  bool int8_matmul = false;
+  // How the stored values become the weight's numbers (plain dtypes: the defaults, ignored).
+  WeightEncoding encoding;
 
   int64_t numel() const { return shape_numel(shape); }
   size_t nbytes() const { return dtype_bytes(dtype, numel()); }

@@ -42,8 +42,8 @@ Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
     }
   });
   APUS_CHECK(bad_row < 0, what, ": row ", bad_row, " holds a NaN or an infinity; the int8 tier cannot scale it");
-  q.block_scales = std::move(scales);
-  q.int8_matmul = true;
+  q.encoding.block_scales = std::move(scales);
+  q.encoding.int8_matmul = true;
   return q;
 }
 
@@ -55,13 +55,13 @@ Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
   if (named(scope_.skip) || (!scope_.only.empty() && !named(scope_.only))) return stored;
   const std::string what = "tensor '" + name + "'";
   if (stored.dtype == DType::i8) {
-    APUS_CHECK(!stored.block_scales || stored.block_scales->per_row == 1, what, ": int8 codes with ",
-               stored.block_scales ? stored.block_scales->per_row : 0,
+    APUS_CHECK(!stored.encoding.block_scales || stored.encoding.block_scales->per_row == 1, what, ": int8 codes with ",
+               stored.encoding.block_scales ? stored.encoding.block_scales->per_row : 0,
                " scales per row; the int8 tier multiplies rows of one scale");
     APUS_CHECK(stored.shape[1] <= kInt8MaxDot, what, ": rows of ", stored.shape[1],
                " values; the int8 tier's integer sums hold at most ", kInt8MaxDot);
     Tensor flagged = stored;
-    flagged.int8_matmul = true;
+    flagged.encoding.int8_matmul = true;
     return flagged;
   }
   if (is_stored_quantized(stored.dtype) && scope_.keep_quantized) return stored;
@@ -70,7 +70,7 @@ Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
              "quantised already");
   if (!stored.data) {
     Tensor t = Tensor::shape_only(stored.shape, DType::i8);
-    t.int8_matmul = true;
+    t.encoding.int8_matmul = true;
     return t;
   }
   return quantize_int8_weight(stored, what);

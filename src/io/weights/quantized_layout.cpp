@@ -180,7 +180,7 @@ Tensor quantized_weight(const std::string& path, const SafetensorsFile& file, co
   };
   if (q.format == "float8_e4m3fn" || q.format == "float8_e5m2") {
     expect_dtype(q.format == "float8_e4m3fn" ? DType::fp8_e4m3 : DType::fp8_e5m2);
-    w.code_scale = scalar(q.scale);
+    w.encoding.code_scale = scalar(q.scale);
     return w;
   }
   if (q.format == "nvfp4") {
@@ -198,7 +198,7 @@ Tensor quantized_weight(const std::string& path, const SafetensorsFile& file, co
   auto blocks = std::make_shared<BlockScales>();
   if (q.format == "int8_tensorwise") {
     if (s.numel() == 1) {
-      w.code_scale = scalar(q.scale);
+      w.encoding.code_scale = scalar(q.scale);
       return w;
     }
     APUS_CHECK(((s.rank() == 1 && s.shape[0] == rows) || (s.rank() == 2 && s.shape == Shape{rows, 1})) &&
@@ -231,9 +231,9 @@ Tensor quantized_weight(const std::string& path, const SafetensorsFile& file, co
     blocks->block = block;
     blocks->per_row = cols / block;
     blocks->tiled = true;
-    if (q.format == "nvfp4") w.code_scale = scalar(q.scale_2);
+    if (q.format == "nvfp4") w.encoding.code_scale = scalar(q.scale_2);
   }
-  w.block_scales = std::move(blocks);
+  w.encoding.block_scales = std::move(blocks);
   return w;
 }
 

@@ -34,7 +34,7 @@ struct QuantizedLayout {
 // not implement, a tag of no weight and a scale of none.
 QuantizedLayout read_quantized_layout(const std::string& path, const SafetensorsFile& file);
 
-// The stored weight as codes with its scales attached (Tensor::code_scale, block_scales), every
+// The stored weight as codes with its scales attached (Tensor::encoding: code_scale, block_scales), every
 // shape and dtype checked against the format.
 Tensor quantized_weight(const std::string& path, const SafetensorsFile& file, const std::string& stored,
                         const QuantizedWeight& q);

@@ -72,7 +72,7 @@ Tensor SingleFile::view(const std::string& name, const Shape& expected, bool wit
     APUS_CHECK(out.rank() >= 1 && out.shape[0] % 2 == 0, where(name), ": ", shape_str(out.shape),
                " has no two halves of rows to swap");
     const int64_t half = out.shape[0] / 2;
-    if (out.block_scales) {
+    if (out.encoding.block_scales) {
       // Block factors follow their rows: the swapped weight is decoded, as fp32.
       const Tensor values = to_dtype(out, DType::f32);
       Tensor swapped = Tensor::heap(out.shape, DType::f32);
@@ -81,7 +81,7 @@ Tensor SingleFile::view(const std::string& name, const Shape& expected, bool wit
       out = swapped;
     } else {
       Tensor swapped = Tensor::heap(out.shape, dt);
-      swapped.code_scale = out.code_scale;
+      swapped.encoding.code_scale = out.encoding.code_scale;
       const size_t bytes = out.nbytes() / 2;
       std::memcpy(swapped.data, static_cast<const char*>(out.data) + bytes, bytes);
       std::memcpy(static_cast<char*>(swapped.data) + bytes, out.data, bytes);

@@ -295,7 +295,9 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   });
   Tensor w_scale = Tensor::in(*c.arena, {n}, DType::f32);
   for (int64_t j = 0; j < n; ++j)
-    w_scale.ptr<float>()[j] = w.block_scales ? w.code_scale * w.block_scales->at(w.block_row0 + j, 0) : w.code_scale;
+    w_scale.ptr<float>()[j] = w.encoding.block_scales
+                                  ? w.encoding.code_scale * w.encoding.block_scales->at(w.encoding.block_row0 + j, 0)
+                                  : w.encoding.code_scale;
   Tensor b = bias ? Tensor::in(*c.arena, {n}, DType::f32) : Tensor{};
   if (bias) {
     load_row(vector_row(*bias), 0, b.ptr<float>(), n);
@@ -338,7 +340,7 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
                  y.shape[1] == w.shape[0],
              "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ", shape_str(y.shape),
              " do not agree");
-  if (w.int8_matmul) {
+  if (w.encoding.int8_matmul) {
     linear_int8(c, x, w, bias, y);
     return;
   }

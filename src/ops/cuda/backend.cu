@@ -116,10 +116,7 @@ Tensor to_device(Backend& backend, const Tensor& host) {
              shape_str(host.shape));
   Tensor t = Tensor::allocate(backend, host.shape, host.dtype);
   cuda::check(cudaMemcpy(t.data, host.data, host.nbytes(), cudaMemcpyHostToDevice), "copy to the device");
-  t.code_scale = host.code_scale;
-  t.block_scales = host.block_scales;
-  t.block_row0 = host.block_row0;
-  t.int8_matmul = host.int8_matmul;
+  t.encoding = host.encoding;
   return t;
 }
 

@@ -174,8 +174,8 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   APUS_CHECK(x.rank() == 2 && w.rank() == 2 && w.shape[1] == k && y.shape == Shape({m, n}) && w.contiguous() &&
                  x.dtype == y.dtype && (!bias || bias->numel() == n),
              "linear: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ", shape_str(y.shape));
-  APUS_CHECK(!is_stored_quantized(w.dtype) && !w.int8_matmul, "linear on the GPU: weights stored as ",
-             dtype_name(w.dtype), w.int8_matmul ? " (the int8 tier)" : "", " run on the CPU only so far");
+  APUS_CHECK(!is_stored_quantized(w.dtype) && !w.encoding.int8_matmul, "linear on the GPU: weights stored as ",
+             dtype_name(w.dtype), w.encoding.int8_matmul ? " (the int8 tier)" : "", " run on the CPU only so far");
   if (m == 0) return;
   // Weights (and bias) in the activation dtype, as torch_dtype converts them.
   ArenaScope scope(*c.arena);

@@ -18,7 +18,9 @@ void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y
              kInt8MaxDot, ", got ", dtype_name(w.dtype), " ", shape_str(w.shape));
   std::vector<float> w_scale(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j)
-    w_scale[size_t(j)] = w.block_scales ? w.code_scale * w.block_scales->at(w.block_row0 + j, 0) : w.code_scale;
+    w_scale[size_t(j)] = w.encoding.block_scales
+                             ? w.encoding.code_scale * w.encoding.block_scales->at(w.encoding.block_row0 + j, 0)
+                             : w.encoding.code_scale;
   std::vector<int8_t> q(static_cast<size_t>(k));
   for (int64_t i = 0; i < m; ++i) {
     float amax = 0;
@@ -54,7 +56,7 @@ void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
   APUS_CHECK(x.shape[1] == k && y.shape == Shape({m, n}), "linear: shapes do not agree");
-  if (w.int8_matmul) {
+  if (w.encoding.int8_matmul) {
     linear_int8(x, w, bias, y);
     return;
   }
