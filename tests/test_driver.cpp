@@ -31,7 +31,7 @@ template <bool WithDescribe> struct ToyFamily {
   void count_inputs(Work&, int batch) const;
   std::string describe(const Request&) const requires WithDescribe;
   DType compute(const Request&) const;
-  void tokenize(Work&, const std::vector<Request>&, std::vector<Result>&, const Say&) const;
+  void tokenize(Work&, const std::vector<Request>&, std::vector<Result>&, const Progress&) const;
   void initial_noise(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;
   const std::vector<std::unique_ptr<Part<Work>>>& parts() const;
   void finish(Context&, Work&, const std::vector<Request>&, std::vector<Result>&) const;

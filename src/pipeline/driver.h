@@ -21,8 +21,6 @@
 
 namespace apus {
 
-using Say = std::function<void(const std::string&)>;
-
 // The stages every family has, as the cost model, traces and -v name them (a family names its own
 // encoder and decoder: vae_decode, same_decode, ...).
 constexpr const char* kTextStage = "text_encoder";
@@ -63,7 +61,7 @@ template <typename Work> class Part {
   virtual ~Part() = default;
   // Files the cost of each stage the batch runs and the model's parameters.
   virtual void count(Work& w, PipelineCost& p) const = 0;
-  virtual void run(Context& c, Work& w, StageClock& clock, const Say& say) const = 0;
+  virtual void run(Context& c, Work& w, StageClock& clock, const Progress& say) const = 0;
 };
 
 // A part on one model: opened with weights for a run (or held resident), shapes only for a count.
@@ -91,7 +89,7 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
     p.parameters += double(model.parameter_count());
   }
 
-  void run(Context& c, Work& w, StageClock& clock, const Say& say) const override {
+  void run(Context& c, Work& w, StageClock& clock, const Progress& say) const override {
     if (s_.used && !s_.used(w)) return;
     with_model(
         *s_.resident, [&] { return s_.open(Weights::per_stage, c.act); },
@@ -128,7 +126,7 @@ std::unique_ptr<Part<Work>> model_part(typename ModelPart<Work, Model>::Spec spe
 template <typename F>
 concept PipelineFamily = requires(const F& f, const typename F::Request& r, const std::vector<typename F::Request>& rs,
                                   typename F::Work& w, std::vector<typename F::Result>& results, Context& c,
-                                  const Say& say, int batch) {
+                                  const Progress& say, int batch) {
   { f.weights() } -> std::same_as<Weights>;
   { f.root() } -> std::convertible_to<std::string>;
   { f.device() } -> std::same_as<Backend*>;
@@ -181,7 +179,8 @@ std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<
   f.check_batch_agrees(requests);
   check_memory(count_batch(f, r, int(batch)), f.weights() == Weights::resident,
                f.describe(r) + (batch > 1 ? " x" + std::to_string(batch) : ""), f.device());
-  const Say say = [&](const std::string& s) {
+  // The stages report through this one, callable whether or not a progress callback was given.
+  const Progress say = [&](const std::string& s) {
     if (progress) progress(s);
   };
   std::vector<typename F::Result> results(requests.size());

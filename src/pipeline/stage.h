@@ -82,9 +82,8 @@ void with_model(const std::optional<Model>& resident, Load&& load, Body&& body) 
 
 // Runs sampler step i of n, checks `state` (the latents it updates) finite, reports
 // "step i/n  sigma s  t s" through `say` and files the time as "transformer step i" of `stage`.
-template <typename Step, typename Say> void timed_step(Context& c, StageClock& clock, Say&& say, int i, int n,
-                                                       float sigma, const Tensor& state, const char* stage,
-                                                       Step&& step) {
+template <typename Step> void timed_step(Context& c, StageClock& clock, const Progress& say, int i, int n, float sigma,
+                                         const Tensor& state, const char* stage, Step&& step) {
   const auto t0 = std::chrono::steady_clock::now();
   step();
   require_finite(c, state, "transformer step " + std::to_string(i + 1) + "/" + std::to_string(n));

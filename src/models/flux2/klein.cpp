@@ -9,11 +9,11 @@
 namespace apus {
 
 std::vector<float> flux2::inpaint_mask(const Rgb8Image& mask, int width, int height) {
-  APUS_CHECK(width % 16 == 0 && height % 16 == 0 && width > 0 && height > 0, "inpainting mask for ", width, "x", height,
-             ": expected positive multiples of 16");
+  APUS_CHECK(width % kTokenPixels == 0 && height % kTokenPixels == 0 && width > 0 && height > 0, "inpainting mask for ",
+             width, "x", height, ": expected positive multiples of ", kTokenPixels);
   const Rgb8Image sized = mask.width == width && mask.height == height ? mask : resize_lanczos(mask, width, height);
   const std::vector<uint8_t> grey = luminance(sized);
-  const int gh = height / 16, gw = width / 16;
+  const int gh = height / kTokenPixels, gw = width / kTokenPixels;
   // torch's bilinear interpolation, align_corners false, in float: source = scale (i + 0.5) - 0.5,
   // clamped at 0, between the taps i0 and i0 + 1 (the last row or column repeating).
   struct Tap {

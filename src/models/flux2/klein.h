@@ -7,6 +7,9 @@
 
 namespace apus::flux2 {
 
+// Pixels per side of a latent token: the VAE's 8x downsampling and the transformer's 2x2 patches.
+// Every image side the pipeline renders is a multiple of it.
+constexpr int kTokenPixels = 16;
 constexpr int kMaxSequence = 512;                       // the pipeline's max_sequence_length
 inline const std::vector<int> kTextTaps = {9, 18, 27};  // the pipeline's text_encoder_out_layers
 

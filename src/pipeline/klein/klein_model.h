@@ -35,7 +35,7 @@ class KleinModel final : public ImageModel {
   // image to inpaint is resized to that size instead, and then taken whole.
   struct Crop {
     int64_t left, top, width, height;
-    int64_t tokens() const { return (width / 16) * (height / 16); }
+    int64_t tokens() const { return (width / flux2::kTokenPixels) * (height / flux2::kTokenPixels); }
   };
 
   // What a batch of requests carries from stage to stage (shape-only tensors in counting mode),
@@ -105,7 +105,7 @@ class KleinModel final : public ImageModel {
   std::string describe(const ImageRequest& r) const;
   DType compute(const ImageRequest& r) const { return r.fp32 ? DType::f32 : DType::bf16; }
   void tokenize(Work& w, const std::vector<ImageRequest>& requests, std::vector<ImageResult>& results,
-                const Say& say) const;
+                const Progress& say) const;
   // Each request's initial noise [1, C, h, w] packed to tokens into its rows of w.latents.
   void initial_noise(Context& c, Work& w, const std::vector<ImageRequest>& requests,
                      std::vector<ImageResult>& results) const;

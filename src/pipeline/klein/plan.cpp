@@ -42,7 +42,7 @@ Rgb8Image within_target_area(Rgb8Image image) {
 
 Crop crop_of(const Rgb8Image& image) {
   const int64_t iw = image.width, ih = image.height;
-  const int64_t w = iw / 16 * 16, h = ih / 16 * 16;
+  const int64_t w = iw / flux2::kTokenPixels * flux2::kTokenPixels, h = ih / flux2::kTokenPixels * flux2::kTokenPixels;
   return {(iw - w) / 2, (ih - h) / 2, w, h};
 }
 
@@ -59,9 +59,10 @@ void KleinModel::resolve_inpainting(ImageRequest& r) const {
   APUS_CHECK(r.references.size() <= 1, "inpainting takes one reference image (the pipeline's image_reference), not ",
              r.references.size());
   Rgb8Image image = within_target_area(std::move(in.image));
-  const int w = image.width / 16 * 16, h = image.height / 16 * 16;
-  APUS_CHECK(w >= 16 && h >= 16, "the image to inpaint is ", image.width, "x", image.height,
-             ": both sides must be at least 16 pixels");
+  const int side = flux2::kTokenPixels;
+  const int w = image.width / side * side, h = image.height / side * side;
+  APUS_CHECK(w >= side && h >= side, "the image to inpaint is ", image.width, "x", image.height,
+             ": both sides must be at least ", side, " pixels");
   APUS_CHECK(r.width.value_or(w) == w && r.height.value_or(h) == h, "inpainting renders at the image's size, ", w, "x",
              h, ", not the ", r.width.value_or(w), "x", r.height.value_or(h), " asked");
   r.width = w;
@@ -72,8 +73,8 @@ void KleinModel::resolve_inpainting(ImageRequest& r) const {
   for (Rgb8Image& reference : r.references) {
     check_pixels(reference, "the reference image");
     reference = within_target_area(std::move(reference));
-    APUS_CHECK(reference.width >= 16 && reference.height >= 16, "the reference image is ", reference.width, "x",
-               reference.height, ": both sides must be at least 16 pixels");
+    APUS_CHECK(reference.width >= side && reference.height >= side, "the reference image is ", reference.width, "x",
+               reference.height, ": both sides must be at least ", side, " pixels");
   }
 }
 
@@ -111,8 +112,9 @@ ImageRequest KleinModel::resolved(const ImageRequest& request) const {
   for (const auto& [name, side] : {std::pair{"width", *r.width}, std::pair{"height", *r.height}})
     APUS_CHECK_FIELD(side >= L::min_side && side <= L::max_side, name, name, " ", side, " outside ", L::min_side, "..",
                      L::max_side);
-  APUS_CHECK_FIELD(*r.width % 16 == 0 && *r.height % 16 == 0, *r.width % 16 ? "width" : "height", "width ", *r.width,
-                   " and height ", *r.height, " must be multiples of 16");
+  const int side = flux2::kTokenPixels;
+  APUS_CHECK_FIELD(*r.width % side == 0 && *r.height % side == 0, *r.width % side ? "width" : "height", "width ",
+                   *r.width, " and height ", *r.height, " must be multiples of ", side);
   APUS_CHECK_FIELD(*r.steps >= 1 && *r.steps <= L::max_steps, "steps", "steps ", *r.steps, " outside 1..",
                    L::max_steps);
   return r;
@@ -127,8 +129,8 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   w.samples = w.guided ? 2 * batch : batch;
   w.cfg = *r.cfg;
   w.steps = steps;
-  w.h = height / 16;
-  w.w = width / 16;
+  w.h = height / flux2::kTokenPixels;
+  w.w = width / flux2::kTokenPixels;
   w.schedule = flow_match_schedule(scheduler_cfg_, steps, flux2_empirical_mu(w.h * w.w, steps));
   if (r.inpaint) {
     w.inpainting = true;

@@ -125,7 +125,8 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
   const Tensor txt_ids = c.count_only ? Tensor::shape_only({kMaxSequence, 4}, DType::i64)
                                       : ops::to_context(c, flux2::text_position_ids(kMaxSequence));
   std::vector<std::pair<int64_t, int64_t>> grids;
-  for (const Crop& crop : w.crops) grids.emplace_back(crop.height / 16, crop.width / 16);
+  for (const Crop& crop : w.crops)
+    grids.emplace_back(crop.height / flux2::kTokenPixels, crop.width / flux2::kTokenPixels);
   // With the reference cache the references leave the sequence: they run once, here.
   const int64_t seq_refs = w.reference_cache ? 0 : w.ref_tokens;
   if (w.reference_cache) {
@@ -224,7 +225,7 @@ void KleinModel::send_previews(Context& c, const Work& w, const Tensor& velocity
 }
 
 void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const {
-  const int64_t s = 16;  // pixels per latent token side: the VAE's 8x and the 2x2 patches
+  const int64_t s = flux2::kTokenPixels;
   w.image = ops::empty(c, {w.batch, vae.config().out_channels, w.h * s, w.w * s}, c.act);
   vae.decode(c, w.latents, w.h, w.w, w.image);
 }
@@ -237,7 +238,7 @@ void KleinModel::count_inputs(Work& w, int batch) const {
 }
 
 void KleinModel::tokenize(Work& w, const std::vector<ImageRequest>& requests, std::vector<ImageResult>&,
-                          const Say&) const {
+                          const Progress&) const {
   auto add = [&](const std::string& text, const char* what) {
     // Checked before the chat template wraps it, so an offset counts the user's own bytes.
     require_utf8(text, std::string("the ") + what);

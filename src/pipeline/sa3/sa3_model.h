@@ -174,7 +174,7 @@ class Sa3Model final : public AudioModel {
   // The prompts, then (for guidance by negative prompts) the negative prompts, one batch through
   // the text encoder.
   void tokenize(Work& w, const std::vector<AudioRequest>& requests, std::vector<AudioResult>& results,
-                const Say& say) const;
+                const Progress& say) const;
   // The initial latents (each generator's first draw, fp32 as torch.randn([1, C, T])) and the
   // input clips of audio-to-audio and inpainting.
   void initial_noise(Context& c, Work& w, const std::vector<AudioRequest>& requests,

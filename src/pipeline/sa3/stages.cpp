@@ -236,7 +236,7 @@ void Sa3Model::count_inputs(Work& w, int batch) const {
 }
 
 void Sa3Model::tokenize(Work& w, const std::vector<AudioRequest>& requests, std::vector<AudioResult>& results,
-                        const Say& say) const {
+                        const Progress& say) const {
   auto add = [&](const std::string& text, const char* what) {
     require_utf8(text, std::string("the ") + what);
     std::vector<int32_t> ids = tokenizer_->encode(text);
