@@ -1,5 +1,6 @@
 #include "io/weights/peft_config.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "core/error.h"
@@ -51,6 +52,8 @@ std::optional<double> PeftConfig::alpha_of(const std::string& module) const {
     if (module == pattern || module.ends_with("." + pattern)) return a;
   return alpha;
 }
+
+double PeftConfig::scaling(double a, double rank) const { return a / (rslora ? std::sqrt(rank) : rank); }
 
 PeftConfig read_peft_config(const SafetensorsFile& file, const std::string& path) {
   const auto it = file.metadata().find("lora_adapter_metadata");

@@ -17,6 +17,8 @@ struct PeftConfig {
   bool rslora = false;
   // The alpha of `module`: the alpha_pattern entry it ends with (as PEFT's "(.*\.)?key$"), else lora_alpha.
   std::optional<double> alpha_of(const std::string& module) const;
+  // PEFT's scaling of a rank-r adapter with this alpha: alpha / r, or alpha / sqrt(r) with rslora.
+  double scaling(double alpha, double rank) const;
 };
 
 // The config of the adapter file `file` at `path` (empty where it has none).

@@ -178,7 +178,7 @@ void read_lora(const Lora& lora, const std::map<std::string, Shape>& weights, in
     Delta delta = module_delta(m, path);
     const double rank = double(delta.rank);
     const std::optional<double> alpha = m.alpha ? std::optional<double>(*m.alpha) : peft.alpha_of(name);
-    const double per_rank = alpha && delta.rank ? *alpha / (peft.rslora ? std::sqrt(rank) : rank) : 1.0;
+    const double per_rank = alpha && delta.rank ? peft.scaling(*alpha, rank) : 1.0;
     delta.change.scale = float(double(lora.scale) * per_rank);
     const std::string key = m.keys.count("up") ? m.keys.at("up") : m.any_key();
     delta.change.source = path + ": '" + key + "'";

@@ -206,7 +206,7 @@ void read_peft(const Lora& lora, const SafetensorsFile& file, const LoraTargets&
     const double rank = double(m.down.dim(0)), alpha = *peft.alpha_of(module);
     LowRank change;
     change.inner = Factor{m.down, m.up};
-    change.scale = float(double(lora.scale) * alpha / (peft.rslora ? std::sqrt(rank) : rank));
+    change.scale = float(double(lora.scale) * peft.scaling(alpha, rank));
     change.source = path + ": '" + key + "'";
     into.add(target->second.weight, target->second.shape, std::move(change));
   }
