@@ -198,7 +198,8 @@ Json parse_infotext(const std::string& text) {
   }
   out["Prompt"] = prompt;
   out["Negative prompt"] = negative;
-  static const std::regex pair(R"re(\s*([\w ]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$))re");
+  // A "Key: value" pair of the settings line, the value quoted (with escapes) or up to a comma.
+  static const std::regex pair("\\s*([\\w ]+):\\s*(\"(?:\\\\.|[^\\\\\"])+\"|[^,]*)(?:,|$)");
   for (std::sregex_iterator it(settings.begin(), settings.end(), pair), end; it != end; ++it)
     out[(*it)[1].str()] = (*it)[2].str();
   return out;
