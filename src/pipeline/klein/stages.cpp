@@ -45,9 +45,8 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   if (weights_ == Weights::none) return;
   // The tokenizer folder's tokenizer.json, or a file given for it (a GGUF carrying one).
   const std::string tokenizer = dir_.part("tokenizer");
-  const std::string tokenizer_file = is_directory(tokenizer) ? tokenizer + "/tokenizer.json" : tokenizer;
-  tokenizer_.emplace(BpeTokenizer::load(tokenizer_file));
-  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, tokenizer_file, ": token id ", tokenizer_->max_id(),
+  tokenizer_.emplace(BpeTokenizer::load(tokenizer));
+  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, tokenizer, ": token id ", tokenizer_->max_id(),
              " has no row in the text encoder's ", text_cfg.vocab,
              "-entry embedding (text_encoder/config.json vocab_size)");
   if (weights_ == Weights::resident) {
