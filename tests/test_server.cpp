@@ -22,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -1057,6 +1058,39 @@ TEST_F(Serve, Automatic1111ProgressFollowsTheRunningJob) {
   ASSERT_EQ(answer["images"].size(), 1u);
   EXPECT_EQ(read_png(as_file(unbase64(answer["images"][0]), "serve_interrupted.png")).width, 128);
   EXPECT_EQ(Json::parse(client().Get("/sdapi/v1/progress")->body)["state"]["job_count"], 0);
+}
+
+// The route table is the server: every route it lists answers its method (a request the route
+// refuses is still the route's answer, never the transport's "no such route" or 405), and
+// docs/USAGE.md's list of routes is that table, row for row.
+TEST_F(Serve, EveryRouteOfTheTableAnswersAndIsDocumented) {
+  auto path_of = [](std::string pattern) {
+    for (const auto& [group, example] : {std::pair<std::string, std::string>{"([A-Za-z0-9-]+)", "{id}"},
+                                         std::pair<std::string, std::string>{"([0-9]{1,4})", "{n}"}})
+      for (size_t at; (at = pattern.find(group)) != std::string::npos;) pattern.replace(at, group.size(), example);
+    return pattern;
+  };
+  std::set<std::string> table;
+  for (const auto& [method, pattern] : server::Server::route_list()) {
+    const std::string documented = path_of(pattern);
+    EXPECT_TRUE(table.insert(method + " " + documented).second) << method << " " << pattern << " listed twice";
+    std::string path = documented;
+    for (const auto& [name, value] : {std::pair<std::string, std::string>{"{id}", "job-none"}, {"{n}", "0"}})
+      for (size_t at; (at = path.find(name)) != std::string::npos;) path.replace(at, name.size(), value);
+    const auto r = method == "GET"    ? client().Get(path)
+                   : method == "POST" ? client().Post(path, "{}", "application/json")
+                                      : client().Delete(path);
+    ASSERT_TRUE(r) << method << " " << path << ": no answer";
+    EXPECT_NE(r->status, 405) << method << " " << path << ": " << r->body;
+    EXPECT_EQ(r->body.find("no such route"), std::string::npos) << method << " " << path << ": " << r->body;
+  }
+  std::ifstream in(std::string(APUS_FIXTURES) + "/../../docs/USAGE.md");
+  ASSERT_TRUE(in) << "docs/USAGE.md beside the fixtures";
+  std::set<std::string> documented;
+  static const std::regex row(R"(^\| (GET|POST|DELETE) \| `([^`]+)` \|)");
+  for (std::string line; std::getline(in, line);)
+    if (std::smatch m; std::regex_search(line, m, row)) documented.insert(m[1].str() + " " + m[2].str());
+  EXPECT_EQ(documented, table) << "docs/USAGE.md's routes and src/server/routes.cpp's table differ";
 }
 
 // What A1111 clients read at start: the sampler and schedule (the model's own), upscalers (none),

@@ -41,6 +41,12 @@ const Server::Impl::Route Server::Impl::kRoutes[] = {
     {"POST", "/v1/audio/speech", &Server::Impl::audio_speech},
 };
 
+std::vector<std::pair<std::string, std::string>> Server::route_list() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Impl::Route& r : Impl::kRoutes) out.emplace_back(r.method, r.pattern);
+  return out;
+}
+
 void Server::Impl::routes() {
   http::Limits limits;
   limits.max_body = options.max_body;

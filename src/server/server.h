@@ -1,13 +1,13 @@
 #pragma once
 // `apus serve`: the loaded models behind an HTTP API. Each model is loaded once (resident) and
-// has its own worker and bounded queue (server/jobs.h). Routes: GET /health, GET /v1/models,
-// OpenAI-style POST /v1/images/generations (b64_json PNGs) and POST /v1/audio/generations (the
-// file itself), and jobs: POST /v1/jobs (an id at once), GET /v1/jobs/{id} (state, step,
-// result), DELETE /v1/jobs/{id} (cancel between sampler steps). Errors are JSON
-// {"error": {"message", "type", "param"}}: 400 bad request, 401 no or wrong key, 404 unknown model
-// or job, 413 body too large, 429 queue full (with Retry-After).
+// has its own worker and bounded queue (server/jobs.h). The routes (OpenAI's images and audio,
+// the jobs, AUTOMATIC1111's, the service's own) are one table in routes.cpp, listed by
+// route_list() and in docs/USAGE.md. Errors are JSON {"error": {"message", "type", "param"}}:
+// 400 bad request, 401 no or wrong key, 404 unknown model or job, 413 body too large or a
+// request beyond --max-request-seconds, 429 queue full (with Retry-After).
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apus/apus.h"
@@ -53,6 +53,9 @@ class Server {
   // Graceful shutdown: new jobs are refused (503), running and waiting ones may finish for up to
   // `drain_seconds`, the rest are cancelled, then the server stops.
   void shutdown(double drain_seconds);
+  // Every route the server answers, method and path pattern, in the route table's order
+  // (routes.cpp; the CORS preflight, on with --cors only, is not among them).
+  static std::vector<std::pair<std::string, std::string>> route_list();
 
  private:
   struct Impl;
