@@ -43,10 +43,12 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
   check_configs_agree(text_cfg, vae_cfg);
   scheduler_cfg_ = dir_.config("scheduler", "scheduler_config.json");
   if (weights_ == Weights::none) return;
-  // The tokenizer folder's tokenizer.json, or a file given for it (a GGUF carrying one).
+  // The tokenizer folder's tokenizer.json, or a file given for it (a GGUF carrying one): named
+  // here, not left to BpeTokenizer::load, so the vocabulary check below names the file itself.
   const std::string tokenizer = dir_.part("tokenizer");
-  tokenizer_.emplace(BpeTokenizer::load(tokenizer));
-  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, tokenizer, ": token id ", tokenizer_->max_id(),
+  const std::string tokenizer_file = is_directory(tokenizer) ? tokenizer + "/tokenizer.json" : tokenizer;
+  tokenizer_.emplace(BpeTokenizer::load(tokenizer_file));
+  APUS_CHECK(tokenizer_->max_id() < text_cfg.vocab, tokenizer_file, ": token id ", tokenizer_->max_id(),
              " has no row in the text encoder's ", text_cfg.vocab,
              "-entry embedding (text_encoder/config.json vocab_size)");
   if (weights_ == Weights::resident) {
