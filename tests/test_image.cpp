@@ -56,6 +56,23 @@ TEST(InputImage, LanczosResizeIsPillows) {
   }
 }
 
+// A1111's Nearest upscaler: Pillow's NEAREST resize, byte for byte, up, down and to sides that
+// are no multiple of the source's (tools/oracle/make_image_fixtures.py).
+TEST(InputImage, NearestResizeIsPillows) {
+  const Rgb8Image src = read_image(test::fixture("resize/small_45x31.png"));
+  for (const auto& [w, h] : {std::pair{90, 62}, {101, 67}, {20, 13}, {45, 80}}) {
+    SCOPED_TRACE(std::to_string(w) + "x" + std::to_string(h));
+    const Rgb8Image want =
+        read_image(test::fixture("resize/small_45x31_nearest_" + std::to_string(w) + "x" + std::to_string(h) + ".png"));
+    const Rgb8Image got = resize_nearest(src, w, h);
+    ASSERT_EQ(got.width, want.width);
+    ASSERT_EQ(got.height, want.height);
+    int64_t differing = 0;
+    for (size_t i = 0; i < got.rgb.size(); ++i) differing += got.rgb[i] != want.rgb[i];
+    EXPECT_EQ(differing, 0) << "of " << got.rgb.size() << " bytes differ from Pillow's";
+  }
+}
+
 TEST(InputImage, BadFilesAreRefusedNamingThem) {
   const std::string dir = ::testing::TempDir();
   auto file = [&](const std::string& name, const std::string& bytes) {

@@ -1093,7 +1093,7 @@ TEST_F(Serve, EveryRouteOfTheTableAnswersAndIsDocumented) {
   EXPECT_EQ(documented, table) << "docs/USAGE.md's routes and src/server/routes.cpp's table differ";
 }
 
-// What A1111 clients read at start: the sampler and schedule (the model's own), upscalers (none),
+// What A1111 clients read at start: the sampler and schedule (the model's own), upscalers (the three without models),
 // LoRAs, flags, memory; refresh routes answer; png-info reads back what txt2img wrote.
 TEST_F(Serve, Automatic1111ListsAndTools) {
   auto get = [&](const char* route) {
@@ -1133,6 +1133,104 @@ TEST_F(Serve, Automatic1111ListsAndTools) {
 }
 
 // txt2img's refusals name A1111's own fields, never the OpenAI fields apus has beside them.
+// A1111's extras with the upscalers it has without model files, as its Upscale script runs them:
+// Pillow's resize by the upscaler (resize_nearest and resize_lanczos are Pillow's byte for byte,
+// tests/test_image.cpp), then Lanczos to sides floored to multiples of 8; "scale to" pasted
+// centred on a black canvas; a second upscaler blended in; the infotext in the PNG and html_info.
+TEST_F(Serve, Automatic1111ExtrasUpscaleAsItsScriptDoes) {
+  const std::string source_file = read_file(test::fixture("resize/small_45x31.png"));
+  const Rgb8Image src = read_image(test::fixture("resize/small_45x31.png"));
+  auto run = [&](Json fields) {
+    fields["image"] = base64_of(source_file);
+    const auto r = client().Post("/sdapi/v1/extra-single-image", fields.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    const Json j = Json::parse(r ? r->body : "{}");
+    return std::pair{read_png(as_file(unbase64(j.value("image", "")), "serve_extras.png")),
+                     j.value("html_info", std::string())};
+  };
+  auto text_of = [](const PngImage& png, const std::string& key) {
+    for (const auto& [k, v] : png.text)
+      if (k == key) return v;
+    return std::string("(none)");
+  };
+  {
+    const auto [png, html] = run({{"upscaler_1", "Lanczos"}, {"upscaling_resize", 2}});
+    const Rgb8Image want = resize_lanczos(resize_lanczos(src, 90, 62), 88, 56);
+    EXPECT_EQ(png.width, 88);
+    EXPECT_EQ(png.height, 56);
+    EXPECT_EQ(png.rgb, want.rgb);
+    EXPECT_EQ(text_of(png, "postprocessing"), "Postprocess upscale by: 2.0, Postprocess upscaler: Lanczos");
+    EXPECT_EQ(html, "<p>Postprocess upscale by: 2.0, Postprocess upscaler: Lanczos</p>");
+  }
+  {
+    // Scale to 64x64: by max(64/45, 64/31), Nearest to 92x64, Lanczos to 88x64, pasted at (-12, 0).
+    const auto [png, html] =
+        run({{"upscaler_1", "Nearest"}, {"resize_mode", 1}, {"upscaling_resize_w", 64}, {"upscaling_resize_h", 64}});
+    const Rgb8Image scaled = resize_lanczos(resize_nearest(src, 92, 64), 88, 64);
+    ASSERT_EQ(png.width, 64);
+    ASSERT_EQ(png.height, 64);
+    for (int y = 0; y < 64; ++y)
+      for (int x = 0; x < 64; ++x)
+        for (int c = 0; c < 3; ++c)
+          ASSERT_EQ(png.rgb[(size_t(y) * 64 + size_t(x)) * 3 + size_t(c)],
+                    scaled.rgb[(size_t(y) * 88 + size_t(x + 12)) * 3 + size_t(c)])
+              << x << "," << y;
+    EXPECT_EQ(text_of(png, "postprocessing"),
+              "Postprocess upscale to: 64x64, Postprocess crop to: 64x64, Postprocess upscaler: Nearest");
+  }
+  {
+    // A second upscaler blended at 0.3 as Pillow's Image.blend: a + 0.3 (b - a) in floats, truncated.
+    const auto [png, html] = run({{"upscaler_1", "Lanczos"},
+                                  {"upscaler_2", "Nearest"},
+                                  {"extras_upscaler_2_visibility", 0.3},
+                                  {"upscaling_resize", 1.5}});
+    const Rgb8Image a = resize_lanczos(resize_lanczos(src, 67, 46), 64, 40),
+                    b = resize_lanczos(resize_nearest(src, 67, 46), 64, 40);
+    ASSERT_EQ(png.rgb.size(), a.rgb.size());
+    for (size_t i = 0; i < a.rgb.size(); ++i)
+      ASSERT_EQ(png.rgb[i], uint8_t(float(a.rgb[i]) + 0.3f * float(int(b.rgb[i]) - int(a.rgb[i])))) << i;
+    EXPECT_NE(text_of(png, "postprocessing").find("Postprocess upscaler 2: Nearest"), std::string::npos);
+  }
+  {
+    // "None" leaves the image as it is (A1111's script returns before upscaling).
+    const auto [png, html] = run({{"upscaler_1", "None"}, {"upscaling_resize", 4}});
+    EXPECT_EQ(png.width, 45);
+    EXPECT_EQ(png.rgb, src.rgb);
+    EXPECT_EQ(html, "<p></p>");
+  }
+  const Json batch = {
+      {"upscaler_1", "Nearest"},
+      {"upscaling_resize", 2},
+      {"imageList",
+       {{{"data", base64_of(source_file)}, {"name", "a.png"}}, {{"data", base64_of(source_file)}, {"name", "b.png"}}}}};
+  const auto r = client().Post("/sdapi/v1/extra-batch-images", batch.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+  const Json images = Json::parse(r->body)["images"];
+  ASSERT_EQ(images.size(), 2u);
+  const Rgb8Image want = resize_lanczos(resize_nearest(src, 90, 62), 88, 56);
+  for (const Json& image : images)
+    EXPECT_EQ(read_png(as_file(unbase64(image.get<std::string>()), "serve_extras_batch.png")).rgb, want.rgb);
+
+  const std::string image = base64_of(source_file);
+  expect_refusal(client().Post("/sdapi/v1/extra-single-image",
+                               Json{{"image", image}, {"gfpgan_visibility", 0.5}}.dump(), "application/json"),
+                 400, "face restoration", "gfpgan_visibility");
+  expect_refusal(client().Post("/sdapi/v1/extra-single-image",
+                               Json{{"image", image}, {"upscaler_1", "R-ESRGAN 4x+"}}.dump(), "application/json"),
+                 400, "None, Lanczos and Nearest", "upscaler_1");
+  expect_refusal(client().Post("/sdapi/v1/extra-single-image",
+                               Json{{"image", image}, {"upscaler_1", "Lanczos"}, {"upscaling_resize", 0.1}}.dump(),
+                               "application/json"),
+                 400, "would be 0x0", "upscaling_resize");
+  expect_refusal(
+      client().Post("/sdapi/v1/extra-single-image", Json{{"upscaler_1", "Lanczos"}}.dump(), "application/json"), 400,
+      "'image'", "image");
+  expect_refusal(
+      client().Post("/sdapi/v1/extra-single-image",
+                    Json{{"image", base64_of("not an image")}, {"upscaler_1", "Lanczos"}}.dump(), "application/json"),
+      400, "", "image");
+}
+
 TEST_F(Serve, Automatic1111RefusalsNameItsFields) {
   struct Case {
     Json fields;

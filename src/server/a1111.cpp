@@ -1,6 +1,7 @@
 // AUTOMATIC1111's web UI API (modules/api/api.py), the routes its clients call: txt2img and
 // img2img, progress and interrupt, the model list and options that pick the checkpoint, and the
-// lists and tools clients read at start (samplers, schedulers, upscalers, LoRAs, memory, png-info).
+// lists and tools clients read at start (samplers, schedulers, upscalers, LoRAs, memory, png-info);
+// its extras routes are in a1111_extras.cpp.
 #include <unistd.h>
 
 #include <regex>
@@ -161,13 +162,6 @@ Json bare_base64(const Json& value) {
   return text.starts_with("data:") && comma != std::string::npos ? Json(text.substr(comma + 1)) : value;
 }
 
-std::string a1111_image(const Json& value, const std::string& what, const char* param) {
-  const std::optional<std::string> bytes =
-      bare_base64(value).is_string() ? unbase64(bare_base64(value).get<std::string>()) : std::nullopt;
-  if (!bytes || bytes->empty()) refuse(400, "'" + what + "' must be an image file as base64", param);
-  return *bytes;
-}
-
 // A1111's infotext ("parameters") as its parse_generation_parameters gives it: the prompt, the
 // negative prompt, then "Key: value" pairs from the last line.
 Json parse_infotext(const std::string& text) {
@@ -206,6 +200,13 @@ Json parse_infotext(const std::string& text) {
 }
 
 }  // namespace
+
+std::string a1111_image(const Json& value, const std::string& what, const char* param) {
+  const std::optional<std::string> bytes =
+      bare_base64(value).is_string() ? unbase64(bare_base64(value).get<std::string>()) : std::nullopt;
+  if (!bytes || bytes->empty()) refuse(400, "'" + what + "' must be an image file as base64", param);
+  return *bytes;
+}
 
 // Runs an A1111 request on the checkpoint options chose, waits for it and answers.
 void Server::Impl::a1111_run(const http::Request& req, http::Response& res, const Json& in, A1111Request& a,
@@ -398,12 +399,12 @@ void Server::Impl::a1111_schedulers(const http::Request&, http::Response& res) {
 }
 
 void Server::Impl::a1111_upscalers(const http::Request&, http::Response& res) {
-  res.set_content(dump(Json::array({{{"name", "None"},
-                                     {"model_name", nullptr},
-                                     {"model_path", nullptr},
-                                     {"model_url", nullptr},
-                                     {"scale", 1}}})),
-                  "application/json");
+  // A1111's own three that need no model file (a1111_extras.cpp runs them), as it lists them.
+  Json list = Json::array();
+  for (const char* name : {"None", "Lanczos", "Nearest"})
+    list.push_back(
+        {{"name", name}, {"model_name", nullptr}, {"model_path", nullptr}, {"model_url", nullptr}, {"scale", 4}});
+  res.set_content(dump(list), "application/json");
 }
 
 // --lora-dir's files, named as <lora:NAME:WEIGHT> names them (the path: the file's name only).

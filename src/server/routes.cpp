@@ -35,6 +35,8 @@ const Server::Impl::Route Server::Impl::kRoutes[] = {
     {"GET", "/sdapi/v1/cmd-flags", &Server::Impl::a1111_cmd_flags},
     {"GET", "/sdapi/v1/memory", &Server::Impl::a1111_memory},
     {"POST", "/sdapi/v1/png-info", &Server::Impl::a1111_png_info},
+    {"POST", "/sdapi/v1/extra-single-image", &Server::Impl::a1111_extra_single},
+    {"POST", "/sdapi/v1/extra-batch-images", &Server::Impl::a1111_extra_batch},
     {"POST", "/v1/images/edits", &Server::Impl::image_edits},
     {"POST", "/v1/images/generations", &Server::Impl::image_generations},
     {"POST", "/v1/audio/generations", &Server::Impl::audio_generations},

@@ -55,6 +55,8 @@ struct ImageFiles {
 };
 
 struct A1111Request;  // a1111.cpp
+// An A1111 image field: base64, bare or as a data URL, refused naming `param` otherwise (a1111.cpp).
+std::string a1111_image(const Json& value, const std::string& what, const char* param);
 
 struct Server::Impl {
   ServeOptions options;
@@ -176,6 +178,8 @@ struct Server::Impl {
   void a1111_cmd_flags(const http::Request& req, http::Response& res);
   void a1111_memory(const http::Request& req, http::Response& res);
   void a1111_png_info(const http::Request& req, http::Response& res);
+  void a1111_extra_single(const http::Request& req, http::Response& res);  // a1111_extras.cpp
+  void a1111_extra_batch(const http::Request& req, http::Response& res);
   // An A1111 image request run on the checkpoint the options chose (or its override), waited for and
   // answered; the checkpoint's model.
   void a1111_run(const http::Request& req, http::Response& res, const Json& in, A1111Request& a, ImageFiles files,

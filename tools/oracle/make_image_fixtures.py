@@ -31,6 +31,18 @@ def exif_with_orientation(value):
     return exif.tobytes()
 
 
+NEAREST_SIZES = ((90, 62), (101, 67), (20, 13), (45, 80))
+
+
+def write_nearest_fixtures(r):
+    """A1111's Nearest upscaler is PIL's resize with NEAREST: a small noisy source and its resizes
+    up, down and to sides that are no multiple of it (resize/small_45x31*.png)."""
+    src = Image.fromarray(content(45, 31, 7), "RGB")
+    src.save(os.path.join(r, "small_45x31.png"))
+    for w, h in NEAREST_SIZES:
+        src.resize((w, h), resample=Image.Resampling.NEAREST).save(os.path.join(r, f"small_45x31_nearest_{w}x{h}.png"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
@@ -80,6 +92,8 @@ def main():
         resized = Flux2ImageProcessor._resize_to_target_area(Image.fromarray(src, "RGB"), 1024 * 1024)
         resized.save(os.path.join(r, f"{name}_pil_lanczos.png"))
         print(name, "->", resized.size)
+
+    write_nearest_fixtures(r)
 
     out = {}
     for name in sorted(os.listdir(d)):

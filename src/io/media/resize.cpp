@@ -1,5 +1,6 @@
 #include "io/media/resize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -110,6 +111,32 @@ Rgb8Image resize_lanczos(const Rgb8Image& image, int width, int height) {
         out.rgb[(size_t(y) * size_t(width) + size_t(x)) * 3 + size_t(c)] = clip8(sum);
       }
   }
+  return out;
+}
+
+namespace {
+
+// The source index of each of `out` positions over `in`, as Pillow's ImagingScaleAffine steps it.
+std::vector<int> nearest_taps(int in, int out) {
+  const double step = double(in) / double(out);
+  std::vector<int> at(static_cast<size_t>(out));
+  double position = step * 0.5;
+  for (int i = 0; i < out; ++i, position += step) at[size_t(i)] = std::min(in - 1, int(position));
+  return at;
+}
+
+}  // namespace
+
+Rgb8Image resize_nearest(const Rgb8Image& image, int width, int height) {
+  APUS_CHECK(width > 0 && height > 0 && image.width > 0 && image.height > 0 &&
+                 image.rgb.size() == size_t(image.width) * size_t(image.height) * 3,
+             "resize: ", image.width, "x", image.height, " to ", width, "x", height);
+  const std::vector<int> xs = nearest_taps(image.width, width), ys = nearest_taps(image.height, height);
+  Rgb8Image out{width, height, std::vector<uint8_t>(size_t(width) * size_t(height) * 3)};
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x)
+      std::copy_n(&image.rgb[(size_t(ys[size_t(y)]) * size_t(image.width) + size_t(xs[size_t(x)])) * 3], 3,
+                  &out.rgb[(size_t(y) * size_t(width) + size_t(x)) * 3]);
   return out;
 }
 

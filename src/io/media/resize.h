@@ -8,5 +8,8 @@
 namespace apus {
 
 Rgb8Image resize_lanczos(const Rgb8Image& image, int width, int height);
+// Pillow's Image.resize with the nearest filter, byte for byte: output pixel x takes source pixel
+// floor((x + 0.5) * in / out), the position stepped in doubles as Pillow's affine scaling does.
+Rgb8Image resize_nearest(const Rgb8Image& image, int width, int height);
 
 }  // namespace apus
