@@ -1518,11 +1518,13 @@ TEST(ServePage, RunsInHeadlessChromium) {
   server::ServeOptions o;
   o.models = {ModelParts{test::fixture("klein_tiny_a")}, ModelParts{test::official_dir()}};
   o.port = 0;
-  // The LoRA picker: the link picks one of the folder's adapters, and the card names it.
+  // The LoRA rows: the link adds two of the folder's adapters with their scales, in order, and
+  // the card names both as the request carried them.
   o.lora_dir = test::scratch_dir.path() + "page_loras";
   std::filesystem::create_directories(o.lora_dir);
-  std::filesystem::copy_file(test::fixture("klein_lora/peft.safetensors"), o.lora_dir + "/peft.safetensors",
-                             std::filesystem::copy_options::overwrite_existing);
+  for (const char* file : {"peft.safetensors", "kohya.safetensors"})
+    std::filesystem::copy_file(test::fixture(std::string("klein_lora/") + file), o.lora_dir + "/" + file,
+                               std::filesystem::copy_options::overwrite_existing);
   server::Server srv(o);
   const std::string base = "http://127.0.0.1:" + std::to_string(srv.start()) + "/";
   const std::string audio_id = AudioModel::open(test::official_dir(), Weights::none)->label();
@@ -1538,8 +1540,10 @@ TEST(ServePage, RunsInHeadlessChromium) {
   // waveform on its canvas) and the result replaced it (hidden once done); Cancel shows while the
   // job runs only.
   for (const Case& k :
-       {Case{"model=klein_tiny_a&prompt=a%20fox&size=64x48&steps=2&seed=5&lora=peft.safetensors&lora_scale=0.7&run=1",
-             "<img", "LoRA peft.safetensors:0.7", "class=\"hidden\" alt=\"preview\" src=\"data:image/png;base64,"},
+       {Case{"model=klein_tiny_a&prompt=a%20fox&size=64x48&steps=2&seed=5&lora=peft.safetensors&lora_scale=0.7"
+             "&lora=kohya.safetensors&lora_scale=0.5&run=1",
+             "<img", "LoRA peft.safetensors:0.7 LoRA kohya.safetensors:0.5",
+             "class=\"hidden\" alt=\"preview\" src=\"data:image/png;base64,"},
         Case{"model=" + audio_id + "&prompt=rain&seconds=1.4&seed=3&run=1", "<audio", "(seed 3)",
              "id=\"wave\" class=\"hidden\" width=\"512\" height=\"64\" data-step=\"8\""}}) {
     const std::string dom = ::testing::TempDir() + "apus_page_" + k.media.substr(1) + ".html",
