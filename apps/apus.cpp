@@ -249,7 +249,7 @@ struct RequestOptions {
   CLI::Option *width_opt = nullptr, *height_opt = nullptr, *seconds_opt = nullptr, *steps_opt = nullptr,
               *cfg_opt = nullptr, *seed_opt = nullptr, *negative_opt = nullptr, *trace_opt = nullptr;
 
-  // What was given, into a request of either kind; images and LoRAs are the command's to place.
+  // What was given, into a request of either kind; images are the command's to place.
   void into(apus::ImageRequest& r) const {
     r.width = if_given(width_opt, width);
     r.height = if_given(height_opt, height);
@@ -273,6 +273,7 @@ struct RequestOptions {
 
  private:
   template <typename Request> void common_into(Request& r) const {
+    r.prompt = prompt;
     if (given(seed_opt)) r.seed = parse_seed(seed);
     r.fp32 = precision == "fp32";
     if (given(negative_opt)) r.negative_prompt = negative;
@@ -386,31 +387,30 @@ Command image_command(CLI::App& app) {
                     "-1, -2, ... before the extension");
   image->add_option("--quality", o->quality, "JPEG and WebP quality, 1..100 (95; WebP 100: lossless)");
   return {image, [o] {
-            const RequestOptions& given = o->r;
+            const RequestOptions& asked = o->r;
             apus::ImageRequest req;
-            req.prompt = given.prompt;
-            given.into(req);
+            asked.into(req);
             if (*o->mask_opt) {
-              APUS_CHECK(given.images.size() == 1, "--mask repaints one --image, not ", given.images.size(),
+              APUS_CHECK(asked.images.size() == 1, "--mask repaints one --image, not ", asked.images.size(),
                          " (a reference for the repainted area goes in --reference)");
-              req.inpaint = apus::Inpainting{apus::read_image(named_file(given.images[0], "--image")),
+              req.inpaint = apus::Inpainting{apus::read_image(named_file(asked.images[0], "--image")),
                                              apus::read_image(named_file(o->mask_file, "--mask")), o->strength};
               if (*o->inpaint_reference_opt)
                 req.references.push_back(apus::read_image(named_file(o->inpaint_reference, "--reference")));
             } else {
               APUS_CHECK(!*o->strength_opt && !*o->inpaint_reference_opt,
                          "--strength and --reference are for inpainting (--mask)");
-              for (const std::string& file : given.images)
+              for (const std::string& file : asked.images)
                 req.references.push_back(apus::read_image(named_file(file, "--image")));
             }
             if (*o->noise_opt) req.noise_file = named_file(o->noise, "--noise");
             // -n as the engine takes a batch, before any output name is tried.
-            const std::vector<apus::ImageRequest> requests = apus::batch_of(req, given.batch);
-            check_output(o->out, given.batch);
+            const std::vector<apus::ImageRequest> requests = apus::batch_of(req, asked.batch);
+            check_output(o->out, asked.batch);
             apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
             APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
-            if (req.trace) apus::check_writable(named_file(given.trace, "--trace"));
-            return run_image(o->parts, requests, o->out, o->quality, given.verbose, given.trace, given.device);
+            if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
+            return run_image(o->parts, requests, o->out, o->quality, asked.verbose, asked.trace, asked.device);
           }};
 }
 
@@ -461,10 +461,9 @@ Command audio_command(CLI::App& app) {
   o->out_opt =
       audio->add_option("-o,--output", o->out, "output file, .wav or .flac (out.wav; out.flac with --format flac)");
   return {audio, [o] {
-            const RequestOptions& given = o->r;
+            const RequestOptions& asked = o->r;
             apus::AudioRequest req;
-            req.prompt = given.prompt;
-            given.into(req);
+            asked.into(req);
             req.apg = o->apg;
             if (!o->decode.empty()) req.chunked_decode = o->decode == "chunked";
             // As the official CLI: regions in pairs, and only with the clip they cut into.
@@ -482,13 +481,13 @@ Command audio_command(CLI::App& app) {
               req.inpaint_regions.emplace_back(o->inpaint_starts[i], o->inpaint_ends[i]);
             // -n as the engine takes a batch, before any output name is tried; the clips join
             // each request once the model is open.
-            std::vector<apus::AudioRequest> requests = apus::batch_of(req, given.batch);
+            std::vector<apus::AudioRequest> requests = apus::batch_of(req, asked.batch);
             if (!*o->out_opt && o->format == "flac") o->out = "out.flac";
-            check_output(o->out, given.batch);
+            check_output(o->out, asked.batch);
             o->format = audio_format_for(o->out, *o->format_opt ? o->format : "");
-            if (req.trace) apus::check_writable(named_file(given.trace, "--trace"));
-            return run_audio(o->parts, std::move(requests), clips, o->out, o->format, given.verbose, given.trace,
-                             given.device);
+            if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
+            return run_audio(o->parts, std::move(requests), clips, o->out, o->format, asked.verbose, asked.trace,
+                             asked.device);
           }};
 }
 
@@ -694,11 +693,9 @@ Command bench_command(CLI::App& app) {
             const bool audio = apus::model_kind(b.model) == apus::ModelKind::audio;
             o->r.refuse_other_kind(audio, b.model.model);
             if (audio) {
-              b.audio.prompt = o->r.prompt;
               b.audio.seed = 0;
               o->r.into(b.audio);
             } else {
-              b.image.prompt = o->r.prompt;
               b.image.seed = 0;
               o->r.into(b.image);
               for (const std::string& file : o->r.images)

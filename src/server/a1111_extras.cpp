@@ -150,8 +150,13 @@ std::string extras_image(const Json& value, const std::string& what, const char*
   Rgb8Image image;
   std::vector<std::pair<std::string, std::string>> text;
   try {
-    image = decode_image(bytes, what);
-    if (bytes.rfind("\x89PNG", 0) == 0) text = decode_png(bytes, what).text;
+    if (bytes.rfind("\x89PNG", 0) == 0) {
+      PngImage png = decode_png(bytes, what);
+      image = {png.width, png.height, std::move(png.rgb)};
+      text = std::move(png.text);
+    } else {
+      image = decode_image(bytes, what);
+    }
   } catch (const Error& err) {
     refuse(400, err.what(), param);
   }

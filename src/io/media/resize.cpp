@@ -60,6 +60,12 @@ Taps taps(int in_size, int out_size) {
   return t;
 }
 
+void check_resize(const Rgb8Image& image, int width, int height) {
+  APUS_CHECK(width > 0 && height > 0 && image.width > 0 && image.height > 0 &&
+                 image.rgb.size() == size_t(image.width) * size_t(image.height) * 3,
+             "resize: ", image.width, "x", image.height, " to ", width, "x", height);
+}
+
 uint8_t clip8(int64_t v) {
   if (v >= (int64_t(1) << kPrecisionBits << 8)) return 255;
   if (v <= 0) return 0;
@@ -69,9 +75,7 @@ uint8_t clip8(int64_t v) {
 }  // namespace
 
 Rgb8Image resize_lanczos(const Rgb8Image& image, int width, int height) {
-  APUS_CHECK(width > 0 && height > 0 && image.width > 0 && image.height > 0 &&
-                 image.rgb.size() == size_t(image.width) * size_t(image.height) * 3,
-             "resize: ", image.width, "x", image.height, " to ", width, "x", height);
+  check_resize(image, width, height);
   const Taps h = taps(image.width, width), v = taps(image.height, height);
   // The horizontal pass covers only the rows the vertical one reads.
   const int row_first = v.first[0], row_last = v.first[size_t(height - 1)] + v.count[size_t(height - 1)];
@@ -128,9 +132,7 @@ std::vector<int> nearest_taps(int in, int out) {
 }  // namespace
 
 Rgb8Image resize_nearest(const Rgb8Image& image, int width, int height) {
-  APUS_CHECK(width > 0 && height > 0 && image.width > 0 && image.height > 0 &&
-                 image.rgb.size() == size_t(image.width) * size_t(image.height) * 3,
-             "resize: ", image.width, "x", image.height, " to ", width, "x", height);
+  check_resize(image, width, height);
   const std::vector<int> xs = nearest_taps(image.width, width), ys = nearest_taps(image.height, height);
   Rgb8Image out{width, height, std::vector<uint8_t>(size_t(width) * size_t(height) * 3)};
   for (int y = 0; y < height; ++y)
