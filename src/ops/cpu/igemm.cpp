@@ -95,7 +95,7 @@ const int32_t* pack_rows(const int8_t* a, int64_t m, int64_t k) {
     int32_t* dst = out + i * pairs * kMR;
     for (int64_t r = 0; r < kMR; ++r) {
       const bool real = i * kMR + r < m;
-      const int8_t* row = real ? a + (i * kMR + r) * k : nullptr;
+      const int8_t* row = a + (real ? i * kMR + r : 0) * k;  // padding rows read nothing
       for (int64_t q = 0; q < pairs; ++q) {
         const int16_t lo = real ? row[2 * q] : 0, hi = real && 2 * q + 1 < k ? row[2 * q + 1] : 0;
         dst[q * kMR + r] = int32_t(uint32_t(uint16_t(lo)) | uint32_t(uint16_t(hi)) << 16);
