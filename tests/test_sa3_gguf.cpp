@@ -75,18 +75,18 @@ std::string decoded_official_folder(const std::string& name, const std::vector<s
     fs::create_symlink(fs::absolute(official_dir() + "/" + part), d + "/" + part);
   std::vector<std::shared_ptr<SingleFile>> opened;
   for (const std::string& f : files) opened.push_back(SingleFile::open(gguf_fixture(f)));
-  const sa3::GgufCheckpoint gguf(opened);
+  const auto gguf = sa3::gguf_checkpoint(opened);
   const SafetensorsFile official = SafetensorsFile::open(official_dir() + "/model.safetensors");
   std::vector<NamedTensor> tensors;
   for (const std::string& n : official.names()) {
-    if (!gguf.contains(n)) continue;
-    tensors.push_back({n, to_dtype(gguf.fetch(n, official.get(n).shape), DType::f32)});
+    if (!gguf->contains(n)) continue;
+    tensors.push_back({n, to_dtype(gguf->fetch(n, official.get(n).shape), DType::f32)});
   }
   // The folded mappings, under the name the folded weight goes by.
   for (const char* mapping :
        {"pretransform.model.decoder.layers.3.mapping.weight", "pretransform.model.encoder.layers.0.mapping.weight"}) {
     const Shape v = official.get(std::string(mapping) + "_v").shape;
-    tensors.push_back({mapping, to_dtype(gguf.fetch(mapping, v), DType::f32)});
+    tensors.push_back({mapping, to_dtype(gguf->fetch(mapping, v), DType::f32)});
   }
   write_safetensors(d + "/model.safetensors", tensors);
   return d;
@@ -128,9 +128,8 @@ TEST(Sa3Gguf, SameSFromF16TapsMatchesTheOfficialCodec) {
   const GgufFile f16 = GgufFile::open(file);
   EXPECT_STREQ(f16.type_name("ae.dec.mapping.w2"), "F16");
   EXPECT_FALSE(f16.contains("ae.dec.mapping.weight"));
-  const auto source = sa3::OfficialCheckpoint::same(
-      std::make_shared<sa3::GgufCheckpoint>(std::vector<std::shared_ptr<SingleFile>>{SingleFile::open(file)}),
-      "pretransform.model.", config.same.differential);
+  const auto source = sa3::OfficialCheckpoint::same(sa3::gguf_checkpoint({SingleFile::open(file)}),
+                                                    "pretransform.model.", config.same.differential);
   Arena arena;
   Context ctx{&arena, DType::f32};
   auto bound = [](const char* what, const std::vector<float>& ours, const std::vector<float>& fp32,

@@ -10,6 +10,8 @@
 #include <set>
 
 #include "core/cost.h"
+#include "io/weights/renamed_source.h"
+#include "io/weights/single_file.h"
 #include "io/weights/weight_source.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/transformer.h"
@@ -232,6 +234,91 @@ TEST(WeightTransform, ConvertToConvertsCopiesAndCounts) {
   EXPECT_EQ(counted.dtype, DType::bf16);
   EXPECT_EQ(counted.shape, Shape({3, 5}));
   EXPECT_EQ(counted.data, nullptr);
+}
+
+// The one renaming every format uses: each reading of a stored tensor (a row range, reordered row
+// blocks, unit dimensions, a convolution from its taps, an offset) hands the stored values moved as
+// it says, a renaming over a renaming composes, and the refusals name the file, the stored tensor
+// and the asked name.
+TEST(RenamedSource, EachReadingMovesTheStoredValuesAsItSays) {
+  const uint32_t seed = test::test_seed();
+  const Scratch scratch;
+  fs::create_directories(scratch.path);
+  const std::string path = scratch.path + "/renamed.safetensors";
+  const std::map<std::string, Shape> shapes = {{"qkv", {10, 4}},    {"conv", {5, 3, 1}}, {"taps.w0", {2, 3}},
+                                               {"taps.w1", {2, 3}}, {"taps.w2", {2, 3}}, {"norm", {4}}};
+  std::vector<NamedTensor> tensors;
+  uint32_t k = seed;
+  for (const auto& [name, shape] : shapes) tensors.push_back({name, seeded(shape, DType::f32, ++k)});
+  write_safetensors(path, tensors);
+  const auto file = SingleFile::open(path);
+  auto values = [&](const std::string& name) { return to_f32_vector(file->fetch(name, shapes.at(name))); };
+  const std::vector<float> qkv = values("qkv"), conv = values("conv"), norm = values("norm");
+  const RenamedSource renamed({file},
+                              RenamedSource::table({
+                                  {"k", {.name = "qkv", .shape = {10, 4}, .begin = 4, .end = 6}},
+                                  {"blocks", {.name = "qkv", .row_blocks = {0, 3, 1, 4, 2}}},
+                                  {"linear", {.name = "conv", .shape = {5, 3, 1}}},
+                                  {"taps", {.name = "taps", .taps = 3}},
+                                  {"norm", {.name = "norm", .offset = -1}},
+                              }),
+                              path);
+  auto rows = [](const std::vector<float>& v, int64_t begin, int64_t end, int64_t width) {
+    return std::vector<float>(v.begin() + begin * width, v.begin() + end * width);
+  };
+  EXPECT_EQ(to_f32_vector(renamed.fetch("k", {2, 4})), rows(qkv, 4, 6, 4));
+  std::vector<float> blocks;
+  for (int64_t b : {0, 3, 1, 4, 2}) {
+    const std::vector<float> r = rows(qkv, 2 * b, 2 * b + 2, 4);
+    blocks.insert(blocks.end(), r.begin(), r.end());
+  }
+  EXPECT_EQ(to_f32_vector(renamed.fetch("blocks", {10, 4})), blocks);
+  EXPECT_EQ(to_f32_vector(renamed.fetch("linear", {5, 3})), conv);
+  const std::vector<float> taps = to_f32_vector(renamed.fetch("taps", {2, 3, 3}));
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<float> tap = values("taps.w" + std::to_string(t));
+    for (size_t i = 0; i < tap.size(); ++i) ASSERT_EQ(taps[i * 3 + size_t(t)], tap[i]) << "tap " << t << " at " << i;
+  }
+  std::vector<float> less_one = norm;
+  for (float& v : less_one) v -= 1;
+  EXPECT_EQ(to_f32_vector(renamed.fetch("norm", {4})), less_one);
+  // Counting: the asked shape, the dtype the reading hands.
+  const Tensor counted = renamed.describe("norm", {4});
+  EXPECT_EQ(counted.data, nullptr);
+  EXPECT_EQ(counted.dtype, DType::f32);
+  EXPECT_EQ(renamed.describe("k", {2, 4}).shape, Shape({2, 4}));
+
+  EXPECT_TRUE(renamed.contains("taps"));
+  EXPECT_FALSE(renamed.contains("qkv")) << "a stored name is no asked one";
+  EXPECT_EQ(renamed.where("k"), path + ": tensor 'qkv' rows 4..6");
+  EXPECT_EQ(renamed.where("taps"), path + ": tensor 'taps.w*'");
+  test::expect_error([&] { renamed.fetch("qkv", {10, 4}); }, {path, "no tensor for 'qkv'"});
+  test::expect_error(
+      [&] {
+        renamed.fetch("k", {3, 4});
+      },
+      {path, "tensor 'qkv' rows 4..6 has shape [2, 4], expected [3, 4] (for 'k')"});
+  test::expect_error([&] { renamed.fetch("taps", {2, 3, 2}); }, {"a convolution of 3 taps", "(for 'taps')"});
+
+  // A renaming over a renaming (the official checkpoint's names over sa3.cpp's): two reorders
+  // compose, and a function rule maps names it was never told.
+  const RenamedSource outer(
+      {std::make_shared<RenamedSource>(renamed)},
+      [](const std::string& asked) -> std::optional<StoredAs> {
+        if (!asked.starts_with("outer.")) return std::nullopt;
+        return StoredAs{.name = asked.substr(6), .row_blocks = {0, 2, 4, 1, 3}};
+      },
+      "outer");
+  EXPECT_EQ(to_f32_vector(outer.fetch("outer.blocks", {10, 4})), qkv) << "the inverse order undoes the first";
+  EXPECT_EQ(outer.where("outer.k"), path + ": tensor 'qkv' rows 4..6");
+  // Over shapes alone (counting a model without files), a reorder hands the shape.
+  const RenamedSource shapes_only(
+      {std::make_shared<ShapesOnly>()},
+      [](const std::string& asked) -> std::optional<StoredAs> {
+        return StoredAs{.name = asked, .row_blocks = {1, 0}};
+      },
+      "no files");
+  EXPECT_EQ(shapes_only.fetch("w", {4, 2}).shape, Shape({4, 2}));
 }
 
 }  // namespace

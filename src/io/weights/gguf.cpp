@@ -273,6 +273,12 @@ const Tensor& GgufFile::get(const std::string& name) const {
   return t;
 }
 
+const Shape& GgufFile::shape(const std::string& name) const {
+  auto it = tensors_.find(name);
+  APUS_CHECK(it != tensors_.end(), path(), ": no tensor '", name, "'");
+  return it->second.tensor.shape;
+}
+
 const char* GgufFile::type_name(const std::string& name) const {
   auto it = tensors_.find(name);
   APUS_CHECK(it != tensors_.end(), path(), ": no tensor '", name, "'");

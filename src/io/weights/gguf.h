@@ -35,6 +35,8 @@ class GgufFile {
   bool contains(const std::string& name) const { return tensors_.count(name) > 0; }
   // The tensor's view; refused naming the tensor and its GGML type when apus does not read it.
   const Tensor& get(const std::string& name) const;
+  // A tensor's shape, read or not (its data untouched).
+  const Shape& shape(const std::string& name) const;
   // GGML's type name of a tensor ("Q4_K"), known to apus or not.
   const char* type_name(const std::string& name) const;
   // In file order.

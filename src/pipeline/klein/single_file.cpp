@@ -124,7 +124,7 @@ bool holds_transformer(const SingleFile& file) {
 TransformerFile open_transformer_file(const std::string& path) {
   auto file = SingleFile::open(path);
   TransformerFile out;
-  std::map<std::string, SingleFile::Entry> entries;
+  std::map<std::string, StoredAs> entries;
   std::map<std::string, std::string> stripped;  // stripped name -> stored
   for (const std::string& s : file->stored_names()) stripped[strip_prefix(s)] = s;
   const bool bfl = stripped.count("single_stream_modulation.lin.weight") > 0;
@@ -144,7 +144,7 @@ TransformerFile open_transformer_file(const std::string& path) {
     if (in_block && (p.group == "single_blocks" || p.group == "single_transformer_blocks"))
       singles = std::max<int64_t>(singles, std::stoll(p.index.substr(0, 9)));
     if (!bfl) {
-      entries[name] = {stored};
+      entries[name] = {.name = stored};
       continue;
     }
     const size_t dot = name.rfind('.');
@@ -156,16 +156,18 @@ TransformerFile open_transformer_file(const std::string& path) {
                in_block && p.group == "double_blocks"   ? "double-block key"
                : in_block && p.group == "single_blocks" ? "single-block key"
                                                         : "transformer key");
-    const int64_t rows = file->stored(stored).dim(0);
+    const Shape shape = file->stored_shape(stored);
+    const int64_t rows = shape.at(0);
     for (const DiffusersTarget& t : targets) {
       APUS_CHECK(rows % t.parts == 0, path, ": tensor '", stored, "' has ", rows, " rows, expected ", t.parts,
                  " stacked parts");
-      SingleFile::Entry e{stored};
+      StoredAs e{.name = stored};
       if (t.parts > 1) {
+        e.shape = shape;
         e.begin = t.part * rows / t.parts;
         e.end = (t.part + 1) * rows / t.parts;
       }
-      e.swap_halves = t.swap_halves;
+      if (t.swap_halves) e.row_blocks = {1, 0};
       entries[t.module + "." + (param == "scale" ? "weight" : param)] = e;
     }
   }
@@ -174,8 +176,8 @@ TransformerFile open_transformer_file(const std::string& path) {
   const std::string embed = stripped.count("img_in.weight") ? "img_in.weight" : "x_embedder.weight";
   APUS_CHECK(stripped.count(embed), path, ": no '", embed, "' (the image embedding)");
   out.hidden = file->stored(stripped[embed]).dim(0);
-  file->rename(std::move(entries));
-  out.weights = std::move(file);
+  out.weights = std::make_shared<RenamedSource>(std::vector<std::shared_ptr<const WeightSource>>{file},
+                                                RenamedSource::table(std::move(entries)), path);
   return out;
 }
 
@@ -262,7 +264,7 @@ bool ldm_vae_name(const std::string& name, int64_t up_blocks, std::string& to, b
 
 }  // namespace
 
-std::shared_ptr<const SingleFile> open_vae_file(const std::string& path) {
+std::shared_ptr<const WeightSource> open_vae_file(const std::string& path) {
   auto file = SingleFile::open(path);
   std::map<std::string, std::string> bare;  // name without prefix, quant convs at the top -> stored
   for (const std::string& s : file->stored_names()) {
@@ -285,25 +287,23 @@ std::shared_ptr<const SingleFile> open_vae_file(const std::string& path) {
   std::string rest;
   for (const auto& [name, stored] : bare)
     if (split_index(name, "decoder.up.", index, rest)) up_blocks = std::max(up_blocks, index + 1);
-  std::map<std::string, SingleFile::Entry> entries;
+  std::map<std::string, StoredAs> entries;
   for (const auto& [name, stored] : bare) {
     if (diffusers) {
-      entries[name] = {stored};
+      entries[name] = {.name = stored};
       continue;
     }
     std::string to;
     bool conv_as_linear = false;
     APUS_CHECK(ldm_vae_name(name, up_blocks, to, conv_as_linear), path, ": tensor '", stored,
                "' is not a FLUX.2 VAE key in BFL's names");
-    SingleFile::Entry e{stored};
-    e.unit_dims_free = conv_as_linear;
-    entries[to] = e;
+    entries[to] = {.name = stored, .shape = conv_as_linear ? file->stored_shape(stored) : Shape{}};
   }
-  file->rename(std::move(entries));
-  return file;
+  return std::make_shared<RenamedSource>(std::vector<std::shared_ptr<const WeightSource>>{file},
+                                         RenamedSource::table(std::move(entries)), path);
 }
 
-std::shared_ptr<const SingleFile> open_text_encoder_file(const std::string& path) {
+std::shared_ptr<const WeightSource> open_text_encoder_file(const std::string& path) {
   auto file = SingleFile::open(path);
   const std::vector<std::string>& names = file->stored_names();
   auto holds = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
@@ -324,12 +324,12 @@ std::shared_ptr<const SingleFile> open_text_encoder_file(const std::string& path
       {"attn_k_norm", "self_attn.k_norm"}, {"ffn_norm", "post_attention_layernorm"},
       {"ffn_gate", "mlp.gate_proj"},       {"ffn_up", "mlp.up_proj"},
       {"ffn_down", "mlp.down_proj"}};
-  std::map<std::string, SingleFile::Entry> entries;
+  std::map<std::string, StoredAs> entries;
   for (const std::string& stored : names) {
     if (stored == "token_embd.weight") {
-      entries["model.embed_tokens.weight"] = {stored};
+      entries["model.embed_tokens.weight"] = {.name = stored};
     } else if (stored == "output_norm.weight") {
-      entries["model.norm.weight"] = {stored};
+      entries["model.norm.weight"] = {.name = stored};
     } else if (stored == "output.weight") {
       continue;  // the language-model head: klein reads hidden states only
     } else {
@@ -337,11 +337,11 @@ std::shared_ptr<const SingleFile> open_text_encoder_file(const std::string& path
       const auto it = split_block_name(stored, p) && p.group == "blk" ? block.find(p.module) : block.end();
       APUS_CHECK(it != block.end() && p.param == "weight", path, ": tensor '", stored,
                  "' is not a Qwen3 GGUF key (expected blk.N.attn_q.weight ... as llama.cpp names them)");
-      entries["model.layers." + p.index + "." + it->second + ".weight"] = {stored};
+      entries["model.layers." + p.index + "." + it->second + ".weight"] = {.name = stored};
     }
   }
-  file->rename(std::move(entries));
-  return file;
+  return std::make_shared<RenamedSource>(std::vector<std::shared_ptr<const WeightSource>>{file},
+                                         RenamedSource::table(std::move(entries)), path);
 }
 
 }  // namespace apus::flux2

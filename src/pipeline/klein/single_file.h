@@ -8,12 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "io/weights/renamed_source.h"
 #include "io/weights/single_file.h"
 
 namespace apus::flux2 {
 
 struct TransformerFile {
-  std::shared_ptr<const SingleFile> weights;
+  std::shared_ptr<const WeightSource> weights;
   int64_t double_blocks = 0, single_blocks = 0, hidden = 0;
   std::string layout;  // "BFL" or "diffusers"
 };
@@ -41,12 +42,12 @@ TransformerFile open_transformer_file(const std::string& path);
 // split flux2-vae.safetensors; bare or under "vae." / "first_stage_model.", the quant convs nested
 // in encoder/decoder or at the top) mapped as diffusers' convert_ldm_vae_checkpoint maps them.
 // Refuses a file that holds no FLUX.2 VAE, or an ldm key it does not know, naming both.
-std::shared_ptr<const SingleFile> open_vae_file(const std::string& path);
+std::shared_ptr<const WeightSource> open_vae_file(const std::string& path);
 
 // The Qwen3 text encoder as one file: transformers' names (ComfyUI's qwen_3_4b.safetensors), or
 // llama.cpp's GGUF (general.architecture qwen3; blk.N.attn_q.weight ... as convert_hf_to_gguf
 // names them, unsloth/Qwen3-4B-GGUF), handed under transformers' names. Refuses a file that holds
 // neither, another GGUF architecture, or a GGUF name it does not know, naming the file and tensor.
-std::shared_ptr<const SingleFile> open_text_encoder_file(const std::string& path);
+std::shared_ptr<const WeightSource> open_text_encoder_file(const std::string& path);
 
 }  // namespace apus::flux2

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "io/files.h"
 #include "io/weights/gguf.h"
+#include "io/weights/renamed_source.h"
 
 namespace apus::sa3 {
 
@@ -148,125 +149,65 @@ std::string gguf_architecture(const std::string& path) {
   return GgufFile::open(path).metadata_string("general.architecture");
 }
 
-GgufCheckpoint::GgufCheckpoint(const std::vector<std::shared_ptr<SingleFile>>& files) : files_(files) {
-  // The conditioner's own file goes last, so its tensors replace an older encoder file's.
-  std::vector<SingleFile*> order;
-  for (const auto& f : files_) {
+namespace {
+
+// The official name of `stored` in `file` (of sa3.cpp's architecture `arch`, the i-th of the
+// checkpoint's files) and where its values come from: entries[official], or the convolution its
+// tap is one of.
+void add_entry(const SingleFile& file, size_t i, const std::string& arch, const std::string& stored,
+               std::map<std::string, StoredAs>& entries) {
+  std::string official;
+  StoredAs s{.name = stored, .file = i, .shape = file.stored_shape(stored)};
+  if (arch == kGgufDit) {
+    official = dit_official(stored);
+  } else if (arch == kGgufAutoencoder) {
+    int tap = -1;
+    official = ae_official(stored, tap);
+    if (tap >= 0) {
+      const std::string stem = stored.substr(0, stored.size() - std::to_string(tap).size() - 2);
+      StoredAs& taps = entries.try_emplace(official, StoredAs{.name = stem, .file = i}).first->second;
+      taps.taps = std::max(taps.taps, tap + 1);
+      return;
+    }
+  } else if (arch == kGgufConditioner || arch == kGgufTextEncoder) {
+    official = conditioner_official(stored);
+    if (official.empty() && arch == kGgufTextEncoder) {
+      bool norm = false;
+      official = t5gemma_official(stored, norm);
+      if (norm) s = {.name = stored, .file = i, .offset = -1};
+    }
+  } else {
+    fail(file.path(), ": general.architecture is '", arch, "', expected one of sa3.cpp's model files (", kGgufDit, ", ",
+         kGgufAutoencoder, ", ", kGgufConditioner, ", ", kGgufTextEncoder, ")");
+  }
+  APUS_CHECK(!official.empty(), file.path(), ": tensor '", stored, "' is no tensor of sa3.cpp's ", arch, " files");
+  entries[official] = s;
+}
+
+}  // namespace
+
+std::shared_ptr<const WeightSource> gguf_checkpoint(const std::vector<std::shared_ptr<SingleFile>>& files) {
+  std::string origin;
+  for (const auto& f : files) {
     APUS_CHECK(f->is_gguf(), f->path(), ": not a GGUF file (expected one of sa3.cpp's)");
-    if (f->gguf()->metadata_string("general.architecture") != kGgufConditioner) order.push_back(f.get());
+    origin += (origin.empty() ? "" : ", ") + f->path();
   }
-  for (const auto& f : files_)
-    if (f->gguf()->metadata_string("general.architecture") == kGgufConditioner) order.push_back(f.get());
-  for (SingleFile* file : order) {
-    const std::string arch = file->gguf()->metadata_string("general.architecture");
-    std::map<std::string, SingleFile::Entry> entries;
-    for (const std::string& stored : file->stored_names()) {
-      std::string official;
-      Stored s{file, stored};
-      if (arch == kGgufDit) {
-        official = dit_official(stored);
-      } else if (arch == kGgufAutoencoder) {
-        int tap = -1;
-        official = ae_official(stored, tap);
-        if (tap >= 0) {
-          s.kind = Kind::taps;
-          s.name = stored.substr(0, stored.size() - std::to_string(tap).size() - 2);
-          Stored& taps = names_.try_emplace(official, s).first->second;
-          taps.taps = std::max(taps.taps, tap + 1);
-          entries[stored] = {stored};
-          continue;
-        }
-      } else if (arch == kGgufConditioner || arch == kGgufTextEncoder) {
-        official = conditioner_official(stored);
-        if (official.empty() && arch == kGgufTextEncoder) {
-          bool norm = false;
-          official = t5gemma_official(stored, norm);
-          if (norm) s.kind = Kind::less_one;
-        }
-      } else {
-        fail(file->path(), ": general.architecture is '", arch, "', expected one of sa3.cpp's model files (", kGgufDit,
-             ", ", kGgufAutoencoder, ", ", kGgufConditioner, ", ", kGgufTextEncoder, ")");
-      }
-      APUS_CHECK(!official.empty(), file->path(), ": tensor '", stored, "' is no tensor of sa3.cpp's ", arch, " files");
-      if (s.kind == Kind::stored) {
-        SingleFile::Entry e{stored};
-        e.unit_dims_free = true;
-        entries[official] = e;
-      } else {
-        entries[stored] = {stored};
-      }
-      names_[official] = s;
+  // The conditioner's own file goes last, so its tensors replace an older encoder file's.
+  std::vector<std::shared_ptr<SingleFile>> order;
+  std::map<std::string, StoredAs> entries;
+  for (const bool conditioner : {false, true})
+    for (const auto& f : files) {
+      const std::string arch = f->gguf()->metadata_string("general.architecture");
+      if ((arch == kGgufConditioner) != conditioner) continue;
+      order.push_back(f);
+      for (const std::string& stored : f->stored_names()) add_entry(*f, order.size() - 1, arch, stored, entries);
     }
-    file->rename(std::move(entries));
-  }
-  for (const auto& [official, s] : names_)
-    if (s.kind == Kind::taps)
-      for (int t = 0; t < s.taps; ++t)
-        APUS_CHECK(s.file->contains(s.name + ".w" + std::to_string(t)), s.file->path(), ": tensor '", s.name, ".w", t,
-                   "' is missing (the mapping's taps are w0..w", s.taps - 1, ")");
-}
-
-const GgufCheckpoint::Stored& GgufCheckpoint::stored(const std::string& name) const {
-  const auto it = names_.find(name);
-  if (it != names_.end()) return it->second;
-  std::string files;
-  for (const auto& f : files_) files += (files.empty() ? "" : ", ") + f->path();
-  fail(files, ": no tensor for '", name, "' (sa3.cpp's files hold it under their own names: none maps to it)");
-}
-
-Tensor GgufCheckpoint::fetch(const std::string& name, const Shape& expected) const {
-  const Stored& s = stored(name);
-  switch (s.kind) {
-    case Kind::stored:
-      return s.file->fetch(name, expected);
-    case Kind::less_one: {
-      Tensor w = to_dtype(s.file->fetch(s.name, expected), DType::f32);
-      for (int64_t i = 0; i < w.numel(); ++i) w.ptr<float>()[i] -= 1.0f;
-      return w;
-    }
-    case Kind::taps: {
-      APUS_CHECK(expected.size() == 3 && expected[2] == s.taps, where(name), ": a convolution of ", s.taps,
-                 " taps, expected ", shape_str(expected), " (for '", name, "')");
-      const int64_t out = expected[0], in = expected[1];
-      Tensor w = Tensor::heap(expected, DType::f32);
-      for (int t = 0; t < s.taps; ++t) {
-        const Tensor tap = to_dtype(s.file->fetch(s.name + ".w" + std::to_string(t), {out, in}), DType::f32);
-        for (int64_t o = 0; o < out; ++o)
-          for (int64_t i = 0; i < in; ++i) w.ptr<float>()[(o * in + i) * s.taps + t] = tap.ptr<float>()[o * in + i];
-      }
-      return w;
-    }
-  }
-  fail("unreachable");
-}
-
-Tensor GgufCheckpoint::describe(const std::string& name, const Shape& expected) const {
-  const Stored& s = stored(name);
-  if (s.kind == Kind::stored) return s.file->describe(name, expected);
-  return Tensor::shape_only(expected, DType::f32);
-}
-
-std::string GgufCheckpoint::where(const std::string& name) const {
-  const auto it = names_.find(name);
-  if (it == names_.end()) return files_.empty() ? name : files_.front()->path() + ": tensor '" + name + "'";
-  const Stored& s = it->second;
-  return s.file->path() + ": tensor '" + s.name + (s.kind == Kind::taps ? ".w*'" : "'");
-}
-
-size_t GgufCheckpoint::make_resident(const std::vector<std::string>& names) const {
-  std::map<const SingleFile*, std::vector<std::string>> by_file;
-  for (const std::string& name : names) {
-    const auto it = names_.find(name);
-    if (it != names_.end() && it->second.kind == Kind::stored) by_file[it->second.file].push_back(name);
-  }
-  size_t bytes = 0;
-  for (const auto& [file, stored] : by_file) bytes += file->make_resident(stored);
-  return bytes;
-}
-
-void GgufCheckpoint::release(const std::string& name) const {
-  const auto it = names_.find(name);
-  if (it != names_.end() && it->second.kind == Kind::stored) it->second.file->release(name);
+  for (const auto& [official, s] : entries)
+    for (int t = 0; t < s.taps; ++t)
+      APUS_CHECK(order[s.file]->contains(s.name + ".w" + std::to_string(t)), order[s.file]->path(), ": tensor '",
+                 s.name, ".w", t, "' is missing (the mapping's taps are w0..w", s.taps - 1, ")");
+  return std::make_shared<RenamedSource>(std::vector<std::shared_ptr<const WeightSource>>(order.begin(), order.end()),
+                                         RenamedSource::table(std::move(entries)), origin);
 }
 
 }  // namespace apus::sa3

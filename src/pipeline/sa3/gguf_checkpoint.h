@@ -6,7 +6,6 @@
 // squeezes unit dimensions, folds SAME's weight norm (a k=3 mapping stored as one matrix a tap,
 // w0..w2), stores Gemma's RMSNorm weights as 1 + w and drops the DiT's RoPE buffer; each is
 // undone here (docs/notes/sa3cpp-gguf.md has the rules and where in sa3.cpp they were read).
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,35 +25,10 @@ inline constexpr const char* kGgufVocabulary = "sa3-tokenizer";
 // A GGUF file's general.architecture: "" for a file that is no GGUF or has none.
 std::string gguf_architecture(const std::string& path);
 
-class GgufCheckpoint final : public WeightSource {
- public:
-  // Any of sa3.cpp's model files (sa3-dit, sa3-ae, sa3-conditioner, sa3-t5gemma; an older
-  // sa3-t5gemma file carries the conditioner's tensors, which a sa3-conditioner file given too
-  // replaces). A tensor of no known name, or one in a file of another part, is refused naming
-  // the file and tensor.
-  explicit GgufCheckpoint(const std::vector<std::shared_ptr<SingleFile>>& files);
-  bool contains(const std::string& name) const override { return names_.count(name) > 0; }
-  Tensor fetch(const std::string& name, const Shape& expected) const override;
-  Tensor describe(const std::string& name, const Shape& expected) const override;
-  std::string where(const std::string& name) const override;
-  size_t make_resident(const std::vector<std::string>& names) const override;
-  void release(const std::string& name) const override;
-
- private:
-  enum class Kind {
-    stored,    // the stored tensor, up to unit dimensions
-    taps,      // a convolution's weight [out, in, k] from its k taps [out, in] (sa3.cpp's fold)
-    less_one,  // a Gemma RMSNorm weight w from the stored 1 + w
-  };
-  struct Stored {
-    const SingleFile* file;
-    std::string name;  // the stored name; taps: the stem before ".w0"
-    Kind kind = Kind::stored;
-    int taps = 0;
-  };
-  const Stored& stored(const std::string& name) const;
-  std::vector<std::shared_ptr<SingleFile>> files_;
-  std::map<std::string, Stored> names_;
-};
+// Any of sa3.cpp's model files (sa3-dit, sa3-ae, sa3-conditioner, sa3-t5gemma; an older
+// sa3-t5gemma file carries the conditioner's tensors, which a sa3-conditioner file given too
+// replaces) under the official names. A tensor of no known name, or one in a file of another part,
+// is refused naming the file and tensor.
+std::shared_ptr<const WeightSource> gguf_checkpoint(const std::vector<std::shared_ptr<SingleFile>>& files);
 
 }  // namespace apus::sa3

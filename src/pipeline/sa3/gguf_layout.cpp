@@ -213,7 +213,7 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
     check("t5g.secs_min", l.duration.min_val);
     check("t5g.secs_max", l.duration.max_val);
   }
-  l.gguf = std::make_shared<sa3::GgufCheckpoint>(files);
+  l.gguf = sa3::gguf_checkpoint(files);
   l.label = fs::path(dit_path).filename().string();
   l.checkpoint = dit_path;
   // The tokenizer: named, or the config folder's own (the layouts apus carries have a stand-in),

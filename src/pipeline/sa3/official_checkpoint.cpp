@@ -1,7 +1,11 @@
 #include "pipeline/sa3/official_checkpoint.h"
 
+#include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
+
+#include "io/weights/renamed_source.h"
 
 namespace apus::sa3 {
 
@@ -14,6 +18,20 @@ std::string renamed(std::string s, const std::vector<std::pair<std::string, std:
     if (at != std::string::npos) return s.replace(at, from.size(), to);
   }
   return s;
+}
+
+// `file` under diffusers' names, `name` giving the stored one; a differential fused projection
+// comes reordered to diffusers' rows.
+std::shared_ptr<const WeightSource> under_diffusers_names(std::shared_ptr<const WeightSource> file,
+                                                          std::function<std::string(const std::string&)> name,
+                                                          bool differential) {
+  auto rule = [name = std::move(name), differential](const std::string& asked) -> std::optional<StoredAs> {
+    StoredAs s{.name = name(asked)};
+    if (differential && asked.ends_with("attn.to_qkv.weight")) s.row_blocks = kDiffusersQkvOrder;
+    return s;
+  };
+  return std::make_shared<RenamedSource>(std::vector<std::shared_ptr<const WeightSource>>{std::move(file)}, rule,
+                                         "the official checkpoint");
 }
 
 }  // namespace
@@ -36,7 +54,7 @@ std::string OfficialCheckpoint::duration_name(const std::string& n) {
 
 std::shared_ptr<const WeightSource> OfficialCheckpoint::dit(std::shared_ptr<const WeightSource> file,
                                                             bool differential) {
-  return std::make_shared<OfficialCheckpoint>(std::move(file), dit_name, differential);
+  return under_diffusers_names(std::move(file), dit_name, differential);
 }
 
 std::shared_ptr<const WeightSource> OfficialCheckpoint::same(std::shared_ptr<const WeightSource> file,
@@ -61,26 +79,11 @@ std::shared_ptr<const WeightSource> OfficialCheckpoint::same(std::shared_ptr<con
     if (n == "bottleneck.scale") return prefix + "bottleneck.scaling_factor";
     return prefix + n;
   };
-  return std::make_shared<OfficialCheckpoint>(std::move(file), name, differential);
+  return under_diffusers_names(std::move(file), name, differential);
 }
 
 std::shared_ptr<const WeightSource> OfficialCheckpoint::duration(std::shared_ptr<const WeightSource> file) {
-  return std::make_shared<OfficialCheckpoint>(std::move(file), duration_name, false);
-}
-
-Tensor OfficialCheckpoint::fetch(const std::string& name, const Shape& expected) const {
-  const std::string stored = name_(name);
-  const Tensor t = file_->fetch(stored, expected);
-  if (!differential_ || !t.data || !name.ends_with("attn.to_qkv.weight")) return t;
-  Tensor out = row_blocks_permuted(t, kDiffusersQkvOrder);
-  file_->release(stored);  // the model reads the reordered copy only
-  return out;
-}
-
-size_t OfficialCheckpoint::make_resident(const std::vector<std::string>& names) const {
-  std::vector<std::string> stored;
-  for (const std::string& n : names) stored.push_back(name_(n));
-  return file_->make_resident(stored);
+  return under_diffusers_names(std::move(file), duration_name, false);
 }
 
 }  // namespace apus::sa3

@@ -3,7 +3,6 @@
 // diffusers' names: it prefixes and renames each component's parameters and orders the
 // differential attention's fused projection differently. Models ask for diffusers names, so they
 // load from either layout alike.
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,8 +15,8 @@ namespace apus::sa3 {
 // [q | k | v | q2 | k2] in this order.
 inline const std::vector<int> kDiffusersQkvOrder = {0, 3, 1, 4, 2};
 
-class OfficialCheckpoint final : public WeightSource {
- public:
+// The official checkpoint's names (io/weights/renamed_source.h renames them to diffusers').
+struct OfficialCheckpoint {
   // The DiT (model.model.*, the padding embedding under conditioner.*), the SAME autoencoder
   // (pretransform.model.*, or bare in a SAME-L/SAME-S repository) and the duration conditioner
   // (conditioner.conditioners.seconds_total.*) of `file`. differential: the attention is
@@ -30,21 +29,6 @@ class OfficialCheckpoint final : public WeightSource {
   // names it ("transformer_blocks.0.ff.proj_in.weight" -> "model.model.transformer.layers.0.ff.ff.0.proj.weight").
   static std::string dit_name(const std::string& diffusers);
   static std::string duration_name(const std::string& diffusers);
-
-  using Rename = std::function<std::string(const std::string&)>;  // diffusers name -> stored name
-  OfficialCheckpoint(std::shared_ptr<const WeightSource> file, Rename name, bool differential)
-      : file_(std::move(file)), name_(std::move(name)), differential_(differential) {}
-  bool contains(const std::string& name) const override { return file_->contains(name_(name)); }
-  // A differential fused projection comes reordered to diffusers' rows.
-  Tensor fetch(const std::string& name, const Shape& expected) const override;
-  std::string where(const std::string& name) const override { return file_->where(name_(name)); }
-  size_t make_resident(const std::vector<std::string>& names) const override;
-  void release(const std::string& name) const override { file_->release(name_(name)); }
-
- private:
-  std::shared_ptr<const WeightSource> file_;
-  Rename name_;
-  bool differential_;
 };
 
 }  // namespace apus::sa3
