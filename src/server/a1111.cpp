@@ -36,7 +36,6 @@ void refuse_what_apus_does_not_do(const Fields& f) {
   off("enable_hr", "apus has no hires fix (a second pass at a larger size); ask for the size you want");
   off("restore_faces", "apus has no face restoration");
   off("tiling", "apus does not render tileable images");
-  off("inpaint_full_res", "apus repaints at the image's size");
   for (const char* k : {"sampler_name", "sampler_index"}) {
     const std::string name = f.string(k, "");
     if (!name.empty() && name != kSampler)
@@ -283,6 +282,11 @@ void Server::Impl::a1111_img2img(const http::Request& req, http::Response& res) 
   files.images.push_back(a1111_image(in["init_images"][0], "init_images[0]", "init_images"));
   if (f.has("mask")) files.mask = a1111_image(in["mask"], "mask", "mask");
   else files.repaint_whole = true;
+  // "Only masked" (a crop around the mask, repainted at the size asked and pasted back); A1111
+  // reads it only with a mask, as here.
+  if (files.mask && f.boolean("inpaint_full_res", false))
+    refuse(400, "'inpaint_full_res' is true: apus repaints the whole image at its size (send false)",
+           "inpaint_full_res");
   files.marks = f.integer("inpainting_mask_invert", 0, 0, 1) ? MaskMarks::black : MaskMarks::white;
   if (a.r.width && a.r.height) files.resize_to = std::pair{*a.r.width, *a.r.height};
   // A1111's default strength.
@@ -425,6 +429,20 @@ void Server::Impl::a1111_refresh_loras(const http::Request&, http::Response& res
 void Server::Impl::a1111_refresh_checkpoints(const http::Request&, http::Response& res) {
   res.set_content("null", "application/json");
 }
+
+// A1111's scripts, textual-inversion embeddings, VAE files, hypernetworks, face restorers,
+// Real-ESRGAN models, prompt styles and hires-fix latent upscalers: apus has none (its models
+// carry their own VAE; face restoration, model upscalers and hires fix are refused where a request
+// asks for them), and answers as A1111 does when it has none.
+void Server::Impl::a1111_scripts(const http::Request&, http::Response& res) {
+  res.set_content(dump(Json{{"txt2img", Json::array()}, {"img2img", Json::array()}}), "application/json");
+}
+
+void Server::Impl::a1111_embeddings(const http::Request&, http::Response& res) {
+  res.set_content(dump(Json{{"loaded", Json::object()}, {"skipped", Json::object()}}), "application/json");
+}
+
+void Server::Impl::a1111_none(const http::Request&, http::Response& res) { res.set_content("[]", "application/json"); }
 
 void Server::Impl::a1111_cmd_flags(const http::Request&, http::Response& res) {
   res.set_content(dump(Json{{"api", true},

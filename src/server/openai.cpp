@@ -22,6 +22,12 @@ namespace apus::server {
 
 namespace {
 
+// OpenAI's output_compression as the encoder's quality (libjpeg's least is 1).
+int output_quality(const Fields& f, ImageFormat format) {
+  const int quality = int(f.integer("output_compression", 100, 0, 100));
+  return format == ImageFormat::jpeg ? std::max(quality, 1) : quality;
+}
+
 // The bytes of a file sent as base64 in a JSON field (`what` names it in errors).
 std::string base64_file(const Json& value, const std::string& what, const char* param, const char* kind) {
   const std::optional<std::string> bytes = value.is_string() ? unbase64(value.get<std::string>()) : std::nullopt;
@@ -163,8 +169,7 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
   } catch (const Error& e) {
     refuse(400, e.what(), "output_format");
   }
-  files.quality = int(f.integer("output_compression", 100, 0, 100));
-  if (files.format == ImageFormat::jpeg) files.quality = std::max(files.quality, 1);  // libjpeg's least
+  files.quality = output_quality(f, files.format);
   // OpenAI's other image fields: accepted where apus has nothing to change (quality, style,
   // moderation, a PNG's compression), refused where it would change the image.
   if (f.string("background", "auto") != "auto" && f.string("background", "auto") != "opaque")
@@ -372,8 +377,21 @@ void Server::Impl::respond_images(const http::Request& req, http::Response& res,
   res.set_content(dump(Json{{"created", int64_t(std::time(nullptr))}, {"data", data}}), "application/json");
 }
 
+namespace {
+
+// A live preview (a PNG at 1/8 of the image's sides, include/apus/apus.h's Preview) as OpenAI's
+// partial image: at the image's size, each preview pixel an 8x8 block, in the request's format.
+std::string partial_image(const std::string& preview_png, ImageFormat format, int quality) {
+  const Rgb8Image preview = decode_image(unbase64(preview_png).value_or(""), "a preview");
+  const Rgb8Image full = resize_nearest(preview, preview.width * 8, preview.height * 8);
+  return base64(encode_image(format, full, quality, {}, "a partial image"));
+}
+
+}  // namespace
+
 void Server::Impl::stream_image(http::Response& res, const std::shared_ptr<Job>& j, int partials,
-                                const std::string& format, const std::string& size) {
+                                const std::string& format, const std::string& size, int quality) {
+  const ImageFormat image_format = image_format_named(format, "output_format");
   j->previews = partials > 0;
   submit(j);
   struct Sent {
@@ -384,7 +402,7 @@ void Server::Impl::stream_image(http::Response& res, const std::shared_ptr<Job>&
   res.set_header("Cache-Control", "no-cache");
   res.content_type = "text/event-stream";
   res.stream = http::Stream{
-      [this, j, sent, partials, format, size]() -> std::optional<std::string> {
+      [this, j, sent, partials, format, size, image_format, quality]() -> std::optional<std::string> {
         if (sent->over) return std::nullopt;
         std::string events;
         auto event = [&](const char* type, Json data) {
@@ -405,7 +423,8 @@ void Server::Impl::stream_image(http::Response& res, const std::shared_ptr<Job>&
             while (p.is_object() && p.contains("image") && sent->partials < partials &&
                    p.value("step", 0) * (partials + 1) >= (sent->partials + 1) * p.value("steps", 1)) {
               event("image_generation.partial_image",
-                    {{"b64_json", p["image"]}, {"partial_image_index", sent->partials}});
+                    {{"b64_json", partial_image(p["image"], image_format, quality)},
+                     {"partial_image_index", sent->partials}});
               ++sent->partials;
             }
           }
@@ -480,8 +499,10 @@ void Server::Impl::image_generations(const http::Request& req, http::Response& r
   }
   if (f.integer("n", 1, 1, ImageLimits::max_batch) != 1) refuse(400, "a streamed request makes one image ('n' 1)", "n");
   if (urls) refuse(400, "a streamed request answers b64_json", "response_format");
-  stream_image(res, openai_image_job(body, {}), int(f.integer("partial_images", 0, 0, 3)),
-               f.string("output_format", "png"), f.string("size", "auto"));
+  const auto j = openai_image_job(body, {});  // checks every field first
+  const std::string format = f.string("output_format", "png");
+  stream_image(res, j, int(f.integer("partial_images", 0, 0, 3)), format, f.string("size", "auto"),
+               output_quality(f, image_format_named(format, "output_format")));
 }
 
 void Server::Impl::audio_generations(const http::Request& req, http::Response& res) {

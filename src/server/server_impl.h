@@ -112,10 +112,10 @@ struct Server::Impl {
   // The finished job's images as OpenAI answers them: base64, or urls of GET /v1/jobs/{id}/files/{n}.
   void respond_images(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j, bool urls);
   // OpenAI's streamed generation (stream: true): server-sent events, the live previews as up to
-  // `partials` "image_generation.partial_image" events spread over the steps, then
-  // "image_generation.completed" with the image (or "error").
+  // `partials` "image_generation.partial_image" events spread over the steps (at the image's size
+  // and in its format and quality), then "image_generation.completed" with the image (or "error").
   void stream_image(http::Response& res, const std::shared_ptr<Job>& j, int partials, const std::string& format,
-                    const std::string& size);
+                    const std::string& size, int quality);
   // The finished job's clip as the answer's body (its seed in X-Seed).
   void respond_audio(const http::Request& req, http::Response& res, const std::shared_ptr<Job>& j);
   // Forgets a finished job a synchronous route answered (it is not kept for GET /v1/jobs/{id}).
@@ -175,6 +175,9 @@ struct Server::Impl {
   void a1111_loras(const http::Request& req, http::Response& res);
   void a1111_refresh_loras(const http::Request& req, http::Response& res);
   void a1111_refresh_checkpoints(const http::Request& req, http::Response& res);
+  void a1111_scripts(const http::Request& req, http::Response& res);
+  void a1111_embeddings(const http::Request& req, http::Response& res);
+  void a1111_none(const http::Request& req, http::Response& res);
   void a1111_cmd_flags(const http::Request& req, http::Response& res);
   void a1111_memory(const http::Request& req, http::Response& res);
   void a1111_png_info(const http::Request& req, http::Response& res);
