@@ -825,7 +825,7 @@ int main(int argc, char** argv) {
 #else
   const char* const backends = " (CPU backend)";
 #endif
-  app.set_version_flag("--version", std::string("apus ") + APUS_VERSION + backends);
+  app.set_version_flag("--version", std::string("apus ") + apus::version() + backends);
   app.require_subcommand(1);
   const Command commands[] = {image_command(app),     audio_command(app), synth_command(app), pull_command(app),
                               calibrate_command(app), serve_command(app), bench_command(app), report_command(app),

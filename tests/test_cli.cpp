@@ -333,7 +333,7 @@ TEST(Cli, AudioFormatFollowsTheOutputsExtension) {
 TEST(Cli, VersionNamesTheReleaseAndBackends) {
   const test::CliRun r = test::run_cli("--version");
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(r.output.rfind("apus 0.", 0), 0u) << r.output;
+  EXPECT_EQ(r.output.rfind(std::string("apus ") + version() + " (", 0), 0u) << r.output;
   EXPECT_NE(r.output.find("backend"), std::string::npos) << r.output;
 }
 

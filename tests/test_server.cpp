@@ -185,6 +185,7 @@ TEST_F(Serve, HealthModelsAndTheKey) {
   auto r = client(false).Get("/health");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(Json::parse(r->body), (Json{{"status", "ok"}, {"version", version()}}));
   expect_refusal(client(false).Get("/v1/models"), 401, "API key");
   r = client().Get("/v1/models");
   ASSERT_TRUE(r);
@@ -1348,7 +1349,8 @@ TEST_F(Serve, EventsMetricsAndThePage) {
   for (const char* fragment : {"apus_requests_total{route=\"POST /v1/jobs\"}", "apus_queue_depth{model=",
                                "apus_stage_seconds_bucket{model=\"klein_tiny_a\",stage=\"dit_step\",le=\"+Inf\"}",
                                "apus_request_seconds_count{model=\"klein_tiny_a\"}", "apus_resident_memory_bytes ",
-                               "apus_jobs_total{model=\"klein_tiny_a\",state=\"done\"}"})
+                               "apus_jobs_total{model=\"klein_tiny_a\",state=\"done\"}",
+                               "apus_build_info{version=\"0."})
     EXPECT_NE(m->body.find(fragment), std::string::npos) << fragment << "\n" << m->body;
   const auto page = client(false).Get("/");
   ASSERT_TRUE(page);

@@ -16,6 +16,10 @@
 
 namespace apus {
 
+// The engine's version ("0.1.0"): what `apus --version`, the server's /health and /metrics and the
+// installed package say.
+const char* version();
+
 struct PipelineCost;  // the counted cost of one request (src/core/cost.h)
 
 // 8-bit RGB pixels, rows top to bottom.

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "apus/apus.h"
 #include "server/http.h"
 #include "server/jobs.h"
 
@@ -35,6 +36,9 @@ class Metrics {
     std::lock_guard<std::mutex> lock(mutex_);
     std::string out;
     auto line = [&](const std::string& l) { out += l + "\n"; };
+    line("# HELP apus_build_info The server's version.");
+    line("# TYPE apus_build_info gauge");
+    line(std::string("apus_build_info{version=\"") + version() + "\"} 1");
     line("# HELP apus_requests_total HTTP requests by route.");
     line("# TYPE apus_requests_total counter");
     for (const auto& [route, n] : requests_) line("apus_requests_total{route=\"" + route + "\"} " + std::to_string(n));

@@ -71,7 +71,7 @@ void Server::Impl::metrics_text(const http::Request&, http::Response& res) {
 void Server::Impl::page(const http::Request&, http::Response& res) { res.set_content(web_page(), "text/html"); }
 
 void Server::Impl::health(const http::Request&, http::Response& res) {
-  res.set_content(R"({"status":"ok"})", "application/json");
+  res.set_content(dump(Json{{"status", "ok"}, {"version", version()}}), "application/json");
 }
 
 void Server::Impl::list_models(const http::Request&, http::Response& res) {

@@ -294,7 +294,12 @@ void make_dirs(const fs::path& p) {
 
 std::string published_layout_dir(const std::string& name) {
   const char* env = std::getenv("APUS_DATA_DIR");
-  return std::string(env && *env ? env : APUS_DATA_DIR) + "/" + name;
+  if (env && *env) return std::string(env) + "/" + name;
+  // An installed apus (cmake --install, the Debian package): PREFIX/bin/apus beside PREFIX/share/apus.
+  std::error_code ec;
+  const fs::path installed = fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path() / "share/apus";
+  if (!ec && fs::is_directory(installed / name, ec)) return (installed / name).string();
+  return std::string(APUS_DATA_DIR) + "/" + name;
 }
 
 void synth_checkpoint(const std::string& template_dir, const std::string& out_dir, uint64_t seed,

@@ -24,7 +24,8 @@ using SynthProgress = std::function<void(const std::string&)>;
 
 // The published layout (configs and manifest.json, no weights) the engine carries for `name`
 // ("flux2-klein-4b" is black-forest-labs/FLUX.2-klein-4B): $APUS_DATA_DIR/<name> when that
-// variable is set, else data/<name> of the source tree this library was built from.
+// variable is set, else share/apus/<name> beside the running program's bin/ (an installed apus),
+// else data/<name> of the source tree this library was built from.
 std::string published_layout_dir(const std::string& name);
 
 // template_dir is either a layout folder (configs plus manifest.json, as under data/) or an existing
