@@ -1346,11 +1346,11 @@ TEST_F(Serve, EventsMetricsAndThePage) {
   const auto m = client().Get("/metrics");
   ASSERT_TRUE(m);
   ASSERT_EQ(m->status, 200);
-  for (const char* fragment : {"apus_requests_total{route=\"POST /v1/jobs\"}", "apus_queue_depth{model=",
-                               "apus_stage_seconds_bucket{model=\"klein_tiny_a\",stage=\"dit_step\",le=\"+Inf\"}",
-                               "apus_request_seconds_count{model=\"klein_tiny_a\"}", "apus_resident_memory_bytes ",
-                               "apus_jobs_total{model=\"klein_tiny_a\",state=\"done\"}",
-                               "apus_build_info{version=\"0."})
+  for (const char* fragment :
+       {"apus_requests_total{route=\"POST /v1/jobs\"}",
+        "apus_queue_depth{model=", "apus_stage_seconds_bucket{model=\"klein_tiny_a\",stage=\"dit_step\",le=\"+Inf\"}",
+        "apus_request_seconds_count{model=\"klein_tiny_a\"}", "apus_resident_memory_bytes ",
+        "apus_jobs_total{model=\"klein_tiny_a\",state=\"done\"}", "apus_build_info{version=\"0."})
     EXPECT_NE(m->body.find(fragment), std::string::npos) << fragment << "\n" << m->body;
   const auto page = client(false).Get("/");
   ASSERT_TRUE(page);

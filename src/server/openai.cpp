@@ -422,9 +422,8 @@ void Server::Impl::stream_image(http::Response& res, const std::shared_ptr<Job>&
             const Json p = Json::parse(j->preview, nullptr, false);
             while (p.is_object() && p.contains("image") && sent->partials < partials &&
                    p.value("step", 0) * (partials + 1) >= (sent->partials + 1) * p.value("steps", 1)) {
-              event("image_generation.partial_image",
-                    {{"b64_json", partial_image(p["image"], image_format, quality)},
-                     {"partial_image_index", sent->partials}});
+              event("image_generation.partial_image", {{"b64_json", partial_image(p["image"], image_format, quality)},
+                                                       {"partial_image_index", sent->partials}});
               ++sent->partials;
             }
           }

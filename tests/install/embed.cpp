@@ -21,8 +21,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: the renders differ or are blank\n");
       return 1;
     }
-    std::printf("apus %s rendered %dx%d from %s\n", apus::version(), a.width, a.height,
-                model->label().c_str());
+    std::printf("apus %s rendered %dx%d from %s\n", apus::version(), a.width, a.height, model->label().c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
