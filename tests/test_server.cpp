@@ -1811,6 +1811,89 @@ TEST(ServeKept, FilesAreWrittenAndJobsListed) {
   test::expect_error([&] { server::Server refused(bad); }, {"--output-dir", "not a folder"});
 }
 
+// The history --output-dir keeps: each done job's record beside its files (the settings it ran
+// with), read back by a server started later on the same folder: listed (paged by when each was
+// made), its JSON and files served, deleted with its files; a record apus did not write skipped,
+// the list's paging arguments checked.
+TEST(ServeKept, HistoryOutlivesTheServerIsPagedAndDeletable) {
+  const std::string dir = test::scratch_dir.path() + "serve_outputs/history";
+  std::filesystem::remove_all(dir);
+  server::ServeOptions o;
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}};
+  o.port = 0;
+  o.output_dir = dir;
+  std::vector<std::string> ids;
+  std::map<std::string, std::string> bytes;
+  {
+    server::Server srv(o);
+    httplib::Client c("127.0.0.1", srv.start());
+    for (int seed : {3, 4}) {
+      const Json body = {{"prompt", "a fox " + std::to_string(seed)},
+                         {"size", "32x32"},
+                         {"steps", 1},
+                         {"seed", seed},
+                         {"response_format", "url"}};
+      const auto r = c.Post("/v1/images/generations", body.dump(), "application/json");
+      ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+      const std::string url = Json::parse(r->body)["data"][0]["url"];
+      ids.push_back(url.substr(url.find("/v1/jobs/") + 9, url.find("/files/") - url.find("/v1/jobs/") - 9));
+      bytes[ids.back()] = c.Get(url.substr(url.find("/v1/jobs/")).c_str())->body;
+    }
+    // A synchronous A1111 call is kept too, though the server forgets it once answered.
+    const auto a =
+        c.Post("/sdapi/v1/txt2img",
+               Json{{"prompt", "a lighthouse"}, {"width", 32}, {"height", 32}, {"steps", 1}, {"seed", 5}}.dump(),
+               "application/json");
+    ASSERT_TRUE(a && a->status == 200) << (a ? a->body : "no answer");
+  }
+  std::ofstream(dir + "/job-spoiled.json") << "{\"id\": \"job-spoiled\"";
+  server::Server later(o);
+  httplib::Client c("127.0.0.1", later.start());
+  const Json all = Json::parse(c.Get("/v1/jobs")->body);
+  ASSERT_EQ(all["data"].size(), 3u) << all.dump();
+  EXPECT_FALSE(all["has_more"]);
+  const std::string a1111 = all["data"][2]["id"];
+  for (const Json& j : all["data"]) {
+    EXPECT_EQ(j["state"], "done");
+    EXPECT_FALSE(j.contains("stored")) << "the folder's bookkeeping stays the server's";
+  }
+  EXPECT_EQ(all["data"][0]["id"], ids[0]);
+  EXPECT_EQ(all["data"][0]["params"], (Json{{"prompt", "a fox 3"}, {"size", "32x32"}, {"steps", 1}, {"seed", 3}}));
+  EXPECT_EQ(all["data"][2]["params"]["prompt"], "a lighthouse");
+  // Paged, newest first.
+  const Json page = Json::parse(c.Get("/v1/jobs?order=desc&limit=2")->body);
+  ASSERT_EQ(page["data"].size(), 2u);
+  EXPECT_EQ(page["data"][0]["id"], a1111);
+  EXPECT_EQ(page["data"][1]["id"], ids[1]);
+  EXPECT_TRUE(page["has_more"]);
+  EXPECT_EQ(page["last_id"], ids[1]);
+  const Json rest = Json::parse(c.Get(("/v1/jobs?order=desc&limit=2&after=" + ids[1]).c_str())->body);
+  ASSERT_EQ(rest["data"].size(), 1u);
+  EXPECT_EQ(rest["data"][0]["id"], ids[0]);
+  EXPECT_FALSE(rest["has_more"]);
+  for (const char* bad : {"/v1/jobs?order=sideways", "/v1/jobs?limit=0", "/v1/jobs?limit=x", "/v1/jobs?limit=%zz"})
+    EXPECT_EQ(c.Get(bad)->status, 400) << bad;
+  EXPECT_EQ(c.Get("/v1/jobs?after=job-nowhere")->status, 404);
+  // Each kept job and file as the first server served them.
+  EXPECT_EQ(Json::parse(c.Get(("/v1/jobs/" + ids[1]).c_str())->body)["params"]["seed"], 4);
+  for (const std::string& id : ids) {
+    const auto f = c.Get(("/v1/jobs/" + id + "/files/0").c_str());
+    ASSERT_TRUE(f && f->status == 200);
+    EXPECT_EQ(f->body, bytes[id]);
+    EXPECT_EQ(f->get_header_value("Content-Type"), "image/png");
+  }
+  EXPECT_EQ(c.Get(("/v1/jobs/" + ids[0] + "/files/1").c_str())->status, 404);
+  // Deleted: its record and file leave the folder, and the server forgets it.
+  const auto d = c.Delete(("/v1/jobs/" + ids[0]).c_str());
+  ASSERT_TRUE(d && d->status == 200);
+  EXPECT_EQ(Json::parse(d->body), (Json{{"id", ids[0]}, {"object", "job"}, {"deleted", true}}));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + ids[0] + ".json"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + ids[0] + "-0.png"));
+  EXPECT_EQ(c.Get(("/v1/jobs/" + ids[0]).c_str())->status, 404);
+  EXPECT_EQ(c.Delete(("/v1/jobs/" + ids[0]).c_str())->status, 404);
+  EXPECT_EQ(Json::parse(c.Get("/v1/jobs")->body)["data"].size(), 2u);
+}
+
 // The audio route takes "loras" as the image routes do: the engine's clip with that file and
 // strength (a DoRA here), dropped for the next request; names outside the folder refused.
 TEST(ServeLoras, AudioRequestsApplyTheFoldersLorasByName) {

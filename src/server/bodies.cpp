@@ -148,4 +148,50 @@ std::vector<FormPart> parse_multipart(const std::string& content_type, const std
   }
 }
 
+namespace {
+
+// '%' and two hex digits as that byte, '+' as a space; a '%' without two hex digits stays itself.
+std::string percent_decoded(std::string_view text) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '+') {
+      out += ' ';
+    } else if (text[i] != '%') {
+      out += text[i];
+    } else {
+      const int hi = i + 2 < text.size() ? hex(text[i + 1]) : -1, lo = i + 2 < text.size() ? hex(text[i + 2]) : -1;
+      if (hi < 0 || lo < 0) {
+        out += '%';
+        continue;
+      }
+      out += char(hi * 16 + lo);
+      i += 2;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> query_value(std::string_view target, std::string_view name) {
+  const size_t mark = target.find('?');
+  if (mark == std::string_view::npos) return std::nullopt;
+  std::string_view query = target.substr(mark + 1);
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const size_t eq = pair.find('=');
+    if (percent_decoded(pair.substr(0, eq)) == name)
+      return eq == std::string_view::npos ? std::string() : percent_decoded(pair.substr(eq + 1));
+  }
+  return std::nullopt;
+}
+
 }  // namespace apus::server

@@ -3,7 +3,9 @@
 // OpenAI's images/edits sends it, each part a form field (name) or a file (name and filename) in
 // the order the client sent them.
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace apus::server {
@@ -22,5 +24,10 @@ std::vector<FormPart> parse_multipart(const std::string& content_type, const std
 
 // Whether `content_type` is multipart/form-data.
 bool is_multipart(const std::string& content_type);
+
+// The first value of parameter `name` in a request target's query ("/v1/jobs?limit=5&after=x"),
+// percent-decoded with '+' as a space (a '%' not followed by two hex digits stays as it is);
+// nullopt when absent.
+std::optional<std::string> query_value(std::string_view target, std::string_view name);
 
 }  // namespace apus::server

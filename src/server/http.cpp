@@ -1,5 +1,7 @@
 #include "server/http.h"
 
+#include "server/bodies.h"
+
 #include <sys/socket.h>
 
 #include <array>
@@ -25,6 +27,8 @@ std::string Request::header(const std::string& name) const {
     if (beast::iequals(key, name)) return value;
   return "";
 }
+
+std::optional<std::string> Request::query(const std::string& name) const { return query_value(target, name); }
 
 bool Request::client_gone() const {
   if (socket < 0) return false;

@@ -26,6 +26,9 @@ struct Request {
 
   // A header's value ("" when absent); names compare without case.
   std::string header(const std::string& name) const;
+  // The first value of a parameter in the target's query (?a=1&b=x%20y), percent-decoded, '+'
+  // as a space; nullopt when absent.
+  std::optional<std::string> query(const std::string& name) const;
   // The client has closed its connection (its FIN or a reset seen by the kernel): nobody waits
   // for the answer any more.
   bool client_gone() const;

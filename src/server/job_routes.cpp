@@ -107,25 +107,6 @@ void Server::Impl::job_finished(const Job& j) {
   }
 }
 
-void Server::Impl::write_outputs(const Job& j) const {
-  if (options.output_dir.empty()) return;
-  std::lock_guard<std::mutex> lock(j.mutex);
-  for (size_t n = 0; n < j.outputs.size(); ++n) {
-    const JobOutput& o = j.outputs[n];
-    const std::string ext = o.mime == "image/png"    ? ".png"
-                            : o.mime == "image/jpeg" ? ".jpg"
-                            : o.mime == "image/webp" ? ".webp"
-                            : o.mime == "audio/flac" ? ".flac"
-                                                     : ".wav";
-    const std::string path = options.output_dir + "/" + j.id + "-" + std::to_string(n) + ext;
-    try {
-      write_whole_file(path, o.bytes.data(), o.bytes.size());
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "serve: job %s's file %zu was not written: %s\n", j.id.c_str(), n, e.what());
-    }
-  }
-}
-
 std::string Server::Impl::public_message(const std::string& message) const {
   std::string out = message;
   for (const std::string& dir : {options.lora_dir, options.output_dir}) {
@@ -145,6 +126,7 @@ void Server::Impl::fail_job(const Job& j) const {
 Json Server::Impl::job_json(const Job& j, bool with_results) {
   std::lock_guard<std::mutex> lock(j.mutex);
   Json out = {{"id", j.id},
+              {"created", j.created},
               {"model", j.model},
               {"kind", j.kind},
               {"state", state_name(j.state)},
@@ -156,6 +138,7 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
   if (!j.error.empty()) out["error"] = public_message(j.error);
   if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
   if (!j.preview.empty()) out["preview"] = Json::parse(j.preview);
+  if (!j.params.is_null()) out["params"] = j.params;
   if (j.state == JobState::done) {
     Json files = Json::array();
     for (size_t n = 0; n < j.outputs.size(); ++n) files.push_back("/v1/jobs/" + j.id + "/files/" + std::to_string(n));
@@ -231,31 +214,99 @@ void Server::Impl::submit_job(const http::Request& req, http::Response& res) {
   res.set_content(dump(job_json(*j)), "application/json");
 }
 
-// Every job the server holds, oldest first: those queued and running, and the finished ones it
-// keeps (their files by url, not inline).
-void Server::Impl::list_jobs(const http::Request&, http::Response& res) {
-  std::vector<std::shared_ptr<Job>> all;
+// Every job the server holds (queued, running, and the finished ones it keeps) and every job
+// --output-dir kept, by when each was made, their files by url; paged as OpenAI's lists are:
+// ?order=asc|desc (asc), ?limit=N (1-1000; all by default), ?after=ID (those after that one).
+void Server::Impl::list_jobs(const http::Request& req, http::Response& res) {
+  std::map<std::string, Json> all = history->records();
+  for (auto& [id, r] : all) r.erase("stored");
+  std::vector<std::shared_ptr<Job>> held;
   {
     std::lock_guard<std::mutex> lock(jobs_mutex);
-    for (const auto& [id, j] : jobs) all.push_back(j);
+    for (const auto& [id, j] : jobs) held.push_back(j);
   }
+  for (const auto& j : held) all[j->id] = job_json(*j, false);
+  std::vector<Json> list;
+  for (auto& [id, r] : all) list.push_back(std::move(r));
+  const std::string order = req.query("order").value_or("asc");
+  if (order != "asc" && order != "desc") refuse(400, "'order' is \"" + order + "\", expected asc or desc", "order");
+  std::stable_sort(list.begin(), list.end(), [&](const Json& a, const Json& b) {
+    const auto ka = std::pair{a.value("created", int64_t{0}), a["id"].get<std::string>()};
+    const auto kb = std::pair{b.value("created", int64_t{0}), b["id"].get<std::string>()};
+    return order == "asc" ? ka < kb : kb < ka;
+  });
+  if (const std::optional<std::string> after = req.query("after")) {
+    const auto at = std::find_if(list.begin(), list.end(), [&](const Json& r) { return r["id"] == *after; });
+    if (at == list.end()) refuse(404, "'after' names no job: '" + *after + "'", "after");
+    list.erase(list.begin(), at + 1);
+  }
+  size_t limit = list.size();
+  if (const std::optional<std::string> text = req.query("limit")) {
+    const Json n = Json::parse(*text, nullptr, false);
+    if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > 1000)
+      refuse(400, "'limit' is \"" + *text + "\", expected a whole number 1-1000", "limit");
+    limit = std::min(limit, size_t(n.get<int64_t>()));
+  }
+  const bool more = list.size() > limit;
+  list.resize(limit);
   Json data = Json::array();
-  for (const auto& j : all) data.push_back(job_json(*j, false));
-  res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
+  for (Json& r : list) data.push_back(std::move(r));
+  Json out = {{"object", "list"}, {"data", data}, {"has_more", more}};
+  out["first_id"] = data.empty() ? Json(nullptr) : data.front()["id"];
+  out["last_id"] = data.empty() ? Json(nullptr) : data.back()["id"];
+  res.set_content(dump(out), "application/json");
 }
 
+Json Server::Impl::any_job_json(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    const auto it = jobs.find(id);
+    if (it != jobs.end()) {
+      const std::shared_ptr<Job> j = it->second;
+      return job_json(*j, false);
+    }
+  }
+  std::optional<Json> r = history->record(id);
+  if (!r) refuse(404, "no job '" + id + "'");
+  r->erase("stored");
+  return *r;
+}
+
+// A job the server holds (its results inline once done), or one --output-dir kept (its files by url).
 void Server::Impl::job_status(const http::Request& req, http::Response& res) {
-  res.set_content(dump(job_json(*job(req.matches[1]))), "application/json");
+  const std::string id = req.matches[1];
+  std::shared_ptr<Job> j;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    if (const auto it = jobs.find(id); it != jobs.end()) j = it->second;
+  }
+  res.set_content(dump(j ? job_json(*j) : any_job_json(id)), "application/json");
 }
 
 // A finished job's n-th result file as it was made (what an OpenAI url response names), while
-// the job is kept.
+// the job is kept in memory or by --output-dir.
 void Server::Impl::job_file(const http::Request& req, http::Response& res) {
-  const auto j = job(req.matches[1]);
+  const std::string id = req.matches[1];
+  const size_t n = std::stoul(req.matches[2]);
+  std::shared_ptr<Job> held;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    if (const auto it = jobs.find(id); it != jobs.end()) held = it->second;
+  }
+  if (!held) {
+    const Json kept = any_job_json(id);  // 404 when neither holds it
+    const std::optional<JobOutput> o = history->file(id, n);
+    if (!o)
+      refuse(
+          404,
+          "job " + id + " made " + std::to_string(kept["files"].size()) + " file(s), not a file " + std::to_string(n),
+          "files");
+    return res.set_content(std::string(o->bytes.begin(), o->bytes.end()), o->mime);
+  }
+  const auto j = held;
   std::lock_guard<std::mutex> lock(j->mutex);
   if (j->state != JobState::done)
     refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its files come when it is done", "files");
-  const size_t n = std::stoul(req.matches[2]);
   if (n >= j->outputs.size())
     refuse(404,
            "job " + j->id + " made " + std::to_string(j->outputs.size()) + " file(s), not a file " + std::to_string(n),
@@ -274,10 +325,29 @@ void Server::Impl::job_trace(const http::Request& req, http::Response& res) {
   res.set_content(j->trace, "application/json");
 }
 
+// A queued or running job is cancelled (answered with its JSON); a finished one is deleted, from
+// the server's memory and from --output-dir's history, files and record.
 void Server::Impl::cancel_job(const http::Request& req, http::Response& res) {
-  const auto j = job(req.matches[1]);
-  j->cancel = true;
-  res.set_content(dump(job_json(*j)), "application/json");
+  const std::string id = req.matches[1];
+  std::shared_ptr<Job> j;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    if (const auto it = jobs.find(id); it != jobs.end()) j = it->second;
+  }
+  if (j) {
+    bool active;
+    {
+      std::lock_guard<std::mutex> lock(j->mutex);
+      active = j->state == JobState::queued || j->state == JobState::running;
+    }
+    if (active) {
+      j->cancel = true;
+      return res.set_content(dump(job_json(*j)), "application/json");
+    }
+    drop_kept(*j);
+  }
+  if (!history->remove(id) && !j) refuse(404, "no job '" + id + "'");
+  res.set_content(dump(Json{{"id", id}, {"object", "job"}, {"deleted", true}}), "application/json");
 }
 
 }  // namespace apus::server

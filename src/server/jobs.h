@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 
 namespace apus::server {
@@ -51,6 +53,12 @@ struct Job {
   int preview_count = 0;                               // previews kept so far
   std::string trace;                                   // ... Chrome trace-event JSON once done (GET /v1/jobs/ID/trace)
   std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
+  int64_t created =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();  // Unix seconds, as OpenAI's `created`
+  // The settings the request ran with, as the jobs API takes them back (set by its work when
+  // done): what a kept record and the page's "reuse" read.
+  nlohmann::json params;
   std::chrono::steady_clock::time_point started;  // when it began to run (its state running)
 
   // Records "step i/n" progress lines; throws to stop the run when the job is cancelled.

@@ -28,6 +28,34 @@ int output_quality(const Fields& f, ImageFormat format) {
   return format == ImageFormat::jpeg ? std::max(quality, 1) : quality;
 }
 
+// What an image request ran with, as the jobs API takes it back ("reuse" on the page); the
+// images it was given are not kept.
+Json image_params(const ImageRequest& r, const ImageResult& res) {
+  Json p = {{"prompt", r.prompt},
+            {"size", std::to_string(res.width) + "x" + std::to_string(res.height)},
+            {"steps", res.steps},
+            {"seed", res.seed}};
+  if (r.cfg) p["cfg"] = *r.cfg;
+  if (r.negative_prompt) p["negative_prompt"] = *r.negative_prompt;
+  if (r.inpaint) p["strength"] = r.inpaint->strength;
+  if (!r.loras.empty()) {
+    p["loras"] = Json::array();
+    for (const Lora& l : r.loras)
+      p["loras"].push_back({{"name", std::filesystem::path(l.file).filename().string()}, {"scale", l.scale}});
+  }
+  return p;
+}
+
+Json audio_params(const AudioRequest& r, const AudioResult& res) {
+  Json p = {{"prompt", r.prompt},
+            {"seconds", double(res.samples.size()) / std::max(1, res.channels * res.sample_rate)},
+            {"seed", res.seed}};
+  if (r.steps) p["steps"] = *r.steps;
+  if (r.cfg) p["cfg"] = *r.cfg;
+  if (r.negative_prompt) p["negative_prompt"] = *r.negative_prompt;
+  return p;
+}
+
 // The bytes of a file sent as base64 in a JSON field (`what` names it in errors).
 std::string base64_file(const Json& value, const std::string& what, const char* param, const char* kind) {
   const std::optional<std::string> bytes = value.is_string() ? unbase64(value.get<std::string>()) : std::nullopt;
@@ -266,6 +294,10 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
     for (const StageTime& t : results.front().stages)
       j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(results.front().trace);
+    {
+      std::lock_guard<std::mutex> lock(j.mutex);
+      j.params = image_params(batch.front(), results.front());
+    }
     for (size_t i = 0; i < results.size(); ++i) {
       const ImageResult& res = results[i];
       out.push_back({encode_image(files.format, Rgb8Image{res.width, res.height, res.rgb}, files.quality,
@@ -349,6 +381,10 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
         r, [&](const std::string& l) { j.progress(l); }, &j.cancel);
     for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(res.trace);
+    {
+      std::lock_guard<std::mutex> lock(j.mutex);
+      j.params = audio_params(r, res);
+    }
     const Audio a{res.sample_rate, res.channels, res.samples};
     return std::vector<JobOutput>{
         {encode_audio(a, format, audio_metadata(r, res, *model, {"init_audio", "inpaint_audio"}), "clip"),

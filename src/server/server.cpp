@@ -103,6 +103,7 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
                impl_->options.output_dir, ": not a folder and cannot be made one");
     check_writable(impl_->options.output_dir + "/.apus-write-test");
   }
+  impl_->history = std::make_unique<History>(impl_->options.output_dir);
   APUS_CHECK(impl_->options.queue >= 1 && impl_->options.queue <= 1024, "serve: --queue ", impl_->options.queue,
              " outside 1..1024");
   for (const ModelParts& parts : impl_->options.models) {
@@ -114,7 +115,7 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     Impl* impl = impl_.get();
     m.worker = std::make_unique<ModelWorker>(impl_->options.queue, [impl](const Job& j, JobState s) {
       impl->metrics.job(j, s);
-      if (s == JobState::done) impl->write_outputs(j);
+      if (s == JobState::done) impl->history->keep(impl->job_json(j, false), j.outputs);
       impl->job_finished(j);
     });
     impl_->models.push_back(std::move(m));

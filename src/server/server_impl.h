@@ -17,6 +17,7 @@
 #include "io/media/image.h"
 #include "pipeline/registry.h"
 #include "server/fields.h"
+#include "server/history.h"
 #include "server/http.h"
 #include "server/jobs.h"
 #include "server/metrics.h"
@@ -68,6 +69,7 @@ struct Server::Impl {
   // until options.kept_results_bytes (or kKeptJobs) is passed, the oldest dropped first.
   std::deque<std::pair<std::string, size_t>> finished;
   size_t finished_bytes = 0;
+  std::unique_ptr<History> history;  // what --output-dir keeps (keeps nothing without it)
   Metrics metrics;
   std::atomic<bool> draining{false};
   std::shared_ptr<Job> a1111_current;  // the AUTOMATIC1111 routes' latest job (progress, interrupt)
@@ -128,10 +130,9 @@ struct Server::Impl {
   // An engine message as a client sees it: the server's own folders (--lora-dir, --output-dir)
   // taken out of the paths it names, which are the server's business.
   std::string public_message(const std::string& message) const;
-  // A done job's files into options.output_dir (when set), ID-N with the extension of its type;
-  // a file that cannot be written is reported on stderr, the job stays done.
-  void write_outputs(const Job& j) const;
   Json job_json(const Job& j, bool with_results = true);
+  // A job the server holds, or one --output-dir kept: its JSON (without results); 404 otherwise.
+  Json any_job_json(const std::string& id);
 
   // The transport's hooks and the route table (routes.cpp).
   void routes();

@@ -1,7 +1,7 @@
 // libFuzzer target for the request bodies the server parses before any route logic: JSON objects
 // (any bytes: an object, or apus::Error saying what is wrong; the answer that echoes it always
 // serialises) and multipart/form-data (the input's first line is the boundary, the rest the body:
-// parts whose content lies inside the body, each named, or apus::Error).
+// parts whose content lies inside the body, each named, or apus::Error) and a target's query.
 #include <cstring>
 #include <string>
 
@@ -21,6 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // The refusal itself goes out as JSON text.
     (void)nlohmann::json{{"message", e.what()}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
+  // A query: any value found came out of the target's text (never longer than it).
+  for (const char* name : {"limit", "", "a b"})
+    if (const std::optional<std::string> v = apus::server::query_value(input, name); v && v->size() > input.size())
+      __builtin_trap();
   const size_t eol = input.find('\n');
   if (eol == std::string::npos) return 0;
   const std::string type = "multipart/form-data; boundary=" + input.substr(0, eol), body = input.substr(eol + 1);
