@@ -583,7 +583,8 @@ Command serve_command(CLI::App& app) {
                    "MiB of finished jobs' files kept for GET /v1/jobs/{id} (256); the oldest go first")
       ->check(CLI::Range(1, 1 << 20));
   serve->add_option("--output-dir", s.output_dir,
-                    "write every finished job's files here too (ID-N.png, .wav, ...), made if absent");
+                    "keep every finished job here: its files (ID-N.png, .wav, ...) and record (ID.json), listed by GET "
+                    "/v1/jobs after restarts too; made if absent");
   serve->add_option("--lora-dir", s.lora_dir,
                     "the LoRAs clients may apply by file name (\"loras\": [{\"name\", \"scale\"}]; GET /v1/loras)");
   serve->add_option("--drain-seconds", o->drain_seconds, "on SIGTERM / SIGINT, let running jobs finish this long (30)")

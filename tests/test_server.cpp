@@ -1563,6 +1563,20 @@ TEST(ServePage, RunsInHeadlessChromium) {
     EXPECT_EQ(console.find(":ERROR:CONSOLE"), std::string::npos) << console;
     EXPECT_EQ(console.find("Uncaught"), std::string::npos) << console;
   }
+  // A reload shows what was made: the gallery from GET /v1/jobs, newest first (the clip, then
+  // the image), each card with what made it and its reuse and delete buttons.
+  {
+    const std::string dom = ::testing::TempDir() + "apus_page_history.html";
+    ASSERT_EQ(std::system((browser + "--dump-dom " + test::shell_quote(base) + " > " + dom + " 2>/dev/null").c_str()),
+              0);
+    const std::string html = read_file(dom);
+    const size_t clip = html.find("<audio"), image = html.find("LoRA peft.safetensors:0.7 LoRA kohya.safetensors:0.5");
+    EXPECT_NE(clip, std::string::npos) << html;
+    EXPECT_NE(image, std::string::npos) << html;
+    EXPECT_LT(clip, image) << "newest first\n" << html;
+    EXPECT_NE(html.find(">reuse</button>"), std::string::npos) << html;
+    EXPECT_NE(html.find(">delete</button>"), std::string::npos) << html;
+  }
   const std::string shot = ::testing::TempDir() + "apus_page.png";
   std::system((browser + "--window-size=1100,700 --screenshot=" + shot + " " +
                test::shell_quote(base + "?model=klein_tiny_a&prompt=a%20red%20fox&size=256x256&steps=4&seed=7&lora="

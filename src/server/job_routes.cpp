@@ -140,9 +140,13 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
   if (!j.preview.empty()) out["preview"] = Json::parse(j.preview);
   if (!j.params.is_null()) out["params"] = j.params;
   if (j.state == JobState::done) {
-    Json files = Json::array();
-    for (size_t n = 0; n < j.outputs.size(); ++n) files.push_back("/v1/jobs/" + j.id + "/files/" + std::to_string(n));
+    Json files = Json::array(), seeds = Json::array();
+    for (size_t n = 0; n < j.outputs.size(); ++n) {
+      files.push_back("/v1/jobs/" + j.id + "/files/" + std::to_string(n));
+      seeds.push_back(j.outputs[n].seed);
+    }
     out["files"] = files;
+    out["seeds"] = seeds;
   }
   if (j.state == JobState::done && with_results) {
     Json results = Json::array();

@@ -28,6 +28,13 @@ int output_quality(const Fields& f, ImageFormat format) {
   return format == ImageFormat::jpeg ? std::max(quality, 1) : quality;
 }
 
+// A float setting as the number the client wrote (0.7, not 0.699999988 of its float).
+double as_written(float v) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, v).ptr;
+  return std::strtod(std::string(text, end).c_str(), nullptr);
+}
+
 // What an image request ran with, as the jobs API takes it back ("reuse" on the page); the
 // images it was given are not kept.
 Json image_params(const ImageRequest& r, const ImageResult& res) {
@@ -35,13 +42,14 @@ Json image_params(const ImageRequest& r, const ImageResult& res) {
             {"size", std::to_string(res.width) + "x" + std::to_string(res.height)},
             {"steps", res.steps},
             {"seed", res.seed}};
-  if (r.cfg) p["cfg"] = *r.cfg;
+  if (r.cfg) p["cfg"] = as_written(*r.cfg);
   if (r.negative_prompt) p["negative_prompt"] = *r.negative_prompt;
   if (r.inpaint) p["strength"] = r.inpaint->strength;
   if (!r.loras.empty()) {
     p["loras"] = Json::array();
     for (const Lora& l : r.loras)
-      p["loras"].push_back({{"name", std::filesystem::path(l.file).filename().string()}, {"scale", l.scale}});
+      p["loras"].push_back(
+          {{"name", std::filesystem::path(l.file).filename().string()}, {"scale", as_written(l.scale)}});
   }
   return p;
 }
@@ -51,7 +59,7 @@ Json audio_params(const AudioRequest& r, const AudioResult& res) {
             {"seconds", double(res.samples.size()) / std::max(1, res.channels * res.sample_rate)},
             {"seed", res.seed}};
   if (r.steps) p["steps"] = *r.steps;
-  if (r.cfg) p["cfg"] = *r.cfg;
+  if (r.cfg) p["cfg"] = as_written(*r.cfg);
   if (r.negative_prompt) p["negative_prompt"] = *r.negative_prompt;
   return p;
 }
