@@ -4,11 +4,13 @@
 #include <signal.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -135,6 +137,24 @@ apus::Lora parse_lora(const std::string& text) {
 const std::string& named_file(const std::string& path, const char* flag) {
   APUS_CHECK(!path.empty(), flag, ": an empty file name");
   return path;
+}
+
+// Where a result goes when -o names none: outputs/NNNNN<extension> in the current folder (made if
+// absent), one past the highest number there, so a run never writes over an earlier one's file.
+std::string unnamed_output(const std::string& extension) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories("outputs", ec);
+  APUS_CHECK(fs::is_directory("outputs"), "outputs: not a folder and cannot be made one (name the file with -o)");
+  long last = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator("outputs", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 5 && std::all_of(name.begin(), name.begin() + 5, [](char c) { return c >= '0' && c <= '9'; }))
+      last = std::max(last, std::stol(name.substr(0, 5)));
+  }
+  char name[48];
+  std::snprintf(name, sizeof name, "outputs/%05ld%s", last + 1, extension.c_str());
+  return name;
 }
 
 // Every file a run will write can be created, checked before any model loads.
@@ -357,10 +377,10 @@ Command image_command(CLI::App& app) {
   struct Options {
     RequestOptions r;
     apus::ModelParts parts;
-    std::string out = "out.png", mask_file, inpaint_reference, noise;
+    std::string out, mask_file, inpaint_reference, noise;
     int quality = 95;
     double strength = apus::Inpainting{}.strength;
-    CLI::Option *mask_opt, *strength_opt, *inpaint_reference_opt, *noise_opt;
+    CLI::Option *mask_opt, *strength_opt, *inpaint_reference_opt, *noise_opt, *out_opt;
   };
   const auto o = std::make_shared<Options>();
   auto* image = app.add_subcommand("image", "render a prompt to a PNG");
@@ -382,9 +402,10 @@ Command image_command(CLI::App& app) {
   o->inpaint_reference_opt =
       image->add_option("--reference", o->inpaint_reference, "inpainting: a reference image for the repainted area");
   o->noise_opt = image->add_option("--noise", o->noise, "safetensors file with tensor 'noise' [1,128,H/16,W/16]");
-  image->add_option("-o,--output", o->out,
-                    "output file: .png, .jpg or .webp, the parameters inside as A1111 writes them (out.png); -n adds "
-                    "-1, -2, ... before the extension");
+  o->out_opt =
+      image->add_option("-o,--output", o->out,
+                        "output file: .png, .jpg or .webp, the parameters inside as A1111 writes them "
+                        "(outputs/NNNNN.png, the next number there); -n adds -1, -2, ... before the extension");
   image->add_option("--quality", o->quality, "JPEG and WebP quality, 1..100 (95; WebP 100: lossless)");
   return {image, [o] {
             const RequestOptions& asked = o->r;
@@ -406,6 +427,7 @@ Command image_command(CLI::App& app) {
             if (*o->noise_opt) req.noise_file = named_file(o->noise, "--noise");
             // -n as the engine takes a batch, before any output name is tried.
             const std::vector<apus::ImageRequest> requests = apus::batch_of(req, asked.batch);
+            if (!*o->out_opt) o->out = unnamed_output(".png");
             check_output(o->out, asked.batch);
             apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
             APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
@@ -418,7 +440,7 @@ Command audio_command(CLI::App& app) {
   struct Options {
     RequestOptions r;
     apus::ModelParts parts;
-    std::string out = "out.wav", format = "wav", decode, init_audio, inpaint_audio;
+    std::string out, format = "wav", decode, init_audio, inpaint_audio;
     double init_noise_level = apus::kDefaultInitNoiseLevel;
     float apg = 1;
     std::vector<double> inpaint_starts, inpaint_ends;
@@ -458,8 +480,9 @@ Command audio_command(CLI::App& app) {
       ->add_option("--decode", o->decode,
                    "chunked (the official 128-latent chunks) or whole; default: the model's config")
       ->check(CLI::IsMember({"chunked", "whole"}));
-  o->out_opt =
-      audio->add_option("-o,--output", o->out, "output file, .wav or .flac (out.wav; out.flac with --format flac)");
+  o->out_opt = audio->add_option(
+      "-o,--output", o->out,
+      "output file, .wav or .flac (outputs/NNNNN.wav, the next number there; .flac with --format flac)");
   return {audio, [o] {
             const RequestOptions& asked = o->r;
             apus::AudioRequest req;
@@ -482,7 +505,7 @@ Command audio_command(CLI::App& app) {
             // -n as the engine takes a batch, before any output name is tried; the clips join
             // each request once the model is open.
             std::vector<apus::AudioRequest> requests = apus::batch_of(req, asked.batch);
-            if (!*o->out_opt && o->format == "flac") o->out = "out.flac";
+            if (!*o->out_opt) o->out = unnamed_output(o->format == "flac" ? ".flac" : ".wav");
             check_output(o->out, asked.batch);
             o->format = audio_format_for(o->out, *o->format_opt ? o->format : "");
             if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));

@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
+#include "io/files.h"
 #include "io/media/png.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
@@ -328,6 +331,30 @@ TEST(Cli, AudioFormatFollowsTheOutputsExtension) {
     EXPECT_EQ(std::string(head, 4), magic) << name;
     std::filesystem::remove(dir + name);
   }
+}
+
+// Without -o a result goes to outputs/ under the next free number: a second run keeps the first's
+// file, the batch's names follow the number, a clip takes its format's extension.
+TEST(Cli, UnnamedOutputsNeverWriteOverEarlierOnes) {
+  const std::string dir = test::scratch_dir.path() + "unnamed_outputs";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/outputs");
+  std::ofstream(dir + "/outputs/00007-kept.png") << "a user's file";
+  const std::string in_dir = "cd " + test::shell_quote(dir) + " && ";
+  const std::string image = "image --model " + test::fixture("klein_tiny_a") + " -p x -W 32 -H 32 --steps 1 -s 1";
+  for (const char* extra : {"", " -n 2"}) {
+    const test::CliRun r = test::run_cli(image + extra, in_dir);
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  const test::CliRun clip = test::run_cli(
+      "audio --model " + test::official_dir() + " -p rain --seconds 1 --steps 1 -s 1 --format flac", in_dir);
+  ASSERT_EQ(clip.status, 0) << clip.output;
+  EXPECT_NE(clip.output.find("wrote outputs/00010.flac"), std::string::npos) << clip.output;
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/outputs"))
+    names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"00007-kept.png", "00008.png", "00009-1.png", "00009-2.png", "00010.flac"}));
+  EXPECT_EQ(read_file(dir + "/outputs/00007-kept.png"), "a user's file");
 }
 
 TEST(Cli, VersionNamesTheReleaseAndBackends) {
