@@ -1908,6 +1908,39 @@ TEST(ServeKept, HistoryOutlivesTheServerIsPagedAndDeletable) {
   EXPECT_EQ(Json::parse(c.Get("/v1/jobs")->body)["data"].size(), 2u);
 }
 
+// GET /v1/loras says which loaded models each file adapts (what the page's pickers offer per
+// model): a klein LoRA the klein model, a Stable Audio 3 DoRA the audio model, a file that is no
+// LoRA neither; a file changed in place is looked at again.
+TEST(ServeLoras, EachFileListsTheModelsItAdapts) {
+  const std::string dir = test::scratch_dir.path() + "lora_models";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(test::fixture("klein_lora/peft.safetensors"), dir + "/peft.safetensors");
+  std::filesystem::copy_file(test::fixture("sa3_lora/dora.safetensors"), dir + "/dora.safetensors");
+  std::filesystem::copy_file(test::fixture("klein_tiny_a/vae/diffusion_pytorch_model.safetensors"),
+                             dir + "/vae.safetensors");
+  server::ServeOptions o;
+  o.models = {ModelParts{test::fixture("klein_tiny_a")}, ModelParts{test::official_dir()}};
+  o.port = 0;
+  o.lora_dir = dir;
+  server::Server srv(o);
+  httplib::Client c("127.0.0.1", srv.start());
+  const std::string audio = AudioModel::open(test::official_dir(), Weights::none)->label();
+  auto models_of = [&] {
+    std::map<std::string, Json> out;
+    const Json listed = Json::parse(c.Get("/v1/loras")->body);
+    for (const Json& l : listed["data"]) out[l["id"].get<std::string>()] = l["models"];
+    return out;
+  };
+  std::map<std::string, Json> got = models_of();
+  EXPECT_EQ(got["peft.safetensors"], Json::array({"klein_tiny_a"}));
+  EXPECT_EQ(got["dora.safetensors"], Json::array({audio}));
+  EXPECT_EQ(got["vae.safetensors"], Json::array());
+  std::filesystem::copy_file(test::fixture("klein_lora/peft.safetensors"), dir + "/dora.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_EQ(models_of()["dora.safetensors"], Json::array({"klein_tiny_a"}));
+}
+
 // The audio route takes "loras" as the image routes do: the engine's clip with that file and
 // strength (a DoRA here), dropped for the next request; names outside the folder refused.
 TEST(ServeLoras, AudioRequestsApplyTheFoldersLorasByName) {

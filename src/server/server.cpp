@@ -87,8 +87,35 @@ void Server::Impl::list_models(const http::Request&, http::Response& res) {
 
 void Server::Impl::list_loras(const http::Request&, http::Response& res) {
   Json data = Json::array();
-  for (const std::string& name : lora_names()) data.push_back({{"id", name}, {"object", "lora"}});
+  for (const std::string& name : lora_names())
+    data.push_back({{"id", name}, {"object", "lora"}, {"models", lora_models(name)}});
   res.set_content(dump(Json{{"object", "list"}, {"data", data}}), "application/json");
+}
+
+std::vector<std::string> Server::Impl::lora_models(const std::string& name) {
+  const std::string path = options.lora_dir + "/" + name;
+  std::error_code ec;
+  const std::string key = std::to_string(std::filesystem::file_size(path, ec)) + "/" +
+                          std::to_string(std::filesystem::last_write_time(path, ec).time_since_epoch().count());
+  {
+    std::lock_guard<std::mutex> lock(lora_fits_mutex);
+    const auto it = lora_fits.find(name);
+    if (it != lora_fits.end() && it->second.first == key) return it->second.second;
+  }
+  std::vector<std::string> fits;
+  for (const Loaded& m : models) {
+    try {
+      if (m.model.kind() == ModelKind::image)
+        m.model.image()->count({.prompt = "x", .width = 64, .height = 64, .steps = 1, .loras = {{path, 1}}});
+      else m.model.audio()->count({.prompt = "x", .seconds = 1, .steps = 1, .loras = {{path, 1}}});
+      fits.push_back(m.id);
+    } catch (const std::exception&) {
+      // Not this model's: its family refuses the file, or a factor fits none of its weights.
+    }
+  }
+  std::lock_guard<std::mutex> lock(lora_fits_mutex);
+  lora_fits[name] = {key, fits};
+  return fits;
 }
 
 Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {

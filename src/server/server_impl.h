@@ -98,6 +98,12 @@ struct Server::Impl {
   // entry where a name is no file there; the names GET /v1/loras lists.
   std::vector<Lora> requested_loras(const Json& list) const;
   std::vector<std::string> lora_names() const;
+  // The loaded models a --lora-dir file adapts: those whose count() of a small request with it
+  // passes (the family reads the file and holds every factor to a weight of that model, as a
+  // request naming it is checked); cached per file until its size or time changes.
+  std::vector<std::string> lora_models(const std::string& name);
+  std::mutex lora_fits_mutex;
+  std::map<std::string, std::pair<std::string, std::vector<std::string>>> lora_fits;  // name -> (size/time, models)
   // An audio job: prompt, seconds, seed, steps, cfg, apg, negative_prompt, format (wav, wav-float,
   // flac), the input clips.
   std::shared_ptr<Job> audio_job(const Json& body, std::string& format_name, bool trace = false);
