@@ -970,7 +970,34 @@ TEST_F(Serve, Automatic1111Img2ImgIsTheEnginesInpainting) {
     EXPECT_EQ(png.height, 48);
     EXPECT_EQ(png.rgb, expected.rgb);
   }
-  expect_refusal(post({{"resize_mode", 1}}), 400, "'resize_mode' is 1", "resize_mode");
+  // resize_mode 1, "crop and resize", as A1111's images.resize_image: scaled to cover 48x32 keeping
+  // the aspect (the 100x84 image to 48x40, the 75x61 mask to 48x39), then the middle rows.
+  {
+    Json body = {{"prompt", "a door"},
+                 {"steps", 4},
+                 {"seed", 9},
+                 {"width", 48},
+                 {"height", 32},
+                 {"resize_mode", 1},
+                 {"mask", base64_of(mask)},
+                 {"init_images", Json::array({base64_of(image)})}};
+    auto middle_rows = [](const Rgb8Image& im, int first) {
+      return Rgb8Image{im.width, 32,
+                       std::vector<uint8_t>(im.rgb.begin() + size_t(first) * im.width * 3,
+                                            im.rgb.begin() + size_t(first + 32) * im.width * 3)};
+    };
+    ImageRequest want = engine_request("a door", std::nullopt, std::nullopt, 4, 9);
+    want.inpaint = Inpainting{middle_rows(resize_lanczos(picture, 48, 40), 4),
+                              middle_rows(resize_lanczos(white, 48, 39), 3), 0.75};
+    const ImageResult expected = model->generate(want);
+    const auto r = client().Post("/sdapi/v1/img2img", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const PngImage png = read_png(as_file(unbase64(Json::parse(r->body)["images"][0]), "serve_img2img_cropped.png"));
+    EXPECT_EQ(png.width, 48);
+    EXPECT_EQ(png.rgb, expected.rgb);
+  }
+  expect_refusal(post({{"resize_mode", 2}}), 400, "'resize_mode' is 2", "resize_mode");
   expect_refusal(post({{"inpainting_mask_invert", 2}}), 400, "'inpainting_mask_invert' is 2", "inpainting_mask_invert");
 }
 

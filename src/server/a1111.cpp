@@ -266,12 +266,15 @@ void Server::Impl::a1111_img2img(const http::Request& req, http::Response& res) 
   const Fields f{in};
   // Sides absent: the image's, at which the engine renders it.
   A1111Request a = a1111_request(f, a1111_model(), std::nullopt);
-  // A1111 renders img2img at the size asked, the image resized to it first (resize_mode 0,
-  // "just resize", what its clients send; webuiapi always asks 512x512).
-  if (f.integer("resize_mode", 0, 0, 3) != 0)
+  // A1111 renders img2img at the size asked, the image resized to it first: resize_mode 0, "just
+  // resize" (what its clients send; webuiapi always asks 512x512), or 1, "crop and resize". 2
+  // (resize and fill: the borders stretched from the image's edges) and 3 (a latent upscale) are
+  // refused.
+  const int64_t resize_mode = f.integer("resize_mode", 0, 0, 3);
+  if (resize_mode > 1)
     refuse(400,
-           "'resize_mode' is " + std::to_string(f.integer("resize_mode", 0, 0, 3)) +
-               ": apus resizes the image to the size asked (0, just resize)",
+           "'resize_mode' is " + std::to_string(resize_mode) +
+               ": apus resizes the image to the size asked (0, just resize) or crops it to it (1, crop and resize)",
            "resize_mode");
   if (!f.has("init_images") || !in["init_images"].is_array() || in["init_images"].empty())
     refuse(400, "'init_images' must hold the image to repaint, as base64", "init_images");
@@ -289,6 +292,7 @@ void Server::Impl::a1111_img2img(const http::Request& req, http::Response& res) 
            "inpaint_full_res");
   files.marks = f.integer("inpainting_mask_invert", 0, 0, 1) ? MaskMarks::black : MaskMarks::white;
   if (a.r.width && a.r.height) files.resize_to = std::pair{*a.r.width, *a.r.height};
+  files.crop = resize_mode == 1;
   // A1111's default strength.
   const double strength = f.number("denoising_strength", 0.75);
   files.strength = strength;

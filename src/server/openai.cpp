@@ -28,6 +28,17 @@ int output_quality(const Fields& f, ImageFormat format) {
   return format == ImageFormat::jpeg ? std::max(quality, 1) : quality;
 }
 
+// A1111's images.resize_image for img2img, LANCZOS throughout: resize_mode 0 stretches the image
+// to the sides; 1 ("crop and resize") scales it to cover them keeping its aspect and pastes it
+// centred on them, the overhang cut.
+Rgb8Image a1111_resized(const Rgb8Image& image, int width, int height, bool crop) {
+  if (!crop) return resize_lanczos(image, width, height);
+  const double ratio = double(width) / height, source_ratio = double(image.width) / image.height;
+  const int w = ratio > source_ratio ? width : image.width * height / image.height;
+  const int h = ratio <= source_ratio ? height : image.height * width / image.width;
+  return pasted(resize_lanczos(image, w, h), width, height, width / 2 - w / 2, height / 2 - h / 2);
+}
+
 // A float setting as the number the client wrote (0.7, not 0.699999988 of its float).
 double as_written(float v) {
   char text[32];
@@ -284,8 +295,8 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
       Rgb8Image image_to_paint = std::move(r.references.front());
       if (files.resize_to &&
           (image_to_paint.width != files.resize_to->first || image_to_paint.height != files.resize_to->second)) {
-        image_to_paint = resize_lanczos(image_to_paint, files.resize_to->first, files.resize_to->second);
-        mask = resize_lanczos(mask, files.resize_to->first, files.resize_to->second);
+        image_to_paint = a1111_resized(image_to_paint, files.resize_to->first, files.resize_to->second, files.crop);
+        mask = a1111_resized(mask, files.resize_to->first, files.resize_to->second, files.crop);
       }
       r.inpaint = Inpainting{std::move(image_to_paint), std::move(mask), files.strength};
       r.references.erase(r.references.begin());

@@ -48,8 +48,11 @@ struct ImageFiles {
   MaskMarks marks = MaskMarks::white;       // how the mask marks what to repaint
   bool repaint_whole = false;               // no mask: the first image repainted whole (A1111's img2img)
   double strength = Inpainting{}.strength;  // with the mask
-  // The repainted image and its mask resized to these sides first (A1111's img2img), or as given.
+  // The repainted image and its mask resized to these sides first (A1111's img2img), or as given;
+  // crop: to cover them keeping the aspect, the overhang cut (A1111's resize_mode 1), else
+  // stretched to them (0).
   std::optional<std::pair<int, int>> resize_to;
+  bool crop = false;
   // What the results are written as (OpenAI's output_format and output_compression).
   ImageFormat format = ImageFormat::png;
   int quality = 100;

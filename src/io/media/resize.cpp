@@ -142,4 +142,13 @@ Rgb8Image resize_nearest(const Rgb8Image& image, int width, int height) {
   return out;
 }
 
+Rgb8Image pasted(const Rgb8Image& image, int width, int height, int x, int y) {
+  Rgb8Image out{width, height, std::vector<uint8_t>(size_t(width) * size_t(height) * 3, 0)};
+  for (int row = std::max(0, y); row < std::min(height, y + image.height); ++row)
+    for (int col = std::max(0, x); col < std::min(width, x + image.width); ++col)
+      std::copy_n(&image.rgb[(size_t(row - y) * size_t(image.width) + size_t(col - x)) * 3], 3,
+                  &out.rgb[(size_t(row) * size_t(width) + size_t(col)) * 3]);
+  return out;
+}
+
 }  // namespace apus
