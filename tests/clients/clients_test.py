@@ -26,6 +26,7 @@ import wave
 import numpy as np
 import openai
 import webuiapi
+import websocket
 from PIL import Image
 
 APUS, FIXTURES = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
@@ -315,6 +316,102 @@ class OpenAiSdk(unittest.TestCase):
         r = self.client.audio.speech.create(model="tts-1", voice="alloy", input="rain on a tin roof",
                                             response_format="wav", extra_body={"seconds": 1, "seed": 3, "steps": 2})
         np.testing.assert_array_equal(wav_samples(r.content)[2], want)
+
+
+class Page(unittest.TestCase):
+    """The page in headless Chromium driven through the DevTools protocol, as a person uses it at a
+    phone's width (390 px): everything in reach, a batch of two, a running request cancelled."""
+
+    @classmethod
+    def setUpClass(cls):
+        if subprocess.run(["sh", "-c", "command -v chromium"], capture_output=True).returncode != 0:
+            raise unittest.SkipTest("chromium is not installed")
+        port = 9400 + os.getpid() % 500
+        cls.profile = tempfile.mkdtemp(prefix="apus_page_")
+        cls.browser = subprocess.Popen(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--user-data-dir=" + cls.profile, "--remote-debugging-port=%d" % port, "--window-size=390,844",
+             BASE + "/"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            try:
+                pages = json.load(urllib.request.urlopen("http://127.0.0.1:%d/json" % port))
+                cls.ws = websocket.create_connection(next(p for p in pages if p["type"] == "page")["webSocketDebuggerUrl"])
+                break
+            except Exception:
+                time.sleep(0.1)
+        cls.calls = 0
+        # A phone's viewport (a headless window is at least 500 px wide).
+        cls.send("Emulation.setDeviceMetricsOverride",
+                 {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.browser.kill()
+        cls.browser.wait()
+
+    @classmethod
+    def send(cls, method, params):
+        """A DevTools call's result."""
+        cls.calls += 1
+        cls.ws.send(json.dumps({"id": cls.calls, "method": method, "params": params}))
+        while True:
+            reply = json.loads(cls.ws.recv())
+            if reply.get("id") == cls.calls:
+                return reply.get("result", {})
+
+    def js(self, expression):
+        """The value of a JavaScript expression in the page (a promise awaited)."""
+        r = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True, "returnByValue": True})
+        return r.get("result", {}).get("value")
+
+    def open(self, query):
+        """The page at BASE/?query, navigated to (the call returns once the new document is in)."""
+        self.send("Page.navigate", {"url": BASE + "/?" + query})
+        self.wait_for("document.readyState === 'complete'")
+
+    def wait_for(self, expression, seconds=120):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if self.js(expression):
+                return
+            time.sleep(0.2)
+        self.fail("never true: " + expression + " (status: %r)" % self.js("document.getElementById('status').textContent"))
+
+    def test_at_a_phones_width_everything_is_in_reach(self):
+        self.open("")
+        self.wait_for("document.getElementById('model').options.length > 0")
+        self.assertLessEqual(self.js("window.innerWidth"), 400)
+        # Nothing wider than the screen; Generate and the prompt inside it.
+        self.assertLessEqual(self.js("document.documentElement.scrollWidth"), self.js("window.innerWidth"))
+        for element in ("go", "prompt", "model", "seed"):
+            box = self.js("(b => [b.left, b.right])(document.getElementById('%s').getBoundingClientRect())" % element)
+            self.assertGreaterEqual(box[0], 0, element)
+            self.assertLessEqual(box[1], self.js("window.innerWidth"), element)
+        # The form folds to two columns; Generate and the prompt span both.
+        form = self.js("document.getElementById('form').getBoundingClientRect().width")
+        for element in ("go", "prompt"):
+            self.assertGreater(self.js("document.getElementById('%s').getBoundingClientRect().width" % element),
+                               0.8 * form, element)
+        self.assertLess(self.js("document.getElementById('seed').getBoundingClientRect().width"), 0.6 * form)
+
+    def test_a_batch_of_two_gives_two_cards_of_one_job(self):
+        self.open("model=klein_tiny_a&prompt=two%20owls&size=32x32&steps=1&seed=40&n=2&run=1")
+        self.wait_for("document.getElementById('status').textContent.startsWith('done')")
+        cards = self.js("[...document.querySelectorAll('#gallery .card')].slice(0, 2).map(c => [c.dataset.job, c.textContent])")
+        self.assertEqual(cards[0][0], cards[1][0])
+        self.assertEqual(sorted(c[1].split(")")[0] for c in cards), ["two owls (seed 40", "two owls (seed 41"])
+
+    def test_cancel_stops_the_running_request(self):
+        self.open("model=klein_tiny_a&prompt=a%20long%20one&size=256x256&steps=200&seed=1&run=1")
+        self.wait_for("!document.getElementById('cancel').classList.contains('hidden') && "
+                      "/step [1-9]/.test(document.getElementById('status').textContent)")
+        self.js("document.getElementById('cancel').click()")
+        self.wait_for("document.getElementById('status').textContent.includes('cancelled')")
+        self.assertTrue(self.js("document.getElementById('cancel').classList.contains('hidden')"))
+        self.assertFalse(self.js("document.getElementById('go').disabled"))
+        job = json.load(urllib.request.urlopen(BASE + "/v1/jobs?order=desc&limit=1"))["data"][0]
+        self.assertEqual(job["state"], "cancelled")
+        self.assertLess(job["step"], 200)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 apus="$1" fixtures="$2" venv="$3"
-packages=(webuiapi==0.9.17 openai==3.63.0 numpy pillow)
+packages=(webuiapi==0.9.17 openai==3.63.0 numpy pillow websocket-client)
 stamp="$venv/.packages"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${packages[*]}" ]; then
   echo "clients: installing ${packages[*]} from PyPI into $venv" >&2
