@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
+#include "dist/world.h"
 #include "gate/gate.h"
 #include "hub/hf_pull.h"
 #include "io/files.h"
@@ -81,26 +82,33 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
-int run_image(const apus::ModelParts& parts, const std::vector<apus::ImageRequest>& requests, const std::string& out,
-              int quality, bool verbose, const std::string& trace_file, const std::string& device) {
+// Renders this process's share of the batch and writes its files (named by their place in the
+// whole batch).
+int run_image(const apus::ModelParts& parts, const std::vector<apus::ImageRequest>& requests, apus::dist::Share share,
+              const std::string& out, int quality, bool verbose, const std::string& trace_file,
+              const std::string& device) {
+  if (share.count == 0) return 0;
   const apus::ImageFormat format = apus::image_format_of_file(out, "-o");
   // One request per process: each stage's weights are mapped for that stage only.
   const auto model = apus::ImageModel::open(parts, apus::Weights::per_stage, device);
   const int batch = int(requests.size());
-  const std::vector<apus::ImageResult> results = model->generate_batch(requests, say);
+  const std::vector<apus::ImageRequest> mine(requests.begin() + share.first,
+                                             requests.begin() + share.first + share.count);
+  const std::vector<apus::ImageResult> results = model->generate_batch(mine, say);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < batch; ++i) {
+  for (int i = 0; i < share.count; ++i) {
     const apus::ImageResult& r = results[size_t(i)];
-    const std::string name = output_name(out, i, batch);
+    const std::string name = output_name(out, share.first + i, batch);
     const std::vector<uint8_t> bytes = apus::encode_image(format, apus::Rgb8Image{r.width, r.height, r.rgb}, quality,
-                                                          apus::image_metadata(requests[size_t(i)], r, *model), name);
+                                                          apus::image_metadata(mine[size_t(i)], r, *model), name);
     apus::write_whole_file(name, bytes.data(), bytes.size());
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose)
-    report_stages(model->count(requests.front(), batch), results.front().stages, "write image", write_s, device);
+    report_stages(model->count(mine.front(), share.count), results.front().stages, "write image", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
-  for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
+  for (int i = 0; i < share.count; ++i)
+    std::fprintf(stderr, "wrote %s\n", output_name(out, share.first + i, batch).c_str());
   return 0;
 }
 
@@ -163,6 +171,17 @@ void check_output(const std::string& out, int batch) {
   for (int i = 0; i < batch; ++i) apus::check_writable(output_name(out, i, batch));
 }
 
+// This process's share of a batch of `batch` outputs (issue 43): all of it in one process; under
+// mpirun or srun, a contiguous share per rank with --parallel batch or auto (each output is its
+// own request's, bit for bit, whatever the batch it is rendered in), all of it on rank 0 with none.
+apus::dist::Share batch_share(const std::string& parallel, int batch) {
+  APUS_CHECK(parallel == "auto" || parallel == "batch" || parallel == "none", "--parallel ", parallel,
+             ": not implemented yet (issue 43); batch splits -n's outputs over the ranks");
+  const apus::dist::World& world = apus::dist::World::get();
+  if (parallel == "none") return world.rank() == 0 ? apus::dist::Share{0, batch} : apus::dist::Share{0, 0};
+  return apus::dist::share_of(batch, world.rank(), world.size());
+}
+
 // The audio format to write: --format's when given (its extension must agree), else the one -o's
 // extension names.
 std::string audio_format_for(const std::string& out, const std::string& format) {
@@ -186,9 +205,14 @@ template <typename T> std::optional<T> if_given(const CLI::Option* option, const
 }
 
 // clips: the input clips' files, empty where none was given.
-int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> requests, const apus::ClipNames& clips,
-              const std::string& out, const std::string& format_name, bool verbose, const std::string& trace_file,
-              const std::string& device) {
+// Generates this process's share of the batch and writes its files (named by their place in the
+// whole batch).
+int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> all, apus::dist::Share share,
+              const apus::ClipNames& clips, const std::string& out, const std::string& format_name, bool verbose,
+              const std::string& trace_file, const std::string& device) {
+  if (share.count == 0) return 0;
+  const int batch = int(all.size());
+  std::vector<apus::AudioRequest> requests(all.begin() + share.first, all.begin() + share.first + share.count);
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
   const auto model = apus::AudioModel::open(parts, apus::Weights::per_stage, device);
   // Read once the model is open: no clip decodes past the longest the model can use.
@@ -196,7 +220,6 @@ int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> req
     apus::Audio a = apus::read_audio(path, model->max_seconds());
     return apus::AudioClip{a.rate, a.channels, std::move(a.samples)};
   };
-  const int batch = int(requests.size());
   if (!clips.init.empty()) {
     const apus::AudioClip clip = read_clip(clips.init);
     for (apus::AudioRequest& r : requests) r.init_audio = clip;
@@ -207,17 +230,19 @@ int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> req
   }
   const std::vector<apus::AudioResult> results = model->generate_batch(requests, say);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < batch; ++i) {
+  for (int i = 0; i < share.count; ++i) {
     const apus::AudioRequest& req = requests[size_t(i)];
     const apus::AudioResult& r = results[size_t(i)];
     apus::Audio audio{r.sample_rate, r.channels, r.samples};
-    apus::write_audio(output_name(out, i, batch), audio, format, apus::audio_metadata(req, r, *model, clips));
+    apus::write_audio(output_name(out, share.first + i, batch), audio, format,
+                      apus::audio_metadata(req, r, *model, clips));
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose)
-    report_stages(model->count(requests.front(), batch), results.front().stages, "write audio", write_s, device);
+    report_stages(model->count(requests.front(), share.count), results.front().stages, "write audio", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
-  for (int i = 0; i < batch; ++i) std::fprintf(stderr, "wrote %s\n", output_name(out, i, batch).c_str());
+  for (int i = 0; i < share.count; ++i)
+    std::fprintf(stderr, "wrote %s\n", output_name(out, share.first + i, batch).c_str());
   return 0;
 }
 
@@ -260,7 +285,7 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
 // names those it takes and what an absent one means there. A value reaches the request only when
 // given on the command line, so the model's defaults apply otherwise.
 struct RequestOptions {
-  std::string prompt, seed, precision = "bf16", negative, trace, device = "cpu";
+  std::string prompt, seed, precision = "bf16", negative, trace, device = "cpu", parallel = "auto";
   int width = 0, height = 0, steps = 0, batch = 1;
   double seconds = 0;
   float cfg = 0;
@@ -351,6 +376,10 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
         app->add_option("--seed,-s", o.seed, std::string("seed of torch's CPU generator (default: ") + takes.seed + ")")
             ->type_name("UINT64");
   if (!takes.run) return;
+  app->add_option("--parallel", o.parallel,
+                  "started by mpirun or srun, how the ranks split the work: batch (-n's outputs over the ranks), "
+                  "none (rank 0 does it all), auto (batch); ulysses, tensor and cfg are not implemented yet")
+      ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
   const char* const batch[] = {"images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)",
                                "clips generated together, seeds seed, seed+1, ...", ""};
   app->add_option("--batch,-n", o.batch, batch[f]);
@@ -427,12 +456,15 @@ Command image_command(CLI::App& app) {
             if (*o->noise_opt) req.noise_file = named_file(o->noise, "--noise");
             // -n as the engine takes a batch, before any output name is tried.
             const std::vector<apus::ImageRequest> requests = apus::batch_of(req, asked.batch);
-            if (!*o->out_opt) o->out = unnamed_output(".png");
+            const apus::dist::Share share = batch_share(asked.parallel, asked.batch);
+            // Under mpirun, rank 0 names the unnamed output for all.
+            const apus::dist::World& world = apus::dist::World::get();
+            if (!*o->out_opt) o->out = world.broadcast(world.rank() == 0 ? unnamed_output(".png") : "");
             check_output(o->out, asked.batch);
             apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
             APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
             if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
-            return run_image(o->parts, requests, o->out, o->quality, asked.verbose, asked.trace, asked.device);
+            return run_image(o->parts, requests, share, o->out, o->quality, asked.verbose, asked.trace, asked.device);
           }};
 }
 
@@ -505,11 +537,14 @@ Command audio_command(CLI::App& app) {
             // -n as the engine takes a batch, before any output name is tried; the clips join
             // each request once the model is open.
             std::vector<apus::AudioRequest> requests = apus::batch_of(req, asked.batch);
-            if (!*o->out_opt) o->out = unnamed_output(o->format == "flac" ? ".flac" : ".wav");
+            const apus::dist::Share share = batch_share(asked.parallel, asked.batch);
+            const apus::dist::World& world = apus::dist::World::get();
+            if (!*o->out_opt)
+              o->out = world.broadcast(world.rank() == 0 ? unnamed_output(o->format == "flac" ? ".flac" : ".wav") : "");
             check_output(o->out, asked.batch);
             o->format = audio_format_for(o->out, *o->format_opt ? o->format : "");
             if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
-            return run_audio(o->parts, std::move(requests), clips, o->out, o->format, asked.verbose, asked.trace,
+            return run_audio(o->parts, std::move(requests), share, clips, o->out, o->format, asked.verbose, asked.trace,
                              asked.device);
           }};
 }
@@ -849,7 +884,8 @@ int main(int argc, char** argv) {
 #else
   const char* const backends = " (CPU backend)";
 #endif
-  app.set_version_flag("--version", std::string("apus ") + apus::version() + backends);
+  app.set_version_flag("--version", std::string("apus ") + apus::version() + backends +
+                                        (apus::dist::built_with_mpi() ? ", MPI ranks" : ""));
   app.require_subcommand(1);
   const Command commands[] = {image_command(app),     audio_command(app), synth_command(app), pull_command(app),
                               calibrate_command(app), serve_command(app), bench_command(app), report_command(app),

@@ -2,7 +2,7 @@
 # Installs the Debian packages apus builds against (idempotent; needs root or sudo).
 set -euo pipefail
 PACKAGES=(cmake ninja-build ccache g++ pkg-config libdnnl-dev nlohmann-json3-dev libcli11-dev
-          libpcre2-dev libicu-dev libpng-dev libjpeg62-turbo-dev libexif-dev libwebp-dev libsentencepiece-dev libsndfile1-dev libcpp-httplib-dev libboost1.81-dev libcurl4-openssl-dev libssl-dev chromium libgtest-dev libbenchmark-dev clang-format-14 python3-venv dpkg-dev)
+          libpcre2-dev libicu-dev libpng-dev libjpeg62-turbo-dev libexif-dev libwebp-dev libsentencepiece-dev libsndfile1-dev libcpp-httplib-dev libboost1.81-dev libcurl4-openssl-dev libssl-dev chromium libgtest-dev libbenchmark-dev clang-format-14 python3-venv dpkg-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

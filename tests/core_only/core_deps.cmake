@@ -1,6 +1,6 @@
 # What the engine must not reach, checked where its link cannot see it (header-only Boost links
-# without complaint): no source of apus_core and no public header includes the server's or the
-# hub's headers, Boost, libcurl or OpenSSL; the public headers include nothing of src/; and
+# without complaint): no source of apus_core and no public header includes the server's, the
+# hub's or the ranks' (dist/) headers, Boost, libcurl, OpenSSL or MPI; the public headers include nothing of src/; and
 # libapus_core.a defines or asks for no Boost, libcurl or libcrypto symbol. Then the layers: the
 # networks (models/) never include a pipeline; ops, io, core, text, sampling and cost include
 # neither; the front ends (apps/, server, hub, gate) include no family's folder (models/<family>/,
@@ -8,12 +8,12 @@
 # that lists it.
 #   cmake -DSOURCE_DIR=<tree> -DARCHIVE=<libapus_core.a> -DNM=<nm> -P core_deps.cmake
 file(GLOB_RECURSE files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/src/* ${SOURCE_DIR}/include/*)
-list(FILTER files EXCLUDE REGEX "^src/(server|hub)/")
+list(FILTER files EXCLUDE REGEX "^src/(server|hub|dist)/")
 set(found "")
 foreach(file IN LISTS files)
   file(STRINGS ${SOURCE_DIR}/${file} includes REGEX "^[ \t]*#[ \t]*include")
   foreach(line IN LISTS includes)
-    if(line MATCHES "[<\"](server|hub|boost|curl|openssl)/" OR
+    if(line MATCHES "[<\"](server|hub|dist|boost|curl|openssl)/" OR line MATCHES "[<\"]mpi\\.h" OR
        (file MATCHES "^include/" AND line MATCHES "\"" AND NOT line MATCHES "\"apus/"))
       string(APPEND found "\n  ${file}: ${line}")
     endif()
@@ -30,7 +30,7 @@ foreach(file IN LISTS sources)
   foreach(line IN LISTS includes)
     if((file MATCHES "^src/models/" AND line MATCHES "\"pipeline/") OR
        (file MATCHES "^src/(ops|io|core|text|sampling|cost)/" AND line MATCHES "\"(models|pipeline)/") OR
-       (file MATCHES "^(apps|src/server|src/hub|src/gate)/" AND line MATCHES "\"(models|pipeline)/[a-z0-9_]+/") OR
+       (file MATCHES "^(apps|src/server|src/hub|src/gate|src/dist)/" AND line MATCHES "\"(models|pipeline)/[a-z0-9_]+/") OR
        (file MATCHES "^src/pipeline/[a-z0-9_]+/" AND line MATCHES "\"pipeline/registry.h\""))
       string(APPEND crossed "\n  ${file}: ${line}")
     endif()
