@@ -2,7 +2,8 @@
 # A command split over MPI ranks writes what one process writes (issue 43, batch parallelism):
 # klein's images and Stable Audio 3's clips of a batch over 2 and 3 ranks (3 ranks for 2 outputs:
 # a rank with nothing), byte for byte; --parallel none leaves the work to rank 0; an unnamed
-# output is named once for all ranks; a strategy not implemented yet is refused naming itself.
+# output is named once for all ranks; a strategy not implemented yet, and a command that does not
+# split yet (serve), are refused naming themselves.
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/check.sh APUS FIXTURES
 set -euo pipefail
@@ -50,4 +51,6 @@ cd ..
 
 if mpirun -np 2 "$apus" "${image[@]}" -n 2 --parallel ulysses -o x.png > refused.log 2>&1; then fail "ulysses was not refused"; fi
 grep -q "parallel ulysses: not implemented yet" refused.log || { cat refused.log; fail "the refusal does not name the strategy"; }
+if mpirun -np 2 "$apus" serve --model "$fixtures/klein_tiny_a" --port 0 > serve.log 2>&1; then fail "serve ran over 2 ranks"; fi
+grep -q "apus serve does not split over several processes yet" serve.log || { cat serve.log; fail "serve's refusal"; }
 echo "mpi check: batches over 2 and 3 ranks are one process's, byte for byte"
