@@ -149,8 +149,11 @@ const std::string& named_file(const std::string& path, const char* flag) {
 
 // Where a result goes when -o names none: outputs/NNNNN<extension> in the current folder (made if
 // absent), one past the highest number there, so a run never writes over an earlier one's file.
+// Under mpirun, rank 0 names it for every rank.
 std::string unnamed_output(const std::string& extension) {
   namespace fs = std::filesystem;
+  const apus::dist::World& world = apus::dist::World::get();
+  if (world.rank() != 0) return world.broadcast("");
   std::error_code ec;
   fs::create_directories("outputs", ec);
   APUS_CHECK(fs::is_directory("outputs"), "outputs: not a folder and cannot be made one (name the file with -o)");
@@ -162,7 +165,7 @@ std::string unnamed_output(const std::string& extension) {
   }
   char name[48];
   std::snprintf(name, sizeof name, "outputs/%05ld%s", last + 1, extension.c_str());
-  return name;
+  return world.broadcast(name);
 }
 
 // Every file a run will write can be created, checked before any model loads.
@@ -204,9 +207,8 @@ template <typename T> std::optional<T> if_given(const CLI::Option* option, const
   return given(option) ? std::optional<T>(value) : std::nullopt;
 }
 
-// clips: the input clips' files, empty where none was given.
 // Generates this process's share of the batch and writes its files (named by their place in the
-// whole batch).
+// whole batch); clips: the input clips' files, empty where none was given.
 int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> all, apus::dist::Share share,
               const apus::ClipNames& clips, const std::string& out, const std::string& format_name, bool verbose,
               const std::string& trace_file, const std::string& device) {
@@ -457,9 +459,7 @@ Command image_command(CLI::App& app) {
             // -n as the engine takes a batch, before any output name is tried.
             const std::vector<apus::ImageRequest> requests = apus::batch_of(req, asked.batch);
             const apus::dist::Share share = batch_share(asked.parallel, asked.batch);
-            // Under mpirun, rank 0 names the unnamed output for all.
-            const apus::dist::World& world = apus::dist::World::get();
-            if (!*o->out_opt) o->out = world.broadcast(world.rank() == 0 ? unnamed_output(".png") : "");
+            if (!*o->out_opt) o->out = unnamed_output(".png");
             check_output(o->out, asked.batch);
             apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
             APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
@@ -538,9 +538,7 @@ Command audio_command(CLI::App& app) {
             // each request once the model is open.
             std::vector<apus::AudioRequest> requests = apus::batch_of(req, asked.batch);
             const apus::dist::Share share = batch_share(asked.parallel, asked.batch);
-            const apus::dist::World& world = apus::dist::World::get();
-            if (!*o->out_opt)
-              o->out = world.broadcast(world.rank() == 0 ? unnamed_output(o->format == "flac" ? ".flac" : ".wav") : "");
+            if (!*o->out_opt) o->out = unnamed_output(o->format == "flac" ? ".flac" : ".wav");
             check_output(o->out, asked.batch);
             o->format = audio_format_for(o->out, *o->format_opt ? o->format : "");
             if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));

@@ -1,6 +1,5 @@
 #include "dist/world.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -61,13 +60,6 @@ std::string World::broadcast(const std::string& text) const {
   return out;
 }
 
-void World::abort(const std::string& message) const {
-  std::fprintf(stderr, "error: rank %d of %d: %s\n", rank_, size_, message.c_str());
-  std::fflush(stderr);
-  if (size_ > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
-}
-
 #else
 
 bool built_with_mpi() { return false; }
@@ -80,11 +72,6 @@ World::World() {
 }
 
 std::string World::broadcast(const std::string& text) const { return text; }
-
-void World::abort(const std::string& message) const {
-  std::fprintf(stderr, "error: %s\n", message.c_str());
-  std::exit(1);
-}
 
 #endif
 

@@ -15,8 +15,6 @@ class World {
   int size() const { return size_; }
   // Rank 0's `text` on every rank.
   std::string broadcast(const std::string& text) const;
-  // Ends every rank's process, the message said once by this rank, naming it.
-  [[noreturn]] void abort(const std::string& message) const;
 
  private:
   World();

@@ -1,7 +1,5 @@
 #include "server/http.h"
 
-#include "server/bodies.h"
-
 #include <sys/socket.h>
 
 #include <array>
@@ -14,6 +12,8 @@
 #include <regex>
 #include <set>
 #include <thread>
+
+#include "server/bodies.h"
 
 namespace apus::server::http {
 

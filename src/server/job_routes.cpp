@@ -57,11 +57,16 @@ void Server::Impl::run_sync(const http::Request& req, const std::shared_ptr<Job>
   finish_sync(*j);
 }
 
-std::shared_ptr<Job> Server::Impl::job(const std::string& id) {
+std::shared_ptr<Job> Server::Impl::held(const std::string& id) {
   std::lock_guard<std::mutex> lock(jobs_mutex);
   const auto it = jobs.find(id);
-  if (it == jobs.end()) refuse(404, "no job '" + id + "'");
-  return it->second;
+  return it == jobs.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Job> Server::Impl::job(const std::string& id) {
+  std::shared_ptr<Job> j = held(id);
+  if (!j) refuse(404, "no job '" + id + "'");
+  return j;
 }
 
 void Server::Impl::wait_for_client(const http::Request& req, Job& j) {
@@ -261,15 +266,7 @@ void Server::Impl::list_jobs(const http::Request& req, http::Response& res) {
   res.set_content(dump(out), "application/json");
 }
 
-Json Server::Impl::any_job_json(const std::string& id) {
-  {
-    std::lock_guard<std::mutex> lock(jobs_mutex);
-    const auto it = jobs.find(id);
-    if (it != jobs.end()) {
-      const std::shared_ptr<Job> j = it->second;
-      return job_json(*j, false);
-    }
-  }
+Json Server::Impl::kept_job_json(const std::string& id) {
   std::optional<Json> r = history->record(id);
   if (!r) refuse(404, "no job '" + id + "'");
   r->erase("stored");
@@ -278,13 +275,8 @@ Json Server::Impl::any_job_json(const std::string& id) {
 
 // A job the server holds (its results inline once done), or one --output-dir kept (its files by url).
 void Server::Impl::job_status(const http::Request& req, http::Response& res) {
-  const std::string id = req.matches[1];
-  std::shared_ptr<Job> j;
-  {
-    std::lock_guard<std::mutex> lock(jobs_mutex);
-    if (const auto it = jobs.find(id); it != jobs.end()) j = it->second;
-  }
-  res.set_content(dump(j ? job_json(*j) : any_job_json(id)), "application/json");
+  const std::shared_ptr<Job> j = held(req.matches[1]);
+  res.set_content(dump(j ? job_json(*j) : kept_job_json(req.matches[1])), "application/json");
 }
 
 // A finished job's n-th result file as it was made (what an OpenAI url response names), while
@@ -292,13 +284,9 @@ void Server::Impl::job_status(const http::Request& req, http::Response& res) {
 void Server::Impl::job_file(const http::Request& req, http::Response& res) {
   const std::string id = req.matches[1];
   const size_t n = std::stoul(req.matches[2]);
-  std::shared_ptr<Job> held;
-  {
-    std::lock_guard<std::mutex> lock(jobs_mutex);
-    if (const auto it = jobs.find(id); it != jobs.end()) held = it->second;
-  }
-  if (!held) {
-    const Json kept = any_job_json(id);  // 404 when neither holds it
+  const std::shared_ptr<Job> j = held(id);
+  if (!j) {
+    const Json kept = kept_job_json(id);  // 404 when neither holds it
     const std::optional<JobOutput> o = history->file(id, n);
     if (!o)
       refuse(
@@ -307,7 +295,6 @@ void Server::Impl::job_file(const http::Request& req, http::Response& res) {
           "files");
     return res.set_content(std::string(o->bytes.begin(), o->bytes.end()), o->mime);
   }
-  const auto j = held;
   std::lock_guard<std::mutex> lock(j->mutex);
   if (j->state != JobState::done)
     refuse(409, "job " + j->id + " is " + state_name(j->state) + ": its files come when it is done", "files");
@@ -333,11 +320,7 @@ void Server::Impl::job_trace(const http::Request& req, http::Response& res) {
 // the server's memory and from --output-dir's history, files and record.
 void Server::Impl::cancel_job(const http::Request& req, http::Response& res) {
   const std::string id = req.matches[1];
-  std::shared_ptr<Job> j;
-  {
-    std::lock_guard<std::mutex> lock(jobs_mutex);
-    if (const auto it = jobs.find(id); it != jobs.end()) j = it->second;
-  }
+  const std::shared_ptr<Job> j = held(id);
   if (j) {
     bool active;
     {

@@ -116,6 +116,8 @@ struct Server::Impl {
   void submit(const std::shared_ptr<Job>& job);
   // A synchronous route's run: submitted, waited for (cancelled if the client leaves), finished.
   void run_sync(const http::Request& req, const std::shared_ptr<Job>& j);
+  // A job the server holds: null (held) or 404 (job) when it holds none by that id.
+  std::shared_ptr<Job> held(const std::string& id);
   std::shared_ptr<Job> job(const std::string& id);
   // A synchronous route's wait: the job cancelled if its client goes away meanwhile.
   static void wait_for_client(const http::Request& req, Job& j);
@@ -140,8 +142,8 @@ struct Server::Impl {
   // taken out of the paths it names, which are the server's business.
   std::string public_message(const std::string& message) const;
   Json job_json(const Job& j, bool with_results = true);
-  // A job the server holds, or one --output-dir kept: its JSON (without results); 404 otherwise.
-  Json any_job_json(const std::string& id);
+  // A job --output-dir kept: its JSON as GET /v1/jobs/ID shows it; 404 when there is none.
+  Json kept_job_json(const std::string& id);
 
   // The transport's hooks and the route table (routes.cpp).
   void routes();

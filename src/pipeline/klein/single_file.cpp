@@ -175,7 +175,7 @@ TransformerFile open_transformer_file(const std::string& path) {
   out.single_blocks = singles + 1;
   const std::string embed = stripped.count("img_in.weight") ? "img_in.weight" : "x_embedder.weight";
   APUS_CHECK(stripped.count(embed), path, ": no '", embed, "' (the image embedding)");
-  out.hidden = file->stored(stripped[embed]).dim(0);
+  out.hidden = file->stored_shape(stripped[embed]).at(0);
   out.weights = std::make_shared<RenamedSource>(std::vector<std::shared_ptr<const WeightSource>>{file},
                                                 RenamedSource::table(std::move(entries)), path);
   return out;
