@@ -606,7 +606,7 @@ Command calibrate_command(CLI::App& app) {
 Command serve_command(CLI::App& app) {
   struct Options {
     apus::server::ServeOptions serve;
-    std::vector<std::string> models;
+    std::vector<std::string> models, aliases;
     apus::ModelParts parts;
     size_t max_body_mb = serve.max_body >> 20, kept_results_mb = serve.kept_results_bytes >> 20;
     double drain_seconds = 30;
@@ -643,6 +643,9 @@ Command serve_command(CLI::App& app) {
                     "/v1/jobs after restarts too; made if absent");
   serve->add_option("--lora-dir", s.lora_dir,
                     "the LoRAs clients may apply by file name (\"loras\": [{\"name\", \"scale\"}]; GET /v1/loras)");
+  serve->add_option("--alias", o->aliases,
+                    "NAME=MODEL: clients asking for model NAME get the loaded MODEL (repeatable; OpenAI's gpt-image-1, "
+                    "dall-e-3, tts-1, ... already answer with the server's model of their kind)");
   serve->add_option("--drain-seconds", o->drain_seconds, "on SIGTERM / SIGINT, let running jobs finish this long (30)")
       ->check(CLI::Range(0.0, 86400.0));
   serve
@@ -668,6 +671,12 @@ Command serve_command(CLI::App& app) {
             }
             APUS_CHECK(!parts || single_file,
                        "serve: --text-encoder/--vae/--tokenizer/--config are for a single-file --model");
+            for (const std::string& alias : o->aliases) {
+              const size_t eq = alias.find('=');
+              APUS_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < alias.size(), "serve: --alias ", alias,
+                         ": expected NAME=MODEL");
+              s.aliases[alias.substr(0, eq)] = alias.substr(eq + 1);
+            }
             if (s.api_key.empty())
               if (const char* key = std::getenv("APUS_API_KEY")) s.api_key = key;
             if (s.api_key.empty() && s.host != "127.0.0.1" && s.host != "localhost" && s.host != "::1")

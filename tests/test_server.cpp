@@ -1846,6 +1846,10 @@ TEST(ServeKept, FilesAreWrittenAndJobsListed) {
   EXPECT_EQ(listed["data"][0]["state"], "done");
   EXPECT_EQ(listed["data"][0]["files"][1], "/v1/jobs/" + id + "/files/1");
   EXPECT_FALSE(listed["data"][0].contains("results"));  // files by url, not inline
+  // An alias naming no loaded model is refused at start.
+  server::ServeOptions unaliased = o;
+  unaliased.aliases = {{"gpt-image-1", "klein_elsewhere"}};
+  test::expect_error([&] { server::Server refused(unaliased); }, {"--alias gpt-image-1=klein_elsewhere", "no model"});
   // An output folder that cannot be one is refused at start.
   server::ServeOptions bad = o;
   bad.output_dir = dir + "/" + id + "-0.png/x";

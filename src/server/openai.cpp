@@ -153,13 +153,7 @@ std::shared_ptr<Job> Server::Impl::openai_image_job(const Json& body, ImageFiles
           "moderation",
           "stream",
           "partial_images"});
-  // Apps that name OpenAI's own image models get the server's image model.
-  static const std::set<std::string> kOpenAiImageModels = {"gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5",
-                                                           "dall-e-2", "dall-e-3"};
-  const std::string asked = f.string("model", "");
-  const bool alias = kOpenAiImageModels.count(asked) &&
-                     std::none_of(models.begin(), models.end(), [&](const Loaded& l) { return l.id == asked; });
-  const Loaded& m = alias ? find(Fields{Json::object()}, ModelKind::image) : find(f, ModelKind::image);
+  const Loaded& m = find(f, ModelKind::image);
   ImageRequest r;
   r.prompt = f.prompt();
   const int n = f.setting("n").value_or(1);
@@ -572,8 +566,6 @@ void Server::Impl::audio_generations(const http::Request& req, http::Response& r
 void Server::Impl::audio_speech(const http::Request& req, http::Response& res) {
   Json body = parse_body(req);
   const Fields f{body};
-  static const std::set<std::string> kOpenAiAudioModels = {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"};
-  if (kOpenAiAudioModels.count(f.string("model", ""))) body.erase("model");
   if (!f.has("input")) refuse(400, "'input' is required: what the clip should sound like", "input");
   if (f.has("prompt")) refuse(400, "the speech route takes its prompt as 'input'", "prompt");
   body["prompt"] = body["input"];

@@ -2,8 +2,10 @@
 #include "io/files.h"
 #include "io/hf_cache.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -51,7 +53,15 @@ void Server::Impl::check_time(const PipelineCost& cost) {
 }
 
 const Loaded& Server::Impl::find(const Fields& f, ModelKind kind) {
-  const std::string name = f.string("model", "");
+  std::string name = f.string("model", "");
+  // A name no loaded model has: an alias, or one of OpenAI's (the server's model of that kind).
+  static const std::set<std::string> kOpenAiImageModels = {"gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5",
+                                                           "dall-e-2", "dall-e-3"};
+  static const std::set<std::string> kOpenAiAudioModels = {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"};
+  if (std::none_of(models.begin(), models.end(), [&](const Loaded& m) { return m.id == name; })) {
+    if (const auto alias = options.aliases.find(name); alias != options.aliases.end()) name = alias->second;
+    else if ((kind == ModelKind::image ? kOpenAiImageModels : kOpenAiAudioModels).count(name)) name.clear();
+  }
   for (const Loaded& m : models)
     if ((name.empty() && m.model.kind() == kind) || (!name.empty() && m.id == name)) {
       if (m.model.kind() != kind)
@@ -147,6 +157,9 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     });
     impl_->models.push_back(std::move(m));
   }
+  for (const auto& [alias, target] : impl_->options.aliases)
+    APUS_CHECK(std::any_of(impl_->models.begin(), impl_->models.end(), [&](const Loaded& m) { return m.id == target; }),
+               "serve: --alias ", alias, "=", target, ": no model '", target, "' is loaded");
   // The image model the AUTOMATIC1111 routes render with until options name another.
   for (const Loaded& m : impl_->models)
     if (m.model.kind() == ModelKind::image && impl_->a1111_checkpoint.empty()) impl_->a1111_checkpoint = m.id;

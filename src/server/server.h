@@ -5,6 +5,7 @@
 // route_list() and in docs/USAGE.md. Errors are JSON {"error": {"message", "type", "param"}}:
 // 400 bad request, 401 no or wrong key, 404 unknown model or job, 413 body too large or a
 // request beyond --max-request-seconds, 429 queue full (with Retry-After).
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -37,9 +38,13 @@ struct ServeOptions {
   // run can beat) passes this many seconds is refused with 413 naming the estimate, so one
   // request cannot hold a model's worker for longer unasked. 0: no bound.
   double max_request_seconds = 900;
-  // Every finished job's files are also written here as they end (ID-N.png, .jpg, .webp, .wav,
-  // .flac), so nothing made is lost when the kept copies are dropped. Empty: none written.
+  // The kept history: every finished job's files (ID-N.png, .jpg, .webp, .wav, .flac) and record
+  // (ID.json), read back at start (server/history.h). Empty: nothing kept beyond memory.
   std::string output_dir;
+  // Model names clients send, answered by a loaded model (--alias NAME=MODEL): a name an app
+  // hard-codes. OpenAI's own (gpt-image-1, dall-e-3, tts-1, ...) answer with the server's model of
+  // their kind unless an alias or a loaded model takes the name.
+  std::map<std::string, std::string> aliases;
 };
 
 class Server {

@@ -83,7 +83,8 @@ def setUpModule():
     for f in ("peft.safetensors", "kohya.safetensors"):
         os.symlink(os.path.join(FIXTURES, "klein_lora", f), os.path.join(loras, f))
     SERVER = subprocess.Popen([APUS, "serve", "--model", os.path.join(FIXTURES, "klein_tiny_a"), "--model",
-                               sa3_official_folder(), "--lora-dir", loras, "--port", "0"],
+                               sa3_official_folder(), "--lora-dir", loras, "--port", "0",
+                               "--alias", "house-painter=klein_tiny_a"],
                               stderr=subprocess.PIPE, text=True)
     said = []
     for line in SERVER.stderr:
@@ -267,9 +268,12 @@ class OpenAiSdk(unittest.TestCase):
                 self.assertLess(abs(error[quality] - pillow_error), 0.25 * pillow_error + 0.5, (fmt, quality))
             self.assertLess(error[95], error[30], fmt)
 
-    def test_an_openai_model_name_gets_the_server_image_model(self):
-        r = self.generate(model="gpt-image-1")
-        np.testing.assert_array_equal(png_pixels(base64.b64decode(r.data[0].b64_json)), self.fox)
+    def test_an_openai_model_name_and_an_alias_get_the_server_image_model(self):
+        for name in ("gpt-image-1", "house-painter"):  # --alias house-painter=klein_tiny_a
+            r = self.generate(model=name)
+            np.testing.assert_array_equal(png_pixels(base64.b64decode(r.data[0].b64_json)), self.fox, name)
+        with self.assertRaises(openai.NotFoundError):
+            self.generate(model="house-sitter")
 
     def test_edit_with_a_mask_repaints_the_white_area_only(self):
         source = os.path.join(SCRATCH, "oa_source.png")
