@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <random>
 #include <tuple>
 
 #include "apus/apus.h"
@@ -33,6 +34,7 @@
 #include "io/weights/synth.h"
 #include "pipeline/metadata.h"
 #include "pipeline/registry.h"
+#include "pipeline/split.h"
 #include "server/server.h"
 
 namespace {
@@ -82,19 +84,79 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
-// Renders this process's share of the batch and writes its files (named by their place in the
-// whole batch).
-int run_image(const apus::ModelParts& parts, const std::vector<apus::ImageRequest>& requests, apus::dist::Share share,
+// auto under mpirun or srun: the strategy the cost model predicts fastest for this batch over the
+// ranks, priced at this machine's calibrated rates and the link rate measured now between the
+// ranks: batch (the busiest rank renders ceil(B / N) outputs alone) or cfg (each rank renders
+// ceil(S / N) of the steps' S samples, their velocities gathered). Rank 0 decides for every rank.
+template <typename Model, typename Request>
+std::string auto_strategy(const Model& model, const Request& r, int batch, const std::string& device, bool verbose) {
+  const apus::dist::World& world = apus::dist::World::get();
+  const int n = world.size();
+  const double link = world.measure_link_bps();
+  if (world.rank() != 0) return world.broadcast("");
+  apus::Chip here = apus::device_ceiling(device);
+  here.link_bps = link;
+  const double batch_s = apus::roofline_json(model.count(r, (batch + n - 1) / n), {here, 1})["total"]["floor_s"];
+  const apus::PipelineCost whole = model.count(r, batch);
+  // A request of one sample (unguided, one output) has nothing for cfg to split.
+  const double cfg_s = whole.samples > 1 && device == "cpu"
+                           ? apus::roofline_json(whole, {here, n})["collectives"]["cfg"]["floor_s"].get<double>()
+                           : INFINITY;
+  const std::string pick = cfg_s < batch_s ? "cfg" : "batch";
+  if (verbose)
+    std::fprintf(stderr,
+                 "--parallel auto: %s (the floors over %d ranks: batch %.3f s, cfg %.3f s; %.2f GB/s between ranks)\n",
+                 pick.c_str(), n, batch_s, cfg_s, link / 1e9);
+  return world.broadcast(pick);
+}
+
+// How this process takes part in a command (issue 43): the outputs it renders, how each of its
+// requests splits over the ranks, and whether it writes them. One process renders and writes all.
+struct RankPlan {
+  apus::Share outputs;
+  apus::Parallelism split;
+  bool writes = true;
+};
+
+template <typename Model, typename Request> RankPlan rank_plan(const std::string& parallel, const Model& model,
+                                                               const Request& r, int batch, const std::string& device,
+                                                               bool verbose) {
+  const apus::dist::World& world = apus::dist::World::get();
+  if (world.size() == 1) return {{0, batch}, {}, true};
+  const std::string strategy = parallel == "auto" ? auto_strategy(model, r, batch, device, verbose) : parallel;
+  if (strategy == "none") return world.rank() == 0 ? RankPlan{{0, batch}, {}, true} : RankPlan{{0, 0}, {}, false};
+  if (strategy == "batch") return {apus::share_of(batch, world.rank(), world.size()), {}, true};
+  // cfg: every rank runs the whole batch, its share of the samples; rank 0 writes.
+  return {{0, batch}, {apus::Parallel::cfg, &world}, world.rank() == 0};
+}
+
+// -v under a split: what this rank sent the others against what the count says it sends.
+void report_traffic(const apus::PipelineCost& cost) {
+  const apus::dist::World& world = apus::dist::World::get();
+  double counted = 0;
+  for (const apus::StageCost& s : cost.stages) counted += double(s.calls) * s.sent_bytes;
+  const apus::dist::World::Traffic t = world.traffic();
+  std::fprintf(stderr, "rank %d of %d: %lld exchanges, %.0f bytes sent (counted %.0f), %.3f s in them\n", world.rank(),
+               world.size(), (long long)t.calls, t.sent, counted, t.seconds);
+}
+
+// Renders this process's part of the batch (rank_plan) and writes its files (named by their place
+// in the whole batch).
+int run_image(const apus::ModelParts& parts, std::vector<apus::ImageRequest> requests, const std::string& parallel,
               const std::string& out, int quality, bool verbose, const std::string& trace_file,
               const std::string& device) {
-  if (share.count == 0) return 0;
   const apus::ImageFormat format = apus::image_format_of_file(out, "-o");
   // One request per process: each stage's weights are mapped for that stage only.
   const auto model = apus::ImageModel::open(parts, apus::Weights::per_stage, device);
   const int batch = int(requests.size());
-  const std::vector<apus::ImageRequest> mine(requests.begin() + share.first,
-                                             requests.begin() + share.first + share.count);
+  const RankPlan plan = rank_plan(parallel, *model, requests.front(), batch, device, verbose);
+  const apus::Share share = plan.outputs;
+  if (share.count == 0) return 0;
+  std::vector<apus::ImageRequest> mine(requests.begin() + share.first, requests.begin() + share.first + share.count);
+  for (apus::ImageRequest& r : mine) r.parallel = plan.split;
   const std::vector<apus::ImageResult> results = model->generate_batch(mine, say);
+  if (verbose && plan.split.strategy != apus::Parallel::none) report_traffic(model->count(mine.front(), batch));
+  if (!plan.writes) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < share.count; ++i) {
     const apus::ImageResult& r = results[size_t(i)];
@@ -105,7 +167,7 @@ int run_image(const apus::ModelParts& parts, const std::vector<apus::ImageReques
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose)
-    report_stages(model->count(mine.front(), share.count), results.front().stages, "write image", write_s, device);
+    report_stages(model->count(mine.front(), int(share.count)), results.front().stages, "write image", write_s, device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < share.count; ++i)
     std::fprintf(stderr, "wrote %s\n", output_name(out, share.first + i, batch).c_str());
@@ -174,15 +236,15 @@ void check_output(const std::string& out, int batch) {
   for (int i = 0; i < batch; ++i) apus::check_writable(output_name(out, i, batch));
 }
 
-// This process's share of a batch of `batch` outputs (issue 43): all of it in one process; under
-// mpirun or srun, a contiguous share per rank with --parallel batch or auto (each output is its
-// own request's, bit for bit, whatever the batch it is rendered in), all of it on rank 0 with none.
-apus::dist::Share batch_share(const std::string& parallel, int batch) {
-  APUS_CHECK(parallel == "auto" || parallel == "batch" || parallel == "none", "--parallel ", parallel,
-             ": not implemented yet (issue 43); batch splits -n's outputs over the ranks");
+// --parallel as the ranks take it (issue 43), checked before any model opens: batch (-n's outputs
+// over the ranks, each one its own request's bit for bit), cfg (every request's transformer
+// samples over the ranks), none (rank 0 does it all) or auto (rank_plan). Without a seed, rank 0
+// draws one for all: the ranks of a split must sample the same noise.
+template <typename Request> void prepare_ranks(const std::string& parallel, Request& r) {
+  APUS_CHECK(parallel == "auto" || parallel == "batch" || parallel == "cfg" || parallel == "none", "--parallel ",
+             parallel, ": not implemented yet (issue 43); batch, cfg, none and auto are");
   const apus::dist::World& world = apus::dist::World::get();
-  if (parallel == "none") return world.rank() == 0 ? apus::dist::Share{0, batch} : apus::dist::Share{0, 0};
-  return apus::dist::share_of(batch, world.rank(), world.size());
+  if (world.size() > 1 && !r.seed) r.seed = parse_seed(world.broadcast(std::to_string(std::random_device{}())));
 }
 
 // The audio format to write: --format's when given (its extension must agree), else the one -o's
@@ -209,14 +271,17 @@ template <typename T> std::optional<T> if_given(const CLI::Option* option, const
 
 // Generates this process's share of the batch and writes its files (named by their place in the
 // whole batch); clips: the input clips' files, empty where none was given.
-int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> all, apus::dist::Share share,
+int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> all, const std::string& parallel,
               const apus::ClipNames& clips, const std::string& out, const std::string& format_name, bool verbose,
               const std::string& trace_file, const std::string& device) {
-  if (share.count == 0) return 0;
   const int batch = int(all.size());
-  std::vector<apus::AudioRequest> requests(all.begin() + share.first, all.begin() + share.first + share.count);
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
   const auto model = apus::AudioModel::open(parts, apus::Weights::per_stage, device);
+  const RankPlan plan = rank_plan(parallel, *model, all.front(), batch, device, verbose);
+  const apus::Share share = plan.outputs;
+  if (share.count == 0) return 0;
+  std::vector<apus::AudioRequest> requests(all.begin() + share.first, all.begin() + share.first + share.count);
+  for (apus::AudioRequest& r : requests) r.parallel = plan.split;
   // Read once the model is open: no clip decodes past the longest the model can use.
   auto read_clip = [&](const std::string& path) {
     apus::Audio a = apus::read_audio(path, model->max_seconds());
@@ -231,6 +296,8 @@ int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> all
     for (apus::AudioRequest& r : requests) r.inpaint_audio = clip;
   }
   const std::vector<apus::AudioResult> results = model->generate_batch(requests, say);
+  if (verbose && plan.split.strategy != apus::Parallel::none) report_traffic(model->count(requests.front(), batch));
+  if (!plan.writes) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < share.count; ++i) {
     const apus::AudioRequest& req = requests[size_t(i)];
@@ -241,7 +308,8 @@ int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> all
   }
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (verbose)
-    report_stages(model->count(requests.front(), share.count), results.front().stages, "write audio", write_s, device);
+    report_stages(model->count(requests.front(), int(share.count)), results.front().stages, "write audio", write_s,
+                  device);
   if (!trace_file.empty()) apus::write_trace_file(trace_file, results.front().trace);
   for (int i = 0; i < share.count; ++i)
     std::fprintf(stderr, "wrote %s\n", output_name(out, share.first + i, batch).c_str());
@@ -380,8 +448,13 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
   if (!takes.run) return;
   app->add_option("--parallel", o.parallel,
                   "started by mpirun or srun, how the ranks split the work: batch (-n's outputs over the ranks), "
-                  "none (rank 0 does it all), auto (batch); ulysses, tensor and cfg are not implemented yet")
+                  "cfg (each step's guided branches and images over the ranks), none (rank 0 does it all), auto (the "
+                  "one the cost model predicts fastest; -v says); ulysses and tensor are not implemented yet")
       ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
+  app->add_option_function<double>(
+         "--rank-timeout", [](double s) { apus::dist::World::get().set_timeout(s); },
+         "started by mpirun or srun, seconds a rank waits for the others in an exchange before ending the job (600)")
+      ->type_name("SECONDS");
   const char* const batch[] = {"images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)",
                                "clips generated together, seeds seed, seed+1, ...", ""};
   app->add_option("--batch,-n", o.batch, batch[f]);
@@ -457,14 +530,15 @@ Command image_command(CLI::App& app) {
             }
             if (*o->noise_opt) req.noise_file = named_file(o->noise, "--noise");
             // -n as the engine takes a batch, before any output name is tried.
+            prepare_ranks(asked.parallel, req);
             const std::vector<apus::ImageRequest> requests = apus::batch_of(req, asked.batch);
-            const apus::dist::Share share = batch_share(asked.parallel, asked.batch);
             if (!*o->out_opt) o->out = unnamed_output(".png");
             check_output(o->out, asked.batch);
             apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
             APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
             if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
-            return run_image(o->parts, requests, share, o->out, o->quality, asked.verbose, asked.trace, asked.device);
+            return run_image(o->parts, requests, asked.parallel, o->out, o->quality, asked.verbose, asked.trace,
+                             asked.device);
           }};
 }
 
@@ -536,14 +610,14 @@ Command audio_command(CLI::App& app) {
               req.inpaint_regions.emplace_back(o->inpaint_starts[i], o->inpaint_ends[i]);
             // -n as the engine takes a batch, before any output name is tried; the clips join
             // each request once the model is open.
+            prepare_ranks(asked.parallel, req);
             std::vector<apus::AudioRequest> requests = apus::batch_of(req, asked.batch);
-            const apus::dist::Share share = batch_share(asked.parallel, asked.batch);
             if (!*o->out_opt) o->out = unnamed_output(o->format == "flac" ? ".flac" : ".wav");
             check_output(o->out, asked.batch);
             o->format = audio_format_for(o->out, *o->format_opt ? o->format : "");
             if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
-            return run_audio(o->parts, std::move(requests), share, clips, o->out, o->format, asked.verbose, asked.trace,
-                             asked.device);
+            return run_audio(o->parts, std::move(requests), asked.parallel, clips, o->out, o->format, asked.verbose,
+                             asked.trace, asked.device);
           }};
 }
 
@@ -882,6 +956,14 @@ Command gate_command(CLI::App& app) {
           }};
 }
 
+// The one line a failed command prints. One of several ranks ends them all (World::abort): the
+// others may be waiting for it in an exchange.
+int failed(const std::string& message) {
+  if (apus::dist::launched_size() > 1 && apus::dist::built_with_mpi()) apus::dist::World::get().abort(message);
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -911,12 +993,8 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::bad_alloc&) {
     // Engine allocations name their size (apus::Error); this is a library's or the STL's.
-    std::fprintf(stderr,
-                 "error: out of memory (an allocation failed; the request needs more memory "
-                 "than this process may use)\n");
-    return 1;
+    return failed("out of memory (an allocation failed; the request needs more memory than this process may use)");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return failed(e.what());
   }
 }

@@ -208,6 +208,45 @@ TEST(Cost, LinearsScaleWithTokensAttentionWithTheirSquare) {
   EXPECT_EQ(small.stages[0].per_call.flops, large.stages[0].per_call.flops);
 }
 
+// A cfg split (issue 43) gathers every step's velocities, [samples x tokens, channels] in bf16,
+// and halves the steps' work on two chips; the text encoder and the VAE stay whole.
+TEST(Cost, CfgSplitGathersEachStepsVelocitiesAndDividesTheSteps) {
+  ImageRequest r;
+  r.width = 512;
+  r.height = 256;
+  r.steps = 5;
+  // The tiny -base model: 128 latent channels in and out, as the published ones.
+  const PipelineCost guided = ImageModel::open(test::fixture("klein_tiny_base"), Weights::none)->count(r);
+  ASSERT_EQ(guided.samples, 2);
+  const StageCost* step = nullptr;
+  double steps_floor = 0, all_floor = 0;
+  const Chip chip = find_chip("h200");
+  const auto one = roofline_json(guided, {chip, 1});
+  for (size_t i = 0; i < guided.stages.size(); ++i) {
+    all_floor += one["stages"][i]["floor_s"].get<double>();
+    if (guided.stages[i].name != "dit_step") continue;
+    step = &guided.stages[i];
+    steps_floor = one["stages"][i]["floor_s"].get<double>();
+  }
+  ASSERT_TRUE(step);
+  const double velocities = 2.0 * (32 * 16) * 128 * 2;  // samples x tokens x channels x bf16
+  EXPECT_EQ(step->gather_bytes, velocities);
+  for (const int n : {2, 3}) {
+    const auto cfg = roofline_json(guided, {chip, n})["collectives"]["cfg"];
+    EXPECT_DOUBLE_EQ(cfg["wire_bytes_per_chip"].get<double>(), 5 * velocities * (n - 1) / n) << n;
+    // Two samples over 2 or 3 chips: the busiest runs one of them.
+    EXPECT_NEAR(cfg["floor_s"].get<double>(), all_floor - steps_floor / 2 + cfg["seconds"].get<double>(),
+                1e-12 * all_floor)
+        << n;
+  }
+  // A distilled model's request has one sample: nothing for cfg to gather or divide.
+  const PipelineCost single = count_request(test::fixture("klein_tiny_b"), 512, 256, 5);
+  EXPECT_EQ(single.samples, 1);
+  const auto cfg = roofline_json(single, {chip, 2})["collectives"]["cfg"];
+  EXPECT_EQ(cfg["wire_bytes_per_chip"].get<double>(), 0);
+  EXPECT_NEAR(cfg["floor_s"].get<double>(), roofline_json(single, {chip, 1})["total"]["floor_s"].get<double>(), 1e-12);
+}
+
 TEST(Cost, CountingReadsConfigsOnly) {
   // A copy of a fixture model with every weight file removed still counts.
   namespace fs = std::filesystem;
@@ -221,7 +260,7 @@ TEST(Cost, CountingReadsConfigsOnly) {
   const auto j = roofline_json(p, {find_chip("h200"), 8});
   EXPECT_EQ(j["stages"].size(), 4u);
   EXPECT_EQ(j["collectives"]["chips"], 8);
-  for (const char* k : {"fsdp", "tensor_parallel", "ulysses", "depth"})
+  for (const char* k : {"fsdp", "tensor_parallel", "ulysses", "cfg", "depth"})
     EXPECT_TRUE(j["collectives"][k].contains("wire_bytes_per_chip")) << k;
   // ...and the same directory cannot render: the weights really are gone.
   EXPECT_THROW(open_weights(dir + "/transformer"), Error);

@@ -57,6 +57,38 @@ struct Preview {
 // Called on the rendering thread right after each step; it must not block for long.
 using PreviewSink = std::function<void(const Preview&)>;
 
+// The processes one request is split over (issue 43). The CLI's is MPI's world (src/dist); the
+// engine itself only calls these.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place over `data`: rank r's part is bytes[r] bytes at offset bytes[0] + .. + bytes[r-1];
+  // on return every rank holds every part. `what` names the exchange in a failure's message.
+  virtual void all_gather(void* data, const std::vector<size_t>& bytes, const char* what) const = 0;
+  // Each rank sends send_bytes[j] bytes to rank j (`send` holds the parts in rank order) and
+  // receives recv_bytes[i] bytes from rank i (into `recv`, in rank order).
+  virtual void all_to_all(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                          const std::vector<size_t>& recv_bytes, const char* what) const = 0;
+};
+
+// How a request's work splits over a group's ranks; every rank runs the same request and returns
+// the whole result.
+enum class Parallel {
+  none,
+  // Classifier-free guidance parallelism: the transformer's samples (a guided request's two
+  // branches, for every image of a batch) split over the ranks, each step's velocities gathered.
+  cfg,
+  // Ulysses sequence parallelism: every sample's tokens split over the ranks, each attention
+  // exchanging queries, keys and values for a share of the heads over the whole sequence.
+  ulysses,
+};
+struct Parallelism {
+  Parallel strategy = Parallel::none;
+  const ProcessGroup* group = nullptr;  // required by every strategy but none
+};
+
 // A low-rank adapter (LoRA) a request applies, in order with the others, at `scale` (PEFT's
 // adapter weight: the adapter's own alpha / rank times this). `file` is a safetensors file in any
 // layout the family reads (see docs/DESIGN.md "Adapters"); the model's weights are not changed.
@@ -92,9 +124,11 @@ struct ImageRequest {
   std::vector<Lora> loras;       // the transformer's adapters; every request of a batch the same
   // Live previews after every step (a resident model's; others refuse it). The first call fits the
   // projection to the model's VAE (one decode of two 256x256 images), once per model.
-  PreviewSink preview;  // Set from any thread to end the sampling early: no step starts after it, and the image is
+  PreviewSink preview;
+  // Set from any thread to end the sampling early: no step starts after it, and the image is
   // decoded from the latents as they are (ImageResult::steps_run says how many ran). Null: none.
   const std::atomic<bool>* finish_steps = nullptr;
+  Parallelism parallel;  // one process unless a group is given
 };
 
 struct StageTime {
@@ -237,8 +271,10 @@ struct AudioRequest {
   std::vector<Lora> loras;
   // Live previews after every step (a resident model's; others refuse it): the clip decoded from
   // the sampler's current estimate, as peaks. Each costs a decode of the clip.
-  PreviewSink preview;  // As ImageRequest::finish_steps: no step starts after it is set; the clip is decoded as it is.
+  PreviewSink preview;
+  // As ImageRequest::finish_steps: no step starts after it is set; the clip is decoded as it is.
   const std::atomic<bool>* finish_steps = nullptr;
+  Parallelism parallel;  // one process unless a group is given
 };
 
 struct AudioResult {

@@ -47,6 +47,13 @@ class CostLog {
   // the largest one per call is what the strategy moves.
   void mark_boundary(double bytes) { boundary_ = std::max(boundary_, bytes); }
   double boundary() const { return boundary_; }
+  // What a cfg split gathers here (the velocities of every sample of a transformer forward),
+  // whether or not this request splits: summed per call.
+  void mark_gather(double bytes) { gather_ += bytes; }
+  double gather() const { return gather_; }
+  // Bytes this rank sends the others here under the request's own split (none: 0), summed.
+  void mark_sent(double bytes) { sent_ += bytes; }
+  double sent() const { return sent_; }
   void add(const OpCost& c);
   // Module totals in first-seen order.
   const std::vector<Entry>& entries() const { return entries_; }
@@ -57,6 +64,7 @@ class CostLog {
   std::vector<Entry> entries_;
   bool row_parallel_ = false;
   double boundary_ = 0;
+  double gather_ = 0, sent_ = 0;
 };
 
 // One stage of a request as counted: its modules' cost per call, how often it runs, and the peak
@@ -69,6 +77,8 @@ struct StageCost {
   // The activation a depth split hands across a shard boundary per call (the tensor-parallel and
   // Ulysses payloads are in per_call).
   double boundary_bytes = 0;
+  double gather_bytes = 0;      // what a cfg split all-gathers per call (CostLog::mark_gather)
+  double sent_bytes = 0;        // what this rank sends per call under the request's split
   double activation_bytes = 0;  // peak arena use of one call: activations and scratch
   bool replicated = false;      // not split by tensor or sequence parallelism (a VAE decode)
 };
@@ -79,6 +89,7 @@ struct PipelineCost {
   double seconds = 0;  // audio requests: the clip's length (width and height stay 0)
   int references = 0;  // image requests: reference images (editing)
   double cfg = 1;      // guidance scale (1: none)
+  int samples = 1;     // the transformer's samples per forward: the batch, twice when guided
   std::vector<StageCost> stages;
   double parameters = 0;  // distinct weight elements the stages read
 };

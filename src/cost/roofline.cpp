@@ -109,25 +109,31 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   out["total"]["floor_s"] = floor_total;
 
   // Collectives. At batch 1 only tensor and sequence (Ulysses) parallelism split the work of
-  // one request; FSDP shards memory but every chip still runs the whole request, and depth
-  // sharding leaves N-1 chips idle (its (N-1)/N bubble). The VAE runs replicated.
+  // one request, and cfg parallelism a guided one's two branches (the busiest chip runs
+  // ceil(samples / N) of the steps' samples, the rest whole); FSDP shards memory but every chip still runs the whole
+  // request, and depth sharding leaves N-1 chips idle (its (N-1)/N bubble). The VAE runs replicated.
   const int n = r.chips;
   const double link = r.chip.link_bps;
   auto seconds = [&](double bytes) { return link > 0 ? bytes / link : (bytes > 0 ? INFINITY : 0.0); };
   double split = 0, replicated = 0;  // floors of the shardable stages and the rest
-  double fsdp = 0, tp = 0, ulysses = 0, depth = 0;
+  double sampled = 0;                // floors of the stages whose forwards a cfg split divides
+  double fsdp = 0, tp = 0, ulysses = 0, cfg = 0, depth = 0;
   for (const StageCost& s : p.stages) {
     const double f = double(s.calls) * stage_floor_per_call(s, rates);
     (s.replicated ? replicated : split) += f;
+    if (s.gather_bytes > 0) sampled += f;
     fsdp += double(s.calls) * allgather_wire_bytes(s.per_call.weight_bytes, n);
     // A replicated stage runs whole on every chip: nothing of it is split or exchanged.
     if (!s.replicated) {
       tp += double(s.calls) * allreduce_wire_bytes(s.per_call.tp_bytes, n);
       ulysses += double(s.calls) * all_to_all_wire_bytes(s.per_call.ulysses_bytes, n);
+      cfg += double(s.calls) * allgather_wire_bytes(s.gather_bytes, n);
     }
     depth += double(s.calls) * (n - 1) * s.boundary_bytes;
   }
   const double ideal = compute_seconds(total, rates) / double(n);
+  const int samples = std::max(p.samples, 1);
+  const double busiest_share = double((samples + n - 1) / n) / samples;
   auto strategy = [&](double wire, double compute_floor) {
     const double sec = seconds(wire);
     const double fl = compute_floor + sec;
@@ -138,6 +144,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
                         {"fsdp", strategy(fsdp, split + replicated)},
                         {"tensor_parallel", strategy(tp, split / n + replicated)},
                         {"ulysses", strategy(ulysses, split / n + replicated)},
+                        {"cfg", strategy(cfg, sampled * busiest_share + (split - sampled) + replicated)},
                         {"depth", strategy(depth, split + replicated)}};
   return out;
 }
@@ -202,7 +209,7 @@ std::string roofline_table(const PipelineCost& p, const Roofline& r) {
                 r.chip.link_bps / 1e9);
   out += line;
   out += "  strategy          wire MB/chip  collective s   floor s  share of N-chip peak\n";
-  for (const char* k : {"fsdp", "tensor_parallel", "ulysses", "depth"}) {
+  for (const char* k : {"fsdp", "tensor_parallel", "ulysses", "cfg", "depth"}) {
     std::snprintf(line, sizeof line, "  %-16s %13.1f %13.4f %9.4f %8.1f%%\n", k,
                   col[k]["wire_bytes_per_chip"].get<double>() / 1e6, col[k]["seconds"].get<double>(),
                   col[k]["floor_s"].get<double>(), 100.0 * col[k]["peak_share"].get<double>());

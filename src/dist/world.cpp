@@ -1,7 +1,14 @@
 #include "dist/world.h"
 
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 
@@ -25,9 +32,9 @@ int launched_size() {
   return 1;
 }
 
-Share share_of(int count, int rank, int size) {
-  const int base = count / size, extra = count % size;
-  return {rank * base + std::min(rank, extra), base + (rank < extra ? 1 : 0)};
+void World::set_timeout(double seconds) {
+  APUS_CHECK(std::isfinite(seconds) && seconds > 0, "--rank-timeout ", seconds, ": expected seconds above 0");
+  timeout_s_ = seconds;
 }
 
 #ifdef APUS_HAS_MPI
@@ -60,6 +67,95 @@ std::string World::broadcast(const std::string& text) const {
   return out;
 }
 
+void World::all_gather(void* data, const std::vector<size_t>& bytes, const char* what) const {
+  APUS_CHECK(int(bytes.size()) == size_, what, ": ", bytes.size(), " parts for ", size_, " ranks");
+  const double seconds = gather(data, bytes, what);
+  count(double(bytes[size_t(rank_)]) * (size_ - 1), seconds);
+}
+
+void World::count(double sent, double seconds) const {
+  ++traffic_.calls;
+  traffic_.sent += sent;
+  traffic_.seconds += seconds;
+}
+
+double World::measure_link_bps() const {
+  if (size_ == 1) return 0;
+  const size_t part = size_t(16) << 20;
+  std::vector<char> buffer(part * size_t(size_), 1);
+  const std::vector<size_t> bytes(size_t(size_), part);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) best = std::min(best, gather(buffer.data(), bytes, "the link measurement"));
+  return double(part) * (size_ - 1) / best;
+}
+
+namespace {
+
+// MPI's counts and offsets of parts laid one after another: ints, so a part or an offset past
+// 2 GiB is refused rather than wrapped.
+struct Layout {
+  std::vector<int> counts, offsets;
+};
+Layout layout_of(const std::vector<size_t>& bytes, const char* what) {
+  Layout l;
+  size_t offset = 0;
+  for (const size_t b : bytes) {
+    APUS_CHECK(b <= size_t(INT_MAX) && offset <= size_t(INT_MAX), what, ": a part of ", b, " bytes at offset ", offset,
+               " is beyond MPI's int counts (2 GiB)");
+    l.counts.push_back(int(b));
+    l.offsets.push_back(int(offset));
+    offset += b;
+  }
+  return l;
+}
+
+// Seconds until `request` completes, polled against the world's deadline: MPI's blocking
+// collectives wait forever on a rank that hangs.
+double wait(const World& world, MPI_Request& request, const char* verb, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration<double>(world.timeout());
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (std::chrono::steady_clock::now() > deadline)
+      world.abort(detail::concat(verb, " ", what, ": not every rank arrived within ", world.timeout(),
+                                 " s (one failed or hangs; --rank-timeout sets the wait)"));
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace
+
+double World::gather(void* data, const std::vector<size_t>& bytes, const char* what) const {
+  const Layout l = layout_of(bytes, what);
+  if (size_ == 1) return 0;
+  MPI_Request request;
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, l.counts.data(), l.offsets.data(), MPI_BYTE, MPI_COMM_WORLD,
+                  &request);
+  return wait(*this, request, "gathering", what);
+}
+
+void World::all_to_all(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                       const std::vector<size_t>& recv_bytes, const char* what) const {
+  APUS_CHECK(int(send_bytes.size()) == size_ && int(recv_bytes.size()) == size_, what, ": ", send_bytes.size(), " and ",
+             recv_bytes.size(), " parts for ", size_, " ranks");
+  const Layout out = layout_of(send_bytes, what), in = layout_of(recv_bytes, what);
+  double sent = 0;
+  for (int j = 0; j < size_; ++j)
+    if (j != rank_) sent += double(send_bytes[size_t(j)]);
+  MPI_Request request;
+  MPI_Ialltoallv(send, out.counts.data(), out.offsets.data(), MPI_BYTE, recv, in.counts.data(), in.offsets.data(),
+                 MPI_BYTE, MPI_COMM_WORLD, &request);
+  count(sent, wait(*this, request, "exchanging", what));
+}
+
+void World::abort(const std::string& message) const {
+  std::fprintf(stderr, "error: rank %d of %d: %s\n", rank_, size_, message.c_str());
+  std::fflush(stderr);
+  if (size_ > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
 #else
 
 bool built_with_mpi() { return false; }
@@ -73,10 +169,28 @@ World::World() {
 
 std::string World::broadcast(const std::string& text) const { return text; }
 
+void World::all_gather(void*, const std::vector<size_t>& bytes, const char* what) const {
+  APUS_CHECK(bytes.size() == 1, what, ": ", bytes.size(), " parts for one process");
+}
+
+void World::all_to_all(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                       const std::vector<size_t>& recv_bytes, const char* what) const {
+  APUS_CHECK(send_bytes.size() == 1 && recv_bytes == send_bytes, what, ": ", send_bytes.size(),
+             " parts for one process");
+  std::memcpy(recv, send, send_bytes[0]);
+}
+
+double World::measure_link_bps() const { return 0; }
+
+void World::abort(const std::string& message) const {
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  std::exit(1);
+}
+
 #endif
 
-const World& World::get() {
-  static const World world;
+World& World::get() {
+  static World world;
   return world;
 }
 

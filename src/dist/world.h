@@ -3,22 +3,54 @@
 // started this process as one of several and the build has MPI (Open MPI from Debian), else this
 // process alone. Without MPI in the build or without a launcher nothing changes; a build without
 // MPI started as one of several is refused, since every rank would do the whole work.
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include "apus/apus.h"
 
 namespace apus::dist {
 
-class World {
+class World final : public ProcessGroup {
  public:
   // The world, MPI initialised on first use and finalised at exit.
-  static const World& get();
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  static World& get();
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   // Rank 0's `text` on every rank.
   std::string broadcast(const std::string& text) const;
+  // Each waits at most timeout() for the slowest rank; past it the job ends (abort) naming the
+  // exchange.
+  void all_gather(void* data, const std::vector<size_t>& bytes, const char* what) const override;
+  void all_to_all(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                  const std::vector<size_t>& recv_bytes, const char* what) const override;
+
+  // What this rank's exchanges moved so far: how many, the bytes it sent to the other ranks (an
+  // all-gather: its part to each) and the seconds it spent in them (waiting included).
+  struct Traffic {
+    int64_t calls = 0;
+    double sent = 0, seconds = 0;
+  };
+  Traffic traffic() const { return traffic_; }
+  // How long a collective waits for the other ranks (600 s unless set): a rank that hangs or died
+  // ends the job instead of leaving the others waiting forever.
+  double timeout() const { return timeout_s_; }
+  void set_timeout(double seconds);
+  // The bytes per second each rank sends in an all-gather of 16 MiB parts, the best of five (a
+  // collective: every rank calls it); 0 for one process.
+  double measure_link_bps() const;
+  // Ends every rank's process, this one's `message` (one line) on stderr first: a rank that fails
+  // must not leave the others waiting in a collective. One process: prints and exits.
+  [[noreturn]] void abort(const std::string& message) const;
 
  private:
   World();
   int rank_ = 0, size_ = 1;
+  double timeout_s_ = 600;
+  mutable Traffic traffic_;
+  // The all-gather itself, uncounted: seconds it took.
+  double gather(void* data, const std::vector<size_t>& bytes, const char* what) const;
+  void count(double sent, double seconds) const;
 };
 
 // Whether this build splits a command over MPI ranks.
@@ -27,12 +59,5 @@ bool built_with_mpi();
 // How many processes the launcher's environment says were started together (Open MPI's
 // OMPI_COMM_WORLD_SIZE, PMI's PMI_SIZE, Slurm's SLURM_NTASKS under srun); 1 without a launcher.
 int launched_size();
-
-// The share of `count` items rank `rank` of `size` takes: items [first, first + count) in order,
-// the first count % size ranks one more.
-struct Share {
-  int first = 0, count = 0;
-};
-Share share_of(int count, int rank, int size);
 
 }  // namespace apus::dist

@@ -37,6 +37,10 @@ inline bool same_loras(const std::vector<Lora>& a, const std::vector<Lora>& b) {
                     [](const Lora& x, const Lora& y) { return x.file == y.file && x.scale == y.scale; });
 }
 
+inline bool same_parallelism(const Parallelism& a, const Parallelism& b) {
+  return a.strategy == b.strategy && a.group == b.group;
+}
+
 // Refuses a batch whose requests differ in a shared setting, naming the first that does.
 template <typename Request, std::size_t N>
 void check_batch_shares(const std::vector<Request>& requests, const std::array<SharedSetting<Request>, N>& shared) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ops/backend.h"
+#include "pipeline/split.h"
 #include "pipeline/stage.h"
 
 namespace apus {

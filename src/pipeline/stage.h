@@ -30,6 +30,8 @@ template <typename Body> StageCost count_stage(const std::string& name, int64_t 
   s.per_call = log.total();
   s.modules = log.entries();
   s.boundary_bytes = log.boundary();
+  s.gather_bytes = log.gather();
+  s.sent_bytes = log.sent();
   return s;
 }
 

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# A command split over MPI ranks writes what one process writes (issue 43, batch parallelism):
-# klein's images and Stable Audio 3's clips of a batch over 2 and 3 ranks (3 ranks for 2 outputs:
-# a rank with nothing), byte for byte; --parallel none leaves the work to rank 0; an unnamed
-# output is named once for all ranks; a strategy not implemented yet, and a command that does not
-# split yet (serve), are refused naming themselves.
+# A command split over MPI ranks writes what one process writes (issue 43), byte for byte: batch
+# parallelism (klein's images and Stable Audio 3's clips of a batch over 2 and 3 ranks; 3 ranks for
+# 2 outputs: a rank with nothing) and cfg parallelism (a guided request's branches over 2 and 3
+# ranks, alone and in a batch, with a negative prompt; each rank's gathered bytes equal to what
+# the count says); auto picks cfg for one guided image; --parallel none leaves the work to rank 0;
+# an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
+# --rank-timeout, and a rank that fails ends it at once, each naming the rank. A strategy not
+# implemented yet, a request cfg cannot split and a command that does not split yet (serve) are
+# refused naming themselves.
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/check.sh APUS FIXTURES
 set -euo pipefail
@@ -43,6 +47,58 @@ audio=(audio --model "$sa3" -p "rain" --seconds 1 --steps 2 -s 3)
 ranks 2 "${audio[@]}" -n 2 -o ranks.wav
 for i in 1 2; do same "one-$i.wav" "ranks-$i.wav"; done
 
+# Every rank's "rank R of N: K exchanges, X bytes sent (counted Y), ..." with X = Y and, when
+# given, K exchanges.
+counted() {
+  local n="$1" exchanges="${2:-}"
+  [ "$(grep -c '^rank [0-9]* of '"$n"': ' "$scratch/ranks.log")" = "$n" ] || { cat "$scratch/ranks.log"; fail "not every rank reported its exchanges"; }
+  grep '^rank [0-9]* of ' "$scratch/ranks.log" | while read -r _ rank _ _ calls _ sent _ _ _ counted _; do
+    counted="${counted%),}"
+    [ "$sent" = "$counted" ] || fail "rank $rank sent $sent bytes, the count says $counted"
+    [ -z "$exchanges" ] || [ "$calls" = "$exchanges" ] || fail "rank $rank ran $calls exchanges, not $exchanges"
+  done
+}
+base=(image --model "$fixtures/klein_tiny_base" -p "a fox" -W 32 -H 32 --steps 2 -s 5)
+"$apus" "${base[@]}" -o guided.png 2> /dev/null
+"$apus" "${base[@]}" -n 3 -o guided.png 2> /dev/null
+for n in 2 3; do
+  ranks "$n" "${base[@]}" --parallel cfg -v -o "cfg$n.png"
+  counted "$n" 2
+  same guided.png "cfg$n.png"
+done
+ranks 3 "${base[@]}" -n 3 --parallel cfg -o cfgs.png
+for i in 1 2 3; do same "guided-$i.png" "cfgs-$i.png"; done
+ranks 2 "${base[@]}" -v -o auto.png
+grep -q "^--parallel auto: cfg " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto did not pick cfg for one guided image"; }
+same guided.png auto.png
+guided_audio=("${audio[@]}" --cfg 4 --negative-prompt "wind")
+"$apus" "${guided_audio[@]}" -o guided.wav 2> /dev/null
+for n in 2 3; do
+  ranks "$n" "${guided_audio[@]}" --parallel cfg -v -o "cfg$n.wav"
+  counted "$n" 2
+  same guided.wav "cfg$n.wav"
+done
+if mpirun -np 2 "$apus" "${audio[@]}" --parallel cfg -o x.wav > refused.log 2>&1; then fail "cfg split an unguided clip"; fi
+grep -q "parallel cfg splits the transformer's samples, and this request has one" refused.log ||
+  { cat refused.log; fail "the refusal of cfg without guidance"; }
+
+# Rank 1 leaves after one step (a shorter request): rank 0 waits at the next gather, then ends the job.
+cfg=(-p "a fox" -W 32 -H 32 -s 5 --parallel cfg)
+start=$SECONDS
+if timeout 120 mpirun -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --steps 3 --rank-timeout 2 -o t.png \
+  : -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --steps 1 -o u.png > hung.log 2>&1; then
+  fail "a rank left, and the job did not fail"
+fi
+grep -q "^error: rank 0 of 2: gathering the transformer's velocities: not every rank arrived within 2 s" hung.log ||
+  { cat hung.log; fail "the waiting rank's message"; }
+[ $((SECONDS - start)) -lt 60 ] || fail "the job took $((SECONDS - start)) s to end"
+# Rank 1 fails (no such model): the job ends, naming it.
+if timeout 120 mpirun -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --steps 3 -o t.png \
+  : -np 1 "$apus" image --model "$scratch/none" "${cfg[@]}" --steps 3 -o u.png > failed.log 2>&1; then
+  fail "a rank failed, and the job did not"
+fi
+grep -q "^error: rank 1 of 2: .*none" failed.log || { cat failed.log; fail "the failed rank's message"; }
+
 mkdir unnamed && cd unnamed
 ranks 2 "${image[@]}" -n 3
 [ "$(ls outputs)" = "$(printf '00001-1.png\n00001-2.png\n00001-3.png')" ] || { ls outputs; fail "unnamed outputs"; }
@@ -53,4 +109,4 @@ if mpirun -np 2 "$apus" "${image[@]}" -n 2 --parallel ulysses -o x.png > refused
 grep -q "parallel ulysses: not implemented yet" refused.log || { cat refused.log; fail "the refusal does not name the strategy"; }
 if mpirun -np 2 "$apus" serve --model "$fixtures/klein_tiny_a" --port 0 > serve.log 2>&1; then fail "serve ran over 2 ranks"; fi
 grep -q "apus serve does not split over several processes yet" serve.log || { cat serve.log; fail "serve's refusal"; }
-echo "mpi check: batches over 2 and 3 ranks are one process's, byte for byte"
+echo "mpi check: batches and guided branches over 2 and 3 ranks are one process's, byte for byte"

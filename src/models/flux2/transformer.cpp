@@ -114,6 +114,14 @@ TransformerPrologue Transformer::prologue(Context& c, const Tensor& prompt_embed
   return p;
 }
 
+TransformerPrologue TransformerPrologue::samples(int64_t first, int64_t count) const {
+  TransformerPrologue p = *this;
+  const int64_t t = txt.shape[0] / batch;
+  p.batch = count;
+  p.txt = txt.rows(first * t, (first + count) * t);
+  return p;
+}
+
 void Transformer::joint_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                                   int64_t batch, int64_t t, const BlockKv& kv) const {
   const int64_t d = cfg_.head_dim;

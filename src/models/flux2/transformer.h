@@ -23,6 +23,8 @@ struct TransformerPrologue {
   int64_t batch = 1;
   Tensor txt;       // [B*T, hidden] context_embedder(prompt embeddings), activation dtype
   Tensor cos, sin;  // [T + L, head_dim / 2] f32: one sample's joint sequence, text first
+  // Samples [first, first + count) of the batch: views of their text rows, the tables shared.
+  TransformerPrologue samples(int64_t first, int64_t count) const;
 };
 
 // The reference images' keys and values at every block (after their norms and RoPE), as

@@ -140,6 +140,20 @@ Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute) {
   return m;
 }
 
+DitPrologue DitPrologue::samples(int64_t first, int64_t count) const {
+  DitPrologue p = *this;
+  p.batch = count;
+  // Each per-sample tensor holds `batch` equal runs of rows.
+  auto mine = [&](const Tensor& t) {
+    const int64_t per = t.shape[0] / batch;
+    return t.rows(first * per, (first + count) * per);
+  };
+  p.global = mine(global);
+  for (std::vector<Tensor>* list : {&p.cross_k, &p.cross_v, &p.local})
+    for (Tensor& t : *list) t = mine(t);
+  return p;
+}
+
 void Dit::mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2, const Tensor* b2,
               Tensor& y) const {
   ArenaScope scope(*c.arena);

@@ -44,6 +44,8 @@ struct DitPrologue {
   std::vector<Tensor> local;             // per block: [B*T, dim] to_local_embed(local condition)
   Tensor cos, sin;                       // [memory + T, rope_dim / 2] f32
   Tensor padding_zeros;                  // [T - valid_frames, dim]: what the padding frames' values become
+  // Samples [first, first + count) of the batch: views of their rows, the tables shared.
+  DitPrologue samples(int64_t first, int64_t count) const;
 };
 
 class Dit {

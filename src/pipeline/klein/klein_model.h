@@ -73,6 +73,7 @@ class KleinModel final : public ImageModel {
     // The requests' LoRAs, applied by every transformer linear they adapt.
     std::shared_ptr<const Adapters> adapters;
     std::vector<PreviewSink> previews;  // per request, where it asked for them
+    Parallelism parallel;               // the request's split over processes
   };
 
   KleinModel(const ModelDir& dir, Weights weights);

@@ -127,6 +127,8 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   w.batch = batch;
   w.guided = *r.cfg > 1;
   w.samples = w.guided ? 2 * batch : batch;
+  check_parallelism(r.parallel, w.samples, device() != nullptr, label_);
+  w.parallel = r.parallel;
   w.cfg = *r.cfg;
   w.steps = steps;
   w.h = height / flux2::kTokenPixels;
@@ -169,7 +171,7 @@ bool same_image(const Rgb8Image& a, const Rgb8Image& b) {
 // What a batch of image requests shares; per sample: the prompt, negative prompt, seed, noise
 // file, trace and preview sink.
 constexpr std::size_t kPerSample = 6;
-constexpr std::array<SharedSetting<ImageRequest>, 9> kShared = {{
+constexpr std::array<SharedSetting<ImageRequest>, 10> kShared = {{
     {"width", [](const ImageRequest& a, const ImageRequest& b) { return a.width == b.width; }},
     {"height", [](const ImageRequest& a, const ImageRequest& b) { return a.height == b.height; }},
     {"steps", [](const ImageRequest& a, const ImageRequest& b) { return a.steps == b.steps; }},
@@ -188,6 +190,8 @@ constexpr std::array<SharedSetting<ImageRequest>, 9> kShared = {{
      }},
     {"LoRAs", [](const ImageRequest& a, const ImageRequest& b) { return same_loras(a.loras, b.loras); }},
     {"finish flag", [](const ImageRequest& a, const ImageRequest& b) { return a.finish_steps == b.finish_steps; }},
+    {"parallelism",
+     [](const ImageRequest& a, const ImageRequest& b) { return same_parallelism(a.parallel, b.parallel); }},
 }};
 static_assert(field_count<ImageRequest>() == kShared.size() + kPerSample,
               "ImageRequest has a field kShared does not list: list it there, or count it per sample");
@@ -206,6 +210,7 @@ PipelineCost KleinModel::cost_header(const ImageRequest& r, const Work& w, int) 
   p.steps = *r.steps - w.first_step;
   p.references = int(r.references.size());
   p.cfg = w.guided ? *r.cfg : 1.0;
+  p.samples = int(w.samples);
   return p;
 }
 

@@ -172,7 +172,11 @@ void KleinModel::step(Context& c, const flux2::Transformer& dit, Work& w, int i)
   }
   {
     const AdapterScope adapted(c, w.adapters.get());
-    dit.forward(c, *w.prologue, x, w.schedule.timesteps[s], w.velocity, w.reference_kv ? &*w.reference_kv : nullptr);
+    split_forward(c, w.parallel, w.samples, x, w.velocity,
+                  [&](int64_t first, int64_t count, const Tensor& mine, Tensor& out) {
+                    dit.forward(c, w.prologue->samples(first, count), mine, w.schedule.timesteps[s], out,
+                                w.reference_kv ? &*w.reference_kv : nullptr);
+                  });
   }
   if (w.adapters && i == w.first_step) {
     // The prologue and one step run every linear: an adapter left unapplied was lost on the way.

@@ -86,6 +86,8 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   w.cfg = cfg;
   w.apg = r.apg;
   w.chunked = r.chunked_decode.value_or(layout_.chunked_decode);
+  check_parallelism(r.parallel, (w.guided ? 2 : 1) * w.batch, device() != nullptr, label_);
+  w.parallel = r.parallel;
   if (!r.loras.empty()) {
     auto adapters = std::make_shared<Adapters>();
     for (const Lora& lora : r.loras) sa3::read_lora(lora, lora_targets_, *adapters);
@@ -113,7 +115,7 @@ namespace {
 // What a batch of audio requests shares; per sample: the prompt, seed, trace and preview sink,
 // and the negative prompt's and input clips' contents (their presence is shared).
 constexpr std::size_t kPerSample = 4;
-constexpr std::array<SharedSetting<AudioRequest>, 13> kShared = {{
+constexpr std::array<SharedSetting<AudioRequest>, 14> kShared = {{
     {"seconds", [](const AudioRequest& a, const AudioRequest& b) { return a.seconds == b.seconds; }},
     {"steps", [](const AudioRequest& a, const AudioRequest& b) { return a.steps == b.steps; }},
     {"precision", [](const AudioRequest& a, const AudioRequest& b) { return a.fp32 == b.fp32; }},
@@ -136,6 +138,8 @@ constexpr std::array<SharedSetting<AudioRequest>, 13> kShared = {{
      [](const AudioRequest& a, const AudioRequest& b) { return a.inpaint_regions == b.inpaint_regions; }},
     {"LoRAs", [](const AudioRequest& a, const AudioRequest& b) { return same_loras(a.loras, b.loras); }},
     {"finish flag", [](const AudioRequest& a, const AudioRequest& b) { return a.finish_steps == b.finish_steps; }},
+    {"parallelism",
+     [](const AudioRequest& a, const AudioRequest& b) { return same_parallelism(a.parallel, b.parallel); }},
 }};
 static_assert(field_count<AudioRequest>() == kShared.size() + kPerSample,
               "AudioRequest has a field kShared does not list: list it there, or count it per sample");
@@ -152,6 +156,7 @@ PipelineCost Sa3Model::cost_header(const AudioRequest& r, const Work& w, int) co
   p.seconds = *r.seconds;  // r resolved
   p.steps = *r.steps;
   p.cfg = w.guided ? *r.cfg : 1.0;
+  p.samples = int((w.guided ? 2 : 1) * w.batch);
   return p;
 }
 

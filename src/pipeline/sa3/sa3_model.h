@@ -109,6 +109,7 @@ class Sa3Model final : public AudioModel {
 
   struct Work {
     int64_t batch = 1;
+    Parallelism parallel;  // the request's split over processes
     int tokens = 256;
     bool guided = false;    // classifier-free guidance: the DiT runs the batch twice
     bool negative = false;  // ... the second half from negative prompts (ids and text hold 2B)

@@ -144,7 +144,10 @@ void Sa3Model::step(Context& c, const sa3::Dit& dit, Work& w, int i) const {
   }
   {
     const AdapterScope adapted(c, w.adapters.get());
-    dit.forward(c, *w.prologue, x, t, w.velocity);
+    split_forward(c, w.parallel, w.prologue->batch, x, w.velocity,
+                  [&](int64_t first, int64_t count, const Tensor& mine, Tensor& out) {
+                    dit.forward(c, w.prologue->samples(first, count), mine, t, out);
+                  });
   }
   if (w.adapters && i == 0) {
     // The conditioning and one step run every linear: an adapter left unapplied was lost on the way.
