@@ -84,10 +84,23 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
+// Whether `model` takes requests like `r` split as `strategy` (its plan refuses those it does not).
+template <typename Model, typename Request>
+bool takes_split(const Model& model, Request r, apus::Parallel strategy, const apus::ProcessGroup& group) {
+  r.parallel = {strategy, &group};
+  try {
+    model.count(r, 1);
+    return true;
+  } catch (const apus::Error&) {
+    return false;
+  }
+}
+
 // auto under mpirun or srun: the strategy the cost model predicts fastest for this batch over the
 // ranks, priced at this machine's calibrated rates and the link rate measured now between the
-// ranks: batch (the busiest rank renders ceil(B / N) outputs alone) or cfg (each rank renders
-// ceil(S / N) of the steps' S samples, their velocities gathered). Rank 0 decides for every rank.
+// ranks: batch (the busiest rank renders ceil(B / N) outputs alone), cfg (each rank ceil(S / N) of
+// the steps' S samples) or ulysses (each rank 1/N of every sample's tokens), of those the model
+// takes for this request. Rank 0 decides for every rank.
 template <typename Model, typename Request>
 std::string auto_strategy(const Model& model, const Request& r, int batch, const std::string& device, bool verbose) {
   const apus::dist::World& world = apus::dist::World::get();
@@ -96,18 +109,20 @@ std::string auto_strategy(const Model& model, const Request& r, int batch, const
   if (world.rank() != 0) return world.broadcast("");
   apus::Chip here = apus::device_ceiling(device);
   here.link_bps = link;
-  const double batch_s = apus::roofline_json(model.count(r, (batch + n - 1) / n), {here, 1})["total"]["floor_s"];
-  const apus::PipelineCost whole = model.count(r, batch);
-  // A request of one sample (unguided, one output) has nothing for cfg to split.
-  const double cfg_s = whole.samples > 1 && device == "cpu"
-                           ? apus::roofline_json(whole, {here, n})["collectives"]["cfg"]["floor_s"].get<double>()
-                           : INFINITY;
-  const std::string pick = cfg_s < batch_s ? "cfg" : "batch";
-  if (verbose)
-    std::fprintf(stderr,
-                 "--parallel auto: %s (the floors over %d ranks: batch %.3f s, cfg %.3f s; %.2f GB/s between ranks)\n",
-                 pick.c_str(), n, batch_s, cfg_s, link / 1e9);
-  return world.broadcast(pick);
+  std::vector<std::pair<std::string, double>> floors = {
+      {"batch", apus::roofline_json(model.count(r, (batch + n - 1) / n), {here, 1})["total"]["floor_s"]}};
+  const nlohmann::json split = apus::roofline_json(model.count(r, batch), {here, n})["collectives"];
+  for (const auto& [name, strategy] : {std::pair{"cfg", apus::Parallel::cfg}, {"ulysses", apus::Parallel::ulysses}})
+    if (takes_split(model, r, strategy, world)) floors.emplace_back(name, double(split[name]["floor_s"]));
+  const auto best =
+      std::min_element(floors.begin(), floors.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+  if (verbose) {
+    std::string line;
+    for (const auto& [name, s] : floors) line += (line.empty() ? "" : ", ") + name + " " + std::to_string(s) + " s";
+    std::fprintf(stderr, "--parallel auto: %s (the floors over %d ranks: %s; %.2f GB/s between ranks)\n",
+                 best->first.c_str(), n, line.c_str(), link / 1e9);
+  }
+  return world.broadcast(best->first);
 }
 
 // How this process takes part in a command (issue 43): the outputs it renders, how each of its
@@ -126,8 +141,9 @@ template <typename Model, typename Request> RankPlan rank_plan(const std::string
   const std::string strategy = parallel == "auto" ? auto_strategy(model, r, batch, device, verbose) : parallel;
   if (strategy == "none") return world.rank() == 0 ? RankPlan{{0, batch}, {}, true} : RankPlan{{0, 0}, {}, false};
   if (strategy == "batch") return {apus::share_of(batch, world.rank(), world.size()), {}, true};
-  // cfg: every rank runs the whole batch, its share of the samples; rank 0 writes.
-  return {{0, batch}, {apus::Parallel::cfg, &world}, world.rank() == 0};
+  // cfg and ulysses: every rank runs the whole batch, its share of the samples or the tokens; rank
+  // 0 writes.
+  return {{0, batch}, {strategy == "cfg" ? apus::Parallel::cfg : apus::Parallel::ulysses, &world}, world.rank() == 0};
 }
 
 // -v under a split: what this rank sent the others against what the count says it sends.
@@ -241,8 +257,8 @@ void check_output(const std::string& out, int batch) {
 // samples over the ranks), none (rank 0 does it all) or auto (rank_plan). Without a seed, rank 0
 // draws one for all: the ranks of a split must sample the same noise.
 template <typename Request> void prepare_ranks(const std::string& parallel, Request& r) {
-  APUS_CHECK(parallel == "auto" || parallel == "batch" || parallel == "cfg" || parallel == "none", "--parallel ",
-             parallel, ": not implemented yet (issue 43); batch, cfg, none and auto are");
+  APUS_CHECK(parallel != "tensor", "--parallel tensor: not implemented yet (issue 43); batch, cfg, ulysses, none and ",
+             "auto are");
   const apus::dist::World& world = apus::dist::World::get();
   if (world.size() > 1 && !r.seed) r.seed = parse_seed(world.broadcast(std::to_string(std::random_device{}())));
 }
@@ -448,8 +464,9 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
   if (!takes.run) return;
   app->add_option("--parallel", o.parallel,
                   "started by mpirun or srun, how the ranks split the work: batch (-n's outputs over the ranks), "
-                  "cfg (each step's guided branches and images over the ranks), none (rank 0 does it all), auto (the "
-                  "one the cost model predicts fastest; -v says); ulysses and tensor are not implemented yet")
+                  "cfg (each step's guided branches and images over the ranks), ulysses (every image's tokens over the "
+                  "ranks, attention exchanging heads; klein), none (rank 0 does it all), auto (the one the cost model "
+                  "predicts fastest; -v says); tensor is not implemented yet")
       ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
   app->add_option_function<double>(
          "--rank-timeout", [](double s) { apus::dist::World::get().set_timeout(s); },

@@ -209,8 +209,9 @@ TEST(Cost, LinearsScaleWithTokensAttentionWithTheirSquare) {
 }
 
 // A cfg split (issue 43) gathers every step's velocities, [samples x tokens, channels] in bf16,
-// and halves the steps' work on two chips; the text encoder and the VAE stay whole.
-TEST(Cost, CfgSplitGathersEachStepsVelocitiesAndDividesTheSteps) {
+// and halves the steps' work on two chips; Ulysses divides them over every chip and also exchanges
+// each attention's q, k, v and o; the text encoder and the VAE stay whole under both.
+TEST(Cost, SplitsGatherEachStepsVelocitiesAndDivideTheSteps) {
   ImageRequest r;
   r.width = 512;
   r.height = 256;
@@ -238,13 +239,21 @@ TEST(Cost, CfgSplitGathersEachStepsVelocitiesAndDividesTheSteps) {
     EXPECT_NEAR(cfg["floor_s"].get<double>(), all_floor - steps_floor / 2 + cfg["seconds"].get<double>(),
                 1e-12 * all_floor)
         << n;
+    const auto ulysses = roofline_json(guided, {chip, n})["collectives"]["ulysses"];
+    EXPECT_DOUBLE_EQ(ulysses["wire_bytes_per_chip"].get<double>(),
+                     5 * (all_to_all_wire_bytes(step->per_call.ulysses_bytes, n) + velocities * (n - 1) / n))
+        << n;
+    EXPECT_NEAR(ulysses["floor_s"].get<double>(),
+                all_floor - steps_floor + steps_floor / n + ulysses["seconds"].get<double>(), 1e-12 * all_floor)
+        << n;
   }
-  // A distilled model's request has one sample: nothing for cfg to gather or divide.
+  // A distilled model's request has one sample: nothing for cfg to divide, its gather for nothing.
   const PipelineCost single = count_request(test::fixture("klein_tiny_b"), 512, 256, 5);
   EXPECT_EQ(single.samples, 1);
   const auto cfg = roofline_json(single, {chip, 2})["collectives"]["cfg"];
-  EXPECT_EQ(cfg["wire_bytes_per_chip"].get<double>(), 0);
-  EXPECT_NEAR(cfg["floor_s"].get<double>(), roofline_json(single, {chip, 1})["total"]["floor_s"].get<double>(), 1e-12);
+  EXPECT_EQ(cfg["wire_bytes_per_chip"].get<double>(), 5 * velocities / 4);
+  EXPECT_NEAR(cfg["floor_s"].get<double>(),
+              roofline_json(single, {chip, 1})["total"]["floor_s"].get<double>() + cfg["seconds"].get<double>(), 1e-12);
 }
 
 TEST(Cost, CountingReadsConfigsOnly) {

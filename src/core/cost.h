@@ -47,10 +47,13 @@ class CostLog {
   // the largest one per call is what the strategy moves.
   void mark_boundary(double bytes) { boundary_ = std::max(boundary_, bytes); }
   double boundary() const { return boundary_; }
-  // What a cfg split gathers here (the velocities of every sample of a transformer forward),
-  // whether or not this request splits: summed per call.
+  // What a cfg or Ulysses split gathers here (the velocities of every sample of a transformer
+  // forward), whether or not this request splits: summed per call.
   void mark_gather(double bytes) { gather_ += bytes; }
   double gather() const { return gather_; }
+  // A transformer forward that cfg and Ulysses splits divide runs here.
+  void mark_divisible() { divisible_ = true; }
+  bool divisible() const { return divisible_; }
   // Bytes this rank sends the others here under the request's own split (none: 0), summed.
   void mark_sent(double bytes) { sent_ += bytes; }
   double sent() const { return sent_; }
@@ -65,6 +68,7 @@ class CostLog {
   bool row_parallel_ = false;
   double boundary_ = 0;
   double gather_ = 0, sent_ = 0;
+  bool divisible_ = false;
 };
 
 // One stage of a request as counted: its modules' cost per call, how often it runs, and the peak
@@ -77,10 +81,11 @@ struct StageCost {
   // The activation a depth split hands across a shard boundary per call (the tensor-parallel and
   // Ulysses payloads are in per_call).
   double boundary_bytes = 0;
-  double gather_bytes = 0;      // what a cfg split all-gathers per call (CostLog::mark_gather)
+  double gather_bytes = 0;      // what a cfg or Ulysses split all-gathers per call (CostLog::mark_gather)
   double sent_bytes = 0;        // what this rank sends per call under the request's split
   double activation_bytes = 0;  // peak arena use of one call: activations and scratch
   bool replicated = false;      // not split by tensor or sequence parallelism (a VAE decode)
+  bool divisible = false;       // what apus's cfg and Ulysses splits divide (CostLog::mark_divisible)
 };
 
 struct PipelineCost {

@@ -110,24 +110,28 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
 
   // Collectives. At batch 1 only tensor and sequence (Ulysses) parallelism split the work of
   // one request, and cfg parallelism a guided one's two branches (the busiest chip runs
-  // ceil(samples / N) of the steps' samples, the rest whole); FSDP shards memory but every chip still runs the whole
-  // request, and depth sharding leaves N-1 chips idle (its (N-1)/N bubble). The VAE runs replicated.
+  // ceil(samples / N) of the steps' samples); both as apus runs them, on the transformer's steps
+  // alone (the text encoder and the decoders whole on every chip). FSDP shards memory but every chip still runs the
+  // whole request, and depth sharding leaves N-1 chips idle (its (N-1)/N bubble). The VAE runs replicated.
   const int n = r.chips;
   const double link = r.chip.link_bps;
   auto seconds = [&](double bytes) { return link > 0 ? bytes / link : (bytes > 0 ? INFINITY : 0.0); };
   double split = 0, replicated = 0;  // floors of the shardable stages and the rest
-  double sampled = 0;                // floors of the stages whose forwards a cfg split divides
+  double divisible = 0;              // floors of the stages whose forwards cfg and Ulysses divide
   double fsdp = 0, tp = 0, ulysses = 0, cfg = 0, depth = 0;
   for (const StageCost& s : p.stages) {
     const double f = double(s.calls) * stage_floor_per_call(s, rates);
     (s.replicated ? replicated : split) += f;
-    if (s.gather_bytes > 0) sampled += f;
+    if (s.divisible) divisible += f;
     fsdp += double(s.calls) * allgather_wire_bytes(s.per_call.weight_bytes, n);
     // A replicated stage runs whole on every chip: nothing of it is split or exchanged.
-    if (!s.replicated) {
-      tp += double(s.calls) * allreduce_wire_bytes(s.per_call.tp_bytes, n);
-      ulysses += double(s.calls) * all_to_all_wire_bytes(s.per_call.ulysses_bytes, n);
+    if (!s.replicated) tp += double(s.calls) * allreduce_wire_bytes(s.per_call.tp_bytes, n);
+    // Both gather the velocities of the forwards they divide; Ulysses also exchanges every
+    // attention's q, k, v and o.
+    if (s.divisible) {
       cfg += double(s.calls) * allgather_wire_bytes(s.gather_bytes, n);
+      ulysses += double(s.calls) *
+                 (all_to_all_wire_bytes(s.per_call.ulysses_bytes, n) + allgather_wire_bytes(s.gather_bytes, n));
     }
     depth += double(s.calls) * (n - 1) * s.boundary_bytes;
   }
@@ -143,8 +147,8 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   out["collectives"] = {{"chips", n},
                         {"fsdp", strategy(fsdp, split + replicated)},
                         {"tensor_parallel", strategy(tp, split / n + replicated)},
-                        {"ulysses", strategy(ulysses, split / n + replicated)},
-                        {"cfg", strategy(cfg, sampled * busiest_share + (split - sampled) + replicated)},
+                        {"ulysses", strategy(ulysses, divisible / n + (split - divisible) + replicated)},
+                        {"cfg", strategy(cfg, divisible * busiest_share + (split - divisible) + replicated)},
                         {"depth", strategy(depth, split + replicated)}};
   return out;
 }

@@ -91,6 +91,8 @@ double World::measure_link_bps() const {
 
 namespace {
 
+constexpr int kExchangeTag = 43;
+
 // MPI's counts and offsets of parts laid one after another: ints, so a part or an offset past
 // 2 GiB is refused rather than wrapped.
 struct Layout {
@@ -109,13 +111,13 @@ Layout layout_of(const std::vector<size_t>& bytes, const char* what) {
   return l;
 }
 
-// Seconds until `request` completes, polled against the world's deadline: MPI's blocking
+// Seconds until `requests` complete, polled against the world's deadline: MPI's blocking
 // collectives wait forever on a rank that hangs.
-double wait(const World& world, MPI_Request& request, const char* verb, const char* what) {
+double wait(const World& world, std::vector<MPI_Request>& requests, const char* verb, const char* what) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::duration<double>(world.timeout());
   for (int done = 0;;) {
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     if (done) return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (std::chrono::steady_clock::now() > deadline)
       world.abort(detail::concat(verb, " ", what, ": not every rank arrived within ", world.timeout(),
@@ -129,9 +131,9 @@ double wait(const World& world, MPI_Request& request, const char* verb, const ch
 double World::gather(void* data, const std::vector<size_t>& bytes, const char* what) const {
   const Layout l = layout_of(bytes, what);
   if (size_ == 1) return 0;
-  MPI_Request request;
+  std::vector<MPI_Request> request(1);
   MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, l.counts.data(), l.offsets.data(), MPI_BYTE, MPI_COMM_WORLD,
-                  &request);
+                  &request[0]);
   return wait(*this, request, "gathering", what);
 }
 
@@ -143,10 +145,21 @@ void World::all_to_all(const void* send, const std::vector<size_t>& send_bytes, 
   double sent = 0;
   for (int j = 0; j < size_; ++j)
     if (j != rank_) sent += double(send_bytes[size_t(j)]);
-  MPI_Request request;
-  MPI_Ialltoallv(send, out.counts.data(), out.offsets.data(), MPI_BYTE, recv, in.counts.data(), in.offsets.data(),
-                 MPI_BYTE, MPI_COMM_WORLD, &request);
-  count(sent, wait(*this, request, "exchanging", what));
+  // Point to point, the non-empty parts only: Open MPI 4.1's MPI_Ialltoallv hangs where some
+  // parts are empty (a rank with no heads), and its blocking one has no deadline.
+  std::memcpy(static_cast<char*>(recv) + in.offsets[size_t(rank_)],
+              static_cast<const char*>(send) + out.offsets[size_t(rank_)], send_bytes[size_t(rank_)]);
+  std::vector<MPI_Request> requests;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    if (recv_bytes[size_t(j)] > 0)
+      MPI_Irecv(static_cast<char*>(recv) + in.offsets[size_t(j)], in.counts[size_t(j)], MPI_BYTE, j, kExchangeTag,
+                MPI_COMM_WORLD, &requests.emplace_back());
+    if (send_bytes[size_t(j)] > 0)
+      MPI_Isend(static_cast<const char*>(send) + out.offsets[size_t(j)], out.counts[size_t(j)], MPI_BYTE, j,
+                kExchangeTag, MPI_COMM_WORLD, &requests.emplace_back());
+  }
+  count(sent, wait(*this, requests, "exchanging", what));
 }
 
 void World::abort(const std::string& message) const {

@@ -9,10 +9,12 @@ namespace apus {
 
 void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label) {
   if (p.strategy == Parallel::none) return;
+  const char* name = p.strategy == Parallel::cfg ? "cfg" : "ulysses";
   APUS_CHECK(p.group, label, ": a split over processes needs their group (none was given)");
-  APUS_CHECK(samples > 1, label, ": parallel cfg splits the transformer's samples, and this request has one ",
+  APUS_CHECK(p.strategy != Parallel::cfg || samples > 1, label,
+             ": parallel cfg splits the transformer's samples, and this request has one ",
              "(unguided, one output): guide it (cfg > 1) or ask for several outputs");
-  APUS_CHECK(!on_device, label, ": parallel cfg on a device gathers over NCCL, not built yet (issue 43)");
+  APUS_CHECK(!on_device, label, ": parallel ", name, " on a device exchanges over NCCL, not built yet (issue 43)");
 }
 
 Share sample_share(const Parallelism& p, int64_t samples) {
@@ -21,8 +23,6 @@ Share sample_share(const Parallelism& p, int64_t samples) {
 }
 
 void gather_samples(Context& c, const Parallelism& p, int64_t samples, Tensor& velocity) {
-  // Marked split or not: what the roofline prices a cfg split of this request by.
-  if (c.cost && samples > 1) c.cost->mark_gather(double(velocity.nbytes()));
   if (p.strategy == Parallel::none) return;
   const int n = p.group->size();
   const size_t sample_bytes = velocity.nbytes() / size_t(samples);
@@ -32,6 +32,32 @@ void gather_samples(Context& c, const Parallelism& p, int64_t samples, Tensor& v
   if (c.count_only) return;
   const TraceSpan span(c.trace, "all_gather", "collective");
   p.group->all_gather(velocity.data, bytes, "the transformer's velocities");
+}
+
+void gather_sequence(Context& c, const Parallelism& p, int64_t samples, const Tensor& mine, Tensor& velocity) {
+  const int n = p.group->size(), me = p.group->rank();
+  const int64_t rows = velocity.shape[0] / samples, channels = velocity.shape[1];
+  const size_t row_bytes = dtype_bytes(velocity.dtype, channels);
+  // Gathered rank after rank (each rank's rows of every sample), then put in sample order.
+  ArenaScope arena(*c.arena);
+  Tensor gathered = Tensor::in(*c.arena, velocity.shape, velocity.dtype);
+  std::vector<size_t> bytes;
+  for (int r = 0; r < n; ++r) bytes.push_back(size_t(samples * share_of(rows, r, n).count) * row_bytes);
+  const Share own = share_of(rows, me, n);
+  Tensor slot = gathered.rows(samples * own.first, samples * (own.first + own.count));
+  if (own.count > 0) ops::copy(c, mine, slot);
+  if (c.cost) c.cost->mark_sent(double(bytes[size_t(me)]) * (n - 1));
+  if (!c.count_only) {
+    const TraceSpan span(c.trace, "all_gather", "collective");
+    p.group->all_gather(gathered.data, bytes, "the transformer's velocities");
+  }
+  for (int r = 0; r < n; ++r) {
+    const Share s = share_of(rows, r, n);
+    for (int64_t b = 0; b < samples && s.count > 0; ++b) {
+      Tensor to = velocity.rows(b * rows + s.first, b * rows + s.first + s.count);
+      ops::copy(c, gathered.rows(samples * s.first + b * s.count, samples * s.first + (b + 1) * s.count), to);
+    }
+  }
 }
 
 }  // namespace apus

@@ -1,9 +1,11 @@
 #pragma once
-// A request split over processes (issue 43). Classifier-free guidance parallelism: a transformer
-// forward over S samples of equal rows, each rank running a contiguous share of the samples, then
-// every rank's velocity rows gathered so that each holds all of them and samples on as one
-// process would. The linears give the same bits at every row count and nothing else mixes
-// samples, so the gathered velocities are one process's, bit for bit.
+// A request split over processes (issue 43): each step's transformer forward divided over the
+// ranks, then every rank's velocities gathered so that each holds all of them and samples on as
+// one process would. Classifier-free guidance parallelism divides the samples (a guided request's
+// branches, the images of a batch); Ulysses divides every sample's tokens, its attention
+// exchanging heads (models/common/sequence_split.h). The linears give the same bits at every row
+// count, and each sample's and each head's attention sees the same keys in the same order, so the
+// gathered velocities are one process's, bit for bit.
 #include <cstdint>
 #include <string>
 
@@ -14,27 +16,52 @@
 namespace apus {
 
 // Refuses a parallelism this request cannot take (`label`: the model, in the message): a strategy
-// without a group, nothing to split (one sample), or a device without collectives yet.
+// without a group, cfg with nothing to split (one sample), a device without collectives yet.
 void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label);
 
-// This rank's samples of `samples`: all of them without a split.
+// This rank's samples of `samples` under cfg: all of them without a split.
 Share sample_share(const Parallelism& p, int64_t samples);
 
 // Every rank's rows of `velocity` ([samples * rows, channels], rank r's samples written by it)
 // gathered into every rank's copy; counting, the whole tensor is filed as the gather's payload.
 void gather_samples(Context& c, const Parallelism& p, int64_t samples, Tensor& velocity);
 
-// Runs forward(first, count, x_rows, velocity_rows) on this rank's share of the samples of
-// x [samples * rows, ...] and gathers the velocities [samples * rows', ...] over the group.
+// Ulysses: each sample's rows of the velocity [samples * rows, channels], every rank holding its
+// share of them in `mine` [samples * its rows, channels], gathered into every rank's `velocity`.
+void gather_sequence(Context& c, const Parallelism& p, int64_t samples, const Tensor& mine, Tensor& velocity);
+
+// A transformer forward over x [samples * rows, ...] writing velocity [samples * rows', ...] as the
+// request splits it, through forward(first, count, x_part, velocity_part) on samples
+// [first, first + count): cfg runs this rank's share of the samples, then gathers every rank's
+// velocities; Ulysses runs every sample on this rank's share of its rows (the model's attention
+// exchanging the rest; its prologue holds the same share), then gathers every rank's rows.
 template <typename Forward> void split_forward(Context& c, const Parallelism& p, int64_t samples, const Tensor& x,
                                                Tensor& velocity, Forward&& forward) {
-  const Share mine = sample_share(p, samples);
-  const int64_t in_rows = x.shape[0] / samples, out_rows = velocity.shape[0] / samples;
-  if (mine.count > 0) {
-    Tensor rows = velocity.rows(mine.first * out_rows, (mine.first + mine.count) * out_rows);
-    forward(mine.first, mine.count, x.rows(mine.first * in_rows, (mine.first + mine.count) * in_rows), rows);
+  if (c.cost) {
+    c.cost->mark_divisible();
+    c.cost->mark_gather(double(velocity.nbytes()));
   }
-  gather_samples(c, p, samples, velocity);
+  if (p.strategy != Parallel::ulysses) {
+    const Share mine = sample_share(p, samples);
+    const int64_t in_rows = x.shape[0] / samples, out_rows = velocity.shape[0] / samples;
+    if (mine.count > 0) {
+      Tensor rows = velocity.rows(mine.first * out_rows, (mine.first + mine.count) * out_rows);
+      forward(mine.first, mine.count, x.rows(mine.first * in_rows, (mine.first + mine.count) * in_rows), rows);
+    }
+    gather_samples(c, p, samples, velocity);
+    return;
+  }
+  ArenaScope arena(*c.arena);
+  const int64_t rows = x.shape[0] / samples;
+  const Share mine = share_of(rows, p.group->rank(), p.group->size());
+  Tensor x_mine = Tensor::in(*c.arena, {samples * mine.count, x.shape[1]}, x.dtype);
+  Tensor v_mine = Tensor::in(*c.arena, {samples * mine.count, velocity.shape[1]}, velocity.dtype);
+  for (int64_t s = 0; s < samples; ++s) {
+    Tensor to = x_mine.rows(s * mine.count, (s + 1) * mine.count);
+    ops::copy(c, x.rows(s * rows + mine.first, s * rows + mine.first + mine.count), to);
+  }
+  forward(0, samples, x_mine, v_mine);
+  gather_sequence(c, p, samples, v_mine, velocity);
 }
 
 }  // namespace apus

@@ -32,6 +32,7 @@ template <typename Body> StageCost count_stage(const std::string& name, int64_t 
   s.boundary_bytes = log.boundary();
   s.gather_bytes = log.gather();
   s.sent_bytes = log.sent();
+  s.divisible = log.divisible();
   return s;
 }
 

@@ -3,11 +3,12 @@
 # parallelism (klein's images and Stable Audio 3's clips of a batch over 2 and 3 ranks; 3 ranks for
 # 2 outputs: a rank with nothing) and cfg parallelism (a guided request's branches over 2 and 3
 # ranks, alone and in a batch, with a negative prompt; each rank's gathered bytes equal to what
-# the count says); auto picks cfg for one guided image; --parallel none leaves the work to rank 0;
+# the count says); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
+# inpainting); auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. A strategy not
-# implemented yet, a request cfg cannot split and a command that does not split yet (serve) are
-# refused naming themselves.
+# implemented yet (tensor), a request cfg cannot split, Ulysses for SA3 and a command that does not
+# split yet (serve) are refused naming themselves.
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/check.sh APUS FIXTURES
 set -euo pipefail
@@ -69,7 +70,8 @@ done
 ranks 3 "${base[@]}" -n 3 --parallel cfg -o cfgs.png
 for i in 1 2 3; do same "guided-$i.png" "cfgs-$i.png"; done
 ranks 2 "${base[@]}" -v -o auto.png
-grep -q "^--parallel auto: cfg " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto did not pick cfg for one guided image"; }
+grep -Eq "^--parallel auto: (cfg|ulysses) \(the floors over 2 ranks: batch .*, cfg .*, ulysses .*\)" "$scratch/ranks.log" ||
+  { cat "$scratch/ranks.log"; fail "auto did not weigh the splits of one guided image"; }
 same guided.png auto.png
 guided_audio=("${audio[@]}" --cfg 4 --negative-prompt "wind")
 "$apus" "${guided_audio[@]}" -o guided.wav 2> /dev/null
@@ -81,6 +83,32 @@ done
 if mpirun -np 2 "$apus" "${audio[@]}" --parallel cfg -o x.wav > refused.log 2>&1; then fail "cfg split an unguided clip"; fi
 grep -q "parallel cfg splits the transformer's samples, and this request has one" refused.log ||
   { cat refused.log; fail "the refusal of cfg without guidance"; }
+
+# Ulysses: every image's tokens over the ranks (the tiny models' 2 heads over 3 ranks: one rank
+# attends for none), one image, a batch, an edit (its reference's tokens in the sequence) and an
+# inpainting; auto picks it for one distilled image.
+edit=(image --model "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 48 --steps 2 -s 7 --image "$fixtures/klein_tiny_a_edit/ref0.png")
+inpaint=(image --model "$fixtures/klein_tiny_a" -p "a fox" --steps 2 -s 7 --image "$fixtures/images/gray.png"
+  --mask "$fixtures/images/bilevel.png")
+"$apus" "${image[@]}" -o single.png 2> /dev/null
+"$apus" "${edit[@]}" -o edit.png 2> /dev/null
+"$apus" "${inpaint[@]}" -o inpaint.png 2> /dev/null
+for n in 2 3; do
+  ranks "$n" "${image[@]}" --parallel ulysses -v -o "ulysses$n.png"
+  counted "$n"
+  same single.png "ulysses$n.png"
+  ranks "$n" "${image[@]}" -n 2 --parallel ulysses -o "ulysses$n.png"
+  for i in 1 2; do same "pair-$i.png" "ulysses$n-$i.png"; done
+  ranks "$n" "${edit[@]}" --parallel ulysses -o "edit$n.png"
+  same edit.png "edit$n.png"
+  ranks "$n" "${inpaint[@]}" --parallel ulysses -o "inpaint$n.png"
+  same inpaint.png "inpaint$n.png"
+done
+ranks 2 "${image[@]}" -v -o auto.png
+grep -q "^--parallel auto: ulysses " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto did not pick ulysses for one image"; }
+same single.png auto.png
+if mpirun -np 2 "$apus" "${audio[@]}" --parallel ulysses -o x.wav > refused.log 2>&1; then fail "ulysses split a clip"; fi
+grep -q "parallel ulysses is not implemented for Stable Audio 3 yet" refused.log || { cat refused.log; fail "SA3's ulysses refusal"; }
 
 # Rank 1 leaves after one step (a shorter request): rank 0 waits at the next gather, then ends the job.
 cfg=(-p "a fox" -W 32 -H 32 -s 5 --parallel cfg)
@@ -105,8 +133,8 @@ ranks 2 "${image[@]}" -n 3
 for i in 1 2 3; do same "../one-$i.png" "outputs/00001-$i.png"; done
 cd ..
 
-if mpirun -np 2 "$apus" "${image[@]}" -n 2 --parallel ulysses -o x.png > refused.log 2>&1; then fail "ulysses was not refused"; fi
-grep -q "parallel ulysses: not implemented yet" refused.log || { cat refused.log; fail "the refusal does not name the strategy"; }
+if mpirun -np 2 "$apus" "${image[@]}" -n 2 --parallel tensor -o x.png > refused.log 2>&1; then fail "tensor was not refused"; fi
+grep -q "parallel tensor: not implemented yet" refused.log || { cat refused.log; fail "the refusal does not name the strategy"; }
 if mpirun -np 2 "$apus" serve --model "$fixtures/klein_tiny_a" --port 0 > serve.log 2>&1; then fail "serve ran over 2 ranks"; fi
 grep -q "apus serve does not split over several processes yet" serve.log || { cat serve.log; fail "serve's refusal"; }
-echo "mpi check: batches and guided branches over 2 and 3 ranks are one process's, byte for byte"
+echo "mpi check: batches, guided branches and tokens over 2 and 3 ranks are one process's, byte for byte"

@@ -122,10 +122,39 @@ TransformerPrologue TransformerPrologue::samples(int64_t first, int64_t count) c
   return p;
 }
 
+TransformerPrologue TransformerPrologue::local(Context& c, const SequenceSplit& split) const {
+  const int rank = split.group->rank();
+  const Share text = split.share(0, rank), image = split.share(1, rank);
+  const int64_t t = txt.shape[0] / batch;
+  APUS_CHECK(split.runs.size() == 2 && split.runs[0] == t && split.runs[1] == cos.shape[0] - t,
+             "transformer: a sequence split of ", split.tokens(), " tokens for a prologue of ", t, " + ",
+             cos.shape[0] - t);
+  TransformerPrologue p;
+  p.batch = batch;
+  p.sequence = split;
+  p.txt = ops::empty(c, {batch * text.count, txt.shape[1]}, txt.dtype);
+  for (int64_t b = 0; b < batch && text.count > 0; ++b) {
+    Tensor to = p.txt.rows(b * text.count, (b + 1) * text.count);
+    ops::copy(c, txt.rows(b * t + text.first, b * t + text.first + text.count), to);
+  }
+  for (const auto& [from, to] : {std::pair{&cos, &p.cos}, std::pair{&sin, &p.sin}}) {
+    *to = ops::empty(c, {text.count + image.count, from->shape[1]}, from->dtype);
+    Tensor head = to->rows(0, text.count), tail = to->rows(text.count, text.count + image.count);
+    if (text.count > 0) ops::copy(c, from->rows(text.first, text.first + text.count), head);
+    if (image.count > 0) ops::copy(c, from->rows(t + image.first, t + image.first + image.count), tail);
+  }
+  return p;
+}
+
 void Transformer::joint_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                                  int64_t batch, int64_t t, const BlockKv& kv) const {
-  const int64_t d = cfg_.head_dim;
+                                  const TransformerPrologue& pro, int64_t t, const BlockKv& kv) const {
+  const int64_t d = cfg_.head_dim, batch = pro.batch;
   const float scale = 1.0f / std::sqrt(float(d));
+  if (pro.sequence) {
+    APUS_CHECK(!kv.keep && !kv.attend, "transformer: the references' cached keys are not split over ranks yet");
+    sequence_attention(c, *pro.sequence, q, k, v, out, d, scale, {false, nullptr, batch});
+    return;
+  }
   if (kv.keep) {
     ops::copy(c, k, kv.keep->k);
     ops::copy(c, v, kv.keep->v);
@@ -207,7 +236,7 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   Tensor attn = Tensor::in(*c.arena, {rows, h}, c.act);
-  joint_attention(c, q, k, v, attn, batch, t, kv);
+  joint_attention(c, q, k, v, attn, pro, t, kv);
 
   Tensor proj = Tensor::in(*c.arena, {rows, h}, c.act);
   for (int64_t i = 0; i < batch; ++i) {
@@ -273,7 +302,7 @@ void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, cons
   // Attention output and the MLP activation fill the two halves of to_out's input directly.
   Tensor joint = Tensor::in(*c.arena, {s, h + f}, c.act);
   Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
-  joint_attention(c, q, k, v, attn, pro.batch, t, kv);
+  joint_attention(c, q, k, v, attn, pro, t, kv);
   part.emplace(c, "linear2");
   ops::glu(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp, ops::Activation::silu,
            ops::Rounding::each_step);

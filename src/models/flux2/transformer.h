@@ -1,9 +1,11 @@
 #pragma once
 // FLUX.2 transformer (diffusers Flux2Transformer2DModel): double-stream blocks over separate
 // text and image weights, single-stream blocks over the joint sequence, shared modulation.
+#include <optional>
 #include <vector>
 
 #include "io/model_dir.h"
+#include "models/common/sequence_split.h"
 #include "ops/ops.h"
 
 namespace apus::flux2 {
@@ -17,14 +19,19 @@ struct TransformerConfig {
   static TransformerConfig read(const Config& c);
 };
 
-// Work that does not change between sampler steps: the text projection and RoPE tables.
-// What does not change across steps. A batch of B samples shares the position tables.
+// What does not change across sampler steps: the text projection and the RoPE tables. A batch of
+// B samples shares the position tables.
 struct TransformerPrologue {
   int64_t batch = 1;
   Tensor txt;       // [B*T, hidden] context_embedder(prompt embeddings), activation dtype
   Tensor cos, sin;  // [T + L, head_dim / 2] f32: one sample's joint sequence, text first
+  // Under Ulysses, the split of each sample's [text; image] runs: txt, cos and sin then hold this
+  // rank's share of each (T and L its own), and every attention exchanges the rest.
+  std::optional<SequenceSplit> sequence;
   // Samples [first, first + count) of the batch: views of their text rows, the tables shared.
   TransformerPrologue samples(int64_t first, int64_t count) const;
+  // This rank's tokens under `split` (runs {T, L}): copies of its text rows and table rows.
+  TransformerPrologue local(Context& c, const SequenceSplit& split) const;
 };
 
 // The reference images' keys and values at every block (after their norms and RoPE), as
@@ -89,9 +96,10 @@ class Transformer {
   // The blocks' shared modulation at the model's timestep tau (already rounded as the reference).
   Modulation modulation(Context& c, float tau) const;
   // Joint attention over each sample's [txt; img] rows (txt_len text rows), the references' keys
-  // and values between the text's and the image's when kv.attend is set.
-  void joint_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int64_t batch,
-                       int64_t txt_len, const BlockKv& kv) const;
+  // and values between the text's and the image's when kv.attend is set; over the ranks under
+  // pro's sequence split.
+  void joint_attention(Context& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       const TransformerPrologue& pro, int64_t txt_len, const BlockKv& kv) const;
   void double_block(Context& c, const Double& b, Tensor& hidden, int64_t txt_len, int64_t batch, const Modulation& mod,
                     const TransformerPrologue& pro, const BlockKv& kv) const;
   void single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod, const TransformerPrologue& pro,
