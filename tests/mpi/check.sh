@@ -4,11 +4,11 @@
 # 2 outputs: a rank with nothing) and cfg parallelism (a guided request's branches over 2 and 3
 # ranks, alone and in a batch, with a negative prompt; each rank's gathered bytes equal to what
 # the count says); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
-# inpainting); auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
+# inpainting; SA3's memory tokens and frames: a clip, a guided one, one with padding); auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. A strategy not
-# implemented yet (tensor), a request cfg cannot split, Ulysses for SA3 and a command that does not
-# split yet (serve) are refused naming themselves.
+# implemented yet (tensor), a request cfg cannot split and a command that does not split yet
+# (serve) are refused naming themselves.
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/check.sh APUS FIXTURES
 set -euo pipefail
@@ -107,8 +107,20 @@ done
 ranks 2 "${image[@]}" -v -o auto.png
 grep -q "^--parallel auto: ulysses " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto did not pick ulysses for one image"; }
 same single.png auto.png
-if mpirun -np 2 "$apus" "${audio[@]}" --parallel ulysses -o x.wav > refused.log 2>&1; then fail "ulysses split a clip"; fi
-grep -q "parallel ulysses is not implemented for Stable Audio 3 yet" refused.log || { cat refused.log; fail "SA3's ulysses refusal"; }
+# SA3: its memory tokens and frames over the ranks, the differential attention exchanged (one clip
+# and a guided one with a negative prompt; 0.7 s leaves padding frames on the canvas).
+short=(audio --model "$sa3" -p "rain" --seconds 0.7 --steps 2 -s 3)
+"$apus" "${audio[@]}" -o clip.wav 2> /dev/null
+"$apus" "${short[@]}" -o short.wav 2> /dev/null
+for n in 2 3; do
+  ranks "$n" "${audio[@]}" --parallel ulysses -v -o "ulysses$n.wav"
+  counted "$n"
+  same clip.wav "ulysses$n.wav"
+  ranks "$n" "${guided_audio[@]}" --parallel ulysses -o "guided$n.wav"
+  same guided.wav "guided$n.wav"
+  ranks "$n" "${short[@]}" --parallel ulysses -o "short$n.wav"
+  same short.wav "short$n.wav"
+done
 
 # Rank 1 leaves after one step (a shorter request): rank 0 waits at the next gather, then ends the job.
 cfg=(-p "a fox" -W 32 -H 32 -s 5 --parallel cfg)

@@ -47,34 +47,41 @@ void place_rows(Context& c, const SequenceSplit& split, int rank, int64_t batch,
 
 }  // namespace
 
-void sequence_attention(Context& c, const SequenceSplit& split, const Tensor& q, const Tensor& k, const Tensor& v,
-                        Tensor& o, int64_t head_dim, float scale, const ops::AttentionOptions& options) {
+void sequence_attention(Context& c, const SequenceSplit& split, const std::vector<const Tensor*>& qs,
+                        const std::vector<const Tensor*>& ks, const Tensor& v, Tensor& o, int64_t head_dim, float scale,
+                        const ops::AttentionOptions& options) {
   const ProcessGroup& group = *split.group;
   const int n = group.size(), me = group.rank();
+  const Tensor& q = *qs[0];
   const int64_t batch = options.batch, d = head_dim, heads = q.shape[1] / d;
   const int64_t mine = split.local_tokens(me), all = split.tokens();
-  APUS_CHECK(k.shape[1] == q.shape[1] && v.shape[1] == q.shape[1] && q.shape[0] == batch * mine,
-             "sequence-parallel attention: q ", shape_str(q.shape), ", k ", shape_str(k.shape), ", v ",
-             shape_str(v.shape), " for ", batch, " x ", mine,
-             " local tokens (keys and values need the queries' heads)");
+  // Exchanged as one: the query terms, the key terms, the values.
+  std::vector<const Tensor*> terms = qs;
+  terms.insert(terms.end(), ks.begin(), ks.end());
+  terms.push_back(&v);
+  for (const Tensor* t : terms)
+    APUS_CHECK(t->shape == Shape({batch * mine, q.shape[1]}) && qs.size() == ks.size() && qs.size() <= 2,
+               "sequence-parallel attention: ", shape_str(t->shape), " among ", qs.size(), " query and ", ks.size(),
+               " key terms, expected [", batch, " x ", mine, " local tokens, ", q.shape[1],
+               "] (keys and values need the queries' heads)");
+  const int64_t nt = int64_t(terms.size());
   APUS_CHECK(!options.key_valid && !options.causal && options.window == 0,
              "sequence-parallel attention: key masks, causal and windowed attention are not split yet");
   const size_t element = dtype_bytes(q.dtype, 1);
   const Share my_heads = share_of(heads, me, n);
   ArenaScope arena(*c.arena);
-  // Out: to rank j, q, k and v of this rank's tokens for j's heads, one after another.
+  // Out: to rank j, every term of this rank's tokens for j's heads, one after another.
   std::vector<size_t> out_bytes, in_bytes;
   int64_t out_total = 0, in_total = 0;
   for (int j = 0; j < n; ++j) {
-    const int64_t out = 3 * batch * mine * share_of(heads, j, n).count * d;
-    const int64_t in = 3 * batch * split.local_tokens(j) * my_heads.count * d;
+    const int64_t out = nt * batch * mine * share_of(heads, j, n).count * d;
+    const int64_t in = nt * batch * split.local_tokens(j) * my_heads.count * d;
     out_bytes.push_back(size_t(out) * element);
     in_bytes.push_back(size_t(in) * element);
     out_total += out;
     in_total += in;
   }
   Tensor send = Tensor::in(*c.arena, {out_total}, q.dtype), recv = Tensor::in(*c.arena, {in_total}, q.dtype);
-  const Tensor* terms[3] = {&q, &k, &v};
   int64_t at = 0;
   for (int j = 0; j < n; ++j) {
     const Share h = share_of(heads, j, n);
@@ -93,8 +100,8 @@ void sequence_attention(Context& c, const SequenceSplit& split, const Tensor& q,
   }
   // Every token for this rank's heads, in the sequence's order.
   const int64_t w = my_heads.count * d;
-  Tensor whole[3] = {Tensor::in(*c.arena, {batch * all, w}, q.dtype), Tensor::in(*c.arena, {batch * all, w}, q.dtype),
-                     Tensor::in(*c.arena, {batch * all, w}, q.dtype)};
+  std::vector<Tensor> whole;
+  for (int64_t t = 0; t < nt; ++t) whole.push_back(Tensor::in(*c.arena, {batch * all, w}, q.dtype));
   Tensor attended = Tensor::in(*c.arena, {batch * all, w}, o.dtype);
   if (w > 0) {
     at = 0;
@@ -105,7 +112,9 @@ void sequence_attention(Context& c, const SequenceSplit& split, const Tensor& q,
         at += rows * w;
       }
     }
-    ops::attention(c, whole[0], whole[1], whole[2], attended, d, scale, options);
+    if (qs.size() == 2)
+      ops::differential_attention(c, whole[0], whole[2], whole[1], whole[3], whole[4], attended, d, scale, options);
+    else ops::attention(c, whole[0], whole[1], whole[2], attended, d, scale, options);
   }
   // Back: to rank i, the attended rows of its tokens for this rank's heads.
   std::vector<size_t> back_out, back_in;

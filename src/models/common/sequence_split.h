@@ -26,10 +26,12 @@ struct SequenceSplit {
   int64_t tokens() const;                // the whole sequence
 };
 
-// o = attention(q, k, v) over each sample's whole sequence, per head: q, k, v and o [batch x the
-// rank's tokens, heads x head_dim] hold this rank's tokens; keys and values have the queries' heads.
-// Counting, files what the rank sends (CostLog::mark_sent) and the attention of its heads.
-void sequence_attention(Context& c, const SequenceSplit& split, const Tensor& q, const Tensor& k, const Tensor& v,
-                        Tensor& o, int64_t head_dim, float scale, const ops::AttentionOptions& options);
+// o = attention(q, k, v) over each sample's whole sequence, per head, or with two query and key
+// terms (qs, ks of two each) differential_attention: every tensor [batch x the rank's tokens,
+// heads x head_dim] holds this rank's tokens; keys and values have the queries' heads. Counting,
+// files what the rank sends (CostLog::mark_sent) and the attention of its heads.
+void sequence_attention(Context& c, const SequenceSplit& split, const std::vector<const Tensor*>& qs,
+                        const std::vector<const Tensor*>& ks, const Tensor& v, Tensor& o, int64_t head_dim, float scale,
+                        const ops::AttentionOptions& options);
 
 }  // namespace apus

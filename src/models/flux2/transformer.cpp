@@ -122,7 +122,7 @@ TransformerPrologue TransformerPrologue::samples(int64_t first, int64_t count) c
   return p;
 }
 
-TransformerPrologue TransformerPrologue::local(Context& c, const SequenceSplit& split) const {
+TransformerPrologue TransformerPrologue::rank_share(Context& c, const SequenceSplit& split) const {
   const int rank = split.group->rank();
   const Share text = split.share(0, rank), image = split.share(1, rank);
   const int64_t t = txt.shape[0] / batch;
@@ -152,7 +152,7 @@ void Transformer::joint_attention(Context& c, const Tensor& q, const Tensor& k, 
   const float scale = 1.0f / std::sqrt(float(d));
   if (pro.sequence) {
     APUS_CHECK(!kv.keep && !kv.attend, "transformer: the references' cached keys are not split over ranks yet");
-    sequence_attention(c, *pro.sequence, q, k, v, out, d, scale, {false, nullptr, batch});
+    sequence_attention(c, *pro.sequence, {&q}, {&k}, v, out, d, scale, {false, nullptr, batch});
     return;
   }
   if (kv.keep) {

@@ -31,7 +31,7 @@ struct TransformerPrologue {
   // Samples [first, first + count) of the batch: views of their text rows, the tables shared.
   TransformerPrologue samples(int64_t first, int64_t count) const;
   // This rank's tokens under `split` (runs {T, L}): copies of its text rows and table rows.
-  TransformerPrologue local(Context& c, const SequenceSplit& split) const;
+  TransformerPrologue rank_share(Context& c, const SequenceSplit& split) const;
 };
 
 // The reference images' keys and values at every block (after their norms and RoPE), as

@@ -154,6 +154,35 @@ DitPrologue DitPrologue::samples(int64_t first, int64_t count) const {
   return p;
 }
 
+DitPrologue DitPrologue::rank_share(Context& c, const SequenceSplit& split) const {
+  const int rank = split.group->rank();
+  const Share mem = split.share(0, rank), own = split.share(1, rank);
+  APUS_CHECK(split.runs.size() == 2 && split.runs[0] == memory.count && split.runs[1] == frames,
+             "dit: a sequence split of ", split.tokens(), " tokens for a prologue of ", memory.count, " + ", frames);
+  DitPrologue p = *this;
+  p.sequence = split;
+  p.memory = mem;
+  p.frames = own.count;
+  // The padding is the last frames: this rank's are the end of its share.
+  p.valid_frames = std::clamp<int64_t>(valid_frames - own.first, 0, own.count);
+  p.local.clear();
+  for (const Tensor& t : local) {
+    Tensor mine = ops::empty(c, {batch * own.count, t.shape[1]}, t.dtype);
+    for (int64_t b = 0; b < batch && own.count > 0; ++b) {
+      Tensor to = mine.rows(b * own.count, (b + 1) * own.count);
+      ops::copy(c, t.rows(b * frames + own.first, b * frames + own.first + own.count), to);
+    }
+    p.local.push_back(mine);
+  }
+  for (const auto& [from, to] : {std::pair{&cos, &p.cos}, std::pair{&sin, &p.sin}}) {
+    *to = ops::empty(c, {mem.count + own.count, from->shape[1]}, from->dtype);
+    Tensor head = to->rows(0, mem.count), tail = to->rows(mem.count, mem.count + own.count);
+    if (mem.count > 0) ops::copy(c, from->rows(mem.first, mem.first + mem.count), head);
+    if (own.count > 0) ops::copy(c, from->rows(memory.count + own.first, memory.count + own.first + own.count), tail);
+  }
+  return p;
+}
+
 void Dit::mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2, const Tensor* b2,
               Tensor& y) const {
   ArenaScope scope(*c.arena);
@@ -180,6 +209,7 @@ DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int
   p.batch = batch;
   p.frames = local.shape[0] / batch;
   p.valid_frames = valid_frames > 0 ? valid_frames : p.frames;
+  p.memory = {0, g.memory_tokens};
   APUS_CHECK(p.valid_frames <= p.frames, "dit: ", p.valid_frames, " valid frames of ", p.frames);
   CostScope scope(c, "dit/prologue");
   ArenaScope arena(*c.arena);
@@ -269,10 +299,20 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
     if (padded > 0) {
       for (int64_t s = 0; s < batch; ++s) {
         Tensor rows = v.rows((s + 1) * n - padded, (s + 1) * n);
-        ops::copy(c, pro.padding_zeros, rows);
+        ops::copy(c, pro.padding_zeros.rows(0, padded), rows);
       }
     }
-    attend(q, k, v);
+    if (pro.sequence) {
+      const Tensor q1 = q.cols(0, d), k1 = k.cols(0, d), q2 = q.cols(d, 2 * d), k2 = k.cols(d, 2 * d);
+      std::vector<const Tensor*> qs{g.differential ? &q1 : &q}, ks{g.differential ? &k1 : &k};
+      if (g.differential) {
+        qs.push_back(&q2);
+        ks.push_back(&k2);
+      }
+      sequence_attention(c, *pro.sequence, qs, ks, v, attn, hd, scale, {false, nullptr, batch});
+    } else {
+      attend(q, k, v);
+    }
   }
   {
     RowParallel row(c);
@@ -297,7 +337,7 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
 
   // Local conditioning on the frames, not the memory tokens.
   part.emplace(c, "local");
-  const int64_t mem = g.memory_tokens, frames = n - mem;
+  const int64_t mem = pro.memory.count, frames = n - mem;
   for (int64_t s = 0; s < batch; ++s) {
     Tensor audio = x.rows(s * n + mem, (s + 1) * n);
     ops::add_gated(c, audio, pro.local[index].rows(s * frames, (s + 1) * frames), nullptr, ops::Rounding::each_step);
@@ -320,7 +360,7 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
 void Dit::forward(Context& c, const DitPrologue& pro, const Tensor& x, float t, Tensor& velocity) const {
   ArenaScope scope(*c.arena);
   const DitConfig& g = cfg_;
-  const int64_t batch = pro.batch, frames = pro.frames, mem = g.memory_tokens, n = mem + frames;
+  const int64_t batch = pro.batch, frames = pro.frames, mem = pro.memory.count, n = mem + frames;
   const int64_t d = g.dim, io = g.io_channels;
   APUS_CHECK(x.rank() == 2 && x.shape[0] == batch * frames && x.shape[1] == io && velocity.shape == x.shape,
              "dit: latents ", shape_str(x.shape), " / velocity ", shape_str(velocity.shape), " are not ", batch, " x ",
@@ -352,7 +392,7 @@ void Dit::forward(Context& c, const DitPrologue& pro, const Tensor& x, float t, 
     ops::linear(c, pre.rows(s * frames, (s + 1) * frames), proj_in_, nullptr, audio);
     if (mem > 0) {
       Tensor memory = hidden.rows(s * n, s * n + mem);
-      ops::copy(c, memory_, memory);
+      ops::copy(c, memory_.rows(pro.memory.first, pro.memory.first + mem), memory);
     }
   }
   part.reset();

@@ -10,11 +10,13 @@
 // (the official model cast to a 16-bit dtype rounds t and inv_freq, which moves high angles by
 // radians); the rest follows the official module order and roundings.
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "io/model_dir.h"
 #include "io/weights/weight_source.h"
+#include "models/common/sequence_split.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -44,8 +46,14 @@ struct DitPrologue {
   std::vector<Tensor> local;             // per block: [B*T, dim] to_local_embed(local condition)
   Tensor cos, sin;                       // [memory + T, rope_dim / 2] f32
   Tensor padding_zeros;                  // [T - valid_frames, dim]: what the padding frames' values become
+  Share memory;                          // the learned memory tokens the sequence holds: all M of them
+  // Under Ulysses, the split of each sample's [memory; frames] runs: frames, memory, local and the
+  // tables then hold this rank's share of each, and every self-attention exchanges the rest.
+  std::optional<SequenceSplit> sequence;
   // Samples [first, first + count) of the batch: views of their rows, the tables shared.
   DitPrologue samples(int64_t first, int64_t count) const;
+  // This rank's tokens under `split` (runs {M, T}): copies of its local rows and table rows.
+  DitPrologue rank_share(Context& c, const SequenceSplit& split) const;
 };
 
 class Dit {

@@ -140,7 +140,7 @@ void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) co
                                       : ops::to_context(c, flux2::image_and_reference_position_ids(w.h, w.w, grids));
   w.prologue = dit.prologue(c, w.prompt_embeds, txt_ids, img_ids);
   if (w.parallel.strategy == Parallel::ulysses)
-    w.prologue = w.prologue->local(c, SequenceSplit{w.parallel.group, {kMaxSequence, l + seq_refs}});
+    w.prologue = w.prologue->rank_share(c, SequenceSplit{w.parallel.group, {kMaxSequence, l + seq_refs}});
   w.velocity = ops::empty(c, {w.samples * (l + seq_refs), dit.config().out_channels}, c.act);
   if (w.inpainting) {
     CostScope scope(c, "sampler");

@@ -87,8 +87,6 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   w.apg = r.apg;
   w.chunked = r.chunked_decode.value_or(layout_.chunked_decode);
   check_parallelism(r.parallel, (w.guided ? 2 : 1) * w.batch, device() != nullptr, label_);
-  APUS_CHECK(r.parallel.strategy != Parallel::ulysses, label_,
-             ": parallel ulysses is not implemented for Stable Audio 3 yet (issue 43): use cfg or batch");
   w.parallel = r.parallel;
   if (!r.loras.empty()) {
     auto adapters = std::make_shared<Adapters>();

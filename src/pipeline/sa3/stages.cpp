@@ -114,6 +114,8 @@ void Sa3Model::condition(Context& c, const Transformer& parts, Work& w) const {
     }
   }
   w.prologue = dit.prologue(c, cross, valid, global, local, w.canvas.valid);
+  if (w.parallel.strategy == Parallel::ulysses)
+    w.prologue = w.prologue->rank_share(c, SequenceSplit{w.parallel.group, {dit_cfg_.memory_tokens, w.canvas.frames}});
   w.velocity = ops::empty(c, {samples * t, dit_cfg_.io_channels}, c.act);
   if (w.guided) w.guided_velocity = ops::empty(c, {b * t, dit_cfg_.io_channels}, DType::f32);
 }
