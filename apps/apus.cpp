@@ -891,7 +891,7 @@ Command roofline_command(CLI::App& app) {
                        "model directory or single file (configs and shapes only are read) or a published name "
                        "(flux2-klein-4b, flux2-klein-9b, stable-audio-3-medium, ...)");
   add_part_options(roofline, o->model);
-  add_request_options(roofline, o->r, Family::either, {.sides = "1024", .seconds = "30", .steps = true});
+  add_request_options(roofline, o->r, Family::either, {.sides = "1024", .seconds = "30", .steps = true, .cfg = true});
   roofline->add_option("--chip", o->chip, "v6e, h200, h100, l4, rtx-pro-6000 or cpu");
   roofline->add_option("--chips", o->chips, "chips for the collective comparison (1..4096)")
       ->check(CLI::Range(1, 4096).description(""));

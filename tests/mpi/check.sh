@@ -108,10 +108,17 @@ ranks 2 "${image[@]}" -v -o auto.png
 grep -q "^--parallel auto: ulysses " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto did not pick ulysses for one image"; }
 same single.png auto.png
 # SA3: its memory tokens and frames over the ranks, the differential attention exchanged (one clip
-# and a guided one with a negative prompt; 0.7 s leaves padding frames on the canvas).
+# and a guided one with a negative prompt; 0.7 s leaves padding frames on the canvas), and the
+# small model's plain attention.
+small="$scratch/sa3_small"
+mkdir -p "$small"
+ln -s "$fixtures/sa3_tiny/original_small/model_config.json" "$fixtures/sa3_tiny/original_small/model.safetensors" \
+  "$sa3/t5gemma-b-b-ul2" "$small/"
 short=(audio --model "$sa3" -p "rain" --seconds 0.7 --steps 2 -s 3)
+plain=(audio --model "$small" -p "rain" --seconds 1 --steps 2 -s 3 --cfg 4)
 "$apus" "${audio[@]}" -o clip.wav 2> /dev/null
 "$apus" "${short[@]}" -o short.wav 2> /dev/null
+"$apus" "${plain[@]}" -o plain.wav 2> /dev/null
 for n in 2 3; do
   ranks "$n" "${audio[@]}" --parallel ulysses -v -o "ulysses$n.wav"
   counted "$n"
@@ -120,6 +127,8 @@ for n in 2 3; do
   same guided.wav "guided$n.wav"
   ranks "$n" "${short[@]}" --parallel ulysses -o "short$n.wav"
   same short.wav "short$n.wav"
+  ranks "$n" "${plain[@]}" --parallel ulysses -o "plain$n.wav"
+  same plain.wav "plain$n.wav"
 done
 
 # Rank 1 leaves after one step (a shorter request): rank 0 waits at the next gather, then ends the job.

@@ -303,11 +303,14 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
       }
     }
     if (pro.sequence) {
-      const Tensor q1 = q.cols(0, d), k1 = k.cols(0, d), q2 = q.cols(d, 2 * d), k2 = k.cols(d, 2 * d);
-      std::vector<const Tensor*> qs{g.differential ? &q1 : &q}, ks{g.differential ? &k1 : &k};
-      if (g.differential) {
-        qs.push_back(&q2);
-        ks.push_back(&k2);
+      // The query and key terms (two each for the differential attention), each of width d.
+      std::vector<Tensor> terms;
+      for (const Tensor* t : {&q, &k})
+        for (int64_t term = 0; term < nq; ++term) terms.push_back(t->cols(term * d, (term + 1) * d));
+      std::vector<const Tensor*> qs, ks;
+      for (int64_t term = 0; term < nq; ++term) {
+        qs.push_back(&terms[size_t(term)]);
+        ks.push_back(&terms[size_t(nq + term)]);
       }
       sequence_attention(c, *pro.sequence, qs, ks, v, attn, hd, scale, {false, nullptr, batch});
     } else {
