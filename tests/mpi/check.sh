@@ -59,77 +59,60 @@ counted() {
     [ -z "$exchanges" ] || [ "$calls" = "$exchanges" ] || fail "rank $rank ran $calls exchanges, not $exchanges"
   done
 }
+# A request rendered by one process, then over 2 and 3 ranks split as STRATEGY: every file the
+# same bytes, every rank's bytes sent the count's (and, when given, EXCHANGES exchanges each).
+# Usage: as_one STRATEGY EXCHANGES NAME.EXT APUS-ARGUMENTS...
+as_one() {
+  local strategy="$1" exchanges="$2" out="$3" n f compared=0
+  shift 3
+  "$apus" "$@" -o "$out" 2> /dev/null
+  for n in 2 3; do
+    ranks "$n" "$@" --parallel "$strategy" -v -o "$n-$out"
+    counted "$n" "$exchanges"
+    for f in "$out" "${out%.*}"-[0-9]."${out##*.}"; do
+      [ ! -e "$f" ] || { same "$f" "$n-$f"; compared=$((compared + 1)); }
+    done
+  done
+  [ "$compared" -gt 0 ] || fail "$out: one process wrote no file to compare"
+  rm -f ./*"$out" ./*"${out%.*}"-[0-9]."${out##*.}"
+}
 base=(image --model "$fixtures/klein_tiny_base" -p "a fox" -W 32 -H 32 --steps 2 -s 5)
+guided_audio=("${audio[@]}" --cfg 4 --negative-prompt "wind")
+as_one cfg 2 guided.png "${base[@]}"
+as_one cfg 2 guided.png "${base[@]}" -n 3
+as_one cfg 2 guided.wav "${guided_audio[@]}"
 "$apus" "${base[@]}" -o guided.png 2> /dev/null
-"$apus" "${base[@]}" -n 3 -o guided.png 2> /dev/null
-for n in 2 3; do
-  ranks "$n" "${base[@]}" --parallel cfg -v -o "cfg$n.png"
-  counted "$n" 2
-  same guided.png "cfg$n.png"
-done
-ranks 3 "${base[@]}" -n 3 --parallel cfg -o cfgs.png
-for i in 1 2 3; do same "guided-$i.png" "cfgs-$i.png"; done
 ranks 2 "${base[@]}" -v -o auto.png
 grep -Eq "^--parallel auto: (cfg|ulysses) \(the floors over 2 ranks: batch .*, cfg .*, ulysses .*\)" "$scratch/ranks.log" ||
   { cat "$scratch/ranks.log"; fail "auto did not weigh the splits of one guided image"; }
 same guided.png auto.png
-guided_audio=("${audio[@]}" --cfg 4 --negative-prompt "wind")
-"$apus" "${guided_audio[@]}" -o guided.wav 2> /dev/null
-for n in 2 3; do
-  ranks "$n" "${guided_audio[@]}" --parallel cfg -v -o "cfg$n.wav"
-  counted "$n" 2
-  same guided.wav "cfg$n.wav"
-done
 if mpirun -np 2 "$apus" "${audio[@]}" --parallel cfg -o x.wav > refused.log 2>&1; then fail "cfg split an unguided clip"; fi
 grep -q "parallel cfg splits the transformer's samples, and this request has one" refused.log ||
   { cat refused.log; fail "the refusal of cfg without guidance"; }
 
 # Ulysses: every image's tokens over the ranks (the tiny models' 2 heads over 3 ranks: one rank
-# attends for none), one image, a batch, an edit (its reference's tokens in the sequence) and an
-# inpainting; auto picks it for one distilled image.
-edit=(image --model "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 48 --steps 2 -s 7 --image "$fixtures/klein_tiny_a_edit/ref0.png")
-inpaint=(image --model "$fixtures/klein_tiny_a" -p "a fox" --steps 2 -s 7 --image "$fixtures/images/gray.png"
-  --mask "$fixtures/images/bilevel.png")
+# attends for none): one image, a batch, an edit (its reference's tokens in the sequence) and an
+# inpainting; auto picks it for one distilled image. SA3: its memory tokens and frames, the
+# differential attention exchanged (a clip, a guided one with a negative prompt, 0.7 s leaving
+# padding frames on the canvas) and the small model's plain attention.
+as_one ulysses "" single.png "${image[@]}"
+as_one ulysses "" pair.png "${image[@]}" -n 2
+as_one ulysses "" edit.png image --model "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 48 --steps 2 -s 7 \
+  --image "$fixtures/klein_tiny_a_edit/ref0.png"
+as_one ulysses "" inpaint.png image --model "$fixtures/klein_tiny_a" -p "a fox" --steps 2 -s 7 \
+  --image "$fixtures/images/gray.png" --mask "$fixtures/images/bilevel.png"
 "$apus" "${image[@]}" -o single.png 2> /dev/null
-"$apus" "${edit[@]}" -o edit.png 2> /dev/null
-"$apus" "${inpaint[@]}" -o inpaint.png 2> /dev/null
-for n in 2 3; do
-  ranks "$n" "${image[@]}" --parallel ulysses -v -o "ulysses$n.png"
-  counted "$n"
-  same single.png "ulysses$n.png"
-  ranks "$n" "${image[@]}" -n 2 --parallel ulysses -o "ulysses$n.png"
-  for i in 1 2; do same "pair-$i.png" "ulysses$n-$i.png"; done
-  ranks "$n" "${edit[@]}" --parallel ulysses -o "edit$n.png"
-  same edit.png "edit$n.png"
-  ranks "$n" "${inpaint[@]}" --parallel ulysses -o "inpaint$n.png"
-  same inpaint.png "inpaint$n.png"
-done
 ranks 2 "${image[@]}" -v -o auto.png
 grep -q "^--parallel auto: ulysses " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto did not pick ulysses for one image"; }
 same single.png auto.png
-# SA3: its memory tokens and frames over the ranks, the differential attention exchanged (one clip
-# and a guided one with a negative prompt; 0.7 s leaves padding frames on the canvas), and the
-# small model's plain attention.
 small="$scratch/sa3_small"
 mkdir -p "$small"
 ln -s "$fixtures/sa3_tiny/original_small/model_config.json" "$fixtures/sa3_tiny/original_small/model.safetensors" \
   "$sa3/t5gemma-b-b-ul2" "$small/"
-short=(audio --model "$sa3" -p "rain" --seconds 0.7 --steps 2 -s 3)
-plain=(audio --model "$small" -p "rain" --seconds 1 --steps 2 -s 3 --cfg 4)
-"$apus" "${audio[@]}" -o clip.wav 2> /dev/null
-"$apus" "${short[@]}" -o short.wav 2> /dev/null
-"$apus" "${plain[@]}" -o plain.wav 2> /dev/null
-for n in 2 3; do
-  ranks "$n" "${audio[@]}" --parallel ulysses -v -o "ulysses$n.wav"
-  counted "$n"
-  same clip.wav "ulysses$n.wav"
-  ranks "$n" "${guided_audio[@]}" --parallel ulysses -o "guided$n.wav"
-  same guided.wav "guided$n.wav"
-  ranks "$n" "${short[@]}" --parallel ulysses -o "short$n.wav"
-  same short.wav "short$n.wav"
-  ranks "$n" "${plain[@]}" --parallel ulysses -o "plain$n.wav"
-  same plain.wav "plain$n.wav"
-done
+as_one ulysses "" clip.wav "${audio[@]}"
+as_one ulysses "" guided.wav "${guided_audio[@]}"
+as_one ulysses "" short.wav audio --model "$sa3" -p "rain" --seconds 0.7 --steps 2 -s 3
+as_one ulysses "" plain.wav audio --model "$small" -p "rain" --seconds 1 --steps 2 -s 3 --cfg 4
 
 # Rank 1 leaves after one step (a shorter request): rank 0 waits at the next gather, then ends the job.
 cfg=(-p "a fox" -W 32 -H 32 -s 5 --parallel cfg)
