@@ -22,12 +22,13 @@ void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, co
 // This rank's samples of `samples` under cfg: all of them without a split.
 Share sample_share(const Parallelism& p, int64_t samples);
 
-// Every rank's rows of `velocity` ([samples * rows, channels], rank r's samples written by it)
-// gathered into every rank's copy; counting, the whole tensor is filed as the gather's payload.
+// cfg: every rank's rows of `velocity` ([samples * rows, channels], rank r's samples written by
+// it) gathered into every rank's copy; counting, files the bytes this rank sends.
 void gather_samples(Context& c, const Parallelism& p, int64_t samples, Tensor& velocity);
 
 // Ulysses: each sample's rows of the velocity [samples * rows, channels], every rank holding its
-// share of them in `mine` [samples * its rows, channels], gathered into every rank's `velocity`.
+// share of them in `mine` [samples * its rows, channels], gathered into every rank's `velocity`;
+// counting, files the bytes this rank sends.
 void gather_sequence(Context& c, const Parallelism& p, int64_t samples, const Tensor& mine, Tensor& velocity);
 
 // A transformer forward over x [samples * rows, ...] writing velocity [samples * rows', ...] as the
