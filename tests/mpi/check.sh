@@ -4,7 +4,8 @@
 # 2 outputs: a rank with nothing) and cfg parallelism (a guided request's branches over 2 and 3
 # ranks, alone and in a batch, with a negative prompt; each rank's gathered bytes equal to what
 # the count says); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
-# inpainting; SA3's memory tokens and frames: a clip, a guided one, one with padding); auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
+# inpainting; SA3's memory tokens and frames: a clip, a guided one, one with padding), SAME's
+# chunks decoded over the ranks; auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. A strategy not
 # implemented yet (tensor), a request cfg cannot split and a command that does not split yet
@@ -65,7 +66,7 @@ counted() {
 as_one() {
   local strategy="$1" exchanges="$2" out="$3" n f compared=0
   shift 3
-  "$apus" "$@" -o "$out" 2> /dev/null
+  "$apus" "$@" -o "$out" > "$scratch/one.log" 2>&1 || { cat "$scratch/one.log"; fail "apus $* failed"; }
   for n in 2 3; do
     ranks "$n" "$@" --parallel "$strategy" -v -o "$n-$out"
     counted "$n" "$exchanges"
@@ -81,6 +82,15 @@ guided_audio=("${audio[@]}" --cfg 4 --negative-prompt "wind")
 as_one cfg 2 guided.png "${base[@]}"
 as_one cfg 2 guided.png "${base[@]}" -n 3
 as_one cfg 2 guided.wav "${guided_audio[@]}"
+# 20 s: SAME's three 128-latent chunks over the ranks too, their audio gathered (one more exchange);
+# also with the decoder's mask noise, each rank drawing past the earlier chunks' noise.
+as_one cfg 3 chunks.wav audio --model "$sa3" -p "rain" --seconds 20 --steps 2 -s 3 --cfg 4 --decode chunked
+noisy="$scratch/sa3_noisy"
+mkdir -p "$noisy"
+sed 's/"mask_noise": 0.0/"mask_noise": 0.25/' "$fixtures/sa3_tiny/original/model_config.json" > "$noisy/model_config.json"
+grep -q '"mask_noise": 0.25' "$noisy/model_config.json" || fail "the noisy decoder's config"
+ln -s "$fixtures/sa3_tiny/original/model.safetensors" "$sa3/t5gemma-b-b-ul2" "$noisy/"
+as_one cfg 3 noisy.wav audio --model "$noisy" -p "rain" --seconds 20 --steps 2 -s 3 --cfg 4 --decode chunked
 "$apus" "${base[@]}" -o guided.png 2> /dev/null
 ranks 2 "${base[@]}" -v -o auto.png
 grep -Eq "^--parallel auto: (cfg|ulysses) \(the floors over 2 ranks: batch .*, cfg .*, ulysses .*\)" "$scratch/ranks.log" ||
@@ -112,6 +122,7 @@ ln -s "$fixtures/sa3_tiny/original_small/model_config.json" "$fixtures/sa3_tiny/
 as_one ulysses "" clip.wav "${audio[@]}"
 as_one ulysses "" guided.wav "${guided_audio[@]}"
 as_one ulysses "" short.wav audio --model "$sa3" -p "rain" --seconds 0.7 --steps 2 -s 3
+as_one ulysses "" chunks.wav audio --model "$sa3" -p "rain" --seconds 20 --steps 2 -s 3 --decode chunked
 as_one ulysses "" plain.wav audio --model "$small" -p "rain" --seconds 1 --steps 2 -s 3 --cfg 4
 
 # Rank 1 leaves after one step (a shorter request): rank 0 waits at the next gather, then ends the job.

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace apus::sa3 {
 
@@ -80,15 +81,32 @@ std::vector<int64_t> same_noise_draws(const SameConfig& config, int64_t frames, 
   return sizes;
 }
 
-Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, bool chunked,
-                           const DecodeNoise& noise) const {
+Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, bool chunked, const DecodeNoise& noise,
+                           const ProcessGroup* ranks) const {
   const int64_t frames = latents.shape[0] / std::max<int64_t>(batch, 1);
   if (!chunked || frames < kSameChunk) return decode_piece(c, latents, batch, noise);
   // Each chunk decoded on its own (RoPE from 0, fresh noise), its overlaps trimmed.
   const int64_t spl = cfg_.samples_per_latent(), ch = cfg_.audio_channels;
   Tensor audio = ops::empty(c, {batch, ch, frames * spl}, c.act);
   Tensor out = audio.reshape({batch * ch, frames * spl});
-  for (const SameChunk& k : same_chunks(frames)) {
+  const std::vector<SameChunk> chunks = same_chunks(frames);
+  const bool split = ranks && ranks->size() > 1;
+  const Share mine =
+      split ? share_of(int64_t(chunks.size()), ranks->rank(), ranks->size()) : Share{0, int64_t(chunks.size())};
+  // Each sample's noise is drawn chunk after chunk: a rank's first chunk draws after every earlier
+  // chunk's draws, made here and dropped.
+  if (noise.any() && mine.first > 0 && !c.count_only) {
+    const std::vector<int64_t> sizes = same_noise_draws(cfg_, frames, true, noise);
+    const size_t earlier = sizes.size() / chunks.size() * size_t(mine.first);
+    std::vector<float> dropped;
+    for (int64_t s = 0; s < noise.samples; ++s)
+      for (size_t i = 0; i < earlier; ++i) {
+        dropped.resize(size_t(sizes[i]));
+        noise.draw(s, dropped.data(), sizes[i]);
+      }
+  }
+  for (int64_t i = mine.first; i < mine.first + mine.count; ++i) {
+    const SameChunk& k = chunks[size_t(i)];
     ArenaScope scope(*c.arena);
     Tensor piece = Tensor::in(*c.arena, {batch * kSameChunk, cfg_.latent_dim}, latents.dtype);
     for (int64_t b = 0; b < batch; ++b) {
@@ -99,7 +117,47 @@ Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, boo
     Tensor dst = out.cols((k.start + k.lo) * spl, (k.start + k.hi) * spl);
     ops::copy(c, decoded.cols(k.lo * spl, k.hi * spl), dst);
   }
+  if (split) gather_chunks(c, *ranks, chunks, out);
   return audio;
+}
+
+void SameDecoder::gather_chunks(Context& c, const ProcessGroup& ranks, const std::vector<SameChunk>& chunks,
+                                Tensor& out) const {
+  // Each chunk's trimmed audio [rows, its samples] one after another, so that a rank's chunks are
+  // one part; gathered, then put in place.
+  const int64_t spl = cfg_.samples_per_latent(), rows = out.shape[0];
+  const int n = ranks.size();
+  std::vector<int64_t> at{0};
+  for (const SameChunk& k : chunks) at.push_back(at.back() + rows * (k.hi - k.lo) * spl);
+  ArenaScope scope(*c.arena);
+  Tensor flat = Tensor::in(*c.arena, {at.back()}, out.dtype);
+  auto region = [&](size_t i) {
+    return flat.rows(at[i], at[i + 1]).reshape({rows, (chunks[i].hi - chunks[i].lo) * spl});
+  };
+  auto columns = [&](size_t i) {
+    return out.cols((chunks[i].start + chunks[i].lo) * spl, (chunks[i].start + chunks[i].hi) * spl);
+  };
+  std::vector<size_t> bytes;
+  for (int r = 0; r < n; ++r) {
+    const Share s = share_of(int64_t(chunks.size()), r, n);
+    bytes.push_back(dtype_bytes(out.dtype, at[size_t(s.first + s.count)] - at[size_t(s.first)]));
+  }
+  const Share mine = share_of(int64_t(chunks.size()), ranks.rank(), n);
+  for (int64_t i = mine.first; i < mine.first + mine.count; ++i) {
+    Tensor to = region(size_t(i));
+    ops::copy(c, columns(size_t(i)), to);
+  }
+  if (c.cost) c.cost->mark_sent(double(bytes[size_t(ranks.rank())]) * double(n - 1));
+  if (c.count_only) return;
+  {
+    const TraceSpan span(c.trace, "all_gather", "collective");
+    ranks.all_gather(flat.data, bytes, "the decoder's chunks");
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (int64_t(i) >= mine.first && int64_t(i) < mine.first + mine.count) continue;
+    Tensor to = columns(i);
+    ops::copy(c, region(i), to);
+  }
 }
 
 Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batch, const DecodeNoise& noise) const {

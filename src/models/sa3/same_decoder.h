@@ -14,6 +14,8 @@
 
 #include <functional>
 
+#include "apus/apus.h"
+#include "core/share.h"
 #include "models/sa3/same_transformer.h"
 #include "sampling/torch_rng.h"
 
@@ -48,12 +50,17 @@ class SameDecoder {
   size_t make_resident() const { return weights_.make_resident(); }
   // latents [B*T, latent_dim] (frames sample-major) -> audio [B, audio_channels, T * 4096] in
   // the activation dtype (heap), planar channels. chunked: the official decode_audio's chunks of
-  // 128 latents overlapping by 32 (sequences shorter than a chunk decode whole).
-  Tensor decode(Context& c, const Tensor& latents, int64_t batch, bool chunked = false,
-                const DecodeNoise& noise = {}) const;
+  // 128 latents overlapping by 32 (sequences shorter than a chunk decode whole). With `ranks`
+  // (issue 43: every rank holding the same latents and generators) the chunks split over the ranks,
+  // each rank drawing past the earlier chunks' noise, and their audio is gathered into every rank's
+  // copy.
+  Tensor decode(Context& c, const Tensor& latents, int64_t batch, bool chunked = false, const DecodeNoise& noise = {},
+                const ProcessGroup* ranks = nullptr) const;
 
  private:
   explicit SameDecoder(WeightLoader weights) : weights_(std::move(weights)) {}
+  // The chunks' audio every other rank decoded, into `out` [B * channels, samples].
+  void gather_chunks(Context& c, const ProcessGroup& ranks, const std::vector<SameChunk>& chunks, Tensor& out) const;
   SameConfig cfg_;
   WeightLoader weights_;
   Tensor scale_, zeros_;   // running_std as a [latent_dim] vector; the shift 0
