@@ -949,6 +949,17 @@ TEST_F(Serve, Automatic1111Img2ImgIsTheEnginesInpainting) {
   expect_refusal(post({{"init_images", Json::array({base64_of("not an image")})}}), 400, "init_images[0]",
                  "init_images");
   expect_refusal(post({{"denoising_strength", 2}}), 400, "strength 2 outside [0, 1]", "denoising_strength");
+  // img2img's answer to `body`: a PNG of the size asked, the engine's render of `want`.
+  auto expect_render = [&](const Json& body, const ImageRequest& want, int width, int height, const char* file) {
+    const ImageResult expected = model->generate(want);
+    const auto r = client().Post("/sdapi/v1/img2img", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const PngImage png = read_png(as_file(unbase64(Json::parse(r->body)["images"][0]), file));
+    EXPECT_EQ(png.width, width);
+    EXPECT_EQ(png.height, height);
+    EXPECT_EQ(png.rgb, expected.rgb);
+  };
   // Another size than the image's: the image and mask resized to it first (A1111's "just resize").
   {
     Json body = {{"prompt", "a door"},
@@ -961,14 +972,7 @@ TEST_F(Serve, Automatic1111Img2ImgIsTheEnginesInpainting) {
                  {"init_images", Json::array({base64_of(image)})}};
     ImageRequest want = engine_request("a door", std::nullopt, std::nullopt, 4, 9);
     want.inpaint = Inpainting{resize_lanczos(picture, 32, 48), resize_lanczos(white, 32, 48), 0.75};
-    const ImageResult expected = model->generate(want);
-    const auto r = client().Post("/sdapi/v1/img2img", body.dump(), "application/json");
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    const PngImage png = read_png(as_file(unbase64(Json::parse(r->body)["images"][0]), "serve_img2img_resized.png"));
-    EXPECT_EQ(png.width, 32);
-    EXPECT_EQ(png.height, 48);
-    EXPECT_EQ(png.rgb, expected.rgb);
+    expect_render(body, want, 32, 48, "serve_img2img_resized.png");
   }
   // resize_mode 1, "crop and resize", as A1111's images.resize_image: scaled to cover 48x32 keeping
   // the aspect (the 100x84 image to 48x40, the 75x61 mask to 48x39), then the middle rows.
@@ -989,13 +993,7 @@ TEST_F(Serve, Automatic1111Img2ImgIsTheEnginesInpainting) {
     ImageRequest want = engine_request("a door", std::nullopt, std::nullopt, 4, 9);
     want.inpaint = Inpainting{middle_rows(resize_lanczos(picture, 48, 40), 4),
                               middle_rows(resize_lanczos(white, 48, 39), 3), 0.75};
-    const ImageResult expected = model->generate(want);
-    const auto r = client().Post("/sdapi/v1/img2img", body.dump(), "application/json");
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    const PngImage png = read_png(as_file(unbase64(Json::parse(r->body)["images"][0]), "serve_img2img_cropped.png"));
-    EXPECT_EQ(png.width, 48);
-    EXPECT_EQ(png.rgb, expected.rgb);
+    expect_render(body, want, 48, 32, "serve_img2img_cropped.png");
   }
   expect_refusal(post({{"resize_mode", 2}}), 400, "'resize_mode' is 2", "resize_mode");
   expect_refusal(post({{"inpainting_mask_invert", 2}}), 400, "'inpainting_mask_invert' is 2", "inpainting_mask_invert");

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/trace.h"
+#include "models/common/exchange.h"
 
 namespace apus {
 
@@ -28,10 +28,7 @@ void gather_samples(Context& c, const Parallelism& p, int64_t samples, Tensor& v
   const size_t sample_bytes = velocity.nbytes() / size_t(samples);
   std::vector<size_t> bytes;
   for (int r = 0; r < n; ++r) bytes.push_back(size_t(share_of(samples, r, n).count) * sample_bytes);
-  if (c.cost) c.cost->mark_sent(double(bytes[size_t(p.group->rank())]) * (n - 1));
-  if (c.count_only) return;
-  const TraceSpan span(c.trace, "all_gather", "collective");
-  p.group->all_gather(velocity.data, bytes, "the transformer's velocities");
+  all_gather(c, *p.group, velocity.data, bytes, "the transformer's velocities");
 }
 
 void gather_sequence(Context& c, const Parallelism& p, int64_t samples, const Tensor& mine, Tensor& velocity) {
@@ -46,11 +43,7 @@ void gather_sequence(Context& c, const Parallelism& p, int64_t samples, const Te
   const Share own = share_of(rows, me, n);
   Tensor slot = gathered.rows(samples * own.first, samples * (own.first + own.count));
   if (own.count > 0) ops::copy(c, mine, slot);
-  if (c.cost) c.cost->mark_sent(double(bytes[size_t(me)]) * (n - 1));
-  if (!c.count_only) {
-    const TraceSpan span(c.trace, "all_gather", "collective");
-    p.group->all_gather(gathered.data, bytes, "the transformer's velocities");
-  }
+  all_gather(c, *p.group, gathered.data, bytes, "the transformer's velocities");
   for (int r = 0; r < n; ++r) {
     const Share s = share_of(rows, r, n);
     for (int64_t b = 0; b < samples && s.count > 0; ++b) {

@@ -1,7 +1,7 @@
 #include "models/common/sequence_split.h"
 
 #include "core/error.h"
-#include "core/trace.h"
+#include "models/common/exchange.h"
 
 namespace apus {
 
@@ -91,13 +91,7 @@ void sequence_attention(Context& c, const SequenceSplit& split, const std::vecto
       at += batch * mine * h.count * d;
     }
   }
-  double sent = 0;
-  for (int j = 0; j < n; ++j)
-    if (j != me) sent += double(out_bytes[size_t(j)]);
-  if (!c.count_only) {
-    const TraceSpan span(c.trace, "all_to_all", "collective");
-    group.all_to_all(send.data, out_bytes, recv.data, in_bytes, "attention's queries, keys and values");
-  }
+  all_to_all(c, group, send.data, out_bytes, recv.data, in_bytes, "attention's queries, keys and values");
   // Every token for this rank's heads, in the sequence's order.
   const int64_t w = my_heads.count * d;
   std::vector<Tensor> whole;
@@ -132,13 +126,7 @@ void sequence_attention(Context& c, const SequenceSplit& split, const std::vecto
     place_rows(c, split, i, batch, part(back, at, rows, w), attended, false);
     at += rows * w;
   }
-  for (int i = 0; i < n; ++i)
-    if (i != me) sent += double(back_out[size_t(i)]);
-  if (c.cost) c.cost->mark_sent(sent);
-  if (!c.count_only) {
-    const TraceSpan span(c.trace, "all_to_all", "collective");
-    group.all_to_all(back.data, back_out, ret.data, back_in, "attention's output");
-  }
+  all_to_all(c, group, back.data, back_out, ret.data, back_in, "attention's output");
   at = 0;
   for (int j = 0; j < n; ++j) {
     const Share h = share_of(heads, j, n);

@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
-#include "core/trace.h"
+#include "models/common/exchange.h"
 
 namespace apus::sa3 {
 
@@ -147,12 +147,8 @@ void SameDecoder::gather_chunks(Context& c, const ProcessGroup& ranks, const std
     Tensor to = region(size_t(i));
     ops::copy(c, columns(size_t(i)), to);
   }
-  if (c.cost) c.cost->mark_sent(double(bytes[size_t(ranks.rank())]) * double(n - 1));
+  all_gather(c, ranks, flat.data, bytes, "the decoder's chunks");
   if (c.count_only) return;
-  {
-    const TraceSpan span(c.trace, "all_gather", "collective");
-    ranks.all_gather(flat.data, bytes, "the decoder's chunks");
-  }
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (int64_t(i) >= mine.first && int64_t(i) < mine.first + mine.count) continue;
     Tensor to = columns(i);

@@ -1,0 +1,16 @@
+#pragma once
+// A ProcessGroup's exchanges as the model code makes them (issue 43): counting, each files the
+// bytes this rank sends the others (CostLog::mark_sent) and moves nothing; running, each is a
+// span on the trace.
+#include <vector>
+
+#include "apus/apus.h"
+#include "ops/ops.h"
+
+namespace apus {
+
+void all_gather(Context& c, const ProcessGroup& group, void* data, const std::vector<size_t>& bytes, const char* what);
+void all_to_all(Context& c, const ProcessGroup& group, const void* send, const std::vector<size_t>& send_bytes,
+                void* recv, const std::vector<size_t>& recv_bytes, const char* what);
+
+}  // namespace apus
