@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <random>
 #include <tuple>
 
@@ -24,6 +25,7 @@
 #include "core/error.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
+#include "dist/strategy.h"
 #include "dist/world.h"
 #include "gate/gate.h"
 #include "hub/hf_pull.h"
@@ -35,6 +37,7 @@
 #include "pipeline/metadata.h"
 #include "pipeline/registry.h"
 #include "pipeline/split.h"
+#include "server/ranks.h"
 #include "server/server.h"
 
 namespace {
@@ -84,23 +87,8 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
   std::fprintf(stderr, "peak memory %.2f GiB\n", double(apus::peak_rss_bytes()) / double(1u << 30));
 }
 
-// Whether `model` takes requests like `r` split as `strategy` (its plan refuses those it does not).
-template <typename Model, typename Request>
-bool takes_split(const Model& model, Request r, apus::Parallel strategy, const apus::ProcessGroup& group) {
-  r.parallel = {strategy, &group};
-  try {
-    model.count(r, 1);
-    return true;
-  } catch (const apus::Error&) {
-    return false;
-  }
-}
-
-// auto under mpirun or srun: the strategy the cost model predicts fastest for this batch over the
-// ranks, priced at this machine's calibrated rates and the link rate measured now between the
-// ranks: batch (the busiest rank renders ceil(B / N) outputs alone), cfg (each rank ceil(S / N) of
-// the steps' S samples) or ulysses (each rank 1/N of every sample's tokens), of those the model
-// takes for this request. Rank 0 decides for every rank.
+// auto under mpirun or srun (dist/strategy.h), rank 0 deciding for every rank at the link rate
+// measured now between them.
 template <typename Model, typename Request>
 std::string auto_strategy(const Model& model, const Request& r, int batch, const std::string& device, bool verbose) {
   const apus::dist::World& world = apus::dist::World::get();
@@ -109,20 +97,10 @@ std::string auto_strategy(const Model& model, const Request& r, int batch, const
   if (world.rank() != 0) return world.broadcast("");
   apus::Chip here = apus::device_ceiling(device);
   here.link_bps = link;
-  std::vector<std::pair<std::string, double>> floors = {
-      {"batch", apus::roofline_json(model.count(r, (batch + n - 1) / n), {here, 1})["total"]["floor_s"]}};
-  const nlohmann::json split = apus::roofline_json(model.count(r, batch), {here, n})["collectives"];
-  for (const auto& [name, strategy] : {std::pair{"cfg", apus::Parallel::cfg}, {"ulysses", apus::Parallel::ulysses}})
-    if (takes_split(model, r, strategy, world)) floors.emplace_back(name, double(split[name]["floor_s"]));
-  const auto best =
-      std::min_element(floors.begin(), floors.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
-  if (verbose) {
-    std::string line;
-    for (const auto& [name, s] : floors) line += (line.empty() ? "" : ", ") + name + " " + std::to_string(s) + " s";
-    std::fprintf(stderr, "--parallel auto: %s (the floors over %d ranks: %s; %.2f GB/s between ranks)\n",
-                 best->first.c_str(), n, line.c_str(), link / 1e9);
-  }
-  return world.broadcast(best->first);
+  const apus::dist::SplitChoice choice =
+      apus::dist::cheapest_split(model, r, batch, here, world, "batch", (batch + n - 1) / n);
+  if (verbose) std::fprintf(stderr, "--parallel auto: %s\n", choice.describe(n, link).c_str());
+  return world.broadcast(choice.best);
 }
 
 // How this process takes part in a command (issue 43): the outputs it renders, how each of its
@@ -370,6 +348,14 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
 // The request options the commands share, each declared once (add_request_options): a command
 // names those it takes and what an absent one means there. A value reaches the request only when
 // given on the command line, so the model's defaults apply otherwise.
+// --rank-timeout: set on the world as it is parsed.
+void add_rank_timeout(CLI::App* app) {
+  app->add_option_function<double>(
+         "--rank-timeout", [](double s) { apus::dist::World::get().set_timeout(s); },
+         "started by mpirun or srun, seconds a rank waits for the others in an exchange before ending the job (600)")
+      ->type_name("SECONDS");
+}
+
 struct RequestOptions {
   std::string prompt, seed, precision = "bf16", negative, trace, device = "cpu", parallel = "auto";
   int width = 0, height = 0, steps = 0, batch = 1;
@@ -468,10 +454,7 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
                   "ranks, attention exchanging heads; klein), none (rank 0 does it all), auto (the one the cost model "
                   "predicts fastest; -v says); tensor is not implemented yet")
       ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
-  app->add_option_function<double>(
-         "--rank-timeout", [](double s) { apus::dist::World::get().set_timeout(s); },
-         "started by mpirun or srun, seconds a rank waits for the others in an exchange before ending the job (600)")
-      ->type_name("SECONDS");
+  add_rank_timeout(app);
   const char* const batch[] = {"images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)",
                                "clips generated together, seeds seed, seed+1, ...", ""};
   app->add_option("--batch,-n", o.batch, batch[f]);
@@ -694,6 +677,48 @@ Command calibrate_command(CLI::App& app) {
           }};
 }
 
+// The chip `apus serve` over ranks prices auto's splits at: this machine's calibration (rank 0's;
+// auto only) with the link rate measured now between the ranks (a collective: every rank).
+apus::Chip rank_chip(const std::string& parallel, const std::string& device) {
+  const apus::dist::World& world = apus::dist::World::get();
+  const double link = world.measure_link_bps();
+  apus::Chip here = parallel == "auto" && world.rank() == 0 ? apus::device_ceiling(device) : apus::Chip{};
+  here.link_bps = link;
+  return here;
+}
+
+// A rank of `apus serve` but rank 0: the models loaded as rank 0 loads them, then every request
+// rank 0 announces run on them, until it releases the ranks.
+int follow_rank_0(const apus::server::Ranks& ranks, const apus::server::ServeOptions& s) {
+  std::vector<apus::AnyModel> models;
+  for (const apus::ModelParts& parts : s.models)
+    models.push_back(apus::AnyModel::open(parts, apus::Weights::resident, s.device));
+  ranks.follow(models);
+  return 0;
+}
+
+// Rank 0 of `apus serve` over ranks: serves until a signal or a lost rank. mpirun signals every
+// rank at once (and kills them a second later), so there is nothing to drain: the request in
+// flight is answered 503 and the job ends. A lost rank (dead, hung, or out of step after a
+// failure) ends the job with its message once that request is answered; restart it (the kept
+// history stays).
+int serve_until_lost(apus::server::Server& server, const apus::dist::World& world, const sigset_t& signals) {
+  const timespec tick{0, 100'000'000};
+  int signal = -1;
+  while (signal < 0 && !world.lost()) signal = sigtimedwait(&signals, nullptr, &tick);
+  world.interrupt();
+  server.shutdown(0);
+  if (signal < 0)
+    world.abort(
+        "a rank was lost or fell out of step (the failed request says which exchange); the job ends: "
+        "restart it");
+  std::fprintf(stderr, "%s: stopped (a request running over the ranks was answered 503)\n",
+               signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  std::fflush(stderr);
+  // Not through MPI_Finalize: the other ranks were signalled too, and waiting for them could hang.
+  std::_Exit(0);
+}
+
 Command serve_command(CLI::App& app) {
   struct Options {
     apus::server::ServeOptions serve;
@@ -701,6 +726,7 @@ Command serve_command(CLI::App& app) {
     apus::ModelParts parts;
     size_t max_body_mb = serve.max_body >> 20, kept_results_mb = serve.kept_results_bytes >> 20;
     double drain_seconds = 30;
+    std::string parallel = "auto";
   };
   const auto o = std::make_shared<Options>();
   apus::server::ServeOptions& s = o->serve;
@@ -744,6 +770,13 @@ Command serve_command(CLI::App& app) {
                    "refuse (413) a request whose floor at this machine's calibrated rate passes this many seconds "
                    "(900; 0: no bound)")
       ->check(CLI::Range(0.0, 1e6));
+  serve
+      ->add_option("--parallel", o->parallel,
+                   "started by mpirun or srun, how each request splits over the ranks: cfg, ulysses, none (rank 0 "
+                   "alone) or auto (the cost model's pick per request; a named split a request cannot take gives way "
+                   "to it)")
+      ->check(CLI::IsMember({"auto", "cfg", "ulysses", "none", "batch", "tensor"}));
+  add_rank_timeout(serve);
   return {serve, [o] {
             apus::server::ServeOptions& s = o->serve;
             // The parts options serve the single-file models among the --model's.
@@ -782,16 +815,28 @@ Command serve_command(CLI::App& app) {
             pthread_sigmask(SIG_BLOCK, &signals, nullptr);
             s.max_body = o->max_body_mb << 20;
             s.kept_results_bytes = o->kept_results_mb << 20;
+            apus::dist::World& world = apus::dist::World::get();
+            std::optional<apus::server::Ranks> ranks;
+            if (world.size() > 1) {
+              ranks.emplace(world, o->parallel, rank_chip(o->parallel, s.device));
+              if (world.rank() != 0) return follow_rank_0(*ranks, s);
+              world.throw_when_lost();
+              s.ranks = &*ranks;
+            }
             apus::server::Server server(s);
             const int port = server.start();
-            std::fprintf(stderr, "serving %zu model(s) on http://%s:%d\n", s.models.size(), s.host.c_str(), port);
+            std::fprintf(stderr, "serving %zu model(s) on http://%s:%d%s\n", s.models.size(), s.host.c_str(), port,
+                         ranks ? (" over " + std::to_string(world.size()) + " ranks").c_str() : "");
             int signal = 0;
-            sigwait(&signals, &signal);
-            std::fprintf(stderr, "%s: draining (up to %g s), then stopping\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
-                         o->drain_seconds);
-            server.shutdown(o->drain_seconds);
-            std::fprintf(stderr, "stopped\n");
-            return 0;
+            if (!ranks) {
+              sigwait(&signals, &signal);
+              std::fprintf(stderr, "%s: draining (up to %g s), then stopping\n",
+                           signal == SIGTERM ? "SIGTERM" : "SIGINT", o->drain_seconds);
+              server.shutdown(o->drain_seconds);
+              std::fprintf(stderr, "stopped\n");
+              return 0;
+            }
+            return serve_until_lost(server, world, signals);
           }};
 }
 
@@ -1000,10 +1045,10 @@ int main(int argc, char** argv) {
   try {
     for (const Command& c : commands) {
       if (!*c.app) continue;
-      // Only image and audio split their work over ranks so far (issue 43).
+      // Only image, audio and serve split their work over ranks so far (issue 43).
       const std::string name = c.app->get_name();
-      APUS_CHECK(name == "image" || name == "audio" || apus::dist::launched_size() == 1, "apus ", name,
-                 " does not split over several processes yet (started as one of ", apus::dist::launched_size(),
+      APUS_CHECK(name == "image" || name == "audio" || name == "serve" || apus::dist::launched_size() == 1, "apus ",
+                 name, " does not split over several processes yet (started as one of ", apus::dist::launched_size(),
                  " by mpirun or srun): run it as one process");
       return c.run();
     }

@@ -14,6 +14,7 @@ template <bool WithDescribe> struct ToyFamily {
     bool trace = false;
     PreviewSink preview;
     const std::atomic<bool>* finish_steps = nullptr;
+    Parallelism parallel;
   };
   struct Result {
     uint64_t seed = 0;

@@ -20,6 +20,12 @@ class FieldError : public Error {
   std::string field;
 };
 
+// A request ended by its owner's stop flag (Context::stop) between two ops.
+class Cancelled : public Error {
+ public:
+  Cancelled() : Error("cancelled") {}
+};
+
 namespace detail {
 template <typename... Parts> std::string concat(const Parts&... parts) {
   std::ostringstream s;

@@ -47,7 +47,10 @@ World::World() {
   MPI_Initialized(&ready);
   if (!ready) {
     int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    // Serialized: a server's exchanges run on its model workers' threads, one at a time.
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    APUS_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI gives threads level ", provided,
+               ", and apus exchanges from its workers' threads (MPI_THREAD_SERIALIZED)");
     std::atexit([] {
       int done = 0;
       MPI_Finalized(&done);
@@ -111,26 +114,55 @@ Layout layout_of(const std::vector<size_t>& bytes, const char* what) {
   return l;
 }
 
-// Seconds until `requests` complete, polled against the world's deadline: MPI's blocking
-// collectives wait forever on a rank that hangs.
-double wait(const World& world, std::vector<MPI_Request>& requests, const char* verb, const char* what) {
+// Seconds until `requests` complete, polled against the world's deadline (MPI's blocking
+// collectives wait forever on a rank that hangs) unless `bounded` is false: a server's idle ranks
+// wait for its next request. A loss (interrupt()) ends the wait either way.
+double wait(const World& world, std::vector<MPI_Request>& requests, const char* verb, const char* what,
+            bool bounded = true) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::duration<double>(world.timeout());
   for (int done = 0;;) {
     MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     if (done) return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (std::chrono::steady_clock::now() > deadline)
-      world.abort(detail::concat(verb, " ", what, ": not every rank arrived within ", world.timeout(),
-                                 " s (one failed or hangs; --rank-timeout sets the wait)"));
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (world.lost())
+      world.lose(detail::concat(verb, " ", what, ": the job is ending (a rank failed, or mpirun was stopped)"));
+    if (bounded && std::chrono::steady_clock::now() > deadline)
+      world.lose(detail::concat(verb, " ", what, ": not every rank arrived within ", world.timeout(),
+                                " s (one failed or hangs; --rank-timeout sets the wait)"));
+    std::this_thread::sleep_for(std::chrono::microseconds(bounded ? 50 : 1000));
   }
 }
 
 }  // namespace
 
+void World::lose(const std::string& message) const {
+  if (!throws_when_lost_) abort(message);
+  lost_ = true;
+  throw RanksLost(detail::concat("rank ", rank_, " of ", size_, ": ", message));
+}
+
+void World::check_not_lost(const char* what) const {
+  if (lost_) throw RanksLost(detail::concat(what, ": an earlier exchange between the ranks failed; the job is ending"));
+}
+
+std::string World::announce(const std::string& text, const char* what) const {
+  if (size_ == 1) return text;
+  check_not_lost(what);
+  unsigned long long length = text.size();
+  std::vector<MPI_Request> request(1);
+  MPI_Ibcast(&length, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD, &request[0]);
+  wait(*this, request, "announcing", what, rank_ == 0);
+  APUS_CHECK(length <= (unsigned long long)INT_MAX, what, ": ", length, " bytes are beyond MPI's int counts (2 GiB)");
+  std::string out = rank_ == 0 ? text : std::string(length, '\0');
+  MPI_Ibcast(out.data(), int(length), MPI_CHAR, 0, MPI_COMM_WORLD, &request[0]);
+  wait(*this, request, "announcing", what);
+  return out;
+}
+
 double World::gather(void* data, const std::vector<size_t>& bytes, const char* what) const {
   const Layout l = layout_of(bytes, what);
   if (size_ == 1) return 0;
+  check_not_lost(what);
   std::vector<MPI_Request> request(1);
   MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, l.counts.data(), l.offsets.data(), MPI_BYTE, MPI_COMM_WORLD,
                   &request[0]);
@@ -142,6 +174,7 @@ void World::all_to_all(const void* send, const std::vector<size_t>& send_bytes, 
   APUS_CHECK(int(send_bytes.size()) == size_ && int(recv_bytes.size()) == size_, what, ": ", send_bytes.size(), " and ",
              recv_bytes.size(), " parts for ", size_, " ranks");
   const Layout out = layout_of(send_bytes, what), in = layout_of(recv_bytes, what);
+  check_not_lost(what);
   double sent = 0;
   for (int j = 0; j < size_; ++j)
     if (j != rank_) sent += double(send_bytes[size_t(j)]);
@@ -181,6 +214,12 @@ World::World() {
 }
 
 std::string World::broadcast(const std::string& text) const { return text; }
+
+std::string World::announce(const std::string& text, const char*) const { return text; }
+
+void World::lose(const std::string& message) const { abort(message); }
+
+void World::check_not_lost(const char*) const {}
 
 void World::all_gather(void*, const std::vector<size_t>& bytes, const char* what) const {
   APUS_CHECK(bytes.size() == 1, what, ": ", bytes.size(), " parts for one process");

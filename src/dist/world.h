@@ -3,13 +3,22 @@
 // started this process as one of several and the build has MPI (Open MPI from Debian), else this
 // process alone. Without MPI in the build or without a launcher nothing changes; a build without
 // MPI started as one of several is refused, since every rank would do the whole work.
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "apus/apus.h"
+#include "core/error.h"
 
 namespace apus::dist {
+
+// What an exchange throws once a server's ranks are lost (World::throw_when_lost): the request in
+// flight is answered (503) before the job ends.
+class RanksLost : public Error {
+ public:
+  using Error::Error;
+};
 
 class World final : public ProcessGroup {
  public:
@@ -19,6 +28,9 @@ class World final : public ProcessGroup {
   int size() const override { return size_; }
   // Rank 0's `text` on every rank.
   std::string broadcast(const std::string& text) const;
+  // Rank 0's `text` on every rank, for a server's ranks: rank 0 waits for the others at most
+  // timeout(); the others wait for rank 0's next message however long the server idles.
+  std::string announce(const std::string& text, const char* what) const;
   // Each waits at most timeout() for the slowest rank; past it the job ends (abort) naming the
   // exchange.
   void all_gather(void* data, const std::vector<size_t>& bytes, const char* what) const override;
@@ -39,6 +51,17 @@ class World final : public ProcessGroup {
   // The bytes per second each rank sends in an all-gather of 16 MiB parts, the best of five (a
   // collective: every rank calls it); 0 for one process.
   double measure_link_bps() const;
+  // A server's world: an exchange that cannot complete (a rank past the timeout, or interrupt())
+  // throws RanksLost instead of ending the job at once, so that rank 0 answers the request first;
+  // every exchange after it throws too.
+  void throw_when_lost() { throws_when_lost_ = true; }
+  // Safe from a signal handler: the exchange in flight, and every later one, fail now (mpirun's
+  // SIGTERM when another rank died: it kills this one a second later).
+  void interrupt() const { interrupted_ = true; }
+  bool lost() const { return lost_ || interrupted_; }
+  // What an exchange that cannot complete does: ends the job (abort) or, serving, throws
+  // RanksLost; `message` names the exchange.
+  [[noreturn]] void lose(const std::string& message) const;
   // Ends every rank's process, this one's `message` (one line) on stderr first: a rank that fails
   // must not leave the others waiting in a collective. One process: prints and exits.
   [[noreturn]] void abort(const std::string& message) const;
@@ -48,9 +71,14 @@ class World final : public ProcessGroup {
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 600;
   mutable Traffic traffic_;
+  bool throws_when_lost_ = false;
+  mutable std::atomic<bool> lost_{false};
+  mutable std::atomic<bool> interrupted_{false};
   // The all-gather itself, uncounted: seconds it took.
   double gather(void* data, const std::vector<size_t>& bytes, const char* what) const;
   void count(double sent, double seconds) const;
+  // Exchanges after a loss fail at once: the other ranks are gone or out of step.
+  void check_not_lost(const char* what) const;
 };
 
 // Whether this build splits a command over MPI ranks.

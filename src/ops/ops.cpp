@@ -259,7 +259,7 @@ template <> struct After<OpId::linear> {
       After<OpId::name>::run args;                                                   \
       return counted<ret>();                                                         \
     }                                                                                \
-    APUS_CHECK(!c.stop || !c.stop->load(std::memory_order_relaxed), "cancelled");    \
+    if (c.stop && c.stop->load(std::memory_order_relaxed)) throw Cancelled();        \
     Backend& apus_backend = backend_of(c);                                           \
     check_runs(apus_backend, OpId::name);                                            \
     OperandCheck{apus_backend, #name}.check args;                                    \

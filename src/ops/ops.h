@@ -18,6 +18,8 @@ namespace apus {
 class Backend;
 class Adapters;
 
+class StepAgreement;
+
 struct Context {
   Arena* arena = nullptr;
   DType act = DType::bf16;             // activation dtype: bf16 (as the official pipeline) or f32 (parity)
@@ -31,6 +33,9 @@ struct Context {
   // Set by the request's owner to end the sampling early: no step starts after it is set, and the
   // later stages run on the latents as they are (AUTOMATIC1111's interrupt).
   const std::atomic<bool>* finish_steps = nullptr;
+  // Under a split with either flag given: agrees them over the ranks before every step
+  // (pipeline/split.h), stop and finish_steps then pointing at the agreed ones.
+  StepAgreement* agreement = nullptr;
 };
 
 // Names a module for the cost log, and the trace, for as long as it lives.

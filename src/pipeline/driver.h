@@ -105,6 +105,7 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
             }
             const StepRange range = stage.steps(w);
             for (int i = range.first; i < range.end; ++i) {
+              if (c.agreement) c.agreement->before_step();
               if (c.finish_steps && c.finish_steps->load(std::memory_order_relaxed)) break;
               timed_step(c, clock, say, i - range.first, range.end - range.first, (*range.sigmas)[size_t(i)],
                          w.*stage.output, stage.name,
@@ -148,6 +149,7 @@ concept PipelineFamily = requires(const F& f, const typename F::Request& r, cons
   { r.trace } -> std::convertible_to<bool>;
   { r.preview } -> std::convertible_to<PreviewSink>;
   { r.finish_steps } -> std::convertible_to<const std::atomic<bool>*>;
+  { r.parallel } -> std::convertible_to<Parallelism>;
   results[0].seed = uint64_t(0);
   results[0].stages = std::vector<StageTime>{};
   results[0].trace = std::string{};
@@ -196,6 +198,13 @@ std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<
   ctx.trace = trace.get();
   ctx.stop = stop;
   ctx.finish_steps = r.finish_steps;
+  std::optional<StepAgreement> agreement;
+  if (r.parallel.strategy != Parallel::none && (stop || r.finish_steps)) {
+    agreement.emplace(*r.parallel.group, stop, r.finish_steps);
+    ctx.stop = agreement->stop();
+    ctx.finish_steps = agreement->finish();
+    ctx.agreement = &*agreement;
+  }
 
   // Everything that can reject the request (prompts, noise files, input images or clips) comes
   // before any weight loads.

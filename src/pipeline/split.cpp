@@ -7,6 +7,19 @@
 
 namespace apus {
 
+void StepAgreement::before_step() {
+  const int n = group_.size();
+  std::vector<uint8_t> flags(size_t(2 * n), 0);
+  auto asked = [](const std::atomic<bool>* f) { return f && f->load(std::memory_order_relaxed); };
+  flags[size_t(2 * group_.rank())] = asked(asked_stop_);
+  flags[size_t(2 * group_.rank()) + 1] = asked(asked_finish_);
+  group_.all_gather(flags.data(), std::vector<size_t>(size_t(n), 2), "agreeing whether the steps go on");
+  for (int r = 0; r < n; ++r) {
+    if (flags[size_t(2 * r)]) stop_ = true;
+    if (flags[size_t(2 * r) + 1]) finish_ = true;
+  }
+}
+
 void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label) {
   if (p.strategy == Parallel::none) return;
   const char* name = p.strategy == Parallel::cfg ? "cfg" : "ulysses";

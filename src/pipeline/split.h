@@ -6,6 +6,7 @@
 // exchanging heads (models/common/sequence_split.h). The linears give the same bits at every row
 // count, and each sample's and each head's attention sees the same keys in the same order, so the
 // gathered velocities are one process's, bit for bit.
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -14,6 +15,25 @@
 #include "ops/ops.h"
 
 namespace apus {
+
+// The ranks of a split stop together: a server's rank 0 holds the flags its clients set (cancel,
+// AUTOMATIC1111's interrupt), and a rank that left the steps alone would leave the others waiting
+// in an exchange. Each flag is agreed over the group before every step, and the ops and the step
+// loop read the agreed ones. Every rank of the split gives both flags or neither.
+class StepAgreement {
+ public:
+  StepAgreement(const ProcessGroup& group, const std::atomic<bool>* stop, const std::atomic<bool>* finish)
+      : group_(group), asked_stop_(stop), asked_finish_(finish) {}
+  // An all-gather of every rank's two flags: one set on any rank is set on all.
+  void before_step();
+  const std::atomic<bool>* stop() const { return &stop_; }
+  const std::atomic<bool>* finish() const { return &finish_; }
+
+ private:
+  const ProcessGroup& group_;
+  const std::atomic<bool>*asked_stop_, *asked_finish_;
+  std::atomic<bool> stop_{false}, finish_{false};
+};
 
 // Refuses a parallelism this request cannot take (`label`: the model, in the message): a strategy
 // without a group, cfg with nothing to split (one sample), a device without collectives yet.

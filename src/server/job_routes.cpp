@@ -144,6 +144,7 @@ Json Server::Impl::job_json(const Job& j, bool with_results) {
   if (j.traced) out["trace"] = "/v1/jobs/" + j.id + "/trace";
   if (!j.preview.empty()) out["preview"] = Json::parse(j.preview);
   if (!j.params.is_null()) out["params"] = j.params;
+  if (!j.split.empty()) out["split"] = j.split;
   if (j.state == JobState::done) {
     Json files = Json::array(), seeds = Json::array();
     for (size_t n = 0; n < j.outputs.size(); ++n) {

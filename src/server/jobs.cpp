@@ -4,6 +4,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "dist/world.h"
 
 namespace apus::server {
 
@@ -24,6 +25,11 @@ const char* state_name(JobState s) {
 }
 
 void Job::progress(const std::string& line) {
+  note_step(line);
+  if (cancel) throw Cancelled();
+}
+
+void Job::note_step(const std::string& line) {
   int i = 0, n = 0;
   if (std::sscanf(line.c_str(), "step %d/%d", &i, &n) == 2) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -31,7 +37,6 @@ void Job::progress(const std::string& line) {
     steps = n;
     changed.notify_all();
   }
-  if (cancel) fail("cancelled");
 }
 
 ModelWorker::ModelWorker(size_t capacity, std::function<void(const Job&, JobState)> finished)
@@ -126,6 +131,9 @@ void ModelWorker::run() {
     try {
       std::vector<JobOutput> outputs = job->work(*job);
       finish(JobState::done, std::move(outputs), "", 0);
+    } catch (const dist::RanksLost& e) {
+      // The other ranks are gone: this request cannot finish, and the job is ending.
+      finish(JobState::failed, {}, e.what(), 503);
     } catch (const FieldError& e) {
       finish(JobState::failed, {}, e.what(), 400, e.field);
     } catch (const Error& e) {

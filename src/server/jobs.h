@@ -60,9 +60,12 @@ struct Job {
   // done): what a kept record and the page's "reuse" read.
   nlohmann::json params;
   std::chrono::steady_clock::time_point started;  // when it began to run (its state running)
+  std::string split;  // under mpirun: how the request ran over the ranks ("cfg over 2 ranks")
 
   // Records "step i/n" progress lines; throws to stop the run when the job is cancelled.
   void progress(const std::string& line);
+  // Records it only: a request over several ranks stops where they agree (pipeline/split.h).
+  void note_step(const std::string& line);
   void keep_trace(const std::string& timeline) {
     std::lock_guard<std::mutex> lock(mutex);
     trace = timeline;

@@ -16,6 +16,7 @@
 #include "pipeline/metadata.h"
 #include "pipeline/stage.h"
 #include "server/bodies.h"
+#include "server/ranks.h"
 #include "server/server_impl.h"
 
 namespace apus::server {
@@ -269,7 +270,9 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
   job->kind = "image";
   job->traced = r.trace;
   const ImageModel* model = m.model.image();
-  job->work = [model, r, n, files = std::move(files), names](Job& j) mutable {
+  Ranks* ranks = options.ranks;
+  const size_t index = size_t(&m - models.data());
+  job->work = [model, ranks, index, r, n, files = std::move(files), names](Job& j) mutable {
     const std::string images = route_name(names, "images");
     for (size_t i = 0; i < files.images.size(); ++i)
       r.references.push_back(
@@ -300,7 +303,11 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
     if (j.previews)
       for (size_t i = 0; i < batch.size(); ++i) batch[i].preview = preview_sink(j, int(i));
     std::vector<JobOutput> out;
+    std::string split;
     const std::vector<ImageResult> results = as_route(names, [&] {
+      if (ranks)
+        return ranks->image(
+            index, *model, batch, [&](const std::string& l) { j.note_step(l); }, &j.cancel, split);
       return model->generate_batch(
           batch, [&](const std::string& l) { j.progress(l); }, &j.cancel);
     });
@@ -310,6 +317,7 @@ std::shared_ptr<Job> Server::Impl::image_job(const Loaded& m, ImageRequest r, in
     {
       std::lock_guard<std::mutex> lock(j.mutex);
       j.params = image_params(batch.front(), results.front());
+      j.split = split;
     }
     for (size_t i = 0; i < results.size(); ++i) {
       const ImageResult& res = results[i];
@@ -382,7 +390,9 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
   job->kind = "audio";
   job->traced = trace;
   const AudioModel* model = m.model.audio();
-  job->work = [model, r, format, init_file, inpaint_file](Job& j) mutable {
+  Ranks* ranks = options.ranks;
+  const size_t index = size_t(&m - models.data());
+  job->work = [model, ranks, index, r, format, init_file, inpaint_file](Job& j) mutable {
     auto clip = [model](const std::string& bytes, const char* name) {
       Audio a = read_field(name, [&] { return decode_audio(bytes, name, model->max_seconds()); });
       return AudioClip{a.rate, a.channels, std::move(a.samples)};
@@ -390,13 +400,20 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
     if (init_file) r.init_audio = clip(*init_file, "init_audio");
     if (inpaint_file) r.inpaint_audio = clip(*inpaint_file, "inpaint_audio");
     if (j.previews) r.preview = preview_sink(j, 0);
-    const AudioResult res = model->generate(
-        r, [&](const std::string& l) { j.progress(l); }, &j.cancel);
+    std::string split;
+    const AudioResult res =
+        ranks ? ranks
+                    ->audio(
+                        index, *model, {r}, [&](const std::string& l) { j.note_step(l); }, &j.cancel, split)
+                    .front()
+              : model->generate(
+                    r, [&](const std::string& l) { j.progress(l); }, &j.cancel);
     for (const StageTime& t : res.stages) j.stages.emplace_back(t.stage.empty() ? t.name : t.stage, t.seconds);
     j.keep_trace(res.trace);
     {
       std::lock_guard<std::mutex> lock(j.mutex);
       j.params = audio_params(r, res);
+      j.split = split;
     }
     const Audio a{res.sample_rate, res.channels, res.samples};
     return std::vector<JobOutput>{

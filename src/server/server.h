@@ -15,6 +15,8 @@
 
 namespace apus::server {
 
+class Ranks;
+
 struct ServeOptions {
   std::vector<ModelParts> models;  // model directories, or single files with their parts
   std::string host = "127.0.0.1";
@@ -45,6 +47,9 @@ struct ServeOptions {
   // hard-codes. OpenAI's own (gpt-image-1, dall-e-3, tts-1, ...) answer with the server's model of
   // their kind unless an alias or a loaded model takes the name.
   std::map<std::string, std::string> aliases;
+  // Under mpirun or srun, on rank 0: every request runs over the ranks (server/ranks.h). Null:
+  // this process alone.
+  Ranks* ranks = nullptr;
 };
 
 class Server {

@@ -9,7 +9,7 @@
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. A strategy not
 # implemented yet (tensor), a request cfg cannot split and a command that does not split yet
-# (serve) are refused naming themselves.
+# (calibrate) are refused naming themselves. (`apus serve` over ranks: tests/mpi/serve.sh.)
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/check.sh APUS FIXTURES
 set -euo pipefail
@@ -150,6 +150,6 @@ cd ..
 
 if mpirun -np 2 "$apus" "${image[@]}" -n 2 --parallel tensor -o x.png > refused.log 2>&1; then fail "tensor was not refused"; fi
 grep -q "parallel tensor: not implemented yet" refused.log || { cat refused.log; fail "the refusal does not name the strategy"; }
-if mpirun -np 2 "$apus" serve --model "$fixtures/klein_tiny_a" --port 0 > serve.log 2>&1; then fail "serve ran over 2 ranks"; fi
-grep -q "apus serve does not split over several processes yet" serve.log || { cat serve.log; fail "serve's refusal"; }
+if mpirun -np 2 "$apus" calibrate > refused.log 2>&1; then fail "calibrate ran over 2 ranks"; fi
+grep -q "apus calibrate does not split over several processes yet" refused.log || { cat refused.log; fail "calibrate's refusal"; }
 echo "mpi check: batches, guided branches and tokens over 2 and 3 ranks are one process's, byte for byte"

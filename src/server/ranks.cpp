@@ -1,0 +1,163 @@
+#include "server/ranks.h"
+
+#include <cstring>
+#include <new>
+#include <random>
+#include <utility>
+
+#include "core/error.h"
+#include "dist/requests.h"
+#include "dist/strategy.h"
+
+namespace apus::server {
+
+namespace {
+
+// What rank 0 announces before a request's bytes: its kind ('i', 'a'; 's' releases the others),
+// the model's index, the split and whether the request has a stop flag.
+struct Header {
+  char kind = 's';
+  uint64_t index = 0;
+  uint8_t strategy = 0, stops = 0;
+};
+constexpr size_t kHeaderBytes = 1 + sizeof(uint64_t) + 2;
+
+std::string with_header(const Header& h, const std::string& body) {
+  std::string out(kHeaderBytes, '\0');
+  out[0] = h.kind;
+  std::memcpy(&out[1], &h.index, sizeof h.index);
+  out[1 + sizeof h.index] = char(h.strategy);
+  out[2 + sizeof h.index] = char(h.stops);
+  return out + body;
+}
+
+Header header_of(const std::string& message) {
+  APUS_CHECK(message.size() >= kHeaderBytes, "serving: a message of ", message.size(), " bytes from rank 0");
+  Header h;
+  h.kind = message[0];
+  std::memcpy(&h.index, &message[1], sizeof h.index);
+  h.strategy = uint8_t(message[1 + sizeof h.index]);
+  h.stops = uint8_t(message[2 + sizeof h.index]);
+  APUS_CHECK(h.strategy <= uint8_t(Parallel::ulysses), "serving: split ", int(h.strategy), " from rank 0");
+  return h;
+}
+
+const char* strategy_name(Parallel p) {
+  return p == Parallel::cfg ? "cfg" : p == Parallel::ulysses ? "ulysses" : "none";
+}
+
+std::string encode_batch(const std::vector<ImageRequest>& batch) { return dist::encode(batch); }
+std::string encode_batch(const std::vector<AudioRequest>& batch) { return dist::encode(batch); }
+
+// Runs `work` (one request over the ranks); a failure after its first exchange, other than an
+// agreed cancel or a loss already known, leaves the ranks out of step: the world is marked lost,
+// which ends the job once the failure is answered (rank 0) or at once (the others).
+template <typename Work> auto in_step(const dist::World& world, Work&& work) {
+  const int64_t exchanges = world.traffic().calls;
+  auto out_of_step = [&](const char* what) {
+    if (world.traffic().calls == exchanges) return;  // refused before any exchange: by every rank
+    if (world.rank() != 0) world.abort(std::string("serving a request: ") + what);
+    world.interrupt();
+  };
+  try {
+    return work();
+  } catch (const Cancelled&) {
+    throw;
+  } catch (const dist::RanksLost&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    out_of_step("out of memory");
+    throw;
+  } catch (const std::exception& e) {
+    out_of_step(e.what());
+    throw;
+  }
+}
+
+}  // namespace
+
+Ranks::Ranks(const dist::World& world, std::string parallel, Chip here)
+    : world_(world), parallel_(std::move(parallel)), here_(std::move(here)) {
+  APUS_CHECK(parallel_ == "auto" || parallel_ == "cfg" || parallel_ == "ulysses" || parallel_ == "none",
+             "serve --parallel ", parallel_, ": expected auto, cfg, ulysses or none over the ranks",
+             parallel_ == "batch" ? " (batch parallelism is the image and audio commands' -n)" : "",
+             parallel_ == "tensor" ? " (tensor: not implemented yet, issue 43)" : "");
+}
+
+template <typename Model, typename Request>
+Parallel Ranks::choose(const Model& model, const Request& r, int batch) const {
+  if (parallel_ == "none") return Parallel::none;
+  // A named split the request cannot take (cfg for one unguided image) gives way to auto's choice.
+  for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
+    if (parallel_ == strategy_name(p) && dist::takes_split(model, r, p, world_)) return p;
+  const std::string best = dist::cheapest_split(model, r, batch, here_, world_, "none", batch).best;
+  return best == "cfg" ? Parallel::cfg : best == "ulysses" ? Parallel::ulysses : Parallel::none;
+}
+
+template <typename Result, typename Model, typename Request>
+std::vector<Result> Ranks::run(char kind, size_t index, const Model& model, std::vector<Request> batch,
+                               const Progress& progress, const std::atomic<bool>* stop, std::string& used) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The ranks of a split sample the same noise: rank 0 draws the seeds the others are sent.
+  for (Request& r : batch)
+    if (!r.seed) r.seed = std::random_device{}();
+  const Parallel strategy = choose(model, batch.front(), int(batch.size()));
+  if (strategy == Parallel::none) {
+    used = "rank 0 alone";
+    return model.generate_batch(batch, progress, stop);
+  }
+  used = std::string(strategy_name(strategy)) + " over " + std::to_string(world_.size()) + " ranks";
+  world_.announce(with_header({kind, index, uint8_t(strategy), uint8_t(stop != nullptr)}, encode_batch(batch)),
+                  "the request");
+  for (Request& r : batch) r.parallel = {strategy, &world_};
+  return in_step(world_, [&] { return model.generate_batch(batch, progress, stop); });
+}
+
+std::vector<ImageResult> Ranks::image(size_t index, const ImageModel& model, std::vector<ImageRequest> batch,
+                                      const Progress& progress, const std::atomic<bool>* stop, std::string& used) {
+  return run<ImageResult>('i', index, model, std::move(batch), progress, stop, used);
+}
+
+std::vector<AudioResult> Ranks::audio(size_t index, const AudioModel& model, std::vector<AudioRequest> batch,
+                                      const Progress& progress, const std::atomic<bool>* stop, std::string& used) {
+  return run<AudioResult>('a', index, model, std::move(batch), progress, stop, used);
+}
+
+void Ranks::follow(const std::vector<AnyModel>& models) const {
+  // Never set here: rank 0's flags reach this rank through the steps' agreement.
+  const std::atomic<bool> never{false};
+  for (;;) {
+    const std::string message = world_.announce("", "waiting for rank 0's next request");
+    const Header h = header_of(message);
+    if (h.kind == 's') return;
+    APUS_CHECK(h.index < models.size(), "serving: model ", h.index, " of ", models.size(), " from rank 0");
+    const AnyModel& m = models[h.index];
+    const std::string body = message.substr(kHeaderBytes);
+    const Parallelism split{Parallel(h.strategy), &world_};
+    const std::atomic<bool>* stop = h.stops ? &never : nullptr;
+    try {
+      in_step(world_, [&] {
+        if (h.kind == 'i') {
+          APUS_CHECK(m.image(), "serving: an image request for ", m.label(), ", an audio model");
+          std::vector<ImageRequest> batch = dist::decode_images(body, &never);
+          for (ImageRequest& r : batch) r.parallel = split;
+          m.image()->generate_batch(batch, {}, stop);
+        } else {
+          APUS_CHECK(m.audio(), "serving: an audio request for ", m.label(), ", an image model");
+          std::vector<AudioRequest> batch = dist::decode_audio(body, &never);
+          for (AudioRequest& r : batch) r.parallel = split;
+          m.audio()->generate_batch(batch, {}, stop);
+        }
+      });
+    } catch (const std::exception&) {
+      // Rank 0 met the same refusal or the agreed cancel (in_step ended the job otherwise).
+    }
+  }
+}
+
+void Ranks::release() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (world_.size() > 1 && !world_.lost()) world_.announce(with_header({}, ""), "releasing the ranks");
+}
+
+}  // namespace apus::server

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# `apus serve` over MPI ranks (issue 43): rank 0 answers HTTP, every rank computes each request.
+# An image (guided, so cfg or Ulysses splits it) and a clip come back byte for byte as one process
+# writes them, the job's record says how they split; a cancelled request stops every rank at the
+# same step and the next request still matches; a rank killed mid-request gets that request a 503
+# and ends the job, and the job restarted on the same --output-dir lists the earlier jobs and
+# serves again; a rank that hangs ends the job once --rank-timeout passes, its request answered
+# 503 naming the exchange.
+# Skipped (77) without mpirun or without MPI in the build.
+# Usage: tests/mpi/serve.sh APUS FIXTURES
+set -euo pipefail
+apus="$(realpath "$1")" fixtures="$(realpath "$2")"
+command -v mpirun > /dev/null || { echo "mpi serve: no mpirun (Debian's openmpi-bin)" >&2; exit 77; }
+"$apus" --version | grep -q "MPI ranks" || { echo "mpi serve: this apus was built without MPI" >&2; exit 77; }
+scratch="$(mktemp -d)"
+trap 'pkill -KILL -f "^$apus serve .*$scratch" 2> /dev/null || true; rm -rf "$scratch"' EXIT
+cd "$scratch"
+sa3="$scratch/sa3"
+mkdir -p "$sa3/t5gemma-b-b-ul2"
+ln -s "$fixtures/sa3_tiny/original/model_config.json" "$fixtures/sa3_tiny/original/model.safetensors" "$sa3/"
+for f in config.json model.safetensors; do ln -s "$fixtures/t5gemma_tiny/$f" "$sa3/t5gemma-b-b-ul2/$f"; done
+for f in tokenizer.model tokenizer_config.json; do ln -s "$fixtures/t5gemma_tok/$f" "$sa3/t5gemma-b-b-ul2/$f"; done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+fail() { echo "mpi serve: $*" >&2; exit 1; }
+json() { python3 -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
+
+# Starts `mpirun -np 2 apus serve` logging to $1 (its exit status appended as "exit N"); sets port.
+start() {
+  local log="$1" i
+  shift
+  : > "$log"
+  ( (set +e; mpirun -np 2 -x OMP_NUM_THREADS=1 "$apus" serve --port 0 --model "$fixtures/klein_tiny_base" --model "$sa3" \
+    --output-dir "$scratch/kept" "$@" > "$log" 2>&1; echo "exit $?" >> "$log") &)
+  for i in $(seq 1 600); do
+    grep -q "^serving 2 model(s) on http://127.0.0.1:[0-9]* over 2 ranks" "$log" && break
+    grep -q "^exit " "$log" && { cat "$log"; fail "the server did not start"; }
+    sleep 0.1
+  done
+  port="$(grep -o "127.0.0.1:[0-9]*" "$log" | head -1 | cut -d: -f2)"
+  [ -n "$port" ] || { cat "$log"; fail "the server did not say its port"; }
+}
+# The process of rank $1 of this test's server.
+rank_pid() {
+  local pid
+  for pid in $(pgrep -f "^$apus serve .*$scratch"); do
+    tr '\0' '\n' < "/proc/$pid/environ" | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$pid"; return; }
+  done
+  fail "no rank $1"
+}
+# Waits until the log $1 says the job ended (up to 30 s); prints its exit line.
+ended() {
+  local i
+  for i in $(seq 1 300); do grep -q "^exit " "$1" && { grep "^exit " "$1"; return; }; sleep 0.1; done
+  cat "$1" >&2
+  fail "the job did not end"
+}
+post() { curl -s -X POST "127.0.0.1:$port$1" -H 'Content-Type: application/json' -d "$2" "${@:3}"; }
+b64_file() { json "d['data'][0]['b64_json']" | base64 -d > "$1"; }
+
+guided='{"prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4}'
+"$apus" image --model "$fixtures/klein_tiny_base" -p "a fox" -W 32 -H 32 --steps 2 -s 5 --cfg 4 -o one.png 2> /dev/null
+"$apus" audio --model "$sa3" -p "rain" --seconds 1 --steps 2 -s 3 --cfg 4 --negative-prompt wind -o one.wav 2> /dev/null
+
+start serve.log
+post /v1/images/generations "$guided" | b64_file ranks.png
+cmp -s one.png ranks.png || fail "the image served over 2 ranks differs from one process's"
+post /v1/audio/generations '{"prompt": "rain", "seconds": 1, "steps": 2, "seed": 3, "cfg": 4, "negative_prompt": "wind",
+  "format": "wav"}' > ranks.wav
+cmp -s one.wav ranks.wav || fail "the clip served over 2 ranks differs from one process's"
+id="$(post /v1/jobs '{"kind": "image", "prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4}' | json "d['id']")"
+for i in $(seq 1 300); do
+  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
+  [ "$state" = done ] && break
+  sleep 0.1
+done
+split="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d.get('split')")"
+kept_id="$id"
+[[ "$split" =~ ^(cfg|ulysses)\ over\ 2\ ranks$ ]] || fail "the job's record says it split as '$split'"
+
+# Cancelled mid-request: every rank stops at the same step, and the next request still matches.
+long='{"kind": "image", "prompt": "a fox", "size": "256x256", "steps": 200, "seed": 5, "cfg": 4}'
+id="$(post /v1/jobs "$long" | json "d['id']")"
+for i in $(seq 1 600); do
+  [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['step']")" -ge 1 ] && break
+  sleep 0.1
+done
+curl -s -X DELETE "127.0.0.1:$port/v1/jobs/$id" > /dev/null
+for i in $(seq 1 300); do
+  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
+  [ "$state" = cancelled ] && break
+  sleep 0.1
+done
+[ "$state" = cancelled ] || fail "the long job is $state, not cancelled"
+post /v1/images/generations "$guided" | b64_file again.png
+cmp -s one.png again.png || fail "after a cancel, the image differs from one process's"
+
+# Rank 1 killed mid-request: the request gets 503 and the job ends.
+unkinded="${long/\"kind\": \"image\", /}"
+(post /v1/images/generations "$unkinded" -w '\n%{http_code}\n' > killed.txt &)
+sleep 2
+kill -KILL "$(rank_pid 1)"
+ended serve.log | grep -qv "^exit 0$" || fail "the job ended well with rank 1 killed"
+for i in $(seq 1 100); do [ -s killed.txt ] && break; sleep 0.1; done
+tail -1 killed.txt | grep -qx 503 || { cat killed.txt serve.log; fail "the request in flight was not answered 503"; }
+grep -q "the job is ending" killed.txt || { cat killed.txt; fail "the 503 does not say the job is ending"; }
+
+# Restarted on the same --output-dir: the earlier jobs are listed, and it serves.
+start restarted.log --rank-timeout 2
+curl -s "127.0.0.1:$port/v1/jobs" | json "[j['id'] for j in d['data']]" | grep -q "$kept_id" ||
+  fail "the restarted server does not list the jobs kept before"
+post /v1/images/generations "$guided" | b64_file restarted.png
+cmp -s one.png restarted.png || fail "after a restart, the image differs from one process's"
+
+# Rank 1 hangs (stopped): past --rank-timeout the request gets 503 naming the exchange, and the job ends.
+(post /v1/images/generations "$unkinded" -w '\n%{http_code}\n' > hung.txt &)
+sleep 2
+kill -STOP "$(rank_pid 1)"
+ended restarted.log | grep -qv "^exit 0$" || fail "the job ended well with rank 1 hung"
+tail -1 hung.txt | grep -qx 503 || { cat hung.txt restarted.log; fail "the hung request was not answered 503"; }
+grep -q "not every rank arrived within 2 s" hung.txt || { cat hung.txt; fail "the 503 does not name the wait"; }
+grep -q "^error: rank 0 of 2: a rank was lost" restarted.log || { cat restarted.log; fail "rank 0's last line"; }
+echo "mpi serve: requests over 2 ranks are one process's; cancel, a killed and a hung rank handled"
