@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
+#include "dist/link.h"
 #include "dist/strategy.h"
 #include "dist/world.h"
 #include "gate/gate.h"
@@ -88,12 +89,12 @@ void report_stages(const apus::PipelineCost& cost, const std::vector<apus::Stage
 }
 
 // auto under mpirun or srun (dist/strategy.h), rank 0 deciding for every rank at the link rate
-// measured now between them.
+// between them (dist/link.h).
 template <typename Model, typename Request>
 std::string auto_strategy(const Model& model, const Request& r, int batch, const std::string& device, bool verbose) {
   const apus::dist::World& world = apus::dist::World::get();
   const int n = world.size();
-  const double link = world.measure_link_bps();
+  const double link = apus::dist::link_rates(world).bps();
   if (world.rank() != 0) return world.broadcast("");
   apus::Chip here = apus::device_ceiling(device);
   here.link_bps = link;
@@ -124,14 +125,18 @@ template <typename Model, typename Request> RankPlan rank_plan(const std::string
   return {{0, batch}, {strategy == "cfg" ? apus::Parallel::cfg : apus::Parallel::ulysses, &world}, world.rank() == 0};
 }
 
-// -v under a split: what this rank sent the others against what the count says it sends.
+// -v under a split: what this rank sent the others against what the count says it sends, and its
+// time in the exchanges against what the counted bytes take at the link rate (a collective).
 void report_traffic(const apus::PipelineCost& cost) {
   const apus::dist::World& world = apus::dist::World::get();
   double counted = 0;
   for (const apus::StageCost& s : cost.stages) counted += double(s.calls) * s.sent_bytes;
   const apus::dist::World::Traffic t = world.traffic();
-  std::fprintf(stderr, "rank %d of %d: %lld exchanges, %.0f bytes sent (counted %.0f), %.3f s in them\n", world.rank(),
-               world.size(), (long long)t.calls, t.sent, counted, t.seconds);
+  const double link = apus::dist::link_rates(world).bps();
+  std::fprintf(stderr,
+               "rank %d of %d: %lld exchanges, %.0f bytes sent (counted %.0f), %.3f s in them (the counted bytes take "
+               "%.3f s at %.2f GB/s)\n",
+               world.rank(), world.size(), (long long)t.calls, t.sent, counted, t.seconds, counted / link, link / 1e9);
 }
 
 // Renders this process's part of the batch (rank_plan) and writes its files (named by their place
@@ -668,20 +673,31 @@ Command calibrate_command(CLI::App& app) {
   calibrate->add_flag("--refresh", o->refresh, "measure again even when a calibration is cached");
   calibrate->add_option("--device", o->device, "cpu, or cuda[:N]: the device whose ceilings to measure");
   return {calibrate, [o] {
-            bool cached = false;
-            std::string key;
-            const apus::Chip chip = apus::device_ceiling(o->device, o->refresh, &cached, &key);
-            std::printf("%s\n  %s\n  %s (%s)\n  %s\n", key.c_str(), apus::describe_rates(chip).c_str(),
-                        cached ? "cached" : "measured now", apus::calibration_file().c_str(), chip.note.c_str());
+            // Under mpirun or srun rank 0 measures the device alone (the others would share its
+            // cores), then every rank the link between them.
+            const apus::dist::World& world = apus::dist::World::get();
+            if (world.rank() == 0) {
+              bool cached = false;
+              std::string key;
+              const apus::Chip chip = apus::device_ceiling(o->device, o->refresh, &cached, &key);
+              std::printf("%s\n  %s\n  %s (%s)\n  %s\n", key.c_str(), apus::describe_rates(chip).c_str(),
+                          cached ? "cached" : "measured now", apus::calibration_file().c_str(), chip.note.c_str());
+            }
+            if (world.size() == 1) return 0;
+            const apus::dist::LinkRates link = apus::dist::link_rates(world, o->refresh);
+            if (world.rank() == 0)
+              std::printf("%s\n  %.2f GB/s all-gather, %.2f GB/s all-to-all (what a rank sends)\n  %s\n",
+                          link.key.c_str(), link.all_gather_bps / 1e9, link.all_to_all_bps / 1e9,
+                          link.cached ? "cached" : "measured now");
             return 0;
           }};
 }
 
 // The chip `apus serve` over ranks prices auto's splits at: this machine's calibration (rank 0's;
-// auto only) with the link rate measured now between the ranks (a collective: every rank).
+// auto only) with the link rate between the ranks (dist/link.h; a collective: every rank).
 apus::Chip rank_chip(const std::string& parallel, const std::string& device) {
   const apus::dist::World& world = apus::dist::World::get();
-  const double link = world.measure_link_bps();
+  const double link = apus::dist::link_rates(world).bps();
   apus::Chip here = parallel == "auto" && world.rank() == 0 ? apus::device_ceiling(device) : apus::Chip{};
   here.link_bps = link;
   return here;
@@ -1045,11 +1061,12 @@ int main(int argc, char** argv) {
   try {
     for (const Command& c : commands) {
       if (!*c.app) continue;
-      // Only image, audio and serve split their work over ranks so far (issue 43).
+      // Only image, audio, serve and calibrate run over ranks so far (issue 43).
       const std::string name = c.app->get_name();
-      APUS_CHECK(name == "image" || name == "audio" || name == "serve" || apus::dist::launched_size() == 1, "apus ",
-                 name, " does not split over several processes yet (started as one of ", apus::dist::launched_size(),
-                 " by mpirun or srun): run it as one process");
+      APUS_CHECK(name == "image" || name == "audio" || name == "serve" || name == "calibrate" ||
+                     apus::dist::launched_size() == 1,
+                 "apus ", name, " does not split over several processes yet (started as one of ",
+                 apus::dist::launched_size(), " by mpirun or srun): run it as one process");
       return c.run();
     }
     return 0;

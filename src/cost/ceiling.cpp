@@ -131,52 +131,65 @@ std::string calibration_key(const Context& c) {
 
 std::string calibration_file() { return apus_cache_dir() + "/calibration.json"; }
 
-void forget_calibration(const Context& c) {
-  const std::string path = calibration_file();
-  std::ifstream in{path};
-  if (!in) return;
+namespace {
+
+nlohmann::json read_calibrations() {
+  std::ifstream in{calibration_file()};
+  if (!in) return nlohmann::json::object();
   nlohmann::json all = nlohmann::json::parse(in, nullptr, false);
-  if (!all.is_object() || !all.contains(calibration_key(c))) return;
+  return all.is_object() ? all : nlohmann::json::object();  // a damaged cache is measured over
+}
+
+}  // namespace
+
+void forget_calibration(const Context& c) {
+  nlohmann::json all = read_calibrations();
+  if (!all.contains(calibration_key(c))) return;
   all.erase(calibration_key(c));
+  const std::string text = all.dump(1);
+  write_whole_file(calibration_file(), text.data(), text.size());
+}
+
+nlohmann::json cached_calibration(const std::string& key) {
+  const nlohmann::json all = read_calibrations();
+  return all.contains(key) && all[key].is_object() ? all[key] : nlohmann::json();
+}
+
+void keep_calibration(const std::string& key, nlohmann::json entry) {
+  const std::string path = calibration_file();
+  nlohmann::json all = read_calibrations();
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  entry["measured_at"] = when;
+  all[key] = std::move(entry);
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   const std::string text = all.dump(1);
   write_whole_file(path, text.data(), text.size());
 }
 
 Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
-  const std::string path = calibration_file(), key = calibration_key(c);
-  nlohmann::json all = nlohmann::json::object();
-  if (std::ifstream in{path}) {
-    all = nlohmann::json::parse(in, nullptr, false);
-    if (!all.is_object()) all = nlohmann::json::object();  // a damaged cache is measured over
-  }
-  const nlohmann::json* entry = all.contains(key) ? &all[key] : nullptr;
+  const std::string key = calibration_key(c);
+  const nlohmann::json entry = cached_calibration(key);
   // An entry without the int8 rate predates it, and one without a rate where the tier runs now
   // (AVX2 CPUs gained it in session 24), is measured again.
-  if (!refresh && entry && entry->is_object() && entry->value("bf16_flops", 0.0) > 0 &&
-      entry->value("memory_bps", 0.0) > 0 && entry->value("int8_ops", -1.0) >= 0 &&
-      (entry->value("int8_ops", 0.0) > 0) == runs_int8(c)) {
+  if (!refresh && entry.is_object() && entry.value("bf16_flops", 0.0) > 0 && entry.value("memory_bps", 0.0) > 0 &&
+      entry.value("int8_ops", -1.0) >= 0 && (entry.value("int8_ops", 0.0) > 0) == runs_int8(c)) {
     Chip chip = find_chip("cpu");
     chip.name = "this machine (calibrated)";
-    chip.bf16_flops = (*entry)["bf16_flops"];
-    chip.int8_ops = (*entry)["int8_ops"];
-    chip.memory_bps = (*entry)["memory_bps"];
-    chip.note = entry->value("how", "") + ", " + entry->value("measured_at", "");
+    chip.bf16_flops = entry["bf16_flops"];
+    chip.int8_ops = entry["int8_ops"];
+    chip.memory_bps = entry["memory_bps"];
+    chip.note = entry.value("how", "") + ", " + entry.value("measured_at", "");
     if (cached) *cached = true;
     return chip;
   }
   Chip chip = measure_ceiling(c);
-  char when[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  all[key] = {{"bf16_flops", chip.bf16_flops},
-              {"int8_ops", chip.int8_ops},
-              {"memory_bps", chip.memory_bps},
-              {"how", chip.note},
-              {"measured_at", when}};
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string text = all.dump(1);
-  write_whole_file(path, text.data(), text.size());
+  keep_calibration(key, {{"bf16_flops", chip.bf16_flops},
+                         {"int8_ops", chip.int8_ops},
+                         {"memory_bps", chip.memory_bps},
+                         {"how", chip.note}});
   chip.name = "this machine (calibrated)";
   if (cached) *cached = false;
   return chip;

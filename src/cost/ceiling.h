@@ -1,6 +1,8 @@
 #pragma once
 // The machine's own ceilings, measured in this process on the backend that runs the request: what
 // `-v` prices each stage against, instead of a table entry written on another machine.
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "cost/chips.h"
@@ -40,6 +42,10 @@ std::string calibration_key(const Context& c);
 // The file calibrations are cached in: calibration.json under apus_cache_dir(), mapping each key
 // to its rates and when they were measured.
 std::string calibration_file();
+// The calibration cached under `key` (an object), or null; and keeping one (its measured_at
+// stamped), replacing what was kept under that key.
+nlohmann::json cached_calibration(const std::string& key);
+void keep_calibration(const std::string& key, nlohmann::json entry);
 // This machine's ceilings: the cached calibration for calibration_key(), or a measurement (then
 // cached) when there is none or `refresh`. `cached` says which.
 Chip calibrated_ceiling(Context& c, bool refresh = false, bool* cached = nullptr);

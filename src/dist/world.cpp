@@ -82,7 +82,7 @@ void World::count(double sent, double seconds) const {
   traffic_.seconds += seconds;
 }
 
-double World::measure_link_bps() const {
+double World::measure_all_gather_bps() const {
   if (size_ == 1) return 0;
   const size_t part = size_t(16) << 20;
   std::vector<char> buffer(part * size_t(size_), 1);
@@ -90,6 +90,41 @@ double World::measure_link_bps() const {
   double best = 1e30;
   for (int i = 0; i < 5; ++i) best = std::min(best, gather(buffer.data(), bytes, "the link measurement"));
   return double(part) * (size_ - 1) / best;
+}
+
+double World::measure_all_to_all_bps() const {
+  if (size_ == 1) return 0;
+  const size_t part = size_t(16) << 20;
+  std::vector<char> send(part * size_t(size_), 1), recv(send.size());
+  const std::vector<size_t> bytes(size_t(size_), part);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const Traffic before = traffic_;
+    all_to_all(send.data(), bytes, recv.data(), bytes, "the link measurement");
+    best = std::min(best, traffic_.seconds - before.seconds);
+    traffic_ = before;  // a measurement, not the request's traffic
+  }
+  return double(part) * (size_ - 1) / best;
+}
+
+std::string World::placement() const {
+  char name[MPI_MAX_PROCESSOR_NAME + 1] = {};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  const size_t width = MPI_MAX_PROCESSOR_NAME + 1;
+  std::vector<char> names(width * size_t(size_), 0);
+  std::memcpy(names.data() + width * size_t(rank_), name, size_t(length));
+  gather(names.data(), std::vector<size_t>(size_t(size_), width), "the ranks' host names");
+  std::vector<std::pair<std::string, int>> hosts;
+  for (int r = 0; r < size_; ++r) {
+    const std::string host(names.data() + width * size_t(r));
+    if (hosts.empty() || hosts.back().first != host) hosts.emplace_back(host, 0);
+    ++hosts.back().second;
+  }
+  std::string out = std::to_string(size_) + " ranks on ";
+  for (size_t i = 0; i < hosts.size(); ++i)
+    out += (i ? ", " : "") + hosts[i].first + " (" + std::to_string(hosts[i].second) + ")";
+  return out;
 }
 
 namespace {
@@ -232,7 +267,11 @@ void World::all_to_all(const void* send, const std::vector<size_t>& send_bytes, 
   std::memcpy(recv, send, send_bytes[0]);
 }
 
-double World::measure_link_bps() const { return 0; }
+double World::measure_all_gather_bps() const { return 0; }
+
+double World::measure_all_to_all_bps() const { return 0; }
+
+std::string World::placement() const { return "1 rank"; }
 
 void World::abort(const std::string& message) const {
   std::fprintf(stderr, "error: %s\n", message.c_str());

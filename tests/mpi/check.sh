@@ -9,7 +9,8 @@
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. A strategy not
 # implemented yet (tensor), a request cfg cannot split and a command that does not split yet
-# (calibrate) are refused naming themselves. (`apus serve` over ranks: tests/mpi/serve.sh.)
+# (roofline) are refused naming themselves; calibrate measures the link between the ranks and
+# keeps it. (`apus serve` over ranks: tests/mpi/serve.sh.)
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/check.sh APUS FIXTURES
 set -euo pipefail
@@ -54,6 +55,8 @@ for i in 1 2; do same "one-$i.wav" "ranks-$i.wav"; done
 counted() {
   local n="$1" exchanges="${2:-}"
   [ "$(grep -c '^rank [0-9]* of '"$n"': ' "$scratch/ranks.log")" = "$n" ] || { cat "$scratch/ranks.log"; fail "not every rank reported its exchanges"; }
+  grep '^rank [0-9]* of ' "$scratch/ranks.log" | grep -vq "s in them (the counted bytes take [0-9.]* s at [0-9.]* GB/s)$" &&
+    { cat "$scratch/ranks.log"; fail "a rank's exchange time without the link's prediction"; }
   grep '^rank [0-9]* of ' "$scratch/ranks.log" | while read -r _ rank _ _ calls _ sent _ _ _ counted _; do
     counted="${counted%),}"
     [ "$sent" = "$counted" ] || fail "rank $rank sent $sent bytes, the count says $counted"
@@ -150,6 +153,14 @@ cd ..
 
 if mpirun -np 2 "$apus" "${image[@]}" -n 2 --parallel tensor -o x.png > refused.log 2>&1; then fail "tensor was not refused"; fi
 grep -q "parallel tensor: not implemented yet" refused.log || { cat refused.log; fail "the refusal does not name the strategy"; }
-if mpirun -np 2 "$apus" calibrate > refused.log 2>&1; then fail "calibrate ran over 2 ranks"; fi
-grep -q "apus calibrate does not split over several processes yet" refused.log || { cat refused.log; fail "calibrate's refusal"; }
+if mpirun -np 2 "$apus" roofline --model "$fixtures/klein_tiny_a" > refused.log 2>&1; then fail "roofline ran over 2 ranks"; fi
+grep -q "apus roofline does not split over several processes yet" refused.log || { cat refused.log; fail "roofline's refusal"; }
+# calibrate over the ranks: the link between them measured, then kept under their placement.
+for refresh in --refresh ""; do
+  ranks 2 calibrate $refresh
+  kept="$([ -n "$refresh" ] && echo "measured now" || echo cached)"
+  grep -A2 "^MPI | 2 ranks on .* (2)$" "$scratch/ranks.log" | grep -q "GB/s all-gather, .* GB/s all-to-all" ||
+    { cat "$scratch/ranks.log"; fail "calibrate's link rates"; }
+  grep -A2 "^MPI | 2 ranks on " "$scratch/ranks.log" | grep -qx "  $kept" || { cat "$scratch/ranks.log"; fail "the link rates not $kept"; }
+done
 echo "mpi check: batches, guided branches and tokens over 2 and 3 ranks are one process's, byte for byte"
