@@ -12,6 +12,7 @@
 #include "io/model_dir.h"
 #include "io/weights/synth.h"
 #include "ops/ops.h"
+#include "sa3_fixtures.h"
 #include "test_util.h"
 
 namespace apus {
@@ -254,6 +255,48 @@ TEST(Cost, SplitsGatherEachStepsVelocitiesAndDivideTheSteps) {
   EXPECT_EQ(cfg["wire_bytes_per_chip"].get<double>(), 5 * velocities / 4);
   EXPECT_NEAR(cfg["floor_s"].get<double>(),
               roofline_json(single, {chip, 1})["total"]["floor_s"].get<double>() + cfg["seconds"].get<double>(), 1e-12);
+}
+
+TEST(Cost, SplitsDealOutSamesChunks) {
+  AudioRequest r;
+  r.seconds = 20;  // on the tiny model (2048 Hz, 128 samples a latent) a canvas of 416 latents
+  r.steps = 2;
+  r.chunked_decode = true;
+  const PipelineCost p = AudioModel::open(test::official_dir(), Weights::none)->count(r);
+  const Chip chip = find_chip("h200");
+  const auto one = roofline_json(p, {chip, 1});
+  double decode_floor = 0, steps_floor = 0, all_floor = 0, steps_wire = 0;
+  const StageCost* decode = nullptr;
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    const double f = one["stages"][i]["floor_s"].get<double>();
+    all_floor += f;
+    if (p.stages[i].divisible) {
+      steps_floor += f;
+      steps_wire += double(p.stages[i].calls) * p.stages[i].gather_bytes;
+    }
+    if (p.stages[i].parts > 0) {
+      ASSERT_FALSE(decode) << "one stage deals out parts";
+      decode = &p.stages[i];
+      decode_floor = f;
+    }
+  }
+  ASSERT_TRUE(decode);
+  EXPECT_EQ(decode->parts, 4) << "416 latents in 128-latent chunks overlapping by 32";
+  EXPECT_EQ(decode->gather_bytes, 2.0 * 416 * 128 * 2) << "the canvas' audio: two channels in bf16";
+  for (const int n : {2, 3, 4}) {
+    // The busiest chip decodes ceil(4 / n) of the four chunks; the chunks' audio is gathered.
+    const double busiest = double((4 + n - 1) / n) / 4;
+    const auto ulysses = roofline_json(p, {chip, n})["collectives"]["ulysses"];
+    EXPECT_NEAR(ulysses["floor_s"].get<double>(),
+                all_floor - steps_floor + steps_floor / n - decode_floor + decode_floor * busiest +
+                    ulysses["seconds"].get<double>(),
+                1e-12 * all_floor)
+        << n;
+    const auto cfg = roofline_json(p, {chip, n})["collectives"]["cfg"];
+    EXPECT_DOUBLE_EQ(cfg["wire_bytes_per_chip"].get<double>(),
+                     allgather_wire_bytes(steps_wire, n) + allgather_wire_bytes(decode->gather_bytes, n))
+        << n;
+  }
 }
 
 TEST(Cost, CountingReadsConfigsOnly) {

@@ -54,6 +54,10 @@ class CostLog {
   // A transformer forward that cfg and Ulysses splits divide runs here.
   void mark_divisible() { divisible_ = true; }
   bool divisible() const { return divisible_; }
+  // The work here comes in `parts` equal pieces that cfg and Ulysses splits deal out over the
+  // ranks (SAME's chunks), whether or not this request splits; their outputs are its gather.
+  void mark_parts(int64_t parts) { parts_ = parts; }
+  int64_t parts() const { return parts_; }
   // Bytes this rank sends the others here under the request's own split (none: 0), summed.
   void mark_sent(double bytes) { sent_ += bytes; }
   double sent() const { return sent_; }
@@ -69,6 +73,7 @@ class CostLog {
   double boundary_ = 0;
   double gather_ = 0, sent_ = 0;
   bool divisible_ = false;
+  int64_t parts_ = 0;
 };
 
 // One stage of a request as counted: its modules' cost per call, how often it runs, and the peak
@@ -86,6 +91,7 @@ struct StageCost {
   double activation_bytes = 0;  // peak arena use of one call: activations and scratch
   bool replicated = false;      // not split by tensor or sequence parallelism (a VAE decode)
   bool divisible = false;       // what apus's cfg and Ulysses splits divide (CostLog::mark_divisible)
+  int64_t parts = 0;            // ... or deal out in pieces (CostLog::mark_parts); 0: neither
 };
 
 struct PipelineCost {

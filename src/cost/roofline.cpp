@@ -111,23 +111,33 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   // Collectives. At batch 1 only tensor and sequence (Ulysses) parallelism split the work of
   // one request, and cfg parallelism a guided one's two branches (the busiest chip runs
   // ceil(samples / N) of the steps' samples); both as apus runs them, on the transformer's steps
-  // alone (the text encoder and the decoders whole on every chip). FSDP shards memory but every chip still runs the
+  // and SAME's chunks (each chip ceil(chunks / N) of them; the text encoder and klein's VAE whole
+  // on every chip). FSDP shards memory but every chip still runs the
   // whole request, and depth sharding leaves N-1 chips idle (its (N-1)/N bubble). The VAE runs replicated.
   const int n = r.chips;
   const double link = r.chip.link_bps;
   auto seconds = [&](double bytes) { return link > 0 ? bytes / link : (bytes > 0 ? INFINITY : 0.0); };
-  double split = 0, replicated = 0;  // floors of the shardable stages and the rest
-  double divisible = 0;              // floors of the stages whose forwards cfg and Ulysses divide
+  double split = 0, replicated = 0;       // floors of the shardable stages and the rest
+  double divisible = 0;                   // floors of the stages whose forwards cfg and Ulysses divide
+  double parted = 0, parted_busiest = 0;  // floors of those they deal out in parts: whole, the busiest rank's
   double fsdp = 0, tp = 0, ulysses = 0, cfg = 0, depth = 0;
   for (const StageCost& s : p.stages) {
     const double f = double(s.calls) * stage_floor_per_call(s, rates);
     (s.replicated ? replicated : split) += f;
     if (s.divisible) divisible += f;
+    if (s.parts > 0) {
+      parted += f;
+      parted_busiest += f * double((s.parts + n - 1) / n) / double(s.parts);
+    }
     fsdp += double(s.calls) * allgather_wire_bytes(s.per_call.weight_bytes, n);
     // A replicated stage runs whole on every chip: nothing of it is split or exchanged.
     if (!s.replicated) tp += double(s.calls) * allreduce_wire_bytes(s.per_call.tp_bytes, n);
     // Both gather the velocities of the forwards they divide; Ulysses also exchanges every
     // attention's q, k, v and o.
+    if (s.parts > 0) {
+      cfg += double(s.calls) * allgather_wire_bytes(s.gather_bytes, n);
+      ulysses += double(s.calls) * allgather_wire_bytes(s.gather_bytes, n);
+    }
     if (s.divisible) {
       cfg += double(s.calls) * allgather_wire_bytes(s.gather_bytes, n);
       ulysses += double(s.calls) *
@@ -138,6 +148,8 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   const double ideal = compute_seconds(total, rates) / double(n);
   const int samples = std::max(p.samples, 1);
   const double busiest_share = double((samples + n - 1) / n) / samples;
+  // What cfg and Ulysses leave whole on every chip: the text encoder, klein's VAE.
+  const double undivided = split + replicated - divisible - parted;
   auto strategy = [&](double wire, double compute_floor) {
     const double sec = seconds(wire);
     const double fl = compute_floor + sec;
@@ -147,8 +159,8 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   out["collectives"] = {{"chips", n},
                         {"fsdp", strategy(fsdp, split + replicated)},
                         {"tensor_parallel", strategy(tp, split / n + replicated)},
-                        {"ulysses", strategy(ulysses, divisible / n + (split - divisible) + replicated)},
-                        {"cfg", strategy(cfg, divisible * busiest_share + (split - divisible) + replicated)},
+                        {"ulysses", strategy(ulysses, divisible / n + parted_busiest + undivided)},
+                        {"cfg", strategy(cfg, divisible * busiest_share + parted_busiest + undivided)},
                         {"depth", strategy(depth, split + replicated)}};
   return out;
 }

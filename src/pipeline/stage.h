@@ -33,6 +33,7 @@ template <typename Body> StageCost count_stage(const std::string& name, int64_t 
   s.gather_bytes = log.gather();
   s.sent_bytes = log.sent();
   s.divisible = log.divisible();
+  s.parts = log.parts();
   return s;
 }
 

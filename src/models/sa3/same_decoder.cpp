@@ -90,6 +90,10 @@ Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, boo
   Tensor audio = ops::empty(c, {batch, ch, frames * spl}, c.act);
   Tensor out = audio.reshape({batch * ch, frames * spl});
   const std::vector<SameChunk> chunks = same_chunks(frames);
+  if (c.cost) {
+    c.cost->mark_parts(int64_t(chunks.size()));
+    c.cost->mark_gather(double(audio.nbytes()));
+  }
   const bool split = ranks && ranks->size() > 1;
   const Share mine =
       split ? share_of(int64_t(chunks.size()), ranks->rank(), ranks->size()) : Share{0, int64_t(chunks.size())};
