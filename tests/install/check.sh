@@ -3,7 +3,8 @@
 # package apt can resolve here), its files unpacked into a scratch root (dpkg -x) running there:
 # --version, --help, a roofline from the published layouts it carries (shown to read them from
 # the package: a spoiled packaged config is refused by its packaged path), and a C++ program built against
-# the packaged header and library through the packaged pkg-config file, rendering a fixture model.
+# the packaged header and library through the packaged pkg-config file, rendering a fixture model;
+# the C ABI's test program built as C against the packaged apus_c.h.
 # Usage: tests/install/check.sh BUILD FIXTURES SOURCES
 set -euo pipefail
 build="$1" fixtures="$2" sources="$3"
@@ -46,4 +47,11 @@ flags="$(PKG_CONFIG_PATH="$(dirname "$pc")" pkg-config --cflags --libs apus)"
 # shellcheck disable=SC2086
 g++ -O1 -o "$scratch/embed" "$sources/tests/install/embed.cpp" $flags || fail "the embedding program did not build: $flags"
 LD_LIBRARY_PATH="$(dirname "$(find "$root" -name 'libapus.so' | head -1)")" "$scratch/embed" "$fixtures/klein_tiny_a"
+# The C ABI from the package: tests/capi/check.c (run by tests/capi/check.sh against the build)
+# compiled as C through the packaged apus-c.pc and linked against the packaged libapus.so.
+c_flags="$(PKG_CONFIG_PATH="$(dirname "$pc")" pkg-config --cflags --libs apus-c)"
+# shellcheck disable=SC2086
+gcc -std=c11 -pedantic -Wall -Werror -o "$scratch/embed_c" "$sources/tests/capi/check.c" $c_flags ||
+  fail "the C program did not build: $c_flags"
+[ -e "$root/usr/include/apus/apus_c.h" ] || fail "the package lacks /usr/include/apus/apus_c.h"
 echo "install check: $(basename "$deb") installs and runs ($(du -h "$deb" | cut -f1))"
