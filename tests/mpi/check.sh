@@ -3,7 +3,7 @@
 # parallelism (klein's images and Stable Audio 3's clips of a batch over 2 and 3 ranks; 3 ranks for
 # 2 outputs: a rank with nothing) and cfg parallelism (a guided request's branches over 2 and 3
 # ranks, alone and in a batch, with a negative prompt; each rank's gathered bytes equal to what
-# the count says); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
+# the count says; klein's VAE convolutions dealt out too); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
 # inpainting; SA3's memory tokens and frames: a clip, a guided one, one with padding), SAME's
 # chunks decoded over the ranks; auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
@@ -82,8 +82,10 @@ as_one() {
 }
 base=(image --model "$fixtures/klein_tiny_base" -p "a fox" -W 32 -H 32 --steps 2 -s 5)
 guided_audio=("${audio[@]}" --cfg 4 --negative-prompt "wind")
-as_one cfg 2 guided.png "${base[@]}"
-as_one cfg 2 guided.png "${base[@]}" -n 3
+# klein: one gather per step and one per VAE convolution (the tiny VAE's 35, dealt out by output
+# channels).
+as_one cfg 37 guided.png "${base[@]}"
+as_one cfg 37 guided.png "${base[@]}" -n 3
 as_one cfg 2 guided.wav "${guided_audio[@]}"
 # 20 s: SAME's three 128-latent chunks over the ranks too, their audio gathered (one more exchange);
 # also with the decoder's mask noise, each rank drawing past the earlier chunks' noise.
@@ -128,19 +130,20 @@ as_one ulysses "" short.wav audio --model "$sa3" -p "rain" --seconds 0.7 --steps
 as_one ulysses "" chunks.wav audio --model "$sa3" -p "rain" --seconds 20 --steps 2 -s 3 --decode chunked
 as_one ulysses "" plain.wav audio --model "$small" -p "rain" --seconds 1 --steps 2 -s 3 --cfg 4
 
-# Rank 1 leaves after one step (a shorter request): rank 0 waits at the next gather, then ends the job.
-cfg=(-p "a fox" -W 32 -H 32 -s 5 --parallel cfg)
+# Rank 1 leaves at once (told it has no part: --parallel none): rank 0 waits at the first gather,
+# then ends the job.
+cfg=(-p "a fox" -W 32 -H 32 -s 5 --steps 3)
 start=$SECONDS
-if timeout 120 mpirun -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --steps 3 --rank-timeout 2 -o t.png \
-  : -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --steps 1 -o u.png > hung.log 2>&1; then
+if timeout 120 mpirun -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --parallel cfg --rank-timeout 2 \
+  -o t.png : -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --parallel none -o u.png > hung.log 2>&1; then
   fail "a rank left, and the job did not fail"
 fi
 grep -q "^error: rank 0 of 2: gathering the transformer's velocities: not every rank arrived within 2 s" hung.log ||
   { cat hung.log; fail "the waiting rank's message"; }
 [ $((SECONDS - start)) -lt 60 ] || fail "the job took $((SECONDS - start)) s to end"
 # Rank 1 fails (no such model): the job ends, naming it.
-if timeout 120 mpirun -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --steps 3 -o t.png \
-  : -np 1 "$apus" image --model "$scratch/none" "${cfg[@]}" --steps 3 -o u.png > failed.log 2>&1; then
+if timeout 120 mpirun -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --parallel cfg -o t.png \
+  : -np 1 "$apus" image --model "$scratch/none" "${cfg[@]}" --parallel cfg -o u.png > failed.log 2>&1; then
   fail "a rank failed, and the job did not"
 fi
 grep -q "^error: rank 1 of 2: .*none" failed.log || { cat failed.log; fail "the failed rank's message"; }

@@ -132,7 +132,8 @@ int64_t VaeDecoder::max_activation(int64_t lh, int64_t lw) const {
   return most;
 }
 
-void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image) const {
+void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image,
+                        const ProcessGroup* ranks) const {
   const int64_t s = cfg_.pixels_per_token(), batch = image.shape[0];
   APUS_CHECK(image.shape == Shape({batch, cfg_.out_channels, h * s, w * s}) && image.dtype == c.act, "vae: image ",
              shape_str(image.shape), " ", dtype_name(image.dtype), " for a ", h, "x", w, " token grid; expected [N, ",
@@ -151,18 +152,19 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w, 
     at ^= 1;
     return slot(bufs[at], {batch, ch, hh, ww});
   };
+  vae::ConvRanks split{ranks};
   unpack_latents(c, packed, h, w, x);
   if (cfg_.post_quant_conv) {
     Tensor y = next(cfg_.latent_channels, lh, lw);
-    ops::conv2d(c, x, post_quant_w_, &post_quant_b_, y, 1, 0, 0);
+    vae::conv(c, &split, x, post_quant_w_, &post_quant_b_, y, 1, 0, 0);
     x = y;
   }
   const int64_t mid = cfg_.block_out.back();
   Tensor y = next(mid, lh, lw);
-  ops::conv2d(c, x, conv_in_w_, &conv_in_b_, y, 1, 1, 1);
+  vae::conv(c, &split, x, conv_in_w_, &conv_in_b_, y, 1, 1, 1);
   x = y;
   y = next(mid, lh, lw);
-  vae::resnet(c, mid_in_, cfg_.groups, x, y);
+  vae::resnet(c, mid_in_, cfg_.groups, x, y, &split);
   x = y;
   if (cfg_.mid_attention) {
     y = next(mid, lh, lw);
@@ -170,14 +172,14 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w, 
     x = y;
   }
   y = next(mid, lh, lw);
-  vae::resnet(c, mid_out_, cfg_.groups, x, y);
+  vae::resnet(c, mid_out_, cfg_.groups, x, y, &split);
   x = y;
   for (int64_t i = 0; i < n; ++i) {
     part.emplace(c, "up." + std::to_string(i));
     const int64_t out = cfg_.block_out[size_t(n - 1 - i)], hh = x.shape[2], ww = x.shape[3];
     for (const vae::Resnet& r : up_[size_t(i)].resnets) {
       y = next(out, hh, ww);
-      vae::resnet(c, r, cfg_.groups, x, y);
+      vae::resnet(c, r, cfg_.groups, x, y, &split);
       x = y;
     }
     if (up_[size_t(i)].up_w.defined()) {
@@ -185,7 +187,7 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w, 
       Tensor wide = Tensor::in(*c.arena, {batch, out, 2 * hh, 2 * ww}, c.act);
       ops::upsample_nearest2x(c, x, wide);
       y = next(out, 2 * hh, 2 * ww);
-      ops::conv2d(c, wide, up_[size_t(i)].up_w, &up_[size_t(i)].up_b, y, 1, 1, 1);
+      vae::conv(c, &split, wide, up_[size_t(i)].up_w, &up_[size_t(i)].up_b, y, 1, 1, 1);
       x = y;
     }
   }
@@ -193,7 +195,13 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w, 
   Tensor normed = Tensor::in(*c.arena, x.shape, c.act);
   ops::group_norm(c, x, norm_out_.weight, norm_out_.bias, normed, cfg_.groups, vae::kNormEps, true,
                   ops::Rounding::each_step);
-  ops::conv2d(c, normed, conv_out_w_, &conv_out_b_, image, 1, 1, 1);
+  vae::conv(c, &split, normed, conv_out_w_, &conv_out_b_, image, 1, 1, 1);
+  // Under cfg or Ulysses every rank computes ~1/N of each convolution (the channels of the
+  // outermost blocks stand for all of them), the outputs all-gathered.
+  if (c.cost) {
+    c.cost->mark_parts(cfg_.block_out.front());
+    c.cost->mark_gather(split.gathered);
+  }
 }
 
 }  // namespace apus::flux2

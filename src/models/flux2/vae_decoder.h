@@ -34,8 +34,11 @@ class VaeDecoder {
   // de-normalisation and the unpatchify the pipeline applies before vae.decode.
   void unpack_latents(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& latents) const;
   // packed tokens as above -> image [N, out_channels, h*pixels_per_token, w*pixels_per_token]
-  // in the activation dtype, in [-1, 1] before postprocessing.
-  void decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image) const;
+  // in the activation dtype, in [-1, 1] before postprocessing. With `ranks` (a split's, every rank
+  // holding the same latents) each convolution's output channels are dealt out over them
+  // (vae::ConvRanks); every rank returns the whole image.
+  void decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image,
+              const ProcessGroup* ranks = nullptr) const;
 
  private:
   struct UpBlock {

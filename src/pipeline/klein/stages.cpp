@@ -234,7 +234,8 @@ void KleinModel::send_previews(Context& c, const Work& w, const Tensor& velocity
 void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const {
   const int64_t s = flux2::kTokenPixels;
   w.image = ops::empty(c, {w.batch, vae.config().out_channels, w.h * s, w.w * s}, c.act);
-  vae.decode(c, w.latents, w.h, w.w, w.image);
+  // Split, every rank holds the same latents: the VAE's convolutions split over the ranks too.
+  vae.decode(c, w.latents, w.h, w.w, w.image, w.parallel.strategy == Parallel::none ? nullptr : w.parallel.group);
 }
 
 void KleinModel::count_inputs(Work& w, int batch) const {
