@@ -212,6 +212,23 @@ TEST(Cost, LinearsScaleWithTokensAttentionWithTheirSquare) {
 // A cfg split (issue 43) gathers every step's velocities, [samples x tokens, channels] in bf16,
 // and halves the steps' work on two chips; Ulysses divides them over every chip and also exchanges
 // each attention's q, k, v and o; the text encoder and the VAE stay whole under both.
+// What cfg and Ulysses save on the stages they deal out in parts (klein's text encoder and VAE),
+// and the outputs they gather there, over n chips.
+struct Parted {
+  double saved = 0, wire = 0;
+};
+Parted parted(const PipelineCost& p, const nlohmann::json& one_chip, int n) {
+  Parted out;
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    const StageCost& s = p.stages[i];
+    if (s.parts == 0) continue;
+    const double share = double((s.parts + n - 1) / n) / double(s.parts);
+    out.saved += one_chip["stages"][i]["floor_s"].get<double>() * (1 - share);
+    out.wire += double(s.calls) * s.gather_bytes * (n - 1) / n;
+  }
+  return out;
+}
+
 TEST(Cost, SplitsGatherEachStepsVelocitiesAndDivideTheSteps) {
   ImageRequest r;
   r.width = 512;
@@ -220,64 +237,53 @@ TEST(Cost, SplitsGatherEachStepsVelocitiesAndDivideTheSteps) {
   // The tiny -base model: 128 latent channels in and out, as the published ones.
   const PipelineCost guided = ImageModel::open(test::fixture("klein_tiny_base"), Weights::none)->count(r);
   ASSERT_EQ(guided.samples, 2);
-  const StageCost *step = nullptr, *vae = nullptr;
-  double steps_floor = 0, vae_floor = 0, all_floor = 0;
+  const StageCost* step = nullptr;
+  double steps_floor = 0, all_floor = 0;
+  std::vector<std::string> dealt;
   const Chip chip = find_chip("h200");
   const auto one = roofline_json(guided, {chip, 1});
   for (size_t i = 0; i < guided.stages.size(); ++i) {
     const double f = one["stages"][i]["floor_s"].get<double>();
     all_floor += f;
     if (guided.stages[i].name == "dit_step") step = &guided.stages[i], steps_floor = f;
-    if (guided.stages[i].parts > 0) vae = &guided.stages[i], vae_floor = f;
+    if (guided.stages[i].parts > 0) {
+      dealt.push_back(guided.stages[i].name);
+      // Their outputs gathered: the VAE's include the image (3 channels of 512x256 in bf16).
+      EXPECT_GT(guided.stages[i].gather_bytes, 3.0 * 512 * 256 * 2) << guided.stages[i].name;
+    }
   }
   ASSERT_TRUE(step);
-  // The VAE's convolutions are dealt out by output channels, their outputs gathered: at least
-  // the image itself (3 channels of 512x256 in bf16) among them.
-  ASSERT_TRUE(vae);
-  EXPECT_EQ(vae->name, "vae_decode");
-  EXPECT_GT(vae->gather_bytes, 3.0 * 512 * 256 * 2);
+  EXPECT_EQ(dealt, std::vector<std::string>({"text_encoder", "vae_decode"}));
   const double velocities = 2.0 * (32 * 16) * 128 * 2;  // samples x tokens x channels x bf16
   EXPECT_EQ(step->gather_bytes, velocities);
   for (const int n : {2, 3}) {
-    const double vae_share = double((vae->parts + n - 1) / n) / double(vae->parts);
-    const double vae_wire = vae->gather_bytes * (n - 1) / n;
+    const Parted d = parted(guided, one, n);
     const auto cfg = roofline_json(guided, {chip, n})["collectives"]["cfg"];
-    EXPECT_DOUBLE_EQ(cfg["wire_bytes_per_chip"].get<double>(), 5 * velocities * (n - 1) / n + vae_wire) << n;
+    EXPECT_DOUBLE_EQ(cfg["wire_bytes_per_chip"].get<double>(), 5 * velocities * (n - 1) / n + d.wire) << n;
     // Two samples over 2 or 3 chips: the busiest runs one of them.
-    EXPECT_NEAR(cfg["floor_s"].get<double>(),
-                all_floor - steps_floor / 2 - vae_floor * (1 - vae_share) + cfg["seconds"].get<double>(),
+    EXPECT_NEAR(cfg["floor_s"].get<double>(), all_floor - steps_floor / 2 - d.saved + cfg["seconds"].get<double>(),
                 1e-12 * all_floor)
         << n;
     const auto ulysses = roofline_json(guided, {chip, n})["collectives"]["ulysses"];
     EXPECT_DOUBLE_EQ(ulysses["wire_bytes_per_chip"].get<double>(),
-                     5 * (all_to_all_wire_bytes(step->per_call.ulysses_bytes, n) + velocities * (n - 1) / n) + vae_wire)
+                     5 * (all_to_all_wire_bytes(step->per_call.ulysses_bytes, n) + velocities * (n - 1) / n) + d.wire)
         << n;
-    EXPECT_NEAR(
-        ulysses["floor_s"].get<double>(),
-        all_floor - steps_floor + steps_floor / n - vae_floor * (1 - vae_share) + ulysses["seconds"].get<double>(),
-        1e-12 * all_floor)
+    EXPECT_NEAR(ulysses["floor_s"].get<double>(),
+                all_floor - steps_floor + steps_floor / n - d.saved + ulysses["seconds"].get<double>(),
+                1e-12 * all_floor)
         << n;
   }
   // A distilled model's request has one sample: nothing for cfg to divide in the steps, their
-  // gather for nothing; the VAE still divides.
+  // gather for nothing; the text encoder and the VAE still divide.
   const PipelineCost single = count_request(test::fixture("klein_tiny_b"), 512, 256, 5);
   EXPECT_EQ(single.samples, 1);
-  const auto cfg = roofline_json(single, {chip, 2})["collectives"]["cfg"];
   const auto single_one = roofline_json(single, {chip, 1});
-  double single_vae = 0, single_gather = 0;
-  int64_t parts = 0;
-  for (size_t i = 0; i < single.stages.size(); ++i)
-    if (single.stages[i].parts > 0) {
-      single_vae = single_one["stages"][i]["floor_s"].get<double>();
-      single_gather = single.stages[i].gather_bytes;
-      parts = single.stages[i].parts;
-    }
-  ASSERT_GT(parts, 0);
-  EXPECT_EQ(cfg["wire_bytes_per_chip"].get<double>(), 5 * velocities / 4 + single_gather / 2);
+  const Parted d = parted(single, single_one, 2);
+  EXPECT_GT(d.saved, 0);
+  const auto cfg = roofline_json(single, {chip, 2})["collectives"]["cfg"];
+  EXPECT_DOUBLE_EQ(cfg["wire_bytes_per_chip"].get<double>(), 5 * velocities / 4 + d.wire);
   EXPECT_NEAR(cfg["floor_s"].get<double>(),
-              single_one["total"]["floor_s"].get<double>() -
-                  single_vae * (1 - double((parts + 1) / 2) / double(parts)) + cfg["seconds"].get<double>(),
-              1e-12);
+              single_one["total"]["floor_s"].get<double>() - d.saved + cfg["seconds"].get<double>(), 1e-12);
 }
 
 TEST(Cost, SplitsDealOutSamesChunks) {

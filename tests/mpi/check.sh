@@ -3,7 +3,7 @@
 # parallelism (klein's images and Stable Audio 3's clips of a batch over 2 and 3 ranks; 3 ranks for
 # 2 outputs: a rank with nothing) and cfg parallelism (a guided request's branches over 2 and 3
 # ranks, alone and in a batch, with a negative prompt; each rank's gathered bytes equal to what
-# the count says; klein's VAE convolutions dealt out too); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
+# the count says; klein's text encoder linears and VAE convolutions dealt out too); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
 # inpainting; SA3's memory tokens and frames: a clip, a guided one, one with padding), SAME's
 # chunks decoded over the ranks; auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
@@ -82,10 +82,11 @@ as_one() {
 }
 base=(image --model "$fixtures/klein_tiny_base" -p "a fox" -W 32 -H 32 --steps 2 -s 5)
 guided_audio=("${audio[@]}" --cfg 4 --negative-prompt "wind")
-# klein: one gather per step and one per VAE convolution (the tiny VAE's 35, dealt out by output
-# channels).
-as_one cfg 37 guided.png "${base[@]}"
-as_one cfg 37 guided.png "${base[@]}" -n 3
+# klein: one gather per step, one per text encoder linear (7 in each of the 27 layers up to the
+# deepest tap) and one per VAE convolution (the tiny VAE's 35), those two dealt out by output
+# features.
+as_one cfg 226 guided.png "${base[@]}"
+as_one cfg 226 guided.png "${base[@]}" -n 3
 as_one cfg 2 guided.wav "${guided_audio[@]}"
 # 20 s: SAME's three 128-latent chunks over the ranks too, their audio gathered (one more exchange);
 # also with the decoder's mask noise, each rank drawing past the earlier chunks' noise.
@@ -138,7 +139,7 @@ if timeout 120 mpirun -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "$
   -o t.png : -np 1 "$apus" image --model "$fixtures/klein_tiny_base" "${cfg[@]}" --parallel none -o u.png > hung.log 2>&1; then
   fail "a rank left, and the job did not fail"
 fi
-grep -q "^error: rank 0 of 2: gathering the transformer's velocities: not every rank arrived within 2 s" hung.log ||
+grep -q "^error: rank 0 of 2: gathering the text encoder's q features: not every rank arrived within 2 s" hung.log ||
   { cat hung.log; fail "the waiting rank's message"; }
 [ $((SECONDS - start)) -lt 60 ] || fail "the job took $((SECONDS - start)) s to end"
 # Rank 1 fails (no such model): the job ends, naming it.

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "models/common/feature_split.h"
 #include "models/common/text_inputs.h"
 
 namespace apus::flux2 {
@@ -106,7 +107,7 @@ TextEncoder TextEncoder::load(const Config& config, WeightLoader weights, const 
 }
 
 Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& attention_mask,
-                           int64_t batch) const {
+                           int64_t batch, const ProcessGroup* ranks) const {
   ArenaScope scope(*c.arena);
   CostScope text_scope(c, "text");
   const auto& cf = cfg_;
@@ -124,15 +125,16 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids, const st
   auto& [normed, q, k, v, attn, proj, gate, up] = buffers;
   const Tensor key_valid = key_mask(c, attention_mask);
   const ops::AttentionOptions mask{true, &key_valid, batch};
+  FeatureSplit split{ranks};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));
     mark_depth_boundary(c, x);
     std::optional<CostScope> part(std::in_place, c, "attn");
     ops::rms_norm(c, x, l.in_norm, normed, cf.eps, h, ops::Rounding::each_step);
-    ops::linear(c, normed, l.q, nullptr, q);
-    ops::linear(c, normed, l.k, nullptr, k);
-    ops::linear(c, normed, l.v, nullptr, v);
+    linear(c, &split, normed, l.q, nullptr, q, "the text encoder's q features");
+    linear(c, &split, normed, l.k, nullptr, k, "the text encoder's k features");
+    linear(c, &split, normed, l.v, nullptr, v, "the text encoder's v features");
     ops::rms_norm(c, q, l.q_norm, q, cf.eps, d, ops::Rounding::each_step);
     ops::rms_norm(c, k, l.k_norm, k, cf.eps, d, ops::Rounding::each_step);
     ops::rope(c, q, cos, sin, d, ops::RopeStyle::half, ops::Rounding::each_step);
@@ -140,17 +142,17 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids, const st
     ops::attention(c, q, k, v, attn, d, 1.0f / std::sqrt(float(d)), mask);
     {
       RowParallel row(c);
-      ops::linear(c, attn, l.o, nullptr, proj);
+      linear(c, &split, attn, l.o, nullptr, proj, "the text encoder's attention outputs");
     }
     ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
     part.emplace(c, "mlp");
     ops::rms_norm(c, x, l.post_norm, normed, cf.eps, h, ops::Rounding::each_step);
-    ops::linear(c, normed, l.gate, nullptr, gate);
-    ops::linear(c, normed, l.up, nullptr, up);
+    linear(c, &split, normed, l.gate, nullptr, gate, "the text encoder's gate features");
+    linear(c, &split, normed, l.up, nullptr, up, "the text encoder's up features");
     ops::glu(c, gate, up, gate, ops::Activation::silu, ops::Rounding::each_step);
     {
       RowParallel row(c);
-      ops::linear(c, gate, l.down, nullptr, proj);
+      linear(c, &split, gate, l.down, nullptr, proj, "the text encoder's MLP outputs");
     }
     ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
     // hidden_states[k] of the reference is the output of layer k - 1, except the last,
@@ -162,6 +164,11 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids, const st
         Tensor dst = out.cols(int64_t(j) * h, int64_t(j + 1) * h);
         ops::copy(c, last ? normed : x, dst);
       }
+  }
+  // Under cfg and Ulysses every rank computes ~1/N of each linear, the outputs all-gathered.
+  if (c.cost) {
+    c.cost->mark_parts(h);
+    c.cost->mark_gather(split.gathered);
   }
   return out;
 }

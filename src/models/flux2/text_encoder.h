@@ -3,6 +3,7 @@
 // tap, whose taps are concatenated per token into the transformer's text embedding.
 #include <vector>
 
+#include "apus/apus.h"
 #include "io/model_dir.h"
 #include "ops/ops.h"
 
@@ -23,9 +24,10 @@ class TextEncoder {
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
   // ids and mask [B*T], B prompts one after another; returns [B*T, taps * hidden] in the
-  // activation dtype (heap).
+  // activation dtype (heap). With `ranks` (a split's, every rank holding the same prompts) each
+  // linear's output features are dealt out over them (models/common/feature_split.h).
   Tensor encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& attention_mask,
-                int64_t batch = 1) const;
+                int64_t batch = 1, const ProcessGroup* ranks = nullptr) const;
 
  private:
   explicit TextEncoder(WeightLoader weights) : weights_(std::move(weights)) {}

@@ -1,10 +1,6 @@
 #include "models/flux2/vae_blocks.h"
 
 #include <cmath>
-#include <vector>
-
-#include "core/share.h"
-#include "models/common/exchange.h"
 
 namespace apus::flux2::vae {
 
@@ -62,45 +58,19 @@ Attention load_attention(const WeightLoader& w, const std::string& prefix, int64
   return a;
 }
 
-void conv(Context& c, ConvRanks* split, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride,
-          int64_t pad, int64_t pad_end) {
-  if (split) split->gathered += double(y.nbytes());
-  if (!split || !split->ranks || split->ranks->size() == 1) {
-    ops::conv2d(c, x, w, bias, y, stride, pad, pad_end);
-    return;
-  }
-  const ProcessGroup& ranks = *split->ranks;
-  const int n = ranks.size(), me = ranks.rank();
-  const int64_t samples = y.shape[0], out = y.shape[1], hw = y.shape[2] * y.shape[3];
-  // Every rank's channels of every sample, one rank after another: [rank][sample][its channels][hw].
-  std::vector<int64_t> at{0};
-  std::vector<size_t> bytes;
-  for (int r = 0; r < n; ++r) {
-    const int64_t count = share_of(out, r, n).count;
-    at.push_back(at.back() + samples * count * hw);
-    bytes.push_back(dtype_bytes(y.dtype, samples * count * hw));
-  }
-  ArenaScope scope(*c.arena);
-  Tensor flat = Tensor::in(*c.arena, {at.back()}, y.dtype);
-  const Share mine = share_of(out, me, n);
-  if (mine.count > 0) {
-    const Tensor w_mine = w.rows(mine.first, mine.first + mine.count);
-    const Tensor b_mine = bias ? bias->rows(mine.first, mine.first + mine.count) : Tensor{};
-    Tensor part = flat.rows(at[size_t(me)], at[size_t(me) + 1]).reshape({samples, mine.count, y.shape[2], y.shape[3]});
-    ops::conv2d(c, x, w_mine, bias ? &b_mine : nullptr, part, stride, pad, pad_end);
-  }
-  all_gather(c, ranks, flat.data, bytes, "the VAE's convolution outputs");
-  if (c.count_only) return;
-  Tensor planes = y.reshape({samples, out * hw});
-  for (int r = 0; r < n; ++r) {
-    const Share s = share_of(out, r, n);
-    if (s.count == 0) continue;
-    Tensor to = planes.cols(s.first * hw, (s.first + s.count) * hw);
-    ops::copy(c, flat.rows(at[size_t(r)], at[size_t(r) + 1]).reshape({samples, s.count * hw}), to);
-  }
+void conv(Context& c, FeatureSplit* split, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+          int64_t stride, int64_t pad, int64_t pad_end) {
+  const int64_t samples = y.shape[0], out = y.shape[1], h = y.shape[2], wd = y.shape[3];
+  split_features(c, split, y, samples, out, h * wd, "the VAE's convolution outputs",
+                 [&](int64_t first, int64_t count, Tensor& part) {
+                   Tensor planes = part.reshape({samples, count, h, wd});
+                   if (count == out) return ops::conv2d(c, x, w, bias, planes, stride, pad, pad_end);
+                   const Tensor b = bias ? bias->rows(first, first + count) : Tensor{};
+                   ops::conv2d(c, x, w.rows(first, first + count), bias ? &b : nullptr, planes, stride, pad, pad_end);
+                 });
 }
 
-void resnet(Context& c, const Resnet& r, int64_t groups, const Tensor& x, Tensor& y, ConvRanks* split) {
+void resnet(Context& c, const Resnet& r, int64_t groups, const Tensor& x, Tensor& y, FeatureSplit* split) {
   ArenaScope scope(*c.arena);
   const int64_t hw = x.shape[2] * x.shape[3], out = y.shape[1];
   Tensor n1 = Tensor::in(*c.arena, x.shape, c.act);

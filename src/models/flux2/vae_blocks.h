@@ -3,8 +3,8 @@
 // embedding, and the mid block's single-head attention), with their weights read by key prefix.
 #include <string>
 
-#include "apus/apus.h"
 #include "io/model_dir.h"
+#include "models/common/feature_split.h"
 #include "ops/ops.h"
 
 namespace apus::flux2::vae {
@@ -42,22 +42,14 @@ struct BatchNormStats {
 // In host memory (the encoder derives its normalisation from them); the decoder places them.
 BatchNormStats batch_norm_stats(const WeightLoader& w, int64_t channels, double eps, DType dt);
 
-// A decoder's convolutions over a split's ranks (issue 43): each rank computes its share of every
-// convolution's output channels, then they are all-gathered, so every rank holds each output
-// whole and runs the rest (norms, SiLU, sums, attention) whole. An output channel is the same
-// arithmetic at any share (its reduction runs over the input channels and taps). `gathered` sums
-// the outputs' bytes for the cost log, whether or not there are ranks.
-struct ConvRanks {
-  const ProcessGroup* ranks = nullptr;  // null or one: every convolution whole
-  double gathered = 0;
-};
-// ops::conv2d, its output channels over `split`'s ranks when given.
-void conv(Context& c, ConvRanks* split, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride,
-          int64_t pad, int64_t pad_end);
+// ops::conv2d, its output channels over `split`'s ranks when given (models/common/feature_split.h:
+// under cfg and Ulysses the decoder's convolutions are dealt out, the rest runs whole on each rank).
+void conv(Context& c, FeatureSplit* split, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+          int64_t stride, int64_t pad, int64_t pad_end);
 
 // y = x + conv2(silu(norm2(conv1(silu(norm1(x)))))), the sum through the 1x1 shortcut where the
 // channel count changes; NCHW, each eager op rounded to the activation dtype.
-void resnet(Context& c, const Resnet& r, int64_t groups, const Tensor& x, Tensor& y, ConvRanks* split = nullptr);
+void resnet(Context& c, const Resnet& r, int64_t groups, const Tensor& x, Tensor& y, FeatureSplit* split = nullptr);
 // y = x + attention over all H*W positions, one head of head_dim = channels (AttnProcessor2_0
 // with group_norm and a residual connection; rescale_output_factor 1).
 void attention(Context& c, const Attention& a, int64_t groups, const Tensor& x, Tensor& y);

@@ -152,7 +152,7 @@ void VaeDecoder::decode(Context& c, const Tensor& packed, int64_t h, int64_t w, 
     at ^= 1;
     return slot(bufs[at], {batch, ch, hh, ww});
   };
-  vae::ConvRanks split{ranks};
+  FeatureSplit split{ranks};
   unpack_latents(c, packed, h, w, x);
   if (cfg_.post_quant_conv) {
     Tensor y = next(cfg_.latent_channels, lh, lw);

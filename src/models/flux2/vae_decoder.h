@@ -36,7 +36,7 @@ class VaeDecoder {
   // packed tokens as above -> image [N, out_channels, h*pixels_per_token, w*pixels_per_token]
   // in the activation dtype, in [-1, 1] before postprocessing. With `ranks` (a split's, every rank
   // holding the same latents) each convolution's output channels are dealt out over them
-  // (vae::ConvRanks); every rank returns the whole image.
+  // (models/common/feature_split.h); every rank returns the whole image.
   void decode(Context& c, const Tensor& packed, int64_t h, int64_t w, Tensor& image,
               const ProcessGroup* ranks = nullptr) const;
 

@@ -117,7 +117,9 @@ void KleinModel::encode_references(Context& c, const flux2::VaeEncoder& encoder,
 }
 
 void KleinModel::encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const {
-  w.prompt_embeds = encoder.encode(c, w.ids, w.mask, w.samples);
+  // Split, every rank holds the same prompts: the linears' features split over the ranks.
+  w.prompt_embeds =
+      encoder.encode(c, w.ids, w.mask, w.samples, w.parallel.strategy == Parallel::none ? nullptr : w.parallel.group);
 }
 
 void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) const {
