@@ -3,7 +3,7 @@
 # parallelism (klein's images and Stable Audio 3's clips of a batch over 2 and 3 ranks; 3 ranks for
 # 2 outputs: a rank with nothing) and cfg parallelism (a guided request's branches over 2 and 3
 # ranks, alone and in a batch, with a negative prompt; each rank's gathered bytes equal to what
-# the count says; klein's text encoder linears and VAE convolutions dealt out too); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
+# the count says; both text encoders' linears and klein's VAE convolutions dealt out too); Ulysses (klein's tokens over the ranks: one image, a batch, an edit, an
 # inpainting; SA3's memory tokens and frames: a clip, a guided one, one with padding), SAME's
 # chunks decoded over the ranks; auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
@@ -87,16 +87,18 @@ guided_audio=("${audio[@]}" --cfg 4 --negative-prompt "wind")
 # features.
 as_one cfg 226 guided.png "${base[@]}"
 as_one cfg 226 guided.png "${base[@]}" -n 3
-as_one cfg 2 guided.wav "${guided_audio[@]}"
-# 20 s: SAME's three 128-latent chunks over the ranks too, their audio gathered (one more exchange);
+# SA3: the text encoder's 14 gathers (7 linears in each of the tiny T5Gemma's 2 layers), then one
+# per step.
+as_one cfg 16 guided.wav "${guided_audio[@]}"
+# 20 s: SAME's 128-latent chunks over the ranks too, their audio gathered (one more exchange);
 # also with the decoder's mask noise, each rank drawing past the earlier chunks' noise.
-as_one cfg 3 chunks.wav audio --model "$sa3" -p "rain" --seconds 20 --steps 2 -s 3 --cfg 4 --decode chunked
+as_one cfg 17 chunks.wav audio --model "$sa3" -p "rain" --seconds 20 --steps 2 -s 3 --cfg 4 --decode chunked
 noisy="$scratch/sa3_noisy"
 mkdir -p "$noisy"
 sed 's/"mask_noise": 0.0/"mask_noise": 0.25/' "$fixtures/sa3_tiny/original/model_config.json" > "$noisy/model_config.json"
 grep -q '"mask_noise": 0.25' "$noisy/model_config.json" || fail "the noisy decoder's config"
 ln -s "$fixtures/sa3_tiny/original/model.safetensors" "$sa3/t5gemma-b-b-ul2" "$noisy/"
-as_one cfg 3 noisy.wav audio --model "$noisy" -p "rain" --seconds 20 --steps 2 -s 3 --cfg 4 --decode chunked
+as_one cfg 17 noisy.wav audio --model "$noisy" -p "rain" --seconds 20 --steps 2 -s 3 --cfg 4 --decode chunked
 "$apus" "${base[@]}" -o guided.png 2> /dev/null
 ranks 2 "${base[@]}" -v -o auto.png
 grep -Eq "^--parallel auto: (cfg|ulysses) \(the floors over 2 ranks: batch .*, cfg .*, ulysses .*\)" "$scratch/ranks.log" ||

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "models/common/feature_split.h"
 #include "models/common/text_inputs.h"
 
 namespace apus::sa3 {
@@ -137,7 +138,7 @@ T5GemmaEncoder T5GemmaEncoder::load(const T5GemmaConfig& config, WeightLoader we
 }
 
 Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& mask,
-                              int64_t batch) const {
+                              int64_t batch, const ProcessGroup* ranks) const {
   ArenaScope scope(*c.arena);
   CostScope text_scope(c, "t5gemma");
   const auto& cf = cfg_;
@@ -161,32 +162,33 @@ Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids, const
   // Eager attention in the activation dtype: scores rounded step by step, capped, key-padding mask.
   const Tensor key_valid = key_mask(c, mask);
   const ops::AttentionOptions options{false, &key_valid, batch, cf.softcap, each};
+  FeatureSplit split{ranks};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));
     mark_depth_boundary(c, x);
     std::optional<CostScope> part(std::in_place, c, "attn");
     ops::rms_norm(c, x, l.pre_attn.scale[slot], normed, cf.eps, h, once);
-    ops::linear(c, normed, l.q, nullptr, q);
-    ops::linear(c, normed, l.k, nullptr, k);
-    ops::linear(c, normed, l.v, nullptr, v);
+    linear(c, &split, normed, l.q, nullptr, q, "the text encoder's q features");
+    linear(c, &split, normed, l.k, nullptr, k, "the text encoder's k features");
+    linear(c, &split, normed, l.v, nullptr, v, "the text encoder's v features");
     ops::rope(c, q, cos, sin, d, ops::RopeStyle::half, each);
     ops::rope(c, k, cos, sin, d, ops::RopeStyle::half, each);
     ops::attention(c, q, k, v, attn, d, cf.attention_scale, options);
     {
       RowParallel row(c);
-      ops::linear(c, attn, l.o, nullptr, proj);
+      linear(c, &split, attn, l.o, nullptr, proj, "the text encoder's attention outputs");
     }
     ops::rms_norm(c, proj, l.post_attn.scale[slot], proj, cf.eps, h, once);
     ops::add_gated(c, x, proj, nullptr, each);
     part.emplace(c, "mlp");
     ops::rms_norm(c, x, l.pre_ff.scale[slot], normed, cf.eps, h, once);
-    ops::linear(c, normed, l.gate, nullptr, gate);
-    ops::linear(c, normed, l.up, nullptr, up);
+    linear(c, &split, normed, l.gate, nullptr, gate, "the text encoder's gate features");
+    linear(c, &split, normed, l.up, nullptr, up, "the text encoder's up features");
     ops::glu(c, gate, up, gate, ops::Activation::gelu_tanh, each);
     {
       RowParallel row(c);
-      ops::linear(c, gate, l.down, nullptr, proj);
+      linear(c, &split, gate, l.down, nullptr, proj, "the text encoder's MLP outputs");
     }
     ops::rms_norm(c, proj, l.post_ff.scale[slot], proj, cf.eps, h, once);
     ops::add_gated(c, x, proj, nullptr, each);
@@ -194,6 +196,11 @@ Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids, const
   CostScope final_scope(c, "final");
   Tensor out = ops::empty(c, {rows, h}, c.act);
   ops::rms_norm(c, x, final_norm_.scale[slot], out, cf.eps, h, once);
+  // Under cfg and Ulysses every rank computes ~1/N of each linear, the outputs all-gathered.
+  if (c.cost) {
+    c.cost->mark_parts(h);
+    c.cost->mark_gather(split.gathered);
+  }
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "apus/apus.h"
 #include "io/model_dir.h"
 #include "ops/ops.h"
 
@@ -32,7 +33,10 @@ class T5GemmaEncoder {
   size_t make_resident() const { return weights_.make_resident(); }
   // ids and mask [B*T], B prompts one after another; returns last_hidden_state [B*T, hidden] in
   // the activation dtype (heap). Padded query rows are computed too (they attend to the real keys).
-  Tensor encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& mask, int64_t batch) const;
+  // With `ranks` (a split's, every rank holding the same prompts) each linear's output features are
+  // dealt out over them (models/common/feature_split.h).
+  Tensor encode(Context& c, const std::vector<int32_t>& ids, const std::vector<int64_t>& mask, int64_t batch,
+                const ProcessGroup* ranks = nullptr) const;
 
  private:
   // Gemma's RMSNorm scales by (1 + w) with w as the model holds it: f32, and bf16-rounded for a

@@ -24,7 +24,9 @@ void Sa3Model::encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work&
     w.text = ops::zeros(c, {int64_t(w.mask.size()), text_cfg_.hidden}, c.act);
     return;
   }
-  w.text = encoder.encode(c, w.ids, w.mask, w.negative ? 2 * w.batch : w.batch);
+  // Split, every rank holds the same prompts: the linears' features split over the ranks.
+  w.text = encoder.encode(c, w.ids, w.mask, w.negative ? 2 * w.batch : w.batch,
+                          w.parallel.strategy == Parallel::none ? nullptr : w.parallel.group);
 }
 
 Tensor Sa3Model::prepare_clips(Context& c, const std::vector<AudioRequest>& requests, const Work& w) const {
