@@ -6,15 +6,13 @@
 # Usage: tests/capi/check.sh CAPI_CHECK APUS FIXTURES
 set -euo pipefail
 check="$(realpath "$1")" apus="$(realpath "$2")" fixtures="$(realpath "$3")"
+source "$(dirname "$(realpath "$0")")/../sa3_model_dir.sh"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 cd "$scratch"
 fail() { echo "capi check: $*" >&2; exit 1; }
 sa3="$scratch/sa3"
-mkdir -p "$sa3/t5gemma-b-b-ul2"
-ln -s "$fixtures/sa3_tiny/original/model_config.json" "$fixtures/sa3_tiny/original/model.safetensors" "$sa3/"
-for f in config.json model.safetensors; do ln -s "$fixtures/t5gemma_tiny/$f" "$sa3/t5gemma-b-b-ul2/$f"; done
-for f in tokenizer.model tokenizer_config.json; do ln -s "$fixtures/t5gemma_tok/$f" "$sa3/t5gemma-b-b-ul2/$f"; done
+sa3_model_dir "$fixtures" "$sa3"
 
 "$check" "$fixtures/klein_tiny_a" "$sa3" "$scratch" > c.log || { cat c.log; fail "the C program failed"; }
 "$apus" image --model "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 32 --steps 2 -s 5 -n 2 -o cli.png 2> /dev/null

@@ -15,18 +15,14 @@
 # Usage: tests/mpi/check.sh APUS FIXTURES
 set -euo pipefail
 apus="$(realpath "$1")" fixtures="$(realpath "$2")"
-command -v mpirun > /dev/null || { echo "mpi check: no mpirun (Debian's openmpi-bin)" >&2; exit 77; }
-"$apus" --version | grep -q "MPI ranks" || { echo "mpi check: this apus was built without MPI" >&2; exit 77; }
+source "$(dirname "$(realpath "$0")")/ranks.sh"
+source "$(dirname "$(realpath "$0")")/../sa3_model_dir.sh"
+mpi_ready "mpi check" "$apus"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 cd "$scratch"
-# The tiny Stable Audio 3 model in its official layout, as tests/sa3_fixtures.h assembles it.
 sa3="$scratch/sa3"
-mkdir -p "$sa3/t5gemma-b-b-ul2"
-ln -s "$fixtures/sa3_tiny/original/model_config.json" "$fixtures/sa3_tiny/original/model.safetensors" "$sa3/"
-for f in config.json model.safetensors; do ln -s "$fixtures/t5gemma_tiny/$f" "$sa3/t5gemma-b-b-ul2/$f"; done
-for f in tokenizer.model tokenizer_config.json; do ln -s "$fixtures/t5gemma_tok/$f" "$sa3/t5gemma-b-b-ul2/$f"; done
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+sa3_model_dir "$fixtures" "$sa3"
 fail() { echo "mpi check: $*" >&2; exit 1; }
 ranks() { local n="$1"; shift; mpirun -np "$n" -x OMP_NUM_THREADS=1 "$apus" "$@" > "$scratch/ranks.log" 2>&1 || {
   cat "$scratch/ranks.log"; fail "mpirun -np $n apus $* failed"; }; }

@@ -10,17 +10,14 @@
 # Usage: tests/mpi/serve.sh APUS FIXTURES
 set -euo pipefail
 apus="$(realpath "$1")" fixtures="$(realpath "$2")"
-command -v mpirun > /dev/null || { echo "mpi serve: no mpirun (Debian's openmpi-bin)" >&2; exit 77; }
-"$apus" --version | grep -q "MPI ranks" || { echo "mpi serve: this apus was built without MPI" >&2; exit 77; }
+source "$(dirname "$(realpath "$0")")/ranks.sh"
+source "$(dirname "$(realpath "$0")")/../sa3_model_dir.sh"
+mpi_ready "mpi serve" "$apus"
 scratch="$(mktemp -d)"
 trap 'pkill -KILL -f "^$apus serve .*$scratch" 2> /dev/null || true; rm -rf "$scratch"' EXIT
 cd "$scratch"
 sa3="$scratch/sa3"
-mkdir -p "$sa3/t5gemma-b-b-ul2"
-ln -s "$fixtures/sa3_tiny/original/model_config.json" "$fixtures/sa3_tiny/original/model.safetensors" "$sa3/"
-for f in config.json model.safetensors; do ln -s "$fixtures/t5gemma_tiny/$f" "$sa3/t5gemma-b-b-ul2/$f"; done
-for f in tokenizer.model tokenizer_config.json; do ln -s "$fixtures/t5gemma_tok/$f" "$sa3/t5gemma-b-b-ul2/$f"; done
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+sa3_model_dir "$fixtures" "$sa3"
 fail() { echo "mpi serve: $*" >&2; exit 1; }
 json() { python3 -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
 
