@@ -95,13 +95,13 @@ std::string auto_strategy(const Model& model, const Request& r, int batch, const
   const apus::dist::World& world = apus::dist::World::get();
   const int n = world.size();
   const double link = apus::dist::link_rates(world).bps();
-  if (world.rank() != 0) return world.broadcast("");
+  if (world.rank() != 0) return world.broadcast("", "auto's choice");
   apus::Chip here = apus::device_ceiling(device);
   here.link_bps = link;
   const apus::dist::SplitChoice choice =
       apus::dist::cheapest_split(model, r, batch, here, world, "batch", (batch + n - 1) / n);
   if (verbose) std::fprintf(stderr, "--parallel auto: %s\n", choice.describe(n, link).c_str());
-  return world.broadcast(choice.best);
+  return world.broadcast(choice.best, "auto's choice");
 }
 
 // How this process takes part in a command (issue 43): the outputs it renders, how each of its
@@ -214,7 +214,7 @@ const std::string& named_file(const std::string& path, const char* flag) {
 std::string unnamed_output(const std::string& extension) {
   namespace fs = std::filesystem;
   const apus::dist::World& world = apus::dist::World::get();
-  if (world.rank() != 0) return world.broadcast("");
+  if (world.rank() != 0) return world.broadcast("", "the output's name");
   std::error_code ec;
   fs::create_directories("outputs", ec);
   APUS_CHECK(fs::is_directory("outputs"), "outputs: not a folder and cannot be made one (name the file with -o)");
@@ -226,7 +226,7 @@ std::string unnamed_output(const std::string& extension) {
   }
   char name[48];
   std::snprintf(name, sizeof name, "outputs/%05ld%s", last + 1, extension.c_str());
-  return world.broadcast(name);
+  return world.broadcast(name, "the output's name");
 }
 
 // Every file a run will write can be created, checked before any model loads.
@@ -243,7 +243,8 @@ template <typename Request> void prepare_ranks(const std::string& parallel, Requ
   APUS_CHECK(parallel != "tensor", "--parallel tensor: not implemented yet (issue 43); batch, cfg, ulysses, none and ",
              "auto are");
   const apus::dist::World& world = apus::dist::World::get();
-  if (world.size() > 1 && !r.seed) r.seed = parse_seed(world.broadcast(std::to_string(std::random_device{}())));
+  if (world.size() > 1 && !r.seed)
+    r.seed = parse_seed(world.broadcast(std::to_string(std::random_device{}()), "the seed"));
 }
 
 // The audio format to write: --format's when given (its extension must agree), else the one -o's

@@ -73,10 +73,6 @@ template <typename T> T& held(T* handle, const char* what) {
   APUS_CHECK(handle, what, ": a null handle");
   return *handle;
 }
-template <typename T> const T& held(const T* handle, const char* what) {
-  APUS_CHECK(handle, what, ": a null handle");
-  return *handle;
-}
 const char* text(const char* s, const char* what) {
   APUS_CHECK(s, what, ": a null string");
   return s;
@@ -113,11 +109,19 @@ apus::AudioClip clip_of(int rate, int channels, size_t frames, const float* samp
   return {rate, channels, std::vector<float>(samples, samples + frames * size_t(channels))};
 }
 
-apus::Progress progress_of(apus_progress_fn progress, void* user, std::atomic<bool>& cancel) {
-  if (!progress) return {};
-  return [progress, user, &cancel](const std::string& line) {
-    if (progress(user, line.c_str()) != 0) cancel = true;
-  };
+// The batch rendered with the caller's callbacks: the progress callback's cancel and the caller's
+// stop flag (when given) are the one flag the engine reads.
+template <typename Model, typename Request>
+auto generate_batch(const Model& model, const std::vector<Request>& requests, apus_progress_fn progress, void* user,
+                    apus_stop* stop) {
+  std::atomic<bool> own{false};
+  std::atomic<bool>& flag = stop ? stop->now : own;
+  apus::Progress say;
+  if (progress)
+    say = [progress, user, &flag](const std::string& line) {
+      if (progress(user, line.c_str()) != 0) flag = true;
+    };
+  return model.generate_batch(requests, say, &flag);
 }
 
 void check_batch(int batch) { APUS_CHECK(batch >= 1, "batch ", batch, ": expected 1 or more"); }
@@ -237,12 +241,8 @@ apus_status apus_image_generate(const apus_image_model* model, const apus_image_
         requests[i].preview = [fn = asked.preview, user = asked.preview_user, i](const apus::Preview& p) {
           fn(user, int(i), p.step, p.steps, p.image.width, p.image.height, p.image.rgb.data());
         };
-    std::atomic<bool> cancel{false};
-    const std::atomic<bool>* flag = stop ? &stop->now : &cancel;
-    // The progress callback's cancel sets the caller's flag when there is one.
-    const apus::Progress say = progress_of(progress, user, stop ? stop->now : cancel);
     auto result = std::make_unique<apus_image_result>();
-    result->results = m.generate_batch(requests, say, flag);
+    result->results = generate_batch(m, requests, progress, user, stop);
     for (size_t i = 0; i < requests.size(); ++i)
       result->metadata.push_back(apus::image_metadata(requests[i], result->results[i], m));
     *out = result.release();
@@ -381,11 +381,8 @@ apus_status apus_audio_generate(const apus_audio_model* model, const apus_audio_
         requests[i].preview = [fn = asked.preview, user = asked.preview_user, i](const apus::Preview& p) {
           fn(user, int(i), p.step, p.steps, p.peaks.data(), p.peaks.size());
         };
-    std::atomic<bool> cancel{false};
-    const std::atomic<bool>* flag = stop ? &stop->now : &cancel;
-    const apus::Progress say = progress_of(progress, user, stop ? stop->now : cancel);
     auto result = std::make_unique<apus_audio_result>();
-    result->results = m.generate_batch(requests, say, flag);
+    result->results = generate_batch(m, requests, progress, user, stop);
     for (size_t i = 0; i < requests.size(); ++i) {
       // A clip given in memory has no file name: the metadata names the setting, as the server's.
       const apus::ClipNames names{requests[i].init_audio ? "init_audio" : "",

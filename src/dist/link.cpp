@@ -15,7 +15,7 @@ LinkRates link_rates(const World& world, bool refresh) {
     if (entry.is_object() && entry.value("all_gather_bps", 0.0) > 0 && entry.value("all_to_all_bps", 0.0) > 0)
       kept = entry.dump();
   }
-  kept = world.broadcast(kept);
+  kept = world.broadcast(kept, "the cached link rates");
   if (!kept.empty()) {
     const nlohmann::json entry = nlohmann::json::parse(kept);
     r.all_gather_bps = entry["all_gather_bps"];
@@ -28,7 +28,7 @@ LinkRates link_rates(const World& world, bool refresh) {
                                    {"how", "16 MiB parts, the best of five"}};
   if (world.rank() == 0) keep_calibration(r.key, measured);
   // Rank 0's rates for all, as a cached entry would be.
-  const nlohmann::json entry = nlohmann::json::parse(world.broadcast(measured.dump()));
+  const nlohmann::json entry = nlohmann::json::parse(world.broadcast(measured.dump(), "the link rates"));
   r.all_gather_bps = entry["all_gather_bps"];
   r.all_to_all_bps = entry["all_to_all_bps"];
   return r;

@@ -61,15 +61,6 @@ World::World() {
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
 }
 
-std::string World::broadcast(const std::string& text) const {
-  if (size_ == 1) return text;
-  unsigned long long length = text.size();
-  MPI_Bcast(&length, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  std::string out = rank_ == 0 ? text : std::string(length, '\0');
-  MPI_Bcast(out.data(), int(length), MPI_CHAR, 0, MPI_COMM_WORLD);
-  return out;
-}
-
 void World::all_gather(void* data, const std::vector<size_t>& bytes, const char* what) const {
   APUS_CHECK(int(bytes.size()) == size_, what, ": ", bytes.size(), " parts for ", size_, " ranks");
   const double seconds = gather(data, bytes, what);
@@ -98,12 +89,8 @@ double World::measure_all_to_all_bps() const {
   std::vector<char> send(part * size_t(size_), 1), recv(send.size());
   const std::vector<size_t> bytes(size_t(size_), part);
   double best = 1e30;
-  for (int i = 0; i < 5; ++i) {
-    const Traffic before = traffic_;
-    all_to_all(send.data(), bytes, recv.data(), bytes, "the link measurement");
-    best = std::min(best, traffic_.seconds - before.seconds);
-    traffic_ = before;  // a measurement, not the request's traffic
-  }
+  for (int i = 0; i < 5; ++i)
+    best = std::min(best, exchange(send.data(), bytes, recv.data(), bytes, "the link measurement"));
   return double(part) * (size_ - 1) / best;
 }
 
@@ -180,17 +167,17 @@ void World::check_not_lost(const char* what) const {
   if (lost_) throw RanksLost(detail::concat(what, ": an earlier exchange between the ranks failed; the job is ending"));
 }
 
-std::string World::announce(const std::string& text, const char* what) const {
+std::string World::broadcast(const std::string& text, const char* what, bool idle) const {
   if (size_ == 1) return text;
   check_not_lost(what);
   unsigned long long length = text.size();
   std::vector<MPI_Request> request(1);
   MPI_Ibcast(&length, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD, &request[0]);
-  wait(*this, request, "announcing", what, rank_ == 0);
+  wait(*this, request, "broadcasting", what, rank_ == 0 || !idle);
   APUS_CHECK(length <= (unsigned long long)INT_MAX, what, ": ", length, " bytes are beyond MPI's int counts (2 GiB)");
   std::string out = rank_ == 0 ? text : std::string(length, '\0');
   MPI_Ibcast(out.data(), int(length), MPI_CHAR, 0, MPI_COMM_WORLD, &request[0]);
-  wait(*this, request, "announcing", what);
+  wait(*this, request, "broadcasting", what);
   return out;
 }
 
@@ -208,11 +195,16 @@ void World::all_to_all(const void* send, const std::vector<size_t>& send_bytes, 
                        const std::vector<size_t>& recv_bytes, const char* what) const {
   APUS_CHECK(int(send_bytes.size()) == size_ && int(recv_bytes.size()) == size_, what, ": ", send_bytes.size(), " and ",
              recv_bytes.size(), " parts for ", size_, " ranks");
-  const Layout out = layout_of(send_bytes, what), in = layout_of(recv_bytes, what);
-  check_not_lost(what);
   double sent = 0;
   for (int j = 0; j < size_; ++j)
     if (j != rank_) sent += double(send_bytes[size_t(j)]);
+  count(sent, exchange(send, send_bytes, recv, recv_bytes, what));
+}
+
+double World::exchange(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                       const std::vector<size_t>& recv_bytes, const char* what) const {
+  const Layout out = layout_of(send_bytes, what), in = layout_of(recv_bytes, what);
+  check_not_lost(what);
   // Point to point, the non-empty parts only: Open MPI 4.1's MPI_Ialltoallv hangs where some
   // parts are empty (a rank with no heads), and its blocking one has no deadline.
   std::memcpy(static_cast<char*>(recv) + in.offsets[size_t(rank_)],
@@ -227,7 +219,7 @@ void World::all_to_all(const void* send, const std::vector<size_t>& send_bytes, 
       MPI_Isend(static_cast<const char*>(send) + out.offsets[size_t(j)], out.counts[size_t(j)], MPI_BYTE, j,
                 kExchangeTag, MPI_COMM_WORLD, &requests.emplace_back());
   }
-  count(sent, wait(*this, requests, "exchanging", what));
+  return wait(*this, requests, "exchanging", what);
 }
 
 void World::abort(const std::string& message) const {
@@ -248,9 +240,7 @@ World::World() {
              "rebuild with Open MPI installed (libopenmpi-dev), or run one process");
 }
 
-std::string World::broadcast(const std::string& text) const { return text; }
-
-std::string World::announce(const std::string& text, const char*) const { return text; }
+std::string World::broadcast(const std::string& text, const char*, bool) const { return text; }
 
 void World::lose(const std::string& message) const { abort(message); }
 

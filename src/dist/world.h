@@ -26,11 +26,10 @@ class World final : public ProcessGroup {
   static World& get();
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  // Rank 0's `text` on every rank.
-  std::string broadcast(const std::string& text) const;
-  // Rank 0's `text` on every rank, for a server's ranks: rank 0 waits for the others at most
-  // timeout(); the others wait for rank 0's next message however long the server idles.
-  std::string announce(const std::string& text, const char* what) const;
+  // Rank 0's `text` on every rank (`what` names it in a failure), each waiting at most timeout();
+  // with `idle` the other ranks wait for rank 0 however long it takes (a server's ranks between
+  // requests).
+  std::string broadcast(const std::string& text, const char* what, bool idle = false) const;
   // Each waits at most timeout() for the slowest rank; past it the job ends (abort) naming the
   // exchange.
   void all_gather(void* data, const std::vector<size_t>& bytes, const char* what) const override;
@@ -78,8 +77,10 @@ class World final : public ProcessGroup {
   bool throws_when_lost_ = false;
   mutable std::atomic<bool> lost_{false};
   mutable std::atomic<bool> interrupted_{false};
-  // The all-gather itself, uncounted: seconds it took.
+  // The all-gather and the all-to-all themselves, uncounted: seconds they took.
   double gather(void* data, const std::vector<size_t>& bytes, const char* what) const;
+  double exchange(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                  const std::vector<size_t>& recv_bytes, const char* what) const;
   void count(double sent, double seconds) const;
   // Exchanges after a loss fail at once: the other ranks are gone or out of step.
   void check_not_lost(const char* what) const;

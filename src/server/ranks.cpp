@@ -46,9 +46,6 @@ const char* strategy_name(Parallel p) {
   return p == Parallel::cfg ? "cfg" : p == Parallel::ulysses ? "ulysses" : "none";
 }
 
-std::string encode_batch(const std::vector<ImageRequest>& batch) { return dist::encode(batch); }
-std::string encode_batch(const std::vector<AudioRequest>& batch) { return dist::encode(batch); }
-
 // Runs `work` (one request over the ranks); a failure after its first exchange, other than an
 // agreed cancel or a loss already known, leaves the ranks out of step: the world is marked lost,
 // which ends the job once the failure is answered (rank 0) or at once (the others).
@@ -107,8 +104,8 @@ std::vector<Result> Ranks::run(char kind, size_t index, const Model& model, std:
     return model.generate_batch(batch, progress, stop);
   }
   used = std::string(strategy_name(strategy)) + " over " + std::to_string(world_.size()) + " ranks";
-  world_.announce(with_header({kind, index, uint8_t(strategy), uint8_t(stop != nullptr)}, encode_batch(batch)),
-                  "the request");
+  world_.broadcast(with_header({kind, index, uint8_t(strategy), uint8_t(stop != nullptr)}, dist::encode(batch)),
+                   "the request");
   for (Request& r : batch) r.parallel = {strategy, &world_};
   return in_step(world_, [&] { return model.generate_batch(batch, progress, stop); });
 }
@@ -127,7 +124,7 @@ void Ranks::follow(const std::vector<AnyModel>& models) const {
   // Never set here: rank 0's flags reach this rank through the steps' agreement.
   const std::atomic<bool> never{false};
   for (;;) {
-    const std::string message = world_.announce("", "waiting for rank 0's next request");
+    const std::string message = world_.broadcast("", "rank 0's next request", true);
     const Header h = header_of(message);
     if (h.kind == 's') return;
     APUS_CHECK(h.index < models.size(), "serving: model ", h.index, " of ", models.size(), " from rank 0");
@@ -157,7 +154,7 @@ void Ranks::follow(const std::vector<AnyModel>& models) const {
 
 void Ranks::release() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (world_.size() > 1 && !world_.lost()) world_.announce(with_header({}, ""), "releasing the ranks");
+  if (world_.size() > 1 && !world_.lost()) world_.broadcast(with_header({}, ""), "releasing the ranks");
 }
 
 }  // namespace apus::server
