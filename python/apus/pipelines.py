@@ -214,6 +214,7 @@ class DiffusionPipeline:
         cls,
         pretrained_model_name_or_path: Union[str, os.PathLike],
         *,
+        dtype: Any = None,
         torch_dtype: Any = None,
         text_encoder: Optional[str] = None,
         vae: Optional[str] = None,
@@ -225,12 +226,15 @@ class DiffusionPipeline:
         **kwargs: Any,
     ) -> "DiffusionPipeline":
         """A diffusers folder, a Hugging Face cache's ORG/NAME, or one checkpoint file with its parts
-        (text_encoder, vae, tokenizer, config: files or folders, as the CLI's options). torch_dtype
-        bfloat16 (or None) runs the engine's bf16 path, float32 its fp32 parity mode. quant="int8":
+        (text_encoder, vae, tokenizer, config: files or folders, as the CLI's options). dtype (or
+        diffusers' older torch_dtype) bfloat16 or None runs the engine's bf16 path, float32 its fp32
+        parity mode. quant="int8":
         the int8 tier. weights: "resident" (kept across calls) or "per_stage" (each stage's weights
         mapped while it runs). On DiffusionPipeline itself the class comes from model_index.json."""
         for name in kwargs:
             _refuse(f"from_pretrained: {name}= is not implemented by apus")
+        if dtype is not None and torch_dtype is not None:
+            _refuse("dtype and torch_dtype: pass one of them")
         path = os.path.expanduser(os.fspath(pretrained_model_name_or_path))
         if cls is DiffusionPipeline:
             cls = _pipeline_class_of(path)
@@ -244,7 +248,7 @@ class DiffusionPipeline:
             weights=weights,
         )
         pipe = cls(cls._model_class.open(**parts, device=device), parts)
-        pipe._set_dtype(torch_dtype)
+        pipe._set_dtype(dtype if dtype is not None else torch_dtype)
         return pipe
 
     def to(self, device: Any = None, dtype: Any = None) -> "DiffusionPipeline":
@@ -270,7 +274,7 @@ class DiffusionPipeline:
     def _set_dtype(self, dtype: Any) -> None:
         name = None if dtype is None else str(dtype).replace("torch.", "")
         if name not in (None, "bfloat16", "float32"):
-            _refuse(f"torch_dtype={dtype}: apus runs bfloat16 (the default) or float32 (its parity mode)")
+            _refuse(f"dtype={dtype}: apus runs bfloat16 (the default) or float32 (its parity mode)")
         self._fp32 = name == "float32"
 
     def set_progress_bar_config(self, **kwargs: Any) -> None:

@@ -107,6 +107,14 @@ def test_guidance_editing_and_loras_are_the_clis(tmp_path):
                "--lora", lora + ":0.7", "--lora", lora, "-o", "cli-lora.png", cwd=tmp_path) == ""
     assert same_file(tmp_path / "cli-lora.png", tmp_path / "py-lora.png")
 
+    exact = apus.Flux2KleinPipeline.from_pretrained(KLEIN, dtype="float32")
+    exact("a fox", height=32, width=32, num_inference_steps=2, seed=SEED).save(tmp_path / "py-fp32.png")
+    assert cli("image", "--model", KLEIN, "-p", "a fox", "-W", "32", "-H", "32", "--steps", "2", "-s", str(SEED),
+               "--precision", "fp32", "-o", "cli-fp32.png", cwd=tmp_path) == ""
+    assert same_file(tmp_path / "cli-fp32.png", tmp_path / "py-fp32.png")
+    klein("a fox", height=32, width=32, num_inference_steps=2, seed=SEED).save(tmp_path / "py-bf16.png")
+    assert not same_file(tmp_path / "py-bf16.png", tmp_path / "py-fp32.png"), "dtype=float32 changed nothing"
+
     reference = str(tmp_path / "reference.png")
     Image.fromarray(np.random.default_rng(SEED).integers(0, 256, (80, 96, 3), dtype=np.uint8)).save(reference)
     edit = klein(image=Image.open(reference), prompt="a fox", num_inference_steps=2, seed=SEED)
@@ -283,7 +291,7 @@ def test_refusals_of_the_other_pipelines_and_of_opening(sa3):
             pipe("rain", duration=1, num_inference_steps=2, seed=SEED, **arguments)
     with pytest.raises(apus.Error, match="^from_pretrained: revision="):
         apus.Flux2KleinPipeline.from_pretrained(KLEIN, revision="main")
-    with pytest.raises(apus.Error, match="^torch_dtype=float16"):
+    with pytest.raises(apus.Error, match="^dtype=float16"):
         apus.Flux2KleinPipeline.from_pretrained(KLEIN, torch_dtype="float16")
     with pytest.raises(apus.Error, match="^quant="):
         apus.Flux2KleinPipeline.from_pretrained(KLEIN, quant="int4")
