@@ -444,7 +444,7 @@ class _Flux2Klein(DiffusionPipeline):
             kwargs.pop("guidance_scale", None),
             1,
             None,
-            0,
+            None,
             kwargs.pop("negative_prompt", None),
             kwargs.pop("loras", ()),
             {},
