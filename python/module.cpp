@@ -170,6 +170,44 @@ apus::ModelParts parts(const std::string& model, const std::string& text_encoder
   return {model, text_encoder, vae, tokenizer, config, quant_named(quant)};
 }
 
+// What both families' models and outputs bind alike: opening (the CLI's --model and its parts),
+// the model's names and defaults and its count; each output's seed, stage times and trace.
+template <typename Model, typename Request>
+nb::class_<Model> bind_model(nb::module_& m, const char* name, const char* doc) {
+  return nb::class_<Model>(m, name, doc)
+      .def_static(
+          "open",
+          [](const std::string& model, const std::string& text_encoder, const std::string& vae,
+             const std::string& tokenizer, const std::string& config, std::optional<std::string> quant,
+             const std::string& weights, const std::string& device) {
+            const auto p = parts(model, text_encoder, vae, tokenizer, config, quant);
+            const apus::Weights w = weights_named(weights);
+            nb::gil_scoped_release released;
+            return Model::open(p, w, device);
+          },
+          "model"_a, "text_encoder"_a = "", "vae"_a = "", "tokenizer"_a = "", "config"_a = "", "quant"_a = nb::none(),
+          "weights"_a = "resident", "device"_a = "cpu")
+      .def_prop_ro("label", &Model::label)
+      .def_prop_ro("sampler", &Model::sampler)
+      .def_prop_ro("default_steps", &Model::default_steps)
+      .def_prop_ro("default_cfg", &Model::default_cfg)
+      .def(
+          "count", [](const Model& model, const Request& r, int batch) { return cost_dict(model.count(r, batch)); },
+          "request"_a, "batch"_a = 1, "The request's counted FLOPs and bytes per stage, without computing it.");
+}
+
+template <typename Outputs> nb::class_<Outputs> bind_outputs(nb::module_& m, const char* name, const char* doc) {
+  return nb::class_<Outputs>(m, name, doc)
+      .def("__len__", [](const Outputs& o) { return o.results.size(); })
+      .def(
+          "seed", [](const Outputs& o, size_t i) { return output(o, i).seed; }, "index"_a)
+      .def(
+          "stages", [](const Outputs& o, size_t i) { return stage_times(output(o, i).stages); }, "index"_a,
+          "(name, counted stage, seconds) of what ran.")
+      .def(
+          "trace", [](const Outputs& o, size_t i) { return output(o, i).trace; }, "index"_a);
+}
+
 void bind_image(nb::module_& m) {
   nb::class_<apus::ImageRequest>(m, "ImageRequest", "One image request; unset settings take the model's defaults.")
       .def(nb::init<>())
@@ -205,8 +243,7 @@ void bind_image(nb::module_& m) {
           },
           "file"_a, "scale"_a = 1.0f);
 
-  nb::class_<ImageOutputs>(m, "ImageOutputs", "A batch's images.")
-      .def("__len__", [](const ImageOutputs& o) { return o.results.size(); })
+  bind_outputs<ImageOutputs>(m, "ImageOutputs", "A batch's images.")
       .def(
           "rgb",
           [](const ImageOutputs& o, size_t i) {
@@ -215,14 +252,7 @@ void bind_image(nb::module_& m) {
           },
           "index"_a, "(width, height, RGB bytes) of output `index`.")
       .def(
-          "seed", [](const ImageOutputs& o, size_t i) { return output(o, i).seed; }, "index"_a)
-      .def(
           "steps_run", [](const ImageOutputs& o, size_t i) { return output(o, i).steps_run; }, "index"_a)
-      .def(
-          "stages", [](const ImageOutputs& o, size_t i) { return stage_times(output(o, i).stages); }, "index"_a,
-          "(name, counted stage, seconds) of what ran.")
-      .def(
-          "trace", [](const ImageOutputs& o, size_t i) { return output(o, i).trace; }, "index"_a)
       .def(
           "write",
           [](const ImageOutputs& o, size_t i, const std::string& path, int quality) {
@@ -236,30 +266,9 @@ void bind_image(nb::module_& m) {
           "index"_a, "path"_a, "quality"_a = 90,
           "Writes output `index` as `apus image -o` does (.png, .jpg, .webp; the settings in its metadata).");
 
-  nb::class_<apus::ImageModel>(m, "ImageModel", "A FLUX.2 [klein] model, open for requests from any thread.")
-      .def_static(
-          "open",
-          [](const std::string& model, const std::string& text_encoder, const std::string& vae,
-             const std::string& tokenizer, const std::string& config, std::optional<std::string> quant,
-             const std::string& weights, const std::string& device) {
-            const auto p = parts(model, text_encoder, vae, tokenizer, config, quant);
-            const apus::Weights w = weights_named(weights);
-            nb::gil_scoped_release released;
-            return apus::ImageModel::open(p, w, device);
-          },
-          "model"_a, "text_encoder"_a = "", "vae"_a = "", "tokenizer"_a = "", "config"_a = "", "quant"_a = nb::none(),
-          "weights"_a = "resident", "device"_a = "cpu")
-      .def_prop_ro("label", &apus::ImageModel::label)
-      .def_prop_ro("sampler", &apus::ImageModel::sampler)
-      .def_prop_ro("default_steps", &apus::ImageModel::default_steps)
-      .def_prop_ro("default_cfg", &apus::ImageModel::default_cfg)
+  bind_model<apus::ImageModel, apus::ImageRequest>(m, "ImageModel",
+                                                   "A FLUX.2 [klein] model, open for requests from any thread.")
       .def_prop_ro("takes_guidance", &apus::ImageModel::takes_guidance)
-      .def(
-          "count",
-          [](const apus::ImageModel& model, const apus::ImageRequest& r, int batch) {
-            return cost_dict(model.count(r, batch));
-          },
-          "request"_a, "batch"_a = 1, "The request's counted FLOPs and bytes per stage, without computing it.")
       .def(
           "generate",
           [](const apus::ImageModel& model, std::vector<apus::ImageRequest> requests, nb::object progress,
@@ -317,8 +326,7 @@ void bind_audio(nb::module_& m) {
           },
           "file"_a, "scale"_a = 1.0f);
 
-  nb::class_<AudioOutputs>(m, "AudioOutputs", "A batch's clips.")
-      .def("__len__", [](const AudioOutputs& o) { return o.results.size(); })
+  bind_outputs<AudioOutputs>(m, "AudioOutputs", "A batch's clips.")
       .def(
           "samples",
           [](const AudioOutputs& o, size_t i) {
@@ -328,12 +336,6 @@ void bind_audio(nb::module_& m) {
                 nb::bytes(reinterpret_cast<const char*>(r.samples.data()), r.samples.size() * sizeof(float)));
           },
           "index"_a, "(sample rate, channels, interleaved float32 samples as bytes) of output `index`.")
-      .def(
-          "seed", [](const AudioOutputs& o, size_t i) { return output(o, i).seed; }, "index"_a)
-      .def(
-          "stages", [](const AudioOutputs& o, size_t i) { return stage_times(output(o, i).stages); }, "index"_a)
-      .def(
-          "trace", [](const AudioOutputs& o, size_t i) { return output(o, i).trace; }, "index"_a)
       .def(
           "write",
           [](const AudioOutputs& o, size_t i, const std::string& path) {
@@ -345,31 +347,10 @@ void bind_audio(nb::module_& m) {
           },
           "index"_a, "path"_a, "Writes output `index` as `apus audio -o` does (.wav 16-bit or .flac).");
 
-  nb::class_<apus::AudioModel>(m, "AudioModel", "A Stable Audio 3 model, open for requests from any thread.")
-      .def_static(
-          "open",
-          [](const std::string& model, const std::string& text_encoder, const std::string& vae,
-             const std::string& tokenizer, const std::string& config, std::optional<std::string> quant,
-             const std::string& weights, const std::string& device) {
-            const auto p = parts(model, text_encoder, vae, tokenizer, config, quant);
-            const apus::Weights w = weights_named(weights);
-            nb::gil_scoped_release released;
-            return apus::AudioModel::open(p, w, device);
-          },
-          "model"_a, "text_encoder"_a = "", "vae"_a = "", "tokenizer"_a = "", "config"_a = "", "quant"_a = nb::none(),
-          "weights"_a = "resident", "device"_a = "cpu")
-      .def_prop_ro("label", &apus::AudioModel::label)
-      .def_prop_ro("sampler", &apus::AudioModel::sampler)
+  bind_model<apus::AudioModel, apus::AudioRequest>(m, "AudioModel",
+                                                   "A Stable Audio 3 model, open for requests from any thread.")
       .def_prop_ro("max_seconds", &apus::AudioModel::max_seconds)
       .def_prop_ro("default_seconds", &apus::AudioModel::default_seconds)
-      .def_prop_ro("default_steps", &apus::AudioModel::default_steps)
-      .def_prop_ro("default_cfg", &apus::AudioModel::default_cfg)
-      .def(
-          "count",
-          [](const apus::AudioModel& model, const apus::AudioRequest& r, int batch) {
-            return cost_dict(model.count(r, batch));
-          },
-          "request"_a, "batch"_a = 1)
       .def(
           "generate",
           [](const apus::AudioModel& model, std::vector<apus::AudioRequest> requests, nb::object progress,
