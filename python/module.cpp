@@ -218,6 +218,7 @@ void bind_image(nb::module_& m) {
       .def_rw("cfg", &apus::ImageRequest::cfg)
       .def_rw("negative_prompt", &apus::ImageRequest::negative_prompt)
       .def_rw("seed", &apus::ImageRequest::seed)
+      .def_rw("noise_index", &apus::ImageRequest::noise_index)
       .def_rw("noise_file", &apus::ImageRequest::noise_file)
       .def_rw("fp32", &apus::ImageRequest::fp32)
       .def_rw("trace", &apus::ImageRequest::trace)

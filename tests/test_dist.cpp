@@ -72,6 +72,7 @@ TEST(RankRequests, ImageRequestsCrossWithEverySetting) {
     if (d.number(0, 1)) r.cfg = d.real();
     if (d.number(0, 1)) r.negative_prompt = d.text();
     if (d.number(0, 1)) r.seed = (uint64_t(d.rng()) << 32) | d.rng();
+    r.noise_index = d.number(0, 63);
     r.noise_file = d.text();
     r.fp32 = d.number(0, 1);
     r.trace = d.number(0, 1);
@@ -99,6 +100,7 @@ TEST(RankRequests, ImageRequestsCrossWithEverySetting) {
     EXPECT_EQ(a.cfg, b.cfg);
     EXPECT_EQ(a.negative_prompt, b.negative_prompt);
     EXPECT_EQ(a.seed, b.seed);
+    EXPECT_EQ(a.noise_index, b.noise_index);
     EXPECT_EQ(a.noise_file, b.noise_file);
     EXPECT_EQ(a.fp32, b.fp32);
     EXPECT_EQ(a.trace, b.trace);

@@ -10,8 +10,11 @@
 
 #include "apus/apus.h"
 #include "core/cost.h"
+#include "io/weights/safetensors.h"
 #include "models/flux2/klein.h"
+#include "pipeline/metadata.h"
 #include "sa3_fixtures.h"
+#include "sampling/torch_rng.h"
 #include "test_util.h"
 
 namespace apus {
@@ -340,6 +343,42 @@ TEST(ImageModel, BatchOfNumbersTheSeedsAndRefusesWhatGenerateBatchRefuses) {
     EXPECT_EQ(refused.field, "batch");
   }
   EXPECT_EQ(test::refusal([&] { batch_of(clip, 0); }).message, "batch 0 outside 1..64");
+}
+
+// diffusers' num_images_per_prompt with one torch.Generator draws the whole batch's noise in one
+// torch.randn: output i (noise_index) is the i-th part of that draw, made here independently and
+// handed in as a noise file, in both precisions.
+TEST(ImageModel, NoiseIndexIsThatOutputsPartOfOneDrawForTheBatch) {
+  const uint32_t seed = test::test_seed();
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::resident);
+  const int64_t channels = 128, n = channels * 2 * 3;  // in_channels, 32x48 pixels: 2x3 tokens
+  for (const bool fp32 : {false, true}) {
+    ImageRequest indexed = request("x", 48, 32, seed);
+    indexed.steps = 2;
+    indexed.fp32 = fp32;
+    const std::vector<uint8_t> first = model->generate(indexed).rgb;
+    indexed.noise_index = 2;
+    const ImageResult third = model->generate(indexed);
+    TorchGenerator gen(seed);
+    Tensor draw = Tensor::heap({3 * n}, fp32 ? DType::f32 : DType::bf16);
+    if (fp32) gen.randn(draw.ptr<float>(), draw.numel());
+    else gen.randn_bf16(draw.ptr<uint16_t>(), draw.numel());
+    const std::string file = ::testing::TempDir() + "noise_index_" + std::to_string(fp32) + ".safetensors";
+    write_safetensors(file, {{"noise", draw.rows(2 * n, 3 * n).reshape({1, channels, 2, 3})}});
+    ImageRequest from_file = indexed;
+    from_file.noise_index = 0;
+    from_file.noise_file = file;
+    EXPECT_EQ(third.rgb, model->generate(from_file).rgb) << "fp32 " << fp32;
+    EXPECT_NE(third.rgb, first) << "fp32 " << fp32;
+    EXPECT_NE(infotext(indexed, third, *model).find(", Noise index: 2"), std::string::npos);
+    from_file.noise_index = 1;
+    EXPECT_EQ(test::refusal([&] { model->generate(from_file); }).field, "noise_index");
+  }
+  ImageRequest beyond = request("x", 48, 32, seed);
+  beyond.noise_index = ImageLimits::max_batch;
+  const test::Refusal refused = test::refusal([&] { model->count(beyond); });
+  EXPECT_EQ(refused.message, "noise_index 64 outside 0..63");
+  EXPECT_EQ(refused.field, "noise_index");
 }
 
 TEST(ImageModel, CountingOnlyModelCountsButDoesNotRender) {

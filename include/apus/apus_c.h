@@ -81,6 +81,8 @@ apus_status apus_image_request_set_cfg(apus_image_request* request, float cfg);
 apus_status apus_image_request_set_negative_prompt(apus_image_request* request, const char* text);
 apus_status apus_image_request_set_fp32(apus_image_request* request, int on);
 apus_status apus_image_request_set_noise_file(apus_image_request* request, const char* path);
+/* Output `index` of a batch diffusers draws from one torch.Generator (ImageRequest::noise_index). */
+apus_status apus_image_request_set_noise_index(apus_image_request* request, int index);
 apus_status apus_image_request_add_lora(apus_image_request* request, const char* file, float scale);
 /* 8-bit RGB, rows top to bottom, width * height * 3 bytes (copied). */
 apus_status apus_image_request_add_reference(apus_image_request* request, int width, int height, const uint8_t* rgb);

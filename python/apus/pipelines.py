@@ -65,25 +65,31 @@ def _seed_of(g: Any) -> int:
     return seed
 
 
-def _seeds(generator: Any, seed: Optional[int], batch: int) -> List[Optional[int]]:
-    """One seed per output, as diffusers' generator argument (or apus's seed, seed + 1, ...) gives them."""
+def _seeds(generator: Any, seed: Optional[int], batch: int, one_draw: bool) -> List[tuple]:
+    """(seed, noise index) per output, as diffusers' generator argument gives them (or apus's seed,
+    seed + 1, ...). One generator for a batch: diffusers draws the batch's noise from it in one
+    torch.randn, each output's noise its part of that draw (noise index i), which the engine does
+    for klein (`one_draw`); Stable Audio 3 draws from the generator at every step, interleaving the
+    outputs."""
     if generator is not None and seed is not None:
         _refuse("generator and seed: pass one of them")
     if generator is None:
-        return [None if seed is None else seed + i for i in range(batch)]
+        return [(None if seed is None else seed + i, 0) for i in range(batch)]
     generators = list(generator) if isinstance(generator, (list, tuple)) else [generator]
     if len(generators) == 1 and batch > 1:
+        if one_draw:
+            return [(_seed_of(generators[0]), i) for i in range(batch)]
         _refuse(
-            f"generator: one generator for {batch} outputs; diffusers draws the whole batch's noise from it "
-            f"in one stream, which apus does not replicate: pass a list of {batch} generators (each output's "
-            "own, as diffusers reads a list) or seed= (outputs get seed, seed + 1, ...)"
+            f"generator: one generator for {batch} outputs; diffusers' Stable Audio 3 draws every step's "
+            f"noise for the whole batch from it, which apus does not replicate: pass a list of {batch} "
+            "generators (each output's own, as diffusers reads a list) or seed= (outputs get seed, seed + 1, ...)"
         )
     if len(generators) != batch:
         _refuse(
             f"generator: a list of {len(generators)} generators for an effective batch size of {batch} "
             "(prompts x images per prompt)"
         )
-    return [_seed_of(g) for g in generators]
+    return [(_seed_of(g), 0) for g in generators]
 
 
 def _prompts(prompt: Union[str, Sequence[str], None], per_prompt: int, what: str) -> List[str]:
@@ -394,7 +400,7 @@ class _Flux2Klein(DiffusionPipeline):
         layers = diffusers_args.get("text_encoder_out_layers")
         _require_default("text_encoder_out_layers", None if layers is None else tuple(layers), (9, 18, 27), "the model's taps")
         prompts = _prompts(prompt, num_images_per_prompt, "num_images_per_prompt")
-        seeds = _seeds(generator, seed, len(prompts))
+        seeds = _seeds(generator, seed, len(prompts), one_draw=True)
         cfg = None
         if guidance_scale is not None:
             if self._model.takes_guidance:
@@ -403,14 +409,14 @@ class _Flux2Klein(DiffusionPipeline):
                 # diffusers' behaviour for the step-distilled models, its warning's words.
                 warnings.warn(f"Guidance scale {guidance_scale} is ignored for step-wise distilled models.", stacklevel=3)
         requests = []
-        for text, s in zip(prompts, seeds):
+        for text, (s, index) in zip(prompts, seeds):
             r = _apus.ImageRequest()
             r.prompt = text
             r.width, r.height = width, height
             r.steps = num_inference_steps
             r.cfg = cfg
             r.negative_prompt = negative_prompt
-            r.seed = s
+            r.seed, r.noise_index = s, index
             r.fp32 = self._fp32
             for lora in loras:
                 file, scale = (lora, 1.0) if isinstance(lora, (str, os.PathLike)) else lora
@@ -664,9 +670,9 @@ class StableAudio3Pipeline(DiffusionPipeline):
                 _refuse("negative_prompt: one text for the whole batch")
             negative_prompt = negative_prompt[0]
         prompts = _prompts(prompt, num_waveforms_per_prompt, "num_waveforms_per_prompt")
-        seeds = _seeds(generator, seed, len(prompts))
+        seeds = _seeds(generator, seed, len(prompts), one_draw=False)
         requests = []
-        for text, s in zip(prompts, seeds):
+        for text, (s, _) in zip(prompts, seeds):
             r = _apus.AudioRequest()
             r.prompt = text
             r.seconds = float(duration)

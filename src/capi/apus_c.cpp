@@ -199,6 +199,9 @@ apus_status apus_image_request_set_noise_file(apus_image_request* request, const
         text(path, "apus_image_request_set_noise_file");
   });
 }
+apus_status apus_image_request_set_noise_index(apus_image_request* request, int index) {
+  return guarded([&] { held(request, "apus_image_request_set_noise_index").request.noise_index = index; });
+}
 apus_status apus_image_request_add_lora(apus_image_request* request, const char* file, float scale) {
   return guarded([&] {
     held(request, "apus_image_request_add_lora")

@@ -12,7 +12,7 @@ namespace apus::dist {
 // A request gaining a member must carry it to the other ranks here (or say why it need not);
 // these sizes are what the members add up to on x86-64 with libstdc++.
 #if defined(__x86_64__) && defined(__GLIBCXX__)
-static_assert(sizeof(ImageRequest) == 344, "ImageRequest changed: carry the new member in encode() and decode()");
+static_assert(sizeof(ImageRequest) == 352, "ImageRequest changed: carry the new member in encode() and decode()");
 static_assert(sizeof(AudioRequest) == 336, "AudioRequest changed: carry the new member in encode() and decode()");
 #endif
 
@@ -133,7 +133,8 @@ std::string encode(const std::vector<ImageRequest>& batch) {
   w.put(uint64_t(batch.size()));
   for (const ImageRequest& r : batch) {
     w.put(r.prompt), w.put(r.width), w.put(r.height), w.put(r.references), w.put(r.inpaint), w.put(r.steps);
-    w.put(r.cfg), w.put(r.negative_prompt), w.put(r.seed), w.put(r.noise_file), w.put(uint8_t(r.fp32));
+    w.put(r.cfg), w.put(r.negative_prompt), w.put(r.seed), w.put(r.noise_index), w.put(r.noise_file);
+    w.put(uint8_t(r.fp32));
     w.put(r.loras);
     put_hooks(w, r);
   }
@@ -148,7 +149,7 @@ std::vector<ImageRequest> decode_images(const std::string& bytes, const std::ato
   for (uint64_t i = 0; i < n; ++i) {
     ImageRequest& r = batch.emplace_back();
     in.get(r.prompt), in.get(r.width), in.get(r.height), in.get(r.references), in.get(r.inpaint), in.get(r.steps);
-    in.get(r.cfg), in.get(r.negative_prompt), in.get(r.seed), in.get(r.noise_file);
+    in.get(r.cfg), in.get(r.negative_prompt), in.get(r.seed), in.get(r.noise_index), in.get(r.noise_file);
     r.fp32 = in.flag();
     in.get(r.loras);
     get_hooks(in, r, finish);

@@ -26,6 +26,7 @@ std::string infotext(const ImageRequest& request, const ImageResult& result, con
        ", Size: " + std::to_string(result.width) + "x" + std::to_string(result.height);
   if (request.inpaint) s += ", Denoising strength: " + metadata_number(request.inpaint->strength);
   s += ", Model: " + model.label() + ", Precision: " + (request.fp32 ? "fp32" : "bf16");
+  if (request.noise_index) s += ", Noise index: " + std::to_string(request.noise_index);
   if (!request.noise_file.empty()) s += ", Noise: " + request.noise_file;
   return s + metadata_loras(request.loras);
 }

@@ -45,7 +45,22 @@ def guided_batch(lib, fixtures):
     return np.stack([np.asarray(i) for i in images]), []
 
 
-CASES = {"text_to_image": text_to_image, "guided_batch": guided_batch}
+def one_generator_batch(lib, fixtures):
+    pipe = lib.Flux2KleinPipeline.from_pretrained(f"{fixtures}/klein_tiny_a", dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe(
+        prompt="a lighthouse at dawn",
+        height=32,
+        width=48,
+        num_inference_steps=2,
+        guidance_scale=1.0,
+        num_images_per_prompt=3,
+        generator=torch.Generator().manual_seed(3),
+    ).images
+    return np.stack([np.asarray(i) for i in images]), []
+
+
+CASES = {"text_to_image": text_to_image, "guided_batch": guided_batch, "one_generator_batch": one_generator_batch}
 
 
 def main() -> int:

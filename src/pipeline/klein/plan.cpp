@@ -117,6 +117,10 @@ ImageRequest KleinModel::resolved(const ImageRequest& request) const {
                    *r.width, " and height ", *r.height, " must be multiples of ", side);
   APUS_CHECK_FIELD(*r.steps >= 1 && *r.steps <= L::max_steps, "steps", "steps ", *r.steps, " outside 1..",
                    L::max_steps);
+  APUS_CHECK_FIELD(r.noise_index >= 0 && r.noise_index < L::max_batch, "noise_index", "noise_index ", r.noise_index,
+                   " outside 0..", L::max_batch - 1);
+  APUS_CHECK_FIELD(r.noise_index == 0 || r.noise_file.empty(), "noise_index", "noise_index ", r.noise_index,
+                   " with a noise file: the file is the noise");
   return r;
 }
 
@@ -172,8 +176,8 @@ bool same_image(const Rgb8Image& a, const Rgb8Image& b) {
 }
 
 // What a batch of image requests shares; per sample: the prompt, negative prompt, seed, noise
-// file, trace and preview sink.
-constexpr std::size_t kPerSample = 6;
+// index, noise file, trace and preview sink.
+constexpr std::size_t kPerSample = 7;
 constexpr std::array<SharedSetting<ImageRequest>, 10> kShared = {{
     {"width", [](const ImageRequest& a, const ImageRequest& b) { return a.width == b.width; }},
     {"height", [](const ImageRequest& a, const ImageRequest& b) { return a.height == b.height; }},

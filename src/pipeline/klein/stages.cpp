@@ -2,6 +2,7 @@
 // that count() walks in counting mode and generate() runs on weights (pipeline/driver.h).
 #include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "core/error.h"
 #include "io/hf_cache.h"
@@ -281,9 +282,20 @@ void KleinModel::initial_noise(Context& c, Work& w, const std::vector<ImageReque
     } else {
       // The official pipeline draws the latents in the model dtype with torch's CPU generator.
       nchw = Tensor::heap({1, channels, w.h, w.w}, act);
+      // A batch drawn from one generator is one torch.randn of the whole batch (torch's normals
+      // come in blocks of 16, so its parts are not separate draws): output noise_index's part of
+      // that draw.
+      const int64_t n = nchw.numel(), before = requests[i].noise_index * n;
       TorchGenerator gen(results[i].seed);
-      if (act == DType::bf16) gen.randn_bf16(nchw.ptr<uint16_t>(), nchw.numel());
-      else gen.randn(nchw.ptr<float>(), nchw.numel());
+      if (act == DType::bf16) {
+        std::vector<uint16_t> draw(size_t(before + n));
+        gen.randn_bf16(draw.data(), before + n);
+        std::copy(draw.begin() + before, draw.end(), nchw.ptr<uint16_t>());
+      } else {
+        std::vector<float> draw(size_t(before + n));
+        gen.randn(draw.data(), before + n);
+        std::copy(draw.begin() + before, draw.end(), nchw.ptr<float>());
+      }
     }
     // Channel planes to tokens (token = row * w + col).
     Tensor rows = w.latents.rows(int64_t(i) * l, int64_t(i + 1) * l);
