@@ -208,10 +208,12 @@ class DiffusionPipeline:
     _model_class: Any = None  # _apus.ImageModel or _apus.AudioModel
     _class_names: tuple = ()  # model_index.json's _class_name values this pipeline reads
 
-    def __init__(self, model: Any, parts: dict) -> None:
+    def __init__(self, model: Any, parts: dict, device: str, weights_given: bool, fp32: bool) -> None:
         self._model = model
         self._parts = parts
-        self._fp32 = False
+        self._device = device
+        self._weights_given = weights_given
+        self._fp32 = fp32
         self._interrupt = False
         self._progress_bar_config: dict = {}
 
@@ -228,15 +230,16 @@ class DiffusionPipeline:
         config: Optional[str] = None,
         quant: Optional[str] = None,
         device: str = "cpu",
-        weights: str = "resident",
+        weights: Optional[str] = None,
         **kwargs: Any,
     ) -> "DiffusionPipeline":
         """A diffusers folder, a Hugging Face cache's ORG/NAME, or one checkpoint file with its parts
         (text_encoder, vae, tokenizer, config: files or folders, as the CLI's options). dtype (or
         diffusers' older torch_dtype) bfloat16 or None runs the engine's bf16 path, float32 its fp32
-        parity mode. quant="int8":
-        the int8 tier. weights: "resident" (kept across calls) or "per_stage" (each stage's weights
-        mapped while it runs). On DiffusionPipeline itself the class comes from model_index.json."""
+        parity mode. quant="int8": the int8 tier. weights: "resident" (kept across calls; the default)
+        or "per_stage" (each stage's weights mapped while it runs; the default for Stable Audio 3 in
+        float32, whose resident weights are bf16). On DiffusionPipeline itself the class comes from
+        model_index.json."""
         for name in kwargs:
             _refuse(f"from_pretrained: {name}= is not implemented by apus")
         if dtype is not None and torch_dtype is not None:
@@ -251,11 +254,10 @@ class DiffusionPipeline:
             tokenizer=os.path.expanduser(tokenizer or ""),
             config=os.path.expanduser(config or ""),
             quant=quant,
-            weights=weights,
         )
-        pipe = cls(cls._model_class.open(**parts, device=device), parts)
-        pipe._set_dtype(dtype if dtype is not None else torch_dtype)
-        return pipe
+        fp32 = _is_fp32(dtype if dtype is not None else torch_dtype)
+        parts["weights"] = weights or cls._weights_for(fp32)
+        return cls(cls._model_class.open(**parts, device=device), parts, device, weights is not None, fp32)
 
     def to(self, device: Any = None, dtype: Any = None) -> "DiffusionPipeline":
         """diffusers' to(): a device ("cpu", "cuda", "cuda:1", a torch.device) opens the model there
@@ -264,24 +266,22 @@ class DiffusionPipeline:
             device = str(device)
         if device is not None and not isinstance(device, str):
             dtype, device = device, None
-        if device is not None:
-            device = "cuda:0" if device == "cuda" else device
-            if device != self.device:
-                self._model = self._model_class.open(**self._parts, device=device)
-                self._device = device
-        if dtype is not None:
-            self._set_dtype(dtype)
+        device = self._device if device is None else "cuda:0" if device == "cuda" else device
+        fp32 = self._fp32 if dtype is None else _is_fp32(dtype)
+        weights = self._parts["weights"] if self._weights_given else self._weights_for(fp32)
+        if device != self._device or weights != self._parts["weights"]:
+            self._model = self._model_class.open(**dict(self._parts, weights=weights), device=device)
+            self._parts["weights"], self._device = weights, device
+        self._fp32 = fp32
         return self
 
     @property
     def device(self) -> str:
-        return getattr(self, "_device", "cpu")
+        return self._device
 
-    def _set_dtype(self, dtype: Any) -> None:
-        name = None if dtype is None else str(dtype).replace("torch.", "")
-        if name not in (None, "bfloat16", "float32"):
-            _refuse(f"dtype={dtype}: apus runs bfloat16 (the default) or float32 (its parity mode)")
-        self._fp32 = name == "float32"
+    @classmethod
+    def _weights_for(cls, fp32: bool) -> str:
+        return "resident"
 
     def set_progress_bar_config(self, **kwargs: Any) -> None:
         self._progress_bar_config = dict(kwargs)
@@ -333,6 +333,13 @@ class DiffusionPipeline:
             return _interruptible(lambda: self._model.generate(requests, progress, previews, stop, finish), stop)
         finally:
             bar.close()
+
+
+def _is_fp32(dtype: Any) -> bool:
+    name = None if dtype is None else str(dtype).replace("torch.", "")
+    if name not in (None, "bfloat16", "float32"):
+        _refuse(f"dtype={dtype}: apus runs bfloat16 (the default) or float32 (its parity mode)")
+    return name == "float32"
 
 
 def _pipeline_class_of(path: str) -> type:
@@ -614,6 +621,11 @@ class StableAudio3Pipeline(DiffusionPipeline):
 
     _model_class = _apus.AudioModel
     _class_names = ("StableAudio3Pipeline",)
+
+    @classmethod
+    def _weights_for(cls, fp32: bool) -> str:
+        # A resident Stable Audio 3 model holds its weights in bf16; fp32 reads them per stage.
+        return "per_stage" if fp32 else "resident"
 
     def __call__(
         self,

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The Python package as a user installs it (issue 44): `pip install .` of this tree into VENV
 # (pytest, numpy and pillow from PyPI the first time), then tests/python/test_pipelines.py against
-# the CLI built from the same tree. Exits 77 (ctest's skip) naming the reason when PyPI cannot be
+# the CLI built from the same tree (tqdm too: the pipelines' progress bar). Exits 77 (ctest's skip) naming the reason when PyPI cannot be
 # reached (pip's build needs scikit-build-core and nanobind from it).
 # Usage: tests/python/run.sh APUS FIXTURES VENV CXX
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 apus="$1" fixtures="$2" venv="$3" cxx="$4"
-packages=(pytest numpy pillow)
+packages=(pytest numpy pillow tqdm)
 stamp="$venv/.packages"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${packages[*]}" ]; then
   python3 -m venv "$venv"

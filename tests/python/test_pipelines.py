@@ -1,6 +1,7 @@
 """The Python package against the CLI (issue 44), on the tiny fixtures: tests/python/run.sh
 installs the package as a user does (`pip install .` into a fresh venv) and runs this with
 APUS_CLI (the CLI built from the same tree) and APUS_FIXTURES set."""
+import io
 import os
 import random
 import signal
@@ -160,6 +161,24 @@ def test_clips_are_the_clis_bytes_and_samples(sa3, tmp_path):
     # The file holds the samples rounded to 16 bits: channels and frames in diffusers' order.
     assert out.audios.shape == (1,) + pcm.shape
     assert np.max(np.abs(out.audios[0] * 32767 - pcm)) <= 1
+    # The fp32 parity mode: a resident Stable Audio 3 model holds bf16 weights, so float32 opens
+    # it per stage, as the CLI runs.
+    exact = apus.StableAudio3Pipeline.from_pretrained(sa3, dtype="float32")
+    exact("rain", duration=1, num_inference_steps=2, seed=SEED, output_type="np").save(tmp_path / "py-fp32.wav")
+    assert cli("audio", "--model", sa3, "-p", "rain", "--seconds", "1", "--steps", "2", "-s", str(SEED),
+               "--precision", "fp32", "-o", "cli-fp32.wav", cwd=tmp_path) == ""
+    assert same_file(tmp_path / "cli-fp32.wav", tmp_path / "py-fp32.wav")
+    assert exact.to("cpu") is exact and exact.device == "cpu"
+
+
+def test_the_progress_bar_counts_the_steps(klein):
+    bar = io.StringIO()
+    klein.set_progress_bar_config(file=bar, ascii=True)
+    try:
+        klein("a fox", height=32, width=32, num_inference_steps=3, seed=SEED)
+    finally:
+        klein.set_progress_bar_config(disable=True)
+    assert "3/3" in bar.getvalue(), bar.getvalue()
 
 
 def test_a_step_callback_interrupt_and_an_exception_stop_the_run(klein):

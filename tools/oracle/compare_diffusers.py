@@ -8,7 +8,9 @@ Each case is a function of the pipelines' module, called once with `diffusers` a
 `apus`; the images are compared pixel by pixel. The bound is the engine's own against the oracle
 in fp32 (the op contract's roundings: a pixel may round the other way), stated per case.
 """
+import os
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -60,7 +62,36 @@ def one_generator_batch(lib, fixtures):
     return np.stack([np.asarray(i) for i in images]), []
 
 
+def sa3_folder(fixtures):
+    """The tiny Stable Audio 3 pipeline in diffusers' layout, as tests/sa3_fixtures.h links it."""
+    folder = tempfile.mkdtemp(prefix="apus_sa3_diffusers_")
+    for name, part in [("model_index.json", "sa3_tiny/pipeline/model_index.json"),
+                       ("scheduler", "sa3_tiny/pipeline/scheduler"),
+                       ("duration_embedder", "sa3_tiny/pipeline/duration_embedder"),
+                       ("transformer", "sa3_tiny/dit_diff"), ("vae", "sa3_tiny/same_l"),
+                       ("text_encoder", "t5gemma_tiny"), ("tokenizer", "t5gemma_tok")]:
+        os.symlink(os.path.abspath(os.path.join(fixtures, part)), os.path.join(folder, name))
+    return folder
+
+
+def text_to_audio(lib, fixtures):
+    pipe = lib.StableAudio3Pipeline.from_pretrained(sa3_folder(fixtures), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    steps = []
+    audios = pipe(
+        "rain on a tin roof",
+        duration=1.0,
+        num_inference_steps=4,
+        generator=[torch.Generator().manual_seed(5)],
+        output_type="np",
+        callback_on_step_end=lambda p, i, t, kwargs: steps.append((i, float(t))) or {},
+        callback_on_step_end_tensor_inputs=[],
+    ).audios
+    return np.asarray(audios), steps
+
+
 CASES = {"text_to_image": text_to_image, "guided_batch": guided_batch, "one_generator_batch": one_generator_batch}
+AUDIO_CASES = {"text_to_audio": text_to_audio}
 
 
 def main() -> int:
@@ -82,6 +113,16 @@ def main() -> int:
         if not steps_agree:
             print(f"  apus {our_steps}\n  diffusers {their_steps}")
             return 1
+    # Reported, not held: on these components diffusers' StableAudio3Pipeline (0.42.1) does not
+    # reproduce the official generate() it ports (apus renders the same clip from this folder and
+    # from the official layout, and the official layout's clip is the official code's:
+    # tests/fixtures/sa3_pipeline_ref); the callbacks' sigmas agree, the clips differ.
+    for name, case in AUDIO_CASES.items():
+        ours, our_steps = case(apus, fixtures)
+        theirs, their_steps = case(diffusers, fixtures)
+        print(f"{name}: {ours.shape} against {theirs.shape}, max |apus - diffusers| "
+              f"{np.abs(ours - theirs).max() if ours.shape == theirs.shape else 'shapes differ'}; "
+              f"callbacks: apus {our_steps}, diffusers {their_steps}")
     # fp32 on both sides: what differs is summation order, at most one rounding of a pixel.
     return 0 if worst <= 1 else 1
 
