@@ -6,14 +6,11 @@
 // 23). x86-64-v3 is AVX2 with FMA; GCC's resolver picks by the CPU's features, AVX512F first, then
 // x86-64-v3 (objdump of a resolver). Under TSan the resolvers, instrumented, run while the dynamic
 // loader relocates the program, before TSan's runtime exists, and crash: a TSan build gets the
-// baseline code only.
-#if defined(__SANITIZE_THREAD__)
+// baseline code only. So does a clang build (the sanitizer and fuzz builds): Debian's clang 14
+// compiles a C++ function's target_clones as one function for the first target, AVX-512 code that
+// faulted on an AVX2-only CPU (SIGILL in softmax_row_bf16, session 29).
+#if defined(__SANITIZE_THREAD__) || defined(__clang__)
 #define APUS_CLONES
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define APUS_CLONES
-#endif
-#endif
-#ifndef APUS_CLONES
+#else
 #define APUS_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #endif

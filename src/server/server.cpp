@@ -157,9 +157,10 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
     });
     impl_->models.push_back(std::move(m));
   }
-  for (const auto& [alias, target] : impl_->options.aliases)
-    APUS_CHECK(std::any_of(impl_->models.begin(), impl_->models.end(), [&](const Loaded& m) { return m.id == target; }),
-               "serve: --alias ", alias, "=", target, ": no model '", target, "' is loaded");
+  for (const auto& alias : impl_->options.aliases)  // not a structured binding: clang 14 cannot capture one
+    APUS_CHECK(
+        std::any_of(impl_->models.begin(), impl_->models.end(), [&](const Loaded& m) { return m.id == alias.second; }),
+        "serve: --alias ", alias.first, "=", alias.second, ": no model '", alias.second, "' is loaded");
   // The image model the AUTOMATIC1111 routes render with until options name another.
   for (const Loaded& m : impl_->models)
     if (m.model.kind() == ModelKind::image && impl_->a1111_checkpoint.empty()) impl_->a1111_checkpoint = m.id;
