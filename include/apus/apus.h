@@ -118,9 +118,9 @@ struct ImageRequest {
   std::optional<float> cfg;
   std::optional<std::string> negative_prompt;
   std::optional<uint64_t> seed;  // drawn from the OS when absent; reported in the result
-  // The noise is the seed's stream after `noise_index` draws of the noise's size, as diffusers draws
-  // a batch's latents from one torch.Generator (num_images_per_prompt with one generator: output i
-  // has noise_index i). 0: the seed's first draw; at most ImageLimits::max_batch - 1.
+  // The noise is part `noise_index` of one torch.randn, from the seed, of noise_index + 1 noises,
+  // as diffusers draws a batch's latents from one torch.Generator (num_images_per_prompt with one
+  // generator: output i has noise_index i). 0: the seed's own draw; at most max_batch - 1.
   int noise_index = 0;
   std::string noise_file;   // safetensors holding "noise" [1, C, H/16, W/16]; overrides seed
   bool fp32 = false;        // parity mode: fp32 activations (weights stay as stored)
