@@ -559,7 +559,6 @@ class Flux2KleinKVPipeline(Flux2KleinPipeline):
 class Flux2KleinInpaintPipeline(_Flux2Klein):
     """diffusers' Flux2KleinInpaintPipeline: repaints `image` where `mask_image` is white."""
 
-    _class_names = ("Flux2KleinPipeline",)
     _default_steps = 50
 
     def __call__(
