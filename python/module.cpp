@@ -23,9 +23,6 @@
 #include "apus/apus.h"
 #include "core/cost.h"
 #include "core/error.h"
-#include "io/files.h"
-#include "io/media/audio.h"
-#include "io/media/image.h"
 #include "pipeline/metadata.h"
 
 namespace nb = nanobind;
@@ -257,12 +254,7 @@ void bind_image(nb::module_& m) {
       .def(
           "write",
           [](const ImageOutputs& o, size_t i, const std::string& path, int quality) {
-            const auto& r = output(o, i);
-            APUS_CHECK(quality >= 1 && quality <= 100, path, ": quality ", quality, " outside 1..100");
-            const std::vector<uint8_t> bytes =
-                apus::encode_image(apus::image_format_of_file(path, "the path"),
-                                   apus::Rgb8Image{r.width, r.height, r.rgb}, quality, o.metadata[i], path);
-            apus::write_whole_file(path, bytes.data(), bytes.size());
+            apus::write_image_file(path, output(o, i), o.metadata[i], quality);
           },
           "index"_a, "path"_a, "quality"_a = 90,
           "Writes output `index` as `apus image -o` does (.png, .jpg, .webp; the settings in its metadata).");
@@ -340,11 +332,7 @@ void bind_audio(nb::module_& m) {
       .def(
           "write",
           [](const AudioOutputs& o, size_t i, const std::string& path) {
-            const auto& r = output(o, i);
-            const std::string ext = apus::extension_of(path);
-            APUS_CHECK(ext == ".wav" || ext == ".flac", path, ": apus writes .wav or .flac files");
-            apus::write_audio(path, apus::Audio{r.sample_rate, r.channels, r.samples},
-                              apus::parse_audio_format(ext == ".flac" ? "flac" : "wav"), o.metadata[i]);
+            apus::write_audio_file(path, output(o, i), o.metadata[i]);
           },
           "index"_a, "path"_a, "Writes output `index` as `apus audio -o` does (.wav 16-bit or .flac).");
 
@@ -359,12 +347,8 @@ void bind_audio(nb::module_& m) {
             auto [asked, results] = generate(model, std::move(requests), progress, previews, stop, finish,
                                              [](const apus::Preview& p) { return std::vector<float>(p.peaks); });
             auto out = std::make_unique<AudioOutputs>();
-            for (size_t i = 0; i < asked.size(); ++i) {
-              // A clip given in memory has no file name: the metadata names the setting, as the C ABI's.
-              const apus::ClipNames names{asked[i].init_audio ? "init_audio" : "",
-                                          asked[i].inpaint_audio ? "inpaint_audio" : ""};
-              out->metadata.push_back(apus::audio_metadata(asked[i], results[i], model, names));
-            }
+            for (size_t i = 0; i < asked.size(); ++i)
+              out->metadata.push_back(apus::audio_metadata(asked[i], results[i], model, apus::kClipsBySetting));
             out->results = std::move(results);
             return out;
           },

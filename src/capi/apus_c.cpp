@@ -12,9 +12,6 @@
 
 #include "apus/apus.h"
 #include "core/error.h"
-#include "io/files.h"
-#include "io/media/audio.h"
-#include "io/media/image.h"
 #include "pipeline/metadata.h"
 
 struct apus_stop {
@@ -270,13 +267,8 @@ apus_status apus_image_result_write(const apus_image_result* result, int index, 
     const apus_image_result& r = held(result, "apus_image_result_write");
     APUS_CHECK(index >= 0 && size_t(index) < r.results.size(), "apus_image_result_write: output ", index, " of ",
                r.results.size());
-    const std::string name = text(path, "apus_image_result_write");
-    APUS_CHECK(quality >= 1 && quality <= 100, name, ": quality ", quality, " outside 1..100");
-    const apus::ImageResult& o = r.results[size_t(index)];
-    const std::vector<uint8_t> bytes =
-        apus::encode_image(apus::image_format_of_file(name, "the path"), apus::Rgb8Image{o.width, o.height, o.rgb},
-                           quality, r.metadata[size_t(index)], name);
-    apus::write_whole_file(name, bytes.data(), bytes.size());
+    apus::write_image_file(text(path, "apus_image_result_write"), r.results[size_t(index)], r.metadata[size_t(index)],
+                           quality);
   });
 }
 void apus_image_result_free(apus_image_result* result) { delete result; }
@@ -386,12 +378,8 @@ apus_status apus_audio_generate(const apus_audio_model* model, const apus_audio_
         };
     auto result = std::make_unique<apus_audio_result>();
     result->results = generate_batch(m, requests, progress, user, stop);
-    for (size_t i = 0; i < requests.size(); ++i) {
-      // A clip given in memory has no file name: the metadata names the setting, as the server's.
-      const apus::ClipNames names{requests[i].init_audio ? "init_audio" : "",
-                                  requests[i].inpaint_audio ? "inpaint_audio" : ""};
-      result->metadata.push_back(apus::audio_metadata(requests[i], result->results[i], m, names));
-    }
+    for (size_t i = 0; i < requests.size(); ++i)
+      result->metadata.push_back(apus::audio_metadata(requests[i], result->results[i], m, apus::kClipsBySetting));
     *out = result.release();
   });
 }
@@ -415,12 +403,7 @@ apus_status apus_audio_result_write(const apus_audio_result* result, int index, 
     const apus_audio_result& r = held(result, "apus_audio_result_write");
     APUS_CHECK(index >= 0 && size_t(index) < r.results.size(), "apus_audio_result_write: output ", index, " of ",
                r.results.size());
-    const std::string name = text(path, "apus_audio_result_write");
-    const std::string ext = apus::extension_of(name);
-    APUS_CHECK(ext == ".wav" || ext == ".flac", name, ": apus writes .wav or .flac files");
-    const apus::AudioResult& o = r.results[size_t(index)];
-    apus::write_audio(name, apus::Audio{o.sample_rate, o.channels, o.samples},
-                      apus::parse_audio_format(ext == ".flac" ? "flac" : "wav"), r.metadata[size_t(index)]);
+    apus::write_audio_file(text(path, "apus_audio_result_write"), r.results[size_t(index)], r.metadata[size_t(index)]);
   });
 }
 void apus_audio_result_free(apus_audio_result* result) { delete result; }

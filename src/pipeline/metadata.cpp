@@ -3,6 +3,10 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "core/error.h"
+#include "io/files.h"
+#include "io/media/image.h"
+
 namespace apus {
 
 std::string metadata_number(double v) {
@@ -58,6 +62,22 @@ std::string audio_comment(const AudioRequest& request, const AudioResult& result
 AudioMetadata audio_metadata(const AudioRequest& request, const AudioResult& result, const AudioModel& model,
                              const ClipNames& inputs) {
   return {request.prompt, audio_comment(request, result, model, inputs), "apus"};
+}
+
+void write_image_file(const std::string& path, const ImageResult& result,
+                      const std::vector<std::pair<std::string, std::string>>& metadata, int quality) {
+  APUS_CHECK(quality >= 1 && quality <= 100, path, ": quality ", quality, " outside 1..100");
+  const std::vector<uint8_t> bytes =
+      encode_image(image_format_of_file(path, "the path"), Rgb8Image{result.width, result.height, result.rgb}, quality,
+                   metadata, path);
+  write_whole_file(path, bytes.data(), bytes.size());
+}
+
+void write_audio_file(const std::string& path, const AudioResult& result, const AudioMetadata& metadata) {
+  const std::string ext = extension_of(path);
+  APUS_CHECK(ext == ".wav" || ext == ".flac", path, ": apus writes .wav or .flac files");
+  write_audio(path, Audio{result.sample_rate, result.channels, result.samples},
+              parse_audio_format(ext == ".flac" ? "flac" : "wav"), metadata);
 }
 
 }  // namespace apus

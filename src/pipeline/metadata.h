@@ -27,9 +27,18 @@ std::vector<std::pair<std::string, std::string>> image_metadata(const ImageReque
 struct ClipNames {
   std::string init, inpaint;
 };
+// Clips handed over in memory (the server, the C ABI, Python) are named by their settings.
+inline const ClipNames kClipsBySetting{"init_audio", "inpaint_audio"};
 std::string audio_comment(const AudioRequest& request, const AudioResult& result, const AudioModel& model,
                           const ClipNames& inputs);
 AudioMetadata audio_metadata(const AudioRequest& request, const AudioResult& result, const AudioModel& model,
                              const ClipNames& inputs);
+
+// A result written to `path` as `apus image -o` writes it, the format by the extension (.png,
+// .jpg, .webp; quality 1..100 for the last two): the C ABI's and Python's file of an output.
+void write_image_file(const std::string& path, const ImageResult& result,
+                      const std::vector<std::pair<std::string, std::string>>& metadata, int quality);
+// ... as `apus audio -o` writes it: .wav (16-bit PCM) or .flac by the extension.
+void write_audio_file(const std::string& path, const AudioResult& result, const AudioMetadata& metadata);
 
 }  // namespace apus

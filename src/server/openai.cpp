@@ -416,9 +416,8 @@ std::shared_ptr<Job> Server::Impl::audio_job(const Json& body, std::string& form
       j.split = split;
     }
     const Audio a{res.sample_rate, res.channels, res.samples};
-    return std::vector<JobOutput>{
-        {encode_audio(a, format, audio_metadata(r, res, *model, {"init_audio", "inpaint_audio"}), "clip"),
-         audio_mime_type(format), res.seed}};
+    return std::vector<JobOutput>{{encode_audio(a, format, audio_metadata(r, res, *model, kClipsBySetting), "clip"),
+                                   audio_mime_type(format), res.seed}};
   };
   return job;
 }
