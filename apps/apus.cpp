@@ -120,9 +120,20 @@ template <typename Model, typename Request> RankPlan rank_plan(const std::string
   const std::string strategy = parallel == "auto" ? auto_strategy(model, r, batch, device, verbose) : parallel;
   if (strategy == "none") return world.rank() == 0 ? RankPlan{{0, batch}, {}, true} : RankPlan{{0, 0}, {}, false};
   if (strategy == "batch") return {apus::share_of(batch, world.rank(), world.size()), {}, true};
-  // cfg and ulysses: every rank runs the whole batch, its share of the samples or the tokens; rank
-  // 0 writes.
-  return {{0, batch}, {strategy == "cfg" ? apus::Parallel::cfg : apus::Parallel::ulysses, &world}, world.rank() == 0};
+  // cfg, ulysses and tensor: every rank runs the whole batch, its share of the samples, the tokens
+  // or the transformer's features; rank 0 writes.
+  const apus::Parallel split = strategy == "cfg"       ? apus::Parallel::cfg
+                               : strategy == "ulysses" ? apus::Parallel::ulysses
+                                                       : apus::Parallel::tensor;
+  return {{0, batch}, {split, &world}, world.rank() == 0};
+}
+
+// The parts as --parallel opens them: under tensor over several ranks, the transformer's weights
+// split over them.
+apus::ModelParts split_parts(apus::ModelParts parts, const std::string& parallel) {
+  const apus::dist::World& world = apus::dist::World::get();
+  if (parallel == "tensor" && world.size() > 1) parts.tensor_ranks = &world;
+  return parts;
 }
 
 // -v under a split: what this rank sent the others against what the count says it sends, and its
@@ -146,7 +157,7 @@ int run_image(const apus::ModelParts& parts, std::vector<apus::ImageRequest> req
               const std::string& device) {
   const apus::ImageFormat format = apus::image_format_of_file(out, "-o");
   // One request per process: each stage's weights are mapped for that stage only.
-  const auto model = apus::ImageModel::open(parts, apus::Weights::per_stage, device);
+  const auto model = apus::ImageModel::open(split_parts(parts, parallel), apus::Weights::per_stage, device);
   const int batch = int(requests.size());
   const RankPlan plan = rank_plan(parallel, *model, requests.front(), batch, device, verbose);
   const apus::Share share = plan.outputs;
@@ -235,13 +246,9 @@ void check_output(const std::string& out, int batch) {
   for (int i = 0; i < batch; ++i) apus::check_writable(output_name(out, i, batch));
 }
 
-// --parallel as the ranks take it (issue 43), checked before any model opens: batch (-n's outputs
-// over the ranks, each one its own request's bit for bit), cfg (every request's transformer
-// samples over the ranks), none (rank 0 does it all) or auto (rank_plan). Without a seed, rank 0
-// draws one for all: the ranks of a split must sample the same noise.
-template <typename Request> void prepare_ranks(const std::string& parallel, Request& r) {
-  APUS_CHECK(parallel != "tensor", "--parallel tensor: not implemented yet (issue 43); batch, cfg, ulysses, none and ",
-             "auto are");
+// Before any model opens under several ranks (issue 43; --parallel: rank_plan): without a seed,
+// rank 0 draws one for all, since the ranks of a split must sample the same noise.
+template <typename Request> void prepare_ranks(Request& r) {
   const apus::dist::World& world = apus::dist::World::get();
   if (world.size() > 1 && !r.seed)
     r.seed = parse_seed(world.broadcast(std::to_string(std::random_device{}()), "the seed"));
@@ -276,7 +283,7 @@ int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> all
               const std::string& trace_file, const std::string& device) {
   const int batch = int(all.size());
   const apus::AudioFormat format = apus::parse_audio_format(format_name);
-  const auto model = apus::AudioModel::open(parts, apus::Weights::per_stage, device);
+  const auto model = apus::AudioModel::open(split_parts(parts, parallel), apus::Weights::per_stage, device);
   const RankPlan plan = rank_plan(parallel, *model, all.front(), batch, device, verbose);
   const apus::Share share = plan.outputs;
   if (share.count == 0) return 0;
@@ -457,8 +464,9 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
   app->add_option("--parallel", o.parallel,
                   "started by mpirun or srun, how the ranks split the work: batch (-n's outputs over the ranks), "
                   "cfg (each step's guided branches and images over the ranks), ulysses (every image's tokens over the "
-                  "ranks, attention exchanging heads; klein), none (rank 0 does it all), auto (the one the cost model "
-                  "predicts fastest; -v says); tensor is not implemented yet")
+                  "ranks, attention exchanging heads), tensor (the transformer's weights and features over the ranks, "
+                  "each holding its share: a model too big for one; klein), none (rank 0 does it all), auto (of "
+                  "batch, cfg and ulysses, the one the cost model predicts fastest; -v says)")
       ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
   add_rank_timeout(app);
   const char* const batch[] = {"images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)",
@@ -536,7 +544,7 @@ Command image_command(CLI::App& app) {
             }
             if (*o->noise_opt) req.noise_file = named_file(o->noise, "--noise");
             // -n as the engine takes a batch, before any output name is tried.
-            prepare_ranks(asked.parallel, req);
+            prepare_ranks(req);
             const std::vector<apus::ImageRequest> requests = apus::batch_of(req, asked.batch);
             if (!*o->out_opt) o->out = unnamed_output(".png");
             check_output(o->out, asked.batch);
@@ -616,7 +624,7 @@ Command audio_command(CLI::App& app) {
               req.inpaint_regions.emplace_back(o->inpaint_starts[i], o->inpaint_ends[i]);
             // -n as the engine takes a batch, before any output name is tried; the clips join
             // each request once the model is open.
-            prepare_ranks(asked.parallel, req);
+            prepare_ranks(req);
             std::vector<apus::AudioRequest> requests = apus::batch_of(req, asked.batch);
             if (!*o->out_opt) o->out = unnamed_output(o->format == "flac" ? ".flac" : ".wav");
             check_output(o->out, asked.batch);

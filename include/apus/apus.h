@@ -83,6 +83,11 @@ enum class Parallel {
   // Ulysses sequence parallelism: every sample's tokens split over the ranks, each attention
   // exchanging queries, keys and values for a share of the heads over the whole sequence.
   ulysses,
+  // Tensor parallelism: the transformer's block linears held as each rank's share of their output
+  // features (ModelParts::tensor_ranks), every rank running every token of every sample, the
+  // features gathered where the next op needs them all. The only split that divides the weights'
+  // memory; a model opened so takes nothing else.
+  tensor,
 };
 struct Parallelism {
   Parallel strategy = Parallel::none;
@@ -182,6 +187,10 @@ struct ModelParts {
   // text encoder, VAE or tokenizer.
   std::string config;
   Quant quant = Quant::none;
+  // Tensor parallelism (Parallel::tensor): the transformer's block linears loaded as this rank's
+  // share of their output features, so that each rank reads and holds only its share; every
+  // request then runs split over these ranks. Null: whole weights. FLUX.2 [klein] only.
+  const ProcessGroup* tensor_ranks = nullptr;
 };
 
 class ImageModel {

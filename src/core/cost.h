@@ -13,9 +13,10 @@ struct OpCost {
   double weight_bytes = 0;   // parameters read
   double bytes_fused = 0;    // activations: inputs read once, outputs written once
   double bytes_unfused = 0;  // plus every interior tensor written and read back
-  // What a multi-chip strategy would move for this op, tagged where it communicates: the output
-  // of a row-parallel GEMM (tensor parallelism all-reduces it) and attention's q, k, v and o
-  // (sequence parallelism, Ulysses, all_to_all's them).
+  // What a multi-chip strategy would move for this op, tagged where it communicates: the input
+  // and output of the second GEMM of a tensor-parallel pair (apus's tensor parallelism gathers
+  // both: models/common/tensor_split.h) and attention's q, k, v and o (sequence parallelism,
+  // Ulysses, all_to_all's them).
   double tp_bytes = 0;
   double ulysses_bytes = 0;
   double int8_ops = 0;  // the part of flops the int8 tier runs as integer products

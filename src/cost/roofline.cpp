@@ -54,7 +54,6 @@ OpCost times(OpCost c, double n) {
 
 }  // namespace
 
-double allreduce_wire_bytes(double s, int n) { return 2.0 * (n - 1) / n * s; }
 double allgather_wire_bytes(double s, int n) { return double(n - 1) / n * s; }
 double all_to_all_wire_bytes(double s, int n) { return double(n - 1) / (double(n) * n) * s; }
 
@@ -131,7 +130,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
     }
     fsdp += double(s.calls) * allgather_wire_bytes(s.per_call.weight_bytes, n);
     // A replicated stage runs whole on every chip: nothing of it is split or exchanged.
-    if (!s.replicated) tp += double(s.calls) * allreduce_wire_bytes(s.per_call.tp_bytes, n);
+    if (!s.replicated) tp += double(s.calls) * allgather_wire_bytes(s.per_call.tp_bytes, n);
     // Both gather the velocities of the forwards they divide; Ulysses also exchanges every
     // attention's q, k, v and o.
     if (s.parts > 0) {

@@ -15,8 +15,7 @@ struct Roofline {
   int chips = 1;
 };
 
-// Ring all-reduce, all-gather and all_to_all wire bytes per chip for a payload of s bytes.
-double allreduce_wire_bytes(double s, int n);
+// All-gather and all_to_all wire bytes per chip for a payload of s bytes.
 double allgather_wire_bytes(double s, int n);
 double all_to_all_wire_bytes(double s, int n);
 

@@ -25,7 +25,7 @@ OpCost linear_cost(Context& c, const Tensor& x, const Tensor& w, const Tensor* b
   const double act = bytes(x) + bytes(y);
   OpCost cost{2 * m * k * n + (bias ? m * n : 0), bytes(w) + (bias ? bytes(*bias) : 0), act, act};
   if (w.encoding.int8_matmul) cost.int8_ops = 2 * m * k * n;
-  if (c.cost && c.cost->row_parallel()) cost.tp_bytes = bytes(y);
+  if (c.cost && c.cost->row_parallel()) cost.tp_bytes = bytes(x) + bytes(y);
   return cost;
 }
 

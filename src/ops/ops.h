@@ -56,8 +56,9 @@ class CostScope {
   std::optional<TraceSpan> span_;
 };
 
-// Marks the GEMMs inside as the row-parallel half of a tensor-parallel pair (attention's output
-// projection, the MLP's down projection): their outputs are what tensor parallelism all-reduces.
+// Marks the GEMMs inside as the second half of a tensor-parallel pair (attention's output
+// projection, the MLP's down projection): their inputs and outputs are what apus's tensor
+// parallelism gathers (models/common/tensor_split.h), priced by the roofline.
 class RowParallel {
  public:
   explicit RowParallel(Context& c) : log_(c.cost) {

@@ -20,10 +20,33 @@ void StepAgreement::before_step() {
   }
 }
 
-void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label) {
+const char* parallel_name(Parallel p) {
+  switch (p) {
+    case Parallel::none:
+      return "none";
+    case Parallel::cfg:
+      return "cfg";
+    case Parallel::ulysses:
+      return "ulysses";
+    case Parallel::tensor:
+      return "tensor";
+  }
+  return "?";
+}
+
+void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label,
+                       const ProcessGroup* weights_split) {
+  if (weights_split)
+    APUS_CHECK(p.strategy == Parallel::tensor && p.group == weights_split, label,
+               ": its transformer's weights are split over ", weights_split->size(),
+               " ranks (opened for parallel tensor): every request runs as parallel tensor over them, not ",
+               parallel_name(p.strategy));
   if (p.strategy == Parallel::none) return;
-  const char* name = p.strategy == Parallel::cfg ? "cfg" : "ulysses";
+  const char* name = parallel_name(p.strategy);
   APUS_CHECK(p.group, label, ": a split over processes needs their group (none was given)");
+  APUS_CHECK(p.strategy != Parallel::tensor || weights_split, label,
+             ": parallel tensor runs a model whose transformer was opened split over the ranks ",
+             "(ModelParts::tensor_ranks; the CLI's --parallel tensor), and this one holds its weights whole");
   APUS_CHECK(p.strategy != Parallel::cfg || samples > 1, label,
              ": parallel cfg splits the transformer's samples, and this request has one ",
              "(unguided, one output): guide it (cfg > 1) or ask for several outputs");
@@ -31,12 +54,12 @@ void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, co
 }
 
 Share sample_share(const Parallelism& p, int64_t samples) {
-  if (p.strategy == Parallel::none) return {0, samples};
+  if (p.strategy != Parallel::cfg) return {0, samples};
   return share_of(samples, p.group->rank(), p.group->size());
 }
 
 void gather_samples(Context& c, const Parallelism& p, int64_t samples, Tensor& velocity) {
-  if (p.strategy == Parallel::none) return;
+  if (p.strategy != Parallel::cfg) return;
   const int n = p.group->size();
   const size_t sample_bytes = velocity.nbytes() / size_t(samples);
   std::vector<size_t> bytes;

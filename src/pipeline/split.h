@@ -35,11 +35,17 @@ class StepAgreement {
   std::atomic<bool> stop_{false}, finish_{false};
 };
 
-// Refuses a parallelism this request cannot take (`label`: the model, in the message): a strategy
-// without a group, cfg with nothing to split (one sample), a device without collectives yet.
-void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label);
+// "none", "cfg", "ulysses", "tensor": the CLI's names.
+const char* parallel_name(Parallel p);
 
-// This rank's samples of `samples` under cfg: all of them without a split.
+// Refuses a parallelism this request cannot take (`label`: the model, in the message): a strategy
+// without a group, cfg with nothing to split (one sample), tensor on a model holding whole weights,
+// anything but tensor over `weights_split` on a model whose weights are split over those ranks, a
+// device without collectives yet.
+void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label,
+                       const ProcessGroup* weights_split = nullptr);
+
+// This rank's samples of `samples` under cfg: all of them otherwise.
 Share sample_share(const Parallelism& p, int64_t samples);
 
 // cfg: every rank's rows of `velocity` ([samples * rows, channels], rank r's samples written by
@@ -54,8 +60,9 @@ void gather_sequence(Context& c, const Parallelism& p, int64_t samples, const Te
 // A transformer forward over x [samples * rows, ...] writing velocity [samples * rows', ...] as the
 // request splits it, through forward(first, count, x_part, velocity_part) on samples
 // [first, first + count): cfg runs this rank's share of the samples, then gathers every rank's
-// velocities; Ulysses runs every sample on this rank's share of its rows (the model's attention
-// exchanging the rest; its prologue holds the same share), then gathers every rank's rows.
+// velocities; tensor runs them all (the model's linears exchanging features); Ulysses runs every sample on this rank's
+// share of its rows (the model's attention exchanging the rest; its prologue holds the same share), then gathers every
+// rank's rows.
 template <typename Forward> void split_forward(Context& c, const Parallelism& p, int64_t samples, const Tensor& x,
                                                Tensor& velocity, Forward&& forward) {
   if (c.cost) {

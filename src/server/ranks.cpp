@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "dist/requests.h"
 #include "dist/strategy.h"
+#include "pipeline/split.h"
 
 namespace apus::server {
 
@@ -42,10 +43,6 @@ Header header_of(const std::string& message) {
   return h;
 }
 
-const char* strategy_name(Parallel p) {
-  return p == Parallel::cfg ? "cfg" : p == Parallel::ulysses ? "ulysses" : "none";
-}
-
 // Runs `work` (one request over the ranks); a failure after its first exchange, other than an
 // agreed cancel or a loss already known, leaves the ranks out of step: the world is marked lost,
 // which ends the job once the failure is answered (rank 0) or at once (the others).
@@ -78,7 +75,7 @@ Ranks::Ranks(const dist::World& world, std::string parallel, Chip here)
   APUS_CHECK(parallel_ == "auto" || parallel_ == "cfg" || parallel_ == "ulysses" || parallel_ == "none",
              "serve --parallel ", parallel_, ": expected auto, cfg, ulysses or none over the ranks",
              parallel_ == "batch" ? " (batch parallelism is the image and audio commands' -n)" : "",
-             parallel_ == "tensor" ? " (tensor: not implemented yet, issue 43)" : "");
+             parallel_ == "tensor" ? " (tensor: the image command's, not yet the server's; issue 43)" : "");
 }
 
 template <typename Model, typename Request>
@@ -86,7 +83,7 @@ Parallel Ranks::choose(const Model& model, const Request& r, int batch) const {
   if (parallel_ == "none") return Parallel::none;
   // A named split the request cannot take (cfg for one unguided image) gives way to auto's choice.
   for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
-    if (parallel_ == strategy_name(p) && dist::takes_split(model, r, p, world_)) return p;
+    if (parallel_ == parallel_name(p) && dist::takes_split(model, r, p, world_)) return p;
   const std::string best = dist::cheapest_split(model, r, batch, here_, world_, "none", batch).best;
   return best == "cfg" ? Parallel::cfg : best == "ulysses" ? Parallel::ulysses : Parallel::none;
 }
@@ -103,7 +100,7 @@ std::vector<Result> Ranks::run(char kind, size_t index, const Model& model, std:
     used = "rank 0 alone";
     return model.generate_batch(batch, progress, stop);
   }
-  used = std::string(strategy_name(strategy)) + " over " + std::to_string(world_.size()) + " ranks";
+  used = std::string(parallel_name(strategy)) + " over " + std::to_string(world_.size()) + " ranks";
   world_.broadcast(with_header({kind, index, uint8_t(strategy), uint8_t(stop != nullptr)}, dist::encode(batch)),
                    "the request");
   for (Request& r : batch) r.parallel = {strategy, &world_};

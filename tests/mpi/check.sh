@@ -7,8 +7,9 @@
 # inpainting; SA3's memory tokens and frames: a clip, a guided one, one with padding), SAME's
 # chunks decoded over the ranks; auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
-# --rank-timeout, and a rank that fails ends it at once, each naming the rank. A strategy not
-# implemented yet (tensor), a request cfg cannot split and a command that does not split yet
+# --rank-timeout, and a rank that fails ends it at once, each naming the rank. Tensor parallelism
+# (klein's transformer weights over the ranks) is one process's too; what it does not take yet
+# (Stable Audio 3, LoRAs), a request cfg cannot split and a command that does not split yet
 # (roofline) are refused naming themselves; calibrate measures the link between the ranks and
 # keeps it. (`apus serve` over ranks: tests/mpi/serve.sh.)
 # Skipped (77) without mpirun or without MPI in the build.
@@ -153,8 +154,29 @@ ranks 2 "${image[@]}" -n 3
 for i in 1 2 3; do same "../one-$i.png" "outputs/00001-$i.png"; done
 cd ..
 
-if mpirun -np 2 "$apus" "${image[@]}" -n 2 --parallel tensor -o x.png > refused.log 2>&1; then fail "tensor was not refused"; fi
-grep -q "parallel tensor: not implemented yet" refused.log || { cat refused.log; fail "the refusal does not name the strategy"; }
+# Tensor: klein's transformer weights and features over the ranks, each rank loading its rows (3
+# ranks: one holds none of the tiny model's 2 heads): one image, a batch, a guided -base image, an
+# edit, the -kv model's cached references, a GGUF single file (Q8_0 blocks, BFL's fused layout).
+# Each step gathers 4 times per double block and twice per single block (2 x 4 + 3 x 2, 2 steps);
+# the text encoder's 189 linears and this VAE's 36 convolutions as under cfg.
+as_one tensor 253 single.png "${image[@]}"
+as_one tensor "" pair.png "${image[@]}" -n 2
+as_one tensor "" guided.png "${base[@]}"
+as_one tensor "" edit.png image --model "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 48 --steps 2 -s 7 \
+  --image "$fixtures/klein_tiny_a_edit/ref0.png"
+as_one tensor "" kv.png image --model "$fixtures/klein_tiny_9b_kv" -p "a fox" --steps 2 -s 7 \
+  --image "$fixtures/klein_tiny_9b_kv_refs/ref0.png" --image "$fixtures/klein_tiny_9b_kv_refs/ref1.png"
+as_one tensor "" gguf.png image --model "$fixtures/klein_single/flux-2-klein-tiny-Q8_0.gguf" \
+  --config "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 32 --steps 2 -s 5
+refuse_tensor() {
+  local expected="$1"
+  shift
+  if mpirun -np 2 "$apus" "$@" --parallel tensor > refused.log 2>&1; then fail "tensor took $*"; fi
+  grep -q "$expected" refused.log || { cat refused.log; fail "tensor's refusal of $*: not '$expected'"; }
+}
+refuse_tensor "Stable Audio 3's DiT is not split by features yet" "${audio[@]}" -o x.wav
+refuse_tensor "LoRAs on a transformer split over ranks (parallel tensor) are not implemented yet" "${image[@]}" \
+  --lora "$fixtures/klein_lora/bfl.safetensors" -o x.png
 if mpirun -np 2 "$apus" roofline --model "$fixtures/klein_tiny_a" > refused.log 2>&1; then fail "roofline ran over 2 ranks"; fi
 grep -q "apus roofline does not split over several processes yet" refused.log || { cat refused.log; fail "roofline's refusal"; }
 # calibrate over the ranks: the link between them measured, then kept under their placement.
@@ -165,4 +187,4 @@ for refresh in --refresh ""; do
     { cat "$scratch/ranks.log"; fail "calibrate's link rates"; }
   grep -A2 "^MPI | 2 ranks on " "$scratch/ranks.log" | grep -qx "  $kept" || { cat "$scratch/ranks.log"; fail "the link rates not $kept"; }
 done
-echo "mpi check: batches, guided branches and tokens over 2 and 3 ranks are one process's, byte for byte"
+echo "mpi check: batches, guided branches, tokens and transformer weights over 2 and 3 ranks are one process's, byte for byte"

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -13,6 +14,34 @@
 #include "ops/backend.h"
 
 namespace apus {
+
+Tensor WeightSource::fetch_rows(const std::string& name, const Shape& expected, const std::vector<Share>& rows) const {
+  const Tensor whole = fetch(name, expected);
+  APUS_CHECK(whole.rank() >= 1 && !whole.encoding.block_scales, where(name),
+             ": a weight with block scales is not split over ranks yet (parallel tensor)");
+  Shape shape = whole.shape;
+  shape[0] = 0;
+  for (const Share& r : rows) {
+    APUS_CHECK(r.first >= 0 && r.count >= 0 && r.first + r.count <= whole.shape[0], where(name), ": rows [", r.first,
+               ", ", r.first + r.count, ") of ", shape_str(whole.shape));
+    shape[0] += r.count;
+  }
+  if (!whole.data) {
+    Tensor t = Tensor::shape_only(shape, whole.dtype);
+    t.encoding = whole.encoding;
+    return t;
+  }
+  Tensor part = Tensor::heap(shape, whole.dtype);
+  part.encoding = whole.encoding;
+  int64_t at = 0;
+  for (const Share& r : rows) {
+    const Tensor from = whole.rows(r.first, r.first + r.count);
+    std::memcpy(part.rows(at, at + r.count).data, from.data, from.nbytes());
+    at += r.count;
+  }
+  release(name);
+  return part;
+}
 
 std::shared_ptr<const SafetensorsFolder> SafetensorsFolder::open(const std::string& dir) {
   auto w = std::make_shared<SafetensorsFolder>();
@@ -166,6 +195,9 @@ class TransformedSource final : public WeightSource {
   TransformedSource(std::shared_ptr<const WeightSource> inner, std::shared_ptr<const WeightTransform> transform)
       : inner_(std::move(inner)), transform_(std::move(transform)) {}
   bool contains(const std::string& name) const override { return inner_->contains(name); }
+  Tensor fetch_rows(const std::string& name, const Shape& expected, const std::vector<Share>& rows) const override {
+    return transform_->apply(name, inner_->fetch_rows(name, expected, rows));
+  }
   Tensor fetch(const std::string& name, const Shape& expected) const override {
     const Tensor stored = inner_->fetch(name, expected);
     Tensor out = transform_->apply(name, stored);
@@ -204,6 +236,16 @@ Tensor WeightLoader::get(const std::string& name, const Shape& expected) const {
   const Tensor host_tensor = host(name, expected);
   Tensor t = place(host_tensor);
   t.weight_name = host_tensor.weight_name;
+  return t;
+}
+
+Tensor WeightLoader::get_rows(const std::string& name, const Shape& expected, const std::vector<Share>& rows) const {
+  Shape mine = expected;
+  mine[0] = 0;
+  for (const Share& r : rows) mine[0] += r.count;
+  const auto entry = fetched_->insert_or_assign(name, mine).first;
+  Tensor t = place(source_->fetch_rows(name, expected, rows));
+  t.weight_name = &entry->first;
   return t;
 }
 

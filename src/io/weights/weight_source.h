@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/share.h"
 #include "core/tensor.h"
 #include "io/weights/safetensors.h"
 
@@ -37,6 +38,10 @@ class WeightSource {
     const Tensor t = fetch(name, expected);
     return Tensor::shape_only(t.shape, t.dtype);
   }
+  // Rows `rows` of the tensor fetch would hand (`expected` its whole shape), one range after
+  // another, in a copy of their own: a rank's share of a weight under tensor parallelism. The
+  // whole tensor's pages are released, so only the copy stays resident.
+  virtual Tensor fetch_rows(const std::string& name, const Shape& expected, const std::vector<Share>& rows) const;
   // "FILE: tensor 'STORED NAME'", for errors about a fetched tensor's values.
   virtual std::string where(const std::string& name) const = 0;
   // Reads the named tensors' pages into memory now, so that loading (disk or page cache) is timed
@@ -157,6 +162,9 @@ class WeightLoader {
   WeightLoader with(std::shared_ptr<const WeightTransform> transform) const;
   // The tensor the model holds: fetched, transformed, and on a device its device copy.
   Tensor get(const std::string& name, const Shape& expected) const;
+  // Rows `rows` of it (`expected` its whole shape) as one tensor, fetched and transformed on their
+  // own: a rank's share under tensor parallelism. Recorded with the shape it has.
+  Tensor get_rows(const std::string& name, const Shape& expected, const std::vector<Share>& rows) const;
   // The same in host memory, for what a model computes from its weights at load; place() puts such
   // a result where get() would: the device copy of a host tensor, or itself.
   Tensor host(const std::string& name, const Shape& expected) const;

@@ -21,42 +21,82 @@ struct FeatureSplit {
   bool splits() const { return ranks && ranks->size() > 1; }
 };
 
+// A block of y's columns dealt out over a group's ranks: `units` units of `unit` columns each
+// (a linear's features: units of 1; attention heads: units of head_dim), rank r holding
+// share_of(units, r, n) of them.
+struct ColumnGroup {
+  int64_t units, unit = 1;
+};
+
+// y [outer, sum of the groups' units * unit] (its groups side by side) dealt out over a group's
+// ranks: this rank writes its share of every group's columns (side by side) into mine(), then
+// gather() (one all-gather) puts every rank's share in its place in y. The buffer is taken from
+// c's arena: the caller's ArenaScope must outlast the exchange.
+class ColumnExchange {
+ public:
+  ColumnExchange(Context& c, const ProcessGroup& ranks, int64_t outer, DType dtype, std::vector<ColumnGroup> groups)
+      : c_(c), ranks_(ranks), groups_(std::move(groups)), outer_(outer) {
+    at_.push_back(0);
+    for (int r = 0; r < ranks.size(); ++r) {
+      at_.push_back(at_.back() + outer * width(r));
+      bytes_.push_back(dtype_bytes(dtype, at_.back() - at_[size_t(r)]));
+    }
+    flat_ = Tensor::in(*c.arena, {at_.back()}, dtype);
+    mine_ = slot(ranks.rank());
+  }
+  // This rank's columns [outer, its width].
+  Tensor& mine() { return mine_; }
+  void gather(Tensor& y, const char* what) {
+    all_gather(c_, ranks_, flat_.data, bytes_, what);
+    if (c_.count_only) return;
+    for (int r = 0; r < ranks_.size(); ++r) {
+      const Tensor from = slot(r);
+      int64_t col = 0, base = 0;
+      for (const ColumnGroup& g : groups_) {
+        const Share s = share_of(g.units, r, ranks_.size());
+        if (s.count > 0) {
+          Tensor to = y.cols(base + s.first * g.unit, base + (s.first + s.count) * g.unit);
+          ops::copy(c_, from.cols(col, col + s.count * g.unit), to);
+        }
+        col += s.count * g.unit;
+        base += g.units * g.unit;
+      }
+    }
+  }
+
+ private:
+  Context& c_;
+  const ProcessGroup& ranks_;
+  std::vector<ColumnGroup> groups_;
+  int64_t outer_;
+  std::vector<int64_t> at_;  // where each rank's columns start in flat_: [rank][outer][its width]
+  std::vector<size_t> bytes_;
+  Tensor flat_, mine_;
+  int64_t width(int r) const {
+    int64_t w = 0;
+    for (const ColumnGroup& g : groups_) w += share_of(g.units, r, ranks_.size()).count * g.unit;
+    return w;
+  }
+  Tensor slot(int r) const { return flat_.rows(at_[size_t(r)], at_[size_t(r) + 1]).reshape({outer_, width(r)}); }
+};
+
 // y viewed as [outer, features * inner] (a linear: [rows, features], inner 1; a convolution:
 // [samples, channels * pixels]); compute(first, count, part) writes features [first, first +
 // count) into `part` [outer, count * inner]. Without a split it writes all of them into y.
 template <typename Compute> void split_features(Context& c, FeatureSplit* split, Tensor& y, int64_t outer,
                                                 int64_t features, int64_t inner, const char* what, Compute&& compute) {
   if (split) split->gathered += double(y.nbytes());
+  Tensor planes = y.reshape({outer, features * inner});
   if (!split || !split->splits()) {
-    Tensor whole = y.reshape({outer, features * inner});
-    compute(int64_t(0), features, whole);
+    compute(int64_t(0), features, planes);
     return;
   }
   const ProcessGroup& ranks = *split->ranks;
-  const int n = ranks.size(), me = ranks.rank();
-  // Every rank's features, one rank after another: [rank][outer][its features * inner].
-  std::vector<int64_t> at{0};
-  std::vector<size_t> bytes;
-  for (int r = 0; r < n; ++r) {
-    at.push_back(at.back() + outer * share_of(features, r, n).count * inner);
-    bytes.push_back(dtype_bytes(y.dtype, at.back() - at[size_t(r)]));
-  }
+  const Share mine = share_of(features, ranks.rank(), ranks.size());
   ArenaScope scope(*c.arena);
-  Tensor flat = Tensor::in(*c.arena, {at.back()}, y.dtype);
-  const Share mine = share_of(features, me, n);
-  if (mine.count > 0) {
-    Tensor part = flat.rows(at[size_t(me)], at[size_t(me) + 1]).reshape({outer, mine.count * inner});
-    compute(mine.first, mine.count, part);
-  }
-  all_gather(c, ranks, flat.data, bytes, what);
-  if (c.count_only) return;
-  Tensor planes = y.reshape({outer, features * inner});
-  for (int r = 0; r < n; ++r) {
-    const Share s = share_of(features, r, n);
-    if (s.count == 0) continue;
-    Tensor to = planes.cols(s.first * inner, (s.first + s.count) * inner);
-    ops::copy(c, flat.rows(at[size_t(r)], at[size_t(r) + 1]).reshape({outer, s.count * inner}), to);
-  }
+  ColumnExchange exchange(c, ranks, outer, y.dtype, {{features, inner}});
+  if (mine.count > 0) compute(mine.first, mine.count, exchange.mine());
+  exchange.gather(planes, what);
 }
 
 // ops::linear (no adapters' scope of its own), its output features over `split`'s ranks.

@@ -38,12 +38,14 @@ TransformerConfig TransformerConfig::read(const Config& c) {
   return t;
 }
 
-Transformer Transformer::load(const Config& config, WeightLoader weights) {
+Transformer Transformer::load(const Config& config, WeightLoader weights, const ProcessGroup* tensor_ranks) {
   Transformer m(std::move(weights));
   m.cfg_ = TransformerConfig::read(config);
   const auto& c = m.cfg_;
   const WeightLoader& w = m.weights_;
   const int64_t h = c.hidden, d = c.head_dim, f = c.mlp_hidden;
+  m.split_ = TensorSplit(tensor_ranks, c.heads, d, h, f);
+  const TensorSplit& split = m.split_;
   m.x_embedder_ = w.get("x_embedder.weight", {h, c.in_channels});
   m.context_embedder_ = w.get("context_embedder.weight", {h, c.joint_dim});
   m.time_1_ = w.get("time_guidance_embed.timestep_embedder.linear_1.weight", {h, c.timestep_channels});
@@ -53,32 +55,43 @@ Transformer Transformer::load(const Config& config, WeightLoader weights) {
   m.mod_single_ = w.get("single_stream_modulation.linear.weight", {3 * h, h});
   m.norm_out_ = w.get("norm_out.linear.weight", {2 * h, h});
   m.proj_out_ = w.get("proj_out.weight", {c.out_channels, h});
+  // A block linear: this rank's rows of it (`rows`, each a fused weight's part) under a tensor
+  // split, else the whole weight.
+  auto block = [&](const std::string& name, const Shape& shape, const std::vector<Share>& rows) {
+    return split.splits() ? w.get_rows(name, shape, rows) : w.get(name, shape);
+  };
+  const std::vector<Share> heads{split.rows(split.heads())}, features{split.rows(split.hidden())};
+  const std::vector<Share> swiglu{split.rows(split.mlp()), split.rows(split.mlp(), f)};
   for (int64_t i = 0; i < c.num_double; ++i) {
     const std::string p = "transformer_blocks." + std::to_string(i) + ".";
     Double b;
-    b.to_q = w.get(p + "attn.to_q.weight", {h, h});
-    b.to_k = w.get(p + "attn.to_k.weight", {h, h});
-    b.to_v = w.get(p + "attn.to_v.weight", {h, h});
-    b.add_q = w.get(p + "attn.add_q_proj.weight", {h, h});
-    b.add_k = w.get(p + "attn.add_k_proj.weight", {h, h});
-    b.add_v = w.get(p + "attn.add_v_proj.weight", {h, h});
-    b.to_out = w.get(p + "attn.to_out.0.weight", {h, h});
-    b.to_add_out = w.get(p + "attn.to_add_out.weight", {h, h});
+    b.to_q = block(p + "attn.to_q.weight", {h, h}, heads);
+    b.to_k = block(p + "attn.to_k.weight", {h, h}, heads);
+    b.to_v = block(p + "attn.to_v.weight", {h, h}, heads);
+    b.add_q = block(p + "attn.add_q_proj.weight", {h, h}, heads);
+    b.add_k = block(p + "attn.add_k_proj.weight", {h, h}, heads);
+    b.add_v = block(p + "attn.add_v_proj.weight", {h, h}, heads);
+    b.to_out = block(p + "attn.to_out.0.weight", {h, h}, features);
+    b.to_add_out = block(p + "attn.to_add_out.weight", {h, h}, features);
     b.norm_q = w.get(p + "attn.norm_q.weight", {d});
     b.norm_k = w.get(p + "attn.norm_k.weight", {d});
     b.norm_added_q = w.get(p + "attn.norm_added_q.weight", {d});
     b.norm_added_k = w.get(p + "attn.norm_added_k.weight", {d});
-    b.ff_in = w.get(p + "ff.linear_in.weight", {2 * f, h});
-    b.ff_out = w.get(p + "ff.linear_out.weight", {h, f});
-    b.ff_ctx_in = w.get(p + "ff_context.linear_in.weight", {2 * f, h});
-    b.ff_ctx_out = w.get(p + "ff_context.linear_out.weight", {h, f});
+    b.ff_in = block(p + "ff.linear_in.weight", {2 * f, h}, swiglu);
+    b.ff_out = block(p + "ff.linear_out.weight", {h, f}, features);
+    b.ff_ctx_in = block(p + "ff_context.linear_in.weight", {2 * f, h}, swiglu);
+    b.ff_ctx_out = block(p + "ff_context.linear_out.weight", {h, f}, features);
     m.double_.push_back(b);
   }
+  // The single blocks' fused projection: q, k, v, then the MLP's gate and up halves.
+  const std::vector<Share> fused{split.rows(split.heads()), split.rows(split.heads(), h),
+                                 split.rows(split.heads(), 2 * h), split.rows(split.mlp(), 3 * h),
+                                 split.rows(split.mlp(), 3 * h + f)};
   for (int64_t i = 0; i < c.num_single; ++i) {
     const std::string p = "single_transformer_blocks." + std::to_string(i) + ".attn.";
     Single b;
-    b.qkv_mlp = w.get(p + "to_qkv_mlp_proj.weight", {3 * h + 2 * f, h});
-    b.out = w.get(p + "to_out.weight", {h, h + f});
+    b.qkv_mlp = block(p + "to_qkv_mlp_proj.weight", {3 * h + 2 * f, h}, fused);
+    b.out = block(p + "to_out.weight", {h, h + f}, features);
     b.norm_q = w.get(p + "norm_q.weight", {d});
     b.norm_k = w.get(p + "norm_k.weight", {d});
     m.single_.push_back(b);
@@ -166,7 +179,7 @@ void Transformer::joint_attention(Context& c, const Tensor& q, const Tensor& k, 
   // Each sample's keys and values as [txt; references; img], the order the KV pipeline's joint
   // sequence has them in.
   ArenaScope arena(*c.arena);
-  const int64_t s = q.shape[0] / batch, r = kv.attend->k.shape[0], sk = s + r, h = cfg_.hidden;
+  const int64_t s = q.shape[0] / batch, r = kv.attend->k.shape[0], sk = s + r, h = q.shape[1];
   Tensor k_all = Tensor::in(*c.arena, {batch * sk, h}, c.act), v_all = Tensor::in(*c.arena, {batch * sk, h}, c.act);
   auto assemble = [&](const Tensor& from, const Tensor& refs, Tensor& to) {
     for (int64_t i = 0; i < batch; ++i) {
@@ -187,6 +200,8 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   const Tensor &mod_img = m.img, &mod_txt = m.txt;
   ArenaScope scope(*c.arena);
   const int64_t rows = hidden.shape[0], s = rows / batch, h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
+  // This rank's q, k, v columns (its heads) and MLP features; all of them without a tensor split.
+  const int64_t hq = split_.cols(split_.heads()), fm = split_.cols(split_.mlp());
   // Sample i holds rows [i*s, (i+1)*s): its text, then its image. The streams have their own
   // weights, so stream ops run per sample; the joint ops (rope, attention) run on all rows. The
   // references' own pass has no text (t = 0).
@@ -204,113 +219,112 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
       ops::layer_norm_modulate(c, txt_of(hidden, i), mod(mod_txt, j), mod(mod_txt, j + 1), n_txt, cfg_.eps,
                                ops::Rounding::each_step);
   };
+  // Both streams' rows of `x` through their linears (`img` and `txt`), sample by sample, into `y`.
+  auto streams = [&](const Tensor& x, const Tensor& img, const Tensor& txt, Tensor& y) {
+    for (int64_t i = 0; i < batch; ++i) {
+      Tensor y_img = img_of(y, i), y_txt = txt_of(y, i);
+      ops::linear(c, img_of(x, i), img, nullptr, y_img);
+      if (t > 0) ops::linear(c, txt_of(x, i), txt, nullptr, y_txt);
+    }
+  };
+  // The residual stream of both streams += gate * y, the gates chunk j of each stream's modulation.
+  auto add_gated = [&](const Tensor& y, int j) {
+    const Tensor g_img = mod(mod_img, j), g_txt = mod(mod_txt, j);
+    for (int64_t i = 0; i < batch; ++i) {
+      Tensor img = img_of(hidden, i), txt = txt_of(hidden, i);
+      ops::add_gated(c, img, img_of(y, i), &g_img, ops::Rounding::each_step);
+      if (t > 0) ops::add_gated(c, txt, txt_of(y, i), &g_txt, ops::Rounding::each_step);
+    }
+  };
   std::optional<CostScope> part(std::in_place, c, "attn");
   // q, k, v of both streams land in one joint [txt; img] buffer per sample: the concat costs
   // nothing.
-  Tensor q = Tensor::in(*c.arena, {rows, h}, c.act), k = Tensor::in(*c.arena, {rows, h}, c.act),
-         v = Tensor::in(*c.arena, {rows, h}, c.act);
-  for (int64_t i = 0; i < batch; ++i) {
-    modulate(i, 0);
-    const Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
-    struct Proj {
-      const Tensor& w;
-      Tensor out;
-    };
-    for (const auto& [w, out] : {Proj{b.to_q, img_of(q, i)}, Proj{b.to_k, img_of(k, i)}, Proj{b.to_v, img_of(v, i)}}) {
-      Tensor o = out;
-      ops::linear(c, n_img, w, nullptr, o);
-    }
-    Tensor q_img = img_of(q, i), k_img = img_of(k, i);
-    ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, ops::Rounding::once);
-    ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, ops::Rounding::once);
-    if (t == 0) continue;
-    for (const auto& [w, out] :
-         {Proj{b.add_q, txt_of(q, i)}, Proj{b.add_k, txt_of(k, i)}, Proj{b.add_v, txt_of(v, i)}}) {
-      Tensor o = out;
-      ops::linear(c, n_txt, w, nullptr, o);
-    }
-    Tensor q_txt = txt_of(q, i), k_txt = txt_of(k, i);
-    ops::rms_norm(c, q_txt, b.norm_added_q, q_txt, cfg_.eps, d, ops::Rounding::once);
-    ops::rms_norm(c, k_txt, b.norm_added_k, k_txt, cfg_.eps, d, ops::Rounding::once);
-  }
-  ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
-  ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   Tensor attn = Tensor::in(*c.arena, {rows, h}, c.act);
-  joint_attention(c, q, k, v, attn, pro, t, kv);
+  TensorSplit::Columns heads(c, split_, attn, {split_.heads()});
+  if (hq > 0) {
+    Tensor q = Tensor::in(*c.arena, {rows, hq}, c.act), k = Tensor::in(*c.arena, {rows, hq}, c.act),
+           v = Tensor::in(*c.arena, {rows, hq}, c.act);
+    for (int64_t i = 0; i < batch; ++i) modulate(i, 0);
+    streams(normed, b.to_q, b.add_q, q);
+    streams(normed, b.to_k, b.add_k, k);
+    streams(normed, b.to_v, b.add_v, v);
+    for (int64_t i = 0; i < batch; ++i) {
+      Tensor q_img = img_of(q, i), k_img = img_of(k, i), q_txt = txt_of(q, i), k_txt = txt_of(k, i);
+      ops::rms_norm(c, q_img, b.norm_q, q_img, cfg_.eps, d, ops::Rounding::once);
+      ops::rms_norm(c, k_img, b.norm_k, k_img, cfg_.eps, d, ops::Rounding::once);
+      if (t == 0) continue;
+      ops::rms_norm(c, q_txt, b.norm_added_q, q_txt, cfg_.eps, d, ops::Rounding::once);
+      ops::rms_norm(c, k_txt, b.norm_added_k, k_txt, cfg_.eps, d, ops::Rounding::once);
+    }
+    ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
+    ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
+    joint_attention(c, q, k, v, heads.mine(), pro, t, kv);
+  }
+  heads.gather("the attention's heads");
 
   Tensor proj = Tensor::in(*c.arena, {rows, h}, c.act);
-  for (int64_t i = 0; i < batch; ++i) {
-    Tensor p_img = img_of(proj, i), p_txt = txt_of(proj, i);
-    {
-      RowParallel row(c);
-      ops::linear(c, img_of(attn, i), b.to_out, nullptr, p_img);
-      if (t > 0) ops::linear(c, txt_of(attn, i), b.to_add_out, nullptr, p_txt);
-    }
-    Tensor img = img_of(hidden, i), txt = txt_of(hidden, i);
-    const Tensor g_img = mod(mod_img, 2), g_txt = mod(mod_txt, 2);
-    ops::add_gated(c, img, p_img, &g_img, ops::Rounding::each_step);
-    if (t > 0) ops::add_gated(c, txt, p_txt, &g_txt, ops::Rounding::each_step);
+  TensorSplit::Columns attn_out(c, split_, proj, {split_.hidden()});
+  {
+    RowParallel row(c);
+    streams(attn, b.to_out, b.to_add_out, attn_out.mine());
   }
+  attn_out.gather("the attention's projection");
+  add_gated(proj, 2);
 
   // Feed-forward: SwiGLU over the two halves of one fused projection.
   part.emplace(c, "ff");
-  Tensor up = Tensor::in(*c.arena, {rows, 2 * f}, c.act);
+  Tensor up = Tensor::in(*c.arena, {rows, 2 * fm}, c.act);
   Tensor act = Tensor::in(*c.arena, {rows, f}, c.act);
-  for (int64_t i = 0; i < batch; ++i) {
-    modulate(i, 3);
-    const Tensor n_img = img_of(normed, i), n_txt = txt_of(normed, i);
-    struct Stream {
-      const Tensor& n;
-      const Tensor& w_in;
-      const Tensor& w_out;
-      Tensor x;
-      Tensor gate;
-      int64_t r0, r1;
-    };
-    for (const Stream& st :
-         {Stream{n_img, b.ff_in, b.ff_out, img_of(hidden, i), mod(mod_img, 5), i * s + t, (i + 1) * s},
-          Stream{n_txt, b.ff_ctx_in, b.ff_ctx_out, txt_of(hidden, i), mod(mod_txt, 5), i * s, i * s + t}}) {
-      if (st.r0 == st.r1) continue;  // the references' pass: no text
-      Tensor u = up.rows(st.r0, st.r1), a = act.rows(st.r0, st.r1), o = proj.rows(st.r0, st.r1);
-      ops::linear(c, st.n, st.w_in, nullptr, u);
-      ops::glu(c, u.cols(0, f), u.cols(f, 2 * f), a, ops::Activation::silu, ops::Rounding::each_step);
-      {
-        RowParallel row(c);
-        ops::linear(c, a, st.w_out, nullptr, o);
-      }
-      Tensor x = st.x;
-      ops::add_gated(c, x, o, &st.gate, ops::Rounding::each_step);
-    }
+  TensorSplit::Columns features(c, split_, act, {split_.mlp()});
+  Tensor& mine = features.mine();
+  for (int64_t i = 0; i < batch; ++i) modulate(i, 3);
+  streams(normed, b.ff_in, b.ff_ctx_in, up);
+  ops::glu(c, up.cols(0, fm), up.cols(fm, 2 * fm), mine, ops::Activation::silu, ops::Rounding::each_step);
+  features.gather("the feed-forward's features");
+  TensorSplit::Columns ff_out(c, split_, proj, {split_.hidden()});
+  {
+    RowParallel row(c);
+    streams(act, b.ff_out, b.ff_ctx_out, ff_out.mine());
   }
+  ff_out.gather("the feed-forward's projection");
+  add_gated(proj, 5);
 }
 
 void Transformer::single_block(Context& c, const Single& b, Tensor& hidden, const Tensor& mod,
                                const TransformerPrologue& pro, int64_t t, const BlockKv& kv) const {
   ArenaScope scope(*c.arena);
   const int64_t s = hidden.shape[0], h = cfg_.hidden, d = cfg_.head_dim, f = cfg_.mlp_hidden;
+  // This rank's q, k, v columns (its heads) and MLP features; all of them without a tensor split.
+  const int64_t hq = split_.cols(split_.heads()), fm = split_.cols(split_.mlp());
   Tensor normed = Tensor::in(*c.arena, {s, h}, c.act);
   std::optional<CostScope> part(std::in_place, c, "linear1");
   ops::layer_norm_modulate(c, hidden, mod.cols(0, h), mod.cols(h, 2 * h), normed, cfg_.eps, ops::Rounding::each_step);
-  Tensor proj = Tensor::in(*c.arena, {s, 3 * h + 2 * f}, c.act);
+  Tensor proj = Tensor::in(*c.arena, {s, 3 * hq + 2 * fm}, c.act);
   ops::linear(c, normed, b.qkv_mlp, nullptr, proj);
-  Tensor q = proj.cols(0, h), k = proj.cols(h, 2 * h), v = proj.cols(2 * h, 3 * h);
-  part.emplace(c, "attn");
-  ops::rms_norm(c, q, b.norm_q, q, cfg_.eps, d, ops::Rounding::once);
-  ops::rms_norm(c, k, b.norm_k, k, cfg_.eps, d, ops::Rounding::once);
-  ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
-  ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
   // Attention output and the MLP activation fill the two halves of to_out's input directly.
   Tensor joint = Tensor::in(*c.arena, {s, h + f}, c.act);
-  Tensor attn = joint.cols(0, h), mlp = joint.cols(h, h + f);
-  joint_attention(c, q, k, v, attn, pro, t, kv);
+  TensorSplit::Columns columns(c, split_, joint, {split_.heads(), split_.mlp()});
+  Tensor attn = columns.mine().cols(0, hq), mlp = columns.mine().cols(hq, hq + fm);
+  part.emplace(c, "attn");
+  if (hq > 0) {
+    Tensor q = proj.cols(0, hq), k = proj.cols(hq, 2 * hq), v = proj.cols(2 * hq, 3 * hq);
+    ops::rms_norm(c, q, b.norm_q, q, cfg_.eps, d, ops::Rounding::once);
+    ops::rms_norm(c, k, b.norm_k, k, cfg_.eps, d, ops::Rounding::once);
+    ops::rope(c, q, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
+    ops::rope(c, k, pro.cos, pro.sin, d, ops::RopeStyle::interleaved, ops::Rounding::once);
+    joint_attention(c, q, k, v, attn, pro, t, kv);
+  }
   part.emplace(c, "linear2");
-  ops::glu(c, proj.cols(3 * h, 3 * h + f), proj.cols(3 * h + f, 3 * h + 2 * f), mlp, ops::Activation::silu,
+  ops::glu(c, proj.cols(3 * hq, 3 * hq + fm), proj.cols(3 * hq + fm, 3 * hq + 2 * fm), mlp, ops::Activation::silu,
            ops::Rounding::each_step);
+  columns.gather("the attention's heads and the MLP's features");
   Tensor out = Tensor::in(*c.arena, {s, h}, c.act);
+  TensorSplit::Columns projected(c, split_, out, {split_.hidden()});
   {
     RowParallel row(c);
-    ops::linear(c, joint, b.out, nullptr, out);
+    ops::linear(c, joint, b.out, nullptr, projected.mine());
   }
+  projected.gather("the single block's projection");
   const Tensor gate = mod.cols(2 * h, 3 * h);
   ops::add_gated(c, hidden, out, &gate, ops::Rounding::each_step);
 }
@@ -341,8 +355,10 @@ ReferenceKv Transformer::reference_kv(Context& c, const Tensor& tokens, const Te
              "transformer: reference tokens ", shape_str(tokens.shape), " at ids ", shape_str(ids.shape),
              ", expected [R, ", cfg_.in_channels, "] and [R, 4]");
   ReferenceKv kv;
+  // Under a tensor split each rank keeps its own heads' keys and values.
+  const int64_t hq = split_.cols(split_.heads());
   for (size_t i = 0; i < double_.size() + single_.size(); ++i)
-    kv.layers.push_back({ops::empty(c, {r, h}, c.act), ops::empty(c, {r, h}, c.act)});
+    kv.layers.push_back({ops::empty(c, {r, hq}, c.act), ops::empty(c, {r, hq}, c.act)});
   ArenaScope scope(*c.arena);
   CostScope dit_scope(c, "dit/references");
   TransformerPrologue pro;

@@ -6,6 +6,7 @@
 
 #include "io/model_dir.h"
 #include "models/common/sequence_split.h"
+#include "models/common/tensor_split.h"
 #include "ops/ops.h"
 
 namespace apus::flux2 {
@@ -47,7 +48,9 @@ struct ReferenceKv {
 
 class Transformer {
  public:
-  static Transformer load(const Config& config, WeightLoader weights);
+  // With `tensor_ranks` (more than one), the blocks' linears hold this rank's share of their
+  // output features (models/common/tensor_split.h) and every forward runs split over those ranks.
+  static Transformer load(const Config& config, WeightLoader weights, const ProcessGroup* tensor_ranks = nullptr);
   const TransformerConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   // Every weight by name with its shape: what adapters are checked against.
@@ -79,6 +82,7 @@ class Transformer {
   explicit Transformer(WeightLoader weights) : weights_(std::move(weights)) {}
   TransformerConfig cfg_;
   WeightLoader weights_;
+  TensorSplit split_;
   Tensor x_embedder_, context_embedder_, time_1_, time_2_, mod_img_, mod_txt_, mod_single_;
   Tensor norm_out_, proj_out_;
   std::vector<Double> double_;

@@ -40,7 +40,7 @@ std::unique_ptr<ImageModel> open_parts(const ModelParts& parts, const std::strin
   }
   if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
   use_int8_linears(dir, parts.quant, device);
-  return open_klein(dir, weights);
+  return open_klein(dir, weights, parts.tensor_ranks);
 }
 
 }  // namespace

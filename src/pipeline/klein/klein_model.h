@@ -76,7 +76,8 @@ class KleinModel final : public ImageModel {
     Parallelism parallel;               // the request's split over processes
   };
 
-  KleinModel(const ModelDir& dir, Weights weights);
+  // tensor_ranks: the transformer's weights split over them (ModelParts::tensor_ranks), or null.
+  KleinModel(const ModelDir& dir, Weights weights, const ProcessGroup* tensor_ranks = nullptr);
 
   std::vector<ImageResult> generate_batch(const std::vector<ImageRequest>& requests, const Progress& progress,
                                           const std::atomic<bool>* stop) const override {
@@ -133,6 +134,7 @@ class KleinModel final : public ImageModel {
   ModelDir dir_;
   ModelDir configs_;  // the same directory without weights: what counting loads
   Weights weights_;
+  const ProcessGroup* tensor_ranks_ = nullptr;  // the transformer's weights split over them
   bool distilled_ = true;
   bool reference_cache_ = false;  // Flux2KleinKVPipeline
   std::string label_, sampler_ = "Euler (flow match)";
@@ -151,6 +153,6 @@ class KleinModel final : public ImageModel {
 static_assert(PipelineFamily<KleinModel>);
 
 // A diffusers folder of the family (pipeline/klein/family.cpp opens what else it reads).
-std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights);
+std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights, const ProcessGroup* tensor_ranks);
 
 }  // namespace apus

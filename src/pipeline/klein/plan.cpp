@@ -131,7 +131,10 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   w.batch = batch;
   w.guided = *r.cfg > 1;
   w.samples = w.guided ? 2 * batch : batch;
-  check_parallelism(r.parallel, w.samples, device() != nullptr, label_);
+  check_parallelism(r.parallel, w.samples, device() != nullptr, label_, tensor_ranks_);
+  APUS_CHECK(!tensor_ranks_ || r.loras.empty(), label_,
+             ": LoRAs on a transformer split over ranks (parallel tensor) are not implemented yet: cfg or ulysses ",
+             "split a request with LoRAs");
   w.parallel = r.parallel;
   w.cfg = *r.cfg;
   w.steps = steps;

@@ -25,10 +25,11 @@ constexpr const char* kReferenceStage = "vae_encode";
 
 }  // namespace
 
-KleinModel::KleinModel(const ModelDir& dir, Weights weights)
+KleinModel::KleinModel(const ModelDir& dir, Weights weights, const ProcessGroup* tensor_ranks)
     : dir_(dir),
       configs_(dir.without_weights()),
       weights_(weights),
+      tensor_ranks_(tensor_ranks),
       label_(dir.label().empty() ? model_label(dir.root()) : dir.label()) {
   const flux2::KleinIndex index = flux2::check_klein_index(dir_);
   distilled_ = index.distilled;
@@ -54,7 +55,7 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights)
              "-entry embedding (text_encoder/config.json vocab_size)");
   if (weights_ == Weights::resident) {
     text_.emplace(flux2::TextEncoder::load(dir_.config("text_encoder"), dir_.weights("text_encoder"), kTextTaps));
-    dit_.emplace(flux2::Transformer::load(dir_.config("transformer"), dir_.weights("transformer")));
+    dit_.emplace(flux2::Transformer::load(dir_.config("transformer"), dir_.weights("transformer"), tensor_ranks_));
     vae_.emplace(flux2::VaeDecoder::load(dir_.config("vae"), dir_.weights("vae")));
     vae_encoder_.emplace(flux2::VaeEncoder::load(dir_.config("vae"), dir_.weights("vae")));
     text_->make_resident();
@@ -332,7 +333,7 @@ std::vector<std::unique_ptr<Part<KleinModel::Work>>> KleinModel::make_parts() co
   parts.push_back(model_part<Work, Dit>(
       {"transformer load",
        [this](Weights wt, DType) {
-         return Dit::load(source(wt).config("transformer"), source(wt).weights("transformer"));
+         return Dit::load(source(wt).config("transformer"), source(wt).weights("transformer"), tensor_ranks_);
        },
        &dit_,
        {{kPrologueStage, "transformer prologue", [this](Context& c, const Dit& m, Work& w, int) { prologue(c, m, w); }},
@@ -375,8 +376,8 @@ void KleinModel::finish(Context& c, Work& w, const std::vector<ImageRequest>& re
   }
 }
 
-std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights) {
-  return std::make_unique<KleinModel>(dir, weights);
+std::unique_ptr<ImageModel> open_klein(const ModelDir& dir, Weights weights, const ProcessGroup* tensor_ranks) {
+  return std::make_unique<KleinModel>(dir, weights, tensor_ranks);
 }
 
 }  // namespace apus

@@ -18,6 +18,8 @@ namespace {
 
 std::unique_ptr<AudioModel> open_parts(const ModelParts& parts, const std::string& root, Weights weights,
                                        Backend* device) {
+  APUS_CHECK(!parts.tensor_ranks, parts.model, ": parallel tensor splits FLUX.2 [klein]'s transformer; Stable Audio ",
+             "3's DiT is not split by features yet (issue 43): cfg or ulysses split its requests");
   if (root.empty()) return open_sa3_single_file(parts, weights, device);
   for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
     APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 folder takes no --text-encoder, --vae, --tokenizer ",

@@ -1,0 +1,75 @@
+#pragma once
+// Tensor parallelism (issue 43, Parallel::tensor): a transformer's block linears held as each
+// rank's share of their output features (q, k and v by whole attention heads, the others by
+// features), each rank loading only its rows (WeightLoader::get_rows), every rank running every
+// token. Attention runs on the rank's own heads; where the next op needs every feature (a
+// projection's input, the residual stream) the shares are all-gathered (ColumnExchange). An
+// output feature is the same arithmetic at any share (its reduction runs over all the inputs),
+// so the result is one process's bit for bit. Against Megatron's pairs of a column- and a
+// row-split linear (one all-reduce of partial sums per pair), the second linear's input is
+// gathered instead (~1.5x the bytes over the wire) and no sum changes its order.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "apus/apus.h"
+#include "core/error.h"
+#include "core/share.h"
+#include "models/common/feature_split.h"
+
+namespace apus {
+
+class TensorSplit {
+ public:
+  TensorSplit() = default;  // whole weights
+  // A transformer of `heads` heads of head_dim, residual width `hidden` and MLP width `mlp` over
+  // `ranks` (null or one rank: whole).
+  TensorSplit(const ProcessGroup* ranks, int64_t heads, int64_t head_dim, int64_t hidden, int64_t mlp)
+      : ranks_(ranks && ranks->size() > 1 ? ranks : nullptr), heads_{heads, head_dim}, hidden_{hidden}, mlp_{mlp} {
+    if (!ranks_) return;
+    APUS_CHECK(ranks_->size() <= hidden && ranks_->size() <= mlp, "parallel tensor over ", ranks_->size(),
+               " ranks: the transformer's widths (", hidden, ", MLP ", mlp, ") give some rank no features");
+  }
+  bool splits() const { return ranks_ != nullptr; }
+  const ProcessGroup* ranks() const { return ranks_; }
+
+  // The column groups: whole heads of q, k, v and the attention's output; the residual stream's
+  // features; the MLP's features.
+  ColumnGroup heads() const { return heads_; }
+  ColumnGroup hidden() const { return hidden_; }
+  ColumnGroup mlp() const { return mlp_; }
+  // This rank's columns of a group (all of them without a split).
+  int64_t cols(const ColumnGroup& g) const { return share(g).count * g.unit; }
+  // This rank's rows of a weight whose output features are `g`'s, starting at row `base` (a
+  // fused weight's part): the loader's ranges.
+  Share rows(const ColumnGroup& g, int64_t base = 0) const {
+    const Share s = share(g);
+    return {base + s.first * g.unit, s.count * g.unit};
+  }
+
+  // Where this rank computes its columns of y's groups: y itself without a split, else the
+  // exchange's buffer; gather() then fills y (nothing to do without a split).
+  class Columns {
+   public:
+    Columns(Context& c, const TensorSplit& split, Tensor& y, std::vector<ColumnGroup> groups) : y_(y) {
+      if (split.splits()) exchange_.emplace(c, *split.ranks_, y.shape[0], y.dtype, std::move(groups));
+    }
+    Tensor& mine() { return exchange_ ? exchange_->mine() : y_; }
+    void gather(const char* what) {
+      if (exchange_) exchange_->gather(y_, what);
+    }
+
+   private:
+    Tensor& y_;
+    std::optional<ColumnExchange> exchange_;
+  };
+
+ private:
+  const ProcessGroup* ranks_ = nullptr;
+  ColumnGroup heads_{0}, hidden_{0}, mlp_{0};
+  Share share(const ColumnGroup& g) const {
+    return ranks_ ? share_of(g.units, ranks_->rank(), ranks_->size()) : Share{0, g.units};
+  }
+};
+
+}  // namespace apus

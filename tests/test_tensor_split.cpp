@@ -1,0 +1,167 @@
+// Tensor parallelism (issue 43; models/common/tensor_split.h) without MPI: klein's transformer
+// opened over 2 and 3 ranks that are threads of this process, each loading its rows of the block
+// weights, computes one process's velocity bit for bit (f32 and bf16, plain and through the int8
+// tier's transform, one rank holding no heads at 3 ranks), holds its share of the parameters, and
+// the bytes its exchanges send are what counting says. A weight's rows fetched on their own are
+// the whole weight's rows.
+#include <barrier>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "core/share.h"
+#include "io/model_dir.h"
+#include "io/weights/int8_weights.h"
+#include "io/weights/weight_source.h"
+#include "models/flux2/klein.h"
+#include "models/flux2/transformer.h"
+#include "test_util.h"
+
+namespace apus {
+namespace {
+
+// n ranks as threads of one process: an all-gather through one shared buffer between barriers.
+class ThreadRanks {
+ public:
+  explicit ThreadRanks(int n) : n_(n), sync_(n) {}
+  class Rank final : public ProcessGroup {
+   public:
+    Rank(ThreadRanks& all, int rank) : all_(all), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int size() const override { return all_.n_; }
+    void all_gather(void* data, const std::vector<size_t>& bytes, const char*) const override {
+      size_t at = 0, total = 0;
+      for (int r = 0; r < size(); ++r) (r < rank_ ? at : total) += bytes[size_t(r)];
+      total += at;
+      if (rank_ == 0) all_.buffer_.assign(total, 0);
+      all_.sync_.arrive_and_wait();
+      std::memcpy(all_.buffer_.data() + at, static_cast<char*>(data) + at, bytes[size_t(rank_)]);
+      all_.sync_.arrive_and_wait();
+      std::memcpy(data, all_.buffer_.data(), total);
+      sent += double(bytes[size_t(rank_)]) * (size() - 1);
+      all_.sync_.arrive_and_wait();
+    }
+    void all_to_all(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&,
+                    const char*) const override {
+      ADD_FAILURE() << "a tensor split exchanges no all-to-all";
+    }
+    mutable double sent = 0;
+
+   private:
+    ThreadRanks& all_;
+    int rank_;
+  };
+
+ private:
+  int n_;
+  std::barrier<> sync_;
+  std::vector<char> buffer_;
+};
+
+Tensor seeded(const Shape& shape, DType dt, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  Tensor t = Tensor::heap(shape, DType::f32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = normal(rng);
+  return to_dtype(t, dt);
+}
+
+// One step on a 2 x 3 grid and 5 text tokens, two samples; `seed` draws the inputs.
+std::vector<float> velocity(const flux2::Transformer& dit, DType dt, uint32_t seed, double* counted_sent = nullptr) {
+  const auto& cfg = dit.config();
+  const int64_t t = 5, l = 6, batch = 2;
+  Arena arena;
+  Context c{&arena, dt};
+  const auto pro = dit.prologue(c, seeded({batch * t, cfg.joint_dim}, dt, seed), flux2::text_position_ids(t),
+                                flux2::image_position_ids(2, 3));
+  Tensor v = ops::empty(c, {batch * l, cfg.out_channels}, dt);
+  dit.forward(c, pro, seeded({batch * l, cfg.in_channels}, dt, seed + 1), 625.0f, v);
+  if (counted_sent) {
+    CostLog log;
+    Arena counting;
+    Context n{&counting, dt};
+    n.count_only = true;
+    n.cost = &log;
+    const auto counted = dit.prologue(n, Tensor::shape_only({batch * t, cfg.joint_dim}, dt),
+                                      Tensor::shape_only({t, 4}, DType::i64), Tensor::shape_only({l, 4}, DType::i64));
+    Tensor w = Tensor::shape_only({batch * l, cfg.out_channels}, dt);
+    dit.forward(n, counted, Tensor::shape_only({batch * l, cfg.in_channels}, dt), 625.0f, w);
+    *counted_sent = log.sent();
+  }
+  return to_f32_vector(v);
+}
+
+TEST(TensorSplit, RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights) {
+  const ModelDir dir = ModelDir::open(test::fixture("klein_tiny_a"));
+  const Config config = dir.config("transformer");
+  const uint32_t seed = test::test_seed();
+  std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{{"as stored", nullptr}};
+  if (int8_linears(Quant::int8, nullptr)) tiers.emplace_back("int8 tier", int8_linears(Quant::int8, nullptr));
+  for (const auto& [tier, transform] : tiers) {
+    auto weights = [&] { return transform ? dir.weights("transformer").with(transform) : dir.weights("transformer"); };
+    const auto whole = flux2::Transformer::load(config, weights());
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      const std::vector<float> expected = velocity(whole, dt, seed);
+      for (const int n : {2, 3}) {
+        SCOPED_TRACE(std::string(tier) + ", " + std::string(dtype_name(dt)) + ", " + std::to_string(n) + " ranks");
+        ThreadRanks all(n);
+        std::vector<std::unique_ptr<ThreadRanks::Rank>> ranks;
+        for (int r = 0; r < n; ++r) ranks.push_back(std::make_unique<ThreadRanks::Rank>(all, r));
+        const size_t ranks_n = static_cast<size_t>(n);
+        std::vector<std::vector<float>> got(ranks_n);
+        std::vector<int64_t> parameters(ranks_n);
+        std::vector<double> counted(ranks_n);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < n; ++r)
+          threads.emplace_back([&, r] {
+            const auto mine = flux2::Transformer::load(config, weights(), ranks[size_t(r)].get());
+            parameters[size_t(r)] = mine.parameter_count();
+            got[size_t(r)] = velocity(mine, dt, seed, &counted[size_t(r)]);
+          });
+        for (std::thread& t : threads) t.join();
+        int64_t held = 0;
+        for (int r = 0; r < n; ++r) {
+          EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expected.data(), expected.size() * sizeof(float)), 0)
+              << "rank " << r << "'s velocity is not one process's";
+          EXPECT_GT(ranks[size_t(r)]->sent, 0) << "rank " << r << " sent nothing";
+          EXPECT_EQ(ranks[size_t(r)]->sent, counted[size_t(r)]) << "rank " << r << ": bytes sent against the count";
+          EXPECT_LT(parameters[size_t(r)], whole.parameter_count()) << "rank " << r << " holds every parameter";
+          held += parameters[size_t(r)];
+        }
+        // The blocks' linears are dealt out once; the rest (embedders, modulation, norms) is held by
+        // every rank.
+        const auto& c = whole.config();
+        const int64_t h = c.hidden, f = c.mlp_hidden;
+        const int64_t block_linears =
+            c.num_double * 2 * (4 * h * h + 2 * f * h + h * f) + c.num_single * ((3 * h + 2 * f) * h + h * (h + f));
+        EXPECT_EQ(held, whole.parameter_count() + (n - 1) * (whole.parameter_count() - block_linears));
+      }
+    }
+  }
+}
+
+TEST(TensorSplit, RowsFetchedOnTheirOwnAreTheWholeWeightsRows) {
+  const ModelDir dir = ModelDir::open(test::fixture("klein_tiny_a"));
+  const auto source = open_weights(dir.component("transformer"));
+  const std::string name = "single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight";
+  const auto cfg = flux2::TransformerConfig::read(dir.config("transformer"));
+  const Shape shape{3 * cfg.hidden + 2 * cfg.mlp_hidden, cfg.hidden};
+  const Tensor whole = to_dtype(source->fetch(name, shape), DType::f32);
+  std::mt19937 rng(test::test_seed());
+  const std::vector<Share> rows{
+      {std::uniform_int_distribution<int64_t>(0, 9)(rng), 7}, {0, 1}, {shape[0] - 3, 3}, {5, 0}};
+  const Tensor part = to_dtype(source->fetch_rows(name, shape, rows), DType::f32);
+  ASSERT_EQ(part.shape, Shape({11, shape[1]}));
+  int64_t at = 0;
+  for (const Share& r : rows)
+    for (int64_t i = 0; i < r.count; ++i, ++at)
+      EXPECT_EQ(std::memcmp(part.rows(at, at + 1).data, whole.rows(r.first + i, r.first + i + 1).data,
+                            size_t(shape[1]) * sizeof(float)),
+                0)
+          << "row " << at;
+  EXPECT_THROW(source->fetch_rows(name, shape, {{shape[0] - 1, 2}}), Error);
+}
+
+}  // namespace
+}  // namespace apus
