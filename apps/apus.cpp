@@ -797,9 +797,9 @@ Command serve_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1e6));
   serve
       ->add_option("--parallel", o->parallel,
-                   "started by mpirun or srun, how each request splits over the ranks: cfg, ulysses, none (rank 0 "
-                   "alone) or auto (the cost model's pick per request; a named split a request cannot take gives way "
-                   "to it)")
+                   "started by mpirun or srun, how each request splits over the ranks: cfg, ulysses, tensor (every "
+                   "model's transformer weights split over the ranks; klein), none (rank 0 alone) or auto (the cost "
+                   "model's pick per request; a named split a request cannot take gives way to it)")
       ->check(CLI::IsMember({"auto", "cfg", "ulysses", "none", "batch", "tensor"}));
   add_rank_timeout(serve);
   return {serve, [o] {
@@ -844,6 +844,7 @@ Command serve_command(CLI::App& app) {
             std::optional<apus::server::Ranks> ranks;
             if (world.size() > 1) {
               ranks.emplace(world, o->parallel, rank_chip(o->parallel, s.device));
+              for (apus::ModelParts& parts : s.models) parts = split_parts(parts, o->parallel);
               if (world.rank() != 0) return follow_rank_0(*ranks, s);
               world.throw_when_lost();
               s.ranks = &*ranks;

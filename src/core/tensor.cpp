@@ -54,6 +54,28 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor rows_copy(const Tensor& t, const std::vector<Share>& rows) {
+  APUS_CHECK(t.rank() >= 1 && t.contiguous(), "rows of a ", shape_str(t.shape), " view");
+  Shape shape = t.shape;
+  shape[0] = 0;
+  for (const Share& r : rows) {
+    APUS_CHECK(r.first >= 0 && r.count >= 0 && r.first + r.count <= t.shape[0], "rows [", r.first, ", ",
+               r.first + r.count, ") out of range for ", shape_str(t.shape));
+    shape[0] += r.count;
+  }
+  Tensor part = t.data ? Tensor::heap(shape, t.dtype) : Tensor::shape_only(shape, t.dtype);
+  part.encoding = t.encoding;
+  part.encoding.block_row0 = 0;
+  if (!t.data) return part;
+  int64_t at = 0;
+  for (const Share& r : rows) {
+    const Tensor from = t.rows(r.first, r.first + r.count);
+    std::memcpy(part.rows(at, at + r.count).data, from.data, from.nbytes());
+    at += r.count;
+  }
+  return part;
+}
+
 Tensor Tensor::cols(int64_t begin, int64_t end) const {
   APUS_CHECK(rank() == 2 && 0 <= begin && begin <= end && end <= shape[1], "cols [", begin, ", ", end,
              ") out of range for ", shape_str(shape));

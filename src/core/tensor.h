@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/share.h"
 
 namespace apus {
 
@@ -100,6 +101,9 @@ struct Tensor {
 float load_f32(const Tensor& t, int64_t i);
 std::vector<float> to_f32_vector(const Tensor& t);
 Tensor to_dtype(const Tensor& t, DType dt);  // heap copy
+// A heap copy of t's rows `rows` (ranges along dim 0, one after another), encoding kept: a rank's
+// share of a weight under tensor parallelism. Shape only when t has no data.
+Tensor rows_copy(const Tensor& t, const std::vector<Share>& rows);
 // A heap copy of t (host, contiguous) cut along dim 0 into order.size() equal blocks, block i of
 // the copy being t's block order[i]: fused projections stored in another row order.
 Tensor row_blocks_permuted(const Tensor& t, const std::vector<int>& order);

@@ -42,6 +42,23 @@ const std::vector<LowRank>* Adapters::find(const std::string& weight) const {
   return it == by_weight_.end() ? nullptr : &it->second;
 }
 
+void Adapters::keep_rows(const std::string& weight, const std::vector<Share>& rows) {
+  const auto it = by_weight_.find(weight);
+  if (it == by_weight_.end()) return;
+  int64_t held = 0;
+  for (const Share& r : rows) held += r.count;
+  if (held == 0) {  // no rows here (a rank without heads): nothing of the weight to change, no linear runs it
+    by_weight_.erase(it);
+    return;
+  }
+  for (LowRank& f : it->second) {
+    APUS_CHECK(!f.kronecker(), f.source, ": a LoKr on a transformer split over ranks (parallel tensor) is not ",
+               "implemented yet: cfg or ulysses split a request with it");
+    f.inner.up = rows_copy(f.inner.up, rows);
+    if (f.decomposed()) f.magnitude = rows_copy(f.magnitude, rows);
+  }
+}
+
 void Adapters::upload(Backend& device) {
   for (auto& [weight, factors] : by_weight_)
     for (LowRank& f : factors)

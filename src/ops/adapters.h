@@ -51,6 +51,10 @@ class Adapters {
   // must be a weight's first adapter (its norms are those of the weight alone plus its change).
   void add(const std::string& weight, const Shape& weight_shape, LowRank f);
   const std::vector<LowRank>* find(const std::string& weight) const;
+  // `weight` held as its rows `rows` only (tensor parallelism, in the order held): its adapters'
+  // changes cut to them (a pair's up factor, a DoRA's magnitudes; dropped where no row is held);
+  // a LoKr is refused.
+  void keep_rows(const std::string& weight, const std::vector<Share>& rows);
   bool empty() const { return by_weight_.empty(); }
   // The weights with adapters that no linear has applied yet (a model that copied the weight, or
   // never runs it): an adapter must not be dropped silently.

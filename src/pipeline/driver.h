@@ -150,6 +150,7 @@ concept PipelineFamily = requires(const F& f, const typename F::Request& r, cons
   { r.preview } -> std::convertible_to<PreviewSink>;
   { r.finish_steps } -> std::convertible_to<const std::atomic<bool>*>;
   { r.parallel } -> std::convertible_to<Parallelism>;
+  { w.parallel } -> std::convertible_to<Parallelism>;  // the split the plan runs (pipeline/split.h)
   results[0].seed = uint64_t(0);
   results[0].stages = std::vector<StageTime>{};
   results[0].trace = std::string{};
@@ -199,8 +200,8 @@ std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<
   ctx.stop = stop;
   ctx.finish_steps = r.finish_steps;
   std::optional<StepAgreement> agreement;
-  if (r.parallel.strategy != Parallel::none && (stop || r.finish_steps)) {
-    agreement.emplace(*r.parallel.group, stop, r.finish_steps);
+  if (w.parallel.strategy != Parallel::none && (stop || r.finish_steps)) {
+    agreement.emplace(*w.parallel.group, stop, r.finish_steps);
     ctx.stop = agreement->stop();
     ctx.finish_steps = agreement->finish();
     ctx.agreement = &*agreement;

@@ -39,7 +39,7 @@ Header header_of(const std::string& message) {
   std::memcpy(&h.index, &message[1], sizeof h.index);
   h.strategy = uint8_t(message[1 + sizeof h.index]);
   h.stops = uint8_t(message[2 + sizeof h.index]);
-  APUS_CHECK(h.strategy <= uint8_t(Parallel::ulysses), "serving: split ", int(h.strategy), " from rank 0");
+  APUS_CHECK(h.strategy <= uint8_t(Parallel::tensor), "serving: split ", int(h.strategy), " from rank 0");
   return h;
 }
 
@@ -72,15 +72,17 @@ template <typename Work> auto in_step(const dist::World& world, Work&& work) {
 
 Ranks::Ranks(const dist::World& world, std::string parallel, Chip here)
     : world_(world), parallel_(std::move(parallel)), here_(std::move(here)) {
-  APUS_CHECK(parallel_ == "auto" || parallel_ == "cfg" || parallel_ == "ulysses" || parallel_ == "none",
-             "serve --parallel ", parallel_, ": expected auto, cfg, ulysses or none over the ranks",
-             parallel_ == "batch" ? " (batch parallelism is the image and audio commands' -n)" : "",
-             parallel_ == "tensor" ? " (tensor: the image command's, not yet the server's; issue 43)" : "");
+  APUS_CHECK(parallel_ == "auto" || parallel_ == "cfg" || parallel_ == "ulysses" || parallel_ == "tensor" ||
+                 parallel_ == "none",
+             "serve --parallel ", parallel_, ": expected auto, cfg, ulysses, tensor or none over the ranks",
+             parallel_ == "batch" ? " (batch parallelism is the image and audio commands' -n)" : "");
 }
 
 template <typename Model, typename Request>
 Parallel Ranks::choose(const Model& model, const Request& r, int batch) const {
   if (parallel_ == "none") return Parallel::none;
+  // The models were opened with their transformers split over the ranks: every request runs so.
+  if (parallel_ == "tensor") return Parallel::tensor;
   // A named split the request cannot take (cfg for one unguided image) gives way to auto's choice.
   for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
     if (parallel_ == parallel_name(p) && dist::takes_split(model, r, p, world_)) return p;

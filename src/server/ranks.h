@@ -25,8 +25,8 @@ namespace apus::server {
 
 class Ranks {
  public:
-  // parallel: auto, cfg, ulysses or none. `here`: this machine's calibrated chip with link_bps the
-  // rate measured between the ranks (auto prices the splits at it).
+  // parallel: auto, cfg, ulysses, tensor (the models opened split over the ranks) or none. `here`: this machine's
+  // calibrated chip with link_bps the rate measured between the ranks (auto prices the splits at it).
   Ranks(const dist::World& world, std::string parallel, Chip here);
   int size() const { return world_.size(); }
 

@@ -8,8 +8,8 @@
 # chunks decoded over the ranks; auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. Tensor parallelism
-# (klein's transformer weights over the ranks) is one process's too; what it does not take yet
-# (Stable Audio 3, LoRAs), a request cfg cannot split and a command that does not split yet
+# (klein's transformer weights over the ranks, LoRAs cut to them) is one process's too; what it
+# does not take yet (Stable Audio 3, a LoKr), a request cfg cannot split and a command that does not split yet
 # (roofline) are refused naming themselves; calibrate measures the link between the ranks and
 # keeps it. (`apus serve` over ranks: tests/mpi/serve.sh.)
 # Skipped (77) without mpirun or without MPI in the build.
@@ -166,6 +166,10 @@ as_one tensor "" edit.png image --model "$fixtures/klein_tiny_a" -p "a fox" -W 3
   --image "$fixtures/klein_tiny_a_edit/ref0.png"
 as_one tensor "" kv.png image --model "$fixtures/klein_tiny_9b_kv" -p "a fox" --steps 2 -s 7 \
   --image "$fixtures/klein_tiny_9b_kv_refs/ref0.png" --image "$fixtures/klein_tiny_9b_kv_refs/ref1.png"
+# Adapters cut to the rows each rank holds: a LoRA and a LoHa stacked, on the blocks' linears and
+# the whole ones.
+as_one tensor "" lora.png "${image[@]}" --lora "$fixtures/klein_lora/bfl.safetensors:0.7" \
+  --lora "$fixtures/klein_lora/loha.safetensors"
 as_one tensor "" gguf.png image --model "$fixtures/klein_single/flux-2-klein-tiny-Q8_0.gguf" \
   --config "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 32 --steps 2 -s 5
 refuse_tensor() {
@@ -175,8 +179,8 @@ refuse_tensor() {
   grep -q "$expected" refused.log || { cat refused.log; fail "tensor's refusal of $*: not '$expected'"; }
 }
 refuse_tensor "Stable Audio 3's DiT is not split by features yet" "${audio[@]}" -o x.wav
-refuse_tensor "LoRAs on a transformer split over ranks (parallel tensor) are not implemented yet" "${image[@]}" \
-  --lora "$fixtures/klein_lora/bfl.safetensors" -o x.png
+refuse_tensor "a LoKr on a transformer split over ranks (parallel tensor) is not implemented yet" "${image[@]}" \
+  --lora "$fixtures/klein_lora/lokr.safetensors" -o x.png
 if mpirun -np 2 "$apus" roofline --model "$fixtures/klein_tiny_a" > refused.log 2>&1; then fail "roofline ran over 2 ranks"; fi
 grep -q "apus roofline does not split over several processes yet" refused.log || { cat refused.log; fail "roofline's refusal"; }
 # calibrate over the ranks: the link between them measured, then kept under their placement.

@@ -5,7 +5,8 @@
 # same step and the next request still matches; a rank killed mid-request gets that request a 503
 # and ends the job, and the job restarted on the same --output-dir lists the earlier jobs and
 # serves again; a rank that hangs ends the job once --rank-timeout passes, its request answered
-# 503 naming the exchange.
+# 503 naming the exchange; a server started with --parallel tensor (each rank holding its share of
+# the transformer) serves one process's bytes too.
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/serve.sh APUS FIXTURES
 set -euo pipefail
@@ -21,15 +22,16 @@ sa3_model_dir "$fixtures" "$sa3"
 fail() { echo "mpi serve: $*" >&2; exit 1; }
 json() { python3 -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
 
-# Starts `mpirun -np 2 apus serve` logging to $1 (its exit status appended as "exit N"); sets port.
+models=(--model "$fixtures/klein_tiny_base" --model "$sa3")
+# Starts `mpirun -np 2 apus serve` over $models logging to $1 (its exit status appended as "exit N"); sets port.
 start() {
   local log="$1" i
   shift
   : > "$log"
-  ( (set +e; mpirun -np 2 -x OMP_NUM_THREADS=1 "$apus" serve --port 0 --model "$fixtures/klein_tiny_base" --model "$sa3" \
+  ( (set +e; mpirun -np 2 -x OMP_NUM_THREADS=1 "$apus" serve --port 0 "${models[@]}" \
     --output-dir "$scratch/kept" "$@" > "$log" 2>&1; echo "exit $?" >> "$log") &)
   for i in $(seq 1 600); do
-    grep -q "^serving 2 model(s) on http://127.0.0.1:[0-9]* over 2 ranks" "$log" && break
+    grep -q "^serving [0-9]* model(s) on http://127.0.0.1:[0-9]* over 2 ranks" "$log" && break
     grep -q "^exit " "$log" && { cat "$log"; fail "the server did not start"; }
     sleep 0.1
   done
@@ -116,4 +118,17 @@ ended restarted.log | grep -qv "^exit 0$" || fail "the job ended well with rank 
 tail -1 hung.txt | grep -qx 503 || { cat hung.txt restarted.log; fail "the hung request was not answered 503"; }
 grep -q "not every rank arrived within 2 s" hung.txt || { cat hung.txt; fail "the 503 does not name the wait"; }
 grep -q "^error: rank 0 of 2: a rank was lost" restarted.log || { cat restarted.log; fail "rank 0's last line"; }
-echo "mpi serve: requests over 2 ranks are one process's; cancel, a killed and a hung rank handled"
+# --parallel tensor: the transformer's weights split over the ranks as the server starts; a guided
+# request (both branches on every rank) is one process's, and its record says how it ran.
+models=(--model "$fixtures/klein_tiny_base")
+start tensor.log --parallel tensor
+id="$(post /v1/jobs '{"kind": "image", "prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4}' | json "d['id']")"
+for i in $(seq 1 300); do
+  [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")" = done ] && break
+  sleep 0.1
+done
+[ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d.get('split')")" = "tensor over 2 ranks" ] ||
+  fail "the tensor job's record: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
+post /v1/images/generations "$guided" | b64_file tensor.png
+cmp -s one.png tensor.png || fail "the image served with the weights split over 2 ranks differs from one process's"
+echo "mpi serve: requests over 2 ranks are one process's (split by requests and by weights); cancel, a killed and a hung rank handled"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -32,8 +33,10 @@ Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
     const void* src = w.row(r);
     if (w.dtype == DType::bf16) {
       for (int64_t c = 0; c < k; ++c) row[size_t(c)] = bf16_to_f32(static_cast<const uint16_t*>(src)[c]);
+    } else if (w.dtype == DType::f16) {
+      f16_to_f32_row(static_cast<const uint16_t*>(src), row.data(), k);
     } else {
-      for (int64_t c = 0; c < k; ++c) row[size_t(c)] = load_f32(w, r * k + c);
+      std::memcpy(row.data(), src, size_t(k) * sizeof(float));
     }
     factor[r] = quantize_int8_row(row.data(), k, static_cast<int8_t*>(q.row(r)));
     if (std::isnan(factor[r])) {

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -19,27 +18,8 @@ Tensor WeightSource::fetch_rows(const std::string& name, const Shape& expected, 
   const Tensor whole = fetch(name, expected);
   APUS_CHECK(whole.rank() >= 1 && !whole.encoding.block_scales, where(name),
              ": a weight with block scales is not split over ranks yet (parallel tensor)");
-  Shape shape = whole.shape;
-  shape[0] = 0;
-  for (const Share& r : rows) {
-    APUS_CHECK(r.first >= 0 && r.count >= 0 && r.first + r.count <= whole.shape[0], where(name), ": rows [", r.first,
-               ", ", r.first + r.count, ") of ", shape_str(whole.shape));
-    shape[0] += r.count;
-  }
-  if (!whole.data) {
-    Tensor t = Tensor::shape_only(shape, whole.dtype);
-    t.encoding = whole.encoding;
-    return t;
-  }
-  Tensor part = Tensor::heap(shape, whole.dtype);
-  part.encoding = whole.encoding;
-  int64_t at = 0;
-  for (const Share& r : rows) {
-    const Tensor from = whole.rows(r.first, r.first + r.count);
-    std::memcpy(part.rows(at, at + r.count).data, from.data, from.nbytes());
-    at += r.count;
-  }
-  release(name);
+  const Tensor part = rows_copy(whole, rows);
+  if (whole.data) release(name);
   return part;
 }
 

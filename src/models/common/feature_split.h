@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "apus/apus.h"
+#include "core/error.h"
 #include "core/share.h"
 #include "models/common/exchange.h"
 #include "ops/ops.h"
@@ -17,7 +18,10 @@ namespace apus {
 
 struct FeatureSplit {
   const ProcessGroup* ranks = nullptr;  // null or one: every layer whole
-  double gathered = 0;                  // the outputs' bytes, for the cost log, split or not
+  // The weights (and biases) handed to linear() are this rank's share of their output features
+  // already, loaded so (tensor parallelism: WeightLoader::get_rows), not whole.
+  bool held = false;
+  double gathered = 0;  // the outputs' bytes, for the cost log, split or not
   bool splits() const { return ranks && ranks->size() > 1; }
 };
 
@@ -103,7 +107,10 @@ template <typename Compute> void split_features(Context& c, FeatureSplit* split,
 inline void linear(Context& c, FeatureSplit* split, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
                    const char* what) {
   split_features(c, split, y, y.shape[0], y.shape[1], 1, what, [&](int64_t first, int64_t count, Tensor& part) {
-    if (count == y.shape[1]) return ops::linear(c, x, w, bias, part);
+    if (count == y.shape[1] || split->held) {
+      APUS_CHECK(w.shape[0] == count, "a linear of ", w.shape[0], " output features for a share of ", count);
+      return ops::linear(c, x, w, bias, part);
+    }
     const Tensor b = bias ? bias->rows(first, first + count) : Tensor{};
     ops::linear(c, x, w.rows(first, first + count), bias ? &b : nullptr, part);
   });

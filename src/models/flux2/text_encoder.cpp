@@ -74,8 +74,10 @@ TextEncoderConfig TextEncoderConfig::read(const Config& c) {
   return t;
 }
 
-TextEncoder TextEncoder::load(const Config& config, WeightLoader weights, const std::vector<int>& taps) {
+TextEncoder TextEncoder::load(const Config& config, WeightLoader weights, const std::vector<int>& taps,
+                              const ProcessGroup* tensor_ranks) {
   TextEncoder m(std::move(weights));
+  if (tensor_ranks && tensor_ranks->size() > 1) m.held_ranks_ = tensor_ranks;
   m.cfg_ = TextEncoderConfig::read(config);
   m.taps_ = taps;
   const auto& c = m.cfg_;
@@ -85,22 +87,27 @@ TextEncoder TextEncoder::load(const Config& config, WeightLoader weights, const 
   const WeightLoader& w = m.weights_;
   const std::string root = w.contains("model.embed_tokens.weight") ? "model." : "";
   const int64_t h = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  // A linear's weight: this rank's share of its output features under a tensor split.
+  auto linear_weight = [&](const std::string& name, const Shape& shape) {
+    const ProcessGroup* r = m.held_ranks_;
+    return r ? w.get_rows(name, shape, {share_of(shape[0], r->rank(), r->size())}) : w.get(name, shape);
+  };
   m.embed_ = w.get(root + "embed_tokens.weight", {c.vocab, h});
   if (deepest == c.layers) m.final_norm_ = w.get(root + "norm.weight", {h});
   for (int i = 0; i < deepest; ++i) {
     const std::string p = root + "layers." + std::to_string(i) + ".";
     Layer l;
     l.in_norm = w.get(p + "input_layernorm.weight", {h});
-    l.q = w.get(p + "self_attn.q_proj.weight", {qd, h});
-    l.k = w.get(p + "self_attn.k_proj.weight", {kvd, h});
-    l.v = w.get(p + "self_attn.v_proj.weight", {kvd, h});
-    l.o = w.get(p + "self_attn.o_proj.weight", {h, qd});
+    l.q = linear_weight(p + "self_attn.q_proj.weight", {qd, h});
+    l.k = linear_weight(p + "self_attn.k_proj.weight", {kvd, h});
+    l.v = linear_weight(p + "self_attn.v_proj.weight", {kvd, h});
+    l.o = linear_weight(p + "self_attn.o_proj.weight", {h, qd});
     l.q_norm = w.get(p + "self_attn.q_norm.weight", {c.head_dim});
     l.k_norm = w.get(p + "self_attn.k_norm.weight", {c.head_dim});
     l.post_norm = w.get(p + "post_attention_layernorm.weight", {h});
-    l.gate = w.get(p + "mlp.gate_proj.weight", {c.intermediate, h});
-    l.up = w.get(p + "mlp.up_proj.weight", {c.intermediate, h});
-    l.down = w.get(p + "mlp.down_proj.weight", {h, c.intermediate});
+    l.gate = linear_weight(p + "mlp.gate_proj.weight", {c.intermediate, h});
+    l.up = linear_weight(p + "mlp.up_proj.weight", {c.intermediate, h});
+    l.down = linear_weight(p + "mlp.down_proj.weight", {h, c.intermediate});
     m.layers_.push_back(l);
   }
   return m;
@@ -125,7 +132,9 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids, const st
   auto& [normed, q, k, v, attn, proj, gate, up] = buffers;
   const Tensor key_valid = key_mask(c, attention_mask);
   const ops::AttentionOptions mask{true, &key_valid, batch};
-  FeatureSplit split{ranks};
+  APUS_CHECK(!held_ranks_ || ranks == held_ranks_, "text encoder: its linears hold a share of their features ",
+             "(loaded split over ", held_ranks_ ? held_ranks_->size() : 0, " ranks): it encodes over those ranks");
+  FeatureSplit split{ranks, held_ranks_ != nullptr};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));
@@ -165,7 +174,7 @@ Tensor TextEncoder::encode(Context& c, const std::vector<int32_t>& ids, const st
         ops::copy(c, last ? normed : x, dst);
       }
   }
-  // Under cfg and Ulysses every rank computes ~1/N of each linear, the outputs all-gathered.
+  // Under cfg, Ulysses and tensor every rank computes ~1/N of each linear, the outputs all-gathered.
   if (c.cost) {
     c.cost->mark_parts(h);
     c.cost->mark_gather(split.gathered);

@@ -19,7 +19,10 @@ struct TextEncoderConfig {
 class TextEncoder {
  public:
   // Loads only the layers the taps need; deeper layers' weights are never touched.
-  static TextEncoder load(const Config& config, WeightLoader weights, const std::vector<int>& taps);
+  // With `tensor_ranks` (more than one), each linear holds this rank's share of its output
+  // features (tensor parallelism), and encode() runs over those ranks.
+  static TextEncoder load(const Config& config, WeightLoader weights, const std::vector<int>& taps,
+                          const ProcessGroup* tensor_ranks = nullptr);
   const TextEncoderConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
@@ -37,6 +40,7 @@ class TextEncoder {
   TextEncoderConfig cfg_;
   std::vector<int> taps_;
   WeightLoader weights_;
+  const ProcessGroup* held_ranks_ = nullptr;  // the linears' weights split over them
   Tensor embed_;
   Tensor final_norm_;  // only where a tap is the last hidden state
   std::vector<Layer> layers_;

@@ -38,13 +38,45 @@ TransformerConfig TransformerConfig::read(const Config& c) {
   return t;
 }
 
+TensorSplit tensor_split(const TransformerConfig& c, const ProcessGroup* tensor_ranks) {
+  return TensorSplit(tensor_ranks, c.heads, c.head_dim, c.hidden, c.mlp_hidden);
+}
+
+std::map<std::string, std::vector<Share>> held_rows(const TransformerConfig& c, const TensorSplit& split) {
+  std::map<std::string, std::vector<Share>> rows;
+  if (!split.splits()) return rows;
+  const int64_t h = c.hidden, f = c.mlp_hidden;
+  const std::vector<Share> heads{split.rows(split.heads())}, features{split.rows(split.hidden())};
+  // SwiGLU's fused projection: the gate half, then the up half.
+  const std::vector<Share> swiglu{split.rows(split.mlp()), split.rows(split.mlp(), f)};
+  for (int64_t i = 0; i < c.num_double; ++i) {
+    const std::string p = "transformer_blocks." + std::to_string(i) + ".";
+    for (const char* n :
+         {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"})
+      rows[p + n + ".weight"] = heads;
+    for (const char* n : {"attn.to_out.0", "attn.to_add_out", "ff.linear_out", "ff_context.linear_out"})
+      rows[p + n + ".weight"] = features;
+    for (const char* n : {"ff.linear_in", "ff_context.linear_in"}) rows[p + n + ".weight"] = swiglu;
+  }
+  // The single blocks' fused projection: q, k, v, then the MLP's gate and up halves.
+  const std::vector<Share> fused{split.rows(split.heads()), split.rows(split.heads(), h),
+                                 split.rows(split.heads(), 2 * h), split.rows(split.mlp(), 3 * h),
+                                 split.rows(split.mlp(), 3 * h + f)};
+  for (int64_t i = 0; i < c.num_single; ++i) {
+    const std::string p = "single_transformer_blocks." + std::to_string(i) + ".attn.";
+    rows[p + "to_qkv_mlp_proj.weight"] = fused;
+    rows[p + "to_out.weight"] = features;
+  }
+  return rows;
+}
+
 Transformer Transformer::load(const Config& config, WeightLoader weights, const ProcessGroup* tensor_ranks) {
   Transformer m(std::move(weights));
   m.cfg_ = TransformerConfig::read(config);
   const auto& c = m.cfg_;
   const WeightLoader& w = m.weights_;
   const int64_t h = c.hidden, d = c.head_dim, f = c.mlp_hidden;
-  m.split_ = TensorSplit(tensor_ranks, c.heads, d, h, f);
+  m.split_ = tensor_split(c, tensor_ranks);
   const TensorSplit& split = m.split_;
   m.x_embedder_ = w.get("x_embedder.weight", {h, c.in_channels});
   m.context_embedder_ = w.get("context_embedder.weight", {h, c.joint_dim});
@@ -55,43 +87,37 @@ Transformer Transformer::load(const Config& config, WeightLoader weights, const 
   m.mod_single_ = w.get("single_stream_modulation.linear.weight", {3 * h, h});
   m.norm_out_ = w.get("norm_out.linear.weight", {2 * h, h});
   m.proj_out_ = w.get("proj_out.weight", {c.out_channels, h});
-  // A block linear: this rank's rows of it (`rows`, each a fused weight's part) under a tensor
-  // split, else the whole weight.
-  auto block = [&](const std::string& name, const Shape& shape, const std::vector<Share>& rows) {
-    return split.splits() ? w.get_rows(name, shape, rows) : w.get(name, shape);
+  const std::map<std::string, std::vector<Share>> rows = held_rows(c, split);
+  // A block linear: this rank's rows of it under a tensor split, else the whole weight.
+  auto block = [&](const std::string& name, const Shape& shape) {
+    return split.splits() ? w.get_rows(name, shape, rows.at(name)) : w.get(name, shape);
   };
-  const std::vector<Share> heads{split.rows(split.heads())}, features{split.rows(split.hidden())};
-  const std::vector<Share> swiglu{split.rows(split.mlp()), split.rows(split.mlp(), f)};
   for (int64_t i = 0; i < c.num_double; ++i) {
     const std::string p = "transformer_blocks." + std::to_string(i) + ".";
     Double b;
-    b.to_q = block(p + "attn.to_q.weight", {h, h}, heads);
-    b.to_k = block(p + "attn.to_k.weight", {h, h}, heads);
-    b.to_v = block(p + "attn.to_v.weight", {h, h}, heads);
-    b.add_q = block(p + "attn.add_q_proj.weight", {h, h}, heads);
-    b.add_k = block(p + "attn.add_k_proj.weight", {h, h}, heads);
-    b.add_v = block(p + "attn.add_v_proj.weight", {h, h}, heads);
-    b.to_out = block(p + "attn.to_out.0.weight", {h, h}, features);
-    b.to_add_out = block(p + "attn.to_add_out.weight", {h, h}, features);
+    b.to_q = block(p + "attn.to_q.weight", {h, h});
+    b.to_k = block(p + "attn.to_k.weight", {h, h});
+    b.to_v = block(p + "attn.to_v.weight", {h, h});
+    b.add_q = block(p + "attn.add_q_proj.weight", {h, h});
+    b.add_k = block(p + "attn.add_k_proj.weight", {h, h});
+    b.add_v = block(p + "attn.add_v_proj.weight", {h, h});
+    b.to_out = block(p + "attn.to_out.0.weight", {h, h});
+    b.to_add_out = block(p + "attn.to_add_out.weight", {h, h});
     b.norm_q = w.get(p + "attn.norm_q.weight", {d});
     b.norm_k = w.get(p + "attn.norm_k.weight", {d});
     b.norm_added_q = w.get(p + "attn.norm_added_q.weight", {d});
     b.norm_added_k = w.get(p + "attn.norm_added_k.weight", {d});
-    b.ff_in = block(p + "ff.linear_in.weight", {2 * f, h}, swiglu);
-    b.ff_out = block(p + "ff.linear_out.weight", {h, f}, features);
-    b.ff_ctx_in = block(p + "ff_context.linear_in.weight", {2 * f, h}, swiglu);
-    b.ff_ctx_out = block(p + "ff_context.linear_out.weight", {h, f}, features);
+    b.ff_in = block(p + "ff.linear_in.weight", {2 * f, h});
+    b.ff_out = block(p + "ff.linear_out.weight", {h, f});
+    b.ff_ctx_in = block(p + "ff_context.linear_in.weight", {2 * f, h});
+    b.ff_ctx_out = block(p + "ff_context.linear_out.weight", {h, f});
     m.double_.push_back(b);
   }
-  // The single blocks' fused projection: q, k, v, then the MLP's gate and up halves.
-  const std::vector<Share> fused{split.rows(split.heads()), split.rows(split.heads(), h),
-                                 split.rows(split.heads(), 2 * h), split.rows(split.mlp(), 3 * h),
-                                 split.rows(split.mlp(), 3 * h + f)};
   for (int64_t i = 0; i < c.num_single; ++i) {
     const std::string p = "single_transformer_blocks." + std::to_string(i) + ".attn.";
     Single b;
-    b.qkv_mlp = block(p + "to_qkv_mlp_proj.weight", {3 * h + 2 * f, h}, fused);
-    b.out = block(p + "to_out.weight", {h, h + f}, features);
+    b.qkv_mlp = block(p + "to_qkv_mlp_proj.weight", {3 * h + 2 * f, h});
+    b.out = block(p + "to_out.weight", {h, h + f});
     b.norm_q = w.get(p + "norm_q.weight", {d});
     b.norm_k = w.get(p + "norm_k.weight", {d});
     m.single_.push_back(b);

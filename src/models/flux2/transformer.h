@@ -1,7 +1,9 @@
 #pragma once
 // FLUX.2 transformer (diffusers Flux2Transformer2DModel): double-stream blocks over separate
 // text and image weights, single-stream blocks over the joint sequence, shared modulation.
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "io/model_dir.h"
@@ -46,6 +48,13 @@ struct ReferenceKv {
   std::vector<Layer> layers;
 };
 
+// How a transformer of `config` splits over `tensor_ranks` (whole for null or one rank).
+TensorSplit tensor_split(const TransformerConfig& config, const ProcessGroup* tensor_ranks);
+
+// Under a tensor split: the rows of each block linear's weight this rank holds (each a fused
+// weight's part, in order), by the weight's name. Empty without a split.
+std::map<std::string, std::vector<Share>> held_rows(const TransformerConfig& config, const TensorSplit& split);
+
 class Transformer {
  public:
   // With `tensor_ranks` (more than one), the blocks' linears hold this rank's share of their
@@ -55,6 +64,7 @@ class Transformer {
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   // Every weight by name with its shape: what adapters are checked against.
   const std::map<std::string, Shape>& weight_shapes() const { return weights_.fetched(); }
+  const TensorSplit& split() const { return split_; }
   size_t make_resident() const { return weights_.make_resident(); }
 
   // prompt_embeds [B*T, joint_dim], B samples one after another; txt_ids [T, 4], img_ids [L, 4]

@@ -131,11 +131,10 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   w.batch = batch;
   w.guided = *r.cfg > 1;
   w.samples = w.guided ? 2 * batch : batch;
-  check_parallelism(r.parallel, w.samples, device() != nullptr, label_, tensor_ranks_);
-  APUS_CHECK(!tensor_ranks_ || r.loras.empty(), label_,
-             ": LoRAs on a transformer split over ranks (parallel tensor) are not implemented yet: cfg or ulysses ",
-             "split a request with LoRAs");
-  w.parallel = r.parallel;
+  // A model opened split runs every request over its ranks: none is tensor over them.
+  w.parallel = tensor_ranks_ && r.parallel.strategy == Parallel::none ? Parallelism{Parallel::tensor, tensor_ranks_}
+                                                                      : r.parallel;
+  check_parallelism(w.parallel, w.samples, device() != nullptr, label_, tensor_ranks_);
   w.cfg = *r.cfg;
   w.steps = steps;
   w.h = height / flux2::kTokenPixels;
@@ -166,6 +165,9 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
     auto adapters = std::make_shared<Adapters>();
     for (const Lora& lora : r.loras)
       flux2::read_lora(lora, dit_weights_, dit_cfg_.num_double, dit_cfg_.num_single, *adapters);
+    // Split over ranks, each linear holds some rows of its weight: so do their adapters.
+    for (const auto& [weight, rows] : flux2::held_rows(dit_cfg_, flux2::tensor_split(dit_cfg_, tensor_ranks_)))
+      adapters->keep_rows(weight, rows);
     if (device()) adapters->upload(*device());
     w.adapters = std::move(adapters);
   }

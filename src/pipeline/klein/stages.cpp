@@ -54,7 +54,8 @@ KleinModel::KleinModel(const ModelDir& dir, Weights weights, const ProcessGroup*
              " has no row in the text encoder's ", text_cfg.vocab,
              "-entry embedding (text_encoder/config.json vocab_size)");
   if (weights_ == Weights::resident) {
-    text_.emplace(flux2::TextEncoder::load(dir_.config("text_encoder"), dir_.weights("text_encoder"), kTextTaps));
+    text_.emplace(
+        flux2::TextEncoder::load(dir_.config("text_encoder"), dir_.weights("text_encoder"), kTextTaps, tensor_ranks_));
     dit_.emplace(flux2::Transformer::load(dir_.config("transformer"), dir_.weights("transformer"), tensor_ranks_));
     vae_.emplace(flux2::VaeDecoder::load(dir_.config("vae"), dir_.weights("vae")));
     vae_encoder_.emplace(flux2::VaeEncoder::load(dir_.config("vae"), dir_.weights("vae")));
@@ -313,7 +314,8 @@ std::vector<std::unique_ptr<Part<KleinModel::Work>>> KleinModel::make_parts() co
   parts.push_back(model_part<Work, Text>(
       {"text encoder load",
        [this](Weights wt, DType) {
-         return Text::load(source(wt).config("text_encoder"), source(wt).weights("text_encoder"), kTextTaps);
+         return Text::load(source(wt).config("text_encoder"), source(wt).weights("text_encoder"), kTextTaps,
+                           tensor_ranks_);
        },
        &text_,
        {{kTextStage, "text encoder", [this](Context& c, const Text& m, Work& w, int) { encode_text(c, m, w); },
