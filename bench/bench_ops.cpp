@@ -65,6 +65,8 @@ void BM_LinearWidened(benchmark::State& st) {
 BENCHMARK(BM_LinearWidened)
     ->Args({1024, 3072, 3072})
     ->Args({452, 1536, 7680})
+    ->Args({452, 4096, 1024})
+    ->Args({512, 2560, 1024})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
@@ -128,6 +130,11 @@ BENCHMARK(BM_LinearInt8)
     ->Args({512, 2560, 9728})
     ->Args({452, 1536, 7680})
     ->Args({6596, 1536, 7680})
+    // Stable Audio 3 small-music, 30 s: the DiT's FF out and attention projections (1024 wide);
+    // Qwen3's k and v (1024 wide, 512 tokens)
+    ->Args({452, 4096, 1024})
+    ->Args({452, 1024, 1024})
+    ->Args({512, 2560, 1024})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -35,6 +35,14 @@ template <typename T> T* line_aligned(std::vector<T>& buf, size_t n) {
   if (buf.size() < n + 64 / sizeof(T)) buf.resize(n + 64 / sizeof(T));
   return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
 }
+// The size of blocks of at most `most` (a multiple of `unit`) covering n as evenly as whole units
+// allow, as many blocks as `most` gives: a static split of the GEMMs' tasks over the threads then
+// gives no thread a block's remainder (1024 columns as 512 + 512, not 768 + 256: a third of two
+// threads idle on Stable Audio 3's 1024-wide linears; docs/SPEED.md, session 30).
+inline int64_t even_block(int64_t n, int64_t most, int64_t unit) {
+  const int64_t blocks = (n + most - 1) / most, size = (n + blocks - 1) / blocks;
+  return (size + unit - 1) / unit * unit;
+}
 void pack_widened_panel(const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, int64_t k, int64_t n,
                         int64_t p, float* out);
 void widened_panel_products(const Tensor& a, const float* panels, int64_t panel_stride, int64_t k, int64_t count,

@@ -156,11 +156,12 @@ void int8_gemm_avx2(const int8_t* a, int64_t m, int64_t k, const int8_t* w, int6
   if (m == 0 || n == 0) return;
   const int16_t* panels = pack_weight(w, k, n);
   const int32_t* rows_packed = pack_rows(a, m, k);
-  const int64_t pairs = (k + 1) / 2, row_blocks = (m + kMC - 1) / kMC, col_blocks = (n + kNC - 1) / kNC;
+  const int64_t mc = even_block(m, kMC, kMR), nc = even_block(n, kNC, kNR);
+  const int64_t pairs = (k + 1) / 2, row_blocks = (m + mc - 1) / mc, col_blocks = (n + nc - 1) / nc;
   // Tasks column-block major, so a thread's consecutive tasks reuse the same weight panels.
   parallel_for(row_blocks * col_blocks, [&](int64_t task) {
-    const int64_t r0 = task % row_blocks * kMC, rows = std::min(kMC, m - r0);
-    const int64_t j0 = task / row_blocks * kNC, cols = std::min(kNC, n - j0);
+    const int64_t r0 = task % row_blocks * mc, rows = std::min(mc, m - r0);
+    const int64_t j0 = task / row_blocks * nc, cols = std::min(nc, n - j0);
     const int64_t col_panels = (cols + kNR - 1) / kNR, micro = (rows + kMR - 1) / kMR;
     thread_local std::vector<int32_t> tile_buf;
     int32_t* tile = line_aligned(tile_buf, size_t(kMC * kNC));  // [kMC][kNC]: the block's sums

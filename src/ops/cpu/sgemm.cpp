@@ -168,11 +168,12 @@ void sgemm_avx2(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k
   const float* w = pack_weight(b, b_type, b_stride_k, b_stride_n, k, n);
   std::vector<float> bias_f32(size_t(n), 0.0f);
   if (bias) widen_row(bias->data, bias->dtype, bias_f32.data(), n);
-  const int64_t row_blocks = (m + kMC - 1) / kMC, col_blocks = (n + kNC - 1) / kNC;
+  const int64_t mc = even_block(m, kMC, kMR), nc = even_block(n, kNC, kNR);
+  const int64_t row_blocks = (m + mc - 1) / mc, col_blocks = (n + nc - 1) / nc;
   // Tasks column-block major, so a thread's consecutive tasks reuse the same weight panels.
   parallel_for(row_blocks * col_blocks, [&](int64_t task) {
-    const int64_t r0 = task % row_blocks * kMC, rows = std::min(kMC, m - r0);
-    const int64_t j0 = task / row_blocks * kNC, cols = std::min(kNC, n - j0);
+    const int64_t r0 = task % row_blocks * mc, rows = std::min(mc, m - r0);
+    const int64_t j0 = task / row_blocks * nc, cols = std::min(nc, n - j0);
     thread_local std::vector<float> acc_buf;
     thread_local std::vector<float> line_buf(static_cast<size_t>(kNC));
     float* acc = line_aligned(acc_buf, size_t(kMC * kNC));  // [kMC][kNC]: the block's sums
