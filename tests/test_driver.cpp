@@ -21,7 +21,9 @@ template <bool WithDescribe> struct ToyFamily {
     std::vector<StageTime> stages;
     std::string trace;
   };
-  struct Work {};
+  struct Work {
+    Parallelism parallel;
+  };
   Weights weights() const;
   const std::string& root() const;
   Backend* device() const;

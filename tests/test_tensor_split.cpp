@@ -3,7 +3,8 @@
 // weights, computes one process's velocity bit for bit (f32 and bf16, plain and through the int8
 // tier's transform, one rank holding no heads at 3 ranks), holds its share of the parameters, and
 // the bytes its exchanges send are what counting says. A weight's rows fetched on their own are
-// the whole weight's rows.
+// the whole weight's rows. A model holding whole weights refuses a tensor split, and one opened
+// split refuses any other.
 #include <barrier>
 #include <cstring>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "io/weights/weight_source.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/transformer.h"
+#include "pipeline/registry.h"
 #include "test_util.h"
 
 namespace apus {
@@ -161,6 +163,38 @@ TEST(TensorSplit, RowsFetchedOnTheirOwnAreTheWholeWeightsRows) {
                 0)
           << "row " << at;
   EXPECT_THROW(source->fetch_rows(name, shape, {{shape[0] - 1, 2}}), Error);
+}
+
+// What counting a request as `parallel` over `ranks` says, on klein_tiny_a opened with its
+// transformer split over `split` (or whole): empty when it is taken.
+std::string refusal(const ProcessGroup* split, Parallel parallel, const ProcessGroup* ranks) {
+  ModelParts parts;
+  parts.model = test::fixture("klein_tiny_a");
+  parts.tensor_ranks = split;
+  const auto model = ImageModel::open(parts, Weights::none);
+  ImageRequest r;
+  r.prompt = "a fox";
+  r.width = r.height = 32;
+  r.parallel = {parallel, ranks};
+  try {
+    model->count(r);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+TEST(TensorSplit, AModelTakesTensorOnlyWhenOpenedSplitAndThenOnlyTensor) {
+  ThreadRanks all(2), others(2);
+  const ThreadRanks::Rank rank(all, 1), other(others, 1);
+  EXPECT_EQ(refusal(&rank, Parallel::tensor, &rank), "");
+  EXPECT_EQ(refusal(&rank, Parallel::none, nullptr), "") << "none on a split model is tensor over its ranks";
+  EXPECT_EQ(refusal(nullptr, Parallel::ulysses, &rank), "");
+  EXPECT_NE(refusal(nullptr, Parallel::tensor, &rank).find("this one holds its weights whole"), std::string::npos);
+  for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
+    EXPECT_NE(refusal(&rank, p, &rank).find("every request runs as parallel tensor over them, not "),
+              std::string::npos);
+  EXPECT_NE(refusal(&rank, Parallel::tensor, &other).find("not tensor over other ranks"), std::string::npos);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, co
     APUS_CHECK(p.strategy == Parallel::tensor && p.group == weights_split, label,
                ": its transformer's weights are split over ", weights_split->size(),
                " ranks (opened for parallel tensor): every request runs as parallel tensor over them, not ",
-               parallel_name(p.strategy));
+               parallel_name(p.strategy), p.strategy == Parallel::tensor ? " over other ranks" : "");
   if (p.strategy == Parallel::none) return;
   const char* name = parallel_name(p.strategy);
   APUS_CHECK(p.group, label, ": a split over processes needs their group (none was given)");
