@@ -263,11 +263,11 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
     }
   };
   std::optional<CostScope> part(std::in_place, c, "attn");
-  // q, k, v of both streams land in one joint [txt; img] buffer per sample: the concat costs
-  // nothing.
   Tensor attn = Tensor::in(*c.arena, {rows, h}, c.act);
   TensorSplit::Columns heads(c, split_, attn, {split_.heads()});
-  if (hq > 0) {
+  if (hq > 0) {  // a rank may hold no heads (more ranks than heads)
+    // q, k, v of both streams land in one joint [txt; img] buffer per sample: the concat costs
+    // nothing.
     Tensor q = Tensor::in(*c.arena, {rows, hq}, c.act), k = Tensor::in(*c.arena, {rows, hq}, c.act),
            v = Tensor::in(*c.arena, {rows, hq}, c.act);
     for (int64_t i = 0; i < batch; ++i) modulate(i, 0);
@@ -302,10 +302,9 @@ void Transformer::double_block(Context& c, const Double& b, Tensor& hidden, int6
   Tensor up = Tensor::in(*c.arena, {rows, 2 * fm}, c.act);
   Tensor act = Tensor::in(*c.arena, {rows, f}, c.act);
   TensorSplit::Columns features(c, split_, act, {split_.mlp()});
-  Tensor& mine = features.mine();
   for (int64_t i = 0; i < batch; ++i) modulate(i, 3);
   streams(normed, b.ff_in, b.ff_ctx_in, up);
-  ops::glu(c, up.cols(0, fm), up.cols(fm, 2 * fm), mine, ops::Activation::silu, ops::Rounding::each_step);
+  ops::glu(c, up.cols(0, fm), up.cols(fm, 2 * fm), features.mine(), ops::Activation::silu, ops::Rounding::each_step);
   features.gather("the feed-forward's features");
   TensorSplit::Columns ff_out(c, split_, proj, {split_.hidden()});
   {
