@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -30,14 +29,7 @@ Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
   parallel_for(n, [&](int64_t r) {
     thread_local std::vector<float> row;
     row.resize(size_t(k));
-    const void* src = w.row(r);
-    if (w.dtype == DType::bf16) {
-      for (int64_t c = 0; c < k; ++c) row[size_t(c)] = bf16_to_f32(static_cast<const uint16_t*>(src)[c]);
-    } else if (w.dtype == DType::f16) {
-      f16_to_f32_row(static_cast<const uint16_t*>(src), row.data(), k);
-    } else {
-      std::memcpy(row.data(), src, size_t(k) * sizeof(float));
-    }
+    cpu::widen_row(w.row(r), w.dtype, row.data(), k);
     factor[r] = quantize_int8_row(row.data(), k, static_cast<int8_t*>(q.row(r)));
     if (std::isnan(factor[r])) {
 #pragma omp critical(apus_int8_bad_row)

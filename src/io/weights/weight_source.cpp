@@ -220,12 +220,8 @@ Tensor WeightLoader::get(const std::string& name, const Shape& expected) const {
 }
 
 Tensor WeightLoader::get_rows(const std::string& name, const Shape& expected, const std::vector<Share>& rows) const {
-  Shape mine = expected;
-  mine[0] = 0;
-  for (const Share& r : rows) mine[0] += r.count;
-  const auto entry = fetched_->insert_or_assign(name, mine).first;
   Tensor t = place(source_->fetch_rows(name, expected, rows));
-  t.weight_name = &entry->first;
+  t.weight_name = &fetched_->insert_or_assign(name, t.shape).first->first;
   return t;
 }
 

@@ -42,8 +42,11 @@ class ColumnExchange {
       : c_(c), ranks_(ranks), groups_(std::move(groups)), outer_(outer) {
     at_.push_back(0);
     for (int r = 0; r < ranks.size(); ++r) {
-      at_.push_back(at_.back() + outer * width(r));
-      bytes_.push_back(dtype_bytes(dtype, at_.back() - at_[size_t(r)]));
+      int64_t width = 0;
+      for (const ColumnGroup& g : groups_) width += share_of(g.units, r, ranks.size()).count * g.unit;
+      widths_.push_back(width);
+      at_.push_back(at_.back() + outer * width);
+      bytes_.push_back(dtype_bytes(dtype, outer * width));
     }
     flat_ = Tensor::in(*c.arena, {at_.back()}, dtype);
     mine_ = slot(ranks.rank());
@@ -73,15 +76,13 @@ class ColumnExchange {
   const ProcessGroup& ranks_;
   std::vector<ColumnGroup> groups_;
   int64_t outer_;
-  std::vector<int64_t> at_;  // where each rank's columns start in flat_: [rank][outer][its width]
+  std::vector<int64_t> widths_;  // each rank's columns, all groups
+  std::vector<int64_t> at_;      // where each rank's columns start in flat_: [rank][outer][its width]
   std::vector<size_t> bytes_;
   Tensor flat_, mine_;
-  int64_t width(int r) const {
-    int64_t w = 0;
-    for (const ColumnGroup& g : groups_) w += share_of(g.units, r, ranks_.size()).count * g.unit;
-    return w;
+  Tensor slot(int r) const {
+    return flat_.rows(at_[size_t(r)], at_[size_t(r) + 1]).reshape({outer_, widths_[size_t(r)]});
   }
-  Tensor slot(int r) const { return flat_.rows(at_[size_t(r)], at_[size_t(r) + 1]).reshape({outer_, width(r)}); }
 };
 
 // y viewed as [outer, features * inner] (a linear: [rows, features], inner 1; a convolution:
