@@ -465,7 +465,7 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
                   "started by mpirun or srun, how the ranks split the work: batch (-n's outputs over the ranks), "
                   "cfg (each step's guided branches and images over the ranks), ulysses (every image's tokens over the "
                   "ranks, attention exchanging heads), tensor (the transformer's weights and features over the ranks, "
-                  "each holding its share: a model too big for one; klein), none (rank 0 does it all), auto (of "
+                  "each holding its share: a model too big for one), none (rank 0 does it all), auto (of "
                   "batch, cfg and ulysses, the one the cost model predicts fastest; -v says)")
       ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
   add_rank_timeout(app);
@@ -798,7 +798,7 @@ Command serve_command(CLI::App& app) {
   serve
       ->add_option("--parallel", o->parallel,
                    "started by mpirun or srun, how each request splits over the ranks: cfg, ulysses, tensor (every "
-                   "model's transformer weights split over the ranks; klein), none (rank 0 alone) or auto (the cost "
+                   "model's transformer weights split over the ranks), none (rank 0 alone) or auto (the cost "
                    "model's pick per request; a named split a request cannot take gives way to it)")
       ->check(CLI::IsMember({"auto", "cfg", "ulysses", "none", "batch", "tensor"}));
   add_rank_timeout(serve);

@@ -1,10 +1,10 @@
 // Tensor parallelism (issue 43; models/common/tensor_split.h) without MPI: klein's transformer
-// opened over 2 and 3 ranks that are threads of this process, each loading its rows of the block
-// weights, computes one process's velocity bit for bit (f32 and bf16, plain and through the int8
-// tier's transform, one rank holding no heads at 3 ranks), holds its share of the parameters, and
-// the bytes its exchanges send are what counting says. A weight's rows fetched on their own are
-// the whole weight's rows. A model holding whole weights refuses a tensor split, and one opened
-// split refuses any other.
+// and Stable Audio 3's DiTs (differential and plain attention) opened over 2 and 3 ranks that are
+// threads of this process, each loading its rows of the block weights, compute one process's
+// velocity bit for bit (f32 and bf16, plain and through the int8 tier's transform, one rank
+// holding no heads at 3 ranks), hold their share of the parameters, and the bytes their exchanges
+// send are what counting says. A weight's rows fetched on their own are the whole weight's rows.
+// A model holding whole weights refuses a tensor split, and one opened split refuses any other.
 #include <barrier>
 #include <cstring>
 #include <memory>
@@ -17,7 +17,9 @@
 #include "io/weights/weight_source.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/transformer.h"
+#include "models/sa3/dit.h"
 #include "pipeline/registry.h"
+#include "sa3_fixtures.h"
 #include "test_util.h"
 
 namespace apus {
@@ -143,6 +145,88 @@ TEST(TensorSplit, RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights) {
   }
 }
 
+// One SA3 DiT step on two samples of 9 frames (the last 2 the canvas's padding) with random local
+// conditioning (as inpainting) and 6 text tokens, the second sample's last 2 padded; `seed` draws
+// the inputs.
+std::vector<float> sa3_velocity(const sa3::Dit& dit, DType dt, uint32_t seed, double* counted_sent = nullptr) {
+  const auto& cfg = dit.config();
+  const int64_t batch = 2, tokens = 6, frames = 9, valid = 7;
+  std::vector<int64_t> cross_valid(size_t(batch * tokens), 1);
+  cross_valid[size_t(2 * tokens - 1)] = cross_valid[size_t(2 * tokens - 2)] = 0;
+  auto run = [&](Context& c, auto input) {
+    const auto pro = dit.prologue(c, input({batch * tokens, cfg.cond_dim}, 0), cross_valid,
+                                  input({batch, cfg.global_dim}, 1), input({batch * frames, cfg.local_dim}, 2), valid);
+    Tensor v = ops::empty(c, {batch * frames, cfg.io_channels}, dt);
+    dit.forward(c, pro, input({batch * frames, cfg.io_channels}, 3), 0.7f, v);
+    return v;
+  };
+  Arena arena;
+  Context c{&arena, dt};
+  const Tensor v = run(c, [&](const Shape& shape, uint32_t i) { return seeded(shape, dt, seed + i); });
+  if (counted_sent) {
+    CostLog log;
+    Arena counting;
+    Context n{&counting, dt};
+    n.count_only = true;
+    n.cost = &log;
+    run(n, [&](const Shape& shape, uint32_t) { return Tensor::shape_only(shape, dt); });
+    *counted_sent = log.sent();
+  }
+  return to_f32_vector(v);
+}
+
+TEST(TensorSplit, Sa3RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights) {
+  const uint32_t seed = test::test_seed();
+  for (const char* variant : {"dit_diff", "dit_plain"}) {
+    const std::string dir = test::fixture(std::string("sa3_tiny/") + variant);
+    const auto config = sa3::DitConfig::read(read_config(dir + "/config.json"));
+    std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{{"as stored", nullptr}};
+    if (int8_linears(Quant::int8, nullptr)) tiers.emplace_back("int8 tier", int8_linears(Quant::int8, nullptr));
+    for (const auto& [tier, transform] : tiers) {
+      auto weights = [&] { return transform ? test::weights_in(dir).with(transform) : test::weights_in(dir); };
+      for (const DType dt : {DType::f32, DType::bf16}) {
+        const auto whole = sa3::Dit::load(config, weights(), dt);
+        const std::vector<float> expected = sa3_velocity(whole, dt, seed);
+        for (const int n : {2, 3}) {
+          SCOPED_TRACE(std::string(variant) + ", " + tier + ", " + std::string(dtype_name(dt)) + ", " +
+                       std::to_string(n) + " ranks");
+          ThreadRanks all(n);
+          std::vector<std::unique_ptr<ThreadRanks::Rank>> ranks;
+          for (int r = 0; r < n; ++r) ranks.push_back(std::make_unique<ThreadRanks::Rank>(all, r));
+          const size_t ranks_n = static_cast<size_t>(n);
+          std::vector<std::vector<float>> got(ranks_n);
+          std::vector<int64_t> parameters(ranks_n);
+          std::vector<double> counted(ranks_n);
+          std::vector<std::thread> threads;
+          for (int r = 0; r < n; ++r)
+            threads.emplace_back([&, r] {
+              const auto mine = sa3::Dit::load(config, weights(), dt, ranks[size_t(r)].get());
+              parameters[size_t(r)] = mine.parameter_count();
+              got[size_t(r)] = sa3_velocity(mine, dt, seed, &counted[size_t(r)]);
+            });
+          for (std::thread& t : threads) t.join();
+          int64_t held = 0;
+          for (int r = 0; r < n; ++r) {
+            EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expected.data(), expected.size() * sizeof(float)), 0)
+                << "rank " << r << "'s velocity is not one process's";
+            EXPECT_GT(ranks[size_t(r)]->sent, 0) << "rank " << r << " sent nothing";
+            EXPECT_EQ(ranks[size_t(r)]->sent, counted[size_t(r)]) << "rank " << r << ": bytes sent against the count";
+            EXPECT_LT(parameters[size_t(r)], whole.parameter_count()) << "rank " << r << " holds every parameter";
+            held += parameters[size_t(r)];
+          }
+          // The blocks' linears and their biases are dealt out once; the rest (embedders,
+          // modulation, norms) is held by every rank.
+          const int64_t d = config.dim, f = config.ff_inner, nq = config.differential ? 2 : 1;
+          const int64_t attention = (2 * nq + 1) * d * d + d * d + nq * d * d + (nq + 1) * d * d + d * d;
+          const int64_t ff = 2 * f * d + 2 * f + d * f + d, local = d * config.local_dim + d + d * d + d;
+          const int64_t block_linears = config.depth * (attention + ff + local);
+          EXPECT_EQ(held, whole.parameter_count() + (n - 1) * (whole.parameter_count() - block_linears));
+        }
+      }
+    }
+  }
+}
+
 TEST(TensorSplit, RowsFetchedOnTheirOwnAreTheWholeWeightsRows) {
   const ModelDir dir = ModelDir::open(test::fixture("klein_tiny_a"));
   const auto source = open_weights(dir.component("transformer"));
@@ -184,17 +268,39 @@ std::string refusal(const ProcessGroup* split, Parallel parallel, const ProcessG
   }
 }
 
+// The same for a guided Stable Audio 3 clip on the tiny pipeline.
+std::string audio_refusal(const ProcessGroup* split, Parallel parallel, const ProcessGroup* ranks) {
+  ModelParts parts;
+  parts.model = test::pipeline_dir();
+  parts.tensor_ranks = split;
+  const auto model = AudioModel::open(parts, Weights::none);
+  AudioRequest r;
+  r.prompt = "rain";
+  r.seconds = 1;
+  r.cfg = 4;
+  r.parallel = {parallel, ranks};
+  try {
+    model->count(r);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
 TEST(TensorSplit, AModelTakesTensorOnlyWhenOpenedSplitAndThenOnlyTensor) {
   ThreadRanks all(2), others(2);
   const ThreadRanks::Rank rank(all, 1), other(others, 1);
-  EXPECT_EQ(refusal(&rank, Parallel::tensor, &rank), "");
-  EXPECT_EQ(refusal(&rank, Parallel::none, nullptr), "") << "none on a split model is tensor over its ranks";
-  EXPECT_EQ(refusal(nullptr, Parallel::ulysses, &rank), "");
-  EXPECT_NE(refusal(nullptr, Parallel::tensor, &rank).find("this one holds its weights whole"), std::string::npos);
-  for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
-    EXPECT_NE(refusal(&rank, p, &rank).find("every request runs as parallel tensor over them, not "),
-              std::string::npos);
-  EXPECT_NE(refusal(&rank, Parallel::tensor, &other).find("not tensor over other ranks"), std::string::npos);
+  for (auto* refused : {&refusal, &audio_refusal}) {
+    SCOPED_TRACE(refused == &refusal ? "klein" : "Stable Audio 3");
+    EXPECT_EQ(refused(&rank, Parallel::tensor, &rank), "");
+    EXPECT_EQ(refused(&rank, Parallel::none, nullptr), "") << "none on a split model is tensor over its ranks";
+    EXPECT_EQ(refused(nullptr, Parallel::ulysses, &rank), "");
+    EXPECT_NE(refused(nullptr, Parallel::tensor, &rank).find("this one holds its weights whole"), std::string::npos);
+    for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
+      EXPECT_NE(refused(&rank, p, &rank).find("every request runs as parallel tensor over them, not "),
+                std::string::npos);
+    EXPECT_NE(refused(&rank, Parallel::tensor, &other).find("not tensor over other ranks"), std::string::npos);
+  }
 }
 
 }  // namespace

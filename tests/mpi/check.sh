@@ -8,8 +8,8 @@
 # chunks decoded over the ranks; auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. Tensor parallelism
-# (klein's transformer weights over the ranks, LoRAs cut to them) is one process's too; what it
-# does not take yet (Stable Audio 3, a LoKr), a request cfg cannot split and a command that does not split yet
+# (klein's transformer and Stable Audio 3's DiT weights over the ranks, LoRAs cut to them) is one
+# process's too; what it does not take yet (a LoKr), a request cfg cannot split and a command that does not split yet
 # (roofline) are refused naming themselves; calibrate measures the link between the ranks and
 # keeps it. (`apus serve` over ranks: tests/mpi/serve.sh.)
 # Skipped (77) without mpirun or without MPI in the build.
@@ -172,13 +172,26 @@ as_one tensor "" lora.png "${image[@]}" --lora "$fixtures/klein_lora/bfl.safeten
   --lora "$fixtures/klein_lora/loha.safetensors"
 as_one tensor "" gguf.png image --model "$fixtures/klein_single/flux-2-klein-tiny-Q8_0.gguf" \
   --config "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 32 --steps 2 -s 5
+# Stable Audio 3: the DiT's and T5Gemma's weights over the ranks (differential attention: a clip,
+# a guided one with a negative prompt, 0.7 s leaving padding frames on the canvas, SAME's chunks
+# over the ranks; the small model's plain attention; a LoRA cut to the held rows; sa3.cpp's Q8_0
+# DiT GGUF). Each step gathers 6 times a block (self- and cross-attention's heads and projections,
+# the feed-forward's features and projection: 2 blocks x 6, 2 steps), the prologue twice a block
+# (the local conditioning's two linears), T5Gemma's 14 linears once each, the velocities not at all.
+as_one tensor 42 clip.wav "${audio[@]}"
+as_one tensor "" guided.wav "${guided_audio[@]}"
+as_one tensor "" short.wav audio --model "$sa3" -p "rain" --seconds 0.7 --steps 2 -s 3
+as_one tensor "" chunks.wav audio --model "$sa3" -p "rain" --seconds 20 --steps 2 -s 3 --decode chunked
+as_one tensor "" plain.wav audio --model "$small" -p "rain" --seconds 1 --steps 2 -s 3 --cfg 4
+as_one tensor "" lora.wav "${audio[@]}" --lora "$fixtures/sa3_lora/official.safetensors:0.8"
+as_one tensor "" gguf.wav audio --model "$fixtures/sa3_gguf/medium/stable-audio-3-medium-dit-tiny-v1.0-Q8_0.gguf" \
+  --config "$sa3" -p "rain" --seconds 1 --steps 2 -s 3
 refuse_tensor() {
   local expected="$1"
   shift
   if mpirun -np 2 "$apus" "$@" --parallel tensor > refused.log 2>&1; then fail "tensor took $*"; fi
   grep -q "$expected" refused.log || { cat refused.log; fail "tensor's refusal of $*: not '$expected'"; }
 }
-refuse_tensor "Stable Audio 3's DiT is not split by features yet" "${audio[@]}" -o x.wav
 refuse_tensor "a LoKr on a transformer split over ranks (parallel tensor) is not implemented yet" "${image[@]}" \
   --lora "$fixtures/klein_lora/lokr.safetensors" -o x.png
 if mpirun -np 2 "$apus" roofline --model "$fixtures/klein_tiny_a" > refused.log 2>&1; then fail "roofline ran over 2 ranks"; fi
@@ -191,4 +204,4 @@ for refresh in --refresh ""; do
     { cat "$scratch/ranks.log"; fail "calibrate's link rates"; }
   grep -A2 "^MPI | 2 ranks on " "$scratch/ranks.log" | grep -qx "  $kept" || { cat "$scratch/ranks.log"; fail "the link rates not $kept"; }
 done
-echo "mpi check: batches, guided branches, tokens and transformer weights over 2 and 3 ranks are one process's, byte for byte"
+echo "mpi check: batches, guided branches, tokens and transformer weights (klein, SA3) over 2 and 3 ranks are one process's, byte for byte"

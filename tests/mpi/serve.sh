@@ -6,7 +6,7 @@
 # and ends the job, and the job restarted on the same --output-dir lists the earlier jobs and
 # serves again; a rank that hangs ends the job once --rank-timeout passes, its request answered
 # 503 naming the exchange; a server started with --parallel tensor (each rank holding its share of
-# the transformer) serves one process's bytes too.
+# each model's transformer: klein's and Stable Audio 3's) serves one process's bytes too.
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/serve.sh APUS FIXTURES
 set -euo pipefail
@@ -118,9 +118,9 @@ ended restarted.log | grep -qv "^exit 0$" || fail "the job ended well with rank 
 tail -1 hung.txt | grep -qx 503 || { cat hung.txt restarted.log; fail "the hung request was not answered 503"; }
 grep -q "not every rank arrived within 2 s" hung.txt || { cat hung.txt; fail "the 503 does not name the wait"; }
 grep -q "^error: rank 0 of 2: a rank was lost" restarted.log || { cat restarted.log; fail "rank 0's last line"; }
-# --parallel tensor: the transformer's weights split over the ranks as the server starts; a guided
-# request (both branches on every rank) is one process's, and its record says how it ran.
-models=(--model "$fixtures/klein_tiny_base")
+# --parallel tensor: the transformers' weights split over the ranks as the server starts; a guided
+# image and a guided clip (both branches on every rank) are one process's, and a record says how it ran.
+models=(--model "$fixtures/klein_tiny_base" --model "$sa3")
 start tensor.log --parallel tensor
 id="$(post /v1/jobs '{"kind": "image", "prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4}' | json "d['id']")"
 for i in $(seq 1 300); do
@@ -131,4 +131,7 @@ done
   fail "the tensor job's record: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
 post /v1/images/generations "$guided" | b64_file tensor.png
 cmp -s one.png tensor.png || fail "the image served with the weights split over 2 ranks differs from one process's"
+post /v1/audio/generations '{"prompt": "rain", "seconds": 1, "steps": 2, "seed": 3, "cfg": 4, "negative_prompt": "wind",
+  "format": "wav"}' > tensor.wav
+cmp -s one.wav tensor.wav || fail "the clip served with the weights split over 2 ranks differs from one process's"
 echo "mpi serve: requests over 2 ranks are one process's (split by requests and by weights); cancel, a killed and a hung rank handled"

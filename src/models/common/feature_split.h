@@ -6,11 +6,13 @@
 // (norms, activations, sums, attention) whole. An output feature is the same arithmetic at any
 // share (its reduction runs over the inputs), so the result is one process's bit for bit.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "apus/apus.h"
 #include "core/error.h"
 #include "core/share.h"
+#include "io/weights/weight_source.h"
 #include "models/common/exchange.h"
 #include "ops/ops.h"
 
@@ -102,6 +104,14 @@ template <typename Compute> void split_features(Context& c, FeatureSplit* split,
   ColumnExchange exchange(c, ranks, outer, y.dtype, {{features, inner}});
   if (mine.count > 0) compute(mine.first, mine.count, exchange.mine());
   exchange.gather(planes, what);
+}
+
+// A linear's weight for a FeatureSplit over `held` (tensor parallelism: FeatureSplit::held): this
+// rank's share of its output features; the whole weight without (null or one rank).
+inline Tensor held_features(const WeightLoader& w, const ProcessGroup* held, const std::string& name,
+                            const Shape& shape) {
+  if (!held || held->size() == 1) return w.get(name, shape);
+  return w.get_rows(name, shape, {share_of(shape[0], held->rank(), held->size())});
 }
 
 // ops::linear (no adapters' scope of its own), its output features over `split`'s ranks.

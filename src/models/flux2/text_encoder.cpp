@@ -87,27 +87,22 @@ TextEncoder TextEncoder::load(const Config& config, WeightLoader weights, const 
   const WeightLoader& w = m.weights_;
   const std::string root = w.contains("model.embed_tokens.weight") ? "model." : "";
   const int64_t h = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
-  // A linear's weight: this rank's share of its output features under a tensor split.
-  auto linear_weight = [&](const std::string& name, const Shape& shape) {
-    const ProcessGroup* r = m.held_ranks_;
-    return r ? w.get_rows(name, shape, {share_of(shape[0], r->rank(), r->size())}) : w.get(name, shape);
-  };
   m.embed_ = w.get(root + "embed_tokens.weight", {c.vocab, h});
   if (deepest == c.layers) m.final_norm_ = w.get(root + "norm.weight", {h});
   for (int i = 0; i < deepest; ++i) {
     const std::string p = root + "layers." + std::to_string(i) + ".";
     Layer l;
     l.in_norm = w.get(p + "input_layernorm.weight", {h});
-    l.q = linear_weight(p + "self_attn.q_proj.weight", {qd, h});
-    l.k = linear_weight(p + "self_attn.k_proj.weight", {kvd, h});
-    l.v = linear_weight(p + "self_attn.v_proj.weight", {kvd, h});
-    l.o = linear_weight(p + "self_attn.o_proj.weight", {h, qd});
+    l.q = held_features(w, m.held_ranks_, p + "self_attn.q_proj.weight", {qd, h});
+    l.k = held_features(w, m.held_ranks_, p + "self_attn.k_proj.weight", {kvd, h});
+    l.v = held_features(w, m.held_ranks_, p + "self_attn.v_proj.weight", {kvd, h});
+    l.o = held_features(w, m.held_ranks_, p + "self_attn.o_proj.weight", {h, qd});
     l.q_norm = w.get(p + "self_attn.q_norm.weight", {c.head_dim});
     l.k_norm = w.get(p + "self_attn.k_norm.weight", {c.head_dim});
     l.post_norm = w.get(p + "post_attention_layernorm.weight", {h});
-    l.gate = linear_weight(p + "mlp.gate_proj.weight", {c.intermediate, h});
-    l.up = linear_weight(p + "mlp.up_proj.weight", {c.intermediate, h});
-    l.down = linear_weight(p + "mlp.down_proj.weight", {h, c.intermediate});
+    l.gate = held_features(w, m.held_ranks_, p + "mlp.gate_proj.weight", {c.intermediate, h});
+    l.up = held_features(w, m.held_ranks_, p + "mlp.up_proj.weight", {c.intermediate, h});
+    l.down = held_features(w, m.held_ranks_, p + "mlp.down_proj.weight", {h, c.intermediate});
     m.layers_.push_back(l);
   }
   return m;

@@ -55,15 +55,53 @@ void DitConfig::derive_heads(const std::string& where) {
              " is too small for the official RoPE width ", rope_dim);
 }
 
-Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute) {
+TensorSplit tensor_split(const DitConfig& c, const ProcessGroup* tensor_ranks) {
+  return TensorSplit(tensor_ranks, c.heads, c.head_dim, c.dim, c.ff_inner);
+}
+
+std::map<std::string, std::vector<Share>> held_rows(const DitConfig& c, const TensorSplit& split) {
+  std::map<std::string, std::vector<Share>> rows;
+  if (!split.splits()) return rows;
+  const int64_t d = c.dim, f = c.ff_inner, nq = c.differential ? 2 : 1;
+  // A fused projection of `terms` parts of width d, each split by heads (q, q2, k, k2, v).
+  auto head_terms = [&](int64_t terms) {
+    std::vector<Share> held;
+    for (int64_t j = 0; j < terms; ++j) held.push_back(split.rows(split.heads(), j * d));
+    return held;
+  };
+  const std::vector<Share> features{split.rows(split.hidden())};
+  // The feed-forward's fused projection: the two halves its GLU multiplies.
+  const std::vector<Share> halves{split.rows(split.mlp()), split.rows(split.mlp(), f)};
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const std::string p = "transformer_blocks." + std::to_string(i) + ".";
+    rows[p + "self_attn.to_qkv.weight"] = head_terms(2 * nq + 1);
+    rows[p + "cross_attn.to_q.weight"] = head_terms(nq);
+    rows[p + "cross_attn.to_kv.weight"] = head_terms(nq + 1);
+    rows[p + "ff.proj_in.weight"] = rows[p + "ff.proj_in.bias"] = halves;
+    for (const char* n :
+         {"self_attn.to_out.weight", "cross_attn.to_out.weight", "ff.proj_out.weight", "ff.proj_out.bias",
+          "to_local_embed.0.weight", "to_local_embed.0.bias", "to_local_embed.2.weight", "to_local_embed.2.bias"})
+      rows[p + n] = features;
+  }
+  return rows;
+}
+
+Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute, const ProcessGroup* tensor_ranks) {
   Dit m(std::move(weights));
   m.cfg_ = config;
   const DitConfig& c = m.cfg_;
   const int64_t d = c.dim, hd = c.head_dim, f = c.ff_inner;
+  m.split_ = tensor_split(c, tensor_ranks);
+  const TensorSplit& split = m.split_;
   // What the model computes with; what it derives values from at load it reads as stored (m.weights_).
   const WeightLoader converted = m.weights_.with(std::make_shared<ConvertTo>(compute));
   auto gemm = [&](const std::string& name, const Shape& shape) { return converted.get(name, shape); };
   auto& vec = gemm;
+  const std::map<std::string, std::vector<Share>> rows = held_rows(c, split);
+  // A block linear or its bias: this rank's rows of it under a tensor split, else the whole tensor.
+  auto block = [&](const std::string& name, const Shape& shape) {
+    return split.splits() ? converted.get_rows(name, shape, rows.at(name)) : converted.get(name, shape);
+  };
   m.time_1_ = gemm("to_timestep_embed.0.weight", {d, c.timestep_features});
   m.time_1_bias_ = vec("to_timestep_embed.0.bias", {d});
   m.time_2_ = gemm("to_timestep_embed.2.weight", {d, d});
@@ -118,23 +156,23 @@ Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute) {
     b.cross_norm = vec(p + "cross_attend_norm.gamma", {d});
     b.ff_norm = vec(p + "ff_norm.gamma", {d});
     b.scale_shift_gate = vec(p + "to_scale_shift_gate", {6 * d});
-    b.to_qkv = gemm(p + "self_attn.to_qkv.weight", {qkv, d});
-    b.to_out = gemm(p + "self_attn.to_out.weight", {d, d});
+    b.to_qkv = block(p + "self_attn.to_qkv.weight", {qkv, d});
+    b.to_out = block(p + "self_attn.to_out.weight", {d, d});
     b.q_norm = vec(p + "self_attn.q_norm.gamma", {hd});
     b.k_norm = vec(p + "self_attn.k_norm.gamma", {hd});
-    b.cross_q = gemm(p + "cross_attn.to_q.weight", {nq * d, d});
-    b.cross_kv = gemm(p + "cross_attn.to_kv.weight", {(nq + 1) * d, d});
-    b.cross_out = gemm(p + "cross_attn.to_out.weight", {d, d});
+    b.cross_q = block(p + "cross_attn.to_q.weight", {nq * d, d});
+    b.cross_kv = block(p + "cross_attn.to_kv.weight", {(nq + 1) * d, d});
+    b.cross_out = block(p + "cross_attn.to_out.weight", {d, d});
     b.cross_q_norm = vec(p + "cross_attn.q_norm.gamma", {hd});
     b.cross_k_norm = vec(p + "cross_attn.k_norm.gamma", {hd});
-    b.ff_in = gemm(p + "ff.proj_in.weight", {2 * f, d});
-    b.ff_in_bias = vec(p + "ff.proj_in.bias", {2 * f});
-    b.ff_out = gemm(p + "ff.proj_out.weight", {d, f});
-    b.ff_out_bias = vec(p + "ff.proj_out.bias", {d});
-    b.local_1 = gemm(p + "to_local_embed.0.weight", {d, c.local_dim});
-    b.local_1_bias = vec(p + "to_local_embed.0.bias", {d});
-    b.local_2 = gemm(p + "to_local_embed.2.weight", {d, d});
-    b.local_2_bias = vec(p + "to_local_embed.2.bias", {d});
+    b.ff_in = block(p + "ff.proj_in.weight", {2 * f, d});
+    b.ff_in_bias = block(p + "ff.proj_in.bias", {2 * f});
+    b.ff_out = block(p + "ff.proj_out.weight", {d, f});
+    b.ff_out_bias = block(p + "ff.proj_out.bias", {d});
+    b.local_1 = block(p + "to_local_embed.0.weight", {d, c.local_dim});
+    b.local_1_bias = block(p + "to_local_embed.0.bias", {d});
+    b.local_2 = block(p + "to_local_embed.2.weight", {d, d});
+    b.local_2_bias = block(p + "to_local_embed.2.bias", {d});
     m.blocks_.push_back(b);
   }
   return m;
@@ -150,7 +188,8 @@ DitPrologue DitPrologue::samples(int64_t first, int64_t count) const {
   };
   p.global = mine(global);
   for (std::vector<Tensor>* list : {&p.cross_k, &p.cross_v, &p.local})
-    for (Tensor& t : *list) t = mine(t);
+    for (Tensor& t : *list)
+      if (t.defined()) t = mine(t);
   return p;
 }
 
@@ -190,6 +229,16 @@ void Dit::mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, c
   ops::linear(c, x, w1, b1, hidden);
   ops::silu(c, hidden, hidden);
   ops::linear(c, hidden, w2, b2, y);
+}
+
+void Dit::local_embedding(Context& c, const Block& b, const Tensor& local, Tensor& y) const {
+  ArenaScope scope(*c.arena);
+  FeatureSplit split{split_.ranks(), true};
+  Tensor hidden = Tensor::in(*c.arena, {local.shape[0], cfg_.dim}, c.act);
+  linear(c, &split, local, b.local_1, &b.local_1_bias, hidden, "the local conditioning's features");
+  ops::silu(c, hidden, hidden);
+  RowParallel row(c);  // under a tensor split its input is gathered, as a block's output projections'
+  linear(c, &split, hidden, b.local_2, &b.local_2_bias, y, "the local conditioning's embedding");
 }
 
 DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int64_t>& cross_valid,
@@ -232,17 +281,22 @@ DitPrologue Dit::prologue(Context& c, const Tensor& cross, const std::vector<int
   mlp(c, global, global_1_, nullptr, global_2_, nullptr, p.global);
 
   // Cross-attention keys (normed) and values, and the local conditioning: fixed for the request.
-  const int64_t nq = g.differential ? 2 : 1;
+  // Under a tensor split, this rank's heads' keys and values (none for a rank without heads).
+  const int64_t nq = g.differential ? 2 : 1, hq = split_.cols(split_.heads());
   for (const Block& b : blocks_) {
-    Tensor kv = Tensor::in(*c.arena, {batch * ctx, (nq + 1) * d}, c.act);
-    ops::linear(c, context, b.cross_kv, nullptr, kv);
-    Tensor k = ops::empty(c, {batch * ctx, nq * d}, c.act), v = ops::empty(c, {batch * ctx, d}, c.act);
-    ops::rms_norm(c, kv.cols(0, nq * d), b.cross_k_norm, k, g.qk_norm_eps, hd, ops::Rounding::once);
-    ops::copy(c, kv.cols(nq * d, (nq + 1) * d), v);
+    Tensor k, v;
+    if (hq > 0) {
+      Tensor kv = Tensor::in(*c.arena, {batch * ctx, (nq + 1) * hq}, c.act);
+      ops::linear(c, context, b.cross_kv, nullptr, kv);
+      k = ops::empty(c, {batch * ctx, nq * hq}, c.act);
+      v = ops::empty(c, {batch * ctx, hq}, c.act);
+      ops::rms_norm(c, kv.cols(0, nq * hq), b.cross_k_norm, k, g.qk_norm_eps, hd, ops::Rounding::once);
+      ops::copy(c, kv.cols(nq * hq, (nq + 1) * hq), v);
+    }
     p.cross_k.push_back(k);
     p.cross_v.push_back(v);
     Tensor emb = ops::empty(c, {batch * p.frames, d}, c.act);
-    mlp(c, local, b.local_1, &b.local_1_bias, b.local_2, &b.local_2_bias, emb);
+    local_embedding(c, b, local, emb);
     p.local.push_back(emb);
   }
   // RoPE over memory tokens and frames, one sample's positions 0..N-1, fp32 angles.
@@ -262,6 +316,9 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
   const DitConfig& g = cfg_;
   const int64_t batch = pro.batch, rows = x.shape[0], n = rows / batch, d = g.dim, hd = g.head_dim;
   const int64_t nq = g.differential ? 2 : 1;
+  // This rank's columns of each q, k, v term (its heads) and its feed-forward features; all of
+  // them without a tensor split.
+  const int64_t hq = split_.cols(split_.heads()), fm = split_.cols(split_.mlp());
   const float scale = 1.0f / std::sqrt(float(hd));
   // This block's (scale, shift, gate) x (self-attention, feed-forward), [B, 6D]: its own bias
   // plus the shared modulation.
@@ -275,67 +332,79 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
     ops::rms_norm(c, x, gamma, normed, g.norm_eps, d, ops::Rounding::once);
     ops::modulate(c, normed, chunk(scale_chunk + 1), chunk(scale_chunk), normed, ops::Rounding::each_step);
   };
-  // Attention over q (and q2), k (and k2) views of width d each, into attn.
-  auto attend = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+  // Attention over q (and q2), k (and k2) terms of width hq each, into out [rows, hq].
+  auto attend = [&](const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
     const ops::AttentionOptions opts{false, nullptr, batch};
     if (g.differential)
-      ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d), v, attn, hd, scale,
-                                  opts);
-    else ops::attention(c, q, k, v, attn, hd, scale, opts);
+      ops::differential_attention(c, q.cols(0, hq), k.cols(0, hq), q.cols(hq, 2 * hq), k.cols(hq, 2 * hq), v, out, hd,
+                                  scale, opts);
+    else ops::attention(c, q, k, v, out, hd, scale, opts);
+  };
+  // proj <- x's rows through `w` (and `bias`), a row-parallel linear: under a tensor split each
+  // rank's features of it, gathered.
+  auto project = [&](const Tensor& in, const Tensor& w, const Tensor* bias, const char* what) {
+    TensorSplit::Columns out(c, split_, proj, {split_.hidden()});
+    {
+      RowParallel row(c);
+      ops::linear(c, in, w, bias, out.mine());
+    }
+    out.gather(what);
   };
 
   std::optional<CostScope> part(std::in_place, c, "self_attn");
   norm_modulated(b.pre_norm, 0);
   {
-    Tensor qkv = Tensor::in(*c.arena, {rows, (2 * nq + 1) * d}, c.act);
-    ops::linear(c, normed, b.to_qkv, nullptr, qkv);
-    Tensor q = qkv.cols(0, nq * d), k = qkv.cols(nq * d, 2 * nq * d);
-    ops::rms_norm(c, q, b.q_norm, q, g.qk_norm_eps, hd, ops::Rounding::once);
-    ops::rms_norm(c, k, b.k_norm, k, g.qk_norm_eps, hd, ops::Rounding::once);
-    ops::rope(c, q, pro.cos, pro.sin, hd, ops::RopeStyle::half, ops::Rounding::once);
-    ops::rope(c, k, pro.cos, pro.sin, hd, ops::RopeStyle::half, ops::Rounding::once);
-    Tensor v = qkv.cols(2 * nq * d, (2 * nq + 1) * d);
-    const int64_t padded = pro.frames - pro.valid_frames;
-    if (padded > 0) {
-      for (int64_t s = 0; s < batch; ++s) {
-        Tensor rows = v.rows((s + 1) * n - padded, (s + 1) * n);
-        ops::copy(c, pro.padding_zeros.rows(0, padded), rows);
+    TensorSplit::Columns heads(c, split_, attn, {split_.heads()});
+    if (hq > 0) {  // a rank may hold no heads (more ranks than heads)
+      Tensor qkv = Tensor::in(*c.arena, {rows, (2 * nq + 1) * hq}, c.act);
+      ops::linear(c, normed, b.to_qkv, nullptr, qkv);
+      Tensor q = qkv.cols(0, nq * hq), k = qkv.cols(nq * hq, 2 * nq * hq);
+      ops::rms_norm(c, q, b.q_norm, q, g.qk_norm_eps, hd, ops::Rounding::once);
+      ops::rms_norm(c, k, b.k_norm, k, g.qk_norm_eps, hd, ops::Rounding::once);
+      ops::rope(c, q, pro.cos, pro.sin, hd, ops::RopeStyle::half, ops::Rounding::once);
+      ops::rope(c, k, pro.cos, pro.sin, hd, ops::RopeStyle::half, ops::Rounding::once);
+      Tensor v = qkv.cols(2 * nq * hq, (2 * nq + 1) * hq);
+      const int64_t padded = pro.frames - pro.valid_frames;
+      if (padded > 0) {
+        for (int64_t s = 0; s < batch; ++s) {
+          Tensor rows = v.rows((s + 1) * n - padded, (s + 1) * n);
+          ops::copy(c, pro.padding_zeros.rows(0, padded).cols(0, hq), rows);
+        }
+      }
+      if (pro.sequence) {
+        // The query and key terms (two each for the differential attention), each of width hq.
+        std::vector<Tensor> terms;
+        for (const Tensor* t : {&q, &k})
+          for (int64_t term = 0; term < nq; ++term) terms.push_back(t->cols(term * hq, (term + 1) * hq));
+        std::vector<const Tensor*> qs, ks;
+        for (int64_t term = 0; term < nq; ++term) {
+          qs.push_back(&terms[size_t(term)]);
+          ks.push_back(&terms[size_t(nq + term)]);
+        }
+        sequence_attention(c, *pro.sequence, qs, ks, v, heads.mine(), hd, scale, {false, nullptr, batch});
+      } else {
+        attend(q, k, v, heads.mine());
       }
     }
-    if (pro.sequence) {
-      // The query and key terms (two each for the differential attention), each of width d.
-      std::vector<Tensor> terms;
-      for (const Tensor* t : {&q, &k})
-        for (int64_t term = 0; term < nq; ++term) terms.push_back(t->cols(term * d, (term + 1) * d));
-      std::vector<const Tensor*> qs, ks;
-      for (int64_t term = 0; term < nq; ++term) {
-        qs.push_back(&terms[size_t(term)]);
-        ks.push_back(&terms[size_t(nq + term)]);
-      }
-      sequence_attention(c, *pro.sequence, qs, ks, v, attn, hd, scale, {false, nullptr, batch});
-    } else {
-      attend(q, k, v);
-    }
+    heads.gather("the self-attention's heads");
   }
-  {
-    RowParallel row(c);
-    ops::linear(c, attn, b.to_out, nullptr, proj);
-  }
+  project(attn, b.to_out, nullptr, "the self-attention's projection");
   ops::gate_sigmoid(c, chunk(2), gate, ops::Rounding::each_step);
   ops::add_gated(c, x, proj, &gate, ops::Rounding::each_step);
 
   part.emplace(c, "cross_attn");
   ops::rms_norm(c, x, b.cross_norm, normed, g.norm_eps, d, ops::Rounding::once);
   {
-    Tensor q = Tensor::in(*c.arena, {rows, nq * d}, c.act);
-    ops::linear(c, normed, b.cross_q, nullptr, q);
-    ops::rms_norm(c, q, b.cross_q_norm, q, g.qk_norm_eps, hd, ops::Rounding::once);
-    attend(q, pro.cross_k[index], pro.cross_v[index]);
+    TensorSplit::Columns heads(c, split_, attn, {split_.heads()});
+    if (hq > 0) {
+      Tensor q = Tensor::in(*c.arena, {rows, nq * hq}, c.act);
+      ops::linear(c, normed, b.cross_q, nullptr, q);
+      ops::rms_norm(c, q, b.cross_q_norm, q, g.qk_norm_eps, hd, ops::Rounding::once);
+      attend(q, pro.cross_k[index], pro.cross_v[index], heads.mine());
+    }
+    heads.gather("the cross-attention's heads");
   }
-  {
-    RowParallel row(c);
-    ops::linear(c, attn, b.cross_out, nullptr, proj);
-  }
+  project(attn, b.cross_out, nullptr, "the cross-attention's projection");
   ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
 
   // Local conditioning on the frames, not the memory tokens.
@@ -350,11 +419,12 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
   norm_modulated(b.ff_norm, 3);
   {
     const int64_t f = g.ff_inner;
-    Tensor up = Tensor::in(*c.arena, {rows, 2 * f}, c.act), act = Tensor::in(*c.arena, {rows, f}, c.act);
+    Tensor up = Tensor::in(*c.arena, {rows, 2 * fm}, c.act), act = Tensor::in(*c.arena, {rows, f}, c.act);
+    TensorSplit::Columns features(c, split_, act, {split_.mlp()});
     ops::linear(c, normed, b.ff_in, &b.ff_in_bias, up);
-    ops::glu(c, up.cols(f, 2 * f), up.cols(0, f), act, ops::Activation::silu, ops::Rounding::each_step);
-    RowParallel row(c);
-    ops::linear(c, act, b.ff_out, &b.ff_out_bias, proj);
+    ops::glu(c, up.cols(fm, 2 * fm), up.cols(0, fm), features.mine(), ops::Activation::silu, ops::Rounding::each_step);
+    features.gather("the feed-forward's features");
+    project(act, b.ff_out, &b.ff_out_bias, "the feed-forward's projection");
   }
   ops::gate_sigmoid(c, chunk(5), gate, ops::Rounding::each_step);
   ops::add_gated(c, x, proj, &gate, ops::Rounding::each_step);

@@ -17,6 +17,7 @@
 #include "io/model_dir.h"
 #include "io/weights/weight_source.h"
 #include "models/common/sequence_split.h"
+#include "models/common/tensor_split.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -35,18 +36,27 @@ struct DitConfig {
   void derive_heads(const std::string& where);
 };
 
+// How a DiT of `config` splits over `tensor_ranks` (whole for null or one rank): heads of q, k, v,
+// the residual stream's features, the feed-forward's features.
+TensorSplit tensor_split(const DitConfig& config, const ProcessGroup* tensor_ranks);
+// The rows of each block linear (and bias) a rank holds under `split`, by weight name, in the order
+// held; empty without a split.
+std::map<std::string, std::vector<Share>> held_rows(const DitConfig& config, const TensorSplit& split);
+
 // What stays fixed across sampler steps for a batch of B samples of T latent frames.
 struct DitPrologue {
   int64_t batch = 1, frames = 0;
   // Frames past valid_frames are the canvas's padding: the official code (without flash-attn)
   // zeroes their self-attention values; they still take part as keys and queries.
   int64_t valid_frames = 0;
-  Tensor global;                         // [B, dim] to_global_embed(global condition)
-  std::vector<Tensor> cross_k, cross_v;  // per block: [B*S, k width] normed keys, [B*S, dim] values
-  std::vector<Tensor> local;             // per block: [B*T, dim] to_local_embed(local condition)
-  Tensor cos, sin;                       // [memory + T, rope_dim / 2] f32
-  Tensor padding_zeros;                  // [T - valid_frames, dim]: what the padding frames' values become
-  Share memory;                          // the learned memory tokens the sequence holds: all M of them
+  Tensor global;  // [B, dim] to_global_embed(global condition)
+  // Per block: [B*S, k width] normed keys, [B*S, dim] values; under a tensor split this rank's
+  // heads' only (undefined for a rank without heads).
+  std::vector<Tensor> cross_k, cross_v;
+  std::vector<Tensor> local;  // per block: [B*T, dim] to_local_embed(local condition)
+  Tensor cos, sin;            // [memory + T, rope_dim / 2] f32
+  Tensor padding_zeros;       // [T - valid_frames, dim]: what the padding frames' values become
+  Share memory;               // the learned memory tokens the sequence holds: all M of them
   // Under Ulysses, the split of each sample's [memory; frames] runs: frames, memory, local and the
   // tables then hold this rank's share of each, and every self-attention exchanges the rest.
   std::optional<SequenceSplit> sequence;
@@ -59,8 +69,11 @@ struct DitPrologue {
 class Dit {
  public:
   // Weights under diffusers' names. Every parameter is converted to `compute` once here (the
-  // official model.to(dtype)).
-  static Dit load(const DitConfig& config, WeightLoader weights, DType compute);
+  // official model.to(dtype)). With `tensor_ranks` (more than one) the blocks' linears hold this
+  // rank's share of their output features (held_rows), and the blocks gather the features where
+  // the next op needs them all (models/common/tensor_split.h).
+  static Dit load(const DitConfig& config, WeightLoader weights, DType compute,
+                  const ProcessGroup* tensor_ranks = nullptr);
   const DitConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   // The weights fetched, by name, with the shapes asked for: what adapters must fit.
@@ -88,6 +101,7 @@ class Dit {
   };
   explicit Dit(WeightLoader weights) : weights_(std::move(weights)) {}
   DitConfig cfg_;
+  TensorSplit split_;
   WeightLoader weights_;
   Tensor time_1_, time_1_bias_, time_2_, time_2_bias_, cond_1_, cond_2_, global_1_, global_2_;
   Tensor mod_1_, mod_1_bias_, mod_2_, mod_2_bias_, pre_conv_, post_conv_, proj_in_, proj_out_;
@@ -98,6 +112,9 @@ class Dit {
   // y [rows, dim] = Linear -> SiLU -> Linear (the conditioning MLPs), biases optional.
   void mlp(Context& c, const Tensor& x, const Tensor& w1, const Tensor* b1, const Tensor& w2, const Tensor* b2,
            Tensor& y) const;
+  // y [B*T, dim] = block b's to_local_embed MLP of local [B*T, local_dim]; under a tensor split
+  // each linear's features over the ranks, gathered.
+  void local_embedding(Context& c, const Block& b, const Tensor& local, Tensor& y) const;
 };
 
 }  // namespace apus::sa3

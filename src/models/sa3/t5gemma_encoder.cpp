@@ -99,8 +99,10 @@ T5GemmaEncoder::Norm T5GemmaEncoder::norm(const std::string& name) const {
   return n;
 }
 
-T5GemmaEncoder T5GemmaEncoder::load(const T5GemmaConfig& config, WeightLoader weights) {
+T5GemmaEncoder T5GemmaEncoder::load(const T5GemmaConfig& config, WeightLoader weights,
+                                    const ProcessGroup* tensor_ranks) {
   T5GemmaEncoder m(std::move(weights));
+  if (tensor_ranks && tensor_ranks->size() > 1) m.held_ranks_ = tensor_ranks;
   m.cfg_ = config;
   const auto& c = m.cfg_;
   const WeightLoader& w = m.weights_;
@@ -114,13 +116,13 @@ T5GemmaEncoder T5GemmaEncoder::load(const T5GemmaConfig& config, WeightLoader we
     L.post_attn = m.norm(l + "post_self_attn_layernorm.weight");
     L.pre_ff = m.norm(l + "pre_feedforward_layernorm.weight");
     L.post_ff = m.norm(l + "post_feedforward_layernorm.weight");
-    L.q = w.get(l + "self_attn.q_proj.weight", {qd, c.hidden});
-    L.k = w.get(l + "self_attn.k_proj.weight", {kvd, c.hidden});
-    L.v = w.get(l + "self_attn.v_proj.weight", {kvd, c.hidden});
-    L.o = w.get(l + "self_attn.o_proj.weight", {c.hidden, qd});
-    L.gate = w.get(l + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
-    L.up = w.get(l + "mlp.up_proj.weight", {c.intermediate, c.hidden});
-    L.down = w.get(l + "mlp.down_proj.weight", {c.hidden, c.intermediate});
+    L.q = held_features(w, m.held_ranks_, l + "self_attn.q_proj.weight", {qd, c.hidden});
+    L.k = held_features(w, m.held_ranks_, l + "self_attn.k_proj.weight", {kvd, c.hidden});
+    L.v = held_features(w, m.held_ranks_, l + "self_attn.v_proj.weight", {kvd, c.hidden});
+    L.o = held_features(w, m.held_ranks_, l + "self_attn.o_proj.weight", {c.hidden, qd});
+    L.gate = held_features(w, m.held_ranks_, l + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
+    L.up = held_features(w, m.held_ranks_, l + "mlp.up_proj.weight", {c.intermediate, c.hidden});
+    L.down = held_features(w, m.held_ranks_, l + "mlp.down_proj.weight", {c.hidden, c.intermediate});
     m.layers_.push_back(L);
   }
   m.final_norm_ = m.norm(p + "norm.weight");
@@ -162,7 +164,9 @@ Tensor T5GemmaEncoder::encode(Context& c, const std::vector<int32_t>& ids, const
   // Eager attention in the activation dtype: scores rounded step by step, capped, key-padding mask.
   const Tensor key_valid = key_mask(c, mask);
   const ops::AttentionOptions options{false, &key_valid, batch, cf.softcap, each};
-  FeatureSplit split{ranks};
+  APUS_CHECK(!held_ranks_ || ranks == held_ranks_, "t5gemma: its linears hold a share of their features (loaded ",
+             "split over ", held_ranks_ ? held_ranks_->size() : 0, " ranks): it encodes over those ranks");
+  FeatureSplit split{ranks, held_ranks_ != nullptr};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     CostScope layer_scope(c, "layer." + std::to_string(i));

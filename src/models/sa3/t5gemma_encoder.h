@@ -26,8 +26,10 @@ struct T5GemmaConfig {
 class T5GemmaEncoder {
  public:
   // The weights of transformers' T5GemmaEncoderModel (keys encoder.*) or T5GemmaModel's
-  // (model.encoder.*).
-  static T5GemmaEncoder load(const T5GemmaConfig& config, WeightLoader weights);
+  // (model.encoder.*). With `tensor_ranks` (more than one) each linear holds this rank's share of
+  // its output features, and encode() runs over those ranks.
+  static T5GemmaEncoder load(const T5GemmaConfig& config, WeightLoader weights,
+                             const ProcessGroup* tensor_ranks = nullptr);
   const T5GemmaConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
@@ -51,6 +53,7 @@ class T5GemmaEncoder {
   explicit T5GemmaEncoder(WeightLoader weights) : weights_(std::move(weights)) {}
   T5GemmaConfig cfg_;
   WeightLoader weights_;
+  const ProcessGroup* held_ranks_ = nullptr;  // the linears' weights split over them
   Tensor embed_;
   std::vector<Layer> layers_;
   Norm final_norm_;

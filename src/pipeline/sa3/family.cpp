@@ -18,17 +18,16 @@ namespace {
 
 std::unique_ptr<AudioModel> open_parts(const ModelParts& parts, const std::string& root, Weights weights,
                                        Backend* device) {
-  APUS_CHECK(!parts.tensor_ranks, parts.model, ": parallel tensor splits FLUX.2 [klein]'s transformer; Stable Audio ",
-             "3's DiT is not split by features yet (issue 43): cfg or ulysses split its requests");
   if (root.empty()) return open_sa3_single_file(parts, weights, device);
   for (const std::string* part : {&parts.text_encoder, &parts.vae, &parts.tokenizer, &parts.config})
     APUS_CHECK(part->empty(), parts.model, ": a Stable Audio 3 folder takes no --text-encoder, --vae, --tokenizer ",
                "or --config (", *part, "); they are for a single-file --model");
-  if (!path_exists(root + "/model_index.json")) return open_sa3_official(root, weights, device, parts.quant);
+  if (!path_exists(root + "/model_index.json"))
+    return open_sa3_official(root, weights, device, parts.quant, parts.tensor_ranks);
   ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
   use_int8_linears(dir, parts.quant, device);
   if (const auto decoder = same_decoder_int8(parts.quant)) dir.use_transform("vae", decoder);
-  return open_sa3(dir, weights);
+  return open_sa3(dir, weights, parts.tensor_ranks);
 }
 
 }  // namespace

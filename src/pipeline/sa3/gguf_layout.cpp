@@ -221,6 +221,7 @@ std::unique_ptr<AudioModel> open_sa3_gguf(const ModelParts& parts, Weights weigh
   if (!tokenizer_from_parts(parts, l) && (parts.config.empty() || !path_exists(l.tokenizer_model)))
     l.tokenizer_model =
         find_part("", siblings, dit_path, sa3::kGgufVocabulary, "", "--tokenizer", "tokenizer vocabulary", true);
+  l.tensor_ranks = parts.tensor_ranks;
   return std::make_unique<Sa3Model>(std::move(l), weights, device);
 }
 

@@ -153,19 +153,23 @@ WeightLoader Sa3Model::loader(std::shared_ptr<const WeightSource> source,
 }
 
 sa3::T5GemmaEncoder Sa3Model::load_text(bool load) const {
-  return sa3::T5GemmaEncoder::load(text_cfg_, loader(checkpoint(layout_.text_weights, load), layout_.linears));
+  return sa3::T5GemmaEncoder::load(text_cfg_, loader(checkpoint(layout_.text_weights, load), layout_.linears),
+                                   layout_.tensor_ranks);
 }
 
-Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load) const {
+Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load, bool split) const {
+  const ProcessGroup* ranks = split ? layout_.tensor_ranks : nullptr;
   if (!layout_.official)
-    return {sa3::Dit::load(layout_.dit, loader(checkpoint(layout_.root + "/transformer", load), layout_.linears), dt),
+    return {sa3::Dit::load(layout_.dit, loader(checkpoint(layout_.root + "/transformer", load), layout_.linears), dt,
+                           ranks),
             sa3::DurationEmbedder::load(layout_.duration,
                                         WeightLoader(checkpoint(layout_.root + "/duration_embedder", load), device_))};
   const auto file = checkpoint(layout_.checkpoint, load);
-  return {sa3::Dit::load(layout_.dit,
-                         loader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), layout_.linears), dt),
-          sa3::DurationEmbedder::load_official(layout_.duration,
-                                               WeightLoader(sa3::OfficialCheckpoint::duration(file), device_))};
+  return {
+      sa3::Dit::load(layout_.dit, loader(sa3::OfficialCheckpoint::dit(file, layout_.dit.differential), layout_.linears),
+                     dt, ranks),
+      sa3::DurationEmbedder::load_official(layout_.duration,
+                                           WeightLoader(sa3::OfficialCheckpoint::duration(file), device_))};
 }
 
 sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
@@ -208,7 +212,7 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
              ": the transformer's io_channels ", dit_cfg_.io_channels, " / local_add_cond_dim ", dit_cfg_.local_dim,
              " do not fit the decoder's latent_dim ", same_cfg_.latent_dim);
   {
-    const Transformer counted = load_transformer(DType::bf16, false);
+    const Transformer counted = load_transformer(DType::bf16, false, /*split=*/false);
     lora_targets_ =
         sa3::lora_targets(counted.dit.weight_shapes(), counted.duration.weight_shapes(), dit_cfg_.differential);
   }
@@ -234,8 +238,10 @@ Sa3Model::Sa3Model(Sa3Layout layout, Weights weights, Backend* device)
   }
 }
 
-std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights) {
-  return std::make_unique<Sa3Model>(diffusers_layout(dir), weights, dir.device());
+std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights, const ProcessGroup* tensor_ranks) {
+  Sa3Layout l = diffusers_layout(dir);
+  l.tensor_ranks = tensor_ranks;
+  return std::make_unique<Sa3Model>(std::move(l), weights, dir.device());
 }
 
 std::shared_ptr<const WeightTransform> same_decoder_int8(Quant quant) {
@@ -251,9 +257,11 @@ void use_quant(Sa3Layout& l, Quant quant, Backend* device) {
   l.decoder_linears = same_decoder_int8(quant);
 }
 
-std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device, Quant quant) {
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device, Quant quant,
+                                              const ProcessGroup* tensor_ranks) {
   Sa3Layout l = official_layout(root);
   use_quant(l, quant, device);
+  l.tensor_ranks = tensor_ranks;
   return std::make_unique<Sa3Model>(std::move(l), weights, device);
 }
 
@@ -283,6 +291,7 @@ std::unique_ptr<AudioModel> open_sa3_single_file(const ModelParts& parts, Weight
   use_quant(l, parts.quant, device);
   l.label = std::filesystem::path(file).filename().string();
   l.checkpoint = file;
+  l.tensor_ranks = parts.tensor_ranks;
   if (!parts.text_encoder.empty()) l.text_weights = parts.text_encoder;
   const bool own_tokenizer = tokenizer_from_parts(parts, l) || !parts.config.empty();
   // The layouts apus carries hold no weights and a stand-in tokenizer.

@@ -86,11 +86,16 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   w.cfg = cfg;
   w.apg = r.apg;
   w.chunked = r.chunked_decode.value_or(layout_.chunked_decode);
-  check_parallelism(r.parallel, (w.guided ? 2 : 1) * w.batch, device() != nullptr, label_);
-  w.parallel = r.parallel;
+  // A model opened split runs every request over its ranks: none is tensor over them.
+  const ProcessGroup* held = layout_.tensor_ranks;
+  w.parallel = held && r.parallel.strategy == Parallel::none ? Parallelism{Parallel::tensor, held} : r.parallel;
+  check_parallelism(w.parallel, (w.guided ? 2 : 1) * w.batch, device() != nullptr, label_, held);
   if (!r.loras.empty()) {
     auto adapters = std::make_shared<Adapters>();
     for (const Lora& lora : r.loras) sa3::read_lora(lora, lora_targets_, *adapters);
+    // Split over ranks, each linear holds some rows of its weight: so do their adapters.
+    for (const auto& [weight, rows] : sa3::held_rows(dit_cfg_, sa3::tensor_split(dit_cfg_, held)))
+      adapters->keep_rows(weight, rows);
     if (device()) adapters->upload(*device());
     w.adapters = std::move(adapters);
   }

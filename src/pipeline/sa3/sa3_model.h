@@ -64,6 +64,9 @@ struct Sa3Layout {
   // What the DiT's and T5Gemma's weights, and the SAME decoder's, pass through first (the int8
   // tier, pipeline/registry.h); null: nothing.
   std::shared_ptr<const WeightTransform> linears, decoder_linears;
+  // The DiT's and T5Gemma's linears held as each rank's share of their features over these ranks
+  // (ModelParts::tensor_ranks: parallel tensor), or null.
+  const ProcessGroup* tensor_ranks = nullptr;
 };
 
 // T5Gemma's tokenizer: Gemma's SentencePiece model (tokenizer.model, or a safetensors file carrying
@@ -208,7 +211,8 @@ class Sa3Model final : public AudioModel {
   WeightLoader loader(std::shared_ptr<const WeightSource> source,
                       const std::shared_ptr<const WeightTransform>& transform) const;
   sa3::T5GemmaEncoder load_text(bool load = true) const;
-  Transformer load_transformer(DType dt, bool load = true) const;
+  // split false: whole weights whatever the layout's tensor_ranks (the shapes adapters fit).
+  Transformer load_transformer(DType dt, bool load = true, bool split = true) const;
   sa3::SameDecoder load_same(DType dt, bool load = true) const;
   sa3::SameEncoder load_encoder(DType dt, bool load = true) const;
 
@@ -233,9 +237,11 @@ class Sa3Model final : public AudioModel {
 static_assert(PipelineFamily<Sa3Model>);
 
 // The family's openers (pipeline/sa3/family.cpp picks one). A diffusers folder:
-std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights);
+// `tensor_ranks` as Sa3Layout's.
+std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights, const ProcessGroup* tensor_ranks);
 // Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
-std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device, Quant quant);
+std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device, Quant quant,
+                                              const ProcessGroup* tensor_ranks);
 // What `--quant` makes of SAME's decoder: the int8 tier on its attention projections alone (null
 // for Quant::none).
 std::shared_ptr<const WeightTransform> same_decoder_int8(Quant quant);
