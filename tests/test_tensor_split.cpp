@@ -96,43 +96,60 @@ std::vector<float> velocity(const flux2::Transformer& dit, DType dt, uint32_t se
   return to_f32_vector(v);
 }
 
+// The weights the ranks are checked on: as stored, and through the int8 tier where this CPU runs it.
+std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> weight_tiers() {
+  std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{{"as stored", nullptr}};
+  if (int8_linears(Quant::int8, nullptr)) tiers.emplace_back("int8 tier", int8_linears(Quant::int8, nullptr));
+  return tiers;
+}
+
+// Over n ranks that are threads: each loads its share (load(its rank)) and computes run(model,
+// &counted bytes). Every rank's output must be `expected` bit for bit, its bytes sent the count's,
+// its parameters fewer than the whole model's `whole`; returns the parameters all ranks hold.
+template <typename Load, typename Run>
+int64_t check_ranks(int n, const std::vector<float>& expected, int64_t whole, Load&& load, Run&& run) {
+  ThreadRanks all(n);
+  std::vector<std::unique_ptr<ThreadRanks::Rank>> ranks;
+  for (int r = 0; r < n; ++r) ranks.push_back(std::make_unique<ThreadRanks::Rank>(all, r));
+  const size_t ranks_n = static_cast<size_t>(n);
+  std::vector<std::vector<float>> got(ranks_n);
+  std::vector<int64_t> parameters(ranks_n);
+  std::vector<double> counted(ranks_n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      const auto mine = load(ranks[size_t(r)].get());
+      parameters[size_t(r)] = mine.parameter_count();
+      got[size_t(r)] = run(mine, &counted[size_t(r)]);
+    });
+  for (std::thread& t : threads) t.join();
+  int64_t held = 0;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expected.data(), expected.size() * sizeof(float)), 0)
+        << "rank " << r << "'s velocity is not one process's";
+    EXPECT_GT(ranks[size_t(r)]->sent, 0) << "rank " << r << " sent nothing";
+    EXPECT_EQ(ranks[size_t(r)]->sent, counted[size_t(r)]) << "rank " << r << ": bytes sent against the count";
+    EXPECT_LT(parameters[size_t(r)], whole) << "rank " << r << " holds every parameter";
+    held += parameters[size_t(r)];
+  }
+  return held;
+}
+
 TEST(TensorSplit, RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights) {
   const ModelDir dir = ModelDir::open(test::fixture("klein_tiny_a"));
   const Config config = dir.config("transformer");
   const uint32_t seed = test::test_seed();
-  std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{{"as stored", nullptr}};
-  if (int8_linears(Quant::int8, nullptr)) tiers.emplace_back("int8 tier", int8_linears(Quant::int8, nullptr));
-  for (const auto& [tier, transform] : tiers) {
+  for (const auto& [tier, transform] : weight_tiers()) {
     auto weights = [&] { return transform ? dir.weights("transformer").with(transform) : dir.weights("transformer"); };
     const auto whole = flux2::Transformer::load(config, weights());
     for (const DType dt : {DType::f32, DType::bf16}) {
       const std::vector<float> expected = velocity(whole, dt, seed);
       for (const int n : {2, 3}) {
         SCOPED_TRACE(std::string(tier) + ", " + std::string(dtype_name(dt)) + ", " + std::to_string(n) + " ranks");
-        ThreadRanks all(n);
-        std::vector<std::unique_ptr<ThreadRanks::Rank>> ranks;
-        for (int r = 0; r < n; ++r) ranks.push_back(std::make_unique<ThreadRanks::Rank>(all, r));
-        const size_t ranks_n = static_cast<size_t>(n);
-        std::vector<std::vector<float>> got(ranks_n);
-        std::vector<int64_t> parameters(ranks_n);
-        std::vector<double> counted(ranks_n);
-        std::vector<std::thread> threads;
-        for (int r = 0; r < n; ++r)
-          threads.emplace_back([&, r] {
-            const auto mine = flux2::Transformer::load(config, weights(), ranks[size_t(r)].get());
-            parameters[size_t(r)] = mine.parameter_count();
-            got[size_t(r)] = velocity(mine, dt, seed, &counted[size_t(r)]);
-          });
-        for (std::thread& t : threads) t.join();
-        int64_t held = 0;
-        for (int r = 0; r < n; ++r) {
-          EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expected.data(), expected.size() * sizeof(float)), 0)
-              << "rank " << r << "'s velocity is not one process's";
-          EXPECT_GT(ranks[size_t(r)]->sent, 0) << "rank " << r << " sent nothing";
-          EXPECT_EQ(ranks[size_t(r)]->sent, counted[size_t(r)]) << "rank " << r << ": bytes sent against the count";
-          EXPECT_LT(parameters[size_t(r)], whole.parameter_count()) << "rank " << r << " holds every parameter";
-          held += parameters[size_t(r)];
-        }
+        const int64_t held = check_ranks(
+            n, expected, whole.parameter_count(),
+            [&](const ProcessGroup* rank) { return flux2::Transformer::load(config, weights(), rank); },
+            [&](const flux2::Transformer& mine, double* counted) { return velocity(mine, dt, seed, counted); });
         // The blocks' linears are dealt out once; the rest (embedders, modulation, norms) is held by
         // every rank.
         const auto& c = whole.config();
@@ -180,9 +197,7 @@ TEST(TensorSplit, Sa3RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights
   for (const char* variant : {"dit_diff", "dit_plain"}) {
     const std::string dir = test::fixture(std::string("sa3_tiny/") + variant);
     const auto config = sa3::DitConfig::read(read_config(dir + "/config.json"));
-    std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{{"as stored", nullptr}};
-    if (int8_linears(Quant::int8, nullptr)) tiers.emplace_back("int8 tier", int8_linears(Quant::int8, nullptr));
-    for (const auto& [tier, transform] : tiers) {
+    for (const auto& [tier, transform] : weight_tiers()) {
       auto weights = [&] { return transform ? test::weights_in(dir).with(transform) : test::weights_in(dir); };
       for (const DType dt : {DType::f32, DType::bf16}) {
         const auto whole = sa3::Dit::load(config, weights(), dt);
@@ -190,30 +205,10 @@ TEST(TensorSplit, Sa3RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights
         for (const int n : {2, 3}) {
           SCOPED_TRACE(std::string(variant) + ", " + tier + ", " + std::string(dtype_name(dt)) + ", " +
                        std::to_string(n) + " ranks");
-          ThreadRanks all(n);
-          std::vector<std::unique_ptr<ThreadRanks::Rank>> ranks;
-          for (int r = 0; r < n; ++r) ranks.push_back(std::make_unique<ThreadRanks::Rank>(all, r));
-          const size_t ranks_n = static_cast<size_t>(n);
-          std::vector<std::vector<float>> got(ranks_n);
-          std::vector<int64_t> parameters(ranks_n);
-          std::vector<double> counted(ranks_n);
-          std::vector<std::thread> threads;
-          for (int r = 0; r < n; ++r)
-            threads.emplace_back([&, r] {
-              const auto mine = sa3::Dit::load(config, weights(), dt, ranks[size_t(r)].get());
-              parameters[size_t(r)] = mine.parameter_count();
-              got[size_t(r)] = sa3_velocity(mine, dt, seed, &counted[size_t(r)]);
-            });
-          for (std::thread& t : threads) t.join();
-          int64_t held = 0;
-          for (int r = 0; r < n; ++r) {
-            EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expected.data(), expected.size() * sizeof(float)), 0)
-                << "rank " << r << "'s velocity is not one process's";
-            EXPECT_GT(ranks[size_t(r)]->sent, 0) << "rank " << r << " sent nothing";
-            EXPECT_EQ(ranks[size_t(r)]->sent, counted[size_t(r)]) << "rank " << r << ": bytes sent against the count";
-            EXPECT_LT(parameters[size_t(r)], whole.parameter_count()) << "rank " << r << " holds every parameter";
-            held += parameters[size_t(r)];
-          }
+          const int64_t held = check_ranks(
+              n, expected, whole.parameter_count(),
+              [&](const ProcessGroup* rank) { return sa3::Dit::load(config, weights(), dt, rank); },
+              [&](const sa3::Dit& mine, double* counted) { return sa3_velocity(mine, dt, seed, counted); });
           // The blocks' linears and their biases are dealt out once; the rest (embedders,
           // modulation, norms) is held by every rank.
           const int64_t d = config.dim, f = config.ff_inner, nq = config.differential ? 2 : 1;
