@@ -96,10 +96,16 @@ template <typename Valid> Tensor key_mask(int64_t n, Valid&& valid) {
   return t;
 }
 
+// Rounded step by step, LN(x) * (1 + scale) is rounded before the shift is added: a one-ulp flip of
+// that intermediate (the backend's f32 statistics against the reference's f64) is several ulps of
+// an output the shift cancels to near zero (4 ulps, seed 524490684), so those cases are held as
+// an inner rounding is.
+Bound modulated_bound(Rounding r) { return r == Rounding::each_step ? Bound::inner_rounding : Bound::rounding; }
+
 void add_norm_cases(std::vector<OpCase>& cases) {
   for (const Rounding r : kRoundings) {
     cases.push_back(
-        {"layer_norm_modulate_" + tag(r), OpId::layer_norm_modulate, Bound::rounding, [r](OpInputs& d) -> Drawn {
+        {"layer_norm_modulate_" + tag(r), OpId::layer_norm_modulate, modulated_bound(r), [r](OpInputs& d) -> Drawn {
            const int64_t m = 9, dim = 96;
            return {{{d.random({m, dim}, 3.0f), d.random({1, dim}), d.random({1, dim}, 0.5f)}, {d.poisoned({m, dim})}},
                    [r](Context& c, Operands& t) {
@@ -140,7 +146,8 @@ void add_norm_cases(std::vector<OpCase>& cases) {
                      }});
   }
   // Per-sample shift, scale and gate ([2, D] column views of one modulation tensor), batch of two.
-  cases.push_back({"layer_norm_modulate_batch_2", OpId::layer_norm_modulate, Bound::rounding, [](OpInputs& d) -> Drawn {
+  cases.push_back({"layer_norm_modulate_batch_2", OpId::layer_norm_modulate, modulated_bound(Rounding::each_step),
+                   [](OpInputs& d) -> Drawn {
                      const int64_t n = 9, dim = 32;
                      return {{{d.random({2 * n, dim}, 2.0f), d.random({2, 3 * dim}, 0.5f)}, {d.poisoned({2 * n, dim})}},
                              [](Context& c, Operands& t) {
