@@ -18,7 +18,10 @@
 #include "models/flux2/klein.h"
 #include "models/flux2/transformer.h"
 #include "models/sa3/dit.h"
+#include "models/sa3/same_decoder.h"
+#include "ops/cpu/cpu_ops.h"
 #include "pipeline/registry.h"
+#include "pipeline/sa3/sa3_model.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 
@@ -126,7 +129,7 @@ int64_t check_ranks(int n, const std::vector<float>& expected, int64_t whole, Lo
   int64_t held = 0;
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expected.data(), expected.size() * sizeof(float)), 0)
-        << "rank " << r << "'s velocity is not one process's";
+        << "rank " << r << "'s output is not one process's";
     EXPECT_GT(ranks[size_t(r)]->sent, 0) << "rank " << r << " sent nothing";
     EXPECT_EQ(ranks[size_t(r)]->sent, counted[size_t(r)]) << "rank " << r << ": bytes sent against the count";
     EXPECT_LT(parameters[size_t(r)], whole) << "rank " << r << " holds every parameter";
@@ -220,6 +223,65 @@ TEST(TensorSplit, Sa3RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights
       }
     }
   }
+}
+
+// SAME's decoder of two samples' 5 latents each, drawn from `seed`: its transformer holds each
+// rank's share of its features.
+std::vector<float> same_audio(const sa3::SameDecoder& same, DType dt, uint32_t seed, double* counted_sent = nullptr) {
+  const Shape latents{2 * 5, same.config().latent_dim};
+  Arena arena;
+  Context c{&arena, dt};
+  const Tensor audio = same.decode(c, seeded(latents, dt, seed), 2);
+  if (counted_sent) {
+    CostLog log;
+    Arena counting;
+    Context n{&counting, dt};
+    n.count_only = true;
+    n.cost = &log;
+    same.decode(n, Tensor::shape_only(latents, dt), 2);
+    *counted_sent = log.sent();
+  }
+  return to_f32_vector(audio);
+}
+
+TEST(TensorSplit, SameDecoderRanksDecodeOneProcessAudioHoldingTheirShareOfTheWeights) {
+  const uint32_t seed = test::test_seed();
+  const std::string dir = test::fixture("sa3_tiny/same_l");
+  const auto config = sa3::SameConfig::read(read_config(dir + "/config.json"));
+  // As stored, and through the int8 tier as --quant int8 scopes it on the decoder (the attention's
+  // projections).
+  std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{{"as stored", nullptr}};
+  if (cpu::exact_int8_products()) tiers.emplace_back("int8 tier", same_decoder_int8(Quant::int8));
+  for (const auto& [tier, transform] : tiers) {
+    auto weights = [&] { return transform ? test::weights_in(dir).with(transform) : test::weights_in(dir); };
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      const auto whole = sa3::SameDecoder::load(config, weights(), dt);
+      const std::vector<float> expected = same_audio(whole, dt, seed);
+      for (const int n : {2, 3}) {
+        SCOPED_TRACE(std::string(tier) + ", " + std::string(dtype_name(dt)) + ", " + std::to_string(n) + " ranks");
+        const int64_t held = check_ranks(
+            n, expected, whole.parameter_count(),
+            [&](const ProcessGroup* rank) { return sa3::SameDecoder::load(config, weights(), dt, rank); },
+            [&](const sa3::SameDecoder& mine, double* counted) { return same_audio(mine, dt, seed, counted); });
+        // The transformer's linears and their biases are dealt out once; the rest (the
+        // projection, the mapping, the norms) is held by every rank.
+        const int64_t d = config.dim, f = config.ff_inner, parts = config.differential ? 5 : 3;
+        const int64_t linears = config.depth * (parts * d * d + d * d + 2 * f * d + 2 * f + d * f + d);
+        EXPECT_EQ(held, whole.parameter_count() + (n - 1) * (whole.parameter_count() - linears));
+      }
+    }
+  }
+  // A decoder held split decodes every chunk on all its ranks: dealing its chunks out is refused.
+  ThreadRanks all(2);
+  const ThreadRanks::Rank rank(all, 0);
+  const auto split = sa3::SameDecoder::load(config, test::weights_in(dir), DType::f32, &rank);
+  Arena arena;
+  Context c{&arena, DType::f32};
+  test::expect_error(
+      [&] {
+        split.decode(c, Tensor::shape_only({2 * 200, config.latent_dim}, DType::f32), 2, true, {}, &rank);
+      },
+      {"a decoder loaded split over ranks", "its chunks are not dealt out"});
 }
 
 TEST(TensorSplit, RowsFetchedOnTheirOwnAreTheWholeWeightsRows) {

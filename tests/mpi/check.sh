@@ -172,13 +172,15 @@ as_one tensor "" lora.png "${image[@]}" --lora "$fixtures/klein_lora/bfl.safeten
   --lora "$fixtures/klein_lora/loha.safetensors"
 as_one tensor "" gguf.png image --model "$fixtures/klein_single/flux-2-klein-tiny-Q8_0.gguf" \
   --config "$fixtures/klein_tiny_a" -p "a fox" -W 32 -H 32 --steps 2 -s 5
-# Stable Audio 3: the DiT's and T5Gemma's weights over the ranks (differential attention: a clip,
-# a guided one with a negative prompt, 0.7 s leaving padding frames on the canvas, SAME's chunks
-# over the ranks; the small model's plain attention; a LoRA cut to the held rows; sa3.cpp's Q8_0
-# DiT GGUF). Each step gathers 6 times a block (self- and cross-attention's heads and projections,
-# the feed-forward's features and projection: 2 blocks x 6, 2 steps), the prologue twice a block
-# (the local conditioning's two linears), T5Gemma's 14 linears once each, the velocities not at all.
-as_one tensor 42 clip.wav "${audio[@]}"
+# Stable Audio 3: the DiT's, T5Gemma's and SAME decoder's weights over the ranks (differential
+# attention: a clip, a guided one with a negative prompt, 0.7 s leaving padding frames on the
+# canvas, 20 s decoded in chunks; the small model's plain attention; a LoRA cut to the held rows;
+# sa3.cpp's Q8_0 DiT GGUF). Each step gathers 6 times a block (self- and cross-attention's heads
+# and projections, the feed-forward's features and projection: 2 blocks x 6, 2 steps), the
+# prologue twice a block (the local conditioning's two linears), T5Gemma's 14 linears once each,
+# SAME's 4 blocks 4 times each (its attention's heads and projection, its feed-forward's features
+# and projection), the velocities not at all.
+as_one tensor 58 clip.wav "${audio[@]}"
 as_one tensor "" guided.wav "${guided_audio[@]}"
 as_one tensor "" short.wav audio --model "$sa3" -p "rain" --seconds 0.7 --steps 2 -s 3
 as_one tensor "" chunks.wav audio --model "$sa3" -p "rain" --seconds 20 --steps 2 -s 3 --decode chunked

@@ -134,4 +134,14 @@ cmp -s one.png tensor.png || fail "the image served with the weights split over 
 post /v1/audio/generations '{"prompt": "rain", "seconds": 1, "steps": 2, "seed": 3, "cfg": 4, "negative_prompt": "wind",
   "format": "wav"}' > tensor.wav
 cmp -s one.wav tensor.wav || fail "the clip served with the weights split over 2 ranks differs from one process's"
+# A clip with live previews: each decoded by SAME, whose features are split too, on both ranks.
+id="$(post /v1/jobs '{"kind": "audio", "prompt": "rain", "seconds": 1, "steps": 2, "seed": 3, "preview": true}' |
+  json "d['id']")"
+for i in $(seq 1 300); do
+  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
+  [ "$state" = done ] || [ "$state" = failed ] && break
+  sleep 0.1
+done
+[ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state'] + ' ' + str(len(d.get('preview', {}).get('peaks', [])) > 0)")" = "done True" ] ||
+  fail "the previewed clip over 2 tensor ranks: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
 echo "mpi serve: requests over 2 ranks are one process's (split by requests and by weights); cancel, a killed and a hung rank handled"

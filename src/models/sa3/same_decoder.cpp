@@ -9,7 +9,8 @@
 
 namespace apus::sa3 {
 
-SameDecoder SameDecoder::load(const SameConfig& config, WeightLoader weights, DType compute) {
+SameDecoder SameDecoder::load(const SameConfig& config, WeightLoader weights, DType compute,
+                              const ProcessGroup* tensor_ranks) {
   SameDecoder m(std::move(weights));
   m.cfg_ = config;
   const SameConfig& c = m.cfg_;
@@ -29,7 +30,7 @@ SameDecoder SameDecoder::load(const SameConfig& config, WeightLoader weights, DT
   m.new_token_ = param(b0 + "new_tokens", {1, 1, d});
   m.mapping_ = weight_normed_mapping(m.weights_, compute, b0 + "mapping", out, d, c.mapping_kernel);
   m.mapping_bias_ = param(b0 + "mapping.bias", {out});
-  m.transformer_ = SameTransformer::load(c, converted, b0);
+  m.transformer_ = SameTransformer::load(c, converted, b0, tensor_ranks);
   return m;
 }
 
@@ -83,6 +84,9 @@ std::vector<int64_t> same_noise_draws(const SameConfig& config, int64_t frames, 
 
 Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, bool chunked, const DecodeNoise& noise,
                            const ProcessGroup* ranks) const {
+  APUS_CHECK(!transformer_.split() || !ranks || ranks->size() == 1,
+             "SAME: a decoder loaded split over ranks (parallel ",
+             "tensor) decodes every chunk on all of them; its chunks are not dealt out");
   const int64_t frames = latents.shape[0] / std::max<int64_t>(batch, 1);
   if (!chunked || frames < kSameChunk) return decode_piece(c, latents, batch, noise);
   // Each chunk decoded on its own (RoPE from 0, fresh noise), its overlaps trimmed.

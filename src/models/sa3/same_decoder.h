@@ -43,8 +43,10 @@ std::vector<int64_t> same_noise_draws(const SameConfig& config, int64_t frames, 
 class SameDecoder {
  public:
   // Weights under diffusers' names; every parameter is converted to `compute` once (the official
-  // model.to(dtype)).
-  static SameDecoder load(const SameConfig& config, WeightLoader weights, DType compute);
+  // model.to(dtype)). With `tensor_ranks` (more than one) the transformer's linears hold this
+  // rank's share of their features (SameTransformer::load): every rank then decodes every piece.
+  static SameDecoder load(const SameConfig& config, WeightLoader weights, DType compute,
+                          const ProcessGroup* tensor_ranks = nullptr);
   const SameConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
   size_t make_resident() const { return weights_.make_resident(); }
@@ -53,7 +55,7 @@ class SameDecoder {
   // 128 latents overlapping by 32 (sequences shorter than a chunk decode whole). With `ranks`
   // (issue 43: every rank holding the same latents and generators) the chunks split over the ranks,
   // each rank drawing past the earlier chunks' noise, and their audio is gathered into every rank's
-  // copy.
+  // copy; a decoder loaded split over ranks takes none (its ranks decode every chunk together).
   Tensor decode(Context& c, const Tensor& latents, int64_t batch, bool chunked = false, const DecodeNoise& noise = {},
                 const ProcessGroup* ranks = nullptr) const;
 

@@ -47,11 +47,21 @@ SameConfig SameConfig::read(const Config& c, bool encoder) {
 }
 
 SameTransformer SameTransformer::load(const SameConfig& config, const WeightLoader& converted,
-                                      const std::string& prefix) {
+                                      const std::string& prefix, const ProcessGroup* tensor_ranks) {
   SameTransformer t;
   t.cfg_ = config;
   const int64_t d = config.dim, hd = config.head_dim, f = config.ff_inner;
+  t.split_ = TensorSplit(tensor_ranks, d / hd, hd, d, f);
+  const TensorSplit& split = t.split_;
   auto param = [&](const std::string& name, const Shape& shape) { return converted.get(name, shape); };
+  // A block linear or its bias: this rank's rows of it (`rows`) under a tensor split.
+  auto held = [&](const std::string& name, const Shape& shape, const std::vector<Share>& rows) {
+    return split.splits() ? converted.get_rows(name, shape, rows) : converted.get(name, shape);
+  };
+  std::vector<Share> head_terms;  // q (and q2), k (and k2), v: each d wide, split by heads
+  for (int64_t j = 0; j < (config.differential ? 5 : 3); ++j) head_terms.push_back(split.rows(split.heads(), j * d));
+  const std::vector<Share> features{split.rows(split.hidden())};
+  const std::vector<Share> halves{split.rows(split.mlp()), split.rows(split.mlp(), f)};
   auto norm = [&](const std::string& p, int64_t width) {
     return Norm{param(p + ".alpha", {1}), param(p + ".gamma", {width}), param(p + ".beta", {width})};
   };
@@ -63,12 +73,12 @@ SameTransformer SameTransformer::load(const SameConfig& config, const WeightLoad
     b.ff_norm = norm(p + "norm_ff", d);
     b.q_norm = norm(p + "attn.q_norm", hd);
     b.k_norm = norm(p + "attn.k_norm", hd);
-    b.to_qkv = param(p + "attn.to_qkv.weight", {parts * d, d});
-    b.to_out = param(p + "attn.to_out.weight", {d, d});
-    b.ff_in = param(p + "ff.proj_in.weight", {2 * f, d});
-    b.ff_in_bias = param(p + "ff.proj_in.bias", {2 * f});
-    b.ff_out = param(p + "ff.proj_out.weight", {d, f});
-    b.ff_out_bias = param(p + "ff.proj_out.bias", {d});
+    b.to_qkv = held(p + "attn.to_qkv.weight", {parts * d, d}, head_terms);
+    b.to_out = held(p + "attn.to_out.weight", {d, d}, features);
+    b.ff_in = held(p + "ff.proj_in.weight", {2 * f, d}, halves);
+    b.ff_in_bias = held(p + "ff.proj_in.bias", {2 * f}, halves);
+    b.ff_out = held(p + "ff.proj_out.weight", {d, f}, features);
+    b.ff_out_bias = held(p + "ff.proj_out.bias", {d}, features);
     t.blocks_.push_back(b);
   }
   return t;
@@ -80,28 +90,43 @@ void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x
   const SameConfig& g = cfg_;
   const int64_t rows = x.shape[0], d = g.dim, hd = g.head_dim, f = g.ff_inner;
   const int64_t nq = g.differential ? 2 : 1;
+  // This rank's columns of each q, k, v term (its heads) and its feed-forward features; all of
+  // them without a tensor split.
+  const int64_t hq = split_.cols(split_.heads()), fm = split_.cols(split_.mlp());
   Tensor normed = Tensor::in(*c.arena, {rows, d}, c.act);
   Tensor proj = Tensor::in(*c.arena, {rows, d}, c.act);
+  // proj <- in through `w` (and `bias`), a row-parallel linear: each rank's features, gathered.
+  auto project = [&](const Tensor& in, const Tensor& w, const Tensor* bias, const char* what) {
+    TensorSplit::Columns out(c, split_, proj, {split_.hidden()});
+    {
+      RowParallel row(c);
+      ops::linear(c, in, w, bias, out.mine());
+    }
+    out.gather(what);
+  };
   std::optional<CostScope> part(std::in_place, c, "attn");
   ops::dyt(c, x, b.attn_norm.alpha, b.attn_norm.gamma, b.attn_norm.beta, normed, ops::Rounding::each_step);
   {
     ArenaScope attn_scope(*c.arena);
-    Tensor qkv = Tensor::in(*c.arena, {rows, (2 * nq + 1) * d}, c.act);
-    ops::linear(c, normed, b.to_qkv, nullptr, qkv);
-    Tensor q = qkv.cols(0, nq * d), k = qkv.cols(nq * d, 2 * nq * d);
-    ops::dyt(c, q, b.q_norm.alpha, b.q_norm.gamma, b.q_norm.beta, q, ops::Rounding::each_step);
-    ops::dyt(c, k, b.k_norm.alpha, b.k_norm.gamma, b.k_norm.beta, k, ops::Rounding::each_step);
-    ops::rope(c, q, cos, sin, hd, ops::RopeStyle::half, ops::Rounding::once);
-    ops::rope(c, k, cos, sin, hd, ops::RopeStyle::half, ops::Rounding::once);
-    const Tensor v = qkv.cols(2 * nq * d, (2 * nq + 1) * d);
     Tensor out = Tensor::in(*c.arena, {rows, d}, c.act);
-    const float scale = 1.0f / std::sqrt(float(hd));
-    if (g.differential)
-      ops::differential_attention(c, q.cols(0, d), k.cols(0, d), q.cols(d, 2 * d), k.cols(d, 2 * d), v, out, hd, scale,
-                                  attn);
-    else ops::attention(c, q, k, v, out, hd, scale, attn);
-    RowParallel row(c);
-    ops::linear(c, out, b.to_out, nullptr, proj);
+    TensorSplit::Columns heads(c, split_, out, {split_.heads()});
+    if (hq > 0) {  // a rank may hold no heads (more ranks than heads)
+      Tensor qkv = Tensor::in(*c.arena, {rows, (2 * nq + 1) * hq}, c.act);
+      ops::linear(c, normed, b.to_qkv, nullptr, qkv);
+      Tensor q = qkv.cols(0, nq * hq), k = qkv.cols(nq * hq, 2 * nq * hq);
+      ops::dyt(c, q, b.q_norm.alpha, b.q_norm.gamma, b.q_norm.beta, q, ops::Rounding::each_step);
+      ops::dyt(c, k, b.k_norm.alpha, b.k_norm.gamma, b.k_norm.beta, k, ops::Rounding::each_step);
+      ops::rope(c, q, cos, sin, hd, ops::RopeStyle::half, ops::Rounding::once);
+      ops::rope(c, k, cos, sin, hd, ops::RopeStyle::half, ops::Rounding::once);
+      const Tensor v = qkv.cols(2 * nq * hq, (2 * nq + 1) * hq);
+      const float scale = 1.0f / std::sqrt(float(hd));
+      if (g.differential)
+        ops::differential_attention(c, q.cols(0, hq), k.cols(0, hq), q.cols(hq, 2 * hq), k.cols(hq, 2 * hq), v,
+                                    heads.mine(), hd, scale, attn);
+      else ops::attention(c, q, k, v, heads.mine(), hd, scale, attn);
+    }
+    heads.gather("SAME's attention heads");
+    project(out, b.to_out, nullptr, "SAME's attention projection");
   }
   ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
 
@@ -109,14 +134,15 @@ void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x
   ops::dyt(c, x, b.ff_norm.alpha, b.ff_norm.gamma, b.ff_norm.beta, normed, ops::Rounding::each_step);
   {
     ArenaScope ff_scope(*c.arena);
-    Tensor up = Tensor::in(*c.arena, {rows, 2 * f}, c.act), act = Tensor::in(*c.arena, {rows, f}, c.act);
+    Tensor up = Tensor::in(*c.arena, {rows, 2 * fm}, c.act), act = Tensor::in(*c.arena, {rows, f}, c.act);
+    TensorSplit::Columns features(c, split_, act, {split_.mlp()});
     ops::linear(c, normed, b.ff_in, &b.ff_in_bias, up);
     // The official rule: the last sin_blocks blocks use sin(pi x), the others SiLU.
     const bool sinusoidal = g.depth - index < g.sin_blocks;
-    ops::glu(c, up.cols(f, 2 * f), up.cols(0, f), act, sinusoidal ? ops::Activation::sin_pi : ops::Activation::silu,
-             ops::Rounding::each_step);
-    RowParallel row(c);
-    ops::linear(c, act, b.ff_out, &b.ff_out_bias, proj);
+    ops::glu(c, up.cols(fm, 2 * fm), up.cols(0, fm), features.mine(),
+             sinusoidal ? ops::Activation::sin_pi : ops::Activation::silu, ops::Rounding::each_step);
+    features.gather("SAME's feed-forward features");
+    project(act, b.ff_out, &b.ff_out_bias, "SAME's feed-forward projection");
   }
   ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
 }

@@ -8,6 +8,7 @@
 
 #include "io/model_dir.h"
 #include "io/weights/weight_source.h"
+#include "models/common/tensor_split.h"
 #include "ops/ops.h"
 
 namespace apus::sa3 {
@@ -33,8 +34,12 @@ struct SameConfig {
 class SameTransformer {
  public:
   // The blocks under `prefix` ("decoder.blocks.0.") + "transformers.N.", from `converted` (the
-  // model's weights converted to its compute dtype).
-  static SameTransformer load(const SameConfig& config, const WeightLoader& converted, const std::string& prefix);
+  // model's weights converted to its compute dtype). With `tensor_ranks` (more than one) each
+  // block's linears hold this rank's share of their output features (q, k, v by heads, the rest
+  // by features), the features gathered where the next op needs them all.
+  static SameTransformer load(const SameConfig& config, const WeightLoader& converted, const std::string& prefix,
+                              const ProcessGroup* tensor_ranks = nullptr);
+  bool split() const { return split_.splits(); }
   // x [B*N, dim]: each sample's N tokens (groups of stride + 1), in place. RoPE counts from 0 over
   // what one attention sees (a sample, or one chunk).
   void run(Context& c, Tensor& x, int64_t batch) const;
@@ -48,6 +53,7 @@ class SameTransformer {
     Tensor to_qkv, to_out, ff_in, ff_in_bias, ff_out, ff_out_bias;
   };
   SameConfig cfg_;
+  TensorSplit split_;
   std::vector<Block> blocks_;
   void block(Context& c, const Block& b, int64_t index, Tensor& x, const ops::AttentionOptions& attn, const Tensor& cos,
              const Tensor& sin) const;

@@ -175,10 +175,11 @@ Sa3Model::Transformer Sa3Model::load_transformer(DType dt, bool load, bool split
 sa3::SameDecoder Sa3Model::load_same(DType dt, bool load) const {
   if (!layout_.official)
     return sa3::SameDecoder::load(layout_.same,
-                                  loader(checkpoint(layout_.root + "/vae", load), layout_.decoder_linears), dt);
+                                  loader(checkpoint(layout_.root + "/vae", load), layout_.decoder_linears), dt,
+                                  layout_.tensor_ranks);
   const auto file = checkpoint(layout_.checkpoint, load);
   const auto same = sa3::OfficialCheckpoint::same(file, "pretransform.model.", layout_.same.differential);
-  return sa3::SameDecoder::load(layout_.same, loader(same, layout_.decoder_linears), dt);
+  return sa3::SameDecoder::load(layout_.same, loader(same, layout_.decoder_linears), dt, layout_.tensor_ranks);
 }
 
 sa3::SameEncoder Sa3Model::load_encoder(DType dt, bool load) const {

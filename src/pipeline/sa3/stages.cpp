@@ -227,9 +227,11 @@ void Sa3Model::decode(Context& c, const sa3::SameDecoder& same, Work& w) const {
   sa3::DecodeNoise noise = sa3::DecodeNoise::from(layout_.bottleneck_noise, layout_.mask_noise, w.generators);
   if (!w.decode_draws.empty())
     noise.draw = [&w](int64_t s, float* out, int64_t n) { w.decode_draws[size_t(s)]->take(out, n); };
-  // Split, every rank holds the same latents: the decoder's chunks split over the ranks too.
-  w.audio =
-      same.decode(c, z, w.batch, w.chunked, noise, w.parallel.strategy == Parallel::none ? nullptr : w.parallel.group);
+  // Split, every rank holds the same latents: the decoder's chunks split over the ranks too, but
+  // under tensor, where the decoder's features are (every rank decodes every chunk).
+  const Parallel p = w.parallel.strategy;
+  w.audio = same.decode(c, z, w.batch, w.chunked, noise,
+                        p == Parallel::none || p == Parallel::tensor ? nullptr : w.parallel.group);
 }
 
 void Sa3Model::count_inputs(Work& w, int batch) const {
