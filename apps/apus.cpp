@@ -23,6 +23,7 @@
 #include "bench.h"
 #include "core/cost.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "dist/link.h"
@@ -38,6 +39,7 @@
 #include "pipeline/metadata.h"
 #include "pipeline/registry.h"
 #include "pipeline/split.h"
+#include "pipeline/stage.h"
 #include "server/ranks.h"
 #include "server/server.h"
 
@@ -126,6 +128,32 @@ template <typename Model, typename Request> RankPlan rank_plan(const std::string
                                : strategy == "ulysses" ? apus::Parallel::ulysses
                                                        : apus::Parallel::tensor;
   return {{0, batch}, {split, &world}, world.rank() == 0};
+}
+
+// --parallel as the model opens: under auto over several ranks, "tensor" when one process could
+// not hold the request (its count's peak_memory_need) in a rank's memory (`rank_memory_gib`, else
+// this machine's memory or cgroup limit over the ranks on it), so each rank loads its share of the
+// weights; otherwise as given (auto then picks a split per request: rank_plan).
+template <typename Model, typename Request>
+std::string fitting_parallel(const std::string& parallel, double rank_memory_gib, const apus::ModelParts& parts,
+                             const Request& r, int batch, const std::string& device, bool verbose) {
+  const apus::dist::World& world = apus::dist::World::get();
+  if (parallel != "auto" || world.size() == 1) return parallel;
+  const int here = world.ranks_here();
+  if (world.rank() != 0) return world.broadcast("", "auto's memory check");
+  const auto [need, stage] =
+      apus::peak_memory_need(Model::open(parts, apus::Weights::none, device)->count(r, batch), false);
+  const apus::MemoryBudget budget = apus::memory_budget();
+  const double memory = rank_memory_gib > 0 ? rank_memory_gib * double(1 << 30) : budget.resident_bytes / here;
+  const bool fits = need <= memory;
+  if (verbose && !fits)
+    std::fprintf(
+        stderr,
+        "--parallel auto: tensor (one process needs about %s in its %s stage, more than the %s a rank has: %s)\n",
+        apus::bytes_text(need).c_str(), stage.c_str(), apus::bytes_text(memory).c_str(),
+        rank_memory_gib > 0 ? "--rank-memory"
+                            : (budget.resident_source + " over the " + std::to_string(here) + " ranks on it").c_str());
+  return world.broadcast(fits ? "auto" : "tensor", "auto's memory check");
 }
 
 // The parts as --parallel opens them: under tensor over several ranks, the transformer's weights
@@ -372,7 +400,7 @@ void add_rank_timeout(CLI::App* app) {
 struct RequestOptions {
   std::string prompt, seed, precision = "bf16", negative, trace, device = "cpu", parallel = "auto";
   int width = 0, height = 0, steps = 0, batch = 1;
-  double seconds = 0;
+  double seconds = 0, rank_memory = 0;
   float cfg = 0;
   bool verbose = false;
   std::vector<std::string> images, loras;
@@ -468,6 +496,12 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
                   "each holding its share: a model too big for one), none (rank 0 does it all), auto (of "
                   "batch, cfg and ulysses, the one the cost model predicts fastest; -v says)")
       ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
+  app->add_option("--rank-memory", o.rank_memory,
+                  "started by mpirun or srun, the memory a rank may use, in GiB, for auto's check (default: this "
+                  "machine's memory or cgroup limit over the ranks on it): a request one process could not hold opens "
+                  "the model with its weights split over the ranks (tensor)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("GIB");
   add_rank_timeout(app);
   const char* const batch[] = {"images rendered together, seeds seed, seed+1, ... (-o out.png gives out-1.png, ...)",
                                "clips generated together, seeds seed, seed+1, ...", ""};
@@ -525,35 +559,37 @@ Command image_command(CLI::App& app) {
                         "output file: .png, .jpg or .webp, the parameters inside as A1111 writes them "
                         "(outputs/NNNNN.png, the next number there); -n adds -1, -2, ... before the extension");
   image->add_option("--quality", o->quality, "JPEG and WebP quality, 1..100 (95; WebP 100: lossless)");
-  return {image, [o] {
-            const RequestOptions& asked = o->r;
-            apus::ImageRequest req;
-            asked.into(req);
-            if (*o->mask_opt) {
-              APUS_CHECK(asked.images.size() == 1, "--mask repaints one --image, not ", asked.images.size(),
-                         " (a reference for the repainted area goes in --reference)");
-              req.inpaint = apus::Inpainting{apus::read_image(named_file(asked.images[0], "--image")),
-                                             apus::read_image(named_file(o->mask_file, "--mask")), o->strength};
-              if (*o->inpaint_reference_opt)
-                req.references.push_back(apus::read_image(named_file(o->inpaint_reference, "--reference")));
-            } else {
-              APUS_CHECK(!*o->strength_opt && !*o->inpaint_reference_opt,
-                         "--strength and --reference are for inpainting (--mask)");
-              for (const std::string& file : asked.images)
-                req.references.push_back(apus::read_image(named_file(file, "--image")));
-            }
-            if (*o->noise_opt) req.noise_file = named_file(o->noise, "--noise");
-            // -n as the engine takes a batch, before any output name is tried.
-            prepare_ranks(req);
-            const std::vector<apus::ImageRequest> requests = apus::batch_of(req, asked.batch);
-            if (!*o->out_opt) o->out = unnamed_output(".png");
-            check_output(o->out, asked.batch);
-            apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
-            APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
-            if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
-            return run_image(o->parts, requests, asked.parallel, o->out, o->quality, asked.verbose, asked.trace,
-                             asked.device);
-          }};
+  return {
+      image, [o] {
+        const RequestOptions& asked = o->r;
+        apus::ImageRequest req;
+        asked.into(req);
+        if (*o->mask_opt) {
+          APUS_CHECK(asked.images.size() == 1, "--mask repaints one --image, not ", asked.images.size(),
+                     " (a reference for the repainted area goes in --reference)");
+          req.inpaint = apus::Inpainting{apus::read_image(named_file(asked.images[0], "--image")),
+                                         apus::read_image(named_file(o->mask_file, "--mask")), o->strength};
+          if (*o->inpaint_reference_opt)
+            req.references.push_back(apus::read_image(named_file(o->inpaint_reference, "--reference")));
+        } else {
+          APUS_CHECK(!*o->strength_opt && !*o->inpaint_reference_opt,
+                     "--strength and --reference are for inpainting (--mask)");
+          for (const std::string& file : asked.images)
+            req.references.push_back(apus::read_image(named_file(file, "--image")));
+        }
+        if (*o->noise_opt) req.noise_file = named_file(o->noise, "--noise");
+        // -n as the engine takes a batch, before any output name is tried.
+        prepare_ranks(req);
+        const std::vector<apus::ImageRequest> requests = apus::batch_of(req, asked.batch);
+        if (!*o->out_opt) o->out = unnamed_output(".png");
+        check_output(o->out, asked.batch);
+        apus::image_format_of_file(o->out, "-o");  // a name promising a format apus does not write
+        APUS_CHECK(o->quality >= 1 && o->quality <= 100, "--quality ", o->quality, ": expected 1..100");
+        if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
+        const std::string parallel = fitting_parallel<apus::ImageModel>(
+            asked.parallel, asked.rank_memory, o->parts, requests.front(), asked.batch, asked.device, asked.verbose);
+        return run_image(o->parts, requests, parallel, o->out, o->quality, asked.verbose, asked.trace, asked.device);
+      }};
 }
 
 Command audio_command(CLI::App& app) {
@@ -630,7 +666,10 @@ Command audio_command(CLI::App& app) {
             check_output(o->out, asked.batch);
             o->format = audio_format_for(o->out, *o->format_opt ? o->format : "");
             if (req.trace) apus::check_writable(named_file(asked.trace, "--trace"));
-            return run_audio(o->parts, std::move(requests), asked.parallel, clips, o->out, o->format, asked.verbose,
+            const std::string parallel =
+                fitting_parallel<apus::AudioModel>(asked.parallel, asked.rank_memory, o->parts, requests.front(),
+                                                   asked.batch, asked.device, asked.verbose);
+            return run_audio(o->parts, std::move(requests), parallel, clips, o->out, o->format, asked.verbose,
                              asked.trace, asked.device);
           }};
 }

@@ -11,7 +11,9 @@
 #include "cost/roofline.h"
 #include "io/model_dir.h"
 #include "io/weights/synth.h"
+#include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
+#include "pipeline/stage.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 
@@ -152,6 +154,40 @@ TEST(Cost, KleinParametersMatchThePublishedLayouts) {
         model, [](const std::string& file, const std::string&) { return file.rfind("transformer/", 0) == 0; });
     EXPECT_NEAR(dit, published, published == 9.08e9 ? 0.005e9 : 0.0) << model;
   }
+}
+
+// Each part's weights as it holds them (WeightLoader::held_bytes): the published 4B's in bf16,
+// two bytes a parameter; through the int8 tier the transformer's block linears hold a byte a
+// weight and a scale a row. A stage's memory need is its part's weights (every part's when
+// resident) plus twice its activations.
+TEST(Cost, HeldBytesAreThePartsWeightsAsHeld) {
+  ImageRequest r;
+  r.width = r.height = 512;
+  r.steps = 4;
+  ModelParts parts;
+  parts.model = "flux2-klein-4b";
+  const PipelineCost bf16 = ImageModel::open(parts, Weights::none)->count(r);
+  // All but what a model reads to derive values at load (the VAE's 256 batch-norm statistics).
+  EXPECT_LE(bf16.held_bytes, 2 * bf16.parameters);
+  EXPECT_GE(bf16.held_bytes, 2 * bf16.parameters - 2 * 256);
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no int8 tier";
+  parts.quant = Quant::int8;
+  const PipelineCost int8 = ImageModel::open(parts, Weights::none)->count(r);
+  EXPECT_EQ(int8.parameters, bf16.parameters);
+  auto dit_step = [](const PipelineCost& p) {
+    for (const StageCost& s : p.stages)
+      if (s.name == "dit_step") return s;
+    ADD_FAILURE() << "no dit_step stage";
+    return StageCost{};
+  };
+  const StageCost whole = dit_step(bf16), coded = dit_step(int8);
+  // 3.88e9 parameters, ~98 % of them in the blocks' linears: a byte each instead of two.
+  EXPECT_GT(whole.model_bytes, 7.6e9);
+  EXPECT_LT(coded.model_bytes, 0.53 * whole.model_bytes);
+  EXPECT_GT(coded.model_bytes, 0.5 * whole.model_bytes);
+  EXPECT_EQ(memory_need(bf16, whole, false), whole.model_bytes + 2 * whole.activation_bytes);
+  EXPECT_EQ(memory_need(bf16, whole, true), bf16.held_bytes + 2 * whole.activation_bytes);
+  EXPECT_EQ(peak_memory_need(bf16, false).second, "dit_step");
 }
 
 // The -kv model counts its references once, in the prologue (their own pass), and its steps

@@ -90,6 +90,7 @@ struct StageCost {
   double gather_bytes = 0;      // what a cfg or Ulysses split all-gathers per call (CostLog::mark_gather)
   double sent_bytes = 0;        // what this rank sends per call under the request's split
   double activation_bytes = 0;  // peak arena use of one call: activations and scratch
+  double model_bytes = 0;       // the weights of the model running it, as held in memory
   bool replicated = false;      // not split by tensor or sequence parallelism (a VAE decode)
   bool divisible = false;       // what apus's cfg and Ulysses splits divide (CostLog::mark_divisible)
   int64_t parts = 0;            // ... or deal out in pieces (CostLog::mark_parts); 0: neither
@@ -104,6 +105,7 @@ struct PipelineCost {
   int samples = 1;     // the transformer's samples per forward: the batch, twice when guided
   std::vector<StageCost> stages;
   double parameters = 0;  // distinct weight elements the stages read
+  double held_bytes = 0;  // every part's weights as held in memory (StageCost::model_bytes, once a part)
 };
 
 }  // namespace apus

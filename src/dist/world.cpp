@@ -94,17 +94,27 @@ double World::measure_all_to_all_bps() const {
   return double(part) * (size_ - 1) / best;
 }
 
-std::string World::placement() const {
+std::vector<std::string> World::host_names() const {
   char name[MPI_MAX_PROCESSOR_NAME + 1] = {};
   int length = 0;
   MPI_Get_processor_name(name, &length);
-  const size_t width = MPI_MAX_PROCESSOR_NAME + 1;
-  std::vector<char> names(width * size_t(size_), 0);
+  const size_t width = MPI_MAX_PROCESSOR_NAME + 1, n = size_t(size_);
+  std::vector<char> names(width * n, 0);
   std::memcpy(names.data() + width * size_t(rank_), name, size_t(length));
-  gather(names.data(), std::vector<size_t>(size_t(size_), width), "the ranks' host names");
+  gather(names.data(), std::vector<size_t>(n, width), "the ranks' host names");
+  std::vector<std::string> hosts;
+  for (size_t r = 0; r < n; ++r) hosts.emplace_back(names.data() + width * r);
+  return hosts;
+}
+
+int World::ranks_here() const {
+  const std::vector<std::string> hosts = host_names();
+  return int(std::count(hosts.begin(), hosts.end(), hosts[size_t(rank_)]));
+}
+
+std::string World::placement() const {
   std::vector<std::pair<std::string, int>> hosts;
-  for (int r = 0; r < size_; ++r) {
-    const std::string host(names.data() + width * size_t(r));
+  for (const std::string& host : host_names()) {
     if (hosts.empty() || hosts.back().first != host) hosts.emplace_back(host, 0);
     ++hosts.back().second;
   }
@@ -262,6 +272,8 @@ double World::measure_all_gather_bps() const { return 0; }
 double World::measure_all_to_all_bps() const { return 0; }
 
 std::string World::placement() const { return "1 rank"; }
+
+int World::ranks_here() const { return 1; }
 
 void World::abort(const std::string& message) const {
   std::fprintf(stderr, "error: %s\n", message.c_str());

@@ -54,6 +54,8 @@ class World final : public ProcessGroup {
   double measure_all_to_all_bps() const;
   // Where the ranks run: "3 ranks on node1 (2), node2 (1)", the hosts in rank order.
   std::string placement() const;
+  // How many ranks run on this rank's host, itself included (a collective).
+  int ranks_here() const;
   // A server's world: an exchange that cannot complete (a rank past the timeout, or interrupt())
   // throws RanksLost instead of ending the job at once, so that rank 0 answers the request first;
   // every exchange after it throws too.
@@ -84,6 +86,8 @@ class World final : public ProcessGroup {
   void count(double sent, double seconds) const;
   // Exchanges after a loss fail at once: the other ranks are gone or out of step.
   void check_not_lost(const char* what) const;
+  // Every rank's host name, in rank order (a collective).
+  std::vector<std::string> host_names() const;
 };
 
 // Whether this build splits a command over MPI ranks.

@@ -80,6 +80,7 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
   void count(Work& w, PipelineCost& p) const override {
     if (s_.used && !s_.used(w)) return;
     const Model model = s_.open(Weights::none, DType::bf16);
+    const size_t first = p.stages.size();
     for (const Stage<Work, Model>& stage : s_.stages) {
       const StepRange range = stage.steps ? stage.steps(w) : StepRange{0, 1};
       p.stages.push_back(
@@ -88,6 +89,8 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
     }
     // After the stages: a model may fetch parameters as its code first reads them.
     p.parameters += double(model.parameter_count());
+    p.held_bytes += double(model.held_bytes());
+    for (size_t i = first; i < p.stages.size(); ++i) p.stages[i].model_bytes = double(model.held_bytes());
   }
 
   void run(Context& c, Work& w, StageClock& clock, const Progress& say) const override {

@@ -31,12 +31,20 @@ std::vector<AudioRequest> batch_of(const AudioRequest& request, int n) {
   return copies(request, n, AudioLimits::max_batch);
 }
 
+double memory_need(const PipelineCost& cost, const StageCost& s, bool weights_resident) {
+  return (weights_resident ? cost.held_bytes : s.model_bytes) + 2 * s.activation_bytes;
+}
+
+std::pair<double, std::string> peak_memory_need(const PipelineCost& cost, bool weights_resident) {
+  std::pair<double, std::string> peak{0, ""};
+  for (const StageCost& s : cost.stages) peak = std::max(peak, {memory_need(cost, s, weights_resident), s.name});
+  return peak;
+}
+
 void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what, const Backend* device) {
-  double all_weights = 0;
-  for (const StageCost& s : cost.stages) all_weights += s.per_call.weight_bytes;
   if (device && device->memory_bytes() > 0) {
     for (const StageCost& s : cost.stages) {
-      const double need = (weights_resident ? all_weights : s.per_call.weight_bytes) + 2 * s.activation_bytes;
+      const double need = memory_need(cost, s, weights_resident);
       APUS_CHECK(need <= device->memory_bytes(), what, " needs about ", bytes_text(need), " in its ", s.name,
                  " stage, more than the ", bytes_text(device->memory_bytes()), " of ", device->name(), "'s memory");
     }
@@ -44,8 +52,7 @@ void check_memory(const PipelineCost& cost, bool weights_resident, const std::st
   }
   const MemoryBudget budget = memory_budget();
   for (const StageCost& s : cost.stages) {
-    const double weights = weights_resident ? all_weights : s.per_call.weight_bytes;
-    const double need = weights + 2 * s.activation_bytes;
+    const double need = memory_need(cost, s, weights_resident);
     APUS_CHECK(need <= budget.resident_bytes, what, " needs about ", bytes_text(need), " in its ", s.name,
                " stage, more than the ", bytes_text(budget.resident_bytes), " of ", budget.resident_source);
     const double address_need = need + kThreadAddressAllowance * double(omp_get_max_threads());

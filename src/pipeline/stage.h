@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apus/apus.h"
@@ -104,11 +105,16 @@ inline void check_batch(int64_t batch, int max) {
   APUS_CHECK_FIELD(batch >= 1 && batch <= max, "batch", "batch ", batch, " outside 1..", max);
 }
 
-// Refuses a request whose largest stage would not fit in the memory this process may use: the
-// weights the stage needs mapped (all of them when the model is resident) plus twice its counted
-// activations (for the backend's own scratch), against RAM, a cgroup limit and the address space
-// `ulimit -v` leaves. A clear error instead of the OOM killer or a failed allocation halfway. On a
-// device with memory of its own (Backend::memory_bytes), weights and activations are held to that.
+// The memory stage `s` of `cost` needs: its model's weights as held (every part's when the model
+// is resident) plus twice its counted activations (for the backend's own scratch).
+double memory_need(const PipelineCost& cost, const StageCost& s, bool weights_resident);
+// The largest of them, and its stage's name.
+std::pair<double, std::string> peak_memory_need(const PipelineCost& cost, bool weights_resident);
+
+// Refuses a request whose largest stage would not fit in the memory this process may use
+// (memory_need), against RAM, a cgroup limit and the address space `ulimit -v` leaves. A clear error instead of the OOM
+// killer or a failed allocation halfway. On a device with memory of its own (Backend::memory_bytes), weights and
+// activations are held to that.
 void check_memory(const PipelineCost& cost, bool weights_resident, const std::string& what,
                   const Backend* device = nullptr);
 

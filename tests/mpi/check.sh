@@ -8,8 +8,8 @@
 # chunks decoded over the ranks; auto weighing batch, cfg and ulysses by the roofline; --parallel none leaves the work to rank 0;
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. Tensor parallelism
-# (klein's transformer and Stable Audio 3's DiT weights over the ranks, LoRAs cut to them) is one
-# process's too; what it does not take yet (a LoKr), a request cfg cannot split and a command that does not split yet
+# (klein's transformer and Stable Audio 3's DiT weights over the ranks, LoRAs cut to them; auto
+# taking it when a rank's memory could not hold one process's request) is one process's too; what it does not take yet (a LoKr), a request cfg cannot split and a command that does not split yet
 # (roofline) are refused naming themselves; calibrate measures the link between the ranks and
 # keeps it. (`apus serve` over ranks: tests/mpi/serve.sh.)
 # Skipped (77) without mpirun or without MPI in the build.
@@ -188,6 +188,19 @@ as_one tensor "" plain.wav audio --model "$small" -p "rain" --seconds 1 --steps 
 as_one tensor "" lora.wav "${audio[@]}" --lora "$fixtures/sa3_lora/official.safetensors:0.8"
 as_one tensor "" gguf.wav audio --model "$fixtures/sa3_gguf/medium/stable-audio-3-medium-dit-tiny-v1.0-Q8_0.gguf" \
   --config "$sa3" -p "rain" --seconds 1 --steps 2 -s 3
+# auto opens the model split (tensor) when one process could not hold the request in a rank's
+# memory (--rank-memory here; this machine's memory over its ranks by default): one process's bytes.
+"$apus" "${image[@]}" -o alone.png 2> /dev/null
+for n in 2 3; do
+  ranks "$n" "${image[@]}" --rank-memory 0.001 -v -o "memory$n.png"
+  grep -q "^--parallel auto: tensor (one process needs about .* in its .* stage, more than the 1.1 MB a rank has: --rank-memory)$" \
+    "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto did not open the model split for a rank's memory"; }
+  same alone.png "memory$n.png"
+done
+"$apus" "${audio[@]}" -o clip.wav 2> /dev/null
+ranks 2 "${audio[@]}" --rank-memory 0.001 -v -o memory.wav
+grep -q "^--parallel auto: tensor (one process needs about " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto kept SA3 whole past a rank's memory"; }
+same clip.wav memory.wav
 refuse_tensor() {
   local expected="$1"
   shift

@@ -194,10 +194,18 @@ class TransformedSource final : public WeightSource {
   std::shared_ptr<const WeightTransform> transform_;
 };
 
+// What holding t takes: its values and, for a code format, its blocks' factors.
+size_t held_size(const Tensor& t) {
+  return t.nbytes() + (t.encoding.block_scales ? t.encoding.block_scales->factors.nbytes() : 0);
+}
+
 }  // namespace
 
 WeightLoader::WeightLoader(std::shared_ptr<const WeightSource> source, Backend* device)
-    : source_(std::move(source)), device_(device), fetched_(std::make_shared<std::map<std::string, Shape>>()) {}
+    : source_(std::move(source)),
+      device_(device),
+      fetched_(std::make_shared<std::map<std::string, Shape>>()),
+      held_(std::make_shared<std::map<std::string, size_t>>()) {}
 
 WeightLoader WeightLoader::with(std::shared_ptr<const WeightTransform> transform) const {
   WeightLoader w = *this;
@@ -216,13 +224,22 @@ Tensor WeightLoader::get(const std::string& name, const Shape& expected) const {
   const Tensor host_tensor = host(name, expected);
   Tensor t = place(host_tensor);
   t.weight_name = host_tensor.weight_name;
+  (*held_)[name] = held_size(host_tensor);
   return t;
 }
 
 Tensor WeightLoader::get_rows(const std::string& name, const Shape& expected, const std::vector<Share>& rows) const {
-  Tensor t = place(source_->fetch_rows(name, expected, rows));
+  const Tensor host_tensor = source_->fetch_rows(name, expected, rows);
+  Tensor t = place(host_tensor);
   t.weight_name = &fetched_->insert_or_assign(name, t.shape).first->first;
+  (*held_)[name] = held_size(host_tensor);
   return t;
+}
+
+size_t WeightLoader::held_bytes() const {
+  size_t n = 0;
+  for (const auto& [name, bytes] : *held_) n += bytes;
+  return n;
 }
 
 Tensor WeightLoader::place(const Tensor& host_tensor) const {

@@ -173,6 +173,9 @@ class WeightLoader {
   std::string where(const std::string& name) const { return source_->where(name); }
   // Elements of the distinct tensors fetched: the parameters a model uses, in both modes.
   int64_t fetched_elements() const;
+  // Bytes of the distinct tensors get() and get_rows() handed out (as transformed: an int8 tier's
+  // codes and scales, a bf16 copy), in both modes: what a model holding them keeps in memory.
+  size_t held_bytes() const;
   // Every tensor fetched, by name, with the shape the model asked for.
   const std::map<std::string, Shape>& fetched() const { return *fetched_; }
   // The fetched tensors' pages read in (nothing on a device: the copies are what stays).
@@ -182,6 +185,7 @@ class WeightLoader {
   std::shared_ptr<const WeightSource> source_;
   Backend* device_;
   std::shared_ptr<std::map<std::string, Shape>> fetched_;
+  std::shared_ptr<std::map<std::string, size_t>> held_;
 };
 
 }  // namespace apus

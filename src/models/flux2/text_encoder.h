@@ -25,6 +25,7 @@ class TextEncoder {
                           const ProcessGroup* tensor_ranks = nullptr);
   const TextEncoderConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t held_bytes() const { return weights_.held_bytes(); }  // the weights as held in memory
   size_t make_resident() const { return weights_.make_resident(); }
   // ids and mask [B*T], B prompts one after another; returns [B*T, taps * hidden] in the
   // activation dtype (heap). With `ranks` (a split's, every rank holding the same prompts) each

@@ -62,6 +62,7 @@ class Transformer {
   static Transformer load(const Config& config, WeightLoader weights, const ProcessGroup* tensor_ranks = nullptr);
   const TransformerConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t held_bytes() const { return weights_.held_bytes(); }  // the weights as held in memory
   // Every weight by name with its shape: what adapters are checked against.
   const std::map<std::string, Shape>& weight_shapes() const { return weights_.fetched(); }
   const TensorSplit& split() const { return split_; }

@@ -27,6 +27,7 @@ class VaeDecoder {
   static VaeDecoder load(const Config& config, WeightLoader weights);
   const VaeConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t held_bytes() const { return weights_.held_bytes(); }  // the weights as held in memory
   size_t make_resident() const { return weights_.make_resident(); }
 
   // packed [N*h*w, packed_channels] tokens in row-major grid order, N samples one after another

@@ -14,6 +14,7 @@ class VaeEncoder {
   static VaeEncoder load(const Config& config, WeightLoader weights);
   const VaeConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t held_bytes() const { return weights_.held_bytes(); }  // the weights as held in memory
   size_t make_resident() const { return weights_.make_resident(); }
 
   // image [1, in_channels, H, W] in [-1, 1] (activation dtype), H and W multiples of

@@ -29,6 +29,7 @@ class DurationEmbedder {
   static DurationEmbedder load_official(const DurationConfig& config, WeightLoader weights);
   const DurationConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t held_bytes() const { return weights_.held_bytes(); }  // the weights as held in memory
   // The weights fetched, by name, with the shapes asked for: what adapters must fit.
   const std::map<std::string, Shape>& weight_shapes() const { return weights_.fetched(); }
   size_t make_resident() const { return weights_.make_resident(); }

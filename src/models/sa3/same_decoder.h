@@ -49,6 +49,7 @@ class SameDecoder {
                           const ProcessGroup* tensor_ranks = nullptr);
   const SameConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t held_bytes() const { return weights_.held_bytes(); }  // the weights as held in memory
   size_t make_resident() const { return weights_.make_resident(); }
   // latents [B*T, latent_dim] (frames sample-major) -> audio [B, audio_channels, T * 4096] in
   // the activation dtype (heap), planar channels. chunked: the official decode_audio's chunks of

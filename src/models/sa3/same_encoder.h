@@ -26,6 +26,7 @@ class SameEncoder {
   static SameEncoder load(const SameConfig& config, WeightLoader weights, DType compute);
   const SameConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t held_bytes() const { return weights_.held_bytes(); }  // the weights as held in memory
   size_t make_resident() const { return weights_.make_resident(); }
   // audio [B, audio_channels, frames * samples_per_latent] (planar, any float dtype) -> latents
   // [B*frames, latent_dim] in the activation dtype (heap). chunked: the official encode_audio's

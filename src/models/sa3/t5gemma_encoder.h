@@ -32,6 +32,7 @@ class T5GemmaEncoder {
                              const ProcessGroup* tensor_ranks = nullptr);
   const T5GemmaConfig& config() const { return cfg_; }
   int64_t parameter_count() const { return weights_.fetched_elements(); }
+  size_t held_bytes() const { return weights_.held_bytes(); }  // the weights as held in memory
   size_t make_resident() const { return weights_.make_resident(); }
   // ids and mask [B*T], B prompts one after another; returns last_hidden_state [B*T, hidden] in
   // the activation dtype (heap). Padded query rows are computed too (they attend to the real keys).

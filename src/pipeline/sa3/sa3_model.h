@@ -142,6 +142,7 @@ class Sa3Model final : public AudioModel {
     sa3::Dit dit;
     sa3::DurationEmbedder duration;
     int64_t parameter_count() const { return dit.parameter_count() + duration.parameter_count(); }
+    size_t held_bytes() const { return dit.held_bytes() + duration.held_bytes(); }
     void make_resident() const {
       dit.make_resident();
       duration.make_resident();
