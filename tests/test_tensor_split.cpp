@@ -74,6 +74,17 @@ Tensor seeded(const Shape& shape, DType dt, uint32_t seed) {
   return to_dtype(t, dt);
 }
 
+// What run(context) sends to the other ranks, counted: run in a count-only context of `dt`.
+template <typename Run> double counted_bytes(DType dt, Run&& run) {
+  CostLog log;
+  Arena counting;
+  Context n{&counting, dt};
+  n.count_only = true;
+  n.cost = &log;
+  run(n);
+  return log.sent();
+}
+
 // One step on a 2 x 3 grid and 5 text tokens, two samples; `seed` draws the inputs.
 std::vector<float> velocity(const flux2::Transformer& dit, DType dt, uint32_t seed, double* counted_sent = nullptr) {
   const auto& cfg = dit.config();
@@ -84,18 +95,13 @@ std::vector<float> velocity(const flux2::Transformer& dit, DType dt, uint32_t se
                                 flux2::image_position_ids(2, 3));
   Tensor v = ops::empty(c, {batch * l, cfg.out_channels}, dt);
   dit.forward(c, pro, seeded({batch * l, cfg.in_channels}, dt, seed + 1), 625.0f, v);
-  if (counted_sent) {
-    CostLog log;
-    Arena counting;
-    Context n{&counting, dt};
-    n.count_only = true;
-    n.cost = &log;
-    const auto counted = dit.prologue(n, Tensor::shape_only({batch * t, cfg.joint_dim}, dt),
-                                      Tensor::shape_only({t, 4}, DType::i64), Tensor::shape_only({l, 4}, DType::i64));
-    Tensor w = Tensor::shape_only({batch * l, cfg.out_channels}, dt);
-    dit.forward(n, counted, Tensor::shape_only({batch * l, cfg.in_channels}, dt), 625.0f, w);
-    *counted_sent = log.sent();
-  }
+  if (counted_sent)
+    *counted_sent = counted_bytes(dt, [&](Context& n) {
+      const auto counted = dit.prologue(n, Tensor::shape_only({batch * t, cfg.joint_dim}, dt),
+                                        Tensor::shape_only({t, 4}, DType::i64), Tensor::shape_only({l, 4}, DType::i64));
+      Tensor w = Tensor::shape_only({batch * l, cfg.out_channels}, dt);
+      dit.forward(n, counted, Tensor::shape_only({batch * l, cfg.in_channels}, dt), 625.0f, w);
+    });
   return to_f32_vector(v);
 }
 
@@ -183,15 +189,9 @@ std::vector<float> sa3_velocity(const sa3::Dit& dit, DType dt, uint32_t seed, do
   Arena arena;
   Context c{&arena, dt};
   const Tensor v = run(c, [&](const Shape& shape, uint32_t i) { return seeded(shape, dt, seed + i); });
-  if (counted_sent) {
-    CostLog log;
-    Arena counting;
-    Context n{&counting, dt};
-    n.count_only = true;
-    n.cost = &log;
-    run(n, [&](const Shape& shape, uint32_t) { return Tensor::shape_only(shape, dt); });
-    *counted_sent = log.sent();
-  }
+  if (counted_sent)
+    *counted_sent = counted_bytes(
+        dt, [&](Context& n) { run(n, [&](const Shape& shape, uint32_t) { return Tensor::shape_only(shape, dt); }); });
   return to_f32_vector(v);
 }
 
@@ -232,15 +232,8 @@ std::vector<float> same_audio(const sa3::SameDecoder& same, DType dt, uint32_t s
   Arena arena;
   Context c{&arena, dt};
   const Tensor audio = same.decode(c, seeded(latents, dt, seed), 2);
-  if (counted_sent) {
-    CostLog log;
-    Arena counting;
-    Context n{&counting, dt};
-    n.count_only = true;
-    n.cost = &log;
-    same.decode(n, Tensor::shape_only(latents, dt), 2);
-    *counted_sent = log.sent();
-  }
+  if (counted_sent)
+    *counted_sent = counted_bytes(dt, [&](Context& n) { same.decode(n, Tensor::shape_only(latents, dt), 2); });
   return to_f32_vector(audio);
 }
 
@@ -306,42 +299,38 @@ TEST(TensorSplit, RowsFetchedOnTheirOwnAreTheWholeWeightsRows) {
   EXPECT_THROW(source->fetch_rows(name, shape, {{shape[0] - 1, 2}}), Error);
 }
 
-// What counting a request as `parallel` over `ranks` says, on klein_tiny_a opened with its
-// transformer split over `split` (or whole): empty when it is taken.
-std::string refusal(const ProcessGroup* split, Parallel parallel, const ProcessGroup* ranks) {
+// What counting `r` says on the model at `path` opened with its weights split over `split` (or
+// whole): empty when it is taken.
+template <typename Model, typename Request>
+std::string count_refusal(const std::string& path, const ProcessGroup* split, const Request& r) {
   ModelParts parts;
-  parts.model = test::fixture("klein_tiny_a");
+  parts.model = path;
   parts.tensor_ranks = split;
-  const auto model = ImageModel::open(parts, Weights::none);
-  ImageRequest r;
-  r.prompt = "a fox";
-  r.width = r.height = 32;
-  r.parallel = {parallel, ranks};
   try {
-    model->count(r);
+    Model::open(parts, Weights::none)->count(r);
     return "";
   } catch (const Error& e) {
     return e.what();
   }
 }
 
+// A 32x32 image as `parallel` over `ranks` on klein_tiny_a.
+std::string refusal(const ProcessGroup* split, Parallel parallel, const ProcessGroup* ranks) {
+  ImageRequest r;
+  r.prompt = "a fox";
+  r.width = r.height = 32;
+  r.parallel = {parallel, ranks};
+  return count_refusal<ImageModel>(test::fixture("klein_tiny_a"), split, r);
+}
+
 // The same for a guided Stable Audio 3 clip on the tiny pipeline.
 std::string audio_refusal(const ProcessGroup* split, Parallel parallel, const ProcessGroup* ranks) {
-  ModelParts parts;
-  parts.model = test::pipeline_dir();
-  parts.tensor_ranks = split;
-  const auto model = AudioModel::open(parts, Weights::none);
   AudioRequest r;
   r.prompt = "rain";
   r.seconds = 1;
   r.cfg = 4;
   r.parallel = {parallel, ranks};
-  try {
-    model->count(r);
-    return "";
-  } catch (const Error& e) {
-    return e.what();
-  }
+  return count_refusal<AudioModel>(test::pipeline_dir(), split, r);
 }
 
 TEST(TensorSplit, AModelTakesTensorOnlyWhenOpenedSplitAndThenOnlyTensor) {
