@@ -11,6 +11,7 @@
 // linear2: ~2.2x for klein, `apus roofline --chips N`) and no sum changes its order.
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "apus/apus.h"
@@ -41,6 +42,12 @@ class TensorSplit {
   ColumnGroup mlp() const { return mlp_; }
   // This rank's columns of a group (all of them without a split).
   int64_t cols(const ColumnGroup& g) const { return share(g).count * g.unit; }
+  // A block linear's weight or bias of `shape`: its rows `rows` (this rank's, as rows() gives them)
+  // under a split, else the whole tensor.
+  Tensor fetch(const WeightLoader& w, const std::string& name, const Shape& shape,
+               const std::vector<Share>& rows) const {
+    return splits() ? w.get_rows(name, shape, rows) : w.get(name, shape);
+  }
   // This rank's rows of a weight whose output features are `g`'s, starting at row `base` (a
   // fused weight's part): the loader's ranges.
   Share rows(const ColumnGroup& g, int64_t base = 0) const {

@@ -100,7 +100,7 @@ Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute, cons
   const std::map<std::string, std::vector<Share>> rows = held_rows(c, split);
   // A block linear or its bias: this rank's rows of it under a tensor split, else the whole tensor.
   auto block = [&](const std::string& name, const Shape& shape) {
-    return split.splits() ? converted.get_rows(name, shape, rows.at(name)) : converted.get(name, shape);
+    return split.fetch(converted, name, shape, split.splits() ? rows.at(name) : std::vector<Share>{});
   };
   m.time_1_ = gemm("to_timestep_embed.0.weight", {d, c.timestep_features});
   m.time_1_bias_ = vec("to_timestep_embed.0.bias", {d});

@@ -54,18 +54,17 @@ SameTransformer SameTransformer::load(const SameConfig& config, const WeightLoad
   t.split_ = TensorSplit(tensor_ranks, d / hd, hd, d, f);
   const TensorSplit& split = t.split_;
   auto param = [&](const std::string& name, const Shape& shape) { return converted.get(name, shape); };
-  // A block linear or its bias: this rank's rows of it (`rows`) under a tensor split.
   auto held = [&](const std::string& name, const Shape& shape, const std::vector<Share>& rows) {
-    return split.splits() ? converted.get_rows(name, shape, rows) : converted.get(name, shape);
+    return split.fetch(converted, name, shape, rows);
   };
+  const int64_t parts = config.differential ? 5 : 3;
   std::vector<Share> head_terms;  // q (and q2), k (and k2), v: each d wide, split by heads
-  for (int64_t j = 0; j < (config.differential ? 5 : 3); ++j) head_terms.push_back(split.rows(split.heads(), j * d));
+  for (int64_t j = 0; j < parts; ++j) head_terms.push_back(split.rows(split.heads(), j * d));
   const std::vector<Share> features{split.rows(split.hidden())};
   const std::vector<Share> halves{split.rows(split.mlp()), split.rows(split.mlp(), f)};
   auto norm = [&](const std::string& p, int64_t width) {
     return Norm{param(p + ".alpha", {1}), param(p + ".gamma", {width}), param(p + ".beta", {width})};
   };
-  const int64_t parts = config.differential ? 5 : 3;
   for (int64_t i = 0; i < config.depth; ++i) {
     const std::string p = prefix + "transformers." + std::to_string(i) + ".";
     Block b;
