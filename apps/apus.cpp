@@ -130,10 +130,23 @@ template <typename Model, typename Request> RankPlan rank_plan(const std::string
   return {{0, batch}, {split, &world}, world.rank() == 0};
 }
 
+// Under several ranks: why one process could not hold `cost` (resident: every part's weights at
+// once) in a rank's memory, `rank_memory_gib`, else this machine's memory or cgroup limit over the
+// `here` ranks on it; empty when it could.
+std::string memory_shortfall(const apus::PipelineCost& cost, bool resident, double rank_memory_gib, int here) {
+  const auto [need, stage] = apus::peak_memory_need(cost, resident);
+  const apus::MemoryBudget budget = apus::memory_budget();
+  const double memory = rank_memory_gib > 0 ? rank_memory_gib * double(1 << 30) : budget.resident_bytes / here;
+  if (need <= memory) return "";
+  return "one process needs about " + apus::bytes_text(need) + " in its " + stage + " stage, more than the " +
+         apus::bytes_text(memory) + " a rank has: " +
+         (rank_memory_gib > 0 ? std::string("--rank-memory")
+                              : budget.resident_source + " over the " + std::to_string(here) + " ranks on it");
+}
+
 // --parallel as the model opens: under auto over several ranks, "tensor" when one process could
-// not hold the request (its count's peak_memory_need) in a rank's memory (`rank_memory_gib`, else
-// this machine's memory or cgroup limit over the ranks on it), so each rank loads its share of the
-// weights; otherwise as given (auto then picks a split per request: rank_plan).
+// not hold the request (memory_shortfall), so that each rank loads its share of the weights;
+// otherwise as given (auto then picks a split per request: rank_plan).
 template <typename Model, typename Request>
 std::string fitting_parallel(const std::string& parallel, double rank_memory_gib, const apus::ModelParts& parts,
                              const Request& r, int batch, const std::string& device, bool verbose) {
@@ -141,19 +154,37 @@ std::string fitting_parallel(const std::string& parallel, double rank_memory_gib
   if (parallel != "auto" || world.size() == 1) return parallel;
   const int here = world.ranks_here();
   if (world.rank() != 0) return world.broadcast("", "auto's memory check");
-  const auto [need, stage] =
-      apus::peak_memory_need(Model::open(parts, apus::Weights::none, device)->count(r, batch), false);
-  const apus::MemoryBudget budget = apus::memory_budget();
-  const double memory = rank_memory_gib > 0 ? rank_memory_gib * double(1 << 30) : budget.resident_bytes / here;
-  const bool fits = need <= memory;
-  if (verbose && !fits)
-    std::fprintf(
-        stderr,
-        "--parallel auto: tensor (one process needs about %s in its %s stage, more than the %s a rank has: %s)\n",
-        apus::bytes_text(need).c_str(), stage.c_str(), apus::bytes_text(memory).c_str(),
-        rank_memory_gib > 0 ? "--rank-memory"
-                            : (budget.resident_source + " over the " + std::to_string(here) + " ranks on it").c_str());
-  return world.broadcast(fits ? "auto" : "tensor", "auto's memory check");
+  const std::string shortfall =
+      memory_shortfall(Model::open(parts, apus::Weights::none, device)->count(r, batch), false, rank_memory_gib, here);
+  if (verbose && !shortfall.empty()) std::fprintf(stderr, "--parallel auto: tensor (%s)\n", shortfall.c_str());
+  return world.broadcast(shortfall.empty() ? "auto" : "tensor", "auto's memory check");
+}
+
+// serve --parallel auto over several ranks: each model one process could not hold resident (its
+// default request's count: memory_shortfall) opens split over the ranks, named on stderr; returns
+// which did, in ServeOptions::models' order.
+std::vector<bool> open_split_where_needed(std::vector<apus::ModelParts>& models, double rank_memory_gib,
+                                          const std::string& device) {
+  const apus::dist::World& world = apus::dist::World::get();
+  const int here = world.ranks_here();
+  std::string flags;
+  if (world.rank() == 0)
+    for (const apus::ModelParts& parts : models) {
+      const apus::AnyModel m = apus::AnyModel::open(parts, apus::Weights::none, device);
+      const apus::PipelineCost cost = m.image() ? m.image()->count(apus::ImageRequest{}) : m.audio()->count({});
+      const std::string shortfall = memory_shortfall(cost, true, rank_memory_gib, here);
+      if (!shortfall.empty())
+        std::fprintf(stderr, "serve: %s opens with its weights split over the %d ranks (tensor): %s\n",
+                     m.label().c_str(), world.size(), shortfall.c_str());
+      flags += shortfall.empty() ? '0' : '1';
+    }
+  flags = world.broadcast(flags, "auto's memory check");
+  std::vector<bool> split;
+  for (size_t i = 0; i < models.size(); ++i) {
+    split.push_back(flags[i] == '1');
+    if (split.back()) models[i].tensor_ranks = &world;
+  }
+  return split;
 }
 
 // The parts as --parallel opens them: under tensor over several ranks, the transformer's weights
@@ -789,7 +820,7 @@ Command serve_command(CLI::App& app) {
     std::vector<std::string> models, aliases;
     apus::ModelParts parts;
     size_t max_body_mb = serve.max_body >> 20, kept_results_mb = serve.kept_results_bytes >> 20;
-    double drain_seconds = 30;
+    double drain_seconds = 30, rank_memory = 0;
     std::string parallel = "auto";
   };
   const auto o = std::make_shared<Options>();
@@ -840,6 +871,13 @@ Command serve_command(CLI::App& app) {
                    "model's transformer weights split over the ranks), none (rank 0 alone) or auto (the cost "
                    "model's pick per request; a named split a request cannot take gives way to it)")
       ->check(CLI::IsMember({"auto", "cfg", "ulysses", "none", "batch", "tensor"}));
+  serve
+      ->add_option("--rank-memory", o->rank_memory,
+                   "started by mpirun or srun, the memory a rank may use, in GiB (default: this machine's memory or "
+                   "cgroup limit over the ranks on it): under auto, a model one process could not hold resident "
+                   "opens with its weights split over the ranks (tensor)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("GIB");
   add_rank_timeout(serve);
   return {serve, [o] {
             apus::server::ServeOptions& s = o->serve;
@@ -882,8 +920,10 @@ Command serve_command(CLI::App& app) {
             apus::dist::World& world = apus::dist::World::get();
             std::optional<apus::server::Ranks> ranks;
             if (world.size() > 1) {
-              ranks.emplace(world, o->parallel, rank_chip(o->parallel, s.device));
               for (apus::ModelParts& parts : s.models) parts = split_parts(parts, o->parallel);
+              std::vector<bool> split(s.models.size(), o->parallel == "tensor");
+              if (o->parallel == "auto") split = open_split_where_needed(s.models, o->rank_memory, s.device);
+              ranks.emplace(world, o->parallel, rank_chip(o->parallel, s.device), split);
               if (world.rank() != 0) return follow_rank_0(*ranks, s);
               world.throw_when_lost();
               s.ranks = &*ranks;

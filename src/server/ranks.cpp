@@ -70,8 +70,8 @@ template <typename Work> auto in_step(const dist::World& world, Work&& work) {
 
 }  // namespace
 
-Ranks::Ranks(const dist::World& world, std::string parallel, Chip here)
-    : world_(world), parallel_(std::move(parallel)), here_(std::move(here)) {
+Ranks::Ranks(const dist::World& world, std::string parallel, Chip here, std::vector<bool> opened_split)
+    : world_(world), parallel_(std::move(parallel)), here_(std::move(here)), opened_split_(std::move(opened_split)) {
   APUS_CHECK(parallel_ == "auto" || parallel_ == "cfg" || parallel_ == "ulysses" || parallel_ == "tensor" ||
                  parallel_ == "none",
              "serve --parallel ", parallel_, ": expected auto, cfg, ulysses, tensor or none over the ranks",
@@ -79,10 +79,10 @@ Ranks::Ranks(const dist::World& world, std::string parallel, Chip here)
 }
 
 template <typename Model, typename Request>
-Parallel Ranks::choose(const Model& model, const Request& r, int batch) const {
+Parallel Ranks::choose(size_t index, const Model& model, const Request& r, int batch) const {
+  // A model opened with its weights split over the ranks: every request runs so.
+  if (index < opened_split_.size() && opened_split_[index]) return Parallel::tensor;
   if (parallel_ == "none") return Parallel::none;
-  // The models were opened with their transformers split over the ranks: every request runs so.
-  if (parallel_ == "tensor") return Parallel::tensor;
   // A named split the request cannot take (cfg for one unguided image) gives way to auto's choice.
   for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
     if (parallel_ == parallel_name(p) && dist::takes_split(model, r, p, world_)) return p;
@@ -97,7 +97,7 @@ std::vector<Result> Ranks::run(char kind, size_t index, const Model& model, std:
   // The ranks of a split sample the same noise: rank 0 draws the seeds the others are sent.
   for (Request& r : batch)
     if (!r.seed) r.seed = std::random_device{}();
-  const Parallel strategy = choose(model, batch.front(), int(batch.size()));
+  const Parallel strategy = choose(index, model, batch.front(), int(batch.size()));
   if (strategy == Parallel::none) {
     used = "rank 0 alone";
     return model.generate_batch(batch, progress, stop);

@@ -27,7 +27,9 @@ class Ranks {
  public:
   // parallel: auto, cfg, ulysses, tensor (the models opened split over the ranks) or none. `here`: this machine's
   // calibrated chip with link_bps the rate measured between the ranks (auto prices the splits at it).
-  Ranks(const dist::World& world, std::string parallel, Chip here);
+  // `opened_split`: which models (in ServeOptions::models' order) were opened with their weights
+  // split over the ranks: their requests all run as tensor.
+  Ranks(const dist::World& world, std::string parallel, Chip here, std::vector<bool> opened_split);
   int size() const { return world_.size(); }
 
   // Rank 0: `batch` of the model at `index` (in ServeOptions::models' order) over the ranks, or on
@@ -45,9 +47,11 @@ class Ranks {
   const dist::World& world_;
   std::string parallel_;
   Chip here_;
+  std::vector<bool> opened_split_;
   std::mutex mutex_;  // one request over the ranks at a time
 
-  template <typename Model, typename Request> Parallel choose(const Model& model, const Request& r, int batch) const;
+  template <typename Model, typename Request>
+  Parallel choose(size_t index, const Model& model, const Request& r, int batch) const;
   template <typename Result, typename Model, typename Request>
   std::vector<Result> run(char kind, size_t index, const Model& model, std::vector<Request> batch,
                           const Progress& progress, const std::atomic<bool>* stop, std::string& used);

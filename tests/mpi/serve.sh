@@ -6,7 +6,8 @@
 # and ends the job, and the job restarted on the same --output-dir lists the earlier jobs and
 # serves again; a rank that hangs ends the job once --rank-timeout passes, its request answered
 # 503 naming the exchange; a server started with --parallel tensor (each rank holding its share of
-# each model's transformer: klein's and Stable Audio 3's) serves one process's bytes too.
+# each model's transformer: klein's and Stable Audio 3's) serves one process's bytes too, and so
+# does one whose models auto opened split because a rank's memory could not hold them.
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/serve.sh APUS FIXTURES
 set -euo pipefail
@@ -144,4 +145,16 @@ for i in $(seq 1 300); do
 done
 [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state'] + ' ' + str(len(d.get('preview', {}).get('peaks', [])) > 0)")" = "done True" ] ||
   fail "the previewed clip over 2 tensor ranks: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
+# auto with less memory a rank than one process needs (--rank-memory): both models open split,
+# each named, and their requests run as tensor, one process's bytes.
+pkill -TERM -f "^mpirun .* serve .*--parallel tensor" || true
+ended tensor.log > /dev/null
+start memory.log --rank-memory 0.001
+[ "$(grep -c "^serve: .* opens with its weights split over the 2 ranks (tensor): one process needs about .* more than the 1.1 MB a rank has: --rank-memory$" memory.log)" = 2 ] ||
+  { cat memory.log; fail "auto did not open both models split for a rank's memory"; }
+post /v1/images/generations "$guided" | b64_file memory.png
+cmp -s one.png memory.png || fail "the image served by a model auto split differs from one process's"
+post /v1/audio/generations '{"prompt": "rain", "seconds": 1, "steps": 2, "seed": 3, "cfg": 4, "negative_prompt": "wind",
+  "format": "wav"}' > memory.wav
+cmp -s one.wav memory.wav || fail "the clip served by a model auto split differs from one process's"
 echo "mpi serve: requests over 2 ranks are one process's (split by requests and by weights); cancel, a killed and a hung rank handled"
