@@ -524,8 +524,9 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
                   "started by mpirun or srun, how the ranks split the work: batch (-n's outputs over the ranks), "
                   "cfg (each step's guided branches and images over the ranks), ulysses (every image's tokens over the "
                   "ranks, attention exchanging heads), tensor (the transformer's weights and features over the ranks, "
-                  "each holding its share: a model too big for one), none (rank 0 does it all), auto (of "
-                  "batch, cfg and ulysses, the one the cost model predicts fastest; -v says)")
+                  "each holding its share: a model too big for one), none (rank 0 does it all), auto (tensor when one "
+                  "process could not hold the request in a rank's memory, else of batch, cfg and ulysses the one the "
+                  "cost model predicts fastest; -v says)")
       ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
   app->add_option("--rank-memory", o.rank_memory,
                   "started by mpirun or srun, the memory a rank may use, in GiB, for auto's check (default: this "
@@ -868,8 +869,9 @@ Command serve_command(CLI::App& app) {
   serve
       ->add_option("--parallel", o->parallel,
                    "started by mpirun or srun, how each request splits over the ranks: cfg, ulysses, tensor (every "
-                   "model's transformer weights split over the ranks), none (rank 0 alone) or auto (the cost "
-                   "model's pick per request; a named split a request cannot take gives way to it)")
+                   "model's transformer weights split over the ranks), none (rank 0 alone) or auto (a model one "
+                   "process could not hold opens split, the rest take the cost model's pick per request; a named split "
+                   "a request cannot take gives way to it)")
       ->check(CLI::IsMember({"auto", "cfg", "ulysses", "none", "batch", "tensor"}));
   serve
       ->add_option("--rank-memory", o->rank_memory,
