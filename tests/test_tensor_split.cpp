@@ -19,6 +19,7 @@
 #include "models/flux2/transformer.h"
 #include "models/sa3/dit.h"
 #include "models/sa3/same_decoder.h"
+#include "ops/adapters.h"
 #include "ops/cpu/cpu_ops.h"
 #include "pipeline/registry.h"
 #include "pipeline/sa3/sa3_model.h"
@@ -275,6 +276,51 @@ TEST(TensorSplit, SameDecoderRanksDecodeOneProcessAudioHoldingTheirShareOfTheWei
         split.decode(c, Tensor::shape_only({2 * 200, config.latent_dim}, DType::f32), 2, true, {}, &rank);
       },
       {"a decoder loaded split over ranks", "its chunks are not dealt out"});
+}
+
+// A LoKr on a weight held as some of its rows adds exactly those rows' part of the whole term: a
+// LoRA's up factor is cut, a LoKr's Kronecker term formed whole and its held rows kept.
+TEST(TensorSplit, AdaptersCutToHeldRowsAddThoseRowsOfTheWholeTerm) {
+  const uint32_t seed = test::test_seed();
+  const int64_t n = 3, a = 2, c = 3, p = 4, q = 5;  // x [n, c q]; ΔW = kron([a, c], [p, q]): [8, 15]
+  auto factor = [&](int64_t rows, int64_t cols, uint32_t s) {
+    return Factor{Tensor{}, seeded({rows, cols}, DType::f32, s)};
+  };
+  LowRank lokr;
+  lokr.outer = factor(a, c, seed);
+  lokr.inner = Factor{seeded({2, q}, DType::f32, seed + 1), seeded({p, 2}, DType::f32, seed + 2)};
+  lokr.scale = 0.7f;
+  lokr.source = "lokr";
+  LowRank lora;
+  lora.inner = Factor{seeded({3, c * q}, DType::f32, seed + 3), seeded({a * p, 3}, DType::f32, seed + 4)};
+  lora.source = "lora";
+  const std::string name = "w";
+  const std::vector<Share> held{{1, 3}, {6, 2}, {4, 0}};
+  const Tensor x = seeded({n, c * q}, DType::f32, seed + 5);
+  // y [n, rows] = x's adapters' terms on a weight named `name` of `rows` rows as held.
+  auto adapted = [&](const Adapters& adapters, int64_t rows) {
+    Arena arena;
+    Context ctx{&arena, DType::f32};
+    Tensor w = Tensor::shape_only({rows, c * q}, DType::f32);
+    w.weight_name = &name;
+    Tensor y = ops::zeros(ctx, {n, rows}, DType::f32);
+    const AdapterScope scope(ctx, &adapters);
+    ops::apply_adapters(ctx, x, w, nullptr, y);
+    return to_f32_vector(y);
+  };
+  Adapters whole, cut;
+  for (Adapters* adapters : {&whole, &cut}) {
+    adapters->add(name, {a * p, c * q}, lokr);
+    adapters->add(name, {a * p, c * q}, lora);
+  }
+  cut.keep_rows(name, held);
+  const std::vector<float> all = adapted(whole, a * p), mine = adapted(cut, 5);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t col = 0;
+    for (const Share& s : held)
+      for (int64_t r = s.first; r < s.first + s.count; ++r, ++col)
+        EXPECT_EQ(mine[size_t(i * 5 + col)], all[size_t(i * a * p + r)]) << "sample " << i << ", row " << r;
+  }
 }
 
 TEST(TensorSplit, RowsFetchedOnTheirOwnAreTheWholeWeightsRows) {

@@ -52,8 +52,11 @@ void Adapters::keep_rows(const std::string& weight, const std::vector<Share>& ro
     return;
   }
   for (LowRank& f : it->second) {
-    APUS_CHECK(!f.kronecker(), f.source, ": a LoKr on a transformer split over ranks (parallel tensor) is not ",
-               "implemented yet: cfg or ulysses split a request with it");
+    if (f.kronecker()) {
+      APUS_CHECK(f.kept.empty(), f.source, ": a LoKr's rows cut twice");
+      f.kept = rows;
+      continue;
+    }
     f.inner.up = rows_copy(f.inner.up, rows);
     if (f.decomposed()) f.magnitude = rows_copy(f.magnitude, rows);
   }
@@ -178,12 +181,25 @@ void apply_adapters(Context& c, const Tensor& x, const Tensor& w, const Tensor* 
   // The adapter's own products are plain linears: no adapters of their own.
   AdapterScope plain(c, nullptr);
   for (const LowRank& f : *factors) {
-    APUS_CHECK(f.cols() == w.dim(1) && f.rows() == w.dim(0), f.source, ": '", *w.weight_name, "' is used as ",
-               shape_str(w.shape), " where the adapter fits ", shape_str({f.rows(), f.cols()}));
+    APUS_CHECK(f.cols() == w.dim(1) && f.held_rows() == w.dim(0), f.source, ": '", *w.weight_name, "' is used as ",
+               shape_str(w.shape), " where the adapter fits ", shape_str({f.held_rows(), f.cols()}));
     ArenaScope arena(*c.arena);
     Tensor term = Tensor::in(*c.arena, y.shape, c.act);
-    if (f.kronecker()) apply_kronecker(c, x, f, term);
-    else apply_factor(c, x, f.inner, term);
+    if (f.kronecker() && !f.kept.empty()) {
+      // The rows the weight holds of the whole term, its columns here.
+      Tensor whole = Tensor::in(*c.arena, {y.dim(0), f.rows()}, c.act);
+      apply_kronecker(c, x, f, whole);
+      int64_t at = 0;
+      for (const Share& s : f.kept) {
+        Tensor to = term.cols(at, at + s.count);
+        if (s.count > 0) copy(c, whole.cols(s.first, s.first + s.count), to);
+        at += s.count;
+      }
+    } else if (f.kronecker()) {
+      apply_kronecker(c, x, f, term);
+    } else {
+      apply_factor(c, x, f.inner, term);
+    }
     const float scale = f.scale;
     const Tensor gate = host_filled(c, {y.dim(1)}, DType::f32, [&](Tensor& g) {
       for (int64_t i = 0; i < g.numel(); ++i) g.ptr<float>()[i] = scale;

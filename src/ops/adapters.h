@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/share.h"
 #include "core/tensor.h"
 
 namespace apus {
@@ -39,10 +40,20 @@ struct LowRank {
   Factor outer;
   // DoRA's magnitude per output row [rows] (f32); undefined for every other kind.
   Tensor magnitude;
+  // A LoKr's rows of ΔW that the weight holds (tensor parallelism, Adapters::keep_rows), in order:
+  // its term is formed whole and these rows of it added. Empty: every row.
+  std::vector<Share> kept;
   bool kronecker() const { return outer.up.defined(); }
   bool decomposed() const { return magnitude.defined(); }
   int64_t rows() const { return kronecker() ? outer.rows() * inner.rows() : inner.rows(); }
   int64_t cols() const { return kronecker() ? outer.cols() * inner.cols() : inner.cols(); }
+  // The rows it changes of the weight as held.
+  int64_t held_rows() const {
+    if (kept.empty()) return rows();
+    int64_t n = 0;
+    for (const Share& s : kept) n += s.count;
+    return n;
+  }
 };
 
 class Adapters {
@@ -52,8 +63,8 @@ class Adapters {
   void add(const std::string& weight, const Shape& weight_shape, LowRank f);
   const std::vector<LowRank>* find(const std::string& weight) const;
   // `weight` held as its rows `rows` only (tensor parallelism, in the order held): its adapters'
-  // changes cut to them (a pair's up factor, a DoRA's magnitudes; dropped where no row is held);
-  // a LoKr is refused.
+  // changes cut to them (a pair's up factor, a DoRA's magnitudes, a LoKr's kept rows; dropped
+  // where no row is held).
   void keep_rows(const std::string& weight, const std::vector<Share>& rows);
   bool empty() const { return by_weight_.empty(); }
   // The weights with adapters that no linear has applied yet (a model that copied the weight, or

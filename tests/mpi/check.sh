@@ -9,7 +9,8 @@
 # an unnamed output is named once for all ranks. A rank that stops taking part ends the job within
 # --rank-timeout, and a rank that fails ends it at once, each naming the rank. Tensor parallelism
 # (klein's transformer and Stable Audio 3's DiT weights over the ranks, LoRAs cut to them; auto
-# taking it when a rank's memory could not hold one process's request) is one process's too; what it does not take yet (a LoKr), a request cfg cannot split and a command that does not split yet
+# taking it when a rank's memory could not hold one process's request; LoKrs too) is one process's;
+# a request cfg cannot split and a command that does not split yet
 # (roofline) are refused naming themselves; calibrate measures the link between the ranks and
 # keeps it. (`apus serve` over ranks: tests/mpi/serve.sh.)
 # Skipped (77) without mpirun or without MPI in the build.
@@ -201,14 +202,11 @@ done
 ranks 2 "${audio[@]}" --rank-memory 0.001 -v -o memory.wav
 grep -q "^--parallel auto: tensor (one process needs about " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto kept SA3 whole past a rank's memory"; }
 same clip.wav memory.wav
-refuse_tensor() {
-  local expected="$1"
-  shift
-  if mpirun -np 2 "$apus" "$@" --parallel tensor > refused.log 2>&1; then fail "tensor took $*"; fi
-  grep -q "$expected" refused.log || { cat refused.log; fail "tensor's refusal of $*: not '$expected'"; }
-}
-refuse_tensor "a LoKr on a transformer split over ranks (parallel tensor) is not implemented yet" "${image[@]}" \
-  --lora "$fixtures/klein_lora/lokr.safetensors" -o x.png
+# LoKrs (each rank keeps its rows of the Kronecker term): on diffusers' modules, with both factors
+# factorised, and in BFL's names on the fused modules whose rows are split by heads.
+as_one tensor "" lokr.png "${image[@]}" --lora "$fixtures/klein_lora/lokr.safetensors" \
+  --lora "$fixtures/klein_lora/lokr_both.safetensors:0.6"
+as_one tensor "" bfl_lokr.png "${image[@]}" --lora "$fixtures/klein_lora/bfl_lokr.safetensors"
 if mpirun -np 2 "$apus" roofline --model "$fixtures/klein_tiny_a" > refused.log 2>&1; then fail "roofline ran over 2 ranks"; fi
 grep -q "apus roofline does not split over several processes yet" refused.log || { cat refused.log; fail "roofline's refusal"; }
 # calibrate over the ranks: the link between them measured, then kept under their placement.
