@@ -117,6 +117,12 @@ as_one ulysses "" edit.png image --model "$fixtures/klein_tiny_a" -p "a fox" -W 
   --image "$fixtures/klein_tiny_a_edit/ref0.png"
 as_one ulysses "" inpaint.png image --model "$fixtures/klein_tiny_a" -p "a fox" --steps 2 -s 7 \
   --image "$fixtures/images/gray.png" --mask "$fixtures/images/bilevel.png"
+# The -kv model's cached reference keys (their own pass whole on every rank) in every sample's
+# sequence after its text, for each rank's heads: an edit, and a batch of two.
+as_one ulysses "" kv.png image --model "$fixtures/klein_tiny_9b_kv" -p "a fox" --steps 2 -s 7 \
+  --image "$fixtures/klein_tiny_9b_kv_refs/ref0.png" --image "$fixtures/klein_tiny_9b_kv_refs/ref1.png"
+as_one ulysses "" kv_pair.png image --model "$fixtures/klein_tiny_9b_kv" -p "a fox" --steps 2 -s 7 -n 2 \
+  --image "$fixtures/klein_tiny_9b_kv_refs/ref0.png"
 "$apus" "${image[@]}" -o single.png 2> /dev/null
 ranks 2 "${image[@]}" -v -o auto.png
 grep -q "^--parallel auto: ulysses " "$scratch/ranks.log" || { cat "$scratch/ranks.log"; fail "auto did not pick ulysses for one image"; }

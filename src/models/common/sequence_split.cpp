@@ -49,7 +49,7 @@ void place_rows(Context& c, const SequenceSplit& split, int rank, int64_t batch,
 
 void sequence_attention(Context& c, const SequenceSplit& split, const std::vector<const Tensor*>& qs,
                         const std::vector<const Tensor*>& ks, const Tensor& v, Tensor& o, int64_t head_dim, float scale,
-                        const ops::AttentionOptions& options) {
+                        const ops::AttentionOptions& options, const ExtraKeys& extra) {
   const ProcessGroup& group = *split.group;
   const int n = group.size(), me = group.rank();
   const Tensor& q = *qs[0];
@@ -106,9 +106,34 @@ void sequence_attention(Context& c, const SequenceSplit& split, const std::vecto
         at += rows * w;
       }
     }
-    if (qs.size() == 2)
+    if (extra.k) {
+      APUS_CHECK(qs.size() == 1 && extra.v && extra.at >= 0 && extra.at <= all &&
+                     extra.k->shape == Shape({extra.k->shape[0], heads * d}) && extra.v->shape == extra.k->shape,
+                 "sequence-parallel attention: extra keys ", shape_str(extra.k->shape), " before token ", extra.at,
+                 " of ", all, ", expected [R, ", heads * d, "] for one query term");
+      // Each sample's keys and values: its sequence up to `at`, the extra ones of this rank's
+      // heads, then the rest.
+      const int64_t r = extra.k->shape[0], sk = all + r;
+      auto with_extra = [&](const Tensor& own, const Tensor& added) {
+        Tensor out = Tensor::in(*c.arena, {batch * sk, w}, q.dtype);
+        const Tensor mine_of_added = added.cols(my_heads.first * d, (my_heads.first + my_heads.count) * d);
+        for (int64_t b = 0; b < batch; ++b) {
+          Tensor head = out.rows(b * sk, b * sk + extra.at),
+                 middle = out.rows(b * sk + extra.at, b * sk + extra.at + r),
+                 tail = out.rows(b * sk + extra.at + r, (b + 1) * sk);
+          if (extra.at > 0) ops::copy(c, own.rows(b * all, b * all + extra.at), head);
+          ops::copy(c, mine_of_added, middle);
+          if (extra.at < all) ops::copy(c, own.rows(b * all + extra.at, (b + 1) * all), tail);
+        }
+        return out;
+      };
+      const Tensor k_all = with_extra(whole[1], *extra.k), v_all = with_extra(whole[2], *extra.v);
+      ops::attention(c, whole[0], k_all, v_all, attended, d, scale, options);
+    } else if (qs.size() == 2) {
       ops::differential_attention(c, whole[0], whole[2], whole[1], whole[3], whole[4], attended, d, scale, options);
-    else ops::attention(c, whole[0], whole[1], whole[2], attended, d, scale, options);
+    } else {
+      ops::attention(c, whole[0], whole[1], whole[2], attended, d, scale, options);
+    }
   }
   // Back: to rank i, the attended rows of its tokens for this rank's heads.
   std::vector<size_t> back_out, back_in;

@@ -26,12 +26,22 @@ struct SequenceSplit {
   int64_t tokens() const;                // the whole sequence
 };
 
+// Keys and values every sample attends to beside its own, placed in its whole sequence before
+// token `at` (klein's cached reference keys: [text; references; image]): [R, heads x head_dim],
+// every head, every rank holding them whole; the same for every sample.
+struct ExtraKeys {
+  const Tensor* k = nullptr;
+  const Tensor* v = nullptr;
+  int64_t at = 0;
+};
+
 // o = attention(q, k, v) over each sample's whole sequence, per head, or with two query and key
 // terms (qs, ks of two each) differential_attention: every tensor [batch x the rank's tokens,
-// heads x head_dim] holds this rank's tokens; keys and values have the queries' heads. Counting,
-// files what the rank sends (CostLog::mark_sent) and the attention of its heads.
+// heads x head_dim] holds this rank's tokens; keys and values have the queries' heads. With
+// `extra` (one term) the keys and values are each sample's whole sequence with extra's placed in
+// it. Counting, files what the rank sends (CostLog::mark_sent) and the attention of its heads.
 void sequence_attention(Context& c, const SequenceSplit& split, const std::vector<const Tensor*>& qs,
                         const std::vector<const Tensor*>& ks, const Tensor& v, Tensor& o, int64_t head_dim, float scale,
-                        const ops::AttentionOptions& options);
+                        const ops::AttentionOptions& options, const ExtraKeys& extra = {});
 
 }  // namespace apus

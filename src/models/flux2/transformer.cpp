@@ -190,8 +190,12 @@ void Transformer::joint_attention(Context& c, const Tensor& q, const Tensor& k, 
   const int64_t d = cfg_.head_dim, batch = pro.batch;
   const float scale = 1.0f / std::sqrt(float(d));
   if (pro.sequence) {
-    APUS_CHECK(!kv.keep && !kv.attend, "transformer: the references' cached keys are not split over ranks yet");
-    sequence_attention(c, *pro.sequence, {&q}, {&k}, v, out, d, scale, {false, nullptr, batch});
+    // The references' own pass runs whole on every rank (reference_kv), so every rank holds their
+    // keys and values for every head; each sample's sequence takes them after its text.
+    APUS_CHECK(!kv.keep, "transformer: the references' own pass is not split over ranks");
+    const ExtraKeys references =
+        kv.attend ? ExtraKeys{&kv.attend->k, &kv.attend->v, pro.sequence->runs[0]} : ExtraKeys{};
+    sequence_attention(c, *pro.sequence, {&q}, {&k}, v, out, d, scale, {false, nullptr, batch}, references);
     return;
   }
   if (kv.keep) {

@@ -158,9 +158,6 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   }
   for (const Crop& crop : w.crops) w.ref_tokens += crop.tokens();
   w.reference_cache = reference_cache_ && w.ref_tokens > 0;
-  APUS_CHECK(!w.reference_cache || r.parallel.strategy != Parallel::ulysses, label_,
-             ": parallel ulysses with the references' cached keys (a -kv model editing) is not implemented yet: use ",
-             "cfg or batch, or one process");
   if (!r.loras.empty()) {
     auto adapters = std::make_shared<Adapters>();
     for (const Lora& lora : r.loras)
