@@ -113,6 +113,16 @@ std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> weig
   return tiers;
 }
 
+// bf16 GEMMs widened to f32 on apus's own kernels while it lives. oneDNN's native bf16 kernels
+// (AVX512-BF16, AMX) are chosen by the call's shape: a linear of 32 output features can sum an
+// output in another order than the same feature in a call of 64 (seen on an AMX Xeon, k 256: one
+// element of 160 a bf16 ulp apart), so a rank's share is not always the whole call's bits there.
+// The widened kernels compute each output feature alike in any call, as the split needs.
+struct WidenedBf16 {
+  WidenedBf16() { cpu::native_bf16_knob.set(1); }
+  ~WidenedBf16() { cpu::native_bf16_knob.set(0); }
+};
+
 // Over n ranks that are threads: each loads its share (load(its rank)) and computes run(model,
 // &counted bytes). Every rank's output must be `expected` bit for bit, its bytes sent the count's,
 // its parameters fewer than the whole model's `whole`; returns the parameters all ranks hold.
@@ -146,6 +156,7 @@ int64_t check_ranks(int n, const std::vector<float>& expected, int64_t whole, Lo
 }
 
 TEST(TensorSplit, RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights) {
+  const WidenedBf16 widened;
   const ModelDir dir = ModelDir::open(test::fixture("klein_tiny_a"));
   const Config config = dir.config("transformer");
   const uint32_t seed = test::test_seed();
@@ -197,6 +208,7 @@ std::vector<float> sa3_velocity(const sa3::Dit& dit, DType dt, uint32_t seed, do
 }
 
 TEST(TensorSplit, Sa3RanksComputeOneProcessVelocityHoldingTheirShareOfTheWeights) {
+  const WidenedBf16 widened;
   const uint32_t seed = test::test_seed();
   for (const char* variant : {"dit_diff", "dit_plain"}) {
     const std::string dir = test::fixture(std::string("sa3_tiny/") + variant);
@@ -239,6 +251,7 @@ std::vector<float> same_audio(const sa3::SameDecoder& same, DType dt, uint32_t s
 }
 
 TEST(TensorSplit, SameDecoderRanksDecodeOneProcessAudioHoldingTheirShareOfTheWeights) {
+  const WidenedBf16 widened;
   const uint32_t seed = test::test_seed();
   const std::string dir = test::fixture("sa3_tiny/same_l");
   const auto config = sa3::SameConfig::read(read_config(dir + "/config.json"));
