@@ -10,6 +10,7 @@
 // gathered too (1.5x the bytes over the wire for a double block, 2.5x for a single block's wide
 // linear2: ~2.2x for klein, `apus roofline --chips N`) and no sum changes its order.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,22 @@ class TensorSplit {
   Tensor fetch(const WeightLoader& w, const std::string& name, const Shape& shape,
                const std::vector<Share>& rows) const {
     return splits() ? w.get_rows(name, shape, rows) : w.get(name, shape);
+  }
+  // The same with the rows looked up by name in `held` (a model's held_rows: empty without a split).
+  Tensor fetch(const WeightLoader& w, const std::map<std::string, std::vector<Share>>& held, const std::string& name,
+               const Shape& shape) const {
+    return splits() ? w.get_rows(name, shape, held.at(name)) : w.get(name, shape);
+  }
+  // y [rows, hidden] = x · w^T (+ bias), a linear whose input is whole on every rank and whose
+  // weight holds this rank's share of the residual stream's features: each rank computes its
+  // features (a row-parallel linear to the cost model) and they are gathered into y.
+  void project(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, const char* what) const {
+    Columns out(c, *this, y, {hidden()});
+    {
+      RowParallel row(c);
+      ops::linear(c, x, w, bias, out.mine());
+    }
+    out.gather(what);
   }
   // This rank's rows of a weight whose output features are `g`'s, starting at row `base` (a
   // fused weight's part): the loader's ranges.

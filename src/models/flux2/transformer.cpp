@@ -89,9 +89,7 @@ Transformer Transformer::load(const Config& config, WeightLoader weights, const 
   m.proj_out_ = w.get("proj_out.weight", {c.out_channels, h});
   const std::map<std::string, std::vector<Share>> rows = held_rows(c, split);
   // A block linear: this rank's rows of it under a tensor split, else the whole weight.
-  auto block = [&](const std::string& name, const Shape& shape) {
-    return split.fetch(w, name, shape, split.splits() ? rows.at(name) : std::vector<Share>{});
-  };
+  auto block = [&](const std::string& name, const Shape& shape) { return split.fetch(w, rows, name, shape); };
   for (int64_t i = 0; i < c.num_double; ++i) {
     const std::string p = "transformer_blocks." + std::to_string(i) + ".";
     Double b;

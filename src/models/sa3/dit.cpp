@@ -99,9 +99,7 @@ Dit Dit::load(const DitConfig& config, WeightLoader weights, DType compute, cons
   auto& vec = gemm;
   const std::map<std::string, std::vector<Share>> rows = held_rows(c, split);
   // A block linear or its bias: this rank's rows of it under a tensor split, else the whole tensor.
-  auto block = [&](const std::string& name, const Shape& shape) {
-    return split.fetch(converted, name, shape, split.splits() ? rows.at(name) : std::vector<Share>{});
-  };
+  auto block = [&](const std::string& name, const Shape& shape) { return split.fetch(converted, rows, name, shape); };
   m.time_1_ = gemm("to_timestep_embed.0.weight", {d, c.timestep_features});
   m.time_1_bias_ = vec("to_timestep_embed.0.bias", {d});
   m.time_2_ = gemm("to_timestep_embed.2.weight", {d, d});
@@ -340,16 +338,6 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
                                   scale, opts);
     else ops::attention(c, q, k, v, out, hd, scale, opts);
   };
-  // proj <- x's rows through `w` (and `bias`), a row-parallel linear: under a tensor split each
-  // rank's features of it, gathered.
-  auto project = [&](const Tensor& in, const Tensor& w, const Tensor* bias, const char* what) {
-    TensorSplit::Columns out(c, split_, proj, {split_.hidden()});
-    {
-      RowParallel row(c);
-      ops::linear(c, in, w, bias, out.mine());
-    }
-    out.gather(what);
-  };
 
   std::optional<CostScope> part(std::in_place, c, "self_attn");
   norm_modulated(b.pre_norm, 0);
@@ -388,7 +376,7 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
     }
     heads.gather("the self-attention's heads");
   }
-  project(attn, b.to_out, nullptr, "the self-attention's projection");
+  split_.project(c, attn, b.to_out, nullptr, proj, "the self-attention's projection");
   ops::gate_sigmoid(c, chunk(2), gate, ops::Rounding::each_step);
   ops::add_gated(c, x, proj, &gate, ops::Rounding::each_step);
 
@@ -404,7 +392,7 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
     }
     heads.gather("the cross-attention's heads");
   }
-  project(attn, b.cross_out, nullptr, "the cross-attention's projection");
+  split_.project(c, attn, b.cross_out, nullptr, proj, "the cross-attention's projection");
   ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
 
   // Local conditioning on the frames, not the memory tokens.
@@ -424,7 +412,7 @@ void Dit::block(Context& c, const Block& b, size_t index, const DitPrologue& pro
     ops::linear(c, normed, b.ff_in, &b.ff_in_bias, up);
     ops::glu(c, up.cols(fm, 2 * fm), up.cols(0, fm), features.mine(), ops::Activation::silu, ops::Rounding::each_step);
     features.gather("the feed-forward's features");
-    project(act, b.ff_out, &b.ff_out_bias, "the feed-forward's projection");
+    split_.project(c, act, b.ff_out, &b.ff_out_bias, proj, "the feed-forward's projection");
   }
   ops::gate_sigmoid(c, chunk(5), gate, ops::Rounding::each_step);
   ops::add_gated(c, x, proj, &gate, ops::Rounding::each_step);

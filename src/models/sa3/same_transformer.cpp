@@ -94,15 +94,6 @@ void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x
   const int64_t hq = split_.cols(split_.heads()), fm = split_.cols(split_.mlp());
   Tensor normed = Tensor::in(*c.arena, {rows, d}, c.act);
   Tensor proj = Tensor::in(*c.arena, {rows, d}, c.act);
-  // proj <- in through `w` (and `bias`), a row-parallel linear: each rank's features, gathered.
-  auto project = [&](const Tensor& in, const Tensor& w, const Tensor* bias, const char* what) {
-    TensorSplit::Columns out(c, split_, proj, {split_.hidden()});
-    {
-      RowParallel row(c);
-      ops::linear(c, in, w, bias, out.mine());
-    }
-    out.gather(what);
-  };
   std::optional<CostScope> part(std::in_place, c, "attn");
   ops::dyt(c, x, b.attn_norm.alpha, b.attn_norm.gamma, b.attn_norm.beta, normed, ops::Rounding::each_step);
   {
@@ -125,7 +116,7 @@ void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x
       else ops::attention(c, q, k, v, heads.mine(), hd, scale, attn);
     }
     heads.gather("SAME's attention heads");
-    project(out, b.to_out, nullptr, "SAME's attention projection");
+    split_.project(c, out, b.to_out, nullptr, proj, "SAME's attention projection");
   }
   ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
 
@@ -141,7 +132,7 @@ void SameTransformer::block(Context& c, const Block& b, int64_t index, Tensor& x
     ops::glu(c, up.cols(fm, 2 * fm), up.cols(0, fm), features.mine(),
              sinusoidal ? ops::Activation::sin_pi : ops::Activation::silu, ops::Rounding::each_step);
     features.gather("SAME's feed-forward features");
-    project(act, b.ff_out, &b.ff_out_bias, "SAME's feed-forward projection");
+    split_.project(c, act, b.ff_out, &b.ff_out_bias, proj, "SAME's feed-forward projection");
   }
   ops::add_gated(c, x, proj, nullptr, ops::Rounding::each_step);
 }
