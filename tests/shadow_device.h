@@ -19,6 +19,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "apus/apus.h"
 #include "core/error.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
@@ -67,6 +68,21 @@ class ShadowDevice : public Backend {
     std::memcpy(host.data, on_host(t.data), t.nbytes());
     return host;
   }
+
+  // A split's exchanges over its memory: the group's own (host) exchanges on the data halves, as
+  // a GPU's NCCL moves device memory without the host reading it.
+  void all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes, const char* what) override {
+    ++exchanges_run_;
+    group.all_gather(on_host(data), bytes, what);
+  }
+  void all_to_all(const ProcessGroup& group, const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                  const std::vector<size_t>& recv_bytes, const char* what) override {
+    ++exchanges_run_;
+    group.all_to_all(on_host(const_cast<void*>(send)), send_bytes, on_host(recv), recv_bytes, what);
+  }
+  bool exchanges(std::string*) const override { return true; }
+  // Exchanges it has run, for tests to see that a split's exchanges went through the device.
+  size_t exchanges_run() const { return exchanges_run_; }
 
   // The memory it reports (0: none of its own, the host's budget applies), for admission tests.
   double memory_bytes() const override { return memory_bytes_; }
@@ -176,7 +192,7 @@ class ShadowDevice : public Backend {
 
   mutable std::mutex mutex_;
   std::map<uintptr_t, size_t> regions_;
-  std::atomic<size_t> ops_run_{0};
+  std::atomic<size_t> ops_run_{0}, exchanges_run_{0};
   std::atomic<double> memory_bytes_{0};
 
   friend ShadowDevice& shadow_device();

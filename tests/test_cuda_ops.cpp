@@ -170,6 +170,54 @@ TEST(CudaPipelines, Sa3RendersTheOfficialClipsOnTheDevice) {
   }
 }
 
+// One process as a group of one rank: its exchanges copy its own part.
+class OneRank final : public ProcessGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_gather(void*, const std::vector<size_t>&, const char*) const override {}
+  void all_to_all(const void* send, const std::vector<size_t>& send_bytes, void* recv, const std::vector<size_t>&,
+                  const char*) const override {
+    std::memcpy(recv, send, send_bytes[0]);
+  }
+  void count_exchange(double, double seconds) const override {
+    ++exchanges;
+    EXPECT_LT(seconds, timeout());
+  }
+  mutable int exchanges = 0;
+};
+
+// A split's exchanges on the GPU go through NCCL (bootstrapped over the group's own): with one
+// rank (NCCL refuses two ranks on one GPU) an all-gather keeps the data and an all-to-all copies
+// it, device memory to device memory; a whole klein request as Ulysses over that rank is the
+// unsplit request's image on the device, byte for byte.
+TEST(CudaCollectives, OneRankExchangesOverNccl) {
+  std::string why;
+  Backend* device = gpu_or_null(why);
+  if (!device) GTEST_SKIP() << "no CUDA device here: " << why;
+  ASSERT_TRUE(device->exchanges(&why)) << why;
+  const OneRank one;
+  Tensor host = Tensor::heap({1000}, DType::f32);
+  for (int i = 0; i < 1000; ++i) host.ptr<float>()[i] = float(i) * 0.25f - 7;
+  Tensor data = device->upload(host), recv = device->upload(Tensor::heap({1000}, DType::f32));
+  device->all_gather(one, data.data, {host.nbytes()}, "a test's part");
+  device->all_to_all(one, data.data, {host.nbytes()}, recv.data, {host.nbytes()}, "a test's parts");
+  EXPECT_EQ(to_f32_vector(device->download(data)), to_f32_vector(host));
+  EXPECT_EQ(to_f32_vector(device->download(recv)), to_f32_vector(host));
+  EXPECT_EQ(one.exchanges, 2);
+  ImageRequest r;
+  r.prompt = "a red fox in the snow";
+  r.seed = test::test_seed();
+  r.steps = 2;
+  r.width = 64;
+  r.height = 48;
+  const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage, "cuda");
+  const ImageResult whole = model->generate(r);
+  r.parallel = {Parallel::ulysses, &one};
+  EXPECT_TRUE(model->generate(r).rgb == whole.rgb);
+  EXPECT_GT(one.exchanges, 2);
+}
+
 #else
 TEST(CudaOps, NeedTheCudaBackend) { GTEST_SKIP() << "built without the CUDA backend (no nvcc at configure time)"; }
 #endif

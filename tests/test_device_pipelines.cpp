@@ -4,6 +4,7 @@
 // the CPU backend, so each request must give the CPU's output byte for byte.
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "apus/apus.h"
 #include "cost/ceiling.h"
@@ -14,6 +15,7 @@
 #include "sa3_fixtures.h"
 #include "shadow_device.h"
 #include "test_util.h"
+#include "thread_ranks.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
@@ -158,6 +160,102 @@ TEST(ShadowDevice, Sa3RequestsComputeWhatTheCpuComputes) {
   }
   std::filesystem::remove_all(base);
   std::filesystem::remove_all(noise);
+}
+
+// Requests split over ranks on a device (issue 43): each rank a thread with the model on the
+// shadow device, whose exchanges move device memory without the host reading it (as NCCL does
+// between GPUs). Every rank's result must be one CPU process's, byte for byte: Ulysses over 1, 2
+// and 3 ranks (3 divides neither family's heads), cfg on a guided -base request, tensor over a
+// model opened split.
+struct SplitRun {
+  std::string name;
+  Parallel strategy;
+  int ranks;
+};
+
+const std::vector<SplitRun> split_runs = {{"ulysses, 1 rank (the GPU check's NCCL case)", Parallel::ulysses, 1},
+                                          {"ulysses, 2 ranks", Parallel::ulysses, 2},
+                                          {"ulysses, 3 ranks", Parallel::ulysses, 3},
+                                          {"cfg, 2 ranks", Parallel::cfg, 2},
+                                          {"tensor, 2 ranks", Parallel::tensor, 2}};
+
+// run(rank group, weights split over it or null) on every rank of `split`, each rank's result
+// checked by `same` against one CPU process's; the device must have run exchanges.
+template <typename Run, typename Same> void check_split_on_device(const SplitRun& split, Run&& run, Same&& same) {
+  test::ShadowDevice& device = test::shadow_device();
+  test::ThreadRanks all(split.ranks);
+  std::vector<std::unique_ptr<test::ThreadRanks::Rank>> ranks;
+  for (int r = 0; r < split.ranks; ++r) ranks.push_back(std::make_unique<test::ThreadRanks::Rank>(all, r));
+  const size_t before = device.exchanges_run();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < split.ranks; ++r)
+    threads.emplace_back([&, r] {
+      const ProcessGroup* rank = ranks[size_t(r)].get();
+      same(r, run(rank, split.strategy == Parallel::tensor ? rank : nullptr));
+    });
+  for (std::thread& t : threads) t.join();
+  EXPECT_GE(device.exchanges_run(), before + size_t(split.ranks));
+  for (int r = 0; r < split.ranks && split.ranks > 1; ++r)
+    EXPECT_GT(ranks[size_t(r)]->sent, 0) << "rank " << r << " sent nothing";
+}
+
+TEST(ShadowDevice, KleinSplitOverRanksComputesWhatOneCpuProcessComputes) {
+  const test::WidenedBf16 widened;
+  for (const SplitRun& split : split_runs) {
+    SCOPED_TRACE(split.name);
+    ImageRequest r;
+    r.prompt = "a red fox in the snow";
+    r.seed = test::test_seed();
+    r.steps = 2;
+    r.width = 64;
+    r.height = 48;
+    const std::string variant = split.strategy == Parallel::cfg ? "klein_tiny_base" : "klein_tiny_a";
+    if (split.strategy == Parallel::cfg) {
+      r.cfg = 3.5f;
+      r.negative_prompt = "fog";
+    }
+    const ImageResult cpu = open_image_model(test::fixture(variant), Weights::per_stage, nullptr)->generate(r);
+    check_split_on_device(
+        split,
+        [&](const ProcessGroup* rank, const ProcessGroup* weights_split) {
+          ModelParts parts;
+          parts.model = test::fixture(variant);
+          parts.tensor_ranks = weights_split;
+          ImageRequest mine = r;
+          mine.parallel = {split.strategy, rank};
+          return open_image_model(parts, Weights::per_stage, &test::shadow_device())->generate(mine);
+        },
+        [&](int rank, const ImageResult& dev) { EXPECT_TRUE(dev.rgb == cpu.rgb) << "rank " << rank; });
+  }
+}
+
+TEST(ShadowDevice, Sa3SplitOverRanksComputesWhatOneCpuProcessComputes) {
+  const test::WidenedBf16 widened;
+  for (const SplitRun& split : split_runs) {
+    SCOPED_TRACE(split.name);
+    AudioRequest r = test::reference_request(false);
+    r.seed = test::test_seed();
+    if (split.strategy == Parallel::cfg) {
+      r.cfg = 7;
+      r.negative_prompt = "noise, hiss";
+    }
+    const AudioResult cpu = open_audio_model(test::pipeline_dir(), Weights::per_stage, nullptr)->generate(r);
+    check_split_on_device(
+        split,
+        [&](const ProcessGroup* rank, const ProcessGroup* weights_split) {
+          ModelParts parts;
+          parts.model = test::pipeline_dir();
+          parts.tensor_ranks = weights_split;
+          AudioRequest mine = r;
+          mine.parallel = {split.strategy, rank};
+          return open_audio_model(parts, Weights::per_stage, &test::shadow_device())->generate(mine);
+        },
+        [&](int rank, const AudioResult& dev) {
+          ASSERT_EQ(dev.samples.size(), cpu.samples.size()) << "rank " << rank;
+          EXPECT_EQ(std::memcmp(dev.samples.data(), cpu.samples.data(), cpu.samples.size() * sizeof(float)), 0)
+              << "rank " << rank;
+        });
+  }
 }
 
 // What `apus serve --device` holds: models resident on the device, serving request after request.

@@ -5,7 +5,6 @@
 // holding no heads at 3 ranks), hold their share of the parameters, and the bytes their exchanges
 // send are what counting says. A weight's rows fetched on their own are the whole weight's rows.
 // A model holding whole weights refuses a tensor split, and one opened split refuses any other.
-#include <barrier>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -25,47 +24,13 @@
 #include "pipeline/sa3/sa3_model.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
+#include "thread_ranks.h"
 
 namespace apus {
 namespace {
 
-// n ranks as threads of one process: an all-gather through one shared buffer between barriers.
-class ThreadRanks {
- public:
-  explicit ThreadRanks(int n) : n_(n), sync_(n) {}
-  class Rank final : public ProcessGroup {
-   public:
-    Rank(ThreadRanks& all, int rank) : all_(all), rank_(rank) {}
-    int rank() const override { return rank_; }
-    int size() const override { return all_.n_; }
-    void all_gather(void* data, const std::vector<size_t>& bytes, const char*) const override {
-      size_t at = 0, total = 0;
-      for (int r = 0; r < size(); ++r) (r < rank_ ? at : total) += bytes[size_t(r)];
-      total += at;
-      if (rank_ == 0) all_.buffer_.assign(total, 0);
-      all_.sync_.arrive_and_wait();
-      std::memcpy(all_.buffer_.data() + at, static_cast<char*>(data) + at, bytes[size_t(rank_)]);
-      all_.sync_.arrive_and_wait();
-      std::memcpy(data, all_.buffer_.data(), total);
-      sent += double(bytes[size_t(rank_)]) * (size() - 1);
-      all_.sync_.arrive_and_wait();
-    }
-    void all_to_all(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&,
-                    const char*) const override {
-      ADD_FAILURE() << "a tensor split exchanges no all-to-all";
-    }
-    mutable double sent = 0;
-
-   private:
-    ThreadRanks& all_;
-    int rank_;
-  };
-
- private:
-  int n_;
-  std::barrier<> sync_;
-  std::vector<char> buffer_;
-};
+using test::ThreadRanks;
+using test::WidenedBf16;
 
 Tensor seeded(const Shape& shape, DType dt, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -113,16 +78,6 @@ std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> weig
   return tiers;
 }
 
-// bf16 GEMMs widened to f32 on apus's own kernels while it lives. oneDNN's native bf16 kernels
-// (AVX512-BF16, AMX) are chosen by the call's shape: a linear of 32 output features can sum an
-// output in another order than the same feature in a call of 64 (seen on an AMX Xeon, k 256: one
-// element of 160 a bf16 ulp apart), so a rank's share is not always the whole call's bits there.
-// The widened kernels compute each output feature alike in any call, as the split needs.
-struct WidenedBf16 {
-  WidenedBf16() { cpu::native_bf16_knob.set(1); }
-  ~WidenedBf16() { cpu::native_bf16_knob.set(0); }
-};
-
 // Over n ranks that are threads: each loads its share (load(its rank)) and computes run(model,
 // &counted bytes). Every rank's output must be `expected` bit for bit, its bytes sent the count's,
 // its parameters fewer than the whole model's `whole`; returns the parameters all ranks hold.
@@ -148,6 +103,7 @@ int64_t check_ranks(int n, const std::vector<float>& expected, int64_t whole, Lo
     EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expected.data(), expected.size() * sizeof(float)), 0)
         << "rank " << r << "'s output is not one process's";
     EXPECT_GT(ranks[size_t(r)]->sent, 0) << "rank " << r << " sent nothing";
+    EXPECT_EQ(ranks[size_t(r)]->all_to_alls, 0) << "rank " << r << ": a tensor split exchanges no all-to-all";
     EXPECT_EQ(ranks[size_t(r)]->sent, counted[size_t(r)]) << "rank " << r << ": bytes sent against the count";
     EXPECT_LT(parameters[size_t(r)], whole) << "rank " << r << " holds every parameter";
     held += parameters[size_t(r)];

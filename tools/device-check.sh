@@ -3,7 +3,7 @@
 #   tools/device-check.sh [STEP...]     # default: tests calibrate klein sa3 diffusers ab
 # Steps, each with its own time limit so a hang costs that step, not the session, and none stopping
 # the next: `tests` the CUDA op table and the CUDA stage and pipeline tests against the oracle
-# fixtures; `calibrate` the GPU's ceilings; `klein` apus bench at 1024x1024, 4 steps, and `sa3` at
+# fixtures (NCCL's exchanges with one rank among them); `calibrate` the GPU's ceilings; `klein` apus bench at 1024x1024, 4 steps, and `sa3` at
 # 120 s of SA3 medium (synthetic full-size weights made straight into device memory), each stage
 # against its floor, with a trace of one more request; `diffusers` diffusers' own pipelines on the
 # same configs (tools/diffusers_bench.py; its wheels carried in .whl/, see docs/TESTING.md;
@@ -35,6 +35,11 @@ if ls .device/bundle.part.* > /dev/null 2>&1; then
   for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
     $(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2> /dev/null || true); do
     [ -e "$d/libcublasLt.so.13" ] && { libs=$libs:$d; break; }
+  done
+  # NCCL (the splits' exchanges between GPUs) is opened at the first one: the toolkit's or PyTorch's.
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
+    $(python3 -c 'import glob, os, sys; print(*{os.path.dirname(f) for p in sys.path for f in glob.glob(os.path.join(p, "nvidia", "**", "libnccl.so.2"), recursive=True)})' 2> /dev/null || true); do
+    [ -e "$d/libnccl.so.2" ] && { libs=$libs:$d; break; }
   done
   export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   # The bundle was built elsewhere: the fixtures and published layouts are this checkout's.

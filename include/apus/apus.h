@@ -71,6 +71,14 @@ class ProcessGroup {
   // receives recv_bytes[i] bytes from rank i (into `recv`, in rank order).
   virtual void all_to_all(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                           const std::vector<size_t>& recv_bytes, const char* what) const = 0;
+
+  // What a GPU's exchanges between these ranks (NCCL, bootstrapped by all_gather above) take from
+  // the group: how long one waits for the slowest rank, in seconds; what one that cannot complete
+  // does (`message` names it: the CLI's world ends the job, a server's answers the request first;
+  // by default it throws); and the count of what each moved, beside the group's own exchanges.
+  virtual double timeout() const { return 600; }
+  [[noreturn]] virtual void lose(const std::string& message) const;
+  virtual void count_exchange(double sent, double seconds) const {}
 };
 
 // How a request's work splits over a group's ranks; every rank runs the same request and returns

@@ -45,7 +45,7 @@ class World final : public ProcessGroup {
   Traffic traffic() const { return traffic_; }
   // How long a collective waits for the other ranks (600 s unless set): a rank that hangs or died
   // ends the job instead of leaving the others waiting forever.
-  double timeout() const { return timeout_s_; }
+  double timeout() const override { return timeout_s_; }
   void set_timeout(double seconds);
   // The bytes per second each rank sends in an all-gather of 16 MiB parts, and in an all-to-all
   // of 16 MiB to each other rank, the best of five (collectives: every rank calls them); 0 for one
@@ -66,7 +66,9 @@ class World final : public ProcessGroup {
   bool lost() const { return lost_ || interrupted_; }
   // What an exchange that cannot complete does: ends the job (abort) or, serving, throws
   // RanksLost; `message` names the exchange.
-  [[noreturn]] void lose(const std::string& message) const;
+  [[noreturn]] void lose(const std::string& message) const override;
+  // A device's exchange between the ranks (a GPU backend's, over NCCL), in traffic() too.
+  void count_exchange(double sent, double seconds) const override { count(sent, seconds); }
   // Ends every rank's process, this one's `message` (one line) on stderr first: a rank that fails
   // must not leave the others waiting in a collective. One process: prints and exits.
   [[noreturn]] void abort(const std::string& message) const;

@@ -1,11 +1,38 @@
 #include "ops/backend.h"
 
+#include <cstdlib>
+
+#include "apus/apus.h"
 #include "core/error.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
 
 namespace apus {
+
+namespace {
+
+// This process's place among those a launcher started on its host (Open MPI's
+// OMPI_COMM_WORLD_LOCAL_RANK, Slurm's SLURM_LOCALID, MPICH's MPI_LOCALRANKID); 0 without one.
+[[maybe_unused]] int launched_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    const char* v = std::getenv(name);
+    if (v && *v && std::atoi(v) >= 0) return std::atoi(v);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void HostBackend::all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes,
+                             const char* what) {
+  group.all_gather(data, bytes, what);
+}
+
+void HostBackend::all_to_all(const ProcessGroup& group, const void* send, const std::vector<size_t>& send_bytes,
+                             void* recv, const std::vector<size_t>& recv_bytes, const char* what) {
+  group.all_to_all(send, send_bytes, recv, recv_bytes, what);
+}
 
 Backend* backend_for(const std::string& device) {
   if (device == "cpu") return nullptr;
@@ -19,6 +46,13 @@ Backend* backend_for(const std::string& device) {
     ordinal = std::stoi(n);
   }
 #if APUS_HAS_CUDA
+  // "cuda" alone is the first GPU, or under a launcher the rank's own among its host's GPUs (its
+  // local rank, modulo their count), so that `mpirun -np 4 apus ... --device cuda` puts each rank
+  // on a GPU of its own.
+  if (device == "cuda") {
+    const int gpus = cuda_device_count();
+    if (gpus > 0) ordinal = launched_local_rank() % gpus;
+  }
   return &cuda_backend(ordinal);
 #else
   fail("device '", device, "': this build has no CUDA backend (nvcc was not found when it was configured)");

@@ -6,10 +6,13 @@
 // list plus one Backend subclass, and its device name in backend_for (below, ops/backend.cpp);
 // model code does not change.
 #include <string>
+#include <vector>
 
 #include "ops/op_list.h"
 
 namespace apus {
+
+class ProcessGroup;
 
 // A backend is also the allocator of its device: the arena, ops::empty and (on a GPU) weight
 // upload take memory through it.
@@ -38,6 +41,16 @@ class Backend : public Allocator {
   // never called); the op table skips them on it.
   virtual bool supports(ops::OpId) const { return true; }
 
+  // ProcessGroup's exchanges over this backend's memory (every split's exchanges pass here,
+  // models/common/exchange.h): a host backend hands its memory to the group (MPI); a GPU's go
+  // device to device (NCCL over the group's ranks). exchanges() says whether a split can run here
+  // (and if not, why), before a request starts.
+  virtual void all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes,
+                          const char* what) = 0;
+  virtual void all_to_all(const ProcessGroup& group, const void* send, const std::vector<size_t>& send_bytes,
+                          void* recv, const std::vector<size_t>& recv_bytes, const char* what) = 0;
+  virtual bool exchanges(std::string* why) const = 0;
+
 #define APUS_BACKEND_OP(ret, name, params, args) virtual ret name params = 0;
   APUS_OPS(APUS_BACKEND_OP)
 #undef APUS_BACKEND_OP
@@ -54,6 +67,10 @@ class HostBackend : public Backend {
   void release(void* p) override { host_allocator().release(p); }
   Tensor upload(const Tensor& host) override { return host; }
   Tensor download(const Tensor& t) override { return t; }
+  void all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes, const char* what) override;
+  void all_to_all(const ProcessGroup& group, const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                  const std::vector<size_t>& recv_bytes, const char* what) override;
+  bool exchanges(std::string*) const override { return true; }
 };
 
 // The optimised CPU backend: oneDNN GEMMs and convolutions, vectorised row kernels.

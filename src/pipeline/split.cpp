@@ -4,8 +4,11 @@
 
 #include "core/error.h"
 #include "models/common/exchange.h"
+#include "ops/backend.h"
 
 namespace apus {
+
+void ProcessGroup::lose(const std::string& message) const { throw Error(message); }
 
 void StepAgreement::before_step() {
   const int n = group_.size();
@@ -34,7 +37,7 @@ const char* parallel_name(Parallel p) {
   return "?";
 }
 
-void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label,
+void check_parallelism(const Parallelism& p, int64_t samples, const Backend* device, const std::string& label,
                        const ProcessGroup* weights_split) {
   if (weights_split)
     APUS_CHECK(p.strategy == Parallel::tensor && p.group == weights_split, label,
@@ -50,7 +53,8 @@ void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, co
   APUS_CHECK(p.strategy != Parallel::cfg || samples > 1, label,
              ": parallel cfg splits the transformer's samples, and this request has one ",
              "(unguided, one output): guide it (cfg > 1) or ask for several outputs");
-  APUS_CHECK(!on_device, label, ": parallel ", name, " on a device exchanges over NCCL, not built yet (issue 43)");
+  std::string why;
+  APUS_CHECK(!device || device->exchanges(&why), label, ": parallel ", name, " on ", device->name(), ": ", why);
 }
 
 Share sample_share(const Parallelism& p, int64_t samples) {

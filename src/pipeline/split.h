@@ -41,8 +41,8 @@ const char* parallel_name(Parallel p);
 // Refuses a parallelism this request cannot take (`label`: the model, in the message): a strategy
 // without a group, cfg with nothing to split (one sample), tensor on a model holding whole weights,
 // anything but tensor over `weights_split` on a model whose weights are split over those ranks, a
-// device without collectives yet.
-void check_parallelism(const Parallelism& p, int64_t samples, bool on_device, const std::string& label,
+// device (null: the CPU) that cannot exchange between the ranks (Backend::exchanges).
+void check_parallelism(const Parallelism& p, int64_t samples, const Backend* device, const std::string& label,
                        const ProcessGroup* weights_split = nullptr);
 
 // This rank's samples of `samples` under cfg: all of them otherwise.

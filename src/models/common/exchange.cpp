@@ -1,6 +1,7 @@
 #include "models/common/exchange.h"
 
 #include "core/trace.h"
+#include "ops/backend.h"
 
 namespace apus {
 
@@ -8,7 +9,8 @@ void all_gather(Context& c, const ProcessGroup& group, void* data, const std::ve
   if (c.cost) c.cost->mark_sent(double(bytes[size_t(group.rank())]) * (group.size() - 1));
   if (c.count_only) return;
   const TraceSpan span(c.trace, "all_gather", "collective");
-  group.all_gather(data, bytes, what);
+  Backend& backend = c.backend ? *c.backend : cpu_backend();
+  backend.all_gather(group, data, bytes, what);
 }
 
 void all_to_all(Context& c, const ProcessGroup& group, const void* send, const std::vector<size_t>& send_bytes,
@@ -21,7 +23,8 @@ void all_to_all(Context& c, const ProcessGroup& group, const void* send, const s
   }
   if (c.count_only) return;
   const TraceSpan span(c.trace, "all_to_all", "collective");
-  group.all_to_all(send, send_bytes, recv, recv_bytes, what);
+  Backend& backend = c.backend ? *c.backend : cpu_backend();
+  backend.all_to_all(group, send, send_bytes, recv, recv_bytes, what);
 }
 
 }  // namespace apus

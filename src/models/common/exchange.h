@@ -1,7 +1,8 @@
 #pragma once
 // A ProcessGroup's exchanges as the model code makes them (issue 43): counting, each files the
 // bytes this rank sends the others (CostLog::mark_sent) and moves nothing; running, each is a
-// span on the trace.
+// span on the trace, run by the context's backend over its memory (MPI on the host, NCCL between
+// GPUs).
 #include <vector>
 
 #include "apus/apus.h"

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ops/cuda/collectives.h"
 #include "ops/cuda/cuda.h"
 #include "ops/cuda/cuda_ops.h"
 
@@ -59,6 +60,14 @@ class CudaBackend final : public Backend {
            std::to_string(p.multiProcessorCount) + " SMs) | CUDA runtime " + std::to_string(runtime) + ", driver " +
            std::to_string(driver);
   }
+  void all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes, const char* what) override {
+    cuda::all_gather(ordinal(), group, data, bytes, what);
+  }
+  void all_to_all(const ProcessGroup& group, const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                  const std::vector<size_t>& recv_bytes, const char* what) override {
+    cuda::all_to_all(ordinal(), group, send, send_bytes, recv, recv_bytes, what);
+  }
+  bool exchanges(std::string* why) const override { return cuda::nccl_usable(why); }
 #define APUS_CUDA_OP(ret, name, params, args) \
   ret name params override {                  \
     select();                                 \
@@ -95,6 +104,11 @@ bool cuda_available(std::string* why) {
            ")";
   }
   return false;
+}
+
+int cuda_device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
 Backend& cuda_backend(int ordinal) {

@@ -10,6 +10,8 @@ namespace apus {
 
 // Whether a CUDA device can run here; if not, why (no driver, no device, built without CUDA).
 bool cuda_available(std::string* why);
+// How many CUDA devices this machine has (0 without a driver or device).
+int cuda_device_count();
 // The backend of GPU `ordinal`; refused when cuda_available is false.
 Backend& cuda_backend(int ordinal = 0);
 // A device copy of a host tensor (contiguous), and a host copy of a device one.

@@ -134,7 +134,7 @@ KleinModel::Work KleinModel::plan(const ImageRequest& r, int64_t batch) const {
   // A model opened split runs every request over its ranks: none is tensor over them.
   w.parallel = tensor_ranks_ && r.parallel.strategy == Parallel::none ? Parallelism{Parallel::tensor, tensor_ranks_}
                                                                       : r.parallel;
-  check_parallelism(w.parallel, w.samples, device() != nullptr, label_, tensor_ranks_);
+  check_parallelism(w.parallel, w.samples, device(), label_, tensor_ranks_);
   w.cfg = *r.cfg;
   w.steps = steps;
   w.h = height / flux2::kTokenPixels;

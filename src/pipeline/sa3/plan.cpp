@@ -89,7 +89,7 @@ Sa3Model::Work Sa3Model::plan(const AudioRequest& r, int64_t batch) const {
   // A model opened split runs every request over its ranks: none is tensor over them.
   const ProcessGroup* held = layout_.tensor_ranks;
   w.parallel = held && r.parallel.strategy == Parallel::none ? Parallelism{Parallel::tensor, held} : r.parallel;
-  check_parallelism(w.parallel, (w.guided ? 2 : 1) * w.batch, device() != nullptr, label_, held);
+  check_parallelism(w.parallel, (w.guided ? 2 : 1) * w.batch, device(), label_, held);
   if (!r.loras.empty()) {
     auto adapters = std::make_shared<Adapters>();
     for (const Lora& lora : r.loras) sa3::read_lora(lora, lora_targets_, *adapters);
