@@ -868,10 +868,11 @@ Command serve_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1e6));
   serve
       ->add_option("--parallel", o->parallel,
-                   "started by mpirun or srun, how each request splits over the ranks: cfg, ulysses, tensor (every "
-                   "model's transformer weights split over the ranks), none (rank 0 alone) or auto (a model one "
-                   "process could not hold opens split, the rest take the cost model's pick per request; a named split "
-                   "a request cannot take gives way to it)")
+                   "started by mpirun or srun, how each request splits over the ranks: batch (a request's outputs "
+                   "over the ranks, rank 0 gathering them), cfg, ulysses, tensor (every model's transformer weights "
+                   "split over the ranks), none (rank 0 alone) or auto (a model one process could not hold opens "
+                   "split, the rest take the cost model's pick per request; a named split a request cannot take gives "
+                   "way to it)")
       ->check(CLI::IsMember({"auto", "cfg", "ulysses", "none", "batch", "tensor"}));
   serve
       ->add_option("--rank-memory", o->rank_memory,

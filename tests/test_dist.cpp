@@ -167,6 +167,72 @@ TEST(RankRequests, ACutOrPaddedMessageIsRefused) {
   EXPECT_THROW(dist::decode_images(bytes + "x", nullptr), Error);
 }
 
+std::vector<StageTime> stages(Draw& d) {
+  std::vector<StageTime> s;
+  for (int i = 0; i < d.number(0, 4); ++i) s.push_back({d.text(), d.text(), double(d.real())});
+  return s;
+}
+void expect_same(const std::vector<StageTime>& a, const std::vector<StageTime>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].stage, b[i].stage);
+    EXPECT_EQ(a[i].seconds, b[i].seconds);
+  }
+}
+
+// What a rank hands rank 0 under a server's batch split: every member of every result, appended
+// after the results already there (rank 0 gathers rank after rank).
+TEST(RankResults, ImageAndAudioResultsCrossWithEveryMember) {
+  Draw d;
+  std::vector<ImageResult> images(size_t(d.number(0, 3)));
+  for (ImageResult& r : images) {
+    const Rgb8Image im = d.image();
+    r = {im.width,         im.height,        uint64_t(d.number(0, 1 << 30)) << 20,
+         d.number(1, 200), d.number(1, 200), d.real(),
+         im.rgb,           stages(d),        d.text()};
+  }
+  std::vector<ImageResult> got(1);
+  dist::decode(dist::encode(images), got);
+  ASSERT_EQ(got.size(), images.size() + 1);
+  for (size_t i = 0; i < images.size(); ++i) {
+    const ImageResult &a = images[i], &b = got[i + 1];
+    EXPECT_EQ(a.width, b.width);
+    EXPECT_EQ(a.height, b.height);
+    EXPECT_EQ(a.seed, b.seed);
+    EXPECT_EQ(a.steps, b.steps);
+    EXPECT_EQ(a.steps_run, b.steps_run);
+    EXPECT_EQ(a.cfg, b.cfg);
+    EXPECT_EQ(a.rgb, b.rgb);
+    EXPECT_EQ(a.trace, b.trace);
+    expect_same(a.stages, b.stages);
+  }
+  std::vector<AudioResult> clips(size_t(d.number(0, 3)));
+  for (AudioResult& r : clips) {
+    const AudioClip c = d.clip();
+    r = {c.sample_rate,    c.channels, c.samples, uint64_t(d.number(0, 1 << 30)) << 20,
+         d.number(0, 300), stages(d),  d.text()};
+  }
+  std::vector<AudioResult> heard;
+  dist::decode(dist::encode(clips), heard);
+  ASSERT_EQ(heard.size(), clips.size());
+  for (size_t i = 0; i < clips.size(); ++i) {
+    const AudioResult &a = clips[i], &b = heard[i];
+    EXPECT_EQ(a.sample_rate, b.sample_rate);
+    EXPECT_EQ(a.channels, b.channels);
+    EXPECT_EQ(a.samples, b.samples);
+    EXPECT_EQ(a.seed, b.seed);
+    EXPECT_EQ(a.prompt_tokens, b.prompt_tokens);
+    EXPECT_EQ(a.trace, b.trace);
+    expect_same(a.stages, b.stages);
+  }
+  const std::string bytes = dist::encode(std::vector<AudioResult>{clips.empty() ? AudioResult{} : clips[0]});
+  const size_t cut = size_t(d.number(0, int(bytes.size()) - 1));
+  std::printf("cut at %zu of %zu bytes\n", cut, bytes.size());
+  EXPECT_THROW(dist::decode(bytes.substr(0, cut), heard), Error);
+  EXPECT_THROW(dist::decode(bytes + "x", heard), Error);
+}
+
 // Two ranks in one process: rank 0 here, the other rank's flags as given.
 class TwoRanks final : public ProcessGroup {
  public:

@@ -14,6 +14,8 @@ namespace apus::dist {
 #if defined(__x86_64__) && defined(__GLIBCXX__)
 static_assert(sizeof(ImageRequest) == 352, "ImageRequest changed: carry the new member in encode() and decode()");
 static_assert(sizeof(AudioRequest) == 336, "AudioRequest changed: carry the new member in encode() and decode()");
+static_assert(sizeof(ImageResult) == 112, "ImageResult changed: carry the new member in encode() and decode()");
+static_assert(sizeof(AudioResult) == 104, "AudioResult changed: carry the new member in encode() and decode()");
 #endif
 
 namespace {
@@ -32,6 +34,8 @@ class Writer {
       put(v.sample_rate), put(v.channels), put(v.samples);
     } else if constexpr (std::is_same_v<T, Lora>) {
       put(v.file), put(v.scale);
+    } else if constexpr (std::is_same_v<T, StageTime>) {
+      put(v.name), put(v.stage), put(v.seconds);
     } else {
       static_assert(std::is_arithmetic_v<T>);
       out_.append(reinterpret_cast<const char*>(&v), sizeof v);
@@ -69,6 +73,8 @@ class Reader {
       get(v.sample_rate), get(v.channels), get(v.samples);
     } else if constexpr (std::is_same_v<T, Lora>) {
       get(v.file), get(v.scale);
+    } else if constexpr (std::is_same_v<T, StageTime>) {
+      get(v.name), get(v.stage), get(v.seconds);
     } else {
       static_assert(std::is_arithmetic_v<T>);
       std::memcpy(&v, take(sizeof v), sizeof v);
@@ -96,9 +102,7 @@ class Reader {
     get(f);
     return f != 0;
   }
-  void done() const {
-    APUS_CHECK(at_ == in_.size(), "the requests from rank 0: ", in_.size() - at_, " bytes left over");
-  }
+  void done() const { APUS_CHECK(at_ == in_.size(), "the bytes from another rank: ", in_.size() - at_, " left over"); }
 
  private:
   const std::string& in_;
@@ -106,11 +110,11 @@ class Reader {
   uint64_t size() {
     uint64_t n = 0;
     get(n);
-    APUS_CHECK(n <= in_.size() - at_, "the requests from rank 0 end early (", n, " items past the end)");
+    APUS_CHECK(n <= in_.size() - at_, "the bytes from another rank end early (", n, " items past the end)");
     return n;
   }
   const char* take(size_t bytes) {
-    APUS_CHECK(bytes <= in_.size() - at_, "the requests from rank 0 end early");
+    APUS_CHECK(bytes <= in_.size() - at_, "the bytes from another rank end early");
     at_ += bytes;
     return in_.data() + at_ - bytes;
   }
@@ -186,5 +190,47 @@ std::vector<AudioRequest> decode_audio(const std::string& bytes, const std::atom
   in.done();
   return batch;
 }
+
+namespace {
+
+void put_result(Writer& w, const ImageResult& r) {
+  w.put(r.width), w.put(r.height), w.put(r.seed), w.put(r.steps), w.put(r.steps_run), w.put(r.cfg), w.put(r.rgb);
+  w.put(r.stages), w.put(r.trace);
+}
+void get_result(Reader& in, ImageResult& r) {
+  in.get(r.width), in.get(r.height), in.get(r.seed), in.get(r.steps), in.get(r.steps_run), in.get(r.cfg);
+  in.get(r.rgb), in.get(r.stages), in.get(r.trace);
+}
+void put_result(Writer& w, const AudioResult& r) {
+  w.put(r.sample_rate), w.put(r.channels), w.put(r.samples), w.put(r.seed), w.put(r.prompt_tokens);
+  w.put(r.stages), w.put(r.trace);
+}
+void get_result(Reader& in, AudioResult& r) {
+  in.get(r.sample_rate), in.get(r.channels), in.get(r.samples), in.get(r.seed), in.get(r.prompt_tokens);
+  in.get(r.stages), in.get(r.trace);
+}
+
+template <typename Result> std::string encode_results(const std::vector<Result>& results) {
+  Writer w;
+  w.put(uint64_t(results.size()));
+  for (const Result& r : results) put_result(w, r);
+  return w.take();
+}
+
+// Appended to `results`.
+template <typename Result> void decode_results(const std::string& bytes, std::vector<Result>& results) {
+  Reader in(bytes);
+  uint64_t n = 0;
+  in.get(n);
+  for (uint64_t i = 0; i < n; ++i) get_result(in, results.emplace_back());
+  in.done();
+}
+
+}  // namespace
+
+std::string encode(const std::vector<ImageResult>& results) { return encode_results(results); }
+std::string encode(const std::vector<AudioResult>& results) { return encode_results(results); }
+void decode(const std::string& bytes, std::vector<ImageResult>& results) { decode_results(bytes, results); }
+void decode(const std::string& bytes, std::vector<AudioResult>& results) { decode_results(bytes, results); }
 
 }  // namespace apus::dist

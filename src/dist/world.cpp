@@ -282,6 +282,21 @@ void World::abort(const std::string& message) const {
 
 #endif
 
+std::vector<std::string> World::all_gather_text(const std::string& mine, const char* what) const {
+  const size_t n = size_t(size_), me = size_t(rank_);
+  std::vector<uint64_t> lengths(n, 0);
+  lengths[me] = mine.size();
+  all_gather(lengths.data(), std::vector<size_t>(n, sizeof(uint64_t)), what);
+  std::vector<size_t> bytes(lengths.begin(), lengths.end()), at(n, 0);
+  for (size_t r = 1; r < n; ++r) at[r] = at[r - 1] + bytes[r - 1];
+  std::string all(at[n - 1] + bytes[n - 1], '\0');
+  std::memcpy(all.data() + at[me], mine.data(), mine.size());
+  all_gather(all.data(), bytes, what);
+  std::vector<std::string> parts;
+  for (size_t r = 0; r < n; ++r) parts.push_back(all.substr(at[r], bytes[r]));
+  return parts;
+}
+
 World& World::get() {
   static World world;
   return world;

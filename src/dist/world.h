@@ -30,6 +30,8 @@ class World final : public ProcessGroup {
   // with `idle` the other ranks wait for rank 0 however long it takes (a server's ranks between
   // requests).
   std::string broadcast(const std::string& text, const char* what, bool idle = false) const;
+  // Every rank's `mine`, in rank order, on every rank (parts of any length): two all-gathers.
+  std::vector<std::string> all_gather_text(const std::string& mine, const char* what) const;
   // Each waits at most timeout() for the slowest rank; past it the job ends (abort) naming the
   // exchange.
   void all_gather(void* data, const std::vector<size_t>& bytes, const char* what) const override;

@@ -3,7 +3,8 @@
 // and runs each request together with the others, split as --parallel says (auto: the split the
 // cost model prices fastest for that request, dist/strategy.h). Rank 0 announces the request
 // (dist/requests.h), every rank runs it on its share, rank 0 keeps the result. One request runs
-// over the ranks at a time, whichever model it is for.
+// over the ranks at a time, whichever model it is for. A request for several outputs can split by
+// them (batch): each rank renders its share and rank 0 gathers the results.
 //
 // A failure the ranks cannot share ends the job: a rank lost (dead, hung past --rank-timeout, or
 // mpirun ending the job) fails the request in flight with 503 on rank 0, and a rank that fails
@@ -25,8 +26,8 @@ namespace apus::server {
 
 class Ranks {
  public:
-  // parallel: auto, cfg, ulysses, tensor (the models opened split over the ranks) or none. `here`: this machine's
-  // calibrated chip with link_bps the rate measured between the ranks (auto prices the splits at it).
+  // parallel: auto, batch, cfg, ulysses, tensor (the models opened split over the ranks) or none. `here`: this
+  // machine's calibrated chip with link_bps the rate measured between the ranks (auto prices the splits at it).
   // `opened_split`: which models (in ServeOptions::models' order) were opened with their weights
   // split over the ranks: their requests all run as tensor.
   Ranks(const dist::World& world, std::string parallel, Chip here, std::vector<bool> opened_split);
@@ -50,8 +51,13 @@ class Ranks {
   std::vector<bool> opened_split_;
   std::mutex mutex_;  // one request over the ranks at a time
 
+  // How one request runs over the ranks: split as `parallel`, or by its outputs (`batch`).
+  struct Choice {
+    Parallel parallel = Parallel::none;
+    bool batch = false;
+  };
   template <typename Model, typename Request>
-  Parallel choose(size_t index, const Model& model, const Request& r, int batch) const;
+  Choice choose(size_t index, const Model& model, const Request& r, int batch) const;
   template <typename Result, typename Model, typename Request>
   std::vector<Result> run(char kind, size_t index, const Model& model, std::vector<Request> batch,
                           const Progress& progress, const std::atomic<bool>* stop, std::string& used);

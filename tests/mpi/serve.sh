@@ -7,7 +7,8 @@
 # serves again; a rank that hangs ends the job once --rank-timeout passes, its request answered
 # 503 naming the exchange; a server started with --parallel tensor (each rank holding its share of
 # each model's transformer: klein's and Stable Audio 3's) serves one process's bytes too, and so
-# does one whose models auto opened split because a rank's memory could not hold them.
+# does one whose models auto opened split because a rank's memory could not hold them; one with
+# --parallel batch deals a request's outputs out over the ranks, one process's -n files.
 # Skipped (77) without mpirun or without MPI in the build.
 # Usage: tests/mpi/serve.sh APUS FIXTURES
 set -euo pipefail
@@ -95,7 +96,8 @@ post /v1/images/generations "$guided" | b64_file again.png
 cmp -s one.png again.png || fail "after a cancel, the image differs from one process's"
 
 # Rank 1 killed mid-request: the request gets 503 and the job ends.
-unkinded="${long/\"kind\": \"image\", /}"
+# Long enough (512x512, 200 steps: ~10 s over 2 ranks) to be in flight 2 s after it is posted.
+unkinded='{"prompt": "a fox", "size": "512x512", "steps": 200, "seed": 5, "cfg": 4}'
 (post /v1/images/generations "$unkinded" -w '\n%{http_code}\n' > killed.txt &)
 sleep 2
 kill -KILL "$(rank_pid 1)"
@@ -145,10 +147,51 @@ for i in $(seq 1 300); do
 done
 [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state'] + ' ' + str(len(d.get('preview', {}).get('peaks', [])) > 0)")" = "done True" ] ||
   fail "the previewed clip over 2 tensor ranks: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
-# auto with less memory a rank than one process needs (--rank-memory): both models open split,
-# each named, and their requests run as tensor, one process's bytes.
+# --parallel batch: a request's outputs dealt out over the ranks (3 images: 2 on rank 0, 1 on
+# rank 1), rank 0 gathering them: each is one process's -n output, and a job's record says so. One output gives way to auto. A cancel stops rank 0's share; the other finishes its own, and
+# the job is cancelled all the same; the next request still matches.
 pkill -TERM -f "^mpirun .* serve .*--parallel tensor" || true
 ended tensor.log > /dev/null
+"$apus" image --model "$fixtures/klein_tiny_base" -p "a fox" -W 32 -H 32 --steps 2 -s 5 --cfg 4 -n 3 -o one-n.png 2> /dev/null
+start batch.log --parallel batch
+post /v1/images/generations '{"prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4, "n": 3}' > batch.json
+for i in 1 2 3; do
+  json "d['data'][$i - 1]['b64_json']" < batch.json | base64 -d > "batch-$i.png"
+  cmp -s "one-n-$i.png" "batch-$i.png" || fail "image $i of 3 split by outputs over 2 ranks differs from one process's"
+done
+id="$(post /v1/jobs '{"kind": "image", "prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4, "n": 2}' |
+  json "d['id']")"
+for i in $(seq 1 300); do
+  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
+  [ "$state" = done ] || [ "$state" = failed ] && break
+  sleep 0.1
+done
+[ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d.get('split')")" = "batch over 2 ranks" ] ||
+  fail "the batch job's record: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
+for i in 1 2; do
+  curl -s "127.0.0.1:$port/v1/jobs/$id/files/$((i - 1))" > "job-$i.png"
+  cmp -s "one-n-$i.png" "job-$i.png" || fail "the job's image $i of 2 split by outputs differs from one process's"
+done
+post /v1/images/generations "$guided" | b64_file batch-one.png
+cmp -s one.png batch-one.png || fail "one image on a batch server differs from one process's"
+id="$(post /v1/jobs "${long/\"cfg\": 4/\"cfg\": 4, \"n\": 2}" | json "d['id']")"
+for i in $(seq 1 600); do
+  [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['step']")" -ge 1 ] && break
+  sleep 0.1
+done
+curl -s -X DELETE "127.0.0.1:$port/v1/jobs/$id" > /dev/null
+for i in $(seq 1 600); do
+  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
+  [ "$state" = cancelled ] && break
+  sleep 0.1
+done
+[ "$state" = cancelled ] || fail "the long batch job is $state, not cancelled"
+post /v1/images/generations "$guided" | b64_file batch-again.png
+cmp -s one.png batch-again.png || fail "after a cancelled batch, the image differs from one process's"
+pkill -TERM -f "^mpirun .* serve .*--parallel batch" || true
+ended batch.log > /dev/null
+# auto with less memory a rank than one process needs (--rank-memory): both models open split,
+# each named, and their requests run as tensor, one process's bytes.
 start memory.log --rank-memory 0.001
 [ "$(grep -c "^serve: .* opens with its weights split over the 2 ranks (tensor): one process needs about .* more than the 1.1 MB a rank has: --rank-memory$" memory.log)" = 2 ] ||
   { cat memory.log; fail "auto did not open both models split for a rank's memory"; }
@@ -157,4 +200,4 @@ cmp -s one.png memory.png || fail "the image served by a model auto split differ
 post /v1/audio/generations '{"prompt": "rain", "seconds": 1, "steps": 2, "seed": 3, "cfg": 4, "negative_prompt": "wind",
   "format": "wav"}' > memory.wav
 cmp -s one.wav memory.wav || fail "the clip served by a model auto split differs from one process's"
-echo "mpi serve: requests over 2 ranks are one process's (split by requests and by weights); cancel, a killed and a hung rank handled"
+echo "mpi serve: requests over 2 ranks are one process's (split by requests, by outputs and by weights); cancel, a killed and a hung rank handled"
