@@ -824,6 +824,8 @@ const std::vector<Target>& targets() {
     {"cuda_bf16_first", DType::bf16, false, cuda, false, {{"cuda.attention", "rows"}, {"cuda.conv", "direct"}}},
     {"cuda_bf16_products", DType::bf16, false, cuda, false, {{"cuda.attention", "gemm"}}},
     {"cuda_bf16_flash_lean", DType::bf16, false, cuda, false, {{"cuda.flash_code", "lean"}}},
+    {"cuda_f32_cudnn", DType::f32, false, cuda, false, {{"cuda.conv", "cudnn"}}},
+    {"cuda_bf16_cudnn", DType::bf16, false, cuda, false, {{"cuda.conv", "cudnn"}}},
 #endif
   };
   return all;

@@ -8,8 +8,8 @@
 # against its floor, with a trace of one more request; `diffusers` diffusers' own pipelines on the
 # same configs (tools/diffusers_bench.py; its wheels carried in .whl/, see docs/TESTING.md;
 # `diffusers-klein` or `diffusers-sa3` for one); `ab` the flash attention A/B'd against the products on
-# both DiTs; `ab-lean` the flash kernel's lean element code against the proven one; `ab-conv` the
-# conv variants on klein's VAE.
+# both DiTs; `ab-lean` the flash kernel's lean element code against the proven one; `ab-conv`
+# cuDNN's conv against im2col on klein's VAE.
 # The lent machine cannot build apus (none of its Debian libraries are there, nothing can be
 # installed): tools/device-bundle.sh, run beforehand on a machine that builds it, leaves the
 # binaries and their libraries in parts under .device/, carried with the call. With the parts
@@ -36,10 +36,13 @@ if ls .device/bundle.part.* > /dev/null 2>&1; then
     $(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2> /dev/null || true); do
     [ -e "$d/libcublasLt.so.13" ] && { libs=$libs:$d; break; }
   done
-  # NCCL (the splits' exchanges between GPUs) is opened at the first one: the toolkit's or PyTorch's.
-  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
-    $(python3 -c 'import glob, os, sys; print(*{os.path.dirname(f) for p in sys.path for f in glob.glob(os.path.join(p, "nvidia", "**", "libnccl.so.2"), recursive=True)})' 2> /dev/null || true); do
-    [ -e "$d/libnccl.so.2" ] && { libs=$libs:$d; break; }
+  # NCCL (the splits' exchanges between GPUs) and cuDNN (cuda.conv=cudnn) are opened at their
+  # first use: the toolkit's, or the ones PyTorch's wheels bring.
+  for lib in libnccl.so.2 libcudnn.so.9; do
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
+      $(python3 -c 'import glob, os, sys; print(*{os.path.dirname(f) for p in sys.path for f in glob.glob(os.path.join(p, "nvidia", "**", "'$lib'"), recursive=True)})' 2> /dev/null || true); do
+      [ -e "$d/$lib" ] && { libs=$libs:$d; break; }
+    done
   done
   export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   # The bundle was built elsewhere: the fixtures and published layouts are this checkout's.
@@ -94,9 +97,9 @@ for s in $steps; do
         --ab cuda.flash_code=lean,branches --json "$out/sa3-ab-lean.json"
       step ab-klein-lean 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
         --reps 2 --ab cuda.flash_code=lean,branches --json "$out/klein-ab-lean.json" ;;
-    ab-conv)  # the conv on klein's VAE (at 512x512: the correct-first conv is slow at 1024)
-      step ab-klein-conv 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 512 -H 512 --steps 4 --reps 1 \
-        --ab cuda.conv=gemm,direct --json "$out/klein-ab-conv.json" ;;
+    ab-conv)  # the conv on klein's VAE: cuDNN's implicit GEMM against im2col and a product
+      step ab-klein-conv 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
+        --reps 2 --ab cuda.conv=cudnn,gemm --json "$out/klein-ab-conv.json" ;;
     *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-lean ab-conv)" >&2; exit 2 ;;
   esac
 done

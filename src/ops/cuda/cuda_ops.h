@@ -28,4 +28,10 @@ struct Operand {
 void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
           int64_t batch, float alpha, const void* bias = nullptr);
 
+// conv2d through cuDNN (cudnn_conv.cu): whether it takes a conv (symmetric padding, bf16 or f32,
+// the bias in x's dtype), and the conv itself, y [N, Co, OH, OW] already shaped.
+bool cudnn_conv_takes(const Tensor& x, const Tensor* bias, int64_t pad, int64_t pad_end);
+void conv2d_by_cudnn(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride,
+                     int64_t pad);
+
 }  // namespace apus::cuda

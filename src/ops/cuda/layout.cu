@@ -2,7 +2,8 @@
 // has two kernels (knob cuda.conv): `gemm` lays each output pixel's receptive field out as a row
 // (im2col) and multiplies by the weights through cuBLASLt (fp32 sums on tensor cores, the bias
 // added in fp32 as the result is laid back to NCHW); `direct` is the correct-first kernel, one
-// thread per output. cuDNN's NHWC kernels with GroupNorm+SiLU fused are the next step (issue 38).
+// thread per output; `cudnn` cuDNN's implicit GEMM (cudnn_conv.cu). GroupNorm+SiLU fused into
+// cuDNN's NHWC kernels is the step after (issue 38).
 #include <algorithm>
 
 #include "core/variants.h"
@@ -11,8 +12,9 @@
 
 namespace apus::cuda {
 
-Knob conv_knob("cuda.conv", "convolution kernel: im2col and a cuBLASLt product, or one thread per output",
-               {"gemm", "direct"});
+Knob conv_knob("cuda.conv",
+               "convolution kernel: im2col and a cuBLASLt product, one thread per output, or cuDNN's implicit GEMM",
+               {"gemm", "direct", "cudnn"});
 
 namespace {
 
@@ -178,7 +180,15 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
              stride, ", pad ", pad, "+", pad_end);
   const int64_t total = n * co * oh * ow;
   if (total == 0) return;
-  const bool products = conv_knob.value() == 0 && (x.dtype == DType::bf16 || x.dtype == DType::f32);
+  // cuDNN where asked and it takes the conv (symmetric padding, the bias in x's dtype), else the
+  // products; the direct kernel where asked or neither takes the dtype.
+  const bool wide = x.dtype == DType::bf16 || x.dtype == DType::f32;
+  const int asked = conv_knob.value();
+  if (asked == 2 && cudnn_conv_takes(x, bias, pad, pad_end)) {
+    conv_knob.took(2);
+    return conv2d_by_cudnn(c, x, w, bias, y, stride, pad);
+  }
+  const bool products = asked != 1 && wide;
   conv_knob.took(products ? 0 : 1);
   if (products) return conv2d_by_products(c, x, w, bias, y, stride, pad, oh, ow);
   conv2d_kernel<<<blocks_for(total), kThreads, 0, stream()>>>(
