@@ -96,7 +96,7 @@ template <typename Model, typename Request>
 std::string auto_strategy(const Model& model, const Request& r, int batch, const std::string& device, bool verbose) {
   const apus::dist::World& world = apus::dist::World::get();
   const int n = world.size();
-  const double link = apus::dist::link_rates(world).bps();
+  const double link = apus::dist::link_rates(world, apus::backend_for(device)).bps();
   if (world.rank() != 0) return world.broadcast("", "auto's choice");
   apus::Chip here = apus::device_ceiling(device);
   here.link_bps = link;
@@ -197,12 +197,12 @@ apus::ModelParts split_parts(apus::ModelParts parts, const std::string& parallel
 
 // -v under a split: what this rank sent the others against what the count says it sends, and its
 // time in the exchanges against what the counted bytes take at the link rate (a collective).
-void report_traffic(const apus::PipelineCost& cost) {
+void report_traffic(const apus::PipelineCost& cost, const std::string& device) {
   const apus::dist::World& world = apus::dist::World::get();
   double counted = 0;
   for (const apus::StageCost& s : cost.stages) counted += double(s.calls) * s.sent_bytes;
   const apus::dist::World::Traffic t = world.traffic();
-  const double link = apus::dist::link_rates(world).bps();
+  const double link = apus::dist::link_rates(world, apus::backend_for(device)).bps();
   std::fprintf(stderr,
                "rank %d of %d: %lld exchanges, %.0f bytes sent (counted %.0f), %.3f s in them (the counted bytes take "
                "%.3f s at %.2f GB/s)\n",
@@ -224,7 +224,7 @@ int run_image(const apus::ModelParts& parts, std::vector<apus::ImageRequest> req
   std::vector<apus::ImageRequest> mine(requests.begin() + share.first, requests.begin() + share.first + share.count);
   for (apus::ImageRequest& r : mine) r.parallel = plan.split;
   const std::vector<apus::ImageResult> results = model->generate_batch(mine, say);
-  if (verbose && plan.split.strategy != apus::Parallel::none) report_traffic(model->count(mine.front(), batch));
+  if (verbose && plan.split.strategy != apus::Parallel::none) report_traffic(model->count(mine.front(), batch), device);
   if (!plan.writes) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < share.count; ++i) {
@@ -362,7 +362,8 @@ int run_audio(const apus::ModelParts& parts, std::vector<apus::AudioRequest> all
     for (apus::AudioRequest& r : requests) r.inpaint_audio = clip;
   }
   const std::vector<apus::AudioResult> results = model->generate_batch(requests, say);
-  if (verbose && plan.split.strategy != apus::Parallel::none) report_traffic(model->count(requests.front(), batch));
+  if (verbose && plan.split.strategy != apus::Parallel::none)
+    report_traffic(model->count(requests.front(), batch), device);
   if (!plan.writes) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < share.count; ++i) {
@@ -764,7 +765,7 @@ Command calibrate_command(CLI::App& app) {
                           cached ? "cached" : "measured now", apus::calibration_file().c_str(), chip.note.c_str());
             }
             if (world.size() == 1) return 0;
-            const apus::dist::LinkRates link = apus::dist::link_rates(world, o->refresh);
+            const apus::dist::LinkRates link = apus::dist::link_rates(world, apus::backend_for(o->device), o->refresh);
             if (world.rank() == 0)
               std::printf("%s\n  %.2f GB/s all-gather, %.2f GB/s all-to-all (what a rank sends)\n  %s\n",
                           link.key.c_str(), link.all_gather_bps / 1e9, link.all_to_all_bps / 1e9,
@@ -777,7 +778,7 @@ Command calibrate_command(CLI::App& app) {
 // auto only) with the link rate between the ranks (dist/link.h; a collective: every rank).
 apus::Chip rank_chip(const std::string& parallel, const std::string& device) {
   const apus::dist::World& world = apus::dist::World::get();
-  const double link = apus::dist::link_rates(world).bps();
+  const double link = apus::dist::link_rates(world, apus::backend_for(device)).bps();
   apus::Chip here = parallel == "auto" && world.rank() == 0 ? apus::device_ceiling(device) : apus::Chip{};
   here.link_bps = link;
   return here;

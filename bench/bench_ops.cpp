@@ -250,6 +250,16 @@ void BM_BandAttention(benchmark::State& st) {
 }
 BENCHMARK(BM_BandAttention)->ArgsProduct({{6596}, {32, 128}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The band as a CPU without bf16 dot products runs it (cpu.native_bf16=off). args as BM_BandAttention's.
+void BM_BandAttentionWidened(benchmark::State& st) {
+  const KnobScope widened("cpu.native_bf16", "off");
+  BM_BandAttention(st);
+}
+BENCHMARK(BM_BandAttentionWidened)
+    ->ArgsProduct({{6596}, {32, 128}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // args: tokens, heads, query rows per task, causal, kernel (0 direct, 1 GEMM tiles)
 void BM_Attention(benchmark::State& st) {
   const KnobScope block(cpu::attention_block_knob, cpu::attention_block_knob.index_of(std::to_string(st.range(2))));

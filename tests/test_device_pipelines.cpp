@@ -8,6 +8,7 @@
 
 #include "apus/apus.h"
 #include "cost/ceiling.h"
+#include "dist/link.h"
 #include "io/media/image.h"
 #include "io/weights/safetensors.h"
 #include "io/weights/synth.h"
@@ -256,6 +257,29 @@ TEST(ShadowDevice, Sa3SplitOverRanksComputesWhatOneCpuProcessComputes) {
               << "rank " << rank;
         });
   }
+}
+
+// Under several ranks on a device, auto prices the splits at the rate of the device's own
+// exchanges (NCCL between GPUs), measured through them: here over two thread ranks on the
+// shadow device, each measurement's exchanges the device's, every byte of each part gathered.
+TEST(ShadowDevice, LinkRatesAreMeasuredThroughTheDevicesExchanges) {
+  test::ShadowDevice& device = test::shadow_device();
+  test::ThreadRanks all(2);
+  const test::ThreadRanks::Rank first(all, 0), second(all, 1);
+  const size_t before = device.exchanges_run(), part = size_t(1) << 20;
+  double rates[2][2] = {};
+  std::thread other([&] {
+    rates[1][0] = dist::device_link_bps(second, device, false, part, 3);
+    rates[1][1] = dist::device_link_bps(second, device, true, part, 3);
+  });
+  rates[0][0] = dist::device_link_bps(first, device, false, part, 3);
+  rates[0][1] = dist::device_link_bps(first, device, true, part, 3);
+  other.join();
+  EXPECT_EQ(device.exchanges_run(), before + 2 * 2 * 3);
+  for (const auto& rank : rates)
+    for (const double bps : rank) EXPECT_GT(bps, 0);
+  EXPECT_EQ(first.sent, 2 * 3 * double(part));
+  EXPECT_EQ(second.sent, 2 * 3 * double(part));
 }
 
 // What `apus serve --device` holds: models resident on the device, serving request after request.

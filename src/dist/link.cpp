@@ -1,13 +1,35 @@
 #include "dist/link.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "cost/ceiling.h"
 
 namespace apus::dist {
 
-LinkRates link_rates(const World& world, bool refresh) {
+double device_link_bps(const ProcessGroup& group, Backend& device, bool to_all, size_t part, int tries) {
+  const size_t n = size_t(group.size());
+  if (n == 1) return 0;
+  void* send = device.allocate(part * n);
+  void* recv = to_all ? device.allocate(part * n) : nullptr;
+  const std::vector<size_t> bytes(n, part);
+  double best = 1e30;
+  for (int i = 0; i < tries; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    if (to_all) device.all_to_all(group, send, bytes, recv, bytes, "the link measurement");
+    else device.all_gather(group, send, bytes, "the link measurement");
+    device.synchronize();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  device.release(send);
+  if (recv) device.release(recv);
+  return double(part) * double(n - 1) / best;
+}
+
+LinkRates link_rates(const World& world, Backend* device, bool refresh) {
   LinkRates r;
   if (world.size() == 1) return r;
-  r.key = "MPI | " + world.placement();
+  r.key = device ? "NCCL | " + world.placement() + " | " + device->hardware() : "MPI | " + world.placement();
   // Rank 0 reads the cache for all: the ranks must agree whether to measure.
   std::string kept;
   if (world.rank() == 0 && !refresh) {
@@ -23,9 +45,17 @@ LinkRates link_rates(const World& world, bool refresh) {
     r.cached = true;
     return r;
   }
-  const nlohmann::json measured = {{"all_gather_bps", world.measure_all_gather_bps()},
-                                   {"all_to_all_bps", world.measure_all_to_all_bps()},
-                                   {"how", "16 MiB parts, the best of five"}};
+  nlohmann::json measured = {{"how", "16 MiB parts, the best of five"}};
+  if (device) {
+    // The measurement's exchanges are not a request's: -v's traffic leaves them out.
+    const World::Traffic before = world.traffic();
+    measured["all_gather_bps"] = device_link_bps(world, *device, false, size_t(16) << 20, 5);
+    measured["all_to_all_bps"] = device_link_bps(world, *device, true, size_t(16) << 20, 5);
+    world.set_traffic(before);
+  } else {
+    measured["all_gather_bps"] = world.measure_all_gather_bps();
+    measured["all_to_all_bps"] = world.measure_all_to_all_bps();
+  }
   if (world.rank() == 0) keep_calibration(r.key, measured);
   // Rank 0's rates for all, as a cached entry would be.
   const nlohmann::json entry = nlohmann::json::parse(world.broadcast(measured.dump(), "the link rates"));

@@ -45,6 +45,8 @@ class World final : public ProcessGroup {
     double sent = 0, seconds = 0;
   };
   Traffic traffic() const { return traffic_; }
+  // Puts the count back to `t` (an earlier traffic()): exchanges that were no request's.
+  void set_traffic(const Traffic& t) const { traffic_ = t; }
   // How long a collective waits for the other ranks (600 s unless set): a rank that hangs or died
   // ends the job instead of leaving the others waiting forever.
   double timeout() const override { return timeout_s_; }
