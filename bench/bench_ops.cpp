@@ -138,6 +138,20 @@ BENCHMARK(BM_LinearInt8)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The int8 tier on apus's AVX2 kernel (cpu.int8_gemm=avx2: vpmaddwd on int16-widened codes), what
+// a CPU without VNNI runs; beside BM_LinearInt8 under ONEDNN_MAX_CPU_ISA=AVX2_VNNI it tells whether
+// oneDNN's AVX-VNNI kernels (Intel client chips) beat it.
+void BM_LinearInt8Avx2(benchmark::State& st) {
+  const KnobScope own(find_knob("cpu.int8_gemm"), 1);
+  BM_LinearInt8(st);
+}
+BENCHMARK(BM_LinearInt8Avx2)
+    ->Args({1024, 3072, 3072})
+    ->Args({452, 1536, 7680})
+    ->Args({452, 4096, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // The stored formats' panel split alone: bf16 weights run whole (arm 0) or a panel of output
 // features at a time as GGUF blocks and fp8 run (arm 1, knob cpu.linear_panels), no decode.
 // args: tokens, in, out, arm. With BM_LinearStored's rows it parts a stored format's cost into the
