@@ -1,14 +1,17 @@
-// What a server's rank 0 hands the other ranks (dist/requests.h) and how the ranks of a split
-// stop together (pipeline/split.h StepAgreement), without MPI: tests/mpi/serve.sh runs them
-// over real ranks.
+// What a server's rank 0 hands the other ranks and they hand back (dist/requests.h), how the ranks
+// of a split stop together (pipeline/split.h StepAgreement) and a batch split's ranks, without
+// MPI: tests/mpi/serve.sh runs them over real ranks.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "dist/requests.h"
+#include "pipeline/registry.h"
 #include "pipeline/split.h"
 #include "test_util.h"
+#include "thread_ranks.h"
 
 namespace apus {
 namespace {
@@ -268,6 +271,53 @@ TEST(StepAgreement, AFlagSetOnAnyRankIsSetOnAll) {
   b.before_step();
   EXPECT_FALSE(*b.stop());
   EXPECT_TRUE(*b.finish());
+}
+
+// A server's batch split (Parallel::batch): two ranks as threads each render their own request,
+// one process's image each (the text encoder and the VAE not dealt out: the ranks' prompts
+// differ), and a cancel set on rank 0 after its first step stops rank 1's share too, at the same
+// step, through the flags agreed before each.
+TEST(BatchSplit, EachRankRendersItsOwnRequestAndACancelStopsEveryRank) {
+  const std::string model = test::fixture("klein_tiny_a");
+  const auto one = ImageModel::open(model, Weights::per_stage);
+  std::vector<ImageRequest> requests(2);
+  const uint32_t seed = test::test_seed();
+  for (int r = 0; r < 2; ++r) {
+    requests[size_t(r)].prompt = r == 0 ? "a red fox in the snow" : "a lighthouse at dusk";
+    requests[size_t(r)].seed = seed + uint32_t(r);
+    requests[size_t(r)].steps = 3;
+    requests[size_t(r)].width = 64;
+    requests[size_t(r)].height = 48;
+  }
+  test::ThreadRanks all(2);
+  const test::ThreadRanks::Rank ranks[2] = {{all, 0}, {all, 1}};
+  for (const bool cancel : {false, true}) {
+    SCOPED_TRACE(cancel ? "rank 0 cancels after its first step" : "every step");
+    std::atomic<bool> stop[2] = {false, false};
+    std::string outcome[2];
+    std::vector<uint8_t> rgb[2];
+    auto render = [&](int r) {
+      ImageRequest mine = requests[size_t(r)];
+      mine.parallel = {Parallel::batch, &ranks[r]};
+      auto say = [&](const std::string& line) {
+        if (cancel && r == 0 && line.rfind("step 1/", 0) == 0) stop[0] = true;
+      };
+      try {
+        rgb[r] = ImageModel::open(model, Weights::per_stage)->generate(mine, say, &stop[r]).rgb;
+        outcome[r] = "done";
+      } catch (const Cancelled&) {
+        outcome[r] = "cancelled";
+      }
+    };
+    std::thread other(render, 1);
+    render(0);
+    other.join();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(outcome[r], cancel ? "cancelled" : "done") << "rank " << r;
+      if (!cancel) EXPECT_TRUE(rgb[r] == one->generate(requests[size_t(r)]).rgb) << "rank " << r;
+      EXPECT_GT(ranks[r].sent, 0) << "rank " << r << " agreed no flags";
+    }
+  }
 }
 
 }  // namespace

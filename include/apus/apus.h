@@ -82,7 +82,7 @@ class ProcessGroup {
 };
 
 // How a request's work splits over a group's ranks; every rank runs the same request and returns
-// the whole result.
+// the whole result (but under batch, where each runs its own).
 enum class Parallel {
   none,
   // Classifier-free guidance parallelism: the transformer's samples (a guided request's two
@@ -96,6 +96,11 @@ enum class Parallel {
   // features gathered where the next op needs them all. The only split that divides the weights'
   // memory; a model opened so takes nothing else.
   tensor,
+  // Batch parallelism as a server runs it: the requests given are this rank's share of a batch
+  // dealt out over the group (each rank its own outputs, nothing split within them), every rank
+  // rendering as many steps; only the stop and finish flags are agreed over the group before each
+  // step, so that a cancel on one rank stops every rank's share.
+  batch,
 };
 struct Parallelism {
   Parallel strategy = Parallel::none;

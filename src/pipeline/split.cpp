@@ -33,6 +33,8 @@ const char* parallel_name(Parallel p) {
       return "ulysses";
     case Parallel::tensor:
       return "tensor";
+    case Parallel::batch:
+      return "batch";
   }
   return "?";
 }
@@ -55,6 +57,10 @@ void check_parallelism(const Parallelism& p, int64_t samples, const Backend* dev
              "(unguided, one output): guide it (cfg > 1) or ask for several outputs");
   std::string why;
   APUS_CHECK(!device || device->exchanges(&why), label, ": parallel ", name, " on ", device->name(), ": ", why);
+}
+
+const ProcessGroup* ranks_sharing_inputs(const Parallelism& p) {
+  return p.strategy == Parallel::none || p.strategy == Parallel::batch ? nullptr : p.group;
 }
 
 Share sample_share(const Parallelism& p, int64_t samples) {

@@ -35,7 +35,7 @@ class StepAgreement {
   std::atomic<bool> stop_{false}, finish_{false};
 };
 
-// "none", "cfg", "ulysses", "tensor": the CLI's names.
+// "none", "cfg", "ulysses", "tensor", "batch": the CLI's names.
 const char* parallel_name(Parallel p);
 
 // Refuses a parallelism this request cannot take (`label`: the model, in the message): a strategy
@@ -44,6 +44,11 @@ const char* parallel_name(Parallel p);
 // device (null: the CPU) that cannot exchange between the ranks (Backend::exchanges).
 void check_parallelism(const Parallelism& p, int64_t samples, const Backend* device, const std::string& label,
                        const ProcessGroup* weights_split = nullptr);
+
+// The group when every rank of the split holds the same request (cfg, ulysses, tensor): the stages
+// around the transformer then deal their features or chunks out over it. Null for none and batch
+// (each rank its own requests).
+const ProcessGroup* ranks_sharing_inputs(const Parallelism& p);
 
 // This rank's samples of `samples` under cfg: all of them otherwise.
 Share sample_share(const Parallelism& p, int64_t samples);

@@ -16,22 +16,20 @@ namespace apus::server {
 namespace {
 
 // What rank 0 announces before a request's bytes: its kind ('i', 'a'; 's' releases the others),
-// the model's index, the split, whether the outputs split instead (batch) and whether the request
-// has a stop flag.
+// the model's index, the split and whether the request has a stop flag.
 struct Header {
   char kind = 's';
   uint64_t index = 0;
-  uint8_t strategy = 0, batch = 0, stops = 0;
+  uint8_t strategy = 0, stops = 0;
 };
-constexpr size_t kHeaderBytes = 1 + sizeof(uint64_t) + 3;
+constexpr size_t kHeaderBytes = 1 + sizeof(uint64_t) + 2;
 
 std::string with_header(const Header& h, const std::string& body) {
   std::string out(kHeaderBytes, '\0');
   out[0] = h.kind;
   std::memcpy(&out[1], &h.index, sizeof h.index);
   out[1 + sizeof h.index] = char(h.strategy);
-  out[2 + sizeof h.index] = char(h.batch);
-  out[3 + sizeof h.index] = char(h.stops);
+  out[2 + sizeof h.index] = char(h.stops);
   return out + body;
 }
 
@@ -41,42 +39,9 @@ Header header_of(const std::string& message) {
   h.kind = message[0];
   std::memcpy(&h.index, &message[1], sizeof h.index);
   h.strategy = uint8_t(message[1 + sizeof h.index]);
-  h.batch = uint8_t(message[2 + sizeof h.index]);
-  h.stops = uint8_t(message[3 + sizeof h.index]);
-  APUS_CHECK(h.strategy <= uint8_t(Parallel::tensor), "serving: split ", int(h.strategy), " from rank 0");
+  h.stops = uint8_t(message[2 + sizeof h.index]);
+  APUS_CHECK(h.strategy <= uint8_t(Parallel::batch), "serving: split ", int(h.strategy), " from rank 0");
   return h;
-}
-
-// A request split by its outputs: this rank renders its share (share_of: rank 0 the first), and
-// every rank's results, or how its share failed, are gathered (the only exchange: the ranks cannot
-// fall out of step). Rank 0 returns every result in order, or throws its own share's failure as
-// it was (a refusal, a cancel), else the first other rank's. A cancel stops rank 0's share only:
-// the others finish theirs before the gather.
-template <typename Result, typename Model, typename Request>
-std::vector<Result> render_share(const dist::World& world, const Model& model, const std::vector<Request>& batch,
-                                 const Progress& progress, const std::atomic<bool>* stop) {
-  const Share mine = share_of(int64_t(batch.size()), world.rank(), world.size());
-  std::string outcome;
-  std::exception_ptr failed;
-  try {
-    const std::vector<Request> part(batch.begin() + mine.first, batch.begin() + mine.first + mine.count);
-    outcome = "k" + dist::encode(part.empty() ? std::vector<Result>{} : model.generate_batch(part, progress, stop));
-  } catch (const std::bad_alloc&) {
-    failed = std::current_exception();
-    outcome = "eout of memory";
-  } catch (const std::exception& e) {
-    failed = std::current_exception();
-    outcome = std::string("e") + e.what();
-  }
-  const std::vector<std::string> all = world.all_gather_text(outcome, "the batch's outputs");
-  if (failed) std::rethrow_exception(failed);
-  std::vector<Result> results;
-  for (int r = 0; r < world.size(); ++r) {
-    const std::string& o = all[size_t(r)];
-    APUS_CHECK(!o.empty() && o[0] != 'e', "rank ", r, " of ", world.size(), ": ", o.empty() ? "" : o.substr(1));
-    dist::decode(o.substr(1), results);
-  }
-  return results;
 }
 
 // Runs `work` (one request over the ranks); a failure after its first exchange, other than an
@@ -104,6 +69,43 @@ template <typename Work> auto in_step(const dist::World& world, Work&& work) {
   }
 }
 
+// A request split by its outputs (Parallel::batch; at least one a rank): this rank renders its
+// share (share_of: rank 0 the first), the ranks agreeing the stop and finish flags before every
+// step, and every rank's results, or how its share failed before any exchange or by the agreed
+// cancel, are gathered. Rank 0 returns every result in order, or throws its own share's failure as
+// it was (a refusal, a cancel), else the first other rank's.
+template <typename Result, typename Model, typename Request>
+std::vector<Result> render_share(const dist::World& world, const Model& model, const std::vector<Request>& batch,
+                                 const Progress& progress, const std::atomic<bool>* stop) {
+  const Share mine = share_of(int64_t(batch.size()), world.rank(), world.size());
+  std::string outcome;
+  std::exception_ptr failed;
+  try {
+    std::vector<Request> part(batch.begin() + mine.first, batch.begin() + mine.first + mine.count);
+    for (Request& r : part) r.parallel = {Parallel::batch, &world};
+    // A failure after the steps' first agreement leaves the ranks out of step (in_step ends the
+    // job); a refusal before it, or the agreed cancel, reaches the gather on every rank.
+    outcome = "k" + dist::encode(in_step(world, [&] { return model.generate_batch(part, progress, stop); }));
+  } catch (const dist::RanksLost&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    failed = std::current_exception();
+    outcome = "eout of memory";
+  } catch (const std::exception& e) {
+    failed = std::current_exception();
+    outcome = std::string("e") + e.what();
+  }
+  const std::vector<std::string> all = world.all_gather_text(outcome, "the batch's outputs");
+  if (failed) std::rethrow_exception(failed);
+  std::vector<Result> results;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string& o = all[size_t(r)];
+    APUS_CHECK(!o.empty() && o[0] != 'e', "rank ", r, " of ", world.size(), ": ", o.empty() ? "" : o.substr(1));
+    dist::decode(o.substr(1), results);
+  }
+  return results;
+}
+
 }  // namespace
 
 Ranks::Ranks(const dist::World& world, std::string parallel, Chip here, std::vector<bool> opened_split)
@@ -114,23 +116,26 @@ Ranks::Ranks(const dist::World& world, std::string parallel, Chip here, std::vec
 }
 
 template <typename Model, typename Request>
-Ranks::Choice Ranks::choose(size_t index, const Model& model, const Request& r, int batch) const {
+Parallel Ranks::choose(size_t index, const Model& model, const Request& r, int batch) const {
   // A model opened with its weights split over the ranks: every request runs so.
-  if (index < opened_split_.size() && opened_split_[index]) return {Parallel::tensor};
-  if (parallel_ == "none") return {};
-  // A named split the request cannot take (batch or cfg for one unguided output) gives way to
-  // auto's choice.
-  if (parallel_ == "batch" && batch > 1) return {Parallel::none, true};
-  for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
-    if (parallel_ == parallel_name(p) && dist::takes_split(model, r, p, world_)) return {p};
-  // Several outputs weigh the batch split (each rank its share of them) against the others; one
-  // runs on rank 0 alone unless a split is faster.
+  if (index < opened_split_.size() && opened_split_[index]) return Parallel::tensor;
+  if (parallel_ == "none") return Parallel::none;
+  // A named split the request cannot take (batch for fewer outputs than ranks, cfg for one
+  // unguided output) gives way to auto's choice.
   const int n = world_.size();
-  const std::string alone = batch > 1 ? "batch" : "none";
+  const bool dealt = batch >= n;  // every rank an output, so every rank runs the steps to agree on
+  if (parallel_ == "batch" && dealt) return Parallel::batch;
+  for (const Parallel p : {Parallel::cfg, Parallel::ulysses})
+    if (parallel_ == parallel_name(p) && dist::takes_split(model, r, p, world_)) return p;
+  // Enough outputs weigh the batch split (each rank its share of them) against the others; fewer
+  // run on rank 0 alone unless a split is faster.
+  const char* alone = dealt ? "batch" : "none";
   const std::string best =
-      dist::cheapest_split(model, r, batch, here_, world_, alone.c_str(), (batch + n - 1) / n).best;
-  if (best == "batch") return {Parallel::none, true};
-  return {best == "cfg" ? Parallel::cfg : best == "ulysses" ? Parallel::ulysses : Parallel::none};
+      dist::cheapest_split(model, r, batch, here_, world_, alone, dealt ? (batch + n - 1) / n : batch).best;
+  return best == "batch"     ? Parallel::batch
+         : best == "cfg"     ? Parallel::cfg
+         : best == "ulysses" ? Parallel::ulysses
+                             : Parallel::none;
 }
 
 template <typename Result, typename Model, typename Request>
@@ -140,18 +145,15 @@ std::vector<Result> Ranks::run(char kind, size_t index, const Model& model, std:
   // The ranks of a split sample the same noise: rank 0 draws the seeds the others are sent.
   for (Request& r : batch)
     if (!r.seed) r.seed = std::random_device{}();
-  const Choice choice = choose(index, model, batch.front(), int(batch.size()));
-  const Parallel strategy = choice.parallel;
-  if (strategy == Parallel::none && !choice.batch) {
+  const Parallel strategy = choose(index, model, batch.front(), int(batch.size()));
+  if (strategy == Parallel::none) {
     used = "rank 0 alone";
     return model.generate_batch(batch, progress, stop);
   }
-  used = std::string(choice.batch ? "batch" : parallel_name(strategy)) + " over " + std::to_string(world_.size()) +
-         " ranks";
-  world_.broadcast(with_header({kind, index, uint8_t(strategy), uint8_t(choice.batch), uint8_t(stop != nullptr)},
-                               dist::encode(batch)),
+  used = std::string(parallel_name(strategy)) + " over " + std::to_string(world_.size()) + " ranks";
+  world_.broadcast(with_header({kind, index, uint8_t(strategy), uint8_t(stop != nullptr)}, dist::encode(batch)),
                    "the request");
-  if (choice.batch) return render_share<Result>(world_, model, batch, progress, stop);
+  if (strategy == Parallel::batch) return render_share<Result>(world_, model, batch, progress, stop);
   for (Request& r : batch) r.parallel = {strategy, &world_};
   return in_step(world_, [&] { return model.generate_batch(batch, progress, stop); });
 }
@@ -178,7 +180,7 @@ void Ranks::follow(const std::vector<AnyModel>& models) const {
     const std::string body = message.substr(kHeaderBytes);
     const Parallelism split{Parallel(h.strategy), &world_};
     const std::atomic<bool>* stop = h.stops ? &never : nullptr;
-    if (h.batch) {
+    if (split.strategy == Parallel::batch) {
       // Its share, whatever befalls it, reaches rank 0 through the gather.
       try {
         if (h.kind == 'i') {

@@ -3,8 +3,9 @@
 // and runs each request together with the others, split as --parallel says (auto: the split the
 // cost model prices fastest for that request, dist/strategy.h). Rank 0 announces the request
 // (dist/requests.h), every rank runs it on its share, rank 0 keeps the result. One request runs
-// over the ranks at a time, whichever model it is for. A request for several outputs can split by
-// them (batch): each rank renders its share and rank 0 gathers the results.
+// over the ranks at a time, whichever model it is for. A request for at least as many outputs as
+// ranks can split by them (batch): each rank renders its share, the ranks agreeing a cancel before
+// every step, and rank 0 gathers the results.
 //
 // A failure the ranks cannot share ends the job: a rank lost (dead, hung past --rank-timeout, or
 // mpirun ending the job) fails the request in flight with 503 on rank 0, and a rank that fails
@@ -51,13 +52,8 @@ class Ranks {
   std::vector<bool> opened_split_;
   std::mutex mutex_;  // one request over the ranks at a time
 
-  // How one request runs over the ranks: split as `parallel`, or by its outputs (`batch`).
-  struct Choice {
-    Parallel parallel = Parallel::none;
-    bool batch = false;
-  };
   template <typename Model, typename Request>
-  Choice choose(size_t index, const Model& model, const Request& r, int batch) const;
+  Parallel choose(size_t index, const Model& model, const Request& r, int batch) const;
   template <typename Result, typename Model, typename Request>
   std::vector<Result> run(char kind, size_t index, const Model& model, std::vector<Request> batch,
                           const Progress& progress, const std::atomic<bool>* stop, std::string& used);

@@ -121,8 +121,7 @@ void KleinModel::encode_references(Context& c, const flux2::VaeEncoder& encoder,
 
 void KleinModel::encode_text(Context& c, const flux2::TextEncoder& encoder, Work& w) const {
   // Split, every rank holds the same prompts: the linears' features split over the ranks.
-  w.prompt_embeds =
-      encoder.encode(c, w.ids, w.mask, w.samples, w.parallel.strategy == Parallel::none ? nullptr : w.parallel.group);
+  w.prompt_embeds = encoder.encode(c, w.ids, w.mask, w.samples, ranks_sharing_inputs(w.parallel));
 }
 
 void KleinModel::prologue(Context& c, const flux2::Transformer& dit, Work& w) const {
@@ -240,7 +239,7 @@ void KleinModel::decode(Context& c, const flux2::VaeDecoder& vae, Work& w) const
   const int64_t s = flux2::kTokenPixels;
   w.image = ops::empty(c, {w.batch, vae.config().out_channels, w.h * s, w.w * s}, c.act);
   // Split, every rank holds the same latents: the VAE's convolutions split over the ranks too.
-  vae.decode(c, w.latents, w.h, w.w, w.image, w.parallel.strategy == Parallel::none ? nullptr : w.parallel.group);
+  vae.decode(c, w.latents, w.h, w.w, w.image, ranks_sharing_inputs(w.parallel));
 }
 
 void KleinModel::count_inputs(Work& w, int batch) const {

@@ -25,8 +25,7 @@ void Sa3Model::encode_text(Context& c, const sa3::T5GemmaEncoder& encoder, Work&
     return;
   }
   // Split, every rank holds the same prompts: the linears' features split over the ranks.
-  w.text = encoder.encode(c, w.ids, w.mask, w.negative ? 2 * w.batch : w.batch,
-                          w.parallel.strategy == Parallel::none ? nullptr : w.parallel.group);
+  w.text = encoder.encode(c, w.ids, w.mask, w.negative ? 2 * w.batch : w.batch, ranks_sharing_inputs(w.parallel));
 }
 
 Tensor Sa3Model::prepare_clips(Context& c, const std::vector<AudioRequest>& requests, const Work& w) const {
@@ -229,9 +228,8 @@ void Sa3Model::decode(Context& c, const sa3::SameDecoder& same, Work& w) const {
     noise.draw = [&w](int64_t s, float* out, int64_t n) { w.decode_draws[size_t(s)]->take(out, n); };
   // Split, every rank holds the same latents: the decoder's chunks split over the ranks too, but
   // under tensor, where the decoder's features are (every rank decodes every chunk).
-  const Parallel p = w.parallel.strategy;
   w.audio = same.decode(c, z, w.batch, w.chunked, noise,
-                        p == Parallel::none || p == Parallel::tensor ? nullptr : w.parallel.group);
+                        w.parallel.strategy == Parallel::tensor ? nullptr : ranks_sharing_inputs(w.parallel));
 }
 
 void Sa3Model::count_inputs(Work& w, int batch) const {
