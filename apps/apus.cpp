@@ -38,6 +38,9 @@
 #include "io/weights/synth.h"
 #include "pipeline/metadata.h"
 #include "pipeline/registry.h"
+#if APUS_HAS_CUDA
+#include "ops/cuda/cuda.h"
+#endif
 #include "pipeline/split.h"
 #include "pipeline/stage.h"
 #include "server/ranks.h"
@@ -1140,9 +1143,9 @@ int failed(const std::string& message) {
 int main(int argc, char** argv) {
   CLI::App app{"apus: diffusion transformers on one device"};
 #if APUS_HAS_CUDA
-  const char* const backends = " (CPU and CUDA backends)";
+  const std::string backends = " (CPU and CUDA backends; CUDA opens " + apus::cuda_libraries() + ")";
 #else
-  const char* const backends = " (CPU backend)";
+  const std::string backends = " (CPU backend)";
 #endif
   app.set_version_flag("--version", std::string("apus ") + apus::version() + backends +
                                         (apus::dist::built_with_mpi() ? ", MPI ranks" : ""));

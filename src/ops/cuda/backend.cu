@@ -106,6 +106,17 @@ bool cuda_available(std::string* why) {
   return false;
 }
 
+std::string cuda_libraries() {
+  std::string names = "cuBLASLt";
+#if APUS_HAS_CUDNN
+  names += ", cuDNN";
+#endif
+#if APUS_HAS_NCCL
+  names += ", NCCL";
+#endif
+  return names;
+}
+
 int cuda_device_count() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;

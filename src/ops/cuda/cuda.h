@@ -12,6 +12,9 @@ namespace apus {
 bool cuda_available(std::string* why);
 // How many CUDA devices this machine has (0 without a driver or device).
 int cuda_device_count();
+// The libraries the backend opens at run time, as this build knows them: "cuBLASLt, cuDNN, NCCL"
+// (cuDNN and NCCL where their headers were found when it was configured).
+std::string cuda_libraries();
 // The backend of GPU `ordinal`; refused when cuda_available is false.
 Backend& cuda_backend(int ordinal = 0);
 // A device copy of a host tensor (contiguous), and a host copy of a device one.
