@@ -160,26 +160,46 @@ TEST(Cost, KleinParametersMatchThePublishedLayouts) {
 // two bytes a parameter; through the int8 tier the transformer's block linears hold a byte a
 // weight and a scale a row. A stage's memory need is its part's weights (every part's when
 // resident) plus twice its activations.
-TEST(Cost, HeldBytesAreThePartsWeightsAsHeld) {
+TEST(Cost, HeldBytesAreThePartsWeightsAsHeldInTheRequestsPrecision) {
   ImageRequest r;
   r.width = r.height = 512;
   r.steps = 4;
   ModelParts parts;
   parts.model = "flux2-klein-4b";
   const PipelineCost bf16 = ImageModel::open(parts, Weights::none)->count(r);
-  // All but what a model reads to derive values at load (the VAE's 256 batch-norm statistics).
-  EXPECT_LE(bf16.held_bytes, 2 * bf16.parameters);
-  EXPECT_GE(bf16.held_bytes, 2 * bf16.parameters - 2 * 256);
-  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no int8 tier";
-  parts.quant = Quant::int8;
-  const PipelineCost int8 = ImageModel::open(parts, Weights::none)->count(r);
-  EXPECT_EQ(int8.parameters, bf16.parameters);
   auto dit_step = [](const PipelineCost& p) {
     for (const StageCost& s : p.stages)
       if (s.name == "dit_step") return s;
     ADD_FAILURE() << "no dit_step stage";
     return StageCost{};
   };
+  // All but what a model reads to derive values at load (the VAE's 256 batch-norm statistics).
+  EXPECT_LE(bf16.held_bytes, 2 * bf16.parameters);
+  EXPECT_GE(bf16.held_bytes, 2 * bf16.parameters - 2 * 256);
+  // An fp32 request is counted in fp32: klein holds its weights as stored (each linear converts
+  // its weight as it runs), its activations twice as wide; Stable Audio 3 converts its weights to
+  // the request's precision at load. The memory admission weighs what the request holds.
+  r.fp32 = true;
+  const PipelineCost fp32 = ImageModel::open(parts, Weights::none)->count(r);
+  r.fp32 = false;
+  EXPECT_EQ(fp32.held_bytes, bf16.held_bytes);
+  EXPECT_GT(dit_step(fp32).activation_bytes, 1.9 * dit_step(bf16).activation_bytes);
+  AudioRequest clip;
+  clip.seconds = 30;
+  ModelParts audio;
+  audio.model = "stable-audio-3-medium";
+  const PipelineCost clip_bf16 = AudioModel::open(audio, Weights::none)->count(clip);
+  clip.fp32 = true;
+  const PipelineCost clip_fp32 = AudioModel::open(audio, Weights::none)->count(clip);
+  EXPECT_EQ(clip_fp32.parameters, clip_bf16.parameters);
+  // Its DiT (1.45e9 of 2.2e9 parameters) and SAME converted; T5Gemma runs in bf16 either way.
+  EXPECT_GT(clip_bf16.held_bytes, 1.99 * clip_bf16.parameters);
+  EXPECT_GT(clip_fp32.held_bytes, 1.8 * clip_bf16.held_bytes);
+  EXPECT_GT(peak_memory_need(clip_fp32, false).first, 1.9 * peak_memory_need(clip_bf16, false).first);
+  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has no int8 tier";
+  parts.quant = Quant::int8;
+  const PipelineCost int8 = ImageModel::open(parts, Weights::none)->count(r);
+  EXPECT_EQ(int8.parameters, bf16.parameters);
   const StageCost whole = dit_step(bf16), coded = dit_step(int8);
   // 3.88e9 parameters, ~98 % of them in the blocks' linears: a byte each instead of two.
   EXPECT_GT(whole.model_bytes, 7.6e9);

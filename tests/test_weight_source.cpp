@@ -196,8 +196,8 @@ TEST(WeightTransform, CountingWalksTheSameTensorsThroughTheTransforms) {
   EXPECT_EQ(counted->applied, loaded->applied);
   EXPECT_FALSE(counted->saw_data);
   EXPECT_EQ(shapes.parameter_count(), bare.parameter_count());
-  const StageCost with = count_stage("dit", 1, [&](Context& c) { klein_velocity(c, shapes); });
-  const StageCost without = count_stage("dit", 1, [&](Context& c) { klein_velocity(c, bare); });
+  const StageCost with = count_stage("dit", 1, DType::bf16, [&](Context& c) { klein_velocity(c, shapes); });
+  const StageCost without = count_stage("dit", 1, DType::bf16, [&](Context& c) { klein_velocity(c, bare); });
   EXPECT_GT(with.per_call.flops, 0);
   EXPECT_EQ(with.per_call.flops, without.per_call.flops);
   EXPECT_EQ(with.per_call.weight_bytes, without.per_call.weight_bytes);
@@ -214,8 +214,8 @@ TEST(WeightTransform, CountingWalksTheSameTensorsThroughTheTransforms) {
   const auto same_bare = decoder(std::make_shared<ShapesOnly>(), nullptr);
   EXPECT_EQ(same_counted->applied, same_loaded->applied);
   EXPECT_FALSE(same_counted->saw_data);
-  const StageCost same_with = count_stage("decode", 1, [&](Context& c) { same_audio(c, same_shapes); });
-  const StageCost same_without = count_stage("decode", 1, [&](Context& c) { same_audio(c, same_bare); });
+  const StageCost same_with = count_stage("decode", 1, DType::bf16, [&](Context& c) { same_audio(c, same_shapes); });
+  const StageCost same_without = count_stage("decode", 1, DType::bf16, [&](Context& c) { same_audio(c, same_bare); });
   EXPECT_GT(same_with.per_call.flops, 0);
   EXPECT_EQ(same_with.per_call.flops, same_without.per_call.flops);
   EXPECT_EQ(same_with.per_call.weight_bytes, same_without.per_call.weight_bytes);

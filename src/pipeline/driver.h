@@ -60,8 +60,9 @@ template <typename Work, typename Model> struct Stage {
 template <typename Work> class Part {
  public:
   virtual ~Part() = default;
-  // Files the cost of each stage the batch runs and the model's parameters.
-  virtual void count(Work& w, PipelineCost& p) const = 0;
+  // Files the cost of each stage the batch runs and the model's parameters, in the request's
+  // activation dtype `act` (the weights held as a run holds them: converted to it).
+  virtual void count(Work& w, PipelineCost& p, DType act) const = 0;
   virtual void run(Context& c, Work& w, StageClock& clock, const Progress& say) const = 0;
 };
 
@@ -77,14 +78,14 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
   };
   explicit ModelPart(Spec spec) : s_(std::move(spec)) {}
 
-  void count(Work& w, PipelineCost& p) const override {
+  void count(Work& w, PipelineCost& p, DType act) const override {
     if (s_.used && !s_.used(w)) return;
-    const Model model = s_.open(Weights::none, DType::bf16);
+    const Model model = s_.open(Weights::none, act);
     const size_t first = p.stages.size();
     for (const Stage<Work, Model>& stage : s_.stages) {
       const StepRange range = stage.steps ? stage.steps(w) : StepRange{0, 1};
-      p.stages.push_back(
-          count_stage(stage.name, range.end - range.first, [&](Context& c) { stage.run(c, model, w, range.first); }));
+      p.stages.push_back(count_stage(stage.name, range.end - range.first, act,
+                                     [&](Context& c) { stage.run(c, model, w, range.first); }));
       p.stages.back().replicated = stage.replicated;
     }
     // After the stages: a model may fetch parameters as its code first reads them.
@@ -165,7 +166,7 @@ template <PipelineFamily F> PipelineCost count_batch(const F& f, const typename 
   typename F::Work w = f.plan(resolved, batch);
   PipelineCost p = f.cost_header(resolved, w, batch);
   f.count_inputs(w, batch);
-  for (const auto& part : f.parts()) part->count(w, p);
+  for (const auto& part : f.parts()) part->count(w, p, f.compute(resolved));
   return p;
 }
 

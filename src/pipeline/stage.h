@@ -17,12 +17,12 @@
 
 namespace apus {
 
-// Runs `body` once in counting mode (shape-only tensors, a measuring arena) and files what it cost
-// as one stage run `calls` times per request.
-template <typename Body> StageCost count_stage(const std::string& name, int64_t calls, Body&& body) {
+// Runs `body` once in counting mode (shape-only tensors, a measuring arena, activations in `act`,
+// the request's) and files what it cost as one stage run `calls` times per request.
+template <typename Body> StageCost count_stage(const std::string& name, int64_t calls, DType act, Body&& body) {
   CostLog log;
   Arena arena(size_t(64) << 20, /*measure_only=*/true);
-  Context c{&arena, DType::bf16, &log, true};
+  Context c{&arena, act, &log, true};
   body(c);
   StageCost s;
   s.name = name;
