@@ -205,12 +205,7 @@ TEST(CudaCollectives, OneRankExchangesOverNccl) {
   EXPECT_EQ(to_f32_vector(device->download(data)), to_f32_vector(host));
   EXPECT_EQ(to_f32_vector(device->download(recv)), to_f32_vector(host));
   EXPECT_EQ(one.exchanges, 2);
-  ImageRequest r;
-  r.prompt = "a red fox in the snow";
-  r.seed = test::test_seed();
-  r.steps = 2;
-  r.width = 64;
-  r.height = 48;
+  ImageRequest r = test::small_image_request("a red fox in the snow", test::test_seed());
   const auto model = ImageModel::open(test::fixture("klein_tiny_a"), Weights::per_stage, "cuda");
   const ImageResult whole = model->generate(r);
   r.parallel = {Parallel::ulysses, &one};

@@ -204,12 +204,7 @@ TEST(ShadowDevice, KleinSplitOverRanksComputesWhatOneCpuProcessComputes) {
   const test::WidenedBf16 widened;
   for (const SplitRun& split : split_runs) {
     SCOPED_TRACE(split.name);
-    ImageRequest r;
-    r.prompt = "a red fox in the snow";
-    r.seed = test::test_seed();
-    r.steps = 2;
-    r.width = 64;
-    r.height = 48;
+    ImageRequest r = test::small_image_request("a red fox in the snow", test::test_seed());
     const std::string variant = split.strategy == Parallel::cfg ? "klein_tiny_base" : "klein_tiny_a";
     if (split.strategy == Parallel::cfg) {
       r.cfg = 3.5f;

@@ -280,15 +280,10 @@ TEST(StepAgreement, AFlagSetOnAnyRankIsSetOnAll) {
 TEST(BatchSplit, EachRankRendersItsOwnRequestAndACancelStopsEveryRank) {
   const std::string model = test::fixture("klein_tiny_a");
   const auto one = ImageModel::open(model, Weights::per_stage);
-  std::vector<ImageRequest> requests(2);
   const uint32_t seed = test::test_seed();
-  for (int r = 0; r < 2; ++r) {
-    requests[size_t(r)].prompt = r == 0 ? "a red fox in the snow" : "a lighthouse at dusk";
-    requests[size_t(r)].seed = seed + uint32_t(r);
-    requests[size_t(r)].steps = 3;
-    requests[size_t(r)].width = 64;
-    requests[size_t(r)].height = 48;
-  }
+  std::vector<ImageRequest> requests = {test::small_image_request("a red fox in the snow", seed),
+                                        test::small_image_request("a lighthouse at dusk", seed + 1)};
+  for (ImageRequest& r : requests) r.steps = 3;
   test::ThreadRanks all(2);
   const test::ThreadRanks::Rank ranks[2] = {{all, 0}, {all, 1}};
   for (const bool cancel : {false, true}) {

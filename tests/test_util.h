@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "apus/apus.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "io/model_dir.h"
@@ -176,6 +177,17 @@ inline uint32_t test_seed() {
   std::printf("[ seed    ] %s.%s: APUS_TEST_SEED=%u\n", info ? info->test_suite_name() : "?", info ? info->name() : "?",
               seed);
   return seed;
+}
+
+// A klein request the tiny fixtures render in a blink: 64x48, 2 steps, `prompt` from `seed`.
+inline ImageRequest small_image_request(const std::string& prompt, uint64_t seed) {
+  ImageRequest r;
+  r.prompt = prompt;
+  r.seed = seed;
+  r.steps = 2;
+  r.width = 64;
+  r.height = 48;
+  return r;
 }
 
 // The apus CLI run through the shell (`prefix` runs first in the same shell, e.g. a ulimit).

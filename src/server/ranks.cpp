@@ -181,7 +181,8 @@ void Ranks::follow(const std::vector<AnyModel>& models) const {
     const Parallelism split{Parallel(h.strategy), &world_};
     const std::atomic<bool>* stop = h.stops ? &never : nullptr;
     if (split.strategy == Parallel::batch) {
-      // Its share, whatever befalls it, reaches rank 0 through the gather.
+      // Its share's outcome reaches rank 0 through the gather (a failure after the steps' first
+      // agreement has ended the job: render_share's in_step).
       try {
         if (h.kind == 'i') {
           APUS_CHECK(m.image(), "serving: an image request for ", m.label(), ", an audio model");

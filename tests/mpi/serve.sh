@@ -56,6 +56,30 @@ ended() {
   fail "the job did not end"
 }
 post() { curl -s -X POST "127.0.0.1:$port$1" -H 'Content-Type: application/json' -d "$2" "${@:3}"; }
+# Waits up to 30 s for job $1 to be done or failed.
+finish_job() {
+  local i state
+  for i in $(seq 1 300); do
+    state="$(curl -s "127.0.0.1:$port/v1/jobs/$1" | json "d['state']")"
+    [ "$state" = done ] || [ "$state" = failed ] && return
+    sleep 0.1
+  done
+}
+# Cancels job $1 once it has run a step and prints its state after up to $2 tenths of a second.
+cancel_job() {
+  local i state
+  for i in $(seq 1 600); do
+    [ "$(curl -s "127.0.0.1:$port/v1/jobs/$1" | json "d['step']")" -ge 1 ] && break
+    sleep 0.1
+  done
+  curl -s -X DELETE "127.0.0.1:$port/v1/jobs/$1" > /dev/null
+  for i in $(seq 1 "$2"); do
+    state="$(curl -s "127.0.0.1:$port/v1/jobs/$1" | json "d['state']")"
+    [ "$state" = cancelled ] && break
+    sleep 0.1
+  done
+  echo "$state"
+}
 b64_file() { json "d['data'][0]['b64_json']" | base64 -d > "$1"; }
 
 guided='{"prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4}'
@@ -69,28 +93,14 @@ post /v1/audio/generations '{"prompt": "rain", "seconds": 1, "steps": 2, "seed":
   "format": "wav"}' > ranks.wav
 cmp -s one.wav ranks.wav || fail "the clip served over 2 ranks differs from one process's"
 id="$(post /v1/jobs '{"kind": "image", "prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4}' | json "d['id']")"
-for i in $(seq 1 300); do
-  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
-  [ "$state" = done ] && break
-  sleep 0.1
-done
+finish_job "$id"
 split="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d.get('split')")"
 kept_id="$id"
 [[ "$split" =~ ^(cfg|ulysses)\ over\ 2\ ranks$ ]] || fail "the job's record says it split as '$split'"
 
 # Cancelled mid-request: every rank stops at the same step, and the next request still matches.
 long='{"kind": "image", "prompt": "a fox", "size": "256x256", "steps": 200, "seed": 5, "cfg": 4}'
-id="$(post /v1/jobs "$long" | json "d['id']")"
-for i in $(seq 1 600); do
-  [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['step']")" -ge 1 ] && break
-  sleep 0.1
-done
-curl -s -X DELETE "127.0.0.1:$port/v1/jobs/$id" > /dev/null
-for i in $(seq 1 300); do
-  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
-  [ "$state" = cancelled ] && break
-  sleep 0.1
-done
+state="$(cancel_job "$(post /v1/jobs "$long" | json "d['id']")" 300)"
 [ "$state" = cancelled ] || fail "the long job is $state, not cancelled"
 post /v1/images/generations "$guided" | b64_file again.png
 cmp -s one.png again.png || fail "after a cancel, the image differs from one process's"
@@ -126,10 +136,7 @@ grep -q "^error: rank 0 of 2: a rank was lost" restarted.log || { cat restarted.
 models=(--model "$fixtures/klein_tiny_base" --model "$sa3")
 start tensor.log --parallel tensor
 id="$(post /v1/jobs '{"kind": "image", "prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4}' | json "d['id']")"
-for i in $(seq 1 300); do
-  [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")" = done ] && break
-  sleep 0.1
-done
+finish_job "$id"
 [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d.get('split')")" = "tensor over 2 ranks" ] ||
   fail "the tensor job's record: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
 post /v1/images/generations "$guided" | b64_file tensor.png
@@ -140,11 +147,7 @@ cmp -s one.wav tensor.wav || fail "the clip served with the weights split over 2
 # A clip with live previews: each decoded by SAME, whose features are split too, on both ranks.
 id="$(post /v1/jobs '{"kind": "audio", "prompt": "rain", "seconds": 1, "steps": 2, "seed": 3, "preview": true}' |
   json "d['id']")"
-for i in $(seq 1 300); do
-  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
-  [ "$state" = done ] || [ "$state" = failed ] && break
-  sleep 0.1
-done
+finish_job "$id"
 [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state'] + ' ' + str(len(d.get('preview', {}).get('peaks', [])) > 0)")" = "done True" ] ||
   fail "the previewed clip over 2 tensor ranks: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
 # --parallel batch: a request's outputs dealt out over the ranks (3 images: 2 on rank 0, 1 on
@@ -162,11 +165,7 @@ for i in 1 2 3; do
 done
 id="$(post /v1/jobs '{"kind": "image", "prompt": "a fox", "size": "32x32", "steps": 2, "seed": 5, "cfg": 4, "n": 2}' |
   json "d['id']")"
-for i in $(seq 1 300); do
-  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
-  [ "$state" = done ] || [ "$state" = failed ] && break
-  sleep 0.1
-done
+finish_job "$id"
 [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d.get('split')")" = "batch over 2 ranks" ] ||
   fail "the batch job's record: $(curl -s "127.0.0.1:$port/v1/jobs/$id")"
 for i in 1 2; do
@@ -178,17 +177,7 @@ cmp -s one.png batch-one.png || fail "one image on a batch server differs from o
 # Two 1024x1024 images of 200 steps (a minute or more for rank 1's alone): cancelled after the
 # first step, both ranks stop at the next, so the job is cancelled long before rank 1 could finish.
 huge='{"kind": "image", "prompt": "a fox", "size": "1024x1024", "steps": 200, "seed": 5, "cfg": 4, "n": 2}'
-id="$(post /v1/jobs "$huge" | json "d['id']")"
-for i in $(seq 1 600); do
-  [ "$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['step']")" -ge 1 ] && break
-  sleep 0.1
-done
-curl -s -X DELETE "127.0.0.1:$port/v1/jobs/$id" > /dev/null
-for i in $(seq 1 150); do
-  state="$(curl -s "127.0.0.1:$port/v1/jobs/$id" | json "d['state']")"
-  [ "$state" = cancelled ] && break
-  sleep 0.1
-done
+state="$(cancel_job "$(post /v1/jobs "$huge" | json "d['id']")" 150)"
 [ "$state" = cancelled ] || fail "the batch job is $state 15 s after its cancel: rank 1's share did not stop"
 post /v1/images/generations "$guided" | b64_file batch-again.png
 cmp -s one.png batch-again.png || fail "after a cancelled batch, the image differs from one process's"

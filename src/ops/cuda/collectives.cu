@@ -1,8 +1,6 @@
 // NCCL between the ranks' GPUs (collectives.h). NCCL is opened at the first split's exchange
 // (libnccl.so.2: the toolkit's, or the one PyTorch's wheels bring), as cuBLASLt is at the first
 // GEMM, so a binary with the CUDA backend starts where NCCL is absent and refuses only splits.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -14,6 +12,7 @@
 #include "core/error.h"
 #include "ops/cuda/collectives.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/loaded_library.h"
 
 #if APUS_HAS_NCCL
 #include <nccl.h>
@@ -40,27 +39,19 @@ struct Nccl {
   std::string missing;  // why it cannot be used; empty when it can
 
   Nccl() {
-    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) lib = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      missing = detail::concat("cannot open NCCL (libnccl.so.2): ", dlerror());
-      return;
-    }
-    auto sym = [&](auto& f, const char* name) {
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
-      if (!f && missing.empty()) missing = detail::concat("NCCL has no ", name, " (version 2.7 or later is needed)");
-    };
-    sym(get_unique_id, "ncclGetUniqueId");
-    sym(init_rank, "ncclCommInitRank");
-    sym(abort, "ncclCommAbort");
-    sym(async_error, "ncclCommGetAsyncError");
-    sym(error_string, "ncclGetErrorString");
-    sym(all_gather, "ncclAllGather");
-    sym(broadcast, "ncclBroadcast");
-    sym(send, "ncclSend");
-    sym(recv, "ncclRecv");
-    sym(group_start, "ncclGroupStart");
-    sym(group_end, "ncclGroupEnd");
+    LoadedLibrary lib("NCCL", {"libnccl.so.2", "libnccl.so"});
+    lib.function(get_unique_id, "ncclGetUniqueId");
+    lib.function(init_rank, "ncclCommInitRank");
+    lib.function(abort, "ncclCommAbort");
+    lib.function(async_error, "ncclCommGetAsyncError");
+    lib.function(error_string, "ncclGetErrorString");
+    lib.function(all_gather, "ncclAllGather");
+    lib.function(broadcast, "ncclBroadcast");
+    lib.function(send, "ncclSend");
+    lib.function(recv, "ncclRecv");
+    lib.function(group_start, "ncclGroupStart");
+    lib.function(group_end, "ncclGroupEnd");
+    missing = lib.missing();
   }
   void check(ncclResult_t r, const char* call, const char* what) const {
     APUS_CHECK(r == ncclSuccess, "NCCL ", call, " (", what, "): ", error_string(r));

@@ -7,8 +7,6 @@
 // algorithms restricted to the GEMM-like ones (no Winograd or FFT, whose transforms round
 // otherwise), and the bias added in fp32 before the one rounding: y is filled with the bias first
 // and cuDNN computes y = conv + 1 * y in its fp32 epilogue.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -18,6 +16,7 @@
 #include "core/variants.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
+#include "ops/cuda/loaded_library.h"
 
 #if APUS_HAS_CUDNN
 #include <cudnn.h>
@@ -49,29 +48,24 @@ struct Dnn {
   cudnnHandle_t handle = nullptr;
 
   Dnn() {
-    void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) lib = dlopen("libcudnn.so", RTLD_NOW | RTLD_LOCAL);
-    APUS_CHECK(lib, "cuda.conv=cudnn: cannot open cuDNN (libcudnn.so.9): ", dlerror());
-    auto sym = [lib](auto& f, const char* name) {
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
-      APUS_CHECK(f, "cuda.conv=cudnn: cuDNN has no ", name, " (version 9 is needed)");
-    };
-    sym(create, "cudnnCreate");
-    sym(set_stream, "cudnnSetStream");
-    sym(error_string, "cudnnGetErrorString");
-    sym(tensor_create, "cudnnCreateTensorDescriptor");
-    sym(tensor_set, "cudnnSetTensor4dDescriptor");
-    sym(tensor_destroy, "cudnnDestroyTensorDescriptor");
-    sym(filter_create, "cudnnCreateFilterDescriptor");
-    sym(filter_set, "cudnnSetFilter4dDescriptor");
-    sym(filter_destroy, "cudnnDestroyFilterDescriptor");
-    sym(conv_create, "cudnnCreateConvolutionDescriptor");
-    sym(conv_set, "cudnnSetConvolution2dDescriptor");
-    sym(conv_math, "cudnnSetConvolutionMathType");
-    sym(conv_destroy, "cudnnDestroyConvolutionDescriptor");
-    sym(algorithms, "cudnnGetConvolutionForwardAlgorithm_v7");
-    sym(workspace, "cudnnGetConvolutionForwardWorkspaceSize");
-    sym(forward, "cudnnConvolutionForward");
+    LoadedLibrary lib("cuDNN", {"libcudnn.so.9", "libcudnn.so"});
+    lib.function(create, "cudnnCreate");
+    lib.function(set_stream, "cudnnSetStream");
+    lib.function(error_string, "cudnnGetErrorString");
+    lib.function(tensor_create, "cudnnCreateTensorDescriptor");
+    lib.function(tensor_set, "cudnnSetTensor4dDescriptor");
+    lib.function(tensor_destroy, "cudnnDestroyTensorDescriptor");
+    lib.function(filter_create, "cudnnCreateFilterDescriptor");
+    lib.function(filter_set, "cudnnSetFilter4dDescriptor");
+    lib.function(filter_destroy, "cudnnDestroyFilterDescriptor");
+    lib.function(conv_create, "cudnnCreateConvolutionDescriptor");
+    lib.function(conv_set, "cudnnSetConvolution2dDescriptor");
+    lib.function(conv_math, "cudnnSetConvolutionMathType");
+    lib.function(conv_destroy, "cudnnDestroyConvolutionDescriptor");
+    lib.function(algorithms, "cudnnGetConvolutionForwardAlgorithm_v7");
+    lib.function(workspace, "cudnnGetConvolutionForwardWorkspaceSize");
+    lib.function(forward, "cudnnConvolutionForward");
+    APUS_CHECK(lib.missing().empty(), "cuda.conv=cudnn: ", lib.missing(), " (version 9 is needed)");
     check_dnn(create(&handle), "cudnnCreate");
   }
   void check_dnn(cudnnStatus_t s, const char* call) const {

@@ -4,7 +4,6 @@
 // product is computed as y^T = w · x^T with w transposed. cuBLASLt (half a gigabyte) is opened at
 // the first GEMM, not linked: a CPU run of the same binary never maps it.
 #include <cublasLt.h>
-#include <dlfcn.h>
 
 #include <map>
 #include <mutex>
@@ -12,6 +11,7 @@
 
 #include "core/scaled_codes.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/loaded_library.h"
 
 namespace apus::cuda {
 
@@ -51,25 +51,20 @@ struct Lt {
   void* workspace = nullptr;
   size_t workspace_bytes = size_t(32) << 20;
   Lt() {
-    void* lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) lib = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
-    APUS_CHECK(lib, "cuda: cannot open cuBLASLt (libcublasLt.so.13): ", dlerror());
-    auto sym = [lib](auto& f, const char* name) {
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
-      APUS_CHECK(f, "cuda: cuBLASLt has no ", name);
-    };
-    sym(create, "cublasLtCreate");
-    sym(desc_create, "cublasLtMatmulDescCreate");
-    sym(desc_set, "cublasLtMatmulDescSetAttribute");
-    sym(desc_destroy, "cublasLtMatmulDescDestroy");
-    sym(layout_create, "cublasLtMatrixLayoutCreate");
-    sym(layout_destroy, "cublasLtMatrixLayoutDestroy");
-    sym(layout_set, "cublasLtMatrixLayoutSetAttribute");
-    sym(matmul, "cublasLtMatmul");
-    sym(pref_create, "cublasLtMatmulPreferenceCreate");
-    sym(pref_set, "cublasLtMatmulPreferenceSetAttribute");
-    sym(pref_destroy, "cublasLtMatmulPreferenceDestroy");
-    sym(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    LoadedLibrary lib("cuBLASLt", {"libcublasLt.so.13", "libcublasLt.so"});
+    lib.function(create, "cublasLtCreate");
+    lib.function(desc_create, "cublasLtMatmulDescCreate");
+    lib.function(desc_set, "cublasLtMatmulDescSetAttribute");
+    lib.function(desc_destroy, "cublasLtMatmulDescDestroy");
+    lib.function(layout_create, "cublasLtMatrixLayoutCreate");
+    lib.function(layout_destroy, "cublasLtMatrixLayoutDestroy");
+    lib.function(layout_set, "cublasLtMatrixLayoutSetAttribute");
+    lib.function(matmul, "cublasLtMatmul");
+    lib.function(pref_create, "cublasLtMatmulPreferenceCreate");
+    lib.function(pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    lib.function(pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    lib.function(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    APUS_CHECK(lib.missing().empty(), "cuda: ", lib.missing());
     check_lt(create(&handle), "create");
     check(cudaMalloc(&workspace, workspace_bytes), "cuBLASLt workspace");
   }
