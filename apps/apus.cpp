@@ -27,6 +27,7 @@
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "dist/link.h"
+#include "dist/memory_check.h"
 #include "dist/strategy.h"
 #include "dist/world.h"
 #include "gate/gate.h"
@@ -133,20 +134,6 @@ template <typename Model, typename Request> RankPlan rank_plan(const std::string
   return {{0, batch}, {split, &world}, world.rank() == 0};
 }
 
-// Under several ranks: why one process could not hold `cost` (resident: every part's weights at
-// once) in a rank's memory, `rank_memory_gib`, else this machine's memory or cgroup limit over the
-// `here` ranks on it; empty when it could.
-std::string memory_shortfall(const apus::PipelineCost& cost, bool resident, double rank_memory_gib, int here) {
-  const auto [need, stage] = apus::peak_memory_need(cost, resident);
-  const apus::MemoryBudget budget = apus::memory_budget();
-  const double memory = rank_memory_gib > 0 ? rank_memory_gib * double(1 << 30) : budget.resident_bytes / here;
-  if (need <= memory) return "";
-  return "one process needs about " + apus::bytes_text(need) + " in its " + stage + " stage, more than the " +
-         apus::bytes_text(memory) + " a rank has: " +
-         (rank_memory_gib > 0 ? std::string("--rank-memory")
-                              : budget.resident_source + " over the " + std::to_string(here) + " ranks on it");
-}
-
 // --parallel as the model opens: under auto over several ranks, "tensor" when one process could
 // not hold the request (memory_shortfall), so that each rank loads its share of the weights;
 // otherwise as given (auto then picks a split per request: rank_plan).
@@ -158,7 +145,8 @@ std::string fitting_parallel(const std::string& parallel, double rank_memory_gib
   const int here = world.ranks_here();
   if (world.rank() != 0) return world.broadcast("", "auto's memory check");
   const std::string shortfall =
-      memory_shortfall(Model::open(parts, apus::Weights::none, device)->count(r, batch), false, rank_memory_gib, here);
+      apus::dist::memory_shortfall(Model::open(parts, apus::Weights::none, device)->count(r, batch), false,
+                                   rank_memory_gib, here, apus::backend_for(device));
   if (verbose && !shortfall.empty()) std::fprintf(stderr, "--parallel auto: tensor (%s)\n", shortfall.c_str());
   return world.broadcast(shortfall.empty() ? "auto" : "tensor", "auto's memory check");
 }
@@ -175,7 +163,8 @@ std::vector<bool> open_split_where_needed(std::vector<apus::ModelParts>& models,
     for (const apus::ModelParts& parts : models) {
       const apus::AnyModel m = apus::AnyModel::open(parts, apus::Weights::none, device);
       const apus::PipelineCost cost = m.image() ? m.image()->count(apus::ImageRequest{}) : m.audio()->count({});
-      const std::string shortfall = memory_shortfall(cost, true, rank_memory_gib, here);
+      const std::string shortfall =
+          apus::dist::memory_shortfall(cost, true, rank_memory_gib, here, apus::backend_for(device));
       if (!shortfall.empty())
         std::fprintf(stderr, "serve: %s opens with its weights split over the %d ranks (tensor): %s\n",
                      m.label().c_str(), world.size(), shortfall.c_str());

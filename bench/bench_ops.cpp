@@ -234,8 +234,9 @@ BENCHMARK(BM_Sa3Attention)->Arg(128)->Arg(256)->Arg(512)->Unit(benchmark::kMilli
 
 // The same DiT's differential attention, self (452 keys) and cross (257 text tokens + duration).
 // args: keys, kernel (0 direct, 1 GEMM tiles)
+// args: keys (452 self, 257 cross), kernel (0 direct, 1 GEMM tiles), query rows per task
 void BM_Sa3DifferentialAttention(benchmark::State& st) {
-  const KnobScope block(cpu::attention_block_knob, 0);
+  const KnobScope block(cpu::attention_block_knob, cpu::attention_block_knob.index_of(std::to_string(st.range(2))));
   const KnobScope kernel(cpu::attention_kernel_knob, st.range(1) ? 2 : 1);
   Arena arena;
   Context c{&arena, DType::bf16};
@@ -246,7 +247,11 @@ void BM_Sa3DifferentialAttention(benchmark::State& st) {
   for (auto _ : st) ops::differential_attention(c, q, k, q2, k2, v, o, d, 0.125f, {});
   st.counters["FLOP/s"] = benchmark::Counter(8.0 * s * keys * h * d, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Sa3DifferentialAttention)->ArgsProduct({{452, 257}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Sa3DifferentialAttention)
+    ->ArgsProduct({{452, 257}, {0, 1}, {128}})
+    ->ArgsProduct({{452, 257}, {1}, {32, 64, 256, 512}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // SAME's band. args: tokens, query rows per task, kernel (0 direct, 1 GEMM tiles)
 void BM_BandAttention(benchmark::State& st) {

@@ -7,12 +7,15 @@
 #include <thread>
 
 #include "apus/apus.h"
+#include "core/memory.h"
 #include "cost/ceiling.h"
 #include "dist/link.h"
+#include "dist/memory_check.h"
 #include "io/media/image.h"
 #include "io/weights/safetensors.h"
 #include "io/weights/synth.h"
 #include "pipeline/registry.h"
+#include "pipeline/stage.h"
 #include "sa3_fixtures.h"
 #include "shadow_device.h"
 #include "test_util.h"
@@ -275,6 +278,24 @@ TEST(ShadowDevice, LinkRatesAreMeasuredThroughTheDevicesExchanges) {
     for (const double bps : rank) EXPECT_GT(bps, 0);
   EXPECT_EQ(first.sent, 2 * 3 * double(part));
   EXPECT_EQ(second.sent, 2 * 3 * double(part));
+}
+
+// auto's memory check under several ranks on devices weighs a rank's own device memory (a GPU a
+// rank), not the host's over the ranks; --rank-memory overrides both.
+TEST(ShadowDevice, AutoWeighsARanksDeviceMemory) {
+  test::ShadowDevice& device = test::shadow_device();
+  const PipelineCost cost = open_image_model(test::fixture("klein_tiny_a"), Weights::none, &device)
+                                ->count(test::small_image_request("a fox", 1));
+  const double need = peak_memory_need(cost, false).first;
+  device.set_memory_bytes(need / 2);
+  const std::string short_of = dist::memory_shortfall(cost, false, 0, 4, &device);
+  EXPECT_NE(short_of.find("more than the " + bytes_text(need / 2) + " a rank has: shadow's memory"), std::string::npos)
+      << short_of;
+  device.set_memory_bytes(need * 2);
+  EXPECT_EQ(dist::memory_shortfall(cost, false, 0, 4, &device), "");
+  EXPECT_NE(dist::memory_shortfall(cost, false, 1e-6, 4, &device).find("--rank-memory"), std::string::npos);
+  device.set_memory_bytes(0);  // the host's budget again
+  EXPECT_EQ(dist::memory_shortfall(cost, false, 0, 1, &device), "");
 }
 
 // What `apus serve --device` holds: models resident on the device, serving request after request.
