@@ -522,9 +522,9 @@ void add_request_options(CLI::App* app, RequestOptions& o, Family family, const 
                   "cost model predicts fastest; -v says)")
       ->check(CLI::IsMember({"auto", "batch", "none", "ulysses", "tensor", "cfg"}));
   app->add_option("--rank-memory", o.rank_memory,
-                  "started by mpirun or srun, the memory a rank may use, in GiB, for auto's check (default: this "
-                  "machine's memory or cgroup limit over the ranks on it): a request one process could not hold opens "
-                  "the model with its weights split over the ranks (tensor)")
+                  "started by mpirun or srun, the memory a rank may use, in GiB, for auto's check (default: on a "
+                  "device its own memory, else this machine's memory or cgroup limit over the ranks on it): a "
+                  "request one process could not hold opens the model with its weights split over the ranks (tensor)")
       ->check(CLI::PositiveNumber)
       ->type_name("GIB");
   add_rank_timeout(app);
@@ -869,9 +869,9 @@ Command serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cfg", "ulysses", "none", "batch", "tensor"}));
   serve
       ->add_option("--rank-memory", o->rank_memory,
-                   "started by mpirun or srun, the memory a rank may use, in GiB (default: this machine's memory or "
-                   "cgroup limit over the ranks on it): under auto, a model one process could not hold resident "
-                   "opens with its weights split over the ranks (tensor)")
+                   "started by mpirun or srun, the memory a rank may use, in GiB (default: on a device its own "
+                   "memory, else this machine's memory or cgroup limit over the ranks on it): under auto, a model "
+                   "one process could not hold resident opens with its weights split over the ranks (tensor)")
       ->check(CLI::PositiveNumber)
       ->type_name("GIB");
   add_rank_timeout(serve);
