@@ -103,8 +103,8 @@ Communicator& communicator(int device, const ProcessGroup& group) {
 // Queues enqueue(communicator) on the exchanges' stream after the ops queued so far, makes the ops
 // queued after it wait for it, and waits for it against the group's timeout: past it (or on an
 // error NCCL reports meanwhile) the communicator is aborted and dropped, and the group loses the
-// exchange. Waited for here, each exchange is a host synchronisation, which costs the GPU about a
-// launch latency (the ops after it are queued while it runs), not the exchange's time.
+// exchange. Waited for here, each exchange is a host synchronisation: the GPU idles about a launch
+// latency after it (the next op is queued once it ends), small beside a step's exchanges.
 template <typename Enqueue> void exchange(int device, const ProcessGroup& group, const char* verb, const char* what,
                                           double sent, Enqueue&& enqueue) {
   const Nccl& n = nccl();
