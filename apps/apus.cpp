@@ -23,7 +23,6 @@
 #include "bench.h"
 #include "core/cost.h"
 #include "core/error.h"
-#include "core/memory.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "dist/link.h"
@@ -39,13 +38,12 @@
 #include "io/weights/synth.h"
 #include "pipeline/metadata.h"
 #include "pipeline/registry.h"
+#include "pipeline/split.h"
+#include "server/ranks.h"
+#include "server/server.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
-#include "pipeline/split.h"
-#include "pipeline/stage.h"
-#include "server/ranks.h"
-#include "server/server.h"
 
 namespace {
 

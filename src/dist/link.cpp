@@ -45,17 +45,15 @@ LinkRates link_rates(const World& world, Backend* device, bool refresh) {
     r.cached = true;
     return r;
   }
-  nlohmann::json measured = {{"how", "16 MiB parts, the best of five"}};
-  if (device) {
-    // The measurement's exchanges are not a request's: -v's traffic leaves them out.
-    const World::Traffic before = world.traffic();
-    measured["all_gather_bps"] = device_link_bps(world, *device, false, size_t(16) << 20, 5);
-    measured["all_to_all_bps"] = device_link_bps(world, *device, true, size_t(16) << 20, 5);
-    world.set_traffic(before);
-  } else {
-    measured["all_gather_bps"] = world.measure_all_gather_bps();
-    measured["all_to_all_bps"] = world.measure_all_to_all_bps();
-  }
+  // Through the backend's own exchanges (MPI on host memory, NCCL between GPUs). They are not a
+  // request's: -v's traffic leaves them out.
+  Backend& link = device ? *device : cpu_backend();
+  const World::Traffic before = world.traffic();
+  const size_t part = size_t(16) << 20;
+  const nlohmann::json measured = {{"all_gather_bps", device_link_bps(world, link, false, part, 5)},
+                                   {"all_to_all_bps", device_link_bps(world, link, true, part, 5)},
+                                   {"how", "16 MiB parts, the best of five"}};
+  world.set_traffic(before);
   if (world.rank() == 0) keep_calibration(r.key, measured);
   // Rank 0's rates for all, as a cached entry would be.
   const nlohmann::json entry = nlohmann::json::parse(world.broadcast(measured.dump(), "the link rates"));

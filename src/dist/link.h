@@ -26,7 +26,8 @@ struct LinkRates {
 LinkRates link_rates(const World& world, Backend* device = nullptr, bool refresh = false);
 
 // What one rank sends per second through `device`'s exchanges over `group` (an all-gather of
-// `part`-byte parts, or an all-to-all of `part` bytes to each rank), the best of `tries`.
+// `part`-byte parts, or an all-to-all of `part` bytes to each rank), the best of `tries`; 0 for
+// one rank.
 double device_link_bps(const ProcessGroup& group, Backend& device, bool to_all, size_t part, int tries);
 
 }  // namespace apus::dist

@@ -73,27 +73,6 @@ void World::count(double sent, double seconds) const {
   traffic_.seconds += seconds;
 }
 
-double World::measure_all_gather_bps() const {
-  if (size_ == 1) return 0;
-  const size_t part = size_t(16) << 20;
-  std::vector<char> buffer(part * size_t(size_), 1);
-  const std::vector<size_t> bytes(size_t(size_), part);
-  double best = 1e30;
-  for (int i = 0; i < 5; ++i) best = std::min(best, gather(buffer.data(), bytes, "the link measurement"));
-  return double(part) * (size_ - 1) / best;
-}
-
-double World::measure_all_to_all_bps() const {
-  if (size_ == 1) return 0;
-  const size_t part = size_t(16) << 20;
-  std::vector<char> send(part * size_t(size_), 1), recv(send.size());
-  const std::vector<size_t> bytes(size_t(size_), part);
-  double best = 1e30;
-  for (int i = 0; i < 5; ++i)
-    best = std::min(best, exchange(send.data(), bytes, recv.data(), bytes, "the link measurement"));
-  return double(part) * (size_ - 1) / best;
-}
-
 std::vector<std::string> World::host_names() const {
   char name[MPI_MAX_PROCESSOR_NAME + 1] = {};
   int length = 0;
@@ -266,10 +245,6 @@ void World::all_to_all(const void* send, const std::vector<size_t>& send_bytes, 
              " parts for one process");
   std::memcpy(recv, send, send_bytes[0]);
 }
-
-double World::measure_all_gather_bps() const { return 0; }
-
-double World::measure_all_to_all_bps() const { return 0; }
 
 std::string World::placement() const { return "1 rank"; }
 

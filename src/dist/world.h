@@ -51,11 +51,6 @@ class World final : public ProcessGroup {
   // ends the job instead of leaving the others waiting forever.
   double timeout() const override { return timeout_s_; }
   void set_timeout(double seconds);
-  // The bytes per second each rank sends in an all-gather of 16 MiB parts, and in an all-to-all
-  // of 16 MiB to each other rank, the best of five (collectives: every rank calls them); 0 for one
-  // process.
-  double measure_all_gather_bps() const;
-  double measure_all_to_all_bps() const;
   // Where the ranks run: "3 ranks on node1 (2), node2 (1)", the hosts in rank order.
   std::string placement() const;
   // How many ranks run on this rank's host, itself included (a collective).

@@ -10,11 +10,12 @@
 
 namespace apus {
 
+#if APUS_HAS_CUDA
 namespace {
 
 // This process's place among those a launcher started on its host (Open MPI's
 // OMPI_COMM_WORLD_LOCAL_RANK, Slurm's SLURM_LOCALID, MPICH's MPI_LOCALRANKID); 0 without one.
-[[maybe_unused]] int launched_local_rank() {
+int launched_local_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
     const char* v = std::getenv(name);
     if (v && *v && std::atoi(v) >= 0) return std::atoi(v);
@@ -23,6 +24,7 @@ namespace {
 }
 
 }  // namespace
+#endif
 
 void HostBackend::all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes,
                              const char* what) {

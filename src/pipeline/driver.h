@@ -90,8 +90,9 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
     }
     // After the stages: a model may fetch parameters as its code first reads them.
     p.parameters += double(model.parameter_count());
-    p.held_bytes += double(model.held_bytes());
-    for (size_t i = first; i < p.stages.size(); ++i) p.stages[i].model_bytes = double(model.held_bytes());
+    const double held = double(model.held_bytes());
+    p.held_bytes += held;
+    for (size_t i = first; i < p.stages.size(); ++i) p.stages[i].model_bytes = held;
   }
 
   void run(Context& c, Work& w, StageClock& clock, const Progress& say) const override {
