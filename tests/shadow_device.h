@@ -21,6 +21,7 @@
 
 #include "apus/apus.h"
 #include "core/error.h"
+#include "core/scaled_codes.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
 
@@ -59,6 +60,7 @@ class ShadowDevice : public Backend {
     APUS_CHECK(host.device == Device::cpu && host.contiguous(), "shadow upload: expected a contiguous host tensor");
     Tensor t = Tensor::allocate(*this, host.shape, host.dtype);
     std::memcpy(on_host(t.data), host.data, host.nbytes());
+    t.encoding = encoding_on(*this, host.encoding);
     return t;
   }
   Tensor download(const Tensor& t) override {
@@ -122,6 +124,11 @@ class ShadowDevice : public Backend {
     v.tensor.device = Device::cpu;
     v.tensor.ordinal = 0;
     v.tensor.owner = nullptr;
+    if (t.encoding.block_scales) {  // a stored weight's factors, uploaded beside its codes
+      auto scales = std::make_shared<BlockScales>(*t.encoding.block_scales);
+      scales->factors = view(scales->factors);
+      v.tensor.encoding.block_scales = std::move(scales);
+    }
     return v;
   }
   template <typename T> decltype(auto) host(T&& operand) const {

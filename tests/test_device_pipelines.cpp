@@ -128,6 +128,49 @@ TEST(ShadowDevice, KleinRequestsComputeWhatTheCpuComputes) {
   }
 }
 
+// The files people download hold their weights quantised (GGUF's blocks, BFL's fp8, ComfyUI's int8,
+// mxfp8 and nvfp4 layouts): on a device they stay as stored, their block factors beside them, and
+// the linears and the token table decode them there. Each image must be the CPU's, byte for byte.
+TEST(ShadowDevice, QuantisedFilesComputeWhatTheCpuComputes) {
+  test::ShadowDevice& device = test::shadow_device();
+  const std::string root = test::fixture("klein_tiny_a");
+  auto transformer = [&](const char* file) {
+    ModelParts p;
+    p.model = test::fixture(std::string("klein_single/") + file);
+    p.config = root;
+    return p;
+  };
+  auto text_encoder = [&](const char* file) {
+    ModelParts p{root};
+    p.text_encoder = test::fixture(std::string("klein_single/") + file);
+    return p;
+  };
+  const std::vector<std::pair<std::string, ModelParts>> runs = {
+      {"GGUF Q4_K_M transformer (Q4_K, Q6_K, Q8_0)", transformer("flux-2-klein-tiny-Q4_K_M.gguf")},
+      {"BFL's fp8 transformer", transformer("flux-2-klein-tiny-fp8.safetensors")},
+      {"ComfyUI's mixed transformer (fp8, int8, mxfp8, nvfp4)",
+       transformer("flux-2-klein-tiny-comfy-mixed.safetensors")},
+      {"GGUF Q8_0 text encoder, its token table too", text_encoder("qwen3-tiny-Q8_0.gguf")},
+      {"ComfyUI's mixed text encoder", text_encoder("qwen3-tiny-comfy-mixed.safetensors")},
+  };
+  for (const auto& [name, parts] : runs)
+    for (const bool fp32 : {false, true}) {
+      SCOPED_TRACE(name + (fp32 ? " fp32" : " bf16"));
+      ImageRequest r;
+      r.prompt = "a lighthouse in fog";
+      r.seed = 11;
+      r.steps = 2;
+      r.width = 64;
+      r.height = 48;
+      r.fp32 = fp32;
+      const ImageResult cpu = open_image_model(parts, Weights::per_stage, nullptr)->generate(r);
+      const size_t before = device.ops_run();
+      const ImageResult dev = open_image_model(parts, Weights::per_stage, &device)->generate(r);
+      EXPECT_GT(device.ops_run(), before + 100);
+      EXPECT_TRUE(dev.rgb == cpu.rgb);
+    }
+}
+
 struct AudioRun {
   std::string name, dir;
   AudioRequest request;

@@ -3,6 +3,7 @@
 // refused naming the file and the field.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/quant_blocks.h"
+#include "core/scaled_codes.h"
 #include "io/model_dir.h"
 #include "io/weights/gguf.h"
 #include "io/weights/safetensors.h"
@@ -74,6 +76,27 @@ TEST(Gguf, Fp8E4m3DecodesEveryCode) {
   EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0xff)));
   // Monotone over the positive codes, each the one before times at most 1 + 1/8 (or a subnormal step).
   for (int v = 1; v < 0x7f; ++v) EXPECT_GT(fp8_e4m3_to_f32(uint8_t(v)), fp8_e4m3_to_f32(uint8_t(v - 1))) << v;
+}
+
+// The GPU decodes a code format element by element (code_value), the CPU a row at a time through
+// tables: both give every code the same bits (NaN's included), for each code format.
+TEST(StoredCodes, ElementDecodeGivesTheRowDecodesBitsForEveryCode) {
+  for (const DType t : {DType::fp8_e4m3, DType::fp8_e5m2, DType::i8, DType::fp4_e2m1}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const int64_t n = t == DType::fp4_e2m1 ? 512 : 256;  // every byte: both nibbles of each for fp4
+    Tensor row = Tensor::heap({1, n}, t);
+    for (int64_t b = 0; b < int64_t(row.nbytes()); ++b) row.ptr<uint8_t>()[b] = uint8_t(b);
+    std::vector<float> by_row(size_t(n), 0.0f);
+    decode_code_row(row, 0, by_row.data(), n);
+    int64_t differ = 0, nan = 0;
+    for (int64_t c = 0; c < n; ++c) {
+      const float v = code_value(t, row.ptr<uint8_t>(), c);
+      differ += std::memcmp(&v, &by_row[size_t(c)], 4) != 0;
+      nan += std::isnan(v);
+    }
+    EXPECT_EQ(differ, 0) << " of " << n << " codes";
+    EXPECT_EQ(nan, t == DType::fp8_e4m3 ? 2 : t == DType::fp8_e5m2 ? 6 : 0);
+  }
 }
 
 // A GGUF file written field by field, for the hostile cases.

@@ -65,8 +65,6 @@ struct OpCase {
   OpId op;
   Bound bound;
   std::function<Drawn(OpInputs&)> draw;
-  // Stored weight formats (GGUF blocks, fp8) run on the CPU backends only so far.
-  bool cpu_only = false;
   // Inputs holding NaN or infinities: the outputs must be non-finite exactly where the
   // reference's are (their poison is a finite sentinel, so an unwritten one shows), the finite
   // rest within the bound.
@@ -564,8 +562,7 @@ void add_layout_cases(std::vector<OpCase>& cases) {
                        for (int64_t i = 0; i < 7; ++i) ids.ptr<int32_t>()[i] = int32_t(d.rng() % 30);
                        return {{{d.random_stored({30, 256}, stored), ids}, {d.poisoned({7, 256})}},
                                [](Context& c, Operands& t) { ops::embedding(c, t.in[0], t.in[1], t.out[0]); }};
-                     },
-                     /*cpu_only=*/true});
+                     }});
   // The image's bytes, poisoned with a level a pixel rarely takes (255 is any clipped white).
   cases.push_back({"image_to_rgb8", OpId::image_to_rgb8, Bound::exact, [](OpInputs& d) -> Drawn {
                      Tensor rgb = Tensor::heap({5, 7, 3}, DType::u8);
@@ -695,8 +692,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                        return {{{d.random({m, k}), d.random_stored({n, k}, stored), d.random({n}, 1.0f, DType::bf16)},
                                 {d.poisoned({m, n})}},
                                [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
-                     },
-                     /*cpu_only=*/true});
+                     }});
   // ComfyUI's block-scaled layouts: int8 with a scale a row, mxfp8, nvfp4 (the panel boundary at
   // row 64 checks each panel reads its own rows' factors).
   struct Scaled {
@@ -707,15 +703,14 @@ void add_linear_cases(std::vector<OpCase>& cases) {
   for (const Scaled s :
        {Scaled{"int8_row_scaled", DType::i8, DType::f32, 512}, Scaled{"mxfp8", DType::fp8_e4m3, DType::e8m0, 32},
         Scaled{"nvfp4", DType::fp4_e2m1, DType::fp8_e4m3, 16}})
-    cases.push_back({"linear_" + std::string(s.name) + "_weights", OpId::linear, Bound::rounding,
-                     [s](OpInputs& d) -> Drawn {
-                       const int64_t m = 9, k = 512, n = 70;
-                       return {{{d.random({m, k}), d.random_block_scaled({n, k}, s.codes, s.factors, s.block),
-                                 d.random({n}, 1.0f, DType::bf16)},
-                                {d.poisoned({m, n})}},
-                               [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
-                     },
-                     /*cpu_only=*/true});
+    cases.push_back(
+        {"linear_" + std::string(s.name) + "_weights", OpId::linear, Bound::rounding, [s](OpInputs& d) -> Drawn {
+           const int64_t m = 9, k = 512, n = 70;
+           return {{{d.random({m, k}), d.random_block_scaled({n, k}, s.codes, s.factors, s.block),
+                     d.random({n}, 1.0f, DType::bf16)},
+                    {d.poisoned({m, n})}},
+                   [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+         }});
   // The int8 tier: integer sums are exact, the scales' arithmetic is spelled out, so every element
   // equals the reference's. A row of zeros (scale 0) among them; x and y column views; a checkpoint's
   // int8 codes with a scale a row and a tensor scale (ComfyUI's), flagged as the tier flags them.
@@ -728,7 +723,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                      return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
-                   /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
+                   /*nonfinite=*/false, /*int8_tier=*/true});
   // Past every block of apus's AVX2 kernel (rows past a 72-row task, columns past a 768-column task
   // and a 16-wide panel, an odd k past a 512-code block), with rows and weights whose codes are all
   // +-127: the largest sums, exact only where no 16-bit lane saturates.
@@ -746,7 +741,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                      return {{{x, quantize_int8_weight(w, "w"), d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
-                   /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
+                   /*nonfinite=*/false, /*int8_tier=*/true});
   cases.push_back({"linear_int8_tier_views", OpId::linear, Bound::exact,
                    [](OpInputs& d) -> Drawn {
                      const int64_t m = 9, k = 96, n = 45;
@@ -758,7 +753,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                                ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);
                              }};
                    },
-                   /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
+                   /*nonfinite=*/false, /*int8_tier=*/true});
   cases.push_back({"linear_int8_tier_row_scaled_checkpoint", OpId::linear, Bound::exact,
                    [](OpInputs& d) -> Drawn {
                      const int64_t m = 9, k = 512, n = 70;
@@ -768,7 +763,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                      return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
-                   /*cpu_only=*/true, /*nonfinite=*/false, /*int8_tier=*/true});
+                   /*nonfinite=*/false, /*int8_tier=*/true});
   cases.push_back({"linear", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
                      return {{{d.random({37, 96}), d.random({45, 96}, 0.2f, DType::bf16)}, {d.poisoned({37, 45})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], nullptr, t.out[0]); }};
@@ -879,8 +874,7 @@ TEST_P(OpTable, MatchesTheReference) {
   if (!backend) GTEST_SKIP() << target.name << " cannot run here: " << why;
   if (!backend->supports(k.op))
     GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
-  if (k.cpu_only && backend->device() != Device::cpu)
-    GTEST_SKIP() << "stored weight formats run on the CPU backends only";
+  if (k.int8_tier && backend->device() != Device::cpu) GTEST_SKIP() << "the int8 tier runs on the CPU backends only";
   if (k.int8_tier && !cpu::exact_int8_products())
     GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);

@@ -162,15 +162,6 @@ uint16_t f32_to_f16(float f) {
   return uint16_t(sign | h);
 }
 
-float f16_to_f32(uint16_t h) {
-  const int sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  float v;
-  if (exp == 0) v = std::ldexp(float(mant), -24);
-  else if (exp == 31) v = mant ? NAN : INFINITY;
-  else v = std::ldexp(float(mant | 0x400), exp - 25);
-  return sign ? -v : v;
-}
-
 APUS_CLONES void f16_to_f32_row(const uint16_t* in, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     // Exponent and mantissa moved into float position and rebased by 2^(127-15): exact for normal
@@ -185,31 +176,6 @@ APUS_CLONES void f16_to_f32_row(const uint16_t* in, float* out, int64_t n) {
     u |= uint32_t(in[i] & 0x8000u) << 16;
     std::memcpy(&out[i], &u, 4);
   }
-}
-
-float fp8_e4m3_to_f32(uint8_t v) {
-  const int sign = v >> 7, exp = (v >> 3) & 0xf, mant = v & 7;
-  float f;
-  if (exp == 15 && mant == 7) f = NAN;
-  else if (exp == 0) f = std::ldexp(float(mant), -9);
-  else f = std::ldexp(float(mant | 8), exp - 10);
-  return sign ? -f : f;
-}
-
-float fp8_e5m2_to_f32(uint8_t v) {
-  const int sign = v >> 7, exp = (v >> 2) & 0x1f, mant = v & 3;
-  float f;
-  if (exp == 31) f = mant ? NAN : INFINITY;
-  else if (exp == 0) f = std::ldexp(float(mant), -16);
-  else f = std::ldexp(float(mant | 4), exp - 17);
-  return sign ? -f : f;
-}
-
-float e8m0_to_f32(uint8_t v) {
-  const uint32_t bits = v == 0 ? 0 : uint32_t(v) << 23;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
 }
 
 }  // namespace apus

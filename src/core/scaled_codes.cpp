@@ -8,22 +8,20 @@ namespace apus {
 
 namespace {
 
-// fp4 e2m1 codes: comfy-kitchen's E2M1_LUT.
-constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-// Every byte of an fp8 format as fp32, so a row decodes by lookups.
-struct Fp8Tables {
+// Every code of the fp8 and fp4 formats as fp32 (code_value's), so a row decodes by lookups.
+struct CodeTables {
   std::array<float, 256> e4m3, e5m2;
-  Fp8Tables() {
+  std::array<float, 16> e2m1;
+  CodeTables() {
     for (int i = 0; i < 256; ++i) {
       e4m3[size_t(i)] = fp8_e4m3_to_f32(uint8_t(i));
       e5m2[size_t(i)] = fp8_e5m2_to_f32(uint8_t(i));
     }
+    for (int i = 0; i < 16; ++i) e2m1[size_t(i)] = fp4_e2m1_to_f32(uint8_t(i));
   }
 };
-const Fp8Tables& fp8_tables() {
-  static const Fp8Tables tables;
+const CodeTables& code_tables() {
+  static const CodeTables tables;
   return tables;
 }
 
@@ -32,12 +30,12 @@ void decode_codes(DType t, const void* row, int64_t c0, int64_t c1, float* out) 
   const uint8_t* b = static_cast<const uint8_t*>(row);
   switch (t) {
     case DType::fp8_e4m3: {
-      const float* lut = fp8_tables().e4m3.data();
+      const float* lut = code_tables().e4m3.data();
       for (int64_t c = c0; c < c1; ++c) out[c - c0] = lut[b[c]];
       return;
     }
     case DType::fp8_e5m2: {
-      const float* lut = fp8_tables().e5m2.data();
+      const float* lut = code_tables().e5m2.data();
       for (int64_t c = c0; c < c1; ++c) out[c - c0] = lut[b[c]];
       return;
     }
@@ -46,9 +44,11 @@ void decode_codes(DType t, const void* row, int64_t c0, int64_t c1, float* out) 
       for (int64_t c = c0; c < c1; ++c) out[c - c0] = float(q[c]);
       return;
     }
-    case DType::fp4_e2m1:  // the high nibble is the even element (comfy-kitchen's hi_first)
-      for (int64_t c = c0; c < c1; ++c) out[c - c0] = kE2m1[(c & 1) ? b[c >> 1] & 0xf : b[c >> 1] >> 4];
+    case DType::fp4_e2m1: {
+      const float* lut = code_tables().e2m1.data();
+      for (int64_t c = c0; c < c1; ++c) out[c - c0] = lut[fp4_code(b, c)];
       return;
+    }
     default:
       fail("dtype ", dtype_name(t), " is no code format");
   }
@@ -61,14 +61,7 @@ bool is_code_format(DType t) {
 }
 
 float BlockScales::at(int64_t r, int64_t j) const {
-  int64_t i = r * per_row + j;
-  if (tiled) {
-    // comfy-kitchen's to_blocked: 128x4 tiles in row-major tile order, each tile's rows r = 32a + b
-    // stored as [b][a][j].
-    const int64_t col_tiles = (per_row + 3) / 4;
-    i = ((r / 128) * col_tiles + j / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + j % 4;
-  }
-  return load_f32(factors, i);
+  return load_f32(factors, block_factor_index(r, j, per_row, tiled));
 }
 
 void decode_code_row(const Tensor& t, int64_t r, float* out, int64_t n) {

@@ -28,6 +28,34 @@ struct BlockScales {
   float at(int64_t r, int64_t j) const;
 };
 
+// Where factor j of row r lies among a weight's factors, per_row a row. Tiled: comfy-kitchen's
+// to_blocked, 128x4 tiles in row-major tile order, each tile's rows r = 32a + b stored as [b][a][j].
+APUS_HD inline int64_t block_factor_index(int64_t r, int64_t j, int64_t per_row, bool tiled) {
+  if (!tiled) return r * per_row + j;
+  const int64_t col_tiles = (per_row + 3) / 4;
+  return ((r / 128) * col_tiles + j / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + j % 4;
+}
+
+// fp4 code c of a packed row: the high nibble is the even element (comfy-kitchen's hi_first).
+APUS_HD inline uint8_t fp4_code(const uint8_t* row, int64_t c) {
+  return (c & 1) ? row[c >> 1] & 0xf : row[c >> 1] >> 4;
+}
+
+// Code c of a row of a code format as fp32, unscaled: what the GPU decodes element by element (the
+// host decodes rows through tables of the same values).
+APUS_HD inline float code_value(DType t, const uint8_t* row, int64_t c) {
+  switch (t) {
+    case DType::fp8_e4m3:
+      return fp8_e4m3_to_f32(row[c]);
+    case DType::fp8_e5m2:
+      return fp8_e5m2_to_f32(row[c]);
+    case DType::i8:
+      return float(int8_t(row[c]));
+    default:  // fp4_e2m1
+      return fp4_e2m1_to_f32(fp4_code(row, c));
+  }
+}
+
 // Row r (counted in t; its block_row0 added) of a code-format tensor, its first n values as fp32.
 void decode_code_row(const Tensor& t, int64_t r, float* out, int64_t n);
 // Element (r, c) alone: for the reference backend and element access, not hot loops.

@@ -4,6 +4,7 @@
 
 #include "apus/apus.h"
 #include "core/error.h"
+#include "core/scaled_codes.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
 #endif
@@ -25,6 +26,16 @@ int launched_local_rank() {
 
 }  // namespace
 #endif
+
+WeightEncoding encoding_on(Backend& device, const WeightEncoding& host) {
+  WeightEncoding e = host;
+  if (host.block_scales) {
+    auto scales = std::make_shared<BlockScales>(*host.block_scales);
+    scales->factors = device.upload(host.block_scales->factors);
+    e.block_scales = std::move(scales);
+  }
+  return e;
+}
 
 void HostBackend::all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes,
                              const char* what) {

@@ -73,6 +73,10 @@ class HostBackend : public Backend {
   bool exchanges(std::string*) const override { return true; }
 };
 
+// A stored weight's encoding for its copy on `device`: its block factors (core/scaled_codes.h)
+// uploaded too, so the device's decode reads them from its own memory.
+WeightEncoding encoding_on(Backend& device, const WeightEncoding& host);
+
 // The optimised CPU backend: oneDNN GEMMs and convolutions, vectorised row kernels.
 Backend& cpu_backend();
 // Plain loops in f64 with the op contract's roundings and no library calls: the oracle the op

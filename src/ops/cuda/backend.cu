@@ -141,7 +141,7 @@ Tensor to_device(Backend& backend, const Tensor& host) {
              shape_str(host.shape));
   Tensor t = Tensor::allocate(backend, host.shape, host.dtype);
   cuda::check(cudaMemcpy(t.data, host.data, host.nbytes(), cudaMemcpyHostToDevice), "copy to the device");
-  t.encoding = host.encoding;
+  t.encoding = encoding_on(backend, host.encoding);
   return t;
 }
 

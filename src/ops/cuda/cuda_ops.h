@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "core/scaled_codes.h"
 #include "ops/ops.h"
 
 namespace apus::cuda {
@@ -27,6 +28,11 @@ struct Operand {
 // dtype (f32 or the inputs').
 void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
           int64_t batch, float alpha, const void* bias = nullptr);
+
+// A weight stored as GGML blocks or as codes with scales (core/ggml_blocks.h, core/scaled_codes.h),
+// its rows decoded to out's dtype (bf16 or f32) as the CPU decodes them: every row, or row ids[i]
+// as out's row i (ids: i32 on the device, already checked against the weight's rows).
+void decode_stored(const Tensor& w, const Tensor* ids, Tensor& out);
 
 // conv2d through cuDNN (cudnn_conv.cu): whether it takes a conv (symmetric padding, bf16 or f32,
 // the bias in x's dtype), and the conv itself, y [N, Co, OH, OW] already shaped.

@@ -17,6 +17,8 @@ struct View {
 };
 
 View view(const Tensor& t) {
+  APUS_CHECK(!is_stored_quantized(t.dtype), "cuda: a weight stored as ", dtype_name(t.dtype), " ", shape_str(t.shape),
+             " reached an op that reads plain values (only linear and embedding decode it)");
   if (t.rank() == 2) return {t.data, t.dtype, t.shape[0], t.shape[1], t.row_stride()};
   APUS_CHECK(t.contiguous(), "cuda: a ", shape_str(t.shape), " view of rank ", t.rank(), " is not supported");
   const int64_t last = t.rank() ? t.shape.back() : 1;

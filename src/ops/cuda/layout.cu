@@ -178,6 +178,8 @@ void conv2d(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
                  (!bias || bias->numel() == co),
              "conv2d: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ", shape_str(y.shape), ", stride ",
              stride, ", pad ", pad, "+", pad_end);
+  APUS_CHECK(!is_stored_quantized(w.dtype), "conv2d on the GPU: a ", dtype_name(w.dtype),
+             " weight (no checkpoint apus reads stores a convolution so)");
   const int64_t total = n * co * oh * ow;
   if (total == 0) return;
   // cuDNN where asked and it takes the conv (symmetric padding, the bias in x's dtype), else the
@@ -229,6 +231,7 @@ void embedding(Context& c, const Tensor& table, const Tensor& ids, Tensor& y) {
   check(cudaStreamSynchronize(stream()), "embedding ids");
   for (const int32_t id : host)
     APUS_CHECK(id >= 0 && id < rows, "embedding: token id ", id, " outside the table's ", rows, " rows");
+  if (is_stored_quantized(table.dtype)) return decode_stored(table, &ids, y);  // a GGUF's token table
   const DType tt = table.dtype, yt = y.dtype;
   const void* t = table.data;
   const int32_t* id = ids.ptr<int32_t>();

@@ -169,15 +169,16 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   APUS_CHECK(x.rank() == 2 && w.rank() == 2 && w.shape[1] == k && y.shape == Shape({m, n}) && w.contiguous() &&
                  x.dtype == y.dtype && (!bias || bias->numel() == n),
              "linear: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ", shape_str(y.shape));
-  APUS_CHECK(!is_stored_quantized(w.dtype) && !w.encoding.int8_matmul, "linear on the GPU: weights stored as ",
-             dtype_name(w.dtype), w.encoding.int8_matmul ? " (the int8 tier)" : "", " run on the CPU only so far");
+  APUS_CHECK(!w.encoding.int8_matmul, "linear on the GPU: the int8 tier's weights (--quant int8) run on the CPU only");
   if (m == 0) return;
-  // Weights (and bias) in the activation dtype, as torch_dtype converts them.
+  // Weights (and bias) in the activation dtype, as torch_dtype converts them; a weight stored
+  // quantized decoded whole for this call (the model holds it as stored).
   ArenaScope scope(*c.arena);
   auto in_act = [&](const Tensor& t) {
     if (t.dtype == x.dtype) return t;
     Tensor to = Tensor::in(*c.arena, t.shape, x.dtype);
-    copy(c, t, to);
+    if (is_stored_quantized(t.dtype)) decode_stored(t, nullptr, to);
+    else copy(c, t, to);
     return to;
   };
   const Tensor wx = in_act(w);
