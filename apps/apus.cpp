@@ -401,10 +401,11 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
   app->add_option("--config", parts.config,
                   "a diffusers folder (or cached ORG/NAME) whose configs serve a single-file --model");
   const std::map<std::string, apus::Quant> quants{{"none", apus::Quant::none}, {"int8", apus::Quant::int8}};
-  app->add_option("--quant", parts.quant,
-                  "none, or int8: the transformer's and text encoder's linears in int8, and SAME's attention "
-                  "projections (a scale per output feature, activations per token; CPUs with VNNI or AVX2), faster "
-                  "and further from the official output: measure it with `apus gate`")
+  app->add_option(
+         "--quant", parts.quant,
+         "none, or int8: the transformer's and text encoder's linears in int8, and SAME's attention "
+         "projections (a scale per output feature, activations per token; CPUs with VNNI or AVX2, or a GPU), faster "
+         "and further from the official output: measure it with `apus gate`")
       ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8}"));
 }
 

@@ -21,19 +21,16 @@ APUS_CLONES float quantize_int8_row(const float* x, int64_t n, int8_t* q) {
     return 0;
   }
   const float inv = 127.0f / amax;
-  for (int64_t i = 0; i < n; ++i) {
-    const float c = std::nearbyint(x[i] * inv);
-    q[i] = int8_t(c > 127.0f ? 127.0f : (c < -127.0f ? -127.0f : c));
-  }
+  for (int64_t i = 0; i < n; ++i) q[i] = int8_code(x[i], inv);
   return amax / 127.0f;
 }
 
 APUS_CLONES void int8_products_row(const int32_t* acc, float row_scale, const float* col_scale, const float* bias,
                                    float* out, int64_t n) {
   if (bias) {
-    for (int64_t j = 0; j < n; ++j) out[j] = std::fma(float(acc[j]), row_scale * col_scale[j], bias[j]);
+    for (int64_t j = 0; j < n; ++j) out[j] = int8_product(acc[j], row_scale, col_scale[j], bias + j);
   } else {
-    for (int64_t j = 0; j < n; ++j) out[j] = float(acc[j]) * (row_scale * col_scale[j]);
+    for (int64_t j = 0; j < n; ++j) out[j] = int8_product(acc[j], row_scale, col_scale[j], nullptr);
   }
 }
 

@@ -73,8 +73,9 @@ Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
 
 std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device) {
   if (quant == Quant::none) return nullptr;
-  APUS_CHECK(!device, "--quant int8 runs on the CPU only so far (the device is ", device ? device->name() : "", ")");
-  APUS_CHECK(cpu::exact_int8_products(), "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX) or AVX2, ",
+  // A GPU sums int8 products exactly on its integer tensor cores; a CPU needs VNNI or AVX2 for it.
+  APUS_CHECK(device || cpu::exact_int8_products(),
+             "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX) or AVX2, ",
              "where its int8 products are exact; this one has neither");
   return std::make_shared<Int8Linears>(Int8Scope{{"embed_tokens.weight"}});
 }

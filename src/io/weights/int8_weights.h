@@ -40,7 +40,8 @@ class Int8Linears final : public WeightTransform {
 
 // What `--quant` makes of the linears of a transformer and a text encoder: the int8 tier's
 // transform (token embeddings, which feed a lookup, stay as stored), null for Quant::none.
-// Refused on a GPU and on a CPU with neither VNNI nor AVX2, where no int8 product here is exact.
+// Refused on a CPU with neither VNNI nor AVX2, where no int8 product here is exact (a GPU's
+// integer tensor cores are).
 std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device);
 // A diffusers folder's transformer and text encoder through int8_linears (nothing for Quant::none).
 void use_int8_linears(ModelDir& dir, Quant quant, Backend* device);

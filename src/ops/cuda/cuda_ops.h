@@ -25,9 +25,14 @@ struct Operand {
 };
 // c[i] = alpha * a[i] · b[i]^T (b [N, K], b_transposed) or alpha * a[i] · b[i] (b [K, N]), plus
 // bias[N] when given, for i < batch, through cuBLASLt: fp32 accumulation, c rounded once to its
-// dtype (f32 or the inputs').
+// dtype (f32 or the inputs'). i8 a and b give exact i32 sums (b_transposed, alpha 1, no bias; the
+// integer kernels want M and K multiples of 4, leading dimensions too, 16-byte aligned rows best).
 void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
           int64_t batch, float alpha, const void* bias = nullptr);
+
+// The int8 tier's linear (ops/op_list.h: w flagged int8_matmul): x's rows as codes, an exact
+// integer GEMM, the scales and bias as the contract's fp32 steps, every output the reference's.
+void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 
 // A weight stored as GGML blocks or as codes with scales (core/ggml_blocks.h, core/scaled_codes.h),
 // its rows decoded to out's dtype (bf16 or f32) as the CPU decodes them: every row, or row ids[i]

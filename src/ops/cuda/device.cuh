@@ -24,6 +24,23 @@ __device__ inline void store(DType dt, void* p, int64_t i, float v) {
   else static_cast<float*>(p)[i] = v;
 }
 
+// Factor i of a stored weight's block scales (core/scaled_codes.h): f32, bf16, f16 (int8 row
+// scales), e8m0 (mxfp8's) or fp8 e4m3 (nvfp4's).
+__device__ inline float factor_value(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::e8m0:
+      return e8m0_to_f32(static_cast<const uint8_t*>(p)[i]);
+    default:  // fp8_e4m3
+      return fp8_e4m3_to_f32(static_cast<const uint8_t*>(p)[i]);
+  }
+}
+
 // x rounded to dt and back (a store and a load in the reference's eager ops).
 __device__ inline float round_to(DType dt, float x) {
   return dt == DType::bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
@@ -53,6 +70,9 @@ __device__ inline float block_reduce(float v, bool is_max) {
 }
 
 __device__ inline float block_sum(float v) { return block_reduce(v, false); }
+
+// v rounded up to a multiple of `to` (padded widths for the tensor cores).
+inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 constexpr int kThreads = 256;
 

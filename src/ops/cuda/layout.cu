@@ -18,8 +18,6 @@ Knob conv_knob("cuda.conv",
 
 namespace {
 
-int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
-
 // Rows [p0, p0 + rows) of sample b's im2col matrix: row p holds output pixel p's receptive field
 // (channel, ky, kx), zeros where it falls in the padding and past K up to the row stride kp.
 __global__ void im2col_kernel(const void* x, DType dt, void* col, int64_t ci, int64_t h, int64_t wd, int64_t k,

@@ -1,8 +1,8 @@
 // GEMMs through cuBLASLt: linear's y = x · w^T (+ bias), and the strided-batched products the
 // attention and convolution paths build on. bf16 (or f32) operands, f32 accumulation, the bias added
-// in the epilogue. Row-major [M, K] x and [N, K] w are column-major K x M and K x N, so the
-// product is computed as y^T = w · x^T with w transposed. cuBLASLt (half a gigabyte) is opened at
-// the first GEMM, not linked: a CPU run of the same binary never maps it.
+// in the epilogue; int8 operands (the int8 tier, int8_linear.cu) summed exactly in int32. Row-major [M, K] x and [N, K]
+// w are column-major K x M and K x N, so the product is computed as y^T = w · x^T with w transposed. cuBLASLt (half a
+// gigabyte) is opened at the first GEMM, not linked: a CPU run of the same binary never maps it.
 #include <cublasLt.h>
 
 #include <map>
@@ -29,6 +29,10 @@ cudaDataType_t cuda_type(DType dt) {
       return CUDA_R_16F;
     case DType::f32:
       return CUDA_R_32F;
+    case DType::i8:
+      return CUDA_R_8I;
+    case DType::i32:
+      return CUDA_R_32I;
     default:
       fail("linear: dtype ", dtype_name(dt), " is not supported on cuda");
   }
@@ -125,9 +129,15 @@ void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& 
           int64_t batch, float alpha, const void* bias) {
   // Row-major C [M, N] is column-major C^T [N, M] = op(B) · A^T: cuBLASLt multiplies b by a.
   const cudaDataType_t ta = cuda_type(a.dt), tb = cuda_type(b.dt), tc = cuda_type(c.dt);
+  // Integer products (the int8 tier): exact int32 sums on the integer tensor cores, which take
+  // only this form (A transposed, in cuBLASLt's column-major terms) with int32 scalars.
+  const bool integer = a.dt == DType::i8;
+  APUS_CHECK(!integer || (b.dt == DType::i8 && c.dt == DType::i32 && b_transposed && !bias && alpha == 1.0f),
+             "gemm: an int8 product is i8 x i8^T -> i32, without a bias or a scale");
   Lt& l = lt();
   cublasLtMatmulDesc_t op = nullptr;
-  check_lt(l.desc_create(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  check_lt(l.desc_create(&op, integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, integer ? CUDA_R_32I : CUDA_R_32F),
+           "matmul descriptor");
   const cublasOperation_t transa = b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, transb = CUBLAS_OP_N;
   check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "transa");
   check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb), "transb");
@@ -155,8 +165,10 @@ void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& 
                     a.batch_stride, b.batch_stride, c.batch_stride, bias != nullptr};
   const cublasLtMatmulAlgo_t& algo = algorithm(l, key, op, la, lb, ld);
   const float zero = 0.0f;
-  check_lt(l.matmul(l.handle, op, &alpha, b.p, la, a.p, lb, &zero, c.p, ld, const_cast<void*>(c.p), ld, &algo,
-                    l.workspace, l.workspace_bytes, stream()),
+  const int32_t integer_one = 1, integer_zero = 0;
+  check_lt(l.matmul(l.handle, op, integer ? static_cast<const void*>(&integer_one) : &alpha, b.p, la, a.p, lb,
+                    integer ? static_cast<const void*>(&integer_zero) : &zero, c.p, ld, const_cast<void*>(c.p), ld,
+                    &algo, l.workspace, l.workspace_bytes, stream()),
            "matmul");
   l.layout_destroy(la);
   l.layout_destroy(lb);
@@ -169,7 +181,7 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   APUS_CHECK(x.rank() == 2 && w.rank() == 2 && w.shape[1] == k && y.shape == Shape({m, n}) && w.contiguous() &&
                  x.dtype == y.dtype && (!bias || bias->numel() == n),
              "linear: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ", shape_str(y.shape));
-  APUS_CHECK(!w.encoding.int8_matmul, "linear on the GPU: the int8 tier's weights (--quant int8) run on the CPU only");
+  if (w.encoding.int8_matmul) return linear_int8(c, x, w, bias, y);
   if (m == 0) return;
   // Weights (and bias) in the activation dtype, as torch_dtype converts them; a weight stored
   // quantized decoded whole for this call (the model holds it as stored).

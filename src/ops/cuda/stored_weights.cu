@@ -39,31 +39,16 @@ struct Codes {
   bool tiled;
 };
 
-__device__ float factor_at(DType t, const void* p, int64_t i) {
-  switch (t) {
-    case DType::f32:
-      return static_cast<const float*>(p)[i];
-    case DType::bf16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16:
-      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::e8m0:
-      return e8m0_to_f32(static_cast<const uint8_t*>(p)[i]);
-    default:  // fp8_e4m3 (nvfp4's)
-      return fp8_e4m3_to_f32(static_cast<const uint8_t*>(p)[i]);
-  }
-}
-
 // One thread an element: code x (code_scale x factor), the bracket first, as decode_code_row.
 __global__ void decode_codes_kernel(Codes w, const int32_t* ids, int64_t rows, int64_t cols, void* out, DType dt) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = stored_row(ids, i / cols), c = i % cols;
     const float code = code_value(w.dt, w.data + size_t(r) * w.row_bytes, c);
-    const float scale = w.factors
-                            ? w.code_scale * factor_at(w.factor_dt, w.factors,
-                                                       block_factor_index(w.row0 + r, c / w.block, w.per_row, w.tiled))
-                            : w.code_scale;
+    const float scale =
+        w.factors ? w.code_scale * factor_value(w.factor_dt, w.factors,
+                                                block_factor_index(w.row0 + r, c / w.block, w.per_row, w.tiled))
+                  : w.code_scale;
     store(dt, out, i, code * scale);
   }
 }

@@ -1,0 +1,111 @@
+// The int8 tier's linear on the GPU (ops/op_list.h, linear with an int8_matmul weight): x's rows
+// quantised to int8 codes, one i8 x i8 -> i32 GEMM on the integer tensor cores (exact sums: the
+// CPU's integers), then the scales and the bias by the contract's fp32 steps. The per-element
+// steps are core/int8_rows.h's, shared with the CPU, so every output is the reference's bit for
+// bit. Built with -fmad=false (CMakeLists.txt) like the other decoders of stored weights.
+#include <cfloat>
+
+#include "core/int8_rows.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device.cuh"
+
+namespace apus::cuda {
+
+namespace {
+
+// One block a row: scale max |x| / 127 and codes (quantize_int8_row's steps), zeros past k to the
+// padded width; a row holding a NaN or an infinity gets the scale NaN (its outputs NaN) and zeros.
+__global__ void quantize_rows_kernel(const void* x, DType dt, int64_t stride, int64_t k, int64_t width, int8_t* codes,
+                                     float* scales) {
+  const int64_t r = blockIdx.x;
+  float amax = 0, nonfinite = 0;
+  for (int64_t c = threadIdx.x; c < k; c += blockDim.x) {
+    const float a = fabsf(load(dt, x, r * stride + c));
+    amax = a > amax ? a : amax;
+    nonfinite += a <= FLT_MAX ? 0.0f : 1.0f;
+  }
+  amax = block_reduce(amax, true);
+  nonfinite = block_sum(nonfinite);
+  int8_t* row = codes + r * width;
+  const bool zeros = nonfinite > 0 || amax == 0;
+  const float inv = zeros ? 0.0f : 127.0f / amax;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x)
+    row[c] = zeros || c >= k ? int8_t(0) : int8_code(load(dt, x, r * stride + c), inv);
+  if (threadIdx.x == 0) scales[r] = nonfinite > 0 ? __int_as_float(0x7fc00000) : amax / 127.0f;
+}
+
+// The weight's scale of output j: code_scale x its row's factor (quantize_int8_weight's, or a
+// checkpoint's scale a row), as the CPU's linear_int8 forms it.
+struct RowScales {
+  float code_scale;
+  const void* factors;  // null: code_scale alone
+  DType factor_dt;
+  int64_t row0;
+};
+
+__device__ float weight_scale(const RowScales& s, int64_t j) {
+  return s.factors ? s.code_scale * factor_value(s.factor_dt, s.factors, s.row0 + j) : s.code_scale;
+}
+
+// y[r, j] from the integer sums: NaN for a row whose scale is NaN, else int8_product's steps with
+// the bias read in its dtype and rounded to x's (the CPU's round_to).
+__global__ void int8_outputs_kernel(const int32_t* acc, int64_t acc_ld, const float* x_scales, RowScales ws,
+                                    const void* bias, DType bias_dt, DType act, void* y, DType y_dt, int64_t y_stride,
+                                    int64_t m, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m * n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n, j = i % n;
+    const float s = x_scales[r];
+    float v = __int_as_float(0x7fc00000);
+    if (!isnan(s)) {
+      const float b = bias ? round_to(act, load(bias_dt, bias, j)) : 0.0f;
+      v = int8_product(acc[r * acc_ld + j], s, weight_scale(ws, j), bias ? &b : nullptr);
+    }
+    store(y_dt, y, r * y_stride + j, v);
+  }
+}
+
+// The weight's codes as the integer GEMM takes them: rows of `width` (a multiple of 16) bytes on a
+// 16-byte boundary, `rows` of them (a multiple of 4), zeros in the padding; the weight itself
+// where it already is so.
+Tensor gemm_ready_codes(Context& c, const Tensor& w, int64_t rows, int64_t width) {
+  const int64_t n = w.shape[0], k = w.shape[1];
+  if (rows == n && width == k && reinterpret_cast<uintptr_t>(w.data) % 16 == 0) return w;
+  Tensor out = Tensor::in(*c.arena, {rows, width}, DType::i8);
+  check(cudaMemsetAsync(out.data, 0, out.nbytes(), stream()), "clear padded codes");
+  check(cudaMemcpy2DAsync(out.data, size_t(width), w.data, size_t(k), size_t(k), size_t(n), cudaMemcpyDeviceToDevice,
+                          stream()),
+        "pad the int8 codes");
+  return out;
+}
+
+}  // namespace
+
+void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
+  APUS_CHECK(w.dtype == DType::i8 && w.contiguous() && k <= kInt8MaxDot && (!bias || bias->numel() == n),
+             "linear: an int8_matmul weight must be contiguous i8 with rows of at most ", kInt8MaxDot, ", got ",
+             dtype_name(w.dtype), " ", shape_str(w.shape));
+  const BlockScales* s = w.encoding.block_scales.get();
+  APUS_CHECK(!s || (s->per_row == 1 && s->factors.device == Device::cuda), "linear: the int8 tier's weight scales ",
+             "must be one a row, in the device's memory");
+  if (m == 0) return;
+  ArenaScope scope(*c.arena);
+  const int64_t width = round_up(k, 16), rows = round_up(n, 4);
+  Tensor codes = Tensor::in(*c.arena, {m, width}, DType::i8);
+  Tensor x_scales = Tensor::in(*c.arena, {m}, DType::f32);
+  quantize_rows_kernel<<<unsigned(m), kThreads, 0, stream()>>>(x.data, x.dtype, x.row_stride(), k, width,
+                                                               codes.ptr<int8_t>(), x_scales.ptr<float>());
+  check(cudaGetLastError(), "int8 row quantisation launch");
+  const Tensor wc = gemm_ready_codes(c, w, rows, width);
+  Tensor acc = Tensor::in(*c.arena, {m, rows}, DType::i32);
+  gemm({codes.data, DType::i8, width}, {wc.data, DType::i8, width}, true, {acc.data, DType::i32, rows}, m, rows, width,
+       1, 1.0f);
+  const RowScales ws{w.encoding.code_scale, s ? s->factors.data : nullptr, s ? s->factors.dtype : DType::f32,
+                     w.encoding.block_row0};
+  int8_outputs_kernel<<<blocks_for(m * n), kThreads, 0, stream()>>>(
+      acc.ptr<int32_t>(), rows, x_scales.ptr<float>(), ws, bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32,
+      x.dtype, y.data, y.dtype, y.row_stride(), m, n);
+  check(cudaGetLastError(), "int8 outputs launch");
+}
+
+}  // namespace apus::cuda
