@@ -3,6 +3,7 @@
 // against the reference. Runs where a CUDA device is present and skips with the reason where not
 // (built without nvcc, no driver, no GPU).
 #include <cstring>
+#include <filesystem>
 
 #include "apus/apus.h"
 #include "io/media/image.h"
@@ -168,6 +169,53 @@ TEST(CudaPipelines, Sa3RendersTheOfficialClipsOnTheDevice) {
     EXPECT_LT(err, test::kFp32Tolerance) << mode;
     EXPECT_LT(err_bf16, test::kBf16Factor * bf16_self) << mode;
   }
+}
+
+// The files people download on the device: each quantised transformer (GGUF's blocks, BFL's fp8,
+// ComfyUI's int8 / mxfp8 / nvfp4) renders exactly what its dequantised values render on the same
+// GPU, in bf16 and fp32 (the device decodes the CPU's numbers; the kernels after are the same).
+// And the int8 tier on the integer tensor cores: nearer the official fp32 image than the
+// official bf16 run is, as on the CPU (Int8Tier.KleinImageWithinTheOfficialBf16Disagreement).
+TEST(CudaPipelines, QuantisedFilesAndTheInt8TierOnTheDevice) {
+  std::string why;
+  if (!gpu_or_null(why)) GTEST_SKIP() << "no CUDA device here: " << why;
+  auto render = [](const std::string& file, bool fp32) {
+    ModelParts p;
+    p.model = test::fixture("klein_single/" + file);
+    p.config = test::fixture("klein_tiny_a");
+    ImageRequest r = test::small_image_request("a lighthouse in fog", 11);
+    r.fp32 = fp32;
+    return ImageModel::open(p, Weights::per_stage, "cuda")->generate(r).rgb;
+  };
+  for (const auto& [file, decoded] :
+       {std::pair{"flux-2-klein-tiny-Q4_K_M.gguf", "flux-2-klein-tiny-Q4_K_M-dequantized.safetensors"},
+        std::pair{"flux-2-klein-tiny-fp8.safetensors", "flux-2-klein-tiny-fp8-dequantized.safetensors"},
+        std::pair{"flux-2-klein-tiny-comfy-mixed.safetensors",
+                  "flux-2-klein-tiny-comfy-mixed-dequantized.safetensors"}})
+    for (const bool fp32 : {false, true}) EXPECT_EQ(render(file, fp32), render(decoded, fp32)) << file << fp32;
+
+  const test::Reference ref("klein_tiny_a");
+  const std::string noise = ::testing::TempDir() + "cuda_int8_noise.safetensors";
+  write_safetensors(noise, {{"noise", ref.file.get("fp32.noise")}});
+  ModelParts parts{test::fixture("klein_tiny_a")};
+  parts.quant = Quant::int8;
+  ImageRequest r;
+  r.prompt = ref.meta["prompt"].get<std::string>();
+  r.width = ref.meta["width"].get<int>();
+  r.height = ref.meta["height"].get<int>();
+  r.steps = ref.meta["steps"].get<int>();
+  r.noise_file = noise;
+  r.fp32 = true;
+  const std::vector<uint8_t> int8 = ImageModel::open(parts, Weights::per_stage, "cuda")->generate(r).rgb;
+  std::filesystem::remove(noise);
+  const Tensor& fp32 = ref.file.get("fp32.image_u8");
+  const double official_gap = test::level_gap(ref.file.get("bf16.image_u8"), fp32).mean;
+  const double gap = test::level_gap(int8, fp32).mean;
+  std::printf(
+      "[ measure ] cuda klein int8 tier (fp32 activations): mean |d| to the official fp32 image %.3f, "
+      "the official bf16 image's %.3f\n",
+      gap, official_gap);
+  EXPECT_LT(gap, official_gap);
 }
 
 // One process as a group of one rank: its exchanges copy its own part.
