@@ -385,6 +385,8 @@ TEST(ShadowDevice, CeilingsAreMeasuredOnTheDevice) {
   EXPECT_GE(device.ops_run(), before + 13);  // 11 GEMMs and 3 copies (the first GEMM builds the kernel)
   EXPECT_GT(chip.bf16_flops, 1e9);
   EXPECT_GT(chip.memory_bps, 1e8);
+  // The int8 tier's linear runs on a device (a GPU's integer tensor cores): its rate measured there.
+  EXPECT_GT(chip.int8_ops, 1e9);
 }
 
 // `apus bench --device ... --synthetic`: the published layout with values made as they are fetched

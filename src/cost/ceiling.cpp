@@ -47,7 +47,7 @@ std::vector<GemmShape> ceiling_shapes() {
 }
 
 bool runs_int8(const Context& c) {
-  return (!c.backend || c.backend->device() == Device::cpu) && cpu::exact_int8_products();
+  return (c.backend && c.backend->device() != Device::cpu) || cpu::exact_int8_products();
 }
 
 GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8) {

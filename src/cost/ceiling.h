@@ -23,7 +23,8 @@ struct GemmRates {
   int runs;
 };
 GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8 = false);
-// Whether c's backend runs the int8 tier's linear (a CPU with exact int8 products: VNNI or AVX2).
+// Whether c's backend runs the int8 tier's linear: a GPU (its integer tensor cores), a CPU with
+// exact int8 products (VNNI or AVX2).
 bool runs_int8(const Context& c);
 
 // The FLOP rate: the best rate of the bf16 linear over ceiling_shapes() (each warmed up, then
