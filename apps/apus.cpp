@@ -1096,6 +1096,7 @@ Command gate_command(CLI::App& app) {
   gate->add_option("--seeds", g.seeds, "seeds per prompt, from 0 (2)")->check(CLI::Range(1, 100));
   add_request_options(gate, o->r, Family::either, {.sides = "512", .seconds = "10", .steps = true});
   gate->add_option("--json", o->json, "write the report here");
+  gate->add_option("--device", g.device, kDeviceHelp);
   return {gate, [o] {
             apus::GateOptions& g = o->gate;
             // --quant names the candidate's tier; the reference is the model as published.

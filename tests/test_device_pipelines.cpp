@@ -445,7 +445,10 @@ TEST(DeviceCli, EveryCommandTakesTheDeviceAndRefusesWhatItCannotRun) {
   const std::vector<std::string> commands = {
       "image --model " + klein + " --prompt x -W 64 -H 48 -o " + out + ".png",
       "audio --model " + test::official_dir() + " --prompt x --seconds 1 -o " + out + ".wav",
-      "bench --model " + klein + " --reps 1 --warmup 0", "serve --model " + klein + " --port 0", "calibrate"};
+      "bench --model " + klein + " --reps 1 --warmup 0",
+      "serve --model " + klein + " --port 0",
+      "calibrate",
+      "gate --model " + klein + " --quant int8 --prompts 1 --seeds 1 -W 64 -H 48"};
   for (const std::string& command : commands) {
     SCOPED_TRACE(command);
     const test::CliRun unknown = test::run_cli(command + " --device tpu");

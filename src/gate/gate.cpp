@@ -120,12 +120,13 @@ GateReport run_gate(const GateOptions& o, const std::function<void(const std::st
   };
   // The reference loads its stages per request; a candidate of other weights (the int8 tier's
   // quantisation, another file) is made resident once, and a knob alone renders with the reference.
-  const AnyModel reference = AnyModel::open(o.reference, Weights::per_stage);
+  const AnyModel reference = AnyModel::open(o.reference, Weights::per_stage, o.device);
   const bool own_weights = o.candidate.model != o.reference.model || o.candidate.quant != o.reference.quant;
   const std::optional<AnyModel> other =
-      own_weights ? std::optional<AnyModel>(AnyModel::open(o.candidate, Weights::resident)) : std::nullopt;
+      own_weights ? std::optional<AnyModel>(AnyModel::open(o.candidate, Weights::resident, o.device)) : std::nullopt;
   const AnyModel& candidate = other ? *other : reference;
   r.model = reference.label();
+  r.device = o.device;
   std::vector<std::vector<double>> floor(3), cand(3);
   for (int p = 0; p < o.prompts; ++p)
     for (int s = 0; s < o.seeds; ++s) {
@@ -194,6 +195,7 @@ nlohmann::json GateReport::json() const {
   j["model"] = model;
   j["change"] = change;
   j["kind"] = kind;
+  j["device"] = device;
   j["pairs"] = pairs;
   j["rule"] = "each metric: the candidate's median against fp32 no worse than the bf16 renders' worst pair";
   for (const GateMetric& m : metrics)
@@ -211,7 +213,8 @@ nlohmann::json GateReport::json() const {
 }
 
 std::string GateReport::table() const {
-  std::string t = "gate: " + change + " on " + model + ", " + std::to_string(pairs.size()) + " pairs, against fp32\n";
+  std::string t = "gate: " + change + " on " + model + " (" + device + "), " + std::to_string(pairs.size()) +
+                  " pairs, against fp32\n";
   char line[256];
   std::snprintf(line, sizeof line, "  %-11s %12s %12s %14s %14s  %s\n", "metric", "bf16 median", "threshold",
                 "cand. median", "cand. worst", "verdict");

@@ -24,6 +24,8 @@ struct GateOptions {
   int prompts = 10, seeds = 2;  // the first `prompts` of the family's set, seeds 0 .. seeds - 1
   std::optional<int> width, height, steps;
   std::optional<double> seconds;  // audio clips (10 s when not given)
+  // Where every render runs, the floor's too ("cpu", "cuda[:N]"): a tier judged as it runs there.
+  std::string device = "cpu";
 };
 
 struct GateMetric {
@@ -36,6 +38,7 @@ struct GateMetric {
 
 struct GateReport {
   std::string model, change, kind;  // kind "image" or "audio"
+  std::string device;               // where the renders ran
   std::vector<std::string> pairs;   // "prompt #i, seed s" per pair
   std::vector<GateMetric> metrics;
   bool pass = false;
