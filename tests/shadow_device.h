@@ -68,6 +68,7 @@ class ShadowDevice : public Backend {
                "shadow download: expected a contiguous tensor of the shadow device");
     Tensor host = Tensor::heap(t.shape, t.dtype);
     std::memcpy(host.data, on_host(t.data), t.nbytes());
+    host.encoding = encoding_off(*this, t.encoding);
     return host;
   }
 

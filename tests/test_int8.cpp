@@ -220,8 +220,8 @@ TEST(Int8Tier, Sa3ClipWithinTheOfficialBf16Disagreement) {
 }
 
 // On a device the tier's weights go up as codes with their row scales, and its linears give the
-// CPU's bits (a GPU's integer sums are exact too): a klein image and an SA3 clip on the shadow
-// device are the CPU's, byte for byte.
+// CPU's bits (a GPU's integer sums are exact too): a klein image and an SA3 clip (with a DoRA) on
+// the shadow device are the CPU's, byte for byte.
 TEST(Int8Tier, OnADeviceComputesWhatTheCpuComputes) {
   if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
   test::ShadowDevice& device = test::shadow_device();
@@ -233,7 +233,11 @@ TEST(Int8Tier, OnADeviceComputesWhatTheCpuComputes) {
   EXPECT_TRUE(dev_image.rgb == cpu_image.rgb);
   ModelParts sa3{test::official_dir()};
   sa3.quant = Quant::int8;
-  const AudioRequest clip = test::reference_request(false);
+  // With a DoRA, whose weight norms read the tier's codes back from the device with their scales.
+  AudioRequest clip = test::reference_request(false);
+  const Json dora = read_json(test::fixture("sa3_lora/reference.json"))["cases"].at("dora");
+  for (const Json& l : dora)
+    clip.loras.push_back({test::fixture("sa3_lora/" + l[0].get<std::string>()), l[1].get<float>()});
   const std::vector<float> cpu_clip = open_audio_model(sa3, Weights::per_stage, nullptr)->generate(clip).samples;
   const size_t before = device.ops_run();
   const std::vector<float> dev_clip = open_audio_model(sa3, Weights::per_stage, &device)->generate(clip).samples;

@@ -37,6 +37,16 @@ WeightEncoding encoding_on(Backend& device, const WeightEncoding& host) {
   return e;
 }
 
+WeightEncoding encoding_off(Backend& device, const WeightEncoding& on_device) {
+  WeightEncoding e = on_device;
+  if (on_device.block_scales) {
+    auto scales = std::make_shared<BlockScales>(*on_device.block_scales);
+    scales->factors = device.download(on_device.block_scales->factors);
+    e.block_scales = std::move(scales);
+  }
+  return e;
+}
+
 void HostBackend::all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes,
                              const char* what) {
   group.all_gather(data, bytes, what);

@@ -74,8 +74,10 @@ class HostBackend : public Backend {
 };
 
 // A stored weight's encoding for its copy on `device`: its block factors (core/scaled_codes.h)
-// uploaded too, so the device's decode reads them from its own memory.
+// uploaded too, so the device's decode reads them from its own memory; and back, for a download
+// of such a weight (a DoRA's weight norms read it on the host): the factors brought back with it.
 WeightEncoding encoding_on(Backend& device, const WeightEncoding& host);
+WeightEncoding encoding_off(Backend& device, const WeightEncoding& on_device);
 
 // The optimised CPU backend: oneDNN GEMMs and convolutions, vectorised row kernels.
 Backend& cpu_backend();

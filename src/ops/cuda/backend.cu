@@ -38,7 +38,11 @@ class CudaBackend final : public Backend {
     cudaFree(p);
   }
   Tensor upload(const Tensor& host) override { return to_device(*this, host); }
-  Tensor download(const Tensor& t) override { return to_host(t); }
+  Tensor download(const Tensor& t) override {
+    Tensor host = to_host(t);
+    host.encoding = encoding_off(*this, t.encoding);
+    return host;
+  }
   void synchronize() override {
     select();
     cuda::check(cudaStreamSynchronize(cuda::stream()), "finish the queued ops");
