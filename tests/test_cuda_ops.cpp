@@ -3,7 +3,6 @@
 // against the reference. Runs where a CUDA device is present and skips with the reason where not
 // (built without nvcc, no driver, no GPU).
 #include <cstring>
-#include <filesystem>
 
 #include "apus/apus.h"
 #include "io/media/image.h"
@@ -194,28 +193,15 @@ TEST(CudaPipelines, QuantisedFilesAndTheInt8TierOnTheDevice) {
                   "flux-2-klein-tiny-comfy-mixed-dequantized.safetensors"}})
     for (const bool fp32 : {false, true}) EXPECT_EQ(render(file, fp32), render(decoded, fp32)) << file << fp32;
 
-  const test::Reference ref("klein_tiny_a");
-  const std::string noise = ::testing::TempDir() + "cuda_int8_noise.safetensors";
-  write_safetensors(noise, {{"noise", ref.file.get("fp32.noise")}});
+  const test::Fp32ImageRequest r("klein_tiny_a");
   ModelParts parts{test::fixture("klein_tiny_a")};
   parts.quant = Quant::int8;
-  ImageRequest r;
-  r.prompt = ref.meta["prompt"].get<std::string>();
-  r.width = ref.meta["width"].get<int>();
-  r.height = ref.meta["height"].get<int>();
-  r.steps = ref.meta["steps"].get<int>();
-  r.noise_file = noise;
-  r.fp32 = true;
-  const std::vector<uint8_t> int8 = ImageModel::open(parts, Weights::per_stage, "cuda")->generate(r).rgb;
-  std::filesystem::remove(noise);
-  const Tensor& fp32 = ref.file.get("fp32.image_u8");
-  const double official_gap = test::level_gap(ref.file.get("bf16.image_u8"), fp32).mean;
-  const double gap = test::level_gap(int8, fp32).mean;
+  const std::vector<uint8_t> int8 = ImageModel::open(parts, Weights::per_stage, "cuda")->generate(r.request()).rgb;
   std::printf(
       "[ measure ] cuda klein int8 tier (fp32 activations): mean |d| to the official fp32 image %.3f, "
       "the official bf16 image's %.3f\n",
-      gap, official_gap);
-  EXPECT_LT(gap, official_gap);
+      r.gap(int8), r.official_gap());
+  EXPECT_LT(r.gap(int8), r.official_gap());
 }
 
 // One process as a group of one rank: its exchanges copy its own part.

@@ -172,31 +172,17 @@ TEST(Int8Weights, ANonFiniteInputRowGivesANanRow) {
 // the render, by less than the official code's own bf16 run is from its fp32 run.
 TEST(Int8Tier, KleinRendersWithinTheOfficialBf16Disagreement) {
   if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
-  const std::string variant = "klein_tiny_a";
-  const test::Reference ref(variant);
-  const std::string noise = ::testing::TempDir() + "int8_noise.safetensors";
-  write_safetensors(noise, {{"noise", ref.file.get("fp32.noise")}});
-  ImageRequest r;
-  r.prompt = ref.meta["prompt"].get<std::string>();
-  r.width = ref.meta["width"].get<int>();
-  r.height = ref.meta["height"].get<int>();
-  r.steps = ref.meta["steps"].get<int>();
-  r.noise_file = noise;
-  r.fp32 = true;
-  ModelParts parts{test::fixture(variant)};
-  const std::vector<uint8_t> plain = ImageModel::open(parts, Weights::per_stage)->generate(r).rgb;
+  const test::Fp32ImageRequest r("klein_tiny_a");
+  ModelParts parts{test::fixture("klein_tiny_a")};
+  const std::vector<uint8_t> plain = ImageModel::open(parts, Weights::per_stage)->generate(r.request()).rgb;
   parts.quant = Quant::int8;
-  const std::vector<uint8_t> int8 = ImageModel::open(parts, Weights::per_stage)->generate(r).rgb;
-  const Tensor& fp32 = ref.file.get("fp32.image_u8");
-  const double official_gap = test::level_gap(ref.file.get("bf16.image_u8"), fp32).mean;
-  const double gap = test::level_gap(int8, fp32).mean;
+  const std::vector<uint8_t> int8 = ImageModel::open(parts, Weights::per_stage)->generate(r.request()).rgb;
   std::printf(
       "[ measure ] klein int8 tier (fp32 activations): mean |d| to the official fp32 image %.3f levels, "
       "the official bf16 image's %.3f\n",
-      gap, official_gap);
+      r.gap(int8), r.official_gap());
   EXPECT_NE(int8, plain) << "the tier changed nothing: is it applied?";
-  EXPECT_LT(gap, official_gap);
-  std::filesystem::remove(noise);
+  EXPECT_LT(r.gap(int8), r.official_gap());
 }
 
 TEST(Int8Tier, Sa3ClipWithinTheOfficialBf16Disagreement) {

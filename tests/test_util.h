@@ -141,6 +141,32 @@ struct Reference {
   }
 };
 
+// The oracle's fp32 request of klein `variant` from its own fp32 noise (staged as a file, removed
+// with the object), and a render's mean level distance from the official fp32 image beside the
+// official bf16 image's: how a tier is held to the official code's own disagreement.
+class Fp32ImageRequest {
+ public:
+  explicit Fp32ImageRequest(const std::string& variant)
+      : ref_(variant), noise_(::testing::TempDir() + variant + "_fp32_noise.safetensors") {
+    write_safetensors(noise_, {{"noise", ref_.file.get("fp32.noise")}});
+    request_.prompt = ref_.meta["prompt"].get<std::string>();
+    request_.width = ref_.meta["width"].get<int>();
+    request_.height = ref_.meta["height"].get<int>();
+    request_.steps = ref_.meta["steps"].get<int>();
+    request_.noise_file = noise_;
+    request_.fp32 = true;
+  }
+  ~Fp32ImageRequest() { std::filesystem::remove(noise_); }
+  const ImageRequest& request() const { return request_; }
+  double gap(const std::vector<uint8_t>& rgb) const { return level_gap(rgb, ref_.file.get("fp32.image_u8")).mean; }
+  double official_gap() const { return level_gap(ref_.file.get("bf16.image_u8"), ref_.file.get("fp32.image_u8")).mean; }
+
+ private:
+  Reference ref_;
+  std::string noise_;
+  ImageRequest request_;
+};
+
 // Expects apus::Error on one line whose message contains every fragment.
 template <typename F, typename Fragments = std::initializer_list<std::string>>
 void expect_error(F&& f, const Fragments& fragments) {

@@ -27,24 +27,27 @@ int launched_local_rank() {
 }  // namespace
 #endif
 
-WeightEncoding encoding_on(Backend& device, const WeightEncoding& host) {
-  WeightEncoding e = host;
-  if (host.block_scales) {
-    auto scales = std::make_shared<BlockScales>(*host.block_scales);
-    scales->factors = device.upload(host.block_scales->factors);
-    e.block_scales = std::move(scales);
+namespace {
+
+// e with its block factors (if any) replaced by move(factors).
+template <typename Move> WeightEncoding with_factors_moved(const WeightEncoding& e, Move move) {
+  WeightEncoding moved = e;
+  if (e.block_scales) {
+    auto scales = std::make_shared<BlockScales>(*e.block_scales);
+    scales->factors = move(e.block_scales->factors);
+    moved.block_scales = std::move(scales);
   }
-  return e;
+  return moved;
+}
+
+}  // namespace
+
+WeightEncoding encoding_on(Backend& device, const WeightEncoding& host) {
+  return with_factors_moved(host, [&](const Tensor& t) { return device.upload(t); });
 }
 
 WeightEncoding encoding_off(Backend& device, const WeightEncoding& on_device) {
-  WeightEncoding e = on_device;
-  if (on_device.block_scales) {
-    auto scales = std::make_shared<BlockScales>(*on_device.block_scales);
-    scales->factors = device.download(on_device.block_scales->factors);
-    e.block_scales = std::move(scales);
-  }
-  return e;
+  return with_factors_moved(on_device, [&](const Tensor& t) { return device.download(t); });
 }
 
 void HostBackend::all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes,
