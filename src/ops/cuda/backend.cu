@@ -84,6 +84,10 @@ class CudaBackend final : public Backend {
   void select() const { cuda::check(cudaSetDevice(ordinal()), "select the device"); }
 };
 
+// A kernel that does nothing: whether this build holds code the device can run (SASS for its
+// architecture, or PTX it can compile) is whether the runtime finds an image of it.
+__global__ void image_probe_kernel() {}
+
 // A CUDA version number (12040) as its users write it (12.4).
 std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
 
@@ -136,7 +140,21 @@ Backend& cuda_backend(int ordinal) {
   static std::vector<std::unique_ptr<CudaBackend>> backends;
   std::lock_guard<std::mutex> lock(mutex);
   if (backends.size() < size_t(n)) backends.resize(size_t(n));
-  if (!backends[size_t(ordinal)]) backends[size_t(ordinal)] = std::make_unique<CudaBackend>(ordinal);
+  if (!backends[size_t(ordinal)]) {
+    // A GPU this build has no code for (older than Ampere, or left out of CMAKE_CUDA_ARCHITECTURES)
+    // is refused here, naming it, not at the first kernel's launch.
+    cuda::check(cudaSetDevice(ordinal), "select the device");
+    cudaDeviceProp prop{};
+    cuda::check(cudaGetDeviceProperties(&prop, ordinal), "read the device's properties");
+    cudaFuncAttributes attributes{};
+    const cudaError_t image = cudaFuncGetAttributes(&attributes, image_probe_kernel);
+    cudaGetLastError();
+    APUS_CHECK(image == cudaSuccess, "cuda:", ordinal, " (", prop.name, ", compute capability ", prop.major, ".",
+               prop.minor, "): this build has no kernels it can run (", cudaGetErrorString(image),
+               "); apus's CUDA kernels need compute capability 8.0 or later and a build whose "
+               "CMAKE_CUDA_ARCHITECTURES covers it (" APUS_CUDA_ARCHITECTURES ")");
+    backends[size_t(ordinal)] = std::make_unique<CudaBackend>(ordinal);
+  }
   return *backends[size_t(ordinal)];
 }
 
