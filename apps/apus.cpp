@@ -400,13 +400,16 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
                   "(a text encoder GGUF's own is used when this is absent)");
   app->add_option("--config", parts.config,
                   "a diffusers folder (or cached ORG/NAME) whose configs serve a single-file --model");
-  const std::map<std::string, apus::Quant> quants{{"none", apus::Quant::none}, {"int8", apus::Quant::int8}};
+  const std::map<std::string, apus::Quant> quants{
+      {"none", apus::Quant::none}, {"int8", apus::Quant::int8}, {"q8_0", apus::Quant::q8_0}};
   app->add_option(
          "--quant", parts.quant,
-         "none, or int8: the transformer's and text encoder's linears in int8, and SAME's attention "
+         "none; int8: the transformer's and text encoder's linears in int8, and SAME's attention "
          "projections (a scale per output feature, activations per token; CPUs with VNNI or AVX2, or a GPU), faster "
-         "and further from the official output: measure it with `apus gate`")
-      ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8}"));
+         "and further from the official output: measure it with `apus gate`; q8_0: the transformer's and text "
+         "encoder's weights held as GGUF Q8_0 blocks (a scale a 32 values), half of bf16's memory, the activations "
+         "untouched")
+      ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8,q8_0}"));
 }
 
 // The request options the commands share, each declared once (add_request_options): a command

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "core/variants.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "models/flux2/vae_decoder.h"
 #include "ops/adapters.h"
 #include "ops/cpu/cpu_ops.h"
@@ -112,7 +112,7 @@ BENCHMARK(BM_LinearStored)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The int8 tier's linear (io/int8_weights.h) beside BM_Linear's bf16 at the same shapes: the
+// The int8 tier's linear (io/weights/quant_weights.h) beside BM_Linear's bf16 at the same shapes: the
 // activations' quantisation, the s8 GEMM and the scaling pass together. args: tokens, in, out.
 void BM_LinearInt8(benchmark::State& st) {
   Arena arena;

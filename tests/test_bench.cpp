@@ -12,7 +12,7 @@
 
 #include "core/variants.h"
 #include "cost/ceiling.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 

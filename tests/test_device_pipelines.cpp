@@ -129,8 +129,9 @@ TEST(ShadowDevice, KleinRequestsComputeWhatTheCpuComputes) {
 }
 
 // The files people download hold their weights quantised (GGUF's blocks, BFL's fp8, ComfyUI's int8,
-// mxfp8 and nvfp4 layouts): on a device they stay as stored, their block factors beside them, and
-// the linears and the token table decode them there. Each image must be the CPU's, byte for byte.
+// mxfp8 and nvfp4 layouts; or --quant q8_0 made them so): on a device they stay as stored, their
+// block factors beside them, and the linears and the token table decode them there. Each image
+// must be the CPU's, byte for byte.
 TEST(ShadowDevice, QuantisedFilesComputeWhatTheCpuComputes) {
   test::ShadowDevice& device = test::shadow_device();
   const std::string root = test::fixture("klein_tiny_a");
@@ -152,6 +153,12 @@ TEST(ShadowDevice, QuantisedFilesComputeWhatTheCpuComputes) {
        transformer("flux-2-klein-tiny-comfy-mixed.safetensors")},
       {"GGUF Q8_0 text encoder, its token table too", text_encoder("qwen3-tiny-Q8_0.gguf")},
       {"ComfyUI's mixed text encoder", text_encoder("qwen3-tiny-comfy-mixed.safetensors")},
+      {"--quant q8_0",
+       [&] {
+         ModelParts p{root};
+         p.quant = Quant::q8_0;
+         return p;
+       }()},
   };
   for (const auto& [name, parts] : runs)
     for (const bool fp32 : {false, true}) {

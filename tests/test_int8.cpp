@@ -1,4 +1,4 @@
-// The int8 tier (io/weights/int8_weights.h): how weights are quantised, which tensors the transform takes,
+// The int8 tier (io/weights/quant_weights.h): how weights are quantised, which tensors the transform takes,
 // the linear's non-finite rows, and both families run with it against the official renders. The
 // linear's arithmetic itself is held to the reference backend bit for bit in the op table
 // (linear_int8_tier*).
@@ -14,7 +14,7 @@
 #include "core/cost.h"
 #include "core/scaled_codes.h"
 #include "gate/metrics.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "io/weights/safetensors.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
@@ -230,7 +230,7 @@ TEST(Int8Tier, OnADeviceComputesWhatTheCpuComputes) {
   EXPECT_GT(device.ops_run(), before + 100);
   ASSERT_EQ(dev_clip.size(), cpu_clip.size());
   EXPECT_EQ(std::memcmp(dev_clip.data(), cpu_clip.data(), cpu_clip.size() * sizeof(float)), 0);
-  EXPECT_EQ(int8_linears(Quant::none, &device), nullptr);
+  EXPECT_EQ(quant_linears(Quant::none, &device), nullptr);
   EXPECT_EQ(same_decoder_int8(Quant::none), nullptr);
 }
 

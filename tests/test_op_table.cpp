@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "core/variants.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "op_bounds.h"
 #include "op_inputs.h"
 #include "ops/backend.h"

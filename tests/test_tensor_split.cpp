@@ -12,7 +12,7 @@
 
 #include "core/share.h"
 #include "io/model_dir.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "io/weights/weight_source.h"
 #include "models/flux2/klein.h"
 #include "models/flux2/transformer.h"
@@ -71,10 +71,12 @@ std::vector<float> velocity(const flux2::Transformer& dit, DType dt, uint32_t se
   return to_f32_vector(v);
 }
 
-// The weights the ranks are checked on: as stored, and through the int8 tier where this CPU runs it.
+// The weights the ranks are checked on: as stored, as Q8_0 blocks, and through the int8 tier where
+// this CPU runs it.
 std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> weight_tiers() {
-  std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{{"as stored", nullptr}};
-  if (int8_linears(Quant::int8, nullptr)) tiers.emplace_back("int8 tier", int8_linears(Quant::int8, nullptr));
+  std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{
+      {"as stored", nullptr}, {"q8_0", quant_linears(Quant::q8_0, nullptr)}};
+  if (quant_linears(Quant::int8, nullptr)) tiers.emplace_back("int8 tier", quant_linears(Quant::int8, nullptr));
   return tiers;
 }
 

@@ -181,11 +181,13 @@ enum class Weights {
   none,       // configs only: counting (roofline, admission checks); generate() refuses
 };
 
-// How the transformer's and text encoder's linears hold their weights: as the files give them, or
-// the int8 tier: int8 codes with a scale per output feature, multiplied with the activations
-// quantised per token (CPUs with VNNI; opt-in, it moves outputs away from the official code's:
-// `apus gate` measures how far).
-enum class Quant { none, int8 };
+// How the transformer's and text encoder's linears hold their weights: as the files give them; the
+// int8 tier: int8 codes with a scale per output feature, multiplied with the activations quantised
+// per token (CPUs with VNNI or AVX2, GPUs; faster, and further from the official code's outputs:
+// `apus gate` measures how far); or q8_0: GGUF's Q8_0 blocks (a scale a 32 values, llama.cpp's
+// quantiser), decoded for each product as a GGUF file's are (half of bf16's memory, the
+// activations untouched). Weights a file stores quantised already keep their formats under q8_0.
+enum class Quant { none, int8, q8_0 };
 
 // An image model from its parts, as users download them: `model` a diffusers folder, a repository
 // id, or one transformer file (BFL's or ComfyUI's safetensors, a GGUF quantisation: recognised from

@@ -62,11 +62,17 @@ typedef struct apus_image_model apus_image_model;
 /* A diffusers folder (or a Hugging Face cache's ORG/NAME), as `apus image --model`; device "cpu"
  * or "cuda[:N]" (NULL: "cpu"). */
 apus_status apus_image_model_open(const char* dir, apus_weights weights, const char* device, apus_image_model** out);
+/* --quant: the weights as the files hold them, the int8 tier, or GGUF Q8_0 blocks. */
+typedef enum {
+  APUS_QUANT_NONE = 0,
+  APUS_QUANT_INT8 = 1,
+  APUS_QUANT_Q8_0 = 2,
+} apus_quant;
 /* A single file with its parts, as --model FILE --text-encoder --vae --tokenizer --config (each
- * may be NULL); quant_int8 non-zero: the int8 tier (--quant int8). */
+ * may be NULL) --quant. */
 apus_status apus_image_model_open_parts(const char* model, const char* text_encoder, const char* vae,
-                                        const char* tokenizer, const char* config, int quant_int8, apus_weights weights,
-                                        const char* device, apus_image_model** out);
+                                        const char* tokenizer, const char* config, apus_quant quant,
+                                        apus_weights weights, const char* device, apus_image_model** out);
 void apus_image_model_free(apus_image_model* model);
 const char* apus_image_model_label(const apus_image_model* model);
 
@@ -113,8 +119,8 @@ void apus_image_result_free(apus_image_result* result);
 typedef struct apus_audio_model apus_audio_model;
 apus_status apus_audio_model_open(const char* dir, apus_weights weights, const char* device, apus_audio_model** out);
 apus_status apus_audio_model_open_parts(const char* model, const char* text_encoder, const char* vae,
-                                        const char* tokenizer, const char* config, int quant_int8, apus_weights weights,
-                                        const char* device, apus_audio_model** out);
+                                        const char* tokenizer, const char* config, apus_quant quant,
+                                        apus_weights weights, const char* device, apus_audio_model** out);
 void apus_audio_model_free(apus_audio_model* model);
 const char* apus_audio_model_label(const apus_audio_model* model);
 

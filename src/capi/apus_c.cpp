@@ -76,13 +76,17 @@ const char* text(const char* s, const char* what) {
 }
 
 apus::ModelParts parts_of(const char* model, const char* text_encoder, const char* vae, const char* tokenizer,
-                          const char* config, int quant_int8) {
+                          const char* config, apus_quant quant) {
   apus::ModelParts p{text(model, "the model")};
   p.text_encoder = text_encoder ? text_encoder : "";
   p.vae = vae ? vae : "";
   p.tokenizer = tokenizer ? tokenizer : "";
   p.config = config ? config : "";
-  p.quant = quant_int8 ? apus::Quant::int8 : apus::Quant::none;
+  APUS_CHECK(quant == APUS_QUANT_NONE || quant == APUS_QUANT_INT8 || quant == APUS_QUANT_Q8_0, "quant ", int(quant),
+             ": expected APUS_QUANT_NONE, APUS_QUANT_INT8 or APUS_QUANT_Q8_0");
+  p.quant = quant == APUS_QUANT_INT8   ? apus::Quant::int8
+            : quant == APUS_QUANT_Q8_0 ? apus::Quant::q8_0
+                                       : apus::Quant::none;
   return p;
 }
 
@@ -140,19 +144,19 @@ void apus_stop_free(apus_stop* stop) { delete stop; }
 // ---- Images ----
 
 apus_status apus_image_model_open_parts(const char* model, const char* text_encoder, const char* vae,
-                                        const char* tokenizer, const char* config, int quant_int8, apus_weights weights,
-                                        const char* device, apus_image_model** out) {
+                                        const char* tokenizer, const char* config, apus_quant quant,
+                                        apus_weights weights, const char* device, apus_image_model** out) {
   return guarded([&] {
     APUS_CHECK(out, "apus_image_model_open: a null out-pointer");
     *out = nullptr;
     auto m = std::make_unique<apus_image_model>();
-    m->model = apus::ImageModel::open(parts_of(model, text_encoder, vae, tokenizer, config, quant_int8),
-                                      weights_of(weights), device ? device : "cpu");
+    m->model = apus::ImageModel::open(parts_of(model, text_encoder, vae, tokenizer, config, quant), weights_of(weights),
+                                      device ? device : "cpu");
     *out = m.release();
   });
 }
 apus_status apus_image_model_open(const char* dir, apus_weights weights, const char* device, apus_image_model** out) {
-  return apus_image_model_open_parts(dir, nullptr, nullptr, nullptr, nullptr, 0, weights, device, out);
+  return apus_image_model_open_parts(dir, nullptr, nullptr, nullptr, nullptr, APUS_QUANT_NONE, weights, device, out);
 }
 void apus_image_model_free(apus_image_model* model) { delete model; }
 const char* apus_image_model_label(const apus_image_model* model) { return model ? model->model->label().c_str() : ""; }
@@ -276,19 +280,19 @@ void apus_image_result_free(apus_image_result* result) { delete result; }
 // ---- Audio ----
 
 apus_status apus_audio_model_open_parts(const char* model, const char* text_encoder, const char* vae,
-                                        const char* tokenizer, const char* config, int quant_int8, apus_weights weights,
-                                        const char* device, apus_audio_model** out) {
+                                        const char* tokenizer, const char* config, apus_quant quant,
+                                        apus_weights weights, const char* device, apus_audio_model** out) {
   return guarded([&] {
     APUS_CHECK(out, "apus_audio_model_open: a null out-pointer");
     *out = nullptr;
     auto m = std::make_unique<apus_audio_model>();
-    m->model = apus::AudioModel::open(parts_of(model, text_encoder, vae, tokenizer, config, quant_int8),
-                                      weights_of(weights), device ? device : "cpu");
+    m->model = apus::AudioModel::open(parts_of(model, text_encoder, vae, tokenizer, config, quant), weights_of(weights),
+                                      device ? device : "cpu");
     *out = m.release();
   });
 }
 apus_status apus_audio_model_open(const char* dir, apus_weights weights, const char* device, apus_audio_model** out) {
-  return apus_audio_model_open_parts(dir, nullptr, nullptr, nullptr, nullptr, 0, weights, device, out);
+  return apus_audio_model_open_parts(dir, nullptr, nullptr, nullptr, nullptr, APUS_QUANT_NONE, weights, device, out);
 }
 void apus_audio_model_free(apus_audio_model* model) { delete model; }
 const char* apus_audio_model_label(const apus_audio_model* model) { return model ? model->model->label().c_str() : ""; }

@@ -44,7 +44,7 @@ Allocator& host_allocator();
 // values are the decoded codes times code_scale (a weight_scale), and times the factor of their
 // row's block when block_scales is set, its rows counted from block_row0 (core/scaled_codes.h).
 // Every decode of a code format applies them. An i8 weight of the int8 tier (`quant int8`,
-// io/weights/int8_weights.h) has int8_matmul: linears quantise their input per row to int8 and
+// io/weights/quant_weights.h) has int8_matmul: linears quantise their input per row to int8 and
 // multiply in integers (ops/op_list.h, linear) instead of decoding it.
 struct WeightEncoding {
   float code_scale = 1;

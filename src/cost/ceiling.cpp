@@ -13,7 +13,7 @@
 
 #include "io/cache_dir.h"
 #include "io/files.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
 

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "io/model_dir.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "io/weights/single_file.h"
 #include "pipeline/klein/klein_model.h"
 #include "pipeline/klein/single_file.h"
@@ -39,7 +39,7 @@ std::unique_ptr<ImageModel> open_parts(const ModelParts& parts, const std::strin
     if (!parts.vae.empty()) dir.use_weights("vae", flux2::open_vae_file(parts.vae));
   }
   if (!tokenizer.empty()) dir.use_part("tokenizer", tokenizer);
-  use_int8_linears(dir, parts.quant, device);
+  use_quant_linears(dir, parts.quant, device);
   return open_klein(dir, weights, parts.tensor_ranks);
 }
 

@@ -7,7 +7,7 @@
 #include "io/files.h"
 #include "io/model_dir.h"
 #include "io/weights/gguf.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "io/weights/single_file.h"
 #include "pipeline/sa3/gguf_checkpoint.h"
 #include "pipeline/sa3/sa3_model.h"
@@ -25,7 +25,7 @@ std::unique_ptr<AudioModel> open_parts(const ModelParts& parts, const std::strin
   if (!path_exists(root + "/model_index.json"))
     return open_sa3_official(root, weights, device, parts.quant, parts.tensor_ranks);
   ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
-  use_int8_linears(dir, parts.quant, device);
+  use_quant_linears(dir, parts.quant, device);
   if (const auto decoder = same_decoder_int8(parts.quant)) dir.use_transform("vae", decoder);
   return open_sa3(dir, weights, parts.tensor_ranks);
 }

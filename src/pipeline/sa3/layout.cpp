@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "io/hf_cache.h"
 #include "io/weights/gguf.h"
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 #include "io/weights/safetensors.h"
 #include "io/weights/single_file.h"
 #include "io/weights/synth.h"
@@ -246,7 +246,7 @@ std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights, const
 }
 
 std::shared_ptr<const WeightTransform> same_decoder_int8(Quant quant) {
-  if (quant == Quant::none) return nullptr;
+  if (quant != Quant::int8) return nullptr;
   // SAME's feed-forward stays in bf16: with it the tiny model's MR-STFT median in `apus gate` went
   // from 0.50 to 0.66 against a threshold of 0.48, where the attention projections moved it no
   // further than the DiT's share does (docs/SPEED.md). A decoder stored quantised keeps its formats.
@@ -254,7 +254,7 @@ std::shared_ptr<const WeightTransform> same_decoder_int8(Quant quant) {
 }
 
 void use_quant(Sa3Layout& l, Quant quant, Backend* device) {
-  l.linears = int8_linears(quant, device);
+  l.linears = quant_linears(quant, device);
   l.decoder_linears = same_decoder_int8(quant);
 }
 

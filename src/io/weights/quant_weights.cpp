@@ -1,7 +1,8 @@
-#include "io/weights/int8_weights.h"
+#include "io/weights/quant_weights.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -71,8 +72,54 @@ Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
   return quantize_int8_weight(stored, what);
 }
 
-std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device) {
+Tensor quantize_q8_0_weight(const Tensor& w, const std::string& what) {
+  APUS_CHECK(
+      w.rank() == 2 && w.contiguous() && (w.dtype == DType::bf16 || w.dtype == DType::f16 || w.dtype == DType::f32),
+      what, ": q8_0 quantises bf16, f16 or f32 matrices, got ", dtype_name(w.dtype), " ", shape_str(w.shape));
+  const int64_t n = w.shape[0], k = w.shape[1], per = dtype_block(DType::q8_0);
+  APUS_CHECK(k % per == 0, what, ": rows of ", k, " values are not whole Q8_0 blocks of ", per);
+  Tensor q = Tensor::heap(w.shape, DType::q8_0);
+  int64_t bad_row = -1;
+  parallel_for(n, [&](int64_t r) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(k));
+    cpu::widen_row(w.row(r), w.dtype, row.data(), k);
+    auto* block = static_cast<uint8_t*>(q.row(r));
+    bool fine = true;
+    for (int64_t b = 0; b < k / per; ++b, block += dtype_block_bytes(DType::q8_0)) {
+      const float* x = row.data() + b * per;
+      float amax = 0;
+      for (int64_t i = 0; i < per; ++i) {
+        amax = std::max(amax, std::fabs(x[i]));
+        fine &= std::isfinite(x[i]);
+      }
+      const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+      const uint16_t d16 = f32_to_f16(d);
+      fine &= std::isfinite(f16_to_f32(d16));
+      std::memcpy(block, &d16, 2);
+      for (int64_t i = 0; i < per; ++i) block[2 + i] = uint8_t(int8_t(std::round(x[i] * id)));
+    }
+    if (!fine) {
+#pragma omp critical(apus_q8_0_bad_row)
+      bad_row = bad_row < 0 ? r : std::min(bad_row, r);
+    }
+  });
+  APUS_CHECK(bad_row < 0, what, ": row ", bad_row,
+             " holds a NaN, an infinity or a value past f16's range (Q8_0's scales are f16)");
+  return q;
+}
+
+Tensor Q8Linears::apply(const std::string& name, const Tensor& stored) const {
+  if (stored.rank() != 2 || !name.ends_with(".weight") || is_stored_quantized(stored.dtype) ||
+      stored.shape[1] % dtype_block(DType::q8_0) != 0)
+    return stored;
+  if (!stored.data) return Tensor::shape_only(stored.shape, DType::q8_0);
+  return quantize_q8_0_weight(stored, "tensor '" + name + "'");
+}
+
+std::shared_ptr<const WeightTransform> quant_linears(Quant quant, Backend* device) {
   if (quant == Quant::none) return nullptr;
+  if (quant == Quant::q8_0) return std::make_shared<Q8Linears>();
   // A GPU sums int8 products exactly on its integer tensor cores; a CPU needs VNNI or AVX2 for it.
   APUS_CHECK(device || cpu::exact_int8_products(),
              "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX) or AVX2, ",
@@ -80,8 +127,8 @@ std::shared_ptr<const WeightTransform> int8_linears(Quant quant, Backend* device
   return std::make_shared<Int8Linears>(Int8Scope{{"embed_tokens.weight"}});
 }
 
-void use_int8_linears(ModelDir& dir, Quant quant, Backend* device) {
-  const std::shared_ptr<const WeightTransform> linears = int8_linears(quant, device);
+void use_quant_linears(ModelDir& dir, Quant quant, Backend* device) {
+  const std::shared_ptr<const WeightTransform> linears = quant_linears(quant, device);
   if (!linears) return;
   dir.use_transform("transformer", linears);
   dir.use_transform("text_encoder", linears);
