@@ -9,7 +9,8 @@
 # same configs (tools/diffusers_bench.py; its wheels carried in .whl/, see docs/TESTING.md;
 # `diffusers-klein` or `diffusers-sa3` for one); `ab` the flash attention A/B'd against the products on
 # both DiTs; `ab-lean` the flash kernel's lean element code against the proven one; `ab-conv`
-# cuDNN's conv against im2col on klein's VAE; `int8` the int8 tier (`--quant int8`) on both models.
+# cuDNN's conv against im2col on klein's VAE; `int8` the int8 tier (`--quant int8`) on both models
+# and q8_0's per-linear decoding (`--quant q8_0`) on klein.
 # The lent machine cannot build apus (none of its Debian libraries are there, nothing can be
 # installed): tools/device-bundle.sh, run beforehand on a machine that builds it, leaves the
 # binaries and their libraries in parts under .device/, carried with the call. With the parts
@@ -100,11 +101,14 @@ for s in $steps; do
     ab-conv)  # the conv on klein's VAE: cuDNN's implicit GEMM against im2col and a product
       step ab-klein-conv 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
         --reps 2 --ab cuda.conv=cudnn,gemm --json "$out/klein-ab-conv.json" ;;
-    int8)  # the int8 tier on the integer tensor cores, beside the bf16 runs of `klein` and `sa3`
+    int8)  # the int8 tier on the integer tensor cores, beside the bf16 runs of `klein` and `sa3`; and
+      # q8_0's blocks decoded per linear (what every GGUF costs on the GPU) on klein
       step int8-klein 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 2 \
         --quant int8 --json "$out/klein-1024-int8.json"
       step int8-sa3 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
-        --quant int8 --json "$out/sa3-medium-120s-int8.json" ;;
+        --quant int8 --json "$out/sa3-medium-120s-int8.json"
+      step q8_0-klein 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 2 \
+        --quant q8_0 --json "$out/klein-1024-q8_0.json" ;;
     *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-lean ab-conv int8)" >&2; exit 2 ;;
   esac
 done
