@@ -6,6 +6,7 @@
 #include <cfloat>
 
 #include "core/int8_rows.h"
+#include "core/scaled_codes.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
 
@@ -41,10 +42,12 @@ struct RowScales {
   const void* factors;  // null: code_scale alone
   DType factor_dt;
   int64_t row0;
+  bool tiled;
 };
 
 __device__ float weight_scale(const RowScales& s, int64_t j) {
-  return s.factors ? s.code_scale * factor_value(s.factor_dt, s.factors, s.row0 + j) : s.code_scale;
+  return s.factors ? s.code_scale * factor_value(s.factor_dt, s.factors, block_factor_index(s.row0 + j, 0, 1, s.tiled))
+                   : s.code_scale;
 }
 
 // y[r, j] from the integer sums: NaN for a row whose scale is NaN, else int8_product's steps with
@@ -101,7 +104,7 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   gemm({codes.data, DType::i8, width}, {wc.data, DType::i8, width}, true, {acc.data, DType::i32, rows}, m, rows, width,
        1, 1.0f);
   const RowScales ws{w.encoding.code_scale, s ? s->factors.data : nullptr, s ? s->factors.dtype : DType::f32,
-                     w.encoding.block_row0};
+                     w.encoding.block_row0, s && s->tiled};
   int8_outputs_kernel<<<blocks_for(m * n), kThreads, 0, stream()>>>(
       acc.ptr<int32_t>(), rows, x_scales.ptr<float>(), ws, bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32,
       x.dtype, y.data, y.dtype, y.row_stride(), m, n);
