@@ -27,8 +27,9 @@
 extern "C" {
 #endif
 
-/* Raised when a function's meaning changes or one is removed; additions keep it. */
-#define APUS_C_ABI_VERSION 1
+/* Raised when a function's meaning changes or one is removed; additions keep it. 2: the open_parts
+ * functions' quant is an apus_quant (it was "non-zero: int8"; 2 now means q8_0, others are refused). */
+#define APUS_C_ABI_VERSION 2
 
 typedef enum {
   APUS_OK = 0,

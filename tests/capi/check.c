@@ -58,6 +58,11 @@ int main(int argc, char** argv) {
   EXPECT(strstr(apus_last_error(), path) != NULL);
   printf("missing: %s\n", apus_last_error());
 
+  EXPECT(apus_image_model_open_parts(klein, NULL, NULL, NULL, NULL, (apus_quant)7, APUS_WEIGHTS_RESIDENT, NULL, &none) ==
+             APUS_ERROR &&
+         none == NULL);
+  EXPECT(strstr(apus_last_error(), "quant 7") != NULL);
+
   apus_image_model* model = NULL;
   if (apus_image_model_open(klein, APUS_WEIGHTS_RESIDENT, "cpu", &model) != APUS_OK) {
     fprintf(stderr, "capi check: %s\n", apus_last_error());
