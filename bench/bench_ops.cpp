@@ -105,7 +105,9 @@ BENCHMARK(BM_LinearStored)
     ->ArgsProduct({{1024},
                    {3072},
                    {3072},
-                   {int64_t(DType::q8_0), int64_t(DType::q4_k), int64_t(DType::q6_k), int64_t(DType::fp8_e4m3)},
+                   {int64_t(DType::q8_0), int64_t(DType::q4_0), int64_t(DType::q4_1), int64_t(DType::q5_0),
+                    int64_t(DType::q5_1), int64_t(DType::q4_k), int64_t(DType::q5_k), int64_t(DType::q6_k),
+                    int64_t(DType::fp8_e4m3)},
                    {0}})
     ->ArgsProduct({{1024, 1536}, {3072}, {3072, 27648}, {int64_t(DType::q8_0), int64_t(DType::fp8_e4m3)}, {1, 2}})
     ->ArgsProduct({{1536}, {3072}, {27648}, {int64_t(DType::q8_0), int64_t(DType::fp8_e4m3)}, {0}})
