@@ -9,6 +9,7 @@
 #include <string>
 
 #include "apus/apus.h"
+#include "gate/metrics.h"
 #include "io/media/audio.h"
 #include "test_util.h"
 
@@ -123,6 +124,22 @@ inline AudioRequest reference_request(bool fp32) {
   r.steps = meta["steps"].get<int>();
   r.fp32 = fp32;
   return r;
+}
+
+// A clip of the oracle's fp32 request (reference_request(true)) held to the official code's own
+// disagreement: its MR-STFT and log-mel distances from the official fp32 clip below the official
+// bf16 clip's, printed under `what`. How a tier (int8, q8_0) is judged on the tiny model.
+inline void expect_within_official_bf16_disagreement(const std::string& what, const AudioResult& clip) {
+  const SafetensorsFile ref = SafetensorsFile::open(fixture("sa3_pipeline_ref.safetensors"));
+  const auto fp32 = interleaved(ref.get("fp32.audio")), bf16 = interleaved(ref.get("bf16.audio"));
+  const AudioScores official = audio_scores(bf16, fp32, 2, clip.sample_rate);
+  const AudioScores ours = audio_scores(clip.samples, fp32, 2, clip.sample_rate);
+  std::printf(
+      "[ measure ] %s (fp32 activations) to the official fp32 clip: MR-STFT %.4f, log-mel %.4f; "
+      "the official bf16 clip's %.4f, %.4f\n",
+      what.c_str(), ours.stft, ours.log_mel, official.stft, official.log_mel);
+  EXPECT_LT(ours.stft, official.stft) << what;
+  EXPECT_LT(ours.log_mel, official.log_mel) << what;
 }
 
 inline AudioClip clip_file(const std::string& rel) {
