@@ -13,7 +13,6 @@
 #include "apus/apus.h"
 #include "core/cost.h"
 #include "core/scaled_codes.h"
-#include "gate/metrics.h"
 #include "io/weights/quant_weights.h"
 #include "io/weights/safetensors.h"
 #include "ops/backend.h"
