@@ -821,6 +821,7 @@ const std::vector<Target>& targets() {
     {"cuda_bf16_flash_lean", DType::bf16, false, cuda, false, {{"cuda.flash_code", "lean"}}},
     {"cuda_f32_cudnn", DType::f32, false, cuda, false, {{"cuda.conv", "cudnn"}}},
     {"cuda_bf16_cudnn", DType::bf16, false, cuda, false, {{"cuda.conv", "cudnn"}}},
+    {"cuda_bf16_staged_decode", DType::bf16, false, cuda, false, {{"cuda.stored_decode", "staged"}}},
 #endif
   };
   return all;

@@ -107,8 +107,8 @@ for s in $steps; do
         --quant int8 --json "$out/klein-1024-int8.json"
       step int8-sa3 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
         --quant int8 --json "$out/sa3-medium-120s-int8.json"
-      step q8_0-klein 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 2 \
-        --quant q8_0 --json "$out/klein-1024-q8_0.json" ;;
+      step q8_0-klein 150 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 2 \
+        --quant q8_0 --ab cuda.stored_decode=staged,direct --json "$out/klein-1024-q8_0.json" ;;
     *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-lean ab-conv int8)" >&2; exit 2 ;;
   esac
 done

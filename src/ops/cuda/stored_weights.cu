@@ -4,10 +4,16 @@
 // Built with -fmad=false (CMakeLists.txt): gguf-py's d * q + m is two roundings, not one.
 #include "core/ggml_blocks.h"
 #include "core/scaled_codes.h"
+#include "core/variants.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
 
 namespace apus::cuda {
+
+Knob stored_decode_knob("cuda.stored_decode",
+                        "GGML blocks decoded on the GPU by one thread a block writing straight to memory, or "
+                        "staged: decoded into shared memory, then written out by the whole thread block in order",
+                        {"direct", "staged"});
 
 namespace {
 
@@ -24,6 +30,32 @@ template <DType T> __global__ void decode_blocks_kernel(const uint8_t* w, size_t
     const int64_t first = r * cols + j * per_block;
     ggml::decode_block<T>(b, [=](int e, float v) { store(dt, out, first + e, v); });
   }
+}
+
+// Elements of shared memory the staged kernel takes a thread block: its threads' blocks, each row
+// one float longer than a block (so the threads' rows start in different banks).
+constexpr int kStagedFloats = 8448;
+
+// Staged: each thread decodes its block into its row of shared memory, then the thread block
+// writes its blocks' elements, which are consecutive in the output, in order (coalesced stores
+// where the direct kernel's threads each write their own 64 or 512 bytes).
+template <DType T> __global__ void decode_blocks_staged_kernel(const uint8_t* w, size_t row_bytes, size_t block_bytes,
+                                                               int per_block, int64_t blocks_per_row,
+                                                               const int32_t* ids, int64_t blocks, void* out,
+                                                               DType dt) {
+  __shared__ float staged[kStagedFloats];
+  const int pitch = per_block + 1;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x, i = first + threadIdx.x;
+  if (i < blocks) {
+    const int64_t r = i / blocks_per_row, j = i % blocks_per_row;
+    const uint8_t* b = w + size_t(stored_row(ids, r)) * row_bytes + size_t(j) * block_bytes;
+    float* mine = staged + threadIdx.x * pitch;
+    ggml::decode_block<T>(b, [=](int e, float v) { mine[e] = v; });
+  }
+  __syncthreads();
+  const int64_t count = (min(blocks, first + int64_t(blockDim.x)) - first) * per_block;
+  for (int64_t e = threadIdx.x; e < count; e += blockDim.x)
+    store(dt, out, first * per_block + e, staged[(e / per_block) * pitch + e % per_block]);
 }
 
 // A code-format weight as its kernel reads it: the codes, and their scale per tensor or the
@@ -66,12 +98,21 @@ void decode_stored(const Tensor& w, const Tensor* ids, Tensor& out) {
   const int32_t* row_ids = ids ? ids->ptr<int32_t>() : nullptr;
   const auto* data = w.ptr<uint8_t>();
   const size_t row_bytes = dtype_bytes(w.dtype, cols);
+  const bool staged = stored_decode_knob.value() == 1;
   const bool blocks = ggml::with_block_format(w.dtype, [&](auto format) {
     constexpr DType t = decltype(format)::dtype;
     const int64_t per = dtype_block(t), count = rows * (cols / per);
-    decode_blocks_kernel<t><<<blocks_for(count), kThreads, 0, stream()>>>(
-        data, row_bytes, dtype_block_bytes(t), per, cols / per, row_ids, count, out.data, out.dtype, cols);
+    if (staged) {
+      // As many threads as blocks whose padded rows fit the shared array: 256 of 32, 32 of 256.
+      const int threads = int(kStagedFloats / (per + 1)) / 32 * 32;
+      decode_blocks_staged_kernel<t><<<unsigned((count + threads - 1) / threads), unsigned(threads), 0, stream()>>>(
+          data, row_bytes, dtype_block_bytes(t), int(per), cols / per, row_ids, count, out.data, out.dtype);
+    } else {
+      decode_blocks_kernel<t><<<blocks_for(count), kThreads, 0, stream()>>>(
+          data, row_bytes, dtype_block_bytes(t), per, cols / per, row_ids, count, out.data, out.dtype, cols);
+    }
   });
+  if (blocks) stored_decode_knob.took(staged ? 1 : 0);
   if (!blocks) {
     const WeightEncoding& e = w.encoding;
     const BlockScales* s = e.block_scales.get();
