@@ -12,7 +12,7 @@
 #   tools/device-bundle.sh          # -> .device/bundle.part.00, .01, ... and the call to make
 #
 # Then one device call carrying the whole folder beside the tree (~25 + ~25 MiB of the 64):
-#   run(command="tools/device-check.sh tests sa3 klein ab ab-lean ab-conv int8", carry=[".device"], timeout_s=480)
+#   run(command="tools/device-check.sh tests sa3 klein ab ab-lean ab-conv int8", carry=[".device"], timeout_s=540)
 # device-check.sh joins the parts, writes the weight fixtures with the bundle's fixture_gen and runs
 # the bundle instead of building (docs/TESTING.md, "A lent session").
 set -euo pipefail
@@ -48,4 +48,4 @@ tar -C "$stage" -cf - apus-bundle | xz -9 -T0 | split -d -b "${part_mb}M" - .dev
 ls -l .device
 n=$(ls .device/bundle.part.* | wc -l)
 echo "device-bundle: $n part(s), $(du -sm .device | cut -f1) MiB; the call (the tree: $(tools/device-tree.sh size | grep -o '[0-9]* MiB')):"
-echo "  run(command=\"tools/device-check.sh tests sa3 klein ab ab-lean ab-conv int8\", carry=[\".device\"], timeout_s=480)"
+echo "  run(command=\"tools/device-check.sh tests sa3 klein ab ab-lean ab-conv int8\", carry=[\".device\"], timeout_s=540)"
