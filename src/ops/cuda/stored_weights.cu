@@ -112,8 +112,9 @@ void decode_stored(const Tensor& w, const Tensor* ids, Tensor& out) {
           data, row_bytes, dtype_block_bytes(t), per, cols / per, row_ids, count, out.data, out.dtype, cols);
     }
   });
-  if (blocks) stored_decode_knob.took(staged ? 1 : 0);
-  if (!blocks) {
+  if (blocks) {
+    stored_decode_knob.took(staged ? 1 : 0);
+  } else {
     const WeightEncoding& e = w.encoding;
     const BlockScales* s = e.block_scales.get();
     APUS_CHECK(!s || (s->factors.device == Device::cuda && s->block > 0), "decode_stored: a ", dtype_name(w.dtype),
