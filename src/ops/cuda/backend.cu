@@ -148,7 +148,7 @@ Backend& cuda_backend(int ordinal) {
     cuda::check(cudaGetDeviceProperties(&prop, ordinal), "read the device's properties");
     cudaFuncAttributes attributes{};
     const cudaError_t image = cudaFuncGetAttributes(&attributes, image_probe_kernel);
-    cudaGetLastError();
+    cudaGetLastError();  // the probe's error is this check's, not the next launch's to report
     APUS_CHECK(image == cudaSuccess, "cuda:", ordinal, " (", prop.name, ", compute capability ", prop.major, ".",
                prop.minor, "): this build has no kernels it can run (", cudaGetErrorString(image),
                "); apus's CUDA kernels need compute capability 8.0 or later and a build whose "
