@@ -3,6 +3,7 @@
 // (test_op_table.cpp) holds every backend to, and the CPU's own op tests (test_ops.cpp) use.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/tensor.h"
 #include "test_util.h"
@@ -52,6 +53,55 @@ inline bool within_bound(const Agreement& g, DType dt, bool inner_rounding = fal
   if (g.differing > 0.01) return false;
   return inner_rounding ? g.rel_l2 < 5e-4 : g.worst_ulps_above_floor <= 2.0;
 }
+
+// Attention through a fused softmax (FlashAttention's and cuDNN's SDPA: the kernels torch's SDPA
+// runs on a GPU, so the official pipelines' own bf16 numerics there, cuda.attention=cudnn):
+// exp(s - m) against a running maximum m is rounded to bf16 before P·V and the row's sum divides
+// last, where the contract rounds exp(s - max) / sum. Each probability is still rounded once
+// (relative error <= u = 2^-8), the sum perhaps formed from the rounded terms (as much again), the
+// output rounded once: against the exact attention a (the reference in f32 on the same inputs)
+// every element is within
+//   2u |a| + (u + 2^-13) sum_j p_j |v_j|        (2^-13: fp32 sums over a few thousand keys)
+// where sum_j p_j |v_j| is the exact attention of |v|; a difference of two such terms (the
+// differential form, each rounded first) within both terms' allowances and u of the difference.
+// That worst case cannot see probabilities rounded more coarsely (their errors average out over a
+// row's keys), so the relative L2 distance from the exact output is held to the contract's own
+// (the bf16 reference's) times 1.25 as well: both round the output once and each probability once,
+// and the probabilities' share of the error is the output's over the square root of the keys a
+// row sees (hundreds in the op table); probabilities rounded to 4 bits instead of 8 give ten times
+// the distance (FusedSoftmaxBound in test_op_table.cpp).
+constexpr double kProbabilityRounding = 1.0 / 256;
+
+// One term's allowance at an element: its exact value a, the exact attention of |v| there m.
+inline double fused_term_allowance(double a, double m) {
+  return 2 * kProbabilityRounding * std::fabs(a) + (kProbabilityRounding + 1.0 / 8192) * m;
+}
+
+struct FusedAgreement {
+  double worst = 0;            // largest |mine - exact| over its element's allowance
+  double rel_l2 = 0;           // ||mine - exact|| / ||exact||
+  double contract_rel_l2 = 0;  // ||contract - exact|| / ||exact||
+};
+
+// Elements whose exact value or allowance is not finite are left out (the caller compares those).
+inline FusedAgreement fused_agreement(const Tensor& mine, const Tensor& contract, const Tensor& exact,
+                                      const std::vector<double>& allowance) {
+  const auto a = to_f32_vector(mine), c = to_f32_vector(contract), o = to_f32_vector(exact);
+  FusedAgreement g;
+  double mine_sq = 0, contract_sq = 0, exact_sq = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    if (!std::isfinite(o[i]) || !std::isfinite(allowance[i])) continue;
+    g.worst = std::max(g.worst, std::fabs(double(a[i]) - o[i]) / (allowance[i] + 1e-30));
+    mine_sq += (double(a[i]) - o[i]) * (double(a[i]) - o[i]);
+    contract_sq += (double(c[i]) - o[i]) * (double(c[i]) - o[i]);
+    exact_sq += double(o[i]) * o[i];
+  }
+  g.rel_l2 = std::sqrt(mine_sq / std::max(exact_sq, 1e-300));
+  g.contract_rel_l2 = std::sqrt(contract_sq / std::max(exact_sq, 1e-300));
+  return g;
+}
+
+inline bool holds_fused(const FusedAgreement& g) { return g.worst <= 1 && g.rel_l2 <= 1.25 * g.contract_rel_l2; }
 
 // What an op case's outputs are held to.
 enum class Bound {

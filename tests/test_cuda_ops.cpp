@@ -15,6 +15,7 @@
 #include "test_util.h"
 #if APUS_HAS_CUDA
 #include "ops/cuda/cuda.h"
+#include "ops/cuda/cudnn_attention.h"
 #endif
 
 namespace apus {
@@ -245,6 +246,49 @@ TEST(CudaCollectives, OneRankExchangesOverNccl) {
   r.parallel = {Parallel::ulysses, &one};
   EXPECT_TRUE(model->generate(r).rgb == whole.rgb);
   EXPECT_GT(one.exchanges, 2);
+}
+
+// cuDNN's view of an operand (cuda.attention=cudnn) finds every element where apus's layout keeps
+// it: sample b's row s at b * rows + s, head h's element e at column h * head_dim + e, rows
+// row_stride apart (q, k and v as column views of one fused projection).
+TEST(CudnnAttention, OperandStridesFindApusLayout) {
+  const int64_t batch = 2, rows = 5, heads = 3, d = 8, row_stride = 3 * heads * d + 8;
+  const cuda::SdpaTensor t = cuda::sdpa_tensor(batch, rows, heads, d, row_stride);
+  EXPECT_EQ(t.dim, (std::array<int64_t, 4>{batch, heads, rows, d}));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t s = 0; s < rows; ++s)
+        for (int64_t e = 0; e < d; ++e)
+          ASSERT_EQ(b * t.stride[0] + h * t.stride[1] + s * t.stride[2] + e * t.stride[3],
+                    (b * rows + s) * row_stride + h * d + e);
+}
+
+// The graphs the arm builds pass cudnn-frontend's own checks, without a device, for each GPU
+// generation the build holds code for: klein 4B's joint attention at 1024x1024 (24 heads of 128
+// over 512 text and 4096 image rows, q, k and v columns of one fused projection), causal grouped
+// heads, a batch of two (-base's two guidance branches); and the checks can fail: query heads
+// that no key head divides are refused.
+TEST(CudnnAttention, GraphsPassTheFrontendsChecks) {
+  const int64_t qkv = 3 * 24 * 128;
+  const cuda::SdpaOperands klein{nullptr, nullptr, nullptr, nullptr, qkv, qkv, qkv,        24 * 128,
+                                 1,       4608,    4608,    24,      24,  128, 0.0883883f, false};
+  const std::string probe = cuda::sdpa_graph_problem(klein, 90);
+  if (probe.find("no cudnn-frontend") != std::string::npos || probe.find("cannot open cuDNN") != std::string::npos)
+    GTEST_SKIP() << probe;
+  const cuda::SdpaOperands grouped{nullptr, nullptr, nullptr, nullptr, 32 * 64, 8 * 64, 8 * 64, 32 * 64,
+                                   1,       300,     300,     32,      8,       64,     0.125f, true};
+  cuda::SdpaOperands two = klein;
+  two.batch = 2;
+  for (const int sm : {80, 86, 89, 90})
+    for (const cuda::SdpaOperands& a : {klein, grouped, two})
+      EXPECT_EQ(cuda::sdpa_graph_problem(a, sm), "") << "sm " << sm << ", " << a.hq << " heads of " << a.d;
+  cuda::SdpaOperands uneven = grouped;
+  uneven.hq = 12;
+  uneven.hk = 5;
+  uneven.k_stride = uneven.v_stride = 5 * 64;
+  const std::string refused = cuda::sdpa_graph_problem(uneven, 90);
+  std::printf("[ measure ] 12 query heads over 5 key heads: %s\n", refused.c_str());
+  EXPECT_NE(refused, "");
 }
 
 #else

@@ -14,7 +14,9 @@
 // elements differing at all, each by at most two bf16 ulps (a flipped intermediate rounding
 // reaches the output through the next step: 1.5 ulp measured through GroupNorm's SiLU). An op that
 // drops a rounding rule differs in 12-70 % of its elements, which test_ops.cpp's
-// RoundingRulesAreVisibleToTheBound shows for each.
+// RoundingRulesAreVisibleToTheBound shows for each. Attention through a fused softmax (cuDNN's
+// SDPA, cuda.attention=cudnn) rounds its probabilities elsewhere and is held to that rounding's
+// own bound against the exact result (op_bounds.h, FusedAgreement).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +25,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -54,10 +57,17 @@ struct Operands {
   std::vector<bool> answers;
 };
 
+using Call = std::function<void(Context&, Operands&)>;
+
 // One draw of a case: its operands and the call, which finds them in the context's memory.
 struct Drawn {
   Operands operands;
-  std::function<void(Context&, Operands&)> call;
+  Call call;
+  // An attention case's terms, each a plain attention into out[0] (the differential form's two;
+  // empty: the call is its one term), and the input holding v: what a fused softmax's allowance
+  // is computed from (op_bounds.h).
+  std::vector<Call> terms = {};
+  size_t values = 2;
 };
 
 struct OpCase {
@@ -71,6 +81,9 @@ struct OpCase {
   bool nonfinite = false;
   // The int8 tier's exact products: CPUs with neither VNNI nor AVX2 refuse the tier, so its cases skip there.
   bool int8_tier = false;
+  // Attention scores rounded step by step (Rounding::each_step): only the contract's kernels take
+  // them, so a fused-softmax target holds them to the contract's bound too.
+  bool rounded_scores = false;
 };
 
 constexpr Rounding kRoundings[] = {Rounding::once, Rounding::each_step};
@@ -206,6 +219,12 @@ void spoil(std::vector<Tensor>& qkv, const std::string& operand, float bad, int6
   for (int64_t e = 0; e < d; ++e) OpInputs::store(t, row * t.shape[1] + head * d + e, bad);
 }
 
+// The two terms of a differential attention over inputs q, k, q2, k2, v, each a plain attention.
+std::vector<Call> difference_terms(int64_t d, float scale, ops::AttentionOptions options) {
+  return {[=](Context& c, Operands& t) { ops::attention(c, t.in[0], t.in[1], t.in[4], t.out[0], d, scale, options); },
+          [=](Context& c, Operands& t) { ops::attention(c, t.in[2], t.in[3], t.in[4], t.out[0], d, scale, options); }};
+}
+
 void add_attention_cases(std::vector<OpCase>& cases) {
   // 300 rows: two full 128-row query blocks and a partial one; 4 query heads over 2 key heads.
   const int64_t s = 300, d = 16, hq = 4, hk = 2;
@@ -235,6 +254,22 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                    ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], hd, 0.125f, {true, &t.in[3]});
                  }};
        }});
+  // Without a key mask, in the head widths of the models (klein's joint attention: 128; a batch of
+  // two for -base's guidance branches), and causal over grouped heads of 64: what cuDNN's fused
+  // SDPA takes (cuda.attention=cudnn) and the flash kernel's widths.
+  for (const auto& [name, heads, width, samples, causal] :
+       {std::tuple{"attention_plain_heads_128", int64_t(2), int64_t(128), int64_t(1), false},
+        std::tuple{"attention_plain_batch_2", int64_t(2), int64_t(128), int64_t(2), false},
+        std::tuple{"attention_plain_causal_grouped", int64_t(4), int64_t(64), int64_t(1), true}})
+    full.push_back(
+        {name, OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+           const int64_t kv_heads = heads == 4 ? 2 : heads;
+           return {{{in.random({s, heads * width}), in.random({s, kv_heads * width}), in.random({s, kv_heads * width})},
+                    {in.poisoned({s, heads * width})}},
+                   [=](Context& c, Operands& t) {
+                     ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], width, 0.125f, {causal, nullptr, samples});
+                   }};
+         }});
   // A band |i - j| <= 17 (SAME's decoder), alone and with padding, per sample of a batch of two.
   for (const bool pad : {false, true})
     cases.push_back({pad ? "attention_band_padded" : "attention_band", OpId::attention, Bound::inner_rounding,
@@ -252,27 +287,31 @@ void add_attention_cases(std::vector<OpCase>& cases) {
       if (!tiles && !shaped) continue;  // attention_band_padded above
       const ops::AttentionOptions band{
           shaped, nullptr, 2, shaped ? 5.0f : 0.0f, shaped ? Rounding::each_step : Rounding::once, 17};
-      cases.push_back(
-          {std::string("attention_band") + (shaped ? "_causal_capped" : "_padded") + (tiles ? "_tiles" : ""),
-           OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
-             return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
-                       cpu::band_attention_knob.set(tiles ? 2 : 1);
-                       ops::AttentionOptions with_pad = band;
-                       with_pad.key_valid = &t.in[3];
-                       ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, with_pad);
-                       cpu::band_attention_knob.set(0);
-                     }};
-           }});
+      OpCase one{std::string("attention_band") + (shaped ? "_causal_capped" : "_padded") + (tiles ? "_tiles" : ""),
+                 OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+                   return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
+                             cpu::band_attention_knob.set(tiles ? 2 : 1);
+                             ops::AttentionOptions with_pad = band;
+                             with_pad.key_valid = &t.in[3];
+                             ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, with_pad);
+                             cpu::band_attention_knob.set(0);
+                           }};
+                 }};
+      one.rounded_scores = shaped;
+      cases.push_back(one);
     }
   // Gemma's scores: capped at 5 (small enough that tanh bends these scores), formed in fp32 or
   // rounded step by step as eager PyTorch does in bf16.
-  for (const Rounding r : kRoundings)
-    full.push_back(
-        {"attention_softcap_" + tag(r), OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
-           return {{qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
-                     ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {false, &t.in[3], 1, 5.0f, r});
-                   }};
-         }});
+  for (const Rounding r : kRoundings) {
+    OpCase one{"attention_softcap_" + tag(r), OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
+                 return {
+                     {qkv(in, {padded()}), {in.poisoned({s, hq * d})}}, [=](Context& c, Operands& t) {
+                       ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, 0.25f, {false, &t.in[3], 1, 5.0f, r});
+                     }};
+               }};
+    one.rounded_scores = r == Rounding::each_step;
+    full.push_back(one);
+  }
   // A batch of two samples of 70 rows with a key mask each (50 and 61 real keys).
   for (const bool causal : {false, true})
     full.push_back({causal ? "attention_batch_2_causal" : "attention_batch_2", OpId::attention, Bound::inner_rounding,
@@ -296,13 +335,16 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                       const int64_t n = 150, hd = 64, h = 2;
                       std::vector<Tensor> q_k_q2_k2_v;
                       for (int i = 0; i < 5; ++i) q_k_q2_k2_v.push_back(in.random({n, h * hd}));
-                      return {{q_k_q2_k2_v, {in.poisoned({n, h * hd})}}, [=](Context& c, Operands& t) {
+                      const ops::AttentionOptions options{false, nullptr, 2, 0.0f, Rounding::once, std::abs(window)};
+                      return {{q_k_q2_k2_v, {in.poisoned({n, h * hd})}},
+                              [=](Context& c, Operands& t) {
                                 cpu::band_attention_knob.set(window < 0 ? 2 : 1);
-                                ops::differential_attention(
-                                    c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], hd, 0.125f,
-                                    {false, nullptr, 2, 0.0f, Rounding::once, std::abs(window)});
+                                ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0],
+                                                            hd, 0.125f, options);
                                 cpu::band_attention_knob.set(0);
-                              }};
+                              },
+                              difference_terms(hd, 0.125f, options),
+                              4};
                     }});
   // Grouped: 4 query heads over 2 key heads, two samples of 150 rows.
   full.push_back({"differential_attention_grouped", OpId::differential_attention, Bound::inner_rounding,
@@ -313,7 +355,9 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                             [=](Context& c, Operands& t) {
                               ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], d,
                                                           0.25f, {false, nullptr, 2});
-                            }};
+                            },
+                            difference_terms(d, 0.25f, {false, nullptr, 2}),
+                            4};
                   }});
   // NaN and +Inf in each operand, as torch propagates them: a NaN score or an infinite maximum
   // makes its row NaN (query row 5 of head 1, key 7 of key head 0: every row that sees it), a
@@ -353,17 +397,20 @@ void add_attention_cases(std::vector<OpCase>& cases) {
       band.nonfinite = true;
       cases.push_back(band);
     }
-  OpCase second_query{
-      "differential_attention_nan_q2", OpId::differential_attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
-        std::vector<Tensor> t = qkv(in);
-        Tensor q2 = in.random({s, hq * d}), k2 = in.random({s, hk * d});
-        std::vector<Tensor> only_q2 = {q2};
-        spoil(only_q2, "q", NAN, d);
-        return {{{t[0], t[1], only_q2[0], k2, t[2]}, {in.sentinel({s, hq * d})}}, [=](Context& c, Operands& o) {
-                  ops::differential_attention(c, o.in[0], o.in[1], o.in[2], o.in[3], o.in[4], o.out[0], d, 0.25f,
-                                              {false, nullptr, 2});
-                }};
-      }};
+  OpCase second_query{"differential_attention_nan_q2", OpId::differential_attention, Bound::inner_rounding,
+                      [=](OpInputs& in) -> Drawn {
+                        std::vector<Tensor> t = qkv(in);
+                        Tensor q2 = in.random({s, hq * d}), k2 = in.random({s, hk * d});
+                        std::vector<Tensor> only_q2 = {q2};
+                        spoil(only_q2, "q", NAN, d);
+                        return {{{t[0], t[1], only_q2[0], k2, t[2]}, {in.sentinel({s, hq * d})}},
+                                [=](Context& c, Operands& o) {
+                                  ops::differential_attention(c, o.in[0], o.in[1], o.in[2], o.in[3], o.in[4], o.out[0],
+                                                              d, 0.25f, {false, nullptr, 2});
+                                },
+                                difference_terms(d, 0.25f, {false, nullptr, 2}),
+                                4};
+                      }};
   second_query.nonfinite = true;
   full.push_back(second_query);
   // The direct AVX512-BF16 kernel (the default where the CPU has it and no AMX) and the GEMM tiles.
@@ -797,6 +844,10 @@ struct Target {
   bool panels = false;  // weights split into output panels as stored formats' (cpu::linear_panels_knob)
   // Other variant knobs set for this target (knob, choice): a backend's correct-first kernels.
   std::vector<std::pair<std::string, std::string>> choices = {};
+  // Its attention rounds probabilities as a fused softmax does (op_bounds.h, FusedAgreement).
+  bool fused_softmax = false;
+  // Runs the attention cases alone.
+  bool only_attention = false;
 };
 
 Backend* cpu(std::string&) { return &cpu_backend(); }
@@ -809,6 +860,9 @@ const std::vector<Target>& targets() {
   static const std::vector<Target> all = {
     {"cpu_f32", DType::f32, false, cpu},
     {"cpu_bf16", DType::bf16, false, cpu},
+    // The contract's kernels under the fused-softmax bound: it and its reference hold on every
+    // attention case before a GPU's fused arm is judged by them.
+    {"cpu_bf16_fused_bound", DType::bf16, false, cpu, false, {}, true, true},
     {"cpu_bf16_widened", DType::bf16, true, cpu},
     {"cpu_bf16_widened_avx2", DType::bf16, true, cpu, false, {{"cpu.widened_gemm", "avx2"}, {"cpu.int8_gemm", "avx2"}}},
     {"cpu_bf16_panels", DType::bf16, false, cpu, true},
@@ -822,6 +876,7 @@ const std::vector<Target>& targets() {
     {"cuda_f32_cudnn", DType::f32, false, cuda, false, {{"cuda.conv", "cudnn"}}},
     {"cuda_bf16_cudnn", DType::bf16, false, cuda, false, {{"cuda.conv", "cudnn"}}},
     {"cuda_bf16_staged_decode", DType::bf16, false, cuda, false, {{"cuda.stored_decode", "staged"}}},
+    {"cuda_bf16_cudnn_attention", DType::bf16, false, cuda, false, {{"cuda.attention", "cudnn"}}, true},
 #endif
   };
   return all;
@@ -837,6 +892,46 @@ std::vector<Tensor> uploaded(Backend& backend, const std::vector<Tensor>& tensor
   std::vector<Tensor> copies;
   for (const Tensor& t : tensors) copies.push_back(backend.upload(OpInputs::clone(t)));
   return copies;
+}
+
+// f32 copies of the floating-point tensors (the key masks as they are).
+std::vector<Tensor> widened(const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> copies;
+  for (const Tensor& t : tensors) {
+    if (t.dtype != DType::bf16 && t.dtype != DType::f32) {
+      copies.push_back(OpInputs::clone(t));
+      continue;
+    }
+    Tensor f = Tensor::heap(t.shape, DType::f32);
+    const std::vector<float> values = to_f32_vector(t);
+    std::memcpy(f.data, values.data(), f.nbytes());
+    copies.push_back(std::move(f));
+  }
+  return copies;
+}
+
+// An attention case's exact output (the reference on f32 copies of its inputs) and each element's
+// allowance under a fused softmax (op_bounds.h): its terms' and, for a difference, its own rounding.
+std::pair<Tensor, std::vector<double>> fused_reference(const Drawn& drawn, Arena& arena) {
+  Context ref32{&arena, DType::f32, nullptr, false, &reference_backend()};
+  const auto run = [&](const Call& call, bool absolute_values) {
+    Operands f32{widened(drawn.operands.in), widened(drawn.operands.out)};
+    if (absolute_values)
+      for (int64_t i = 0; i < f32.in[drawn.values].numel(); ++i)
+        f32.in[drawn.values].ptr<float>()[i] = std::fabs(f32.in[drawn.values].ptr<float>()[i]);
+    call(ref32, f32);
+    return std::move(f32.out[0]);
+  };
+  Tensor exact = run(drawn.call, false);
+  const std::vector<float> o = to_f32_vector(exact);
+  std::vector<double> allowance(o.size(), 0.0);
+  for (const Call& term : drawn.terms.empty() ? std::vector<Call>{drawn.call} : drawn.terms) {
+    const std::vector<float> a = to_f32_vector(run(term, false)), m = to_f32_vector(run(term, true));
+    for (size_t i = 0; i < o.size(); ++i) allowance[i] += fused_term_allowance(a[i], m[i]);
+  }
+  if (drawn.terms.size() > 1)
+    for (size_t i = 0; i < o.size(); ++i) allowance[i] += kProbabilityRounding * std::fabs(o[i]);
+  return {std::move(exact), std::move(allowance)};
 }
 
 // Output i non-finite exactly where the reference's is (NaN where it is NaN), those elements then
@@ -873,6 +968,8 @@ TEST_P(OpTable, MatchesTheReference) {
   std::string why;
   Backend* backend = target.backend(why);
   if (!backend) GTEST_SKIP() << target.name << " cannot run here: " << why;
+  if (target.only_attention && k.op != OpId::attention && k.op != OpId::differential_attention)
+    GTEST_SKIP() << target.name << " runs the attention cases alone";
   if (!backend->supports(k.op))
     GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
   // The int8 tier on a GPU sums on its integer tensor cores; every other target computes on this CPU.
@@ -902,6 +999,16 @@ TEST_P(OpTable, MatchesTheReference) {
         if (!std::isfinite(v)) break;
       }
     }
+    if (target.fused_softmax && !k.rounded_scores &&
+        (k.op == OpId::attention || k.op == OpId::differential_attention)) {
+      const auto [exact, allowance] = fused_reference(drawn, host_arena);
+      const FusedAgreement g = fused_agreement(mine, wanted, exact, allowance);
+      std::printf("[ measure ] %s %s output %zu: worst %.2f of its allowance, rel L2 %.2e (the contract's %.2e)\n",
+                  target.name.c_str(), k.name.c_str(), i, g.worst, g.rel_l2, g.contract_rel_l2);
+      EXPECT_TRUE(holds_fused(g)) << "output " << i << ": worst " << g.worst << " of its allowance, rel L2 " << g.rel_l2
+                                  << " against the contract's " << g.contract_rel_l2;
+      continue;
+    }
     const Agreement g = agreement(mine, wanted);
     std::printf("[ measure ] %s %s output %zu: rel L2 %.2e, %.3f%% differ, worst %.2f ulp\n", target.name.c_str(),
                 k.name.c_str(), i, g.rel_l2, 100 * g.differing, g.worst_ulps);
@@ -919,6 +1026,99 @@ INSTANTIATE_TEST_SUITE_P(Backends, OpTable,
                            return targets()[std::get<0>(info.param)].name + "_" +
                                   op_cases()[std::get<1>(info.param)].name;
                          });
+
+// x rounded to `bits` significant bits, to nearest (8: bf16's).
+float round_bits(float x, int bits) {
+  int e = 0;
+  const double m = std::frexp(double(x), &e);
+  return float(std::ldexp(std::nearbyint(std::ldexp(m, bits)), e - bits));
+}
+
+// One head of attention as a fused kernel computes it (FlashAttention's schedule): key tiles of
+// 64, exp(s - running max) rounded to `bits` before P·V, the running sum of the unrounded terms
+// dividing last, the output rounded to bf16.
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, float scale, int bits) {
+  const int64_t n = q.shape[0], keys = k.shape[0], d = q.shape[1];
+  const std::vector<float> qs = to_f32_vector(q), ks = to_f32_vector(k), vs = to_f32_vector(v);
+  Tensor o = Tensor::heap({n, d}, DType::bf16);
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<float> scores(size_t(keys), 0.0f), acc(size_t(d), 0.0f);
+    for (int64_t j = 0; j < keys; ++j) {
+      float dot = 0;
+      for (int64_t e = 0; e < d; ++e) dot += qs[size_t(i * d + e)] * ks[size_t(j * d + e)];
+      scores[size_t(j)] = dot * scale;
+    }
+    float m = -INFINITY, l = 0;
+    for (int64_t t = 0; t < keys; t += 64) {
+      const int64_t end = std::min(keys, t + 64);
+      const float m_new = std::max(m, *std::max_element(scores.begin() + t, scores.begin() + end));
+      const float rescale = std::exp(m - m_new);
+      l *= rescale;
+      for (float& a : acc) a *= rescale;
+      for (int64_t j = t; j < end; ++j) {
+        const float p = std::exp(scores[size_t(j)] - m_new);
+        l += p;
+        for (int64_t e = 0; e < d; ++e) acc[size_t(e)] += round_bits(p, bits) * vs[size_t(j * d + e)];
+      }
+      m = m_new;
+    }
+    for (int64_t e = 0; e < d; ++e) OpInputs::store(o, i * d + e, acc[size_t(e)] / l);
+  }
+  return o;
+}
+
+// x - y of two bf16 tensors, rounded to bf16: the differential form's difference of its terms.
+Tensor difference(const Tensor& x, const Tensor& y) {
+  const std::vector<float> a = to_f32_vector(x), b = to_f32_vector(y);
+  Tensor o = Tensor::heap(x.shape, DType::bf16);
+  for (size_t i = 0; i < a.size(); ++i) OpInputs::store(o, int64_t(i), a[i] - b[i]);
+  return o;
+}
+
+// The fused-softmax bound (op_bounds.h) on attentions of the table's size (300 queries and keys,
+// a head of 64), one term and the differential form's two: the contract passes it; a fused kernel
+// (fused_attention, probabilities in bf16) passes it and fails the contract's own bound (why it
+// has one of its own); the same kernel with probabilities rounded to 4 bits fails it.
+TEST(FusedSoftmaxBound, HoldsAFusedKernelAndCatchesCoarserProbabilities) {
+  const int64_t n = 300, d = 64;
+  const float scale = 0.125f;
+  OpInputs in(DType::bf16);
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < 5; ++i) inputs.push_back(in.random({n, d}));
+  const Call one = [=](Context& c, Operands& t) {
+    ops::attention(c, t.in[0], t.in[1], t.in[2], t.out[0], d, scale, {});
+  };
+  const Call two = [=](Context& c, Operands& t) {
+    ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], d, scale, {});
+  };
+  const Drawn single{{{inputs[0], inputs[1], inputs[2]}, {in.poisoned({n, d})}}, one};
+  const Drawn differential{{inputs, {in.poisoned({n, d})}}, two, difference_terms(d, scale, {}), 4};
+  const auto fused = [&](const Drawn& drawn, int bits) {
+    const std::vector<Tensor>& x = drawn.operands.in;
+    if (drawn.terms.empty()) return fused_attention(x[0], x[1], x[2], scale, bits);
+    return difference(fused_attention(x[0], x[1], x[4], scale, bits), fused_attention(x[2], x[3], x[4], scale, bits));
+  };
+  for (const Drawn* drawn : {&single, &differential}) {
+    Arena arena;
+    Context ref{&arena, DType::bf16, nullptr, false, &reference_backend()};
+    Operands contract{drawn->operands.in, host_copies(drawn->operands.out)};
+    drawn->call(ref, contract);
+    const auto [exact, allowance] = fused_reference(*drawn, arena);
+    const Tensor bf16 = fused(*drawn, 8);
+    const FusedAgreement itself = fused_agreement(contract.out[0], contract.out[0], exact, allowance),
+                         in_bf16 = fused_agreement(bf16, contract.out[0], exact, allowance),
+                         four_bits = fused_agreement(fused(*drawn, 4), contract.out[0], exact, allowance);
+    const char* form = drawn->terms.empty() ? "attention" : "differential attention";
+    for (const auto& [what, g] :
+         {std::pair{"the contract", itself}, std::pair{"fused, bf16", in_bf16}, std::pair{"fused, 4 bits", four_bits}})
+      std::printf("[ measure ] %s, %s: worst %.2f of its allowance, rel L2 %.3e (the contract's %.3e)\n", form, what,
+                  g.worst, g.rel_l2, g.contract_rel_l2);
+    EXPECT_TRUE(holds_fused(itself)) << form;
+    EXPECT_TRUE(holds_fused(in_bf16)) << form;
+    EXPECT_FALSE(holds(Bound::inner_rounding, agreement(bf16, contract.out[0]), DType::bf16)) << form;
+    EXPECT_FALSE(holds_fused(four_bits)) << form;
+  }
+}
 
 // Adding an op to the list without a case here fails: every op of APUS_OPS has at least one.
 TEST(OpTableCoverage, EveryOpHasACase) {

@@ -7,10 +7,11 @@
 # 120 s of SA3 medium (synthetic full-size weights made straight into device memory), each stage
 # against its floor, with a trace of one more request; `diffusers` diffusers' own pipelines on the
 # same configs (tools/diffusers_bench.py; its wheels carried in .whl/, see docs/TESTING.md;
-# `diffusers-klein` or `diffusers-sa3` for one); `ab` the flash attention A/B'd against the products on
-# both DiTs; `ab-lean` the flash kernel's lean element code against the proven one; `ab-conv`
-# cuDNN's conv against im2col on klein's VAE; `int8` the int8 tier (`--quant int8`) on both models
-# and q8_0's per-linear decoding (`--quant q8_0`) on klein.
+# `diffusers-klein` or `diffusers-sa3` for one); `ab` both DiTs' attention through cuDNN's fused
+# SDPA against the flash kernel; `ab-products` the flash attention against the products on both DiTs;
+# `ab-lean` the flash kernel's lean element code against the proven one; `ab-conv` cuDNN's conv
+# against im2col on klein's VAE; `int8` the int8 tier (`--quant int8`) on both models and q8_0's
+# per-linear decoding (`--quant q8_0`) on klein.
 # The lent machine cannot build apus (none of its Debian libraries are there, nothing can be
 # installed): tools/device-bundle.sh, run beforehand on a machine that builds it, leaves the
 # binaries and their libraries in parts under .device/, carried with the call. With the parts
@@ -37,9 +38,10 @@ if ls .device/bundle.part.* > /dev/null 2>&1; then
     $(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2> /dev/null || true); do
     [ -e "$d/libcublasLt.so.13" ] && { libs=$libs:$d; break; }
   done
-  # NCCL (the splits' exchanges between GPUs) and cuDNN (cuda.conv=cudnn) are opened at their
+  # NCCL (the splits' exchanges between GPUs), cuDNN (cuda.conv=cudnn, cuda.attention=cudnn) and
+  # the CUDA runtime (cudnn-frontend's calls; apus links its own statically) are opened at their
   # first use: the toolkit's, or the ones PyTorch's wheels bring.
-  for lib in libnccl.so.2 libcudnn.so.9; do
+  for lib in libnccl.so.2 libcudnn.so.9 libcudart.so.13; do
     for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
       $(python3 -c 'import glob, os, sys; print(*{os.path.dirname(f) for p in sys.path for f in glob.glob(os.path.join(p, "nvidia", "**", "'$lib'"), recursive=True)})' 2> /dev/null || true); do
       [ -e "$d/$lib" ] && { libs=$libs:$d; break; }
@@ -88,7 +90,13 @@ for s in $steps; do
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
           step "$s" 150 env PYTHONPATH=/tmp/site python3 tools/diffusers_bench.py --reps 5 ${only:+--only ${only#-}}
       else note "$s: skipped (no .whl/ carried)"; fi ;;
-    ab)  # the CUDA kernels' variants A/B'd where each matters: the flash attention on both models' DiTs
+    ab)  # the DiTs' attention through cuDNN's fused SDPA against the flash kernel: SA3's differential
+      # form, klein's joint one (the flash kernel against the products: `ab-products`, session 22)
+      step ab-sa3-cudnn 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
+        --ab cuda.attention=cudnn,flash --json "$out/sa3-ab-cudnn.json"
+      step ab-klein-cudnn 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
+        --reps 2 --ab cuda.attention=cudnn,flash --json "$out/klein-ab-cudnn.json" ;;
+    ab-products)  # the flash attention against the products on both models' DiTs
       step ab-sa3-flash 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
         --ab cuda.attention=flash,gemm --json "$out/sa3-ab-flash.json"
       step ab-klein-flash 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
@@ -109,7 +117,7 @@ for s in $steps; do
         --quant int8 --json "$out/sa3-medium-120s-int8.json"
       step q8_0-klein 150 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 2 \
         --quant q8_0 --ab cuda.stored_decode=staged,direct --json "$out/klein-1024-q8_0.json" ;;
-    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-lean ab-conv int8)" >&2; exit 2 ;;
+    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-products ab-lean ab-conv int8)" >&2; exit 2 ;;
   esac
 done
 echo "== summary"

@@ -3,7 +3,7 @@
 // softmax in fp32, probabilities rounded to the activation dtype, P·V summed in fp32; the
 // differential form rounds each term before the difference. NaN propagates as torch's softmax
 // propagates it: a NaN score, or an infinite maximum, makes the row's probabilities NaN (a row
-// that sees no key stays zero). Three kernels (knob cuda.attention):
+// that sees no key stays zero). Four kernels (knob cuda.attention):
 //   flash the default: the scores never written (flash_attention.cu: two passes, the contract's
 //         roundings), bf16 heads of 64 and 128 without softcap or step rounding, bands included;
 //         the rest goes to the products (or, with a band, the rows kernel)
@@ -11,10 +11,16 @@
 //         softmax kernel per row, P·V by a second product; every attention without a band
 //   rows  one thread block per (query row, head), the correct-first kernel: bands, and operands
 //         the products cannot take (head widths off 8 elements, unaligned views)
+//   cudnn cuDNN's fused SDPA (cudnn_attention.cpp): bf16 heads up to 128 wide without a key mask,
+//         band, softcap or step rounding (klein's joint attention, SA3's differential one as two
+//         calls and a difference), its softmax online, rounding each probability before the
+//         division by the sum (the bound it is held to: cudnn_attention.h); the rest, or a shape
+//         cuDNN declines, goes to flash
 #include <algorithm>
 
 #include "core/variants.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/device.cuh"
 #include "ops/cuda/flash_attention.h"
 
@@ -22,10 +28,10 @@ namespace apus::cuda {
 
 Knob attention_knob("cuda.attention",
                     "attention kernel: flash (two passes, the scores never written), scores by cuBLASLt products, "
-                    "or one block per query row",
-                    {"flash", "gemm", "rows"});
+                    "one block per query row, or cuDNN's fused SDPA",
+                    {"flash", "gemm", "rows", "cudnn"});
 
-enum AttentionChoice { kFlash, kProducts, kRows };
+enum AttentionChoice { kFlash, kProducts, kRows, kCudnn };
 
 namespace {
 
@@ -258,6 +264,35 @@ void attend_by_flash(const std::vector<const Tensor*>& qs, const std::vector<con
   flash_attention(f);
 }
 
+// Attention without a mask, band, softcap or step rounding through cuDNN, one call a term (the
+// differential form's terms each rounded into scratch rows, then their difference); false where
+// the arm does not take it (the caller goes on to flash).
+bool attend_by_cudnn(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks,
+                     const Tensor& v, Tensor& o, const Params& p) {
+  if (p.dt != DType::bf16 || p.key_valid || p.window != 0 || p.softcap > 0 || p.round_steps) return false;
+  for (int t = 0; t < p.terms; ++t)
+    if (!cudnn_attention_takes(p.d, qs[size_t(t)]->row_stride(), ks[size_t(t)]->row_stride(), v.row_stride(),
+                               o.row_stride()))
+      return false;
+  ArenaScope scope(*c.arena);
+  Tensor terms[2];
+  for (int t = 0; t < p.terms; ++t) {
+    const Tensor &q = *qs[size_t(t)], &k = *ks[size_t(t)];
+    if (p.terms > 1) terms[t] = Tensor::in(*c.arena, o.shape, p.dt);
+    Tensor& out = p.terms > 1 ? terms[t] : o;
+    const SdpaOperands a{q.data,           k.data,  v.data, out.data, q.row_stride(), k.row_stride(), v.row_stride(),
+                         out.row_stride(), p.batch, p.sq,   p.sk,     p.hq,           p.hk,           p.d,
+                         p.scale,          p.causal};
+    if (!attention_by_cudnn(c, a)) return false;
+  }
+  if (p.terms > 1) {
+    difference_kernel<<<blocks_for(o.shape[0] * o.shape[1]), kThreads, 0, stream()>>>(
+        terms[0].data, terms[1].data, o.data, p.dt, o.shape[0], o.shape[1], o.row_stride());
+    check(cudaGetLastError(), "differential attention launch");
+  }
+  return true;
+}
+
 void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<const Tensor*>& ks, const Tensor& v,
             Tensor& o, int64_t head_dim, float scale, const ops::AttentionOptions& mask) {
   const Tensor &q = *qs[0], &k = *ks[0];
@@ -300,7 +335,12 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
   bool aligned = gemm_ready(v, d) && gemm_ready(o, d);
   for (const std::vector<const Tensor*>* side : {&qs, &ks})
     for (const Tensor* t : *side) aligned = aligned && gemm_ready(*t, d);
-  if (attention_knob.value() == kFlash && aligned && flash_takes(d, p.dt, p.softcap <= 0 && !p.round_steps)) {
+  if (attention_knob.value() == kCudnn && aligned && attend_by_cudnn(c, qs, ks, v, o, p)) {
+    attention_knob.took(kCudnn);
+    return;
+  }
+  const bool flash = attention_knob.value() == kFlash || attention_knob.value() == kCudnn;
+  if (flash && aligned && flash_takes(d, p.dt, p.softcap <= 0 && !p.round_steps)) {
     attention_knob.took(kFlash);
     return attend_by_flash(qs, ks, v, o, p);
   }
