@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -120,7 +121,16 @@ std::shared_ptr<fe::graph::Graph> built_graph(const SdpaOperands& a) {
   if (found != built.end()) return found->second;
   std::shared_ptr<fe::graph::Graph> graph = sdpa_graph(a);
   try {
-    if (!graph->build(dnn().handle, {fe::HeurMode_t::A}).is_good()) graph = nullptr;
+    fe::error_t status = graph->build(dnn().handle, {fe::HeurMode_t::A});
+    if (!status.is_good()) {
+      // Said once a shape, on stderr: the arm asked for runs another kernel here, and why shows.
+      std::fprintf(stderr,
+                   "apus: cuda.attention=cudnn: cuDNN declines %lld x %lld heads of %lld (%lld rows, %lld keys): %s; "
+                   "the flash kernel takes it\n",
+                   (long long)a.batch, (long long)a.hq, (long long)a.d, (long long)a.sq, (long long)a.sk,
+                   status.get_message().c_str());
+      graph = nullptr;
+    }
   } catch (const std::exception& e) {
     fail("cuda.attention=cudnn: ", e.what());
   }

@@ -42,8 +42,8 @@ inline SdpaTensor sdpa_tensor(int64_t batch, int64_t rows, int64_t heads, int64_
 bool cudnn_attention_takes(int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t o_stride);
 
 // Runs it on the backend's stream (its graph built once per shape and kept); false when cuDNN has
-// no engine for the shape on this GPU (kept too: the caller takes another kernel). A build without
-// cudnn-frontend's headers refuses the knob by name.
+// no engine for the shape on this GPU (kept too, and said once on stderr with cuDNN's reason: the
+// caller takes another kernel). A build without cudnn-frontend's headers refuses the knob by name.
 bool attention_by_cudnn(Context& c, const SdpaOperands& a);
 
 // The frontend's own check of the graph built for `a` (its dims, strides, data types and
