@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "core/variants.h"
 #include "io/weights/quant_weights.h"
@@ -12,6 +13,7 @@
 #include "ops/adapters.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
+#include "sampling/torch_rng.h"
 
 namespace apus {
 namespace {
@@ -439,6 +441,25 @@ void BM_VaeDecode(benchmark::State& st) {
   for (auto _ : st) vae.decode(c, x, tokens, tokens, image);
 }
 BENCHMARK(BM_VaeDecode)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
+
+// torch's CPU randn (float32, the x86 kernel) in one call of `n` values: SAME's decoder noise, a
+// chunk's millions of draws, on the host while a device runs the DiT.
+void BM_TorchRandn(benchmark::State& st) {
+  std::vector<float> out(size_t(st.range(0)));
+  TorchGenerator g(42);
+  for (auto _ : st) g.randn(out.data(), st.range(0));
+  st.counters["values/s"] = benchmark::Counter(double(st.range(0)), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_TorchRandn)->Arg(1 << 22)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// torch.rand's float32 uniforms alone: the generator's sequential part of randn.
+void BM_TorchRand(benchmark::State& st) {
+  std::vector<float> out(size_t(st.range(0)));
+  TorchGenerator g(42);
+  for (auto _ : st) g.rand(out.data(), st.range(0));
+  st.counters["values/s"] = benchmark::Counter(double(st.range(0)), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_TorchRand)->Arg(1 << 22)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace apus

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,37 @@ TEST(TorchRng, MatchesTorchRandnBitExact) {
   }
   EXPECT_EQ(checked, int(cases.size()));
   EXPECT_GT(successive, 0);
+}
+
+// apus's Mt19937 is std::mt19937's stream (torch's generator): single draws and bulk fills of
+// random lengths, interleaved, across many twists, from a fresh seed (printed) and the standard's
+// default one (its 10000th value is fixed by the standard).
+TEST(TorchRng, Mt19937IsTheStandardsStream) {
+  for (const uint32_t seed : {uint32_t(apus::test::test_seed()), 5489u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    apus::Mt19937 mine(seed);
+    std::mt19937 standard(seed), lengths(seed ^ 0x5eedu);
+    std::vector<uint32_t> got;
+    int64_t drawn = 0;
+    while (drawn < 200000) {
+      const int64_t n = std::uniform_int_distribution<int64_t>(0, 2500)(lengths);
+      if (n % 3 == 0) {
+        got.push_back(mine());
+        ++drawn;
+        ASSERT_EQ(got.back(), standard()) << "single draw " << drawn;
+        continue;
+      }
+      got.resize(size_t(n));
+      mine.fill(got.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[size_t(i)], standard()) << "fill of " << n << " at " << drawn + i;
+      drawn += n;
+      got.clear();
+    }
+  }
+  apus::Mt19937 fixed(5489u);
+  std::vector<uint32_t> first(10000);
+  fixed.fill(first.data(), 10000);
+  EXPECT_EQ(first.back(), 4123659995u);
 }
 
 // torch keeps only the low 32 bits of the seed for its mt19937.

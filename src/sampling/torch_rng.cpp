@@ -172,7 +172,61 @@ void box_muller16_bf16(uint16_t* d) {
   }
 }
 
+constexpr int kShift = 397;  // MT19937's middle word
+constexpr uint32_t kUpper = 0x80000000u, kLower = 0x7fffffffu, kMatrix = 0x9908b0dfu;
+
+inline uint32_t twisted(uint32_t word, uint32_t next, uint32_t far) {
+  const uint32_t y = (word & kUpper) | (next & kLower);
+  return far ^ (y >> 1) ^ ((0u - (y & 1u)) & kMatrix);
+}
+
+// The twist in three runs so that each reads what it needs without a loop-carried dependence the
+// vectoriser cannot see through: words 0..226 read the old words 397 on, 227..622 the new words
+// 227 back, and the last one wraps to the new word 0.
+APUS_CLONES void twist_words(uint32_t* mt) {
+  constexpr int n = 624, first = n - kShift;
+  for (int i = 0; i < first; ++i) mt[i] = twisted(mt[i], mt[i + 1], mt[i + kShift]);
+  for (int i = first; i < n - 1; ++i) mt[i] = twisted(mt[i], mt[i + 1], mt[i - first]);
+  mt[n - 1] = twisted(mt[n - 1], mt[0], mt[kShift - 1]);
+}
+
+APUS_CLONES void temper_words(const uint32_t* mt, uint32_t* out, int count) {
+  for (int i = 0; i < count; ++i) {
+    uint32_t y = mt[i];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    out[i] = y ^ (y >> 18);
+  }
+}
+
+APUS_CLONES void uniforms_f32(const uint32_t* r, float* out, int count) {
+  for (int i = 0; i < count; ++i) out[i] = uniform_f32(r[i]);
+}
+
 }  // namespace
+
+Mt19937::Mt19937(uint32_t seed) {
+  state_[0] = seed;
+  for (int i = 1; i < kWords; ++i)
+    state_[i] = 1812433253u * (state_[i - 1] ^ (state_[i - 1] >> 30)) + uint32_t(i);
+}
+
+void Mt19937::twist() {
+  twist_words(state_);
+  next_ = 0;
+}
+
+void Mt19937::fill(uint32_t* out, int64_t n) {
+  while (n > 0) {
+    if (next_ == kWords) twist();
+    const int count = int(std::min<int64_t>(n, kWords - next_));
+    temper_words(state_ + next_, out, count);
+    next_ += count;
+    out += count;
+    n -= count;
+  }
+}
 
 TorchGenerator::TorchGenerator(uint64_t seed, TorchFloatKernel kernel)
     : seed_(seed), kernel_(kernel), engine_(uint32_t(seed & 0xFFFFFFFFu)) {}
@@ -218,7 +272,7 @@ void TorchGenerator::randn(float* out, int64_t n) {
     if (kernel_ == TorchFloatKernel::avx2) return box_muller_blocks_avx2(d, count);
     for (int64_t b = 0; b < count; ++b) box_muller16_scalar(d + 16 * b);
   };
-  for (int64_t i = 0; i < n; ++i) out[i] = uniform_f32(random32());
+  uniforms(out, n);
   // The uniforms come from one sequential stream; their transform is block by block, so large
   // draws (SAME's decoder noise: millions a chunk) spread it over the threads.
   const int64_t count = n / 16, per_task = 4096;
@@ -237,8 +291,15 @@ void TorchGenerator::randn(float* out, int64_t n) {
   }
 }
 
-void TorchGenerator::rand(float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = uniform_f32(random32());
+void TorchGenerator::rand(float* out, int64_t n) { uniforms(out, n); }
+
+void TorchGenerator::uniforms(float* out, int64_t n) {
+  uint32_t draws[1024];
+  for (int64_t i = 0; i < n; i += 1024) {
+    const int count = int(std::min<int64_t>(1024, n - i));
+    engine_.fill(draws, count);
+    uniforms_f32(draws, out + i, count);
+  }
 }
 
 void TorchGenerator::randn_bf16(uint16_t* out, int64_t n) {
