@@ -1,11 +1,15 @@
 // Stable Audio 3's stages against the official Python code on tiny random-weight models
 // (tools/oracle): the T5Gemma text encoder, two prompts as one padded batch.
+#include <cstring>
+
+#include "core/variants.h"
 #include "models/sa3/dit.h"
 #include "models/sa3/duration_embedder.h"
 #include "models/sa3/same_decoder.h"
 #include "models/sa3/same_encoder.h"
 #include "models/sa3/t5gemma_encoder.h"
 #include "sampling/logsnr.h"
+#include "shadow_device.h"
 #include "test_util.h"
 
 namespace apus {
@@ -201,6 +205,47 @@ TEST(SameDecodeLong, ChunkedDecodeAndInferenceNoiseMatchTheOfficialDecodeAudio) 
     std::printf("[ measure ] same_l 300 latents %s: rel L2 %.3e\n", k.name, err);
     EXPECT_LT(err, test::kFp32Tolerance) << k.name;
   }
+}
+
+// On a device a rank's chunks decode together, each a sample of one pass (sa3.decode_chunks): the
+// shadow device (the CPU's kernels behind device memory) decodes 300 latents' three chunks, with
+// each sample's noise drawn chunk after chunk from its own generator, to the CPU's bytes (one
+// chunk a pass), for one sample and a batch of two (fresh seeds, printed); apart, the same.
+TEST(SameDecodeLong, ChunksTogetherOnADeviceAreTheCpusChunksApart) {
+  const SafetensorsFile ref = SafetensorsFile::open(test::fixture("sa3_same_ref.safetensors"));
+  const std::string dir = test::fixture("sa3_tiny/same_l");
+  const sa3::SameConfig cfg = sa3::SameConfig::read(config_in(dir));
+  const auto cpu = sa3::SameDecoder::load(cfg, test::weights_in(dir), DType::f32);
+  Backend& device = test::shadow_device();
+  const auto shadow = sa3::SameDecoder::load(cfg, WeightLoader(open_weights(dir), &device), DType::f32);
+  const Tensor one = test::frames_major(ref.get("long.latents"));
+  Tensor two = Tensor::heap({2 * one.shape[0], one.shape[1]}, one.dtype);
+  std::memcpy(two.data, one.data, one.nbytes());
+  for (int64_t i = 0; i < one.numel(); ++i) two.ptr<float>()[one.numel() + i] = -0.5f * one.ptr<float>()[i];
+  const uint64_t seed = test::test_seed();
+  for (const int64_t batch : {int64_t(1), int64_t(2)})
+    for (const char* arm : {"together", "apart"}) {
+      SCOPED_TRACE(std::to_string(batch) + " sample(s), " + arm);
+      const Tensor& latents = batch == 1 ? one : two;
+      auto noise_of = [&](std::vector<TorchGenerator>& gens) {
+        for (int64_t b = 0; b < batch; ++b) gens.emplace_back(seed + uint64_t(b));
+        return sa3::DecodeNoise::from(true, 0.1f, gens);
+      };
+      std::vector<TorchGenerator> cpu_gens, device_gens;
+      Arena host_arena;
+      Context host{&host_arena, DType::f32};
+      const Tensor want = cpu.decode(host, latents, batch, true, noise_of(cpu_gens));
+      KnobScope knob("sa3.decode_chunks", arm);
+      Knob& chunks = find_knob("sa3.decode_chunks");
+      chunks.clear_taken();
+      Arena device_arena(size_t(256) << 20, false, device);
+      Context on_device{&device_arena, DType::f32, nullptr, false, &device};
+      const Tensor got =
+          device.download(shadow.decode(on_device, device.upload(latents), batch, true, noise_of(device_gens)));
+      ASSERT_EQ(got.shape, want.shape);
+      EXPECT_EQ(0, std::memcmp(got.data, want.data, want.nbytes()));
+      EXPECT_EQ(chunks.taken(chunks.index_of(arm)), 1);
+    }
 }
 
 TEST(T5GemmaConfig, UnsupportedSettingsAreRefusedNamingFileAndKey) {

@@ -8,7 +8,7 @@
 # against its floor, with a trace of one more request; `diffusers` diffusers' own pipelines on the
 # same configs (tools/diffusers_bench.py; its wheels carried in .whl/, see docs/TESTING.md;
 # `diffusers-klein` or `diffusers-sa3` for one); `ab` both DiTs' attention through cuDNN's fused
-# SDPA against the flash kernel; `ab-products` the flash attention against the products on both DiTs;
+# SDPA against the flash kernel, and SAME's chunks decoded together against apart; `ab-products` the flash attention against the products on both DiTs;
 # `ab-lean` the flash kernel's lean element code against the proven one; `ab-conv` cuDNN's conv
 # against im2col on klein's VAE; `int8` the int8 tier (`--quant int8`) on both models and q8_0's
 # per-linear decoding (`--quant q8_0`) on klein.
@@ -91,9 +91,12 @@ for s in $steps; do
           step "$s" 150 env PYTHONPATH=/tmp/site python3 tools/diffusers_bench.py --reps 5 ${only:+--only ${only#-}}
       else note "$s: skipped (no .whl/ carried)"; fi ;;
     ab)  # the DiTs' attention through cuDNN's fused SDPA against the flash kernel: SA3's differential
-      # form, klein's joint one (the flash kernel against the products: `ab-products`, session 22)
+      # form, klein's joint one (the flash kernel against the products: `ab-products`, session 22);
+      # SAME's chunks decoded together against one a pass
       step ab-sa3-cudnn 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
         --ab cuda.attention=cudnn,flash --json "$out/sa3-ab-cudnn.json"
+      step ab-sa3-chunks 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
+        --ab sa3.decode_chunks=together,apart --json "$out/sa3-ab-chunks.json"
       step ab-klein-cudnn 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
         --reps 2 --ab cuda.attention=cudnn,flash --json "$out/klein-ab-cudnn.json" ;;
     ab-products)  # the flash attention against the products on both models' DiTs

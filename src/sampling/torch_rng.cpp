@@ -208,8 +208,7 @@ APUS_CLONES void uniforms_f32(const uint32_t* r, float* out, int count) {
 
 Mt19937::Mt19937(uint32_t seed) {
   state_[0] = seed;
-  for (int i = 1; i < kWords; ++i)
-    state_[i] = 1812433253u * (state_[i - 1] ^ (state_[i - 1] >> 30)) + uint32_t(i);
+  for (int i = 1; i < kWords; ++i) state_[i] = 1812433253u * (state_[i - 1] ^ (state_[i - 1] >> 30)) + uint32_t(i);
 }
 
 void Mt19937::twist() {

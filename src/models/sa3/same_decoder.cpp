@@ -1,11 +1,14 @@
 #include "models/sa3/same_decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
 
 #include "core/error.h"
+#include "core/variants.h"
 #include "models/common/exchange.h"
+#include "ops/backend.h"
 
 namespace apus::sa3 {
 
@@ -34,27 +37,31 @@ SameDecoder SameDecoder::load(const SameConfig& config, WeightLoader weights, DT
   return m;
 }
 
+Knob decode_chunks_knob("sa3.decode_chunks",
+                        "SAME's chunked decode on a device: a rank's chunks in passes of up to 16 (each chunk a "
+                        "sample of the batch), or one chunk a pass (what the CPU always does)",
+                        {"together", "apart"});
+
 namespace {
 
-// Each sample's next draw of rows x cols normals, laid out [B*rows, cols] (f32, arena), scaled by
-// `scale` factors one after another in fp32 as the reference multiplies them. transposed: the
-// draw fills cols x rows planes (torch's (C, T) order) and lands transposed.
-Tensor draw(Context& c, const DecodeNoise& noise, int64_t rows, int64_t cols, std::initializer_list<float> scales,
-            bool transposed) {
-  Tensor out = Tensor::in(*c.arena, {noise.samples * rows, cols}, DType::f32);
-  for (int64_t s = 0; s < noise.samples; ++s) {
-    const Tensor plane =
-        ops::host_filled(c, {transposed ? cols : rows, transposed ? rows : cols}, DType::f32, [&](Tensor& t) {
-          float* p = t.ptr<float>();
-          noise.draw(s, p, rows * cols);
-          for (int64_t i = 0; i < rows * cols; ++i)
-            for (const float k : scales) p[i] *= k;
-        });
-    Tensor dst = out.rows(s * rows, (s + 1) * rows);
-    if (transposed) ops::transpose(c, plane, dst);
-    else ops::copy(c, plane, dst);
-  }
-  return out;
+enum DecodeChunks { kTogether, kApart };
+constexpr int64_t kChunksAPass = 16;  // bounds the pass's activations (~3 GB for SAME-L in bf16)
+
+// Sample s's next draw of rows x cols normals into its rows of `out` [B*rows, cols] (f32, arena),
+// scaled by `scale` factors one after another in fp32 as the reference multiplies them.
+// transposed: the draw fills a cols x rows plane (torch's (C, T) order) and lands transposed.
+void draw(Context& c, const DecodeNoise& noise, int64_t s, int64_t rows, int64_t cols,
+          std::initializer_list<float> scales, bool transposed, Tensor& out) {
+  const Tensor plane =
+      ops::host_filled(c, {transposed ? cols : rows, transposed ? rows : cols}, DType::f32, [&](Tensor& t) {
+        float* p = t.ptr<float>();
+        noise.draw(s, p, rows * cols);
+        for (int64_t i = 0; i < rows * cols; ++i)
+          for (const float k : scales) p[i] *= k;
+      });
+  Tensor dst = out.rows(s * rows, (s + 1) * rows);
+  if (transposed) ops::transpose(c, plane, dst);
+  else ops::copy(c, plane, dst);
 }
 
 }  // namespace
@@ -113,17 +120,33 @@ Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, boo
         noise.draw(s, dropped.data(), sizes[i]);
       }
   }
-  for (int64_t i = mine.first; i < mine.first + mine.count; ++i) {
-    const SameChunk& k = chunks[size_t(i)];
+  // On a device the chunks go through in passes of several, each chunk a sample of the pass's
+  // batch (it attends within itself, its RoPE from 0, its noise its own): one launch of each op for
+  // all of them, where a chunk a pass left the GPU idle between small kernels. The CPU's kernels
+  // are full at one chunk, and a pass would hold every chunk's activations: one at a time there.
+  const bool device = c.backend && c.backend != &cpu_backend();
+  const int64_t per_pass = device && decode_chunks_knob.value() == kTogether ? kChunksAPass : 1;
+  if (device) decode_chunks_knob.took(per_pass > 1 ? kTogether : kApart);
+  for (int64_t first = mine.first; first < mine.first + mine.count; first += per_pass) {
+    const int64_t count = std::min(per_pass, mine.first + mine.count - first);
     ArenaScope scope(*c.arena);
-    Tensor piece = Tensor::in(*c.arena, {batch * kSameChunk, cfg_.latent_dim}, latents.dtype);
-    for (int64_t b = 0; b < batch; ++b) {
-      Tensor rows = piece.rows(b * kSameChunk, (b + 1) * kSameChunk);
-      ops::copy(c, latents.rows(b * frames + k.start, b * frames + k.start + kSameChunk), rows);
+    // Pass sample (i, b): chunk first + i of sample b, its draws from b's generator, chunk after chunk.
+    Tensor piece = Tensor::in(*c.arena, {count * batch * kSameChunk, cfg_.latent_dim}, latents.dtype);
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t start = b * frames + chunks[size_t(first + i)].start, at = (i * batch + b) * kSameChunk;
+        Tensor rows = piece.rows(at, at + kSameChunk);
+        ops::copy(c, latents.rows(start, start + kSameChunk), rows);
+      }
+    DecodeNoise pass = noise;
+    pass.samples = count * batch;
+    if (noise.any()) pass.draw = [&noise, batch](int64_t s, float* p, int64_t n) { noise.draw(s % batch, p, n); };
+    const Tensor decoded = decode_piece(c, piece, count * batch, pass).reshape({count * batch * ch, kSameChunk * spl});
+    for (int64_t i = 0; i < count; ++i) {
+      const SameChunk& k = chunks[size_t(first + i)];
+      Tensor dst = out.cols((k.start + k.lo) * spl, (k.start + k.hi) * spl);
+      ops::copy(c, decoded.rows(i * batch * ch, (i + 1) * batch * ch).cols(k.lo * spl, k.hi * spl), dst);
     }
-    const Tensor decoded = decode_piece(c, piece, batch, noise).reshape({batch * ch, kSameChunk * spl});
-    Tensor dst = out.cols((k.start + k.lo) * spl, (k.start + k.hi) * spl);
-    ops::copy(c, decoded.cols(k.lo * spl, k.hi * spl), dst);
   }
   if (split) gather_chunks(c, *ranks, chunks, out);
   return audio;
@@ -181,10 +204,17 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   ops::affine(c, latents, scale_, zeros_, scaled, ops::Rounding::each_step);
   APUS_CHECK(!noise.any() || noise.samples == batch, "SAME decoder: noise for ", noise.samples, " samples, a batch of ",
              batch);
-  if (noise.any() && noise.bottleneck) {
-    const Tensor n = draw(c, noise, frames, g.latent_dim, {noise_scale_, 1e-3f}, true);
-    ops::add_gated(c, scaled, n, nullptr, ops::Rounding::each_step);
+  // Each sample's draws in its generator's order, the bottleneck's then the placeholders' (a
+  // sample may be a later chunk of an earlier one's generator: decode()).
+  const bool bottleneck_noise = noise.any() && noise.bottleneck, mask_noise = noise.any() && noise.mask > 0;
+  Tensor bottleneck, mask;
+  if (bottleneck_noise) bottleneck = Tensor::in(*c.arena, {batch * frames, g.latent_dim}, DType::f32);
+  if (mask_noise) mask = Tensor::in(*c.arena, {batch * frames, g.stride * d}, DType::f32);
+  for (int64_t s = 0; s < batch; ++s) {
+    if (bottleneck_noise) draw(c, noise, s, frames, g.latent_dim, {noise_scale_, 1e-3f}, true, bottleneck);
+    if (mask_noise) draw(c, noise, s, frames, g.stride * d, {noise.mask}, false, mask);
   }
+  if (bottleneck_noise) ops::add_gated(c, scaled, bottleneck, nullptr, ops::Rounding::each_step);
   Tensor table = Tensor::in(*c.arena, {batch * frames + 1, d}, c.act);
   Tensor projected = table.rows(0, batch * frames);
   ops::linear(c, scaled, proj_, &proj_bias_, projected);
@@ -197,10 +227,9 @@ Tensor SameDecoder::decode_piece(Context& c, const Tensor& latents, int64_t batc
   });
   Tensor x = Tensor::in(*c.arena, {batch * tokens, d}, c.act);
   ops::embedding(c, table, ids, x);
-  if (noise.any() && noise.mask > 0) {
-    const Tensor n = draw(c, noise, frames, g.stride * d, {noise.mask}, false);
+  if (mask_noise) {
     Tensor placeholders = x.reshape({batch * frames, group * d}).cols(d, group * d);
-    ops::add_gated(c, placeholders, n, nullptr, ops::Rounding::each_step);
+    ops::add_gated(c, placeholders, mask, nullptr, ops::Rounding::each_step);
   }
 
   part.reset();
