@@ -45,7 +45,7 @@ Knob decode_chunks_knob("sa3.decode_chunks",
 namespace {
 
 enum DecodeChunks { kTogether, kApart };
-constexpr int64_t kChunksAPass = 16;  // bounds the pass's activations (~3 GB for SAME-L in bf16)
+constexpr int64_t kChunksAPass = 16;  // bounds a pass's activations for long clips (380 s: 45 chunks)
 
 // Sample s's next draw of rows x cols normals into its rows of `out` [B*rows, cols] (f32, arena),
 // scaled by `scale` factors one after another in fp32 as the reference multiplies them.
