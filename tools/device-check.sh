@@ -75,7 +75,7 @@ for s in $steps; do
     tests)
       # The op table and the stage tests in two processes: a kernel that faults ends only its own.
       step tests-ops 120 "$bin/apus_tests" --gtest_filter='Backends/OpTable.*/cuda_*' --gtest_brief=1
-      step tests-stages 120 "$bin/apus_tests" --gtest_filter='Cuda*' --gtest_brief=1
+      step tests-stages 120 "$bin/apus_tests" --gtest_filter='Cuda*:Cudnn*' --gtest_brief=1
       grep -hE "^\[  FAILED|measure" "$out/tests-ops.log" "$out/tests-stages.log" | head -40 ;;
     calibrate) step calibrate 45 "$apus" calibrate --device cuda ;;
     klein)
