@@ -266,8 +266,8 @@ TEST(CudnnAttention, OperandStridesFindApusLayout) {
 // The graphs the arm builds pass cudnn-frontend's own checks, without a device, for each GPU
 // generation the build holds code for: klein 4B's joint attention at 1024x1024 (24 heads of 128
 // over 512 text and 4096 image rows, q, k and v columns of one fused projection), causal grouped
-// heads, a batch of two (-base's two guidance branches); and the checks can fail: query heads
-// that no key head divides are refused.
+// heads, a batch of two (-base's two guidance branches), the output into a column view; and the
+// checks can fail: query heads that no key head divides are refused.
 TEST(CudnnAttention, GraphsPassTheFrontendsChecks) {
   const int64_t qkv = 3 * 24 * 128;
   const cuda::SdpaOperands klein{nullptr, nullptr, nullptr, nullptr, qkv, qkv, qkv,        24 * 128,
@@ -277,10 +277,11 @@ TEST(CudnnAttention, GraphsPassTheFrontendsChecks) {
     GTEST_SKIP() << probe;
   const cuda::SdpaOperands grouped{nullptr, nullptr, nullptr, nullptr, 32 * 64, 8 * 64, 8 * 64, 32 * 64,
                                    1,       300,     300,     32,      8,       64,     0.125f, true};
-  cuda::SdpaOperands two = klein;
+  cuda::SdpaOperands two = klein, into_view = klein;
   two.batch = 2;
+  into_view.o_stride = 24 * 128 + 4 * 24 * 128;  // a single block's [attention | MLP] rows
   for (const int sm : {80, 86, 89, 90})
-    for (const cuda::SdpaOperands& a : {klein, grouped, two})
+    for (const cuda::SdpaOperands& a : {klein, grouped, two, into_view})
       EXPECT_EQ(cuda::sdpa_graph_problem(a, sm), "") << "sm " << sm << ", " << a.hq << " heads of " << a.d;
   cuda::SdpaOperands uneven = grouped;
   uneven.hq = 12;
