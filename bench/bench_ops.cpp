@@ -442,24 +442,19 @@ void BM_VaeDecode(benchmark::State& st) {
 }
 BENCHMARK(BM_VaeDecode)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 
-// torch's CPU randn (float32, the x86 kernel) in one call of `n` values: SAME's decoder noise, a
-// chunk's millions of draws, on the host while a device runs the DiT.
-void BM_TorchRandn(benchmark::State& st) {
+// torch's CPU draws in one call of `n` values: randn (float32, the x86 kernel; SAME's decoder
+// noise, a chunk's millions of draws, on the host while a device runs the DiT), or rand's uniforms
+// alone (the generator's sequential part of randn). args: n, normal
+void BM_TorchDraws(benchmark::State& st) {
   std::vector<float> out(size_t(st.range(0)));
   TorchGenerator g(42);
-  for (auto _ : st) g.randn(out.data(), st.range(0));
+  for (auto _ : st) {
+    if (st.range(1)) g.randn(out.data(), st.range(0));
+    else g.rand(out.data(), st.range(0));
+  }
   st.counters["values/s"] = benchmark::Counter(double(st.range(0)), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_TorchRandn)->Arg(1 << 22)->Unit(benchmark::kMillisecond)->UseRealTime();
-
-// torch.rand's float32 uniforms alone: the generator's sequential part of randn.
-void BM_TorchRand(benchmark::State& st) {
-  std::vector<float> out(size_t(st.range(0)));
-  TorchGenerator g(42);
-  for (auto _ : st) g.rand(out.data(), st.range(0));
-  st.counters["values/s"] = benchmark::Counter(double(st.range(0)), benchmark::Counter::kIsIterationInvariantRate);
-}
-BENCHMARK(BM_TorchRand)->Arg(1 << 22)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TorchDraws)->ArgsProduct({{1 << 22}, {1, 0}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace apus
