@@ -191,13 +191,7 @@ APUS_CLONES void twist_words(uint32_t* mt) {
 }
 
 APUS_CLONES void temper_words(const uint32_t* mt, uint32_t* out, int count) {
-  for (int i = 0; i < count; ++i) {
-    uint32_t y = mt[i];
-    y ^= y >> 11;
-    y ^= (y << 7) & 0x9d2c5680u;
-    y ^= (y << 15) & 0xefc60000u;
-    out[i] = y ^ (y >> 18);
-  }
+  for (int i = 0; i < count; ++i) out[i] = Mt19937::temper(mt[i]);
 }
 
 APUS_CLONES void uniforms_f32(const uint32_t* r, float* out, int count) {

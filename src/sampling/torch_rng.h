@@ -27,15 +27,16 @@ class Mt19937 {
   }
   // The next n values, as n calls would give them.
   void fill(uint32_t* out, int64_t n);
-
- private:
-  static constexpr int kWords = 624;
+  // A state word as the generator hands it out.
   static uint32_t temper(uint32_t y) {
     y ^= y >> 11;
     y ^= (y << 7) & 0x9d2c5680u;
     y ^= (y << 15) & 0xefc60000u;
     return y ^ (y >> 18);
   }
+
+ private:
+  static constexpr int kWords = 624;
   void twist();
 
   uint32_t state_[kWords];

@@ -4,7 +4,7 @@
 // numerics there. Their softmax is online: exp(s - running max) is rounded to bf16 before P·V and
 // the division by the row's sum comes last, another rounding than the contract's
 // round(exp(s - max) / sum); both round each probability once, and the op table holds this arm to
-// the bound that arithmetic gives (tests/op_bounds.h, within_rounded_probabilities).
+// the bound that arithmetic gives (tests/op_bounds.h, FusedAgreement).
 #include <array>
 #include <cstdint>
 #include <string>
