@@ -257,13 +257,12 @@ void add_attention_cases(std::vector<OpCase>& cases) {
   // Without a key mask, in the head widths of the models (klein's joint attention: 128; a batch of
   // two for -base's guidance branches), and causal over grouped heads of 64: what cuDNN's fused
   // SDPA takes (cuda.attention=cudnn) and the flash kernel's widths.
-  for (const auto& [name, heads, width, samples, causal] :
-       {std::tuple{"attention_plain_heads_128", int64_t(2), int64_t(128), int64_t(1), false},
-        std::tuple{"attention_plain_batch_2", int64_t(2), int64_t(128), int64_t(2), false},
-        std::tuple{"attention_plain_causal_grouped", int64_t(4), int64_t(64), int64_t(1), true}})
+  for (const auto& [name, heads, kv_heads, width, samples, causal] :
+       {std::tuple{"attention_plain_heads_128", int64_t(2), int64_t(2), int64_t(128), int64_t(1), false},
+        std::tuple{"attention_plain_batch_2", int64_t(2), int64_t(2), int64_t(128), int64_t(2), false},
+        std::tuple{"attention_plain_causal_grouped", int64_t(4), int64_t(2), int64_t(64), int64_t(1), true}})
     full.push_back(
         {name, OpId::attention, Bound::inner_rounding, [=](OpInputs& in) -> Drawn {
-           const int64_t kv_heads = heads == 4 ? 2 : heads;
            return {{{in.random({s, heads * width}), in.random({s, kv_heads * width}), in.random({s, kv_heads * width})},
                     {in.poisoned({s, heads * width})}},
                    [=](Context& c, Operands& t) {
