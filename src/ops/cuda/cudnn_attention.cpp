@@ -65,10 +65,10 @@ fe::graph::Tensor_attributes operand(const char* name, Uid uid, const SdpaTensor
 }
 
 // The graph of one attention: bf16 in and out, fp32 scores and sums, inference only (no softmax
-// statistics written); for a GPU of compute capability `sm`, or (0) the current device's.
-std::shared_ptr<fe::graph::Graph> sdpa_graph(const SdpaOperands& a, int sm = 0) {
+// statistics written); for a GPU of compute capability `sm` (90: Hopper).
+std::shared_ptr<fe::graph::Graph> sdpa_graph(const SdpaOperands& a, int sm) {
   auto graph = std::make_shared<fe::graph::Graph>();
-  if (sm > 0) graph->set_sm_version(sm);  // before the nodes: each copies the graph's context
+  graph->set_sm_version(sm);  // before the nodes: each copies the graph's context
   graph->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -119,7 +119,13 @@ std::shared_ptr<fe::graph::Graph> built_graph(const SdpaOperands& a) {
   const SdpaKey key = key_of(a);
   const auto found = built.find(key);
   if (found != built.end()) return found->second;
-  std::shared_ptr<fe::graph::Graph> graph = sdpa_graph(a);
+  // The GPU's compute capability from apus's own runtime, so that building the graph needs none of
+  // the frontend's CUDA runtime calls (their library is opened only where one is asked for).
+  int device = 0, major = 0, minor = 0;
+  check(cudaGetDevice(&device), "the current device");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "the compute capability");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "the compute capability");
+  std::shared_ptr<fe::graph::Graph> graph = sdpa_graph(a, 10 * major + minor);
   try {
     fe::error_t status = graph->build(dnn().handle, {fe::HeurMode_t::A});
     if (!status.is_good()) {
