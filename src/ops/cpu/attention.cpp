@@ -23,7 +23,10 @@
 
 namespace apus::cpu {
 
-Knob attention_block_knob("cpu.attention_block", "query rows per attention task", {"128", "32", "64", "256", "512"});
+Knob attention_block_knob("cpu.attention_block",
+                          "query rows per attention task; auto: 512 where the GEMM tiles take an attention without "
+                          "a mask, band or causality, 128 elsewhere",
+                          {"auto", "128", "32", "64", "256", "512"});
 Knob band_attention_knob("cpu.band_attention",
                          "a band's attention (SAME's |i - j| <= w) by a direct AVX512-BF16 kernel over each row's own "
                          "keys, or by GEMM tiles over its query block's keys; auto: direct unless the CPU has AMX",
@@ -558,8 +561,8 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
   const DType dt = q.dtype;
   const int choice = attention_block_knob.value();
   attention_block_knob.took(choice);
-  const int64_t block = std::min<int64_t>(sq, std::stoll(attention_block_knob.choices()[size_t(choice)]));
-  const int64_t blocks = (sq + block - 1) / block;
+  const bool automatic = choice == 0;
+  int64_t block = std::min<int64_t>(sq, automatic ? 128 : std::stoll(attention_block_knob.choices()[size_t(choice)]));
   const bool round_steps = mask.rounding == ops::Rounding::each_step && dt == DType::bf16;
   const RowSoftmax softmax{scale, mask.softcap, round_steps, dt};
   const bool pairs_of_bf16 = dt == DType::bf16 && d % 2 == 0;
@@ -569,6 +572,11 @@ void attend(Context& c, const std::vector<const Tensor*>& qs, const std::vector<
     return attend_widened(c, qs, ks, v, o, d, mask, softmax, key_valid, block);
   if (mask.window == 0 && takes_direct(attention_kernel_knob, pairs_of_bf16))
     return attend_direct(c, qs, ks, v, o, d, mask, softmax, key_valid, block);
+  // The GEMM tiles: an unmasked attention's products in blocks of 512 query rows by default, fewer
+  // and larger GEMMs (SA3's DiT attention 11-19 % faster than at 128, klein's 4608 tokens 7 %, on
+  // an AMX Xeon: docs/SPEED.md session 34); a causal mask would waste a larger block's triangle.
+  if (automatic && !mask.causal && mask.window == 0 && !key_valid) block = std::min<int64_t>(sq, 512);
+  const int64_t blocks = (sq + block - 1) / block;
   std::vector<Tensor> qh, kh;
   for (int64_t i = 0; i < terms; ++i) {
     qh.push_back(Tensor::in(*c.arena, {hq, rows_q, d}, dt));
