@@ -107,12 +107,20 @@ struct RowSoftmax {
   DType dt;
 
   void operator()(float* s, int64_t n, const int64_t* key_valid, char* p) const {
+    if (dt == DType::bf16) softmax_row_bf16(s, n, prepared(s, n, key_valid), reinterpret_cast<uint16_t*>(p));
+    else softmax_row_f32(s, n, prepared(s, n, key_valid), reinterpret_cast<float*>(p));
+  }
+  // The same for bf16 rows of at most 48 keys (the direct band kernel's window), in registers.
+  void short_row(float* s, int64_t n, const int64_t* key_valid, uint16_t* p) const;
+
+ private:
+  // Shapes and masks s; returns the scale the softmax's exp still applies (the plain case leaves
+  // it to the softmax's fused exp).
+  float prepared(float* s, int64_t n, const int64_t* key_valid) const {
     const bool transformed = softcap > 0 || round_steps;
-    // The plain case leaves the scale to the softmax's fused exp.
     if (transformed) shape_scores(s, n, scale, softcap, round_steps);
     mask_padding(s, n, key_valid);
-    if (dt == DType::bf16) softmax_row_bf16(s, n, transformed ? 1.0f : scale, reinterpret_cast<uint16_t*>(p));
-    else softmax_row_f32(s, n, transformed ? 1.0f : scale, reinterpret_cast<float*>(p));
+    return transformed ? 1.0f : scale;
   }
 };
 
@@ -267,6 +275,57 @@ APUS_AVX512_BF16 void band_weighted_sum(const uint16_t* p, const uint16_t* v, in
 #pragma GCC diagnostic pop
 #endif
 
+// exp_in_range (ops/cpu/vec.cpp) over 16 lanes, the same operations lane by lane: the same values.
+APUS_AVX512_BF16 inline __attribute__((always_inline)) __m512 exp_in_range16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f),
+                                   _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x));
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// softmax_row_bf16 (ops/cpu/vec.cpp) of at most 48 scores held in three registers: the same max,
+// exponentials and roundings (NaN rows, infinite maxima and rows without keys as it treats them),
+// the sum in another order. One call a row and term in the band kernel, where the general row's
+// three passes through memory were 40 % of the kernel.
+APUS_AVX512_BF16 void softmax_short_bf16(const float* s, int64_t n, float scale, uint16_t* out) {
+  const __mmask16 m[3] = {__mmask16(lanes(n, 16)), __mmask16(lanes(n - 16, 16)), __mmask16(lanes(n - 32, 16))};
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  __m512 v[3], mx = neg_inf;
+  bool nan = false;
+  for (int i = 0; i < 3; ++i) {
+    v[i] = _mm512_mask_loadu_ps(neg_inf, m[i], s + 16 * i);
+    nan = nan || _mm512_cmp_ps_mask(v[i], v[i], _CMP_UNORD_Q) != 0;
+    mx = _mm512_max_ps(mx, v[i]);
+  }
+  const float top = _mm512_reduce_max_ps(mx);
+  if (nan || top == INFINITY || top == -INFINITY) {
+    // As torch's softmax: NaN, or an infinite maximum, makes the row NaN; no key seen, zeros.
+    const uint16_t fill = top == -INFINITY && !nan ? 0 : 0x7fc0;
+    std::fill(out, out + n, fill);
+    return;
+  }
+  const __m512 shift = _mm512_set1_ps(top * scale), floor = _mm512_set1_ps(-87.0f);
+  __m512 sum = _mm512_setzero_ps();
+  for (int i = 0; i < 3; ++i) {
+    const __m512 x = _mm512_fmsub_ps(v[i], _mm512_set1_ps(scale), shift);
+    const __m512 e = exp_in_range16(_mm512_max_ps(x, floor));
+    v[i] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ), e);  // exactly 0 below -87
+    sum = _mm512_add_ps(sum, v[i]);
+  }
+  const float total = _mm512_reduce_add_ps(sum), inv = total > 0.0f ? 1.0f / total : 0.0f;
+  for (int i = 0; i < 3; ++i)
+    _mm256_mask_storeu_epi16(out + 16 * i, m[i], (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(v[i], _mm512_set1_ps(inv))));
+}
+
+void RowSoftmax::short_row(float* s, int64_t n, const int64_t* key_valid, uint16_t* p) const {
+  softmax_short_bf16(s, n, prepared(s, n, key_valid), p);
+}
+
 // A band's attention row by row: each query row's scores over its own 2w + 1 keys only, heads read
 // in place from the projections (no head-major copies), no GEMM calls. The same roundings as the
 // tiles: P in bf16 before P·V, each term's output rounded before the difference.
@@ -319,7 +378,8 @@ void attend_band_direct(const std::vector<const Tensor*>& qs, const std::vector<
             const int64_t n = hi - lo;
             for (int64_t term = 0; term < terms; ++term) {
               float* srow = scores + term * kGroup * 48 + r * 48 + (lo - base);
-              softmax(srow, n, key_valid ? key_valid + b * sq + lo : nullptr, probs);
+              softmax.short_row(srow, n, key_valid ? key_valid + b * sq + lo : nullptr,
+                                reinterpret_cast<uint16_t*>(probs));
               band_weighted_sum(reinterpret_cast<const uint16_t*>(probs),
                                 static_cast<const uint16_t*>(v.row(b * sq + lo)) + g * d, v.row_stride(), n, d,
                                 outs[term]);
