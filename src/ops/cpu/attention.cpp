@@ -277,13 +277,12 @@ APUS_AVX512_BF16 void band_weighted_sum(const uint16_t* p, const uint16_t* v, in
 
 // exp_in_range (ops/cpu/vec.cpp) over 16 lanes, the same operations lane by lane: the same values.
 APUS_AVX512_BF16 inline __attribute__((always_inline)) __m512 exp_in_range16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f),
-                                   _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x));
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  using E = ExpConstants;
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(E::log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(E::ln2_low), _mm512_fmadd_ps(n, _mm512_set1_ps(E::ln2_high), x));
+  __m512 p = _mm512_set1_ps(E::poly[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(E::poly[i]));
   const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }

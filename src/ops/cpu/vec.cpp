@@ -20,15 +20,17 @@ namespace {
 // exp(x) for x already in [-87, 88], where the exponent bits below stay in range: x = n ln2 + r
 // (ln2 in two parts), a degree-6 polynomial in r, times 2^n.
 __attribute__((always_inline)) inline float exp_in_range(float x) {
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = std::fma(n, -1.428606765330187045e-06f, std::fma(n, -0.693145751953125f, x));
-  float p = 1.0f / 720;
-  p = std::fma(p, r, 1.0f / 120);
-  p = std::fma(p, r, 1.0f / 24);
-  p = std::fma(p, r, 1.0f / 6);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
+  using E = ExpConstants;
+  const float n = std::nearbyint(x * E::log2e);
+  const float r = std::fma(n, E::ln2_low, std::fma(n, E::ln2_high, x));
+  // Spelled out: a loop here keeps the callers' loops from vectorising.
+  float p = E::poly[0];
+  p = std::fma(p, r, E::poly[1]);
+  p = std::fma(p, r, E::poly[2]);
+  p = std::fma(p, r, E::poly[3]);
+  p = std::fma(p, r, E::poly[4]);
+  p = std::fma(p, r, E::poly[5]);
+  p = std::fma(p, r, E::poly[6]);
   const int32_t bits = (int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);

@@ -5,6 +5,16 @@
 
 namespace apus::cpu {
 
+// The constants of the row kernels' exp (vec.cpp's exp_in_range: x = n ln2 + r with ln2 in two
+// parts, a degree-6 polynomial in r, times 2^n), shared with the AVX-512 band softmax
+// (attention.cpp), which must compute the same values lane by lane.
+struct ExpConstants {
+  static constexpr float log2e = 1.44269504088896341f;
+  static constexpr float ln2_high = -0.693145751953125f, ln2_low = -1.428606765330187045e-06f;
+  // The polynomial's coefficients, highest power first.
+  static constexpr float poly[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+};
+
 void bf16_to_f32_row(const uint16_t* in, float* out, int64_t n);
 void f32_to_bf16_row(const float* in, uint16_t* out, int64_t n);
 // Whether every value is finite (no NaN, no Inf).
