@@ -64,10 +64,9 @@ struct Drawn {
   Operands operands;
   Call call;
   // An attention case's terms, each a plain attention into out[0] (the differential form's two;
-  // empty: the call is its one term), and the input holding v: what a fused softmax's allowance
-  // is computed from (op_bounds.h).
+  // empty: the call is its one term): what a fused softmax's allowance is computed from
+  // (op_bounds.h).
   std::vector<Call> terms = {};
-  size_t values = 2;
 };
 
 struct OpCase {
@@ -342,8 +341,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                                                             hd, 0.125f, options);
                                 cpu::band_attention_knob.set(0);
                               },
-                              difference_terms(hd, 0.125f, options),
-                              4};
+                              difference_terms(hd, 0.125f, options)};
                     }});
   // Grouped: 4 query heads over 2 key heads, two samples of 150 rows.
   full.push_back({"differential_attention_grouped", OpId::differential_attention, Bound::inner_rounding,
@@ -355,8 +353,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                               ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], d,
                                                           0.25f, {false, nullptr, 2});
                             },
-                            difference_terms(d, 0.25f, {false, nullptr, 2}),
-                            4};
+                            difference_terms(d, 0.25f, {false, nullptr, 2})};
                   }});
   // NaN and +Inf in each operand, as torch propagates them: a NaN score or an infinite maximum
   // makes its row NaN (query row 5 of head 1, key 7 of key head 0: every row that sees it), a
@@ -407,8 +404,7 @@ void add_attention_cases(std::vector<OpCase>& cases) {
                                   ops::differential_attention(c, o.in[0], o.in[1], o.in[2], o.in[3], o.in[4], o.out[0],
                                                               d, 0.25f, {false, nullptr, 2});
                                 },
-                                difference_terms(d, 0.25f, {false, nullptr, 2}),
-                                4};
+                                difference_terms(d, 0.25f, {false, nullptr, 2})};
                       }};
   second_query.nonfinite = true;
   full.push_back(second_query);
@@ -913,11 +909,12 @@ std::vector<Tensor> widened(const std::vector<Tensor>& tensors) {
 // allowance under a fused softmax (op_bounds.h): its terms' and, for a difference, its own rounding.
 std::pair<Tensor, std::vector<double>> fused_reference(const Drawn& drawn, Arena& arena) {
   Context ref32{&arena, DType::f32, nullptr, false, &reference_backend()};
+  const size_t values = drawn.terms.empty() ? 2 : 4;  // v of attention(q, k, v), of (q, k, q2, k2, v)
   const auto run = [&](const Call& call, bool absolute_values) {
     Operands f32{widened(drawn.operands.in), widened(drawn.operands.out)};
     if (absolute_values)
-      for (int64_t i = 0; i < f32.in[drawn.values].numel(); ++i)
-        f32.in[drawn.values].ptr<float>()[i] = std::fabs(f32.in[drawn.values].ptr<float>()[i]);
+      for (int64_t i = 0; i < f32.in[values].numel(); ++i)
+        f32.in[values].ptr<float>()[i] = std::fabs(f32.in[values].ptr<float>()[i]);
     call(ref32, f32);
     return std::move(f32.out[0]);
   };
@@ -1091,7 +1088,7 @@ TEST(FusedSoftmaxBound, HoldsAFusedKernelAndCatchesCoarserProbabilities) {
     ops::differential_attention(c, t.in[0], t.in[1], t.in[2], t.in[3], t.in[4], t.out[0], d, scale, {});
   };
   const Drawn single{{{inputs[0], inputs[1], inputs[2]}, {in.poisoned({n, d})}}, one};
-  const Drawn differential{{inputs, {in.poisoned({n, d})}}, two, difference_terms(d, scale, {}), 4};
+  const Drawn differential{{inputs, {in.poisoned({n, d})}}, two, difference_terms(d, scale, {})};
   const auto fused = [&](const Drawn& drawn, int bits) {
     const std::vector<Tensor>& x = drawn.operands.in;
     if (drawn.terms.empty()) return fused_attention(x[0], x[1], x[2], scale, bits);

@@ -124,7 +124,7 @@ Tensor SameDecoder::decode(Context& c, const Tensor& latents, int64_t batch, boo
   // batch (it attends within itself, its RoPE from 0, its noise its own): one launch of each op for
   // all of them, where a chunk a pass left the GPU idle between small kernels. The CPU's kernels
   // are full at one chunk, and a pass would hold every chunk's activations: one at a time there.
-  const bool device = c.backend && c.backend != &cpu_backend();
+  const bool device = c.backend && c.backend->device() != Device::cpu;
   const int64_t per_pass = device && decode_chunks_knob.value() == kTogether ? kChunksAPass : 1;
   if (device) decode_chunks_knob.took(per_pass > 1 ? kTogether : kApart);
   for (int64_t first = mine.first; first < mine.first + mine.count; first += per_pass) {
