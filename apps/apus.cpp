@@ -35,6 +35,7 @@
 #include "io/media/audio.h"
 #include "io/media/image.h"
 #include "io/media/png.h"
+#include "io/weights/quant_weights.h"
 #include "io/weights/synth.h"
 #include "pipeline/metadata.h"
 #include "pipeline/registry.h"
@@ -400,16 +401,19 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
                   "(a text encoder GGUF's own is used when this is absent)");
   app->add_option("--config", parts.config,
                   "a diffusers folder (or cached ORG/NAME) whose configs serve a single-file --model");
-  const std::map<std::string, apus::Quant> quants{
-      {"none", apus::Quant::none}, {"int8", apus::Quant::int8}, {"q8_0", apus::Quant::q8_0}};
+  std::map<std::string, apus::Quant> quants;
+  for (const apus::Quant q : {apus::Quant::none, apus::Quant::int8, apus::Quant::q8_0, apus::Quant::fp8})
+    quants[apus::quant_name(q)] = q;
   app->add_option(
          "--quant", parts.quant,
          "none; int8: the transformer's and text encoder's linears in int8, and SAME's attention "
          "projections (a scale per output feature, activations per token; CPUs with VNNI or AVX2, or a GPU), faster "
          "and further from the official output: measure it with `apus gate`; q8_0: the transformer's and text "
          "encoder's weights held as GGUF Q8_0 blocks (a scale a 32 values), half of bf16's memory, the activations "
-         "untouched")
-      ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8,q8_0}"));
+         "untouched; fp8: as int8 with float8_e4m3fn codes and products summed in fp32 (the fp8 tensor cores of "
+         "Ada and Hopper GPUs; a CPU runs it at its bf16 rate), a file's own float8_e4m3fn weights multiplied as "
+         "they are")
+      ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8,q8_0,fp8}"));
 }
 
 // The request options the commands share, each declared once (add_request_options): a command

@@ -236,6 +236,7 @@ int run_bench(const BenchOptions& o) {
   report["load_s"] = load_s;
   report["ceiling"] = {{"bf16_flops_per_s", chip.bf16_flops},
                        {"int8_ops_per_s", chip.int8_ops},
+                       {"fp8_flops_per_s", chip.fp8_flops},
                        {"memory_bytes_per_s", chip.memory_bps},
                        {"machine", machine},
                        {"how", chip.note},

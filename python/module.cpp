@@ -159,7 +159,8 @@ apus::Quant quant_named(const std::optional<std::string>& name) {
   if (!name) return apus::Quant::none;
   if (*name == "int8") return apus::Quant::int8;
   if (*name == "q8_0") return apus::Quant::q8_0;
-  apus::fail("quant=\"", *name, "\": expected None, \"int8\" or \"q8_0\"");
+  if (*name == "fp8") return apus::Quant::fp8;
+  apus::fail("quant=\"", *name, "\": expected None, \"int8\", \"q8_0\" or \"fp8\"");
 }
 
 apus::ModelParts parts(const std::string& model, const std::string& text_encoder, const std::string& vae,

@@ -56,30 +56,38 @@ TEST(Calibration, MeasuresPlausibleRatesAndCachesThemPerMachine) {
   EXPECT_EQ(file[calibration_key(ctx)]["int8_ops"].get<double>(), measured.int8_ops);
   // The int8 tier's rate where this CPU runs it: more than the bf16 rate's half (VNNI's products
   // are at least as fast as bf16's), under 1 POP/s; none where it does not.
-  if (runs_int8(ctx)) {
+  if (runs_tier(ctx, Products::int8)) {
     EXPECT_GT(measured.int8_ops, 0.5 * measured.bf16_flops);
     EXPECT_LT(measured.int8_ops, 1e15);
   } else {
     EXPECT_EQ(measured.int8_ops, 0);
   }
+  // The fp8 tier's on every CPU: its codes go through the bf16 GEMM, so near the bf16 rate (the
+  // rows' quantisation and the weight's decoding cost a share of it), never far above it.
+  EXPECT_EQ(file[calibration_key(ctx)]["fp8_flops"].get<double>(), measured.fp8_flops);
+  EXPECT_GT(measured.fp8_flops, 0.25 * measured.bf16_flops);
+  EXPECT_LT(measured.fp8_flops, 1.5 * measured.bf16_flops);
 
   const Chip again = calibrated_ceiling(ctx, false, &cached);
   EXPECT_TRUE(cached);
   EXPECT_EQ(again.bf16_flops, measured.bf16_flops);
   EXPECT_EQ(again.int8_ops, measured.int8_ops);
+  EXPECT_EQ(again.fp8_flops, measured.fp8_flops);
   EXPECT_EQ(again.memory_bps, measured.memory_bps);
 
-  // An entry written before the int8 rate was measured is measured again, not read as "no int8".
-  Json old = read_json_file(calibration_file());
-  old[calibration_key(ctx)].erase("int8_ops");
-  std::ofstream(calibration_file()) << old.dump();
-  calibrated_ceiling(ctx, false, &cached);
-  EXPECT_FALSE(cached);
-  EXPECT_TRUE(read_json_file(calibration_file())[calibration_key(ctx)].contains("int8_ops"));
+  // An entry written before a tier's rate was measured is measured again, not read as "no tier".
+  for (const char* rate : {"int8_ops", "fp8_flops"}) {
+    Json old = read_json_file(calibration_file());
+    old[calibration_key(ctx)].erase(rate);
+    std::ofstream(calibration_file()) << old.dump();
+    calibrated_ceiling(ctx, false, &cached);
+    EXPECT_FALSE(cached) << rate;
+    EXPECT_TRUE(read_json_file(calibration_file())[calibration_key(ctx)].contains(rate)) << rate;
+  }
   // So is one whose int8 rate says the opposite of what this build runs here (a build before
   // AVX2 CPUs had the tier wrote 0 on them).
-  old = read_json_file(calibration_file());
-  old[calibration_key(ctx)]["int8_ops"] = runs_int8(ctx) ? 0.0 : 1e12;
+  Json old = read_json_file(calibration_file());
+  old[calibration_key(ctx)]["int8_ops"] = runs_tier(ctx, Products::int8) ? 0.0 : 1e12;
   std::ofstream(calibration_file()) << old.dump();
   calibrated_ceiling(ctx, false, &cached);
   EXPECT_FALSE(cached);
@@ -104,12 +112,13 @@ TEST(CalibrationSerial, CeilingIsTheBestLinearRateOfTheSameProcess) {
   Arena arena;
   Context ctx{&arena};
   const Chip first = measure_ceiling(ctx);
-  double own = 0, own_int8 = 0;
-  // In the calibration's order: every shape in bf16, then every shape in the int8 tier (the two
-  // interleaved, the bf16 rate came out 11 % under the calibration's once on an AVX2-only EPYC).
-  for (const bool int8 : {false, true})
+  double own = 0, own_int8 = 0, own_fp8 = 0;
+  // In the calibration's order: every shape in bf16, then every shape in the int8 tier, then fp8
+  // (the two first interleaved, the bf16 rate came out 11 % under the calibration's once on an
+  // AVX2-only EPYC).
+  for (const Products products : {Products::decoded, Products::int8, Products::fp8})
     for (const GemmShape& g : ceiling_shapes()) {
-      if (int8 && !runs_int8(ctx)) break;
+      if (!runs_tier(ctx, products)) break;
       Tensor x = Tensor::heap({g.m, g.k}, DType::bf16), w = Tensor::heap({g.n, g.k}, DType::bf16),
              y = Tensor::heap({g.m, g.n}, DType::bf16);
       std::fill_n(x.ptr<uint16_t>(), x.numel(), f32_to_bf16(0.01f));
@@ -129,7 +138,8 @@ TEST(CalibrationSerial, CeilingIsTheBestLinearRateOfTheSameProcess) {
         }
         return best;
       };
-      if (int8) own_int8 = std::max(own_int8, best_rate(quantize_int8_weight(w, "w")));
+      if (products == Products::int8) own_int8 = std::max(own_int8, best_rate(quantize_int8_weight(w, "w")));
+      else if (products == Products::fp8) own_fp8 = std::max(own_fp8, best_rate(quantize_fp8_weight(w, "w")));
       else own = std::max(own, best_rate(w));
     }
   const Chip second = measure_ceiling(ctx);
@@ -142,7 +152,10 @@ TEST(CalibrationSerial, CeilingIsTheBestLinearRateOfTheSameProcess) {
   std::printf("[ measure ] calibrations %.0f and %.0f GFLOP/s; the linear's best in this process %.0f\n",
               first.bf16_flops / 1e9, second.bf16_flops / 1e9, own / 1e9);
   EXPECT_LT(nearer(first.bf16_flops, second.bf16_flops, own), 0.15 * own);
-  if (!runs_int8(ctx)) return;
+  std::printf("[ measure ] fp8 calibrations %.0f and %.0f GFLOP/s; the fp8 linear's best in this process %.0f\n",
+              first.fp8_flops / 1e9, second.fp8_flops / 1e9, own_fp8 / 1e9);
+  EXPECT_LT(nearer(first.fp8_flops, second.fp8_flops, own_fp8), 0.15 * own_fp8);
+  if (!runs_tier(ctx, Products::int8)) return;
   std::printf("[ measure ] int8 calibrations %.0f and %.0f GOP/s; the int8 linear's best in this process %.0f\n",
               first.int8_ops / 1e9, second.int8_ops / 1e9, own_int8 / 1e9);
   EXPECT_LT(nearer(first.int8_ops, second.int8_ops, own_int8), 0.15 * own_int8);

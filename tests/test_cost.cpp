@@ -51,35 +51,48 @@ TEST(Cost, GemmCountedByHand) {
   EXPECT_EQ(c.bytes_unfused, c.bytes_fused);
 }
 
-// The int8 tier's linear counts its products as int8 operations, and the roofline prices them at
-// the chip's int8 rate (the bias add and every other FLOP at the bf16 rate); a chip without an
-// int8 rate prices them as bf16.
-TEST(Cost, Int8ProductsPricedAtTheInt8Rate) {
-  Counter k;
-  Tensor x = k.t({7, 5}), w = k.t({3, 5}), b = k.t({3}), y = k.t({7, 3});
-  ops::linear(k.c, x, w, &b, y);
-  EXPECT_EQ(k.log.total().int8_ops, 0) << "a bf16 weight runs no int8 products";
-  w.dtype = DType::i8;
-  w.encoding.int8_matmul = true;
-  ops::linear(k.c, x, w, &b, y);
-  const OpCost both = k.log.total();
-  EXPECT_EQ(both.int8_ops, 2.0 * 7 * 5 * 3);
-  EXPECT_EQ(both.flops, 2 * (2.0 * 7 * 5 * 3 + 7 * 3));
+// A quantised tier's linear counts its products as the tier's operations (int8, fp8), and the
+// roofline prices them at the chip's rate for the tier (the bias add and every other FLOP at the
+// bf16 rate); a chip without a rate for the tier prices them as bf16.
+TEST(Cost, TierProductsPricedAtTheTiersRate) {
+  struct Tier {
+    Products products;
+    DType codes;
+    double OpCost::*ops;
+    double Chip::*rate;
+    const char* key;
+  };
+  for (const Tier t : {Tier{Products::int8, DType::i8, &OpCost::int8_ops, &Chip::int8_ops, "int8_ops"},
+                       Tier{Products::fp8, DType::fp8_e4m3, &OpCost::fp8_ops, &Chip::fp8_flops, "fp8_ops"}}) {
+    SCOPED_TRACE(t.key);
+    Counter k;
+    Tensor x = k.t({7, 5}), w = k.t({3, 5}), b = k.t({3}), y = k.t({7, 3});
+    ops::linear(k.c, x, w, &b, y);
+    EXPECT_EQ(k.log.total().*t.ops, 0) << "a bf16 weight runs no tier's products";
+    w.dtype = t.codes;
+    w.encoding.products = t.products;
+    ops::linear(k.c, x, w, &b, y);
+    const OpCost both = k.log.total();
+    EXPECT_EQ(both.*t.ops, 2.0 * 7 * 5 * 3);
+    EXPECT_EQ(both.int8_ops + both.fp8_ops, 2.0 * 7 * 5 * 3) << "one tier's products only";
+    EXPECT_EQ(both.flops, 2 * (2.0 * 7 * 5 * 3 + 7 * 3));
 
-  PipelineCost p;
-  p.stages.push_back({"dit", 2, both, {{"dit/linear", both, 2}}});
-  Chip chip = find_chip("cpu");
-  chip.bf16_flops = 1e9;
-  chip.int8_ops = 4e9;
-  chip.memory_bps = 1e15;  // compute-bound
-  const double bf16_part = (both.flops - both.int8_ops) / 1e9;
-  const nlohmann::json with_int8 = roofline_json(p, {chip, 1});
-  EXPECT_DOUBLE_EQ(with_int8["stages"][0]["per_call"]["floor_s"].get<double>(), bf16_part + both.int8_ops / 4e9);
-  EXPECT_DOUBLE_EQ(with_int8["total"]["floor_s"].get<double>(), 2 * (bf16_part + both.int8_ops / 4e9));
-  EXPECT_EQ(with_int8["total"]["int8_ops"].get<double>(), 2 * both.int8_ops);
-  chip.int8_ops = 0;
-  const nlohmann::json without = roofline_json(p, {chip, 1});
-  EXPECT_DOUBLE_EQ(without["stages"][0]["per_call"]["floor_s"].get<double>(), both.flops / 1e9);
+    PipelineCost p;
+    p.stages.push_back({"dit", 2, both, {{"dit/linear", both, 2}}});
+    Chip chip = find_chip("cpu");
+    chip.bf16_flops = 1e9;
+    chip.int8_ops = chip.fp8_flops = 3e9;
+    chip.*t.rate = 4e9;
+    chip.memory_bps = 1e15;  // compute-bound
+    const double bf16_part = (both.flops - both.*t.ops) / 1e9;
+    const nlohmann::json with_rate = roofline_json(p, {chip, 1});
+    EXPECT_DOUBLE_EQ(with_rate["stages"][0]["per_call"]["floor_s"].get<double>(), bf16_part + both.*t.ops / 4e9);
+    EXPECT_DOUBLE_EQ(with_rate["total"]["floor_s"].get<double>(), 2 * (bf16_part + both.*t.ops / 4e9));
+    EXPECT_EQ(with_rate["total"][t.key].get<double>(), 2 * both.*t.ops);
+    chip.*t.rate = 0;
+    const nlohmann::json without = roofline_json(p, {chip, 1});
+    EXPECT_DOUBLE_EQ(without["stages"][0]["per_call"]["floor_s"].get<double>(), both.flops / 1e9);
+  }
 }
 
 TEST(Cost, AttentionCountedByHand) {

@@ -203,6 +203,18 @@ TEST(CudaPipelines, QuantisedFilesAndTheInt8TierOnTheDevice) {
       "the official bf16 image's %.3f\n",
       r.gap(int8), r.official_gap());
   EXPECT_LT(r.gap(int8), r.official_gap());
+  // The fp8 tier on the fp8 tensor cores (Ada, Hopper), held as on the CPU (Fp8Tier in
+  // test_fp8.cpp); an older GPU refuses it at load, naming what it lacks.
+  parts.quant = Quant::fp8;
+  const std::string refusal = backend_for("cuda")->refuses(Products::fp8);
+  if (!refusal.empty()) {
+    test::expect_error([&] { ImageModel::open(parts, Weights::per_stage, "cuda"); }, {"--quant fp8", "sm_"});
+    return;
+  }
+  const std::vector<uint8_t> fp8 = ImageModel::open(parts, Weights::per_stage, "cuda")->generate(r.request()).rgb;
+  std::printf("[ measure ] cuda klein fp8 tier (fp32 activations): mean |d| to the official fp32 image %.3f\n",
+              r.gap(fp8));
+  EXPECT_LT(r.gap(fp8), 16 * r.official_gap());
 }
 
 // One process as a group of one rank: its exchanges copy its own part.

@@ -49,7 +49,7 @@ TEST(Int8Weights, RowsQuantiseToTheNearestCodeOfTheirOwnScale) {
     std::memset(w.row(7), 0, size_t(k) * dtype_size(dt));  // row 7 all zeros: scale 0, codes 0
     const Tensor q = quantize_int8_weight(w, "w");
     ASSERT_EQ(q.dtype, DType::i8);
-    ASSERT_TRUE(q.encoding.int8_matmul);
+    ASSERT_EQ(q.encoding.products, Products::int8);
     ASSERT_TRUE(q.encoding.block_scales);
     int64_t worst_row = -1;
     double worst = 0;
@@ -89,22 +89,22 @@ TEST(Int8Weights, NonFiniteWeightsAreRefusedNamingTheRow) {
 // scale a row are flagged as they are; weights quantised otherwise are refused, naming them.
 TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
   std::mt19937 rng(test::test_seed());
-  const Int8Linears t(Int8Scope{{"embed_tokens.weight"}});
+  const TierLinears t(Products::int8, TierScope{{"embed_tokens.weight"}});
   const Tensor w = random_weight(16, 32, DType::bf16, rng);
   const Tensor q = t.apply("layers.0.mlp.up_proj.weight", w);
-  EXPECT_TRUE(q.encoding.int8_matmul);
+  EXPECT_EQ(q.encoding.products, Products::int8);
   EXPECT_EQ(q.dtype, DType::i8);
   for (const char* kept : {"model.embed_tokens.weight", "layers.0.mlp.up_proj.bias", "memory_tokens"}) {
     const Tensor same = t.apply(kept, w);
     EXPECT_EQ(same.data, w.data) << kept;
-    EXPECT_FALSE(same.encoding.int8_matmul) << kept;
+    EXPECT_EQ(same.encoding.products, Products::decoded) << kept;
   }
   const Tensor norm = Tensor::heap({32}, DType::bf16);
   EXPECT_EQ(t.apply("norm.weight", norm).data, norm.data);
   // Counting mode: the dtype and flag without data.
   const Tensor counted = t.apply("proj_out.weight", Tensor::shape_only({16, 32}, DType::bf16));
   EXPECT_EQ(counted.dtype, DType::i8);
-  EXPECT_TRUE(counted.encoding.int8_matmul);
+  EXPECT_EQ(counted.encoding.products, Products::int8);
   EXPECT_EQ(counted.data, nullptr);
   // A checkpoint's int8 codes with one scale a row: flagged, the codes untouched.
   Tensor stored = Tensor::heap({16, 32}, DType::i8);
@@ -114,7 +114,7 @@ TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
   scales->per_row = 1;
   stored.encoding.block_scales = scales;
   const Tensor flagged = t.apply("to_out.weight", stored);
-  EXPECT_TRUE(flagged.encoding.int8_matmul);
+  EXPECT_EQ(flagged.encoding.products, Products::int8);
   EXPECT_EQ(flagged.data, stored.data);
   auto halves = std::make_shared<BlockScales>(*scales);
   halves->block = 16;
@@ -132,15 +132,15 @@ TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
 // weight stored quantised otherwise left as stored.
 TEST(Int8Weights, AScopeTakesItsNamesOnly) {
   std::mt19937 rng(test::test_seed());
-  const Int8Linears t(Int8Scope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true});
+  const TierLinears t(Products::int8, TierScope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true});
   const Tensor w = random_weight(16, 32, DType::bf16, rng);
   for (const char* taken : {"decoder.blocks.0.transformers.3.attn.to_qkv.weight", "transformers.0.attn.to_out.weight"})
-    EXPECT_TRUE(t.apply(taken, w).encoding.int8_matmul) << taken;
+    EXPECT_EQ(t.apply(taken, w).encoding.products, Products::int8) << taken;
   for (const char* kept : {"decoder.blocks.0.transformers.3.ff.proj_in.weight", "transformers.0.ff.proj_out.weight",
                            "decoder.proj.weight", "transformers.0.attn.to_qkv.bias"}) {
     const Tensor same = t.apply(kept, w);
     EXPECT_EQ(same.data, w.data) << kept;
-    EXPECT_FALSE(same.encoding.int8_matmul) << kept;
+    EXPECT_EQ(same.encoding.products, Products::decoded) << kept;
   }
   const Tensor q8 = Tensor::heap({16, 32}, DType::q8_0);
   EXPECT_EQ(t.apply("transformers.0.attn.to_qkv.weight", q8).data, q8.data);
@@ -221,7 +221,7 @@ TEST(Int8Tier, OnADeviceComputesWhatTheCpuComputes) {
   ASSERT_EQ(dev_clip.size(), cpu_clip.size());
   EXPECT_EQ(std::memcmp(dev_clip.data(), cpu_clip.data(), cpu_clip.size() * sizeof(float)), 0);
   EXPECT_EQ(quant_linears(Quant::none, &device), nullptr);
-  EXPECT_EQ(same_decoder_int8(Quant::none), nullptr);
+  EXPECT_EQ(same_decoder_tier(Quant::none), nullptr);
 }
 
 TEST(Int8Tier, CountsItsWeightsAtAByte) {

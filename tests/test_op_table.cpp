@@ -78,8 +78,9 @@ struct OpCase {
   // reference's are (their poison is a finite sentinel, so an unwritten one shows), the finite
   // rest within the bound.
   bool nonfinite = false;
-  // The int8 tier's exact products: CPUs with neither VNNI nor AVX2 refuse the tier, so its cases skip there.
-  bool int8_tier = false;
+  // A quantised tier's linear (int8, fp8): skipped where the target's device refuses the tier
+  // (Backend::refuses: int8 on a CPU with neither VNNI nor AVX2, fp8 on a GPU before Ada).
+  Products tier = Products::decoded;
   // Attention scores rounded step by step (Rounding::each_step): only the contract's kernels take
   // them, so a fused-softmax target holds them to the contract's bound too.
   bool rounded_scores = false;
@@ -765,7 +766,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                      return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
-                   /*nonfinite=*/false, /*int8_tier=*/true});
+                   /*nonfinite=*/false, /*tier=*/Products::int8});
   // Past every block of apus's AVX2 kernel (rows past a 72-row task, columns past a 768-column task
   // and a 16-wide panel, an odd k past a 512-code block), with rows and weights whose codes are all
   // +-127: the largest sums, exact only where no 16-bit lane saturates.
@@ -783,7 +784,7 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                      return {{{x, quantize_int8_weight(w, "w"), d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
-                   /*nonfinite=*/false, /*int8_tier=*/true});
+                   /*nonfinite=*/false, /*tier=*/Products::int8});
   cases.push_back({"linear_int8_tier_views", OpId::linear, Bound::exact,
                    [](OpInputs& d) -> Drawn {
                      const int64_t m = 9, k = 96, n = 45;
@@ -795,17 +796,56 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                                ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);
                              }};
                    },
-                   /*nonfinite=*/false, /*int8_tier=*/true});
+                   /*nonfinite=*/false, /*tier=*/Products::int8});
   cases.push_back({"linear_int8_tier_row_scaled_checkpoint", OpId::linear, Bound::exact,
                    [](OpInputs& d) -> Drawn {
                      const int64_t m = 9, k = 512, n = 70;
                      Tensor w = d.random_block_scaled({n, k}, DType::i8, DType::f32, k);
                      w.encoding.code_scale = 0.75f;
-                     w.encoding.int8_matmul = true;
+                     w.encoding.products = Products::int8;
                      return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
-                   /*nonfinite=*/false, /*int8_tier=*/true});
+                   /*nonfinite=*/false, /*tier=*/Products::int8});
+  // The fp8 tier: the rows' codes are the reference's bit for bit (the same fp32 steps), the
+  // products exact, the sums in fp32 in any order: held as a plain linear's rounding. A row of zeros
+  // (scale 0) among them; x and y column views; a checkpoint's e4m3 codes with a scale a row and a
+  // tensor scale, and with a tensor scale alone (BFL's), flagged as the tier flags them.
+  cases.push_back({"linear_fp8_tier", OpId::linear, Bound::rounding,
+                   [](OpInputs& d) -> Drawn {
+                     const int64_t m = 37, k = 512, n = 70;
+                     Tensor x = d.random({m, k}, 3.0f);
+                     std::memset(x.row(5), 0, size_t(k) * dtype_size(x.dtype));
+                     const Tensor w = quantize_fp8_weight(d.random({n, k}, 0.1f, DType::bf16), "w");
+                     return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
+                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                   },
+                   /*nonfinite=*/false, /*tier=*/Products::fp8});
+  cases.push_back({"linear_fp8_tier_views", OpId::linear, Bound::rounding,
+                   [](OpInputs& d) -> Drawn {
+                     const int64_t m = 9, k = 96, n = 45;
+                     Tensor y = d.poisoned({m, n + 5});
+                     for (int64_t r = 0; r < m; ++r) std::memset(y.row(r), 0, 5 * dtype_size(d.act));
+                     const Tensor w = quantize_fp8_weight(d.random({n, k}, 0.2f, DType::f32), "w");
+                     return {{{d.random({m, k + 9}), w}, {y}}, [](Context& c, Operands& t) {
+                               Tensor yv = t.out[0].cols(5, 5 + n);
+                               ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);
+                             }};
+                   },
+                   /*nonfinite=*/false, /*tier=*/Products::fp8});
+  for (const bool row_scaled : {true, false})
+    cases.push_back({std::string("linear_fp8_tier_checkpoint_") + (row_scaled ? "row_scaled" : "tensor_scaled"),
+                     OpId::linear, Bound::rounding,
+                     [row_scaled](OpInputs& d) -> Drawn {
+                       const int64_t m = 9, k = 512, n = 70;
+                       Tensor w = row_scaled ? d.random_block_scaled({n, k}, DType::fp8_e4m3, DType::f32, k)
+                                             : d.random_stored({n, k}, DType::fp8_e4m3);
+                       w.encoding.code_scale = 0.75f;
+                       w.encoding.products = Products::fp8;
+                       return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
+                               [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                     },
+                     /*nonfinite=*/false, /*tier=*/Products::fp8});
   cases.push_back({"linear", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
                      return {{{d.random({37, 96}), d.random({45, 96}, 0.2f, DType::bf16)}, {d.poisoned({37, 45})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], nullptr, t.out[0]); }};
@@ -968,9 +1008,9 @@ TEST_P(OpTable, MatchesTheReference) {
     GTEST_SKIP() << target.name << " runs the attention cases alone";
   if (!backend->supports(k.op))
     GTEST_SKIP() << "backend " << backend->name() << " does not run op " << ops::op_name(k.op);
-  // The int8 tier on a GPU sums on its integer tensor cores; every other target computes on this CPU.
-  if (k.int8_tier && !cpu::exact_int8_products() && target.name.rfind("cuda", 0) != 0)
-    GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
+  // A tier on a GPU multiplies on its tensor cores; every other target computes on this CPU.
+  const std::string refusal = (target.name.rfind("cuda", 0) == 0 ? *backend : cpu_backend()).refuses(k.tier);
+  if (!refusal.empty()) GTEST_SKIP() << refusal;
   cpu::native_bf16_knob.set(target.widened ? 1 : 0);
   cpu::linear_panels_knob.set(target.panels ? 1 : 0);
   for (const auto& [name, choice] : target.choices) find_knob(name).set(find_knob(name).index_of(choice));

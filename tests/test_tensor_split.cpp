@@ -216,7 +216,7 @@ TEST(TensorSplit, SameDecoderRanksDecodeOneProcessAudioHoldingTheirShareOfTheWei
   // As stored, and through the int8 tier as --quant int8 scopes it on the decoder (the attention's
   // projections).
   std::vector<std::pair<const char*, std::shared_ptr<const WeightTransform>>> tiers{{"as stored", nullptr}};
-  if (cpu::exact_int8_products()) tiers.emplace_back("int8 tier", same_decoder_int8(Quant::int8));
+  if (cpu::exact_int8_products()) tiers.emplace_back("int8 tier", same_decoder_tier(Quant::int8));
   for (const auto& [tier, transform] : tiers) {
     auto weights = [&] { return transform ? test::weights_in(dir).with(transform) : test::weights_in(dir); };
     for (const DType dt : {DType::f32, DType::bf16}) {

@@ -187,7 +187,10 @@ enum class Weights {
 // `apus gate` measures how far); or q8_0: GGUF's Q8_0 blocks (a scale a 32 values, llama.cpp's
 // quantiser), decoded for each product as a GGUF file's are (half of bf16's memory, the
 // activations untouched). Weights a file stores quantised already keep their formats under q8_0.
-enum class Quant { none, int8, q8_0 };
+// fp8, the fp8 tier: as int8's with float8_e4m3fn codes and products summed in fp32 (the fp8
+// tensor cores of Ada and Hopper GPUs; on a CPU the codes go through its bf16 GEMM, at bf16's
+// rate); a file's own float8_e4m3fn weights are multiplied as they are.
+enum class Quant { none, int8, q8_0, fp8 };
 
 // An image model from its parts, as users download them: `model` a diffusers folder, a repository
 // id, or one transformer file (BFL's or ComfyUI's safetensors, a GGUF quantisation: recognised from

@@ -63,11 +63,12 @@ typedef struct apus_image_model apus_image_model;
 /* A diffusers folder (or a Hugging Face cache's ORG/NAME), as `apus image --model`; device "cpu"
  * or "cuda[:N]" (NULL: "cpu"). */
 apus_status apus_image_model_open(const char* dir, apus_weights weights, const char* device, apus_image_model** out);
-/* --quant: the weights as the files hold them, the int8 tier, or GGUF Q8_0 blocks. */
+/* --quant: the weights as the files hold them, the int8 tier, GGUF Q8_0 blocks, or the fp8 tier. */
 typedef enum {
   APUS_QUANT_NONE = 0,
   APUS_QUANT_INT8 = 1,
   APUS_QUANT_Q8_0 = 2,
+  APUS_QUANT_FP8 = 3,
 } apus_quant;
 /* A single file with its parts, as --model FILE --text-encoder --vae --tokenizer --config (each
  * may be NULL) --quant. */

@@ -236,7 +236,8 @@ class DiffusionPipeline:
         """A diffusers folder, a Hugging Face cache's ORG/NAME, or one checkpoint file with its parts
         (text_encoder, vae, tokenizer, config: files or folders, as the CLI's options). dtype (or
         diffusers' older torch_dtype) bfloat16 or None runs the engine's bf16 path, float32 its fp32
-        parity mode. quant="int8": the int8 tier; quant="q8_0": the weights as GGUF Q8_0 blocks.
+        parity mode. quant="int8": the int8 tier; quant="q8_0": the weights as GGUF Q8_0 blocks;
+        quant="fp8": the fp8 tier.
         weights: "resident" (kept across calls; the default) or "per_stage" (each stage's weights mapped while it runs; the default for Stable Audio 3 in
         float32, whose resident weights are bf16). On DiffusionPipeline itself the class comes from
         model_index.json."""

@@ -82,10 +82,12 @@ apus::ModelParts parts_of(const char* model, const char* text_encoder, const cha
   p.vae = vae ? vae : "";
   p.tokenizer = tokenizer ? tokenizer : "";
   p.config = config ? config : "";
-  APUS_CHECK(quant == APUS_QUANT_NONE || quant == APUS_QUANT_INT8 || quant == APUS_QUANT_Q8_0, "quant ", int(quant),
-             ": expected APUS_QUANT_NONE, APUS_QUANT_INT8 or APUS_QUANT_Q8_0");
+  APUS_CHECK(
+      quant == APUS_QUANT_NONE || quant == APUS_QUANT_INT8 || quant == APUS_QUANT_Q8_0 || quant == APUS_QUANT_FP8,
+      "quant ", int(quant), ": expected APUS_QUANT_NONE, APUS_QUANT_INT8, APUS_QUANT_Q8_0 or APUS_QUANT_FP8");
   p.quant = quant == APUS_QUANT_INT8   ? apus::Quant::int8
             : quant == APUS_QUANT_Q8_0 ? apus::Quant::q8_0
+            : quant == APUS_QUANT_FP8  ? apus::Quant::fp8
                                        : apus::Quant::none;
   return p;
 }

@@ -20,9 +20,11 @@ struct OpCost {
   double tp_bytes = 0;
   double ulysses_bytes = 0;
   double int8_ops = 0;  // the part of flops the int8 tier runs as integer products
+  double fp8_ops = 0;   // ... and the part the fp8 tier runs as float8 products
   OpCost& operator+=(const OpCost& o) {
     flops += o.flops;
     int8_ops += o.int8_ops;
+    fp8_ops += o.fp8_ops;
     weight_bytes += o.weight_bytes;
     bytes_fused += o.bytes_fused;
     bytes_unfused += o.bytes_unfused;

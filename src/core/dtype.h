@@ -92,6 +92,15 @@ APUS_HD inline float f32_from_bits(uint32_t u) {
   return f;
 #endif
 }
+APUS_HD inline uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
 // 2^e for e in [-126, 127].
 APUS_HD inline float exp2i(int e) { return f32_from_bits(uint32_t(e + 127) << 23); }
 // A finite code from its sign, exponent and mantissa fields (subnormal at exponent 0).

@@ -43,14 +43,18 @@ Allocator& host_allocator();
 // A tensor of codes (fp8, int8, packed fp4: quantised checkpoints' weights) has factors: its
 // values are the decoded codes times code_scale (a weight_scale), and times the factor of their
 // row's block when block_scales is set, its rows counted from block_row0 (core/scaled_codes.h).
-// Every decode of a code format applies them. An i8 weight of the int8 tier (`quant int8`,
-// io/weights/quant_weights.h) has int8_matmul: linears quantise their input per row to int8 and
-// multiply in integers (ops/op_list.h, linear) instead of decoding it.
+// Every decode of a code format applies them, unless the weight's products are a quantised tier's.
+//
+// How a linear multiplies a weight (ops/op_list.h, linear): decoded into the activation dtype, or,
+// for a quantised tier's weight (`--quant int8 | fp8`, io/weights/quant_weights.h: i8 or e4m3
+// codes with one scale a row), in its codes: the linear quantises its input per row to the same
+// codes and scales the sums (int8: exact integer sums; fp8: exact products summed in fp32).
+enum class Products { decoded, int8, fp8 };
 struct WeightEncoding {
   float code_scale = 1;
   std::shared_ptr<const BlockScales> block_scales;
   int64_t block_row0 = 0;
-  bool int8_matmul = false;
+  Products products = Products::decoded;
 };
 
 struct Tensor {

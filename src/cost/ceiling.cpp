@@ -46,11 +46,34 @@ std::vector<GemmShape> ceiling_shapes() {
   return {{1024, 3072, 3072}, {1536, 3072, 9216}, {452, 1536, 7680}};
 }
 
-bool runs_int8(const Context& c) {
-  return (c.backend && c.backend->device() != Device::cpu) || cpu::exact_int8_products();
+bool runs_tier(const Context& c, Products p) { return (c.backend ? *c.backend : cpu_backend()).refuses(p).empty(); }
+
+namespace {
+
+// The tiers a calibration measures, each with its rate in a Chip and its key in the cache.
+struct TierRate {
+  Products products;
+  double Chip::*rate;
+  const char* key;
+  const char* how;
+};
+constexpr TierRate kTierRates[] = {
+    {Products::decoded, &Chip::bf16_flops, "bf16_flops",
+     "bf16 GEMM best rate over the models' shapes, each warmed 0.25 s then timed 0.75 s (G[FL]OP/s best / median / "
+     "worst):"},
+    {Products::int8, &Chip::int8_ops, "int8_ops", " int8 GEMM (the int8 tier's linear):"},
+    {Products::fp8, &Chip::fp8_flops, "fp8_flops", " fp8 GEMM (the fp8 tier's linear):"},
+};
+
+Tensor tier_weight(const Tensor& w, Products products) {
+  if (products == Products::int8) return quantize_int8_weight(w, "ceiling");
+  if (products == Products::fp8) return quantize_fp8_weight(w, "ceiling");
+  return w;
 }
 
-GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8) {
+}  // namespace
+
+GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, Products products) {
   // Small values of one sign keep the products finite; what is measured is the rate, not them.
   auto small = [&](Shape s) {
     Tensor t = Tensor::heap(std::move(s), DType::bf16);
@@ -58,7 +81,7 @@ GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8
     return t;
   };
   const Tensor x = ops::to_context(c, small({g.m, g.k}));
-  const Tensor w = ops::to_context(c, int8 ? quantize_int8_weight(small({g.n, g.k}), "ceiling") : small({g.n, g.k}));
+  const Tensor w = ops::to_context(c, tier_weight(small({g.n, g.k}), products));
   Tensor y = ops::empty(c, {g.m, g.n}, DType::bf16);
   Context bf16 = c;
   bf16.act = DType::bf16;
@@ -74,16 +97,14 @@ GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8
 Chip measure_ceiling(Context& c) {
   Chip chip = find_chip("cpu");
   chip.name = "this machine (measured)";
-  chip.bf16_flops = chip.int8_ops = 0;
   std::string how;
-  for (const bool int8 : {false, true}) {
-    if (int8 && !runs_int8(c)) break;
-    how += int8 ? " int8 GEMM (the int8 tier's linear):"
-                : "bf16 GEMM best rate over the models' shapes, each warmed 0.25 s then timed 0.75 s (G[FL]OP/s best / "
-                  "median / worst):";
+  for (const TierRate& tier : kTierRates) {
+    double& best = chip.*tier.rate;
+    best = 0;
+    if (!runs_tier(c, tier.products)) continue;
+    how += tier.how;
     for (const GemmShape& g : ceiling_shapes()) {
-      const GemmRates r = measure_gemm(c, g, 0.75, int8);
-      double& best = int8 ? chip.int8_ops : chip.bf16_flops;
+      const GemmRates r = measure_gemm(c, g, 0.75, tier.products);
       best = std::max(best, r.best);
       char line[160];
       std::snprintf(line, sizeof line, " %lldx%lldx%lld %.0f / %.0f / %.0f (%d runs);", static_cast<long long>(g.m),
@@ -107,12 +128,16 @@ Chip measure_ceiling(Context& c) {
 }
 
 std::string describe_rates(const Chip& chip) {
-  char text[128];
-  if (chip.int8_ops > 0)
-    std::snprintf(text, sizeof text, "%.0f GFLOP/s bf16, %.0f GOP/s int8, %.1f GB/s", chip.bf16_flops / 1e9,
-                  chip.int8_ops / 1e9, chip.memory_bps / 1e9);
-  else std::snprintf(text, sizeof text, "%.0f GFLOP/s bf16, %.1f GB/s", chip.bf16_flops / 1e9, chip.memory_bps / 1e9);
-  return text;
+  char text[64];
+  std::string out;
+  for (const auto& [rate, unit] : {std::pair{chip.bf16_flops, "GFLOP/s bf16"}, std::pair{chip.int8_ops, "GOP/s int8"},
+                                   std::pair{chip.fp8_flops, "GFLOP/s fp8"}}) {
+    if (rate <= 0 && !out.empty()) continue;
+    std::snprintf(text, sizeof text, "%.0f %s, ", rate / 1e9, unit);
+    out += text;
+  }
+  std::snprintf(text, sizeof text, "%.1f GB/s", chip.memory_bps / 1e9);
+  return out + text;
 }
 
 std::string calibration_key(const Context& c) {
@@ -172,24 +197,26 @@ void keep_calibration(const std::string& key, nlohmann::json entry) {
 Chip calibrated_ceiling(Context& c, bool refresh, bool* cached) {
   const std::string key = calibration_key(c);
   const nlohmann::json entry = cached_calibration(key);
-  // An entry without the int8 rate predates it, and one without a rate where the tier runs now
-  // (AVX2 CPUs gained it in session 24), is measured again.
-  if (!refresh && entry.is_object() && entry.value("bf16_flops", 0.0) > 0 && entry.value("memory_bps", 0.0) > 0 &&
-      entry.value("int8_ops", -1.0) >= 0 && (entry.value("int8_ops", 0.0) > 0) == runs_int8(c)) {
+  // An entry without a tier's rate predates it, and one without a rate where the tier runs now
+  // (AVX2 CPUs gained int8 in session 24), is measured again.
+  const bool usable =
+      entry.is_object() && entry.value("memory_bps", 0.0) > 0 &&
+      std::all_of(std::begin(kTierRates), std::end(kTierRates), [&](const TierRate& t) {
+        return entry.value(t.key, -1.0) >= 0 && (entry.value(t.key, 0.0) > 0) == runs_tier(c, t.products);
+      });
+  if (!refresh && usable) {
     Chip chip = find_chip("cpu");
     chip.name = "this machine (calibrated)";
-    chip.bf16_flops = entry["bf16_flops"];
-    chip.int8_ops = entry["int8_ops"];
+    for (const TierRate& t : kTierRates) chip.*t.rate = entry[t.key];
     chip.memory_bps = entry["memory_bps"];
     chip.note = entry.value("how", "") + ", " + entry.value("measured_at", "");
     if (cached) *cached = true;
     return chip;
   }
   Chip chip = measure_ceiling(c);
-  keep_calibration(key, {{"bf16_flops", chip.bf16_flops},
-                         {"int8_ops", chip.int8_ops},
-                         {"memory_bps", chip.memory_bps},
-                         {"how", chip.note}});
+  nlohmann::json kept = {{"memory_bps", chip.memory_bps}, {"how", chip.note}};
+  for (const TierRate& t : kTierRates) kept[t.key] = chip.*t.rate;
+  keep_calibration(key, std::move(kept));
   chip.name = "this machine (calibrated)";
   if (cached) *cached = false;
   return chip;

@@ -17,23 +17,24 @@ struct GemmShape {
 // The shapes the ceiling is measured at: the models' own linears.
 std::vector<GemmShape> ceiling_shapes();
 // One shape's rates (FLOP/s, or OP/s of int8 products) over the runs of `seconds` after a third
-// of that in warm-up runs; int8: the int8 tier's linear (an int8_matmul weight).
+// of that in warm-up runs: the bf16 linear, or a quantised tier's (`products`: its weight's).
 struct GemmRates {
   double best, median, worst;
   int runs;
 };
-GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, bool int8 = false);
-// Whether c's backend runs the int8 tier's linear: a GPU (its integer tensor cores), a CPU with
-// exact int8 products (VNNI or AVX2).
-bool runs_int8(const Context& c);
+GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, Products products = Products::decoded);
+// Whether c's backend runs a quantised tier's linear (Backend::refuses): int8 on a GPU and on CPUs
+// with exact int8 products (VNNI or AVX2), fp8 on every CPU and on GPUs with fp8 tensor cores.
+bool runs_tier(const Context& c, Products products);
 
 // The FLOP rate: the best rate of the bf16 linear over ceiling_shapes() (each warmed up, then
-// timed long enough for the clocks to settle; the spread goes into the note); the int8 rate the
-// same way where runs_int8 (0 elsewhere); the memory bandwidth: the best of three 256 MiB copies.
-// About three seconds, six with int8.
+// timed long enough for the clocks to settle; the spread goes into the note); the int8 and fp8
+// tiers' rates the same way where runs_tier (0 elsewhere); the memory bandwidth: the best of three
+// 256 MiB copies. About three seconds a rate.
 Chip measure_ceiling(Context& c);
 
-// "444 GFLOP/s bf16, 760 GOP/s int8, 26.1 GB/s" (int8 where the chip has a rate for it).
+// "444 GFLOP/s bf16, 760 GOP/s int8, 430 GFLOP/s fp8, 26.1 GB/s" (a tier where the chip has a
+// rate for it).
 std::string describe_rates(const Chip& chip);
 
 // What a calibration is kept under: on the CPU its model name, the threads the process runs and

@@ -11,14 +11,15 @@ namespace apus {
 
 namespace {
 
-// The rates a floor is priced at: int8 products at the int8 rate where the chip has one (else as
-// bf16), every other FLOP at the bf16 rate, bytes at the bandwidth.
+// The rates a floor is priced at: int8 and fp8 products at the tier's rate where the chip has one
+// (else as bf16), every other FLOP at the bf16 rate, bytes at the bandwidth.
 struct Rates {
-  double bf16, int8, bandwidth;
+  double bf16, int8, fp8, bandwidth;
 };
 
 double compute_seconds(const OpCost& c, const Rates& r) {
-  return (c.flops - c.int8_ops) / r.bf16 + c.int8_ops / (r.int8 > 0 ? r.int8 : r.bf16);
+  return (c.flops - c.int8_ops - c.fp8_ops) / r.bf16 + c.int8_ops / (r.int8 > 0 ? r.int8 : r.bf16) +
+         c.fp8_ops / (r.fp8 > 0 ? r.fp8 : r.bf16);
 }
 
 double floor_seconds(const OpCost& c, const Rates& r) {
@@ -33,6 +34,7 @@ nlohmann::json cost_json(const OpCost& c, const Rates& r) {
                       {"bytes_unfused", c.bytes_unfused},
                       {"floor_s", floor_seconds(c, r)}};
   if (c.int8_ops > 0) j["int8_ops"] = c.int8_ops;
+  if (c.fp8_ops > 0) j["fp8_ops"] = c.fp8_ops;
   return j;
 }
 
@@ -46,6 +48,7 @@ double stage_floor_per_call(const StageCost& s, const Rates& r) {
 OpCost times(OpCost c, double n) {
   c.flops *= n;
   c.int8_ops *= n;
+  c.fp8_ops *= n;
   c.weight_bytes *= n;
   c.bytes_fused *= n;
   c.bytes_unfused *= n;
@@ -59,10 +62,11 @@ double all_to_all_wire_bytes(double s, int n) { return double(n - 1) / (double(n
 
 nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
   const double peak = r.chip.bf16_flops, bw = r.chip.memory_bps, ridge = bw > 0 ? peak / bw : 0;
-  const Rates rates{peak, r.chip.int8_ops, bw};
+  const Rates rates{peak, r.chip.int8_ops, r.chip.fp8_flops, bw};
   nlohmann::json out;
-  out["chip"] = {{"name", r.chip.name}, {"bf16_flops", peak},          {"int8_ops", r.chip.int8_ops},
-                 {"memory_bps", bw},    {"link_bps", r.chip.link_bps}, {"ridge_flops_per_byte", ridge}};
+  out["chip"] = {{"name", r.chip.name},           {"bf16_flops", peak}, {"int8_ops", r.chip.int8_ops},
+                 {"fp8_flops", r.chip.fp8_flops}, {"memory_bps", bw},   {"link_bps", r.chip.link_bps},
+                 {"ridge_flops_per_byte", ridge}};
   out["request"] = {{"model", p.model}, {"steps", p.steps}, {"parameters", p.parameters}};
   if (p.references > 0) out["request"]["references"] = p.references;
   if (p.cfg > 1) out["request"]["cfg"] = p.cfg;
@@ -72,7 +76,7 @@ nlohmann::json roofline_json(const PipelineCost& p, const Roofline& r) {
       "MAC = 2 FLOPs; GEMM 2mkn; attention score 4*head_dim+5 FLOPs over heads*queries*keys "
       "(causal at the full square); per element: rmsnorm 4, layernorm 6, rope 4, gated "
       "activation 5, modulate 2, residual add 1, silu 4; bf16 bytes; floor = max(FLOPs/peak (the int8 "
-      "tier's products at the int8 rate where the chip has one), "
+      "and fp8 tiers' products at the tier's rate where the chip has one), "
       "(weight + fused bytes)/bandwidth) per module, summed over modules; bound classified on "
       "the unfused bytes";
   OpCost total;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/variants.h"
 #include "gate/metrics.h"
+#include "io/weights/quant_weights.h"
 #include "pipeline/registry.h"
 
 namespace apus {
@@ -44,7 +45,7 @@ class KnobChoice {
 std::string change_of(const GateOptions& o) {
   std::string c;
   auto add = [&](const std::string& s) { c += (c.empty() ? "" : ", ") + s; };
-  if (o.candidate.quant != Quant::none) add(o.candidate.quant == Quant::int8 ? "--quant int8" : "--quant q8_0");
+  if (o.candidate.quant != Quant::none) add(std::string("--quant ") + quant_name(o.candidate.quant));
   if (o.candidate.model != o.reference.model) add("weights " + o.candidate.model);
   if (!o.knob.empty()) add(o.knob);
   return c;

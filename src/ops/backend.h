@@ -40,6 +40,10 @@ class Backend : public Allocator {
   // here, and the front end refuses the rest by name before dispatching (its entries for them are
   // never called); the op table skips them on it.
   virtual bool supports(ops::OpId) const { return true; }
+  // Why this backend cannot run the linears of a quantised tier's weights (Products::int8 or fp8:
+  // core/tensor.h), naming what it lacks, as the one-line refusal `--quant` gets at load; empty
+  // where it runs them.
+  virtual std::string refuses(Products) const { return {}; }
 
   // ProcessGroup's exchanges over this backend's memory (every split's exchanges pass here,
   // models/common/exchange.h): a host backend hands its memory to the group (MPI); a GPU's go

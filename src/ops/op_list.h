@@ -66,13 +66,16 @@ struct AttentionOptions {
 // X(return type, name, (parameters), (arguments)); the first parameter is always the Context.
 //
 // linear: y[M,N] = x[M,K] · w[N,K]^T (+ bias[N]); x and y may be views; w and bias are converted
-//   to x's dtype first (as torch_dtype converts weights), fp32 accumulation. A weight flagged
-//   int8_matmul (the int8 tier: i8 codes w with one scale s_w[j] = code_scale * factor per row)
-//   multiplies in integers instead: each row of x becomes codes q (core/int8_rows.h: scale s_x =
+//   to x's dtype first (as torch_dtype converts weights), fp32 accumulation. A weight of int8
+//   products (the int8 tier: i8 codes w with one scale s_w[j] = code_scale * factor per row)
+//   multiplies in integers instead: each row of x becomes codes q (core/tier_rows.h: scale s_x =
 //   max |x| / 127, q = clamp(nearbyint(x * (127 / max |x|)), -127, 127), fp32 steps), then
 //   y[i,j] = fma(float(sum_k q[i,k] w[j,k]), s_x[i] * s_w[j], bias[j]) (the scales' product
 //   rounded first; without a bias the product alone), rounded to y's dtype; a row of x holding a
-//   NaN or an infinity gives a row of NaN.
+//   NaN or an infinity gives a row of NaN. A weight of fp8 products (the fp8 tier: float8_e4m3fn
+//   codes w, one scale a row as int8's) the same way with q = fp8_value(x, 448 / max |x|) (the
+//   e4m3 value nearest, ties to even, saturated at +-448) and s_x = max |x| / 448, the sum of the
+//   exact products q w in fp32 in any order (a rounding per term at most, as the plain linear's).
 // layer_norm_modulate: y = LN(x) * (1 + scale) + shift, LN without affine; scale and shift are
 //   [D] for every row or [B, D] per sample (sample b covers rows b*M/B .. (b+1)*M/B).
 //   each_step rounds LN(x), (1 + scale), the product and the sum.

@@ -24,7 +24,8 @@ OpCost linear_cost(Context& c, const Tensor& x, const Tensor& w, const Tensor* b
   const double m = double(x.shape[0]), k = double(w.shape[1]), n = double(w.shape[0]);
   const double act = bytes(x) + bytes(y);
   OpCost cost{2 * m * k * n + (bias ? m * n : 0), bytes(w) + (bias ? bytes(*bias) : 0), act, act};
-  if (w.encoding.int8_matmul) cost.int8_ops = 2 * m * k * n;
+  if (w.encoding.products == Products::int8) cost.int8_ops = 2 * m * k * n;
+  if (w.encoding.products == Products::fp8) cost.fp8_ops = 2 * m * k * n;
   if (c.cost && c.cost->row_parallel()) cost.tp_bytes = bytes(x) + bytes(y);
   return cost;
 }

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/int8_rows.h"
 #include "core/parallel.h"
 #include "core/scaled_codes.h"
+#include "core/tier_rows.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace apus {
@@ -39,37 +39,71 @@ Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
   });
   APUS_CHECK(bad_row < 0, what, ": row ", bad_row, " holds a NaN or an infinity; the int8 tier cannot scale it");
   q.encoding.block_scales = std::move(scales);
-  q.encoding.int8_matmul = true;
+  q.encoding.products = Products::int8;
   return q;
 }
 
-Tensor Int8Linears::apply(const std::string& name, const Tensor& stored) const {
+Tensor quantize_fp8_weight(const Tensor& w, const std::string& what) {
+  APUS_CHECK(
+      w.rank() == 2 && w.contiguous() && (w.dtype == DType::bf16 || w.dtype == DType::f16 || w.dtype == DType::f32),
+      what, ": the fp8 tier quantises bf16, f16 or f32 matrices, got ", dtype_name(w.dtype), " ", shape_str(w.shape));
+  const int64_t n = w.shape[0], k = w.shape[1];
+  Tensor q = Tensor::heap(w.shape, DType::fp8_e4m3);
+  auto scales = std::make_shared<BlockScales>();
+  scales->factors = Tensor::heap({n, 1}, DType::f32);
+  scales->block = k;
+  scales->per_row = 1;
+  float* factor = scales->factors.ptr<float>();
+  int64_t bad_row = -1;
+  parallel_for(n, [&](int64_t r) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(k));
+    cpu::widen_row(w.row(r), w.dtype, row.data(), k);
+    factor[r] = quantize_fp8_row(row.data(), k, row.data());
+    if (std::isnan(factor[r])) {
+#pragma omp critical(apus_fp8_bad_row)
+      bad_row = bad_row < 0 ? r : std::min(bad_row, r);
+      return;
+    }
+    auto* codes = static_cast<uint8_t*>(q.row(r));
+    for (int64_t i = 0; i < k; ++i) codes[i] = fp8_e4m3_code(row[size_t(i)]);
+  });
+  APUS_CHECK(bad_row < 0, what, ": row ", bad_row, " holds a NaN or an infinity; the fp8 tier cannot scale it");
+  q.encoding.block_scales = std::move(scales);
+  q.encoding.products = Products::fp8;
+  return q;
+}
+
+Tensor TierLinears::apply(const std::string& name, const Tensor& stored) const {
   if (stored.rank() != 2 || !name.ends_with(".weight")) return stored;
   auto named = [&](const std::vector<std::string>& ends) {
     return std::any_of(ends.begin(), ends.end(), [&](const std::string& end) { return name.ends_with(end); });
   };
   if (named(scope_.skip) || (!scope_.only.empty() && !named(scope_.only))) return stored;
+  const bool int8 = products_ == Products::int8;
+  const char* tier = int8 ? "int8" : "fp8";
+  const DType codes = int8 ? DType::i8 : DType::fp8_e4m3;
   const std::string what = "tensor '" + name + "'";
-  if (stored.dtype == DType::i8) {
-    APUS_CHECK(!stored.encoding.block_scales || stored.encoding.block_scales->per_row == 1, what, ": int8 codes with ",
-               stored.encoding.block_scales ? stored.encoding.block_scales->per_row : 0,
-               " scales per row; the int8 tier multiplies rows of one scale");
-    APUS_CHECK(stored.shape[1] <= kInt8MaxDot, what, ": rows of ", stored.shape[1],
+  if (stored.dtype == codes) {
+    const BlockScales* s = stored.encoding.block_scales.get();
+    APUS_CHECK(!s || s->per_row == 1, what, ": ", dtype_name(codes), " codes with ", s ? s->per_row : 0,
+               " scales per row; the ", tier, " tier multiplies rows of one scale");
+    APUS_CHECK(!int8 || stored.shape[1] <= kInt8MaxDot, what, ": rows of ", stored.shape[1],
                " values; the int8 tier's integer sums hold at most ", kInt8MaxDot);
     Tensor flagged = stored;
-    flagged.encoding.int8_matmul = true;
+    flagged.encoding.products = products_;
     return flagged;
   }
   if (is_stored_quantized(stored.dtype) && scope_.keep_quantized) return stored;
-  APUS_CHECK(!is_stored_quantized(stored.dtype), what, " is stored as ", dtype_name(stored.dtype),
-             "; --quant int8 takes bf16, f16 or f32 weights (or int8 with a scale per row), not a weight that is "
-             "quantised already");
+  APUS_CHECK(!is_stored_quantized(stored.dtype), what, " is stored as ", dtype_name(stored.dtype), "; --quant ", tier,
+             " takes bf16, f16 or f32 weights (or ", dtype_name(codes),
+             " with a scale a row), not a weight that is quantised already");
   if (!stored.data) {
-    Tensor t = Tensor::shape_only(stored.shape, DType::i8);
-    t.encoding.int8_matmul = true;
+    Tensor t = Tensor::shape_only(stored.shape, codes);
+    t.encoding.products = products_;
     return t;
   }
-  return quantize_int8_weight(stored, what);
+  return int8 ? quantize_int8_weight(stored, what) : quantize_fp8_weight(stored, what);
 }
 
 Tensor quantize_q8_0_weight(const Tensor& w, const std::string& what) {
@@ -117,14 +151,27 @@ Tensor Q8Linears::apply(const std::string& name, const Tensor& stored) const {
   return quantize_q8_0_weight(stored, "tensor '" + name + "'");
 }
 
+const char* quant_name(Quant quant) {
+  switch (quant) {
+    case Quant::none:
+      return "none";
+    case Quant::int8:
+      return "int8";
+    case Quant::q8_0:
+      return "q8_0";
+    case Quant::fp8:
+      return "fp8";
+  }
+  return "?";
+}
+
 std::shared_ptr<const WeightTransform> quant_linears(Quant quant, Backend* device) {
   if (quant == Quant::none) return nullptr;
   if (quant == Quant::q8_0) return std::make_shared<Q8Linears>();
-  // A GPU sums int8 products exactly on its integer tensor cores; a CPU needs VNNI or AVX2 for it.
-  APUS_CHECK(device || cpu::exact_int8_products(),
-             "--quant int8 needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX) or AVX2, ",
-             "where its int8 products are exact; this one has neither");
-  return std::make_shared<Int8Linears>(Int8Scope{{"embed_tokens.weight"}});
+  const Products products = quant == Quant::int8 ? Products::int8 : Products::fp8;
+  const std::string refusal = (device ? *device : cpu_backend()).refuses(products);
+  APUS_CHECK(refusal.empty(), refusal);
+  return std::make_shared<TierLinears>(products, TierScope{{"embed_tokens.weight"}});
 }
 
 void use_quant_linears(ModelDir& dir, Quant quant, Backend* device) {

@@ -4,6 +4,9 @@
 //   rounded to nearest), flagged so that the linears quantise their input per row and multiply in
 //   integers (ops/op_list.h, linear). It trades exactness against the official code for speed,
 //   which `apus gate` measures.
+// - fp8, the fp8 tier: the same with float8_e4m3fn codes (max |row| / 448, each value rounded to
+//   the nearest e4m3, ties to even) and float8 products summed in fp32: what Ada's and Hopper's fp8
+//   tensor cores multiply; a CPU multiplies the codes in its bf16 GEMM.
 // - q8_0: GGUF's Q8_0 blocks, as llama.cpp's quantize_row_q8_0_ref writes them (per 32 values
 //   d = max |x| / 127 stored as f16, codes roundf(x / d) from the fp32 d), which the linears decode
 //   like a GGUF file's: weight-only, half of bf16's bytes.
@@ -18,12 +21,16 @@
 
 namespace apus {
 
-// w (bf16, f16 or f32, rank 2) quantised row by row (core/int8_rows.h), int8_matmul set: a heap
+// w (bf16, f16 or f32, rank 2) quantised row by row (core/tier_rows.h), int8_matmul set: a heap
 // copy. `what` names the tensor in the error a non-finite weight gets.
 Tensor quantize_int8_weight(const Tensor& w, const std::string& what);
 
-// Which "*.weight" matrices a model part's int8 tier takes, by the ends of their names.
-struct Int8Scope {
+// w (bf16, f16 or f32, rank 2) as float8_e4m3fn codes row by row (core/tier_rows.h), with fp8
+// products: a heap copy. `what` names the tensor in the error a non-finite weight gets.
+Tensor quantize_fp8_weight(const Tensor& w, const std::string& what);
+
+// Which "*.weight" matrices a model part's quantised tier takes, by the ends of their names.
+struct TierScope {
   std::vector<std::string> skip;  // left as stored: token embeddings, which feed a lookup
   std::vector<std::string> only;  // when not empty, these alone
   // A weight stored quantised otherwise (GGUF blocks, fp8): refused naming it, requantising would
@@ -31,15 +38,17 @@ struct Int8Scope {
   bool keep_quantized = false;
 };
 
-// Every rank-2 "*.weight" in scope: quantised, or, stored as int8 with a scale per row already (a
-// quantised checkpoint's), flagged as it is.
-class Int8Linears final : public WeightTransform {
+// Every rank-2 "*.weight" in scope with the tier's products (Products::int8 or fp8): quantised, or,
+// stored in the tier's codes with one scale a row or for the whole tensor already (a quantised
+// checkpoint's: ComfyUI's int8, BFL's and ComfyUI's float8_e4m3fn), flagged as it is.
+class TierLinears final : public WeightTransform {
  public:
-  explicit Int8Linears(Int8Scope scope) : scope_(std::move(scope)) {}
+  TierLinears(Products products, TierScope scope) : products_(products), scope_(std::move(scope)) {}
   Tensor apply(const std::string& name, const Tensor& stored) const override;
 
  private:
-  Int8Scope scope_;
+  Products products_;
+  TierScope scope_;
 };
 
 // w (bf16, f16 or f32, rank 2, rows of whole 32-blocks) as Q8_0 blocks: a heap copy. `what` names
@@ -53,10 +62,13 @@ class Q8Linears final : public WeightTransform {
   Tensor apply(const std::string& name, const Tensor& stored) const override;
 };
 
-// What `--quant` makes of the linears of a transformer and a text encoder: the int8 tier's
+// --quant's spelling of each choice: "none", "int8", "q8_0", "fp8".
+const char* quant_name(Quant quant);
+
+// What `--quant` makes of the linears of a transformer and a text encoder: the int8 or fp8 tier's
 // transform (token embeddings, which feed a lookup, stay as stored), q8_0's, or null for
-// Quant::none. The int8 tier is refused on a CPU with neither VNNI nor AVX2, where no int8 product
-// here is exact (a GPU's integer tensor cores are).
+// Quant::none. A tier the device cannot multiply (Backend::refuses: int8 on a CPU with neither
+// VNNI nor AVX2, fp8 on a GPU before Ada) is refused naming what it lacks.
 std::shared_ptr<const WeightTransform> quant_linears(Quant quant, Backend* device);
 // A diffusers folder's transformer and text encoder through quant_linears (nothing for Quant::none).
 void use_quant_linears(ModelDir& dir, Quant quant, Backend* device);

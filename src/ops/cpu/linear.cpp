@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/int8_rows.h"
+#include "core/tier_rows.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/dnnl_util.h"
 #include "ops/cpu/rows.h"
@@ -273,6 +273,47 @@ Knob int8_gemm_knob("cpu.int8_gemm",
 
 namespace {
 
+// A quantised tier's weight scale of each output feature: code_scale times its row's factor.
+Tensor weight_row_scales(Context& c, const Tensor& w) {
+  const int64_t n = w.shape[0];
+  Tensor s = Tensor::in(*c.arena, {n}, DType::f32);
+  for (int64_t j = 0; j < n; ++j)
+    s.ptr<float>()[j] = w.encoding.block_scales
+                            ? w.encoding.code_scale * w.encoding.block_scales->at(w.encoding.block_row0 + j, 0)
+                            : w.encoding.code_scale;
+  return s;
+}
+
+// A tier's bias in fp32, rounded to the activation dtype as torch_dtype converts it (none: empty).
+Tensor tier_bias(Context& c, const Tensor* bias, DType act, int64_t n) {
+  if (!bias) return {};
+  Tensor b = Tensor::in(*c.arena, {n}, DType::f32);
+  load_row(vector_row(*bias), 0, b.ptr<float>(), n);
+  round_to(act, b.ptr<float>(), n);
+  return b;
+}
+
+// y = a · w^T (+ bias) with a stored weight (or one split by the panels knob) expanded into a's
+// dtype one panel of output features at a time, into scratch the GEMM reads while it is in cache:
+// the model is never held in a's dtype.
+void gemm_by_panels(Context& c, const Tensor& a, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t k = w.shape[1], n = w.shape[0];
+  const int choice = linear_panel_mb_knob.value();
+  linear_panel_mb_knob.took(choice);
+  const int64_t bytes = kPanelMiB[choice] << 20;
+  const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, bytes / (2 * k)) / 16 * 16);
+  ArenaScope scope(*c.arena);
+  const Tensor bx = bias ? cpu::as_dtype(*c.arena, *bias, a.dtype) : Tensor{};
+  for (int64_t n0 = 0; n0 < n; n0 += panel) {
+    ArenaScope panel_scope(*c.arena);
+    const int64_t n1 = std::min(n, n0 + panel);
+    const Tensor wp = cpu::as_dtype(*c.arena, w.rows(n0, n1), a.dtype);
+    const Tensor bp = bias ? bx.reshape({n}).rows(n0, n1) : Tensor{};
+    Tensor yp = y.cols(n0, n1);
+    cpu::gemm(a, wp.data, wp.dtype, 1, k, bias ? &bp : nullptr, yp, k, n1 - n0);
+  }
+}
+
 // The int8 tier's linear (ops/op_list.h): x's rows as codes, one s8 x s8 -> s32 GEMM over the
 // whole weight (oneDNN's on VNNI, apus's AVX2 kernel otherwise: the same integers), the scales and
 // bias applied row by row.
@@ -281,7 +322,7 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   using dims = memory::dims;
   const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
   APUS_CHECK(w.dtype == DType::i8 && w.contiguous() && k <= kInt8MaxDot,
-             "linear: an int8_matmul weight must be contiguous i8 with rows of at most ", kInt8MaxDot, ", got ",
+             "linear: an int8 tier weight must be contiguous i8 with rows of at most ", kInt8MaxDot, ", got ",
              dtype_name(w.dtype), " ", shape_str(w.shape));
   APUS_CHECK(exact_int8_products(), "the int8 tier needs a CPU with VNNI (AVX512-VNNI, AVX-VNNI or AMX) or AVX2, ",
              "where its int8 products are exact; this one has neither");
@@ -293,16 +334,8 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
     load_row(x, r, row, k);
     x_scale.ptr<float>()[r] = quantize_int8_row(row, k, static_cast<int8_t*>(codes.row(r)));
   });
-  Tensor w_scale = Tensor::in(*c.arena, {n}, DType::f32);
-  for (int64_t j = 0; j < n; ++j)
-    w_scale.ptr<float>()[j] = w.encoding.block_scales
-                                  ? w.encoding.code_scale * w.encoding.block_scales->at(w.encoding.block_row0 + j, 0)
-                                  : w.encoding.code_scale;
-  Tensor b = bias ? Tensor::in(*c.arena, {n}, DType::f32) : Tensor{};
-  if (bias) {
-    load_row(vector_row(*bias), 0, b.ptr<float>(), n);
-    round_to(x.dtype, b.ptr<float>(), n);
-  }
+  const Tensor w_scale = weight_row_scales(c, w);
+  const Tensor b = tier_bias(c, bias, x.dtype, n);
   Tensor acc = Tensor::in(*c.arena, {m, n}, DType::i32);
   const bool own = int8_gemm_knob.value() == 1 || !vnni();
   int8_gemm_knob.took(own && vnni() ? 1 : 0);
@@ -333,6 +366,43 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   });
 }
 
+// The fp8 tier's linear (ops/op_list.h): x's rows as float8_e4m3fn values and the weight's codes
+// without their scales, both exact in bf16, in one bf16 GEMM into fp32 sums (a product of two
+// 4-bit significands is exact in fp32; the sums round), then the scales and bias by the contract's
+// fp32 steps. The weight is decoded a panel at a time, as stored formats are.
+void linear_fp8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
+  APUS_CHECK(w.dtype == DType::fp8_e4m3 && w.contiguous(), "linear: an fp8 tier weight must be contiguous ",
+             "float8_e4m3fn, got ", dtype_name(w.dtype), " ", shape_str(w.shape));
+  ArenaScope scope(*c.arena);
+  Tensor codes = Tensor::in(*c.arena, {m, k}, DType::bf16);
+  Tensor x_scale = Tensor::in(*c.arena, {m}, DType::f32);
+  parallel_for(m, [&](int64_t r) {
+    float* row = thread_scratch(0, k);
+    load_row(x, r, row, k);
+    const float s = quantize_fp8_row(row, k, row);
+    if (std::isnan(s)) std::fill(row, row + k, 0.0f);  // its outputs are NaN; the GEMM reads zeros
+    x_scale.ptr<float>()[r] = s;
+    store_row(codes, r, row, k);
+  });
+  const Tensor w_scale = weight_row_scales(c, w);
+  const Tensor b = tier_bias(c, bias, x.dtype, n);
+  Tensor codes_of_w = w;
+  codes_of_w.encoding = {};  // the codes' own values: their scales multiply the sums
+  Tensor sums = Tensor::in(*c.arena, {m, n}, DType::f32);
+  gemm_by_panels(c, codes, codes_of_w, nullptr, sums);
+  parallel_for(m, [&](int64_t r) {
+    float* row = thread_scratch(0, n);
+    const float s = x_scale.ptr<float>()[r];
+    if (std::isnan(s)) {
+      std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
+    } else {
+      fp8_products_row(sums.ptr<float>() + r * n, s, w_scale.ptr<float>(), bias ? b.ptr<float>() : nullptr, row, n);
+    }
+    store_row(y, r, row, n);
+  });
+}
+
 }  // namespace
 
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
@@ -340,30 +410,19 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
                  y.shape[1] == w.shape[0],
              "linear: x ", shape_str(x.shape), " · w ", shape_str(w.shape), "^T -> y ", shape_str(y.shape),
              " do not agree");
-  if (w.encoding.int8_matmul) {
+  if (w.encoding.products == Products::int8) {
     linear_int8(c, x, w, bias, y);
+    return;
+  }
+  if (w.encoding.products == Products::fp8) {
+    linear_fp8(c, x, w, bias, y);
     return;
   }
   const int64_t k = w.shape[1], n = w.shape[0];
   const bool split = linear_panels_knob.value() == 1 && w.dtype == x.dtype;
   if (w.dtype == x.dtype) linear_panels_knob.took(split ? 1 : 0);
   if (is_stored_quantized(w.dtype) || split) {
-    // Stored weights are expanded one panel of output features at a time into scratch the GEMM
-    // reads while it is in cache: the model is never held in x's dtype.
-    const int choice = linear_panel_mb_knob.value();
-    linear_panel_mb_knob.took(choice);
-    const int64_t bytes = kPanelMiB[choice] << 20;
-    const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, bytes / (2 * k)) / 16 * 16);
-    ArenaScope scope(*c.arena);
-    const Tensor bx = bias ? cpu::as_dtype(*c.arena, *bias, x.dtype) : Tensor{};
-    for (int64_t n0 = 0; n0 < n; n0 += panel) {
-      ArenaScope panel_scope(*c.arena);
-      const int64_t n1 = std::min(n, n0 + panel);
-      const Tensor wp = cpu::as_dtype(*c.arena, w.rows(n0, n1), x.dtype);
-      const Tensor bp = bias ? bx.reshape({n}).rows(n0, n1) : Tensor{};
-      Tensor yp = y.cols(n0, n1);
-      cpu::gemm(x, wp.data, wp.dtype, 1, k, bias ? &bp : nullptr, yp, k, n1 - n0);
-    }
+    gemm_by_panels(c, x, w, bias, y);
     return;
   }
   if (x.dtype == w.dtype && (!bias || bias->dtype == w.dtype)) {

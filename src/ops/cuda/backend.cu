@@ -53,6 +53,15 @@ class CudaBackend final : public Backend {
     cuda::check(cudaMemGetInfo(&free, &total), "read the device's memory size");
     return double(total);
   }
+  std::string refuses(Products p) const override {
+    if (p != Products::fp8) return {};
+    select();
+    cudaDeviceProp d{};
+    cuda::check(cudaGetDeviceProperties(&d, ordinal()), "read the device's properties");
+    if (10 * d.major + d.minor >= 89) return {};
+    return "--quant fp8 needs a GPU with fp8 tensor cores (compute capability 8.9 or later: Ada, Hopper); " + name() +
+           " (" + d.name + ") is sm_" + std::to_string(d.major) + std::to_string(d.minor) + ": use --quant int8";
+  }
   std::string hardware() const override {
     select();
     cudaDeviceProp p{};

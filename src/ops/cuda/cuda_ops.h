@@ -30,9 +30,13 @@ struct Operand {
 void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
           int64_t batch, float alpha, const void* bias = nullptr);
 
-// The int8 tier's linear (ops/op_list.h: w flagged int8_matmul): x's rows as codes, an exact
+// The int8 tier's linear (ops/op_list.h: w of int8 products): x's rows as codes, an exact
 // integer GEMM, the scales and bias as the contract's fp32 steps, every output the reference's.
 void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+// The fp8 tier's linear (w of fp8 products): x's rows as float8_e4m3fn codes, cuBLASLt's fp8 GEMM
+// into fp32 (exact products), the scales and bias as the contract's fp32 steps; refused, naming
+// the need, on a GPU without fp8 tensor cores (before Ada).
+void linear_fp8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 
 // A weight stored as GGML blocks or as codes with scales (core/ggml_blocks.h, core/scaled_codes.h),
 // its rows decoded to out's dtype (bf16 or f32) as the CPU decodes them: every row, or row ids[i]

@@ -1,6 +1,7 @@
 // GEMMs through cuBLASLt: linear's y = x · w^T (+ bias), and the strided-batched products the
 // attention and convolution paths build on. bf16 (or f32) operands, f32 accumulation, the bias added
-// in the epilogue; int8 operands (the int8 tier, int8_linear.cu) summed exactly in int32. Row-major [M, K] x and [N, K]
+// in the epilogue; int8 operands (the int8 tier, tier_linear.cu) summed exactly in int32, e4m3 operands (the fp8 tier)
+// in fp32. Row-major [M, K] x and [N, K]
 // w are column-major K x M and K x N, so the product is computed as y^T = w · x^T with w transposed. cuBLASLt (half a
 // gigabyte) is opened at the first GEMM, not linked: a CPU run of the same binary never maps it.
 #include <cublasLt.h>
@@ -33,6 +34,8 @@ cudaDataType_t cuda_type(DType dt) {
       return CUDA_R_8I;
     case DType::i32:
       return CUDA_R_32I;
+    case DType::fp8_e4m3:
+      return CUDA_R_8F_E4M3;
     default:
       fail("linear: dtype ", dtype_name(dt), " is not supported on cuda");
   }
@@ -134,6 +137,10 @@ void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& 
   const bool integer = a.dt == DType::i8;
   APUS_CHECK(!integer || (b.dt == DType::i8 && c.dt == DType::i32 && b_transposed && !bias && alpha == 1.0f),
              "gemm: an int8 product is i8 x i8^T -> i32, without a bias or a scale");
+  // float8 products (the fp8 tier): cuBLASLt's fp8 kernels take only this form too, here into fp32.
+  APUS_CHECK((a.dt == DType::fp8_e4m3) == (b.dt == DType::fp8_e4m3) &&
+                 (a.dt != DType::fp8_e4m3 || (c.dt == DType::f32 && b_transposed && !bias && batch == 1)),
+             "gemm: an fp8 product is e4m3 x e4m3^T -> f32, one matrix, without a bias");
   Lt& l = lt();
   cublasLtMatmulDesc_t op = nullptr;
   check_lt(l.desc_create(&op, integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, integer ? CUDA_R_32I : CUDA_R_32F),
@@ -181,7 +188,8 @@ void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Te
   APUS_CHECK(x.rank() == 2 && w.rank() == 2 && w.shape[1] == k && y.shape == Shape({m, n}) && w.contiguous() &&
                  x.dtype == y.dtype && (!bias || bias->numel() == n),
              "linear: x ", shape_str(x.shape), ", w ", shape_str(w.shape), ", y ", shape_str(y.shape));
-  if (w.encoding.int8_matmul) return linear_int8(c, x, w, bias, y);
+  if (w.encoding.products == Products::int8) return linear_int8(c, x, w, bias, y);
+  if (w.encoding.products == Products::fp8) return linear_fp8(c, x, w, bias, y);
   if (m == 0) return;
   // Weights (and bias) in the activation dtype, as torch_dtype converts them; a weight stored
   // quantized decoded whole for this call (the model holds it as stored).

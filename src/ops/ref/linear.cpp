@@ -3,8 +3,8 @@
 #include <cmath>
 #include <vector>
 
-#include "core/int8_rows.h"
 #include "core/scaled_codes.h"
+#include "core/tier_rows.h"
 #include "ops/ref/ref_ops.h"
 
 namespace apus::ref {
@@ -14,7 +14,7 @@ namespace {
 // The int8 tier's linear, step by step as the op contract writes it, in fp32 where it says so.
 void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
-  APUS_CHECK(w.dtype == DType::i8 && k <= kInt8MaxDot, "linear: an int8_matmul weight must be i8 with rows of at most ",
+  APUS_CHECK(w.dtype == DType::i8 && k <= kInt8MaxDot, "linear: an int8 tier weight must be i8 with rows of at most ",
              kInt8MaxDot, ", got ", dtype_name(w.dtype), " ", shape_str(w.shape));
   std::vector<float> w_scale(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j)
@@ -51,13 +51,54 @@ void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y
   }
 }
 
+// The fp8 tier's linear as the contract writes it: each row's codes by fp8_value (the contract's
+// rounding to float8_e4m3fn, its own test in test_fp8.cpp holds it to every value of the
+// format), the weight's codes as their e4m3 values, the sum exact in f64 then rounded to fp32,
+// the scales and bias in fp32.
+void linear_fp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
+  APUS_CHECK(w.dtype == DType::fp8_e4m3, "linear: an fp8 tier weight must be float8_e4m3fn, got ", dtype_name(w.dtype));
+  std::vector<float> q(static_cast<size_t>(k));
+  for (int64_t i = 0; i < m; ++i) {
+    float amax = 0;
+    bool finite = true;
+    for (int64_t t = 0; t < k; ++t) {
+      const float v = float(get(x, i, t));
+      finite = finite && std::isfinite(v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    const float x_scale = amax / kFp8Max;
+    for (int64_t t = 0; t < k; ++t) q[size_t(t)] = amax == 0 ? 0.0f : fp8_value(float(get(x, i, t)), kFp8Max / amax);
+    for (int64_t j = 0; j < n; ++j) {
+      if (!finite) {
+        put(y, i, j, std::nan(""));
+        continue;
+      }
+      const uint8_t* wr = static_cast<const uint8_t*>(w.row(j));
+      double dot = 0;
+      for (int64_t t = 0; t < k; ++t) dot += double(q[size_t(t)]) * double(fp8_e4m3_to_f32(wr[t]));
+      const float w_scale = w.encoding.block_scales
+                                ? w.encoding.code_scale * w.encoding.block_scales->at(w.encoding.block_row0 + j, 0)
+                                : w.encoding.code_scale;
+      const float scale = x_scale * w_scale;
+      const float v =
+          bias ? std::fma(float(dot), scale, float(as(x.dtype, get(rows2d(*bias), 0, j)))) : float(dot) * scale;
+      put(y, i, j, v);
+    }
+  }
+}
+
 }  // namespace
 
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
   APUS_CHECK(x.shape[1] == k && y.shape == Shape({m, n}), "linear: shapes do not agree");
-  if (w.encoding.int8_matmul) {
+  if (w.encoding.products == Products::int8) {
     linear_int8(x, w, bias, y);
+    return;
+  }
+  if (w.encoding.products == Products::fp8) {
+    linear_fp8(x, w, bias, y);
     return;
   }
   for (int64_t i = 0; i < m; ++i)

@@ -26,7 +26,7 @@ std::unique_ptr<AudioModel> open_parts(const ModelParts& parts, const std::strin
     return open_sa3_official(root, weights, device, parts.quant, parts.tensor_ranks);
   ModelDir dir = ModelDir::open(root, weights != Weights::none, device);
   use_quant_linears(dir, parts.quant, device);
-  if (const auto decoder = same_decoder_int8(parts.quant)) dir.use_transform("vae", decoder);
+  if (const auto decoder = same_decoder_tier(parts.quant)) dir.use_transform("vae", decoder);
   return open_sa3(dir, weights, parts.tensor_ranks);
 }
 

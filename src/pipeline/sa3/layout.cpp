@@ -245,17 +245,19 @@ std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights, const
   return std::make_unique<Sa3Model>(std::move(l), weights, dir.device());
 }
 
-std::shared_ptr<const WeightTransform> same_decoder_int8(Quant quant) {
-  if (quant != Quant::int8) return nullptr;
-  // SAME's feed-forward stays in bf16: with it the tiny model's MR-STFT median in `apus gate` went
-  // from 0.50 to 0.66 against a threshold of 0.48, where the attention projections moved it no
-  // further than the DiT's share does (docs/SPEED.md). A decoder stored quantised keeps its formats.
-  return std::make_shared<Int8Linears>(Int8Scope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true});
+std::shared_ptr<const WeightTransform> same_decoder_tier(Quant quant) {
+  if (quant != Quant::int8 && quant != Quant::fp8) return nullptr;
+  // SAME's feed-forward stays in bf16: with it in int8 the tiny model's MR-STFT median in `apus
+  // gate` went from 0.50 to 0.66 against a threshold of 0.48, where the attention projections moved
+  // it no further than the DiT's share does (docs/SPEED.md). A decoder stored quantised keeps its
+  // formats.
+  return std::make_shared<TierLinears>(quant == Quant::int8 ? Products::int8 : Products::fp8,
+                                       TierScope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true});
 }
 
 void use_quant(Sa3Layout& l, Quant quant, Backend* device) {
   l.linears = quant_linears(quant, device);
-  l.decoder_linears = same_decoder_int8(quant);
+  l.decoder_linears = same_decoder_tier(quant);
 }
 
 std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device, Quant quant,
