@@ -116,17 +116,22 @@ BENCHMARK(BM_LinearStored)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The int8 tier's linear (io/weights/quant_weights.h) beside BM_Linear's bf16 at the same shapes: the
-// activations' quantisation, the s8 GEMM and the scaling pass together. args: tokens, in, out.
-void BM_LinearInt8(benchmark::State& st) {
+// A quantised tier's linear (io/weights/quant_weights.h) beside BM_Linear's bf16 at the same
+// shapes: the activations' quantisation, the GEMM of codes and the scaling pass together.
+// args: tokens, in, out.
+void tier_linear(benchmark::State& st, Tensor (*quantize)(const Tensor&, const std::string&)) {
   Arena arena;
   Context c{&arena, DType::bf16};
   const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
   Tensor x = filled({m, k}, DType::bf16), y = Tensor::heap({m, n}, DType::bf16);
-  const Tensor w = quantize_int8_weight(filled({n, k}, DType::bf16), "w");
+  const Tensor w = quantize(filled({n, k}, DType::bf16), "w");
   for (auto _ : st) ops::linear(c, x, w, nullptr, y);
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_LinearInt8(benchmark::State& st) { tier_linear(st, quantize_int8_weight); }
+// The fp8 tier on a CPU: e4m3 codes through the bf16 GEMM, the weight decoded a panel at a time.
+void BM_LinearFp8(benchmark::State& st) { tier_linear(st, quantize_fp8_weight); }
+BENCHMARK(BM_LinearFp8)->Args({1024, 3072, 3072})->Args({452, 1536, 7680})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LinearInt8)
     ->Args({1536, 3072, 27648})
     ->Args({1536, 12288, 3072})
