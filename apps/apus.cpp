@@ -411,7 +411,8 @@ void add_part_options(CLI::App* app, apus::ModelParts& parts, Family family = Fa
          "and further from the official output: measure it with `apus gate`; q8_0: the transformer's and text "
          "encoder's weights held as GGUF Q8_0 blocks (a scale a 32 values), half of bf16's memory, the activations "
          "untouched; fp8: as int8 with float8_e4m3fn codes and products summed in fp32 (the fp8 tensor cores of "
-         "Ada and Hopper GPUs; a CPU runs the codes through its bf16 GEMM, slower than bf16), a file's own float8_e4m3fn weights multiplied as "
+         "Ada and Hopper GPUs; a CPU runs the codes through its bf16 GEMM, slower than bf16), a file's own "
+         "float8_e4m3fn weights multiplied as "
          "they are")
       ->transform(CLI::CheckedTransformer(quants, CLI::ignore_case).description("{none,int8,q8_0,fp8}"));
 }

@@ -131,7 +131,11 @@ void tier_linear(benchmark::State& st, Tensor (*quantize)(const Tensor&, const s
 void BM_LinearInt8(benchmark::State& st) { tier_linear(st, quantize_int8_weight); }
 // The fp8 tier on a CPU: e4m3 codes through the bf16 GEMM, the weight decoded a panel at a time.
 void BM_LinearFp8(benchmark::State& st) { tier_linear(st, quantize_fp8_weight); }
-BENCHMARK(BM_LinearFp8)->Args({1024, 3072, 3072})->Args({452, 1536, 7680})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearFp8)
+    ->Args({1024, 3072, 3072})
+    ->Args({452, 1536, 7680})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_LinearInt8)
     ->Args({1536, 3072, 27648})
     ->Args({1536, 12288, 3072})

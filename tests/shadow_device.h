@@ -46,6 +46,7 @@ class ShadowDevice : public Backend {
     APUS_CHECK(mprotect(base + size, size, PROT_READ | PROT_WRITE) == 0, "shadow device: mprotect failed");
     std::lock_guard<std::mutex> lock(mutex_);
     regions_[uintptr_t(base)] = size;
+    ++allocations_;
     return base;
   }
   void release(void* p) override {
@@ -62,6 +63,12 @@ class ShadowDevice : public Backend {
     std::memcpy(on_host(t.data), host.data, host.nbytes());
     t.encoding = encoding_on(*this, host.encoding);
     return t;
+  }
+  void upload_into(const Tensor& host, Tensor& to) override {
+    APUS_CHECK(host.device == Device::cpu && host.contiguous() && to.device == Device::cuda && to.ordinal == kOrdinal &&
+                   to.contiguous() && host.nbytes() == to.nbytes(),
+               "shadow upload_into: expected a contiguous host tensor and a shadow tensor of its bytes");
+    std::memcpy(on_host(to.data), host.data, host.nbytes());
   }
   Tensor download(const Tensor& t) override {
     APUS_CHECK(t.device == Device::cuda && t.ordinal == kOrdinal && t.contiguous(),
@@ -93,6 +100,11 @@ class ShadowDevice : public Backend {
 
   // Ops the device has run, for tests to see that work reached it.
   size_t ops_run() const { return ops_run_; }
+  // Allocations of its memory so far (a GPU's cudaMalloc, whose release waits for the device).
+  size_t allocations() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return allocations_;
+  }
 
   // Whether p lies in the inaccessible half of one of the device's allocations.
   bool owns(const void* p) const {
@@ -201,6 +213,7 @@ class ShadowDevice : public Backend {
   mutable std::mutex mutex_;
   std::map<uintptr_t, size_t> regions_;
   std::atomic<size_t> ops_run_{0}, exchanges_run_{0};
+  size_t allocations_ = 0;
   std::atomic<double> memory_bytes_{0};
 
   friend ShadowDevice& shadow_device();

@@ -365,6 +365,58 @@ TEST(ShadowDevice, ResidentModelsServeRequestAfterRequest) {
   }
 }
 
+// A denoising step allocates no device memory: a GPU's allocation is a cudaMalloc and its release
+// a cudaFree, which waits for the device to finish everything queued, so each would drain the
+// launch queue mid-step. Activations live in the arena, and the host's small inputs (an adapter's
+// gate for every adapted linear, a sigma) are staged into it (host_filled, Backend::upload_into):
+// a resident model's extra steps allocate nothing, with LoRAs or without (before session 35: one
+// allocation a gate, 72 a step on klein's tiny model with two LoRAs, hundreds on a real one).
+TEST(ShadowDevice, AStepAllocatesNoDeviceMemory) {
+  test::ShadowDevice& device = test::shadow_device();
+  const auto model = open_image_model(test::fixture("klein_tiny_a"), Weights::resident, &device);
+  auto per_step = [&](const std::vector<Lora>& loras) {
+    ImageRequest r = image_runs().front().request;
+    r.loras = loras;
+    auto allocations = [&](int steps) {
+      r.steps = steps;
+      const size_t before = device.allocations();
+      model->generate(r);
+      return device.allocations() - before;
+    };
+    const size_t two = allocations(2), four = allocations(4);
+    return (double(four) - double(two)) / 2;
+  };
+  const double plain = per_step({});
+  const double adapted = per_step(
+      {{test::fixture("klein_lora/peft.safetensors"), 0.7f}, {test::fixture("klein_lora/bfl.safetensors"), 0.5f}});
+  std::printf("[ measure ] device allocations a klein step: %.1f plain, %.1f with two LoRAs\n", plain, adapted);
+  EXPECT_EQ(plain, 0);
+  EXPECT_EQ(adapted, 0);
+  // Stable Audio 3's steps the same, with a LoRA on its DiT.
+  const auto audio = open_audio_model(test::official_dir(), Weights::resident, &device);
+  auto audio_per_step = [&](const std::vector<Lora>& loras) {
+    AudioRequest r = test::reference_request(false);
+    r.loras = loras;
+    auto allocations = [&](int steps) {
+      r.steps = steps;
+      const size_t before = device.allocations();
+      audio->generate(r);
+      return device.allocations() - before;
+    };
+    const size_t two = allocations(2), four = allocations(4);
+    return (double(four) - double(two)) / 2;
+  };
+  const Json pair = read_json(test::fixture("sa3_lora/reference.json"))["cases"].at("pair");
+  std::vector<Lora> sa3_loras;
+  for (const Json& l : pair)
+    sa3_loras.push_back({test::fixture("sa3_lora/" + l[0].get<std::string>()), l[1].get<float>()});
+  const double audio_plain = audio_per_step({}), audio_adapted = audio_per_step(sa3_loras);
+  std::printf("[ measure ] device allocations an SA3 step: %.1f plain, %.1f with two LoRAs\n", audio_plain,
+              audio_adapted);
+  EXPECT_EQ(audio_plain, 0);
+  EXPECT_EQ(audio_adapted, 0);
+}
+
 // A request is admitted against the device's own memory, not the host's: refused naming the device
 // when its weights and activations would not fit there.
 TEST(ShadowDevice, RequestsAreAdmittedAgainstTheDevicesMemory) {

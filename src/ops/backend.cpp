@@ -1,6 +1,7 @@
 #include "ops/backend.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "apus/apus.h"
 #include "core/error.h"
@@ -48,6 +49,13 @@ WeightEncoding encoding_on(Backend& device, const WeightEncoding& host) {
 
 WeightEncoding encoding_off(Backend& device, const WeightEncoding& on_device) {
   return with_factors_moved(on_device, [&](const Tensor& t) { return device.download(t); });
+}
+
+void HostBackend::upload_into(const Tensor& host, Tensor& to) {
+  APUS_CHECK(host.contiguous() && to.contiguous() && host.nbytes() == to.nbytes(),
+             "upload_into: expected two contiguous tensors of the same bytes, got ", shape_str(host.shape), " and ",
+             shape_str(to.shape));
+  std::memcpy(to.data, host.data, host.nbytes());
 }
 
 void HostBackend::all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes,

@@ -27,6 +27,11 @@ class Backend : public Allocator {
   // and of one of this backend's tensors on the host (waiting for the ops queued before it).
   virtual Tensor upload(const Tensor& host) = 0;
   virtual Tensor download(const Tensor& t) = 0;
+  // Copies a contiguous host tensor into `to`, a contiguous tensor of this backend's memory of the
+  // same bytes (an arena's), queued behind the ops before it: no allocation and no wait for the
+  // device (an allocation's release would wait for it); the host's bytes may be reused once it
+  // returns. What host_filled stages a step's small inputs through (a LoRA's gates, a sigma).
+  virtual void upload_into(const Tensor& host, Tensor& to) = 0;
   // Waits for the ops queued so far (a GPU runs them asynchronously): what a timing needs first.
   virtual void synchronize() {}
   // The hardware under the backend in words (a GPU's model, its runtime's version): what a
@@ -71,6 +76,7 @@ class HostBackend : public Backend {
   void release(void* p) override { host_allocator().release(p); }
   Tensor upload(const Tensor& host) override { return host; }
   Tensor download(const Tensor& t) override { return t; }
+  void upload_into(const Tensor& host, Tensor& to) override;
   void all_gather(const ProcessGroup& group, void* data, const std::vector<size_t>& bytes, const char* what) override;
   void all_to_all(const ProcessGroup& group, const void* send, const std::vector<size_t>& send_bytes, void* recv,
                   const std::vector<size_t>& recv_bytes, const char* what) override;

@@ -290,6 +290,8 @@ Tensor to_context(Context& c, const Tensor& host) {
   return backend_of(c).upload(host);
 }
 
+void upload_into(Context& c, const Tensor& host, Tensor& to) { backend_of(c).upload_into(host, to); }
+
 Tensor zeros(Context& c, Shape shape, DType dtype) {
   if (c.count_only) return Tensor::shape_only(std::move(shape), dtype);
   Tensor host = Tensor::heap(std::move(shape), dtype);

@@ -91,8 +91,11 @@ Tensor empty(Context& c, Shape shape, DType dtype);
 // mode passes shapes through. What pipelines and models build on the host (ids, positions, noise,
 // pixels, schedule scalars) reaches the ops through here or host_filled.
 Tensor to_context(Context& c, const Tensor& host);
+// The host tensor's bytes into `to`, a tensor of the context's device (Backend::upload_into).
+void upload_into(Context& c, const Tensor& host, Tensor& to);
 // A tensor of the context's memory, in the arena, filled on the host by fill(tensor) (not called
-// in counting mode; on a device it fills a host tensor that is then copied).
+// in counting mode; on a device it fills a host tensor that is then copied into the arena's,
+// Backend::upload_into: no device allocation and no wait, so a step may stage its inputs).
 template <typename Fill> Tensor host_filled(Context& c, Shape shape, DType dtype, Fill&& fill) {
   Tensor t = Tensor::in(*c.arena, shape, dtype);
   if (c.count_only) return t;
@@ -102,7 +105,8 @@ template <typename Fill> Tensor host_filled(Context& c, Shape shape, DType dtype
   }
   Tensor host = Tensor::heap(std::move(shape), dtype);
   fill(host);
-  return to_context(c, host);
+  upload_into(c, host, t);
+  return t;
 }
 // ops::empty's tensor filled with zeros (staged from the host on a device).
 Tensor zeros(Context& c, Shape shape, DType dtype);

@@ -38,6 +38,17 @@ class CudaBackend final : public Backend {
     cudaFree(p);
   }
   Tensor upload(const Tensor& host) override { return to_device(*this, host); }
+  void upload_into(const Tensor& host, Tensor& to) override {
+    APUS_CHECK(host.device == Device::cpu && host.contiguous() && to.device == Device::cuda && to.contiguous() &&
+                   host.nbytes() == to.nbytes(),
+               "upload_into: expected a contiguous host tensor and a device tensor of its bytes, got ",
+               shape_str(host.shape), " and ", shape_str(to.shape));
+    select();
+    // From pageable memory the runtime stages the bytes before returning, without waiting for the
+    // stream (CUDA's API synchronisation notes); the copy itself runs in the stream's order.
+    cuda::check(cudaMemcpyAsync(to.data, host.data, host.nbytes(), cudaMemcpyHostToDevice, cuda::stream()),
+                "stage host data on the device");
+  }
   Tensor download(const Tensor& t) override {
     Tensor host = to_host(t);
     host.encoding = encoding_off(*this, t.encoding);
