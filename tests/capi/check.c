@@ -62,6 +62,12 @@ int main(int argc, char** argv) {
              APUS_ERROR &&
          none == NULL);
   EXPECT(strstr(apus_last_error(), "quant 7") != NULL);
+  /* The fp8 tier opens on every CPU (its codes go through the bf16 GEMM). */
+  apus_image_model* fp8 = NULL;
+  EXPECT(apus_image_model_open_parts(klein, NULL, NULL, NULL, NULL, APUS_QUANT_FP8, APUS_WEIGHTS_RESIDENT, NULL, &fp8) ==
+             APUS_OK &&
+         fp8 != NULL);
+  apus_image_model_free(fp8);
 
   apus_image_model* model = NULL;
   if (apus_image_model_open(klein, APUS_WEIGHTS_RESIDENT, "cpu", &model) != APUS_OK) {

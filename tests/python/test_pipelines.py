@@ -316,11 +316,12 @@ def test_refusals_of_the_other_pipelines_and_of_opening(sa3):
         apus.Flux2KleinPipeline.from_pretrained(KLEIN, quant="int4")
 
 
-def test_q8_0_renders_with_its_blocks(klein):
-    q8 = apus.Flux2KleinPipeline.from_pretrained(KLEIN, quant="q8_0")
+@pytest.mark.parametrize("quant", ["q8_0", "fp8"])
+def test_a_quantised_model_renders_with_its_codes(klein, quant):
+    coded = apus.Flux2KleinPipeline.from_pretrained(KLEIN, quant=quant)
     plain = np.asarray(klein("a fox", height=32, width=32, num_inference_steps=2, seed=SEED).images[0])
-    blocks = np.asarray(q8("a fox", height=32, width=32, num_inference_steps=2, seed=SEED).images[0])
-    assert plain.shape == blocks.shape and not np.array_equal(plain, blocks), f"seed {SEED}"
+    codes = np.asarray(coded("a fox", height=32, width=32, num_inference_steps=2, seed=SEED).images[0])
+    assert plain.shape == codes.shape and not np.array_equal(plain, codes), f"{quant}, seed {SEED}"
 
 
 def test_count_prices_the_request_without_computing_it(klein):
