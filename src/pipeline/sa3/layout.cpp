@@ -246,12 +246,14 @@ std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights, const
 }
 
 std::shared_ptr<const WeightTransform> same_decoder_tier(Quant quant) {
-  if (quant != Quant::int8 && quant != Quant::fp8) return nullptr;
   // SAME's feed-forward stays in bf16: with it in int8 the tiny model's MR-STFT median in `apus
   // gate` went from 0.50 to 0.66 against a threshold of 0.48, where the attention projections moved
-  // it no further than the DiT's share does (docs/SPEED.md). A decoder stored quantised keeps its
-  // formats.
-  return std::make_shared<TierLinears>(quant == Quant::int8 ? Products::int8 : Products::fp8,
+  // it no further than the DiT's share does (docs/SPEED.md). The fp8 tier leaves the decoder whole:
+  // its projections in e4m3 moved the tiny model's medians further (MR-STFT 0.650 -> 0.665,
+  // log-mel 0.542 -> 0.576 against a threshold of 0.553, session 35). A decoder stored quantised
+  // keeps its formats.
+  if (quant != Quant::int8) return nullptr;
+  return std::make_shared<TierLinears>(Products::int8,
                                        TierScope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true});
 }
 

@@ -94,7 +94,7 @@ Sa3Layout diffusers_layout(const ModelDir& dir);
 bool tokenizer_from_parts(const ModelParts& parts, Sa3Layout& l);
 Sa3Layout official_layout(const std::string& root);
 // --quant on a layout: a quantised tier or q8_0 on the DiT's and T5Gemma's linears
-// (io/weights/quant_weights.h), and the tier on SAME's decoder as same_decoder_tier scopes it.
+// (io/weights/quant_weights.h), and the int8 tier on SAME's decoder as same_decoder_tier scopes it.
 void use_quant(Sa3Layout& l, Quant quant, Backend* device);
 
 class Sa3Model final : public AudioModel {
@@ -243,8 +243,8 @@ std::unique_ptr<AudioModel> open_sa3(const ModelDir& dir, Weights weights, const
 // Stable Audio 3's official single-checkpoint layout (model_config.json beside model.safetensors).
 std::unique_ptr<AudioModel> open_sa3_official(const std::string& root, Weights weights, Backend* device, Quant quant,
                                               const ProcessGroup* tensor_ranks);
-// What `--quant int8` or `fp8` makes of SAME's decoder: the tier on its attention projections
-// alone (null for any other Quant: q8_0 leaves the decoder as stored).
+// What `--quant int8` makes of SAME's decoder: the int8 tier on its attention projections alone
+// (null for any other Quant: q8_0 and fp8 leave the decoder as stored).
 std::shared_ptr<const WeightTransform> same_decoder_tier(Quant quant);
 // A Stable Audio 3 checkpoint as one file under the official model.safetensors keys (ComfyUI's
 // stable_audio_3_*.safetensors), told by this key.
