@@ -833,11 +833,24 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                              }};
                    },
                    /*nonfinite=*/false, /*tier=*/Products::fp8});
+  // Shapes cuBLASLt's epilogue takes (cuda.fp8_scales=epilogue: k and n multiples of 16, the bias
+  // in y's dtype), a row of zeros among them.
+  cases.push_back({"linear_fp8_tier_epilogue_shapes", OpId::linear, Bound::rounding,
+                   [](OpInputs& d) -> Drawn {
+                     const int64_t m = 37, k = 512, n = 96;
+                     Tensor x = d.random({m, k}, 3.0f);
+                     std::memset(x.row(11), 0, size_t(k) * dtype_size(x.dtype));
+                     const Tensor w = quantize_fp8_weight(d.random({n, k}, 0.1f, DType::bf16), "w");
+                     return {{{x, w, d.random({n})}, {d.poisoned({m, n})}},
+                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                   },
+                   /*nonfinite=*/false, /*tier=*/Products::fp8});
+  // A checkpoint's codes: the row-scaled one in the epilogue's shapes, the other not.
   for (const bool row_scaled : {true, false})
     cases.push_back({std::string("linear_fp8_tier_checkpoint_") + (row_scaled ? "row_scaled" : "tensor_scaled"),
                      OpId::linear, Bound::rounding,
                      [row_scaled](OpInputs& d) -> Drawn {
-                       const int64_t m = 9, k = 512, n = 70;
+                       const int64_t m = 9, k = 512, n = row_scaled ? 80 : 70;
                        Tensor w = row_scaled ? d.random_block_scaled({n, k}, DType::fp8_e4m3, DType::f32, k)
                                              : d.random_stored({n, k}, DType::fp8_e4m3);
                        w.encoding.code_scale = 0.75f;
@@ -911,6 +924,7 @@ const std::vector<Target>& targets() {
     {"cuda_f32_cudnn", DType::f32, false, cuda, false, {{"cuda.conv", "cudnn"}}},
     {"cuda_bf16_cudnn", DType::bf16, false, cuda, false, {{"cuda.conv", "cudnn"}}},
     {"cuda_bf16_staged_decode", DType::bf16, false, cuda, false, {{"cuda.stored_decode", "staged"}}},
+    {"cuda_bf16_fp8_epilogue", DType::bf16, false, cuda, false, {{"cuda.fp8_scales", "epilogue"}}},
     {"cuda_bf16_cudnn_attention", DType::bf16, false, cuda, false, {{"cuda.attention", "cudnn"}}, true},
 #endif
   };

@@ -120,9 +120,10 @@ for s in $steps; do
         --quant int8 --json "$out/sa3-medium-120s-int8.json"
       step q8_0-klein 150 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 2 \
         --quant q8_0 --ab cuda.stored_decode=staged,direct --json "$out/klein-1024-q8_0.json" ;;
-    fp8)  # the fp8 tier on the fp8 tensor cores (cuBLASLt's e4m3 GEMM), beside `int8`'s runs
+    fp8)  # the fp8 tier on the fp8 tensor cores (cuBLASLt's e4m3 GEMM), beside `int8`'s runs; on klein
+      # its row scales in cuBLASLt's epilogue against the kernel over fp32 sums
       step fp8-klein 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 --reps 2 \
-        --quant fp8 --json "$out/klein-1024-fp8.json"
+        --quant fp8 --ab cuda.fp8_scales=epilogue,kernel --json "$out/klein-1024-fp8.json"
       step fp8-sa3 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
         --quant fp8 --json "$out/sa3-medium-120s-fp8.json" ;;
     *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-products ab-lean ab-conv int8 fp8)" >&2; exit 2 ;;

@@ -30,6 +30,19 @@ struct Operand {
 void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
           int64_t batch, float alpha, const void* bias = nullptr);
 
+// Row scales of an fp8 product, f32 vectors in device memory: output (i, j) times a_rows[i] and
+// b_rows[j].
+struct OuterScales {
+  const float* a_rows;
+  const float* b_rows;
+};
+// c [M, N] = (a · b^T) scaled by rows, plus bias[N] (in c's dtype) when given: a [M, K] and b [N, K]
+// e4m3 codes, c bf16 or f32, through cuBLASLt's outer-vector scaling (Hopper's fp8 kernels; K and
+// N multiples of 16, 16-byte aligned rows). False where cuBLASLt has no algorithm for it, nothing
+// run: the caller takes another route.
+bool scaled_fp8_gemm(const Operand& a, const Operand& b, const OuterScales& scales, const Operand& c, int64_t m,
+                     int64_t n, int64_t k, const void* bias);
+
 // The int8 tier's linear (ops/op_list.h: w of int8 products): x's rows as codes, an exact
 // integer GEMM, the scales and bias as the contract's fp32 steps, every output the reference's.
 void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);

@@ -1,13 +1,15 @@
 // GEMMs through cuBLASLt: linear's y = x · w^T (+ bias), and the strided-batched products the
 // attention and convolution paths build on. bf16 (or f32) operands, f32 accumulation, the bias added
-// in the epilogue; int8 operands (the int8 tier, tier_linear.cu) summed exactly in int32, e4m3 operands (the fp8 tier)
-// in fp32. Row-major [M, K] x and [N, K]
-// w are column-major K x M and K x N, so the product is computed as y^T = w · x^T with w transposed. cuBLASLt (half a
-// gigabyte) is opened at the first GEMM, not linked: a CPU run of the same binary never maps it.
+// in the epilogue; int8 operands (the int8 tier, tier_linear.cu) summed exactly in int32, e4m3
+// operands (the fp8 tier) in fp32, their row scales applied after or in the epilogue. Row-major
+// [M, K] x and [N, K] w are column-major K x M and K x N, so the product is computed as
+// y^T = w · x^T with w transposed. cuBLASLt (half a gigabyte) is opened at the first GEMM, not
+// linked: a CPU run of the same binary never maps it.
 #include <cublasLt.h>
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "core/scaled_codes.h"
@@ -88,16 +90,18 @@ Lt& lt() {
 // reductions are held to the compute type (fp32): cuBLASLt's default also allows summing the
 // partial products in the output's buffer and dtype, which on the H200 rounded a bf16 product's
 // partial sums to bf16 (a long causal attention's P·V came out 6965 ulp from the reference).
+// A shape cuBLASLt has no algorithm for is kept as such (null): the caller refuses it, or, for
+// a variant with another route (the fp8 tier's scales in the epilogue), takes that route.
 using AlgoKey = std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, bool>;
+                           int64_t, int64_t, bool, bool>;
 
-const cublasLtMatmulAlgo_t& algorithm(Lt& l, const AlgoKey& key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+const cublasLtMatmulAlgo_t* algorithm(Lt& l, const AlgoKey& key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
                                       cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld) {
   static std::mutex mutex;
-  static std::map<AlgoKey, cublasLtMatmulAlgo_t> chosen;
+  static std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> chosen;
   std::lock_guard<std::mutex> lock(mutex);
   const auto found = chosen.find(key);
-  if (found != chosen.end()) return found->second;
+  if (found != chosen.end()) return found->second ? &*found->second : nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(l.pref_create(&pref), "preference");
   const uint64_t workspace = l.workspace_bytes;
@@ -108,9 +112,9 @@ const cublasLtMatmulAlgo_t& algorithm(Lt& l, const AlgoKey& key, cublasLtMatmulD
   int count = 0;
   const cublasStatus_t status = l.heuristic(l.handle, op, la, lb, ld, ld, pref, 1, &result, &count);
   l.pref_destroy(pref);
-  APUS_CHECK(status == CUBLAS_STATUS_SUCCESS && count > 0, "cuBLASLt: no algorithm for a ", std::get<4>(key), "x",
-             std::get<5>(key), "x", std::get<6>(key), " product (status ", int(status), ")");
-  return chosen.emplace(key, result.algo).first->second;
+  std::optional<cublasLtMatmulAlgo_t>& kept = chosen[key];
+  if (status == CUBLAS_STATUS_SUCCESS && count > 0) kept = result.algo;
+  return kept ? &*kept : nullptr;
 }
 
 bool aligned(const Tensor& t) {
@@ -128,8 +132,10 @@ Tensor padded(Context& c, const Tensor& t, int64_t width) {
 
 }  // namespace
 
-void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
-          int64_t batch, float alpha, const void* bias) {
+namespace {
+
+bool try_gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
+              int64_t batch, float alpha, const void* bias, const OuterScales* scales) {
   // Row-major C [M, N] is column-major C^T [N, M] = op(B) · A^T: cuBLASLt multiplies b by a.
   const cudaDataType_t ta = cuda_type(a.dt), tb = cuda_type(b.dt), tc = cuda_type(c.dt);
   // Integer products (the int8 tier): exact int32 sums on the integer tensor cores, which take
@@ -138,9 +144,10 @@ void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& 
   APUS_CHECK(!integer || (b.dt == DType::i8 && c.dt == DType::i32 && b_transposed && !bias && alpha == 1.0f),
              "gemm: an int8 product is i8 x i8^T -> i32, without a bias or a scale");
   // float8 products (the fp8 tier): cuBLASLt's fp8 kernels take only this form too, here into fp32.
-  APUS_CHECK((a.dt == DType::fp8_e4m3) == (b.dt == DType::fp8_e4m3) &&
-                 (a.dt != DType::fp8_e4m3 || (c.dt == DType::f32 && b_transposed && !bias && batch == 1)),
-             "gemm: an fp8 product is e4m3 x e4m3^T -> f32, one matrix, without a bias");
+  const bool fp8 = a.dt == DType::fp8_e4m3;
+  APUS_CHECK((b.dt == DType::fp8_e4m3) == fp8 && (!fp8 || (b_transposed && batch == 1)) && (!scales || fp8) &&
+                 (!fp8 || scales || (c.dt == DType::f32 && !bias)),
+             "gemm: an fp8 product is e4m3 x e4m3^T, one matrix: into f32 without a bias, or scaled by rows");
   Lt& l = lt();
   cublasLtMatmulDesc_t op = nullptr;
   check_lt(l.desc_create(&op, integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, integer ? CUDA_R_32I : CUDA_R_32F),
@@ -152,6 +159,15 @@ void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& 
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "epilogue");
     check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "bias");
+  }
+  if (scales) {
+    // cuBLASLt's A is b here (its M the rows of b), its B is a: each output (i, j) times a's row
+    // scale i and b's row scale j.
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    for (const auto mode : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE})
+      check_lt(l.desc_set(op, mode, &outer, sizeof outer), "scale mode");
+    check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales->b_rows, sizeof scales->b_rows), "b scales");
+    check_lt(l.desc_set(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales->a_rows, sizeof scales->a_rows), "a scales");
   }
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   // B stored [N, K] row-major is column-major K x N (transposed by the op); [K, N] is N x K.
@@ -168,19 +184,48 @@ void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& 
                "batch stride");
     }
   }
-  const AlgoKey key{int(a.dt),      int(b.dt),      int(c.dt),      b_transposed,   m, n, k, a.ld, b.ld, c.ld, batch,
-                    a.batch_stride, b.batch_stride, c.batch_stride, bias != nullptr};
-  const cublasLtMatmulAlgo_t& algo = algorithm(l, key, op, la, lb, ld);
+  const AlgoKey key{int(a.dt),
+                    int(b.dt),
+                    int(c.dt),
+                    b_transposed,
+                    m,
+                    n,
+                    k,
+                    a.ld,
+                    b.ld,
+                    c.ld,
+                    batch,
+                    a.batch_stride,
+                    b.batch_stride,
+                    c.batch_stride,
+                    bias != nullptr,
+                    scales != nullptr};
+  const cublasLtMatmulAlgo_t* algo = algorithm(l, key, op, la, lb, ld);
   const float zero = 0.0f;
   const int32_t integer_one = 1, integer_zero = 0;
-  check_lt(l.matmul(l.handle, op, integer ? static_cast<const void*>(&integer_one) : &alpha, b.p, la, a.p, lb,
-                    integer ? static_cast<const void*>(&integer_zero) : &zero, c.p, ld, const_cast<void*>(c.p), ld,
-                    &algo, l.workspace, l.workspace_bytes, stream()),
-           "matmul");
+  if (algo)
+    check_lt(l.matmul(l.handle, op, integer ? static_cast<const void*>(&integer_one) : &alpha, b.p, la, a.p, lb,
+                      integer ? static_cast<const void*>(&integer_zero) : &zero, c.p, ld, const_cast<void*>(c.p), ld,
+                      algo, l.workspace, l.workspace_bytes, stream()),
+             "matmul");
   l.layout_destroy(la);
   l.layout_destroy(lb);
   l.layout_destroy(ld);
   l.desc_destroy(op);
+  return algo != nullptr;
+}
+
+}  // namespace
+
+void gemm(const Operand& a, const Operand& b, bool b_transposed, const Operand& c, int64_t m, int64_t n, int64_t k,
+          int64_t batch, float alpha, const void* bias) {
+  APUS_CHECK(try_gemm(a, b, b_transposed, c, m, n, k, batch, alpha, bias, nullptr), "cuBLASLt: no algorithm for a ", m,
+             "x", n, "x", k, " product of ", dtype_name(a.dt), " into ", dtype_name(c.dt));
+}
+
+bool scaled_fp8_gemm(const Operand& a, const Operand& b, const OuterScales& scales, const Operand& c, int64_t m,
+                     int64_t n, int64_t k, const void* bias) {
+  return try_gemm(a, b, true, c, m, n, k, 1, 1.0f, bias, &scales);
 }
 
 void linear(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {

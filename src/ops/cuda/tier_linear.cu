@@ -6,14 +6,23 @@
 // bit for bit (and int8's outputs too). Built with -fmad=false (CMakeLists.txt) like the other
 // decoders of stored weights.
 #include <cfloat>
+#include <cstdio>
+#include <mutex>
 
 #include "core/scaled_codes.h"
 #include "core/tier_rows.h"
+#include "core/variants.h"
 #include "ops/backend.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.cuh"
 
 namespace apus::cuda {
+
+Knob fp8_scales_knob("cuda.fp8_scales",
+                     "where the fp8 tier's row scales and bias are applied: a kernel over the GEMM's fp32 sums "
+                     "(the contract's steps, an fp32 round trip of the output), or cuBLASLt's epilogue "
+                     "(outer-vector scales, the output written once; where the shape allows, else the kernel)",
+                     {"kernel", "epilogue"});
 
 namespace {
 
@@ -97,6 +106,12 @@ Tensor gemm_ready_codes(Context& c, const Tensor& w, int64_t rows, int64_t width
   return out;
 }
 
+// s[j] = weight_scale(ws, j): the weight's scales as the vector cuBLASLt's epilogue reads.
+__global__ void weight_scales_kernel(RowScales ws, float* s, int64_t n) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x)
+    s[j] = weight_scale(ws, j);
+}
+
 RowScales row_scales(const Tensor& w) {
   const BlockScales* s = w.encoding.block_scales.get();
   APUS_CHECK(!s || (s->per_row == 1 && s->factors.device == Device::cuda), "linear: a quantised tier's weight ",
@@ -131,6 +146,33 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   check(cudaGetLastError(), "int8 outputs launch");
 }
 
+namespace {
+
+// The epilogue's route: x's codes (k wide, m rows) times the weight's straight into y, each output
+// times its row's and its column's scale plus the bias (in y's dtype) in cuBLASLt's epilogue. Only
+// where cuBLASLt's fp8 kernels take the shapes as they are (k and n multiples of 16, y's rows on
+// 16-byte boundaries); false where they do not or cuBLASLt has no algorithm, nothing written.
+bool linear_fp8_in_epilogue(Context& c, const Tensor& x, const Tensor& w, const RowScales& ws, const Tensor* bias,
+                            Tensor& y) {
+  const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
+  const size_t row_bytes = size_t(y.row_stride()) * dtype_size(y.dtype);
+  if (k % 16 || n % 16 || row_bytes % 16 || reinterpret_cast<uintptr_t>(y.data) % 16 ||
+      reinterpret_cast<uintptr_t>(w.data) % 16 || (bias && bias->dtype != y.dtype))
+    return false;
+  Tensor codes = Tensor::in(*c.arena, {m, k}, DType::fp8_e4m3);
+  Tensor x_scales = Tensor::in(*c.arena, {m}, DType::f32), w_scales = Tensor::in(*c.arena, {n}, DType::f32);
+  quantize_rows_kernel<Fp8Codes><<<unsigned(m), kThreads, 0, stream()>>>(x.data, x.dtype, x.row_stride(), k, k,
+                                                                         codes.ptr<uint8_t>(), x_scales.ptr<float>());
+  check(cudaGetLastError(), "fp8 row quantisation launch");
+  weight_scales_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ws, w_scales.ptr<float>(), n);
+  check(cudaGetLastError(), "fp8 weight scales launch");
+  return scaled_fp8_gemm({codes.data, DType::fp8_e4m3, k}, {w.data, DType::fp8_e4m3, k},
+                         {x_scales.ptr<float>(), w_scales.ptr<float>()}, {y.data, y.dtype, y.row_stride()}, m, n, k,
+                         bias ? bias->data : nullptr);
+}
+
+}  // namespace
+
 void linear_fp8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
   APUS_CHECK(w.dtype == DType::fp8_e4m3 && w.contiguous() && (!bias || bias->numel() == n),
@@ -141,6 +183,20 @@ void linear_fp8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias
   const RowScales ws = row_scales(w);
   if (m == 0) return;
   ArenaScope scope(*c.arena);
+  if (fp8_scales_knob.value() == 1) {
+    if (linear_fp8_in_epilogue(c, x, w, ws, bias, y)) {
+      fp8_scales_knob.took(1);
+      return;
+    }
+    static std::once_flag told;
+    std::call_once(told, [&] {
+      std::fprintf(stderr,
+                   "apus: cuda.fp8_scales=epilogue: cuBLASLt's epilogue does not take a %lldx%lldx%lld "
+                   "product into %s%s; such linears take the kernel\n",
+                   (long long)m, (long long)n, (long long)k, dtype_name(y.dtype), bias ? " with a bias" : "");
+    });
+  }
+  fp8_scales_knob.took(0);
   // cuBLASLt's fp8 kernels take both operands K-major with M, N and K multiples of 16.
   const int64_t width = round_up(k, 16), rows = round_up(n, 16), m16 = round_up(m, 16);
   Tensor codes = Tensor::in(*c.arena, {m16, width}, DType::fp8_e4m3);
