@@ -365,6 +365,20 @@ TEST(ShadowDevice, ResidentModelsServeRequestAfterRequest) {
   }
 }
 
+// The device allocations a step of `model` makes for request r: a 4-step request's less a
+// 2-step one's, halved (what a request allocates once cancels).
+template <typename Model, typename Request>
+double allocations_a_step(test::ShadowDevice& device, Model& model, Request r) {
+  auto allocations = [&](int steps) {
+    r.steps = steps;
+    const size_t before = device.allocations();
+    model.generate(r);
+    return device.allocations() - before;
+  };
+  const size_t two = allocations(2), four = allocations(4);
+  return (double(four) - double(two)) / 2;
+}
+
 // A denoising step allocates no device memory: a GPU's allocation is a cudaMalloc and its release
 // a cudaFree, which waits for the device to finish everything queued, so each would drain the
 // launch queue mid-step. Activations live in the arena, and the host's small inputs (an adapter's
@@ -377,14 +391,7 @@ TEST(ShadowDevice, AStepAllocatesNoDeviceMemory) {
   auto per_step = [&](const std::vector<Lora>& loras) {
     ImageRequest r = image_runs().front().request;
     r.loras = loras;
-    auto allocations = [&](int steps) {
-      r.steps = steps;
-      const size_t before = device.allocations();
-      model->generate(r);
-      return device.allocations() - before;
-    };
-    const size_t two = allocations(2), four = allocations(4);
-    return (double(four) - double(two)) / 2;
+    return allocations_a_step(device, *model, r);
   };
   const double plain = per_step({});
   const double adapted = per_step(
@@ -397,14 +404,7 @@ TEST(ShadowDevice, AStepAllocatesNoDeviceMemory) {
   auto audio_per_step = [&](const std::vector<Lora>& loras) {
     AudioRequest r = test::reference_request(false);
     r.loras = loras;
-    auto allocations = [&](int steps) {
-      r.steps = steps;
-      const size_t before = device.allocations();
-      audio->generate(r);
-      return device.allocations() - before;
-    };
-    const size_t two = allocations(2), four = allocations(4);
-    return (double(four) - double(two)) / 2;
+    return allocations_a_step(device, *audio, r);
   };
   const Json pair = read_json(test::fixture("sa3_lora/reference.json"))["cases"].at("pair");
   std::vector<Lora> sa3_loras;

@@ -1,8 +1,8 @@
 // The fp8 tier (io/weights/quant_weights.h): the rounding to float8_e4m3fn against the format's
 // own values, how weights are quantised, which tensors the transform takes (a checkpoint's own
-// e4m3 codes included), the linear's non-finite rows, and both families run with it against the
-// official renders. The linear's arithmetic itself is held to the reference backend in the op
-// table (linear_fp8_tier*).
+// e4m3 codes included), and both families run with it against the official renders (the
+// linear's non-finite rows with int8's, test_int8.cpp). The linear's arithmetic itself is held to the reference backend
+// in the op table (linear_fp8_tier*).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -83,17 +83,6 @@ TEST(Fp8Codes, ValuesAreTheNearestE4m3TiesToEven) {
   EXPECT_GT(ties, 400);
 }
 
-Tensor random_weight(int64_t n, int64_t k, DType dt, std::mt19937& rng) {
-  Tensor w = Tensor::heap({n, k}, dt);
-  std::normal_distribution<float> d(0.0f, 0.05f);
-  for (int64_t i = 0; i < n * k; ++i) {
-    const float v = d(rng);
-    if (dt == DType::bf16) w.ptr<uint16_t>()[i] = f32_to_bf16(v);
-    else w.ptr<float>()[i] = v;
-  }
-  return w;
-}
-
 // Each row's scale is its largest magnitude / 448, its largest element gets +-448, every code is
 // fp8_value of the element (so within half a step of the format there), and the weight decodes to
 // code x scale as a checkpoint's scaled codes do.
@@ -101,7 +90,7 @@ TEST(Fp8Weights, RowsQuantiseToTheNearestValueOfTheirOwnScale) {
   std::mt19937 rng(test::test_seed());
   for (const DType dt : {DType::bf16, DType::f32}) {
     const int64_t n = 40, k = 300;
-    Tensor w = random_weight(n, k, dt, rng);
+    Tensor w = test::random_weight(n, k, dt, rng);
     std::memset(w.row(7), 0, size_t(k) * dtype_size(dt));  // row 7 all zeros: scale 0, codes 0
     const Tensor q = quantize_fp8_weight(w, "w");
     ASSERT_EQ(q.dtype, DType::fp8_e4m3);
@@ -126,7 +115,7 @@ TEST(Fp8Weights, RowsQuantiseToTheNearestValueOfTheirOwnScale) {
 
 TEST(Fp8Weights, NonFiniteWeightsAreRefusedNamingTheRow) {
   std::mt19937 rng(test::test_seed());
-  Tensor w = random_weight(8, 64, DType::f32, rng);
+  Tensor w = test::random_weight(8, 64, DType::f32, rng);
   w.ptr<float>()[5 * 64 + 1] = std::numeric_limits<float>::quiet_NaN();
   test::expect_error([&] { quantize_fp8_weight(w, "tensor 'blocks.0.to_k.weight'"); },
                      {"tensor 'blocks.0.to_k.weight'", "row 5", "NaN or an infinity", "fp8 tier"});
@@ -139,7 +128,7 @@ TEST(Fp8Weights, NonFiniteWeightsAreRefusedNamingTheRow) {
 TEST(Fp8Weights, TheTransformTakesLinearWeightsAndACheckpointsOwnCodes) {
   std::mt19937 rng(test::test_seed());
   const TierLinears t(Products::fp8, TierScope{{"embed_tokens.weight"}});
-  const Tensor w = random_weight(16, 32, DType::bf16, rng);
+  const Tensor w = test::random_weight(16, 32, DType::bf16, rng);
   const Tensor q = t.apply("transformer_blocks.0.attn.to_q.weight", w);
   EXPECT_EQ(q.dtype, DType::fp8_e4m3);
   EXPECT_EQ(q.encoding.products, Products::fp8);
@@ -171,26 +160,6 @@ TEST(Fp8Weights, TheTransformTakesLinearWeightsAndACheckpointsOwnCodes) {
   test::expect_error([&] { t.apply("to_out.weight", q8); }, {"tensor 'to_out.weight'", "q8_0", "--quant fp8"});
   const TierLinears keeping(Products::fp8, TierScope{{}, {"to_out.weight"}, true});
   EXPECT_EQ(keeping.apply("to_out.weight", q8).data, q8.data);
-}
-
-// A row of x holding an infinity or a NaN gives a row of NaN on both backends; the other rows stay
-// finite.
-TEST(Fp8Weights, ANonFiniteInputRowGivesANanRow) {
-  std::mt19937 rng(test::test_seed());
-  const int64_t m = 6, k = 64, n = 20;
-  const Tensor w = quantize_fp8_weight(random_weight(n, k, DType::bf16, rng), "w");
-  Tensor x = random_weight(m, k, DType::f32, rng);
-  x.ptr<float>()[1 * k + 9] = -std::numeric_limits<float>::infinity();
-  x.ptr<float>()[4 * k] = std::numeric_limits<float>::quiet_NaN();
-  for (Backend* b : {&cpu_backend(), &reference_backend()}) {
-    Arena arena;
-    Context c{&arena, DType::f32, nullptr, false, b};
-    Tensor y = Tensor::heap({m, n}, DType::f32);
-    ops::linear(c, x, w, nullptr, y);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < n; ++j)
-        EXPECT_EQ(std::isnan(y.ptr<float>()[r * n + j]), r == 1 || r == 4) << b->name() << " row " << r;
-  }
 }
 
 // Both families with the tier, in fp32 activations from the oracle's fp32 noise. The official

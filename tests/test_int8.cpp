@@ -1,7 +1,7 @@
-// The int8 tier (io/weights/quant_weights.h): how weights are quantised, which tensors the transform takes,
-// the linear's non-finite rows, and both families run with it against the official renders. The
-// linear's arithmetic itself is held to the reference backend bit for bit in the op table
-// (linear_int8_tier*).
+// The int8 tier (io/weights/quant_weights.h): how weights are quantised, which tensors the
+// transform takes, the linear's non-finite rows (both tiers'), and both families run with it
+// against the official renders. The linear's arithmetic itself is held to the reference backend
+// bit for bit in the op table (linear_int8_tier*).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,24 +28,13 @@
 namespace apus {
 namespace {
 
-Tensor random_weight(int64_t n, int64_t k, DType dt, std::mt19937& rng) {
-  Tensor w = Tensor::heap({n, k}, dt);
-  std::normal_distribution<float> d(0.0f, 0.05f);
-  for (int64_t i = 0; i < n * k; ++i) {
-    const float v = d(rng);
-    if (dt == DType::bf16) w.ptr<uint16_t>()[i] = f32_to_bf16(v);
-    else w.ptr<float>()[i] = v;
-  }
-  return w;
-}
-
 // Each row's scale is its largest magnitude / 127, its largest element gets code +-127, and every
 // code is the nearest: within half a step of the value (a truncating rule misses by up to a step).
 TEST(Int8Weights, RowsQuantiseToTheNearestCodeOfTheirOwnScale) {
   std::mt19937 rng(test::test_seed());
   for (const DType dt : {DType::bf16, DType::f32}) {
     const int64_t n = 40, k = 300;
-    Tensor w = random_weight(n, k, dt, rng);
+    Tensor w = test::random_weight(n, k, dt, rng);
     std::memset(w.row(7), 0, size_t(k) * dtype_size(dt));  // row 7 all zeros: scale 0, codes 0
     const Tensor q = quantize_int8_weight(w, "w");
     ASSERT_EQ(q.dtype, DType::i8);
@@ -79,7 +68,7 @@ TEST(Int8Weights, RowsQuantiseToTheNearestCodeOfTheirOwnScale) {
 
 TEST(Int8Weights, NonFiniteWeightsAreRefusedNamingTheRow) {
   std::mt19937 rng(test::test_seed());
-  Tensor w = random_weight(8, 64, DType::f32, rng);
+  Tensor w = test::random_weight(8, 64, DType::f32, rng);
   w.ptr<float>()[3 * 64 + 5] = std::numeric_limits<float>::infinity();
   test::expect_error([&] { quantize_int8_weight(w, "tensor 'blocks.0.to_q.weight'"); },
                      {"tensor 'blocks.0.to_q.weight'", "row 3", "NaN or an infinity"});
@@ -90,7 +79,7 @@ TEST(Int8Weights, NonFiniteWeightsAreRefusedNamingTheRow) {
 TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
   std::mt19937 rng(test::test_seed());
   const TierLinears t(Products::int8, TierScope{{"embed_tokens.weight"}});
-  const Tensor w = random_weight(16, 32, DType::bf16, rng);
+  const Tensor w = test::random_weight(16, 32, DType::bf16, rng);
   const Tensor q = t.apply("layers.0.mlp.up_proj.weight", w);
   EXPECT_EQ(q.encoding.products, Products::int8);
   EXPECT_EQ(q.dtype, DType::i8);
@@ -133,7 +122,7 @@ TEST(Int8Weights, TheTransformTakesLinearWeightsOnly) {
 TEST(Int8Weights, AScopeTakesItsNamesOnly) {
   std::mt19937 rng(test::test_seed());
   const TierLinears t(Products::int8, TierScope{{}, {"attn.to_qkv.weight", "attn.to_out.weight"}, true});
-  const Tensor w = random_weight(16, 32, DType::bf16, rng);
+  const Tensor w = test::random_weight(16, 32, DType::bf16, rng);
   for (const char* taken : {"decoder.blocks.0.transformers.3.attn.to_qkv.weight", "transformers.0.attn.to_out.weight"})
     EXPECT_EQ(t.apply(taken, w).encoding.products, Products::int8) << taken;
   for (const char* kept : {"decoder.blocks.0.transformers.3.ff.proj_in.weight", "transformers.0.ff.proj_out.weight",
@@ -146,24 +135,28 @@ TEST(Int8Weights, AScopeTakesItsNamesOnly) {
   EXPECT_EQ(t.apply("transformers.0.attn.to_qkv.weight", q8).data, q8.data);
 }
 
-// A row of x holding an infinity or a NaN gives a row of NaN on both backends; the other rows are
-// the reference's exactly.
-TEST(Int8Weights, ANonFiniteInputRowGivesANanRow) {
-  if (!cpu::exact_int8_products()) GTEST_SKIP() << "this CPU has neither VNNI nor AVX2: the int8 tier refuses it";
+// A row of x holding an infinity or a NaN gives a row of NaN on both backends, in both quantised
+// tiers (int8 and fp8); the other rows stay finite.
+TEST(QuantisedTiers, ANonFiniteInputRowGivesANanRow) {
   std::mt19937 rng(test::test_seed());
   const int64_t m = 6, k = 64, n = 20;
-  const Tensor w = quantize_int8_weight(random_weight(n, k, DType::bf16, rng), "w");
-  Tensor x = random_weight(m, k, DType::f32, rng);
-  x.ptr<float>()[2 * k + 9] = std::numeric_limits<float>::infinity();
-  x.ptr<float>()[4 * k] = std::numeric_limits<float>::quiet_NaN();
-  for (Backend* b : {&cpu_backend(), &reference_backend()}) {
-    Arena arena;
-    Context c{&arena, DType::f32, nullptr, false, b};
-    Tensor y = Tensor::heap({m, n}, DType::f32);
-    ops::linear(c, x, w, nullptr, y);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < n; ++j)
-        EXPECT_EQ(std::isnan(y.ptr<float>()[r * n + j]), r == 2 || r == 4) << b->name() << " row " << r;
+  for (const Products tier : {Products::int8, Products::fp8}) {
+    if (tier == Products::int8 && !cpu::exact_int8_products()) continue;  // the int8 tier refuses this CPU
+    const Tensor plain = test::random_weight(n, k, DType::bf16, rng);
+    const Tensor w = tier == Products::int8 ? quantize_int8_weight(plain, "w") : quantize_fp8_weight(plain, "w");
+    Tensor x = test::random_weight(m, k, DType::f32, rng);
+    x.ptr<float>()[2 * k + 9] = std::numeric_limits<float>::infinity();
+    x.ptr<float>()[4 * k] = std::numeric_limits<float>::quiet_NaN();
+    for (Backend* b : {&cpu_backend(), &reference_backend()}) {
+      Arena arena;
+      Context c{&arena, DType::f32, nullptr, false, b};
+      Tensor y = Tensor::heap({m, n}, DType::f32);
+      ops::linear(c, x, w, nullptr, y);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n; ++j)
+          EXPECT_EQ(std::isnan(y.ptr<float>()[r * n + j]), r == 2 || r == 4)
+              << b->name() << " " << dtype_name(w.dtype) << " row " << r;
+    }
   }
 }
 

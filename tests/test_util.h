@@ -205,6 +205,18 @@ inline uint32_t test_seed() {
   return seed;
 }
 
+// An n x k bf16 or f32 matrix of normal values (standard deviation 0.05, a linear's weights).
+inline Tensor random_weight(int64_t n, int64_t k, DType dt, std::mt19937& rng) {
+  Tensor w = Tensor::heap({n, k}, dt);
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  for (int64_t i = 0; i < n * k; ++i) {
+    const float v = d(rng);
+    if (dt == DType::bf16) w.ptr<uint16_t>()[i] = f32_to_bf16(v);
+    else w.ptr<float>()[i] = v;
+  }
+  return w;
+}
+
 // A klein request the tiny fixtures render in a blink: 64x48, 2 steps, `prompt` from `seed`.
 inline ImageRequest small_image_request(const std::string& prompt, uint64_t seed) {
   ImageRequest r;

@@ -13,14 +13,19 @@
 
 namespace apus {
 
-Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
+namespace {
+
+// A tier's weight: each row of w (widened to fp32) quantised by quantize(row, codes row) into
+// `codes`' dtype with its scale a row, the tier's products flagged; a row whose scale comes back
+// NaN (a NaN or an infinity in it) refused by number.
+template <typename Quantize> Tensor quantized_rows(const Tensor& w, const std::string& what, const char* tier,
+                                                   DType codes, Products products, Quantize quantize) {
   APUS_CHECK(
       w.rank() == 2 && w.contiguous() && (w.dtype == DType::bf16 || w.dtype == DType::f16 || w.dtype == DType::f32),
-      what, ": the int8 tier quantises bf16, f16 or f32 matrices, got ", dtype_name(w.dtype), " ", shape_str(w.shape));
+      what, ": the ", tier, " tier quantises bf16, f16 or f32 matrices, got ", dtype_name(w.dtype), " ",
+      shape_str(w.shape));
   const int64_t n = w.shape[0], k = w.shape[1];
-  APUS_CHECK(k <= kInt8MaxDot, what, ": rows of ", k, " values; the int8 tier's integer sums hold at most ",
-             kInt8MaxDot);
-  Tensor q = Tensor::heap(w.shape, DType::i8);
+  Tensor q = Tensor::heap(w.shape, codes);
   auto scales = std::make_shared<BlockScales>();
   scales->factors = Tensor::heap({n, 1}, DType::f32);
   scales->block = k;
@@ -31,47 +36,36 @@ Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
     thread_local std::vector<float> row;
     row.resize(size_t(k));
     cpu::widen_row(w.row(r), w.dtype, row.data(), k);
-    factor[r] = quantize_int8_row(row.data(), k, static_cast<int8_t*>(q.row(r)));
+    factor[r] = quantize(row.data(), k, q.row(r));
     if (std::isnan(factor[r])) {
-#pragma omp critical(apus_int8_bad_row)
+#pragma omp critical(apus_tier_bad_row)
       bad_row = bad_row < 0 ? r : std::min(bad_row, r);
     }
   });
-  APUS_CHECK(bad_row < 0, what, ": row ", bad_row, " holds a NaN or an infinity; the int8 tier cannot scale it");
+  APUS_CHECK(bad_row < 0, what, ": row ", bad_row, " holds a NaN or an infinity; the ", tier, " tier cannot scale it");
   q.encoding.block_scales = std::move(scales);
-  q.encoding.products = Products::int8;
+  q.encoding.products = products;
   return q;
 }
 
-Tensor quantize_fp8_weight(const Tensor& w, const std::string& what) {
-  APUS_CHECK(
-      w.rank() == 2 && w.contiguous() && (w.dtype == DType::bf16 || w.dtype == DType::f16 || w.dtype == DType::f32),
-      what, ": the fp8 tier quantises bf16, f16 or f32 matrices, got ", dtype_name(w.dtype), " ", shape_str(w.shape));
-  const int64_t n = w.shape[0], k = w.shape[1];
-  Tensor q = Tensor::heap(w.shape, DType::fp8_e4m3);
-  auto scales = std::make_shared<BlockScales>();
-  scales->factors = Tensor::heap({n, 1}, DType::f32);
-  scales->block = k;
-  scales->per_row = 1;
-  float* factor = scales->factors.ptr<float>();
-  int64_t bad_row = -1;
-  parallel_for(n, [&](int64_t r) {
-    thread_local std::vector<float> row;
-    row.resize(size_t(k));
-    cpu::widen_row(w.row(r), w.dtype, row.data(), k);
-    factor[r] = quantize_fp8_row(row.data(), k, row.data());
-    if (std::isnan(factor[r])) {
-#pragma omp critical(apus_fp8_bad_row)
-      bad_row = bad_row < 0 ? r : std::min(bad_row, r);
-      return;
-    }
-    auto* codes = static_cast<uint8_t*>(q.row(r));
-    for (int64_t i = 0; i < k; ++i) codes[i] = fp8_e4m3_code(row[size_t(i)]);
+}  // namespace
+
+Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
+  APUS_CHECK(w.rank() != 2 || w.shape[1] <= kInt8MaxDot, what, ": rows of ", w.shape[1],
+             " values; the int8 tier's integer sums hold at most ", kInt8MaxDot);
+  return quantized_rows(w, what, "int8", DType::i8, Products::int8, [](float* row, int64_t k, void* codes) {
+    return quantize_int8_row(row, k, static_cast<int8_t*>(codes));
   });
-  APUS_CHECK(bad_row < 0, what, ": row ", bad_row, " holds a NaN or an infinity; the fp8 tier cannot scale it");
-  q.encoding.block_scales = std::move(scales);
-  q.encoding.products = Products::fp8;
-  return q;
+}
+
+Tensor quantize_fp8_weight(const Tensor& w, const std::string& what) {
+  return quantized_rows(w, what, "fp8", DType::fp8_e4m3, Products::fp8, [](float* row, int64_t k, void* codes) {
+    const float scale = quantize_fp8_row(row, k, row);
+    auto* bytes = static_cast<uint8_t*>(codes);
+    if (!std::isnan(scale))
+      for (int64_t i = 0; i < k; ++i) bytes[i] = fp8_e4m3_code(row[i]);
+    return scale;
+  });
 }
 
 Tensor TierLinears::apply(const std::string& name, const Tensor& stored) const {

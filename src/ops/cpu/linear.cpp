@@ -314,6 +314,26 @@ void gemm_by_panels(Context& c, const Tensor& a, const Tensor& w, const Tensor* 
   }
 }
 
+// y's rows from a quantised tier's sums: NaN for a row whose scale is NaN (a NaN or an infinity in
+// it), else scaled(r, its scale, the weight's scales a row, the bias in fp32 or null, y's row in
+// fp32), the contract's fp32 steps on row r's sums.
+template <typename Scaled> void tier_outputs(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias,
+                                             const Tensor& x_scale, Tensor& y, Scaled scaled) {
+  const int64_t m = x.shape[0], n = w.shape[0];
+  const Tensor w_scale = weight_row_scales(c, w);
+  const Tensor b = tier_bias(c, bias, x.dtype, n);
+  parallel_for(m, [&](int64_t r) {
+    float* row = thread_scratch(0, n);
+    const float s = x_scale.ptr<float>()[r];
+    if (std::isnan(s)) {
+      std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
+    } else {
+      scaled(r, s, w_scale.ptr<float>(), bias ? b.ptr<float>() : nullptr, row);
+    }
+    store_row(y, r, row, n);
+  });
+}
+
 // The int8 tier's linear (ops/op_list.h): x's rows as codes, one s8 x s8 -> s32 GEMM over the
 // whole weight (oneDNN's on VNNI, apus's AVX2 kernel otherwise: the same integers), the scales and
 // bias applied row by row.
@@ -334,8 +354,6 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
     load_row(x, r, row, k);
     x_scale.ptr<float>()[r] = quantize_int8_row(row, k, static_cast<int8_t*>(codes.row(r)));
   });
-  const Tensor w_scale = weight_row_scales(c, w);
-  const Tensor b = tier_bias(c, bias, x.dtype, n);
   Tensor acc = Tensor::in(*c.arena, {m, n}, DType::i32);
   const bool own = int8_gemm_knob.value() == 1 || !vnni();
   int8_gemm_knob.took(own && vnni() ? 1 : 0);
@@ -354,15 +372,8 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
                                          {DNNL_ARG_DST, memory(c_md, dnnl_engine(), acc.data)}};
     run_primitive(key, [&] { prim.execute(dnnl_stream(), args); });
   }
-  parallel_for(m, [&](int64_t r) {
-    float* row = thread_scratch(0, n);
-    const float s = x_scale.ptr<float>()[r];
-    if (std::isnan(s)) {
-      std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
-    } else {
-      int8_products_row(acc.ptr<int32_t>() + r * n, s, w_scale.ptr<float>(), bias ? b.ptr<float>() : nullptr, row, n);
-    }
-    store_row(y, r, row, n);
+  tier_outputs(c, x, w, bias, x_scale, y, [&](int64_t r, float s, const float* w_scale, const float* b, float* row) {
+    int8_products_row(acc.ptr<int32_t>() + r * n, s, w_scale, b, row, n);
   });
 }
 
@@ -385,21 +396,12 @@ void linear_fp8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias
     x_scale.ptr<float>()[r] = s;
     store_row(codes, r, row, k);
   });
-  const Tensor w_scale = weight_row_scales(c, w);
-  const Tensor b = tier_bias(c, bias, x.dtype, n);
   Tensor codes_of_w = w;
   codes_of_w.encoding = {};  // the codes' own values: their scales multiply the sums
   Tensor sums = Tensor::in(*c.arena, {m, n}, DType::f32);
   gemm_by_panels(c, codes, codes_of_w, nullptr, sums);
-  parallel_for(m, [&](int64_t r) {
-    float* row = thread_scratch(0, n);
-    const float s = x_scale.ptr<float>()[r];
-    if (std::isnan(s)) {
-      std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
-    } else {
-      fp8_products_row(sums.ptr<float>() + r * n, s, w_scale.ptr<float>(), bias ? b.ptr<float>() : nullptr, row, n);
-    }
-    store_row(y, r, row, n);
+  tier_outputs(c, x, w, bias, x_scale, y, [&](int64_t r, float s, const float* w_scale, const float* b, float* row) {
+    fp8_products_row(sums.ptr<float>() + r * n, s, w_scale, b, row, n);
   });
 }
 

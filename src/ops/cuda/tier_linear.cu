@@ -120,6 +120,34 @@ RowScales row_scales(const Tensor& w) {
           w.encoding.block_row0, s && s->tiled};
 }
 
+// x's rows as a tier's codes in the arena: `rows` rows (zeros past x's) of `width` (zeros past k),
+// and x's row scales.
+struct RowCodes {
+  Tensor codes, scales;
+};
+template <class Codes>
+RowCodes row_codes(Context& c, const Tensor& x, int64_t k, int64_t rows, int64_t width, DType codes_dt) {
+  const int64_t m = x.shape[0];
+  RowCodes r{Tensor::in(*c.arena, {rows, width}, codes_dt), Tensor::in(*c.arena, {m}, DType::f32)};
+  if (rows > m)
+    check(cudaMemsetAsync(r.codes.row(m), 0, size_t((rows - m) * width), stream()), "clear the padding rows' codes");
+  quantize_rows_kernel<Codes><<<unsigned(m), kThreads, 0, stream()>>>(x.data, x.dtype, x.row_stride(), k, width,
+                                                                      static_cast<typename Codes::Code*>(r.codes.data),
+                                                                      r.scales.ptr<float>());
+  check(cudaGetLastError(), "row quantisation launch");
+  return r;
+}
+
+// y from a tier's GEMM sums (rows of `sums_ld`) by outputs_kernel.
+template <class Sum> void write_outputs(const Sum* sums, int64_t sums_ld, const RowCodes& x_codes, const RowScales& ws,
+                                        const Tensor* bias, DType act, Tensor& y) {
+  const int64_t m = y.shape[0], n = y.shape[1];
+  outputs_kernel<<<blocks_for(m * n), kThreads, 0, stream()>>>(
+      sums, sums_ld, x_codes.scales.ptr<float>(), ws, bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32, act,
+      y.data, y.dtype, y.row_stride(), m, n);
+  check(cudaGetLastError(), "tier outputs launch");
+}
+
 }  // namespace
 
 void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
@@ -131,19 +159,12 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
   if (m == 0) return;
   ArenaScope scope(*c.arena);
   const int64_t width = round_up(k, 16), rows = round_up(n, 4);
-  Tensor codes = Tensor::in(*c.arena, {m, width}, DType::i8);
-  Tensor x_scales = Tensor::in(*c.arena, {m}, DType::f32);
-  quantize_rows_kernel<Int8Codes><<<unsigned(m), kThreads, 0, stream()>>>(x.data, x.dtype, x.row_stride(), k, width,
-                                                                          codes.ptr<int8_t>(), x_scales.ptr<float>());
-  check(cudaGetLastError(), "int8 row quantisation launch");
+  const RowCodes x_codes = row_codes<Int8Codes>(c, x, k, m, width, DType::i8);
   const Tensor wc = gemm_ready_codes(c, w, rows, width);
   Tensor acc = Tensor::in(*c.arena, {m, rows}, DType::i32);
-  gemm({codes.data, DType::i8, width}, {wc.data, DType::i8, width}, true, {acc.data, DType::i32, rows}, m, rows, width,
-       1, 1.0f);
-  outputs_kernel<<<blocks_for(m * n), kThreads, 0, stream()>>>(
-      acc.ptr<int32_t>(), rows, x_scales.ptr<float>(), ws, bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32,
-      x.dtype, y.data, y.dtype, y.row_stride(), m, n);
-  check(cudaGetLastError(), "int8 outputs launch");
+  gemm({x_codes.codes.data, DType::i8, width}, {wc.data, DType::i8, width}, true, {acc.data, DType::i32, rows}, m, rows,
+       width, 1, 1.0f);
+  write_outputs(acc.ptr<int32_t>(), rows, x_codes, ws, bias, x.dtype, y);
 }
 
 namespace {
@@ -159,16 +180,13 @@ bool linear_fp8_in_epilogue(Context& c, const Tensor& x, const Tensor& w, const 
   if (k % 16 || n % 16 || row_bytes % 16 || reinterpret_cast<uintptr_t>(y.data) % 16 ||
       reinterpret_cast<uintptr_t>(w.data) % 16 || (bias && bias->dtype != y.dtype))
     return false;
-  Tensor codes = Tensor::in(*c.arena, {m, k}, DType::fp8_e4m3);
-  Tensor x_scales = Tensor::in(*c.arena, {m}, DType::f32), w_scales = Tensor::in(*c.arena, {n}, DType::f32);
-  quantize_rows_kernel<Fp8Codes><<<unsigned(m), kThreads, 0, stream()>>>(x.data, x.dtype, x.row_stride(), k, k,
-                                                                         codes.ptr<uint8_t>(), x_scales.ptr<float>());
-  check(cudaGetLastError(), "fp8 row quantisation launch");
+  const RowCodes x_codes = row_codes<Fp8Codes>(c, x, k, m, k, DType::fp8_e4m3);
+  Tensor w_scales = Tensor::in(*c.arena, {n}, DType::f32);
   weight_scales_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ws, w_scales.ptr<float>(), n);
   check(cudaGetLastError(), "fp8 weight scales launch");
-  return scaled_fp8_gemm({codes.data, DType::fp8_e4m3, k}, {w.data, DType::fp8_e4m3, k},
-                         {x_scales.ptr<float>(), w_scales.ptr<float>()}, {y.data, y.dtype, y.row_stride()}, m, n, k,
-                         bias ? bias->data : nullptr);
+  return scaled_fp8_gemm({x_codes.codes.data, DType::fp8_e4m3, k}, {w.data, DType::fp8_e4m3, k},
+                         {x_codes.scales.ptr<float>(), w_scales.ptr<float>()}, {y.data, y.dtype, y.row_stride()}, m, n,
+                         k, bias ? bias->data : nullptr);
 }
 
 }  // namespace
@@ -199,21 +217,12 @@ void linear_fp8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias
   fp8_scales_knob.took(0);
   // cuBLASLt's fp8 kernels take both operands K-major with M, N and K multiples of 16.
   const int64_t width = round_up(k, 16), rows = round_up(n, 16), m16 = round_up(m, 16);
-  Tensor codes = Tensor::in(*c.arena, {m16, width}, DType::fp8_e4m3);
-  if (m16 > m)
-    check(cudaMemsetAsync(codes.row(m), 0, size_t((m16 - m) * width), stream()), "clear the padding rows' codes");
-  Tensor x_scales = Tensor::in(*c.arena, {m}, DType::f32);
-  quantize_rows_kernel<Fp8Codes><<<unsigned(m), kThreads, 0, stream()>>>(x.data, x.dtype, x.row_stride(), k, width,
-                                                                         codes.ptr<uint8_t>(), x_scales.ptr<float>());
-  check(cudaGetLastError(), "fp8 row quantisation launch");
+  const RowCodes x_codes = row_codes<Fp8Codes>(c, x, k, m16, width, DType::fp8_e4m3);
   const Tensor wc = gemm_ready_codes(c, w, rows, width);
   Tensor sums = Tensor::in(*c.arena, {m16, rows}, DType::f32);
-  gemm({codes.data, DType::fp8_e4m3, width}, {wc.data, DType::fp8_e4m3, width}, true, {sums.data, DType::f32, rows},
-       m16, rows, width, 1, 1.0f);
-  outputs_kernel<<<blocks_for(m * n), kThreads, 0, stream()>>>(
-      sums.ptr<float>(), rows, x_scales.ptr<float>(), ws, bias ? bias->data : nullptr, bias ? bias->dtype : DType::f32,
-      x.dtype, y.data, y.dtype, y.row_stride(), m, n);
-  check(cudaGetLastError(), "fp8 outputs launch");
+  gemm({x_codes.codes.data, DType::fp8_e4m3, width}, {wc.data, DType::fp8_e4m3, width}, true,
+       {sums.data, DType::f32, rows}, m16, rows, width, 1, 1.0f);
+  write_outputs(sums.ptr<float>(), rows, x_codes, ws, bias, x.dtype, y);
 }
 
 }  // namespace apus::cuda

@@ -11,17 +11,16 @@ namespace apus::ref {
 
 namespace {
 
-// The int8 tier's linear, step by step as the op contract writes it, in fp32 where it says so.
-void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+// A quantised tier's linear as the op contract writes it: each row of x to codes at the scale
+// max |row| / largest (int8: the nearest integer of x * 127 / max |row|, clamped; fp8: fp8_value,
+// whose own test in test_fp8.cpp holds it to every value of the format), the weight's codes as
+// their values, the sum exact in f64 (int8's integers, fp8's 4-bit products) then rounded to
+// fp32, the scales and bias in fp32. A row holding a NaN or an infinity gives NaN.
+template <typename Code, typename WeightCode> void tier_linear(const Tensor& x, const Tensor& w, const Tensor* bias,
+                                                               Tensor& y, float largest, Code code,
+                                                               WeightCode weight_code) {
   const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
-  APUS_CHECK(w.dtype == DType::i8 && k <= kInt8MaxDot, "linear: an int8 tier weight must be i8 with rows of at most ",
-             kInt8MaxDot, ", got ", dtype_name(w.dtype), " ", shape_str(w.shape));
-  std::vector<float> w_scale(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j)
-    w_scale[size_t(j)] = w.encoding.block_scales
-                             ? w.encoding.code_scale * w.encoding.block_scales->at(w.encoding.block_row0 + j, 0)
-                             : w.encoding.code_scale;
-  std::vector<int8_t> q(static_cast<size_t>(k));
+  std::vector<double> q(static_cast<size_t>(k));
   for (int64_t i = 0; i < m; ++i) {
     float amax = 0;
     bool finite = true;
@@ -30,53 +29,15 @@ void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y
       finite = finite && std::isfinite(v);
       amax = std::max(amax, std::fabs(v));
     }
-    const float x_scale = amax / 127.0f;
-    for (int64_t t = 0; t < k; ++t) {
-      const float v = amax == 0 ? 0.0f : std::nearbyint(float(get(x, i, t)) * (127.0f / amax));
-      q[size_t(t)] = int8_t(std::clamp(v, -127.0f, 127.0f));
-    }
+    const float x_scale = amax / largest;
+    for (int64_t t = 0; t < k; ++t) q[size_t(t)] = amax == 0 ? 0.0 : code(float(get(x, i, t)), largest / amax);
     for (int64_t j = 0; j < n; ++j) {
       if (!finite) {
         put(y, i, j, std::nan(""));
         continue;
       }
-      const int8_t* wr = static_cast<const int8_t*>(w.row(j));
-      int64_t dot = 0;
-      for (int64_t t = 0; t < k; ++t) dot += int64_t(q[size_t(t)]) * wr[t];
-      const float scale = x_scale * w_scale[size_t(j)];
-      const float v =
-          bias ? std::fma(float(dot), scale, float(as(x.dtype, get(rows2d(*bias), 0, j)))) : float(dot) * scale;
-      put(y, i, j, v);
-    }
-  }
-}
-
-// The fp8 tier's linear as the contract writes it: each row's codes by fp8_value (the contract's
-// rounding to float8_e4m3fn, its own test in test_fp8.cpp holds it to every value of the
-// format), the weight's codes as their e4m3 values, the sum exact in f64 then rounded to fp32,
-// the scales and bias in fp32.
-void linear_fp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
-  const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
-  APUS_CHECK(w.dtype == DType::fp8_e4m3, "linear: an fp8 tier weight must be float8_e4m3fn, got ", dtype_name(w.dtype));
-  std::vector<float> q(static_cast<size_t>(k));
-  for (int64_t i = 0; i < m; ++i) {
-    float amax = 0;
-    bool finite = true;
-    for (int64_t t = 0; t < k; ++t) {
-      const float v = float(get(x, i, t));
-      finite = finite && std::isfinite(v);
-      amax = std::max(amax, std::fabs(v));
-    }
-    const float x_scale = amax / kFp8Max;
-    for (int64_t t = 0; t < k; ++t) q[size_t(t)] = amax == 0 ? 0.0f : fp8_value(float(get(x, i, t)), kFp8Max / amax);
-    for (int64_t j = 0; j < n; ++j) {
-      if (!finite) {
-        put(y, i, j, std::nan(""));
-        continue;
-      }
-      const uint8_t* wr = static_cast<const uint8_t*>(w.row(j));
       double dot = 0;
-      for (int64_t t = 0; t < k; ++t) dot += double(q[size_t(t)]) * double(fp8_e4m3_to_f32(wr[t]));
+      for (int64_t t = 0; t < k; ++t) dot += q[size_t(t)] * weight_code(w.row(j), t);
       const float w_scale = w.encoding.block_scales
                                 ? w.encoding.code_scale * w.encoding.block_scales->at(w.encoding.block_row0 + j, 0)
                                 : w.encoding.code_scale;
@@ -86,6 +47,22 @@ void linear_fp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y)
       put(y, i, j, v);
     }
   }
+}
+
+void linear_int8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  APUS_CHECK(w.dtype == DType::i8 && w.shape[1] <= kInt8MaxDot, "linear: an int8 tier weight must be i8 with rows of ",
+             "at most ", kInt8MaxDot, ", got ", dtype_name(w.dtype), " ", shape_str(w.shape));
+  tier_linear(
+      x, w, bias, y, 127.0f,
+      [](float v, float inv) { return double(std::clamp(std::nearbyint(v * inv), -127.0f, 127.0f)); },
+      [](const void* row, int64_t t) { return double(static_cast<const int8_t*>(row)[t]); });
+}
+
+void linear_fp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  APUS_CHECK(w.dtype == DType::fp8_e4m3, "linear: an fp8 tier weight must be float8_e4m3fn, got ", dtype_name(w.dtype));
+  tier_linear(
+      x, w, bias, y, kFp8Max, [](float v, float inv) { return double(fp8_value(v, inv)); },
+      [](const void* row, int64_t t) { return double(fp8_e4m3_to_f32(static_cast<const uint8_t*>(row)[t])); });
 }
 
 }  // namespace
