@@ -8,6 +8,12 @@
 // is mapped without access, so a host read or write of it faults (and the handler names the
 // address as device memory); the second half holds the data. Its ops run the CPU backend's on the
 // second halves, so a pipeline on it computes exactly what it computes on the CPU, byte for byte.
+//
+// It records graphs as a GPU does (Backend::begin_graph): the ops of a recorded step are kept with
+// their operands as they were called and run only at launch_graph, so a step that leaned on
+// running as it is called (a host read of a result inside it, an operand that changed or died
+// before the launch, an allocation or a synchronous copy) computes something else there or is
+// refused by name, as a CUDA graph's capture would refuse it.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,9 +21,14 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "apus/apus.h"
 #include "core/error.h"
@@ -58,6 +69,7 @@ class ShadowDevice : public Backend {
   }
 
   Tensor upload(const Tensor& host) override {
+    APUS_CHECK(!recording_, "shadow device: an upload (an allocation and a synchronous copy) inside a recorded step");
     APUS_CHECK(host.device == Device::cpu && host.contiguous(), "shadow upload: expected a contiguous host tensor");
     Tensor t = Tensor::allocate(*this, host.shape, host.dtype);
     std::memcpy(on_host(t.data), host.data, host.nbytes());
@@ -68,9 +80,18 @@ class ShadowDevice : public Backend {
     APUS_CHECK(host.device == Device::cpu && host.contiguous() && to.device == Device::cuda && to.ordinal == kOrdinal &&
                    to.contiguous() && host.nbytes() == to.nbytes(),
                "shadow upload_into: expected a contiguous host tensor and a shadow tensor of its bytes");
-    std::memcpy(on_host(to.data), host.data, host.nbytes());
+    if (!recording_) {
+      std::memcpy(on_host(to.data), host.data, host.nbytes());
+      return;
+    }
+    // A GPU's graph copies from pinned memory kept for it: the bytes as they were at the call.
+    auto kept = std::make_shared<std::vector<char>>(static_cast<const char*>(host.data),
+                                                    static_cast<const char*>(host.data) + host.nbytes());
+    void* data = to.data;
+    recorded_.push_back([this, kept, data] { std::memcpy(on_host(data), kept->data(), kept->size()); });
   }
   Tensor download(const Tensor& t) override {
+    APUS_CHECK(!recording_, "shadow device: a download (a host read) inside a recorded step");
     APUS_CHECK(t.device == Device::cuda && t.ordinal == kOrdinal && t.contiguous(),
                "shadow download: expected a contiguous tensor of the shadow device");
     Tensor host = Tensor::heap(t.shape, t.dtype);
@@ -97,6 +118,29 @@ class ShadowDevice : public Backend {
   // The memory it reports (0: none of its own, the host's budget applies), for admission tests.
   double memory_bytes() const override { return memory_bytes_; }
   void set_memory_bytes(double bytes) { memory_bytes_ = bytes; }
+
+  void synchronize() override {
+    APUS_CHECK(!recording_, "shadow device: a wait for the device inside a recorded step");
+  }
+
+  bool begin_graph() override {
+    APUS_CHECK(!recording_, "shadow device: a graph is already being recorded");
+    recording_ = true;
+    return true;
+  }
+  void launch_graph() override {
+    recording_ = false;
+    std::vector<std::function<void()>> ops;
+    ops.swap(recorded_);
+    for (auto& op : ops) op();
+    ++graphs_launched_;
+  }
+  void abandon_graph() noexcept override {
+    recording_ = false;
+    recorded_.clear();
+  }
+  // Graphs it has launched, for tests to see that steps were recorded.
+  size_t graphs_launched() const { return graphs_launched_; }
 
   // Ops the device has run, for tests to see that work reached it.
   size_t ops_run() const { return ops_run_; }
@@ -154,6 +198,48 @@ class ShadowDevice : public Backend {
     else return std::forward<T>(operand);
   }
 
+  // An operand as a recorded op keeps it: tensors (and a key mask's) by value, as a graph keeps
+  // the device addresses and sizes it was recorded with, never the host objects that held them.
+  struct KeptOptions {
+    ops::AttentionOptions options;
+    std::optional<Tensor> valid;
+  };
+  template <typename T> static auto keep(T&& operand) {
+    using Plain = std::remove_cv_t<std::remove_reference_t<T>>;
+    if constexpr (std::is_same_v<Plain, const Tensor*> || std::is_same_v<Plain, Tensor*>)
+      return operand ? std::optional<Tensor>(*operand) : std::optional<Tensor>();
+    else if constexpr (std::is_same_v<Plain, ops::AttentionOptions>)
+      return KeptOptions{operand, operand.key_valid ? std::optional<Tensor>(*operand.key_valid) : std::nullopt};
+    else return Plain(operand);
+  }
+  template <typename T> static decltype(auto) unkeep(T& kept) {
+    if constexpr (std::is_same_v<T, std::optional<Tensor>>) return kept ? &*kept : static_cast<const Tensor*>(nullptr);
+    else if constexpr (std::is_same_v<T, KeptOptions>) {
+      ops::AttentionOptions options = kept.options;
+      options.key_valid = kept.valid ? &*kept.valid : nullptr;
+      return options;
+    } else return (kept);
+  }
+
+  // An op run now, or while a graph is recorded kept to run at its launch; an op answering the
+  // host (all_finite) cannot be recorded.
+  template <typename Ret, typename Run, typename... Operands>
+  Ret dispatch(const char* op, const Context& c, Run run, Operands&&... operands) {
+    ++ops_run_;
+    Context inner = host_context(c);
+    if (recording_) {
+      if constexpr (std::is_void_v<Ret>) {
+        recorded_.push_back([this, inner, run, kept = std::make_tuple(keep(operands)...)]() mutable {
+          std::apply([&](auto&... k) { run(inner, host(unkeep(k))...); }, kept);
+        });
+        return;
+      } else {
+        APUS_CHECK(false, "shadow device: ", op, " answers the host inside a recorded step");
+      }
+    }
+    return run(inner, host(operands)...);
+  }
+
   Context host_context(const Context& c) {
     thread_local Arena scratch(size_t(16) << 20);
     Context inner = c;
@@ -179,12 +265,13 @@ class ShadowDevice : public Backend {
 
  public:
   // Every op: the CPU backend's, on the data halves, with a host scratch arena of its own.
-#define APUS_SHADOW_OP(ret, name, params, args)                                                             \
-  ret name params override {                                                                                \
-    ++ops_run_;                                                                                             \
-    Context inner = host_context(c);                                                                        \
-    auto call = [&](Context&, auto&&... operands) { return cpu_backend().name(inner, host(operands)...); }; \
-    return call args;                                                                                       \
+#define APUS_SHADOW_OP(ret, name, params, args)                                                                        \
+  ret name params override {                                                                                           \
+    auto run = [](Context& inner, auto&&... operands) -> ret {                                                         \
+      return cpu_backend().name(inner, std::forward<decltype(operands)>(operands)...);                                 \
+    };                                                                                                                 \
+    auto call = [&](Context& context, auto&&... operands) { return dispatch<ret>(#name, context, run, operands...); }; \
+    return call args;                                                                                                  \
   }
   APUS_OPS(APUS_SHADOW_OP)
 #undef APUS_SHADOW_OP
@@ -215,6 +302,9 @@ class ShadowDevice : public Backend {
   std::atomic<size_t> ops_run_{0}, exchanges_run_{0};
   size_t allocations_ = 0;
   std::atomic<double> memory_bytes_{0};
+  bool recording_ = false;
+  std::vector<std::function<void()>> recorded_;
+  size_t graphs_launched_ = 0;
 
   friend ShadowDevice& shadow_device();
 };

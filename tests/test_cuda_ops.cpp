@@ -11,6 +11,7 @@
 #include "models/flux2/vae_decoder.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
+#include "pipeline/stage.h"
 #include "sa3_fixtures.h"
 #include "test_util.h"
 #if APUS_HAS_CUDA
@@ -169,6 +170,31 @@ TEST(CudaPipelines, Sa3RendersTheOfficialClipsOnTheDevice) {
     EXPECT_LT(err, test::kFp32Tolerance) << mode;
     EXPECT_LT(err_bf16, test::kBf16Factor * bf16_self) << mode;
   }
+}
+
+// The steps queued without a wait (device.steps=deferred) and recorded as CUDA graphs (graphs) on
+// the device: the same kernels in the same order, so the checked run's bytes, for klein (with two
+// LoRAs, whose gates are staged into each recorded step) and Stable Audio 3, resident as `apus
+// serve` and `apus bench` hold them.
+TEST(CudaPipelines, QueuedAndRecordedStepsComputeTheCheckedStepsBytes) {
+  std::string why;
+  if (!gpu_or_null(why)) GTEST_SKIP() << "no CUDA device here: " << why;
+  const auto image = ImageModel::open(test::fixture("klein_tiny_a"), Weights::resident, "cuda");
+  ImageRequest r = test::small_image_request("a red fox in the snow", 7);
+  r.steps = 4;
+  r.loras = {{test::fixture("klein_lora/peft.safetensors"), 0.7f}, {test::fixture("klein_lora/bfl.safetensors"), 0.5f}};
+  const auto audio = AudioModel::open(test::official_dir(), Weights::resident, "cuda");
+  AudioRequest a = test::reference_request(false);
+  a.steps = 4;
+  const std::vector<uint8_t> rgb = image->generate(r).rgb;
+  const std::vector<float> samples = audio->generate(a).samples;
+  for (const char* queue : {"deferred", "graphs"}) {
+    SCOPED_TRACE(queue);
+    const KnobScope scope("device.steps", queue);
+    EXPECT_EQ(image->generate(r).rgb, rgb);
+    EXPECT_EQ(audio->generate(a).samples, samples);
+  }
+  EXPECT_GT(device_steps_knob.taken(int(StepQueue::graphs)), 0);
 }
 
 // The files people download on the device: each quantised transformer (GGUF's blocks, BFL's fp8,

@@ -417,6 +417,75 @@ TEST(ShadowDevice, AStepAllocatesNoDeviceMemory) {
   EXPECT_EQ(audio_adapted, 0);
 }
 
+// A device's steps queued without a wait between them (device.steps=deferred) and recorded as one
+// graph each (graphs: the shadow device runs a recorded step's ops only at its launch, with the
+// operands they were called with) compute the checked steps' bytes, in every mode of both
+// families: guidance, edits, inpainting, the -kv cache, LoRAs (their gates staged from the host
+// inside the recording). Three steps, so two are recorded a request.
+TEST(ShadowDevice, QueuedAndRecordedStepsComputeTheCheckedStepsBytes) {
+  test::ShadowDevice& device = test::shadow_device();
+  for (ImageRun run : image_runs()) {
+    SCOPED_TRACE(run.name);
+    run.request.steps = 3;
+    const auto model = open_image_model(test::fixture(run.variant), Weights::resident, &device);
+    const std::vector<uint8_t> checked = model->generate(run.request).rgb;
+    {
+      const KnobScope queued("device.steps", "deferred");
+      EXPECT_EQ(model->generate(run.request).rgb, checked) << "deferred";
+    }
+    const KnobScope recorded("device.steps", "graphs");
+    const size_t before = device.graphs_launched();
+    EXPECT_EQ(model->generate(run.request).rgb, checked) << "graphs";
+    EXPECT_GT(device.graphs_launched(), before) << "no step was recorded";
+  }
+  const auto audio = open_audio_model(test::official_dir(), Weights::resident, &device);
+  AudioRequest r = test::reference_request(false);
+  r.steps = 3;
+  for (const Json& l : read_json(test::fixture("sa3_lora/reference.json"))["cases"].at("pair"))
+    r.loras.push_back({test::fixture("sa3_lora/" + l[0].get<std::string>()), l[1].get<float>()});
+  const std::vector<float> checked = audio->generate(r).samples;
+  {
+    const KnobScope queued("device.steps", "deferred");
+    EXPECT_EQ(audio->generate(r).samples, checked) << "SA3 deferred";
+  }
+  const KnobScope recorded("device.steps", "graphs");
+  const size_t before = device.graphs_launched();
+  EXPECT_EQ(audio->generate(r).samples, checked) << "SA3 graphs";
+  EXPECT_EQ(device.graphs_launched() - before, 2u) << "SA3's steps 2 and 3";
+}
+
+// A step whose state turns non-finite is named as a checked run names it, though its flag is read
+// only after the last step: a copy of klein's tiny model with a NaN in its output projection.
+TEST(ShadowDevice, QueuedStepsNameTheFirstNonFiniteStep) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "apus_nan_steps_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::copy(test::fixture("klein_tiny_a"), dir, fs::copy_options::recursive);
+  const std::string file = dir + "/transformer/diffusion_pytorch_model.safetensors";
+  std::vector<NamedTensor> tensors;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(file);
+    for (const auto& name : f.names()) {
+      const Tensor& t = f.get(name);
+      Tensor copy = Tensor::heap(t.shape, t.dtype);
+      std::memcpy(copy.data, t.data, t.nbytes());
+      if (name == "proj_out.weight") copy.ptr<uint16_t>()[3] = f32_to_bf16(NAN);
+      tensors.push_back({name, copy});
+    }
+  }
+  fs::remove(file);
+  write_safetensors(file, tensors);
+  const auto model = open_image_model(dir, Weights::resident, &test::shadow_device());
+  ImageRequest r = image_runs().front().request;
+  r.steps = 3;
+  for (const char* queue : {"checked", "deferred", "graphs"}) {
+    SCOPED_TRACE(queue);
+    const KnobScope scope("device.steps", queue);
+    test::expect_error([&] { model->generate(r); }, {"transformer step 1/3", "NaN or Inf"});
+  }
+  fs::remove_all(dir);
+}
+
 // A request is admitted against the device's own memory, not the host's: refused naming the device
 // when its weights and activations would not fit there.
 TEST(ShadowDevice, RequestsAreAdmittedAgainstTheDevicesMemory) {

@@ -576,6 +576,23 @@ void add_layout_cases(std::vector<OpCase>& cases) {
                                }
                              }};
                    }});
+  // The same four tensors' flags into slots of a poisoned vector (two slots left poisoned: the
+  // op writes its own slot only), whole and through a column view.
+  cases.push_back({"nonfinite_flag", OpId::nonfinite_flag, Bound::exact, [](OpInputs& d) -> Drawn {
+                     std::vector<Tensor> in = {d.random({29, 70})};
+                     std::uniform_int_distribution<int64_t> pick(0, in[0].numel() - 1);
+                     for (const float bad : {NAN, INFINITY, -INFINITY}) {
+                       Tensor t = OpInputs::clone(in[0]);
+                       OpInputs::store(t, pick(d.rng), bad);
+                       in.push_back(t);
+                     }
+                     return {{in, {d.poisoned({10}, DType::i32)}}, [](Context& c, Operands& t) {
+                               for (size_t i = 0; i < t.in.size(); ++i) {
+                                 ops::nonfinite_flag(c, t.in[i], t.out[0], int64_t(2 * i));
+                                 ops::nonfinite_flag(c, t.in[i].cols(3, 50), t.out[0], int64_t(2 * i + 1));
+                               }
+                             }};
+                   }});
   cases.push_back({"transpose", OpId::transpose, Bound::rounding, [](OpInputs& d) -> Drawn {
                      return {{{d.random({m, n})}, {d.poisoned({n, m})}},
                              [](Context& c, Operands& t) { ops::transpose(c, t.in[0], t.out[0]); }};

@@ -11,7 +11,8 @@
 # SDPA against the flash kernel, and SAME's chunks decoded together against apart; `ab-products` the flash attention against the products on both DiTs;
 # `ab-lean` the flash kernel's lean element code against the proven one; `ab-conv` cuDNN's conv
 # against im2col on klein's VAE; `int8` the int8 tier (`--quant int8`) on both models and q8_0's
-# per-linear decoding (`--quant q8_0`) on klein; `fp8` the fp8 tier (`--quant fp8`) on both models.
+# per-linear decoding (`--quant q8_0`) on klein; `fp8` the fp8 tier (`--quant fp8`) on both models;
+# `ab-steps` the sampler steps queued and recorded as CUDA graphs against checked one by one.
 # The lent machine cannot build apus (none of its Debian libraries are there, nothing can be
 # installed): tools/device-bundle.sh, run beforehand on a machine that builds it, leaves the
 # binaries and their libraries in parts under .device/, carried with the call. With the parts
@@ -126,7 +127,12 @@ for s in $steps; do
         --quant fp8 --ab cuda.fp8_scales=epilogue,kernel --json "$out/klein-1024-fp8.json"
       step fp8-sa3 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
         --quant fp8 --json "$out/sa3-medium-120s-fp8.json" ;;
-    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-products ab-lean ab-conv int8 fp8)" >&2; exit 2 ;;
+    ab-steps)  # the steps checked one by one, queued without a wait, and recorded as CUDA graphs
+      step ab-sa3-steps 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
+        --ab device.steps=graphs,deferred,checked --json "$out/sa3-ab-steps.json"
+      step ab-klein-steps 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
+        --reps 2 --ab device.steps=graphs,deferred,checked --json "$out/klein-ab-steps.json" ;;
+    *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-products ab-lean ab-conv int8 fp8 ab-steps)" >&2; exit 2 ;;
   esac
 done
 echo "== summary"

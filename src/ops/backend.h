@@ -45,6 +45,15 @@ class Backend : public Allocator {
   // here, and the front end refuses the rest by name before dispatching (its entries for them are
   // never called); the op table skips them on it.
   virtual bool supports(ops::OpId) const { return true; }
+  // Graph recording, for a device's sampler steps under device.steps=graphs (pipeline/stage.h):
+  // after begin_graph answers true, the ops called until launch_graph are recorded, not run, and
+  // launch_graph queues the recording as one graph (a GPU runs it without a launch from the host
+  // per op); abandon_graph drops a recording an op threw in. The host's small inputs staged inside
+  // one (upload_into) are kept until the graph has run. False: no recording, the ops run as called.
+  virtual bool begin_graph() { return false; }
+  virtual void launch_graph() {}
+  virtual void abandon_graph() noexcept {}
+
   // Why this backend cannot run the linears of a quantised tier's weights (Products::int8 or fp8:
   // core/tensor.h), naming what it lacks, as the one-line refusal `--quant` gets at load; empty
   // where it runs them.

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace apus {
@@ -122,6 +123,9 @@ struct AttentionOptions {
 // copy: y = x converted to y's dtype (views, or any two contiguous tensors of one size).
 // all_finite: whether x holds no NaN or Inf (a pipeline's guard between stages); counting mode
 //   reports true.
+// nonfinite_flag: flags[slot] = 1 where x holds a NaN or an Inf, else 0 (flags a contiguous i32
+//   vector): all_finite's answer left where the op runs, so a pipeline can queue steps without
+//   waiting for each and read their answers at once (pipeline/driver.h).
 // transpose: y[N, M] = x[M, N]^T, both contiguous and of one dtype.
 // conv2d: NCHW, square stride; `pad` zero rows / columns before (top, left), `pad_end` after
 //   (bottom, right: diffusers' Downsample2D pads (0, 1, 0, 1)); w converted to x's dtype, bias
@@ -190,6 +194,7 @@ struct AttentionOptions {
     (c, x, cond, uncond, y, sigma, scale, apg, batch, valid))                                                          \
   X(void, copy, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                                                  \
   X(bool, all_finite, (Context & c, const Tensor& x), (c, x))                                                          \
+  X(void, nonfinite_flag, (Context & c, const Tensor& x, Tensor& flags, int64_t slot), (c, x, flags, slot))            \
   X(void, transpose, (Context & c, const Tensor& x, Tensor& y), (c, x, y))                                             \
   X(void, conv2d,                                                                                                      \
     (Context & c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, int64_t stride, int64_t pad,        \
@@ -232,6 +237,13 @@ inline constexpr size_t kOpCount = sizeof(kOpNames) / sizeof(kOpNames[0]);
 inline const char* op_name(OpId op) { return kOpNames[size_t(op)]; }
 
 }  // namespace ops
+
+// nonfinite_flag's flags and slot, as every backend checks them.
+inline void check_flag_slot(const Tensor& flags, int64_t slot) {
+  APUS_CHECK(flags.dtype == DType::i32 && flags.contiguous() && slot >= 0 && slot < flags.numel(),
+             "nonfinite_flag: expected a contiguous i32 vector and a slot inside it, got ", dtype_name(flags.dtype),
+             " ", shape_str(flags.shape), " and slot ", slot);
+}
 
 // Declares every op of the list in the current namespace (a backend's own namespace).
 #define APUS_DECLARE_OP(ret, name, params, args) ret name params;

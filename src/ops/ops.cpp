@@ -132,6 +132,10 @@ OpCost copy_cost(Context&, const Tensor& x, Tensor& y) {
 
 OpCost all_finite_cost(Context&, const Tensor& x) { return {elems(x), 0, bytes(x), bytes(x)}; }
 
+OpCost nonfinite_flag_cost(Context&, const Tensor& x, Tensor&, int64_t) {
+  return {elems(x), 0, bytes(x) + 4, bytes(x) + 4};
+}
+
 OpCost transpose_cost(Context&, const Tensor& x, Tensor& y) {
   const double act = bytes(x) + bytes(y);
   return {0, 0, act, act};

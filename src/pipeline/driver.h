@@ -63,7 +63,8 @@ template <typename Work> class Part {
   // Files the cost of each stage the batch runs and the model's parameters, in the request's
   // activation dtype `act` (the weights held as a run holds them: converted to it).
   virtual void count(Work& w, PipelineCost& p, DType act) const = 0;
-  virtual void run(Context& c, Work& w, StageClock& clock, const Progress& say) const = 0;
+  // Runs the part's stages, its sampler steps queued as `queue` says (step_queue_for).
+  virtual void run(Context& c, Work& w, StageClock& clock, const Progress& say, StepQueue queue) const = 0;
 };
 
 // A part on one model: opened with weights for a run (or held resident), shapes only for a count.
@@ -95,7 +96,7 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
     for (size_t i = first; i < p.stages.size(); ++i) p.stages[i].model_bytes = held;
   }
 
-  void run(Context& c, Work& w, StageClock& clock, const Progress& say) const override {
+  void run(Context& c, Work& w, StageClock& clock, const Progress& say, StepQueue queue) const override {
     if (s_.used && !s_.used(w)) return;
     with_model(
         *s_.resident, [&] { return s_.open(Weights::per_stage, c.act); },
@@ -109,9 +110,12 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
               continue;
             }
             const StepRange range = stage.steps(w);
+            if (queue != StepQueue::checked) {
+              queued_steps(c, model, w, stage, range, queue, clock, say);
+              continue;
+            }
             for (int i = range.first; i < range.end; ++i) {
-              if (c.agreement) c.agreement->before_step();
-              if (c.finish_steps && c.finish_steps->load(std::memory_order_relaxed)) break;
+              if (!step_starts(c)) break;
               timed_step(c, clock, say, i - range.first, range.end - range.first, (*range.sigmas)[size_t(i)],
                          w.*stage.output, stage.name,
                          [&] { run_stage(c, stage.name, [&] { stage.run(c, model, w, i); }); });
@@ -121,6 +125,36 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
   }
 
  private:
+  // Whether the next step starts: agreed over a split's ranks first, none after finish_steps.
+  static bool step_starts(Context& c) {
+    if (c.agreement) c.agreement->before_step();
+    return !(c.finish_steps && c.finish_steps->load(std::memory_order_relaxed));
+  }
+
+  // The steps queued without a wait between them (StepQueue::deferred or graphs): each step's
+  // state flagged on the device, the flags read once after the last step and the first non-finite
+  // step named as a checked run names it; each step's time the mean of the steps'.
+  static void queued_steps(Context& c, const Model& model, Work& w, const Stage<Work, Model>& stage,
+                           const StepRange& range, StepQueue queue, StageClock& clock, const Progress& say) {
+    const int n = range.end - range.first;
+    Tensor flags = Tensor::in(*c.arena, {std::max(n, 1)}, DType::i32);
+    int ran = 0;
+    for (int i = range.first; i < range.end && step_starts(c); ++i, ++ran) {
+      std::optional<StepGraph> graph;
+      if (queue == StepQueue::graphs && i > range.first) graph.emplace(*c.backend);
+      run_stage(c, stage.name, [&] { stage.run(c, model, w, i); });
+      ops::nonfinite_flag(c, w.*stage.output, flags, i - range.first);
+      if (graph) graph->launch();
+    }
+    if (ran == 0) return;
+    const Tensor answers = c.backend->download(flags);  // waits for the queued steps
+    for (int j = 0; j < ran; ++j) APUS_CHECK(answers.ptr<int32_t>()[j] == 0, nonfinite_error(step_name(j, n)));
+    std::vector<std::string> names;
+    for (int j = 0; j < ran; ++j) names.push_back(step_label(j));
+    const double each = clock.stop_evenly(names, stage.name);
+    for (int j = 0; j < ran; ++j) say(step_line(j, n, (*range.sigmas)[size_t(range.first + j)], each));
+  }
+
   Spec s_;
 };
 
@@ -220,7 +254,8 @@ std::vector<typename F::Result> generate_batch_of(const F& f, const std::vector<
     results[i].seed = requests[i].seed ? *requests[i].seed : std::random_device{}();
   f.initial_noise(ctx, w, requests, results);
   for (const auto& res : results) say("seed " + std::to_string(res.seed));
-  for (const auto& part : f.parts()) part->run(ctx, w, clock, say);
+  const StepQueue queue = step_queue_for(ctx, !preview_sinks(requests).empty(), w.parallel.strategy != Parallel::none);
+  for (const auto& part : f.parts()) part->run(ctx, w, clock, say, queue);
   f.finish(ctx, w, requests, results);
   const std::string timeline = trace ? trace->json() : "";
   for (size_t i = 0; i < results.size(); ++i) {

@@ -10,6 +10,32 @@
 
 namespace apus {
 
+Knob device_steps_knob("device.steps",
+                       "how a device's sampler steps are queued: each checked finite as it ends (a wait a step), "
+                       "deferred (the checks read once after the last step), or graphs (deferred, each step after "
+                       "the first launched as one recorded graph)",
+                       {"checked", "deferred", "graphs"});
+
+StepQueue step_queue_for(const Context& c, bool previews, bool split) {
+  if (!c.backend || c.backend->device() == Device::cpu || c.trace || c.count_only) return StepQueue::checked;
+  auto queue = StepQueue(device_steps_knob.value());
+  if (queue == StepQueue::graphs && (previews || split)) queue = StepQueue::deferred;
+  device_steps_knob.took(int(queue));
+  return queue;
+}
+
+StepGraph::StepGraph(Backend& backend) : backend_(backend), recording_(backend.begin_graph()) {}
+
+StepGraph::~StepGraph() {
+  if (recording_) backend_.abandon_graph();
+}
+
+void StepGraph::launch() {
+  if (!recording_) return;
+  recording_ = false;  // a launch that throws has ended the recording itself
+  backend_.launch_graph();
+}
+
 namespace {
 // Address space each pool thread takes beyond the counted stage: its malloc arena (glibc reserves
 // 64 MiB per thread), its stack and oneDNN's per-thread scratch and kernels.

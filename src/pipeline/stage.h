@@ -13,6 +13,7 @@
 #include "apus/apus.h"
 #include "core/cost.h"
 #include "core/error.h"
+#include "core/variants.h"
 #include "ops/ops.h"
 
 namespace apus {
@@ -43,11 +44,19 @@ template <typename Body> StageCost count_stage(const std::string& name, int64_t 
 class StageClock {
  public:
   StageClock(std::vector<StageTime>& out, Trace* trace) : out_(out), trace_(trace) {}
-  void stop(const std::string& name, const std::string& stage = "") {
+  void stop(const std::string& name, const std::string& stage = "") { stop_evenly({name}, stage); }
+  // The time since the previous stop shared evenly by `names`, in order (steps queued without a
+  // wait between them, whose own times the host does not see); returns each one's share.
+  double stop_evenly(const std::vector<std::string>& names, const std::string& stage = "") {
     const auto now = std::chrono::steady_clock::now();
-    out_.push_back({name, stage, std::chrono::duration<double>(now - start_).count()});
-    if (trace_) trace_->add(name, "pipeline", start_, now);
+    const auto share = (now - start_) / std::max<int64_t>(int64_t(names.size()), 1);
+    for (const std::string& name : names) {
+      out_.push_back({name, stage, std::chrono::duration<double>(share).count()});
+      if (trace_) trace_->add(name, "pipeline", start_, start_ + share);
+      start_ += share;
+    }
     start_ = now;
+    return std::chrono::duration<double>(share).count();
   }
 
  private:
@@ -71,9 +80,48 @@ template <typename Body> void run_stage(Context& c, const char* stage, Body&& bo
 
 // Stops the request when a stage's output holds NaN or Inf: an image or a sound from it would be
 // garbage, and its cast to integers undefined.
+inline std::string nonfinite_error(const std::string& stage) {
+  return stage + " produced NaN or Inf (from a non-finite weight, noise value or setting upstream)";
+}
 inline void require_finite(Context& c, const Tensor& t, const std::string& stage) {
-  APUS_CHECK(ops::all_finite(c, t), stage, " produced NaN or Inf (from a non-finite weight, ",
-             "noise value or setting upstream)");
+  APUS_CHECK(ops::all_finite(c, t), nonfinite_error(stage));
+}
+
+// How a device's sampler steps are queued (the knob device.steps): each checked finite as it ends
+// (a wait for the device a step; what a host backend always does), deferred (the checks' answers
+// left on the device by nonfinite_flag and read once after the last step: the host queues step
+// after step while the device runs), or graphs (deferred, and every step after the first
+// recorded and launched as one graph: a launch a step in place of one an op; the first step, run
+// as called, warms what is set up once: libraries' handles, algorithms, the arena's memory).
+enum class StepQueue { checked, deferred, graphs };
+extern Knob device_steps_knob;
+// The queue of a batch's steps on c's backend: checked on a host backend, under a trace (it waits
+// for every op) and in counting mode; deferred in place of graphs where a step reads its state on
+// the host (previews) or exchanges over a split's ranks.
+StepQueue step_queue_for(const Context& c, bool previews, bool split);
+
+// A step recorded as one graph on `backend` for as long as it lives (where the backend records
+// one): launched by launch(), dropped if the step threw before.
+class StepGraph {
+ public:
+  explicit StepGraph(Backend& backend);
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+  ~StepGraph();
+  void launch();
+
+ private:
+  Backend& backend_;
+  bool recording_;
+};
+
+// "transformer step i+1": how a step's time is filed; with "/n" how an error names it.
+inline std::string step_label(int i) { return "transformer step " + std::to_string(i + 1); }
+inline std::string step_name(int i, int n) { return step_label(i) + "/" + std::to_string(n); }
+inline std::string step_line(int i, int n, float sigma, double seconds) {
+  char line[96];
+  std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, n, double(sigma), seconds);
+  return line;
 }
 
 // Runs body on the resident model, or loads one for this stage and releases it after.
@@ -91,12 +139,9 @@ template <typename Step> void timed_step(Context& c, StageClock& clock, const Pr
                                          const Tensor& state, const char* stage, Step&& step) {
   const auto t0 = std::chrono::steady_clock::now();
   step();
-  require_finite(c, state, "transformer step " + std::to_string(i + 1) + "/" + std::to_string(n));
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  char line[96];
-  std::snprintf(line, sizeof line, "step %d/%d  sigma %.4f  %.2f s", i + 1, n, double(sigma), s);
-  say(line);
-  clock.stop("transformer step " + std::to_string(i + 1), stage);
+  require_finite(c, state, step_name(i, n));
+  say(step_line(i, n, sigma, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+  clock.stop(step_label(i), stage);
 }
 
 // A batch of 1..max requests; refused naming "batch", which a front end calls its own (the CLI's

@@ -137,6 +137,11 @@ bool all_finite(Context& c, const Tensor& x) {
   return finite.load();
 }
 
+void nonfinite_flag(Context& c, const Tensor& x, Tensor& flags, int64_t slot) {
+  check_flag_slot(flags, slot);
+  flags.ptr<int32_t>()[slot] = all_finite(c, x) ? 0 : 1;
+}
+
 namespace {
 template <typename T> void transpose_tiles(const T* x, T* y, int64_t m, int64_t n) {
   constexpr int64_t tile = 32;  // both sides stay in cache lines while a tile is moved

@@ -45,10 +45,18 @@ class CudaBackend final : public Backend {
                shape_str(host.shape), " and ", shape_str(to.shape));
     select();
     // From pageable memory the runtime stages the bytes before returning, without waiting for the
-    // stream (CUDA's API synchronisation notes); the copy itself runs in the stream's order.
-    cuda::check(cudaMemcpyAsync(to.data, host.data, host.nbytes(), cudaMemcpyHostToDevice, cuda::stream()),
+    // stream (CUDA's API synchronisation notes); the copy itself runs in the stream's order. While
+    // a step's graph is recorded, from a pinned copy the graph reads when it runs.
+    cuda::check(cudaMemcpyAsync(to.data, cuda::host_source(host.data, host.nbytes()), host.nbytes(),
+                                cudaMemcpyHostToDevice, cuda::stream()),
                 "stage host data on the device");
   }
+  bool begin_graph() override {
+    select();
+    return cuda::begin_graph();
+  }
+  void launch_graph() override { cuda::launch_graph(); }
+  void abandon_graph() noexcept override { cuda::abandon_graph(); }
   Tensor download(const Tensor& t) override {
     Tensor host = to_host(t);
     host.encoding = encoding_off(*this, t.encoding);

@@ -43,6 +43,14 @@ struct OuterScales {
 bool scaled_fp8_gemm(const Operand& a, const Operand& b, const OuterScales& scales, const Operand& c, int64_t m,
                      int64_t n, int64_t k, const void* bias);
 
+// A step's graph (graphs.cu, Backend::begin_graph): recorded from this thread's stream, launched
+// as one graph, or dropped. host_source gives the host bytes a copy queued now may read: the bytes
+// themselves, or while recording a pinned copy kept until the graph has run.
+bool begin_graph();
+void launch_graph();
+void abandon_graph() noexcept;
+const void* host_source(const void* host, size_t bytes);
+
 // The int8 tier's linear (ops/op_list.h: w of int8 products): x's rows as codes, an exact
 // integer GEMM, the scales and bias as the contract's fp32 steps, every output the reference's.
 void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);

@@ -428,4 +428,14 @@ bool all_finite(Context& c, const Tensor& x) {
   return bad == 0;
 }
 
+void nonfinite_flag(Context& c, const Tensor& x, Tensor& flags, int64_t slot) {
+  check_flag_slot(flags, slot);
+  const View vx = view(x);
+  int32_t* flag = flags.ptr<int32_t>() + slot;
+  check(cudaMemsetAsync(flag, 0, sizeof(int32_t), stream()), "clear a non-finite flag");
+  launch(vx.rows, vx.cols, [=] __device__(int64_t r, int64_t col) {
+    if (!isfinite(ld(vx, r, col))) *flag = 1;
+  });
+}
+
 }  // namespace apus::cuda

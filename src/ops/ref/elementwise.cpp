@@ -146,6 +146,11 @@ bool all_finite(Context& c, const Tensor& x) {
   return true;
 }
 
+void nonfinite_flag(Context& c, const Tensor& x, Tensor& flags, int64_t slot) {
+  check_flag_slot(flags, slot);
+  flags.ptr<int32_t>()[slot] = all_finite(c, x) ? 0 : 1;
+}
+
 void transpose(Context& c, const Tensor& x, Tensor& y) {
   const int64_t m = x.shape[0], n = x.shape[1];
   const size_t es = dtype_size(x.dtype);
