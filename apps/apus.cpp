@@ -23,6 +23,7 @@
 #include "bench.h"
 #include "core/cost.h"
 #include "core/error.h"
+#include "core/variants.h"
 #include "cost/ceiling.h"
 #include "cost/roofline.h"
 #include "dist/link.h"
@@ -1152,6 +1153,7 @@ int main(int argc, char** argv) {
                               roofline_command(app),  gate_command(app)};
   CLI11_PARSE(app, argc, argv);
   try {
+    if (const char* knobs = std::getenv("APUS_KNOBS")) apus::set_knobs(knobs, "APUS_KNOBS");
     for (const Command& c : commands) {
       if (!*c.app) continue;
       // Only image, audio, serve and calibrate run over ranks so far (issue 43).

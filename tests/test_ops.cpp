@@ -4,6 +4,7 @@
 // conv's re-laid weights, all_finite, f16 weights, the vectorised exp and f16 conversion. In each
 // activation dtype and on the f32 path AVX2-only CPUs take, on fresh random inputs (seed printed).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -365,6 +366,15 @@ TEST(WidenedGemm, ARowsBitsDoNotDependOnTheRowsBesideIt) {
         ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin() + r0 * n))
             << "rows " << r0 << ".." << r1 << " in calls of " << rows;
       }
+    // One thread (OMP_NUM_THREADS=1, as MPI ranks run): a team of one is no active parallel
+    // region, and the tiles must still not tile themselves again (they recursed until the stack
+    // ran out before session 36).
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    Tensor alone = in.poisoned({m, n});
+    ops::linear(ctx, x, w, &bias, alone);
+    omp_set_num_threads(threads);
+    EXPECT_EQ(to_f32_vector(alone), want) << "one thread";
   }
   kernel.set(0);
   native.set(0);

@@ -129,6 +129,24 @@ TEST(Robustness, Fp16WeightsRunAndGiveTheSameImage) {
   fs::remove(base);
 }
 
+// A knob from the environment (APUS_KNOBS) that names no knob, no choice of it, or is not
+// NAME=CHOICE is refused in one line naming the variable and the item, before any model loads; a
+// good one lets the request render.
+TEST(Robustness, KnobsFromTheEnvironmentAreCheckedByName) {
+  const std::string out = temp_out("knobs.png");
+  expect_refused(test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "APUS_KNOBS=cpu.nope=on "), out,
+                 {"APUS_KNOBS", "cpu.nope", "cpu.native_bf16"});
+  expect_refused(test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "APUS_KNOBS=cpu.native_bf16=maybe "),
+                 out, {"APUS_KNOBS", "maybe", "on, off"});
+  expect_refused(test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "APUS_KNOBS=cpu.native_bf16 "), out,
+                 {"APUS_KNOBS", "'cpu.native_bf16' is not KNOB=CHOICE"});
+  const test::CliRun r =
+      test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "APUS_KNOBS=cpu.native_bf16=off ");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out));
+  fs::remove(out);
+}
+
 TEST(Robustness, UnsupportedWeightDtypeIsRefusedNamingTheTensor) {
   ModelCopy m;
   m.edit_tensor("transformer/diffusion_pytorch_model.safetensors", "proj_out.weight", [](const Tensor& t) {

@@ -127,11 +127,13 @@ for s in $steps; do
         --quant fp8 --ab cuda.fp8_scales=epilogue,kernel --json "$out/klein-1024-fp8.json"
       step fp8-sa3 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
         --quant fp8 --json "$out/sa3-medium-120s-fp8.json" ;;
-    ab-steps)  # the steps checked one by one, queued without a wait, and recorded as CUDA graphs
-      step ab-sa3-steps 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
-        --ab device.steps=graphs,deferred,checked --json "$out/sa3-ab-steps.json"
-      step ab-klein-steps 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
-        --reps 2 --ab device.steps=graphs,deferred,checked --json "$out/klein-ab-steps.json" ;;
+    ab-steps)  # the steps recorded as CUDA graphs, and queued without a wait, against checked one by one
+      step ab-sa3-graphs 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
+        --ab device.steps=graphs,checked --json "$out/sa3-ab-graphs.json"
+      step ab-sa3-deferred 90 "$apus" bench --synthetic stable-audio-3-medium --device cuda --seconds 120 --reps 2 \
+        --ab device.steps=deferred,checked --json "$out/sa3-ab-deferred.json"
+      step ab-klein-graphs 120 "$apus" bench --synthetic flux2-klein-4b --device cuda -W 1024 -H 1024 --steps 4 \
+        --reps 2 --ab device.steps=graphs,checked --json "$out/klein-ab-graphs.json" ;;
     *) echo "device-check: unknown step $s (tests calibrate klein sa3 diffusers ab ab-products ab-lean ab-conv int8 fp8 ab-steps)" >&2; exit 2 ;;
   esac
 done

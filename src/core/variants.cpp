@@ -1,5 +1,7 @@
 #include "core/variants.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace apus {
@@ -52,6 +54,24 @@ Knob& find_knob(const std::string& name) {
     names.push_back(k->name());
   }
   fail("no variant knob '", name, "' (knobs: ", joined(names), "; apus bench --list-variants)");
+}
+
+void set_knobs(const std::string& spec, const std::string& origin) {
+  size_t at = 0;
+  while (at < spec.size()) {
+    const size_t end = std::min(spec.find(',', at), spec.size());
+    const std::string item = spec.substr(at, end - at);
+    const size_t eq = item.find('=');
+    APUS_CHECK(eq != std::string::npos && eq > 0, origin, ": '", item, "' is not KNOB=CHOICE (", origin,
+               "=cpu.native_bf16=off,device.steps=graphs)");
+    try {
+      Knob& knob = find_knob(item.substr(0, eq));
+      knob.set(knob.index_of(item.substr(eq + 1)));
+    } catch (const Error& e) {
+      fail(origin, ": ", e.what());
+    }
+    at = end + 1;
+  }
 }
 
 }  // namespace apus

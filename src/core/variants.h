@@ -43,6 +43,10 @@ class Knob {
 const std::vector<Knob*>& knobs();
 // The knob named `name`, or an error listing them.
 Knob& find_knob(const std::string& name);
+// Sets knobs from "NAME=CHOICE[,NAME=CHOICE...]" (the environment's APUS_KNOBS: a choice for a
+// whole process, as a split's ranks or a test script need), an error naming `origin` and the item
+// on a bad one.
+void set_knobs(const std::string& spec, const std::string& origin);
 
 // A knob at one choice until the scope ends, then back at the choice it had (a bench arm, a test,
 // a gate candidate).

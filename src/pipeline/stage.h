@@ -78,11 +78,12 @@ template <typename Body> void run_stage(Context& c, const char* stage, Body&& bo
   body();
 }
 
-// Stops the request when a stage's output holds NaN or Inf: an image or a sound from it would be
-// garbage, and its cast to integers undefined.
+// The error of a stage whose output holds NaN or Inf.
 inline std::string nonfinite_error(const std::string& stage) {
   return stage + " produced NaN or Inf (from a non-finite weight, noise value or setting upstream)";
 }
+// Stops the request when a stage's output holds NaN or Inf: an image or a sound from it would be
+// garbage, and its cast to integers undefined.
 inline void require_finite(Context& c, const Tensor& t, const std::string& stage) {
   APUS_CHECK(ops::all_finite(c, t), nonfinite_error(stage));
 }

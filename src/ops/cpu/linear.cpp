@@ -112,16 +112,28 @@ Tensor widened(const void* data, DType dt, int64_t rows, int64_t cols, int64_t s
 
 }  // namespace
 
+namespace {
+// Set on a thread while it runs one tile of the widened GEMM below, whose own product must not be
+// tiled again: omp_in_parallel() cannot tell (a team of one thread, OMP_NUM_THREADS=1 as MPI ranks
+// run, is not an active parallel region, and the tile recursed until the stack ran out).
+thread_local bool in_widened_tile = false;
+struct WidenedTile {
+  WidenedTile() { in_widened_tile = true; }
+  ~WidenedTile() { in_widened_tile = false; }
+};
+}  // namespace
+
 void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int64_t b_stride_n, const Tensor* bias,
           Tensor& c, int64_t k, int64_t n) {
   using namespace dnnl;
   using dims = memory::dims;
   const int64_t m = a.shape[0];
-  if (!native_bf16() && !omp_in_parallel() && m > 0 && n > 0 && widened_by_sgemm_avx2()) {
+  const bool tiled = !native_bf16() && !in_widened_tile && !omp_in_parallel() && m > 0 && n > 0;
+  if (tiled && widened_by_sgemm_avx2()) {
     widened_gemm_knob.took(kOwnAvx2);
     return sgemm_avx2(a, b, b_type, b_stride_k, b_stride_n, bias, c, k, n);
   }
-  if (!native_bf16() && !omp_in_parallel() && m > 0 && n > 0) {
+  if (tiled) {
     widened_gemm_knob.took(kOneDnnTiles);
     // Without AVX512-BF16 oneDNN runs its sgemm, whose summation order depends on the call's shape
     // and thread split: a row's bits would depend on how many rows came with it, and a batch of
@@ -158,6 +170,7 @@ void gemm(const Tensor& a, const void* b, DType b_type, int64_t b_stride_k, int6
 #pragma omp parallel for schedule(static)
     for (int64_t lo = 0; lo < m; lo += kTile) {
       const int64_t rows = std::min(kTile, m - lo);
+      const WidenedTile tile;
       if (rows == kTile) {
         Tensor cp = c.rows(lo, lo + kTile);
         gemm(a.rows(lo, lo + kTile), b, b_type, b_stride_k, b_stride_n, bias, cp, k, n);
