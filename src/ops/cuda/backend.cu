@@ -58,11 +58,13 @@ class CudaBackend final : public Backend {
   void launch_graph() override { cuda::launch_graph(); }
   void abandon_graph() noexcept override { cuda::abandon_graph(); }
   Tensor download(const Tensor& t) override {
+    cuda::refuse_wait_in_graph("a download to the host");
     Tensor host = to_host(t);
     host.encoding = encoding_off(*this, t.encoding);
     return host;
   }
   void synchronize() override {
+    cuda::refuse_wait_in_graph("a wait for the queued ops");
     select();
     cuda::check(cudaStreamSynchronize(cuda::stream()), "finish the queued ops");
   }

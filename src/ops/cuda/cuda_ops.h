@@ -50,6 +50,9 @@ bool begin_graph();
 void launch_graph();
 void abandon_graph() noexcept;
 const void* host_source(const void* host, size_t bytes);
+// Refuses a wait for the device (a download, a synchronisation) while this thread records a
+// step's graph, naming `what`: the capture would be lost with a CUDA error that says less.
+void refuse_wait_in_graph(const char* what);
 
 // The int8 tier's linear (ops/op_list.h: w of int8 products): x's rows as codes, an exact
 // integer GEMM, the scales and bias as the contract's fp32 steps, every output the reference's.

@@ -90,6 +90,11 @@ void abandon_graph() noexcept {
   cudaGetLastError();
 }
 
+void refuse_wait_in_graph(const char* what) {
+  APUS_CHECK(!recorder.recording, "device.steps=graphs: ", what, " inside a recorded step (a step's ops must not ",
+             "wait for the device)");
+}
+
 const void* host_source(const void* host, size_t bytes) {
   Recorder& r = recorder;
   if (!r.recording) return host;
