@@ -771,19 +771,55 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                     {d.poisoned({m, n})}},
                    [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
          }});
-  // The int8 tier: integer sums are exact, the scales' arithmetic is spelled out, so every element
-  // equals the reference's. A row of zeros (scale 0) among them; x and y column views; a checkpoint's
-  // int8 codes with a scale a row and a tensor scale (ComfyUI's), flagged as the tier flags them.
-  cases.push_back({"linear_int8_tier", OpId::linear, Bound::exact,
-                   [](OpInputs& d) -> Drawn {
-                     const int64_t m = 37, k = 512, n = 70;
-                     Tensor x = d.random({m, k}, 3.0f);
-                     std::memset(x.row(5), 0, size_t(k) * dtype_size(x.dtype));
-                     const Tensor w = quantize_int8_weight(d.random({n, k}, 0.1f, DType::bf16), "w");
-                     return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
-                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
-                   },
-                   /*nonfinite=*/false, /*tier=*/Products::int8});
+  // The quantised tiers. int8: integer sums are exact, the scales' arithmetic is spelled out, so
+  // every element equals the reference's. fp8: the rows' codes are the reference's bit for bit (the
+  // same fp32 steps), the products exact, the sums in fp32 in any order: held as a plain linear's
+  // rounding. Each with a row of zeros (scale 0) among its rows; x and y column views; a
+  // checkpoint's codes with a scale a row and a tensor scale (ComfyUI's int8, BFL's and ComfyUI's
+  // fp8; for fp8 also a tensor scale alone, BFL's), flagged as the tier flags them.
+  for (const Products tier : {Products::int8, Products::fp8}) {
+    const bool int8 = tier == Products::int8;
+    const std::string name = int8 ? "linear_int8_tier" : "linear_fp8_tier";
+    const Bound bound = int8 ? Bound::exact : Bound::rounding;
+    Tensor (*const quantize)(const Tensor&, const std::string&) = int8 ? quantize_int8_weight : quantize_fp8_weight;
+    const DType codes = int8 ? DType::i8 : DType::fp8_e4m3;
+    cases.push_back({name, OpId::linear, bound,
+                     [quantize](OpInputs& d) -> Drawn {
+                       const int64_t m = 37, k = 512, n = 70;
+                       Tensor x = d.random({m, k}, 3.0f);
+                       std::memset(x.row(5), 0, size_t(k) * dtype_size(x.dtype));
+                       const Tensor w = quantize(d.random({n, k}, 0.1f, DType::bf16), "w");
+                       return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
+                               [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                     },
+                     /*nonfinite=*/false, tier});
+    cases.push_back({name + "_views", OpId::linear, bound,
+                     [quantize](OpInputs& d) -> Drawn {
+                       const int64_t m = 9, k = 96, n = 45;
+                       Tensor y = d.poisoned({m, n + 5});
+                       for (int64_t r = 0; r < m; ++r) std::memset(y.row(r), 0, 5 * dtype_size(d.act));
+                       const Tensor w = quantize(d.random({n, k}, 0.2f, DType::f32), "w");
+                       return {{{d.random({m, k + 9}), w}, {y}}, [](Context& c, Operands& t) {
+                                 Tensor yv = t.out[0].cols(5, 5 + n);
+                                 ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);
+                               }};
+                     },
+                     /*nonfinite=*/false, tier});
+    // fp8's row-scaled checkpoint in the shapes cuBLASLt's epilogue takes (cuda.fp8_scales).
+    for (const bool row_scaled : int8 ? std::vector<bool>{true} : std::vector<bool>{true, false})
+      cases.push_back({name + "_checkpoint_" + (row_scaled ? "row_scaled" : "tensor_scaled"), OpId::linear, bound,
+                       [=](OpInputs& d) -> Drawn {
+                         const int64_t m = 9, k = 512, n = !int8 && row_scaled ? 80 : 70;
+                         Tensor w = row_scaled ? d.random_block_scaled({n, k}, codes, DType::f32, k)
+                                               : d.random_stored({n, k}, codes);
+                         w.encoding.code_scale = 0.75f;
+                         w.encoding.products = tier;
+                         return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
+                                 [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
+                       },
+                       /*nonfinite=*/false, tier});
+  }
+
   // Past every block of apus's AVX2 kernel (rows past a 72-row task, columns past a 768-column task
   // and a 16-wide panel, an odd k past a 512-code block), with rows and weights whose codes are all
   // +-127: the largest sums, exact only where no 16-bit lane saturates.
@@ -802,54 +838,6 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
                    /*nonfinite=*/false, /*tier=*/Products::int8});
-  cases.push_back({"linear_int8_tier_views", OpId::linear, Bound::exact,
-                   [](OpInputs& d) -> Drawn {
-                     const int64_t m = 9, k = 96, n = 45;
-                     Tensor y = d.poisoned({m, n + 5});
-                     for (int64_t r = 0; r < m; ++r) std::memset(y.row(r), 0, 5 * dtype_size(d.act));
-                     const Tensor w = quantize_int8_weight(d.random({n, k}, 0.2f, DType::f32), "w");
-                     return {{{d.random({m, k + 9}), w}, {y}}, [](Context& c, Operands& t) {
-                               Tensor yv = t.out[0].cols(5, 5 + n);
-                               ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);
-                             }};
-                   },
-                   /*nonfinite=*/false, /*tier=*/Products::int8});
-  cases.push_back({"linear_int8_tier_row_scaled_checkpoint", OpId::linear, Bound::exact,
-                   [](OpInputs& d) -> Drawn {
-                     const int64_t m = 9, k = 512, n = 70;
-                     Tensor w = d.random_block_scaled({n, k}, DType::i8, DType::f32, k);
-                     w.encoding.code_scale = 0.75f;
-                     w.encoding.products = Products::int8;
-                     return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
-                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
-                   },
-                   /*nonfinite=*/false, /*tier=*/Products::int8});
-  // The fp8 tier: the rows' codes are the reference's bit for bit (the same fp32 steps), the
-  // products exact, the sums in fp32 in any order: held as a plain linear's rounding. A row of zeros
-  // (scale 0) among them; x and y column views; a checkpoint's e4m3 codes with a scale a row and a
-  // tensor scale, and with a tensor scale alone (BFL's), flagged as the tier flags them.
-  cases.push_back({"linear_fp8_tier", OpId::linear, Bound::rounding,
-                   [](OpInputs& d) -> Drawn {
-                     const int64_t m = 37, k = 512, n = 70;
-                     Tensor x = d.random({m, k}, 3.0f);
-                     std::memset(x.row(5), 0, size_t(k) * dtype_size(x.dtype));
-                     const Tensor w = quantize_fp8_weight(d.random({n, k}, 0.1f, DType::bf16), "w");
-                     return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
-                             [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
-                   },
-                   /*nonfinite=*/false, /*tier=*/Products::fp8});
-  cases.push_back({"linear_fp8_tier_views", OpId::linear, Bound::rounding,
-                   [](OpInputs& d) -> Drawn {
-                     const int64_t m = 9, k = 96, n = 45;
-                     Tensor y = d.poisoned({m, n + 5});
-                     for (int64_t r = 0; r < m; ++r) std::memset(y.row(r), 0, 5 * dtype_size(d.act));
-                     const Tensor w = quantize_fp8_weight(d.random({n, k}, 0.2f, DType::f32), "w");
-                     return {{{d.random({m, k + 9}), w}, {y}}, [](Context& c, Operands& t) {
-                               Tensor yv = t.out[0].cols(5, 5 + n);
-                               ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);
-                             }};
-                   },
-                   /*nonfinite=*/false, /*tier=*/Products::fp8});
   // Shapes cuBLASLt's epilogue takes (cuda.fp8_scales=epilogue: k and n multiples of 16, the bias
   // in y's dtype), a row of zeros among them.
   cases.push_back({"linear_fp8_tier_epilogue_shapes", OpId::linear, Bound::rounding,
@@ -862,20 +850,6 @@ void add_linear_cases(std::vector<OpCase>& cases) {
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                    },
                    /*nonfinite=*/false, /*tier=*/Products::fp8});
-  // A checkpoint's codes: the row-scaled one in the epilogue's shapes, the other not.
-  for (const bool row_scaled : {true, false})
-    cases.push_back({std::string("linear_fp8_tier_checkpoint_") + (row_scaled ? "row_scaled" : "tensor_scaled"),
-                     OpId::linear, Bound::rounding,
-                     [row_scaled](OpInputs& d) -> Drawn {
-                       const int64_t m = 9, k = 512, n = row_scaled ? 80 : 70;
-                       Tensor w = row_scaled ? d.random_block_scaled({n, k}, DType::fp8_e4m3, DType::f32, k)
-                                             : d.random_stored({n, k}, DType::fp8_e4m3);
-                       w.encoding.code_scale = 0.75f;
-                       w.encoding.products = Products::fp8;
-                       return {{{d.random({m, k}), w, d.random({n}, 1.0f, DType::bf16)}, {d.poisoned({m, n})}},
-                               [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
-                     },
-                     /*nonfinite=*/false, /*tier=*/Products::fp8});
   cases.push_back({"linear", OpId::linear, Bound::rounding, [](OpInputs& d) -> Drawn {
                      return {{{d.random({37, 96}), d.random({45, 96}, 0.2f, DType::bf16)}, {d.poisoned({37, 45})}},
                              [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], nullptr, t.out[0]); }};
