@@ -547,6 +547,18 @@ void add_sampler_cases(std::vector<OpCase>& cases) {
                      }});
 }
 
+// A clean [29, 70] tensor and copies with one NaN, Inf or -Inf each at a random place.
+std::vector<Tensor> with_one_nonfinite(OpInputs& d) {
+  std::vector<Tensor> in = {d.random({29, 70})};
+  std::uniform_int_distribution<int64_t> pick(0, in[0].numel() - 1);
+  for (const float bad : {NAN, INFINITY, -INFINITY}) {
+    Tensor t = OpInputs::clone(in[0]);
+    OpInputs::store(t, pick(d.rng), bad);
+    in.push_back(t);
+  }
+  return in;
+}
+
 void add_layout_cases(std::vector<OpCase>& cases) {
   const int64_t m = 21, n = 33;
   cases.push_back({"copy", OpId::copy, Bound::rounding, [](OpInputs& d) -> Drawn {
@@ -558,17 +570,10 @@ void add_layout_cases(std::vector<OpCase>& cases) {
                      return {{{d.random({m, n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
                              [](Context& c, Operands& t) { ops::copy(c, t.in[0], t.out[0]); }};
                    }});
-  // A clean tensor and copies with one NaN, Inf or -Inf each at a random place, asked whole, as
-  // rank 3, and through a column view that may or may not hold it.
+  // with_one_nonfinite's tensors, asked whole, as rank 3, and through a column view that may or
+  // may not hold the bad value.
   cases.push_back({"all_finite", OpId::all_finite, Bound::exact, [](OpInputs& d) -> Drawn {
-                     std::vector<Tensor> in = {d.random({29, 70})};
-                     std::uniform_int_distribution<int64_t> pick(0, in[0].numel() - 1);
-                     for (const float bad : {NAN, INFINITY, -INFINITY}) {
-                       Tensor t = OpInputs::clone(in[0]);
-                       OpInputs::store(t, pick(d.rng), bad);
-                       in.push_back(t);
-                     }
-                     return {{in, {}}, [](Context& c, Operands& t) {
+                     return {{with_one_nonfinite(d), {}}, [](Context& c, Operands& t) {
                                for (const Tensor& x : t.in) {
                                  t.answers.push_back(ops::all_finite(c, x));
                                  t.answers.push_back(ops::all_finite(c, x.reshape({1, 29, 70})));
@@ -576,17 +581,10 @@ void add_layout_cases(std::vector<OpCase>& cases) {
                                }
                              }};
                    }});
-  // The same four tensors' flags into slots of a poisoned vector (two slots left poisoned: the
-  // op writes its own slot only), whole and through a column view.
+  // with_one_nonfinite's four tensors' flags into slots of a poisoned vector (two slots left
+  // poisoned: the op writes its own slot only), whole and through a column view.
   cases.push_back({"nonfinite_flag", OpId::nonfinite_flag, Bound::exact, [](OpInputs& d) -> Drawn {
-                     std::vector<Tensor> in = {d.random({29, 70})};
-                     std::uniform_int_distribution<int64_t> pick(0, in[0].numel() - 1);
-                     for (const float bad : {NAN, INFINITY, -INFINITY}) {
-                       Tensor t = OpInputs::clone(in[0]);
-                       OpInputs::store(t, pick(d.rng), bad);
-                       in.push_back(t);
-                     }
-                     return {{in, {d.poisoned({10}, DType::i32)}}, [](Context& c, Operands& t) {
+                     return {{with_one_nonfinite(d), {d.poisoned({10}, DType::i32)}}, [](Context& c, Operands& t) {
                                for (size_t i = 0; i < t.in.size(); ++i) {
                                  ops::nonfinite_flag(c, t.in[i], t.out[0], int64_t(2 * i));
                                  ops::nonfinite_flag(c, t.in[i].cols(3, 50), t.out[0], int64_t(2 * i + 1));
