@@ -141,6 +141,14 @@ class ShadowDevice : public Backend {
   }
   // Graphs it has launched, for tests to see that steps were recorded.
   size_t graphs_launched() const { return graphs_launched_; }
+  // Queue marks, for tests to see how far ahead a host queues: its ops run as called, so a wait
+  // is only counted.
+  int mark_queue() override { return int(marks_made_++ % size_t(kQueueMarks)); }
+  void wait_for_mark(int) override {
+    APUS_CHECK(!recording_, "shadow device: a wait for a queue mark inside a recorded step");
+    ++mark_waits_;
+  }
+  size_t mark_waits() const { return mark_waits_; }
 
   // Ops the device has run, for tests to see that work reached it.
   size_t ops_run() const { return ops_run_; }
@@ -304,7 +312,7 @@ class ShadowDevice : public Backend {
   std::atomic<double> memory_bytes_{0};
   bool recording_ = false;
   std::vector<std::function<void()>> recorded_;
-  size_t graphs_launched_ = 0;
+  size_t graphs_launched_ = 0, marks_made_ = 0, mark_waits_ = 0;
 
   friend ShadowDevice& shadow_device();
 };

@@ -444,14 +444,49 @@ TEST(ShadowDevice, QueuedAndRecordedStepsComputeTheCheckedStepsBytes) {
   for (const Json& l : read_json(test::fixture("sa3_lora/reference.json"))["cases"].at("pair"))
     r.loras.push_back({test::fixture("sa3_lora/" + l[0].get<std::string>()), l[1].get<float>()});
   const std::vector<float> checked = audio->generate(r).samples;
+  // The host queues at most two steps ahead of the device: step 3 waits for step 1's mark.
+  const size_t waits = device.mark_waits();
   {
     const KnobScope queued("device.steps", "deferred");
     EXPECT_EQ(audio->generate(r).samples, checked) << "SA3 deferred";
   }
+  EXPECT_EQ(device.mark_waits() - waits, 1u) << "deferred";
   const KnobScope recorded("device.steps", "graphs");
   const size_t before = device.graphs_launched();
   EXPECT_EQ(audio->generate(r).samples, checked) << "SA3 graphs";
   EXPECT_EQ(device.graphs_launched() - before, 2u) << "SA3's steps 2 and 3";
+  EXPECT_EQ(device.mark_waits() - waits, 2u) << "graphs";
+}
+
+// Queued steps are reported as the host sees the device finish them, at most two steps behind
+// the queue: an interrupt from step 1's progress line (finish_steps) stops the request after step
+// 2, the one queued behind it (a checked run: after step 1), and a request runs as many steps as
+// a checked one otherwise.
+TEST(ShadowDevice, QueuedStepsStopWithinTwoStepsOfAnInterrupt) {
+  const auto model = open_image_model(test::fixture("klein_tiny_a"), Weights::resident, &test::shadow_device());
+  ImageRequest r = image_runs().front().request;
+  r.steps = 4;
+  std::atomic<bool> finish{false};
+  r.finish_steps = &finish;
+  for (const char* queue : {"checked", "deferred", "graphs"}) {
+    SCOPED_TRACE(queue);
+    const KnobScope scope("device.steps", queue);
+    finish = false;
+    std::vector<std::string> steps;
+    const ImageResult early = model->generate(r, [&](const std::string& line) {
+      if (line.rfind("step ", 0) == 0) steps.push_back(line.substr(0, 8));
+      if (line.rfind("step 1/4", 0) == 0) finish = true;
+    });
+    const bool checked = std::string(queue) == "checked";
+    EXPECT_EQ(early.steps_run, checked ? 1 : 2);
+    const std::vector<std::string> said =
+        checked ? std::vector<std::string>{"step 1/4"} : std::vector<std::string>{"step 1/4", "step 2/4"};
+    EXPECT_EQ(steps, said);
+    finish = false;
+    r.finish_steps = nullptr;
+    EXPECT_EQ(model->generate(r).steps_run, 4);
+    r.finish_steps = &finish;
+  }
 }
 
 // A step whose state turns non-finite is named as a checked run names it, though its flag is read

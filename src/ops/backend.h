@@ -53,6 +53,13 @@ class Backend : public Allocator {
   virtual bool begin_graph() { return false; }
   virtual void launch_graph() {}
   virtual void abandon_graph() noexcept {}
+  // A mark at the end of what is queued so far, and a wait until the device has run up to a mark:
+  // how a host queuing steps ahead of a device bounds how far ahead it runs (so that a cancel or
+  // an interrupt reaches the steps not yet queued). A backend that runs ops as they are called
+  // marks nothing. A mark can be waited for until kQueueMarks more marks were made on its thread.
+  static constexpr int kQueueMarks = 8;
+  virtual int mark_queue() { return 0; }
+  virtual void wait_for_mark(int) {}
 
   // Why this backend cannot run the linears of a quantised tier's weights (Products::int8 or fp8:
   // core/tensor.h), naming what it lacks, as the one-line refusal `--quant` gets at load; empty

@@ -133,26 +133,41 @@ template <typename Work, typename Model> class ModelPart final : public Part<Wor
 
   // The steps queued without a wait between them (StepQueue::deferred or graphs): each step's
   // state flagged on the device, the flags read once after the last step and the first non-finite
-  // step named as a checked run names it; each step's time the mean of the steps'.
+  // step named as a checked run names it. The host runs at most kStepsAhead steps ahead of the
+  // device, so that a cancel or finish_steps stops the request within as many steps as a checked
+  // run's; a step is reported (-v, a server's progress) and its time filed once the host has seen
+  // the device finish it, the last ones sharing the time left evenly.
+  static constexpr int kStepsAhead = 2;
   static void queued_steps(Context& c, const Model& model, Work& w, const Stage<Work, Model>& stage,
                            const StepRange& range, StepQueue queue, StageClock& clock, const Progress& say) {
     const int n = range.end - range.first;
     Tensor flags = Tensor::in(*c.arena, {std::max(n, 1)}, DType::i32);
-    int ran = 0;
-    for (int i = range.first; i < range.end && step_starts(c); ++i, ++ran) {
+    auto report = [&](int j, double seconds) {
+      say(step_line(j, n, (*range.sigmas)[size_t(range.first + j)], seconds));
+    };
+    int marks[kStepsAhead] = {};
+    int ran = 0, reported = 0;
+    for (int i = range.first; i < range.end; ++i, ++ran) {
+      if (ran >= kStepsAhead) {
+        c.backend->wait_for_mark(marks[reported % kStepsAhead]);
+        report(reported, clock.stop_evenly({step_label(reported)}, stage.name));
+        ++reported;
+      }
+      if (!step_starts(c)) break;
       std::optional<StepGraph> graph;
       if (queue == StepQueue::graphs && i > range.first) graph.emplace(*c.backend);
       run_stage(c, stage.name, [&] { stage.run(c, model, w, i); });
       ops::nonfinite_flag(c, w.*stage.output, flags, i - range.first);
       if (graph) graph->launch();
+      marks[ran % kStepsAhead] = c.backend->mark_queue();
     }
     if (ran == 0) return;
     const Tensor answers = c.backend->download(flags);  // waits for the queued steps
     for (int j = 0; j < ran; ++j) APUS_CHECK(answers.ptr<int32_t>()[j] == 0, nonfinite_error(step_name(j, n)));
     std::vector<std::string> names;
-    for (int j = 0; j < ran; ++j) names.push_back(step_label(j));
+    for (int j = reported; j < ran; ++j) names.push_back(step_label(j));
     const double each = clock.stop_evenly(names, stage.name);
-    for (int j = 0; j < ran; ++j) say(step_line(j, n, (*range.sigmas)[size_t(range.first + j)], each));
+    for (int j = reported; j < ran; ++j) report(j, each);
   }
 
   Spec s_;

@@ -43,6 +43,11 @@ struct OuterScales {
 bool scaled_fp8_gemm(const Operand& a, const Operand& b, const OuterScales& scales, const Operand& c, int64_t m,
                      int64_t n, int64_t k, const void* bias);
 
+// Queue marks (graphs.cu, Backend::mark_queue): an event recorded in this thread's stream, and a
+// wait for it.
+int mark_queue();
+void wait_for_mark(int slot);
+
 // A step's graph (graphs.cu, Backend::begin_graph): recorded from this thread's stream, launched
 // as one graph, or dropped. host_source gives the host bytes a copy queued now may read: the bytes
 // themselves, or while recording a pinned copy kept until the graph has run.

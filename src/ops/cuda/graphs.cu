@@ -1,4 +1,5 @@
-// A device's sampler steps recorded as CUDA graphs (device.steps=graphs, pipeline/stage.h): a
+// A device's sampler steps queued ahead of it (pipeline/driver.h): marks in the queue the host waits
+// for, and the steps recorded as CUDA graphs (device.steps=graphs, pipeline/stage.h): a
 // step's ops captured from the stream and launched as one graph, so the GPU runs them back to back
 // without a launch from the host each. Every step is recorded again (its scalars, a sigma, change
 // step to step), and the executable graph updated in place: a step has the previous one's
@@ -8,11 +9,20 @@
 #include <cstring>
 #include <mutex>
 
+#include "ops/backend.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace apus::cuda {
 
 namespace {
+
+// One thread's queue marks: an event each, recorded in turn.
+struct Marks {
+  cudaEvent_t events[Backend::kQueueMarks] = {};
+  int next = 0;
+};
+// Never freed, as the recorder below.
+thread_local Marks marks;
 
 // Host bytes a recorded step stages (a sigma, a LoRA's gates: a few KiB on the models).
 constexpr size_t kStagingBytes = size_t(1) << 20;
@@ -33,6 +43,20 @@ struct Recorder {
 thread_local Recorder recorder;
 
 }  // namespace
+
+int mark_queue() {
+  Marks& m = marks;
+  const int slot = m.next;
+  if (!m.events[slot]) check(cudaEventCreateWithFlags(&m.events[slot], cudaEventDisableTiming), "a queue mark");
+  check(cudaEventRecord(m.events[slot], stream()), "mark the queue");
+  m.next = (slot + 1) % Backend::kQueueMarks;
+  return slot;
+}
+
+void wait_for_mark(int slot) {
+  APUS_CHECK(slot >= 0 && slot < Backend::kQueueMarks && marks.events[slot], "no queue mark ", slot);
+  check(cudaEventSynchronize(marks.events[slot]), "wait for a queue mark");
+}
 
 bool begin_graph() {
   Recorder& r = recorder;
