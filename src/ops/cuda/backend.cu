@@ -56,8 +56,14 @@ class CudaBackend final : public Backend {
     return cuda::begin_graph();
   }
   void launch_graph() override { cuda::launch_graph(); }
-  int mark_queue() override { return cuda::mark_queue(); }
-  void wait_for_mark(int slot) override { cuda::wait_for_mark(slot); }
+  int mark_queue() override {
+    select();
+    return cuda::mark_queue();
+  }
+  void wait_for_mark(int slot) override {
+    select();
+    cuda::wait_for_mark(slot);
+  }
   void abandon_graph() noexcept override { cuda::abandon_graph(); }
   Tensor download(const Tensor& t) override {
     cuda::refuse_wait_in_graph("a download to the host");
