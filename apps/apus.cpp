@@ -1148,6 +1148,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("apus ") + apus::version() + backends +
                                         (apus::dist::built_with_mpi() ? ", MPI ranks" : ""));
   app.require_subcommand(1);
+  app.footer(
+      "Environment: APUS_KNOBS=NAME=CHOICE[,NAME=CHOICE...] sets kernel variant knobs for the whole process "
+      "(apus bench --list-variants lists them).");
   const Command commands[] = {image_command(app),     audio_command(app), synth_command(app), pull_command(app),
                               calibrate_command(app), serve_command(app), bench_command(app), report_command(app),
                               roofline_command(app),  gate_command(app)};

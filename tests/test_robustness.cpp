@@ -131,7 +131,7 @@ TEST(Robustness, Fp16WeightsRunAndGiveTheSameImage) {
 
 // A knob from the environment (APUS_KNOBS) that names no knob, no choice of it, or is not
 // NAME=CHOICE is refused in one line naming the variable and the item, before any model loads; a
-// good one lets the request render.
+// good one lets the request render; `apus --help` names the variable.
 TEST(Robustness, KnobsFromTheEnvironmentAreCheckedByName) {
   const std::string out = temp_out("knobs.png");
   expect_refused(test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "APUS_KNOBS=cpu.nope=on "), out,
@@ -139,12 +139,13 @@ TEST(Robustness, KnobsFromTheEnvironmentAreCheckedByName) {
   expect_refused(test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "APUS_KNOBS=cpu.native_bf16=maybe "),
                  out, {"APUS_KNOBS", "maybe", "on, off"});
   expect_refused(test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "APUS_KNOBS=cpu.native_bf16 "), out,
-                 {"APUS_KNOBS", "'cpu.native_bf16' is not KNOB=CHOICE"});
+                 {"APUS_KNOBS", "'cpu.native_bf16' is not NAME=CHOICE"});
   const test::CliRun r =
       test::run_cli(render_args(test::fixture("klein_tiny_a"), out), "APUS_KNOBS=cpu.native_bf16=off ");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(fs::exists(out));
   fs::remove(out);
+  EXPECT_NE(test::run_cli("--help").output.find("APUS_KNOBS=NAME=CHOICE"), std::string::npos) << "--help names it";
 }
 
 TEST(Robustness, UnsupportedWeightDtypeIsRefusedNamingTheTensor) {

@@ -62,7 +62,7 @@ void set_knobs(const std::string& spec, const std::string& origin) {
     const size_t end = std::min(spec.find(',', at), spec.size());
     const std::string item = spec.substr(at, end - at);
     const size_t eq = item.find('=');
-    APUS_CHECK(eq != std::string::npos && eq > 0, origin, ": '", item, "' is not KNOB=CHOICE (", origin,
+    APUS_CHECK(eq != std::string::npos && eq > 0, origin, ": '", item, "' is not NAME=CHOICE (", origin,
                "=cpu.native_bf16=off,device.steps=graphs)");
     try {
       Knob& knob = find_knob(item.substr(0, eq));
