@@ -169,18 +169,17 @@ void linear_int8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bia
 
 namespace {
 
-// The epilogue's route: x's codes (k wide, m rows) times the weight's straight into y, each output
+// The epilogue's route: x's codes (rows of k) times the weight's straight into y, each output
 // times its row's and its column's scale plus the bias (in y's dtype) in cuBLASLt's epilogue. Only
 // where cuBLASLt's fp8 kernels take the shapes as they are (k and n multiples of 16, y's rows on
 // 16-byte boundaries); false where they do not or cuBLASLt has no algorithm, nothing written.
-bool linear_fp8_in_epilogue(Context& c, const Tensor& x, const Tensor& w, const RowScales& ws, const Tensor* bias,
-                            Tensor& y) {
-  const int64_t m = x.shape[0], k = w.shape[1], n = w.shape[0];
+bool linear_fp8_in_epilogue(Context& c, const RowCodes& x_codes, const Tensor& w, const RowScales& ws,
+                            const Tensor* bias, Tensor& y) {
+  const int64_t m = y.shape[0], k = w.shape[1], n = w.shape[0];
   const size_t row_bytes = size_t(y.row_stride()) * dtype_size(y.dtype);
   if (k % 16 || n % 16 || row_bytes % 16 || reinterpret_cast<uintptr_t>(y.data) % 16 ||
       reinterpret_cast<uintptr_t>(w.data) % 16 || (bias && bias->dtype != y.dtype))
     return false;
-  const RowCodes x_codes = row_codes<Fp8Codes>(c, x, k, m, k, DType::fp8_e4m3);
   Tensor w_scales = Tensor::in(*c.arena, {n}, DType::f32);
   weight_scales_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ws, w_scales.ptr<float>(), n);
   check(cudaGetLastError(), "fp8 weight scales launch");
@@ -201,8 +200,12 @@ void linear_fp8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias
   const RowScales ws = row_scales(w);
   if (m == 0) return;
   ArenaScope scope(*c.arena);
+  // cuBLASLt's fp8 kernels take both operands K-major with M, N and K multiples of 16; the
+  // epilogue's route reads the same codes (k a multiple of 16 there), its M unpadded.
+  const int64_t width = round_up(k, 16), rows = round_up(n, 16), m16 = round_up(m, 16);
+  const RowCodes x_codes = row_codes<Fp8Codes>(c, x, k, m16, width, DType::fp8_e4m3);
   if (fp8_scales_knob.value() == 1) {
-    if (linear_fp8_in_epilogue(c, x, w, ws, bias, y)) {
+    if (linear_fp8_in_epilogue(c, x_codes, w, ws, bias, y)) {
       fp8_scales_knob.took(1);
       return;
     }
@@ -215,9 +218,6 @@ void linear_fp8(Context& c, const Tensor& x, const Tensor& w, const Tensor* bias
     });
   }
   fp8_scales_knob.took(0);
-  // cuBLASLt's fp8 kernels take both operands K-major with M, N and K multiples of 16.
-  const int64_t width = round_up(k, 16), rows = round_up(n, 16), m16 = round_up(m, 16);
-  const RowCodes x_codes = row_codes<Fp8Codes>(c, x, k, m16, width, DType::fp8_e4m3);
   const Tensor wc = gemm_ready_codes(c, w, rows, width);
   Tensor sums = Tensor::in(*c.arena, {m16, rows}, DType::f32);
   gemm({x_codes.codes.data, DType::fp8_e4m3, width}, {wc.data, DType::fp8_e4m3, width}, true,
