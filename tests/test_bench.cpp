@@ -138,9 +138,8 @@ TEST(CalibrationSerial, CeilingIsTheBestLinearRateOfTheSameProcess) {
         }
         return best;
       };
-      if (products == Products::int8) own_int8 = std::max(own_int8, best_rate(quantize_int8_weight(w, "w")));
-      else if (products == Products::fp8) own_fp8 = std::max(own_fp8, best_rate(quantize_fp8_weight(w, "w")));
-      else own = std::max(own, best_rate(w));
+      double& rate = products == Products::int8 ? own_int8 : products == Products::fp8 ? own_fp8 : own;
+      rate = std::max(rate, best_rate(quantize_tier_weight(w, products, "w")));
     }
   const Chip second = measure_ceiling(ctx);
   // Against the nearer of the two calibrations, within 15 %: a shared VM's rate drifts within one

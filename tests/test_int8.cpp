@@ -143,7 +143,7 @@ TEST(QuantisedTiers, ANonFiniteInputRowGivesANanRow) {
   for (const Products tier : {Products::int8, Products::fp8}) {
     if (tier == Products::int8 && !cpu::exact_int8_products()) continue;  // the int8 tier refuses this CPU
     const Tensor plain = test::random_weight(n, k, DType::bf16, rng);
-    const Tensor w = tier == Products::int8 ? quantize_int8_weight(plain, "w") : quantize_fp8_weight(plain, "w");
+    const Tensor w = quantize_tier_weight(plain, tier, "w");
     Tensor x = test::random_weight(m, k, DType::f32, rng);
     x.ptr<float>()[2 * k + 9] = std::numeric_limits<float>::infinity();
     x.ptr<float>()[4 * k] = std::numeric_limits<float>::quiet_NaN();

@@ -779,24 +779,23 @@ void add_linear_cases(std::vector<OpCase>& cases) {
     const bool int8 = tier == Products::int8;
     const std::string name = int8 ? "linear_int8_tier" : "linear_fp8_tier";
     const Bound bound = int8 ? Bound::exact : Bound::rounding;
-    Tensor (*const quantize)(const Tensor&, const std::string&) = int8 ? quantize_int8_weight : quantize_fp8_weight;
     const DType codes = int8 ? DType::i8 : DType::fp8_e4m3;
     cases.push_back({name, OpId::linear, bound,
-                     [quantize](OpInputs& d) -> Drawn {
+                     [tier](OpInputs& d) -> Drawn {
                        const int64_t m = 37, k = 512, n = 70;
                        Tensor x = d.random({m, k}, 3.0f);
                        std::memset(x.row(5), 0, size_t(k) * dtype_size(x.dtype));
-                       const Tensor w = quantize(d.random({n, k}, 0.1f, DType::bf16), "w");
+                       const Tensor w = quantize_tier_weight(d.random({n, k}, 0.1f, DType::bf16), tier, "w");
                        return {{{x, w, d.random({n}, 1.0f, DType::f32)}, {d.poisoned({m, n})}},
                                [](Context& c, Operands& t) { ops::linear(c, t.in[0], t.in[1], &t.in[2], t.out[0]); }};
                      },
                      /*nonfinite=*/false, tier});
     cases.push_back({name + "_views", OpId::linear, bound,
-                     [quantize](OpInputs& d) -> Drawn {
+                     [tier](OpInputs& d) -> Drawn {
                        const int64_t m = 9, k = 96, n = 45;
                        Tensor y = d.poisoned({m, n + 5});
                        for (int64_t r = 0; r < m; ++r) std::memset(y.row(r), 0, 5 * dtype_size(d.act));
-                       const Tensor w = quantize(d.random({n, k}, 0.2f, DType::f32), "w");
+                       const Tensor w = quantize_tier_weight(d.random({n, k}, 0.2f, DType::f32), tier, "w");
                        return {{{d.random({m, k + 9}), w}, {y}}, [](Context& c, Operands& t) {
                                  Tensor yv = t.out[0].cols(5, 5 + n);
                                  ops::linear(c, t.in[0].cols(9, 9 + k), t.in[1], nullptr, yv);

@@ -65,12 +65,6 @@ constexpr TierRate kTierRates[] = {
     {Products::fp8, &Chip::fp8_flops, "fp8_flops", " fp8 GEMM (the fp8 tier's linear):"},
 };
 
-Tensor tier_weight(const Tensor& w, Products products) {
-  if (products == Products::int8) return quantize_int8_weight(w, "ceiling");
-  if (products == Products::fp8) return quantize_fp8_weight(w, "ceiling");
-  return w;
-}
-
 }  // namespace
 
 GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, Products products) {
@@ -81,7 +75,7 @@ GemmRates measure_gemm(Context& c, const GemmShape& g, double seconds, Products 
     return t;
   };
   const Tensor x = ops::to_context(c, small({g.m, g.k}));
-  const Tensor w = ops::to_context(c, tier_weight(small({g.n, g.k}), products));
+  const Tensor w = ops::to_context(c, quantize_tier_weight(small({g.n, g.k}), products, "ceiling"));
   Tensor y = ops::empty(c, {g.m, g.n}, DType::bf16);
   Context bf16 = c;
   bf16.act = DType::bf16;

@@ -58,6 +58,12 @@ Tensor quantize_int8_weight(const Tensor& w, const std::string& what) {
   });
 }
 
+Tensor quantize_tier_weight(const Tensor& w, Products products, const std::string& what) {
+  if (products == Products::int8) return quantize_int8_weight(w, what);
+  if (products == Products::fp8) return quantize_fp8_weight(w, what);
+  return w;
+}
+
 Tensor quantize_fp8_weight(const Tensor& w, const std::string& what) {
   return quantized_rows(w, what, "fp8", DType::fp8_e4m3, Products::fp8, [](float* row, int64_t k, void* codes) {
     const float scale = quantize_fp8_row(row, k, row);
@@ -97,7 +103,7 @@ Tensor TierLinears::apply(const std::string& name, const Tensor& stored) const {
     t.encoding.products = products_;
     return t;
   }
-  return int8 ? quantize_int8_weight(stored, what) : quantize_fp8_weight(stored, what);
+  return quantize_tier_weight(stored, products_, what);
 }
 
 Tensor quantize_q8_0_weight(const Tensor& w, const std::string& what) {

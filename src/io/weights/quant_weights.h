@@ -21,13 +21,16 @@
 
 namespace apus {
 
-// w (bf16, f16 or f32, rank 2) quantised row by row (core/tier_rows.h), int8_matmul set: a heap
-// copy. `what` names the tensor in the error a non-finite weight gets.
+// w (bf16, f16 or f32, rank 2) quantised row by row (core/tier_rows.h), with int8 products: a
+// heap copy. `what` names the tensor in the error a non-finite weight gets.
 Tensor quantize_int8_weight(const Tensor& w, const std::string& what);
 
 // w (bf16, f16 or f32, rank 2) as float8_e4m3fn codes row by row (core/tier_rows.h), with fp8
 // products: a heap copy. `what` names the tensor in the error a non-finite weight gets.
 Tensor quantize_fp8_weight(const Tensor& w, const std::string& what);
+
+// w with `products`: quantize_int8_weight's or quantize_fp8_weight's copy, or w itself (decoded).
+Tensor quantize_tier_weight(const Tensor& w, Products products, const std::string& what);
 
 // Which "*.weight" matrices a model part's quantised tier takes, by the ends of their names.
 struct TierScope {
